@@ -1,0 +1,71 @@
+# aenv: sandboxes for AI agents and agentic RL, on gVisor.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO        ?= go
+BIN       := $(CURDIR)/bin
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X github.com/aenv-dev/aenv/internal/cli.Version=$(VERSION)
+DATA_DIR  ?= /var/lib/aenv
+GOTEST    ?= $(GO) test
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@2025.1.1
+
+.PHONY: help
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: deps
+deps: ## Install the Debian packages aenv needs (root)
+	scripts/install-deps.sh
+
+.PHONY: build
+build: $(BIN)/aenv $(BIN)/envd $(BIN)/runsc ## Build aenv, envd and the pinned runsc into bin/
+
+$(BIN)/aenv: FORCE
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/aenv
+
+$(BIN)/envd: FORCE
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/envd
+
+# runsc is pinned by the tool line in go.mod. It must be static: a cgo build
+# fails at sandbox start (its re-exec needs a loader the chroot lacks).
+$(BIN)/runsc: go.mod go.sum
+	CGO_ENABLED=0 $(GO) build -o $@ gvisor.dev/gvisor/runsc
+
+.PHONY: server
+server: deps build ## Set up and run the server on its defaults (root; port 8000, data in /var/lib/aenv)
+	$(BIN)/aenv server --data-dir $(DATA_DIR)
+
+.PHONY: generate
+generate: ## Regenerate the envd protocol code from api/envd/*.proto
+	api/envd/generate.sh
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+.PHONY: test
+test: build ## Run every test: unit, root-only and end to end (root; nothing is skipped)
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
+
+.PHONY: test-unit
+test-unit: ## Run the tests that need neither root nor sandboxes
+	$(GOTEST) -count=1 -short ./...
+
+.PHONY: bench
+bench: build ## Benchmarks: aenv next to raw runsc and runc on this machine
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -benchtime 20x -timeout 30m ./test/integration/
+
+.PHONY: clean-test
+clean-test: ## Remove debris a failed test run left (sandboxes, mounts, namespaces, veths)
+	scripts/clean-test.sh
+
+.PHONY: clean
+clean: ## Remove build outputs
+	rm -rf $(BIN)
+
+.PHONY: FORCE
+FORCE:

@@ -1,0 +1,119 @@
+// Package api serves the HTTP control plane (E2B's endpoints and the
+// seed's), and proxies envd traffic to sandboxes on the same port.
+package api
+
+import (
+	"crypto/subtle"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// EnvdVersion is the envd protocol level aenv's envd implements, reported
+// to SDKs; the E2B SDK gates features on it (0.6.4 enables all of them).
+const EnvdVersion = "0.6.4"
+
+// Config of the API.
+type Config struct {
+	APIKey       string
+	MaxJSONBytes int64 // limit of JSON request bodies
+	MaxFileBytes int64 // limit of raw file uploads
+	// DefaultExecTimeout applies to /execute without a timeout.
+	DefaultExecTimeout time.Duration
+	MaxExecTimeout     time.Duration
+}
+
+// Server is the HTTP handler of a node.
+type Server struct {
+	cfg       Config
+	sandboxes *sandbox.Manager
+	logger    *slog.Logger
+	mux       *http.ServeMux
+	proxy     http.Handler
+	requests  *prometheus.HistogramVec
+}
+
+// New builds the handler. reg receives the API's metrics.
+func New(cfg Config, sandboxes *sandbox.Manager, logger *slog.Logger, reg prometheus.Registerer, metrics http.Handler) *Server {
+	s := &Server{cfg: cfg, sandboxes: sandboxes, logger: logger, mux: http.NewServeMux()}
+	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "aenv_api_request_duration_seconds",
+		Help:    "Control-plane request latency by route and status.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	}, []string{"route", "code"})
+	reg.MustRegister(s.requests)
+	s.proxy = newEnvdProxy(sandboxes, logger)
+
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.Handle("GET /metrics", metrics)
+
+	for _, prefix := range []string{"", "/v2"} {
+		s.route("POST "+prefix+"/sandboxes", s.createSandbox)
+		s.route("GET "+prefix+"/sandboxes", s.listSandboxes)
+	}
+	s.route("GET /sandboxes/{id}", s.getSandbox)
+	s.route("DELETE /sandboxes/{id}", s.killSandbox)
+	s.route("POST /sandboxes/{id}/timeout", s.setTimeout)
+	s.route("GET /sandboxes/{id}/metrics", s.sandboxMetrics)
+	s.route("POST /sandboxes/{id}/execute", s.execute)
+	s.route("POST /sandboxes/{id}/files/write", s.writeFileJSON)
+	s.route("GET /sandboxes/{id}/files/read", s.readFileJSON)
+	s.route("PUT /sandboxes/{id}/files", s.writeFileRaw)
+	s.route("GET /sandboxes/{id}/files", s.readFileRaw)
+	return s
+}
+
+// route registers an authenticated control-plane handler.
+func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeJSON(w, http.StatusUnauthorized, errorBody{Code: http.StatusUnauthorized,
+				Message: "missing or invalid API key (X-API-Key header)"})
+			return
+		}
+		if err := h(w, r); err != nil {
+			writeError(w, r, s.logger, err)
+		}
+	}))
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	key := r.Header.Get("X-API-Key")
+	return key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
+}
+
+// ServeHTTP routes envd traffic (marked by E2b-Sandbox-Id, or a signed file
+// URL) to the sandbox and everything else to the control plane.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if isEnvdTraffic(r) {
+		s.proxy.ServeHTTP(w, r)
+		return
+	}
+	start := time.Now()
+	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	s.mux.ServeHTTP(rec, r)
+	route := r.Pattern
+	if route == "" {
+		route = "unmatched"
+	}
+	s.requests.WithLabelValues(route, strconv.Itoa(rec.status)).Observe(time.Since(start).Seconds())
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(status int) {
+	r.status = status
+	r.ResponseWriter.WriteHeader(status)
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }

@@ -1,0 +1,72 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"strings"
+)
+
+// decodeJSON reads one JSON value of at most limit bytes into v. Unknown
+// fields are accepted (the E2B SDK sends fields we do not use yet), but a
+// known field of the wrong type, malformed JSON or trailing data is a 400.
+func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	r.Body = http.MaxBytesReader(w, r.Body, limit)
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(v); err != nil {
+		var maxBytes *http.MaxBytesError
+		var typeErr *json.UnmarshalTypeError
+		var syntaxErr *json.SyntaxError
+		switch {
+		case errors.As(err, &maxBytes):
+			return err
+		case errors.Is(err, io.EOF):
+			return badRequest("request body must be a JSON object")
+		case errors.As(err, &typeErr):
+			return badRequest(fmt.Sprintf("field %q must be of type %s", typeErr.Field, typeErr.Type))
+		case errors.As(err, &syntaxErr), errors.Is(err, io.ErrUnexpectedEOF):
+			return badRequest("malformed JSON: " + err.Error())
+		default:
+			return badRequest("invalid JSON body: " + err.Error())
+		}
+	}
+	if dec.More() {
+		return badRequest("malformed JSON: trailing data after the object")
+	}
+	return nil
+}
+
+// decodeOptionalJSON is decodeJSON for endpoints whose body may be empty.
+func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	err := decodeJSON(w, r, limit, v)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.message == "request body must be a JSON object" {
+		return nil // chunked empty body
+	}
+	return err
+}
+
+// checkSandboxPath accepts only absolute paths without ".." segments: the
+// control plane's file endpoints take exact paths, never relative ones.
+func checkSandboxPath(p string) error {
+	switch {
+	case p == "":
+		return badRequest("path is required")
+	case strings.ContainsRune(p, 0):
+		return badRequest("path must not contain NUL bytes")
+	case !path.IsAbs(p):
+		return badRequest(fmt.Sprintf("path %q must be absolute", p))
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == ".." {
+			return badRequest(fmt.Sprintf("path %q must not contain '..'", p))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+package api
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+const (
+	headerSandboxID   = "E2b-Sandbox-Id"
+	headerSandboxPort = "E2b-Sandbox-Port"
+)
+
+// isEnvdTraffic tells envd requests from control-plane ones: the E2B SDK
+// marks every envd request with E2b-Sandbox-Id and never a control-plane
+// one. Signed /files URLs (uploadUrl/downloadUrl) carry no header, but a
+// signature.
+func isEnvdTraffic(r *http.Request) bool {
+	if r.Header.Get(headerSandboxID) != "" {
+		return true
+	}
+	return r.URL.Path == "/files" && r.URL.Query().Get("signature") != ""
+}
+
+type envdProxy struct {
+	sandboxes *sandbox.Manager
+	logger    *slog.Logger
+	proxy     *httputil.ReverseProxy
+}
+
+type targetKey struct{}
+
+func newEnvdProxy(sandboxes *sandbox.Manager, logger *slog.Logger) *envdProxy {
+	p := &envdProxy{sandboxes: sandboxes, logger: logger}
+	p.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
+			pr.Out.Host = pr.Out.URL.Host
+		},
+		Transport: sandboxes.HTTPTransport(),
+		// Connect streams must reach the client frame by frame.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			logger.DebugContext(r.Context(), "envd proxy error", "err", err)
+			writeSandboxGone(w, r.Header.Get(headerSandboxID))
+		},
+	}
+	return p
+}
+
+func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get(headerSandboxID)
+	if id == "" {
+		var ok bool
+		if id, ok = p.sandboxForSignature(r); !ok {
+			writeJSON(w, http.StatusUnauthorized, errorBody{Code: http.StatusUnauthorized,
+				Message: "invalid or expired signature"})
+			return
+		}
+	}
+	port := sandbox.EnvdPort
+	if v := r.Header.Get(headerSandboxPort); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 65535 {
+			writeJSON(w, http.StatusBadRequest, errorBody{Code: http.StatusBadRequest, Message: "invalid " + headerSandboxPort})
+			return
+		}
+		port = n
+	}
+	target, err := p.sandboxes.Target(r.Context(), id, port)
+	if err != nil {
+		writeSandboxGone(w, id)
+		return
+	}
+	ctx := r.Context()
+	r = r.WithContext(contextWithTarget(ctx, target.String()))
+	p.proxy.ServeHTTP(w, r)
+}
+
+// sandboxForSignature finds the sandbox whose envd access token produced a
+// signed file URL's signature (see spec: v1_ + base64(sha256(...))).
+func (p *envdProxy) sandboxForSignature(r *http.Request) (string, bool) {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	sig := q.Get("signature")
+	return p.sandboxes.SandboxByToken(func(token string) bool {
+		return fileSignature(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration")) == sig
+	})
+}
+
+func fileSignature(path, op, user, token, expiration string) string {
+	raw := path + ":" + op + ":" + user + ":" + token
+	if expiration != "" {
+		raw += ":" + expiration
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// writeSandboxGone is upstream's answer for envd traffic to a sandbox that
+// is unknown, dead, paused or killed; the SDK maps 502 to "not running".
+func writeSandboxGone(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{
+		"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway,
+	})
+}

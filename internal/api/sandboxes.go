@@ -1,0 +1,296 @@
+package api
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// newSandboxRequest is E2B's NewSandbox plus the seed's vcpu/memoryMB.
+type newSandboxRequest struct {
+	TemplateID string            `json:"templateID"`
+	Timeout    *int              `json:"timeout"` // seconds
+	VCPU       int               `json:"vcpu"`
+	CPUCount   int               `json:"cpuCount"`
+	MemoryMB   int               `json:"memoryMB"`
+	Metadata   map[string]string `json:"metadata"`
+	EnvVars    map[string]string `json:"envVars"`
+	AutoPause  bool              `json:"autoPause"`
+}
+
+// sandboxJSON is E2B's Sandbox: the answer to create and connect.
+type sandboxJSON struct {
+	SandboxID          string  `json:"sandboxID"`
+	TemplateID         string  `json:"templateID"`
+	Alias              string  `json:"alias,omitempty"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	Domain             *string `json:"domain"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+}
+
+// listedSandboxJSON is E2B's ListedSandbox.
+type listedSandboxJSON struct {
+	SandboxID    string            `json:"sandboxID"`
+	TemplateID   string            `json:"templateID"`
+	Alias        string            `json:"alias,omitempty"`
+	ClientID     string            `json:"clientID"`
+	StartedAt    time.Time         `json:"startedAt"`
+	EndAt        time.Time         `json:"endAt"`
+	CPUCount     int               `json:"cpuCount"`
+	MemoryMB     int               `json:"memoryMB"`
+	DiskSizeMB   int               `json:"diskSizeMB"`
+	Metadata     map[string]string `json:"metadata"`
+	State        string            `json:"state"`
+	EnvdVersion  string            `json:"envdVersion"`
+	VolumeMounts []any             `json:"volumeMounts"`
+}
+
+// sandboxDetailJSON is E2B's SandboxDetail.
+type sandboxDetailJSON struct {
+	listedSandboxJSON
+	EnvdAccessToken     string        `json:"envdAccessToken"`
+	AllowInternetAccess *bool         `json:"allowInternetAccess"`
+	Domain              *string       `json:"domain"`
+	Lifecycle           lifecycleJSON `json:"lifecycle"`
+	EndedReason         string        `json:"endedReason,omitempty"`
+}
+
+type lifecycleJSON struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
+}
+
+const clientID = "aenv"
+
+func toSandboxJSON(sb *store.Sandbox) sandboxJSON {
+	return sandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
+		EnvdVersion: EnvdVersion, EnvdAccessToken: sb.AccessToken}
+}
+
+func toListed(sb *store.Sandbox) listedSandboxJSON {
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return listedSandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
+		StartedAt: sb.StartedAt, EndAt: sb.EndAt, CPUCount: sb.VCPU, MemoryMB: sb.MemoryMB, Metadata: md,
+		State: string(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []any{}}
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req newSandboxRequest
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	timeout := time.Duration(0)
+	if req.Timeout != nil {
+		if *req.Timeout < 0 {
+			return badRequest("timeout must not be negative")
+		}
+		timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	vcpu := req.VCPU
+	if vcpu == 0 {
+		vcpu = req.CPUCount
+	}
+	sb, err := s.sandboxes.Create(r.Context(), sandbox.CreateRequest{
+		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
+		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toSandboxJSON(sb))
+	return nil
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxes.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	onTimeout := "kill"
+	if sb.AutoPause {
+		onTimeout = "pause"
+	}
+	writeJSON(w, http.StatusOK, sandboxDetailJSON{
+		listedSandboxJSON: toListed(sb), EnvdAccessToken: sb.AccessToken,
+		Lifecycle: lifecycleJSON{OnTimeout: onTimeout}, EndedReason: sb.EndedReason,
+	})
+	return nil
+}
+
+func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sandboxes.Kill(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	if req.Timeout == nil {
+		return badRequest("timeout (seconds) is required")
+	}
+	if err := s.sandboxes.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+const (
+	defaultListLimit = 100
+	maxListLimit     = 100
+)
+
+// listSandboxes serves E2B's paginated list: states default to running and
+// paused, metadata filters arrive URL-encoded (E2B encodes them thrice), and
+// X-Next-Token marks that more pages exist.
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	filter := store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}}
+	if v := q.Get("state"); v != "" {
+		filter.States = nil
+		for _, st := range strings.Split(v, ",") {
+			switch state := store.SandboxState(strings.TrimSpace(st)); state {
+			case store.StateRunning, store.StatePaused, store.StateDead:
+				filter.States = append(filter.States, state)
+			default:
+				return badRequest(fmt.Sprintf("unknown state %q (running, paused or dead)", st))
+			}
+		}
+	}
+	if v := q.Get("metadata"); v != "" {
+		md, err := parseMetadataQuery(v)
+		if err != nil {
+			return err
+		}
+		filter.Metadata = md
+	}
+	filter.Template = q.Get("template")
+	limit := defaultListLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return badRequest(fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
+		}
+		limit = n
+	}
+	all, err := s.sandboxes.List(r.Context(), filter)
+	if err != nil {
+		return err
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		startedAt, id, err := parsePageToken(tok)
+		if err != nil {
+			return err
+		}
+		// The store orders by startedAt desc, then ID: skip up to the cursor.
+		i := 0
+		for i < len(all) && (all[i].StartedAt.After(startedAt) ||
+			(all[i].StartedAt.Equal(startedAt) && all[i].ID <= id)) {
+			i++
+		}
+		all = all[i:]
+	}
+	if len(all) > limit {
+		last := all[limit-1]
+		w.Header().Set("X-Next-Token", pageToken(last.StartedAt, last.ID))
+		all = all[:limit]
+	}
+	out := make([]listedSandboxJSON, 0, len(all))
+	for _, sb := range all {
+		out = append(out, toListed(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// parseMetadataQuery decodes "k=v&k2=v2" whose parts may be URL-encoded
+// once more, as the E2B SDK sends them.
+func parseMetadataQuery(v string) (map[string]string, error) {
+	whole, err := url.QueryUnescape(v)
+	if err != nil {
+		return nil, badRequest("metadata filter is not URL-encoded correctly")
+	}
+	md := map[string]string{}
+	for _, pair := range strings.Split(whole, "&") {
+		if pair == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(pair, "=")
+		if !ok {
+			return nil, badRequest(fmt.Sprintf("metadata filter %q must be key=value", pair))
+		}
+		key, err1 := url.QueryUnescape(k)
+		value, err2 := url.QueryUnescape(val)
+		if err1 != nil || err2 != nil {
+			return nil, badRequest("metadata filter is not URL-encoded correctly")
+		}
+		md[key] = value
+	}
+	return md, nil
+}
+
+func pageToken(startedAt time.Time, id string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(startedAt.UnixNano(), 10) + ":" + id))
+}
+
+func parsePageToken(tok string) (time.Time, string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return time.Time{}, "", badRequest("invalid nextToken")
+	}
+	ns, id, ok := strings.Cut(string(raw), ":")
+	n, err := strconv.ParseInt(ns, 10, 64)
+	if !ok || err != nil {
+		return time.Time{}, "", badRequest("invalid nextToken")
+	}
+	return time.Unix(0, n).UTC(), id, nil
+}
+
+// sandboxMetrics serves E2B's metrics list with one current sample taken
+// from the sandbox's cgroup.
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.sandboxes.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	out := []map[string]any{}
+	if sb.State == store.StateRunning {
+		st, err := s.sandboxes.Stats(r.Context(), sb.ID)
+		if err != nil {
+			return err
+		}
+		now := time.Now().UTC()
+		elapsed := now.Sub(sb.StartedAt).Seconds()
+		cpuPct := 0.0
+		if elapsed > 0 && sb.VCPU > 0 {
+			cpuPct = float64(st.CPUUsageNanos) / 1e9 / elapsed / float64(sb.VCPU) * 100
+		}
+		out = append(out, map[string]any{
+			"timestamp": now.Format(time.RFC3339), "timestampUnix": now.Unix(),
+			"cpuUsedPct": cpuPct, "cpuCount": sb.VCPU,
+			"memUsed": st.MemoryBytes, "memTotal": int64(sb.MemoryMB) << 20, "memCache": 0,
+			"diskUsed": 0, "diskTotal": 0,
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,189 @@
+// Package config holds the server's configuration. Precedence, highest
+// first: command-line flags, AENV_* environment variables, defaults.
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Server is the configuration of `aenv server`.
+type Server struct {
+	Listen     string
+	DataDir    string
+	APIKey     string
+	KillOnExit bool
+	LogLevel   string
+	LogFormat  string
+
+	RunscPath  string
+	EnvdPath   string
+	Platform   string
+	RunscDebug bool
+
+	SandboxCIDR string
+	NetPrefix   string
+	WarmSlots   int
+
+	DefaultTimeoutSecs     int
+	MaxTimeoutSecs         int
+	DefaultExecTimeoutSecs int
+	DefaultVCPU            int
+	MaxVCPU                int
+	DefaultMemoryMB        int
+	MinMemoryMB            int
+	MaxMemoryMB            int
+	PidsLimit              int
+	MaxJSONBodyMB          int
+	MaxFileUploadMB        int
+
+	TemplateCacheDir string
+	DebianMirror     string
+}
+
+// Default returns the embedded defaults.
+func Default() Server {
+	return Server{
+		Listen:                 ":8000",
+		DataDir:                "/var/lib/aenv",
+		LogLevel:               "info",
+		LogFormat:              "text",
+		Platform:               "auto",
+		SandboxCIDR:            "10.211.0.0/16",
+		NetPrefix:              "aenv",
+		WarmSlots:              8,
+		DefaultTimeoutSecs:     300,
+		MaxTimeoutSecs:         24 * 3600,
+		DefaultExecTimeoutSecs: 300,
+		DefaultVCPU:            2,
+		MaxVCPU:                8,
+		DefaultMemoryMB:        1024,
+		MinMemoryMB:            128,
+		MaxMemoryMB:            16384,
+		PidsLimit:              4096,
+		MaxJSONBodyMB:          128,
+		MaxFileUploadMB:        4096,
+		DebianMirror:           "http://deb.debian.org/debian",
+	}
+}
+
+// RegisterFlags adds one flag per field to fs. A flag's default is its
+// AENV_* environment variable when set, else the embedded default.
+func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
+	str := func(p *string, name, usage string) {
+		fs.StringVar(p, name, envString(name, *p), usage+envHint(name))
+	}
+	num := func(p *int, name, usage string) {
+		fs.IntVar(p, name, envInt(name, *p), usage+envHint(name))
+	}
+	boolean := func(p *bool, name, usage string) {
+		fs.BoolVar(p, name, envBool(name, *p), usage+envHint(name))
+	}
+	str(&c.Listen, "listen", "address of the HTTP API and envd proxy")
+	str(&c.DataDir, "data-dir", "where the server keeps its database, runtime state and templates")
+	str(&c.APIKey, "api-key", "API key clients must send as X-API-Key (default: generated once and kept in <data-dir>/api-key)")
+	boolean(&c.KillOnExit, "kill-on-exit", "kill all sandboxes on shutdown instead of leaving them for the next start to adopt")
+	str(&c.LogLevel, "log-level", "debug, info, warn or error")
+	str(&c.LogFormat, "log-format", "text or json")
+	str(&c.RunscPath, "runsc", "path of the runsc binary (default: next to aenv, else $PATH)")
+	str(&c.EnvdPath, "envd", "path of the static envd binary (default: next to aenv, else $PATH)")
+	str(&c.Platform, "platform", "gVisor platform: auto (kvm if it works here, else systrap), systrap or kvm")
+	boolean(&c.RunscDebug, "runsc-debug", "keep runsc debug logs per sandbox")
+	str(&c.SandboxCIDR, "sandbox-cidr", "address range of sandbox network slots (a /30 each)")
+	str(&c.NetPrefix, "net-prefix", "name prefix of the network namespaces, veths and firewall table the server owns")
+	num(&c.WarmSlots, "warm-slots", "network slots kept ready ahead of demand")
+	num(&c.DefaultTimeoutSecs, "default-timeout-secs", "sandbox lifetime when create gives none")
+	num(&c.MaxTimeoutSecs, "max-timeout-secs", "longest sandbox lifetime a request may ask for")
+	num(&c.DefaultExecTimeoutSecs, "default-exec-timeout-secs", "command timeout of /execute when the request gives none")
+	num(&c.DefaultVCPU, "default-vcpu", "vCPUs when neither request nor template says")
+	num(&c.MaxVCPU, "max-vcpu", "most vCPUs a sandbox may ask for")
+	num(&c.DefaultMemoryMB, "default-memory-mb", "memory limit when neither request nor template says")
+	num(&c.MinMemoryMB, "min-memory-mb", "least memory a sandbox may ask for")
+	num(&c.MaxMemoryMB, "max-memory-mb", "most memory a sandbox may ask for")
+	num(&c.PidsLimit, "pids-limit", "most processes in one sandbox")
+	num(&c.MaxJSONBodyMB, "max-json-body-mb", "largest JSON request body")
+	num(&c.MaxFileUploadMB, "max-file-upload-mb", "largest raw file upload")
+	str(&c.TemplateCacheDir, "template-cache-dir", "where built template root filesystems are cached (default: <data-dir>/cache)")
+	str(&c.DebianMirror, "debian-mirror", "Debian mirror for building the base template")
+}
+
+// Validate checks values that flags cannot type-check.
+func (c *Server) Validate() error {
+	if c.DataDir == "" {
+		return fmt.Errorf("--data-dir must not be empty")
+	}
+	if _, err := netip.ParsePrefix(c.SandboxCIDR); err != nil {
+		return fmt.Errorf("--sandbox-cidr: %w", err)
+	}
+	switch c.Platform {
+	case "auto", "systrap", "kvm":
+	default:
+		return fmt.Errorf("--platform must be auto, systrap or kvm, got %q", c.Platform)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("--log-format must be text or json, got %q", c.LogFormat)
+	}
+	checks := []struct {
+		name string
+		ok   bool
+	}{
+		{"--default-timeout-secs", c.DefaultTimeoutSecs > 0 && c.DefaultTimeoutSecs <= c.MaxTimeoutSecs},
+		{"--default-exec-timeout-secs", c.DefaultExecTimeoutSecs > 0},
+		{"--default-vcpu", c.DefaultVCPU >= 1 && c.DefaultVCPU <= c.MaxVCPU},
+		{"--default-memory-mb", c.DefaultMemoryMB >= c.MinMemoryMB && c.DefaultMemoryMB <= c.MaxMemoryMB},
+		{"--min-memory-mb", c.MinMemoryMB >= 64},
+		{"--pids-limit", c.PidsLimit > 0},
+		{"--warm-slots", c.WarmSlots >= 0},
+		{"--max-json-body-mb", c.MaxJSONBodyMB > 0},
+		{"--max-file-upload-mb", c.MaxFileUploadMB > 0},
+	}
+	for _, ch := range checks {
+		if !ch.ok {
+			return fmt.Errorf("%s is out of range", ch.name)
+		}
+	}
+	return nil
+}
+
+// Seconds converts a *_secs field.
+func Seconds(n int) time.Duration { return time.Duration(n) * time.Second }
+
+// EnvName is the environment variable of a flag: --data-dir → AENV_DATA_DIR.
+func EnvName(flag string) string {
+	return "AENV_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+func envHint(flag string) string { return " (env " + EnvName(flag) + ")" }
+
+func envString(flag, def string) string {
+	if v, ok := os.LookupEnv(EnvName(flag)); ok {
+		return v
+	}
+	return def
+}
+
+func envInt(flag string, def int) int {
+	if v, ok := os.LookupEnv(EnvName(flag)); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+func envBool(flag string, def bool) bool {
+	if v, ok := os.LookupEnv(EnvName(flag)); ok {
+		if b, err := strconv.ParseBool(v); err == nil {
+			return b
+		}
+	}
+	return def
+}

@@ -1,0 +1,188 @@
+// Package client is the server side's client for envd, the agent inside
+// each sandbox.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/aenv-dev/aenv/api/envd/process/processconnect"
+)
+
+// Sentinel errors the API maps to HTTP statuses; returned errors wrap them.
+var (
+	ErrNotFound        = errors.New("not found")
+	ErrInvalidArgument = errors.New("invalid argument")
+	ErrUnauthenticated = errors.New("unauthenticated")
+)
+
+// Client talks to one envd.
+type Client struct {
+	baseURL string
+	http    *http.Client
+	process processconnect.ProcessClient
+
+	mu    sync.RWMutex
+	token string
+}
+
+// New returns a client for the envd at baseURL (e.g. http://10.0.0.2:49983).
+// accessToken may be empty while envd has none.
+func New(baseURL string, httpClient *http.Client, accessToken string) *Client {
+	if httpClient == nil {
+		httpClient = http.DefaultClient
+	}
+	baseURL = strings.TrimRight(baseURL, "/")
+	return &Client{
+		baseURL: baseURL,
+		http:    httpClient,
+		process: processconnect.NewProcessClient(httpClient, baseURL),
+		token:   accessToken,
+	}
+}
+
+func (c *Client) accessToken() string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.token
+}
+
+// Health reports whether envd answers GET /health.
+func (c *Client) Health(ctx context.Context) error {
+	resp, err := c.do(ctx, http.MethodGet, "/health", nil, nil, nil)
+	if err != nil {
+		return fmt.Errorf("envd health: %w", err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// InitRequest is the body of POST /init.
+type InitRequest struct {
+	AccessToken    string
+	EnvVars        map[string]string
+	DefaultUser    string
+	DefaultWorkdir string
+}
+
+// Init configures envd, authenticating with the client's current token.
+// When req sets a new token, the client uses it from then on.
+func (c *Client) Init(ctx context.Context, req InitRequest) error {
+	body := struct {
+		AccessToken    string            `json:"accessToken,omitempty"`
+		EnvVars        map[string]string `json:"envVars,omitempty"`
+		DefaultUser    string            `json:"defaultUser,omitempty"`
+		DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+	}{req.AccessToken, req.EnvVars, req.DefaultUser, req.DefaultWorkdir}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("envd init: %w", err)
+	}
+	header := http.Header{"Content-Type": {"application/json"}}
+	resp, err := c.do(ctx, http.MethodPost, "/init", nil, header, bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("envd init: %w", err)
+	}
+	resp.Body.Close()
+	if req.AccessToken != "" {
+		c.mu.Lock()
+		c.token = req.AccessToken
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+// WriteFile streams r into path inside the sandbox as user ("" = default).
+func (c *Client) WriteFile(ctx context.Context, path string, r io.Reader, user string) error {
+	header := http.Header{"Content-Type": {"application/octet-stream"}}
+	resp, err := c.do(ctx, http.MethodPost, "/files", fileQuery(path, user), header, r)
+	if err != nil {
+		return fmt.Errorf("envd write %s: %w", path, err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// ReadFile opens path inside the sandbox as user ("" = default) and returns
+// its content and size. The caller closes the reader.
+func (c *Client) ReadFile(ctx context.Context, path, user string) (io.ReadCloser, int64, error) {
+	header := http.Header{"Accept-Encoding": {"identity"}}
+	resp, err := c.do(ctx, http.MethodGet, "/files", fileQuery(path, user), header, nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("envd read %s: %w", path, err)
+	}
+	return resp.Body, resp.ContentLength, nil
+}
+
+func fileQuery(path, user string) url.Values {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("username", user)
+	}
+	return q
+}
+
+// do sends one plain-HTTP request and turns a non-2xx answer into an error.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, header http.Header, body io.Reader) (*http.Response, error) {
+	u := c.baseURL + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if token := c.accessToken(); token != "" {
+		req.Header.Set("X-Access-Token", token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	return nil, statusError(resp)
+}
+
+// statusError reads envd's {"code","message"} error body.
+func statusError(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body struct {
+		Message string `json:"message"`
+	}
+	msg := strings.TrimSpace(string(data))
+	if json.Unmarshal(data, &body) == nil && body.Message != "" {
+		msg = body.Message
+	}
+	kind := sentinelForStatus(resp.StatusCode)
+	if kind == nil {
+		return fmt.Errorf("envd answered %s: %s", strconv.Itoa(resp.StatusCode), msg)
+	}
+	return fmt.Errorf("%w: %s", kind, msg)
+}
+
+func sentinelForStatus(status int) error {
+	switch status {
+	case http.StatusNotFound:
+		return ErrNotFound
+	case http.StatusBadRequest:
+		return ErrInvalidArgument
+	case http.StatusUnauthorized:
+		return ErrUnauthenticated
+	}
+	return nil
+}

@@ -1,0 +1,275 @@
+package envd
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// multipartBody builds the SDK's upload: parts named "file" whose filename
+// is the full target path.
+func multipartBody(t *testing.T, files map[string]string) (string, *bytes.Buffer) {
+	t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	for name, content := range files {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", `form-data; name="file"; filename="`+name+`"`)
+		h.Set("Content-Type", "application/octet-stream")
+		w, err := mw.CreatePart(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(w, content)
+	}
+	mw.Close()
+	return mw.FormDataContentType(), &buf
+}
+
+func postFiles(t *testing.T, env *testEnv, query url.Values, contentType string, body io.Reader, header map[string]string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, env.ts.URL+"/files?"+query.Encode(), body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data)
+}
+
+func TestPostFilesMultipart(t *testing.T) {
+	env := newTestEnv(t)
+	me, _ := env.srv.userByName("")
+	dir := t.TempDir()
+	// writeFiles: no path query, directories in each filename.
+	ct, body := multipartBody(t, map[string]string{
+		filepath.Join(dir, "a/b/one.txt"): "one",
+		filepath.Join(dir, "two.txt"):     "two",
+	})
+	status, resp := postFiles(t, env, url.Values{}, ct, body, nil)
+	if status != 200 {
+		t.Fatalf("status %d %s", status, resp)
+	}
+	var entries []fileEntry
+	if err := json.Unmarshal([]byte(resp), &entries); err != nil || len(entries) != 2 {
+		t.Fatalf("response %q: %v", resp, err)
+	}
+	for name, want := range map[string]string{"a/b/one.txt": "one", "two.txt": "two"} {
+		got, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil || string(got) != want {
+			t.Fatalf("%s = %q, %v", name, got, err)
+		}
+	}
+	if entries[0].Type != "file" || !strings.HasPrefix(entries[0].Path, dir) || entries[0].Name != filepath.Base(entries[0].Path) {
+		t.Fatalf("entry %+v", entries[0])
+	}
+
+	tests := []struct {
+		name       string
+		query      url.Values
+		files      map[string]string
+		wantStatus int
+		wantPath   string
+	}{
+		{"path query wins", url.Values{"path": {filepath.Join(dir, "q.txt")}}, map[string]string{"ignored": "q"}, 200, filepath.Join(dir, "q.txt")},
+		{"relative filename resolves to home", url.Values{}, map[string]string{"aenv-test-rel/x.txt": "x"}, 200, filepath.Join(me.Home, "aenv-test-rel/x.txt")},
+		{"traversal is cleaned", url.Values{}, map[string]string{dir + "/a/../../" + filepath.Base(dir) + "/t.txt": "t"}, 200, filepath.Join(dir, "t.txt")},
+		{"directory target", url.Values{"path": {filepath.Join(dir, "a")}}, map[string]string{"a": "x"}, 400, ""},
+		{"no file part", url.Values{}, map[string]string{}, 400, ""},
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Join(me.Home, "aenv-test-rel")) })
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ct, body := multipartBody(t, tt.files)
+			status, resp := postFiles(t, env, tt.query, ct, body, nil)
+			if status != tt.wantStatus {
+				t.Fatalf("status %d %s, want %d", status, resp, tt.wantStatus)
+			}
+			if tt.wantPath == "" {
+				return
+			}
+			if !strings.Contains(resp, `"path":"`+tt.wantPath+`"`) {
+				t.Fatalf("response %s does not name %s", resp, tt.wantPath)
+			}
+			if _, err := os.Stat(tt.wantPath); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+
+	// A duplicate path within one request is refused.
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	for range 2 {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Disposition", `form-data; name="file"; filename="`+filepath.Join(dir, "dup")+`"`)
+		w, _ := mw.CreatePart(h)
+		io.WriteString(w, "d")
+	}
+	mw.Close()
+	if status, resp := postFiles(t, env, url.Values{}, mw.FormDataContentType(), &buf, nil); status != 400 {
+		t.Fatalf("duplicate: %d %s", status, resp)
+	}
+}
+
+func TestPostFilesOctetStream(t *testing.T) {
+	env := newTestEnv(t)
+	dir := t.TempDir()
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte("compressed"))
+	zw.Close()
+	tests := []struct {
+		name       string
+		path       string
+		body       []byte
+		header     map[string]string
+		want       string
+		wantStatus int
+	}{
+		{"plain", filepath.Join(dir, "plain"), []byte("raw"), nil, "raw", 200},
+		{"gzip", filepath.Join(dir, "gz"), gz.Bytes(), map[string]string{"Content-Encoding": "gzip"}, "compressed", 200},
+		{"empty", filepath.Join(dir, "empty"), nil, nil, "", 200},
+		{"missing path", "", []byte("x"), nil, "", 400},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			q := url.Values{}
+			if tt.path != "" {
+				q.Set("path", tt.path)
+			}
+			status, resp := postFiles(t, env, q, "application/octet-stream", bytes.NewReader(tt.body), tt.header)
+			if status != tt.wantStatus {
+				t.Fatalf("status %d %s", status, resp)
+			}
+			if status != 200 {
+				return
+			}
+			got, err := os.ReadFile(tt.path)
+			if err != nil || string(got) != tt.want {
+				t.Fatalf("content %q %v", got, err)
+			}
+		})
+	}
+}
+
+// TestFilesMetadata stores X-Metadata-* as xattrs and reads them back via
+// Stat. Where the filesystem has no user xattrs, the write still succeeds.
+func TestFilesMetadata(t *testing.T) {
+	env := newTestEnv(t)
+	path := filepath.Join(t.TempDir(), "m.txt")
+	status, resp := postFiles(t, env, url.Values{"path": {path}}, "application/octet-stream", strings.NewReader("m"),
+		map[string]string{"X-Metadata-Owner-Team": "RL", "X-Metadata-Run": "7"})
+	if status != 200 {
+		t.Fatalf("status %d %s", status, resp)
+	}
+	if err := syscall.Setxattr(path, "user.probe", []byte("1"), 0); err != nil {
+		t.Logf("no user xattrs here (%v): checking graceful degradation only", err)
+		return
+	}
+	if !strings.Contains(resp, `"metadata":{"owner-team":"RL","run":"7"}`) {
+		t.Fatalf("response %s lacks metadata", resp)
+	}
+	entry, err := env.srv.entryInfo(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if entry.Metadata["owner-team"] != "RL" || entry.Metadata["run"] != "7" {
+		t.Fatalf("metadata %v", entry.Metadata)
+	}
+}
+
+func TestGetFiles(t *testing.T) {
+	env := newTestEnv(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "full"), []byte("hello world"), 0o644)
+	os.WriteFile(filepath.Join(dir, "empty"), nil, 0o644)
+	tests := []struct {
+		name       string
+		query      url.Values
+		wantStatus int
+		wantBody   string
+		wantLength string
+	}{
+		{"content", url.Values{"path": {filepath.Join(dir, "full")}}, 200, "hello world", "11"},
+		{"empty has length 0", url.Values{"path": {filepath.Join(dir, "empty")}}, 200, "", "0"},
+		{"missing", url.Values{"path": {filepath.Join(dir, "nope")}}, 404, "", ""},
+		{"directory", url.Values{"path": {dir}}, 400, "", ""},
+		{"unknown user", url.Values{"path": {filepath.Join(dir, "full")}, "username": {"no-such-user-x"}}, 401, "", ""},
+		{"no path", url.Values{}, 400, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := http.Get(env.ts.URL + "/files?" + tt.query.Encode())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tt.wantStatus {
+				t.Fatalf("status %d %s", resp.StatusCode, body)
+			}
+			if tt.wantStatus != 200 {
+				var e struct{ Code int }
+				if json.Unmarshal(body, &e) != nil || e.Code != tt.wantStatus {
+					t.Fatalf("error body %q", body)
+				}
+				return
+			}
+			if string(body) != tt.wantBody || resp.Header.Get("Content-Length") != tt.wantLength {
+				t.Fatalf("body %q length %q", body, resp.Header.Get("Content-Length"))
+			}
+		})
+	}
+}
+
+// TestFilesOwnership writes as a second user: the file and the parents it
+// needed belong to that user, and relative paths land in its home.
+func TestFilesOwnership(t *testing.T) {
+	name := addTestUser(t)
+	env := newTestEnv(t)
+	status, resp := postFiles(t, env, url.Values{"path": {"deep/dir/f.txt"}, "username": {name}}, "application/octet-stream", strings.NewReader("u"), nil)
+	if status != 200 {
+		t.Fatalf("status %d %s", status, resp)
+	}
+	u, err := env.srv.users.lookupUser(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"deep", "deep/dir", "deep/dir/f.txt"} {
+		info, err := os.Stat(filepath.Join(u.Home, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		if st.Uid != u.UID || st.Gid != u.GID {
+			t.Fatalf("%s owned by %d:%d, want %d:%d", p, st.Uid, st.Gid, u.UID, u.GID)
+		}
+	}
+	resp2, err := http.Get(env.ts.URL + "/files?" + url.Values{"path": {"deep/dir/f.txt"}, "username": {name}}.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp2.Body.Close()
+	if body, _ := io.ReadAll(resp2.Body); string(body) != "u" {
+		t.Fatalf("read back %q", body)
+	}
+}

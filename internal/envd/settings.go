@@ -1,0 +1,71 @@
+package envd
+
+import (
+	"maps"
+	"sync"
+)
+
+// settings is what POST /init configures. The server calls /init on every
+// create, resume and fork, so all of it can change while envd runs.
+type settings struct {
+	mu             sync.RWMutex
+	accessToken    string
+	envVars        map[string]string
+	defaultUser    string
+	defaultWorkdir string
+}
+
+// initRequest is the body of POST /init. Upstream fields we do not use
+// (volume mounts, hyperloop IP, timestamps, CA bundles) are ignored.
+type initRequest struct {
+	AccessToken    *string           `json:"accessToken"`
+	EnvVars        map[string]string `json:"envVars"`
+	DefaultUser    *string           `json:"defaultUser"`
+	DefaultWorkdir *string           `json:"defaultWorkdir"`
+}
+
+func newSettings(defaultUser string) *settings {
+	if defaultUser == "" {
+		defaultUser = "root"
+	}
+	return &settings{envVars: map[string]string{}, defaultUser: defaultUser}
+}
+
+func (s *settings) apply(req initRequest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.AccessToken != nil {
+		s.accessToken = *req.AccessToken
+	}
+	maps.Copy(s.envVars, req.EnvVars)
+	if req.DefaultUser != nil && *req.DefaultUser != "" {
+		s.defaultUser = *req.DefaultUser
+	}
+	if req.DefaultWorkdir != nil {
+		s.defaultWorkdir = *req.DefaultWorkdir
+	}
+}
+
+func (s *settings) token() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.accessToken
+}
+
+func (s *settings) env() map[string]string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return maps.Clone(s.envVars)
+}
+
+func (s *settings) user() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.defaultUser
+}
+
+func (s *settings) workdir() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.defaultWorkdir
+}

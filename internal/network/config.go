@@ -1,0 +1,135 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// netnsDir is where named network namespaces are pinned; `ip netns` uses the same place,
+// so `ip netns exec <name>` works on our slots.
+const netnsDir = "/var/run/netns"
+
+// maxIfaceNameLen is IFNAMSIZ minus the terminating NUL.
+const maxIfaceNameLen = 15
+
+// slotPrefixBits is the size of one slot's subnet: a /30 holds the host address (.1)
+// and the sandbox address (.2).
+const slotPrefixBits = 30
+
+// prefixPattern ends in a letter so that "<prefix><index>h" parses back to one
+// (prefix, index) pair only: with digit endings, pools "a1" and "a" would both
+// claim "a12h".
+var prefixPattern = regexp.MustCompile(`^[a-z]([a-z0-9]*[a-z])?$`)
+
+// Config describes one pool of network slots.
+//
+// Two pools on one host must not use prefixes where one is a prefix of the other
+// ("aenv" and "aenvx"): the firewall matches host veths by name prefix.
+type Config struct {
+	// Prefix names everything the pool creates: netns "<prefix>-<index>",
+	// host veth "<prefix><index>h" and the nftables table "<prefix>".
+	Prefix string
+	// CIDR is split into /30s; slot index i gets the i-th one.
+	CIDR netip.Prefix
+	// WarmPool is the number of free slots kept ready ahead of demand.
+	WarmPool int
+}
+
+// validate reports the first problem with c.
+func (c Config) validate() error {
+	if !prefixPattern.MatchString(c.Prefix) {
+		return fmt.Errorf("network prefix %q: want lowercase letters and digits, starting and ending with a letter", c.Prefix)
+	}
+	if !c.CIDR.IsValid() || !c.CIDR.Addr().Is4() {
+		return fmt.Errorf("network CIDR %s: want an IPv4 prefix", c.CIDR)
+	}
+	if c.CIDR.Masked() != c.CIDR {
+		return fmt.Errorf("network CIDR %s: host bits set (did you mean %s?)", c.CIDR, c.CIDR.Masked())
+	}
+	if c.CIDR.Bits() > slotPrefixBits {
+		return fmt.Errorf("network CIDR %s: smaller than one /%d slot", c.CIDR, slotPrefixBits)
+	}
+	if longest := c.hostVethName(c.capacity() - 1); len(longest) > maxIfaceNameLen {
+		return fmt.Errorf("network prefix %q with CIDR %s: veth name %q exceeds %d characters; shorten the prefix or the CIDR",
+			c.Prefix, c.CIDR, longest, maxIfaceNameLen)
+	}
+	if c.WarmPool < 0 || c.WarmPool > c.capacity() {
+		return fmt.Errorf("network warm pool %d: want 0..%d", c.WarmPool, c.capacity())
+	}
+	return nil
+}
+
+// capacity is the number of /30 slots in the CIDR.
+func (c Config) capacity() int {
+	return 1 << (slotPrefixBits - c.CIDR.Bits())
+}
+
+func (c Config) netnsName(index int) string {
+	return c.Prefix + "-" + strconv.Itoa(index)
+}
+
+func (c Config) hostVethName(index int) string {
+	return c.Prefix + strconv.Itoa(index) + "h"
+}
+
+// slot describes index without touching the kernel.
+func (c Config) slot(index int) *Slot {
+	base := c.CIDR.Addr().As4()
+	n := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
+	n += uint32(index) << (32 - slotPrefixBits)
+	name := c.netnsName(index)
+	return &Slot{
+		Index:     index,
+		Netns:     name,
+		NetnsPath: netnsDir + "/" + name,
+		HostVeth:  c.hostVethName(index),
+		HostIP:    addrFromUint32(n + 1),
+		SandboxIP: addrFromUint32(n + 2),
+	}
+}
+
+func addrFromUint32(n uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+}
+
+// indexFromNetns returns the slot index a netns name of this pool encodes.
+func (c Config) indexFromNetns(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, c.Prefix+"-")
+	if !ok {
+		return 0, false
+	}
+	return c.parseIndex(rest)
+}
+
+// indexFromHostVeth returns the slot index a host veth name of this pool encodes.
+func (c Config) indexFromHostVeth(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, c.Prefix)
+	if !ok {
+		return 0, false
+	}
+	rest, ok = strings.CutSuffix(rest, "h")
+	if !ok {
+		return 0, false
+	}
+	return c.parseIndex(rest)
+}
+
+// parseIndex accepts only the canonical decimal form, so each name maps to one index
+// and back ("07" is not ours).
+func (c Config) parseIndex(s string) (int, bool) {
+	i, err := strconv.Atoi(s)
+	if err != nil || i < 0 || strconv.Itoa(i) != s {
+		return 0, false
+	}
+	return i, true
+}
+
+// ErrExhausted means every slot of the CIDR is taken.
+var ErrExhausted = errors.New("network slots exhausted")
+
+// ErrClosed means the pool was closed or destroyed.
+var ErrClosed = errors.New("network pool closed")

@@ -1,0 +1,190 @@
+package network
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// sandboxIface is the name of the slot's veth end inside its namespace; runsc with
+// --network=sandbox takes it over.
+const sandboxIface = "eth0"
+
+// Slot is one sandbox's network: a named netns holding eth0 with SandboxIP, and the
+// host end of the veth pair with HostIP, both in one /30.
+type Slot struct {
+	Index     int
+	Netns     string     // netns name
+	NetnsPath string     // /var/run/netns/<Netns>, for the runtime spec
+	HostVeth  string     // host end of the veth pair, in the root netns
+	HostIP    netip.Addr // .1 of the slot's /30, on HostVeth
+	SandboxIP netip.Addr // .2 of the slot's /30, on eth0 inside the netns
+}
+
+// createSlot builds s's netns and veth pair and configures them. On failure it removes
+// whatever it built.
+func createSlot(s *Slot) (err error) {
+	// The index is free, so anything carrying its names is a leftover of ours
+	// (a failed destroy, a crash after Start): clear it rather than fail on it.
+	if err := destroySlot(s); err != nil {
+		return fmt.Errorf("create slot %d: clear leftovers: %w", s.Index, err)
+	}
+	if err := createNamedNetns(s.NetnsPath); err != nil {
+		return fmt.Errorf("create slot %d: %w", s.Index, err)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, destroySlot(s))
+		}
+	}()
+	ns, err := netns.GetFromPath(s.NetnsPath)
+	if err != nil {
+		return fmt.Errorf("create slot %d: open netns: %w", s.Index, err)
+	}
+	defer ns.Close()
+
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: s.HostVeth},
+		PeerName:  sandboxIface,
+		// Created directly inside the slot's netns, so it never clashes with the
+		// host's own eth0.
+		PeerNamespace: netlink.NsFd(ns),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("create slot %d: add veth %s: %w", s.Index, s.HostVeth, err)
+	}
+	if err := configureSlot(s, ns); err != nil {
+		return fmt.Errorf("create slot %d: %w", s.Index, err)
+	}
+	return nil
+}
+
+// configureSlot puts the addresses on both veth ends and brings them and the netns's
+// loopback up. It is idempotent: releasing a slot runs it again, because runsc takes
+// the address off eth0 when it adopts the interface.
+func configureSlot(s *Slot, ns netns.NsHandle) error {
+	host, err := netlink.LinkByName(s.HostVeth)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", s.HostVeth, err)
+	}
+	if err := netlink.AddrReplace(host, slotAddr(s.HostIP)); err != nil {
+		return fmt.Errorf("address %s: %w", s.HostVeth, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("bring up %s: %w", s.HostVeth, err)
+	}
+
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns %s: %w", s.Netns, err)
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo in %s: %w", s.Netns, err)
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bring up lo in %s: %w", s.Netns, err)
+	}
+	eth, err := h.LinkByName(sandboxIface)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", sandboxIface, s.Netns, err)
+	}
+	if err := h.AddrReplace(eth, slotAddr(s.SandboxIP)); err != nil {
+		return fmt.Errorf("address %s in %s: %w", sandboxIface, s.Netns, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("bring up %s in %s: %w", sandboxIface, s.Netns, err)
+	}
+	return nil
+}
+
+// resetSlot restores a released slot's addresses and links.
+func resetSlot(s *Slot) error {
+	ns, err := netns.GetFromPath(s.NetnsPath)
+	if err != nil {
+		return fmt.Errorf("reset slot %d: open netns: %w", s.Index, err)
+	}
+	defer ns.Close()
+	if err := configureSlot(s, ns); err != nil {
+		return fmt.Errorf("reset slot %d: %w", s.Index, err)
+	}
+	return nil
+}
+
+// forgetSandbox drops the host's neighbour entry and conntrack flows for s.SandboxIP,
+// so the next sandbox on this address starts clean.
+func forgetSandbox(s *Slot) error {
+	var errs []error
+	host, err := netlink.LinkByName(s.HostVeth)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", s.HostVeth, err)
+	}
+	neigh := &netlink.Neigh{LinkIndex: host.Attrs().Index, Family: netlink.FAMILY_V4, IP: net.IP(s.SandboxIP.AsSlice())}
+	if err := netlink.NeighDel(neigh); err != nil && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("delete neighbour %s: %w", s.SandboxIP, err))
+	}
+	var bySrc, byDst netlink.ConntrackFilter
+	if err := bySrc.AddIP(netlink.ConntrackOrigSrcIP, net.IP(s.SandboxIP.AsSlice())); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if err := byDst.AddIP(netlink.ConntrackOrigDstIP, net.IP(s.SandboxIP.AsSlice())); err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &bySrc, &byDst)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("delete conntrack flows of %s: %w", s.SandboxIP, err))
+	}
+	return errors.Join(errs...)
+}
+
+// checkSlotExists reports a missing host veth or netns pin of s.
+func checkSlotExists(s *Slot) error {
+	if _, err := netlink.LinkByName(s.HostVeth); err != nil {
+		return fmt.Errorf("find %s: %w", s.HostVeth, err)
+	}
+	if _, err := os.Stat(s.NetnsPath); err != nil {
+		return fmt.Errorf("find netns: %w", err)
+	}
+	return nil
+}
+
+// destroySlot removes s's veth pair and netns pin. Missing parts are not an error.
+func destroySlot(s *Slot) error {
+	var errs []error
+	if err := deleteLinkByName(s.HostVeth); err != nil {
+		errs = append(errs, err)
+	}
+	if err := deleteNamedNetns(s.NetnsPath); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy slot %d: %w", s.Index, err)
+	}
+	return nil
+}
+
+// deleteLinkByName deletes a link of the root netns, and with a veth its peer.
+func deleteLinkByName(name string) error {
+	link, err := netlink.LinkByName(name)
+	if errors.As(err, &netlink.LinkNotFoundError{}) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := netlink.LinkDel(link); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+func slotAddr(ip netip.Addr) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(ip.AsSlice()), Mask: net.CIDRMask(slotPrefixBits, 32)}}
+}

@@ -1,0 +1,115 @@
+// Package gvisor runs sandboxes under gVisor through the runsc command line.
+//
+// Each sandbox is one runsc container whose init is envd. Its root filesystem
+// is the template rootfs under an in-memory overlay (--overlay2=root:memory),
+// so the template is never written and checkpoints capture the sandbox's
+// files together with its memory. With --network=sandbox, runsc takes over
+// the veth of the network namespace it is given.
+//
+// Everything the driver writes lives under Config.StateDir:
+//
+//	runsc/             runsc --root (runsc's own state; its null-netns mount)
+//	sandboxes/<id>/    OCI bundle: config.json, runsc.log, console.log, debug/
+//
+// and each sandbox has the cgroup <CgroupParent>/<id> in every hierarchy.
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+
+	"github.com/aenv-dev/aenv/internal/runtime"
+)
+
+// Driver is the gVisor runtime driver.
+type Driver struct {
+	cfg      Config
+	log      *slog.Logger
+	platform string
+	cgroups  cgroupHierarchies
+}
+
+var _ runtime.Driver = (*Driver)(nil)
+
+// New checks cfg, prepares the state directory and, for Platform "auto",
+// probes whether kvm works here.
+func New(ctx context.Context, cfg Config, log *slog.Logger) (*Driver, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("new gvisor driver: %w", err)
+	}
+	if _, err := os.Stat(cfg.RunscPath); err != nil {
+		return nil, fmt.Errorf("new gvisor driver: runsc: %w", err)
+	}
+	d := &Driver{cfg: cfg, log: log}
+	for _, dir := range []string{d.runscRoot(), d.sandboxesDir()} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("new gvisor driver: %w", err)
+		}
+	}
+	cg, err := findCgroupHierarchies()
+	if err != nil {
+		return nil, fmt.Errorf("new gvisor driver: %w", err)
+	}
+	d.cgroups = cg
+	if d.platform, err = d.choosePlatform(ctx); err != nil {
+		return nil, fmt.Errorf("new gvisor driver: %w", err)
+	}
+	log.InfoContext(ctx, "gvisor driver ready", "platform", d.platform, "state_dir", cfg.StateDir, "cgroup_parent", cfg.CgroupParent)
+	return d, nil
+}
+
+// Name returns "gvisor".
+func (d *Driver) Name() string { return "gvisor" }
+
+// Platform returns the gVisor platform in use (systrap or kvm).
+func (d *Driver) Platform() string { return d.platform }
+
+// Capabilities: gVisor pauses, checkpoints and restores one image many times.
+func (d *Driver) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Pause: true, Checkpoint: true, Fork: true}
+}
+
+func (d *Driver) runscRoot() string    { return filepath.Join(d.cfg.StateDir, "runsc") }
+func (d *Driver) sandboxesDir() string { return filepath.Join(d.cfg.StateDir, "sandboxes") }
+
+// sandboxDir is the sandbox's bundle directory. id must be a safe name.
+func (d *Driver) sandboxDir(id string) string { return filepath.Join(d.sandboxesDir(), id) }
+
+// cgroupPath is the sandbox's cgroup relative to each hierarchy's root.
+func (d *Driver) cgroupPath(id string) string { return path.Join(d.cfg.CgroupParent, id) }
+
+// requireSandbox returns ErrNotFound unless the driver has a bundle for id.
+func (d *Driver) requireSandbox(id string) error {
+	if err := runtime.ValidateID(id); err != nil {
+		return err
+	}
+	if _, err := os.Stat(d.sandboxDir(id)); errors.Is(err, fs.ErrNotExist) {
+		return runtime.ErrNotFound
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// validateSpec checks the parts of spec the driver turns into paths.
+func validateSpec(spec runtime.Spec) error {
+	if err := runtime.ValidateID(spec.ID); err != nil {
+		return err
+	}
+	for name, p := range map[string]string{"rootfs": spec.RootfsPath, "envd": spec.EnvdPath, "netns": spec.NetnsPath} {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("%s path %q is not absolute", name, p)
+		}
+	}
+	if spec.VCPU < 0 || spec.MemoryMB < 0 || spec.PidsLimit < 0 {
+		return errors.New("negative resource limit")
+	}
+	return runtime.CheckRootfs(spec.RootfsPath)
+}

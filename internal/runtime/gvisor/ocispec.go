@@ -1,0 +1,98 @@
+package gvisor
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/aenv-dev/aenv/internal/runtime"
+)
+
+// cpuPeriodMicros is the CFS period; the quota is VCPU periods per period.
+const cpuPeriodMicros = 100000
+
+// initCapabilities are those of envd and what it starts. They are Docker's
+// defaults plus SYS_PTRACE (debuggers); they act on gVisor's kernel, not the
+// host's.
+var initCapabilities = []string{
+	"CAP_AUDIT_WRITE", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_MKNOD", "CAP_NET_BIND_SERVICE", "CAP_NET_RAW", "CAP_SETFCAP",
+	"CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
+}
+
+// ociSpec builds the OCI runtime spec for a sandbox. It is pure: the same
+// inputs give the same bytes, which the golden test pins.
+//
+// /tmp is deliberately not a separate tmpfs: it stays in the root overlay,
+// which lives in memory (--overlay2=root:memory), so checkpoints capture it.
+func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
+	caps := append([]string(nil), initCapabilities...)
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: append([]string{runtime.EnvdMountPath}, spec.EnvdArgs...),
+			Env:  append([]string(nil), spec.Env...),
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1048576, Soft: 1048576}},
+		},
+		Root:     &specs.Root{Path: spec.RootfsPath, Readonly: false},
+		Hostname: spec.Hostname,
+		Mounts:   ociMounts(spec.EnvdPath),
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: spec.NetnsPath},
+			},
+			Resources:   ociResources(spec),
+			CgroupsPath: path.Join(cgroupParent, spec.ID),
+		},
+	}
+}
+
+func ociMounts(envdPath string) []specs.Mount {
+	return []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: runtime.EnvdMountPath, Type: "bind", Source: envdPath, Options: []string{"rbind", "ro"}},
+	}
+}
+
+// ociResources turns the sandbox's limits into cgroup settings. A zero
+// limit means none.
+func ociResources(spec runtime.Spec) *specs.LinuxResources {
+	res := &specs.LinuxResources{}
+	if spec.MemoryMB > 0 {
+		limit := int64(spec.MemoryMB) << 20
+		res.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	if spec.VCPU > 0 {
+		quota := int64(spec.VCPU) * cpuPeriodMicros
+		period := uint64(cpuPeriodMicros)
+		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if spec.PidsLimit > 0 {
+		res.Pids = &specs.LinuxPids{Limit: int64(spec.PidsLimit)}
+	}
+	return res
+}
+
+// marshalOCISpec renders the spec as runsc reads it from config.json.
+func marshalOCISpec(s *specs.Spec) ([]byte, error) {
+	b, err := json.MarshalIndent(s, "", "\t")
+	if err != nil {
+		return nil, fmt.Errorf("marshal OCI spec: %w", err)
+	}
+	return append(b, '\n'), nil
+}

@@ -1,0 +1,89 @@
+package gvisor
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// processesUsing returns the PIDs whose command line mentions dir: runsc
+// passes its --root and bundle paths to every process it starts.
+func processesUsing(dir string) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	needle := []byte(filepath.Clean(dir))
+	self := os.Getpid()
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, needle) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// killProcessesUsing sends SIGKILL to every process whose command line
+// mentions dir.
+func killProcessesUsing(dir string) error {
+	pids, err := processesUsing(dir)
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return nil
+}
+
+// descendants returns the PIDs of pid's children, their children, and so
+// on, read from /proc.
+func descendants(pid int) []int {
+	children := map[int][]int{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		child, ppid, ok := parseProcStat(string(b))
+		if ok {
+			children[ppid] = append(children[ppid], child)
+		}
+	}
+	var out []int
+	queue := []int{pid}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		out = append(out, children[p]...)
+		queue = append(queue, children[p]...)
+	}
+	return out
+}
+
+// parseProcStat reads the pid and parent pid from a /proc/<pid>/stat line:
+// "pid (comm) state ppid ...", where comm may hold spaces and parentheses.
+func parseProcStat(line string) (pid, ppid int, ok bool) {
+	open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+	if open < 0 || end < open {
+		return 0, 0, false
+	}
+	fields := strings.Fields(line[end+1:])
+	if len(fields) < 2 {
+		return 0, 0, false
+	}
+	pid, err1 := strconv.Atoi(strings.TrimSpace(line[:open]))
+	ppid, err2 := strconv.Atoi(fields[1])
+	return pid, ppid, err1 == nil && err2 == nil
+}

@@ -1,0 +1,155 @@
+// Package runtime defines the interface between the sandbox lifecycle and the
+// mechanism that isolates a sandbox (gVisor today, Firecracker later).
+//
+// A driver owns everything it creates on the host for a sandbox (processes,
+// mounts, cgroups, files under its state directory) and removes all of it on
+// Kill. Networking is not the driver's business: the caller hands it a network
+// namespace that is already configured.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// ErrNotFound is returned for a sandbox ID the driver does not know.
+var ErrNotFound = errors.New("sandbox not found")
+
+// Spec describes one sandbox to start or restore.
+type Spec struct {
+	// ID is the sandbox ID, 20 characters of [a-z0-9].
+	ID string
+	// RootfsPath is the template root filesystem on the host. The driver never
+	// modifies it: writes inside the sandbox land in memory.
+	RootfsPath string
+	// EnvdPath is the host path of the static envd binary. It is mounted
+	// read-only at EnvdMountPath and run as the sandbox's init with EnvdArgs.
+	EnvdPath string
+	EnvdArgs []string
+	// NetnsPath is the network namespace the sandbox runs in.
+	NetnsPath string
+	VCPU      int
+	MemoryMB  int
+	PidsLimit int
+	Hostname  string
+	// Env is the environment of the init process.
+	Env []string
+}
+
+// EnvdMountPath is where envd appears inside every sandbox.
+const EnvdMountPath = "/.aenv/envd"
+
+// PrepareRootfs adds to a template rootfs the mount point for envd (an
+// empty file at EnvdMountPath). Template builders call it once: drivers
+// never write to a template, and runsc would otherwise create the mount
+// point in the template itself, so they refuse a rootfs without it.
+func PrepareRootfs(rootfs string) error {
+	mountPoint := filepath.Join(rootfs, EnvdMountPath)
+	if err := os.MkdirAll(filepath.Dir(mountPoint), 0o755); err != nil {
+		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	f, err := os.OpenFile(mountPoint, os.O_WRONLY|os.O_CREATE, 0o755)
+	if err != nil {
+		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	return nil
+}
+
+// CheckRootfs reports whether rootfs is a directory prepared by
+// PrepareRootfs.
+func CheckRootfs(rootfs string) error {
+	info, err := os.Lstat(filepath.Join(rootfs, EnvdMountPath))
+	if err != nil {
+		return fmt.Errorf("rootfs %s lacks the envd mount point (see PrepareRootfs): %w", rootfs, err)
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("rootfs %s: %s is not a regular file", rootfs, EnvdMountPath)
+	}
+	return nil
+}
+
+// State is the lifecycle state of a sandbox as the driver sees it.
+type State string
+
+const (
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	// StateStopped covers a sandbox whose init exited and one that is only
+	// partly present on the host; either way Kill removes it.
+	StateStopped State = "stopped"
+)
+
+// Instance is one sandbox found on the host.
+type Instance struct {
+	ID    string
+	State State
+	// Pid is the host PID of the process that holds the sandbox, 0 if none.
+	Pid int
+}
+
+// Stats are resource figures read from the sandbox's cgroup.
+type Stats struct {
+	CPUUsageNanos    uint64
+	MemoryBytes      uint64
+	MemoryLimitBytes uint64 // 0 means no limit
+	PidsCurrent      int
+}
+
+// Capabilities says which optional operations a driver supports.
+type Capabilities struct {
+	Pause      bool
+	Checkpoint bool
+	// Fork means one checkpoint image can be restored several times, each copy
+	// running independently.
+	Fork bool
+}
+
+// Driver runs sandboxes. All methods are safe for concurrent use on
+// different IDs.
+type Driver interface {
+	Name() string
+	Capabilities() Capabilities
+	// Start returns once the sandbox runs. On failure it leaves nothing behind.
+	Start(ctx context.Context, spec Spec) error
+	// Kill stops the sandbox and removes everything made for it. Unknown IDs
+	// are not an error.
+	Kill(ctx context.Context, id string) error
+	State(ctx context.Context, id string) (State, error)
+	// List returns every sandbox found under the driver's state, including
+	// broken ones, so that the caller can reconcile.
+	List(ctx context.Context) ([]Instance, error)
+	Stats(ctx context.Context, id string) (Stats, error)
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Checkpoint saves the full memory and the in-memory root filesystem to
+	// imageDir. Without leaveRunning the sandbox is stopped afterwards (Kill
+	// still has to remove it).
+	Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error
+	// Restore starts a new sandbox spec.ID continuing from the image. The ID
+	// and network namespace may differ from the checkpointed sandbox's. On
+	// failure it leaves nothing behind.
+	Restore(ctx context.Context, spec Spec, imageDir string) error
+	// Cleanup kills every sandbox not in keep and removes any debris the
+	// driver can find: orphaned state, stale mounts and cgroups.
+	Cleanup(ctx context.Context, keep map[string]bool) error
+}
+
+// ValidateID checks that id is a sandbox ID: 20 characters of [a-z0-9].
+// Drivers use IDs in file and cgroup names, so they must check them.
+func ValidateID(id string) error {
+	if len(id) != 20 {
+		return fmt.Errorf("invalid sandbox ID %q: want 20 characters", id)
+	}
+	for _, c := range id {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return fmt.Errorf("invalid sandbox ID %q: want only [a-z0-9]", id)
+		}
+	}
+	return nil
+}

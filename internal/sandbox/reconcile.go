@@ -1,0 +1,171 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// Start reconciles the records with what the runtime and the kernel hold
+// (after a clean stop or a kill -9 alike), then starts the monitor:
+//   - running sandboxes whose instance still runs are adopted: exec works
+//     and their deadlines fire again;
+//   - records whose instance is gone are marked dead;
+//   - records of half-created sandboxes are removed with their instance;
+//   - instances, network slots, mounts and cgroups no record owns are removed.
+func (m *Manager) Start(ctx context.Context) error {
+	records, err := m.store.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	instances, err := m.driver.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: list runtime instances: %w", err)
+	}
+	state := map[string]runtime.State{}
+	for _, in := range instances {
+		state[in.ID] = in.State
+	}
+
+	keep := map[string]bool{}
+	var inUse []int
+	var adopted []*entry
+	for _, sb := range records {
+		switch sb.State {
+		case store.StateStarting:
+			m.logger.InfoContext(ctx, "reconcile: removing half-created sandbox", "sandbox", sb.ID)
+			if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("reconcile: %w", err)
+			}
+		case store.StateRunning:
+			if state[sb.ID] != runtime.StateRunning || sb.SlotIndex < 0 {
+				sb.State, sb.EndedReason, sb.SlotIndex = store.StateDead, "sandbox was gone after a server restart", -1
+				sb.UpdatedAt = time.Now().UTC()
+				if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+					return fmt.Errorf("reconcile: %w", err)
+				}
+				m.logger.WarnContext(ctx, "reconcile: sandbox gone", "sandbox", sb.ID)
+				continue
+			}
+			keep[sb.ID] = true
+			inUse = append(inUse, sb.SlotIndex)
+			adopted = append(adopted, &entry{sb: sb})
+		}
+	}
+	if err := m.slots.Start(ctx, inUse); err != nil {
+		return fmt.Errorf("reconcile: network slots: %w", err)
+	}
+	if err := m.driver.Cleanup(ctx, keep); err != nil {
+		return fmt.Errorf("reconcile: runtime cleanup: %w", err)
+	}
+	for _, e := range adopted {
+		e.slot = m.slots.Slot(e.sb.SlotIndex)
+		e.envd = envdclient.New(envdURL(e.slot.SandboxIP), m.http, e.sb.AccessToken)
+		m.mu.Lock()
+		m.live[e.sb.ID] = e
+		m.mu.Unlock()
+		m.armTimer(e)
+		m.logger.InfoContext(ctx, "reconcile: adopted running sandbox", "sandbox", e.sb.ID, "endAt", e.sb.EndAt)
+	}
+
+	monitorCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.stopMonitor = cancel
+	m.monitorDone = make(chan struct{})
+	go m.monitor(monitorCtx)
+	return nil
+}
+
+// monitor notices sandboxes that died on their own (OOM, init killed) and
+// releases their resources; it also drops old records of dead sandboxes.
+func (m *Manager) monitor(ctx context.Context) {
+	defer close(m.monitorDone)
+	ticker := time.NewTicker(m.cfg.MonitorInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		m.checkLiveness(ctx)
+		m.pruneDead(ctx)
+	}
+}
+
+func (m *Manager) checkLiveness(ctx context.Context) {
+	instances, err := m.driver.List(ctx)
+	if err != nil {
+		m.logger.WarnContext(ctx, "monitor: list runtime instances", "err", err)
+		return
+	}
+	state := map[string]runtime.State{}
+	for _, in := range instances {
+		state[in.ID] = in.State
+	}
+	m.mu.Lock()
+	var suspects []*entry
+	for id, e := range m.live {
+		if s, ok := state[id]; !ok || s == runtime.StateStopped {
+			suspects = append(suspects, e)
+		}
+	}
+	m.mu.Unlock()
+	for _, e := range suspects {
+		e.mu.Lock()
+		// Look again under the lock: a create or kill may have raced the list.
+		if !e.gone && e.sb.State == store.StateRunning {
+			if s, err := m.driver.State(ctx, e.sb.ID); err != nil || s == runtime.StateStopped {
+				m.markDead(ctx, e, "sandbox stopped on its own (out of memory, or its init process exited)")
+			}
+		}
+		e.mu.Unlock()
+	}
+}
+
+func (m *Manager) pruneDead(ctx context.Context) {
+	dead, err := m.store.ListSandboxes(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateDead}})
+	if err != nil {
+		return
+	}
+	for _, sb := range dead {
+		if time.Since(sb.UpdatedAt) > m.cfg.DeadRetention {
+			m.store.DeleteSandbox(ctx, sb.ID)
+		}
+	}
+}
+
+// Shutdown stops the monitor and deadline timers. Sandboxes keep running
+// (the next start adopts them) unless killAll is set.
+func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
+	if m.stopMonitor != nil {
+		m.stopMonitor()
+		<-m.monitorDone
+	}
+	m.mu.Lock()
+	entries := make([]*entry, 0, len(m.live))
+	for _, e := range m.live {
+		entries = append(entries, e)
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, e := range entries {
+		e.mu.Lock()
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+		if killAll && !e.gone {
+			if err := m.release(ctx, e); err != nil {
+				errs = append(errs, err)
+			} else if err := m.store.DeleteSandbox(ctx, e.sb.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		e.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}

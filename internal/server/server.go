@@ -1,0 +1,228 @@
+// Package server wires every subsystem of a node together: the one place
+// that builds the store, runtime driver, network pool, template manager,
+// sandbox manager and API, and hands them to each other.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/runtime/gvisor"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store/sqlite"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// Run starts a node and serves until ctx ends, then shuts down gracefully:
+// it stops accepting, finishes in-flight requests and leaves sandboxes
+// running for the next start to adopt (unless cfg.KillOnExit).
+func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("aenv server must run as root (it creates network namespaces and gVisor sandboxes)")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	apiKey, err := loadAPIKey(cfg, logger)
+	if err != nil {
+		return err
+	}
+	runscPath, err := findBinary(cfg.RunscPath, "runsc")
+	if err != nil {
+		return err
+	}
+	envdPath, err := findBinary(cfg.EnvdPath, "envd")
+	if err != nil {
+		return err
+	}
+
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "aenv.db"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	driver, err := gvisor.New(ctx, gvisor.Config{
+		RunscPath: runscPath, StateDir: filepath.Join(cfg.DataDir, "runtime"),
+		Platform: cfg.Platform, Debug: cfg.RunscDebug,
+	}, logger.With("component", "gvisor"))
+	if err != nil {
+		return fmt.Errorf("runtime: %w", err)
+	}
+	logger.InfoContext(ctx, "runtime ready", "driver", driver.Name(), "platform", driver.Platform(), "runsc", runscPath)
+
+	pool, err := network.NewPool(ctx, network.Config{
+		Prefix: cfg.NetPrefix, CIDR: netip.MustParsePrefix(cfg.SandboxCIDR), WarmPool: cfg.WarmSlots,
+	}, logger.With("component", "network"))
+	if err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+
+	cacheDir := cfg.TemplateCacheDir
+	if cacheDir == "" {
+		cacheDir = filepath.Join(cfg.DataDir, "cache")
+	}
+	baseCfg := template.DefaultBaseConfig(cacheDir)
+	baseCfg.Mirror = cfg.DebianMirror
+	templates := template.NewManager(st, baseCfg, logger.With("component", "template"))
+	if _, err := templates.EnsureBase(ctx, sandbox.NewID); err != nil {
+		return fmt.Errorf("base template: %w", err)
+	}
+
+	sandboxes := sandbox.NewManager(sandbox.Config{
+		EnvdPath:        envdPath,
+		DefaultTimeout:  config.Seconds(cfg.DefaultTimeoutSecs),
+		MaxTimeout:      config.Seconds(cfg.MaxTimeoutSecs),
+		DefaultVCPU:     cfg.DefaultVCPU,
+		MaxVCPU:         cfg.MaxVCPU,
+		DefaultMemoryMB: cfg.DefaultMemoryMB,
+		MinMemoryMB:     cfg.MinMemoryMB,
+		MaxMemoryMB:     cfg.MaxMemoryMB,
+		PidsLimit:       cfg.PidsLimit,
+		ReadyTimeout:    30 * time.Second,
+		MonitorInterval: 2 * time.Second,
+		DeadRetention:   time.Hour,
+	}, st, driver, pool, templates, logger.With("component", "sandbox"))
+	if err := sandboxes.Start(ctx); err != nil {
+		pool.Close(context.WithoutCancel(ctx))
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aenv_sandboxes_live", Help: "Sandboxes holding resources on this node.",
+	}, func() float64 { return float64(sandboxes.LiveCount()) }))
+	handler := api.New(api.Config{
+		APIKey:             apiKey,
+		MaxJSONBytes:       int64(cfg.MaxJSONBodyMB) << 20,
+		MaxFileBytes:       int64(cfg.MaxFileUploadMB) << 20,
+		DefaultExecTimeout: config.Seconds(cfg.DefaultExecTimeoutSecs),
+		MaxExecTimeout:     config.Seconds(cfg.MaxTimeoutSecs),
+	}, sandboxes, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+
+	listener, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
+		pool.Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(listener) }()
+	logger.InfoContext(ctx, "aenv server listening", "addr", listener.Addr().String(), "data_dir", cfg.DataDir)
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		logger.ErrorContext(ctx, "http server stopped", "err", err)
+	}
+	return shutdown(srv, sandboxes, pool, cfg.KillOnExit, logger)
+}
+
+func shutdown(srv *http.Server, sandboxes *sandbox.Manager, pool *network.Pool, killAll bool, logger *slog.Logger) error {
+	logger.Info("shutting down", "kill_sandboxes", killAll)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var errs []error
+	if err := srv.Shutdown(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+	}
+	if err := sandboxes.Shutdown(ctx, killAll); err != nil {
+		errs = append(errs, fmt.Errorf("sandbox shutdown: %w", err))
+	}
+	if killAll {
+		if err := pool.Destroy(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	} else if err := pool.Close(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	logger.Info("stopped")
+	return errors.Join(errs...)
+}
+
+// loadAPIKey returns the configured key, or the one kept in the data dir,
+// generating and printing it on first start.
+func loadAPIKey(cfg config.Server, logger *slog.Logger) (string, error) {
+	if cfg.APIKey != "" {
+		return cfg.APIKey, nil
+	}
+	path := filepath.Join(cfg.DataDir, "api-key")
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		logger.Info("using the API key kept in the data dir", "file", path)
+		return strings.TrimSpace(string(b)), nil
+	}
+	buf := make([]byte, 24)
+	rand.Read(buf)
+	key := "aenv_" + hex.EncodeToString(buf)
+	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("save API key: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "\nGenerated API key (kept in %s):\n\n    %s\n\n", path, key)
+	return key, nil
+}
+
+// findBinary resolves a helper binary: the configured path, else next to
+// the running executable, else $PATH.
+func findBinary(configured, name string) (string, error) {
+	if configured != "" {
+		if _, err := os.Stat(configured); err != nil {
+			return "", fmt.Errorf("%s: %w", name, err)
+		}
+		return configured, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		candidate := filepath.Join(filepath.Dir(exe), name)
+		if _, err := os.Stat(candidate); err == nil {
+			return candidate, nil
+		}
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%s not found next to aenv nor in $PATH (run `make build`, or pass --%s)", name, name)
+	}
+	return p, nil
+}
+
+// lockDataDir keeps two servers off one data dir.
+func lockDataDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock data dir: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data dir %s is in use by another aenv server", dir)
+	}
+	return func() { f.Close() }, nil
+}

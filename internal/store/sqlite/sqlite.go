@@ -1,0 +1,344 @@
+// Package sqlite is the embedded Store: one SQLite file in the data dir,
+// through the pure-Go modernc.org/sqlite driver (no cgo).
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/store"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Store is a store.Store backed by SQLite.
+type Store struct {
+	db *sql.DB
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the database at path and applies the
+// embedded migrations.
+func Open(ctx context.Context, path string) (*Store, error) {
+	// synchronous=FULL: a commit is on disk before the API acknowledges.
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)" +
+		"&_pragma=busy_timeout(10000)&_pragma=foreign_keys(ON)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	// One connection serialises writers, which SQLite does anyway, and
+	// avoids SQLITE_BUSY between our own connections.
+	db.SetMaxOpenConns(1)
+	s := &Store{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY)`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		var n int
+		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations WHERE name = ?`, name).Scan(&n); err != nil {
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		if n > 0 {
+			continue
+		}
+		body, err := migrations.ReadFile(name)
+		if err != nil {
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (name) VALUES (?)`, name); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata_json, env_json,
+	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at`
+
+func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	args, err := sandboxArgs(sb)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+	if err != nil {
+		if isUniqueViolation(err) {
+			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
+		}
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	args, err := sandboxArgs(sb)
+	if err != nil {
+		return err
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id = ?, alias = ?, state = ?, vcpu = ?,
+		memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
+		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ? WHERE id = ?`,
+		append(args[1:], sb.ID)...)
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	return expectOneRow(res, "update sandbox "+sb.ID)
+}
+
+func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	query := `SELECT ` + sandboxColumns + ` FROM sandboxes`
+	var where []string
+	var args []any
+	if len(f.States) > 0 {
+		where = append(where, "state IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+")")
+		for _, st := range f.States {
+			args = append(args, string(st))
+		}
+	}
+	if f.Template != "" {
+		where = append(where, "(template_id = ? OR alias = ?)")
+		args = append(args, f.Template, f.Template)
+	}
+	if len(where) > 0 {
+		query += " WHERE " + strings.Join(where, " AND ")
+	}
+	query += " ORDER BY started_at DESC, id"
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		if matchesMetadata(sb.Metadata, f.Metadata) {
+			out = append(out, sb)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return expectOneRow(res, "delete sandbox "+id)
+}
+
+const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at`
+
+func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
+	env, err := json.Marshal(nonNil(t.Env))
+	if err != nil {
+		return fmt.Errorf("put template %s: %w", t.ID, err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
+		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
+		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb`,
+		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
+		t.CreatedAt.UnixNano())
+	if err != nil {
+		if isUniqueViolation(err) {
+			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
+		}
+		return fmt.Errorf("put template %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+templateColumns+` FROM templates WHERE id = ? OR name = ?
+		ORDER BY id = ? DESC LIMIT 1`, idOrName, idOrName, idOrName)
+	t, err := scanTemplate(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("template %s: %w", idOrName, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get template %s: %w", idOrName, err)
+	}
+	return t, nil
+}
+
+func (s *Store) ListTemplates(ctx context.Context) ([]*store.Template, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+templateColumns+` FROM templates ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Template
+	for rows.Next() {
+		t, err := scanTemplate(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list templates: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("delete template %s: %w", id, err)
+	}
+	return expectOneRow(res, "delete template "+id)
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanSandbox(r scanner) (*store.Sandbox, error) {
+	var sb store.Sandbox
+	var state, metadata, env string
+	var autoPause int
+	var started, end, updated int64
+	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
+		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated)
+	if err != nil {
+		return nil, err
+	}
+	sb.State = store.SandboxState(state)
+	sb.AutoPause = autoPause != 0
+	sb.StartedAt = time.Unix(0, started).UTC()
+	sb.EndAt = time.Unix(0, end).UTC()
+	sb.UpdatedAt = time.Unix(0, updated).UTC()
+	if err := json.Unmarshal([]byte(metadata), &sb.Metadata); err != nil {
+		return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal([]byte(env), &sb.EnvVars); err != nil {
+		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
+	}
+	return &sb, nil
+}
+
+func sandboxArgs(sb *store.Sandbox) ([]any, error) {
+	metadata, err := json.Marshal(nonNil(sb.Metadata))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+	}
+	env, err := json.Marshal(nonNil(sb.EnvVars))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
+	}
+	autoPause := 0
+	if sb.AutoPause {
+		autoPause = 1
+	}
+	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.VCPU, sb.MemoryMB, string(metadata),
+		string(env), sb.AccessToken, sb.SlotIndex, autoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
+		sb.EndedReason, sb.UpdatedAt.UnixNano()}, nil
+}
+
+func scanTemplate(r scanner) (*store.Template, error) {
+	var t store.Template
+	var env string
+	var created int64
+	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
+		&t.MemoryMB, &created); err != nil {
+		return nil, err
+	}
+	t.CreatedAt = time.Unix(0, created).UTC()
+	if err := json.Unmarshal([]byte(env), &t.Env); err != nil {
+		return nil, fmt.Errorf("template %s env: %w", t.ID, err)
+	}
+	return &t, nil
+}
+
+func matchesMetadata(have, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := have[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+func expectOneRow(res sql.Result, op string) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: %w", op, store.ErrNotFound)
+	}
+	return nil
+}
+
+func isUniqueViolation(err error) bool {
+	msg := err.Error()
+	return slices.ContainsFunc([]string{"UNIQUE constraint failed", "PRIMARY KEY"}, func(s string) bool {
+		return strings.Contains(msg, s)
+	})
+}

@@ -1,0 +1,91 @@
+// Package store defines the durable records of a node (templates and
+// sandboxes) and the interface every backing database implements.
+//
+// A state change is written here before the API acknowledges it, so that a
+// restarted server can reconcile its records with what the kernel and the
+// runtime actually hold.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned when a record does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrConflict is returned when a record with the same key or name exists.
+var ErrConflict = errors.New("already exists")
+
+// SandboxState is the lifecycle state of a sandbox record.
+type SandboxState string
+
+const (
+	// StateStarting: resources are being created; not yet usable.
+	StateStarting SandboxState = "starting"
+	// StateRunning: the sandbox runs and envd answers.
+	StateRunning SandboxState = "running"
+	// StatePaused: the sandbox is frozen (in memory or on disk).
+	StatePaused SandboxState = "paused"
+	// StateDead: the sandbox ended on its own (OOM, init killed) or was
+	// found gone after a restart; its resources are released.
+	StateDead SandboxState = "dead"
+)
+
+// Sandbox is the record of one sandbox.
+type Sandbox struct {
+	ID          string
+	TemplateID  string
+	Alias       string // the template name the sandbox was created from
+	State       SandboxState
+	VCPU        int
+	MemoryMB    int
+	Metadata    map[string]string
+	EnvVars     map[string]string
+	AccessToken string // envd access token
+	SlotIndex   int    // network slot; -1 when none is held
+	AutoPause   bool
+	StartedAt   time.Time
+	EndAt       time.Time // deadline
+	EndedReason string    // why a dead sandbox ended
+	UpdatedAt   time.Time
+}
+
+// Template is the record of a template: a root filesystem and the
+// defaults of the sandboxes made from it.
+type Template struct {
+	ID             string
+	Name           string // unique alias, e.g. "base"
+	RootfsPath     string
+	DefaultUser    string
+	DefaultWorkdir string
+	Env            map[string]string
+	VCPU           int
+	MemoryMB       int
+	CreatedAt      time.Time
+}
+
+// SandboxFilter selects sandboxes in ListSandboxes. Zero values match all.
+type SandboxFilter struct {
+	States   []SandboxState
+	Metadata map[string]string // every pair must match
+	Template string            // template ID or alias
+}
+
+// Store is the node's durable state.
+type Store interface {
+	CreateSandbox(ctx context.Context, s *Sandbox) error
+	UpdateSandbox(ctx context.Context, s *Sandbox) error
+	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
+	ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error)
+	DeleteSandbox(ctx context.Context, id string) error
+
+	PutTemplate(ctx context.Context, t *Template) error
+	// GetTemplate finds a template by ID or by name.
+	GetTemplate(ctx context.Context, idOrName string) (*Template, error)
+	ListTemplates(ctx context.Context) ([]*Template, error)
+	DeleteTemplate(ctx context.Context, id string) error
+
+	Close() error
+}

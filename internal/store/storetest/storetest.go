@@ -1,0 +1,164 @@
+// Package storetest is the behaviour every store.Store must show, run by
+// each implementation's tests.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// Run runs the shared suite; newStore returns a fresh, empty store.
+func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Run("SandboxRoundTrip", func(t *testing.T) { testSandboxRoundTrip(t, newStore(t)) })
+	t.Run("SandboxFilters", func(t *testing.T) { testSandboxFilters(t, newStore(t)) })
+	t.Run("SandboxNotFound", func(t *testing.T) { testSandboxNotFound(t, newStore(t)) })
+	t.Run("Templates", func(t *testing.T) { testTemplates(t, newStore(t)) })
+}
+
+func sandbox(id string, state store.SandboxState, started time.Time, md map[string]string) *store.Sandbox {
+	return &store.Sandbox{
+		ID: id, TemplateID: "tpl1", Alias: "base", State: state, VCPU: 2, MemoryMB: 512,
+		Metadata: md, EnvVars: map[string]string{"A": "1"}, AccessToken: "tok-" + id, SlotIndex: 3,
+		AutoPause: true, StartedAt: started, EndAt: started.Add(time.Minute), UpdatedAt: started,
+	}
+}
+
+func testSandboxRoundTrip(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 123456789).UTC()
+	want := sandbox("sb1", store.StateRunning, now, map[string]string{"k": "v"})
+	if err := s.CreateSandbox(ctx, want); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandbox(ctx, want); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("duplicate create: got %v, want ErrConflict", err)
+	}
+	got, err := s.GetSandbox(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != want.ID || got.State != want.State || got.AccessToken != want.AccessToken ||
+		got.SlotIndex != 3 || !got.AutoPause || !got.StartedAt.Equal(now) || !got.EndAt.Equal(want.EndAt) ||
+		got.Metadata["k"] != "v" || got.EnvVars["A"] != "1" || got.VCPU != 2 || got.MemoryMB != 512 {
+		t.Fatalf("round trip: got %+v, want %+v", got, want)
+	}
+	got.State = store.StateDead
+	got.EndedReason = "oom"
+	got.SlotIndex = -1
+	if err := s.UpdateSandbox(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.GetSandbox(ctx, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.State != store.StateDead || again.EndedReason != "oom" || again.SlotIndex != -1 {
+		t.Fatalf("after update: %+v", again)
+	}
+	if err := s.DeleteSandbox(ctx, "sb1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetSandbox(ctx, "sb1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+}
+
+func testSandboxFilters(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	base := time.Unix(1700000000, 0).UTC()
+	for i, sb := range []*store.Sandbox{
+		sandbox("a", store.StateRunning, base, map[string]string{"team": "x"}),
+		sandbox("b", store.StatePaused, base.Add(time.Second), map[string]string{"team": "y"}),
+		sandbox("c", store.StateDead, base.Add(2*time.Second), map[string]string{"team": "x"}),
+	} {
+		if i == 2 {
+			sb.TemplateID, sb.Alias = "tpl2", "other"
+		}
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name   string
+		filter store.SandboxFilter
+		want   []string
+	}{
+		{"all, newest first", store.SandboxFilter{}, []string{"c", "b", "a"}},
+		{"states", store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}}, []string{"b", "a"}},
+		{"metadata", store.SandboxFilter{Metadata: map[string]string{"team": "x"}}, []string{"c", "a"}},
+		{"metadata miss", store.SandboxFilter{Metadata: map[string]string{"team": "z"}}, nil},
+		{"template alias", store.SandboxFilter{Template: "other"}, []string{"c"}},
+		{"template id", store.SandboxFilter{Template: "tpl1"}, []string{"b", "a"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := s.ListSandboxes(ctx, tc.filter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, sb := range got {
+				ids = append(ids, sb.ID)
+			}
+			if len(ids) != len(tc.want) {
+				t.Fatalf("got %v, want %v", ids, tc.want)
+			}
+			for i := range ids {
+				if ids[i] != tc.want[i] {
+					t.Fatalf("got %v, want %v", ids, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func testSandboxNotFound(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	if _, err := s.GetSandbox(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("get: %v", err)
+	}
+	if err := s.UpdateSandbox(ctx, sandbox("nope", store.StateRunning, time.Now(), nil)); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("update: %v", err)
+	}
+	if err := s.DeleteSandbox(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("delete: %v", err)
+	}
+}
+
+func testTemplates(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	tpl := &store.Template{ID: "t1", Name: "base", RootfsPath: "/r", DefaultUser: "user", DefaultWorkdir: "/home/user",
+		Env: map[string]string{"LANG": "C.UTF-8"}, VCPU: 2, MemoryMB: 1024, CreatedAt: time.Unix(1, 0).UTC()}
+	if err := s.PutTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"t1", "base"} {
+		got, err := s.GetTemplate(ctx, key)
+		if err != nil {
+			t.Fatalf("get %s: %v", key, err)
+		}
+		if got.ID != "t1" || got.DefaultUser != "user" || got.Env["LANG"] != "C.UTF-8" || got.MemoryMB != 1024 {
+			t.Fatalf("get %s: %+v", key, got)
+		}
+	}
+	if err := s.PutTemplate(ctx, &store.Template{ID: "t2", Name: "base", Env: nil}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("duplicate name: %v", err)
+	}
+	list, err := s.ListTemplates(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	if _, err := s.GetTemplate(ctx, "missing"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing: %v", err)
+	}
+	if err := s.DeleteTemplate(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTemplate(ctx, "t1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("delete twice: %v", err)
+	}
+}

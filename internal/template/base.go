@@ -1,0 +1,236 @@
+// Package template keeps the node's templates: root filesystems on the host
+// plus the defaults of the sandboxes made from them.
+package template
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// BaseName is the alias of the template every node has.
+const BaseName = "base"
+
+// DefaultUser is the unprivileged user of the base template, as in E2B's
+// standard templates.
+const DefaultUser = "user"
+
+// BaseConfig describes how the base rootfs is built with debootstrap.
+type BaseConfig struct {
+	Suite    string   // Debian suite, e.g. "bookworm"
+	Mirror   string   // e.g. "http://deb.debian.org/debian"
+	Packages []string // extra packages on top of minbase
+	// CacheDir holds built root filesystems, shared between data dirs so
+	// that a second server (or a test) reuses the first one's build.
+	CacheDir string
+}
+
+// DefaultBaseConfig is what an agent expects to find in a Linux box.
+func DefaultBaseConfig(cacheDir string) BaseConfig {
+	return BaseConfig{
+		Suite:  "bookworm",
+		Mirror: "http://deb.debian.org/debian",
+		Packages: []string{"bash", "coreutils", "python3", "git", "curl", "ca-certificates",
+			"iproute2", "procps", "less", "sudo"},
+		CacheDir: cacheDir,
+	}
+}
+
+// key names a build by its inputs, so a change of inputs builds anew.
+func (c BaseConfig) key() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "v1\n%s\n%s\n%s\n", c.Suite, c.Mirror, strings.Join(c.Packages, ","))
+	return hex.EncodeToString(h.Sum(nil))[:12]
+}
+
+// Manager finds and builds templates.
+type Manager struct {
+	store  store.Store
+	base   BaseConfig
+	logger *slog.Logger
+}
+
+// NewManager returns a Manager over st.
+func NewManager(st store.Store, base BaseConfig, logger *slog.Logger) *Manager {
+	return &Manager{store: st, base: base, logger: logger}
+}
+
+// Get finds a template by ID or name.
+func (m *Manager) Get(ctx context.Context, idOrName string) (*store.Template, error) {
+	return m.store.GetTemplate(ctx, idOrName)
+}
+
+// EnsureBase returns the base template, building its rootfs first if the
+// node has none (a few minutes on first start; cached afterwards).
+func (m *Manager) EnsureBase(ctx context.Context, newID func() string) (*store.Template, error) {
+	tpl, err := m.store.GetTemplate(ctx, BaseName)
+	if err == nil {
+		if _, statErr := os.Stat(filepath.Join(tpl.RootfsPath, "bin", "bash")); statErr == nil {
+			return tpl, nil
+		}
+		m.logger.WarnContext(ctx, "base template rootfs missing; rebuilding", "rootfs", tpl.RootfsPath)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	rootfs, err := m.buildBaseRootfs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if tpl == nil {
+		tpl = &store.Template{ID: newID(), Name: BaseName, CreatedAt: time.Now().UTC()}
+	}
+	tpl.RootfsPath = rootfs
+	tpl.DefaultUser = DefaultUser
+	tpl.DefaultWorkdir = "/home/" + DefaultUser
+	tpl.Env = map[string]string{"LANG": "C.UTF-8"}
+	tpl.VCPU = 2
+	tpl.MemoryMB = 1024
+	if err := m.store.PutTemplate(ctx, tpl); err != nil {
+		return nil, fmt.Errorf("record base template: %w", err)
+	}
+	return tpl, nil
+}
+
+// buildBaseRootfs builds (or finds in the cache) the base root filesystem
+// and returns its path. Builds are serialised across processes with a lock
+// file, and a build is only visible once complete (rename).
+func (m *Manager) buildBaseRootfs(ctx context.Context) (string, error) {
+	dir := filepath.Join(m.base.CacheDir, "base-"+m.base.key())
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(m.base.CacheDir, 0o755); err != nil {
+		return "", fmt.Errorf("build base: %w", err)
+	}
+	unlock, err := lockFile(ctx, dir+".lock")
+	if err != nil {
+		return "", fmt.Errorf("build base: %w", err)
+	}
+	defer unlock()
+	if _, err := os.Stat(filepath.Join(rootfs, "bin", "bash")); err == nil {
+		return rootfs, nil
+	}
+	tmp := dir + ".partial"
+	if err := os.RemoveAll(tmp); err != nil {
+		return "", fmt.Errorf("build base: clear %s: %w", tmp, err)
+	}
+	start := time.Now()
+	m.logger.InfoContext(ctx, "building base template with debootstrap (first start only)",
+		"suite", m.base.Suite, "mirror", m.base.Mirror, "into", dir)
+	tmpRootfs := filepath.Join(tmp, "rootfs")
+	args := []string{"--variant=minbase", "--include=" + strings.Join(m.base.Packages, ","),
+		m.base.Suite, tmpRootfs, m.base.Mirror}
+	if err := m.run(ctx, "debootstrap", args...); err != nil {
+		os.RemoveAll(tmp)
+		return "", fmt.Errorf("build base: debootstrap: %w", err)
+	}
+	if err := m.customise(ctx, tmpRootfs); err != nil {
+		os.RemoveAll(tmp)
+		return "", fmt.Errorf("build base: %w", err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return "", fmt.Errorf("build base: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return "", fmt.Errorf("build base: %w", err)
+	}
+	m.logger.InfoContext(ctx, "base template built", "rootfs", rootfs, "took", time.Since(start).Round(time.Second))
+	return rootfs, nil
+}
+
+// customise adds what debootstrap does not: the default user with a home
+// directory and passwordless sudo, and files gVisor sandboxes expect.
+func (m *Manager) customise(ctx context.Context, rootfs string) error {
+	if err := m.run(ctx, "chroot", rootfs, "useradd", "--create-home", "--uid", "1000",
+		"--shell", "/bin/bash", DefaultUser); err != nil {
+		return fmt.Errorf("add user: %w", err)
+	}
+	files := map[string]string{
+		"etc/hostname":                 "sandbox\n",
+		"etc/hosts":                    "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost ip6-loopback\n",
+		"etc/sudoers.d/" + DefaultUser: DefaultUser + " ALL=(ALL:ALL) NOPASSWD: ALL\n",
+	}
+	for name, content := range files {
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(name, "etc/sudoers.d/") {
+			mode = 0o440
+		}
+		if err := os.WriteFile(filepath.Join(rootfs, name), []byte(content), mode); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	// The package cache is dead weight in every sandbox.
+	for _, dir := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {
+		entries, _ := os.ReadDir(filepath.Join(rootfs, dir))
+		for _, e := range entries {
+			if !e.IsDir() {
+				os.Remove(filepath.Join(rootfs, dir, e.Name()))
+			}
+		}
+	}
+	return nil
+}
+
+// run runs a command, logging its output lines as progress.
+func (m *Manager) run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	var tail []string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		line := sc.Text()
+		tail = append(tail, line)
+		if len(tail) > 20 {
+			tail = tail[1:]
+		}
+		m.logger.InfoContext(ctx, "template build", "cmd", name, "out", line)
+	}
+	io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("%s: %w: %s", name, err, strings.Join(tail, "\n"))
+	}
+	return nil
+}
+
+// lockFile takes an exclusive flock on path, waiting until ctx ends.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,351 @@
+// Package integration drives a real `aenv server` with real gVisor
+// sandboxes through its HTTP API. It needs root; with
+// AENV_REQUIRE_ROOT_TESTS=1 (as `make test` and CI set) a missing
+// requirement fails the suite instead of skipping it.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const apiKey = "aenv_test_key"
+
+// binDir holds aenv, envd and runsc, built by `make build`.
+var binDir string
+
+// templateCache is shared by every server of the suite (and across runs),
+// so the base template is built once per machine.
+const templateCache = "/var/cache/aenv-test"
+
+func TestMain(m *testing.M) {
+	if msg := requirements(); msg != "" {
+		if os.Getenv("AENV_REQUIRE_ROOT_TESTS") == "1" {
+			fmt.Fprintln(os.Stderr, "integration tests cannot run:", msg)
+			os.Exit(1)
+		}
+		fmt.Fprintln(os.Stderr, "SKIP integration tests:", msg)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func requirements() string {
+	if testing.Short() {
+		return "-short"
+	}
+	if os.Geteuid() != 0 {
+		return "not root"
+	}
+	binDir = os.Getenv("AENV_BIN_DIR")
+	if binDir == "" {
+		abs, _ := filepath.Abs("../../bin")
+		binDir = abs
+	}
+	for _, name := range []string{"aenv", "envd", "runsc"} {
+		if _, err := os.Stat(filepath.Join(binDir, name)); err != nil {
+			return fmt.Sprintf("%s missing in %s (run `make build`)", name, binDir)
+		}
+	}
+	if _, err := exec.LookPath("debootstrap"); err != nil {
+		return "debootstrap not installed (run `make deps`)"
+	}
+	return ""
+}
+
+// server is one `aenv server` process of a test.
+type server struct {
+	t       *testing.T
+	dataDir string
+	prefix  string
+	cidr    string
+	addr    string
+	url     string
+	cmd     *exec.Cmd
+	logs    *bytes.Buffer
+	extra   []string
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+// newServer prepares a server with its own data dir, network prefix and
+// address range; start launches it. At cleanup it is stopped with
+// --kill-on-exit semantics and the suite checks that nothing leaked.
+func newServer(t *testing.T, extra ...string) *server {
+	t.Helper()
+	s := &server{
+		t:       t,
+		dataDir: t.TempDir(),
+		prefix:  "it" + randomHex(4),
+		extra:   extra,
+	}
+	b := make([]byte, 1)
+	rand.Read(b)
+	s.cidr = fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, int(b[0]))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = l.Addr().String()
+	l.Close()
+	s.url = "http://" + s.addr
+	t.Cleanup(func() {
+		s.stop(syscall.SIGTERM)
+		s.checkNoLeaks()
+	})
+	return s
+}
+
+func (s *server) start() {
+	s.t.Helper()
+	args := append([]string{"server",
+		"--data-dir", s.dataDir, "--listen", s.addr, "--api-key", apiKey,
+		"--net-prefix", s.prefix, "--sandbox-cidr", s.cidr, "--warm-slots", "2",
+		"--template-cache-dir", templateCache, "--kill-on-exit", "--log-level", "debug",
+	}, s.extra...)
+	s.logs = &bytes.Buffer{}
+	s.cmd = exec.Command(filepath.Join(binDir, "aenv"), args...)
+	s.cmd.Stdout = s.logs
+	s.cmd.Stderr = s.logs
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { s.cmd.Wait(); close(exited) }()
+	// The first server on a machine builds the base template (minutes).
+	deadline := time.Now().Add(15 * time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			s.t.Fatalf("server exited during start:\n%s", s.logs.String())
+		default:
+		}
+		resp, err := http.Get(s.url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				s.cmd.Process.Signal(syscall.Signal(0))
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("server did not become healthy:\n%s", s.logs.String())
+}
+
+// stop ends the server with sig and waits for it.
+func (s *server) stop(sig syscall.Signal) {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	s.cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() {
+		for s.cmd.ProcessState == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		s.cmd.Process.Kill()
+		s.t.Errorf("server did not stop within 90s on %v", sig)
+	}
+	if s.t.Failed() {
+		s.t.Logf("server logs:\n%s", tail(s.logs.String(), 200))
+	}
+	s.cmd = nil
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(s, "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}
+
+// response is a decoded HTTP answer.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal(r.body, v); err != nil {
+		t.Fatalf("decode %q: %v", r.body, err)
+	}
+}
+
+// do sends a request with the API key; body may be nil, []byte, string
+// or a value to encode as JSON.
+func (s *server) do(method, path string, body any, headers ...string) response {
+	s.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		enc, err := json.Marshal(b)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		rd = bytes.NewReader(enc)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, s.url+path, rd)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", apiKey)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i+1] == "" {
+			req.Header.Del(headers[i])
+		} else {
+			req.Header.Set(headers[i], headers[i+1])
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: data}
+}
+
+// expect fails the test unless the answer has the given status.
+func (s *server) expect(r response, status int, what string) response {
+	s.t.Helper()
+	if r.status != status {
+		s.t.Fatalf("%s: status %d, want %d; body %s", what, r.status, status, truncate(r.body))
+	}
+	return r
+}
+
+func truncate(b []byte) string {
+	if len(b) > 500 {
+		return string(b[:500]) + "..."
+	}
+	return string(b)
+}
+
+type sandboxBody struct {
+	SandboxID       string            `json:"sandboxID"`
+	TemplateID      string            `json:"templateID"`
+	EnvdVersion     string            `json:"envdVersion"`
+	EnvdAccessToken string            `json:"envdAccessToken"`
+	State           string            `json:"state"`
+	Metadata        map[string]string `json:"metadata"`
+	EndAt           time.Time         `json:"endAt"`
+	CPUCount        int               `json:"cpuCount"`
+	MemoryMB        int               `json:"memoryMB"`
+}
+
+func (s *server) create(body map[string]any) sandboxBody {
+	s.t.Helper()
+	if body == nil {
+		body = map[string]any{"templateID": "base"}
+	}
+	var sb sandboxBody
+	s.expect(s.do("POST", "/sandboxes", body), 201, "create").json(s.t, &sb)
+	if len(sb.SandboxID) != 20 {
+		s.t.Fatalf("sandbox ID %q is not 20 characters", sb.SandboxID)
+	}
+	return sb
+}
+
+type execResult struct {
+	ExitCode  int    `json:"exitCode"`
+	Stdout    string `json:"stdout"`
+	Stderr    string `json:"stderr"`
+	TimedOut  bool   `json:"timedOut"`
+	Truncated bool   `json:"truncated"`
+}
+
+func (s *server) exec(id string, body map[string]any) execResult {
+	s.t.Helper()
+	var res execResult
+	s.expect(s.do("POST", "/sandboxes/"+id+"/execute", body), 200, "execute").json(s.t, &res)
+	return res
+}
+
+// checkNoLeaks verifies that a stopped server left nothing behind: no
+// runsc process, mount, network namespace, veth or firewall table of its.
+func (s *server) checkNoLeaks() {
+	t := s.t
+	if out, _ := exec.Command("pgrep", "-af", s.dataDir).Output(); len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("processes left behind:\n%s", out)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, s.dataDir) {
+			t.Errorf("mount left behind: %s", line)
+		}
+	}
+	netns, _ := os.ReadDir("/var/run/netns")
+	for _, e := range netns {
+		if strings.HasPrefix(e.Name(), s.prefix) {
+			t.Errorf("network namespace left behind: %s", e.Name())
+		}
+	}
+	links, _ := os.ReadDir("/sys/class/net")
+	for _, e := range links {
+		if strings.HasPrefix(e.Name(), s.prefix) {
+			t.Errorf("network interface left behind: %s", e.Name())
+		}
+	}
+	if out, err := exec.Command("nft", "list", "tables").Output(); err == nil && strings.Contains(string(out), s.prefix) {
+		t.Errorf("nftables table left behind:\n%s", out)
+	}
+	// The gVisor driver names its cgroup parent after its state dir.
+	sum := sha256.Sum256([]byte(filepath.Join(s.dataDir, "runtime")))
+	parent := "aenv-" + hex.EncodeToString(sum[:])[:12]
+	cgroups, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+	for _, c := range cgroups {
+		entries, _ := os.ReadDir(c)
+		for _, e := range entries {
+			if e.IsDir() {
+				t.Errorf("cgroup left behind: %s/%s", c, e.Name())
+			}
+		}
+	}
+}
+
+// runscProcesses counts runsc processes of a sandbox.
+func runscProcesses(id string) int {
+	out, _ := exec.Command("pgrep", "-f", "runsc.*"+id).Output()
+	return len(strings.Fields(string(out)))
+}
