@@ -97,7 +97,7 @@ func (s *supervisor) reap(restart chan<- struct{}) (code int, done bool) {
 		if s.terminating {
 			return ws.ExitStatus(), true
 		}
-		s.log.Error("envd serve died, restarting", "pid", pid, "status", ws)
+		s.log.Error("envd serve died, restarting", "pid", pid, "exitCode", ws.ExitStatus(), "signaled", ws.Signaled())
 		time.AfterFunc(restartDelay, func() { restart <- struct{}{} })
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	pb "github.com/aenv-dev/aenv/api/envd/process"
 )
 
@@ -121,9 +123,33 @@ func (p *process) readOutput(f *os.File, wrap func([]byte) *pb.ProcessEvent_Data
 			}
 		}
 		if err != nil {
+			// The deadline may pass before this goroutine ran at all (a busy
+			// sandbox); output written before the exit is still in the pipe
+			// then, and must not be lost.
+			if errors.Is(err, os.ErrDeadlineExceeded) && pendingBytes(f) > 0 {
+				_ = f.SetReadDeadline(time.Now().Add(drainIdle))
+				continue
+			}
 			return
 		}
 	}
+}
+
+// pendingBytes is how many bytes are buffered for reading in f (FIONREAD,
+// spelled TIOCINQ on Linux),
+// 0 if unknown.
+func pendingBytes(f *os.File) int {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	n := 0
+	rc.Control(func(fd uintptr) {
+		if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
+			n = v
+		}
+	})
+	return n
 }
 
 // endEventFor describes how the process ended the way upstream envd does:

@@ -96,9 +96,10 @@ func lookPathIn(name string, env []string) string {
 }
 
 // credentialFor returns the credential to run as user, or nil when envd
-// already is that user (switching needs privileges a non-root envd lacks).
+// already is that user: switching (setgroups included) needs CAP_SETUID and
+// CAP_SETGID, which a sandbox may not grant when no switch is needed.
 func credentialFor(user account) *syscall.Credential {
-	if uint32(os.Getuid()) == user.UID && uint32(os.Getgid()) == user.GID && os.Getuid() != 0 {
+	if uint32(os.Getuid()) == user.UID && uint32(os.Getgid()) == user.GID {
 		return nil
 	}
 	return &syscall.Credential{Uid: user.UID, Gid: user.GID, Groups: user.Groups}

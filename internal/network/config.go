@@ -37,6 +37,47 @@ type Config struct {
 	CIDR netip.Prefix
 	// WarmPool is the number of free slots kept ready ahead of demand.
 	WarmPool int
+
+	// PrivateCIDRs are ranges no sandbox may reach whatever its policy says, on top
+	// of the ones always denied: the host's own addresses, CIDR (other sandboxes),
+	// 169.254.0.0/16 (link-local, cloud metadata) and 127.0.0.0/8. Nil means
+	// DefaultPrivateCIDRs; an empty non-nil slice adds none.
+	PrivateCIDRs []netip.Prefix
+	// HostCIDRs are more addresses of this host or its services that sandboxes must
+	// not reach: addresses the server is reached at that are not on this host's
+	// interfaces (a load balancer in front of the API, say). The addresses on the
+	// host's interfaces are added at Start without being listed here.
+	HostCIDRs []netip.Prefix
+	// DNSServers are the resolvers sandboxes may query on port 53 (UDP and TCP) even
+	// though they sit in a denied range, as long as the sandbox's own policy allows
+	// their address. Nil means the nameservers of the host's resolv.conf (see
+	// HostDNSServers). A sandbox's /etc/resolv.conf must list them.
+	DNSServers []netip.Addr
+	// Uplinks are the interfaces sandbox traffic leaves the host through; IP
+	// forwarding is turned on for them (replies come in through them) and for every
+	// slot's host veth, not globally. Nil means the interfaces of the host's IPv4
+	// default routes at Start.
+	Uplinks []string
+}
+
+// DefaultPrivateCIDRs are the private ranges denied to sandboxes by default: RFC 1918
+// and the carrier-grade NAT range.
+func DefaultPrivateCIDRs() []netip.Prefix {
+	return []netip.Prefix{
+		netip.MustParsePrefix("10.0.0.0/8"),
+		netip.MustParsePrefix("172.16.0.0/12"),
+		netip.MustParsePrefix("192.168.0.0/16"),
+		netip.MustParsePrefix("100.64.0.0/10"),
+	}
+}
+
+// alwaysDeniedCIDRs are denied whatever the configuration says.
+func alwaysDeniedCIDRs() []netip.Prefix {
+	return []netip.Prefix{
+		netip.MustParsePrefix("169.254.0.0/16"),
+		netip.MustParsePrefix("127.0.0.0/8"),
+		netip.MustParsePrefix("0.0.0.0/8"), // "this network": 0.0.0.0 reaches the host itself
+	}
 }
 
 // validate reports the first problem with c.
@@ -59,6 +100,23 @@ func (c Config) validate() error {
 	}
 	if c.WarmPool < 0 || c.WarmPool > c.capacity() {
 		return fmt.Errorf("network warm pool %d: want 0..%d", c.WarmPool, c.capacity())
+	}
+	for _, lists := range [][]netip.Prefix{c.PrivateCIDRs, c.HostCIDRs} {
+		for _, p := range lists {
+			if !p.IsValid() || !p.Addr().Is4() {
+				return fmt.Errorf("network denied CIDR %s: want an IPv4 prefix", p)
+			}
+		}
+	}
+	for _, a := range c.DNSServers {
+		if !a.Is4() {
+			return fmt.Errorf("network DNS server %s: want an IPv4 address", a)
+		}
+	}
+	for _, name := range c.Uplinks {
+		if name == "" || len(name) > maxIfaceNameLen || strings.HasPrefix(name, c.Prefix) {
+			return fmt.Errorf("network uplink %q: want an interface name not starting with the prefix %q", name, c.Prefix)
+		}
 	}
 	return nil
 }

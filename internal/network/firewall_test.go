@@ -8,8 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -141,28 +139,7 @@ func withoutFirewall(t *testing.T, p *Pool, fn func()) {
 		t.Fatal(err)
 	}
 	fn()
-	if err := installFirewall(p.cfg.Prefix); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// routeOut gives s's netns a default route through the host end and lets the host
-// forward what comes from it: what the egress work will add. Without it the sandbox
-// could reach nothing beyond its /30, and the firewall would go untested.
-func routeOut(t *testing.T, s *Slot) {
-	t.Helper()
-	h := netlinkIn(t, s.NetnsPath)
-	eth, err := h.LinkByName(sandboxIface)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := net.IP(s.HostIP.AsSlice())
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw}); err != nil {
-		t.Fatalf("default route in %s: %v", s.Netns, err)
-	}
-	// Per interface, so the host's global forwarding setting stays as it is.
-	forwarding := "/proc/sys/net/ipv4/conf/" + s.HostVeth + "/forwarding"
-	if err := os.WriteFile(forwarding, []byte("1"), 0o644); err != nil {
+	if err := p.setUpHost(t.Context(), nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -192,7 +169,6 @@ func TestSandboxCannotOpenConnectionsToHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	routeOut(t, s)
 
 	tests := []struct {
 		name string
@@ -249,8 +225,6 @@ func TestSandboxesCannotReachEachOther(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	routeOut(t, a)
-	routeOut(t, b)
 	ln := listenIn(t, b.NetnsPath, b.SandboxIP)
 
 	err = hello(ctx, a.NetnsPath, ln.Addr())
@@ -268,39 +242,4 @@ func TestSandboxesCannotReachEachOther(t *testing.T) {
 			t.Errorf("control: without firewall, slot %d to slot %d: %v", a.Index, b.Index, err)
 		}
 	})
-}
-
-// TestFirewallRuleset pins the table as nft prints it, which is also the table
-// documented in firewall.go.
-func TestFirewallRuleset(t *testing.T) {
-	p := newTestPool(t, 24, 0)
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		t.Skip("nft command not installed")
-	}
-	out, err := exec.CommandContext(t.Context(), nft, "list", "table", "inet", p.cfg.Prefix).CombinedOutput()
-	if err != nil {
-		t.Fatalf("nft list table: %v: %s", err, out)
-	}
-	want := strings.ReplaceAll(`table inet PREFIX {
-	chain input {
-		type filter hook input priority filter; policy accept;
-		iifname "PREFIX*" ct state established,related accept
-		iifname "PREFIX*" drop
-	}
-
-	chain forward {
-		type filter hook forward priority filter; policy accept;
-		iifname "PREFIX*" jump sandbox-egress
-		oifname "PREFIX*" drop
-	}
-
-	chain sandbox-egress {
-		drop
-	}
-}
-`, "PREFIX", p.cfg.Prefix)
-	if string(out) != want {
-		t.Errorf("nft list table:\n%s\nwant:\n%s", out, want)
-	}
 }

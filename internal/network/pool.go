@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 )
 
@@ -27,7 +28,8 @@ type Pool struct {
 	logger *slog.Logger
 
 	mu       sync.Mutex
-	started  bool
+	starting bool // Start was called
+	started  bool // Start finished: slots may be handed out
 	closed   bool
 	state    map[int]slotState // every reserved index
 	warm     int               // indices in stateWarm
@@ -36,6 +38,11 @@ type Pool struct {
 	fill     chan struct{}     // wakes the filler; capacity 1
 	stop     context.CancelFunc
 	stopped  chan struct{} // closed when the filler exits
+	dns      []netip.Addr  // resolvers sandboxes may query, set by Start
+
+	// policyMu serializes changes to slot policies with the in-use checks guarding
+	// them, so a SetPolicy racing a Release cannot leave rules on a released slot.
+	policyMu sync.Mutex
 }
 
 // NewPool checks cfg and returns a pool that touches nothing until Start.
@@ -56,11 +63,12 @@ func NewPool(ctx context.Context, cfg Config, logger *slog.Logger) (*Pool, error
 
 // Start adopts the slots in inUse (sandboxes that outlived a server restart), removes
 // every other netns and veth carrying the prefix (debris of a crash), installs the
-// host firewall and starts filling the warm pool in the background, until Close,
-// Destroy or the end of ctx. Call it once.
+// host firewall (keeping the egress policies of the adopted slots, dropping all
+// others), enables forwarding on the uplinks and starts filling the warm pool in the
+// background, until Close, Destroy or the end of ctx. Call it once.
 func (p *Pool) Start(ctx context.Context, inUse []int) error {
 	p.mu.Lock()
-	if p.started || p.closed {
+	if p.starting || p.closed {
 		p.mu.Unlock()
 		return fmt.Errorf("start network pool: already started or closed")
 	}
@@ -70,7 +78,7 @@ func (p *Pool) Start(ctx context.Context, inUse []int) error {
 			return fmt.Errorf("start network pool: in-use index %d outside %s", i, p.cfg.CIDR)
 		}
 	}
-	p.started = true
+	p.starting = true
 	for _, i := range inUse {
 		p.state[i] = stateInUse
 	}
@@ -90,16 +98,19 @@ func (p *Pool) Start(ctx context.Context, inUse []int) error {
 	if err != nil {
 		return fmt.Errorf("start network pool: %w", err)
 	}
-	if err := installFirewall(p.cfg.Prefix); err != nil {
+	if err := p.setUpHost(ctx, keep); err != nil {
 		return fmt.Errorf("start network pool: %w", err)
 	}
 	for _, i := range inUse {
 		if err := checkSlotExists(p.cfg.slot(i)); err != nil {
-			// The sandbox's own reconcile decides what to do with it; Release
-			// rebuilds or removes the slot later.
+			// The sandbox manager's reconcile decides about the sandbox; its
+			// Release removes what is left of the slot.
 			p.logger.WarnContext(ctx, "adopted slot is incomplete", "slot", i, "err", err)
 		}
 	}
+	p.mu.Lock()
+	p.started = true
+	p.mu.Unlock()
 	if p.cfg.WarmPool > 0 {
 		p.startFiller(ctx)
 	}
@@ -171,6 +182,14 @@ func (p *Pool) Release(ctx context.Context, index int) error {
 	defer p.inflight.Done()
 
 	s := p.cfg.slot(index)
+	p.policyMu.Lock()
+	policyErr := removeSlotPolicy(p.cfg, index)
+	p.policyMu.Unlock()
+	if policyErr != nil {
+		// Keep the index reserved: the next sandbox here would inherit the rules.
+		// The next Start removes them.
+		return fmt.Errorf("release network slot %d: %w", index, policyErr)
+	}
 	err := resetSlot(s)
 	if err == nil {
 		if forgetErr := forgetSandbox(s); forgetErr != nil {

@@ -80,8 +80,14 @@ func testLogger(t *testing.T) *slog.Logger {
 func newTestPool(t *testing.T, cidrBits, warm int) *Pool {
 	t.Helper()
 	requireRoot(t)
-	cfg := Config{Prefix: testPrefix(t), CIDR: testCIDR(cidrBits), WarmPool: warm}
-	return startTestPool(t, cfg, nil)
+	return startTestPool(t, testConfig(t, cidrBits, warm), nil)
+}
+
+// testConfig is a pool configuration that touches no interface but the pool's own:
+// no uplink gets forwarding, and the DNS servers are fixed rather than the host's.
+func testConfig(t *testing.T, cidrBits, warm int) Config {
+	return Config{Prefix: testPrefix(t), CIDR: testCIDR(cidrBits), WarmPool: warm,
+		Uplinks: []string{}, DNSServers: []netip.Addr{}}
 }
 
 func startTestPool(t *testing.T, cfg Config, inUse []int) *Pool {
@@ -202,8 +208,8 @@ func netlinkIn(t *testing.T, path string) *netlink.Handle {
 	return h
 }
 
-// assertConfigured checks both veth ends of s: addresses, links up, lo up, and no
-// route out of the netns beyond the slot's own /30.
+// assertConfigured checks both veth ends of s: addresses, links up, lo up, and a
+// default route through the host end.
 func assertConfigured(t *testing.T, s *Slot) {
 	t.Helper()
 	host, err := netlink.LinkByName(s.HostVeth)
@@ -228,10 +234,14 @@ func assertConfigured(t *testing.T, s *Slot) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var defaults []string
 	for _, r := range routes {
 		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
-			t.Errorf("%s has a default route: %v", s.Netns, r)
+			defaults = append(defaults, r.Gw.String())
 		}
+	}
+	if len(defaults) != 1 || defaults[0] != s.HostIP.String() {
+		t.Errorf("%s default routes via %v, want [%s]", s.Netns, defaults, s.HostIP)
 	}
 }
 

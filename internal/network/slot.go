@@ -65,9 +65,12 @@ func createSlot(s *Slot) (err error) {
 	return nil
 }
 
-// configureSlot puts the addresses on both veth ends and brings them and the netns's
-// loopback up. It is idempotent: releasing a slot runs it again, because runsc takes
-// the address off eth0 when it adopts the interface.
+// configureSlot puts the addresses on both veth ends, brings them and the netns's
+// loopback up, lets the host forward what the slot sends and gives the netns a default
+// route through the host end. It is idempotent: releasing a slot runs it again,
+// because runsc takes the address (and with it the route) off eth0 when it adopts the
+// interface. runsc copies the netns's routes when the sandbox starts, so the route
+// must be there before.
 func configureSlot(s *Slot, ns netns.NsHandle) error {
 	host, err := netlink.LinkByName(s.HostVeth)
 	if err != nil {
@@ -78,6 +81,9 @@ func configureSlot(s *Slot, ns netns.NsHandle) error {
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("bring up %s: %w", s.HostVeth, err)
+	}
+	if err := enableForwarding(s.HostVeth); err != nil {
+		return err
 	}
 
 	h, err := netlink.NewHandleAt(ns)
@@ -101,6 +107,10 @@ func configureSlot(s *Slot, ns netns.NsHandle) error {
 	}
 	if err := h.LinkSetUp(eth); err != nil {
 		return fmt.Errorf("bring up %s in %s: %w", sandboxIface, s.Netns, err)
+	}
+	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(s.HostIP.AsSlice())}
+	if err := h.RouteReplace(route); err != nil {
+		return fmt.Errorf("default route in %s: %w", s.Netns, err)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -79,7 +80,7 @@ func (m *Manager) EnsureBase(ctx context.Context, newID func() string) (*store.T
 	tpl, err := m.store.GetTemplate(ctx, BaseName)
 	if err == nil {
 		if _, statErr := os.Stat(filepath.Join(tpl.RootfsPath, "bin", "bash")); statErr == nil {
-			return tpl, nil
+			return tpl, runtime.PrepareRootfs(tpl.RootfsPath)
 		}
 		m.logger.WarnContext(ctx, "base template rootfs missing; rebuilding", "rootfs", tpl.RootfsPath)
 	} else if !errors.Is(err, store.ErrNotFound) {
@@ -169,6 +170,11 @@ func (m *Manager) customise(ctx context.Context, rootfs string) error {
 		if err := os.WriteFile(filepath.Join(rootfs, name), []byte(content), mode); err != nil {
 			return fmt.Errorf("write %s: %w", name, err)
 		}
+	}
+	// The runtime mounts envd here; the mount point must exist in the
+	// template so that starting a sandbox never writes into it.
+	if err := runtime.PrepareRootfs(rootfs); err != nil {
+		return err
 	}
 	// The package cache is dead weight in every sandbox.
 	for _, dir := range []string{"var/cache/apt/archives", "var/lib/apt/lists"} {

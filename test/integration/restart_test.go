@@ -17,7 +17,7 @@ func TestRestartAdoptsSandboxes(t *testing.T) {
 	long := s.create(map[string]any{"templateID": "base", "timeout": 600})
 	short := s.create(map[string]any{"templateID": "base", "timeout": 8})
 	s.expect(s.do("POST", "/sandboxes/"+long.SandboxID+"/files/write",
-		map[string]string{"path": "/tmp/state", "content": "before crash"}), 200, "write")
+		map[string]string{"path": "/tmp/state", "content": "before crash\n"}), 200, "write")
 	// A background process that must survive the server's death.
 	s.exec(long.SandboxID, map[string]any{"command": "nohup sleep 1000 >/dev/null 2>&1 &"})
 

@@ -1,6 +1,8 @@
 package gvisor
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -58,7 +60,11 @@ func TestValidateSpec(t *testing.T) {
 	if err := runtime.PrepareRootfs(root); err != nil {
 		t.Fatal(err)
 	}
-	good := runtime.Spec{ID: "abcdefghij0123456789", RootfsPath: root, EnvdPath: "/envd", NetnsPath: "/run/netns/x"}
+	envd := filepath.Join(t.TempDir(), "envd")
+	if err := os.WriteFile(envd, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	good := runtime.Spec{ID: "abcdefghij0123456789", RootfsPath: root, EnvdPath: envd, NetnsPath: "/run/netns/x"}
 	tests := []struct {
 		name   string
 		change func(*runtime.Spec)
@@ -69,6 +75,8 @@ func TestValidateSpec(t *testing.T) {
 		{"id with slash", func(s *runtime.Spec) { s.ID = "abcdefghij/123456789" }, false},
 		{"upper-case id", func(s *runtime.Spec) { s.ID = "ABCDEFGHIJ0123456789" }, false},
 		{"relative envd", func(s *runtime.Spec) { s.EnvdPath = "envd" }, false},
+		{"missing envd", func(s *runtime.Spec) { s.EnvdPath = envd + "-missing" }, false},
+		{"envd is a dir", func(s *runtime.Spec) { s.EnvdPath = root }, false},
 		{"no netns", func(s *runtime.Spec) { s.NetnsPath = "" }, false},
 		{"unprepared rootfs", func(s *runtime.Spec) { s.RootfsPath = t.TempDir() }, false},
 		{"negative memory", func(s *runtime.Spec) { s.MemoryMB = -1 }, false},

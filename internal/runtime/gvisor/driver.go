@@ -10,8 +10,13 @@
 //
 //	runsc/             runsc --root (runsc's own state; its null-netns mount)
 //	sandboxes/<id>/    OCI bundle: config.json, runsc.log, console.log, debug/
+//	kvm-probe/         only while New probes the kvm platform (Platform "auto")
 //
-// and each sandbox has the cgroup <CgroupParent>/<id> in every hierarchy.
+// and each sandbox has the cgroup <CgroupParent>/<id> in every hierarchy,
+// holding its sandbox and gofer processes.
+//
+// Template rootfs directories must be prepared with runtime.PrepareRootfs:
+// runsc creates a missing bind-mount point in the host directory itself.
 package gvisor
 
 import (
@@ -107,6 +112,11 @@ func validateSpec(spec runtime.Spec) error {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("%s path %q is not absolute", name, p)
 		}
+	}
+	// runsc reports a missing bind source only as a failed sandbox start;
+	// say it plainly.
+	if info, err := os.Stat(spec.EnvdPath); err != nil || !info.Mode().IsRegular() {
+		return fmt.Errorf("envd binary %q is not a regular file", spec.EnvdPath)
 	}
 	if spec.VCPU < 0 || spec.MemoryMB < 0 || spec.PidsLimit < 0 {
 		return errors.New("negative resource limit")

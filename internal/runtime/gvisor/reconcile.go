@@ -47,7 +47,9 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Instance, error) {
 }
 
 // Cleanup removes every sandbox not in keep, then the debris no sandbox
-// owns: cgroups under the parent and mounts under the state directory.
+// owns: cgroups under the parent (killing any process still in them) and
+// mounts under the state directory. It is for reconciling at startup: a
+// sandbox being started concurrently and not in keep would be removed.
 func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 	list, err := d.List(ctx)
 	if err != nil {

@@ -114,3 +114,43 @@ func (g *guest) readFile(t testing.TB, path string) (string, bool) {
 	}
 	return string(body), true
 }
+
+// answers says whether fakeenvd replies within a short time; for checks
+// that a sandbox is gone or stopped.
+func (g *guest) answers(t testing.TB) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err := g.state(ctx)
+	return err == nil
+}
+
+// alloc makes fakeenvd fill mb MiB of memory and returns its checksum.
+func (g *guest) alloc(t testing.TB, mb int) string {
+	t.Helper()
+	client := &http.Client{Timeout: time.Minute}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, g.url("/alloc", url.Values{"mb": {fmt.Sprint(mb)}}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("alloc %d MiB at %s: %v", mb, g.addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("alloc %d MiB at %s: %d %v %s", mb, g.addr, resp.StatusCode, err, body)
+	}
+	return string(body)
+}
+
+// allocSum returns the checksum of the memory alloc filled, recomputed.
+func (g *guest) allocSum(t testing.TB) string {
+	t.Helper()
+	code, body, err := g.do(t.Context(), http.MethodGet, "/alloc", nil)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("GET /alloc at %s: %d %v %s", g.addr, code, err, body)
+	}
+	return string(body)
+}

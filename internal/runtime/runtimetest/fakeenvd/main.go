@@ -5,6 +5,8 @@
 //	GET  /file?path=P       the content of file P (404 if absent)
 //	POST /file?path=P&data=D write D to file P
 //	POST /exit              exit with status 3 (the init dies)
+//	POST /alloc?mb=N        fill N MiB of memory with data derived from the nonce
+//	GET  /alloc             SHA-256 of that memory, recomputed now
 //
 // The nonce is random per process start and the counter grows every 10 ms
 // in memory, so a restored copy shows whether its memory came from the
@@ -14,6 +16,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -23,6 +26,8 @@ import (
 	"net/http"
 	"os"
 	goruntime "runtime"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -77,6 +82,31 @@ func run(ctx context.Context) error {
 		if err := os.WriteFile(q.Get("path"), []byte(q.Get("data")), 0o644); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		}
+	})
+	var ballast []byte
+	var ballastMu sync.Mutex
+	mux.HandleFunc("POST /alloc", func(w http.ResponseWriter, r *http.Request) {
+		mb, err := strconv.Atoi(r.URL.Query().Get("mb"))
+		if err != nil || mb <= 0 {
+			http.Error(w, "bad mb", http.StatusBadRequest)
+			return
+		}
+		ballastMu.Lock()
+		defer ballastMu.Unlock()
+		ballast = make([]byte, mb<<20)
+		// Distinct, incompressible-looking content on every page, so that
+		// a checkpoint must really carry it.
+		seed := sha256.Sum256([]byte(nonce))
+		for i := 0; i < len(ballast); i += len(seed) {
+			seed = sha256.Sum256(seed[:])
+			copy(ballast[i:], seed[:])
+		}
+		fmt.Fprintf(w, "%x", sha256.Sum256(ballast))
+	})
+	mux.HandleFunc("GET /alloc", func(w http.ResponseWriter, r *http.Request) {
+		ballastMu.Lock()
+		defer ballastMu.Unlock()
+		fmt.Fprintf(w, "%x", sha256.Sum256(ballast))
 	})
 	mux.HandleFunc("POST /exit", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)

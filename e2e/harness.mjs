@@ -1,0 +1,279 @@
+// Harness of the end-to-end suite: starts a real `aenv server` (as root)
+// with its own data dir, network prefix and address range, points the E2B
+// SDK at it through the environment (as a user would), and at the end stops
+// it with SIGTERM and checks that it left nothing behind.
+//
+// Each test file starts its own server in `before` and stops it in `after`,
+// so files are independent; run.sh runs them one at a time.
+
+import { spawn, execFileSync } from 'node:child_process'
+import { randomBytes, randomInt } from 'node:crypto'
+import fs from 'node:fs'
+import http from 'node:http'
+import net from 'node:net'
+import os from 'node:os'
+import path from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { setTimeout as sleep } from 'node:timers/promises'
+
+const here = path.dirname(fileURLToPath(import.meta.url))
+
+// The base template is built once per machine into this cache (minutes the
+// first time) and shared with the Go integration tests.
+const templateCacheDir = process.env.AENV_TEMPLATE_CACHE_DIR || '/var/cache/aenv-test'
+
+export const binDir = path.resolve(process.env.AENV_BIN_DIR || path.join(here, '..', 'bin'))
+
+function randomName(n) {
+  const alphabet = 'abcdefghijklmnopqrstuvwxyz0123456789'
+  let s = ''
+  for (let i = 0; i < n; i++) s += alphabet[randomInt(alphabet.length)]
+  return s
+}
+
+async function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer()
+    srv.once('error', reject)
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address()
+      srv.close(() => resolve(port))
+    })
+  })
+}
+
+function requireSetup() {
+  if (process.getuid?.() !== 0) {
+    throw new Error('the e2e suite needs root (aenv server runs gVisor sandboxes)')
+  }
+  for (const name of ['aenv', 'envd', 'runsc']) {
+    if (!fs.existsSync(path.join(binDir, name))) {
+      throw new Error(`${name} missing in ${binDir} (run \`make build\` or set AENV_BIN_DIR)`)
+    }
+  }
+}
+
+// A running `aenv server` and what the tests need to reach it.
+export class AenvServer {
+  constructor() {
+    this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-'))
+    // The server wants the prefix to start and end with a letter.
+    this.prefix = 'e2' + randomName(3) + 'abcdefghijklmnopqrstuvwxyz'[randomInt(26)]
+    this.cidr = `10.${randomInt(100, 200)}.${randomInt(0, 256)}.0/24`
+    this.apiKey = 'e2e_' + randomBytes(12).toString('hex')
+    this.logPath = path.join(this.dataDir, 'server.log')
+    this.proc = null
+    this.exited = null
+  }
+
+  async start() {
+    requireSetup()
+    this.port = await freePort()
+    this.url = `http://127.0.0.1:${this.port}`
+    const args = [
+      'server',
+      '--data-dir', this.dataDir,
+      '--listen', `127.0.0.1:${this.port}`,
+      '--api-key', this.apiKey,
+      '--template-cache-dir', templateCacheDir,
+      '--net-prefix', this.prefix,
+      '--sandbox-cidr', this.cidr,
+      '--warm-slots', '2',
+      // gVisor's kvm platform hangs on some hosts; auto probes it for 5 s.
+      '--platform', process.env.AENV_E2E_PLATFORM || 'systrap',
+      '--kill-on-exit',
+      '--log-level', process.env.AENV_E2E_LOG_LEVEL || 'debug',
+    ]
+    const log = fs.openSync(this.logPath, 'a')
+    this.proc = spawn(path.join(binDir, 'aenv'), args, { stdio: ['ignore', log, log] })
+    fs.closeSync(log)
+    this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve({ code, signal })))
+    let exitedEarly = null
+    this.exited.then((r) => { exitedEarly = r })
+
+    // The first server on a machine builds the base template (minutes).
+    const deadline = Date.now() + 15 * 60_000
+    while (Date.now() < deadline) {
+      if (exitedEarly) {
+        throw new Error(`aenv server exited during start (${JSON.stringify(exitedEarly)}):\n${this.logTail()}`)
+      }
+      try {
+        const res = await fetch(this.url + '/health')
+        await res.arrayBuffer()
+        if (res.status === 200) break
+      } catch {
+        // not listening yet
+      }
+      await sleep(100)
+    }
+    if (Date.now() >= deadline) throw new Error(`aenv server did not become healthy:\n${this.logTail()}`)
+
+    // Point the unmodified SDK at this server, as the README tells users to.
+    // With AENV_E2E_TRACE=1 it goes through a logging proxy instead.
+    let sdkUrl = this.url
+    if (process.env.AENV_E2E_TRACE === '1') {
+      this.tracer = await startTracer(this.port, path.join(this.dataDir, 'traffic.log'))
+      sdkUrl = this.tracer.url
+    }
+    this.sdkUrl = sdkUrl
+    process.env.E2B_API_URL = sdkUrl
+    process.env.E2B_SANDBOX_URL = sdkUrl
+    process.env.E2B_API_KEY = this.apiKey
+    delete process.env.E2B_DEBUG
+    delete process.env.E2B_DOMAIN
+    return this
+  }
+
+  logTail(lines = 80) {
+    try {
+      return fs.readFileSync(this.logPath, 'utf8').split('\n').slice(-lines).join('\n')
+    } catch {
+      return '(no log)'
+    }
+  }
+
+  // stop ends the server with SIGTERM (--kill-on-exit kills its sandboxes)
+  // and returns the list of things it left behind (empty when clean).
+  async stop() {
+    if (!this.proc) return []
+    this.tracer?.close()
+    const proc = this.proc
+    this.proc = null
+    proc.kill('SIGTERM')
+    let timer
+    const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve('timeout'), 90_000) })
+    const result = await Promise.race([this.exited, timeout])
+    clearTimeout(timer)
+    const leaks = []
+    if (result === 'timeout') {
+      proc.kill('SIGKILL')
+      await this.exited
+      leaks.push('server did not stop within 90 s of SIGTERM')
+    }
+    leaks.push(...this.leftovers())
+    if (leaks.length > 0 || process.env.AENV_E2E_KEEP === '1') {
+      // Keep the log (and traffic log) for the report.
+      console.error(`aenv server log kept: ${this.logPath}`)
+    } else {
+      fs.rmSync(this.dataDir, { recursive: true, force: true })
+    }
+    return leaks
+  }
+
+  // leftovers lists processes of this server's data dir and network
+  // namespaces or interfaces with its prefix.
+  leftovers() {
+    const found = []
+    let procs = ''
+    try {
+      procs = execFileSync('pgrep', ['-af', this.dataDir], { encoding: 'utf8' })
+    } catch {
+      // pgrep exits 1 when nothing matches
+    }
+    // pgrep -f can match itself through the shell on some systems; ignore it.
+    for (const line of procs.split('\n')) {
+      if (line.trim() && !line.includes('pgrep')) found.push(`process left behind: ${line}`)
+    }
+    for (const [dir, what] of [['/var/run/netns', 'network namespace'], ['/sys/class/net', 'network interface']]) {
+      let names = []
+      try {
+        names = fs.readdirSync(dir)
+      } catch {
+        // directory absent: nothing left
+      }
+      for (const name of names) {
+        if (name.startsWith(this.prefix)) found.push(`${what} left behind: ${name}`)
+      }
+    }
+    const mounts = fs.readFileSync('/proc/self/mountinfo', 'utf8')
+    for (const line of mounts.split('\n')) {
+      if (line.includes(this.dataDir)) found.push(`mount left behind: ${line}`)
+    }
+    return found
+  }
+}
+
+// startTracer is a pass-through HTTP proxy to 127.0.0.1:port that logs
+// every request and the start of every response to logPath (for reporting
+// server bugs with the exact traffic).
+async function startTracer(port, logPath) {
+  const out = fs.createWriteStream(logPath, { flags: 'a' })
+  const preview = (buf) => {
+    const text = buf.toString('latin1')
+    return /^[\x09\x0a\x0d\x20-\x7e]*$/.test(text) ? text.slice(0, 1500) : `<${buf.length} bytes> ` + JSON.stringify(text.slice(0, 300))
+  }
+  let n = 0
+  const server = http.createServer((req, res) => {
+    const id = ++n
+    const reqChunks = []
+    let reqLen = 0
+    req.on('data', (c) => { if (reqLen < 4096) reqChunks.push(c); reqLen += c.length })
+    const upstream = http.request({ host: '127.0.0.1', port, method: req.method, path: req.url, headers: req.headers }, (ures) => {
+      res.writeHead(ures.statusCode, ures.headers)
+      const resChunks = []
+      let resLen = 0
+      ures.on('data', (c) => { if (resLen < 4096) resChunks.push(c); resLen += c.length; res.write(c) })
+      ures.on('end', () => {
+        res.end()
+        out.write(`#${id} <- ${ures.statusCode} ${JSON.stringify(ures.headers)}\n   body(${resLen}): ${preview(Buffer.concat(resChunks))}\n`)
+      })
+    })
+    upstream.on('error', (err) => { out.write(`#${id} upstream error ${err.message}\n`); res.destroy() })
+    req.on('end', () => {
+      const h = { ...req.headers }
+      out.write(`#${id} -> ${req.method} ${req.url} ${JSON.stringify(h)}\n   body(${reqLen}): ${preview(Buffer.concat(reqChunks))}\n`)
+    })
+    req.pipe(upstream)
+    res.on('close', () => upstream.destroy())
+  })
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    close: () => { server.closeAllConnections(); server.close(); out.end() },
+  }
+}
+
+// useServer starts a server for the calling test file: call it at module
+// top level with node:test's before/after.
+export function useServer({ before, after }) {
+  const server = new AenvServer()
+  before(async () => {
+    await server.start()
+  }, { timeout: 16 * 60_000 })
+  after(async () => {
+    const leaks = await server.stop()
+    if (leaks.length > 0) {
+      throw new Error('aenv server left things behind:\n' + leaks.join('\n'))
+    }
+  }, { timeout: 120_000 })
+  return server
+}
+
+// eventually retries fn until it returns without throwing or timeoutMs passes.
+export async function eventually(fn, { timeoutMs = 10_000, intervalMs = 100 } = {}) {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    try {
+      return await fn()
+    } catch (err) {
+      if (Date.now() > deadline) throw err
+    }
+    await sleep(intervalMs)
+  }
+}
+
+// rejectsWith asserts that promise rejects with an instance of cls and
+// returns the error for further checks.
+export async function rejectsWith(promise, cls, what = '') {
+  try {
+    await promise
+  } catch (err) {
+    if (!(err instanceof cls)) {
+      const e = new Error(`${what}: expected ${cls.name}, got ${err?.constructor?.name}: ${err?.message}`)
+      e.cause = err
+      throw e
+    }
+    return err
+  }
+  throw new Error(`${what}: expected ${cls.name}, but the call succeeded`)
+}

@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+)
+
+// Exit codes of client commands, beside ExitOK, ExitError and ExitUsage.
+// `aenv exec` exits with the remote command's own code instead.
+const (
+	ExitNotFound    = 3
+	ExitAuth        = 4
+	ExitUnreachable = 5
+)
+
+// usageError marks a mistake in the command line.
+type usageError struct{ error }
+
+// authError is a missing or rejected API key.
+type authError struct{ error }
+
+// unreachableError is a server that could not be reached at all.
+type unreachableError struct{ error }
+
+// exitStatus carries a remote command's exit code out of Run; it prints
+// nothing.
+type exitStatus struct{ code int }
+
+func (e exitStatus) Error() string { return "exit status " }
+
+// exitCodeOf maps an error from the command tree to the process exit code.
+func exitCodeOf(err error) int {
+	var ue usageError
+	var ae authError
+	var unreachable unreachableError
+	var status exitStatus
+	var apiErr *APIError
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.As(err, &status):
+		return status.code
+	case errors.As(err, &ue), isCobraUsageError(err):
+		return ExitUsage
+	case errors.As(err, &ae):
+		return ExitAuth
+	case errors.As(err, &unreachable):
+		return ExitUnreachable
+	case errors.As(err, &apiErr):
+		switch apiErr.Status {
+		case http.StatusNotFound:
+			return ExitNotFound
+		case http.StatusUnauthorized, http.StatusForbidden:
+			return ExitAuth
+		}
+	}
+	return ExitError
+}
+
+// isCobraUsageError recognises the errors cobra itself returns for
+// command lines it cannot route (they carry no type).
+func isCobraUsageError(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "unknown command") || strings.HasPrefix(msg, "unknown flag") ||
+		strings.HasPrefix(msg, "unknown shorthand flag") || strings.HasPrefix(msg, "invalid argument")
+}
+
+// printable reports whether err should be shown to the user.
+func printable(err error) bool {
+	var status exitStatus
+	return !errors.As(err, &status) && !errors.Is(err, context.Canceled)
+}

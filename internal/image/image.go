@@ -1,0 +1,87 @@
+// Package image pulls OCI and Docker images from registries into a
+// content-addressed layer store, and unpacks them into root filesystems.
+//
+// Layers are kept as the registry serves them (compressed), named by digest,
+// so images sharing a base layer store it once. Unpacking applies the layers
+// in order with OCI whiteout semantics and refuses any entry that would
+// write outside the target directory.
+package image
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+)
+
+// Errors returned (wrapped) by Pull, for callers that map them to statuses.
+var (
+	ErrInvalidReference = errors.New("invalid image reference")
+	ErrNotFound         = errors.New("image not found")
+	ErrUnauthorized     = errors.New("registry denied access")
+	ErrUnreachable      = errors.New("registry unreachable")
+	ErrNoPlatform       = errors.New("image has no variant for the platform")
+	ErrUnsafePath       = errors.New("layer entry escapes the root filesystem")
+)
+
+// DefaultPlatform is the platform pulled when PullOptions.Platform is empty.
+const DefaultPlatform = "linux/amd64"
+
+// Progress phases.
+const (
+	PhaseResolving   = "resolving"   // fetching the manifest
+	PhaseDownloading = "downloading" // Current bytes of Total fetched
+	PhaseCached      = "cached"      // layer already in the store
+	PhaseDownloaded  = "downloaded"  // layer fully fetched and verified
+)
+
+// Progress reports a step of a pull. Layer is the layer digest, empty for
+// image-wide phases.
+type Progress struct {
+	Phase   string
+	Layer   string
+	Current int64
+	Total   int64
+}
+
+// PullOptions configure Pull.
+type PullOptions struct {
+	// LayerDir is the content-addressed layer store, shared between images.
+	LayerDir string
+	// Platform is "os/arch[/variant]", e.g. linux/arm64; "" means linux/amd64.
+	Platform string
+	// Keychain supplies registry credentials; nil means the user's Docker
+	// config (authn.DefaultKeychain).
+	Keychain authn.Keychain
+	// Transport overrides the HTTP transport; nil means http.DefaultTransport.
+	Transport http.RoundTripper
+	// Progress, if set, is called for each step; calls never overlap.
+	Progress func(Progress)
+	// Jobs is how many layers download at once; 0 means 3.
+	Jobs int
+}
+
+// Image is a pulled image: its layers are in the store at LayerDir.
+type Image struct {
+	Reference string  `json:"reference"` // fully qualified, e.g. index.docker.io/library/ubuntu:22.04
+	Digest    string  `json:"digest"`    // manifest digest of the platform's image
+	Platform  string  `json:"platform"`
+	Layers    []Layer `json:"layers"` // base first
+	Defaults  Defaults
+	LayerDir  string `json:"layerDir"`
+}
+
+// Layer is one layer blob of an image.
+type Layer struct {
+	Digest    string `json:"digest"` // sha256:... of the blob as stored
+	Size      int64  `json:"size"`
+	MediaType string `json:"mediaType"`
+}
+
+// Defaults are the process settings the image's config asks for, used as
+// a template's defaults.
+type Defaults struct {
+	Env        map[string]string `json:"env"`
+	WorkingDir string            `json:"workingDir"`
+	User       string            `json:"user"`
+}

@@ -1,0 +1,275 @@
+"""The API calls, as data: both clients build a Call here and run it.
+
+Keeping request building and response decoding in one place means the
+async and sync clients cannot drift apart; they differ only in how they
+wait.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+from ._wire import Request, Response
+from .errors import SandboxError, error_from_response
+
+# The server's default command timeout (aenv server --default-exec-timeout-secs);
+# an execute without a timeout may legitimately run this long.
+SERVER_DEFAULT_EXEC_TIMEOUT = 300.0
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    query: Optional[Mapping[str, str]] = None
+    json_body: Any = None
+    raw_body: Optional[bytes] = None
+    idempotent: bool = False
+    # added to the client's timeout: time the server may spend working
+    extra_timeout: float = 0.0
+    # statuses that count as success when they answer a retry (the first
+    # attempt may already have done the work, e.g. DELETE then 404)
+    ok_on_retry: Tuple[int, ...] = ()
+    decode: Callable[[Response], Any] = field(default=lambda resp: None)
+
+    def request(self, api_key: str, timeout: Optional[float]) -> Request:
+        target = self.path
+        if self.query:
+            target += "?" + urllib.parse.urlencode(self.query)
+        headers = {"X-API-Key": api_key, "Accept": "application/json", "User-Agent": "aenv-python"}
+        body = b""
+        if self.json_body is not None:
+            body = json.dumps(self.json_body).encode()
+            headers["Content-Type"] = "application/json"
+        elif self.raw_body is not None:
+            body = self.raw_body
+            headers["Content-Type"] = "application/octet-stream"
+        if timeout is not None:
+            timeout += self.extra_timeout
+        return Request(self.method, target, headers, body, self.idempotent, timeout)
+
+    def result(self, resp: Response, after_lost_answer: bool) -> Any:
+        """Decodes a response, or raises the error it carries.
+
+        after_lost_answer says an earlier attempt failed after it may have
+        reached the server."""
+        if 200 <= resp.status < 300:
+            return self.decode(resp)
+        if after_lost_answer and resp.status in self.ok_on_retry:
+            return None
+        raise error_from_response(resp.status, resp.body)
+
+
+def _json(resp: Response) -> Any:
+    try:
+        return json.loads(resp.body)
+    except ValueError:
+        raise SandboxError(resp.status, f"response is not JSON: {resp.body[:200]!r}") from None
+
+
+def _key(name: str) -> Callable[[Response], Any]:
+    def decode(resp: Response) -> Any:
+        data = _json(resp)
+        if not isinstance(data, dict) or name not in data:
+            raise SandboxError(resp.status, f"response has no {name!r}: {resp.body[:200]!r}")
+        return data[name]
+    return decode
+
+
+def _sandbox_path(sandbox_id: str, suffix: str = "") -> str:
+    if not sandbox_id:
+        raise ValueError("sandbox_id must not be empty")
+    return "/sandboxes/" + urllib.parse.quote(sandbox_id, safe="") + suffix
+
+
+def network_fields(network: Any) -> Dict[str, Any]:
+    """The create request's network fields from a Network, a mapping in the
+    API's shape, or any object with to_api_request() (the seed's
+    NetworkIsolationConfig)."""
+    if network is None:
+        return {}
+    if hasattr(network, "to_api_request"):
+        return dict(network.to_api_request())
+    if isinstance(network, Mapping):
+        return dict(network)
+    raise TypeError("network must be aenv.Network, a dict, or have to_api_request()")
+
+
+def create_sandbox(template: str, vcpu: Optional[int], memory_mb: Optional[int],
+                   timeout_s: Optional[int], auto_pause: bool, metadata: Optional[Mapping[str, str]],
+                   env_vars: Optional[Mapping[str, str]], network: Any) -> Call:
+    body: Dict[str, Any] = {"templateID": template, "autoPause": bool(auto_pause)}
+    if vcpu is not None:
+        body["vcpu"] = vcpu
+    if memory_mb is not None:
+        body["memoryMB"] = memory_mb
+    if timeout_s is not None:
+        body["timeout"] = int(timeout_s)
+    if metadata:
+        body["metadata"] = dict(metadata)
+    if env_vars:
+        body["envVars"] = dict(env_vars)
+    body.update(network_fields(network))
+    return Call("POST", "/sandboxes", json_body=body, extra_timeout=60.0, decode=_json)
+
+
+def get_sandbox(sandbox_id: str) -> Call:
+    return Call("GET", _sandbox_path(sandbox_id), idempotent=True, decode=_json)
+
+
+def list_sandboxes(state: Optional[Iterable[str]], metadata: Optional[Mapping[str, str]],
+                   limit: Optional[int], next_token: Optional[str]) -> Call:
+    query: Dict[str, str] = {}
+    if state:
+        query["state"] = state if isinstance(state, str) else ",".join(state)
+    if metadata:
+        # E2B's encoding: each key and value, then the whole, then the query.
+        pairs = "&".join(f"{urllib.parse.quote(k, safe='')}={urllib.parse.quote(v, safe='')}"
+                         for k, v in metadata.items())
+        query["metadata"] = urllib.parse.quote(pairs, safe="")
+    if limit is not None:
+        query["limit"] = str(limit)
+    if next_token:
+        query["nextToken"] = next_token
+    return Call("GET", "/sandboxes", query=query, idempotent=True,
+                decode=lambda resp: (_json(resp), resp.header("x-next-token") or None))
+
+
+def exec_command(sandbox_id: str, command: str, cwd: Optional[str], envs: Optional[Mapping[str, str]],
+                 timeout: Optional[float], user: Optional[str]) -> Call:
+    body: Dict[str, Any] = {"command": command}
+    if cwd:
+        body["cwd"] = cwd
+    if envs:
+        body["envs"] = dict(envs)
+    if timeout is not None:
+        body["timeout"] = timeout
+    if user:
+        body["user"] = user
+    wait = SERVER_DEFAULT_EXEC_TIMEOUT if timeout is None else float(timeout)
+    return Call("POST", _sandbox_path(sandbox_id, "/execute"), json_body=body,
+                extra_timeout=wait, decode=_json)
+
+
+def write_file(sandbox_id: str, path: str, content: Union[str, bytes], user: Optional[str]) -> Call:
+    # Writing the same content twice is harmless, so writes are retried.
+    if isinstance(content, str):
+        body: Dict[str, Any] = {"path": path, "content": content}
+        if user:
+            body["user"] = user
+        return Call("POST", _sandbox_path(sandbox_id, "/files/write"), json_body=body,
+                    idempotent=True, extra_timeout=60.0)
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        query = {"path": path}
+        if user:
+            query["user"] = user
+        return Call("PUT", _sandbox_path(sandbox_id, "/files"), query=query, raw_body=bytes(content),
+                    idempotent=True, extra_timeout=60.0)
+    raise TypeError("content must be str or bytes")
+
+
+def read_file(sandbox_id: str, path: str, binary: bool, user: Optional[str]) -> Call:
+    query = {"path": path}
+    if user:
+        query["user"] = user
+    if binary:
+        return Call("GET", _sandbox_path(sandbox_id, "/files"), query=query, idempotent=True,
+                    extra_timeout=60.0, decode=lambda resp: resp.body)
+    return Call("GET", _sandbox_path(sandbox_id, "/files/read"), query=query, idempotent=True,
+                extra_timeout=60.0, decode=_key("content"))
+
+
+def pause_sandbox(sandbox_id: str) -> Call:
+    # Not retried: after a lost answer the retry would see 409 "paused".
+    return Call("POST", _sandbox_path(sandbox_id, "/pause"), extra_timeout=60.0)
+
+
+def resume_sandbox(sandbox_id: str, timeout_s: Optional[int]) -> Call:
+    # Resuming a running sandbox is a no-op (200), so resume is retried.
+    body = {"timeout": int(timeout_s)} if timeout_s is not None else {}
+    return Call("POST", _sandbox_path(sandbox_id, "/resume"), json_body=body, idempotent=True,
+                extra_timeout=60.0, decode=lambda resp: _json(resp) if resp.body.strip() else {})
+
+
+class ForkResult(List[str]):
+    """The child sandbox IDs of a fork, in order; a list, as the seed's
+    client returned. errors holds a SandboxError per child that failed,
+    and sandboxes the server's full record of each child created."""
+
+    def __init__(self, ids: Iterable[str], errors: Iterable[SandboxError] = (),
+                 sandboxes: Iterable[Dict[str, Any]] = ()):
+        super().__init__(ids)
+        self.errors: List[SandboxError] = list(errors)
+        self.sandboxes: List[Dict[str, Any]] = list(sandboxes)
+
+
+def _decode_fork(resp: Response) -> ForkResult:
+    data = _json(resp)
+    if isinstance(data, dict) and isinstance(data.get("childSandboxIDs"), list):
+        return ForkResult(data["childSandboxIDs"])  # the seed's shape
+    if not isinstance(data, list):
+        raise SandboxError(resp.status, f"unexpected fork response: {resp.body[:200]!r}")
+    ids, errors, records = [], [], []
+    for item in data:
+        sandbox = item.get("sandbox") if isinstance(item, dict) else None
+        if isinstance(sandbox, dict) and sandbox.get("sandboxID"):
+            ids.append(sandbox["sandboxID"])
+            records.append(sandbox)
+            continue
+        err = item.get("error") if isinstance(item, dict) else None
+        err = err if isinstance(err, dict) else {}
+        status = err.get("code") if isinstance(err.get("code"), int) else 500
+        errors.append(error_from_response(status, json.dumps({"message": str(err.get("message", item))}).encode()))
+    return ForkResult(ids, errors, records)
+
+
+def fork_sandbox(sandbox_id: str, count: int, timeout_s: Optional[int]) -> Call:
+    body: Dict[str, Any] = {"count": int(count)}
+    if timeout_s is not None:
+        body["timeout"] = int(timeout_s)
+    return Call("POST", _sandbox_path(sandbox_id, "/fork"), json_body=body,
+                extra_timeout=60.0 + 5.0 * count, decode=_decode_fork)
+
+
+def create_snapshot(sandbox_id: str, name: Optional[str]) -> Call:
+    body = {"name": name} if name else {}
+    return Call("POST", _sandbox_path(sandbox_id, "/snapshots"), json_body=body,
+                extra_timeout=120.0, decode=_key("snapshotID"))
+
+
+def list_snapshots(sandbox_id: Optional[str], name: Optional[str], limit: Optional[int],
+                   next_token: Optional[str]) -> Call:
+    query: Dict[str, str] = {}
+    if sandbox_id:
+        query["sandboxID"] = sandbox_id
+    if name:
+        query["name"] = name
+    if limit is not None:
+        query["limit"] = str(limit)
+    if next_token:
+        query["nextToken"] = next_token
+    return Call("GET", "/snapshots", query=query, idempotent=True,
+                decode=lambda resp: (_json(resp), resp.header("x-next-token") or None))
+
+
+def delete_snapshot(snapshot_id: str) -> Call:
+    return Call("DELETE", "/templates/" + urllib.parse.quote(snapshot_id, safe=""),
+                idempotent=True, ok_on_retry=(404,))
+
+
+def create_template(sandbox_id: str, name: str) -> Call:
+    return Call("POST", "/templates", json_body={"sandboxID": sandbox_id, "name": name},
+                extra_timeout=120.0, decode=_key("templateID"))
+
+
+def set_timeout(sandbox_id: str, timeout_s: int) -> Call:
+    # Idempotent: a repeat sets the same deadline, measured from a moment later.
+    return Call("POST", _sandbox_path(sandbox_id, "/timeout"), json_body={"timeout": int(timeout_s)},
+                idempotent=True)
+
+
+def delete_sandbox(sandbox_id: str) -> Call:
+    return Call("DELETE", _sandbox_path(sandbox_id), idempotent=True, ok_on_retry=(404,), extra_timeout=30.0)

@@ -1,0 +1,200 @@
+"""AsyncClient: the asyncio client of the aenv API (the seed's AgentENVClient)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+
+from . import _calls
+from ._async_http import AsyncConnectionPool
+from ._calls import Call, ForkResult
+from ._wire import Endpoint
+from .errors import Timeout, TransportError
+from .retry import NO_RETRIES, RetryPolicy
+
+DEFAULT_TEMPLATE = "base"
+
+
+class AsyncClient:
+    """Talks to one aenv server. Use as `async with AsyncClient(...) as c:`.
+
+    base_url: e.g. "http://127.0.0.1:8000". api_key: sent as X-API-Key.
+    timeout: seconds for one request, connect to last byte; calls that make
+    the server work longer (execute, create, fork, snapshot) get that work
+    time added. connect_timeout: seconds to open a connection.
+    max_connections: sockets kept to the server; more concurrent calls
+    queue for one. retry: the RetryPolicy of idempotent calls.
+
+    One client belongs to one event loop. Methods may be called
+    concurrently from many tasks: that is the intended use.
+    """
+
+    def __init__(self, base_url: str = "http://localhost:8000", api_key: str = "", *,
+                 timeout: float = 60.0, connect_timeout: float = 10.0, max_connections: int = 100,
+                 retry: Optional[RetryPolicy] = None, idle_timeout: float = 20.0):
+        self.base_url = base_url
+        self._api_key = api_key
+        self._timeout = timeout
+        self.retry = retry or RetryPolicy()
+        self._pool = AsyncConnectionPool(Endpoint.parse(base_url), max_connections=max_connections,
+                                         connect_timeout=connect_timeout, idle_timeout=idle_timeout)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the pooled connections. Calls after close raise ClientClosed."""
+        await self._pool.close()
+
+    @property
+    def connections_opened(self) -> int:
+        """How many TCP connections the client has opened so far."""
+        return self._pool.connections_opened
+
+    async def _run(self, call: Call) -> Any:
+        policy = self.retry if call.idempotent else NO_RETRIES
+        after_lost_answer = False
+        for attempt in range(1, policy.max_attempts + 1):
+            last = attempt == policy.max_attempts
+            try:
+                resp = await self._pool.send(call.request(self._api_key, self._timeout))
+            except Timeout:
+                raise
+            except TransportError:
+                if last:
+                    raise
+                after_lost_answer = True
+                await asyncio.sleep(policy.delay(attempt))
+                continue
+            if policy.retry_status(resp.status) and not last:
+                await asyncio.sleep(policy.delay(attempt, resp))
+                continue
+            return call.result(resp, after_lost_answer)
+        raise AssertionError("unreachable")
+
+    # --- sandboxes ---
+
+    async def create_sandbox(self, template: str = DEFAULT_TEMPLATE, vcpu: Optional[int] = None,
+                             memory_mb: Optional[int] = None, timeout_s: Optional[int] = None,
+                             auto_pause: bool = False, metadata: Optional[Mapping[str, str]] = None,
+                             env_vars: Optional[Mapping[str, str]] = None, network: Any = None) -> str:
+        """Starts a sandbox from a template or snapshot (ID or name); returns its ID.
+
+        vcpu, memory_mb and timeout_s (lifetime in seconds) default to the
+        server's settings. auto_pause pauses instead of killing at the
+        deadline. network: aenv.Network, or a dict with allowInternetAccess /
+        alwaysDeniedCIDRs / alwaysAllowedCIDRs. Never retried.
+        """
+        info = await self.create_sandbox_info(template, vcpu, memory_mb, timeout_s, auto_pause,
+                                              metadata, env_vars, network)
+        return info["sandboxID"]
+
+    async def create_sandbox_info(self, template: str = DEFAULT_TEMPLATE, vcpu: Optional[int] = None,
+                                  memory_mb: Optional[int] = None, timeout_s: Optional[int] = None,
+                                  auto_pause: bool = False, metadata: Optional[Mapping[str, str]] = None,
+                                  env_vars: Optional[Mapping[str, str]] = None,
+                                  network: Any = None) -> Dict[str, Any]:
+        """create_sandbox, returning the server's whole record (sandboxID,
+        templateID, envdVersion, envdAccessToken, ...)."""
+        return await self._run(_calls.create_sandbox(template, vcpu, memory_mb, timeout_s, auto_pause,
+                                                     metadata, env_vars, network))
+
+    async def get_sandbox(self, sandbox_id: str) -> Dict[str, Any]:
+        """The sandbox's record: sandboxID, state, startedAt, endAt, cpuCount, memoryMB, metadata, ..."""
+        return await self._run(_calls.get_sandbox(sandbox_id))
+
+    async def list_sandboxes(self, state: Optional[Union[str, Iterable[str]]] = None,
+                             metadata: Optional[Mapping[str, str]] = None,
+                             limit: Optional[int] = None) -> List[Dict[str, Any]]:
+        """Sandboxes in the given states (default running and paused) whose
+        metadata contains every given key=value; all pages, up to limit."""
+        out: List[Dict[str, Any]] = []
+        token = None
+        while limit is None or len(out) < limit:
+            page_size = 100 if limit is None else min(100, limit - len(out))
+            page, token = await self._run(_calls.list_sandboxes(state, metadata, page_size, token))
+            out.extend(page)
+            if not token or not page:
+                break
+        return out
+
+    async def set_timeout(self, sandbox_id: str, timeout_s: int) -> None:
+        """Sets the sandbox's deadline to timeout_s seconds from now."""
+        await self._run(_calls.set_timeout(sandbox_id, timeout_s))
+
+    async def delete_sandbox(self, sandbox_id: str) -> None:
+        """Kills the sandbox and frees its resources. NotFound if unknown."""
+        await self._run(_calls.delete_sandbox(sandbox_id))
+
+    # --- commands and files ---
+
+    async def exec_command(self, sandbox_id: str, command: str, cwd: Optional[str] = None,
+                           envs: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+                           user: Optional[str] = None) -> Dict[str, Any]:
+        """Runs a shell command (bash -c) and waits for it.
+
+        Returns {"exitCode", "stdout", "stderr"} plus "timedOut": true when
+        the command ran past timeout seconds and was killed. A non-zero exit
+        is a result, not an exception. Never retried.
+        """
+        return await self._run(_calls.exec_command(sandbox_id, command, cwd, envs, timeout, user))
+
+    async def write_file(self, sandbox_id: str, path: str, content: Union[str, bytes],
+                         user: Optional[str] = None) -> None:
+        """Writes content to the absolute path, creating parent directories.
+        str is written as UTF-8 text; bytes are sent raw."""
+        await self._run(_calls.write_file(sandbox_id, path, content, user))
+
+    async def read_file(self, sandbox_id: str, path: str, binary: bool = False,
+                        user: Optional[str] = None) -> Union[str, bytes]:
+        """The file's content: str (UTF-8) by default, bytes if binary."""
+        return await self._run(_calls.read_file(sandbox_id, path, binary, user))
+
+    # --- lifecycle ---
+
+    async def pause_sandbox(self, sandbox_id: str) -> None:
+        """Pauses the sandbox, keeping memory and files. Conflict if already paused."""
+        await self._run(_calls.pause_sandbox(sandbox_id))
+
+    async def resume_sandbox(self, sandbox_id: str, timeout_s: Optional[int] = None) -> None:
+        """Resumes a paused sandbox (a running one is left running)."""
+        await self._run(_calls.resume_sandbox(sandbox_id, timeout_s))
+
+    async def fork_sandbox(self, sandbox_id: str, count: int = 4,
+                           timeout_s: Optional[int] = None) -> ForkResult:
+        """Forks count children with the sandbox's memory, processes and files.
+
+        Returns the child IDs (a list). Children that failed are in the
+        result's .errors; if none succeeded the first error is raised.
+        Never retried.
+        """
+        result = await self._run(_calls.fork_sandbox(sandbox_id, count, timeout_s))
+        if not result and result.errors:
+            raise result.errors[0]
+        return result
+
+    async def create_snapshot(self, sandbox_id: str, name: Optional[str] = None) -> str:
+        """Captures the sandbox's state; returns the snapshot ID. Sandboxes
+        created with template=<snapshot ID or name> start from it."""
+        return await self._run(_calls.create_snapshot(sandbox_id, name))
+
+    async def list_snapshots(self, sandbox_id: Optional[str] = None,
+                             name: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Snapshots ({"snapshotID", "names"}), all pages."""
+        out: List[Dict[str, Any]] = []
+        token = None
+        while True:
+            page, token = await self._run(_calls.list_snapshots(sandbox_id, name, 100, token))
+            out.extend(page)
+            if not token or not page:
+                return out
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self._run(_calls.delete_snapshot(snapshot_id))
+
+    async def create_template(self, sandbox_id: str, name: str) -> str:
+        """Makes a template from the sandbox's current state; returns its ID."""
+        return await self._run(_calls.create_template(sandbox_id, name))

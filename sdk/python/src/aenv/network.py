@@ -1,0 +1,29 @@
+"""Network: a sandbox's egress policy, in the shape the create call takes."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+
+@dataclass
+class Network:
+    """Egress policy for create_sandbox(network=...).
+
+    allow_internet: whether traffic not matched by a list may leave.
+    denied_cidrs are always refused, allowed_cidrs always let through
+    (allowed wins over denied, as in the seed's NetworkIsolationConfig).
+    """
+
+    allow_internet: bool = True
+    denied_cidrs: List[str] = field(default_factory=list)
+    allowed_cidrs: List[str] = field(default_factory=list)
+
+    def to_api_request(self) -> Dict[str, Any]:
+        # Validate here so a typo fails before a sandbox is asked for.
+        return {
+            "allowInternetAccess": bool(self.allow_internet),
+            "alwaysDeniedCIDRs": [str(ipaddress.ip_network(c, strict=False)) for c in self.denied_cidrs],
+            "alwaysAllowedCIDRs": [str(ipaddress.ip_network(c, strict=False)) for c in self.allowed_cidrs],
+        }

@@ -1,0 +1,189 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The benchmarks print aenv's figures next to raw runsc and runc doing the
+// same work on the same rootfs in the same run. Each reports p50 and p99
+// in milliseconds beside Go's mean ns/op. Run with `make bench`.
+
+func reportLatencies(b *testing.B, samples []time.Duration) {
+	b.Helper()
+	if len(samples) == 0 {
+		return
+	}
+	slices.Sort(samples)
+	pct := func(p float64) float64 {
+		i := int(float64(len(samples)-1) * p)
+		return float64(samples[i].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+}
+
+// BenchmarkAenvCreateFirstExec: POST /sandboxes until the first /execute
+// answers.
+func BenchmarkAenvCreateFirstExec(b *testing.B) {
+	s := benchServer(b)
+	var samples []time.Duration
+	var ids []string
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		sb := s.create(map[string]any{"templateID": "base", "memoryMB": 256})
+		s.exec(sb.SandboxID, map[string]any{"command": "true"})
+		samples = append(samples, time.Since(start))
+		ids = append(ids, sb.SandboxID)
+	}
+	b.StopTimer()
+	reportLatencies(b, samples)
+	for _, id := range ids {
+		s.do("DELETE", "/sandboxes/"+id, nil)
+	}
+}
+
+// BenchmarkAenvExecRoundTrip: /execute of `true` in a running sandbox.
+func BenchmarkAenvExecRoundTrip(b *testing.B) {
+	s := benchServer(b)
+	sb := s.create(nil)
+	var samples []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		s.exec(sb.SandboxID, map[string]any{"command": "true"})
+		samples = append(samples, time.Since(start))
+	}
+	b.StopTimer()
+	reportLatencies(b, samples)
+	s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil)
+}
+
+// BenchmarkAenvDelete: DELETE /sandboxes/{id} of a running sandbox.
+func BenchmarkAenvDelete(b *testing.B) {
+	s := benchServer(b)
+	var samples []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		sb := s.create(map[string]any{"templateID": "base", "memoryMB": 256})
+		b.StartTimer()
+		start := time.Now()
+		s.expect(s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "delete")
+		samples = append(samples, time.Since(start))
+	}
+	b.StopTimer()
+	reportLatencies(b, samples)
+}
+
+// BenchmarkRawRunscRunExec: `runsc run --detach` then `runsc exec true`,
+// the CLI path a plain runsc user takes, on the base rootfs.
+func BenchmarkRawRunscRunExec(b *testing.B) {
+	rawBench(b, filepath.Join(binDir, "runsc"), []string{"--platform=systrap", "--network=none", "--overlay2=root:memory"})
+}
+
+// BenchmarkRawRuncRunExec: the same with runc (no sandbox kernel; the
+// rootfs mounted read-only).
+func BenchmarkRawRuncRunExec(b *testing.B) {
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		b.Fatal("runc not installed (make deps)")
+	}
+	rawBench(b, runc, nil)
+}
+
+func rawBench(b *testing.B, bin string, flags []string) {
+	rootfs := baseRootfs(b)
+	dir := b.TempDir()
+	root := filepath.Join(dir, "state")
+	writeBundle(b, dir, rootfs, bin)
+	// Output goes to a file, not a pipe: a detached container inherits it
+	// and would keep a pipe open forever.
+	outFile, err := os.Create(filepath.Join(dir, "output"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer outFile.Close()
+	run := func(args ...string) {
+		b.Helper()
+		cmd := exec.Command(bin, append(append([]string{"--root", root}, flags...), args...)...)
+		cmd.Stdout, cmd.Stderr = outFile, outFile
+		if err := cmd.Run(); err != nil {
+			out, _ := os.ReadFile(outFile.Name())
+			b.Fatalf("%s %v: %v: %s", filepath.Base(bin), args, err, out)
+		}
+	}
+	b.ResetTimer()
+	var runExec, execOnly, del []time.Duration
+	for i := 0; i < b.N; i++ {
+		id := fmt.Sprintf("bench%d", i)
+		start := time.Now()
+		run("run", "--detach", "--bundle", dir, id)
+		t1 := time.Now()
+		run("exec", id, "/bin/true")
+		t2 := time.Now()
+		run("delete", "--force", id)
+		runExec = append(runExec, t2.Sub(start))
+		execOnly = append(execOnly, t2.Sub(t1))
+		del = append(del, time.Since(t2))
+	}
+	b.StopTimer()
+	reportLatencies(b, runExec)
+	slices.Sort(execOnly)
+	slices.Sort(del)
+	b.ReportMetric(float64(execOnly[len(execOnly)/2].Microseconds())/1000, "exec-p50-ms")
+	b.ReportMetric(float64(del[len(del)/2].Microseconds())/1000, "delete-p50-ms")
+	exec.Command("umount", filepath.Join(root, "null-netns")).Run()
+}
+
+func writeBundle(b *testing.B, dir, rootfs, bin string) {
+	spec := map[string]any{
+		"ociVersion": "1.0.2",
+		"process": map[string]any{
+			"user": map[string]int{"uid": 0, "gid": 0}, "args": []string{"/bin/sleep", "infinity"},
+			"env": []string{"PATH=/usr/bin:/bin"}, "cwd": "/",
+		},
+		"root":     map[string]any{"path": rootfs, "readonly": filepath.Base(bin) == "runc"},
+		"hostname": "bench",
+		"mounts": []map[string]any{
+			{"destination": "/proc", "type": "proc", "source": "proc"},
+			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+			{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+		},
+		"linux": map[string]any{
+			"namespaces": []map[string]string{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}},
+			"resources":  map[string]any{"memory": map[string]int{"limit": 256 << 20}},
+		},
+	}
+	data, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// baseRootfs finds the base template's rootfs in the shared cache.
+func baseRootfs(b *testing.B) string {
+	matches, _ := filepath.Glob(filepath.Join(templateCache, "base-*", "rootfs"))
+	if len(matches) == 0 {
+		// Building it takes a server start.
+		benchServer(b)
+		matches, _ = filepath.Glob(filepath.Join(templateCache, "base-*", "rootfs"))
+	}
+	if len(matches) == 0 {
+		b.Fatal("no base rootfs in " + templateCache)
+	}
+	return matches[0]
+}
+
+func benchServer(b *testing.B) *server {
+	s := newServer(b)
+	s.start()
+	return s
+}
