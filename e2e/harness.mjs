@@ -64,6 +64,13 @@ export class AenvServer {
     this.logPath = path.join(this.dataDir, 'server.log')
     this.proc = null
     this.exited = null
+    this.cleanups = []
+  }
+
+  // defer runs fn before the server stops (node:test runs a suite's after
+  // hooks in registration order, so the server's would run first).
+  defer(fn) {
+    this.cleanups.push(fn)
   }
 
   async start() {
@@ -241,6 +248,13 @@ export function useServer({ before, after }) {
     await server.start()
   }, { timeout: 16 * 60_000 })
   after(async () => {
+    for (const fn of server.cleanups.reverse()) {
+      try {
+        await fn()
+      } catch (err) {
+        console.error('cleanup before server stop failed:', err)
+      }
+    }
     const leaks = await server.stop()
     if (leaks.length > 0) {
       throw new Error('aenv server left things behind:\n' + leaks.join('\n'))

@@ -67,6 +67,24 @@ func New(cfg Config, sandboxes *sandbox.Manager, logger *slog.Logger, reg promet
 	s.route("GET /sandboxes/{id}/files/read", s.readFileJSON)
 	s.route("PUT /sandboxes/{id}/files", s.writeFileRaw)
 	s.route("GET /sandboxes/{id}/files", s.readFileRaw)
+
+	s.route("POST /sandboxes/{id}/pause", s.pauseSandbox)
+	s.route("POST /sandboxes/{id}/resume", s.resumeSandbox)
+	s.route("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
+	s.route("POST /sandboxes/{id}/connect", s.connectSandbox)
+	s.route("POST /sandboxes/{id}/fork", s.forkSandbox)
+	s.route("POST /sandboxes/{id}/snapshots", s.createSnapshot)
+	s.route("GET /snapshots", s.listSnapshots)
+	s.route("POST /snapshots/{id}/fork", s.forkSnapshot)
+	s.route("GET /templates", s.listTemplates)
+	s.route("GET /templates/{id}", s.getTemplate)
+	s.route("POST /templates", s.createTemplate)
+	s.route("DELETE /templates/{id}", s.deleteTemplate)
+
+	// Unknown paths get the JSON error shape too.
+	s.route("/", func(w http.ResponseWriter, r *http.Request) error {
+		return &apiError{http.StatusNotFound, "no such endpoint: " + r.Method + " " + r.URL.Path}
+	})
 	return s
 }
 

@@ -46,6 +46,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, err.Error()
 	case errors.Is(err, sandbox.ErrUnavailable):
 		return http.StatusServiceUnavailable, err.Error()
+	case errors.Is(err, sandbox.ErrInsufficientStorage):
+		return http.StatusInsufficientStorage, err.Error()
 	case errors.Is(err, sandbox.ErrNotSupported):
 		return http.StatusNotImplemented, err.Error()
 	case errors.Is(err, envdclient.ErrUnauthenticated):

@@ -4,10 +4,10 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -25,27 +25,28 @@ const (
 // Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
 var Version = "dev"
 
-type usageError struct{ error }
-
-// Run executes the command line args and returns the exit code.
+// Run executes the command line args and returns the exit code: 0 ok, 1
+// error, 2 usage, 3 not found, 4 authentication, 5 server unreachable; `aenv
+// exec` exits with the remote command's code.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRoot(stdout, stderr)
+	return run(ctx, args, newApp(os.Stdin, stdout, stderr, os.Getenv))
+}
+
+func run(ctx context.Context, args []string, a *app) int {
+	root := newRoot(a)
 	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintln(stderr, "error:", err)
-	var ue usageError
-	if errors.As(err, &ue) {
-		return ExitUsage
+	if printable(err) {
+		fmt.Fprintln(a.stderr, "error:", err)
 	}
-	return ExitError
+	return exitCodeOf(err)
 }
 
-func newRoot(stdout, stderr io.Writer) *cobra.Command {
+func newRoot(a *app) *cobra.Command {
+	stdout, stderr := a.stdout, a.stderr
 	root := &cobra.Command{
 		Use:   "aenv",
 		Short: "Sandboxes for AI agents and agentic RL, on gVisor",
@@ -53,12 +54,21 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 E2B-compatible API: create from a template, run commands, read and write files.
 
 Start a node with "aenv server"; point E2B SDKs at it with
-  E2B_API_URL=http://127.0.0.1:8000 E2B_SANDBOX_URL=http://127.0.0.1:8000 E2B_API_KEY=<key>`,
+  E2B_API_URL=http://127.0.0.1:8000 E2B_SANDBOX_URL=http://127.0.0.1:8000 E2B_API_KEY=<key>
+
+The other commands are a client of a server: "aenv auth" saves its URL and
+API key (AENV_URL and AENV_API_KEY override them). Exit codes: 0 ok, 1 error,
+2 usage, 3 not found, 4 bad or missing API key, 5 server unreachable.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetIn(a.stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newServerCommand(stderr), newVersionCommand(stdout))
+	root.AddCommand(a.clientCommands()...)
+	root.InitDefaultCompletionCmd() // now, not at Execute, so it writes to stdout and tests see it
 	return root
 }
 
@@ -92,6 +102,7 @@ func newVersionCommand(stdout io.Writer) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
+		Long:  "Print the version of this aenv binary.",
 		Args:  cobra.NoArgs,
 		Run:   func(cmd *cobra.Command, args []string) { fmt.Fprintln(stdout, "aenv", Version) },
 	}

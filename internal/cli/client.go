@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -69,6 +70,9 @@ func (c *Client) send(ctx context.Context, method, path string, query url.Values
 	}
 	for k, v := range header {
 		req.Header[k] = v
+	}
+	if n, err := strconv.ParseInt(header.Get("Content-Length"), 10, 64); err == nil {
+		req.ContentLength = n // a stream's length is known only to the caller
 	}
 	req.Header.Set("X-API-Key", c.apiKey)
 	resp, err := c.http.Do(req)

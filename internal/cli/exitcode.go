@@ -67,8 +67,15 @@ func isCobraUsageError(err error) bool {
 		strings.HasPrefix(msg, "unknown shorthand flag") || strings.HasPrefix(msg, "invalid argument")
 }
 
+// reported is an error already printed; Run prints nothing more but exits
+// with its code.
+type reported struct{ error }
+
+func (r reported) Unwrap() error { return r.error }
+
 // printable reports whether err should be shown to the user.
 func printable(err error) bool {
 	var status exitStatus
-	return !errors.As(err, &status) && !errors.Is(err, context.Canceled)
+	var done reported
+	return !errors.As(err, &status) && !errors.As(err, &done) && !errors.Is(err, context.Canceled)
 }

@@ -45,6 +45,10 @@ type Server struct {
 
 	TemplateCacheDir string
 	DebianMirror     string
+
+	PauseToDiskAfterSecs int
+	MaxForkCount         int
+	ForkParallelism      int
 }
 
 // Default returns the embedded defaults.
@@ -70,6 +74,9 @@ func Default() Server {
 		MaxJSONBodyMB:          128,
 		MaxFileUploadMB:        4096,
 		DebianMirror:           "http://deb.debian.org/debian",
+		PauseToDiskAfterSecs:   600,
+		MaxForkCount:           100,
+		ForkParallelism:        4,
 	}
 }
 
@@ -111,6 +118,9 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.MaxFileUploadMB, "max-file-upload-mb", "largest raw file upload")
 	str(&c.TemplateCacheDir, "template-cache-dir", "where built template root filesystems are cached (default: <data-dir>/cache)")
 	str(&c.DebianMirror, "debian-mirror", "Debian mirror for building the base template")
+	num(&c.PauseToDiskAfterSecs, "pause-to-disk-after-secs", "write a sandbox paused this long to disk and release its memory (0: never)")
+	num(&c.MaxForkCount, "max-fork-count", "most children one fork may ask for")
+	num(&c.ForkParallelism, "fork-parallelism", "children of one fork restored at once")
 }
 
 // Validate checks values that flags cannot type-check.
@@ -144,6 +154,9 @@ func (c *Server) Validate() error {
 		{"--warm-slots", c.WarmSlots >= 0},
 		{"--max-json-body-mb", c.MaxJSONBodyMB > 0},
 		{"--max-file-upload-mb", c.MaxFileUploadMB > 0},
+		{"--pause-to-disk-after-secs", c.PauseToDiskAfterSecs >= 0},
+		{"--max-fork-count", c.MaxForkCount >= 1},
+		{"--fork-parallelism", c.ForkParallelism >= 1},
 	}
 	for _, ch := range checks {
 		if !ch.ok {

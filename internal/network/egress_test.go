@@ -59,6 +59,8 @@ func newEgressEnv(t *testing.T) *egressEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitOperUp(t, slot)
+	waitOperUp(t, other)
 	// The neighbour may reach everything: only the fixed list keeps the slot under
 	// test away from it.
 	if err := p.SetPolicy(ctx, other.Index, DefaultPolicy()); err != nil {

@@ -109,6 +109,7 @@ func newFakeInternet(t *testing.T, prefix string) *fakeInternet {
 	if err := h.LinkSetUp(lo); err != nil {
 		t.Fatal(err)
 	}
+	waitOperUp(t, &Slot{NetnsPath: f.netnsPath, HostVeth: f.uplink})
 	// Replies go back to the host end; nothing else is routed out of here.
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(f.hostAddr.AsSlice())}); err != nil {
 		t.Fatal(err)
@@ -122,6 +123,30 @@ func newFakeInternet(t *testing.T, prefix string) *fakeInternet {
 		t.Cleanup(func() { netlink.RouteDel(r) })
 	}
 	return f
+}
+
+// waitOperUp waits until both ends of s's veth are operationally up. Until the
+// kernel's link watcher has run (it may wait up to a second), a new veth drops what
+// it is given, and a test's first connection would time out.
+func waitOperUp(t *testing.T, s *Slot) {
+	t.Helper()
+	h := netlinkIn(t, s.NetnsPath)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		host, err := netlink.LinkByName(s.HostVeth)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eth, err := h.LinkByName(sandboxIface)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host.Attrs().OperState == netlink.OperUp && eth.Attrs().OperState == netlink.OperUp {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("veth of slot %d not up", s.Index)
 }
 
 func prefixAddr(a netip.Addr, bits int) *netlink.Addr {

@@ -62,6 +62,7 @@ func TestReleaseDropsPolicy(t *testing.T) {
 	if again.Index != e.slot.Index {
 		t.Fatalf("reacquired index %d, want %d", again.Index, e.slot.Index)
 	}
+	waitOperUp(t, again)
 	if got := e.reachable(ctx); len(got) != 0 {
 		t.Errorf("reacquired slot without a policy reaches %v", got)
 	}

@@ -2,7 +2,6 @@ package network
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -237,38 +236,43 @@ func removeSlotPolicy(cfg Config, i int) error {
 	return nil
 }
 
-// readSlotCounters returns slot i's byte counters, zero if it never had a policy.
-func readSlotCounters(cfg Config, i int) (rx, tx uint64, err error) {
+// Traffic is a slot's byte counts.
+type Traffic struct {
+	RxBytes, TxBytes uint64
+}
+
+// readCounters returns the byte counters of every slot that has them. One dump
+// serves all slots: the library cannot tell a missing object from other errors.
+func readCounters(cfg Config) (map[int]Traffic, error) {
 	conn, err := nftables.New()
 	if err != nil {
-		return 0, 0, fmt.Errorf("read counters of slot %d: %w", i, err)
+		return nil, fmt.Errorf("read counters: %w", err)
 	}
-	o := slotObjectDefs(firewallTable(cfg.Prefix), i)
-	read := func(obj *nftables.NamedObj) (uint64, error) {
-		got, err := conn.GetObject(obj)
-		if errors.Is(err, unix.ENOENT) {
-			return 0, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-		named, ok := got.(*nftables.NamedObj)
-		if !ok {
-			return 0, fmt.Errorf("counter %s: unexpected object %T", obj.Name, got)
+	objs, err := conn.GetNamedObjects(firewallTable(cfg.Prefix))
+	if err != nil {
+		return nil, fmt.Errorf("read counters: %w", err)
+	}
+	out := map[int]Traffic{}
+	for _, o := range objs {
+		named, ok := o.(*nftables.NamedObj)
+		if !ok || named.Type != nftables.ObjTypeCounter {
+			continue
 		}
 		c, ok := named.Obj.(*expr.Counter)
-		if !ok {
-			return 0, fmt.Errorf("counter %s: unexpected data %T", obj.Name, named.Obj)
+		i, isSlot := slotIndexFromObjectName(named.Name)
+		if !ok || !isSlot {
+			continue
 		}
-		return c.Bytes, nil
+		tr := out[i]
+		switch named.Name {
+		case rxCounterName(i):
+			tr.RxBytes = c.Bytes
+		case txCounterName(i):
+			tr.TxBytes = c.Bytes
+		}
+		out[i] = tr
 	}
-	if rx, err = read(o.rx); err != nil {
-		return 0, 0, fmt.Errorf("read counters of slot %d: %w", i, err)
-	}
-	if tx, err = read(o.tx); err != nil {
-		return 0, 0, fmt.Errorf("read counters of slot %d: %w", i, err)
-	}
-	return rx, tx, nil
+	return out, nil
 }
 
 // SetPolicy installs pol as the egress policy of the in-use slot index, replacing any
@@ -307,7 +311,29 @@ func (p *Pool) Counters(ctx context.Context, index int) (rxBytes, txBytes uint64
 	if err := ctx.Err(); err != nil {
 		return 0, 0, fmt.Errorf("network counters of slot %d: %w", index, err)
 	}
-	return readSlotCounters(p.cfg, index)
+	all, err := readCounters(p.cfg)
+	if err != nil {
+		return 0, 0, fmt.Errorf("network counters of slot %d: %w", index, err)
+	}
+	return all[index].RxBytes, all[index].TxBytes, nil
+}
+
+// AllCounters returns the counters of every in-use slot, by index, in one read of
+// the kernel's tables: the call for a metrics scrape.
+func (p *Pool) AllCounters(ctx context.Context) (map[int]Traffic, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("network counters: %w", err)
+	}
+	all, err := readCounters(p.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("network counters: %w", err)
+	}
+	inUse := p.indicesIn(stateInUse)
+	out := make(map[int]Traffic, len(inUse))
+	for _, i := range inUse {
+		out[i] = all[i]
+	}
+	return out, nil
 }
 
 // DNSServers returns the resolvers sandboxes may query; a sandbox's /etc/resolv.conf

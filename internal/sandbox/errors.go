@@ -1,6 +1,11 @@
 package sandbox
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+)
 
 // Error kinds of the manager. The API translates them to HTTP statuses in
 // one place; wrap them with %w to add context.
@@ -16,3 +21,19 @@ var (
 	// ErrNotSupported: the runtime driver cannot do this.
 	ErrNotSupported = errors.New("not supported by this runtime")
 )
+
+// ErrInsufficientStorage: the disk is full (a checkpoint could not be
+// written); nothing partial is kept.
+var ErrInsufficientStorage = errors.New("insufficient storage")
+
+// classifyRuntimeError tags runtime failures whose cause a client can act
+// on; runsc reports them only as text.
+func classifyRuntimeError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if strings.Contains(err.Error(), "no space left on device") || errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("%w: %v", ErrInsufficientStorage, err)
+	}
+	return err
+}

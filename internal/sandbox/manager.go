@@ -29,6 +29,13 @@ const EnvdPort = 49983
 // Config bounds and defaults for sandboxes.
 type Config struct {
 	EnvdPath        string // host path of the static envd binary
+	ImagesDir       string // checkpoint images (snapshots, paused-to-disk, fork)
+	// PauseToDiskAfter is how long a sandbox stays paused in memory before
+	// it is checkpointed to disk and its memory released; 0 = never.
+	PauseToDiskAfter time.Duration
+	MaxForkCount     int
+	// ForkParallelism bounds the restores of one fork running at once.
+	ForkParallelism int
 	DefaultTimeout  time.Duration
 	MaxTimeout      time.Duration
 	DefaultVCPU     int
@@ -52,6 +59,7 @@ type SlotPool interface {
 	Acquire(ctx context.Context) (*network.Slot, error)
 	Slot(index int) *network.Slot
 	Release(ctx context.Context, index int) error
+	Free() int
 }
 
 // Manager owns the sandboxes of one node.
@@ -146,7 +154,8 @@ func (m *Manager) checkTimeout(d time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
-// Create starts a sandbox and returns once envd in it answers.
+// Create starts a sandbox and returns once envd in it answers. A rootfs
+// template boots; a snapshot template is restored, memory and all.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
 	if req.Template == "" {
 		req.Template = template.BaseName
@@ -158,10 +167,77 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if err != nil {
 		return nil, err
 	}
+	if tpl.Kind != store.KindRootfs && tpl.Kind != "" {
+		// A restored sandbox keeps the machine shape it was checkpointed
+		// with; requested sizes are not applied.
+		req.VCPU, req.MemoryMB = tpl.VCPU, tpl.MemoryMB
+	}
 	if err := m.validate(&req, tpl); err != nil {
 		return nil, err
 	}
+	now := time.Now().UTC()
+	sb := &store.Sandbox{
+		ID: NewID(), TemplateID: tpl.ID, Alias: tpl.Name, State: store.StateStarting,
+		VCPU: req.VCPU, MemoryMB: req.MemoryMB, Metadata: req.Metadata,
+		EnvVars:     mergeEnv(tpl.EnvVars, req.EnvVars),
+		AccessToken: newAccessToken(), AutoPause: req.AutoPause,
+		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
+		TimeoutSecs: int(req.Timeout.Seconds()),
+	}
+	e, err := m.launchNew(ctx, sb, tpl, tpl.ImageDir, tpl.EnvdToken)
+	if err != nil {
+		return nil, err
+	}
+	return cloneSandbox(e.sb), nil
+}
 
+// launchNew records sb as starting, brings its instance up in a fresh
+// network slot (booting, or restoring imageDir whose envd answers to
+// imageToken), records it running and arms its deadline. On failure
+// nothing it made is left.
+func (m *Manager) launchNew(ctx context.Context, sb *store.Sandbox, tpl *store.Template, imageDir, imageToken string) (*entry, error) {
+	log := m.logger.With("sandbox", sb.ID)
+	slot, err := m.acquireSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sb.SlotIndex = slot.Index
+	sb.State = store.StateStarting
+	// The starting record is durable first, so a crash mid-create is
+	// cleaned up by reconcile.
+	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		m.releaseSlot(ctx, slot.Index, sb.ID)
+		return nil, fmt.Errorf("record sandbox: %w", err)
+	}
+	start := time.Now()
+	envd, err := m.bringUp(ctx, sb, tpl, slot, imageDir, imageToken)
+	if err == nil {
+		sb.State = store.StateRunning
+		sb.UpdatedAt = time.Now().UTC()
+		if err = m.store.UpdateSandbox(ctx, sb); err != nil {
+			err = fmt.Errorf("record running sandbox: %w", err)
+			m.killInstance(ctx, sb.ID)
+		}
+	}
+	if err != nil {
+		m.releaseSlot(ctx, slot.Index, sb.ID)
+		if derr := m.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil {
+			log.Error("delete record after failed create", "err", derr)
+		}
+		log.WarnContext(ctx, "create failed", "err", err)
+		return nil, err
+	}
+	e := &entry{sb: sb, slot: slot, envd: envd}
+	m.mu.Lock()
+	m.live[sb.ID] = e
+	m.mu.Unlock()
+	m.armTimer(e)
+	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", imageDir != "",
+		"took", time.Since(start).Round(time.Millisecond))
+	return e, nil
+}
+
+func (m *Manager) acquireSlot(ctx context.Context) (*network.Slot, error) {
 	slot, err := m.slots.Acquire(ctx)
 	if err != nil {
 		if errors.Is(err, network.ErrExhausted) {
@@ -169,81 +245,60 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		}
 		return nil, fmt.Errorf("acquire network slot: %w", err)
 	}
-	now := time.Now().UTC()
-	sb := &store.Sandbox{
-		ID: NewID(), TemplateID: tpl.ID, Alias: tpl.Name, State: store.StateStarting,
-		VCPU: req.VCPU, MemoryMB: req.MemoryMB, Metadata: req.Metadata, EnvVars: req.EnvVars,
-		AccessToken: newAccessToken(), SlotIndex: slot.Index, AutoPause: req.AutoPause,
-		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
-	}
-	log := m.logger.With("sandbox", sb.ID)
+	return slot, nil
+}
 
-	// Undo in reverse order if anything below fails: nothing half-made stays.
-	var undo []func()
-	fail := func(err error) (*store.Sandbox, error) {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		log.WarnContext(ctx, "create failed", "err", err)
-		return nil, err
+func (m *Manager) releaseSlot(ctx context.Context, index int, id string) {
+	if err := m.slots.Release(context.WithoutCancel(ctx), index); err != nil {
+		m.logger.ErrorContext(ctx, "release network slot", "sandbox", id, "slot", index, "err", err)
 	}
-	undo = append(undo, func() {
-		if err := m.slots.Release(context.WithoutCancel(ctx), slot.Index); err != nil {
-			log.Error("release slot after failed create", "err", err)
-		}
-	})
-	// The starting record is durable first, so a crash mid-create is
-	// cleaned up by reconcile.
-	if err := m.store.CreateSandbox(ctx, sb); err != nil {
-		return fail(fmt.Errorf("record sandbox: %w", err))
+}
+
+func (m *Manager) killInstance(ctx context.Context, id string) {
+	if err := m.driver.Kill(context.WithoutCancel(ctx), id); err != nil {
+		m.logger.ErrorContext(ctx, "kill instance", "sandbox", id, "err", err)
 	}
-	undo = append(undo, func() {
-		if err := m.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); err != nil {
-			log.Error("delete record after failed create", "err", err)
-		}
-	})
+}
+
+// bringUp starts (or restores from imageDir) the instance of sb in slot,
+// waits for its envd and gives it sb's identity: access token, env vars,
+// default user. It returns a client holding the new token. On failure the
+// instance is gone.
+func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot,
+	imageDir, imageToken string) (*envdclient.Client, error) {
 	spec := runtime.Spec{
 		ID: sb.ID, RootfsPath: tpl.RootfsPath, EnvdPath: m.cfg.EnvdPath,
 		EnvdArgs:  []string{"--port", strconv.Itoa(EnvdPort)},
 		NetnsPath: slot.NetnsPath, VCPU: sb.VCPU, MemoryMB: sb.MemoryMB, PidsLimit: m.cfg.PidsLimit,
 		Hostname: "sandbox", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 	}
-	start := time.Now()
-	if err := m.driver.Start(ctx, spec); err != nil {
-		return fail(fmt.Errorf("start sandbox: %w", err))
+	var err error
+	if imageDir == "" {
+		err = m.driver.Start(ctx, spec)
+	} else {
+		err = m.driver.Restore(ctx, spec, imageDir)
 	}
-	undo = append(undo, func() {
-		if err := m.driver.Kill(context.WithoutCancel(ctx), sb.ID); err != nil {
-			log.Error("kill after failed create", "err", err)
+	if err != nil {
+		return nil, classifyRuntimeError(fmt.Errorf("start sandbox: %w", err))
+	}
+	envd := envdclient.New(envdURL(slot.SandboxIP), m.http, imageToken)
+	err = m.waitReady(ctx, envd)
+	if err == nil {
+		err = envd.Init(ctx, envdclient.InitRequest{
+			AccessToken: sb.AccessToken, EnvVars: mergeEnv(tpl.Env, sb.EnvVars),
+			DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
+		})
+		if err != nil {
+			err = fmt.Errorf("init envd: %w", err)
 		}
-	})
-	booted := time.Since(start)
-
-	envd := envdclient.New(envdURL(slot.SandboxIP), m.http, "")
-	if err := m.waitReady(ctx, envd); err != nil {
-		return fail(fmt.Errorf("sandbox did not become ready: %w", err))
+	} else {
+		err = fmt.Errorf("sandbox did not become ready: %w", err)
 	}
-	if err := envd.Init(ctx, envdclient.InitRequest{
-		AccessToken: sb.AccessToken, EnvVars: mergeEnv(tpl.Env, sb.EnvVars),
-		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
-	}); err != nil {
-		return fail(fmt.Errorf("init envd: %w", err))
+	if err != nil {
+		m.killInstance(ctx, sb.ID)
+		return nil, err
 	}
-	envd = envdclient.New(envdURL(slot.SandboxIP), m.http, sb.AccessToken)
-
-	sb.State = store.StateRunning
-	sb.UpdatedAt = time.Now().UTC()
-	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-		return fail(fmt.Errorf("record running sandbox: %w", err))
-	}
-	e := &entry{sb: sb, slot: slot, envd: envd}
-	m.mu.Lock()
-	m.live[sb.ID] = e
-	m.mu.Unlock()
-	m.armTimer(e)
-	log.InfoContext(ctx, "sandbox created", "template", tpl.Name, "boot", booted.Round(time.Millisecond),
-		"total", time.Since(start).Round(time.Millisecond))
-	return cloneSandbox(sb), nil
+	return envdclient.New(envdURL(slot.SandboxIP), m.http, sb.AccessToken), nil
 }
 
 func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error {
@@ -338,14 +393,16 @@ func (m *Manager) release(ctx context.Context, e *entry) error {
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	if err := m.driver.Kill(ctx, e.sb.ID); err != nil {
-		m.armTimer(e)
-		return fmt.Errorf("kill sandbox %s: %w", e.sb.ID, err)
-	}
 	if e.slot != nil {
-		if err := m.slots.Release(ctx, e.slot.Index); err != nil {
-			m.logger.ErrorContext(ctx, "release network slot", "sandbox", e.sb.ID, "slot", e.slot.Index, "err", err)
+		if err := m.driver.Kill(ctx, e.sb.ID); err != nil {
+			m.armTimer(e)
+			return fmt.Errorf("kill sandbox %s: %w", e.sb.ID, err)
 		}
+		m.releaseSlot(ctx, e.slot.Index, e.sb.ID)
+		e.slot = nil
+	}
+	if e.sb.ImageDir != "" {
+		m.removeImage(ctx, e.sb.ImageDir)
 	}
 	e.gone = true
 	m.mu.Lock()
@@ -364,6 +421,7 @@ func (m *Manager) markDead(ctx context.Context, e *entry, reason string) {
 	e.sb.State = store.StateDead
 	e.sb.EndedReason = reason
 	e.sb.SlotIndex = -1
+	e.sb.ImageDir = ""
 	e.sb.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, e.sb); err != nil {
 		m.logger.ErrorContext(ctx, "record dead sandbox", "sandbox", e.sb.ID, "err", err)
@@ -381,8 +439,12 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 		return err
 	}
 	defer e.mu.Unlock()
+	if e.sb.State != store.StateRunning {
+		return fmt.Errorf("%w: sandbox %s is %s; resume it to set a timeout", ErrConflict, id, e.sb.State)
+	}
 	updated := cloneSandbox(e.sb)
 	updated.EndAt = time.Now().UTC().Add(d)
+	updated.TimeoutSecs = int(d.Seconds())
 	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
 		return err
@@ -390,46 +452,6 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	e.sb = updated
 	m.armTimer(e)
 	return nil
-}
-
-// armTimer (re)starts the deadline timer of e; e.mu must be held or e not
-// yet shared.
-func (m *Manager) armTimer(e *entry) {
-	if e.timer != nil {
-		e.timer.Stop()
-	}
-	id := e.sb.ID
-	e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() { m.expire(id) })
-}
-
-// expire handles a deadline: the sandbox is killed (pause-on-timeout is
-// the snapshot layer's job).
-func (m *Manager) expire(id string) {
-	m.mu.Lock()
-	e := m.live[id]
-	m.mu.Unlock()
-	if e == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.gone {
-		return
-	}
-	if wait := time.Until(e.sb.EndAt); wait > 0 { // extended meanwhile
-		e.timer = time.AfterFunc(wait, func() { m.expire(id) })
-		return
-	}
-	if err := m.release(ctx, e); err != nil {
-		m.logger.Error("kill expired sandbox", "sandbox", id, "err", err)
-		return
-	}
-	if err := m.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
-		m.logger.Error("delete expired sandbox record", "sandbox", id, "err", err)
-	}
-	m.logger.Info("sandbox timed out and was killed", "sandbox", id)
 }
 
 // Envd returns a client for the envd of a running sandbox.
@@ -480,6 +502,9 @@ func (m *Manager) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		return runtime.Stats{}, err
 	}
 	defer e.mu.Unlock()
+	if e.slot == nil {
+		return runtime.Stats{}, nil // paused on disk: holds no memory or CPU
+	}
 	return m.driver.Stats(ctx, id)
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -33,6 +35,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 
 	keep := map[string]bool{}
+	keepImages := map[string]bool{}
 	var inUse []int
 	var adopted []*entry
 	for _, sb := range records {
@@ -42,18 +45,20 @@ func (m *Manager) Start(ctx context.Context) error {
 			if err := m.store.DeleteSandbox(ctx, sb.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return fmt.Errorf("reconcile: %w", err)
 			}
-		case store.StateRunning:
-			if state[sb.ID] != runtime.StateRunning || sb.SlotIndex < 0 {
-				sb.State, sb.EndedReason, sb.SlotIndex = store.StateDead, "sandbox was gone after a server restart", -1
-				sb.UpdatedAt = time.Now().UTC()
-				if err := m.store.UpdateSandbox(ctx, sb); err != nil {
-					return fmt.Errorf("reconcile: %w", err)
-				}
-				m.logger.WarnContext(ctx, "reconcile: sandbox gone", "sandbox", sb.ID)
+		case store.StateRunning, store.StatePaused:
+			adopt, err := m.reconcileRecord(ctx, sb, state[sb.ID])
+			if err != nil {
+				return err
+			}
+			if !adopt {
 				continue
 			}
-			keep[sb.ID] = true
-			inUse = append(inUse, sb.SlotIndex)
+			if sb.ImageDir != "" {
+				keepImages[sb.ImageDir] = true
+			} else {
+				keep[sb.ID] = true
+				inUse = append(inUse, sb.SlotIndex)
+			}
 			adopted = append(adopted, &entry{sb: sb})
 		}
 	}
@@ -63,20 +68,105 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.driver.Cleanup(ctx, keep); err != nil {
 		return fmt.Errorf("reconcile: runtime cleanup: %w", err)
 	}
+	if err := m.collectImages(ctx, keepImages); err != nil {
+		return fmt.Errorf("reconcile: images: %w", err)
+	}
 	for _, e := range adopted {
-		e.slot = m.slots.Slot(e.sb.SlotIndex)
-		e.envd = envdclient.New(envdURL(e.slot.SandboxIP), m.http, e.sb.AccessToken)
+		if e.sb.ImageDir == "" {
+			e.slot = m.slots.Slot(e.sb.SlotIndex)
+			e.envd = envdclient.New(envdURL(e.slot.SandboxIP), m.http, e.sb.AccessToken)
+		}
 		m.mu.Lock()
 		m.live[e.sb.ID] = e
 		m.mu.Unlock()
 		m.armTimer(e)
-		m.logger.InfoContext(ctx, "reconcile: adopted running sandbox", "sandbox", e.sb.ID, "endAt", e.sb.EndAt)
+		m.logger.InfoContext(ctx, "reconcile: adopted sandbox", "sandbox", e.sb.ID, "state", e.sb.State,
+			"on_disk", e.sb.ImageDir != "", "endAt", e.sb.EndAt)
 	}
 
 	monitorCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopMonitor = cancel
 	m.monitorDone = make(chan struct{})
 	go m.monitor(monitorCtx)
+	return nil
+}
+
+// reconcileRecord decides what a running or paused record becomes given
+// the runtime's state of its instance; it updates the record and reports
+// whether the sandbox is adopted.
+func (m *Manager) reconcileRecord(ctx context.Context, sb *store.Sandbox, instance runtime.State) (bool, error) {
+	// A crash between a spill's checkpoint and its record update leaves a
+	// complete image at the fixed path: the sandbox is paused on disk.
+	if sb.State == store.StatePaused && sb.ImageDir == "" && instance != runtime.StatePaused &&
+		imageComplete(m.pauseImageDir(sb.ID)) {
+		sb.ImageDir = m.pauseImageDir(sb.ID)
+		sb.SlotIndex = -1
+		return true, m.store.UpdateSandbox(ctx, sb)
+	}
+	switch {
+	case sb.ImageDir != "":
+		if imageComplete(sb.ImageDir) {
+			return true, nil
+		}
+	case sb.SlotIndex >= 0 && (instance == runtime.StateRunning || instance == runtime.StatePaused):
+		// The instance is the truth: a crash may have cut a pause or a
+		// resume between the runtime and the record.
+		want := store.StateRunning
+		if instance == runtime.StatePaused {
+			want = store.StatePaused
+		}
+		if sb.State != want {
+			sb.State = want
+			sb.UpdatedAt = time.Now().UTC()
+			if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+				return false, fmt.Errorf("reconcile: %w", err)
+			}
+		}
+		return true, nil
+	}
+	sb.State, sb.EndedReason, sb.SlotIndex, sb.ImageDir = store.StateDead, "sandbox was gone after a server restart", -1, ""
+	sb.UpdatedAt = time.Now().UTC()
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return false, fmt.Errorf("reconcile: %w", err)
+	}
+	m.logger.WarnContext(ctx, "reconcile: sandbox gone", "sandbox", sb.ID)
+	return false, nil
+}
+
+// collectImages removes checkpoint images no template or sandbox refers
+// to: partial ones a crash left, fork images, deleted snapshots.
+func (m *Manager) collectImages(ctx context.Context, keep map[string]bool) error {
+	if err := os.MkdirAll(m.cfg.ImagesDir, 0o700); err != nil {
+		return err
+	}
+	templates, err := m.store.ListTemplates(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range templates {
+		if t.ImageDir == "" {
+			continue
+		}
+		if !imageComplete(t.ImageDir) {
+			m.logger.WarnContext(ctx, "reconcile: snapshot image missing; removing the snapshot", "template", t.ID)
+			if err := m.store.DeleteTemplate(ctx, t.ID); err != nil {
+				return err
+			}
+			continue
+		}
+		keep[t.ImageDir] = true
+	}
+	entries, err := os.ReadDir(m.cfg.ImagesDir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		dir := filepath.Join(m.cfg.ImagesDir, e.Name())
+		if !keep[dir] {
+			m.logger.InfoContext(ctx, "reconcile: removing unreferenced image", "dir", dir)
+			m.removeImage(ctx, dir)
+		}
+	}
 	return nil
 }
 
@@ -110,6 +200,9 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	m.mu.Lock()
 	var suspects []*entry
 	for id, e := range m.live {
+		if e.slot == nil {
+			continue // paused on disk: no instance to watch
+		}
 		if s, ok := state[id]; !ok || s == runtime.StateStopped {
 			suspects = append(suspects, e)
 		}
@@ -118,7 +211,7 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	for _, e := range suspects {
 		e.mu.Lock()
 		// Look again under the lock: a create or kill may have raced the list.
-		if !e.gone && e.sb.State == store.StateRunning {
+		if !e.gone && e.slot != nil {
 			if s, err := m.driver.State(ctx, e.sb.ID); err != nil || s == runtime.StateStopped {
 				m.markDead(ctx, e, "sandbox stopped on its own (out of memory, or its init process exited)")
 			}

@@ -99,18 +99,22 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	}
 
 	sandboxes := sandbox.NewManager(sandbox.Config{
-		EnvdPath:        envdPath,
-		DefaultTimeout:  config.Seconds(cfg.DefaultTimeoutSecs),
-		MaxTimeout:      config.Seconds(cfg.MaxTimeoutSecs),
-		DefaultVCPU:     cfg.DefaultVCPU,
-		MaxVCPU:         cfg.MaxVCPU,
-		DefaultMemoryMB: cfg.DefaultMemoryMB,
-		MinMemoryMB:     cfg.MinMemoryMB,
-		MaxMemoryMB:     cfg.MaxMemoryMB,
-		PidsLimit:       cfg.PidsLimit,
-		ReadyTimeout:    30 * time.Second,
-		MonitorInterval: 2 * time.Second,
-		DeadRetention:   time.Hour,
+		EnvdPath:         envdPath,
+		ImagesDir:        filepath.Join(cfg.DataDir, "images"),
+		PauseToDiskAfter: config.Seconds(cfg.PauseToDiskAfterSecs),
+		MaxForkCount:     cfg.MaxForkCount,
+		ForkParallelism:  cfg.ForkParallelism,
+		DefaultTimeout:   config.Seconds(cfg.DefaultTimeoutSecs),
+		MaxTimeout:       config.Seconds(cfg.MaxTimeoutSecs),
+		DefaultVCPU:      cfg.DefaultVCPU,
+		MaxVCPU:          cfg.MaxVCPU,
+		DefaultMemoryMB:  cfg.DefaultMemoryMB,
+		MinMemoryMB:      cfg.MinMemoryMB,
+		MaxMemoryMB:      cfg.MaxMemoryMB,
+		PidsLimit:        cfg.PidsLimit,
+		ReadyTimeout:     30 * time.Second,
+		MonitorInterval:  2 * time.Second,
+		DeadRetention:    time.Hour,
 	}, st, driver, pool, templates, logger.With("component", "sandbox"))
 	if err := sandboxes.Start(ctx); err != nil {
 		pool.Close(context.WithoutCancel(ctx))

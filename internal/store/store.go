@@ -50,13 +50,34 @@ type Sandbox struct {
 	EndAt       time.Time // deadline
 	EndedReason string    // why a dead sandbox ended
 	UpdatedAt   time.Time
+	// ImageDir holds the checkpoint of a sandbox paused to disk; empty
+	// while its memory is live.
+	ImageDir string
+	// TimeoutSecs is the lifetime asked for at create (or the last
+	// timeout change); a resume restarts the deadline with it.
+	TimeoutSecs int
 }
 
+// TemplateKind says what a template is made of.
+type TemplateKind string
+
+const (
+	// KindRootfs: a root filesystem; sandboxes boot from it.
+	KindRootfs TemplateKind = "rootfs"
+	// KindSnapshot: a checkpoint of a sandbox (E2B's snapshot); sandboxes
+	// are restored from it, memory and processes included.
+	KindSnapshot TemplateKind = "snapshot"
+	// KindSandboxTemplate: like a snapshot, made with POST /templates
+	// {"sandboxID", "name"}.
+	KindSandboxTemplate TemplateKind = "sandbox"
+)
+
 // Template is the record of a template: a root filesystem and the
-// defaults of the sandboxes made from it.
+// defaults of the sandboxes made from it, and for checkpoint kinds the
+// image they are restored from.
 type Template struct {
 	ID             string
-	Name           string // unique alias, e.g. "base"
+	Name           string // unique alias, e.g. "base"; equal to ID when unnamed
 	RootfsPath     string
 	DefaultUser    string
 	DefaultWorkdir string
@@ -64,7 +85,17 @@ type Template struct {
 	VCPU           int
 	MemoryMB       int
 	CreatedAt      time.Time
+
+	Kind          TemplateKind
+	ImageDir      string            // checkpoint image (snapshot kinds)
+	SourceSandbox string            // sandbox the checkpoint was taken of
+	EnvdToken     string            // envd access token inside the image
+	EnvVars       map[string]string // sandbox env vars inside the image
 }
+
+// Named reports whether the template was given a name (unnamed ones use
+// their ID as name).
+func (t *Template) Named() bool { return t.Name != t.ID }
 
 // SandboxFilter selects sandboxes in ListSandboxes. Zero values match all.
 type SandboxFilter struct {

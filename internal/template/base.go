@@ -240,3 +240,18 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		}
 	}
 }
+
+// CheckName validates a template or snapshot name: what a user types in
+// `aenv start NAME`, so letters, digits and . _ - : only.
+func CheckName(name string) error {
+	if len(name) == 0 || len(name) > 128 {
+		return fmt.Errorf("name must be 1 to 128 characters")
+	}
+	for _, r := range name {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-:", r)
+		if !ok {
+			return fmt.Errorf("name %q may only contain letters, digits and . _ - :", name)
+		}
+	}
+	return nil
+}

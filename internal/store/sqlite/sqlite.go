@@ -95,7 +95,7 @@ func (s *Store) migrate(ctx context.Context) error {
 func (s *Store) Close() error { return s.db.Close() }
 
 const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata_json, env_json,
-	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at`
+	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -103,7 +103,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
@@ -120,7 +120,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id = ?, alias = ?, state = ?, vcpu = ?,
 		memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
-		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ? WHERE id = ?`,
+		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ? WHERE id = ?`,
 		append(args[1:], sb.ID)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
@@ -187,19 +187,31 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	return expectOneRow(res, "delete sandbox "+id)
 }
 
-const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at`
+const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at,
+	kind, image_dir, source_sandbox, envd_token, env_vars_json`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
 	if err != nil {
 		return fmt.Errorf("put template %s: %w", t.ID, err)
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+	envVars, err := json.Marshal(nonNil(t.EnvVars))
+	if err != nil {
+		return fmt.Errorf("put template %s: %w", t.ID, err)
+	}
+	kind := t.Kind
+	if kind == "" {
+		kind = store.KindRootfs
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
-		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb`,
+		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
+		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
+		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
-		t.CreatedAt.UnixNano())
+		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars))
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
@@ -258,7 +270,8 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var autoPause int
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
-		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated)
+		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
+		&sb.TimeoutSecs)
 	if err != nil {
 		return nil, err
 	}
@@ -291,20 +304,24 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	}
 	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.VCPU, sb.MemoryMB, string(metadata),
 		string(env), sb.AccessToken, sb.SlotIndex, autoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
-		sb.EndedReason, sb.UpdatedAt.UnixNano()}, nil
+		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs}, nil
 }
 
 func scanTemplate(r scanner) (*store.Template, error) {
 	var t store.Template
-	var env string
+	var env, kind, envVars string
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
-		&t.MemoryMB, &created); err != nil {
+		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()
+	t.Kind = store.TemplateKind(kind)
 	if err := json.Unmarshal([]byte(env), &t.Env); err != nil {
 		return nil, fmt.Errorf("template %s env: %w", t.ID, err)
+	}
+	if err := json.Unmarshal([]byte(envVars), &t.EnvVars); err != nil {
+		return nil, fmt.Errorf("template %s env vars: %w", t.ID, err)
 	}
 	return &t, nil
 }

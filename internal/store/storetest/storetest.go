@@ -24,6 +24,7 @@ func sandbox(id string, state store.SandboxState, started time.Time, md map[stri
 		ID: id, TemplateID: "tpl1", Alias: "base", State: state, VCPU: 2, MemoryMB: 512,
 		Metadata: md, EnvVars: map[string]string{"A": "1"}, AccessToken: "tok-" + id, SlotIndex: 3,
 		AutoPause: true, StartedAt: started, EndAt: started.Add(time.Minute), UpdatedAt: started,
+		ImageDir: "/images/" + id, TimeoutSecs: 60,
 	}
 }
 
@@ -43,7 +44,8 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 	}
 	if got.ID != want.ID || got.State != want.State || got.AccessToken != want.AccessToken ||
 		got.SlotIndex != 3 || !got.AutoPause || !got.StartedAt.Equal(now) || !got.EndAt.Equal(want.EndAt) ||
-		got.Metadata["k"] != "v" || got.EnvVars["A"] != "1" || got.VCPU != 2 || got.MemoryMB != 512 {
+		got.Metadata["k"] != "v" || got.EnvVars["A"] != "1" || got.VCPU != 2 || got.MemoryMB != 512 ||
+		got.ImageDir != "/images/sb1" || got.TimeoutSecs != 60 {
 		t.Fatalf("round trip: got %+v, want %+v", got, want)
 	}
 	got.State = store.StateDead
@@ -144,6 +146,25 @@ func testTemplates(t *testing.T, s store.Store) {
 		if got.ID != "t1" || got.DefaultUser != "user" || got.Env["LANG"] != "C.UTF-8" || got.MemoryMB != 1024 {
 			t.Fatalf("get %s: %+v", key, got)
 		}
+	}
+	snap := &store.Template{ID: "s1", Name: "s1", Kind: store.KindSnapshot, ImageDir: "/img/s1",
+		SourceSandbox: "sb1", EnvdToken: "tok", EnvVars: map[string]string{"X": "y"}, CreatedAt: time.Unix(2, 0).UTC()}
+	if err := s.PutTemplate(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	gotSnap, err := s.GetTemplate(ctx, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotSnap.Kind != store.KindSnapshot || gotSnap.ImageDir != "/img/s1" || gotSnap.SourceSandbox != "sb1" ||
+		gotSnap.EnvdToken != "tok" || gotSnap.EnvVars["X"] != "y" || gotSnap.Named() {
+		t.Fatalf("snapshot round trip: %+v", gotSnap)
+	}
+	if err := s.DeleteTemplate(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.GetTemplate(ctx, "base"); got.Kind != store.KindRootfs {
+		t.Fatalf("default kind: %q", got.Kind)
 	}
 	if err := s.PutTemplate(ctx, &store.Template{ID: "t2", Name: "base", Env: nil}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("duplicate name: %v", err)

@@ -1,0 +1,318 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	if err := s.sandboxes.Pause(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// resumeSandbox is the seed's and E2B's legacy resume: 201 with the
+// Sandbox body, 409 when it is already running.
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
+	timeout, err := s.optionalTimeout(w, r)
+	if err != nil {
+		return err
+	}
+	sb, wasPaused, err := s.sandboxes.Resume(r.Context(), r.PathValue("id"), timeout)
+	if err != nil {
+		return err
+	}
+	if !wasPaused {
+		return &apiError{http.StatusConflict, fmt.Sprintf("sandbox %s is already running", sb.ID)}
+	}
+	writeJSON(w, http.StatusCreated, toSandboxJSON(sb))
+	return nil
+}
+
+// connectSandbox is E2B's connect: resume a paused sandbox (201), or for a
+// running one extend (never shorten) its deadline (200).
+func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
+	timeout, err := s.optionalTimeout(w, r)
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	sb, wasPaused, err := s.sandboxes.Resume(r.Context(), id, timeout)
+	if err != nil {
+		return err
+	}
+	if wasPaused {
+		writeJSON(w, http.StatusCreated, toSandboxJSON(sb))
+		return nil
+	}
+	if timeout > 0 && time.Until(sb.EndAt) < timeout {
+		if err := s.sandboxes.SetTimeout(r.Context(), id, timeout); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, http.StatusOK, toSandboxJSON(sb))
+	return nil
+}
+
+func (s *Server) optionalTimeout(w http.ResponseWriter, r *http.Request) (time.Duration, error) {
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return 0, err
+	}
+	if req.Timeout == nil {
+		return 0, nil
+	}
+	if *req.Timeout <= 0 {
+		return 0, badRequest("timeout must be a positive number of seconds")
+	}
+	return time.Duration(*req.Timeout) * time.Second, nil
+}
+
+type snapshotJSON struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+func toSnapshotJSON(t *store.Template) snapshotJSON {
+	names := []string{}
+	if t.Named() {
+		names = append(names, t.Name)
+	}
+	return snapshotJSON{SnapshotID: t.ID, Names: names}
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	tpl, err := s.sandboxes.Snapshot(r.Context(), sandbox.SnapshotRequest{
+		SandboxID: r.PathValue("id"), Name: req.Name, Kind: store.KindSnapshot,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toSnapshotJSON(tpl))
+	return nil
+}
+
+// listSnapshots serves E2B's snapshot list, newest first, paged.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit := defaultListLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return badRequest(fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
+		}
+		limit = n
+	}
+	all, err := s.sandboxes.ListTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	var snaps []*store.Template
+	for i := len(all) - 1; i >= 0; i-- { // newest first
+		t := all[i]
+		if t.Kind != store.KindSnapshot {
+			continue
+		}
+		if v := q.Get("sandboxID"); v != "" && t.SourceSandbox != v {
+			continue
+		}
+		if v := q.Get("name"); v != "" && t.Name != v {
+			continue
+		}
+		snaps = append(snaps, t)
+	}
+	if tok := q.Get("nextToken"); tok != "" {
+		createdAt, id, err := parsePageToken(tok)
+		if err != nil {
+			return err
+		}
+		i := 0
+		for i < len(snaps) && (snaps[i].CreatedAt.After(createdAt) ||
+			(snaps[i].CreatedAt.Equal(createdAt) && snaps[i].ID >= id)) {
+			i++
+		}
+		snaps = snaps[i:]
+	}
+	if len(snaps) > limit {
+		last := snaps[limit-1]
+		w.Header().Set("X-Next-Token", pageToken(last.CreatedAt, last.ID))
+		snaps = snaps[:limit]
+	}
+	out := make([]snapshotJSON, 0, len(snaps))
+	for _, t := range snaps {
+		out = append(out, toSnapshotJSON(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+type templateJSON struct {
+	TemplateID string    `json:"templateID"`
+	Name       string    `json:"name,omitempty"`
+	Aliases    []string  `json:"aliases"`
+	Kind       string    `json:"kind"`
+	CPUCount   int       `json:"cpuCount"`
+	MemoryMB   int       `json:"memoryMB"`
+	CreatedAt  time.Time `json:"createdAt"`
+	Source     string    `json:"sourceSandboxID,omitempty"`
+}
+
+func toTemplateJSON(t *store.Template) templateJSON {
+	out := templateJSON{TemplateID: t.ID, Aliases: []string{}, Kind: string(t.Kind), CPUCount: t.VCPU,
+		MemoryMB: t.MemoryMB, CreatedAt: t.CreatedAt, Source: t.SourceSandbox}
+	if t.Named() {
+		out.Name = t.Name
+		out.Aliases = []string{t.Name}
+	}
+	return out
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
+	all, err := s.sandboxes.ListTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]templateJSON, 0, len(all))
+	for _, t := range all {
+		out = append(out, toTemplateJSON(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
+	all, err := s.sandboxes.ListTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	for _, t := range all {
+		if t.ID == id || t.Name == id {
+			writeJSON(w, http.StatusOK, toTemplateJSON(t))
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: template %q", sandbox.ErrNotFound, id)
+}
+
+// createTemplate is the seed's template-from-sandbox: POST /templates
+// {"sandboxID", "name"} → 201 {"templateID"}.
+func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		SandboxID string `json:"sandboxID"`
+		Name      string `json:"name"`
+		Image     string `json:"image"`
+	}
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	switch {
+	case req.SandboxID != "" && req.Image != "":
+		return badRequest("give either sandboxID or image, not both")
+	case req.Image != "":
+		return s.buildImageTemplate(w, r, req.Image, req.Name)
+	case req.SandboxID == "":
+		return badRequest("sandboxID (or image) is required")
+	}
+	tpl, err := s.sandboxes.Snapshot(r.Context(), sandbox.SnapshotRequest{
+		SandboxID: req.SandboxID, Name: req.Name, Kind: store.KindSandboxTemplate,
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"templateID": tpl.ID, "name": tpl.Name})
+	return nil
+}
+
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	if err := s.sandboxes.DeleteTemplate(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+type forkItemJSON struct {
+	Sandbox *sandboxJSON `json:"sandbox,omitempty"`
+	Error   *errorBody   `json:"error,omitempty"`
+}
+
+// forkSandbox is E2B's fork: 201 with one {sandbox} or {error} per child.
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
+	return s.fork(w, r, sandbox.ForkRequest{SandboxID: r.PathValue("id")})
+}
+
+// forkSnapshot forks children from a named snapshot or template.
+func (s *Server) forkSnapshot(w http.ResponseWriter, r *http.Request) error {
+	return s.fork(w, r, sandbox.ForkRequest{SnapshotID: r.PathValue("id")})
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, req sandbox.ForkRequest) error {
+	var body struct {
+		Count   *int `json:"count"`
+		Timeout *int `json:"timeout"`
+	}
+	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &body); err != nil {
+		return err
+	}
+	req.Count = 1
+	if body.Count != nil {
+		req.Count = *body.Count
+	}
+	if body.Timeout != nil {
+		if *body.Timeout <= 0 {
+			return badRequest("timeout must be a positive number of seconds")
+		}
+		req.Timeout = time.Duration(*body.Timeout) * time.Second
+	}
+	results, err := s.sandboxes.Fork(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	out := make([]forkItemJSON, len(results))
+	for i, res := range results {
+		if res.Err != nil {
+			status, msg := statusOf(res.Err)
+			if status >= 500 {
+				s.logger.ErrorContext(r.Context(), "fork child failed", "err", res.Err)
+			}
+			out[i].Error = &errorBody{Code: status, Message: msg}
+			continue
+		}
+		sb := toSandboxJSON(res.Sandbox)
+		out[i].Sandbox = &sb
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// buildImageTemplate is where OCI image templates plug in.
+func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, image, name string) error {
+	if strings.TrimSpace(image) == "" {
+		return badRequest("image is empty")
+	}
+	return &apiError{http.StatusNotImplemented, "templates from OCI images are not available on this server yet"}
+}
+

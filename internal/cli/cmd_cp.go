@@ -1,0 +1,160 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) cpCommand() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a file between this machine and a sandbox",
+		Long: `Copy one file into a sandbox or out of it. The sandbox side is written
+SANDBOX_ID:PATH; the other side is a local path, or - for stdin/stdout. A
+destination that is a directory (or ends in /) receives the file under its
+source name. Directories are not copied: pipe a tar through
+"aenv exec -i" for those.`,
+		Example: `  aenv cp ./data.csv 3f2a9c:/home/user/data.csv
+  aenv cp 3f2a9c:/etc/os-release .
+  tar c src | aenv exec -i 3f2a9c 'tar x -C /work'`,
+		Args: args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			src, dst := parseCopySide(argv[0]), parseCopySide(argv[1])
+			if (src.sandbox == "") == (dst.sandbox == "") {
+				return usageError{errors.New("exactly one of SRC and DST must be SANDBOX_ID:PATH")}
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			if dst.sandbox != "" {
+				return a.upload(cmd.Context(), c, src.path, dst)
+			}
+			return a.download(cmd.Context(), c, src, dst.path)
+		},
+	}
+	addServerFlags(cmd, &f)
+	return cmd
+}
+
+// copySide is a cp argument: a local path, or a path in a sandbox.
+type copySide struct {
+	sandbox string
+	path    string
+}
+
+// parseCopySide reads ID:PATH. A colon after a slash belongs to a local
+// path, so ./a:b stays local.
+func parseCopySide(arg string) copySide {
+	id, p, ok := strings.Cut(arg, ":")
+	if !ok || id == "" || strings.Contains(id, "/") {
+		return copySide{path: arg}
+	}
+	return copySide{sandbox: id, path: p}
+}
+
+func (a *app) upload(ctx context.Context, c *Client, local string, dst copySide) error {
+	var body io.Reader = a.stdin
+	size := int64(-1)
+	if local != "-" {
+		f, err := os.Open(local)
+		if err != nil {
+			return fmt.Errorf("cp: %w", err)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("cp: %w", err)
+		}
+		if fi.IsDir() {
+			return usageError{fmt.Errorf("cp: %s is a directory; copy directories with tar through `aenv exec -i`", local)}
+		}
+		body, size = f, fi.Size()
+		if dst.path == "" || strings.HasSuffix(dst.path, "/") {
+			dst.path += filepath.Base(local)
+		}
+	}
+	if dst.path == "" {
+		return usageError{errors.New("cp: the sandbox path is empty")}
+	}
+	header := http.Header{"Content-Type": {"application/octet-stream"}}
+	if size >= 0 {
+		header.Set("Content-Length", strconv.FormatInt(size, 10))
+	}
+	resp, err := c.send(ctx, http.MethodPut, "/sandboxes/"+escape(dst.sandbox)+"/files",
+		url.Values{"path": {dst.path}}, header, body)
+	if err != nil {
+		return fileContext(dst, err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
+func (a *app) download(ctx context.Context, c *Client, src copySide, local string) error {
+	if src.path == "" {
+		return usageError{errors.New("cp: the sandbox path is empty")}
+	}
+	resp, err := c.send(ctx, http.MethodGet, "/sandboxes/"+escape(src.sandbox)+"/files",
+		url.Values{"path": {src.path}}, nil, nil)
+	if err != nil {
+		return fileContext(src, err)
+	}
+	defer resp.Body.Close()
+	if local == "-" {
+		if _, err := io.Copy(a.stdout, resp.Body); err != nil {
+			return fmt.Errorf("cp: %w", err)
+		}
+		return nil
+	}
+	if fi, err := os.Stat(local); (err == nil && fi.IsDir()) || strings.HasSuffix(local, "/") {
+		local = filepath.Join(local, path.Base(src.path))
+	}
+	return writeFileAtomic(local, resp.Body)
+}
+
+// writeFileAtomic writes r to dst through a temporary file, so a failed
+// copy leaves no partial file.
+func writeFileAtomic(dst string, r io.Reader) error {
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".aenv-*")
+	if err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if _, err := io.Copy(tmp, r); err != nil {
+		tmp.Close()
+		return fmt.Errorf("cp: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("cp: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil {
+		return fmt.Errorf("cp: %w", err)
+	}
+	return nil
+}
+
+// fileContext names the sandbox path in a not-found error.
+func fileContext(side copySide, err error) error {
+	var apiErr *APIError
+	if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound {
+		return &APIError{Status: http.StatusNotFound, Message: fmt.Sprintf("%s:%s: %s", side.sandbox, side.path,
+			firstNonEmpty(apiErr.Message, "not found"))}
+	}
+	return err
+}

@@ -1,0 +1,247 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) lsCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	var state string
+	var all bool
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list", "ps"},
+		Short:   "List sandboxes",
+		Long: `List running and paused sandboxes: ID, template, state, age, time left before
+the deadline (when the server kills or pauses it), vCPUs and memory.
+--all adds sandboxes that already ended; --state picks states
+(running, paused, dead; comma-separated).`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			if all {
+				state = "running,paused,dead"
+			}
+			sbs, raws, err := c.listSandboxes(cmd.Context(), state)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, rawArray(raws))
+			}
+			now := a.now()
+			t := newTable(a.stdout, "SANDBOX ID", "TEMPLATE", "STATE", "AGE", "DEADLINE", "CPU", "MEMORY")
+			for _, sb := range sbs {
+				t.row(sb.SandboxID, firstNonEmpty(sb.Alias, sb.TemplateID), sb.State, age(now, sb.StartedAt),
+					deadline(now, sb.EndAt), strconv.Itoa(sb.CPUCount), fmt.Sprintf("%dMiB", sb.MemoryMB))
+			}
+			return t.flush()
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	cmd.Flags().StringVar(&state, "state", "", "states to list, comma-separated: running, paused, dead (default running,paused)")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include sandboxes that ended")
+	return cmd
+}
+
+// eachID runs fn for every ID and prints the IDs it succeeded on; it
+// carries on past failures and returns the last one.
+func (a *app) eachID(ids []string, fn func(id string) error) error {
+	var last error
+	for _, id := range ids {
+		if err := fn(id); err != nil {
+			if len(ids) > 1 {
+				fmt.Fprintf(a.stderr, "error: %s: %v\n", id, err)
+			}
+			last = err
+			continue
+		}
+		fmt.Fprintln(a.stdout, id)
+	}
+	if last != nil && len(ids) > 1 {
+		return reported{last}
+	}
+	return last
+}
+
+func (a *app) simpleSandboxCommand(use, short, long string, aliases []string, action func(c *Client, cmd *cobra.Command, id string) error) *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:     use + " SANDBOX_ID...",
+		Aliases: aliases,
+		Short:   short,
+		Long:    long,
+		Args:    args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			return a.eachID(ids, func(id string) error { return action(c, cmd, id) })
+		},
+		ValidArgsFunction: a.completeSandboxIDs(&f),
+	}
+	addServerFlags(cmd, &f)
+	return cmd
+}
+
+func (a *app) pauseCommand() *cobra.Command {
+	return a.simpleSandboxCommand("pause", "Pause sandboxes, keeping their memory and files",
+		`Pause each sandbox: its processes stop and its state is saved by the server,
+costing no CPU or memory until "aenv resume". Prints each paused ID.`, nil,
+		func(c *Client, cmd *cobra.Command, id string) error {
+			return c.sandboxAction(cmd.Context(), id, "pause", nil)
+		})
+}
+
+func (a *app) resumeCommand() *cobra.Command {
+	var timeout int
+	cmd := a.simpleSandboxCommand("resume", "Resume paused sandboxes",
+		`Resume each paused sandbox where it stopped. --timeout sets a new lifetime in
+seconds from now. Prints each resumed ID.`, nil,
+		func(c *Client, cmd *cobra.Command, id string) error {
+			body := map[string]int{}
+			if timeout > 0 {
+				body["timeout"] = timeout
+			}
+			return c.sandboxAction(cmd.Context(), id, "resume", body)
+		})
+	cmd.Flags().IntVar(&timeout, "timeout", 0, "new lifetime in seconds (default: the server's)")
+	return cmd
+}
+
+func (a *app) deleteCommand() *cobra.Command {
+	return a.simpleSandboxCommand("delete", "Delete sandboxes",
+		`Kill each sandbox and remove everything it had. Prints each deleted ID.`,
+		[]string{"rm", "kill"},
+		func(c *Client, cmd *cobra.Command, id string) error {
+			return c.deleteSandbox(cmd.Context(), id)
+		})
+}
+
+func (a *app) timeoutCommand() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "timeout SANDBOX_ID SECONDS",
+		Short: "Set how long a sandbox lives from now",
+		Long: `Move the sandbox's deadline to SECONDS from now. At the deadline the server
+kills the sandbox (or pauses it, if it was created with auto-pause).`,
+		Example: "  aenv timeout 3f2a9c 600",
+		Args:    args(cobra.ExactArgs(2)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			secs, err := strconv.Atoi(argv[1])
+			if err != nil || secs < 0 {
+				return usageError{fmt.Errorf("SECONDS must be a whole number of seconds, got %q", argv[1])}
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			if err := c.sandboxAction(cmd.Context(), argv[0], "timeout", map[string]int{"timeout": secs}); err != nil {
+				return err
+			}
+			fmt.Fprintln(a.stdout, argv[0])
+			return nil
+		},
+		ValidArgsFunction: a.completeSandboxIDs(&f),
+	}
+	addServerFlags(cmd, &f)
+	return cmd
+}
+
+func (a *app) forkCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	var count int
+	cmd := &cobra.Command{
+		Use:   "fork SANDBOX_ID",
+		Short: "Copy a running sandbox into new ones",
+		Long: `Make -n copies of a running sandbox: each child continues from the parent's
+memory and files at the moment of the fork. Prints the child IDs, one a line.
+Children that could not be made are reported on stderr, and the exit code is
+then non-zero.`,
+		Example: "  aenv fork 3f2a9c -n 8",
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			if count < 1 {
+				return usageError{errors.New("-n must be at least 1")}
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			results, raw, err := c.fork(cmd.Context(), argv[0], count)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := writeJSON(a.stdout, raw); err != nil {
+					return err
+				}
+			}
+			return a.reportFork(results, !asJSON)
+		},
+		ValidArgsFunction: a.completeSandboxIDs(&f),
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of copies")
+	return cmd
+}
+
+func (a *app) reportFork(results []forkResult, printIDs bool) error {
+	var failed []error
+	for _, r := range results {
+		switch {
+		case r.Sandbox != nil:
+			if printIDs {
+				fmt.Fprintln(a.stdout, r.Sandbox.SandboxID)
+			}
+		case r.Error != nil:
+			err := r.Error.asError()
+			fmt.Fprintf(a.stderr, "error: fork child: %v\n", err)
+			failed = append(failed, err)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	if len(failed) == len(results) {
+		return reported{failed[0]}
+	}
+	return reported{fmt.Errorf("%d of %d children failed", len(failed), len(results))}
+}
+
+// parseKeyValues turns repeated K=V flags into a map.
+func parseKeyValues(flag string, values []string) (map[string]string, error) {
+	if len(values) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(values))
+	for _, kv := range values {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, usageError{fmt.Errorf("--%s %q: want KEY=VALUE", flag, kv)}
+		}
+		out[k] = v
+	}
+	return out, nil
+}

@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+func (a *app) snapshotCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "snapshot",
+		Aliases: []string{"snapshots"},
+		Short:   "Create, list and remove named snapshots of sandboxes",
+		Long: `A snapshot saves a running sandbox's memory and files under a name; "aenv start
+NAME" starts new sandboxes from it, continuing where the sandbox was.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(a.snapshotCreateCommand(), a.snapshotLsCommand(), a.snapshotRmCommand())
+	return cmd
+}
+
+func (a *app) snapshotCreateCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	var name string
+	cmd := &cobra.Command{
+		Use:   "create SANDBOX_ID --name NAME",
+		Short: "Snapshot a running sandbox",
+		Long: `Save the sandbox's memory and files as a snapshot named --name. The sandbox
+keeps running. Prints the snapshot ID, or with -o json the server's answer.`,
+		Example: "  aenv snapshot create 3f2a9c --name s1\n  aenv start s1",
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			if name == "" {
+				return usageError{errors.New("--name is required")}
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			snap, raw, err := c.createSnapshot(cmd.Context(), argv[0], name)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, raw)
+			}
+			fmt.Fprintln(a.stdout, snap.SnapshotID)
+			return nil
+		},
+		ValidArgsFunction: a.completeSandboxIDs(&f),
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	cmd.Flags().StringVar(&name, "name", "", "snapshot name (required)")
+	return cmd
+}
+
+func (a *app) snapshotLsCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List snapshots",
+		Long:    `List the server's snapshots: ID, names, the sandbox they came from and age.`,
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			snaps, raws, err := listJSON[snapshot](cmd.Context(), c, "/snapshots")
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, rawArray(raws))
+			}
+			now := a.now()
+			t := newTable(a.stdout, "SNAPSHOT ID", "NAMES", "SANDBOX", "CREATED")
+			for _, s := range snaps {
+				t.row(s.SnapshotID, firstNonEmpty(strings.Join(s.Names, ","), "-"), firstNonEmpty(s.SandboxID, "-"), ageOf(now, s.CreatedAt))
+			}
+			return t.flush()
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	return cmd
+}
+
+func (a *app) snapshotRmCommand() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:     "rm SNAPSHOT...",
+		Aliases: []string{"delete"},
+		Short:   "Remove snapshots",
+		Long:    `Remove each snapshot (by ID or name). Sandboxes started from it are not affected. Prints each removed snapshot.`,
+		Args:    args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			// Snapshots are templates on the server: one delete serves both.
+			return a.eachID(ids, func(id string) error { return c.deleteTemplate(cmd.Context(), id) })
+		},
+	}
+	addServerFlags(cmd, &f)
+	return cmd
+}

@@ -1,0 +1,108 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+)
+
+type startFlags struct {
+	server      serverFlags
+	out         outputFlag
+	detach      bool
+	remove      bool
+	timeoutSecs int
+	cpus        int
+	memoryMB    int
+	env         []string
+	metadata    []string
+}
+
+func (a *app) startCommand() *cobra.Command {
+	var f startFlags
+	cmd := &cobra.Command{
+		Use:   "start TEMPLATE",
+		Short: "Start a sandbox from a template or snapshot, and open a shell in it",
+		Long: `Create a sandbox from TEMPLATE (a template ID or name, or a snapshot name) and
+open an interactive login shell in it: a real terminal, so colours, Ctrl-C and
+window resizes work. Leaving the shell ends the session; the sandbox keeps
+running until its timeout unless --rm is given.
+
+--detach prints the new sandbox's ID (or, with -o json, the server's answer)
+and returns at once.`,
+		Example: `  aenv start ubuntu
+  aenv start ubuntu --detach
+  aenv start python312 -d --timeout 3600 --cpus 4 --memory 4096 -e KEY=value`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			return a.runStart(cmd.Context(), f, argv[0])
+		},
+	}
+	addServerFlags(cmd, &f.server)
+	addOutputFlag(cmd, &f.out)
+	flags := cmd.Flags()
+	flags.BoolVarP(&f.detach, "detach", "d", false, "print the sandbox ID instead of opening a shell")
+	flags.BoolVar(&f.remove, "rm", false, "delete the sandbox when the shell ends")
+	flags.IntVar(&f.timeoutSecs, "timeout", 0, "lifetime in seconds (default: the server's)")
+	flags.IntVar(&f.cpus, "cpus", 0, "vCPUs (default: the template's)")
+	flags.IntVar(&f.memoryMB, "memory", 0, "memory in MiB (default: the template's)")
+	flags.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE for all processes (repeatable)")
+	flags.StringArrayVar(&f.metadata, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+	return cmd
+}
+
+func (a *app) runStart(ctx context.Context, f startFlags, templateID string) error {
+	asJSON, err := f.out.json()
+	if err != nil {
+		return err
+	}
+	if asJSON && !f.detach {
+		return usageError{errors.New("-o json needs --detach")}
+	}
+	if f.remove && f.detach {
+		return usageError{errors.New("--rm and --detach exclude each other")}
+	}
+	envs, err := parseKeyValues("env", f.env)
+	if err != nil {
+		return err
+	}
+	metadata, err := parseKeyValues("metadata", f.metadata)
+	if err != nil {
+		return err
+	}
+	c, err := a.client(f.server)
+	if err != nil {
+		return err
+	}
+	sb, raw, err := c.createSandbox(ctx, createSandboxRequest{TemplateID: templateID, VCPU: f.cpus,
+		MemoryMB: f.memoryMB, Timeout: f.timeoutSecs, Metadata: metadata, EnvVars: envs})
+	if err != nil {
+		return err
+	}
+	if f.detach {
+		if asJSON {
+			return writeJSON(a.stdout, raw)
+		}
+		fmt.Fprintln(a.stdout, sb.SandboxID)
+		return nil
+	}
+	fmt.Fprintf(a.stderr, "sandbox %s started from %s\n", sb.SandboxID, templateID)
+	code, err := a.runRemote(ctx, c, sb.SandboxID, sb.EnvdAccessToken,
+		processSpec{cmd: "/bin/bash", args: []string{"-i", "-l"}, tty: true})
+	if f.remove {
+		if derr := c.deleteSandbox(context.WithoutCancel(ctx), sb.SandboxID); derr != nil && err == nil {
+			err = derr
+		}
+	} else {
+		fmt.Fprintf(a.stderr, "sandbox %s is still running (aenv delete %s removes it)\n", sb.SandboxID, sb.SandboxID)
+	}
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return exitStatus{code}
+	}
+	return nil
+}

@@ -1,0 +1,14 @@
+package network
+
+// Free is how many more slots Acquire can hand out (warm ones included).
+func (p *Pool) Free() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	inUse := 0
+	for _, st := range p.state {
+		if st == stateInUse {
+			inUse++
+		}
+	}
+	return p.cfg.capacity() - inUse
+}
