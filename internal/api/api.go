@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/template"
 )
 
 // EnvdVersion is the envd protocol level aenv's envd implements, reported
@@ -32,6 +33,7 @@ type Config struct {
 type Server struct {
 	cfg       Config
 	sandboxes *sandbox.Manager
+	templates *template.Manager
 	logger    *slog.Logger
 	mux       *http.ServeMux
 	proxy     http.Handler
@@ -39,8 +41,9 @@ type Server struct {
 }
 
 // New builds the handler. reg receives the API's metrics.
-func New(cfg Config, sandboxes *sandbox.Manager, logger *slog.Logger, reg prometheus.Registerer, metrics http.Handler) *Server {
-	s := &Server{cfg: cfg, sandboxes: sandboxes, logger: logger, mux: http.NewServeMux()}
+func New(cfg Config, sandboxes *sandbox.Manager, templates *template.Manager, logger *slog.Logger,
+	reg prometheus.Registerer, metrics http.Handler) *Server {
+	s := &Server{cfg: cfg, sandboxes: sandboxes, templates: templates, logger: logger, mux: http.NewServeMux()}
 	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "aenv_api_request_duration_seconds",
 		Help:    "Control-plane request latency by route and status.",

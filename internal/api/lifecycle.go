@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -224,6 +223,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 		SandboxID string `json:"sandboxID"`
 		Name      string `json:"name"`
 		Image     string `json:"image"`
+		Platform  string `json:"platform"`
 	}
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
@@ -232,7 +232,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	case req.SandboxID != "" && req.Image != "":
 		return badRequest("give either sandboxID or image, not both")
 	case req.Image != "":
-		return s.buildImageTemplate(w, r, req.Image, req.Name)
+		return s.buildImageTemplate(w, r, req.Image, req.Name, req.Platform)
 	case req.SandboxID == "":
 		return badRequest("sandboxID (or image) is required")
 	}
@@ -306,13 +306,5 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req sandbox.ForkRe
 	}
 	writeJSON(w, http.StatusCreated, out)
 	return nil
-}
-
-// buildImageTemplate is where OCI image templates plug in.
-func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, image, name string) error {
-	if strings.TrimSpace(image) == "" {
-		return badRequest("image is empty")
-	}
-	return &apiError{http.StatusNotImplemented, "templates from OCI images are not available on this server yet"}
 }
 

@@ -75,8 +75,17 @@ func TestPullStoresLayersOnceAndReportsProgress(t *testing.T) {
 	}
 
 	root := t.TempDir()
-	if err := imgB.Unpack(context.Background(), root); err != nil {
+	var unpacked []string
+	if err := imgB.UnpackWithProgress(context.Background(), root, func(i, n int, l Layer) {
+		if n != 2 {
+			t.Errorf("layer count %d, want 2", n)
+		}
+		unpacked = append(unpacked, l.Digest)
+	}); err != nil {
 		t.Fatal(err)
+	}
+	if want := []string{digestOf(t, base), digestOf(t, appB)}; !slices.Equal(unpacked, want) {
+		t.Errorf("unpacked %v, want base first: %v", unpacked, want)
 	}
 	assertFile(t, root, "etc/os-release", "ID=test\n")
 	assertFile(t, root, "app/b", "b")

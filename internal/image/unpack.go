@@ -29,10 +29,19 @@ const (
 // missing). dir should be empty: Unpack builds a root filesystem, it does not
 // update one.
 func (img *Image) Unpack(ctx context.Context, dir string) error {
+	return img.UnpackWithProgress(ctx, dir, nil)
+}
+
+// UnpackWithProgress is Unpack calling progress (if not nil) before each
+// layer with its index (from 0), the layer count and the layer.
+func (img *Image) UnpackWithProgress(ctx context.Context, dir string, progress func(i, n int, l Layer)) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("unpack %s: %w", img.Reference, err)
 	}
-	for _, l := range img.Layers {
+	for i, l := range img.Layers {
+		if progress != nil {
+			progress(i, len(img.Layers), l)
+		}
 		if err := unpackStored(ctx, img.LayerDir, l.Digest, dir); err != nil {
 			return fmt.Errorf("unpack %s: %w", img.Reference, err)
 		}
@@ -177,7 +186,7 @@ func (u *unpacker) create(hdr *tar.Header, r io.Reader, target string) (bool, er
 		if errors.Is(err, os.ErrExist) {
 			err = nil
 		}
-	case tar.TypeReg, tar.TypeRegA:
+	case tar.TypeReg: // the reader turns old-style TypeRegA into TypeReg
 		err = writeFile(target, r)
 	case tar.TypeSymlink:
 		err = os.Symlink(hdr.Linkname, target)

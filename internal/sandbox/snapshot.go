@@ -110,6 +110,9 @@ func (m *Manager) DeleteTemplate(ctx context.Context, idOrName string) error {
 	if tpl.ImageDir != "" {
 		m.removeImage(ctx, tpl.ImageDir)
 	}
+	if err := m.templates.RemoveRootfs(tpl); err != nil {
+		m.logger.WarnContext(ctx, "remove template rootfs", "template", tpl.ID, "err", err)
+	}
 	m.logger.InfoContext(ctx, "template deleted", "template", tpl.ID, "name", tpl.Name)
 	return nil
 }

@@ -93,7 +93,10 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	}
 	baseCfg := template.DefaultBaseConfig(cacheDir)
 	baseCfg.Mirror = cfg.DebianMirror
-	templates := template.NewManager(st, baseCfg, logger.With("component", "template"))
+	templates := template.NewManager(st, baseCfg, template.Dirs{
+		TemplatesDir: filepath.Join(cfg.DataDir, "templates"),
+		LayersDir:    filepath.Join(cfg.DataDir, "layers"),
+	}, logger.With("component", "template"))
 	if _, err := templates.EnsureBase(ctx, sandbox.NewID); err != nil {
 		return fmt.Errorf("base template: %w", err)
 	}
@@ -132,7 +135,7 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		MaxFileBytes:       int64(cfg.MaxFileUploadMB) << 20,
 		DefaultExecTimeout: config.Seconds(cfg.DefaultExecTimeoutSecs),
 		MaxExecTimeout:     config.Seconds(cfg.MaxTimeoutSecs),
-	}, sandboxes, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}, sandboxes, templates, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	listener, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -57,16 +57,24 @@ func (c BaseConfig) key() string {
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 
+// Dirs are where the node keeps template root filesystems it builds from
+// images, and the content-addressed image layers they share.
+type Dirs struct {
+	TemplatesDir string
+	LayersDir    string
+}
+
 // Manager finds and builds templates.
 type Manager struct {
 	store  store.Store
 	base   BaseConfig
+	dirs   Dirs
 	logger *slog.Logger
 }
 
 // NewManager returns a Manager over st.
-func NewManager(st store.Store, base BaseConfig, logger *slog.Logger) *Manager {
-	return &Manager{store: st, base: base, logger: logger}
+func NewManager(st store.Store, base BaseConfig, dirs Dirs, logger *slog.Logger) *Manager {
+	return &Manager{store: st, base: base, dirs: dirs, logger: logger}
 }
 
 // Get finds a template by ID or name.

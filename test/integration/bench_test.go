@@ -169,7 +169,7 @@ func writeBundle(b *testing.B, dir, rootfs, bin string) {
 }
 
 // baseRootfs finds the base template's rootfs in the shared cache.
-func baseRootfs(b *testing.B) string {
+func baseRootfs(b testing.TB) string {
 	matches, _ := filepath.Glob(filepath.Join(templateCache, "base-*", "rootfs"))
 	if len(matches) == 0 {
 		// Building it takes a server start.
@@ -182,7 +182,7 @@ func baseRootfs(b *testing.B) string {
 	return matches[0]
 }
 
-func benchServer(b *testing.B) *server {
+func benchServer(b testing.TB) *server {
 	s := newServer(b)
 	s.start()
 	return s
