@@ -307,4 +307,3 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req sandbox.ForkRe
 	writeJSON(w, http.StatusCreated, out)
 	return nil
 }
-

@@ -28,8 +28,8 @@ const EnvdPort = 49983
 
 // Config bounds and defaults for sandboxes.
 type Config struct {
-	EnvdPath        string // host path of the static envd binary
-	ImagesDir       string // checkpoint images (snapshots, paused-to-disk, fork)
+	EnvdPath  string // host path of the static envd binary
+	ImagesDir string // checkpoint images (snapshots, paused-to-disk, fork)
 	// PauseToDiskAfter is how long a sandbox stays paused in memory before
 	// it is checkpointed to disk and its memory released; 0 = never.
 	PauseToDiskAfter time.Duration

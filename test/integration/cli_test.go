@@ -287,4 +287,3 @@ func TestCLIAndImageTemplates(t *testing.T) {
 		t.Fatalf("removed template's rootfs kept: %v", err)
 	}
 }
-

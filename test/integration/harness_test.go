@@ -92,7 +92,6 @@ func randomLetters(n int) string {
 	return string(b)
 }
 
-
 // newServer prepares a server with its own data dir, network prefix and
 // address range; start launches it. At cleanup it is stopped with
 // --kill-on-exit semantics and the suite checks that nothing leaked.
