@@ -158,13 +158,23 @@ export class AenvServer {
       leaks.push('server did not stop within 90 s of SIGTERM')
     }
     leaks.push(...this.leftovers())
-    if (leaks.length > 0 || process.env.AENV_E2E_KEEP === '1') {
-      // Keep the log (and traffic log) for the report.
-      console.error(`aenv server log kept: ${this.logPath}`)
-    } else {
+    this.saveLogs()
+    if (leaks.length === 0 && process.env.AENV_E2E_KEEP !== '1') {
       fs.rmSync(this.dataDir, { recursive: true, force: true })
     }
     return leaks
+  }
+
+  // saveLogs copies the server log (and traffic log) out of the data dir,
+  // which is removed, so failures can be looked into after the run.
+  saveLogs() {
+    const dir = process.env.AENV_E2E_LOG_DIR || path.join(os.tmpdir(), 'aenv-e2e-logs')
+    fs.mkdirSync(dir, { recursive: true })
+    const base = path.join(dir, `${path.basename(process.argv[1] || 'e2e', '.mjs')}-${this.prefix}`)
+    for (const [from, suffix] of [[this.logPath, '.server.log'], [path.join(this.dataDir, 'traffic.log'), '.traffic.log']]) {
+      if (fs.existsSync(from)) fs.copyFileSync(from, base + suffix)
+    }
+    console.error(`aenv server log: ${base}.server.log`)
   }
 
   // leftovers lists processes of this server's data dir and network

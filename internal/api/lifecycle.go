@@ -17,7 +17,8 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
-	if err := s.sandboxes.Pause(r.Context(), r.PathValue("id")); err != nil {
+	toDisk := req.Memory != nil && !*req.Memory
+	if err := s.sandboxes.Pause(r.Context(), r.PathValue("id"), toDisk); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -38,10 +38,6 @@ const (
 	toOtherSlot   = "other sandbox"
 )
 
-func allTargets() []string {
-	return []string{toWeb1, toWeb2, toDNSUDP, toDNSTCP, toResolverWeb, toMetadata, toSlotHost, toUplinkHost, toOtherSlot}
-}
-
 func newEgressEnv(t *testing.T) *egressEnv {
 	t.Helper()
 	requireRoot(t)

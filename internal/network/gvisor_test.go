@@ -99,7 +99,18 @@ func startGvisor(t *testing.T, s *Slot) *gvisorSandbox {
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	if out, err := g.runsc(ctx, "run", "--detach", "--bundle", bundle, g.id).CombinedOutput(); err != nil {
+	// The sandbox inherits runsc's output for its whole life: give it a file, not a
+	// pipe that would never close.
+	consolePath := filepath.Join(bundle, "console.log")
+	console, err := os.Create(consolePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer console.Close()
+	cmd := g.runsc(ctx, "run", "--detach", "--bundle", bundle, g.id)
+	cmd.Stdout, cmd.Stderr = console, console
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(consolePath)
 		t.Fatalf("runsc run: %v: %s", err, out)
 	}
 	return g

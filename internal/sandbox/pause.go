@@ -78,8 +78,9 @@ func (m *Manager) expire(id string) {
 }
 
 // Pause freezes a running sandbox in memory. It uses no CPU while paused;
-// after PauseToDiskAfter it is written to disk and its memory released.
-func (m *Manager) Pause(ctx context.Context, id string) error {
+// after PauseToDiskAfter (or at once with toDisk, E2B's keepMemory:false)
+// it is written to disk and its memory released.
+func (m *Manager) Pause(ctx context.Context, id string, toDisk bool) error {
 	e, err := m.lookup(ctx, id)
 	if err != nil {
 		return err
@@ -88,7 +89,13 @@ func (m *Manager) Pause(ctx context.Context, id string) error {
 	if e.sb.State == store.StatePaused {
 		return fmt.Errorf("%w: sandbox %s is already paused", ErrConflict, id)
 	}
-	return m.pauseLocked(ctx, e)
+	if err := m.pauseLocked(ctx, e); err != nil {
+		return err
+	}
+	if toDisk {
+		return m.spillLocked(ctx, e)
+	}
+	return nil
 }
 
 func (m *Manager) pauseLocked(ctx context.Context, e *entry) error {

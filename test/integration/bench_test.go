@@ -17,16 +17,22 @@ import (
 
 func reportLatencies(b *testing.B, samples []time.Duration) {
 	b.Helper()
+	p50, p99 := percentiles(samples)
+	b.ReportMetric(p50, "p50-ms")
+	b.ReportMetric(p99, "p99-ms")
+}
+
+// percentiles returns p50 and p99 in milliseconds.
+func percentiles(samples []time.Duration) (float64, float64) {
 	if len(samples) == 0 {
-		return
+		return 0, 0
 	}
-	slices.Sort(samples)
+	sorted := slices.Clone(samples)
+	slices.Sort(sorted)
 	pct := func(p float64) float64 {
-		i := int(float64(len(samples)-1) * p)
-		return float64(samples[i].Microseconds()) / 1000
+		return float64(sorted[int(float64(len(sorted)-1)*p)].Microseconds()) / 1000
 	}
-	b.ReportMetric(pct(0.50), "p50-ms")
-	b.ReportMetric(pct(0.99), "p99-ms")
+	return pct(0.50), pct(0.99)
 }
 
 // BenchmarkAenvCreateFirstExec: POST /sandboxes until the first /execute
