@@ -27,6 +27,9 @@ type Config struct {
 	// DefaultExecTimeout applies to /execute without a timeout.
 	DefaultExecTimeout time.Duration
 	MaxExecTimeout     time.Duration
+	// Domain of exposed ports: <port>-<sandboxID>.<Domain> reaches port
+	// inside the sandbox (E2B's getHost).
+	Domain string
 }
 
 // Server is the HTTP handler of a node.
@@ -36,7 +39,7 @@ type Server struct {
 	templates *template.Manager
 	logger    *slog.Logger
 	mux       *http.ServeMux
-	proxy     http.Handler
+	proxy     *envdProxy
 	requests  *prometheus.HistogramVec
 }
 
@@ -71,6 +74,7 @@ func New(cfg Config, sandboxes *sandbox.Manager, templates *template.Manager, lo
 	s.route("PUT /sandboxes/{id}/files", s.writeFileRaw)
 	s.route("GET /sandboxes/{id}/files", s.readFileRaw)
 
+	s.route("PUT /sandboxes/{id}/network", s.updateNetwork)
 	s.route("POST /sandboxes/{id}/pause", s.pauseSandbox)
 	s.route("POST /sandboxes/{id}/resume", s.resumeSandbox)
 	s.route("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
@@ -113,6 +117,10 @@ func (s *Server) authorized(r *http.Request) bool {
 // ServeHTTP routes envd traffic (marked by E2b-Sandbox-Id, or a signed file
 // URL) to the sandbox and everything else to the control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, port, ok := s.exposedPort(r.Host); ok {
+		s.serveExposedPort(w, r, id, port)
+		return
+	}
 	if isEnvdTraffic(r) {
 		s.proxy.ServeHTTP(w, r)
 		return

@@ -39,7 +39,7 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 	if !wasPaused {
 		return &apiError{http.StatusConflict, fmt.Sprintf("sandbox %s is already running", sb.ID)}
 	}
-	writeJSON(w, http.StatusCreated, toSandboxJSON(sb))
+	writeJSON(w, http.StatusCreated, s.toSandboxJSON(sb))
 	return nil
 }
 
@@ -56,7 +56,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if wasPaused {
-		writeJSON(w, http.StatusCreated, toSandboxJSON(sb))
+		writeJSON(w, http.StatusCreated, s.toSandboxJSON(sb))
 		return nil
 	}
 	if timeout > 0 && time.Until(sb.EndAt) < timeout {
@@ -64,7 +64,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	writeJSON(w, http.StatusOK, toSandboxJSON(sb))
+	writeJSON(w, http.StatusOK, s.toSandboxJSON(sb))
 	return nil
 }
 
@@ -302,7 +302,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req sandbox.ForkRe
 			out[i].Error = &errorBody{Code: status, Message: msg}
 			continue
 		}
-		sb := toSandboxJSON(res.Sandbox)
+		sb := s.toSandboxJSON(res.Sandbox)
 		out[i].Sandbox = &sb
 	}
 	writeJSON(w, http.StatusCreated, out)

@@ -78,9 +78,12 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeSandboxGone(w, id)
 		return
 	}
-	ctx := r.Context()
-	r = r.WithContext(contextWithTarget(ctx, target.String()))
-	p.proxy.ServeHTTP(w, r)
+	p.forward(w, r, target.String())
+}
+
+// forward proxies r to hostport, streaming both ways.
+func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, hostport string) {
+	p.proxy.ServeHTTP(w, r.WithContext(contextWithTarget(r.Context(), hostport)))
 }
 
 // sandboxForSignature finds the sandbox whose envd access token produced a

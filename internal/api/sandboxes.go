@@ -23,6 +23,45 @@ type newSandboxRequest struct {
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
 	AutoPause  bool              `json:"autoPause"`
+
+	// Egress policy, in E2B's spelling...
+	AllowInternetAccessE2B *bool        `json:"allow_internet_access"`
+	Network                *networkJSON `json:"network"`
+	// ...and in the seed's.
+	AllowInternetAccess *bool    `json:"allowInternetAccess"`
+	AlwaysDeniedCIDRs   []string `json:"alwaysDeniedCIDRs"`
+	AlwaysAllowedCIDRs  []string `json:"alwaysAllowedCIDRs"`
+}
+
+// networkJSON is E2B's network object (the parts aenv implements).
+type networkJSON struct {
+	AllowOut           []string `json:"allowOut,omitempty"`
+	DenyOut            []string `json:"denyOut,omitempty"`
+	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+}
+
+// policy merges both spellings into one policy; nil when the request
+// says nothing about egress.
+func (r *newSandboxRequest) policy() *store.NetworkPolicy {
+	allowInternet := r.AllowInternetAccess
+	if allowInternet == nil {
+		allowInternet = r.AllowInternetAccessE2B
+	}
+	var allowOut, denyOut []string
+	allowOut = append(allowOut, r.AlwaysAllowedCIDRs...)
+	denyOut = append(denyOut, r.AlwaysDeniedCIDRs...)
+	if r.Network != nil {
+		allowOut = append(allowOut, r.Network.AllowOut...)
+		denyOut = append(denyOut, r.Network.DenyOut...)
+	}
+	if allowInternet == nil && len(allowOut) == 0 && len(denyOut) == 0 {
+		return nil
+	}
+	p := &store.NetworkPolicy{AllowInternet: true, AllowOut: allowOut, DenyOut: denyOut}
+	if allowInternet != nil {
+		p.AllowInternet = *allowInternet
+	}
+	return p
 }
 
 // sandboxJSON is E2B's Sandbox: the answer to create and connect.
@@ -59,6 +98,7 @@ type sandboxDetailJSON struct {
 	listedSandboxJSON
 	EnvdAccessToken     string        `json:"envdAccessToken"`
 	AllowInternetAccess *bool         `json:"allowInternetAccess"`
+	Network             networkJSON   `json:"network"`
 	Domain              *string       `json:"domain"`
 	Lifecycle           lifecycleJSON `json:"lifecycle"`
 	EndedReason         string        `json:"endedReason,omitempty"`
@@ -71,9 +111,21 @@ type lifecycleJSON struct {
 
 const clientID = "aenv"
 
-func toSandboxJSON(sb *store.Sandbox) sandboxJSON {
-	return sandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
-		EnvdVersion: EnvdVersion, EnvdAccessToken: sb.AccessToken}
+func (s *Server) toSandboxJSON(sb *store.Sandbox) sandboxJSON {
+	out := sandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
+		EnvdVersion: EnvdVersion, EnvdAccessToken: sb.AccessToken, Domain: s.domain()}
+	if sb.TrafficToken != "" {
+		out.TrafficAccessToken = &sb.TrafficToken
+	}
+	return out
+}
+
+func (s *Server) domain() *string {
+	if s.cfg.Domain == "" {
+		return nil
+	}
+	d := s.cfg.Domain
+	return &d
 }
 
 func toListed(sb *store.Sandbox) listedSandboxJSON {
@@ -102,14 +154,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if vcpu == 0 {
 		vcpu = req.CPUCount
 	}
+	private := req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic
 	sb, err := s.sandboxes.Create(r.Context(), sandbox.CreateRequest{
 		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
+		Network: req.policy(), Private: private,
 	})
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toSandboxJSON(sb))
+	writeJSON(w, http.StatusCreated, s.toSandboxJSON(sb))
 	return nil
 }
 
@@ -122,10 +176,43 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if sb.AutoPause {
 		onTimeout = "pause"
 	}
+	allowInternet := true
+	net := networkJSON{}
+	if sb.Network != nil {
+		allowInternet = sb.Network.AllowInternet
+		net.AllowOut, net.DenyOut = sb.Network.AllowOut, sb.Network.DenyOut
+	}
+	public := sb.TrafficToken == ""
+	net.AllowPublicTraffic = &public
 	writeJSON(w, http.StatusOK, sandboxDetailJSON{
 		listedSandboxJSON: toListed(sb), EnvdAccessToken: sb.AccessToken,
+		AllowInternetAccess: &allowInternet, Network: net, Domain: s.domain(),
 		Lifecycle: lifecycleJSON{OnTimeout: onTimeout}, EndedReason: sb.EndedReason,
 	})
+	return nil
+}
+
+// updateNetwork is E2B's updateNetwork: the whole policy is replaced.
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		AllowOut               []string `json:"allowOut"`
+		DenyOut                []string `json:"denyOut"`
+		AllowInternetAccessE2B *bool    `json:"allow_internet_access"`
+		AllowInternetAccess    *bool    `json:"allowInternetAccess"`
+	}
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	p := &newSandboxRequest{AllowInternetAccess: req.AllowInternetAccess, AllowInternetAccessE2B: req.AllowInternetAccessE2B,
+		Network: &networkJSON{AllowOut: req.AllowOut, DenyOut: req.DenyOut}}
+	policy := p.policy()
+	if policy == nil {
+		policy = &store.NetworkPolicy{AllowInternet: true}
+	}
+	if err := s.sandboxes.UpdateNetwork(r.Context(), r.PathValue("id"), policy); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 

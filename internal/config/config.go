@@ -49,6 +49,8 @@ type Server struct {
 	PauseToDiskAfterSecs int
 	MaxForkCount         int
 	ForkParallelism      int
+
+	Domain string
 }
 
 // Default returns the embedded defaults.
@@ -77,6 +79,7 @@ func Default() Server {
 		PauseToDiskAfterSecs:   600,
 		MaxForkCount:           100,
 		ForkParallelism:        4,
+		Domain:                 "localhost",
 	}
 }
 
@@ -121,6 +124,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.PauseToDiskAfterSecs, "pause-to-disk-after-secs", "write a sandbox paused this long to disk and release its memory (0: never)")
 	num(&c.MaxForkCount, "max-fork-count", "most children one fork may ask for")
 	num(&c.ForkParallelism, "fork-parallelism", "children of one fork restored at once")
+	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 }
 
 // Validate checks values that flags cannot type-check.

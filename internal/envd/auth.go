@@ -108,6 +108,11 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.settings.apply(req)
+	if len(req.Nameservers) > 0 {
+		if err := writeResolvConf(s.resolvConfPath(), req.Nameservers); err != nil {
+			s.log.Warn("write resolv.conf", "err", err)
+		}
+	}
 	s.log.Info("initialized", "defaultUser", s.settings.user(), "envVars", len(req.EnvVars), "tokenSet", req.AccessToken != nil)
 	w.WriteHeader(http.StatusNoContent)
 }

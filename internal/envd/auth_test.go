@@ -6,7 +6,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -155,5 +157,29 @@ func TestSignedFileURLs(t *testing.T) {
 				t.Fatalf("status %d body %q, want %d", status, body, tt.wantStatus)
 			}
 		})
+	}
+}
+
+func TestInitWritesResolvConf(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "resolv.conf")
+	os.WriteFile(path, []byte("nameserver 127.0.0.53\n"), 0o644)
+	srv := New(Config{Logger: slog.New(slog.DiscardHandler), ResolvConfPath: path})
+	for _, tc := range []struct {
+		body string
+		want string
+	}{
+		{`{"nameservers":["1.1.1.1","10.0.0.2"]}`, "# written by aenv envd at /init\nnameserver 1.1.1.1\nnameserver 10.0.0.2\n"},
+		{`{"nameservers":["not an ip"]}`, "# written by aenv envd at /init\nnameserver 1.1.1.1\nnameserver 10.0.0.2\n"}, // refused, unchanged
+		{`{}`, "# written by aenv envd at /init\nnameserver 1.1.1.1\nnameserver 10.0.0.2\n"},
+	} {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/init", strings.NewReader(tc.body)))
+		if rec.Code != 204 {
+			t.Fatalf("%s: status %d", tc.body, rec.Code)
+		}
+		got, _ := os.ReadFile(path)
+		if string(got) != tc.want {
+			t.Fatalf("%s: resolv.conf %q, want %q", tc.body, got, tc.want)
+		}
 	}
 }

@@ -20,6 +20,9 @@ type Config struct {
 	// DefaultUser runs requests that name no user until /init says
 	// otherwise. Empty means root.
 	DefaultUser string
+	// ResolvConfPath is the file /init's nameservers replace; empty means
+	// /etc/resolv.conf.
+	ResolvConfPath string
 	// PasswdPath and GroupPath locate the account files; empty means
 	// /etc/passwd and /etc/group.
 	PasswdPath string
@@ -34,6 +37,7 @@ type Server struct {
 	procs    *processService
 	fs       *filesystemService
 	cpu      *cpuSampler
+	resolv   string // resolv.conf path /init rewrites
 }
 
 // New builds a Server from cfg.
@@ -50,6 +54,7 @@ func New(cfg Config) *Server {
 		users:    users,
 		settings: newSettings(cfg.DefaultUser),
 		cpu:      &cpuSampler{},
+		resolv:   cfg.ResolvConfPath,
 	}
 	s.procs = newProcessService(s)
 	s.fs = newFilesystemService(s)

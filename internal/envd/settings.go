@@ -22,6 +22,9 @@ type initRequest struct {
 	EnvVars        map[string]string `json:"envVars"`
 	DefaultUser    *string           `json:"defaultUser"`
 	DefaultWorkdir *string           `json:"defaultWorkdir"`
+	// Nameservers, when set, become /etc/resolv.conf: the resolvers the
+	// sandbox's egress policy lets through (an aenv extension).
+	Nameservers []string `json:"nameservers"`
 }
 
 func newSettings(defaultUser string) *settings {

@@ -71,6 +71,10 @@ func (m *Manager) Fork(ctx context.Context, req ForkRequest) ([]ForkResult, erro
 				VCPU: src.tpl.VCPU, MemoryMB: src.tpl.MemoryMB, Metadata: src.metadata,
 				EnvVars: src.tpl.EnvVars, AccessToken: newAccessToken(), AutoPause: src.autoPause,
 				StartedAt: now, EndAt: now.Add(timeout), UpdatedAt: now, TimeoutSecs: int(timeout.Seconds()),
+				Network: src.network,
+			}
+			if src.private {
+				child.TrafficToken = newAccessToken()
 			}
 			e, err := m.launchNew(ctx, child, src.tpl, src.tpl.ImageDir, src.tpl.EnvdToken)
 			if err != nil {
@@ -101,6 +105,8 @@ type forkSource struct {
 	autoPause   bool
 	timeout     time.Duration
 	memoryBytes uint64 // resident memory of the source, to size the fork
+	network     *store.NetworkPolicy
+	private     bool
 	release     func()
 }
 
@@ -146,6 +152,7 @@ func (m *Manager) forkSource(ctx context.Context, req ForkRequest) (*forkSource,
 	tpl.VCPU, tpl.MemoryMB = e.sb.VCPU, e.sb.MemoryMB
 	return &forkSource{
 		name: e.sb.ID, tpl: &tpl, metadata: e.sb.Metadata, autoPause: e.sb.AutoPause,
+		network: e.sb.Network, private: e.sb.TrafficToken != "",
 		timeout: time.Duration(e.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
 		// Restores load the image whole; it is not needed afterwards.
 		release: func() { m.removeImage(context.WithoutCancel(ctx), dir) },

@@ -60,6 +60,9 @@ type SlotPool interface {
 	Slot(index int) *network.Slot
 	Release(ctx context.Context, index int) error
 	Free() int
+	SetPolicy(ctx context.Context, index int, pol network.Policy) error
+	AllCounters(ctx context.Context) (map[int]network.Traffic, error)
+	DNSServers() []netip.Addr
 }
 
 // Manager owns the sandboxes of one node.
@@ -120,6 +123,9 @@ type CreateRequest struct {
 	Metadata  map[string]string
 	EnvVars   map[string]string
 	AutoPause bool
+	Network   *store.NetworkPolicy // nil: default policy
+	// Private makes exposed ports require the traffic access token.
+	Private bool
 }
 
 func (m *Manager) validate(req *CreateRequest, tpl *store.Template) error {
@@ -175,6 +181,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if err := m.validate(&req, tpl); err != nil {
 		return nil, err
 	}
+	if _, err := ParseNetwork(req.Network); err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
 		ID: NewID(), TemplateID: tpl.ID, Alias: tpl.Name, State: store.StateStarting,
@@ -182,7 +191,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 		EnvVars:     mergeEnv(tpl.EnvVars, req.EnvVars),
 		AccessToken: newAccessToken(), AutoPause: req.AutoPause,
 		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
-		TimeoutSecs: int(req.Timeout.Seconds()),
+		TimeoutSecs: int(req.Timeout.Seconds()), Network: req.Network,
+	}
+	if req.Private {
+		sb.TrafficToken = newAccessToken()
 	}
 	e, err := m.launchNew(ctx, sb, tpl, tpl.ImageDir, tpl.EnvdToken)
 	if err != nil {
@@ -203,6 +215,10 @@ func (m *Manager) launchNew(ctx context.Context, sb *store.Sandbox, tpl *store.T
 	}
 	sb.SlotIndex = slot.Index
 	sb.State = store.StateStarting
+	if err := m.applyNetwork(ctx, sb, slot); err != nil {
+		m.releaseSlot(ctx, slot.Index, sb.ID)
+		return nil, err
+	}
 	// The starting record is durable first, so a crash mid-create is
 	// cleaned up by reconcile.
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
@@ -287,6 +303,7 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 		err = envd.Init(ctx, envdclient.InitRequest{
 			AccessToken: sb.AccessToken, EnvVars: mergeEnv(tpl.Env, sb.EnvVars),
 			DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
+			Nameservers: m.nameservers(),
 		})
 		if err != nil {
 			err = fmt.Errorf("init envd: %w", err)
@@ -479,6 +496,20 @@ func (m *Manager) Target(ctx context.Context, id string, port int) (netip.AddrPo
 		return netip.AddrPort{}, fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, e.sb.State)
 	}
 	return netip.AddrPortFrom(e.slot.SandboxIP, uint16(port)), nil
+}
+
+// PortTarget is Target for exposed ports: it also returns the traffic
+// token the caller must present ("" when the ports are public).
+func (m *Manager) PortTarget(ctx context.Context, id string, port int) (netip.AddrPort, string, error) {
+	e, err := m.lookup(ctx, id)
+	if err != nil {
+		return netip.AddrPort{}, "", err
+	}
+	defer e.mu.Unlock()
+	if e.sb.State != store.StateRunning {
+		return netip.AddrPort{}, "", fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, e.sb.State)
+	}
+	return netip.AddrPortFrom(e.slot.SandboxIP, uint16(port)), e.sb.TrafficToken, nil
 }
 
 // SandboxByToken finds the running sandbox whose envd access token makes

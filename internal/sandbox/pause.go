@@ -173,6 +173,10 @@ func (m *Manager) restoreFromDisk(ctx context.Context, e *entry, updated *store.
 		return err
 	}
 	updated.SlotIndex = slot.Index
+	if err := m.applyNetwork(ctx, updated, slot); err != nil {
+		m.releaseSlot(ctx, slot.Index, e.sb.ID)
+		return err
+	}
 	envd, err := m.bringUp(ctx, updated, tpl, slot, e.sb.ImageDir, e.sb.AccessToken)
 	if err != nil {
 		m.releaseSlot(ctx, slot.Index, e.sb.ID)

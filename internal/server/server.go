@@ -127,14 +127,16 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "aenv_sandboxes_live", Help: "Sandboxes holding resources on this node.",
+		Name: "aenv_sandboxes_live", Help: "Sandboxes running or paused on this node.",
 	}, func() float64 { return float64(sandboxes.LiveCount()) }))
+	reg.MustRegister(newNetworkCollector(sandboxes))
 	handler := api.New(api.Config{
 		APIKey:             apiKey,
 		MaxJSONBytes:       int64(cfg.MaxJSONBodyMB) << 20,
 		MaxFileBytes:       int64(cfg.MaxFileUploadMB) << 20,
 		DefaultExecTimeout: config.Seconds(cfg.DefaultExecTimeoutSecs),
 		MaxExecTimeout:     config.Seconds(cfg.MaxTimeoutSecs),
+		Domain:             cfg.Domain,
 	}, sandboxes, templates, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	listener, err := net.Listen("tcp", cfg.Listen)

@@ -56,6 +56,21 @@ type Sandbox struct {
 	// TimeoutSecs is the lifetime asked for at create (or the last
 	// timeout change); a resume restarts the deadline with it.
 	TimeoutSecs int
+	// Network is the sandbox's egress policy; nil means the default
+	// (internet allowed, fixed deny list applied).
+	Network *NetworkPolicy
+	// TrafficToken guards exposed ports (<port>-<id>.<domain>); empty
+	// means they are public.
+	TrafficToken string
+}
+
+// NetworkPolicy is a sandbox's egress policy as the user gave it (the
+// seed's validate_egress: allowed CIDRs, then denied ones, then
+// AllowInternet decides).
+type NetworkPolicy struct {
+	AllowInternet bool     `json:"allowInternet"`
+	AllowOut      []string `json:"allowOut,omitempty"`
+	DenyOut       []string `json:"denyOut,omitempty"`
 }
 
 // TemplateKind says what a template is made of.

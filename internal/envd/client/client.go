@@ -72,6 +72,7 @@ type InitRequest struct {
 	EnvVars        map[string]string
 	DefaultUser    string
 	DefaultWorkdir string
+	Nameservers    []string // written to /etc/resolv.conf when set
 }
 
 // Init configures envd, authenticating with the client's current token.
@@ -82,7 +83,8 @@ func (c *Client) Init(ctx context.Context, req InitRequest) error {
 		EnvVars        map[string]string `json:"envVars,omitempty"`
 		DefaultUser    string            `json:"defaultUser,omitempty"`
 		DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
-	}{req.AccessToken, req.EnvVars, req.DefaultUser, req.DefaultWorkdir}
+		Nameservers    []string          `json:"nameservers,omitempty"`
+	}{req.AccessToken, req.EnvVars, req.DefaultUser, req.DefaultWorkdir, req.Nameservers}
 	data, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("envd init: %w", err)

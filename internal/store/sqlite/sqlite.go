@@ -95,7 +95,8 @@ func (s *Store) migrate(ctx context.Context) error {
 func (s *Store) Close() error { return s.db.Close() }
 
 const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata_json, env_json,
-	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs`
+	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs,
+	network_json, traffic_token`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -103,7 +104,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
@@ -120,7 +121,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id = ?, alias = ?, state = ?, vcpu = ?,
 		memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
-		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ? WHERE id = ?`,
+		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ?,
+		network_json = ?, traffic_token = ? WHERE id = ?`,
 		append(args[1:], sb.ID)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
@@ -266,12 +268,12 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var state, metadata, env string
+	var state, metadata, env, network string
 	var autoPause int
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
-		&sb.TimeoutSecs)
+		&sb.TimeoutSecs, &network, &sb.TrafficToken)
 	if err != nil {
 		return nil, err
 	}
@@ -285,6 +287,12 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	}
 	if err := json.Unmarshal([]byte(env), &sb.EnvVars); err != nil {
 		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
+	}
+	if network != "" {
+		sb.Network = &store.NetworkPolicy{}
+		if err := json.Unmarshal([]byte(network), sb.Network); err != nil {
+			return nil, fmt.Errorf("sandbox %s network: %w", sb.ID, err)
+		}
 	}
 	return &sb, nil
 }
@@ -302,9 +310,17 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	if sb.AutoPause {
 		autoPause = 1
 	}
+	network := ""
+	if sb.Network != nil {
+		b, err := json.Marshal(sb.Network)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s network: %w", sb.ID, err)
+		}
+		network = string(b)
+	}
 	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.VCPU, sb.MemoryMB, string(metadata),
 		string(env), sb.AccessToken, sb.SlotIndex, autoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
-		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs}, nil
+		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs, network, sb.TrafficToken}, nil
 }
 
 func scanTemplate(r scanner) (*store.Template, error) {

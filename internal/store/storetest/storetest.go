@@ -24,7 +24,8 @@ func sandbox(id string, state store.SandboxState, started time.Time, md map[stri
 		ID: id, TemplateID: "tpl1", Alias: "base", State: state, VCPU: 2, MemoryMB: 512,
 		Metadata: md, EnvVars: map[string]string{"A": "1"}, AccessToken: "tok-" + id, SlotIndex: 3,
 		AutoPause: true, StartedAt: started, EndAt: started.Add(time.Minute), UpdatedAt: started,
-		ImageDir: "/images/" + id, TimeoutSecs: 60,
+		ImageDir: "/images/" + id, TimeoutSecs: 60, TrafficToken: "traffic-" + id,
+		Network: &store.NetworkPolicy{AllowInternet: false, AllowOut: []string{"1.1.1.1/32"}, DenyOut: []string{"0.0.0.0/0"}},
 	}
 }
 
@@ -45,10 +46,12 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 	if got.ID != want.ID || got.State != want.State || got.AccessToken != want.AccessToken ||
 		got.SlotIndex != 3 || !got.AutoPause || !got.StartedAt.Equal(now) || !got.EndAt.Equal(want.EndAt) ||
 		got.Metadata["k"] != "v" || got.EnvVars["A"] != "1" || got.VCPU != 2 || got.MemoryMB != 512 ||
-		got.ImageDir != "/images/sb1" || got.TimeoutSecs != 60 {
+		got.ImageDir != "/images/sb1" || got.TimeoutSecs != 60 || got.TrafficToken != "traffic-sb1" ||
+		got.Network == nil || got.Network.AllowInternet || len(got.Network.AllowOut) != 1 || got.Network.DenyOut[0] != "0.0.0.0/0" {
 		t.Fatalf("round trip: got %+v, want %+v", got, want)
 	}
 	got.State = store.StateDead
+	got.Network = nil
 	got.EndedReason = "oom"
 	got.SlotIndex = -1
 	if err := s.UpdateSandbox(ctx, got); err != nil {
@@ -58,7 +61,7 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.State != store.StateDead || again.EndedReason != "oom" || again.SlotIndex != -1 {
+	if again.State != store.StateDead || again.EndedReason != "oom" || again.SlotIndex != -1 || again.Network != nil {
 		t.Fatalf("after update: %+v", again)
 	}
 	if err := s.DeleteSandbox(ctx, "sb1"); err != nil {
