@@ -220,12 +220,15 @@ async function startTracer(port, logPath) {
     return /^[\x09\x0a\x0d\x20-\x7e]*$/.test(text) ? text.slice(0, 1500) : `<${buf.length} bytes> ` + JSON.stringify(text.slice(0, 300))
   }
   let n = 0
+  // One upstream connection per request: keeps the tracer out of keep-alive
+  // races of its own.
+  const agent = new http.Agent({ keepAlive: false })
   const server = http.createServer((req, res) => {
     const id = ++n
     const reqChunks = []
     let reqLen = 0
     req.on('data', (c) => { if (reqLen < 4096) reqChunks.push(c); reqLen += c.length })
-    const upstream = http.request({ host: '127.0.0.1', port, method: req.method, path: req.url, headers: req.headers }, (ures) => {
+    const upstream = http.request({ host: '127.0.0.1', port, agent, method: req.method, path: req.url, headers: req.headers }, (ures) => {
       res.writeHead(ures.statusCode, ures.headers)
       const resChunks = []
       let resLen = 0
@@ -241,12 +244,14 @@ async function startTracer(port, logPath) {
       out.write(`#${id} -> ${req.method} ${req.url} ${JSON.stringify(h)}\n   body(${reqLen}): ${preview(Buffer.concat(reqChunks))}\n`)
     })
     req.pipe(upstream)
-    res.on('close', () => upstream.destroy())
+    // Pass a client abort on; a finished response leaves the upstream
+    // connection alone (to be reused, as the SDK's own would be).
+    res.on('close', () => { if (!res.writableFinished) upstream.destroy() })
   })
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
   return {
     url: `http://127.0.0.1:${server.address().port}`,
-    close: () => { server.closeAllConnections(); server.close(); out.end() },
+    close: () => { server.closeAllConnections(); server.close(); agent.destroy(); out.end() },
   }
 }
 

@@ -51,6 +51,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.deleteCommand(),
 		a.forkCommand(),
 		a.snapshotCommand(),
+		a.benchCommand(),
 	}
 }
 

@@ -49,6 +49,7 @@ type Server struct {
 	PauseToDiskAfterSecs int
 	MaxForkCount         int
 	ForkParallelism      int
+	WarmSandboxes        int
 
 	Domain string
 }
@@ -79,6 +80,7 @@ func Default() Server {
 		PauseToDiskAfterSecs:   600,
 		MaxForkCount:           100,
 		ForkParallelism:        4,
+		WarmSandboxes:          2,
 		Domain:                 "localhost",
 	}
 }
@@ -124,6 +126,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.PauseToDiskAfterSecs, "pause-to-disk-after-secs", "write a sandbox paused this long to disk and release its memory (0: never)")
 	num(&c.MaxForkCount, "max-fork-count", "most children one fork may ask for")
 	num(&c.ForkParallelism, "fork-parallelism", "children of one fork restored at once")
+	num(&c.WarmSandboxes, "warm-sandboxes", "base sandboxes kept booted so that a create only initialises one (0: off)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 }
 
@@ -161,6 +164,7 @@ func (c *Server) Validate() error {
 		{"--pause-to-disk-after-secs", c.PauseToDiskAfterSecs >= 0},
 		{"--max-fork-count", c.MaxForkCount >= 1},
 		{"--fork-parallelism", c.ForkParallelism >= 1},
+		{"--warm-sandboxes", c.WarmSandboxes >= 0},
 	}
 	for _, ch := range checks {
 		if !ch.ok {

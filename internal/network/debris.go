@@ -8,10 +8,6 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// dumpRetries bounds the retries of a link dump the kernel reports as interrupted by
-// concurrent changes.
-const dumpRetries = 5
-
 // removeSlotsExcept deletes every host veth and netns pin named like one of cfg's
 // slots whose index is not in keep, and returns what it removed.
 func removeSlotsExcept(cfg Config, keep map[int]bool) (removed []string, err error) {
@@ -57,14 +53,7 @@ func removeSlotsExcept(cfg Config, keep map[int]bool) (removed []string, err err
 // listLinks lists the root netns's links, retrying a dump interrupted by concurrent
 // changes (other slots being created), whose result may be incomplete.
 func listLinks() ([]netlink.Link, error) {
-	var links []netlink.Link
-	var err error
-	for range dumpRetries {
-		links, err = netlink.LinkList()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	links, err := retryDump(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}

@@ -54,7 +54,7 @@ func parseNameservers(b []byte) []netip.Addr {
 
 // hostAddrs returns every IPv4 address on the root netns's interfaces as /32s.
 func hostAddrs() ([]netip.Prefix, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("list host addresses: %w", err)
 	}
@@ -71,7 +71,9 @@ func hostAddrs() ([]netip.Prefix, error) {
 // defaultRouteLinks returns the names of the interfaces the host's IPv4 default
 // routes leave through.
 func defaultRouteLinks() ([]string, error) {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, 0)
+	routes, err := retryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, 0)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}

@@ -147,8 +147,12 @@ func forgetSandbox(s *Slot) error {
 	if err := byDst.AddIP(netlink.ConntrackOrigDstIP, net.IP(s.SandboxIP.AsSlice())); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
-	_, err = netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &bySrc, &byDst)
-	if err != nil {
+	_, err = retryDump(func() (uint, error) {
+		return netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &bySrc, &byDst)
+	})
+	// Flushing flows is hygiene (a reused address must not inherit them);
+	// a dump still interrupted after retries is not worth failing for.
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		errs = append(errs, fmt.Errorf("delete conntrack flows of %s: %w", s.SandboxIP, err))
 	}
 	return errors.Join(errs...)

@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"sync"
 	"time"
 
@@ -36,6 +35,9 @@ type Config struct {
 	MaxForkCount     int
 	// ForkParallelism bounds the restores of one fork running at once.
 	ForkParallelism int
+	// WarmSandboxes is how many base sandboxes are kept booted ahead of
+	// demand (see warm.go); 0 turns the pool off.
+	WarmSandboxes   int
 	DefaultTimeout  time.Duration
 	MaxTimeout      time.Duration
 	DefaultVCPU     int
@@ -78,6 +80,7 @@ type Manager struct {
 	mu   sync.Mutex
 	live map[string]*entry // sandboxes that hold resources
 
+	warm        *warmPool
 	stopMonitor context.CancelFunc
 	monitorDone chan struct{}
 }
@@ -208,6 +211,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 // imageToken), records it running and arms its deadline. On failure
 // nothing it made is left.
 func (m *Manager) launchNew(ctx context.Context, sb *store.Sandbox, tpl *store.Template, imageDir, imageToken string) (*entry, error) {
+	if imageDir == "" {
+		if ws := m.takeWarm(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB}); ws != nil {
+			e, err := m.launchWarm(ctx, sb, tpl, ws)
+			if err == nil {
+				return e, nil
+			}
+			m.logger.WarnContext(ctx, "warm sandbox unusable; booting one", "err", err)
+			sb.ID = NewID()
+		}
+	}
 	log := m.logger.With("sandbox", sb.ID)
 	slot, err := m.acquireSlot(ctx)
 	if err != nil {
@@ -253,6 +266,20 @@ func (m *Manager) launchNew(ctx context.Context, sb *store.Sandbox, tpl *store.T
 	return e, nil
 }
 
+// identify gives envd the sandbox's identity: its access token, env
+// vars, default user and resolvers.
+func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *store.Sandbox, tpl *store.Template) error {
+	err := envd.Init(ctx, envdclient.InitRequest{
+		AccessToken: sb.AccessToken, EnvVars: mergeEnv(tpl.Env, sb.EnvVars),
+		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
+		Nameservers: m.nameservers(),
+	})
+	if err != nil {
+		return fmt.Errorf("init envd: %w", err)
+	}
+	return nil
+}
+
 func (m *Manager) acquireSlot(ctx context.Context) (*network.Slot, error) {
 	slot, err := m.slots.Acquire(ctx)
 	if err != nil {
@@ -282,12 +309,7 @@ func (m *Manager) killInstance(ctx context.Context, id string) {
 // instance is gone.
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot,
 	imageDir, imageToken string) (*envdclient.Client, error) {
-	spec := runtime.Spec{
-		ID: sb.ID, RootfsPath: tpl.RootfsPath, EnvdPath: m.cfg.EnvdPath,
-		EnvdArgs:  []string{"--port", strconv.Itoa(EnvdPort)},
-		NetnsPath: slot.NetnsPath, VCPU: sb.VCPU, MemoryMB: sb.MemoryMB, PidsLimit: m.cfg.PidsLimit,
-		Hostname: "sandbox", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-	}
+	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
 	var err error
 	if imageDir == "" {
 		err = m.driver.Start(ctx, spec)
@@ -300,14 +322,7 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 	envd := envdclient.New(envdURL(slot.SandboxIP), m.http, imageToken)
 	err = m.waitReady(ctx, envd)
 	if err == nil {
-		err = envd.Init(ctx, envdclient.InitRequest{
-			AccessToken: sb.AccessToken, EnvVars: mergeEnv(tpl.Env, sb.EnvVars),
-			DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
-			Nameservers: m.nameservers(),
-		})
-		if err != nil {
-			err = fmt.Errorf("init envd: %w", err)
-		}
+		err = m.identify(ctx, envd, sb, tpl)
 	} else {
 		err = fmt.Errorf("sandbox did not become ready: %w", err)
 	}

@@ -92,7 +92,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.stopMonitor = cancel
 	m.monitorDone = make(chan struct{})
 	go m.monitor(monitorCtx)
-	return nil
+	return m.startWarmPool(monitorCtx)
 }
 
 // reconcileRecord decides what a running or paused record becomes given
@@ -243,6 +243,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
 		m.stopMonitor()
 		<-m.monitorDone
 	}
+	m.stopWarmPool(ctx)
 	m.mu.Lock()
 	entries := make([]*entry, 0, len(m.live))
 	for _, e := range m.live {

@@ -107,6 +107,7 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		PauseToDiskAfter: config.Seconds(cfg.PauseToDiskAfterSecs),
 		MaxForkCount:     cfg.MaxForkCount,
 		ForkParallelism:  cfg.ForkParallelism,
+		WarmSandboxes:    cfg.WarmSandboxes,
 		DefaultTimeout:   config.Seconds(cfg.DefaultTimeoutSecs),
 		MaxTimeout:       config.Seconds(cfg.MaxTimeoutSecs),
 		DefaultVCPU:      cfg.DefaultVCPU,

@@ -1,0 +1,96 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+)
+
+// systemColors tell the systems apart in the chart.
+var systemColors = map[string]color.RGBA{
+	SystemAenv:  {R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	SystemRunsc: {R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	SystemRunc:  {R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+}
+
+// chartFloorMs keeps zero samples drawable on the log axis.
+const chartFloorMs = 0.01
+
+// WriteChart renders the latency distribution of every duration figure,
+// one horizontal box per figure and system on a log axis, as a PNG.
+func WriteChart(path string, r *Report) error {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("aenv bench: latency per operation (%d CPUs, %d MiB, Linux %s)", r.Machine.CPUs, r.Machine.MemoryMiB, r.Machine.Kernel)
+	p.X.Label.Text = "milliseconds (log scale; box: quartiles, whiskers: min-max)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top = true
+
+	var names []string
+	row := 0
+	for i := len(r.Figures) - 1; i >= 0; i-- { // the first figure on top
+		f := r.Figures[i]
+		if !f.IsLatency() {
+			continue
+		}
+		for j := len(tableSystems) - 1; j >= 0; j-- {
+			sys := tableSystems[j]
+			res, ok := f.Results[sys]
+			if !ok || len(res.Samples) == 0 {
+				continue
+			}
+			box, err := plotter.NewBoxPlot(vg.Points(9), float64(row), chartValues(res.Samples))
+			if err != nil {
+				return fmt.Errorf("chart %s: %w", f.Name, err)
+			}
+			box.Horizontal = true
+			box.FillColor = systemColors[sys]
+			p.Add(box)
+			names = append(names, f.Name+" "+sys)
+			row++
+		}
+	}
+	if row == 0 {
+		return errors.New("chart: no latency figure has samples")
+	}
+	p.NominalY(names...)
+	for _, sys := range tableSystems {
+		p.Legend.Add(sys, swatch{systemColors[sys]})
+	}
+	img := vgimg.New(11*vg.Inch, vg.Length(row)*0.22*vg.Inch+1.5*vg.Inch)
+	p.Draw(draw.New(img))
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return fmt.Errorf("chart %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+func chartValues(samples []float64) plotter.Values {
+	out := make(plotter.Values, len(samples))
+	for i, v := range samples {
+		out[i] = math.Max(v, chartFloorMs)
+	}
+	return out
+}
+
+// swatch is a legend entry: a filled square of the system's colour.
+type swatch struct{ c color.Color }
+
+func (s swatch) Thumbnail(c *draw.Canvas) {
+	c.FillPolygon(s.c, c.ClipPolygonY([]vg.Point{
+		{X: c.Min.X, Y: c.Min.Y}, {X: c.Max.X, Y: c.Min.Y}, {X: c.Max.X, Y: c.Max.Y}, {X: c.Min.X, Y: c.Max.Y},
+	}))
+}

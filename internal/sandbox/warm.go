@@ -1,0 +1,195 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// The warm pool keeps a few sandboxes of the base template's default shape
+// booted, envd answering but not yet given an identity. A create that fits
+// claims one and only has to give it its token, env vars and egress policy
+// (tens of milliseconds instead of a boot). Unclaimed ones have no record:
+// a restart removes them as debris, a shutdown kills them.
+
+// warmKey is the shape a pre-booted sandbox fits.
+type warmKey struct {
+	templateID string
+	vcpu       int
+	memoryMB   int
+}
+
+type warmSandbox struct {
+	id   string
+	slot *network.Slot
+	envd *envdclient.Client // no token yet: the first /init sets one
+}
+
+type warmPool struct {
+	target int
+	key    warmKey
+	tpl    *store.Template
+
+	mu    sync.Mutex
+	ready []*warmSandbox
+	wake  chan struct{}
+	done  chan struct{}
+}
+
+// startWarmPool boots the pool in the background until ctx ends.
+func (m *Manager) startWarmPool(ctx context.Context) error {
+	if m.cfg.WarmSandboxes <= 0 {
+		return nil
+	}
+	tpl, err := m.templates.Get(ctx, template.BaseName)
+	if err != nil {
+		return fmt.Errorf("warm pool: %w", err)
+	}
+	key := warmKey{tpl.ID, firstPositive(tpl.VCPU, m.cfg.DefaultVCPU), firstPositive(tpl.MemoryMB, m.cfg.DefaultMemoryMB)}
+	m.warm = &warmPool{target: m.cfg.WarmSandboxes, key: key, tpl: tpl,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go m.fillWarmPool(ctx)
+	return nil
+}
+
+func (m *Manager) fillWarmPool(ctx context.Context) {
+	w := m.warm
+	defer close(w.done)
+	for {
+		w.mu.Lock()
+		missing := w.target - len(w.ready)
+		w.mu.Unlock()
+		if missing > 0 {
+			ws, err := m.bootWarm(ctx, w)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				m.logger.WarnContext(ctx, "warm pool: boot failed", "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(5 * time.Second):
+				}
+				continue
+			}
+			w.mu.Lock()
+			w.ready = append(w.ready, ws)
+			w.mu.Unlock()
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.wake:
+		}
+	}
+}
+
+func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, error) {
+	slot, err := m.acquireSlot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := NewID()
+	spec := m.spec(id, w.tpl, slot, w.key.vcpu, w.key.memoryMB)
+	if err := m.driver.Start(ctx, spec); err != nil {
+		m.releaseSlot(ctx, slot.Index, id)
+		return nil, err
+	}
+	envd := envdclient.New(envdURL(slot.SandboxIP), m.http, "")
+	if err := m.waitReady(ctx, envd); err != nil {
+		m.killInstance(ctx, id)
+		m.releaseSlot(ctx, slot.Index, id)
+		return nil, err
+	}
+	return &warmSandbox{id: id, slot: slot, envd: envd}, nil
+}
+
+// takeWarm hands out a pre-booted sandbox fitting key, or nil.
+func (m *Manager) takeWarm(key warmKey) *warmSandbox {
+	w := m.warm
+	if w == nil || key != w.key {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.ready) == 0 {
+		return nil
+	}
+	ws := w.ready[0]
+	w.ready = w.ready[1:]
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return ws
+}
+
+// discardWarm kills a pre-booted sandbox that will not be used.
+func (m *Manager) discardWarm(ctx context.Context, ws *warmSandbox) {
+	m.killInstance(ctx, ws.id)
+	m.releaseSlot(ctx, ws.slot.Index, ws.id)
+}
+
+// stopWarmPool kills the unclaimed sandboxes; the filler must have
+// stopped (its context ended).
+func (m *Manager) stopWarmPool(ctx context.Context) {
+	w := m.warm
+	if w == nil {
+		return
+	}
+	<-w.done
+	w.mu.Lock()
+	ready := w.ready
+	w.ready = nil
+	w.mu.Unlock()
+	for _, ws := range ready {
+		m.discardWarm(ctx, ws)
+	}
+}
+
+// launchWarm turns a pre-booted sandbox into sb: egress policy, envd
+// identity, then the record, written once everything works.
+func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ws *warmSandbox) (*entry, error) {
+	start := time.Now()
+	sb.ID, sb.SlotIndex, sb.State = ws.id, ws.slot.Index, store.StateRunning
+	err := m.applyNetwork(ctx, sb, ws.slot)
+	if err == nil {
+		err = m.identify(ctx, ws.envd, sb, tpl)
+	}
+	if err == nil {
+		sb.UpdatedAt = time.Now().UTC()
+		err = m.store.CreateSandbox(ctx, sb)
+	}
+	if err != nil {
+		m.discardWarm(context.WithoutCancel(ctx), ws)
+		return nil, err
+	}
+	e := &entry{sb: sb, slot: ws.slot, envd: envdclient.New(envdURL(ws.slot.SandboxIP), m.http, sb.AccessToken)}
+	m.mu.Lock()
+	m.live[sb.ID] = e
+	m.mu.Unlock()
+	m.armTimer(e)
+	m.logger.InfoContext(ctx, "sandbox started from the warm pool", "sandbox", sb.ID, "template", tpl.Name,
+		"took", time.Since(start).Round(time.Millisecond))
+	return e, nil
+}
+
+// spec is the runtime spec of sandbox id from tpl in slot.
+func (m *Manager) spec(id string, tpl *store.Template, slot *network.Slot, vcpu, memoryMB int) runtime.Spec {
+	return runtime.Spec{
+		ID: id, RootfsPath: tpl.RootfsPath, EnvdPath: m.cfg.EnvdPath,
+		EnvdArgs:  []string{"--port", strconv.Itoa(EnvdPort)},
+		NetnsPath: slot.NetnsPath, VCPU: vcpu, MemoryMB: memoryMB, PidsLimit: m.cfg.PidsLimit,
+		Hostname: "sandbox", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+	}
+}
