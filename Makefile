@@ -48,8 +48,18 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) run $(STATICCHECK) ./...
 
 .PHONY: test
-test: build ## Run every test: unit, root-only and end to end (root; nothing is skipped)
+test: build ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end (root; nothing is skipped)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(BIN)/aenv sdk/python/run-tests.sh
+	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
+
+.PHONY: test-go
+test-go: build ## Run the Go tests only (root)
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
+
+.PHONY: test-e2e
+test-e2e: build ## Run the E2B SDK end-to-end suite (root)
+	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need neither root nor sandboxes

@@ -2,11 +2,18 @@
 # Installs the Debian packages aenv and its tests need. Idempotent.
 set -euo pipefail
 
-packages=(debootstrap iproute2 nftables runc ca-certificates git make)
+# debootstrap builds the base template; iproute2/nftables/procps are used by
+# the tests to inspect what the server made; runc is the benchmarks' baseline.
+packages=(debootstrap iproute2 nftables procps runc ca-certificates git make)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The Python client's tests and the E2B SDK suite need python3 and node/npm;
+# machines that already have them (from elsewhere than apt) keep theirs.
+command -v python3 >/dev/null || missing+=(python3)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ "${#missing[@]}" -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "install-deps: need root to install: ${missing[*]}" >&2

@@ -139,6 +139,12 @@ func (s *aenvSystem) fork(ctx context.Context, b *box, n int) ([]*box, []error) 
 	return boxes, errs
 }
 
+// hostMemory sums the sandbox's runsc processes, found by its ID (the
+// server runs on this machine).
+func (s *aenvSystem) hostMemory(_ context.Context, b *box) (int64, error) {
+	return pssBytes(pidsWithArg(b.id))
+}
+
 // removeAll deletes boxes in parallel (at most par at once) and returns
 // the errors.
 func removeAll(ctx context.Context, sys system, boxes []*box, par int) []error {

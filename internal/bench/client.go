@@ -51,9 +51,23 @@ func isStatus(err error, status int) bool {
 	return errors.As(err, &ae) && ae.status == status
 }
 
+// requestTimeout bounds one API request, however long the server takes.
+const requestTimeout = 3 * time.Minute
+
+// finishing returns a context for one operation that is NOT cancelled with
+// ctx, only by its own timeout. Ctrl-C stops the bench between operations,
+// never inside one: an interrupted pause, resume or checkpoint can leave a
+// sandbox or container in a state that cannot be deleted, which is worse
+// than waiting for the operation to end.
+func finishing(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), timeout)
+}
+
 // do sends one request; body may be nil, []byte (sent raw) or a value sent
 // as JSON. A non-nil out receives the decoded JSON answer.
 func (c *client) do(ctx context.Context, method, path string, body any, out any) error {
+	ctx, cancel := finishing(ctx, requestTimeout)
+	defer cancel()
 	var rd io.Reader
 	contentType := ""
 	switch b := body.(type) {

@@ -15,74 +15,122 @@ type densityLimits struct {
 	minFreeKiB uint64 // MemAvailable never to go below
 }
 
-// runDensity creates idle base sandboxes, each proven to answer a
-// command, until DensityMax, the memory ceiling or the server's refusal;
-// then reads resident memory per sandbox from the metrics endpoint (its
-// cgroup) and from the host's MemAvailable.
-func (b *bench) runDensity(ctx context.Context) error {
-	count := b.rec.figure("density_count", "Density: idle sandboxes held", GroupDensity, UnitCount)
-	perMetrics := b.rec.figure("density_mem_metrics", "Density: memory per idle sandbox (metrics)", GroupDensity, UnitMiB)
-	perHost := b.rec.figure("density_mem_host", "Density: memory per idle sandbox (host MemAvailable)", GroupDensity, UnitMiB)
-	create := b.rec.figure("density_create", "Density: create as the machine fills", GroupDensity, UnitMs)
-	b.rec.describe(perMetrics, "memUsed of GET /sandboxes/{id}/metrics (the sandbox's cgroup), one sample per sandbox")
-	b.rec.describe(perHost, "drop of the host's MemAvailable divided by the count")
+// densityFigures are the figures the density group fills.
+type densityFigures struct {
+	count, metrics, host, available, create *Figure
+}
 
-	availStart, okA := meminfo("MemAvailable")
+// runDensity creates idle sandboxes, each proven to answer a command,
+// until DensityMax, the memory ceiling or the server's refusal, and reads
+// the resident memory of each. The raw runtimes then hold as many idle
+// containers as aenv did, for the per-sandbox memory ratio.
+func (b *bench) runDensity(ctx context.Context) error {
+	figs := densityFigures{
+		count:     b.rec.figure("density_count", "Density: idle sandboxes held", GroupDensity, UnitCount),
+		metrics:   b.rec.figure("density_mem_metrics", "Density: memory per idle sandbox (metrics)", GroupDensity, UnitMiB),
+		host:      b.rec.figure("density_mem_host", "Density: memory per idle sandbox (host PSS)", GroupDensity, UnitMiB),
+		available: b.rec.figure("density_mem_available", "Density: host MemAvailable drop per sandbox", GroupDensity, UnitMiB),
+		create:    b.rec.figure("density_create", "Density: create as the machine fills", GroupDensity, UnitMs),
+	}
+	b.rec.describe(figs.metrics, "memUsed of GET /sandboxes/{id}/metrics (the sandbox's cgroup), one sample per sandbox")
+	b.rec.describe(figs.host, "PSS of the sandbox's or container's host processes, one sample per sandbox")
+	b.rec.describe(figs.available, "drop of the host's MemAvailable while they ran, divided by the count (includes the server's own share; noisy)")
+
+	_, okA := meminfo("MemAvailable")
 	total, okT := meminfo("MemTotal")
 	if !okA || !okT {
 		return errors.New("cannot read /proc/meminfo")
 	}
 	limits := densityLimits{max: b.cfg.DensityMax, ceilingKiB: uint64(b.cfg.DensityCeilingMiB) << 10,
 		minFreeKiB: uint64(float64(total) * b.cfg.DensityMinFreePct / 100)}
+	n, err := b.densityOn(ctx, b.aenv, limits, figs)
+	if err != nil {
+		return fmt.Errorf("aenv: %w", err)
+	}
+	var errs []error
+	for _, raw := range b.raw {
+		limits.max = max(1, n)
+		if _, err := b.densityOn(ctx, raw, limits, figs); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", raw.kind, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// densityOn fills sys, measures and empties it; it returns how many
+// sandboxes it held.
+func (b *bench) densityOn(ctx context.Context, sys system, limits densityLimits, figs densityFigures) (int, error) {
+	availStart, _ := meminfo("MemAvailable")
 	var boxes []*box
-	defer func() { removeAll(context.WithoutCancel(ctx), b.aenv, boxes, 8) }()
+	defer func() { removeAll(context.WithoutCancel(ctx), sys, boxes, 8) }()
 	reason := ""
-	for reason == "" && ctx.Err() == nil {
+	for ctx.Err() == nil {
 		if reason = limits.reached(len(boxes), availStart); reason != "" {
 			break
 		}
 		var bx *box
-		err := b.timed(create, SystemAenv, func() (err error) {
-			if bx, err = b.aenv.boot(ctx); err != nil {
+		err := b.timed(figs.create, sys.name(), func() (err error) {
+			if bx, err = sys.boot(ctx); err != nil {
 				return err
 			}
-			return b.aenv.exec(ctx, bx)
+			return sys.exec(ctx, bx)
 		})
 		if bx != nil {
 			boxes = append(boxes, bx)
 		}
 		if err != nil {
-			reason = "the server refused or failed: " + err.Error()
-			if !isStatus(err, http.StatusServiceUnavailable) && !isStatus(err, http.StatusTooManyRequests) &&
-				!isStatus(err, http.StatusInsufficientStorage) {
-				return fmt.Errorf("after %d sandboxes: %w", len(boxes), err)
+			if !refusal(err) {
+				return len(boxes), fmt.Errorf("after %d sandboxes: %w", len(boxes), err)
 			}
+			reason = "the server refused more: " + err.Error()
+			break
 		}
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return len(boxes), ctx.Err()
 	}
-	b.logger.Info("density reached", "sandboxes", len(boxes), "why", reason)
-	b.rec.describe(count, "stopped at: "+reason)
-	b.rec.add(count, SystemAenv, float64(len(boxes)))
+	b.logger.Info("density reached", "system", sys.name(), "sandboxes", len(boxes), "why", reason)
+	if sys.name() == SystemAenv {
+		b.rec.describe(figs.count, "stopped at "+reason)
+		b.rec.add(figs.count, SystemAenv, float64(len(boxes)))
+	}
 	// Let lazily started work in the guests settle before reading memory.
 	select {
 	case <-time.After(2 * time.Second):
 	case <-ctx.Done():
-		return ctx.Err()
+		return len(boxes), ctx.Err()
 	}
+	b.measureIdle(ctx, sys, boxes, figs)
+	if availNow, ok := meminfo("MemAvailable"); ok && len(boxes) > 0 && availNow < availStart {
+		b.rec.add(figs.available, sys.name(), float64(availStart-availNow)/1024/float64(len(boxes)))
+	}
+	return len(boxes), nil
+}
+
+// measureIdle records each box's host memory and, on aenv, its metrics.
+func (b *bench) measureIdle(ctx context.Context, sys system, boxes []*box, figs densityFigures) {
+	const mib = 1 << 20
 	for _, bx := range boxes {
-		used, err := b.aenv.c.memUsed(ctx, bx.id)
-		if err != nil {
-			b.rec.fail(perMetrics, SystemAenv, err)
+		if used, err := sys.hostMemory(ctx, bx); err != nil {
+			b.rec.fail(figs.host, sys.name(), err)
+		} else {
+			b.rec.add(figs.host, sys.name(), float64(used)/mib)
+		}
+		if sys.name() != SystemAenv {
 			continue
 		}
-		b.rec.add(perMetrics, SystemAenv, float64(used)/(1<<20))
+		if used, err := b.c.memUsed(ctx, bx.id); err != nil {
+			b.rec.fail(figs.metrics, SystemAenv, err)
+		} else {
+			b.rec.add(figs.metrics, SystemAenv, float64(used)/mib)
+		}
 	}
-	if availNow, ok := meminfo("MemAvailable"); ok && len(boxes) > 0 && availNow < availStart {
-		b.rec.add(perHost, SystemAenv, float64(availStart-availNow)/1024/float64(len(boxes)))
-	}
-	return nil
+}
+
+// refusal tells a server saying "no more" from a failure.
+func refusal(err error) bool {
+	return isStatus(err, http.StatusServiceUnavailable) || isStatus(err, http.StatusTooManyRequests) ||
+		isStatus(err, http.StatusInsufficientStorage)
 }
 
 // reached says why no more sandboxes should be made, or "".

@@ -94,7 +94,7 @@ func (s *rawSystem) command(ctx context.Context, args ...string) *exec.Cmd {
 
 // run invokes the runtime and waits; the output is kept for the error.
 func (s *rawSystem) run(ctx context.Context, stdin io.Reader, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	ctx, cancel := finishing(ctx, s.cmdTimeout)
 	defer cancel()
 	cmd := s.command(ctx, args...)
 	cmd.Stdin = stdin
@@ -110,7 +110,7 @@ func (s *rawSystem) run(ctx context.Context, stdin io.Reader, args ...string) ([
 // output goes to a file: the container inherits it, and a pipe would be
 // held open for as long as the container lives.
 func (s *rawSystem) runDetached(ctx context.Context, id string, args ...string) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	ctx, cancel := finishing(ctx, s.cmdTimeout)
 	defer cancel()
 	logPath := filepath.Join(s.dir, "logs", id+".log")
 	f, err := os.Create(logPath)
@@ -182,7 +182,7 @@ func (s *rawSystem) exec(ctx context.Context, b *box) error {
 
 func (s *rawSystem) stream(ctx context.Context, b *box) (streamTiming, error) {
 	var t streamTiming
-	ctx, cancel := context.WithTimeout(ctx, s.cmdTimeout)
+	ctx, cancel := finishing(ctx, s.cmdTimeout)
 	defer cancel()
 	cmd := s.command(ctx, "exec", b.id, "/bin/echo", "x")
 	out, err := cmd.StdoutPipe()
@@ -307,6 +307,25 @@ func (s *rawSystem) fork(ctx context.Context, b *box, n int) ([]*box, []error) {
 		}
 	}
 	return ok, failed
+}
+
+// hostMemory: runsc's sandbox and gofer processes carry the container ID;
+// runc's container is its init process, whose PID `runc state` tells.
+func (s *rawSystem) hostMemory(ctx context.Context, b *box) (int64, error) {
+	if s.kind == SystemRunsc {
+		return pssBytes(pidsWithArg(b.id))
+	}
+	out, err := s.run(ctx, nil, "state", b.id)
+	if err != nil {
+		return 0, err
+	}
+	var state struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &state); err != nil || state.Pid == 0 {
+		return 0, fmt.Errorf("runc state %s: no pid (%v)", b.id, err)
+	}
+	return pssBytes([]int{state.Pid})
 }
 
 // teardown removes the runtime's work dir after its containers are gone;

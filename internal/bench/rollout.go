@@ -140,6 +140,9 @@ func (b *bench) rolloutGroup(ctx context.Context, parent *box, stepFig, forkFig 
 		t.rewards = append(t.rewards, reward)
 	})
 	t.commands = time.Since(stepsStart)
+	if ctx.Err() != nil {
+		return t, ctx.Err()
+	}
 	if len(failed) > 0 {
 		return t, fmt.Errorf("%d of %d rollouts failed: %w", len(failed), len(children), failed[0])
 	}
@@ -150,6 +153,9 @@ func (b *bench) rolloutGroup(ctx context.Context, parent *box, stepFig, forkFig 
 func (b *bench) rolloutChild(ctx context.Context, child *box, i int, stepFig *Figure) (float64, error) {
 	reward := 0.0
 	for step := 0; step < b.cfg.RolloutSteps; step++ {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
 		stepStart := time.Now()
 		if err := b.c.writeText(ctx, child.id, rolloutDir+"/calc.py", candidate(i, step)); err != nil {
 			return 0, err

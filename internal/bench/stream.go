@@ -44,6 +44,8 @@ type streamTiming struct {
 // exit 0.
 func (c *client) stream(ctx context.Context, sb sandbox, command string) (streamTiming, error) {
 	var t streamTiming
+	ctx, cancel := finishing(ctx, requestTimeout)
+	defer cancel()
 	req := connect.NewRequest(&pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", command}}})
 	start := time.Now()
 	s, err := c.processClient(sb).Start(ctx, req)

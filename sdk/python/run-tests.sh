@@ -41,18 +41,30 @@ stop_server() {
     fi
     wait "$server_pid" 2>/dev/null || true
   fi
-  # The server may leave mounts in its data dir (seen: runtime/runsc/null-netns);
-  # unmount them, deepest first, so the directory can go.
-  awk -v d="$data_dir/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r | while read -r m; do
-    echo "run-tests.sh: unmounting server leftover $m" >&2
-    umount "$m" || umount -l "$m" || true
-  done
+  # A stopped server (started with --kill-on-exit) must leave no mount in
+  # its data dir; one that does is a leak: report it, fail, and clean up.
+  leaks="$(awk -v d="$data_dir/" 'index($2, d) == 1 { print $2 }' /proc/mounts | sort -r)"
+  if [[ -n "$leaks" ]]; then
+    echo "run-tests.sh: LEAK: the server left mounts behind:" >&2
+    echo "$leaks" >&2
+    echo "$leaks" | while read -r m; do umount "$m" || umount -l "$m" || true; done
+    leaked=1
+  fi
   rm -rf "$data_dir" || echo "run-tests.sh: could not remove $data_dir" >&2
 }
-trap stop_server EXIT
+leaked=0
+on_exit() {
+  local status=$?
+  stop_server
+  if [[ $leaked == 1 && $status == 0 ]]; then
+    exit 1
+  fi
+  exit "$status"
+}
+trap on_exit EXIT
 
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-suffix="$(tr -dc 'a-z0-9' </dev/urandom | head -c 4 || true)"
+suffix="$(tr -dc 'a-z' </dev/urandom | head -c 4 || true)"
 api_key="pytest-$(tr -dc 'a-z0-9' </dev/urandom | head -c 16 || true)"
 cidr="10.$((RANDOM % 150 + 100)).$((RANDOM % 250)).0/24"
 

@@ -262,7 +262,7 @@ class ClientBehaviour:
 
     def test_lifecycle_calls(self):
         self.peer.route("POST", "/sandboxes/s/pause", lambda s: Reply(204))
-        self.peer.route("POST", "/sandboxes/s/resume", lambda s: Reply.json({"sandboxID": "s"}, 201))
+        self.peer.route("POST", "/v2/sandboxes/s/connect", lambda s: Reply.json({"sandboxID": "s"}, 201))
         self.peer.route("POST", "/sandboxes/s/timeout", lambda s: Reply(204))
         self.peer.route("POST", "/sandboxes/s/snapshots",
                         lambda s: Reply.json({"snapshotID": "snap1", "names": ["n"]}, 201))

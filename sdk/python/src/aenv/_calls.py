@@ -188,9 +188,12 @@ def pause_sandbox(sandbox_id: str) -> Call:
 
 
 def resume_sandbox(sandbox_id: str, timeout_s: Optional[int]) -> Call:
-    # Resuming a running sandbox is a no-op (200), so resume is retried.
+    # Through E2B's connect, which is idempotent: a paused sandbox is
+    # resumed (201), a running one answers 200 (its deadline is extended,
+    # never shortened); so resume can be retried. The seed's POST .../resume
+    # answers 409 for a running sandbox instead.
     body = {"timeout": int(timeout_s)} if timeout_s is not None else {}
-    return Call("POST", _sandbox_path(sandbox_id, "/resume"), json_body=body, idempotent=True,
+    return Call("POST", "/v2" + _sandbox_path(sandbox_id, "/connect"), json_body=body, idempotent=True,
                 extra_timeout=60.0, decode=lambda resp: _json(resp) if resp.body.strip() else {})
 
 
