@@ -12,13 +12,14 @@ import (
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 	var req struct {
-		Memory *bool `json:"memory"`
+		Memory *bool `json:"memory"` // E2B: false drops the processes
+		ToDisk bool  `json:"toDisk"` // aenv: release the memory now, keep the state
 	}
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
-	toDisk := req.Memory != nil && !*req.Memory
-	if err := s.sandboxes.Pause(r.Context(), r.PathValue("id"), toDisk); err != nil {
+	opts := sandbox.PauseOptions{ToDisk: req.ToDisk, DropMemory: req.Memory != nil && !*req.Memory}
+	if err := s.sandboxes.Pause(r.Context(), r.PathValue("id"), opts); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -28,11 +29,11 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 // resumeSandbox is the seed's and E2B's legacy resume: 201 with the
 // Sandbox body, 409 when it is already running.
 func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
-	timeout, err := s.optionalTimeout(w, r)
+	timeout, reboot, err := s.resumeBody(w, r)
 	if err != nil {
 		return err
 	}
-	sb, wasPaused, err := s.sandboxes.Resume(r.Context(), r.PathValue("id"), timeout)
+	sb, wasPaused, err := s.sandboxes.Resume(r.Context(), r.PathValue("id"), timeout, reboot)
 	if err != nil {
 		return err
 	}
@@ -46,12 +47,12 @@ func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
 // connectSandbox is E2B's connect: resume a paused sandbox (201), or for a
 // running one extend (never shorten) its deadline (200).
 func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
-	timeout, err := s.optionalTimeout(w, r)
+	timeout, reboot, err := s.resumeBody(w, r)
 	if err != nil {
 		return err
 	}
 	id := r.PathValue("id")
-	sb, wasPaused, err := s.sandboxes.Resume(r.Context(), id, timeout)
+	sb, wasPaused, err := s.sandboxes.Resume(r.Context(), id, timeout, reboot)
 	if err != nil {
 		return err
 	}
@@ -68,20 +69,24 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Server) optionalTimeout(w http.ResponseWriter, r *http.Request) (time.Duration, error) {
+// resumeBody reads {"timeout"?, "memory"?} of resume and connect; memory
+// false (E2B's onResume: 'reboot') resumes without the processes.
+func (s *Server) resumeBody(w http.ResponseWriter, r *http.Request) (time.Duration, bool, error) {
 	var req struct {
-		Timeout *int `json:"timeout"`
+		Timeout *int  `json:"timeout"`
+		Memory  *bool `json:"memory"`
 	}
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
-		return 0, err
+		return 0, false, err
 	}
+	reboot := req.Memory != nil && !*req.Memory
 	if req.Timeout == nil {
-		return 0, nil
+		return 0, reboot, nil
 	}
 	if *req.Timeout <= 0 {
-		return 0, badRequest("timeout must be a positive number of seconds")
+		return 0, false, badRequest("timeout must be a positive number of seconds")
 	}
-	return time.Duration(*req.Timeout) * time.Second, nil
+	return time.Duration(*req.Timeout) * time.Second, reboot, nil
 }
 
 type snapshotJSON struct {

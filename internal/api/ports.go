@@ -49,5 +49,5 @@ func (s *Server) serveExposedPort(w http.ResponseWriter, r *http.Request, id str
 		return
 	}
 	r.Header.Del(headerTrafficToken)
-	s.proxy.forward(w, r, target.String())
+	s.proxy.forward(w, r, target)
 }

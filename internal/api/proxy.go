@@ -41,7 +41,7 @@ func newEnvdProxy(sandboxes *sandbox.Manager, logger *slog.Logger) *envdProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
-			pr.Out.Host = pr.Out.URL.Host
+			pr.Out.Host = pr.In.Host // what the client asked for
 		},
 		Transport: sandboxes.HTTPTransport(),
 		// Connect streams must reach the client frame by frame.
@@ -78,7 +78,7 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeSandboxGone(w, id)
 		return
 	}
-	p.forward(w, r, target.String())
+	p.forward(w, r, target)
 }
 
 // forward proxies r to hostport, streaming both ways.

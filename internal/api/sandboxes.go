@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -279,19 +280,32 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
+	order := q.Get("order")
+	if order != "" && order != "asc" && order != "desc" {
+		return badRequest("order must be asc or desc")
+	}
 	all, err := s.sandboxes.List(r.Context(), filter)
 	if err != nil {
 		return err
+	}
+	// The store answers newest first (startedAt desc, then ID asc).
+	if order == "asc" {
+		slices.Reverse(all)
 	}
 	if tok := q.Get("nextToken"); tok != "" {
 		startedAt, id, err := parsePageToken(tok)
 		if err != nil {
 			return err
 		}
-		// The store orders by startedAt desc, then ID: skip up to the cursor.
+		// Skip up to and including the cursor, in the listing's order.
+		seen := func(sb *store.Sandbox) bool {
+			if order == "asc" {
+				return sb.StartedAt.Before(startedAt) || (sb.StartedAt.Equal(startedAt) && sb.ID >= id)
+			}
+			return sb.StartedAt.After(startedAt) || (sb.StartedAt.Equal(startedAt) && sb.ID <= id)
+		}
 		i := 0
-		for i < len(all) && (all[i].StartedAt.After(startedAt) ||
-			(all[i].StartedAt.Equal(startedAt) && all[i].ID <= id)) {
+		for i < len(all) && seen(all[i]) {
 			i++
 		}
 		all = all[i:]

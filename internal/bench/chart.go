@@ -29,7 +29,7 @@ const chartFloorMs = 0.01
 func WriteChart(path string, r *Report) error {
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("aenv bench: latency per operation (%d CPUs, %d MiB, Linux %s)", r.Machine.CPUs, r.Machine.MemoryMiB, r.Machine.Kernel)
-	p.X.Label.Text = "milliseconds (log scale; box: quartiles, whiskers: min-max)"
+	p.X.Label.Text = "milliseconds (log scale; box: quartiles and median, whiskers: 1.5 IQR, rings: outliers, dots: runs of 3 or fewer)"
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Legend.Top = true
@@ -54,6 +54,13 @@ func WriteChart(path string, r *Report) error {
 			box.Horizontal = true
 			box.FillColor = systemColors[sys]
 			p.Add(box)
+			if len(res.Samples) <= 3 { // too few for a box to show
+				dots, err := sampleDots(res.Samples, float64(row), systemColors[sys])
+				if err != nil {
+					return fmt.Errorf("chart %s: %w", f.Name, err)
+				}
+				p.Add(dots)
+			}
 			names = append(names, f.Name+" "+sys)
 			row++
 		}
@@ -84,6 +91,22 @@ func chartValues(samples []float64) plotter.Values {
 		out[i] = math.Max(v, chartFloorMs)
 	}
 	return out
+}
+
+// sampleDots marks each sample at height y.
+func sampleDots(samples []float64, y float64, c color.Color) (*plotter.Scatter, error) {
+	pts := make(plotter.XYs, len(samples))
+	for i, v := range samples {
+		pts[i] = plotter.XY{X: math.Max(v, chartFloorMs), Y: y}
+	}
+	dots, err := plotter.NewScatter(pts)
+	if err != nil {
+		return nil, err
+	}
+	dots.GlyphStyle.Color = c
+	dots.GlyphStyle.Shape = draw.CircleGlyph{}
+	dots.GlyphStyle.Radius = vg.Points(3.5)
+	return dots, nil
 }
 
 // swatch is a legend entry: a filled square of the system's colour.

@@ -16,6 +16,11 @@ func (b *bench) runSeed(ctx context.Context) error {
 		if err := b.coldBoot(ctx, sys); err != nil {
 			errs = append(errs, fmt.Errorf("%s cold boot: %w", sys.name(), err))
 		}
+		if sys == system(b.aenv) {
+			if err := b.defaultCreate(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("aenv default create: %w", err))
+			}
+		}
 		if err := b.snapshotCycle(ctx, sys); err != nil {
 			errs = append(errs, fmt.Errorf("%s snapshot boot: %w", sys.name(), err))
 		}
@@ -42,7 +47,7 @@ func (b *bench) timed(f *Figure, system string, fn func() error) error {
 func (b *bench) coldBoot(ctx context.Context, sys system) error {
 	boot := b.rec.figure("cold_boot", "Cold boot (create from "+b.cfg.Template+")", GroupSeed, UnitMs)
 	del := b.rec.figure("delete", "Delete a running sandbox", GroupSeed, UnitMs)
-	b.rec.describe(boot, "aenv: POST /sandboxes until it answers (envd is up by then); raw: run --detach, then exec true")
+	b.rec.describe(boot, fmt.Sprintf("aenv: POST /sandboxes with memoryMB %d (no warm-pool sandbox fits it, so it boots) until it answers (envd is up by then); raw: run --detach, then exec true", b.cfg.MemoryMB))
 	b.rec.describe(del, "aenv: DELETE /sandboxes/{id}; raw: delete --force")
 	for i := 0; i < b.cfg.Iterations && ctx.Err() == nil; i++ {
 		var bx *box
@@ -50,6 +55,40 @@ func (b *bench) coldBoot(ctx context.Context, sys system) error {
 			continue
 		}
 		_ = b.timed(del, sys.name(), func() error { return sys.remove(ctx, bx) })
+	}
+	return ctx.Err()
+}
+
+// defaultCreate times creates of the server's default shape, which its
+// warm pool of booted base sandboxes (if on) may serve. Cold boot asks for
+// its own memory size, which no pooled sandbox fits, so it always boots.
+// A pause between creates lets the pool refill, as it would between a
+// user's creates.
+func (b *bench) defaultCreate(ctx context.Context) error {
+	f := b.rec.figure("default_create", "Create with server defaults (warm pool may serve it)", GroupSeed, UnitMs)
+	b.rec.describe(f, "POST /sandboxes with only templateID, then /execute true; one create per second")
+	for i := 0; i < b.cfg.Iterations && ctx.Err() == nil; i++ {
+		var bx *box
+		err := b.timed(f, SystemAenv, func() error {
+			sb, err := b.c.create(ctx, createRequest{TemplateID: b.cfg.Template, Timeout: b.aenv.lifetimeSecs})
+			if err != nil {
+				return err
+			}
+			bx = b.aenv.track(sb)
+			return b.aenv.exec(ctx, bx)
+		})
+		if bx != nil {
+			if err := b.aenv.remove(ctx, bx); err != nil {
+				b.logger.Warn("delete", "system", SystemAenv, "err", err)
+			}
+		}
+		if err != nil {
+			continue
+		}
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+		}
 	}
 	return ctx.Err()
 }

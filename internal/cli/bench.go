@@ -28,7 +28,11 @@ type benchFlags struct {
 }
 
 func (a *app) benchCommand() *cobra.Command {
-	var f benchFlags
+	return a.benchCommandWith(&benchFlags{})
+}
+
+// benchCommandWith parses into f, which tests read.
+func (a *app) benchCommandWith(f *benchFlags) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure a local server next to raw runsc and runc",
@@ -48,7 +52,7 @@ Groups for --only: ` + strings.Join(bench.Groups(), ", ") + ".",
   aenv bench --only seed,rollout --skip-raw --iterations 10`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.runBench(cmd, &f)
+			return a.runBench(cmd, f)
 		},
 	}
 	addServerFlags(cmd, &f.server)
@@ -59,7 +63,7 @@ Groups for --only: ` + strings.Join(bench.Groups(), ", ") + ".",
 	fl.BoolVar(&f.short, "short", false, "tiny counts: a quick end-to-end check, not a measurement")
 	fl.StringSliceVar(&f.only, "only", nil, "run only these groups (comma-separated)")
 	fl.BoolVar(&f.cfg.SkipRaw, "skip-raw", false, "measure aenv only, not runsc and runc")
-	registerBenchSizes(fl, &f)
+	registerBenchSizes(fl, f)
 	return cmd
 }
 

@@ -108,6 +108,10 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.settings.apply(req)
+	if req.KillProcesses {
+		n := killOtherProcesses()
+		s.log.Info("killed every process but envd", "count", n)
+	}
 	if len(req.Nameservers) > 0 {
 		if err := writeResolvConf(s.resolvConfPath(), req.Nameservers); err != nil {
 			s.log.Warn("write resolv.conf", "err", err)

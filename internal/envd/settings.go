@@ -25,6 +25,10 @@ type initRequest struct {
 	// Nameservers, when set, become /etc/resolv.conf: the resolvers the
 	// sandbox's egress policy lets through (an aenv extension).
 	Nameservers []string `json:"nameservers"`
+	// KillProcesses ends every process but envd itself: a sandbox resumed
+	// without its memory keeps its files, not its processes (an aenv
+	// extension, for E2B's keepMemory: false).
+	KillProcesses bool `json:"killProcesses"`
 }
 
 func newSettings(defaultUser string) *settings {

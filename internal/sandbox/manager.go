@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -100,10 +102,10 @@ type entry struct {
 func NewManager(cfg Config, st store.Store, driver runtime.Driver, slots SlotPool,
 	templates *template.Manager, logger *slog.Logger) *Manager {
 	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         dialSandbox,
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     30 * time.Second,
 		// envd responses are streamed; never buffer or compress them here.
 		DisableCompression: true,
 	}
@@ -319,7 +321,7 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 	if err != nil {
 		return nil, classifyRuntimeError(fmt.Errorf("start sandbox: %w", err))
 	}
-	envd := envdclient.New(envdURL(slot.SandboxIP), m.http, imageToken)
+	envd := envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, imageToken)
 	err = m.waitReady(ctx, envd)
 	if err == nil {
 		err = m.identify(ctx, envd, sb, tpl)
@@ -330,7 +332,7 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 		m.killInstance(ctx, sb.ID)
 		return nil, err
 	}
-	return envdclient.New(envdURL(slot.SandboxIP), m.http, sb.AccessToken), nil
+	return envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, sb.AccessToken), nil
 }
 
 func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error {
@@ -501,30 +503,23 @@ func (m *Manager) Envd(ctx context.Context, id string) (*envdclient.Client, erro
 
 // Target returns the address of a port inside a running sandbox, for the
 // envd traffic proxy.
-func (m *Manager) Target(ctx context.Context, id string, port int) (netip.AddrPort, error) {
-	e, err := m.lookup(ctx, id)
-	if err != nil {
-		return netip.AddrPort{}, err
-	}
-	defer e.mu.Unlock()
-	if e.sb.State != store.StateRunning {
-		return netip.AddrPort{}, fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, e.sb.State)
-	}
-	return netip.AddrPortFrom(e.slot.SandboxIP, uint16(port)), nil
+func (m *Manager) Target(ctx context.Context, id string, port int) (string, error) {
+	target, _, err := m.PortTarget(ctx, id, port)
+	return target, err
 }
 
 // PortTarget is Target for exposed ports: it also returns the traffic
 // token the caller must present ("" when the ports are public).
-func (m *Manager) PortTarget(ctx context.Context, id string, port int) (netip.AddrPort, string, error) {
+func (m *Manager) PortTarget(ctx context.Context, id string, port int) (string, string, error) {
 	e, err := m.lookup(ctx, id)
 	if err != nil {
-		return netip.AddrPort{}, "", err
+		return "", "", err
 	}
 	defer e.mu.Unlock()
 	if e.sb.State != store.StateRunning {
-		return netip.AddrPort{}, "", fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, e.sb.State)
+		return "", "", fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, e.sb.State)
 	}
-	return netip.AddrPortFrom(e.slot.SandboxIP, uint16(port)), e.sb.TrafficToken, nil
+	return sandboxHostPort(id, e.slot.SandboxIP, port), e.sb.TrafficToken, nil
 }
 
 // SandboxByToken finds the running sandbox whose envd access token makes
@@ -561,8 +556,32 @@ func (m *Manager) LiveCount() int {
 	return len(m.live)
 }
 
-func envdURL(ip netip.Addr) string {
-	return "http://" + netip.AddrPortFrom(ip, EnvdPort).String()
+// Requests to sandboxes address them as "<sandboxID>.<ip>:<port>", and
+// dialSandbox connects to <ip>:<port>. Keep-alive connections are pooled by
+// that host name, so a connection to a sandbox is never reused for another
+// one that later gets the same address (slots are reused): such a stale
+// connection would hang or be cut mid-stream.
+func sandboxHostPort(id string, ip netip.Addr, port int) string {
+	return net.JoinHostPort(id+"."+ip.String(), strconv.Itoa(port))
+}
+
+func envdURL(id string, ip netip.Addr) string {
+	return "http://" + sandboxHostPort(id, ip, EnvdPort)
+}
+
+var sandboxDialer = &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+
+func dialSandbox(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if _, ipPart, ok := strings.Cut(host, "."); ok {
+		if _, perr := netip.ParseAddr(host); perr != nil {
+			host = ipPart
+		}
+	}
+	return sandboxDialer.DialContext(ctx, network, net.JoinHostPort(host, port))
 }
 
 func mergeEnv(layers ...map[string]string) map[string]string {

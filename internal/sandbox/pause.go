@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -77,10 +78,20 @@ func (m *Manager) expire(id string) {
 	})
 }
 
+// PauseOptions change how a sandbox is paused.
+type PauseOptions struct {
+	// ToDisk writes it to disk at once and releases its memory (it comes
+	// back whole on resume).
+	ToDisk bool
+	// DropMemory is E2B's keepMemory:false: released at once, and the
+	// resume keeps the files but not the processes.
+	DropMemory bool
+}
+
 // Pause freezes a running sandbox in memory. It uses no CPU while paused;
-// after PauseToDiskAfter (or at once with toDisk, E2B's keepMemory:false)
-// it is written to disk and its memory released.
-func (m *Manager) Pause(ctx context.Context, id string, toDisk bool) error {
+// after PauseToDiskAfter (or at once, see PauseOptions) it is written to
+// disk and its memory released.
+func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
 	e, err := m.lookup(ctx, id)
 	if err != nil {
 		return err
@@ -92,7 +103,15 @@ func (m *Manager) Pause(ctx context.Context, id string, toDisk bool) error {
 	if err := m.pauseLocked(ctx, e); err != nil {
 		return err
 	}
-	if toDisk {
+	if opts.DropMemory {
+		updated := cloneSandbox(e.sb)
+		updated.RebootOnResume = true
+		if err := m.store.UpdateSandbox(ctx, updated); err != nil {
+			return err
+		}
+		e.sb = updated
+	}
+	if opts.ToDisk || opts.DropMemory {
 		return m.spillLocked(ctx, e)
 	}
 	return nil
@@ -120,8 +139,10 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry) error {
 
 // Resume continues a paused sandbox with a fresh deadline of timeout (0:
 // the lifetime it was created with). A sandbox paused to disk is restored
-// into a new network slot. It reports whether the sandbox was paused.
-func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (*store.Sandbox, bool, error) {
+// into a new network slot. With reboot (or when it was paused without its
+// memory) its processes are ended and its files kept. It reports whether
+// the sandbox was paused.
+func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, reboot bool) (*store.Sandbox, bool, error) {
 	e, err := m.lookup(ctx, id)
 	if err != nil {
 		return nil, false, err
@@ -143,6 +164,12 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 		}
 	} else if err := m.restoreFromDisk(ctx, e, updated); err != nil {
 		return nil, false, err
+	}
+	if reboot || e.sb.RebootOnResume {
+		if err := e.envd.Init(ctx, envdclient.InitRequest{KillProcesses: true}); err != nil {
+			return nil, false, fmt.Errorf("resume %s without memory: %w", id, err)
+		}
+		updated.RebootOnResume = false
 	}
 	now := time.Now().UTC()
 	updated.State = store.StateRunning

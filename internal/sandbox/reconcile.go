@@ -74,7 +74,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	for _, e := range adopted {
 		if e.sb.ImageDir == "" {
 			e.slot = m.slots.Slot(e.sb.SlotIndex)
-			e.envd = envdclient.New(envdURL(e.slot.SandboxIP), m.http, e.sb.AccessToken)
+			e.envd = envdclient.New(envdURL(e.sb.ID, e.slot.SandboxIP), m.http, e.sb.AccessToken)
 			// The policy is the record's, whatever the firewall kept.
 			if err := m.applyNetwork(ctx, e.sb, e.slot); err != nil {
 				m.logger.ErrorContext(ctx, "reconcile: egress policy", "sandbox", e.sb.ID, "err", err)

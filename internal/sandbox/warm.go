@@ -105,7 +105,7 @@ func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, erro
 		m.releaseSlot(ctx, slot.Index, id)
 		return nil, err
 	}
-	envd := envdclient.New(envdURL(slot.SandboxIP), m.http, "")
+	envd := envdclient.New(envdURL(id, slot.SandboxIP), m.http, "")
 	if err := m.waitReady(ctx, envd); err != nil {
 		m.killInstance(ctx, id)
 		m.releaseSlot(ctx, slot.Index, id)
@@ -174,7 +174,7 @@ func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.
 		m.discardWarm(context.WithoutCancel(ctx), ws)
 		return nil, err
 	}
-	e := &entry{sb: sb, slot: ws.slot, envd: envdclient.New(envdURL(ws.slot.SandboxIP), m.http, sb.AccessToken)}
+	e := &entry{sb: sb, slot: ws.slot, envd: envdclient.New(envdURL(ws.id, ws.slot.SandboxIP), m.http, sb.AccessToken)}
 	m.mu.Lock()
 	m.live[sb.ID] = e
 	m.mu.Unlock()

@@ -62,6 +62,9 @@ type Sandbox struct {
 	// TrafficToken guards exposed ports (<port>-<id>.<domain>); empty
 	// means they are public.
 	TrafficToken string
+	// RebootOnResume: the next resume keeps the files but not the
+	// processes (paused with E2B's keepMemory: false).
+	RebootOnResume bool
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the

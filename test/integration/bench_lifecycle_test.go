@@ -106,8 +106,9 @@ func BenchmarkAenvFork16(b *testing.B) {
 	b.ReportMetric(p50/16, "per-child-ms")
 }
 
-// BenchmarkAenvPauseToDisk: pause with memory released (E2B keepMemory:
-// false) and resume from disk, with 0, 100 and 500 MB of dirty memory.
+// BenchmarkAenvPauseToDisk: pause straight to disk ({"toDisk": true}: the
+// memory is released and kept in the image) and resume from disk, with 0,
+// 100 and 500 MB of dirty memory.
 func BenchmarkAenvPauseToDisk(b *testing.B) {
 	for _, mb := range []int{0, 100, 500} {
 		b.Run(fmt.Sprintf("%dMB", mb), func(b *testing.B) {
@@ -121,7 +122,7 @@ func BenchmarkAenvPauseToDisk(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
-				s.expect(s.do("POST", "/sandboxes/"+id+"/pause", map[string]bool{"memory": false}), 204, "pause to disk")
+				s.expect(s.do("POST", "/sandboxes/"+id+"/pause", map[string]bool{"toDisk": true}), 204, "pause to disk")
 				mid := time.Now()
 				s.expect(s.do("POST", "/sandboxes/"+id+"/resume", nil), 201, "resume from disk")
 				pauses = append(pauses, mid.Sub(start))

@@ -119,7 +119,7 @@ func TestPauseToDisk(t *testing.T) {
 	}
 	// Connect resumes it (E2B's path), 201.
 	s.expect(s.do("POST", "/v2/sandboxes/"+id+"/connect", map[string]any{}), 201, "connect paused")
-	if res := s.exec(id, map[string]any{"command": "cat /home/user/note; pgrep -f counter.py >/dev/null && echo alive"}); res.Stdout != "keptalive\n" {
+	if res := s.exec(id, map[string]any{"command": "cat /home/user/note; pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo alive"}); res.Stdout != "keptalive\n" {
 		t.Fatalf("after resume from disk: %+v", res)
 	}
 	first := s.count(id)
@@ -198,7 +198,7 @@ func TestSnapshots(t *testing.T) {
 
 	for _, ref := range []string{snap.SnapshotID, "snap-one"} {
 		child := s.create(map[string]any{"templateID": ref})
-		res := s.exec(child.SandboxID, map[string]any{"command": "ls /tmp/before /tmp/after 2>&1; pgrep -f counter.py >/dev/null && echo counting"})
+		res := s.exec(child.SandboxID, map[string]any{"command": "ls /tmp/before /tmp/after 2>&1; pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo counting"})
 		if !strings.Contains(res.Stdout, "/tmp/before") || !strings.Contains(res.Stdout, "No such file") ||
 			!strings.Contains(res.Stdout, "counting") {
 			t.Fatalf("sandbox from snapshot %s: %q", ref, res.Stdout)
@@ -402,4 +402,39 @@ while True:
 		}()
 	}
 	wg.Wait()
+}
+
+// TestPauseWithoutMemory: E2B's keepMemory:false (and connect's
+// onResume:'reboot') keep the files and drop the processes; aenv's
+// {"toDisk": true} releases the memory but keeps everything.
+func TestPauseWithoutMemory(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	alive := func(id string) bool {
+		return strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo yes || echo no"}).Stdout) == "yes"
+	}
+	for _, tc := range []struct {
+		name      string
+		pause     any
+		resume    any
+		wantAlive bool
+	}{
+		{"keepMemory false", map[string]bool{"memory": false}, map[string]any{}, false},
+		{"onResume reboot", nil, map[string]bool{"memory": false}, false},
+		{"toDisk", map[string]bool{"toDisk": true}, map[string]any{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := s.create(nil).SandboxID
+			s.startCounter(id)
+			s.expect(s.do("POST", "/sandboxes/"+id+"/files/write", map[string]string{"path": "/home/user/kept", "content": "yes"}), 200, "write")
+			s.expect(s.do("POST", "/sandboxes/"+id+"/pause", tc.pause), 204, "pause")
+			s.expect(s.do("POST", "/v2/sandboxes/"+id+"/connect", tc.resume), 201, "connect")
+			if res := s.exec(id, map[string]any{"command": "cat /home/user/kept"}); res.Stdout != "yes" {
+				t.Fatalf("file lost: %+v", res)
+			}
+			if got := alive(id); got != tc.wantAlive {
+				t.Fatalf("counter alive after resume: %v, want %v", got, tc.wantAlive)
+			}
+		})
+	}
 }

@@ -73,6 +73,7 @@ type InitRequest struct {
 	DefaultUser    string
 	DefaultWorkdir string
 	Nameservers    []string // written to /etc/resolv.conf when set
+	KillProcesses  bool     // end every process but envd (resume without memory)
 }
 
 // Init configures envd, authenticating with the client's current token.
@@ -84,7 +85,8 @@ func (c *Client) Init(ctx context.Context, req InitRequest) error {
 		DefaultUser    string            `json:"defaultUser,omitempty"`
 		DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
 		Nameservers    []string          `json:"nameservers,omitempty"`
-	}{req.AccessToken, req.EnvVars, req.DefaultUser, req.DefaultWorkdir, req.Nameservers}
+		KillProcesses  bool              `json:"killProcesses,omitempty"`
+	}{req.AccessToken, req.EnvVars, req.DefaultUser, req.DefaultWorkdir, req.Nameservers, req.KillProcesses}
 	data, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("envd init: %w", err)
