@@ -81,8 +81,15 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.forward(w, r, target)
 }
 
-// forward proxies r to hostport, streaming both ways.
+// forward proxies r to hostport, streaming both ways. Full duplex: a
+// Connect stream's first frame can come back before the client's (chunked)
+// request body has been read to its end; Go's HTTP/1.1 server would
+// otherwise close the request body at the first response write, which cuts
+// the upstream connection mid-stream.
 func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, hostport string) {
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		p.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
+	}
 	p.proxy.ServeHTTP(w, r.WithContext(contextWithTarget(r.Context(), hostport)))
 }
 
