@@ -47,18 +47,27 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
+# Tests share one base template build in TEST_CACHE (built once per machine).
+TEST_CACHE := /var/cache/aenv-test
+
+.PHONY: test-prepare
+test-prepare: build
+	d=$$(mktemp -d /tmp/aenv-prepare.XXXXXX); \
+	$(BIN)/aenv server --prepare-only --api-key prepare --data-dir $$d --template-cache-dir $(TEST_CACHE); \
+	rm -rf $$d
+
 .PHONY: test
-test: build ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end (root; nothing is skipped)
+test: test-prepare ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end (root; nothing is skipped)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(BIN)/aenv sdk/python/run-tests.sh
 	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
 
 .PHONY: test-go
-test-go: build ## Run the Go tests only (root)
+test-go: test-prepare ## Run the Go tests only (root)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
 
 .PHONY: test-e2e
-test-e2e: build ## Run the E2B SDK end-to-end suite (root)
+test-e2e: test-prepare ## Run the E2B SDK end-to-end suite (root)
 	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
 
 .PHONY: test-unit

@@ -125,7 +125,11 @@ func TestEnvdInGVisor(t *testing.T) {
 	requireFile(t, runsc, "runsc")
 	rootfs := os.Getenv("AENV_TEST_ROOTFS")
 	if rootfs == "" {
-		rootfs = "/tmp/probe/rootfs"
+		// The base template's rootfs, built by `make test` before the tests.
+		matches, _ := filepath.Glob("/var/cache/aenv-test/base-*/rootfs")
+		if len(matches) > 0 {
+			rootfs = matches[0]
+		}
 	}
 	requireFile(t, filepath.Join(rootfs, "bin/bash"), "test rootfs")
 

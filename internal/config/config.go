@@ -15,12 +15,13 @@ import (
 
 // Server is the configuration of `aenv server`.
 type Server struct {
-	Listen     string
-	DataDir    string
-	APIKey     string
-	KillOnExit bool
-	LogLevel   string
-	LogFormat  string
+	Listen      string
+	DataDir     string
+	PrepareOnly bool
+	APIKey      string
+	KillOnExit  bool
+	LogLevel    string
+	LogFormat   string
 
 	RunscPath  string
 	EnvdPath   string
@@ -100,6 +101,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.Listen, "listen", "address of the HTTP API and envd proxy")
 	str(&c.DataDir, "data-dir", "where the server keeps its database, runtime state and templates")
 	str(&c.APIKey, "api-key", "API key clients must send as X-API-Key (default: generated once and kept in <data-dir>/api-key)")
+	boolean(&c.PrepareOnly, "prepare-only", "set up the data dir and build the base template, then exit without serving")
 	boolean(&c.KillOnExit, "kill-on-exit", "kill all sandboxes on shutdown instead of leaving them for the next start to adopt")
 	str(&c.LogLevel, "log-level", "debug, info, warn or error")
 	str(&c.LogFormat, "log-format", "text or json")

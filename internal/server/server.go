@@ -71,6 +71,25 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	}
 	defer st.Close()
 
+	cacheDir := cfg.TemplateCacheDir
+	if cacheDir == "" {
+		cacheDir = filepath.Join(cfg.DataDir, "cache")
+	}
+	baseCfg := template.DefaultBaseConfig(cacheDir)
+	baseCfg.Mirror = cfg.DebianMirror
+	templates := template.NewManager(st, baseCfg, template.Dirs{
+		TemplatesDir: filepath.Join(cfg.DataDir, "templates"),
+		LayersDir:    filepath.Join(cfg.DataDir, "layers"),
+	}, logger.With("component", "template"))
+	if _, err := templates.EnsureBase(ctx, sandbox.NewID); err != nil {
+		return fmt.Errorf("base template: %w", err)
+	}
+
+	if cfg.PrepareOnly {
+		logger.InfoContext(ctx, "prepared; not serving (--prepare-only)", "data_dir", cfg.DataDir)
+		return nil
+	}
+
 	driver, err := gvisor.New(ctx, gvisor.Config{
 		RunscPath: runscPath, StateDir: filepath.Join(cfg.DataDir, "runtime"),
 		Platform: cfg.Platform, Debug: cfg.RunscDebug,
@@ -85,20 +104,6 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	}, logger.With("component", "network"))
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
-	}
-
-	cacheDir := cfg.TemplateCacheDir
-	if cacheDir == "" {
-		cacheDir = filepath.Join(cfg.DataDir, "cache")
-	}
-	baseCfg := template.DefaultBaseConfig(cacheDir)
-	baseCfg.Mirror = cfg.DebianMirror
-	templates := template.NewManager(st, baseCfg, template.Dirs{
-		TemplatesDir: filepath.Join(cfg.DataDir, "templates"),
-		LayersDir:    filepath.Join(cfg.DataDir, "layers"),
-	}, logger.With("component", "template"))
-	if _, err := templates.EnsureBase(ctx, sandbox.NewID); err != nil {
-		return fmt.Errorf("base template: %w", err)
 	}
 
 	sandboxes := sandbox.NewManager(sandbox.Config{
