@@ -9,7 +9,7 @@ VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/aenv-dev/aenv/internal/cli.Version=$(VERSION)
 DATA_DIR  ?= /var/lib/aenv
 GOTEST    ?= $(GO) test
-STATICCHECK := honnef.co/go/tools/cmd/staticcheck@2025.1.1
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.6.1
 
 .PHONY: help
 help: ## Show this help

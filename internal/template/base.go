@@ -258,7 +258,7 @@ func CheckName(name string) error {
 	for _, r := range name {
 		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._-:", r)
 		if !ok {
-			return fmt.Errorf("name %q may only contain letters, digits and . _ - :", name)
+			return fmt.Errorf("name %q may only contain letters, digits, dots, underscores, dashes and colons", name)
 		}
 	}
 	return nil

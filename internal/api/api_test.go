@@ -1,0 +1,197 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+func TestCheckSandboxPath(t *testing.T) {
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{
+		{"/tmp/a", true},
+		{"/home/user/x y.txt", true},
+		{"/", true},
+		{"", false},
+		{"relative", false},
+		{"./x", false},
+		{"/tmp/../etc/passwd", false},
+		{"/tmp/..", false},
+		{"/a\x00b", false},
+		{"/tmp/..hidden", true},
+	} {
+		if err := checkSandboxPath(tc.path); (err == nil) != tc.ok {
+			t.Errorf("checkSandboxPath(%q) = %v, want ok=%v", tc.path, err, tc.ok)
+		}
+	}
+}
+
+func TestParseMetadataQuery(t *testing.T) {
+	for _, tc := range []struct {
+		raw  string
+		want map[string]string
+		ok   bool
+	}{
+		{"k=v", map[string]string{"k": "v"}, true},
+		{"a=1&b=2", map[string]string{"a": "1", "b": "2"}, true},
+		// What the E2B SDK sends for {"a b": "c&d"} once the query itself
+		// is decoded: the pairs are encoded twice more.
+		{"a%2520b%3Dc%2526d", map[string]string{"a b": "c&d"}, true},
+		{"novalue", nil, false},
+		{"%zz", nil, false},
+	} {
+		got, err := parseMetadataQuery(tc.raw)
+		if (err == nil) != tc.ok {
+			t.Fatalf("%q: err %v", tc.raw, err)
+		}
+		if tc.ok && fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%q: got %v, want %v", tc.raw, got, tc.want)
+		}
+	}
+}
+
+func TestPageTokenRoundTrip(t *testing.T) {
+	at := time.Unix(1700000000, 123).UTC()
+	gotAt, gotID, err := parsePageToken(pageToken(at, "abc"))
+	if err != nil || !gotAt.Equal(at) || gotID != "abc" {
+		t.Fatalf("round trip: %v %q %v", gotAt, gotID, err)
+	}
+	for _, bad := range []string{"!!!", "bm9jb2xvbg", pageToken(at, "x")[:3]} {
+		if _, _, err := parsePageToken(bad); err == nil {
+			t.Errorf("parsePageToken(%q) accepted", bad)
+		}
+	}
+}
+
+func TestStatusOf(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{fmt.Errorf("x: %w", sandbox.ErrNotFound), 404},
+		{fmt.Errorf("x: %w", envdclient.ErrNotFound), 404},
+		{fmt.Errorf("x: %w", sandbox.ErrInvalid), 400},
+		{fmt.Errorf("x: %w", envdclient.ErrInvalidArgument), 400},
+		{fmt.Errorf("x: %w", sandbox.ErrConflict), 409},
+		{fmt.Errorf("x: %w", sandbox.ErrUnavailable), 503},
+		{fmt.Errorf("x: %w", sandbox.ErrInsufficientStorage), 507},
+		{fmt.Errorf("x: %w", envdclient.ErrUnauthenticated), 401},
+		{&http.MaxBytesError{Limit: 1}, 413},
+		{badRequest("nope"), 400},
+		{errors.New("runsc: secret internal detail"), 500},
+	} {
+		status, msg := statusOf(tc.err)
+		if status != tc.want {
+			t.Errorf("%v: status %d, want %d", tc.err, status, tc.want)
+		}
+		if status == 500 && strings.Contains(msg, "secret") {
+			t.Errorf("internal error text leaked: %q", msg)
+		}
+	}
+}
+
+func TestDecodeJSON(t *testing.T) {
+	type body struct {
+		Name  string `json:"name"`
+		Count int    `json:"count"`
+	}
+	for _, tc := range []struct {
+		in     string
+		status int // 0 = ok
+	}{
+		{`{"name":"a","count":1}`, 0},
+		{`{"name":"a","unknown":true}`, 0},
+		{`{"name":`, 400},
+		{`{"count":"two"}`, 400},
+		{`{} {}`, 400},
+		{``, 400},
+		{`{"name":"` + strings.Repeat("a", 200) + `"}`, 413},
+	} {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(tc.in))
+		var b body
+		err := decodeJSON(httptest.NewRecorder(), r, 100, &b)
+		status := 0
+		if err != nil {
+			status, _ = statusOf(err)
+		}
+		if status != tc.status {
+			t.Errorf("%.30q: status %d (%v), want %d", tc.in, status, err, tc.status)
+		}
+	}
+}
+
+func TestExposedPortHost(t *testing.T) {
+	s := &Server{cfg: Config{Domain: "localhost"}}
+	id := "abcdefghij0123456789"
+	for _, tc := range []struct {
+		host string
+		port int
+		ok   bool
+	}{
+		{"8080-" + id + ".localhost", 8080, true},
+		{"8080-" + id + ".localhost:8000", 8080, true},
+		{"8080-" + id + ".LOCALHOST", 8080, true},
+		{"49983-" + id + ".localhost", 49983, true},
+		{"localhost:8000", 0, false},
+		{"127.0.0.1:8000", 0, false},
+		{"0-" + id + ".localhost", 0, false},
+		{"70000-" + id + ".localhost", 0, false},
+		{"8080-short.localhost", 0, false},
+		{"8080-" + id + ".example.com", 0, false},
+	} {
+		gotID, port, ok := s.exposedPort(tc.host)
+		if ok != tc.ok || (ok && (gotID != id || port != tc.port)) {
+			t.Errorf("%q: got %q %d %v", tc.host, gotID, port, ok)
+		}
+	}
+	if _, _, ok := (&Server{}).exposedPort("8080-" + id + ".localhost"); ok {
+		t.Error("exposed ports must be off without a domain")
+	}
+}
+
+func TestNetworkPolicyFromRequest(t *testing.T) {
+	f, tr := false, true
+	for _, tc := range []struct {
+		name string
+		req  newSandboxRequest
+		want *store.NetworkPolicy
+	}{
+		{"nothing said", newSandboxRequest{}, nil},
+		{"seed", newSandboxRequest{AllowInternetAccess: &f, AlwaysAllowedCIDRs: []string{"1.1.1.1/32"}},
+			&store.NetworkPolicy{AllowInternet: false, AllowOut: []string{"1.1.1.1/32"}}},
+		{"e2b", newSandboxRequest{AllowInternetAccessE2B: &f, Network: &networkJSON{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}},
+			&store.NetworkPolicy{AllowInternet: false, AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}},
+		{"deny only keeps internet", newSandboxRequest{AlwaysDeniedCIDRs: []string{"10.0.0.0/8"}},
+			&store.NetworkPolicy{AllowInternet: true, DenyOut: []string{"10.0.0.0/8"}}},
+		{"seed spelling wins", newSandboxRequest{AllowInternetAccess: &tr, AllowInternetAccessE2B: &f},
+			&store.NetworkPolicy{AllowInternet: true}},
+	} {
+		got := tc.req.policy()
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: got %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The proxy must find a sandbox from a signed URL exactly as envd checks
+// the signature: v1_ + unpadded base64 of sha256("path:op:user:token[:exp]").
+func TestFileSignature(t *testing.T) {
+	got := fileSignature("/tmp/a", "read", "user", "tok", "")
+	if !strings.HasPrefix(got, "v1_") || strings.HasSuffix(got, "=") || len(got) != 3+43 {
+		t.Fatalf("signature %q", got)
+	}
+	if got == fileSignature("/tmp/a", "write", "user", "tok", "") ||
+		got == fileSignature("/tmp/a", "read", "user", "tok", "123") {
+		t.Fatal("signature ignores the operation or the expiration")
+	}
+}
