@@ -78,7 +78,7 @@ func DefaultConfig(short bool) Config {
 		Template: "base", MemoryMB: 256,
 		Iterations: 30, ForkCount: 16, ForkIterations: 5,
 		ConcurrentCreates: 50, SustainedSecs: 60, SustainedLevel: 8, SustainedWorkers: 2, ExecStreams: 200,
-		DensityMax: 100, DensityCeilingMiB: 8192, DensityMinFreePct: 20,
+		DensityMax: 250, DensityCeilingMiB: 8192, DensityMinFreePct: 20,
 		RolloutGroups: 5, RolloutG: 8, RolloutSteps: 10,
 		DataDir:     "/var/lib/aenv",
 		MaxDuration: 45 * time.Minute,

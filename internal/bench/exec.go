@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // withBox boots one sandbox on sys for fn and deletes it afterwards.
@@ -79,9 +78,4 @@ func (b *bench) runFiles(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// sinceMs is the time since start in milliseconds.
-func sinceMs(start time.Time) float64 {
-	return float64(time.Since(start).Microseconds()) / 1000
 }

@@ -16,7 +16,7 @@ func (b *bench) runSeed(ctx context.Context) error {
 		if err := b.coldBoot(ctx, sys); err != nil {
 			errs = append(errs, fmt.Errorf("%s cold boot: %w", sys.name(), err))
 		}
-		if sys == system(b.aenv) {
+		if sys.name() == SystemAenv {
 			if err := b.defaultCreate(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("aenv default create: %w", err))
 			}

@@ -166,12 +166,17 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 
 func shutdown(srv *http.Server, sandboxes *sandbox.Manager, pool *network.Pool, killAll bool, logger *slog.Logger) error {
 	logger.Info("shutting down", "kill_sandboxes", killAll)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	var errs []error
-	if err := srv.Shutdown(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+	// In-flight requests get a grace period; streams that outlive it
+	// (interactive terminals, long commands) are cut.
+	httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancelHTTP()
+	if err := srv.Shutdown(httpCtx); err != nil {
+		logger.Warn("closing connections still open after the grace period", "err", err)
+		srv.Close()
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	if err := sandboxes.Shutdown(ctx, killAll); err != nil {
 		errs = append(errs, fmt.Errorf("sandbox shutdown: %w", err))
 	}

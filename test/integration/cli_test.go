@@ -11,8 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/creack/pty"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -285,5 +288,87 @@ func TestCLIAndImageTemplates(t *testing.T) {
 	s.cliOK("template", "rm", "app")
 	if _, err := os.Stat(filepath.Join(s.dataDir, "templates", pulled["templateID"].(string))); !os.IsNotExist(err) {
 		t.Fatalf("removed template's rootfs kept: %v", err)
+	}
+}
+
+// TestCLIInteractiveShell drives `aenv start` through a real
+// pseudo-terminal: type commands, read their output, resize the window,
+// interrupt a command with Ctrl-C, and exit.
+func TestCLIInteractiveShell(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	cmd := exec.Command(filepath.Join(binDir, "aenv"), "start", "base", "--rm")
+	cmd.Env = append(os.Environ(), "AENV_URL="+s.url, "AENV_API_KEY="+apiKey, "HOME="+t.TempDir(), "TERM=xterm")
+	tty, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tty.Close()
+	var mu sync.Mutex
+	var screen strings.Builder
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := tty.Read(buf)
+			mu.Lock()
+			screen.Write(buf[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	waitScreen := func(what string) {
+		t.Helper()
+		waitFor(t, 30*time.Second, "terminal shows "+what, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return strings.Contains(screen.String(), what)
+		})
+	}
+	send := func(keys string) {
+		t.Helper()
+		if _, err := tty.Write([]byte(keys)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("echo hello-$((6*7))\r")
+	waitScreen("hello-42")
+	if err := pty.Setsize(tty, &pty.Winsize{Rows: 33, Cols: 101}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // SIGWINCH reaches aenv, aenv resizes the remote pty
+	send("stty size\r")
+	waitScreen("33 101")
+	// The markers are computed by the shell, so the echoed command lines
+	// do not contain them.
+	send("sleep 100; echo not-$((1+1))-interrupted\r")
+	time.Sleep(time.Second)
+	send("\x03")
+	send("echo after-$((2+2))-ctrl-c\r")
+	waitScreen("after-4-ctrl-c")
+	mu.Lock()
+	interrupted := !strings.Contains(screen.String(), "not-2-interrupted")
+	mu.Unlock()
+	if !interrupted {
+		t.Fatal("Ctrl-C did not interrupt the remote command")
+	}
+	send("exit 0\r")
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("aenv start exited with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("aenv start did not exit after the shell did")
+	}
+	// --rm: the sandbox is gone.
+	var list []sandboxBody
+	s.expect(s.do("GET", "/v2/sandboxes", nil), 200, "list").json(t, &list)
+	if len(list) != 0 {
+		t.Fatalf("sandboxes left after aenv start --rm: %+v", list)
 	}
 }
