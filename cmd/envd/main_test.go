@@ -15,19 +15,13 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
-// requireRoot skips a test that needs root, or fails it when CI demands
-// that root tests run (AENV_REQUIRE_ROOT_TESTS=1).
+// requireRoot: see roottest.Require.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("AENV_REQUIRE_ROOT_TESTS") == "1" {
-		t.Fatal("test needs root and AENV_REQUIRE_ROOT_TESTS=1")
-	}
-	t.Skip("test needs root")
+	roottest.Require(t)
 }
 
 // buildEnvd compiles the static envd binary the sandbox runs.

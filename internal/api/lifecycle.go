@@ -3,7 +3,6 @@ package api
 import (
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -122,13 +121,9 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 // listSnapshots serves E2B's snapshot list, newest first, paged.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	limit := defaultListLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxListLimit {
-			return badRequest(fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
-		}
-		limit = n
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return err
 	}
 	all, err := s.sandboxes.ListTemplates(r.Context())
 	if err != nil {

@@ -272,13 +272,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		filter.Metadata = md
 	}
 	filter.Template = q.Get("template")
-	limit := defaultListLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxListLimit {
-			return badRequest(fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
-		}
-		limit = n
+	limit, err := parseLimit(q.Get("limit"))
+	if err != nil {
+		return err
 	}
 	order := q.Get("order")
 	if order != "" && order != "asc" && order != "desc" {
@@ -321,6 +317,18 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// parseLimit reads a list's page size.
+func parseLimit(v string) (int, error) {
+	if v == "" {
+		return defaultListLimit, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxListLimit {
+		return 0, badRequest(fmt.Sprintf("limit must be between 1 and %d", maxListLimit))
+	}
+	return n, nil
 }
 
 // parseMetadataQuery decodes "k=v&k2=v2" whose parts may be URL-encoded

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/envd"
+	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
 // fakeServer implements the control-plane endpoints the CLI calls, in
@@ -374,13 +374,8 @@ func (e *cliEnv) mustRun(argv ...string) string {
 	return res.stdout
 }
 
+// requireRoot: see roottest.Require.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("AENV_REQUIRE_ROOT_TESTS") == "1" {
-		t.Fatal("test needs root and AENV_REQUIRE_ROOT_TESTS=1")
-	}
-	t.Skip("needs root: envd runs commands as their user")
+	roottest.Require(t)
 }

@@ -24,19 +24,13 @@ import (
 
 	"github.com/aenv-dev/aenv/api/envd/filesystem/filesystemconnect"
 	"github.com/aenv-dev/aenv/api/envd/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
-// requireRoot skips a test that needs root, or fails it when CI demands
-// that root tests run (AENV_REQUIRE_ROOT_TESTS=1).
+// requireRoot: see roottest.Require.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("AENV_REQUIRE_ROOT_TESTS") == "1" {
-		t.Fatal("test needs root and AENV_REQUIRE_ROOT_TESTS=1")
-	}
-	t.Skip("test needs root")
+	roottest.Require(t)
 }
 
 // testEnv is an envd handler served by httptest plus clients for it.

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,18 +17,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
-// requireRoot skips tests that need root, unless CI demands they run.
+// requireRoot: see roottest.Require.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("AENV_REQUIRE_ROOT_TESTS") == "1" {
-		t.Fatal("test needs root and AENV_REQUIRE_ROOT_TESTS=1")
-	}
-	t.Skip("needs root")
+	roottest.Require(t)
 }
 
 var testTime = time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)

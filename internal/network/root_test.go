@@ -19,18 +19,14 @@ import (
 	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
-// requireRoot skips a test that needs root, or fails it when CI demands root tests.
+// requireRoot: see roottest.Require.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() == 0 {
-		return
-	}
-	if os.Getenv("AENV_REQUIRE_ROOT_TESTS") == "1" {
-		t.Fatal("test needs root and AENV_REQUIRE_ROOT_TESTS=1")
-	}
-	t.Skip("test needs root")
+	roottest.Require(t)
 }
 
 // testPrefix is "t", three random [a-z0-9] and a random letter (a prefix must end in
