@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -261,7 +262,14 @@ func (m *Manager) checkpoint(ctx context.Context, id, dir string, leaveRunning b
 	partial := dir + ".partial"
 	os.RemoveAll(partial)
 	if err := m.driver.Checkpoint(ctx, id, partial, leaveRunning); err != nil {
+		// runsc reports a full disk as a crash of its save, not as ENOSPC:
+		// look at the disk itself before the partial image is removed.
+		full := diskNearlyFull(partial)
 		os.RemoveAll(partial)
+		if full {
+			return fmt.Errorf("%w: the disk holding %s is full; checkpoint of %s not written",
+				ErrInsufficientStorage, m.cfg.ImagesDir, id)
+		}
 		return classifyRuntimeError(fmt.Errorf("checkpoint %s: %w", id, err))
 	}
 	if err := os.WriteFile(filepath.Join(partial, completeMarker), nil, 0o600); err != nil {
@@ -273,6 +281,16 @@ func (m *Manager) checkpoint(ctx context.Context, id, dir string, leaveRunning b
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
 	return nil
+}
+
+// diskNearlyFull reports whether the filesystem holding dir has less than
+// a mebibyte left.
+func diskNearlyFull(dir string) bool {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return false
+	}
+	return uint64(st.Bavail)*uint64(st.Bsize) < 1<<20
 }
 
 func imageComplete(dir string) bool {

@@ -251,6 +251,24 @@ func (s *server) do(method, path string, body any, headers ...string) response {
 	return response{status: resp.StatusCode, header: resp.Header, body: data}
 }
 
+// doNoFail is do for requests that may fail at the transport (a server
+// killed mid-request); the error becomes status 0.
+func (s *server) doNoFail(method, path string, body any) response {
+	enc, _ := json.Marshal(body)
+	req, err := http.NewRequest(method, s.url+path, bytes.NewReader(enc))
+	if err != nil {
+		return response{}
+	}
+	req.Header.Set("X-API-Key", apiKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return response{}
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return response{status: resp.StatusCode, header: resp.Header, body: data}
+}
+
 // expect fails the test unless the answer has the given status.
 func (s *server) expect(r response, status int, what string) response {
 	s.t.Helper()
