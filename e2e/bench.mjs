@@ -247,6 +247,9 @@ async function main() {
       fs.writeFileSync(opts.json, JSON.stringify(doc, null, 2) + '\n')
       console.log(`\nwrote ${opts.json}`)
     }
+  } catch (err) {
+    // An interrupt kills the sandboxes under the running phase: not news.
+    if (!stopping) throw err
   } finally {
     await cleanup()
   }

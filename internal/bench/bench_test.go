@@ -161,6 +161,7 @@ func shortConfig(s *testServer, binDir string) Config {
 var figureSystems = map[string][]string{
 	"cold_boot":                 {SystemAenv, SystemRunsc, SystemRunc},
 	"delete":                    {SystemAenv, SystemRunsc, SystemRunc},
+	"default_create":            {SystemAenv},
 	"snapshot_boot":             {SystemAenv, SystemRunsc},
 	"pause":                     {SystemAenv, SystemRunsc, SystemRunc},
 	"resume":                    {SystemAenv, SystemRunsc, SystemRunc},

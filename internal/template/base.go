@@ -53,7 +53,7 @@ func DefaultBaseConfig(cacheDir string) BaseConfig {
 // key names a build by its inputs, so a change of inputs builds anew.
 func (c BaseConfig) key() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "v1\n%s\n%s\n%s\n", c.Suite, c.Mirror, strings.Join(c.Packages, ","))
+	fmt.Fprintf(h, "v2\n%s\n%s\n%s\n", c.Suite, c.Mirror, strings.Join(c.Packages, ","))
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 
@@ -179,6 +179,12 @@ func (m *Manager) customise(ctx context.Context, rootfs string) error {
 			return fmt.Errorf("write %s: %w", name, err)
 		}
 	}
+	// Every E2B command runs in a login shell (bash -l -c), and Debian's
+	// /etc/profile spends an extra process on `$(id -u)`: under gVisor that
+	// is ~15 ms of every command. bash knows its EUID; sh falls back to id.
+	if err := replaceInFile(filepath.Join(rootfs, "etc", "profile"), `"$(id -u)"`, `"${EUID:-$(id -u)}"`); err != nil {
+		return err
+	}
 	// The runtime mounts envd here; the mount point must exist in the
 	// template so that starting a sandbox never writes into it.
 	if err := runtime.PrepareRootfs(rootfs); err != nil {
@@ -194,6 +200,19 @@ func (m *Manager) customise(ctx context.Context, rootfs string) error {
 		}
 	}
 	return nil
+}
+
+// replaceInFile replaces every old with new in path, keeping its mode.
+func replaceInFile(path, old, new string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(strings.ReplaceAll(string(b), old, new)), info.Mode().Perm())
 }
 
 // run runs a command, logging its output lines as progress.
