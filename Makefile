@@ -75,7 +75,11 @@ test-unit: ## Run the tests that need neither root nor sandboxes
 	$(GOTEST) -count=1 -short ./...
 
 .PHONY: bench
-bench: build ## Benchmarks: aenv next to raw runsc and runc on this machine
+bench: build ## The benchmark suite against the running server (AENV_URL, AENV_API_KEY): table, docs/bench.json, docs/bench.png
+	$(BIN)/aenv bench --data-dir $(DATA_DIR) --json-out docs/bench.json --chart docs/bench.png
+
+.PHONY: bench-go
+bench-go: build ## Go benchmarks of single operations, next to raw runsc and runc (starts its own servers)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -benchtime 20x -timeout 30m ./test/integration/
 
 .PHONY: clean-test

@@ -44,6 +44,8 @@ func (d *Driver) globalFlags(id string) []string {
 // runsc runs one subcommand for sandbox id ("" for none) and returns its
 // standard output.
 func (d *Driver) runsc(ctx context.Context, id string, args ...string) ([]byte, error) {
+	ctx, cancel := runscContext(ctx)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, d.cfg.RunscPath, append(d.globalFlags(id), args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -54,6 +56,18 @@ func (d *Driver) runsc(ctx context.Context, id string, args ...string) ([]byte, 
 		return nil, runscError(args[0], err, stderr.String()+stdout.String())
 	}
 	return stdout.Bytes(), nil
+}
+
+// runscTimeout bounds one runsc command (a checkpoint of a large sandbox
+// to a slow disk is the longest).
+const runscTimeout = 10 * time.Minute
+
+// runscContext detaches a runsc command from the caller's cancellation: a
+// runsc killed halfway (a client that hung up during a resume) leaves its
+// state file truncated and the sandbox impossible to manage. The command
+// still ends within runscTimeout.
+func runscContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), runscTimeout)
 }
 
 // runscDetached runs a subcommand that starts sandbox processes (create,
@@ -68,6 +82,8 @@ func (d *Driver) runscDetached(ctx context.Context, id string, args ...string) e
 	}
 	defer console.Close()
 	offset, _ := console.Seek(0, io.SeekEnd)
+	ctx, cancel := runscContext(ctx)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, d.cfg.RunscPath, append(d.globalFlags(id), args...)...)
 	cmd.Stdout, cmd.Stderr = console, console
 	start := time.Now()
