@@ -88,9 +88,12 @@ func (s *Server) resumeBody(w http.ResponseWriter, r *http.Request) (time.Durati
 	return time.Duration(*req.Timeout) * time.Second, reboot, nil
 }
 
+// snapshotJSON is E2B's snapshot, plus where and when it was taken.
 type snapshotJSON struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
+	SnapshotID string    `json:"snapshotID"`
+	Names      []string  `json:"names"`
+	SandboxID  string    `json:"sandboxID,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
 }
 
 func toSnapshotJSON(t *store.Template) snapshotJSON {
@@ -98,7 +101,7 @@ func toSnapshotJSON(t *store.Template) snapshotJSON {
 	if t.Named() {
 		names = append(names, t.Name)
 	}
-	return snapshotJSON{SnapshotID: t.ID, Names: names}
+	return snapshotJSON{SnapshotID: t.ID, Names: names, SandboxID: t.SourceSandbox, CreatedAt: t.CreatedAt}
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
