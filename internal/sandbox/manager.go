@@ -83,6 +83,7 @@ type Manager struct {
 	live map[string]*entry // sandboxes that hold resources
 
 	warm        *warmPool
+	background  sync.WaitGroup // slot releases in flight
 	stopMonitor context.CancelFunc
 	monitorDone chan struct{}
 }
@@ -299,6 +300,19 @@ func (m *Manager) releaseSlot(ctx context.Context, index int, id string) {
 	}
 }
 
+// releaseSlotLater returns a slot to the pool in the background: resetting
+// or destroying it (tens of milliseconds: conntrack flush, veth and netns
+// work) need not delay the answer to a delete. Shutdown waits for it.
+func (m *Manager) releaseSlotLater(index int, id string) {
+	m.background.Add(1)
+	go func() {
+		defer m.background.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		m.releaseSlot(ctx, index, id)
+	}()
+}
+
 func (m *Manager) killInstance(ctx context.Context, id string) {
 	if err := m.driver.Kill(context.WithoutCancel(ctx), id); err != nil {
 		m.logger.ErrorContext(ctx, "kill instance", "sandbox", id, "err", err)
@@ -432,7 +446,7 @@ func (m *Manager) release(ctx context.Context, e *entry) error {
 			m.armTimer(e)
 			return fmt.Errorf("kill sandbox %s: %w", e.sb.ID, err)
 		}
-		m.releaseSlot(ctx, e.slot.Index, e.sb.ID)
+		m.releaseSlotLater(e.slot.Index, e.sb.ID)
 		e.slot = nil
 	}
 	if e.sb.ImageDir != "" {

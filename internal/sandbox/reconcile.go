@@ -265,6 +265,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
 		}
 		e.mu.Unlock()
 	}
+	m.background.Wait()
 	if killAll && len(errs) == 0 {
 		// Nothing is kept: the driver removes its shared debris too.
 		if err := m.driver.Cleanup(ctx, map[string]bool{}); err != nil {
