@@ -195,3 +195,49 @@ func TestFileSignature(t *testing.T) {
 		t.Fatal("signature ignores the operation or the expiration")
 	}
 }
+
+func TestPage(t *testing.T) {
+	at := time.Unix(1700000000, 0).UTC()
+	keys := []pageKey{{at.Add(2 * time.Second), "a"}, {at.Add(time.Second), "a"}, {at.Add(time.Second), "b"}, {at, "c"}}
+	ident := func(k pageKey) pageKey { return k }
+	var all []pageKey
+	token := ""
+	for range 10 {
+		w := httptest.NewRecorder()
+		got, err := page(w, keys, ident, newestFirst(true), token, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, got...)
+		token = w.Header().Get("X-Next-Token")
+		if token == "" {
+			break
+		}
+	}
+	if fmt.Sprint(all) != fmt.Sprint(keys) {
+		t.Fatalf("paging one by one gave %v, want %v", all, keys)
+	}
+	// IDs descending at equal times (snapshots) pages the same way.
+	desc := []pageKey{{at, "c"}, {at, "b"}, {at, "a"}}
+	var got []pageKey
+	token = ""
+	for range 10 {
+		w := httptest.NewRecorder()
+		p, _ := page(w, desc, ident, newestFirst(false), token, 1)
+		got = append(got, p...)
+		if token = w.Header().Get("X-Next-Token"); token == "" {
+			break
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(desc) {
+		t.Fatalf("ids descending: %v", got)
+	}
+	// Oldest first walks the reversed list the same way.
+	rev := []pageKey{keys[3], keys[2], keys[1], keys[0]}
+	w := httptest.NewRecorder()
+	first, _ := page(w, rev, ident, oldestFirst(true), "", 2)
+	rest, _ := page(httptest.NewRecorder(), rev, ident, oldestFirst(true), w.Header().Get("X-Next-Token"), 10)
+	if fmt.Sprint(append(first, rest...)) != fmt.Sprint(rev) {
+		t.Fatalf("oldest first: %v then %v", first, rest)
+	}
+}

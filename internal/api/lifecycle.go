@@ -146,22 +146,11 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 		}
 		snaps = append(snaps, t)
 	}
-	if tok := q.Get("nextToken"); tok != "" {
-		createdAt, id, err := parsePageToken(tok)
-		if err != nil {
-			return err
-		}
-		i := 0
-		for i < len(snaps) && (snaps[i].CreatedAt.After(createdAt) ||
-			(snaps[i].CreatedAt.Equal(createdAt) && snaps[i].ID >= id)) {
-			i++
-		}
-		snaps = snaps[i:]
-	}
-	if len(snaps) > limit {
-		last := snaps[limit-1]
-		w.Header().Set("X-Next-Token", pageToken(last.CreatedAt, last.ID))
-		snaps = snaps[:limit]
+	// Newest first: the store's order (createdAt, then ID), reversed.
+	snaps, err = page(w, snaps, func(t *store.Template) pageKey { return pageKey{t.CreatedAt, t.ID} },
+		newestFirst(false), q.Get("nextToken"), limit)
+	if err != nil {
+		return err
 	}
 	out := make([]snapshotJSON, 0, len(snaps))
 	for _, t := range snaps {

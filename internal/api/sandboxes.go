@@ -285,31 +285,15 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// The store answers newest first (startedAt desc, then ID asc).
+	before := newestFirst(true)
 	if order == "asc" {
 		slices.Reverse(all)
+		before = oldestFirst(true)
 	}
-	if tok := q.Get("nextToken"); tok != "" {
-		startedAt, id, err := parsePageToken(tok)
-		if err != nil {
-			return err
-		}
-		// Skip up to and including the cursor, in the listing's order.
-		seen := func(sb *store.Sandbox) bool {
-			if order == "asc" {
-				return sb.StartedAt.Before(startedAt) || (sb.StartedAt.Equal(startedAt) && sb.ID >= id)
-			}
-			return sb.StartedAt.After(startedAt) || (sb.StartedAt.Equal(startedAt) && sb.ID <= id)
-		}
-		i := 0
-		for i < len(all) && seen(all[i]) {
-			i++
-		}
-		all = all[i:]
-	}
-	if len(all) > limit {
-		last := all[limit-1]
-		w.Header().Set("X-Next-Token", pageToken(last.StartedAt, last.ID))
-		all = all[:limit]
+	all, err = page(w, all, func(sb *store.Sandbox) pageKey { return pageKey{sb.StartedAt, sb.ID} },
+		before, q.Get("nextToken"), limit)
+	if err != nil {
+		return err
 	}
 	out := make([]listedSandboxJSON, 0, len(all))
 	for _, sb := range all {
