@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -195,18 +196,16 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
-	all, err := s.sandboxes.ListTemplates(r.Context())
+	id := r.PathValue("id")
+	t, err := s.templates.Get(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: template %q", sandbox.ErrNotFound, id)
+	}
 	if err != nil {
 		return err
 	}
-	id := r.PathValue("id")
-	for _, t := range all {
-		if t.ID == id || t.Name == id {
-			writeJSON(w, http.StatusOK, toTemplateJSON(t))
-			return nil
-		}
-	}
-	return fmt.Errorf("%w: template %q", sandbox.ErrNotFound, id)
+	writeJSON(w, http.StatusOK, toTemplateJSON(t))
+	return nil
 }
 
 // createTemplate is the seed's template-from-sandbox: POST /templates

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"log/slog"
@@ -33,7 +34,12 @@ type envdProxy struct {
 	proxy     *httputil.ReverseProxy
 }
 
+// targetKey carries the upstream host:port of a proxied request.
 type targetKey struct{}
+
+func contextWithTarget(ctx context.Context, hostport string) context.Context {
+	return context.WithValue(ctx, targetKey{}, hostport)
+}
 
 func newEnvdProxy(sandboxes *sandbox.Manager, logger *slog.Logger) *envdProxy {
 	p := &envdProxy{sandboxes: sandboxes, logger: logger}

@@ -26,6 +26,15 @@ var (
 // written); nothing partial is kept.
 var ErrInsufficientStorage = errors.New("insufficient storage")
 
+// requireCapability refuses an operation the runtime driver declares it
+// cannot do, so that the API says so (501) instead of failing obscurely.
+func requireCapability(has bool, driver, what string) error {
+	if !has {
+		return fmt.Errorf("%w: %s (runtime %s)", ErrNotSupported, what, driver)
+	}
+	return nil
+}
+
 // classifyRuntimeError tags runtime failures whose cause a client can act
 // on; runsc reports them only as text.
 func classifyRuntimeError(err error) error {

@@ -33,6 +33,9 @@ type ForkResult struct {
 // envd token and deadline; the source keeps running. Children are
 // restored in parallel; some may fail while others succeed.
 func (m *Manager) Fork(ctx context.Context, req ForkRequest) ([]ForkResult, error) {
+	if err := requireCapability(m.driver.Capabilities().Fork, m.driver.Name(), "fork"); err != nil {
+		return nil, err
+	}
 	if req.Count < 1 || req.Count > m.cfg.MaxForkCount {
 		return nil, fmt.Errorf("%w: count must be between 1 and %d", ErrInvalid, m.cfg.MaxForkCount)
 	}

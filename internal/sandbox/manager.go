@@ -321,8 +321,8 @@ func (m *Manager) killInstance(ctx context.Context, id string) {
 
 // bringUp starts (or restores from imageDir) the instance of sb in slot,
 // waits for its envd and gives it sb's identity: access token, env vars,
-// default user. It returns a client holding the new token. On failure the
-// instance is gone.
+// default user. It returns the client, which now holds sb's token. On
+// failure the instance is gone.
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot,
 	imageDir, imageToken string) (*envdclient.Client, error) {
 	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
@@ -346,7 +346,7 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 		m.killInstance(ctx, sb.ID)
 		return nil, err
 	}
-	return envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, sb.AccessToken), nil
+	return envd, nil // Init switched it to sb's token
 }
 
 func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error {

@@ -25,7 +25,8 @@ func (m *Manager) armTimer(e *entry) {
 	switch {
 	case e.sb.State == store.StateRunning:
 		e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() { m.expire(id) })
-	case e.sb.State == store.StatePaused && e.sb.ImageDir == "" && m.cfg.PauseToDiskAfter > 0:
+	case e.sb.State == store.StatePaused && e.sb.ImageDir == "" && m.cfg.PauseToDiskAfter > 0 &&
+		m.driver.Capabilities().Checkpoint:
 		wait := m.cfg.PauseToDiskAfter - time.Since(e.sb.UpdatedAt)
 		e.timer = time.AfterFunc(wait, func() { m.spill(id) })
 	}
@@ -93,6 +94,15 @@ type PauseOptions struct {
 // after PauseToDiskAfter (or at once, see PauseOptions) it is written to
 // disk and its memory released.
 func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
+	caps := m.driver.Capabilities()
+	if err := requireCapability(caps.Pause, m.driver.Name(), "pause"); err != nil {
+		return err
+	}
+	if opts.ToDisk || opts.DropMemory {
+		if err := requireCapability(caps.Checkpoint, m.driver.Name(), "pause to disk"); err != nil {
+			return err
+		}
+	}
 	e, err := m.lookup(ctx, id)
 	if err != nil {
 		return err
@@ -104,16 +114,8 @@ func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error
 	if err := m.pauseLocked(ctx, e); err != nil {
 		return err
 	}
-	if opts.DropMemory {
-		updated := cloneSandbox(e.sb)
-		updated.RebootOnResume = true
-		if err := m.store.UpdateSandbox(ctx, updated); err != nil {
-			return err
-		}
-		e.sb = updated
-	}
 	if opts.ToDisk || opts.DropMemory {
-		return m.spillLocked(ctx, e)
+		return m.spillLocked(ctx, e, opts.DropMemory)
 	}
 	return nil
 }
@@ -222,13 +224,15 @@ func (m *Manager) spill(id string) {
 		if e.sb.State != store.StatePaused || e.sb.ImageDir != "" {
 			return
 		}
-		if err := m.spillLocked(ctx, e); err != nil {
+		if err := m.spillLocked(ctx, e, false); err != nil {
 			m.logger.Error("pause to disk", "sandbox", id, "err", err)
 		}
 	})
 }
 
-func (m *Manager) spillLocked(ctx context.Context, e *entry) error {
+// spillLocked writes e to disk; with dropMemory its next resume keeps the
+// files only.
+func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) error {
 	start := time.Now()
 	dir := m.pauseImageDir(e.sb.ID)
 	if err := m.checkpoint(ctx, e.sb.ID, dir, false); err != nil {
@@ -237,6 +241,7 @@ func (m *Manager) spillLocked(ctx context.Context, e *entry) error {
 	updated := cloneSandbox(e.sb)
 	updated.ImageDir = dir
 	updated.SlotIndex = -1
+	updated.RebootOnResume = updated.RebootOnResume || dropMemory
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
 		return err
 	}

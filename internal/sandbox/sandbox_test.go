@@ -73,3 +73,12 @@ func TestSandboxHostPort(t *testing.T) {
 		t.Fatalf("host %q", a)
 	}
 }
+
+func TestRequireCapability(t *testing.T) {
+	if err := requireCapability(true, "gvisor", "fork"); err != nil {
+		t.Fatal(err)
+	}
+	if err := requireCapability(false, "plain", "fork"); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("missing capability: %v", err)
+	}
+}

@@ -22,6 +22,9 @@ type SnapshotRequest struct {
 // Snapshot checkpoints a sandbox (running or paused; it keeps its state)
 // into a new template that sandboxes can be created, or forked, from.
 func (m *Manager) Snapshot(ctx context.Context, req SnapshotRequest) (*store.Template, error) {
+	if err := requireCapability(m.driver.Capabilities().Checkpoint, m.driver.Name(), "snapshots"); err != nil {
+		return nil, err
+	}
 	if req.Kind == store.KindSandboxTemplate && req.Name == "" {
 		return nil, fmt.Errorf("%w: name is required", ErrInvalid)
 	}

@@ -174,7 +174,7 @@ func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.
 		m.discardWarm(context.WithoutCancel(ctx), ws)
 		return nil, err
 	}
-	e := &entry{sb: sb, slot: ws.slot, envd: envdclient.New(envdURL(ws.id, ws.slot.SandboxIP), m.http, sb.AccessToken)}
+	e := &entry{sb: sb, slot: ws.slot, envd: ws.envd} // re-keyed by identify
 	m.mu.Lock()
 	m.live[sb.ID] = e
 	m.mu.Unlock()

@@ -3,7 +3,6 @@ package integration
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -138,27 +137,8 @@ func BenchmarkAenvPauseToDisk(b *testing.B) {
 // BenchmarkRawRunscCheckpointRestore: runsc checkpoint of a running
 // sandbox and restore into a new container, through the runsc CLI.
 func BenchmarkRawRunscCheckpointRestore(b *testing.B) {
-	rootfs := baseRootfs(b)
-	dir := b.TempDir()
-	root := filepath.Join(dir, "state")
-	bin := filepath.Join(binDir, "runsc")
-	writeBundle(b, dir, rootfs, bin)
-	outFile, err := os.Create(filepath.Join(dir, "output"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer outFile.Close()
-	flags := []string{"--root", root, "--platform=systrap", "--network=none", "--overlay2=root:memory"}
-	run := func(args ...string) {
-		b.Helper()
-		cmd := exec.Command(bin, append(append([]string{}, flags...), args...)...)
-		cmd.Stdout, cmd.Stderr = outFile, outFile
-		if err := cmd.Run(); err != nil {
-			out, _ := os.ReadFile(outFile.Name())
-			b.Fatalf("runsc %v: %v: %s", args, err, out)
-		}
-	}
-	defer exec.Command("umount", filepath.Join(root, "null-netns")).Run()
+	rt := newRawRuntime(b, filepath.Join(binDir, "runsc"), []string{"--platform=systrap", "--network=none", "--overlay2=root:memory"})
+	run, dir := rt.run, rt.bundle
 	run("run", "--detach", "--bundle", dir, "src")
 	defer run("delete", "--force", "src")
 	var ckpts, restores []time.Duration

@@ -121,27 +121,47 @@ func BenchmarkRawRuncRunExec(b *testing.B) {
 	rawBench(b, runc, nil)
 }
 
-func rawBench(b *testing.B, bin string, flags []string) {
-	rootfs := baseRootfs(b)
+// rawRuntime drives runsc or runc directly on the base rootfs: a bundle
+// in a temp dir, a state root of its own, and the command line.
+type rawRuntime struct {
+	b      *testing.B
+	bin    string
+	flags  []string
+	bundle string
+	out    *os.File
+}
+
+func newRawRuntime(b *testing.B, bin string, flags []string) *rawRuntime {
 	dir := b.TempDir()
 	root := filepath.Join(dir, "state")
-	writeBundle(b, dir, rootfs, bin)
+	writeBundle(b, dir, baseRootfs(b), bin)
 	// Output goes to a file, not a pipe: a detached container inherits it
 	// and would keep a pipe open forever.
-	outFile, err := os.Create(filepath.Join(dir, "output"))
+	out, err := os.Create(filepath.Join(dir, "output"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer outFile.Close()
-	run := func(args ...string) {
-		b.Helper()
-		cmd := exec.Command(bin, append(append([]string{"--root", root}, flags...), args...)...)
-		cmd.Stdout, cmd.Stderr = outFile, outFile
-		if err := cmd.Run(); err != nil {
-			out, _ := os.ReadFile(outFile.Name())
-			b.Fatalf("%s %v: %v: %s", filepath.Base(bin), args, err, out)
-		}
+	b.Cleanup(func() {
+		out.Close()
+		exec.Command("umount", filepath.Join(root, "null-netns")).Run() // runsc's pin
+	})
+	return &rawRuntime{b: b, bin: bin, flags: append([]string{"--root", root}, flags...), bundle: dir, out: out}
+}
+
+// run runs one subcommand and fails the benchmark if it fails.
+func (r *rawRuntime) run(args ...string) {
+	r.b.Helper()
+	cmd := exec.Command(r.bin, append(append([]string{}, r.flags...), args...)...)
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(r.out.Name())
+		r.b.Fatalf("%s %v: %v: %s", filepath.Base(r.bin), args, err, out)
 	}
+}
+
+func rawBench(b *testing.B, bin string, flags []string) {
+	rt := newRawRuntime(b, bin, flags)
+	run, dir := rt.run, rt.bundle
 	b.ResetTimer()
 	var runExec, execOnly, del []time.Duration
 	for i := 0; i < b.N; i++ {
@@ -158,11 +178,8 @@ func rawBench(b *testing.B, bin string, flags []string) {
 	}
 	b.StopTimer()
 	reportLatencies(b, runExec)
-	slices.Sort(execOnly)
-	slices.Sort(del)
-	b.ReportMetric(float64(execOnly[len(execOnly)/2].Microseconds())/1000, "exec-p50-ms")
-	b.ReportMetric(float64(del[len(del)/2].Microseconds())/1000, "delete-p50-ms")
-	exec.Command("umount", filepath.Join(root, "null-netns")).Run()
+	reportNamed(b, "exec", execOnly)
+	reportNamed(b, "delete", del)
 }
 
 func writeBundle(b *testing.B, dir, rootfs, bin string) {

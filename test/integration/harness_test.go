@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -79,7 +80,8 @@ type server struct {
 	addr    string
 	url     string
 	cmd     *exec.Cmd
-	logs    *bytes.Buffer
+	exited  chan struct{} // closed when cmd has been waited for
+	logs    *syncBuffer
 	extra   []string
 }
 
@@ -127,7 +129,7 @@ func (s *server) start() {
 		"--net-prefix", s.prefix, "--sandbox-cidr", s.cidr, "--warm-slots", "2",
 		"--template-cache-dir", templateCache, "--kill-on-exit", "--log-level", "debug",
 	}, s.extra...)
-	s.logs = &bytes.Buffer{}
+	s.logs = &syncBuffer{}
 	s.cmd = exec.Command(filepath.Join(binDir, "aenv"), args...)
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
@@ -135,6 +137,7 @@ func (s *server) start() {
 		s.t.Fatal(err)
 	}
 	exited := make(chan struct{})
+	s.exited = exited
 	go func() { s.cmd.Wait(); close(exited) }()
 	// The first server on a machine builds the base template (minutes).
 	deadline := time.Now().Add(15 * time.Minute)
@@ -163,15 +166,8 @@ func (s *server) stop(sig syscall.Signal) {
 		return
 	}
 	s.cmd.Process.Signal(sig)
-	done := make(chan struct{})
-	go func() {
-		for s.cmd.ProcessState == nil {
-			time.Sleep(20 * time.Millisecond)
-		}
-		close(done)
-	}()
 	select {
-	case <-done:
+	case <-s.exited:
 	case <-time.After(90 * time.Second):
 		s.cmd.Process.Kill()
 		s.t.Errorf("server did not stop within 90s on %v", sig)
@@ -180,6 +176,24 @@ func (s *server) stop(sig syscall.Signal) {
 		s.t.Logf("server logs:\n%s", tail(s.logs.String(), 200))
 	}
 	s.cmd = nil
+}
+
+// syncBuffer collects a process's output while tests read it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func tail(s string, lines int) string {
