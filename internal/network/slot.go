@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -62,7 +63,43 @@ func createSlot(s *Slot) (err error) {
 	if err := configureSlot(s, ns); err != nil {
 		return fmt.Errorf("create slot %d: %w", s.Index, err)
 	}
+	if err := waitVethUp(s, ns); err != nil {
+		return fmt.Errorf("create slot %d: %w", s.Index, err)
+	}
 	return nil
+}
+
+// operUpTimeout bounds the wait for a new veth to come up.
+const operUpTimeout = 3 * time.Second
+
+// waitVethUp waits until both ends of a new veth are operationally up. Until
+// the kernel's link watcher has run (up to about a second), a new veth drops
+// what it is given: the server's first connection to envd would wait for a
+// TCP retransmit.
+func waitVethUp(s *Slot, ns netns.NsHandle) error {
+	inside, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return fmt.Errorf("netlink in netns: %w", err)
+	}
+	defer inside.Close()
+	deadline := time.Now().Add(operUpTimeout)
+	for {
+		host, err := netlink.LinkByName(s.HostVeth)
+		if err != nil {
+			return fmt.Errorf("find %s: %w", s.HostVeth, err)
+		}
+		eth, err := inside.LinkByName(sandboxIface)
+		if err != nil {
+			return fmt.Errorf("find %s in netns: %w", sandboxIface, err)
+		}
+		if host.Attrs().OperState == netlink.OperUp && eth.Attrs().OperState == netlink.OperUp {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("veth %s not up after %s", s.HostVeth, operUpTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // configureSlot puts the addresses on both veth ends, brings them and the netns's
