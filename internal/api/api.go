@@ -11,8 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/aenv-dev/aenv/internal/sandbox"
-	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/node"
 )
 
 // EnvdVersion is the envd protocol level aenv's envd implements, reported
@@ -35,8 +34,7 @@ type Config struct {
 // Server is the HTTP handler of a node.
 type Server struct {
 	cfg       Config
-	sandboxes *sandbox.Manager
-	templates *template.Manager
+	sandboxes node.Node
 	logger    *slog.Logger
 	mux       *http.ServeMux
 	proxy     *envdProxy
@@ -44,9 +42,9 @@ type Server struct {
 }
 
 // New builds the handler. reg receives the API's metrics.
-func New(cfg Config, sandboxes *sandbox.Manager, templates *template.Manager, logger *slog.Logger,
+func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	reg prometheus.Registerer, metrics http.Handler) *Server {
-	s := &Server{cfg: cfg, sandboxes: sandboxes, templates: templates, logger: logger, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, sandboxes: sandboxes, logger: logger, mux: http.NewServeMux()}
 	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "aenv_api_request_duration_seconds",
 		Help:    "Control-plane request latency by route and status.",

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
-	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -78,13 +78,13 @@ func TestStatusOf(t *testing.T) {
 		err  error
 		want int
 	}{
-		{fmt.Errorf("x: %w", sandbox.ErrNotFound), 404},
+		{fmt.Errorf("x: %w", node.ErrNotFound), 404},
 		{fmt.Errorf("x: %w", envdclient.ErrNotFound), 404},
-		{fmt.Errorf("x: %w", sandbox.ErrInvalid), 400},
+		{fmt.Errorf("x: %w", node.ErrInvalid), 400},
 		{fmt.Errorf("x: %w", envdclient.ErrInvalidArgument), 400},
-		{fmt.Errorf("x: %w", sandbox.ErrConflict), 409},
-		{fmt.Errorf("x: %w", sandbox.ErrUnavailable), 503},
-		{fmt.Errorf("x: %w", sandbox.ErrInsufficientStorage), 507},
+		{fmt.Errorf("x: %w", node.ErrConflict), 409},
+		{fmt.Errorf("x: %w", node.ErrUnavailable), 503},
+		{fmt.Errorf("x: %w", node.ErrInsufficientStorage), 507},
 		{fmt.Errorf("x: %w", envdclient.ErrUnauthenticated), 401},
 		{&http.MaxBytesError{Limit: 1}, 413},
 		{badRequest("nope"), 400},

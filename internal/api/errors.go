@@ -8,7 +8,7 @@ import (
 	"net/http"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
-	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/node"
 )
 
 // errorBody is the control plane's error shape everywhere; the E2B SDK
@@ -38,17 +38,21 @@ func statusOf(err error) (int, string) {
 		return ae.status, ae.message
 	case errors.As(err, &maxBytes):
 		return http.StatusRequestEntityTooLarge, "request body too large"
-	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, envdclient.ErrNotFound):
+	case errors.Is(err, node.ErrStopped):
+		// A call in flight when its sandbox was killed, paused, expired or
+		// died: the message says which.
+		return http.StatusGone, err.Error()
+	case errors.Is(err, node.ErrNotFound), errors.Is(err, envdclient.ErrNotFound):
 		return http.StatusNotFound, err.Error()
-	case errors.Is(err, sandbox.ErrInvalid), errors.Is(err, envdclient.ErrInvalidArgument):
+	case errors.Is(err, node.ErrInvalid), errors.Is(err, envdclient.ErrInvalidArgument):
 		return http.StatusBadRequest, err.Error()
-	case errors.Is(err, sandbox.ErrConflict):
+	case errors.Is(err, node.ErrConflict):
 		return http.StatusConflict, err.Error()
-	case errors.Is(err, sandbox.ErrUnavailable):
+	case errors.Is(err, node.ErrUnavailable):
 		return http.StatusServiceUnavailable, err.Error()
-	case errors.Is(err, sandbox.ErrInsufficientStorage):
+	case errors.Is(err, node.ErrInsufficientStorage):
 		return http.StatusInsufficientStorage, err.Error()
-	case errors.Is(err, sandbox.ErrNotSupported):
+	case errors.Is(err, node.ErrNotSupported):
 		return http.StatusNotImplemented, err.Error()
 	case errors.Is(err, envdclient.ErrUnauthenticated):
 		return http.StatusUnauthorized, "unknown user"

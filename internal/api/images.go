@@ -9,7 +9,6 @@ import (
 	"syscall"
 
 	"github.com/aenv-dev/aenv/internal/image"
-	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
 )
@@ -30,7 +29,7 @@ func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, ref,
 	if err := template.CheckName(name); err != nil {
 		return badRequest(err.Error())
 	}
-	if _, err := s.templates.Get(r.Context(), name); err == nil {
+	if _, err := s.sandboxes.GetTemplate(r.Context(), name); err == nil {
 		return &apiError{http.StatusConflict, fmt.Sprintf("a template named %q exists", name)}
 	}
 
@@ -48,10 +47,10 @@ func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, ref,
 		}
 	}
 	s.logger.InfoContext(r.Context(), "building template from image", "image", qualified, "name", name)
-	tpl, err := s.templates.BuildFromImage(r.Context(), template.ImageRequest{
+	tpl, err := s.sandboxes.BuildTemplate(r.Context(), template.ImageRequest{
 		Reference: ref, Name: name, Platform: platform,
 		Progress: func(p image.Progress) { emit(p) },
-	}, sandbox.NewID)
+	})
 	if err != nil {
 		status, msg := imageErrorStatus(err)
 		if status >= 500 {

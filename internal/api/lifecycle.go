@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -18,7 +18,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
-	opts := sandbox.PauseOptions{ToDisk: req.ToDisk, DropMemory: req.Memory != nil && !*req.Memory}
+	opts := node.PauseOptions{ToDisk: req.ToDisk, DropMemory: req.Memory != nil && !*req.Memory}
 	if err := s.sandboxes.Pause(r.Context(), r.PathValue("id"), opts); err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
-	tpl, err := s.sandboxes.Snapshot(r.Context(), sandbox.SnapshotRequest{
+	tpl, err := s.sandboxes.Snapshot(r.Context(), node.SnapshotRequest{
 		SandboxID: r.PathValue("id"), Name: req.Name, Kind: store.KindSnapshot,
 	})
 	if err != nil {
@@ -197,9 +197,9 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	t, err := s.templates.Get(r.Context(), id)
+	t, err := s.sandboxes.GetTemplate(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: template %q", sandbox.ErrNotFound, id)
+		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
 	}
 	if err != nil {
 		return err
@@ -228,7 +228,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	case req.SandboxID == "":
 		return badRequest("sandboxID (or image) is required")
 	}
-	tpl, err := s.sandboxes.Snapshot(r.Context(), sandbox.SnapshotRequest{
+	tpl, err := s.sandboxes.Snapshot(r.Context(), node.SnapshotRequest{
 		SandboxID: req.SandboxID, Name: req.Name, Kind: store.KindSandboxTemplate,
 	})
 	if err != nil {
@@ -253,15 +253,15 @@ type forkItemJSON struct {
 
 // forkSandbox is E2B's fork: 201 with one {sandbox} or {error} per child.
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
-	return s.fork(w, r, sandbox.ForkRequest{SandboxID: r.PathValue("id")})
+	return s.fork(w, r, node.ForkRequest{SandboxID: r.PathValue("id")})
 }
 
 // forkSnapshot forks children from a named snapshot or template.
 func (s *Server) forkSnapshot(w http.ResponseWriter, r *http.Request) error {
-	return s.fork(w, r, sandbox.ForkRequest{SnapshotID: r.PathValue("id")})
+	return s.fork(w, r, node.ForkRequest{SnapshotID: r.PathValue("id")})
 }
 
-func (s *Server) fork(w http.ResponseWriter, r *http.Request, req sandbox.ForkRequest) error {
+func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkRequest) error {
 	var body struct {
 		Count   *int `json:"count"`
 		Timeout *int `json:"timeout"`

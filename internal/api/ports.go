@@ -38,12 +38,13 @@ func (s *Server) exposedPort(host string) (id string, port int, ok bool) {
 // serveExposedPort proxies HTTP (WebSocket included) to a port inside a
 // sandbox, checking the traffic token when its ports are not public.
 func (s *Server) serveExposedPort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	target, token, err := s.sandboxes.PortTarget(r.Context(), id, port)
+	target, err := s.sandboxes.Reach(r.Context(), id, port)
 	if err != nil {
 		writeSandboxGone(w, id)
 		return
 	}
-	if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(token)) != 1 {
+	defer target.Release()
+	if token := target.TrafficToken; token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(token)) != 1 {
 		writeJSON(w, http.StatusForbidden, errorBody{Code: http.StatusForbidden,
 			Message: "this sandbox's ports are private: send its traffic access token in " + headerTrafficToken})
 		return

@@ -9,7 +9,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 
-	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/node"
 )
 
 const (
@@ -29,7 +29,7 @@ func isEnvdTraffic(r *http.Request) bool {
 }
 
 type envdProxy struct {
-	sandboxes *sandbox.Manager
+	sandboxes node.Node
 	logger    *slog.Logger
 	proxy     *httputil.ReverseProxy
 }
@@ -41,7 +41,7 @@ func contextWithTarget(ctx context.Context, hostport string) context.Context {
 	return context.WithValue(ctx, targetKey{}, hostport)
 }
 
-func newEnvdProxy(sandboxes *sandbox.Manager, logger *slog.Logger) *envdProxy {
+func newEnvdProxy(sandboxes node.Node, logger *slog.Logger) *envdProxy {
 	p := &envdProxy{sandboxes: sandboxes, logger: logger}
 	p.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -49,7 +49,7 @@ func newEnvdProxy(sandboxes *sandbox.Manager, logger *slog.Logger) *envdProxy {
 			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
 			pr.Out.Host = pr.In.Host // what the client asked for
 		},
-		Transport: sandboxes.HTTPTransport(),
+		Transport: sandboxes.Transport(),
 		// Connect streams must reach the client frame by frame.
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -70,7 +70,7 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	port := sandbox.EnvdPort
+	port := node.EnvdPort
 	if v := r.Header.Get(headerSandboxPort); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 65535 {
@@ -79,11 +79,12 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		port = n
 	}
-	target, err := p.sandboxes.Target(r.Context(), id, port)
+	target, err := p.sandboxes.Reach(r.Context(), id, port)
 	if err != nil {
 		writeSandboxGone(w, id)
 		return
 	}
+	defer target.Release()
 	p.forward(w, r, target)
 }
 
@@ -92,11 +93,14 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // request body has been read to its end; Go's HTTP/1.1 server would
 // otherwise close the request body at the first response write, which cuts
 // the upstream connection mid-stream.
-func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, hostport string) {
+//
+// The request runs in target.Ctx: when the sandbox stops (killed, paused,
+// expired, died), the upstream call ends at once and so does the answer.
+func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node.Target) {
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
 		p.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
-	p.proxy.ServeHTTP(w, r.WithContext(contextWithTarget(r.Context(), hostport)))
+	p.proxy.ServeHTTP(w, r.WithContext(contextWithTarget(target.Ctx, target.Addr)))
 }
 
 // sandboxForSignature finds the sandbox whose envd access token produced a

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -156,7 +156,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		vcpu = req.CPUCount
 	}
 	private := req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic
-	sb, err := s.sandboxes.Create(r.Context(), sandbox.CreateRequest{
+	sb, err := s.sandboxes.Create(r.Context(), node.CreateRequest{
 		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
 		Network: req.policy(), Private: private,

@@ -2,7 +2,9 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/node"
 )
 
 // executeRequest is the seed's exec body.
@@ -46,15 +49,16 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		}
 		timeout = time.Duration(*req.Timeout * float64(time.Second))
 	}
-	envd, err := s.sandboxes.Envd(r.Context(), r.PathValue("id"))
+	target, err := s.reachEnvd(r)
 	if err != nil {
 		return err
 	}
-	res, err := envd.Run(r.Context(), envdclient.RunRequest{
+	defer target.Release()
+	res, err := target.Envd.Run(target.Ctx, envdclient.RunRequest{
 		Command: req.Command, Cwd: req.Cwd, Envs: req.Envs, User: req.User, Timeout: timeout,
 	})
 	if err != nil {
-		return err
+		return callError(target, err)
 	}
 	out := executeResponse{ExitCode: res.ExitCode, Stdout: string(res.Stdout), Stderr: string(res.Stderr),
 		TimedOut: res.TimedOut, Truncated: res.Truncated}
@@ -108,13 +112,14 @@ func (s *Server) writeFileRaw(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, path, user string, body io.Reader) error {
-	envd, err := s.sandboxes.Envd(r.Context(), r.PathValue("id"))
+	target, err := s.reachEnvd(r)
 	if err != nil {
 		return err
 	}
+	defer target.Release()
 	counted := &countingReader{r: body}
-	if err := envd.WriteFile(r.Context(), path, counted, user); err != nil {
-		return err
+	if err := target.Envd.WriteFile(target.Ctx, path, counted, user); err != nil {
+		return callError(target, err)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"path": path, "size": counted.n})
 	return nil
@@ -130,18 +135,19 @@ func (s *Server) readFileJSON(w http.ResponseWriter, r *http.Request) error {
 	if encoding != "" && encoding != "base64" && encoding != "utf-8" {
 		return badRequest(fmt.Sprintf("unknown encoding %q (utf-8 or base64)", encoding))
 	}
-	envd, err := s.sandboxes.Envd(r.Context(), r.PathValue("id"))
+	target, err := s.reachEnvd(r)
 	if err != nil {
 		return err
 	}
-	rc, _, err := envd.ReadFile(r.Context(), p, q.Get("user"))
+	defer target.Release()
+	rc, _, err := target.Envd.ReadFile(target.Ctx, p, q.Get("user"))
 	if err != nil {
-		return err
+		return callError(target, err)
 	}
 	defer rc.Close()
 	data, err := io.ReadAll(io.LimitReader(rc, s.cfg.MaxJSONBytes+1))
 	if err != nil {
-		return fmt.Errorf("read %s: %w", p, err)
+		return callError(target, fmt.Errorf("read %s: %w", p, err))
 	}
 	if int64(len(data)) > s.cfg.MaxJSONBytes {
 		return &apiError{http.StatusRequestEntityTooLarge,
@@ -163,13 +169,14 @@ func (s *Server) readFileRaw(w http.ResponseWriter, r *http.Request) error {
 	if err := checkSandboxPath(p); err != nil {
 		return err
 	}
-	envd, err := s.sandboxes.Envd(r.Context(), r.PathValue("id"))
+	target, err := s.reachEnvd(r)
 	if err != nil {
 		return err
 	}
-	rc, size, err := envd.ReadFile(r.Context(), p, r.URL.Query().Get("user"))
+	defer target.Release()
+	rc, size, err := target.Envd.ReadFile(target.Ctx, p, r.URL.Query().Get("user"))
 	if err != nil {
-		return err
+		return callError(target, err)
 	}
 	defer rc.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -190,4 +197,20 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
 	return n, err
+}
+
+// reachEnvd resolves the envd of the request's sandbox for one call. The
+// call must run in the target's context, which ends when the sandbox
+// stops; the caller releases the target.
+func (s *Server) reachEnvd(r *http.Request) (*node.Target, error) {
+	return s.sandboxes.Reach(r.Context(), r.PathValue("id"), node.EnvdPort)
+}
+
+// callError is err, or the reason the call was cut when its sandbox
+// stopped meanwhile (killed, paused, expired or died).
+func callError(target *node.Target, err error) error {
+	if cause := context.Cause(target.Ctx); errors.Is(cause, node.ErrStopped) {
+		return cause
+	}
+	return err
 }

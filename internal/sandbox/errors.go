@@ -5,32 +5,15 @@ import (
 	"fmt"
 	"strings"
 	"syscall"
-)
 
-// Error kinds of the manager. The API translates them to HTTP statuses in
-// one place; wrap them with %w to add context.
-var (
-	// ErrNotFound: no such sandbox or template.
-	ErrNotFound = errors.New("not found")
-	// ErrInvalid: the request is malformed or out of bounds.
-	ErrInvalid = errors.New("invalid request")
-	// ErrConflict: the sandbox is not in a state that allows the operation.
-	ErrConflict = errors.New("conflict")
-	// ErrUnavailable: the node lacks capacity (network slots, memory).
-	ErrUnavailable = errors.New("unavailable")
-	// ErrNotSupported: the runtime driver cannot do this.
-	ErrNotSupported = errors.New("not supported by this runtime")
+	"github.com/aenv-dev/aenv/internal/node"
 )
-
-// ErrInsufficientStorage: the disk is full (a checkpoint could not be
-// written); nothing partial is kept.
-var ErrInsufficientStorage = errors.New("insufficient storage")
 
 // requireCapability refuses an operation the runtime driver declares it
 // cannot do, so that the API says so (501) instead of failing obscurely.
 func requireCapability(has bool, driver, what string) error {
 	if !has {
-		return fmt.Errorf("%w: %s (runtime %s)", ErrNotSupported, what, driver)
+		return fmt.Errorf("%w: %s (runtime %s)", node.ErrNotSupported, what, driver)
 	}
 	return nil
 }
@@ -41,8 +24,26 @@ func classifyRuntimeError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if strings.Contains(err.Error(), "no space left on device") || errors.Is(err, syscall.ENOSPC) {
-		return fmt.Errorf("%w: %v", ErrInsufficientStorage, err)
+	if diskFull(err) {
+		return fmt.Errorf("%w: %v", node.ErrInsufficientStorage, err)
 	}
 	return err
+}
+
+// storeError wraps a failed record write; a full disk becomes
+// ErrInsufficientStorage so that the client gets 507, not 500.
+func storeError(what string, err error) error {
+	if diskFull(err) {
+		return fmt.Errorf("%w: %s: the data disk is full: %v", node.ErrInsufficientStorage, what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// diskFull recognises ENOSPC and the texts runsc and SQLite use for it.
+func diskFull(err error) bool {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, node.ErrInsufficientStorage) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "no space left on device") || strings.Contains(msg, "disk is full")
 }

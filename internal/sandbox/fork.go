@@ -11,36 +11,26 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
-
-// ForkRequest asks for Count children of a sandbox or of a snapshot.
-type ForkRequest struct {
-	SandboxID  string // fork a sandbox (running, or paused in memory or on disk)...
-	SnapshotID string // ...or a snapshot/template (ID or name)
-	Count      int
-	Timeout    time.Duration // children's lifetime; 0 = the source's
-}
-
-// ForkResult is one child: a sandbox or why it could not be made.
-type ForkResult struct {
-	Sandbox *store.Sandbox
-	Err     error
-}
 
 // Fork makes Count children with the source's memory, processes and
 // filesystem at this instant. Each gets its own network slot, address,
 // envd token and deadline; the source keeps running. Children are
-// restored in parallel; some may fail while others succeed.
-func (m *Manager) Fork(ctx context.Context, req ForkRequest) ([]ForkResult, error) {
+// restored in parallel; some may fail while others succeed. Children stay
+// starting until the whole fork is done, so a crash before the answer
+// leaves none (reconcile removes starting sandboxes), and a cancelled
+// request takes its children down with it.
+func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkResult, error) {
 	if err := requireCapability(m.driver.Capabilities().Fork, m.driver.Name(), "fork"); err != nil {
 		return nil, err
 	}
 	if req.Count < 1 || req.Count > m.cfg.MaxForkCount {
-		return nil, fmt.Errorf("%w: count must be between 1 and %d", ErrInvalid, m.cfg.MaxForkCount)
+		return nil, fmt.Errorf("%w: count must be between 1 and %d", node.ErrInvalid, m.cfg.MaxForkCount)
 	}
 	if req.Timeout < 0 || req.Timeout > m.cfg.MaxTimeout {
-		return nil, fmt.Errorf("%w: timeout must be between 1 and %d seconds", ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
+		return nil, fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
 	}
 	src, err := m.forkSource(ctx, req)
 	if err != nil {
@@ -59,7 +49,8 @@ func (m *Manager) Fork(ctx context.Context, req ForkRequest) ([]ForkResult, erro
 	}
 
 	start := time.Now()
-	results := make([]ForkResult, req.Count)
+	results := make([]node.ForkResult, req.Count)
+	children := make([]*entry, req.Count)
 	sem := make(chan struct{}, max(1, m.cfg.ForkParallelism))
 	var wg sync.WaitGroup
 	for i := range results {
@@ -68,6 +59,10 @@ func (m *Manager) Fork(ctx context.Context, req ForkRequest) ([]ForkResult, erro
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
+			if err := ctx.Err(); err != nil {
+				results[i].Err = err
+				return
+			}
 			now := time.Now().UTC()
 			child := &store.Sandbox{
 				ID: NewID(), TemplateID: src.tpl.ID, Alias: src.tpl.Name,
@@ -79,24 +74,49 @@ func (m *Manager) Fork(ctx context.Context, req ForkRequest) ([]ForkResult, erro
 			if src.private {
 				child.TrafficToken = newAccessToken()
 			}
-			e, err := m.launchNew(ctx, child, src.tpl, src.tpl.ImageDir, src.tpl.EnvdToken)
+			e, err := m.launch(ctx, child, src.tpl, image{dir: src.tpl.ImageDir, token: src.tpl.EnvdToken}, true)
 			if err != nil {
 				results[i].Err = err
 				return
 			}
-			results[i].Sandbox = cloneSandbox(e.sb)
+			children[i] = e
 		}()
 	}
 	wg.Wait()
 	ok := 0
-	for _, r := range results {
-		if r.Err == nil {
-			ok++
+	for i, e := range children {
+		if e == nil {
+			continue
 		}
+		err := ctx.Err()
+		if err == nil {
+			err = m.finish(ctx, e)
+		}
+		if err != nil {
+			// The request is gone (or the record failed): nobody would
+			// learn of this child.
+			m.discard(ctx, e)
+			results[i].Err = err
+			continue
+		}
+		results[i].Sandbox = cloneSandbox(e.view().sb)
+		ok++
 	}
 	m.logger.InfoContext(ctx, "fork done", "source", src.name, "children", ok, "failed", req.Count-ok,
 		"took", time.Since(start).Round(time.Millisecond))
 	return results, nil
+}
+
+// discard removes a sandbox nobody was told about.
+func (m *Manager) discard(ctx context.Context, e *entry) {
+	ctx = context.WithoutCancel(ctx)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := m.release(ctx, e, "was discarded"); err != nil {
+		m.logger.ErrorContext(ctx, "discard sandbox", "sandbox", e.id, "err", err)
+		return
+	}
+	m.deleteRecord(ctx, e.id)
 }
 
 // forkSource is what children are restored from: a template-shaped view
@@ -113,36 +133,42 @@ type forkSource struct {
 	release     func()
 }
 
-func (m *Manager) forkSource(ctx context.Context, req ForkRequest) (*forkSource, error) {
+func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSource, error) {
 	if req.SnapshotID != "" {
-		tpl, err := m.templates.Get(ctx, req.SnapshotID)
+		tpl, err := m.GetTemplate(ctx, req.SnapshotID)
 		if err != nil {
-			return nil, fmt.Errorf("%w: snapshot %q", ErrNotFound, req.SnapshotID)
+			return nil, fmt.Errorf("%w: snapshot %q", node.ErrNotFound, req.SnapshotID)
 		}
 		if tpl.ImageDir == "" {
-			return nil, fmt.Errorf("%w: template %q has no checkpoint to fork; create sandboxes from it instead", ErrInvalid, req.SnapshotID)
+			return nil, fmt.Errorf("%w: template %q has no checkpoint to fork; create sandboxes from it instead", node.ErrInvalid, req.SnapshotID)
+		}
+		if err := m.holdImage(tpl.ImageDir); err != nil {
+			return nil, fmt.Errorf("%w: snapshot %q", node.ErrNotFound, req.SnapshotID)
 		}
 		return &forkSource{name: tpl.ID, tpl: tpl, memoryBytes: imageBytes(tpl.ImageDir),
-			timeout: m.cfg.DefaultTimeout, release: func() {}}, nil
+			timeout: m.cfg.DefaultTimeout, release: func() { m.dropImage(tpl.ImageDir) }}, nil
 	}
-	e, err := m.lookup(ctx, req.SandboxID)
+	e, err := m.lock(ctx, req.SandboxID, opFork)
 	if err != nil {
 		return nil, err
 	}
 	// The parent is locked only while its image is taken.
 	defer e.mu.Unlock()
-	base, err := m.templates.Get(ctx, e.sb.TemplateID)
+	v := e.view()
+	base, err := m.GetTemplate(ctx, v.sb.TemplateID)
 	if err != nil {
-		return nil, fmt.Errorf("fork %s: template %s: %w", e.sb.ID, e.sb.TemplateID, err)
+		return nil, fmt.Errorf("fork %s: template %s: %w", e.id, v.sb.TemplateID, err)
 	}
 	var mem uint64
-	if e.slot != nil {
-		if st, err := m.driver.Stats(ctx, e.sb.ID); err == nil {
+	if v.slot != nil {
+		if st, err := m.driver.Stats(ctx, e.id); err == nil {
 			mem = st.MemoryBytes
 		}
 	}
 	dir := filepath.Join(m.cfg.ImagesDir, "fork-"+NewID())
-	if err := m.imageOf(ctx, e, dir); err != nil {
+	opCtx, done := e.opContext(ctx)
+	defer done()
+	if err := m.imageOf(opCtx, e, dir); err != nil {
 		return nil, err
 	}
 	if mem == 0 {
@@ -151,12 +177,12 @@ func (m *Manager) forkSource(ctx context.Context, req ForkRequest) (*forkSource,
 	// The children keep the parent's template ID and defaults; the image
 	// is the parent's state now.
 	tpl := *base
-	tpl.ImageDir, tpl.EnvdToken, tpl.EnvVars = dir, e.sb.AccessToken, e.sb.EnvVars
-	tpl.VCPU, tpl.MemoryMB = e.sb.VCPU, e.sb.MemoryMB
+	tpl.ImageDir, tpl.EnvdToken, tpl.EnvVars = dir, v.sb.AccessToken, v.sb.EnvVars
+	tpl.VCPU, tpl.MemoryMB = v.sb.VCPU, v.sb.MemoryMB
 	return &forkSource{
-		name: e.sb.ID, tpl: &tpl, metadata: e.sb.Metadata, autoPause: e.sb.AutoPause,
-		network: e.sb.Network, private: e.sb.TrafficToken != "",
-		timeout: time.Duration(e.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
+		name: e.id, tpl: &tpl, metadata: v.sb.Metadata, autoPause: v.sb.AutoPause,
+		network: v.sb.Network, private: v.sb.TrafficToken != "",
+		timeout: time.Duration(v.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
 		// Restores load the image whole; it is not needed afterwards.
 		release: func() { m.removeImage(context.WithoutCancel(ctx), dir) },
 	}, nil
@@ -166,14 +192,14 @@ func (m *Manager) forkSource(ctx context.Context, req ForkRequest) (*forkSource,
 // made: children need network slots and about the source's memory each.
 func (m *Manager) checkCapacity(count int, perChild uint64) error {
 	if free := m.slots.Free(); free < count {
-		return fmt.Errorf("%w: %d children need %d network slots, %d are free", ErrUnavailable, count, count, free)
+		return fmt.Errorf("%w: %d children need %d network slots, %d are free", node.ErrUnavailable, count, count, free)
 	}
 	if avail, ok := memAvailable(); ok && perChild > 0 {
 		need := perChild * uint64(count)
 		// Keep a tenth of the available memory for everything else.
 		if need > avail-avail/10 {
 			return fmt.Errorf("%w: %d children need about %d MiB of memory, the node has %d MiB available",
-				ErrUnavailable, count, need>>20, avail>>20)
+				node.ErrUnavailable, count, need>>20, avail>>20)
 		}
 	}
 	return nil

@@ -1,7 +1,15 @@
 // Package sandbox is the lifecycle of sandboxes on one node: create, kill,
-// deadlines, and reconciliation of records with the runtime after a restart.
-// It talks to the runtime driver, the network slot pool, the store and the
-// in-sandbox envd, and nothing else.
+// pause, resume, snapshot, fork, deadlines, and reconciliation of records
+// with the runtime after a restart. It implements node.Node for the local
+// machine. It talks to the runtime driver, the network slot pool, the
+// store and the in-sandbox envd, and nothing else.
+//
+// Every sandbox that holds resources has an entry: a lifecycle lock that
+// serialises operations on it, and an immutable view published atomically
+// for readers (see state.go). Each operation checks the transition table,
+// then builds its steps on a cleanup stack, so that a failing later step
+// (a store write, envd's /init, a restore) undoes the runtime and network
+// steps before it: the runtime and the record never disagree.
 package sandbox
 
 import (
@@ -17,15 +25,18 @@ import (
 	"sync"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/cleanup"
+
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
 )
 
 // EnvdPort is the port envd listens on inside every sandbox.
-const EnvdPort = 49983
+const EnvdPort = node.EnvdPort
 
 // Config bounds and defaults for sandboxes.
 type Config struct {
@@ -53,8 +64,14 @@ type Config struct {
 	// MonitorInterval is how often the runtime is polled for sandboxes that
 	// died on their own.
 	MonitorInterval time.Duration
+	// MonitorTimeout bounds each runtime query of the monitor; a runtime
+	// that hangs on its listing is then asked sandbox by sandbox. 0: 10 s.
+	MonitorTimeout time.Duration
 	// DeadRetention is how long records of dead sandboxes are kept.
 	DeadRetention time.Duration
+	// Transport reaches sandboxes' ports; nil dials their addresses (tests
+	// give one that reaches fakes).
+	Transport http.RoundTripper
 }
 
 // SlotPool is what the manager needs of the network.
@@ -69,7 +86,16 @@ type SlotPool interface {
 	DNSServers() []netip.Addr
 }
 
-// Manager owns the sandboxes of one node.
+// Bounds of runtime calls made outside a request (timers, monitor,
+// cleanup): long enough for a big checkpoint, short enough that a hung
+// runtime does not hold a sandbox for long.
+const (
+	backgroundOpTimeout = 5 * time.Minute
+	killTimeout         = 30 * time.Second
+	maxKillRetry        = time.Minute
+)
+
+// Manager owns the sandboxes of one node. It implements node.Node.
 type Manager struct {
 	cfg       Config
 	store     store.Store
@@ -79,62 +105,145 @@ type Manager struct {
 	logger    *slog.Logger
 	http      *http.Client // to envd, over the sandboxes' veths
 
-	mu   sync.Mutex
-	live map[string]*entry // sandboxes that hold resources
+	// ctx ends at Shutdown; goroutines the manager starts are counted in
+	// owned and must have returned when Shutdown does.
+	ctx    context.Context
+	cancel context.CancelFunc
+	owned  sync.WaitGroup
+
+	mu     sync.Mutex        // guards the fields below; never held across a call
+	closed bool              // Shutdown began: no new owned goroutines
+	live   map[string]*entry // sandboxes that hold resources
+	// images counts restores in progress per checkpoint image; an image
+	// whose owner is deleted meanwhile is removed by the last of them.
+	images       map[string]int
+	imagesToDrop map[string]bool
+	// orphans are records a failed create could not delete (disk full);
+	// they are hidden and retried.
+	orphans map[string]bool
 
 	warm        *warmPool
-	background  sync.WaitGroup // slot releases in flight
-	stopMonitor context.CancelFunc
 	monitorDone chan struct{}
 }
 
-// entry is the in-memory side of a sandbox that holds resources. Its mutex
-// serialises lifecycle operations on that sandbox.
-type entry struct {
-	mu    sync.Mutex
-	sb    *store.Sandbox // guarded by mu
-	slot  *network.Slot
-	envd  *envdclient.Client
-	timer *time.Timer
-	gone  bool // killed or dead; the entry is being removed
-}
+var _ node.Node = (*Manager)(nil)
 
 // NewManager wires a manager. Call Start before use.
 func NewManager(cfg Config, st store.Store, driver runtime.Driver, slots SlotPool,
 	templates *template.Manager, logger *slog.Logger) *Manager {
-	transport := &http.Transport{
-		DialContext:         dialSandbox,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 64,
-		IdleConnTimeout:     30 * time.Second,
-		// envd responses are streamed; never buffer or compress them here.
-		DisableCompression: true,
+	transport := cfg.Transport
+	if transport == nil {
+		transport = &http.Transport{
+			DialContext:         dialSandbox,
+			MaxIdleConns:        4096,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     30 * time.Second,
+			// envd responses are streamed; never buffer or compress them here.
+			DisableCompression: true,
+		}
 	}
+	if cfg.MonitorTimeout <= 0 {
+		cfg.MonitorTimeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		cfg: cfg, store: st, driver: driver, slots: slots, templates: templates, logger: logger,
 		http: &http.Client{Transport: transport},
-		live: map[string]*entry{},
+		ctx:  ctx, cancel: cancel,
+		live: map[string]*entry{}, images: map[string]int{}, imagesToDrop: map[string]bool{},
+		orphans: map[string]bool{},
 	}
 }
 
-// HTTPTransport is the transport used to reach envd; the envd proxy shares it.
-func (m *Manager) HTTPTransport() http.RoundTripper { return m.http.Transport }
+// Transport is the transport used to reach sandboxes; the envd proxy
+// shares it.
+func (m *Manager) Transport() http.RoundTripper { return m.http.Transport }
 
-// CreateRequest is a request for a new sandbox.
-type CreateRequest struct {
-	Template  string // template ID or name
-	VCPU      int    // 0 = template or node default
-	MemoryMB  int    // 0 = template or node default
-	Timeout   time.Duration
-	Metadata  map[string]string
-	EnvVars   map[string]string
-	AutoPause bool
-	Network   *store.NetworkPolicy // nil: default policy
-	// Private makes exposed ports require the traffic access token.
-	Private bool
+// goOwned runs fn in a goroutine Shutdown waits for; after Shutdown began
+// it does nothing and reports false.
+func (m *Manager) goOwned(fn func(ctx context.Context)) bool {
+	if !m.enter() {
+		return false
+	}
+	go func() {
+		defer m.owned.Done()
+		fn(m.ctx)
+	}()
+	return true
 }
 
-func (m *Manager) validate(req *CreateRequest, tpl *store.Template) error {
+// enter counts the caller as an owned goroutine, unless Shutdown began.
+func (m *Manager) enter() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.owned.Add(1)
+	return true
+}
+
+// afterFunc is time.AfterFunc for manager work: fn does not run once
+// Shutdown began, and Shutdown waits for one that started.
+func (m *Manager) afterFunc(d time.Duration, fn func(ctx context.Context)) *time.Timer {
+	return time.AfterFunc(d, func() {
+		if !m.enter() {
+			return
+		}
+		defer m.owned.Done()
+		fn(m.ctx)
+	})
+}
+
+func (m *Manager) entry(id string) *entry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id]
+}
+
+func (m *Manager) entries() []*entry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*entry, 0, len(m.live))
+	for _, e := range m.live {
+		out = append(out, e)
+	}
+	return out
+}
+
+func (m *Manager) register(e *entry) {
+	m.mu.Lock()
+	m.live[e.id] = e
+	m.mu.Unlock()
+}
+
+func (m *Manager) unregister(id string) {
+	m.mu.Lock()
+	delete(m.live, id)
+	m.mu.Unlock()
+}
+
+// lock returns the live entry of a sandbox with its lifecycle lock held
+// and the operation o allowed, or an error saying why not. The caller
+// unlocks it.
+func (m *Manager) lock(ctx context.Context, id string, o op) (*entry, error) {
+	e := m.entry(id)
+	if e == nil {
+		sb, err := m.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: cannot %s sandbox %s: it is %s", node.ErrConflict, o, id, sb.State)
+	}
+	e.mu.Lock()
+	if err := allowed(o, id, e.view().phase); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (m *Manager) validate(req *node.CreateRequest, tpl *store.Template) error {
 	if req.VCPU == 0 {
 		req.VCPU = firstPositive(tpl.VCPU, m.cfg.DefaultVCPU)
 	}
@@ -142,11 +251,11 @@ func (m *Manager) validate(req *CreateRequest, tpl *store.Template) error {
 		req.MemoryMB = firstPositive(tpl.MemoryMB, m.cfg.DefaultMemoryMB)
 	}
 	if req.VCPU < 1 || req.VCPU > m.cfg.MaxVCPU {
-		return fmt.Errorf("%w: vcpu must be between 1 and %d, got %d", ErrInvalid, m.cfg.MaxVCPU, req.VCPU)
+		return fmt.Errorf("%w: vcpu must be between 1 and %d, got %d", node.ErrInvalid, m.cfg.MaxVCPU, req.VCPU)
 	}
 	if req.MemoryMB < m.cfg.MinMemoryMB || req.MemoryMB > m.cfg.MaxMemoryMB {
 		return fmt.Errorf("%w: memoryMB must be between %d and %d, got %d",
-			ErrInvalid, m.cfg.MinMemoryMB, m.cfg.MaxMemoryMB, req.MemoryMB)
+			node.ErrInvalid, m.cfg.MinMemoryMB, m.cfg.MaxMemoryMB, req.MemoryMB)
 	}
 	timeout, err := m.checkTimeout(req.Timeout)
 	if err != nil {
@@ -161,21 +270,18 @@ func (m *Manager) checkTimeout(d time.Duration) (time.Duration, error) {
 	case d == 0:
 		return m.cfg.DefaultTimeout, nil
 	case d < 0 || d > m.cfg.MaxTimeout:
-		return 0, fmt.Errorf("%w: timeout must be between 1 and %d seconds", ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
+		return 0, fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
 	}
 	return d, nil
 }
 
 // Create starts a sandbox and returns once envd in it answers. A rootfs
 // template boots; a snapshot template is restored, memory and all.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sandbox, error) {
 	if req.Template == "" {
 		req.Template = template.BaseName
 	}
-	tpl, err := m.templates.Get(ctx, req.Template)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: template %q", ErrNotFound, req.Template)
-	}
+	tpl, err := m.GetTemplate(ctx, req.Template)
 	if err != nil {
 		return nil, err
 	}
@@ -202,19 +308,32 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (*store.Sandbox
 	if req.Private {
 		sb.TrafficToken = newAccessToken()
 	}
-	e, err := m.launchNew(ctx, sb, tpl, tpl.ImageDir, tpl.EnvdToken)
+	src := image{dir: tpl.ImageDir, token: tpl.EnvdToken}
+	if src.dir != "" {
+		if err := m.holdImage(src.dir); err != nil {
+			return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, req.Template)
+		}
+		defer m.dropImage(src.dir)
+	}
+	e, err := m.launch(ctx, sb, tpl, src, false)
 	if err != nil {
 		return nil, err
 	}
-	return cloneSandbox(e.sb), nil
+	return cloneSandbox(e.view().sb), nil
 }
 
-// launchNew records sb as starting, brings its instance up in a fresh
-// network slot (booting, or restoring imageDir whose envd answers to
-// imageToken), records it running and arms its deadline. On failure
-// nothing it made is left.
-func (m *Manager) launchNew(ctx context.Context, sb *store.Sandbox, tpl *store.Template, imageDir, imageToken string) (*entry, error) {
-	if imageDir == "" {
+// image is a checkpoint to restore from; the zero value means boot.
+type image struct {
+	dir   string
+	token string // envd access token inside the image
+}
+
+// launch records sb as starting, brings its instance up in a fresh network
+// slot (booting, or restoring img), and unless pending records it running
+// and arms its deadline. A pending sandbox stays starting until finish; a
+// crash before that removes it. On failure nothing it made is left.
+func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
+	if img.dir == "" && !pending {
 		if ws := m.takeWarm(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB}); ws != nil {
 			e, err := m.launchWarm(ctx, sb, tpl, ws)
 			if err == nil {
@@ -225,48 +344,110 @@ func (m *Manager) launchNew(ctx context.Context, sb *store.Sandbox, tpl *store.T
 		}
 	}
 	log := m.logger.With("sandbox", sb.ID)
+	start := time.Now()
+	var undo cleanup.Cleanup
+	defer undo.Clean()
+
 	slot, err := m.acquireSlot(ctx)
 	if err != nil {
 		return nil, err
 	}
+	undo.Add(func() { m.releaseSlot(ctx, slot.Index, sb.ID) })
 	sb.SlotIndex = slot.Index
 	sb.State = store.StateStarting
 	if err := m.applyNetwork(ctx, sb, slot); err != nil {
-		m.releaseSlot(ctx, slot.Index, sb.ID)
 		return nil, err
 	}
 	// The starting record is durable first, so a crash mid-create is
 	// cleaned up by reconcile.
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
-		m.releaseSlot(ctx, slot.Index, sb.ID)
-		return nil, fmt.Errorf("record sandbox: %w", err)
+		return nil, storeError("record sandbox", err)
 	}
-	start := time.Now()
-	envd, err := m.bringUp(ctx, sb, tpl, slot, imageDir, imageToken)
-	if err == nil {
-		sb.State = store.StateRunning
-		sb.UpdatedAt = time.Now().UTC()
-		if err = m.store.UpdateSandbox(ctx, sb); err != nil {
-			err = fmt.Errorf("record running sandbox: %w", err)
-			m.killInstance(ctx, sb.ID)
-		}
-	}
+	undo.Add(func() { m.deleteRecord(ctx, sb.ID) })
+	envd, err := m.bringUp(ctx, sb, tpl, slot, img)
 	if err != nil {
-		m.releaseSlot(ctx, slot.Index, sb.ID)
-		if derr := m.store.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); derr != nil {
-			log.Error("delete record after failed create", "err", derr)
-		}
 		log.WarnContext(ctx, "create failed", "err", err)
 		return nil, err
 	}
-	e := &entry{sb: sb, slot: slot, envd: envd}
-	m.mu.Lock()
-	m.live[sb.ID] = e
-	m.mu.Unlock()
-	m.armTimer(e)
-	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", imageDir != "",
+	undo.Add(func() { m.killInstance(ctx, sb.ID) })
+	phase := phaseStarting
+	if !pending {
+		sb.State = store.StateRunning
+		sb.UpdatedAt = time.Now().UTC()
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			return nil, storeError("record running sandbox", err)
+		}
+		phase = phaseRunning
+	}
+	undo.Release()
+	v := &view{sb: sb, phase: phase, slot: slot, envd: envd}
+	if phase == phaseRunning {
+		v.run = newRunScope()
+	}
+	e := newEntry(v)
+	m.register(e)
+	if phase == phaseRunning {
+		e.mu.Lock()
+		m.armTimer(e)
+		e.mu.Unlock()
+	}
+	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", img.dir != "",
 		"took", time.Since(start).Round(time.Millisecond))
 	return e, nil
+}
+
+// finish turns a pending sandbox (a fork child) into a running one.
+func (m *Manager) finish(ctx context.Context, e *entry) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	v := e.view()
+	if err := allowed(opFinish, e.id, v.phase); err != nil {
+		return err
+	}
+	sb := cloneSandbox(v.sb)
+	sb.State = store.StateRunning
+	sb.UpdatedAt = time.Now().UTC()
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return storeError("record running sandbox", err)
+	}
+	e.publish(&view{sb: sb, phase: phaseRunning, slot: v.slot, envd: v.envd, run: newRunScope()}, nil)
+	m.armTimer(e)
+	return nil
+}
+
+// deleteRecord removes a record nobody acknowledged; when the store
+// cannot (a full disk), the record is hidden and retried until it goes.
+func (m *Manager) deleteRecord(ctx context.Context, id string) {
+	err := m.store.DeleteSandbox(context.WithoutCancel(ctx), id)
+	if err == nil || errors.Is(err, store.ErrNotFound) {
+		return
+	}
+	m.logger.WarnContext(ctx, "delete record; hiding it and retrying", "sandbox", id, "err", err)
+	m.mu.Lock()
+	m.orphans[id] = true
+	m.mu.Unlock()
+	m.goOwned(func(ctx context.Context) {
+		for delay := time.Second; ; delay = min(2*delay, maxKillRetry) {
+			select {
+			case <-ctx.Done():
+				return // reconcile removes it at the next start
+			case <-time.After(delay):
+			}
+			err := m.store.DeleteSandbox(ctx, id)
+			if err == nil || errors.Is(err, store.ErrNotFound) {
+				m.mu.Lock()
+				delete(m.orphans, id)
+				m.mu.Unlock()
+				return
+			}
+		}
+	})
+}
+
+func (m *Manager) hidden(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.orphans[id]
 }
 
 // identify gives envd the sandbox's identity: its access token, env
@@ -287,7 +468,7 @@ func (m *Manager) acquireSlot(ctx context.Context) (*network.Slot, error) {
 	slot, err := m.slots.Acquire(ctx)
 	if err != nil {
 		if errors.Is(err, network.ErrExhausted) {
-			return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: %v", node.ErrUnavailable, err)
 		}
 		return nil, fmt.Errorf("acquire network slot: %w", err)
 	}
@@ -304,38 +485,46 @@ func (m *Manager) releaseSlot(ctx context.Context, index int, id string) {
 // or destroying it (tens of milliseconds: conntrack flush, veth and netns
 // work) need not delay the answer to a delete. Shutdown waits for it.
 func (m *Manager) releaseSlotLater(index int, id string) {
-	m.background.Add(1)
-	go func() {
-		defer m.background.Done()
+	if !m.goOwned(func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		m.releaseSlot(ctx, index, id)
+	}) {
+		// Shutting down: release it now.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		m.releaseSlot(ctx, index, id)
-	}()
-}
-
-func (m *Manager) killInstance(ctx context.Context, id string) {
-	if err := m.driver.Kill(context.WithoutCancel(ctx), id); err != nil {
-		m.logger.ErrorContext(ctx, "kill instance", "sandbox", id, "err", err)
 	}
 }
 
-// bringUp starts (or restores from imageDir) the instance of sb in slot,
-// waits for its envd and gives it sb's identity: access token, env vars,
-// default user. It returns the client, which now holds sb's token. On
-// failure the instance is gone.
-func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot,
-	imageDir, imageToken string) (*envdclient.Client, error) {
+// killInstance stops an instance, bounded, whatever ctx says: it runs on
+// failure paths whose request may be gone.
+func (m *Manager) killInstance(ctx context.Context, id string) error {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
+	defer cancel()
+	if err := m.driver.Kill(kctx, id); err != nil {
+		m.logger.ErrorContext(ctx, "kill instance", "sandbox", id, "err", err)
+		return err
+	}
+	return nil
+}
+
+// bringUp starts (or restores img into) the instance of sb in slot, waits
+// for its envd and gives it sb's identity: access token, env vars, default
+// user. It returns the client, which now holds sb's token. On failure the
+// instance is gone.
+func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
 	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
 	var err error
-	if imageDir == "" {
+	if img.dir == "" {
 		err = m.driver.Start(ctx, spec)
 	} else {
-		err = m.driver.Restore(ctx, spec, imageDir)
+		err = m.driver.Restore(ctx, spec, img.dir)
 	}
 	if err != nil {
 		return nil, classifyRuntimeError(fmt.Errorf("start sandbox: %w", err))
 	}
-	envd := envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, imageToken)
+	envd := envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, img.token)
 	err = m.waitReady(ctx, envd)
 	if err == nil {
 		err = m.identify(ctx, envd, sb, tpl)
@@ -371,193 +560,180 @@ func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error 
 
 // Get returns a sandbox record.
 func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	if m.hidden(id) {
+		return nil, fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
+	}
 	sb, err := m.store.GetSandbox(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+		return nil, fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
 	}
 	return sb, err
 }
 
 // List returns sandbox records matching f.
 func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
-	return m.store.ListSandboxes(ctx, f)
-}
-
-// lookup returns the live entry of a sandbox, locked, or an error saying
-// why there is none. The caller must unlock it.
-func (m *Manager) lookup(ctx context.Context, id string) (*entry, error) {
-	m.mu.Lock()
-	e := m.live[id]
-	m.mu.Unlock()
-	if e == nil {
-		sb, err := m.Get(ctx, id)
-		if err != nil {
-			return nil, err
+	all, err := m.store.ListSandboxes(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, sb := range all {
+		if !m.hidden(sb.ID) {
+			out = append(out, sb)
 		}
-		return nil, fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, sb.State)
 	}
-	e.mu.Lock()
-	if e.gone {
-		e.mu.Unlock()
-		return nil, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
-	}
-	return e, nil
+	return out, nil
 }
 
 // Kill stops a sandbox, releases everything it held and forgets it.
-// Records of dead sandboxes are removed too.
+// Records of dead sandboxes are removed too. An operation in progress on
+// the sandbox is interrupted rather than waited for.
 func (m *Manager) Kill(ctx context.Context, id string) error {
-	m.mu.Lock()
-	e := m.live[id]
-	m.mu.Unlock()
+	e := m.entry(id)
 	if e == nil {
 		if _, err := m.Get(ctx, id); err != nil {
 			return err
 		}
 		// A dead sandbox: only its record is left.
 		if err := m.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return err
+			return storeError("delete sandbox", err)
 		}
 		return nil
 	}
+	e.interrupt()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.gone {
-		return fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	e.renewOps()
+	if e.view().phase == phaseGone {
+		return fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
 	}
-	if err := m.release(ctx, e); err != nil {
+	if err := m.release(ctx, e, "was killed"); err != nil {
 		return err
 	}
 	if err := m.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return err
+		return storeError("delete sandbox", err)
 	}
 	m.logger.InfoContext(ctx, "sandbox killed", "sandbox", id)
 	return nil
 }
 
-// release stops the sandbox and frees its slot; e.mu must be held. On
-// success the entry is gone from the live set.
-func (m *Manager) release(ctx context.Context, e *entry) error {
+// release stops the sandbox and frees its slot and image; e.mu must be
+// held. On success the entry is gone from the live set and calls in
+// flight to it end with why.
+func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 	if e.timer != nil {
 		e.timer.Stop()
+		e.timer = nil
 	}
-	if e.slot != nil {
-		if err := m.driver.Kill(ctx, e.sb.ID); err != nil {
-			m.armTimer(e)
-			return fmt.Errorf("kill sandbox %s: %w", e.sb.ID, err)
+	v := e.view()
+	if v.slot != nil || v.phase == phaseStarting {
+		if err := m.killInstance(ctx, e.id); err != nil {
+			return fmt.Errorf("kill sandbox %s: %w", e.id, err)
 		}
-		m.releaseSlotLater(e.slot.Index, e.sb.ID)
-		e.slot = nil
+		if v.slot != nil {
+			m.releaseSlotLater(v.slot.Index, e.id)
+		}
 	}
-	if e.sb.ImageDir != "" {
-		m.removeImage(ctx, e.sb.ImageDir)
+	if v.sb.ImageDir != "" {
+		m.removeImage(ctx, v.sb.ImageDir)
 	}
-	e.gone = true
-	m.mu.Lock()
-	delete(m.live, e.sb.ID)
-	m.mu.Unlock()
+	e.publish(&view{sb: v.sb, phase: phaseGone}, stoppedError(e.id, why))
+	m.unregister(e.id)
 	return nil
 }
 
 // markDead records that a sandbox ended on its own and frees what it held;
 // e.mu must be held.
 func (m *Manager) markDead(ctx context.Context, e *entry, reason string) {
-	if err := m.release(ctx, e); err != nil {
-		m.logger.ErrorContext(ctx, "release dead sandbox", "sandbox", e.sb.ID, "err", err)
+	if err := m.release(ctx, e, "died: "+reason); err != nil {
+		m.logger.ErrorContext(ctx, "release dead sandbox", "sandbox", e.id, "err", err)
 		return
 	}
-	e.sb.State = store.StateDead
-	e.sb.EndedReason = reason
-	e.sb.SlotIndex = -1
-	e.sb.ImageDir = ""
-	e.sb.UpdatedAt = time.Now().UTC()
-	if err := m.store.UpdateSandbox(ctx, e.sb); err != nil {
-		m.logger.ErrorContext(ctx, "record dead sandbox", "sandbox", e.sb.ID, "err", err)
+	sb := cloneSandbox(e.view().sb)
+	sb.State = store.StateDead
+	sb.EndedReason = reason
+	sb.SlotIndex = -1
+	sb.ImageDir = ""
+	sb.UpdatedAt = time.Now().UTC()
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		m.logger.ErrorContext(ctx, "record dead sandbox", "sandbox", e.id, "err", err)
 	}
-	m.logger.WarnContext(ctx, "sandbox died", "sandbox", e.sb.ID, "reason", reason)
+	m.logger.WarnContext(ctx, "sandbox died", "sandbox", e.id, "reason", reason)
 }
 
 // SetTimeout moves a sandbox's deadline to now+d (it may shorten it).
 func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
 	if d <= 0 || d > m.cfg.MaxTimeout {
-		return fmt.Errorf("%w: timeout must be between 1 and %d seconds", ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
+		return fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
 	}
-	e, err := m.lookup(ctx, id)
+	e, err := m.lock(ctx, id, opSetTimeout)
 	if err != nil {
 		return err
 	}
 	defer e.mu.Unlock()
-	if e.sb.State != store.StateRunning {
-		return fmt.Errorf("%w: sandbox %s is %s; resume it to set a timeout", ErrConflict, id, e.sb.State)
-	}
-	updated := cloneSandbox(e.sb)
+	v := e.view()
+	updated := cloneSandbox(v.sb)
 	updated.EndAt = time.Now().UTC().Add(d)
 	updated.TimeoutSecs = int(d.Seconds())
 	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
-		return err
+		return storeError("record timeout", err)
 	}
-	e.sb = updated
+	e.publish(&view{sb: updated, phase: v.phase, slot: v.slot, envd: v.envd, run: v.run}, nil)
 	m.armTimer(e)
 	return nil
 }
 
-// Envd returns a client for the envd of a running sandbox.
-func (m *Manager) Envd(ctx context.Context, id string) (*envdclient.Client, error) {
-	e, err := m.lookup(ctx, id)
-	if err != nil {
-		return nil, err
+// Reach resolves a port of a running sandbox for one call, without
+// waiting for any lifecycle operation on it.
+func (m *Manager) Reach(ctx context.Context, id string, port int) (*node.Target, error) {
+	e := m.entry(id)
+	if e == nil {
+		sb, err := m.Get(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: sandbox %s is %s", node.ErrConflict, id, sb.State)
 	}
-	defer e.mu.Unlock()
-	if e.sb.State != store.StateRunning {
-		return nil, fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, e.sb.State)
+	v := e.view()
+	switch v.phase {
+	case phaseRunning:
+	case phaseGone:
+		return nil, fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
+	default:
+		return nil, fmt.Errorf("%w: sandbox %s is %s", node.ErrConflict, id, v.phase)
 	}
-	return e.envd, nil
-}
-
-// Target returns the address of a port inside a running sandbox, for the
-// envd traffic proxy.
-func (m *Manager) Target(ctx context.Context, id string, port int) (string, error) {
-	target, _, err := m.PortTarget(ctx, id, port)
-	return target, err
-}
-
-// PortTarget is Target for exposed ports: it also returns the traffic
-// token the caller must present ("" when the ports are public).
-func (m *Manager) PortTarget(ctx context.Context, id string, port int) (string, string, error) {
-	e, err := m.lookup(ctx, id)
-	if err != nil {
-		return "", "", err
-	}
-	defer e.mu.Unlock()
-	if e.sb.State != store.StateRunning {
-		return "", "", fmt.Errorf("%w: sandbox %s is %s", ErrConflict, id, e.sb.State)
-	}
-	return sandboxHostPort(id, e.slot.SandboxIP, port), e.sb.TrafficToken, nil
+	callCtx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(v.run.ctx, func() { cancel(context.Cause(v.run.ctx)) })
+	return &node.Target{
+		Addr: sandboxHostPort(id, v.slot.SandboxIP, port), TrafficToken: v.sb.TrafficToken,
+		Envd: v.envd, Ctx: callCtx,
+		Release: func() { stop(); cancel(nil) },
+	}, nil
 }
 
 // SandboxByToken finds the running sandbox whose envd access token makes
 // check return true; used to route signed file URLs, which carry no
 // sandbox ID.
 func (m *Manager) SandboxByToken(check func(token string) bool) (string, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for id, e := range m.live {
-		if check(e.sb.AccessToken) {
-			return id, true
+	for _, e := range m.entries() {
+		if v := e.view(); v.phase == phaseRunning && check(v.sb.AccessToken) {
+			return e.id, true
 		}
 	}
 	return "", false
 }
 
-// Stats returns resource usage of a running sandbox.
+// Stats returns resource usage of a sandbox holding an instance.
 func (m *Manager) Stats(ctx context.Context, id string) (runtime.Stats, error) {
-	e, err := m.lookup(ctx, id)
-	if err != nil {
-		return runtime.Stats{}, err
+	e := m.entry(id)
+	if e == nil {
+		if _, err := m.Get(ctx, id); err != nil {
+			return runtime.Stats{}, err
+		}
+		return runtime.Stats{}, fmt.Errorf("%w: sandbox %s holds no resources", node.ErrConflict, id)
 	}
-	defer e.mu.Unlock()
-	if e.slot == nil {
+	if v := e.view(); v.slot == nil || v.phase == phaseGone {
 		return runtime.Stats{}, nil // paused on disk: holds no memory or CPU
 	}
 	return m.driver.Stats(ctx, id)
@@ -612,6 +788,10 @@ func cloneSandbox(sb *store.Sandbox) *store.Sandbox {
 	c := *sb
 	c.Metadata = mergeEnv(sb.Metadata)
 	c.EnvVars = mergeEnv(sb.EnvVars)
+	if sb.Network != nil {
+		n := *sb.Network
+		c.Network = &n
+	}
 	return &c
 }
 

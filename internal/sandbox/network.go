@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -17,7 +18,7 @@ func ParseNetwork(p *store.NetworkPolicy) (network.Policy, error) {
 	allow := p.AllowInternet
 	pol, err := network.ParsePolicy(&allow, p.AllowOut, p.DenyOut)
 	if err != nil {
-		return network.Policy{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return network.Policy{}, fmt.Errorf("%w: %v", node.ErrInvalid, err)
 	}
 	return pol, nil
 }
@@ -51,23 +52,29 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p *store.Network
 	if err != nil {
 		return err
 	}
-	e, err := m.lookup(ctx, id)
+	e, err := m.lock(ctx, id, opUpdateNetwork)
 	if err != nil {
 		return err
 	}
 	defer e.mu.Unlock()
-	updated := cloneSandbox(e.sb)
+	v := e.view()
+	updated := cloneSandbox(v.sb)
 	updated.Network = p
 	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
-		return err
+		return storeError("record network policy", err)
 	}
-	if e.slot != nil {
-		if err := m.slots.SetPolicy(ctx, e.slot.Index, pol); err != nil {
+	if v.slot != nil {
+		if err := m.slots.SetPolicy(ctx, v.slot.Index, pol); err != nil {
+			// Not acknowledged: the record goes back to the policy the
+			// firewall still enforces.
+			if rerr := m.store.UpdateSandbox(context.WithoutCancel(ctx), v.sb); rerr != nil {
+				m.logger.ErrorContext(ctx, "restore network record", "sandbox", id, "err", rerr)
+			}
 			return fmt.Errorf("egress policy of %s: %w", id, err)
 		}
 	}
-	e.sb = updated
+	e.publish(&view{sb: updated, phase: v.phase, slot: v.slot, envd: v.envd, run: v.run}, nil)
 	m.logger.InfoContext(ctx, "egress policy changed", "sandbox", id, "policy", pol.String())
 	return nil
 }
@@ -80,14 +87,13 @@ func (m *Manager) NetworkCounters(ctx context.Context) (map[string]network.Traff
 		return nil, err
 	}
 	out := map[string]network.Traffic{}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for id, e := range m.live {
-		if e.slot == nil {
+	for _, e := range m.entries() {
+		v := e.view()
+		if v.slot == nil || v.phase == phaseGone {
 			continue
 		}
-		if tr, ok := bySlot[e.slot.Index]; ok {
-			out[id] = tr
+		if tr, ok := bySlot[v.slot.Index]; ok {
+			out[e.id] = tr
 		}
 	}
 	return out, nil

@@ -9,91 +9,83 @@ import (
 	"syscall"
 	"time"
 
+	"gvisor.dev/gvisor/pkg/cleanup"
+
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
-// armTimer (re)starts the one timer of e for its state: the deadline of a
+// armTimer (re)starts the one timer of e for its phase: the deadline of a
 // running sandbox, or the spill to disk of one paused in memory. e.mu must
-// be held or e not yet shared.
+// be held.
 func (m *Manager) armTimer(e *entry) {
 	if e.timer != nil {
 		e.timer.Stop()
 		e.timer = nil
 	}
-	id := e.sb.ID
+	v := e.view()
 	switch {
-	case e.sb.State == store.StateRunning:
-		e.timer = time.AfterFunc(time.Until(e.sb.EndAt), func() { m.expire(id) })
-	case e.sb.State == store.StatePaused && e.sb.ImageDir == "" && m.cfg.PauseToDiskAfter > 0 &&
-		m.driver.Capabilities().Checkpoint:
-		wait := m.cfg.PauseToDiskAfter - time.Since(e.sb.UpdatedAt)
-		e.timer = time.AfterFunc(wait, func() { m.spill(id) })
-	}
-}
-
-// withLiveEntry runs fn on the live entry of id under its lock, in the
-// background context of a timer.
-func (m *Manager) withLiveEntry(id string, fn func(ctx context.Context, e *entry)) {
-	m.mu.Lock()
-	e := m.live[id]
-	m.mu.Unlock()
-	if e == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.gone {
-		fn(ctx, e)
+	case v.phase == phaseRunning:
+		e.timer = m.afterFunc(time.Until(v.sb.EndAt), func(ctx context.Context) { m.expire(ctx, e) })
+	case v.phase == phasePaused && m.cfg.PauseToDiskAfter > 0 && m.driver.Capabilities().Checkpoint:
+		wait := m.cfg.PauseToDiskAfter - time.Since(v.sb.UpdatedAt)
+		e.timer = m.afterFunc(wait, func(ctx context.Context) { m.spill(ctx, e) })
 	}
 }
 
 // expire handles a deadline: the sandbox is paused when it asked for
-// autoPause, killed otherwise.
-func (m *Manager) expire(id string) {
-	m.withLiveEntry(id, func(ctx context.Context, e *entry) {
-		if e.sb.State != store.StateRunning {
+// autoPause, killed otherwise. A kill that fails is retried with a
+// growing delay, never in a tight loop.
+func (m *Manager) expire(ctx context.Context, e *entry) {
+	ctx, cancel := context.WithTimeout(ctx, backgroundOpTimeout)
+	defer cancel()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	v := e.view()
+	if v.phase != phaseRunning {
+		return
+	}
+	if time.Until(v.sb.EndAt) > 0 { // extended meanwhile
+		m.armTimer(e)
+		return
+	}
+	if v.sb.AutoPause {
+		if err := m.pauseLocked(ctx, e, "reached its deadline and was paused"); err != nil {
+			m.retryExpiry(e, "auto-pause at deadline", err)
 			return
 		}
-		if wait := time.Until(e.sb.EndAt); wait > 0 { // extended meanwhile
-			m.armTimer(e)
-			return
-		}
-		if e.sb.AutoPause {
-			if err := m.pauseLocked(ctx, e); err != nil {
-				m.logger.Error("auto-pause at deadline", "sandbox", id, "err", err)
-				return
-			}
-			m.logger.Info("sandbox reached its deadline and was paused", "sandbox", id)
-			return
-		}
-		if err := m.release(ctx, e); err != nil {
-			m.logger.Error("kill expired sandbox", "sandbox", id, "err", err)
-			return
-		}
-		if err := m.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
-			m.logger.Error("delete expired sandbox record", "sandbox", id, "err", err)
-		}
-		m.logger.Info("sandbox timed out and was killed", "sandbox", id)
-	})
+		e.retry = 0
+		m.logger.Info("sandbox reached its deadline and was paused", "sandbox", e.id)
+		return
+	}
+	if err := m.release(ctx, e, "reached its deadline and was killed"); err != nil {
+		m.retryExpiry(e, "kill expired sandbox", err)
+		return
+	}
+	if err := m.store.DeleteSandbox(ctx, e.id); err != nil && !errors.Is(err, store.ErrNotFound) {
+		m.logger.Error("delete expired sandbox record", "sandbox", e.id, "err", err)
+	}
+	m.logger.Info("sandbox timed out and was killed", "sandbox", e.id)
 }
 
-// PauseOptions change how a sandbox is paused.
-type PauseOptions struct {
-	// ToDisk writes it to disk at once and releases its memory (it comes
-	// back whole on resume).
-	ToDisk bool
-	// DropMemory is E2B's keepMemory:false: released at once, and the
-	// resume keeps the files but not the processes.
-	DropMemory bool
+// retryExpiry schedules another expiry attempt after a failure, doubling
+// the delay up to maxKillRetry; each failure is logged once per attempt,
+// so at most once a minute once the delay is at its bound. e.mu held.
+func (m *Manager) retryExpiry(e *entry, what string, err error) {
+	e.retry = min(max(2*e.retry, time.Second), maxKillRetry)
+	m.logger.Error(what+"; retrying", "sandbox", e.id, "in", e.retry, "err", err)
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.timer = m.afterFunc(e.retry, func(ctx context.Context) { m.expire(ctx, e) })
 }
 
 // Pause freezes a running sandbox in memory. It uses no CPU while paused;
 // after PauseToDiskAfter (or at once, see PauseOptions) it is written to
 // disk and its memory released.
-func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error {
+func (m *Manager) Pause(ctx context.Context, id string, opts node.PauseOptions) error {
 	caps := m.driver.Capabilities()
 	if err := requireCapability(caps.Pause, m.driver.Name(), "pause"); err != nil {
 		return err
@@ -103,40 +95,46 @@ func (m *Manager) Pause(ctx context.Context, id string, opts PauseOptions) error
 			return err
 		}
 	}
-	e, err := m.lookup(ctx, id)
+	e, err := m.lock(ctx, id, opPause)
 	if err != nil {
 		return err
 	}
 	defer e.mu.Unlock()
-	if e.sb.State == store.StatePaused {
-		return fmt.Errorf("%w: sandbox %s is already paused", ErrConflict, id)
-	}
-	if err := m.pauseLocked(ctx, e); err != nil {
+	opCtx, done := e.opContext(ctx)
+	defer done()
+	if err := m.pauseLocked(opCtx, e, "was paused"); err != nil {
 		return err
 	}
 	if opts.ToDisk || opts.DropMemory {
-		return m.spillLocked(ctx, e, opts.DropMemory)
+		// On failure the sandbox stays paused in memory, whole.
+		return m.spillLocked(opCtx, e, opts.DropMemory)
 	}
 	return nil
 }
 
-func (m *Manager) pauseLocked(ctx context.Context, e *entry) error {
-	if err := m.driver.Pause(ctx, e.sb.ID); err != nil {
-		return fmt.Errorf("pause %s: %w", e.sb.ID, err)
+func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
+	v := e.view()
+	var undo cleanup.Cleanup
+	defer undo.Clean()
+	if err := m.driver.Pause(ctx, e.id); err != nil {
+		return fmt.Errorf("pause %s: %w", e.id, err)
 	}
-	updated := cloneSandbox(e.sb)
+	undo.Add(func() {
+		// Not acknowledged: undo, so record and instance agree.
+		if err := m.driver.Resume(context.WithoutCancel(ctx), e.id); err != nil {
+			m.logger.ErrorContext(ctx, "resume after failed pause record", "sandbox", e.id, "err", err)
+		}
+	})
+	updated := cloneSandbox(v.sb)
 	updated.State = store.StatePaused
 	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
-		// Not acknowledged: undo, so record and instance agree.
-		if rerr := m.driver.Resume(context.WithoutCancel(ctx), e.sb.ID); rerr != nil {
-			m.logger.ErrorContext(ctx, "resume after failed pause record", "sandbox", e.sb.ID, "err", rerr)
-		}
-		return err
+		return storeError("record paused sandbox", err)
 	}
-	e.sb = updated
+	undo.Release()
+	e.publish(&view{sb: updated, phase: phasePaused, slot: v.slot, envd: v.envd}, stoppedError(e.id, why))
 	m.armTimer(e)
-	m.logger.InfoContext(ctx, "sandbox paused", "sandbox", e.sb.ID)
+	m.logger.InfoContext(ctx, "sandbox paused", "sandbox", e.id)
 	return nil
 }
 
@@ -144,32 +142,53 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry) error {
 // the lifetime it was created with). A sandbox paused to disk is restored
 // into a new network slot. With reboot (or when it was paused without its
 // memory) its processes are ended and its files kept. It reports whether
-// the sandbox was paused.
+// the sandbox was paused. A failed resume leaves it paused as it was.
 func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, reboot bool) (*store.Sandbox, bool, error) {
-	e, err := m.lookup(ctx, id)
+	e := m.entry(id)
+	if e != nil {
+		e.mu.Lock()
+		if v := e.view(); v.phase == phaseRunning {
+			e.mu.Unlock()
+			return cloneSandbox(v.sb), false, nil
+		}
+		e.mu.Unlock()
+	}
+	e, err := m.lock(ctx, id, opResume)
 	if err != nil {
 		return nil, false, err
 	}
 	defer e.mu.Unlock()
+	v := e.view()
 	if timeout == 0 {
-		timeout = time.Duration(e.sb.TimeoutSecs) * time.Second
+		timeout = time.Duration(v.sb.TimeoutSecs) * time.Second
 	}
 	if timeout, err = m.checkTimeout(timeout); err != nil {
 		return nil, false, err
 	}
-	if e.sb.State == store.StateRunning {
-		return cloneSandbox(e.sb), false, nil
-	}
-	updated := cloneSandbox(e.sb)
-	if e.sb.ImageDir == "" {
-		if err := m.driver.Resume(ctx, id); err != nil {
+	opCtx, done := e.opContext(ctx)
+	defer done()
+
+	var undo cleanup.Cleanup
+	defer undo.Clean()
+	updated := cloneSandbox(v.sb)
+	slot, envd := v.slot, v.envd
+	if v.phase == phasePaused {
+		if err := m.driver.Resume(opCtx, id); err != nil {
 			return nil, false, fmt.Errorf("resume %s: %w", id, err)
 		}
-	} else if err := m.restoreFromDisk(ctx, e, updated); err != nil {
-		return nil, false, err
+		undo.Add(func() {
+			if err := m.driver.Pause(context.WithoutCancel(ctx), id); err != nil {
+				m.logger.ErrorContext(ctx, "pause again after failed resume", "sandbox", id, "err", err)
+			}
+		})
+	} else {
+		slot, envd, err = m.restoreFromDisk(opCtx, &undo, updated)
+		if err != nil {
+			return nil, false, err
+		}
 	}
-	if reboot || e.sb.RebootOnResume {
-		if err := e.envd.Init(ctx, envdclient.InitRequest{KillProcesses: true}); err != nil {
+	if reboot || v.sb.RebootOnResume {
+		if err := envd.Init(opCtx, envdclient.InitRequest{KillProcesses: true}); err != nil {
 			return nil, false, fmt.Errorf("resume %s without memory: %w", id, err)
 		}
 		updated.RebootOnResume = false
@@ -179,76 +198,94 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 	updated.EndAt = now.Add(timeout)
 	updated.TimeoutSecs = int(timeout.Seconds())
 	updated.UpdatedAt = now
-	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
-		return nil, false, err
+	if err := m.store.UpdateSandbox(opCtx, updated); err != nil {
+		return nil, false, storeError("record resumed sandbox", err)
 	}
-	if e.sb.ImageDir != "" {
-		m.removeImage(ctx, e.sb.ImageDir)
+	undo.Release()
+	if v.sb.ImageDir != "" {
+		m.removeImage(ctx, v.sb.ImageDir)
 	}
-	e.sb = updated
+	e.publish(&view{sb: updated, phase: phaseRunning, slot: slot, envd: envd, run: newRunScope()}, nil)
 	m.armTimer(e)
 	m.logger.InfoContext(ctx, "sandbox resumed", "sandbox", id)
 	return cloneSandbox(updated), true, nil
 }
 
 // restoreFromDisk brings a sandbox paused to disk back up in a new slot;
-// updated receives the new slot and loses the image reference.
-func (m *Manager) restoreFromDisk(ctx context.Context, e *entry, updated *store.Sandbox) error {
-	tpl, err := m.templates.Get(ctx, e.sb.TemplateID)
+// updated receives the new slot and loses the image reference. undo gets
+// the steps that take the new instance down again; the image is kept
+// until the resume is recorded.
+func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, updated *store.Sandbox) (*network.Slot, *envdclient.Client, error) {
+	tpl, err := m.GetTemplate(ctx, updated.TemplateID)
 	if err != nil {
-		return fmt.Errorf("resume %s: template %s: %w", e.sb.ID, e.sb.TemplateID, err)
+		return nil, nil, fmt.Errorf("resume %s: template %s: %w", updated.ID, updated.TemplateID, err)
 	}
 	slot, err := m.acquireSlot(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
+	undo.Add(func() { m.releaseSlot(ctx, slot.Index, updated.ID) })
 	updated.SlotIndex = slot.Index
 	if err := m.applyNetwork(ctx, updated, slot); err != nil {
-		m.releaseSlot(ctx, slot.Index, e.sb.ID)
-		return err
+		return nil, nil, err
 	}
-	envd, err := m.bringUp(ctx, updated, tpl, slot, e.sb.ImageDir, e.sb.AccessToken)
+	envd, err := m.bringUp(ctx, updated, tpl, slot, image{dir: updated.ImageDir, token: updated.AccessToken})
 	if err != nil {
-		m.releaseSlot(ctx, slot.Index, e.sb.ID)
-		return fmt.Errorf("resume %s from disk: %w", e.sb.ID, err)
+		return nil, nil, fmt.Errorf("resume %s from disk: %w", updated.ID, err)
 	}
-	e.slot, e.envd = slot, envd
+	undo.Add(func() { m.killInstance(ctx, updated.ID) })
 	updated.ImageDir = ""
-	return nil
+	return slot, envd, nil
 }
 
 // spill writes a sandbox paused in memory to disk and releases its
 // memory, CPU and network slot.
-func (m *Manager) spill(id string) {
-	m.withLiveEntry(id, func(ctx context.Context, e *entry) {
-		if e.sb.State != store.StatePaused || e.sb.ImageDir != "" {
-			return
-		}
-		if err := m.spillLocked(ctx, e, false); err != nil {
-			m.logger.Error("pause to disk", "sandbox", id, "err", err)
-		}
-	})
+func (m *Manager) spill(ctx context.Context, e *entry) {
+	ctx, cancel := context.WithTimeout(ctx, backgroundOpTimeout)
+	defer cancel()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.view().phase != phasePaused {
+		return
+	}
+	opCtx, done := e.opContext(ctx)
+	defer done()
+	if err := m.spillLocked(opCtx, e, false); err != nil {
+		m.logger.Error("pause to disk", "sandbox", e.id, "err", err)
+	}
 }
 
-// spillLocked writes e to disk; with dropMemory its next resume keeps the
-// files only.
+// spillLocked writes e, paused in memory, to disk; with dropMemory its
+// next resume keeps the files only. The checkpoint leaves the instance
+// paused as it was: only once the image is complete and recorded is the
+// instance stopped. A failed or interrupted spill (a full disk, a kill -9
+// of the server) thus leaves the sandbox paused in memory, whole.
 func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) error {
 	start := time.Now()
-	dir := m.pauseImageDir(e.sb.ID)
-	if err := m.checkpoint(ctx, e.sb.ID, dir, false); err != nil {
+	v := e.view()
+	if err := allowed(opSpill, e.id, v.phase); err != nil {
 		return err
 	}
-	updated := cloneSandbox(e.sb)
+	dir := m.pauseImageDir(e.id)
+	if err := m.checkpoint(ctx, e.id, dir, true); err != nil {
+		return err
+	}
+	updated := cloneSandbox(v.sb)
 	updated.ImageDir = dir
 	updated.SlotIndex = -1
 	updated.RebootOnResume = updated.RebootOnResume || dropMemory
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
-		return err
+		m.removeImage(ctx, dir)
+		return storeError("record sandbox paused to disk", err)
 	}
-	m.killInstance(ctx, e.sb.ID)
-	m.releaseSlot(ctx, e.slot.Index, e.sb.ID)
-	e.sb, e.slot, e.envd = updated, nil, nil
-	m.logger.InfoContext(ctx, "paused sandbox written to disk", "sandbox", e.sb.ID,
+	e.publish(&view{sb: updated, phase: phaseOnDisk}, nil)
+	// The image is the state now. An instance that will not die is
+	// removed by the next reconcile (no record keeps it).
+	if err := m.killInstance(ctx, e.id); err == nil {
+		m.releaseSlotLater(v.slot.Index, e.id)
+	}
+	m.armTimer(e)
+	m.logger.InfoContext(ctx, "paused sandbox written to disk", "sandbox", e.id,
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
@@ -266,6 +303,9 @@ const completeMarker = "aenv-complete"
 func (m *Manager) checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
 	partial := dir + ".partial"
 	os.RemoveAll(partial)
+	if err := os.MkdirAll(m.cfg.ImagesDir, 0o700); err != nil {
+		return classifyRuntimeError(fmt.Errorf("checkpoint %s: %w", id, err))
+	}
 	if err := m.driver.Checkpoint(ctx, id, partial, leaveRunning); err != nil {
 		// runsc reports a full disk as a crash of its save, not as ENOSPC:
 		// look at the disk itself before the partial image is removed.
@@ -273,9 +313,15 @@ func (m *Manager) checkpoint(ctx context.Context, id, dir string, leaveRunning b
 		os.RemoveAll(partial)
 		if full {
 			return fmt.Errorf("%w: the disk holding %s is full; checkpoint of %s not written",
-				ErrInsufficientStorage, m.cfg.ImagesDir, id)
+				node.ErrInsufficientStorage, m.cfg.ImagesDir, id)
 		}
 		return classifyRuntimeError(fmt.Errorf("checkpoint %s: %w", id, err))
+	}
+	// Checkpoints hold the sandbox's memory: secrets. Readable by root only,
+	// whatever the data dir's mode.
+	if err := os.Chmod(partial, 0o700); err != nil {
+		os.RemoveAll(partial)
+		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
 	if err := os.WriteFile(filepath.Join(partial, completeMarker), nil, 0o600); err != nil {
 		os.RemoveAll(partial)

@@ -37,7 +37,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	keep := map[string]bool{}
 	keepImages := map[string]bool{}
 	var inUse []int
-	var adopted []*entry
+	var adopted []*store.Sandbox
 	for _, sb := range records {
 		switch sb.State {
 		case store.StateStarting:
@@ -59,7 +59,7 @@ func (m *Manager) Start(ctx context.Context) error {
 				keep[sb.ID] = true
 				inUse = append(inUse, sb.SlotIndex)
 			}
-			adopted = append(adopted, &entry{sb: sb})
+			adopted = append(adopted, sb)
 		}
 	}
 	if err := m.slots.Start(ctx, inUse); err != nil {
@@ -71,28 +71,34 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.collectImages(ctx, keepImages); err != nil {
 		return fmt.Errorf("reconcile: images: %w", err)
 	}
-	for _, e := range adopted {
-		if e.sb.ImageDir == "" {
-			e.slot = m.slots.Slot(e.sb.SlotIndex)
-			e.envd = envdclient.New(envdURL(e.sb.ID, e.slot.SandboxIP), m.http, e.sb.AccessToken)
+	for _, sb := range adopted {
+		v := &view{sb: sb, phase: phaseOnDisk}
+		if sb.ImageDir == "" {
+			v.slot = m.slots.Slot(sb.SlotIndex)
+			v.envd = envdclient.New(envdURL(sb.ID, v.slot.SandboxIP), m.http, sb.AccessToken)
+			v.phase = phasePaused
+			if sb.State == store.StateRunning {
+				v.phase, v.run = phaseRunning, newRunScope()
+			}
 			// The policy is the record's, whatever the firewall kept.
-			if err := m.applyNetwork(ctx, e.sb, e.slot); err != nil {
-				m.logger.ErrorContext(ctx, "reconcile: egress policy", "sandbox", e.sb.ID, "err", err)
+			if err := m.applyNetwork(ctx, sb, v.slot); err != nil {
+				m.logger.ErrorContext(ctx, "reconcile: egress policy", "sandbox", sb.ID, "err", err)
 			}
 		}
-		m.mu.Lock()
-		m.live[e.sb.ID] = e
-		m.mu.Unlock()
+		e := newEntry(v)
+		m.register(e)
+		e.mu.Lock()
 		m.armTimer(e)
-		m.logger.InfoContext(ctx, "reconcile: adopted sandbox", "sandbox", e.sb.ID, "state", e.sb.State,
-			"on_disk", e.sb.ImageDir != "", "endAt", e.sb.EndAt)
+		e.mu.Unlock()
+		m.logger.InfoContext(ctx, "reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.State,
+			"on_disk", sb.ImageDir != "", "endAt", sb.EndAt)
 	}
 
-	monitorCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	m.stopMonitor = cancel
 	m.monitorDone = make(chan struct{})
-	go m.monitor(monitorCtx)
-	return m.startWarmPool(monitorCtx)
+	if !m.goOwned(m.monitor) {
+		close(m.monitorDone)
+	}
+	return m.startWarmPool(m.ctx)
 }
 
 // reconcileRecord decides what a running or paused record becomes given
@@ -192,35 +198,68 @@ func (m *Manager) monitor(ctx context.Context) {
 }
 
 func (m *Manager) checkLiveness(ctx context.Context) {
-	instances, err := m.driver.List(ctx)
-	if err != nil {
-		m.logger.WarnContext(ctx, "monitor: list runtime instances", "err", err)
+	var watched []*entry
+	for _, e := range m.entries() {
+		if v := e.view(); v.slot != nil && (v.phase == phaseRunning || v.phase == phasePaused) {
+			watched = append(watched, e)
+		}
+	}
+	if len(watched) == 0 {
 		return
 	}
-	state := map[string]runtime.State{}
-	for _, in := range instances {
-		state[in.ID] = in.State
-	}
-	m.mu.Lock()
-	var suspects []*entry
-	for id, e := range m.live {
-		if e.slot == nil {
-			continue // paused on disk: no instance to watch
+	listCtx, cancel := context.WithTimeout(ctx, m.cfg.MonitorTimeout)
+	instances, err := m.driver.List(listCtx)
+	cancel()
+	suspects := watched
+	if err == nil {
+		state := map[string]runtime.State{}
+		for _, in := range instances {
+			state[in.ID] = in.State
 		}
-		if s, ok := state[id]; !ok || s == runtime.StateStopped {
-			suspects = append(suspects, e)
-		}
-	}
-	m.mu.Unlock()
-	for _, e := range suspects {
-		e.mu.Lock()
-		// Look again under the lock: a create or kill may have raced the list.
-		if !e.gone && e.slot != nil {
-			if s, err := m.driver.State(ctx, e.sb.ID); err != nil || s == runtime.StateStopped {
-				m.markDead(ctx, e, "sandbox stopped on its own (out of memory, or its init process exited)")
+		suspects = suspects[:0]
+		for _, e := range watched {
+			if s, ok := state[e.id]; !ok || s == runtime.StateStopped {
+				suspects = append(suspects, e)
 			}
 		}
-		e.mu.Unlock()
+	} else {
+		m.logger.WarnContext(ctx, "monitor: list runtime instances; checking each sandbox", "err", err)
+	}
+	// Each suspect on its own: one whose runtime hangs, or whose lifecycle
+	// lock a long operation holds, does not delay the others' verdicts.
+	for _, e := range suspects {
+		m.goOwned(func(ctx context.Context) { m.checkOne(ctx, e) })
+	}
+}
+
+// checkOne asks the runtime about one sandbox and, if it is gone, marks it
+// dead. Only one check per sandbox runs at a time.
+func (m *Manager) checkOne(ctx context.Context, e *entry) {
+	if !e.checking.CompareAndSwap(false, true) {
+		return
+	}
+	defer e.checking.Store(false)
+	stateCtx, cancel := context.WithTimeout(ctx, m.cfg.MonitorTimeout)
+	s, err := m.driver.State(stateCtx, e.id)
+	cancel()
+	if err == nil && s != runtime.StateStopped {
+		return
+	}
+	if err != nil && !errors.Is(err, runtime.ErrNotFound) {
+		m.logger.WarnContext(ctx, "monitor: sandbox state", "sandbox", e.id, "err", err)
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	// Look again under the lock: a kill, spill or resume may have raced.
+	if v := e.view(); v.slot == nil || (v.phase != phaseRunning && v.phase != phasePaused) {
+		return
+	}
+	stateCtx, cancel = context.WithTimeout(ctx, m.cfg.MonitorTimeout)
+	s, err = m.driver.State(stateCtx, e.id)
+	cancel()
+	if errors.Is(err, runtime.ErrNotFound) || (err == nil && s == runtime.StateStopped) {
+		m.markDead(ctx, e, "sandbox stopped on its own (out of memory, or its init process exited)")
 	}
 }
 
@@ -236,36 +275,46 @@ func (m *Manager) pruneDead(ctx context.Context) {
 	}
 }
 
-// Shutdown stops the monitor and deadline timers. Sandboxes keep running
-// (the next start adopts them) unless killAll is set.
+// Shutdown stops the monitor, timers and every goroutine the manager
+// started, and waits for them: after it returns nothing touches the store.
+// Sandboxes keep running (the next start adopts them) unless killAll is
+// set. Operations in progress are interrupted; ctx bounds the whole.
 func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
-	if m.stopMonitor != nil {
-		m.stopMonitor()
-		<-m.monitorDone
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	entries := m.entries()
+	for _, e := range entries {
+		e.interrupt()
+	}
+	waited := make(chan struct{})
+	go func() {
+		m.owned.Wait()
+		close(waited)
+	}()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		return fmt.Errorf("shutdown: background work did not finish: %w", ctx.Err())
 	}
 	m.stopWarmPool(ctx)
-	m.mu.Lock()
-	entries := make([]*entry, 0, len(m.live))
-	for _, e := range m.live {
-		entries = append(entries, e)
-	}
-	m.mu.Unlock()
 	var errs []error
 	for _, e := range entries {
 		e.mu.Lock()
 		if e.timer != nil {
 			e.timer.Stop()
+			e.timer = nil
 		}
-		if killAll && !e.gone {
-			if err := m.release(ctx, e); err != nil {
+		if killAll && e.view().phase != phaseGone {
+			if err := m.release(ctx, e, "was killed: the server stopped"); err != nil {
 				errs = append(errs, err)
-			} else if err := m.store.DeleteSandbox(ctx, e.sb.ID); err != nil {
+			} else if err := m.store.DeleteSandbox(ctx, e.id); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		e.mu.Unlock()
 	}
-	m.background.Wait()
 	if killAll && len(errs) == 0 {
 		// Nothing is kept: the driver removes its shared debris too.
 		if err := m.driver.Cleanup(ctx, map[string]bool{}); err != nil {

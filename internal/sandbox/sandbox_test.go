@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -38,7 +39,7 @@ func TestClassifyRuntimeError(t *testing.T) {
 		{fmt.Errorf("write: %w", syscall.ENOSPC), true},
 		{errors.New("runsc: container not found"), false},
 	} {
-		if got := errors.Is(classifyRuntimeError(tc.err), ErrInsufficientStorage); got != tc.full {
+		if got := errors.Is(classifyRuntimeError(tc.err), node.ErrInsufficientStorage); got != tc.full {
 			t.Errorf("%v: disk full = %v, want %v", tc.err, got, tc.full)
 		}
 	}
@@ -56,7 +57,7 @@ func TestParseNetwork(t *testing.T) {
 	if err != nil || pol.AllowInternet || len(pol.AllowOut) != 1 {
 		t.Fatalf("policy: %+v %v", pol, err)
 	}
-	if _, err := ParseNetwork(&store.NetworkPolicy{DenyOut: []string{"not-a-cidr"}}); !errors.Is(err, ErrInvalid) {
+	if _, err := ParseNetwork(&store.NetworkPolicy{DenyOut: []string{"not-a-cidr"}}); !errors.Is(err, node.ErrInvalid) {
 		t.Fatalf("bad CIDR: %v", err)
 	}
 }
@@ -78,7 +79,7 @@ func TestRequireCapability(t *testing.T) {
 	if err := requireCapability(true, "gvisor", "fork"); err != nil {
 		t.Fatal(err)
 	}
-	if err := requireCapability(false, "plain", "fork"); !errors.Is(err, ErrNotSupported) {
+	if err := requireCapability(false, "plain", "fork"); !errors.Is(err, node.ErrNotSupported) {
 		t.Fatalf("missing capability: %v", err)
 	}
 }

@@ -6,49 +6,48 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"sort"
+	"strings"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
 )
 
-// SnapshotRequest asks for a checkpoint of a sandbox kept as a template.
-type SnapshotRequest struct {
-	SandboxID string
-	Name      string             // optional for snapshots, required for templates
-	Kind      store.TemplateKind // KindSnapshot or KindSandboxTemplate
-}
-
 // Snapshot checkpoints a sandbox (running or paused; it keeps its state)
 // into a new template that sandboxes can be created, or forked, from.
-func (m *Manager) Snapshot(ctx context.Context, req SnapshotRequest) (*store.Template, error) {
+func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*store.Template, error) {
 	if err := requireCapability(m.driver.Capabilities().Checkpoint, m.driver.Name(), "snapshots"); err != nil {
 		return nil, err
 	}
 	if req.Kind == store.KindSandboxTemplate && req.Name == "" {
-		return nil, fmt.Errorf("%w: name is required", ErrInvalid)
+		return nil, fmt.Errorf("%w: name is required", node.ErrInvalid)
 	}
 	if req.Name != "" {
 		if err := template.CheckName(req.Name); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: %v", node.ErrInvalid, err)
 		}
 		if _, err := m.store.GetTemplate(ctx, req.Name); err == nil {
-			return nil, fmt.Errorf("%w: a template named %q exists", ErrConflict, req.Name)
+			return nil, fmt.Errorf("%w: a template named %q exists", node.ErrConflict, req.Name)
 		}
 	}
-	e, err := m.lookup(ctx, req.SandboxID)
+	e, err := m.lock(ctx, req.SandboxID, opSnapshot)
 	if err != nil {
 		return nil, err
 	}
 	defer e.mu.Unlock()
-	src, err := m.templates.Get(ctx, e.sb.TemplateID)
+	v := e.view()
+	src, err := m.GetTemplate(ctx, v.sb.TemplateID)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: template %s: %w", req.SandboxID, e.sb.TemplateID, err)
+		return nil, fmt.Errorf("snapshot %s: template %s: %w", req.SandboxID, v.sb.TemplateID, err)
 	}
 	id := NewID()
 	dir := filepath.Join(m.cfg.ImagesDir, id)
 	start := time.Now()
-	if err := m.imageOf(ctx, e, dir); err != nil {
+	opCtx, done := e.opContext(ctx)
+	defer done()
+	if err := m.imageOf(opCtx, e, dir); err != nil {
 		return nil, err
 	}
 	name := req.Name
@@ -57,18 +56,18 @@ func (m *Manager) Snapshot(ctx context.Context, req SnapshotRequest) (*store.Tem
 	}
 	tpl := &store.Template{
 		ID: id, Name: name, RootfsPath: src.RootfsPath, DefaultUser: src.DefaultUser,
-		DefaultWorkdir: src.DefaultWorkdir, Env: src.Env, VCPU: e.sb.VCPU, MemoryMB: e.sb.MemoryMB,
-		CreatedAt: time.Now().UTC(), Kind: req.Kind, ImageDir: dir, SourceSandbox: e.sb.ID,
-		EnvdToken: e.sb.AccessToken, EnvVars: e.sb.EnvVars,
+		DefaultWorkdir: src.DefaultWorkdir, Env: src.Env, VCPU: v.sb.VCPU, MemoryMB: v.sb.MemoryMB,
+		CreatedAt: time.Now().UTC(), Kind: req.Kind, ImageDir: dir, SourceSandbox: e.id,
+		EnvdToken: v.sb.AccessToken, EnvVars: v.sb.EnvVars,
 	}
 	if err := m.store.PutTemplate(ctx, tpl); err != nil {
 		m.removeImage(ctx, dir)
 		if errors.Is(err, store.ErrConflict) {
-			return nil, fmt.Errorf("%w: a template named %q exists", ErrConflict, req.Name)
+			return nil, fmt.Errorf("%w: a template named %q exists", node.ErrConflict, req.Name)
 		}
-		return nil, err
+		return nil, storeError("record snapshot", err)
 	}
-	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.sb.ID, "snapshot", id, "name", req.Name,
+	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
 	return tpl, nil
 }
@@ -76,17 +75,27 @@ func (m *Manager) Snapshot(ctx context.Context, req SnapshotRequest) (*store.Tem
 // imageOf writes the current state of the sandbox of e into dir, leaving
 // the sandbox as it was (running, paused, or paused on disk). e.mu held.
 func (m *Manager) imageOf(ctx context.Context, e *entry, dir string) error {
-	if e.sb.ImageDir != "" {
+	v := e.view()
+	if v.phase == phaseOnDisk {
 		// Paused on disk: its image is the state; share it by hard links.
-		out, err := exec.CommandContext(ctx, "cp", "-al", e.sb.ImageDir, dir).CombinedOutput()
+		out, err := exec.CommandContext(ctx, "cp", "-al", v.sb.ImageDir, dir).CombinedOutput()
 		if err != nil {
 			m.removeImage(ctx, dir)
-			return classifyRuntimeError(fmt.Errorf("copy image of %s: %w: %s", e.sb.ID, err, out))
+			return classifyRuntimeError(fmt.Errorf("copy image of %s: %w: %s", e.id, err, out))
 		}
 		return nil
 	}
 	// runsc checkpoints a paused sandbox as it is; it stays paused.
-	return m.checkpoint(ctx, e.sb.ID, dir, true)
+	return m.checkpoint(ctx, e.id, dir, true)
+}
+
+// GetTemplate finds a template or snapshot by ID or name.
+func (m *Manager) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
+	tpl, err := m.templates.Get(ctx, idOrName)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
+	}
+	return tpl, err
 }
 
 // ListTemplates returns every template, snapshots included.
@@ -94,28 +103,125 @@ func (m *Manager) ListTemplates(ctx context.Context) ([]*store.Template, error) 
 	return m.store.ListTemplates(ctx)
 }
 
-// DeleteTemplate removes a template or snapshot and its image. Sandboxes
-// already made from it are not affected (restores load images whole).
+// BuildTemplate makes a template from an OCI image.
+func (m *Manager) BuildTemplate(ctx context.Context, req template.ImageRequest) (*store.Template, error) {
+	return m.templates.BuildFromImage(ctx, req, NewID)
+}
+
+// DeleteTemplate removes a template or snapshot. What it owns goes only
+// when nothing refers to it any more: a template's root filesystem is
+// shared by its snapshots and by the sandboxes made from either, so such a
+// template answers ErrConflict naming its users; a snapshot's image is
+// removed once the restores reading it are done.
 func (m *Manager) DeleteTemplate(ctx context.Context, idOrName string) error {
-	tpl, err := m.store.GetTemplate(ctx, idOrName)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: template %q", ErrNotFound, idOrName)
-	}
+	tpl, err := m.GetTemplate(ctx, idOrName)
 	if err != nil {
 		return err
 	}
 	if tpl.Name == template.BaseName {
-		return fmt.Errorf("%w: the base template cannot be deleted", ErrConflict)
+		return fmt.Errorf("%w: the base template cannot be deleted", node.ErrConflict)
+	}
+	ownsRootfs := tpl.ImageDir == ""
+	if ownsRootfs {
+		users, err := m.rootfsUsers(ctx, tpl)
+		if err != nil {
+			return err
+		}
+		if len(users) > 0 {
+			return fmt.Errorf("%w: template %s is in use by %s; delete those first",
+				node.ErrConflict, tpl.Name, strings.Join(users, ", "))
+		}
 	}
 	if err := m.store.DeleteTemplate(ctx, tpl.ID); err != nil {
-		return err
+		return storeError("delete template", err)
 	}
 	if tpl.ImageDir != "" {
-		m.removeImage(ctx, tpl.ImageDir)
+		m.dropImageOf(ctx, tpl.ImageDir)
 	}
-	if err := m.templates.RemoveRootfs(tpl); err != nil {
-		m.logger.WarnContext(ctx, "remove template rootfs", "template", tpl.ID, "err", err)
+	if ownsRootfs {
+		if err := m.templates.RemoveRootfs(tpl); err != nil {
+			m.logger.WarnContext(ctx, "remove template rootfs", "template", tpl.ID, "err", err)
+		}
 	}
 	m.logger.InfoContext(ctx, "template deleted", "template", tpl.ID, "name", tpl.Name)
 	return nil
+}
+
+// rootfsUsers names what else uses tpl's root filesystem: other templates
+// and snapshots, and sandboxes that are not dead.
+func (m *Manager) rootfsUsers(ctx context.Context, tpl *store.Template) ([]string, error) {
+	templates, err := m.store.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sharing := map[string]bool{tpl.ID: true}
+	var users []string
+	for _, t := range templates {
+		if t.ID != tpl.ID && t.RootfsPath == tpl.RootfsPath {
+			sharing[t.ID] = true
+			users = append(users, fmt.Sprintf("%s %s", kindWord(t), t.Name))
+		}
+	}
+	sandboxes, err := m.store.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range sandboxes {
+		if sb.State != store.StateDead && sharing[sb.TemplateID] {
+			users = append(users, "sandbox "+sb.ID)
+		}
+	}
+	sort.Strings(users)
+	return users, nil
+}
+
+func kindWord(t *store.Template) string {
+	if t.ImageDir != "" {
+		return "snapshot"
+	}
+	return "template"
+}
+
+// holdImage marks a template's image as being read by a restore, so that
+// deleting the template meanwhile does not remove it under the restore.
+func (m *Manager) holdImage(dir string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.imagesToDrop[dir] || !imageComplete(dir) {
+		return fmt.Errorf("image %s is gone", dir)
+	}
+	m.images[dir]++
+	return nil
+}
+
+// dropImage ends a hold; the last one removes an image whose template
+// was deleted meanwhile.
+func (m *Manager) dropImage(dir string) {
+	m.mu.Lock()
+	m.images[dir]--
+	remove := m.images[dir] <= 0 && m.imagesToDrop[dir]
+	if m.images[dir] <= 0 {
+		delete(m.images, dir)
+	}
+	if remove {
+		delete(m.imagesToDrop, dir)
+	}
+	m.mu.Unlock()
+	if remove {
+		m.removeImage(context.Background(), dir)
+	}
+}
+
+// dropImageOf removes a deleted template's image now, or after the
+// restores holding it finish.
+func (m *Manager) dropImageOf(ctx context.Context, dir string) {
+	m.mu.Lock()
+	held := m.images[dir] > 0
+	if held {
+		m.imagesToDrop[dir] = true
+	}
+	m.mu.Unlock()
+	if !held {
+		m.removeImage(ctx, dir)
+	}
 }

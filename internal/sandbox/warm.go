@@ -56,7 +56,9 @@ func (m *Manager) startWarmPool(ctx context.Context) error {
 	key := warmKey{tpl.ID, firstPositive(tpl.VCPU, m.cfg.DefaultVCPU), firstPositive(tpl.MemoryMB, m.cfg.DefaultMemoryMB)}
 	m.warm = &warmPool{target: m.cfg.WarmSandboxes, key: key, tpl: tpl,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
-	go m.fillWarmPool(ctx)
+	if !m.goOwned(m.fillWarmPool) {
+		close(m.warm.done)
+	}
 	return nil
 }
 
@@ -168,17 +170,20 @@ func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.
 	}
 	if err == nil {
 		sb.UpdatedAt = time.Now().UTC()
-		err = m.store.CreateSandbox(ctx, sb)
+		if err = m.store.CreateSandbox(ctx, sb); err != nil {
+			err = storeError("record sandbox", err)
+		}
 	}
 	if err != nil {
 		m.discardWarm(context.WithoutCancel(ctx), ws)
 		return nil, err
 	}
-	e := &entry{sb: sb, slot: ws.slot, envd: ws.envd} // re-keyed by identify
-	m.mu.Lock()
-	m.live[sb.ID] = e
-	m.mu.Unlock()
+	// identify re-keyed the client to sb's token.
+	e := newEntry(&view{sb: sb, phase: phaseRunning, slot: ws.slot, envd: ws.envd, run: newRunScope()})
+	m.register(e)
+	e.mu.Lock()
 	m.armTimer(e)
+	e.mu.Unlock()
 	m.logger.InfoContext(ctx, "sandbox started from the warm pool", "sandbox", sb.ID, "template", tpl.Name,
 		"took", time.Since(start).Round(time.Millisecond))
 	return e, nil

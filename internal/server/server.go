@@ -143,7 +143,7 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		DefaultExecTimeout: config.Seconds(cfg.DefaultExecTimeoutSecs),
 		MaxExecTimeout:     config.Seconds(cfg.MaxTimeoutSecs),
 		Domain:             cfg.Domain,
-	}, sandboxes, templates, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}, sandboxes, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	listener, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -1,0 +1,144 @@
+// Package node is the seam between the API and whatever holds sandboxes:
+// the Node interface, its request and answer types, and its error kinds.
+//
+// The local node (internal/sandbox.Manager) implements it for the
+// sandboxes of one machine; a cluster gateway implements it by routing
+// each call to the node that holds the sandbox. The API depends on this
+// interface only.
+package node
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// EnvdPort is the port envd listens on inside every sandbox.
+const EnvdPort = 49983
+
+// Error kinds. The API translates them to HTTP statuses in one place;
+// wrap them with %w to add context.
+var (
+	// ErrNotFound: no such sandbox, template or snapshot.
+	ErrNotFound = errors.New("not found")
+	// ErrInvalid: the request is malformed or out of bounds.
+	ErrInvalid = errors.New("invalid request")
+	// ErrConflict: the sandbox is not in a state that allows the
+	// operation, or the thing is still in use.
+	ErrConflict = errors.New("conflict")
+	// ErrUnavailable: the node lacks capacity (network slots, memory).
+	ErrUnavailable = errors.New("unavailable")
+	// ErrNotSupported: the runtime driver cannot do this.
+	ErrNotSupported = errors.New("not supported by this runtime")
+	// ErrInsufficientStorage: the disk is full; nothing partial is kept.
+	ErrInsufficientStorage = errors.New("insufficient storage")
+	// ErrStopped: the sandbox stopped running while a call to it was in
+	// flight (killed, paused, expired or died); the wrapping error says
+	// which.
+	ErrStopped = errors.New("sandbox stopped")
+)
+
+// Node is what the API needs of the sandboxes it serves.
+type Node interface {
+	// Create starts a sandbox and returns once envd in it answers.
+	Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error)
+	Get(ctx context.Context, id string) (*store.Sandbox, error)
+	List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
+	// Kill stops a sandbox and forgets it; calls in flight to it end.
+	Kill(ctx context.Context, id string) error
+	// SetTimeout moves a running sandbox's deadline to now+d.
+	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	Pause(ctx context.Context, id string, opts PauseOptions) error
+	// Resume continues a paused sandbox with a fresh deadline (0: its own
+	// lifetime) and reports whether it was paused.
+	Resume(ctx context.Context, id string, timeout time.Duration, reboot bool) (*store.Sandbox, bool, error)
+	Fork(ctx context.Context, req ForkRequest) ([]ForkResult, error)
+	Snapshot(ctx context.Context, req SnapshotRequest) (*store.Template, error)
+	UpdateNetwork(ctx context.Context, id string, p *store.NetworkPolicy) error
+	Stats(ctx context.Context, id string) (runtime.Stats, error)
+
+	GetTemplate(ctx context.Context, idOrName string) (*store.Template, error)
+	ListTemplates(ctx context.Context) ([]*store.Template, error)
+	BuildTemplate(ctx context.Context, req template.ImageRequest) (*store.Template, error)
+	// DeleteTemplate removes a template or snapshot; ErrConflict when
+	// something still uses it.
+	DeleteTemplate(ctx context.Context, idOrName string) error
+
+	// Reach resolves a port of a running sandbox for traffic to it. It
+	// never waits for a lifecycle operation on the sandbox.
+	Reach(ctx context.Context, id string, port int) (*Target, error)
+	// SandboxByToken finds the running sandbox whose envd access token
+	// makes check true (signed file URLs carry no sandbox ID).
+	SandboxByToken(check func(token string) bool) (string, bool)
+	// Transport reaches sandboxes' ports (the envd proxy uses it).
+	Transport() http.RoundTripper
+	NetworkCounters(ctx context.Context) (map[string]network.Traffic, error)
+}
+
+// Target is a port of a running sandbox, resolved for one call.
+type Target struct {
+	// Addr is the host:port to dial through Node.Transport.
+	Addr string
+	// TrafficToken is what exposed-port requests must present; "" when
+	// the sandbox's ports are public.
+	TrafficToken string
+	// Envd is a client of the sandbox's envd.
+	Envd *envdclient.Client
+	// Ctx is the caller's context, ended as well the moment the sandbox
+	// stops running; context.Cause then wraps ErrStopped and says why.
+	Ctx context.Context
+	// Release frees what Ctx holds; call it when the call is over.
+	Release func()
+}
+
+// CreateRequest is a request for a new sandbox.
+type CreateRequest struct {
+	Template  string // template ID or name; "" = base
+	VCPU      int    // 0 = template or node default
+	MemoryMB  int    // 0 = template or node default
+	Timeout   time.Duration
+	Metadata  map[string]string
+	EnvVars   map[string]string
+	AutoPause bool
+	Network   *store.NetworkPolicy // nil: default policy
+	// Private makes exposed ports require the traffic access token.
+	Private bool
+}
+
+// PauseOptions change how a sandbox is paused.
+type PauseOptions struct {
+	// ToDisk writes it to disk at once and releases its memory (it comes
+	// back whole on resume).
+	ToDisk bool
+	// DropMemory is E2B's keepMemory:false: released at once, and the
+	// resume keeps the files but not the processes.
+	DropMemory bool
+}
+
+// ForkRequest asks for Count children of a sandbox or of a snapshot.
+type ForkRequest struct {
+	SandboxID  string // fork a sandbox (running, or paused in memory or on disk)...
+	SnapshotID string // ...or a snapshot/template (ID or name)
+	Count      int
+	Timeout    time.Duration // children's lifetime; 0 = the source's
+}
+
+// ForkResult is one child: a sandbox or why it could not be made.
+type ForkResult struct {
+	Sandbox *store.Sandbox
+	Err     error
+}
+
+// SnapshotRequest asks for a checkpoint of a sandbox kept as a template.
+type SnapshotRequest struct {
+	SandboxID string
+	Name      string             // optional for snapshots, required for templates
+	Kind      store.TemplateKind // KindSnapshot or KindSandboxTemplate
+}

@@ -1,0 +1,190 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// phase is where a sandbox is in its life, as the manager sees it. The
+// store keeps a coarser state (paused covers phasePaused and phaseOnDisk).
+//
+//	            create / restore        pause              spill
+//	starting ─────────────────▶ running ─────▶ paused ─────────▶ onDisk
+//	    │                        ▲  │  ◀─────── │ ◀──────────────── │
+//	    │                        │  │  resume      resume (new slot)
+//	    ▼                        │  ▼
+//	   gone ◀──── kill, expire, die (from any phase)
+//
+// Snapshot, fork, timeout and network changes keep the phase.
+type phase int
+
+const (
+	phaseStarting phase = iota // instance coming up; not reachable
+	phaseRunning               // instance runs, envd answers
+	phasePaused                // instance frozen in memory
+	phaseOnDisk                // checkpoint on disk; no instance, no slot
+	phaseGone                  // killed or dead; the entry is being dropped
+)
+
+func (p phase) String() string {
+	switch p {
+	case phaseStarting:
+		return "starting"
+	case phaseRunning:
+		return "running"
+	case phasePaused:
+		return "paused"
+	case phaseOnDisk:
+		return "paused on disk"
+	case phaseGone:
+		return "gone"
+	}
+	return fmt.Sprintf("phase(%d)", int(p))
+}
+
+// op is a lifecycle operation on one sandbox.
+type op string
+
+const (
+	opPause         op = "pause"
+	opSpill         op = "pause to disk"
+	opResume        op = "resume"
+	opSnapshot      op = "snapshot"
+	opFork          op = "fork"
+	opSetTimeout    op = "set the timeout of"
+	opUpdateNetwork op = "change the network of"
+	opFinish        op = "finish starting"
+)
+
+// transitions lists, for every operation, the phases it may start from.
+// Kill, expiry and death are allowed from every phase but gone.
+var transitions = map[op][]phase{
+	opPause:         {phaseRunning},
+	opSpill:         {phasePaused},
+	opResume:        {phasePaused, phaseOnDisk},
+	opSnapshot:      {phaseRunning, phasePaused, phaseOnDisk},
+	opFork:          {phaseRunning, phasePaused, phaseOnDisk},
+	opSetTimeout:    {phaseRunning},
+	opUpdateNetwork: {phaseRunning, phasePaused, phaseOnDisk},
+	opFinish:        {phaseStarting},
+}
+
+// allowed says whether o may start from p, and if not, why in words a
+// client understands (wrapped as ErrConflict).
+func allowed(o op, id string, p phase) error {
+	for _, from := range transitions[o] {
+		if p == from {
+			return nil
+		}
+	}
+	if p == phaseGone {
+		return fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
+	}
+	hint := ""
+	switch {
+	case o == opPause && (p == phasePaused || p == phaseOnDisk):
+		hint = " (already paused)"
+	case o == opSetTimeout && (p == phasePaused || p == phaseOnDisk):
+		hint = "; resume it to set a timeout"
+	}
+	return fmt.Errorf("%w: cannot %s sandbox %s: it is %s%s", node.ErrConflict, o, id, p, hint)
+}
+
+// view is an immutable picture of a sandbox, published atomically so that
+// readers (the proxy, token lookup, stats, counters, the monitor) never
+// wait on the lifecycle lock. A transition builds a new view and publishes
+// it once the runtime and the record agree.
+type view struct {
+	sb    *store.Sandbox // never modified once published
+	phase phase
+	slot  *network.Slot      // nil when no instance holds one
+	envd  *envdclient.Client // nil when no instance
+	// run ends the moment the sandbox stops running; set in phaseRunning
+	// only. Calls in flight to the sandbox are bound to it.
+	run *runScope
+}
+
+// runScope is one stretch of a sandbox's running life.
+type runScope struct {
+	ctx  context.Context
+	stop context.CancelCauseFunc
+}
+
+func newRunScope() *runScope {
+	ctx, stop := context.WithCancelCause(context.Background())
+	return &runScope{ctx: ctx, stop: stop}
+}
+
+// entry is the in-memory side of a sandbox that holds resources.
+type entry struct {
+	id  string
+	cur atomic.Pointer[view]
+
+	// mu serialises lifecycle operations on this sandbox; readers use cur.
+	mu    sync.Mutex
+	timer *time.Timer // deadline or spill; guarded by mu
+	// retry is the back-off of a failing expiry kill; guarded by mu.
+	retry time.Duration
+	// checking is set while the monitor asks the runtime about it.
+	checking atomic.Bool
+
+	// ops ends the runtime calls of operations in progress, so that a kill
+	// need not wait for a hung one. Replaced after each kill attempt.
+	opsMu     sync.Mutex
+	ops       context.Context
+	cancelOps context.CancelFunc
+}
+
+func newEntry(v *view) *entry {
+	e := &entry{id: v.sb.ID}
+	e.cur.Store(v)
+	e.renewOps()
+	return e
+}
+
+func (e *entry) view() *view { return e.cur.Load() }
+
+// publish makes v the sandbox's current view. When the sandbox leaves a
+// running stretch, calls bound to it end with cause.
+func (e *entry) publish(v *view, cause error) {
+	old := e.cur.Swap(v)
+	if old != nil && old.run != nil && old.run != v.run {
+		old.run.stop(cause)
+	}
+}
+
+// opContext is ctx, ended too when a kill interrupts the operation.
+func (e *entry) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	e.opsMu.Lock()
+	ops := e.ops
+	e.opsMu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(ops, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// interrupt ends the runtime calls of operations in progress.
+func (e *entry) interrupt() {
+	e.opsMu.Lock()
+	e.cancelOps()
+	e.opsMu.Unlock()
+}
+
+func (e *entry) renewOps() {
+	e.opsMu.Lock()
+	e.ops, e.cancelOps = context.WithCancel(context.Background())
+	e.opsMu.Unlock()
+}
+
+// stoppedError is the cause calls in flight see when a sandbox stops.
+func stoppedError(id, why string) error {
+	return fmt.Errorf("%w: sandbox %s %s", node.ErrStopped, id, why)
+}
