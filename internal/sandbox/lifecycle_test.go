@@ -176,10 +176,16 @@ func TestPauseResumeFailuresUndo(t *testing.T) {
 			func(w *world, id string) error { return w.m.Pause(context.Background(), id, node.PauseOptions{}) },
 			runtime.StateRunning, store.StateRunning, node.ErrInsufficientStorage},
 		{"resume: runtime fails", pause, "resume", errInjected,
-			func(w *world, id string) error { _, _, err := w.m.Resume(context.Background(), id, 0, false); return err },
+			func(w *world, id string) error {
+				_, _, err := w.m.Resume(context.Background(), id, 0, false)
+				return err
+			},
 			runtime.StatePaused, store.StatePaused, errInjected},
 		{"resume: record fails", pause, "store.update:running", errDiskFull,
-			func(w *world, id string) error { _, _, err := w.m.Resume(context.Background(), id, 0, false); return err },
+			func(w *world, id string) error {
+				_, _, err := w.m.Resume(context.Background(), id, 0, false)
+				return err
+			},
 			runtime.StatePaused, store.StatePaused, node.ErrInsufficientStorage},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
