@@ -39,12 +39,14 @@ type Server struct {
 	mux       *http.ServeMux
 	proxy     *envdProxy
 	requests  *prometheus.HistogramVec
+	idem      *idempotency
 }
 
 // New builds the handler. reg receives the API's metrics.
 func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	reg prometheus.Registerer, metrics http.Handler) *Server {
-	s := &Server{cfg: cfg, sandboxes: sandboxes, logger: logger, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, sandboxes: sandboxes, logger: logger, mux: http.NewServeMux(),
+		idem: newIdempotency()}
 	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "aenv_api_request_duration_seconds",
 		Help:    "Control-plane request latency by route and status.",
@@ -59,7 +61,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.mux.Handle("GET /metrics", metrics)
 
 	for _, prefix := range []string{"", "/v2"} {
-		s.route("POST "+prefix+"/sandboxes", s.createSandbox)
+		s.route("POST "+prefix+"/sandboxes", s.idempotent(s.createSandbox))
 		s.route("GET "+prefix+"/sandboxes", s.listSandboxes)
 	}
 	s.route("GET /sandboxes/{id}", s.getSandbox)
@@ -77,10 +79,10 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.route("POST /sandboxes/{id}/resume", s.resumeSandbox)
 	s.route("POST /v2/sandboxes/{id}/connect", s.connectSandbox)
 	s.route("POST /sandboxes/{id}/connect", s.connectSandbox)
-	s.route("POST /sandboxes/{id}/fork", s.forkSandbox)
+	s.route("POST /sandboxes/{id}/fork", s.idempotent(s.forkSandbox))
 	s.route("POST /sandboxes/{id}/snapshots", s.createSnapshot)
 	s.route("GET /snapshots", s.listSnapshots)
-	s.route("POST /snapshots/{id}/fork", s.forkSnapshot)
+	s.route("POST /snapshots/{id}/fork", s.idempotent(s.forkSnapshot))
 	s.route("GET /templates", s.listTemplates)
 	s.route("GET /templates/{id}", s.getTemplate)
 	s.route("POST /templates", s.createTemplate)
