@@ -58,13 +58,13 @@ test-prepare: build
 
 .PHONY: test
 test: test-prepare ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end (root; nothing is skipped)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -race -count=1 -timeout 40m ./...
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(BIN)/aenv sdk/python/run-tests.sh
 	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
 
 .PHONY: test-go
 test-go: test-prepare ## Run the Go tests only (root)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -count=1 -timeout 40m ./...
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -race -count=1 -timeout 40m ./...
 
 .PHONY: test-e2e
 test-e2e: test-prepare ## Run the E2B SDK end-to-end suite (root)
@@ -72,7 +72,7 @@ test-e2e: test-prepare ## Run the E2B SDK end-to-end suite (root)
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need neither root nor sandboxes
-	$(GOTEST) -count=1 -short ./...
+	$(GOTEST) -race -count=1 -short ./...
 
 .PHONY: bench
 bench: build ## The benchmark suite against the running server (AENV_URL, AENV_API_KEY): table, docs/bench.json, docs/bench.png

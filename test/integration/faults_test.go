@@ -73,18 +73,13 @@ func TestKillDuringFork(t *testing.T) {
 	s.stop(syscall.SIGKILL)
 	<-done
 	s.start()
+	// The fork was never answered: none of its children may be left
+	// (the client could never learn their IDs).
 	var list []sandboxBody
 	s.expect(s.do("GET", "/v2/sandboxes?state=running,paused,dead", nil), 200, "list").json(t, &list)
 	for _, sb := range list {
-		if sb.SandboxID == parent {
-			continue
-		}
-		// Children that finished before the kill are whole and usable.
-		if sb.State != "running" {
-			t.Fatalf("child %s is %s after restart", sb.SandboxID, sb.State)
-		}
-		if res := s.exec(sb.SandboxID, map[string]any{"command": "echo ok"}); res.Stdout != "ok\n" {
-			t.Fatalf("child %s unusable: %+v", sb.SandboxID, res)
+		if sb.SandboxID != parent {
+			t.Errorf("child %s of an unanswered fork is %s after restart", sb.SandboxID, sb.State)
 		}
 	}
 	if res := s.exec(parent, map[string]any{"command": "echo parent"}); res.Stdout != "parent\n" {

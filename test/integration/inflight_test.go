@@ -1,0 +1,104 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A call in flight when its sandbox is killed or paused ends at once with
+// an answer that says which, never a timeout or a protocol error.
+func TestCallsEndWhenSandboxStops(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	for _, tc := range []struct {
+		name string
+		stop func(id string)
+		why  string
+	}{
+		{"kill", func(id string) { s.expect(s.do("DELETE", "/sandboxes/"+id, nil), 204, "delete") }, "was killed"},
+		{"pause", func(id string) { s.expect(s.do("POST", "/sandboxes/"+id+"/pause", nil), 204, "pause") }, "was paused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := s.create(nil).SandboxID
+			answered := make(chan response, 1)
+			go func() {
+				answered <- s.doNoFail("POST", "/sandboxes/"+id+"/execute",
+					map[string]any{"command": "sleep 60", "timeout": 120})
+			}()
+			waitFor(t, 30*time.Second, "sleep running", func() bool {
+				res := s.exec(id, map[string]any{"command": "pgrep -x sleep || true"})
+				return strings.TrimSpace(res.Stdout) != ""
+			})
+			stopped := time.Now()
+			tc.stop(id)
+			var r response
+			select {
+			case r = <-answered:
+			case <-time.After(15 * time.Second):
+				t.Fatal("execute still unanswered 15 s after the sandbox stopped")
+			}
+			took := time.Since(stopped)
+			var body struct {
+				Code     int    `json:"code"`
+				Message  string `json:"message"`
+				TimedOut bool   `json:"timedOut"`
+			}
+			json.Unmarshal(r.body, &body)
+			if r.status != 410 || body.TimedOut || !strings.Contains(body.Message, tc.why) {
+				t.Fatalf("answer %d %s, want 410 saying %q", r.status, r.body, tc.why)
+			}
+			t.Logf("execute answered %s after the %s: %s", took.Round(time.Millisecond), tc.name, body.Message)
+			if tc.name == "pause" {
+				s.expect(s.do("POST", "/sandboxes/"+id+"/resume", nil), 201, "resume")
+				s.expect(s.do("DELETE", "/sandboxes/"+id, nil), 204, "delete")
+			}
+		})
+	}
+}
+
+// A pause to disk interrupted by a kill -9 of the server loses nothing:
+// after the restart the sandbox resumes with its processes and memory.
+func TestPauseToDiskKilledMidway(t *testing.T) {
+	s := newServer(t, "--warm-sandboxes", "0")
+	s.start()
+	id := s.create(map[string]any{"templateID": "base", "memoryMB": 1024}).SandboxID
+	// A process holding 300 MB: it survives only if memory does.
+	s.exec(id, map[string]any{"command": `nohup python3 -c "
+import time
+x = bytearray(300 << 20)
+for i in range(0, len(x), 4096): x[i] = 1
+open('/tmp/holder.pid', 'w').write('ok')
+time.sleep(100000)
+" >/dev/null 2>&1 &`})
+	waitFor(t, 60*time.Second, "memory holder up", func() bool {
+		return s.exec(id, map[string]any{"command": "cat /tmp/holder.pid 2>/dev/null || true"}).Stdout == "ok"
+	})
+	pid := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f bytearray"}).Stdout)
+	go s.doNoFail("POST", "/sandboxes/"+id+"/pause", map[string]any{"toDisk": true})
+	partial := filepath.Join(s.dataDir, "images", "pause-"+id+".partial")
+	waitFor(t, 60*time.Second, "checkpoint being written", func() bool {
+		_, err := os.Stat(partial)
+		return err == nil
+	})
+	s.stop(syscall.SIGKILL)
+	s.start()
+
+	var info sandboxBody
+	s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(t, &info)
+	if info.State != "paused" {
+		t.Fatalf("after restart the sandbox is %s", info.State)
+	}
+	s.expect(s.do("POST", "/sandboxes/"+id+"/resume", nil), 201, "resume")
+	// It stays alive (the reported failure died ~3 s after resume).
+	for range 3 {
+		if got := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f bytearray"}).Stdout); got != pid {
+			t.Fatalf("memory holder pid %q after resume, want %q", got, pid)
+		}
+		time.Sleep(time.Second)
+	}
+}
