@@ -40,6 +40,10 @@ const (
 // superuser is the role initdb makes; local connections trust it.
 const superuser = "postgres"
 
+// port names the socket (.s.PGSQL.<port>); the socket's directory is the
+// cluster's own, so every cluster can use the same one.
+const port = "5432"
+
 // Server is one throwaway PostgreSQL cluster.
 type Server struct {
 	bin     string              // directory of initdb and postgres
@@ -189,7 +193,7 @@ func (s *Server) Start(t testing.TB) {
 	// Durability is of no use in a throwaway cluster, and turning it off
 	// keeps the tests fast on a busy disk. No TCP listener: the socket in
 	// the cluster's directory cannot collide with another test's.
-	cmd := s.command("postgres", "-D", s.dataDir(), "-k", s.dir, "-c", "listen_addresses=",
+	cmd := s.command("postgres", "-D", s.dataDir(), "-k", s.dir, "-p", port, "-c", "listen_addresses=",
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "shared_buffers=32MB", "-c", "max_connections=100")
 	cmd.Stdout, cmd.Stderr = s.log, s.log
@@ -269,7 +273,7 @@ func (s *Server) stop() error {
 // ConnString is the keyword/value connection string of database db, as
 // the superuser.
 func (s *Server) ConnString(db string) string {
-	return fmt.Sprintf("host=%s port=5432 user=%s dbname=%s sslmode=disable", s.dir, superuser, db)
+	return fmt.Sprintf("host=%s port=%s user=%s dbname=%s sslmode=disable", s.dir, port, superuser, db)
 }
 
 // NewDatabase creates an empty database and returns its connection
