@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Removes debris that an interrupted test run left behind: aenv servers and
 # gVisor sandboxes started from temporary data dirs, their mounts, network
-# namespaces, veths, firewall tables and cgroups. Test servers use data dirs
-# under /tmp and network prefixes starting with "it", "e2", "py" or "t";
-# the production defaults (/var/lib/aenv, prefix "aenv") are left alone.
+# namespaces, veths, firewall tables and cgroups, and the store tests'
+# PostgreSQL clusters (/tmp/aenv-pg-*). Test servers use data dirs under
+# /tmp and network prefixes starting with "it", "e2", "py" or "t"; the
+# production defaults (/var/lib/aenv, prefix "aenv") are left alone.
 set -uo pipefail
 
 tmp_pattern='/tmp/[^ ]*'
@@ -11,7 +12,11 @@ tmp_pattern='/tmp/[^ ]*'
 # Servers and sandboxes of temporary data dirs.
 pkill -KILL -f "aenv server --data-dir $tmp_pattern" 2>/dev/null
 pkill -KILL -f "runsc.*--root[= ]$tmp_pattern" 2>/dev/null
+# Throwaway PostgreSQL servers of the store tests (SIGQUIT: immediate
+# shutdown, which also stops their workers).
+pkill -QUIT -f "postgres -D /tmp/aenv-pg-[^ ]*/data" 2>/dev/null
 sleep 0.5
+rm -rf /tmp/aenv-pg-*
 
 # Mounts under /tmp (runsc's null-netns pins, leftovers of crashed tests).
 grep -o " /tmp/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do

@@ -3,8 +3,9 @@
 set -euo pipefail
 
 # debootstrap builds the base template; iproute2/nftables/procps are used by
-# the tests to inspect what the server made; runc is the benchmarks' baseline.
-packages=(debootstrap iproute2 nftables procps runc ca-certificates git make)
+# the tests to inspect what the server made; runc is the benchmarks' baseline;
+# postgresql gives the PostgreSQL store's tests their throwaway servers.
+packages=(debootstrap iproute2 nftables procps runc ca-certificates git make postgresql)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,343 @@
+// Package postgres is the shared Store: one PostgreSQL database that the
+// nodes of a cluster all use, through a pgx connection pool.
+//
+// It keeps exactly the semantics of the SQLite store (the shared suite in
+// storetest holds both to them). The pool replaces connections that a
+// server restart or a network failure broke: an operation caught by the
+// break returns a wrapped error, and later ones get fresh connections.
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// Store is a store.Store backed by PostgreSQL.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open connects to the database named by connString (a libpq keyword/value
+// string or a postgres:// URL; pool settings such as pool_max_conns go in
+// it too) and applies the embedded migrations. The role must be allowed to
+// create tables in the database's default schema.
+func Open(ctx context.Context, connString string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	s := &Store{pool: pool}
+	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return s, nil
+}
+
+// Close closes the pool's connections, waiting for those in use.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata, env,
+	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs,
+	network, traffic_token, reboot_on_resume`
+
+func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	args, err := sandboxArgs(sb)
+	if err != nil {
+		return err
+	}
+	_, err = s.pool.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+		$18::jsonb, $19, $20)`, args...)
+	if err != nil {
+		if isUniqueViolation(err) {
+			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
+		}
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	args, err := sandboxArgs(sb)
+	if err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET template_id = $2, alias = $3, state = $4, vcpu = $5,
+		memory_mb = $6, metadata = $7::jsonb, env = $8::jsonb, access_token = $9, slot_index = $10,
+		auto_pause = $11, started_at = $12, end_at = $13, ended_reason = $14, updated_at = $15, image_dir = $16,
+		timeout_secs = $17, network = $18::jsonb, traffic_token = $19, reboot_on_resume = $20 WHERE id = $1`,
+		args...)
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	return expectOneRow(tag, "update sandbox "+sb.ID)
+}
+
+func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
+	row := s.pool.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = $1`, id)
+	sb, err := scanSandbox(row)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	var where []string
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	if len(f.States) > 0 {
+		states := make([]string, len(f.States))
+		for i, st := range f.States {
+			states[i] = string(st)
+		}
+		where = append(where, "state = ANY("+arg(states)+"::text[])")
+	}
+	if len(f.Metadata) > 0 {
+		// Containment of a flat object of strings: every pair matches.
+		md, err := json.Marshal(f.Metadata)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: metadata filter: %w", err)
+		}
+		where = append(where, "metadata @> "+arg(string(md))+"::jsonb")
+	}
+	if f.Template != "" {
+		p := arg(f.Template)
+		where = append(where, "(template_id = "+p+" OR alias = "+p+")")
+	}
+	query := `SELECT ` + sandboxColumns + ` FROM sandboxes`
+	if len(where) > 0 {
+		query += " WHERE " + strings.Join(where, " AND ")
+	}
+	query += " ORDER BY started_at DESC, id"
+	rows, err := s.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		out = append(out, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1`, id)
+	if err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return expectOneRow(tag, "delete sandbox "+id)
+}
+
+const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
+	kind, image_dir, source_sandbox, envd_token, env_vars`
+
+func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
+	env, err := json.Marshal(nonNil(t.Env))
+	if err != nil {
+		return fmt.Errorf("put template %s: %w", t.ID, err)
+	}
+	envVars, err := json.Marshal(nonNil(t.EnvVars))
+	if err != nil {
+		return fmt.Errorf("put template %s: %w", t.ID, err)
+	}
+	kind := t.Kind
+	if kind == "" {
+		kind = store.KindRootfs
+	}
+	// created_at is kept from the first put, as in the SQLite store.
+	_, err = s.pool.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb)
+		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
+		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
+		env = excluded.env, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
+		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
+		envd_token = excluded.envd_token, env_vars = excluded.env_vars`,
+		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
+		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars))
+	if err != nil {
+		if isUniqueViolation(err) {
+			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
+		}
+		return fmt.Errorf("put template %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
+	// An ID match wins over a name match (another template's name may
+	// equal this ID).
+	row := s.pool.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates WHERE id = $1 OR name = $1
+		ORDER BY id = $1 DESC LIMIT 1`, idOrName)
+	t, err := scanTemplate(row)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("template %s: %w", idOrName, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get template %s: %w", idOrName, err)
+	}
+	return t, nil
+}
+
+func (s *Store) ListTemplates(ctx context.Context) ([]*store.Template, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+templateColumns+` FROM templates ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Template
+	for rows.Next() {
+		t, err := scanTemplate(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list templates: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list templates: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM templates WHERE id = $1`, id)
+	if err != nil {
+		return fmt.Errorf("delete template %s: %w", id, err)
+	}
+	return expectOneRow(tag, "delete template "+id)
+}
+
+// sandboxArgs are a sandbox's column values in sandboxColumns order. Maps
+// are sent as JSON text with explicit casts rather than left to pgx's type
+// mapping, so the statements also work through the simple protocol (as
+// with a transaction-pooling proxy).
+func sandboxArgs(sb *store.Sandbox) ([]any, error) {
+	metadata, err := json.Marshal(nonNil(sb.Metadata))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+	}
+	env, err := json.Marshal(nonNil(sb.EnvVars))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
+	}
+	var network *string // NULL: the default policy
+	if sb.Network != nil {
+		b, err := json.Marshal(sb.Network)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s network: %w", sb.ID, err)
+		}
+		n := string(b)
+		network = &n
+	}
+	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.VCPU, sb.MemoryMB, string(metadata),
+		string(env), sb.AccessToken, sb.SlotIndex, sb.AutoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
+		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs, network, sb.TrafficToken,
+		sb.RebootOnResume}, nil
+}
+
+func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
+	var sb store.Sandbox
+	var state string
+	var metadata, env, network []byte
+	var started, end, updated int64
+	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
+		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
+		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume)
+	if err != nil {
+		return nil, err
+	}
+	sb.State = store.SandboxState(state)
+	sb.StartedAt = time.Unix(0, started).UTC()
+	sb.EndAt = time.Unix(0, end).UTC()
+	sb.UpdatedAt = time.Unix(0, updated).UTC()
+	if err := json.Unmarshal(metadata, &sb.Metadata); err != nil {
+		return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+	}
+	if err := json.Unmarshal(env, &sb.EnvVars); err != nil {
+		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
+	}
+	if network != nil {
+		sb.Network = &store.NetworkPolicy{}
+		if err := json.Unmarshal(network, sb.Network); err != nil {
+			return nil, fmt.Errorf("sandbox %s network: %w", sb.ID, err)
+		}
+	}
+	return &sb, nil
+}
+
+func scanTemplate(r pgx.Row) (*store.Template, error) {
+	var t store.Template
+	var kind string
+	var env, envVars []byte
+	var created int64
+	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
+		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars); err != nil {
+		return nil, err
+	}
+	t.CreatedAt = time.Unix(0, created).UTC()
+	t.Kind = store.TemplateKind(kind)
+	if err := json.Unmarshal(env, &t.Env); err != nil {
+		return nil, fmt.Errorf("template %s env: %w", t.ID, err)
+	}
+	if err := json.Unmarshal(envVars, &t.EnvVars); err != nil {
+		return nil, fmt.Errorf("template %s env vars: %w", t.ID, err)
+	}
+	return &t, nil
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+func expectOneRow(tag pgconn.CommandTag, op string) error {
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%s: %w", op, store.ErrNotFound)
+	}
+	return nil
+}
+
+// uniqueViolation is PostgreSQL's SQLSTATE for a duplicate key.
+const uniqueViolation = "23505"
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == uniqueViolation
+}
