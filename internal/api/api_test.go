@@ -85,6 +85,7 @@ func TestStatusOf(t *testing.T) {
 		{fmt.Errorf("x: %w", node.ErrConflict), 409},
 		{fmt.Errorf("x: %w", node.ErrUnavailable), 503},
 		{fmt.Errorf("x: %w", node.ErrInsufficientStorage), 507},
+		{fmt.Errorf("x: %w", node.ErrStopped), 410},
 		{fmt.Errorf("x: %w", envdclient.ErrUnauthenticated), 401},
 		{&http.MaxBytesError{Limit: 1}, 413},
 		{badRequest("nope"), 400},
