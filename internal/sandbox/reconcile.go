@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -299,21 +300,43 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
 		return fmt.Errorf("shutdown: background work did not finish: %w", ctx.Err())
 	}
 	m.stopWarmPool(ctx)
-	var errs []error
+	// Sandboxes are released side by side, so that one whose runtime
+	// hangs costs one kill bound, not one per sandbox.
+	var (
+		errsMu sync.Mutex
+		errs   []error
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, 8)
+	)
 	for _, e := range entries {
-		e.mu.Lock()
-		if e.timer != nil {
-			e.timer.Stop()
-			e.timer = nil
-		}
-		if killAll && e.view().phase != phaseGone {
-			if err := m.release(ctx, e, "was killed: the server stopped"); err != nil {
-				errs = append(errs, err)
-			} else if err := m.store.DeleteSandbox(ctx, e.id); err != nil {
-				errs = append(errs, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if e.timer != nil {
+				e.timer.Stop()
+				e.timer = nil
 			}
-		}
-		e.mu.Unlock()
+			if !killAll || e.view().phase == phaseGone || ctx.Err() != nil {
+				return
+			}
+			err := m.release(ctx, e, "was killed: the server stopped")
+			if err == nil {
+				err = m.store.DeleteSandbox(ctx, e.id)
+			}
+			if err != nil {
+				errsMu.Lock()
+				errs = append(errs, err)
+				errsMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("shutdown: %w", err))
 	}
 	if killAll && len(errs) == 0 {
 		// Nothing is kept: the driver removes its shared debris too.
