@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -115,14 +118,23 @@ func homeOf(rootfs, user string) string {
 	return "/"
 }
 
+// maxPasswdBytes bounds how much of an image's /etc/passwd is read.
+const maxPasswdBytes = 4 << 20
+
+// passwdEntries reads the image's /etc/passwd. The file is found inside
+// the rootfs as the sandbox would find it (an image may make it a symlink
+// to a host path), and only a regular file is read (a FIFO would block).
 func passwdEntries(rootfs string) [][]string {
-	f, err := os.Open(filepath.Join(rootfs, "etc", "passwd"))
+	f, err := image.OpenInRoot(rootfs, "etc/passwd", unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
 	var out [][]string
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(io.LimitReader(f, maxPasswdBytes))
 	for sc.Scan() {
 		out = append(out, strings.Split(sc.Text(), ":"))
 	}
