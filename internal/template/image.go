@@ -41,7 +41,7 @@ func (m *Manager) BuildFromImage(ctx context.Context, req ImageRequest, newID fu
 		report = func(image.Progress) {}
 	}
 	img, err := image.Pull(ctx, req.Reference, image.PullOptions{
-		LayerDir: m.dirs.LayersDir, Platform: req.Platform, Progress: report,
+		LayerDir: m.dirs.LayersDir, Platform: req.Platform, Progress: report, Registries: m.dirs.Registries,
 	})
 	if err != nil {
 		return nil, err
