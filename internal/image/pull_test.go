@@ -76,6 +76,10 @@ func TestPullStoresLayersOnceAndReportsProgress(t *testing.T) {
 	if got := storedBlobs(t, layerDir); !slices.Equal(got, want) {
 		t.Errorf("stored blobs %v, want %v (base once)", got, want)
 	}
+	// Blobs may hold a private image: the store is not for other users.
+	if fi, err := os.Stat(filepath.Join(layerDir, "sha256")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("layer store: %v, %v; want mode 700", fi, err)
+	}
 
 	root := t.TempDir()
 	var unpacked []string

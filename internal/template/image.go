@@ -53,7 +53,16 @@ func (m *Manager) BuildFromImage(ctx context.Context, req ImageRequest, newID fu
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+	// The template's directory is the server's alone: an image can carry
+	// setuid-root programs, which a host user reaching the rootfs could
+	// run, whatever the data dir's mode.
+	if err := os.MkdirAll(m.dirs.TemplatesDir, 0o700); err != nil {
+		return nil, fmt.Errorf("template %s: %w", req.Name, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("template %s: %w", req.Name, err) // not ours to remove
+	}
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return fail(fmt.Errorf("template %s: %w", req.Name, err))
 	}
 	err = img.UnpackWithProgress(ctx, rootfs, func(i, n int, l image.Layer) {

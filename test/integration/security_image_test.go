@@ -108,6 +108,10 @@ func TestHostileImagesStayInRootfs(t *testing.T) {
 			}
 			rootfs := filepath.Join(s.dataDir, "templates", tplID, "rootfs")
 			checkHostUntouched(t, host)
+			// Setuid programs of an image are out of host users' reach.
+			if fi, err := os.Stat(filepath.Dir(rootfs)); err != nil || fi.Mode().Perm() != 0o700 {
+				t.Errorf("template directory: %v, %v; want mode 700", fi, err)
+			}
 			for _, p := range []string{".aenv", ".aenv/envd"} {
 				fi, err := os.Lstat(filepath.Join(rootfs, p))
 				if err != nil || fi.Mode()&fs.ModeSymlink != 0 {
