@@ -34,6 +34,8 @@ type RegistryPolicy struct {
 	Denied []netip.Prefix
 	// deny refuses further addresses even with AllowPrivate (tests).
 	deny func(netip.Addr) bool
+	// proxy replaces http.ProxyFromEnvironment (tests).
+	proxy func(*http.Request) (*url.URL, error)
 }
 
 // check returns an error wrapping ErrRefusedAddress if addr is refused.
@@ -108,8 +110,12 @@ func (p RegistryPolicy) transport() http.RoundTripper {
 	}
 	plain := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	var proxies sync.Map // host:port of proxies chosen from the environment
+	proxyOf := p.proxy
+	if proxyOf == nil {
+		proxyOf = http.ProxyFromEnvironment
+	}
 	t.Proxy = func(req *http.Request) (*url.URL, error) {
-		u, err := http.ProxyFromEnvironment(req)
+		u, err := proxyOf(req)
 		if err != nil || u == nil {
 			return u, err
 		}
@@ -129,11 +135,15 @@ func (p RegistryPolicy) transport() http.RoundTripper {
 }
 
 // checkName checks every address host resolves to, for requests that a
-// proxy makes.
+// proxy makes. A name this host cannot resolve passes: behind a proxy,
+// often only the proxy can, and the name then reaches nothing of ours.
 func (p RegistryPolicy) checkName(ctx context.Context, host string) error {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return p.check(a)
+	}
 	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil {
-		return err
+		return nil
 	}
 	for _, a := range addrs {
 		if err := p.check(a); err != nil {

@@ -7,9 +7,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
@@ -112,6 +116,55 @@ func TestPullRefusesRedirectToRefusedAddress(t *testing.T) {
 	_, err := Pull(context.Background(), ref, PullOptions{LayerDir: t.TempDir(), Registries: policy})
 	if !errors.Is(err, ErrRefusedAddress) {
 		t.Fatalf("err = %v, want ErrRefusedAddress", err)
+	}
+}
+
+// Behind the operator's proxy, the proxy is reached even on loopback (it is
+// theirs), and the registry's own address is what gets checked.
+func TestPullThroughProxy(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	regHandler := registry.New(registry.Logger(nopLogger()))
+	// A forward proxy that answers every request from one registry, as if
+	// it had fetched it from the host asked for.
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.Host)
+		mu.Unlock()
+		regHandler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	proxyURL, err := url.Parse(proxy.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Push straight to the proxy, as the registry behind it.
+	push(t, strings.TrimPrefix(proxy.URL, "http://")+"/repo:1",
+		buildImage(t, "linux/amd64", v1.Config{}, layer(t, file("f", "via proxy"))))
+	mu.Lock()
+	asked = nil
+	mu.Unlock()
+
+	policy := RegistryPolicy{Denied: []netip.Prefix{netip.MustParsePrefix("10.211.0.0/16")},
+		proxy: func(*http.Request) (*url.URL, error) { return proxyURL, nil }}
+	// RFC 1918 names are pulled over plain HTTP, which the proxy forwards.
+	if _, err := Pull(context.Background(), "10.1.2.3:5000/repo:1", PullOptions{LayerDir: t.TempDir(), Registries: policy}); err != nil {
+		t.Fatalf("pull through a proxy on loopback: %v", err)
+	}
+	mu.Lock()
+	if !slices.Contains(asked, "10.1.2.3:5000") {
+		t.Errorf("the proxy was asked for %v, want 10.1.2.3:5000", asked)
+	}
+	asked = nil
+	mu.Unlock()
+	_, err = Pull(context.Background(), "10.211.0.5:5000/repo:1", PullOptions{LayerDir: t.TempDir(), Registries: policy})
+	if !errors.Is(err, ErrRefusedAddress) {
+		t.Fatalf("pull of the sandbox range through a proxy: err = %v, want ErrRefusedAddress", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 0 {
+		t.Errorf("the proxy was asked for %v, want nothing", asked)
 	}
 }
 
