@@ -44,8 +44,9 @@ type Server struct {
 	MaxJSONBodyMB          int
 	MaxFileUploadMB        int
 
-	TemplateCacheDir string
-	DebianMirror     string
+	TemplateCacheDir       string
+	DebianMirror           string
+	AllowPrivateRegistries bool
 
 	PauseToDiskAfterSecs int
 	MaxForkCount         int
@@ -125,6 +126,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.MaxFileUploadMB, "max-file-upload-mb", "largest raw file upload")
 	str(&c.TemplateCacheDir, "template-cache-dir", "where built template root filesystems are cached (default: <data-dir>/cache)")
 	str(&c.DebianMirror, "debian-mirror", "Debian mirror for building the base template")
+	boolean(&c.AllowPrivateRegistries, "allow-private-registries", "let image pulls reach registries on this host, link-local addresses and the sandbox range (refused by default: a pull fetches on a client's behalf)")
 	num(&c.PauseToDiskAfterSecs, "pause-to-disk-after-secs", "write a sandbox paused this long to disk and release its memory (0: never)")
 	num(&c.MaxForkCount, "max-fork-count", "most children one fork may ask for")
 	num(&c.ForkParallelism, "fork-parallelism", "children of one fork restored at once")

@@ -62,3 +62,34 @@ func TestEnvName(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+// Pulls from private registries are refused unless the operator says so.
+func TestAllowPrivateRegistries(t *testing.T) {
+	tests := []struct {
+		name string
+		env  string
+		args []string
+		want bool
+	}{
+		{name: "default"},
+		{name: "env", env: "true", want: true},
+		{name: "flag", args: []string{"--allow-private-registries"}, want: true},
+		{name: "flag beats env", env: "true", args: []string{"--allow-private-registries=false"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.env != "" {
+				t.Setenv("AENV_ALLOW_PRIVATE_REGISTRIES", tt.env)
+			}
+			cfg := Default()
+			fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+			cfg.RegisterFlags(fs)
+			if err := fs.Parse(tt.args); err != nil {
+				t.Fatal(err)
+			}
+			if cfg.AllowPrivateRegistries != tt.want {
+				t.Errorf("AllowPrivateRegistries = %v, want %v", cfg.AllowPrivateRegistries, tt.want)
+			}
+		})
+	}
+}

@@ -53,7 +53,11 @@ type PullOptions struct {
 	// Keychain supplies registry credentials; nil means the user's Docker
 	// config (authn.DefaultKeychain).
 	Keychain authn.Keychain
-	// Transport overrides the HTTP transport; nil means http.DefaultTransport.
+	// Registries says which addresses the pull may connect to. It applies
+	// when Transport is nil.
+	Registries RegistryPolicy
+	// Transport overrides the HTTP transport, which then makes its own
+	// checks; nil means one that enforces Registries.
 	Transport http.RoundTripper
 	// Progress, if set, is called for each step; calls never overlap.
 	Progress func(Progress)

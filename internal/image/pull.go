@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -93,9 +94,11 @@ func remoteOptions(ctx context.Context, opts PullOptions) []remote.Option {
 		keychain = authn.DefaultKeychain
 	}
 	out := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(keychain)}
-	if opts.Transport != nil {
-		out = append(out, remote.WithTransport(opts.Transport))
+	transport := opts.Transport
+	if transport == nil {
+		transport = opts.Registries.transport()
 	}
+	out = append(out, remote.WithTransport(transport))
 	return out
 }
 
@@ -273,21 +276,26 @@ func serialProgress(fn func(Progress)) func(Progress) {
 }
 
 // classify wraps registry and network failures in this package's errors.
+// A registry's reply is described by its status alone: the error goes back
+// to the client, and the address may be a service other than a registry
+// whose body must not be passed on.
 func classify(err error) error {
 	var terr *transport.Error
 	if errors.As(err, &terr) {
+		reply := fmt.Sprintf("registry replied %d %s", terr.StatusCode, http.StatusText(terr.StatusCode))
 		switch {
 		case terr.StatusCode == 401 || terr.StatusCode == 403:
-			return fmt.Errorf("%w (or the repository does not exist): %w", ErrUnauthorized, err)
+			return fmt.Errorf("%w (or the repository does not exist): %s", ErrUnauthorized, reply)
 		case terr.StatusCode == 404 || hasCode(terr, transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode):
-			return fmt.Errorf("%w: %w", ErrNotFound, err)
+			return fmt.Errorf("%w: %s", ErrNotFound, reply)
 		}
-		return err
+		return errors.New(reply)
 	}
 	var netErr net.Error
 	var opErr *net.OpError
 	var dnsErr *net.DNSError
-	if errors.As(err, &opErr) || errors.As(err, &dnsErr) || (errors.As(err, &netErr) && netErr.Timeout()) {
+	if errors.As(err, &opErr) || errors.As(err, &dnsErr) || errors.Is(err, ErrRefusedAddress) ||
+		(errors.As(err, &netErr) && netErr.Timeout()) {
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
 	return err

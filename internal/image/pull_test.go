@@ -14,6 +14,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
 
+// loopbackOK lets pulls reach the test registry on loopback.
+var loopbackOK = RegistryPolicy{AllowPrivate: true}
+
 func storedBlobs(t *testing.T, layerDir string) []string {
 	t.Helper()
 	entries, err := os.ReadDir(filepath.Join(layerDir, "sha256"))
@@ -38,7 +41,7 @@ func TestPullStoresLayersOnceAndReportsProgress(t *testing.T) {
 
 	layerDir := t.TempDir()
 	var events []Progress
-	imgA, err := Pull(context.Background(), reg+"/test/a:1", PullOptions{LayerDir: layerDir,
+	imgA, err := Pull(context.Background(), reg+"/test/a:1", PullOptions{LayerDir: layerDir, Registries: loopbackOK,
 		Progress: func(p Progress) { events = append(events, p) }})
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +63,7 @@ func TestPullStoresLayersOnceAndReportsProgress(t *testing.T) {
 	}
 
 	events = nil
-	imgB, err := Pull(context.Background(), reg+"/test/b:1", PullOptions{LayerDir: layerDir,
+	imgB, err := Pull(context.Background(), reg+"/test/b:1", PullOptions{LayerDir: layerDir, Registries: loopbackOK,
 		Progress: func(p Progress) { events = append(events, p) }})
 	if err != nil {
 		t.Fatal(err)
@@ -72,6 +75,10 @@ func TestPullStoresLayersOnceAndReportsProgress(t *testing.T) {
 	slices.Sort(want)
 	if got := storedBlobs(t, layerDir); !slices.Equal(got, want) {
 		t.Errorf("stored blobs %v, want %v (base once)", got, want)
+	}
+	// Blobs may hold a private image: the store is not for other users.
+	if fi, err := os.Stat(filepath.Join(layerDir, "sha256")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("layer store: %v, %v; want mode 700", fi, err)
 	}
 
 	root := t.TempDir()
@@ -127,7 +134,7 @@ func TestPullSelectsPlatform(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.ref+"@"+tt.platform, func(t *testing.T) {
-			img, err := Pull(context.Background(), reg+"/"+tt.ref, PullOptions{LayerDir: t.TempDir(), Platform: tt.platform})
+			img, err := Pull(context.Background(), reg+"/"+tt.ref, PullOptions{LayerDir: t.TempDir(), Platform: tt.platform, Registries: loopbackOK})
 			if tt.err != nil {
 				if !errors.Is(err, tt.err) {
 					t.Fatalf("err = %v, want %v", err, tt.err)
@@ -170,7 +177,7 @@ func TestPullErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			layerDir := t.TempDir()
-			_, err := Pull(context.Background(), tt.ref, PullOptions{LayerDir: layerDir})
+			_, err := Pull(context.Background(), tt.ref, PullOptions{LayerDir: layerDir, Registries: loopbackOK})
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("err = %v, want %v", err, tt.want)
 			}
@@ -186,7 +193,7 @@ func TestPullCanceled(t *testing.T) {
 	push(t, reg+"/cc:1", buildImage(t, "linux/amd64", v1.Config{}, layer(t, file("f", "x"))))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Pull(ctx, reg+"/cc:1", PullOptions{LayerDir: t.TempDir()}); !errors.Is(err, context.Canceled) {
+	if _, err := Pull(ctx, reg+"/cc:1", PullOptions{LayerDir: t.TempDir(), Registries: loopbackOK}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 }

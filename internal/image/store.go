@@ -45,7 +45,9 @@ func putLayer(dir, digest string, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+	// Layers may hold a private image's content: the store is the server's
+	// alone, whatever the data dir's mode.
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return fmt.Errorf("store layer %s: %w", digest, err)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")

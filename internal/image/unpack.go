@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -66,16 +65,23 @@ func unpackStored(ctx context.Context, layerDir, digest, dir string) error {
 }
 
 // UnpackLayer applies one layer tar (plain, gzip or zstd) to the root
-// filesystem at dir, honouring whiteouts. Entries that would land outside
-// dir are refused with an error wrapping ErrUnsafePath.
+// filesystem at dir, honouring whiteouts. Entry names that climb out of dir
+// are refused with an error wrapping ErrUnsafePath; symlinks resolve inside
+// dir as they would in the sandbox, so nothing outside dir is ever
+// touched. Device nodes are skipped: gVisor provides the sandbox's /dev.
 func UnpackLayer(ctx context.Context, r io.Reader, dir string) error {
 	tr, closeFn, err := tarReader(r)
 	if err != nil {
 		return err
 	}
 	defer closeFn()
-	u := &unpacker{created: map[string]bool{}, asRoot: os.Geteuid() == 0}
-	u.root = rootfs{dir: dir, onCreate: func(rel string) { u.created[rel] = true }}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	u := &unpacker{created: map[entryKey]bool{}, asRoot: os.Geteuid() == 0}
+	u.root = rootfs{dir: d, onCreate: u.markCreated}
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -118,17 +124,28 @@ func tarReader(r io.Reader) (*tar.Reader, func(), error) {
 // unpacker applies the entries of one layer.
 type unpacker struct {
 	root rootfs
-	// created holds the resolved paths this layer wrote, which an opaque
-	// whiteout in the same layer must keep.
-	created map[string]bool
+	// created holds the entries this layer wrote, which an opaque whiteout
+	// in the same layer must keep.
+	created map[entryKey]bool
 	// dirTimes are set last: writing into a directory changes its mtime.
 	dirTimes []entryTime
 	asRoot   bool
 }
 
+// entryTime is a directory's times, to set once the layer is applied. The
+// directory is found again by its parent's path in the layer and its name.
 type entryTime struct {
-	path         string
-	atime, mtime time.Time
+	parentRel, name string
+	atime, mtime    time.Time
+}
+
+func (u *unpacker) markCreated(parent *os.File, name string) error {
+	k, err := keyOf(parent, name)
+	if err != nil {
+		return err
+	}
+	u.created[k] = true
+	return nil
 }
 
 func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
@@ -136,66 +153,68 @@ func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
 	if err != nil || rel == "" {
 		return err // the root's own entry keeps the caller's directory as is
 	}
-	base := path.Base(rel)
+	parentRel, base := parentOf(rel), path.Base(rel)
 	if strings.HasPrefix(base, whiteoutPrefix) {
-		return u.whiteout(parentOf(rel), base)
+		return u.whiteout(parentRel, base)
 	}
-	parent, parentResolved, err := u.root.resolveDir(parentOf(rel), true)
+	parent, err := u.root.openDir(parentRel, true)
 	if err != nil {
 		return fmt.Errorf("entry %s: %w", hdr.Name, err)
 	}
-	target := filepath.Join(parent, base)
-	u.created[path.Join(parentResolved, base)] = true
-	if err := u.clear(target, hdr.Typeflag == tar.TypeDir); err != nil {
+	defer parent.Close()
+	if err := u.markCreated(parent, base); err != nil {
 		return fmt.Errorf("entry %s: %w", hdr.Name, err)
 	}
-	made, err := u.create(hdr, r, target)
+	if err := clearEntry(parent, base, hdr.Typeflag == tar.TypeDir); err != nil {
+		return fmt.Errorf("entry %s: %w", hdr.Name, err)
+	}
+	made, err := u.create(hdr, r, parent, base)
 	if err != nil || !made {
 		return err
 	}
-	if err := u.setMetadata(hdr, target); err != nil {
+	if err := u.setMetadata(hdr, parent, parentRel, base); err != nil {
 		return fmt.Errorf("entry %s: %w", hdr.Name, err)
 	}
 	return nil
 }
 
-// clear removes what a lower layer left at target, except a directory that
-// the entry redeclares (its contents stay).
-func (u *unpacker) clear(target string, keepDir bool) error {
-	fi, err := os.Lstat(target)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
+// clearEntry removes what a lower layer left at name in dir, except a directory
+// that the entry redeclares (its contents stay).
+func clearEntry(dir *os.File, name string, keepDir bool) error {
+	st, ok, err := lstatAt(dir, name)
+	if err != nil || !ok {
 		return err
 	}
-	if fi.IsDir() && keepDir {
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR && keepDir {
 		return nil
 	}
-	return os.RemoveAll(target)
+	return removeAllAt(dir, name)
 }
 
-// create makes the filesystem object for hdr at target. It reports false
-// for entries it skips (unsupported types, devices when not root), which
-// get no metadata.
-func (u *unpacker) create(hdr *tar.Header, r io.Reader, target string) (bool, error) {
+// create makes the filesystem object for hdr at name in dir. It reports
+// false for entries it skips (devices, unsupported types), which get no
+// metadata.
+func (u *unpacker) create(hdr *tar.Header, r io.Reader, dir *os.File, name string) (bool, error) {
 	var err error
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		err = os.Mkdir(target, 0o700)
-		if errors.Is(err, os.ErrExist) {
+		err = unix.Mkdirat(int(dir.Fd()), name, 0o700)
+		if errors.Is(err, unix.EEXIST) {
 			err = nil
 		}
 	case tar.TypeReg: // the reader turns old-style TypeRegA into TypeReg
-		err = writeFile(target, r)
+		err = writeFile(dir, name, r)
 	case tar.TypeSymlink:
-		err = os.Symlink(hdr.Linkname, target)
+		err = unix.Symlinkat(hdr.Linkname, int(dir.Fd()), name)
 	case tar.TypeLink:
-		return false, u.hardlink(hdr, target) // shares the target's metadata
-	case tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
-		return u.mknod(hdr, target)
+		return false, u.hardlink(hdr, dir, name) // shares the target's metadata
+	case tar.TypeFifo:
+		err = unix.Mknodat(int(dir.Fd()), name, unix.S_IFIFO|uint32(hdr.Mode&0o7777), 0)
 	default:
-		return false, nil // e.g. PAX global headers: nothing on disk
+		// Device nodes would be real devices on the host (a raw disk,
+		// /dev/mem) for anyone who can reach the rootfs; gVisor supplies
+		// the sandbox's /dev itself. PAX global headers have nothing on disk.
+		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("entry %s: %w", hdr.Name, err)
@@ -203,11 +222,12 @@ func (u *unpacker) create(hdr *tar.Header, r io.Reader, target string) (bool, er
 	return true, nil
 }
 
-func writeFile(target string, r io.Reader) error {
-	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+func writeFile(dir *os.File, name string, r io.Reader) error {
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
+	f := os.NewFile(uintptr(fd), path.Join(dir.Name(), name))
 	if _, err := io.Copy(f, r); err != nil {
 		f.Close()
 		return err
@@ -215,7 +235,7 @@ func writeFile(target string, r io.Reader) error {
 	return f.Close()
 }
 
-func (u *unpacker) hardlink(hdr *tar.Header, target string) error {
+func (u *unpacker) hardlink(hdr *tar.Header, dir *os.File, name string) error {
 	linkRel, err := cleanName(hdr.Linkname)
 	if err != nil {
 		return fmt.Errorf("entry %s: %w", hdr.Name, err)
@@ -223,53 +243,38 @@ func (u *unpacker) hardlink(hdr *tar.Header, target string) error {
 	if linkRel == "" {
 		return fmt.Errorf("entry %s: hard link to the root", hdr.Name)
 	}
-	dir, _, err := u.root.resolveDir(parentOf(linkRel), false)
+	src, err := u.root.openDir(parentOf(linkRel), false)
 	if err != nil {
 		return fmt.Errorf("entry %s: link target: %w", hdr.Name, err)
 	}
-	if err := os.Link(filepath.Join(dir, path.Base(linkRel)), target); err != nil {
-		return fmt.Errorf("entry %s: %w", hdr.Name, err)
+	defer src.Close()
+	// Without AT_SYMLINK_FOLLOW a symlink target is linked itself.
+	if err := unix.Linkat(int(src.Fd()), path.Base(linkRel), int(dir.Fd()), name, 0); err != nil {
+		return fmt.Errorf("entry %s: link to %s: %w", hdr.Name, hdr.Linkname, err)
 	}
 	return nil
 }
 
-func (u *unpacker) mknod(hdr *tar.Header, target string) (bool, error) {
-	mode := uint32(hdr.Mode & 0o7777)
-	switch hdr.Typeflag {
-	case tar.TypeChar:
-		mode |= unix.S_IFCHR
-	case tar.TypeBlock:
-		mode |= unix.S_IFBLK
-	case tar.TypeFifo:
-		mode |= unix.S_IFIFO
-	}
-	if hdr.Typeflag != tar.TypeFifo && !u.asRoot {
-		return false, nil // only root makes device nodes; gVisor supplies /dev anyway
-	}
-	dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
-	if err := unix.Mknod(target, mode, int(dev)); err != nil {
-		return false, fmt.Errorf("entry %s: mknod: %w", hdr.Name, err)
-	}
-	return true, nil
-}
-
-// setMetadata applies ownership, mode, xattrs and times. Ownership comes
-// first because chown clears setuid bits.
-func (u *unpacker) setMetadata(hdr *tar.Header, target string) error {
+// setMetadata applies ownership, mode, xattrs and times to name in dir
+// (never following it). Ownership comes first because chown clears setuid
+// bits.
+func (u *unpacker) setMetadata(hdr *tar.Header, dir *os.File, parentRel, name string) error {
 	if u.asRoot {
-		if err := os.Lchown(target, hdr.Uid, hdr.Gid); err != nil {
-			return err
+		if err := unix.Fchownat(int(dir.Fd()), name, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("chown: %w", err)
 		}
 	}
+	// fchmodat follows a symlink, so symlinks are skipped; anything else
+	// at name was made by this entry (or is the directory it redeclares).
 	if hdr.Typeflag != tar.TypeSymlink {
-		if err := unix.Fchmodat(unix.AT_FDCWD, target, uint32(hdr.Mode&0o7777), 0); err != nil {
+		if err := unix.Fchmodat(int(dir.Fd()), name, uint32(hdr.Mode&0o7777), 0); err != nil {
 			return fmt.Errorf("chmod: %w", err)
 		}
 	}
-	if err := setXattrs(hdr, target); err != nil {
+	if err := setXattrs(hdr, dir, name); err != nil {
 		return err
 	}
-	t := entryTime{path: target, atime: hdr.AccessTime, mtime: hdr.ModTime}
+	t := entryTime{parentRel: parentRel, name: name, atime: hdr.AccessTime, mtime: hdr.ModTime}
 	if t.atime.IsZero() {
 		t.atime = t.mtime
 	}
@@ -277,37 +282,49 @@ func (u *unpacker) setMetadata(hdr *tar.Header, target string) error {
 		u.dirTimes = append(u.dirTimes, t)
 		return nil
 	}
-	return setTimes(t)
+	return setTimes(dir, t)
 }
 
-func setXattrs(hdr *tar.Header, target string) error {
+func setXattrs(hdr *tar.Header, dir *os.File, name string) error {
+	// There is no lsetxattrat: the path goes through the directory's
+	// descriptor, so only the last name is looked up, and not followed.
+	p := fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), name)
 	for k, v := range hdr.PAXRecords {
-		name, ok := strings.CutPrefix(k, "SCHILY.xattr.")
+		attr, ok := strings.CutPrefix(k, "SCHILY.xattr.")
 		if !ok {
 			continue
 		}
-		err := unix.Lsetxattr(target, name, []byte(v), 0)
+		err := unix.Lsetxattr(p, attr, []byte(v), 0)
 		if errors.Is(err, unix.ENOTSUP) || errors.Is(err, unix.EPERM) {
 			continue // the filesystem or our privileges do not allow it: best effort
 		}
 		if err != nil {
-			return fmt.Errorf("set xattr %s: %w", name, err)
+			return fmt.Errorf("set xattr %s: %w", attr, err)
 		}
 	}
 	return nil
 }
 
-func setTimes(t entryTime) error {
+func setTimes(dir *os.File, t entryTime) error {
 	ts := []unix.Timespec{unix.NsecToTimespec(t.atime.UnixNano()), unix.NsecToTimespec(t.mtime.UnixNano())}
-	if err := unix.UtimesNanoAt(unix.AT_FDCWD, t.path, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return fmt.Errorf("set times of %s: %w", t.path, err)
+	if err := unix.UtimesNanoAt(int(dir.Fd()), t.name, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("set times of %s: %w", path.Join(t.parentRel, t.name), err)
 	}
 	return nil
 }
 
 func (u *unpacker) finish() error {
 	for _, t := range u.dirTimes {
-		if err := setTimes(t); err != nil {
+		dir, err := u.root.openDir(t.parentRel, false)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed later in the layer
+		}
+		if err != nil {
+			return fmt.Errorf("set times of %s: %w", path.Join(t.parentRel, t.name), err)
+		}
+		err = setTimes(dir, t)
+		dir.Close()
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
@@ -317,45 +334,66 @@ func (u *unpacker) finish() error {
 // whiteout applies ".wh.NAME" (remove NAME from lower layers) or the opaque
 // marker (hide the directory's lower contents) found in dirRel.
 func (u *unpacker) whiteout(dirRel, base string) error {
-	dir, resolved, err := u.root.resolveDir(dirRel, false)
+	dir, err := u.root.openDir(dirRel, false)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // nothing below to hide
 	}
 	if err != nil {
 		return fmt.Errorf("whiteout %s: %w", path.Join(dirRel, base), err)
 	}
+	defer dir.Close()
 	if base == whiteoutOpaque {
-		return u.opaque(dir, resolved)
+		return u.opaque(dir, dirRel)
 	}
 	name := strings.TrimPrefix(base, whiteoutPrefix)
 	if name == "" || name == "." || name == ".." {
 		return fmt.Errorf("%w: whiteout %q", ErrUnsafePath, path.Join(dirRel, base))
 	}
-	if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+	if err := removeAllAt(dir, name); err != nil {
 		return fmt.Errorf("whiteout %s: %w", path.Join(dirRel, base), err)
 	}
 	return nil
 }
 
 // opaque removes everything in dir that this layer did not write.
-func (u *unpacker) opaque(dir, rel string) error {
-	entries, err := os.ReadDir(dir)
+func (u *unpacker) opaque(dir *os.File, rel string) error {
+	fd, err := unix.Openat(int(dir.Fd()), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("opaque whiteout %s: %w", rel, err)
 	}
-	for _, e := range entries {
-		childRel := path.Join(rel, e.Name())
-		child := filepath.Join(dir, e.Name())
-		if !u.created[childRel] {
-			if err := os.RemoveAll(child); err != nil {
+	list := os.NewFile(uintptr(fd), dir.Name())
+	names, err := list.Readdirnames(-1)
+	list.Close()
+	if err != nil {
+		return fmt.Errorf("opaque whiteout %s: %w", rel, err)
+	}
+	for _, name := range names {
+		k, err := keyOf(dir, name)
+		if err != nil {
+			return fmt.Errorf("opaque whiteout %s: %w", rel, err)
+		}
+		if !u.created[k] {
+			if err := removeAllAt(dir, name); err != nil {
 				return fmt.Errorf("opaque whiteout %s: %w", rel, err)
 			}
 			continue
 		}
-		if e.IsDir() {
-			if err := u.opaque(child, childRel); err != nil {
-				return err
-			}
+		st, ok, err := lstatAt(dir, name)
+		if err != nil {
+			return fmt.Errorf("opaque whiteout %s: %w", rel, err)
+		}
+		if !ok || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		cfd, err := unix.Openat(int(dir.Fd()), name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("opaque whiteout %s: %w", rel, err)
+		}
+		child := os.NewFile(uintptr(cfd), path.Join(dir.Name(), name))
+		err = u.opaque(child, path.Join(rel, name))
+		child.Close()
+		if err != nil {
+			return err
 		}
 	}
 	return nil

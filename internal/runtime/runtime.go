@@ -11,8 +11,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"path/filepath"
+	"path"
+	"strings"
+	"syscall"
 )
 
 // ErrNotFound is returned for a sandbox ID the driver does not know.
@@ -46,12 +49,36 @@ const EnvdMountPath = "/.aenv/envd"
 // empty file at EnvdMountPath). Template builders call it once: drivers
 // never write to a template, and runsc would otherwise create the mount
 // point in the template itself, so they refuse a rootfs without it.
+//
+// The rootfs may come from an image, whose layers can plant symlinks at
+// the mount point aimed at the host. Every step works inside the rootfs
+// (os.Root), and whatever is at /.aenv or /.aenv/envd that is not a real
+// directory and a real file is removed first: the image has no claim on
+// that path, and nothing there is ever followed.
 func PrepareRootfs(rootfs string) error {
-	mountPoint := filepath.Join(rootfs, EnvdMountPath)
-	if err := os.MkdirAll(filepath.Dir(mountPoint), 0o755); err != nil {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
 		return fmt.Errorf("prepare rootfs: %w", err)
 	}
-	f, err := os.OpenFile(mountPoint, os.O_WRONLY|os.O_CREATE, 0o755)
+	defer root.Close()
+	dir, file := envdMountNames()
+	ok, err := keepOnly(root, dir, fs.FileMode.IsDir)
+	if err != nil {
+		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	if !ok {
+		if err := root.Mkdir(dir, 0o755); err != nil {
+			return fmt.Errorf("prepare rootfs: %w", err)
+		}
+	}
+	ok, err = keepOnly(root, file, fs.FileMode.IsRegular)
+	if err != nil {
+		return fmt.Errorf("prepare rootfs: %w", err)
+	}
+	if ok {
+		return nil
+	}
+	f, err := root.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o755)
 	if err != nil {
 		return fmt.Errorf("prepare rootfs: %w", err)
 	}
@@ -61,10 +88,47 @@ func PrepareRootfs(rootfs string) error {
 	return nil
 }
 
+// envdMountNames are EnvdMountPath's directory and file relative to the
+// rootfs: ".aenv" and ".aenv/envd".
+func envdMountNames() (dir, file string) {
+	file = strings.TrimPrefix(EnvdMountPath, "/")
+	return path.Dir(file), file
+}
+
+// keepOnly reports whether name (not followed if a symlink) exists with a
+// mode kind accepts, and removes it if it exists otherwise.
+func keepOnly(root *os.Root, name string, kind func(fs.FileMode) bool) (bool, error) {
+	info, err := root.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if kind(info.Mode()) {
+		return true, nil
+	}
+	return false, root.RemoveAll(name)
+}
+
 // CheckRootfs reports whether rootfs is a directory prepared by
-// PrepareRootfs.
+// PrepareRootfs: a real directory and a real file at the mount point,
+// no symlink on the way, so that the mount cannot land outside the rootfs.
 func CheckRootfs(rootfs string) error {
-	info, err := os.Lstat(filepath.Join(rootfs, EnvdMountPath))
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return fmt.Errorf("rootfs %s: %w", rootfs, err)
+	}
+	defer root.Close()
+	dir, file := envdMountNames()
+	info, err := root.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("rootfs %s lacks the envd mount point (see PrepareRootfs): %w", rootfs, err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("rootfs %s: /%s is not a directory", rootfs, dir)
+	}
+	info, err = root.Lstat(file)
 	if err != nil {
 		return fmt.Errorf("rootfs %s lacks the envd mount point (see PrepareRootfs): %w", rootfs, err)
 	}

@@ -49,3 +49,119 @@ func TestPrepareRootfs(t *testing.T) {
 		t.Error("CheckRootfs accepts a directory at the envd mount point")
 	}
 }
+
+// A template rootfs comes from an image, and an image may plant symlinks
+// or files at /.aenv aimed at the host. Preparing the rootfs must only
+// ever write inside it, leaving a real directory and a real file there,
+// and a rootfs whose mount point leads elsewhere must fail the check.
+func TestPrepareRootfsStaysInRoot(t *testing.T) {
+	tests := []struct {
+		name  string
+		plant func(t *testing.T, root, host string)
+	}{
+		{"absolute symlink", func(t *testing.T, root, host string) {
+			mustSymlink(t, host, filepath.Join(root, ".aenv"))
+		}},
+		{"relative symlink", func(t *testing.T, root, host string) {
+			rel, err := filepath.Rel(root, host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustSymlink(t, rel, filepath.Join(root, ".aenv"))
+		}},
+		{"dangling symlink", func(t *testing.T, root, host string) {
+			mustSymlink(t, filepath.Join(host, "new"), filepath.Join(root, ".aenv"))
+		}},
+		{"dangling envd symlink", func(t *testing.T, root, host string) {
+			mustMkdir(t, filepath.Join(root, ".aenv"))
+			mustSymlink(t, filepath.Join(host, "envd"), filepath.Join(root, ".aenv", "envd"))
+		}},
+		{"envd symlink to a host file", func(t *testing.T, root, host string) {
+			mustMkdir(t, filepath.Join(root, ".aenv"))
+			mustSymlink(t, filepath.Join(host, "victim"), filepath.Join(root, ".aenv", "envd"))
+		}},
+		{"file at .aenv", func(t *testing.T, root, host string) {
+			mustWrite(t, filepath.Join(root, ".aenv"))
+		}},
+		{"directory at envd", func(t *testing.T, root, host string) {
+			mustMkdir(t, filepath.Join(root, ".aenv", "envd", "sub"))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			host := t.TempDir()
+			mustWrite(t, filepath.Join(host, "victim"))
+			root := filepath.Join(t.TempDir(), "rootfs")
+			mustMkdir(t, root)
+			tt.plant(t, root, host)
+			if err := PrepareRootfs(root); err != nil {
+				t.Fatal(err)
+			}
+			if got := dirNames(t, host); len(got) != 1 || got[0] != "victim" {
+				t.Errorf("host directory holds %v, want only [victim]", got)
+			}
+			if fi, err := os.Lstat(filepath.Join(host, "victim")); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("host file changed: %v, %v", fi, err)
+			}
+			if fi, err := os.Lstat(filepath.Join(root, ".aenv")); err != nil || !fi.IsDir() {
+				t.Errorf("rootfs/.aenv: %v, %v; want a directory", fi, err)
+			}
+			if fi, err := os.Lstat(filepath.Join(root, ".aenv", "envd")); err != nil || !fi.Mode().IsRegular() {
+				t.Errorf("rootfs/.aenv/envd: %v, %v; want a regular file", fi, err)
+			}
+			if err := CheckRootfs(root); err != nil {
+				t.Errorf("CheckRootfs after PrepareRootfs: %v", err)
+			}
+		})
+	}
+}
+
+func TestCheckRootfsRefusesSymlinks(t *testing.T) {
+	host := t.TempDir()
+	mustWrite(t, filepath.Join(host, "envd"))
+	root := t.TempDir()
+	mustSymlink(t, host, filepath.Join(root, ".aenv"))
+	if err := CheckRootfs(root); err == nil {
+		t.Error("CheckRootfs accepts /.aenv as a symlink to a host directory")
+	}
+	root = t.TempDir()
+	mustMkdir(t, filepath.Join(root, ".aenv"))
+	mustSymlink(t, filepath.Join(host, "envd"), filepath.Join(root, ".aenv", "envd"))
+	if err := CheckRootfs(root); err == nil {
+		t.Error("CheckRootfs accepts /.aenv/envd as a symlink to a host file")
+	}
+}
+
+func mustSymlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustMkdir(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustWrite(t *testing.T, p string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte("host"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}

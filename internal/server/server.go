@@ -26,6 +26,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/runtime/gvisor"
 	"github.com/aenv-dev/aenv/internal/sandbox"
@@ -80,6 +81,8 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	templates := template.NewManager(st, baseCfg, template.Dirs{
 		TemplatesDir: filepath.Join(cfg.DataDir, "templates"),
 		LayersDir:    filepath.Join(cfg.DataDir, "layers"),
+		Registries: image.RegistryPolicy{AllowPrivate: cfg.AllowPrivateRegistries,
+			Denied: []netip.Prefix{netip.MustParsePrefix(cfg.SandboxCIDR)}},
 	}, logger.With("component", "template"))
 	if _, err := templates.EnsureBase(ctx, sandbox.NewID); err != nil {
 		return fmt.Errorf("base template: %w", err)

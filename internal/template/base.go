@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 )
@@ -58,10 +59,12 @@ func (c BaseConfig) key() string {
 }
 
 // Dirs are where the node keeps template root filesystems it builds from
-// images, and the content-addressed image layers they share.
+// images, and the content-addressed image layers they share; Registries
+// says which registry addresses those images may be pulled from.
 type Dirs struct {
 	TemplatesDir string
 	LayersDir    string
+	Registries   image.RegistryPolicy
 }
 
 // Manager finds and builds templates.

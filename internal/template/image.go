@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -38,7 +41,7 @@ func (m *Manager) BuildFromImage(ctx context.Context, req ImageRequest, newID fu
 		report = func(image.Progress) {}
 	}
 	img, err := image.Pull(ctx, req.Reference, image.PullOptions{
-		LayerDir: m.dirs.LayersDir, Platform: req.Platform, Progress: report,
+		LayerDir: m.dirs.LayersDir, Platform: req.Platform, Progress: report, Registries: m.dirs.Registries,
 	})
 	if err != nil {
 		return nil, err
@@ -50,7 +53,16 @@ func (m *Manager) BuildFromImage(ctx context.Context, req ImageRequest, newID fu
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+	// The template's directory is the server's alone: an image can carry
+	// setuid-root programs, which a host user reaching the rootfs could
+	// run, whatever the data dir's mode.
+	if err := os.MkdirAll(m.dirs.TemplatesDir, 0o700); err != nil {
+		return nil, fmt.Errorf("template %s: %w", req.Name, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("template %s: %w", req.Name, err) // not ours to remove
+	}
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return fail(fmt.Errorf("template %s: %w", req.Name, err))
 	}
 	err = img.UnpackWithProgress(ctx, rootfs, func(i, n int, l image.Layer) {
@@ -115,14 +127,23 @@ func homeOf(rootfs, user string) string {
 	return "/"
 }
 
+// maxPasswdBytes bounds how much of an image's /etc/passwd is read.
+const maxPasswdBytes = 4 << 20
+
+// passwdEntries reads the image's /etc/passwd. The file is found inside
+// the rootfs as the sandbox would find it (an image may make it a symlink
+// to a host path), and only a regular file is read (a FIFO would block).
 func passwdEntries(rootfs string) [][]string {
-	f, err := os.Open(filepath.Join(rootfs, "etc", "passwd"))
+	f, err := image.OpenInRoot(rootfs, "etc/passwd", unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
 	if err != nil {
 		return nil
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
 	var out [][]string
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(io.LimitReader(f, maxPasswdBytes))
 	for sc.Scan() {
 		out = append(out, strings.Split(sc.Text(), ":"))
 	}

@@ -128,6 +128,7 @@ func (s *server) start() {
 		"--data-dir", s.dataDir, "--listen", s.addr, "--api-key", apiKey,
 		"--net-prefix", s.prefix, "--sandbox-cidr", s.cidr, "--warm-slots", "2",
 		"--template-cache-dir", templateCache, "--kill-on-exit", "--log-level", "debug",
+		"--allow-private-registries", // tests serve images from registries on loopback
 	}, s.extra...)
 	s.logs = &syncBuffer{}
 	s.cmd = exec.Command(filepath.Join(binDir, "aenv"), args...)

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/store"
@@ -33,6 +35,9 @@ var _ store.Store = (*Store)(nil)
 // Open opens (creating if needed) the database at path and applies the
 // embedded migrations.
 func Open(ctx context.Context, path string) (*Store, error) {
+	if err := makePrivate(path); err != nil {
+		return nil, err
+	}
 	// synchronous=FULL: a commit is on disk before the API acknowledges.
 	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)" +
 		"&_pragma=busy_timeout(10000)&_pragma=foreign_keys(ON)"
@@ -49,6 +54,31 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// makePrivate creates the database file readable by its owner only, and
+// takes group and other access from one (and its WAL files) made readable
+// by an older version. The file holds API tokens and sandbox environments,
+// so its mode must not depend on the data dir's. SQLite gives the -wal and
+// -shm files it creates the database file's mode.
+func makePrivate(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	err = f.Chmod(0o600)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	for _, p := range []string{path + "-wal", path + "-shm"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("open %s: %w", path, err)
+		}
+	}
+	return nil
 }
 
 func (s *Store) migrate(ctx context.Context) error {

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -40,5 +41,61 @@ func TestReopen(t *testing.T) {
 	defer s.Close()
 	if _, err := s.GetTemplate(ctx, "base"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The database holds API tokens and sandbox environments: it and its WAL
+// files must be private to the server whatever the data dir's mode, and a
+// file left readable by an older version is tightened on open.
+func TestFilesArePrivate(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		existing bool // the files exist before Open, readable by all
+	}{
+		{name: "new database"},
+		{name: "existing world-readable database", existing: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			if err := os.Chmod(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "aenv.db")
+			if tc.existing {
+				s, err := Open(ctx, path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s.Close()
+				for _, p := range []string{path, path + "-wal", path + "-shm"} {
+					if err := os.WriteFile(p, nil, 0o644); err != nil && !os.IsExist(err) {
+						t.Fatal(err)
+					}
+					if err := os.Chmod(p, 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			s, err := Open(ctx, path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			// A write makes SQLite create the -wal and -shm files.
+			if err := s.PutTemplate(ctx, &store.Template{ID: "t1", Name: "base"}); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range []string{path, path + "-wal", path + "-shm"} {
+				fi, err := os.Stat(p)
+				if err != nil {
+					t.Errorf("%s: %v", filepath.Base(p), err)
+					continue
+				}
+				if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+					t.Errorf("%s has mode %o, want no group or other access", filepath.Base(p), perm)
+				}
+			}
+		})
 	}
 }
