@@ -71,7 +71,7 @@ func imageErrorStatus(err error) (int, string) {
 		return http.StatusBadRequest, err.Error()
 	case errors.Is(err, image.ErrNotFound):
 		return http.StatusNotFound, err.Error()
-	case errors.Is(err, image.ErrUnauthorized):
+	case errors.Is(err, image.ErrUnauthorized), errors.Is(err, image.ErrRefusedAddress):
 		return http.StatusForbidden, err.Error()
 	case errors.Is(err, image.ErrUnreachable):
 		return http.StatusBadGateway, err.Error()

