@@ -13,6 +13,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/usage"
 )
 
 // EnvdVersion is the envd protocol level aenv's envd implements, reported
@@ -30,6 +31,9 @@ type Config struct {
 	// Domain of exposed ports: <port>-<sandboxID>.<Domain> reaches port
 	// inside the sandbox (E2B's getHost).
 	Domain string
+	// Usage is the sampled history GET /sandboxes/{id}/metrics serves;
+	// nil serves one sample taken at the request.
+	Usage *usage.History
 }
 
 // Server is the HTTP handler of a node.
@@ -85,6 +89,7 @@ func New(cfg Config, sandboxes *sandbox.Manager, templates *template.Manager, lo
 	s.route("POST /snapshots/{id}/fork", s.forkSnapshot)
 	s.route("GET /templates", s.listTemplates)
 	s.route("GET /templates/{id}", s.getTemplate)
+	s.route("GET /templates/aliases/{alias}", s.getTemplateAlias)
 	s.route("POST /templates", s.createTemplate)
 	s.route("DELETE /templates/{id}", s.deleteTemplate)
 
