@@ -74,8 +74,8 @@ type point struct {
 	mem    uint64
 }
 
-// Start begins sampling src in a goroutine owned by the History; Stop
-// ends it.
+// Start begins sampling src in a goroutine owned by the History, until
+// ctx ends or Stop is called.
 func Start(ctx context.Context, src Source, cfg Config, logger *slog.Logger) *History {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
@@ -83,7 +83,7 @@ func Start(ctx context.Context, src Source, cfg Config, logger *slog.Logger) *Hi
 	if cfg.Capacity <= 0 {
 		cfg.Capacity = DefaultCapacity
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ctx, cancel := context.WithCancel(ctx)
 	h := &History{src: src, cfg: cfg, logger: logger, series: map[string]*series{},
 		cancel: cancel, done: make(chan struct{})}
 	go h.run(ctx)
@@ -113,8 +113,8 @@ func (h *History) run(ctx context.Context) {
 // sampleAll takes one sample of every running sandbox and forgets the
 // sandboxes that are neither running nor paused any more.
 func (h *History) sampleAll(ctx context.Context) {
-	// One round must not outlast the next: a stuck sandbox only costs
-	// its own sample.
+	// A round is bounded by the interval, so that rounds never pile up
+	// behind a slow store.
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Interval)
 	defer cancel()
 	all, err := h.src.List(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}})
