@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/usage"
 )
 
 // EnvdVersion is the envd protocol level aenv's envd implements, reported
@@ -29,6 +30,9 @@ type Config struct {
 	// Domain of exposed ports: <port>-<sandboxID>.<Domain> reaches port
 	// inside the sandbox (E2B's getHost).
 	Domain string
+	// Usage is the sampled history GET /sandboxes/{id}/metrics serves;
+	// nil serves one sample taken at the request.
+	Usage *usage.History
 }
 
 // Server is the HTTP handler of a node.
@@ -85,6 +89,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.route("POST /snapshots/{id}/fork", s.idempotent(s.forkSnapshot))
 	s.route("GET /templates", s.listTemplates)
 	s.route("GET /templates/{id}", s.getTemplate)
+	s.route("GET /templates/aliases/{alias}", s.getTemplateAlias)
 	s.route("POST /templates", s.createTemplate)
 	s.route("DELETE /templates/{id}", s.deleteTemplate)
 

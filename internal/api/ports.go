@@ -1,11 +1,16 @@
 package api
 
 import (
+	"context"
 	"crypto/subtle"
+	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/node"
 )
 
 // headerTrafficToken carries the traffic access token of a sandbox whose
@@ -50,5 +55,51 @@ func (s *Server) serveExposedPort(w http.ResponseWriter, r *http.Request, id str
 		return
 	}
 	r.Header.Del(headerTrafficToken)
+	if port != node.EnvdPort && target.MaskRequestHost != "" {
+		// As E2B's proxy: the sandbox's maskRequestHost replaces the Host
+		// of requests to its services (envd's own traffic keeps it).
+		target.Ctx = contextWithMaskedHost(target.Ctx, expandMaskRequestHost(target.MaskRequestHost, port))
+	}
 	s.proxy.forward(w, r, target)
+}
+
+// portPlaceholder in a maskRequestHost stands for the port the request
+// was addressed to (E2B's spelling).
+const portPlaceholder = "${PORT}"
+
+func expandMaskRequestHost(mask string, port int) string {
+	return strings.ReplaceAll(mask, portPlaceholder, strconv.Itoa(port))
+}
+
+// checkMaskRequestHost accepts a host or host:port (once the placeholder
+// is filled in) in ASCII: what can go into a Host header.
+func checkMaskRequestHost(mask string) error {
+	bad := badRequest(fmt.Sprintf("network.maskRequestHost %q must be a host or host:port (%s may stand for the port)", mask, portPlaceholder))
+	host := expandMaskRequestHost(mask, 1)
+	if len(host) > 255 {
+		return bad
+	}
+	for _, c := range host {
+		if c <= ' ' || c >= 0x7f || strings.ContainsRune("/?#@\\", c) {
+			return bad
+		}
+	}
+	u, err := url.Parse("http://" + host)
+	if err != nil || u.Host != host || u.Hostname() == "" {
+		return bad
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return bad
+		}
+	}
+	return nil
+}
+
+// maskedHostKey carries the Host a proxied request must reach the
+// sandbox with (see envdProxy's Rewrite).
+type maskedHostKey struct{}
+
+func contextWithMaskedHost(ctx context.Context, host string) context.Context {
+	return context.WithValue(ctx, maskedHostKey{}, host)
 }

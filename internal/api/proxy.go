@@ -48,6 +48,10 @@ func newEnvdProxy(sandboxes node.Node, logger *slog.Logger) *envdProxy {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
 			pr.Out.Host = pr.In.Host // what the client asked for
+			if masked, ok := pr.In.Context().Value(maskedHostKey{}).(string); ok {
+				pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
+				pr.Out.Host = masked
+			}
 		},
 		Transport: sandboxes.Transport(),
 		// Connect streams must reach the client frame by frame.

@@ -39,6 +39,7 @@ type networkJSON struct {
 	AllowOut           []string `json:"allowOut,omitempty"`
 	DenyOut            []string `json:"denyOut,omitempty"`
 	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
+	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
 }
 
 // policy merges both spellings into one policy; nil when the request
@@ -49,16 +50,18 @@ func (r *newSandboxRequest) policy() *store.NetworkPolicy {
 		allowInternet = r.AllowInternetAccessE2B
 	}
 	var allowOut, denyOut []string
+	var mask string
 	allowOut = append(allowOut, r.AlwaysAllowedCIDRs...)
 	denyOut = append(denyOut, r.AlwaysDeniedCIDRs...)
 	if r.Network != nil {
 		allowOut = append(allowOut, r.Network.AllowOut...)
 		denyOut = append(denyOut, r.Network.DenyOut...)
+		mask = r.Network.MaskRequestHost
 	}
-	if allowInternet == nil && len(allowOut) == 0 && len(denyOut) == 0 {
+	if allowInternet == nil && len(allowOut) == 0 && len(denyOut) == 0 && mask == "" {
 		return nil
 	}
-	p := &store.NetworkPolicy{AllowInternet: true, AllowOut: allowOut, DenyOut: denyOut}
+	p := &store.NetworkPolicy{AllowInternet: true, AllowOut: allowOut, DenyOut: denyOut, MaskRequestHost: mask}
 	if allowInternet != nil {
 		p.AllowInternet = *allowInternet
 	}
@@ -144,6 +147,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
+	if req.Network != nil && req.Network.MaskRequestHost != "" {
+		if err := checkMaskRequestHost(req.Network.MaskRequestHost); err != nil {
+			return err
+		}
+	}
 	timeout := time.Duration(0)
 	if req.Timeout != nil {
 		if *req.Timeout < 0 {
@@ -182,6 +190,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if sb.Network != nil {
 		allowInternet = sb.Network.AllowInternet
 		net.AllowOut, net.DenyOut = sb.Network.AllowOut, sb.Network.DenyOut
+		net.MaskRequestHost = sb.Network.MaskRequestHost
 	}
 	public := sb.TrafficToken == ""
 	net.AllowPublicTraffic = &public
@@ -209,6 +218,15 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	policy := p.policy()
 	if policy == nil {
 		policy = &store.NetworkPolicy{AllowInternet: true}
+	}
+	// The update replaces the egress rules only: the SDK's update has no
+	// maskRequestHost, so the sandbox keeps the one it was created with.
+	sb, err := s.sandboxes.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if sb.Network != nil {
+		policy.MaskRequestHost = sb.Network.MaskRequestHost
 	}
 	if err := s.sandboxes.UpdateNetwork(r.Context(), r.PathValue("id"), policy); err != nil {
 		return err
@@ -247,51 +265,80 @@ const (
 	maxListLimit     = 100
 )
 
-// listSandboxes serves E2B's paginated list: states default to running and
-// paused, metadata filters arrive URL-encoded (E2B encodes them thrice), and
-// X-Next-Token marks that more pages exist.
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	filter := store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}}
-	if v := q.Get("state"); v != "" {
-		filter.States = nil
+// sandboxListQuery is what a sandbox list asks for.
+type sandboxListQuery struct {
+	filter       store.SandboxFilter
+	startedAfter time.Time // zero: no bound
+	ascending    bool
+	limit        int
+	nextToken    string
+}
+
+// parseSandboxListQuery reads E2B's list parameters: state (comma-joined,
+// or repeated), metadata, template, startedAfter, order, limit, nextToken.
+// States default to running and paused.
+func parseSandboxListQuery(q url.Values) (sandboxListQuery, error) {
+	lq := sandboxListQuery{nextToken: q.Get("nextToken")}
+	lq.filter.States = []store.SandboxState{store.StateRunning, store.StatePaused}
+	if v := strings.Join(q["state"], ","); v != "" {
+		lq.filter.States = nil
 		for _, st := range strings.Split(v, ",") {
 			switch state := store.SandboxState(strings.TrimSpace(st)); state {
 			case store.StateRunning, store.StatePaused, store.StateDead:
-				filter.States = append(filter.States, state)
+				lq.filter.States = append(lq.filter.States, state)
 			default:
-				return badRequest(fmt.Sprintf("unknown state %q (running, paused or dead)", st))
+				return lq, badRequest(fmt.Sprintf("unknown state %q (running, paused or dead)", st))
 			}
 		}
 	}
 	if v := q.Get("metadata"); v != "" {
 		md, err := parseMetadataQuery(v)
 		if err != nil {
-			return err
+			return lq, err
 		}
-		filter.Metadata = md
+		lq.filter.Metadata = md
 	}
-	filter.Template = q.Get("template")
-	limit, err := parseLimit(q.Get("limit"))
+	lq.filter.Template = q.Get("template")
+	var err error
+	if lq.startedAfter, err = parseTimeQuery(q, "startedAfter"); err != nil {
+		return lq, err
+	}
+	if lq.limit, err = parseLimit(q.Get("limit")); err != nil {
+		return lq, err
+	}
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		lq.ascending = true
+	default:
+		return lq, badRequest("order must be asc or desc")
+	}
+	return lq, nil
+}
+
+// listSandboxes serves E2B's paginated list: metadata filters arrive
+// URL-encoded (E2B encodes them thrice), and X-Next-Token marks that more
+// pages exist.
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	lq, err := parseSandboxListQuery(r.URL.Query())
 	if err != nil {
 		return err
 	}
-	order := q.Get("order")
-	if order != "" && order != "asc" && order != "desc" {
-		return badRequest("order must be asc or desc")
-	}
-	all, err := s.sandboxes.List(r.Context(), filter)
+	all, err := s.sandboxes.List(r.Context(), lq.filter)
 	if err != nil {
 		return err
+	}
+	if !lq.startedAfter.IsZero() {
+		all = slices.DeleteFunc(all, func(sb *store.Sandbox) bool { return sb.StartedAt.Before(lq.startedAfter) })
 	}
 	// The store answers newest first (startedAt desc, then ID asc).
 	before := newestFirst(true)
-	if order == "asc" {
+	if lq.ascending {
 		slices.Reverse(all)
 		before = oldestFirst(true)
 	}
 	all, err = page(w, all, func(sb *store.Sandbox) pageKey { return pageKey{sb.StartedAt, sb.ID} },
-		before, q.Get("nextToken"), limit)
+		before, lq.nextToken, lq.limit)
 	if err != nil {
 		return err
 	}
@@ -301,6 +348,22 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// parseTimeQuery reads an optional timestamp parameter: RFC 3339 (what
+// the SDK's toISOString sends) or Unix seconds. Absent gives the zero time.
+func parseTimeQuery(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		return time.Unix(n, 0), nil
+	}
+	return time.Time{}, badRequest(fmt.Sprintf("%s must be an RFC 3339 timestamp or Unix seconds", name))
 }
 
 // parseLimit reads a list's page size.
@@ -356,34 +419,4 @@ func parsePageToken(tok string) (time.Time, string, error) {
 		return time.Time{}, "", badRequest("invalid nextToken")
 	}
 	return time.Unix(0, n).UTC(), id, nil
-}
-
-// sandboxMetrics serves E2B's metrics list with one current sample taken
-// from the sandbox's cgroup.
-func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) error {
-	sb, err := s.sandboxes.Get(r.Context(), r.PathValue("id"))
-	if err != nil {
-		return err
-	}
-	out := []map[string]any{}
-	if sb.State == store.StateRunning {
-		st, err := s.sandboxes.Stats(r.Context(), sb.ID)
-		if err != nil {
-			return err
-		}
-		now := time.Now().UTC()
-		elapsed := now.Sub(sb.StartedAt).Seconds()
-		cpuPct := 0.0
-		if elapsed > 0 && sb.VCPU > 0 {
-			cpuPct = float64(st.CPUUsageNanos) / 1e9 / elapsed / float64(sb.VCPU) * 100
-		}
-		out = append(out, map[string]any{
-			"timestamp": now.Format(time.RFC3339), "timestampUnix": now.Unix(),
-			"cpuUsedPct": cpuPct, "cpuCount": sb.VCPU,
-			"memUsed": st.MemoryBytes, "memTotal": int64(sb.MemoryMB) << 20, "memCache": 0,
-			"diskUsed": 0, "diskTotal": 0,
-		})
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
 }

@@ -89,6 +89,9 @@ type Target struct {
 	// TrafficToken is what exposed-port requests must present; "" when
 	// the sandbox's ports are public.
 	TrafficToken string
+	// MaskRequestHost is the Host requests to the sandbox's services are
+	// given (E2B's maskRequestHost, "${PORT}" not yet expanded); "" keeps it.
+	MaskRequestHost string
 	// Envd is a client of the sandbox's envd.
 	Envd *envdclient.Client
 	// Ctx is the caller's context, ended as well the moment the sandbox

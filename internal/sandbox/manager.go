@@ -705,9 +705,13 @@ func (m *Manager) Reach(ctx context.Context, id string, port int) (*node.Target,
 	}
 	callCtx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(v.run.ctx, func() { cancel(context.Cause(v.run.ctx)) })
+	mask := ""
+	if v.sb.Network != nil {
+		mask = v.sb.Network.MaskRequestHost
+	}
 	return &node.Target{
 		Addr: sandboxHostPort(id, v.slot.SandboxIP, port), TrafficToken: v.sb.TrafficToken,
-		Envd: v.envd, Ctx: callCtx,
+		MaskRequestHost: mask, Envd: v.envd, Ctx: callCtx,
 		Release: func() { stop(); cancel(nil) },
 	}, nil
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
 	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/usage"
 )
 
 // Run starts a node and serves until ctx ends, then shuts down gracefully:
@@ -139,6 +140,7 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		Name: "aenv_sandboxes_live", Help: "Sandboxes running or paused on this node.",
 	}, func() float64 { return float64(sandboxes.LiveCount()) }))
 	reg.MustRegister(newNetworkCollector(sandboxes))
+	usageHistory := usage.Start(ctx, sandboxes, usage.Config{}, logger.With("component", "usage"))
 	handler := api.New(api.Config{
 		APIKey:             apiKey,
 		MaxJSONBytes:       int64(cfg.MaxJSONBodyMB) << 20,
@@ -146,10 +148,12 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		DefaultExecTimeout: config.Seconds(cfg.DefaultExecTimeoutSecs),
 		MaxExecTimeout:     config.Seconds(cfg.MaxTimeoutSecs),
 		Domain:             cfg.Domain,
+		Usage:              usageHistory,
 	}, sandboxes, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	listener, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		usageHistory.Stop()
 		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
 		pool.Close(context.WithoutCancel(ctx))
 		return fmt.Errorf("listen: %w", err)
@@ -164,6 +168,7 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	case err := <-serveErr:
 		logger.ErrorContext(ctx, "http server stopped", "err", err)
 	}
+	usageHistory.Stop()
 	return shutdown(srv, sandboxes, pool, cfg.KillOnExit, logger)
 }
 

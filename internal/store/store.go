@@ -74,6 +74,11 @@ type NetworkPolicy struct {
 	AllowInternet bool     `json:"allowInternet"`
 	AllowOut      []string `json:"allowOut,omitempty"`
 	DenyOut       []string `json:"denyOut,omitempty"`
+	// MaskRequestHost is not egress but rides along with it (E2B keeps it
+	// in the same network object): the Host header that requests to the
+	// sandbox's exposed ports carry inside, "${PORT}" standing for the
+	// port. Empty keeps the client's Host.
+	MaskRequestHost string `json:"maskRequestHost,omitempty"`
 }
 
 // TemplateKind says what a template is made of.

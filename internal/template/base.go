@@ -45,8 +45,9 @@ func DefaultBaseConfig(cacheDir string) BaseConfig {
 	return BaseConfig{
 		Suite:  "bookworm",
 		Mirror: "http://deb.debian.org/debian",
-		Packages: []string{"bash", "coreutils", "python3", "git", "curl", "ca-certificates",
-			"iproute2", "procps", "less", "sudo"},
+		// python-is-python3 gives the `python` command E2B's templates have.
+		Packages: []string{"bash", "coreutils", "python3", "python-is-python3", "git", "curl",
+			"ca-certificates", "iproute2", "procps", "less", "sudo"},
 		CacheDir: cacheDir,
 	}
 }

@@ -29,6 +29,10 @@ func (d *Driver) globalFlags(id string) []string {
 		"--overlay2=root:memory",
 		// The guest sees as many CPUs as its quota allows, not the host's.
 		"--cpu-num-from-quota",
+		// Honour setuid bits (sudo, su, ping) inside the guest, as a VM
+		// would; gVisor ignores them by default. The setting is part of
+		// the kernel state a checkpoint saves.
+		"--allow-suid",
 	}
 	if id == "" {
 		return flags

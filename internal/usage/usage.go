@@ -1,0 +1,217 @@
+// Package usage keeps a short history of each sandbox's resource use, as
+// E2B's metrics endpoint serves it: a sample every few seconds per running
+// sandbox, kept in a bounded ring and dropped when the sandbox is gone.
+package usage
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// Defaults of Config.
+const (
+	DefaultInterval = 5 * time.Second
+	// DefaultCapacity keeps an hour at the default interval: ~17 KB per
+	// sandbox.
+	DefaultCapacity = 720
+)
+
+// Source is what the history samples: the sandbox manager.
+type Source interface {
+	// List returns the sandbox records matching f.
+	List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
+	// Stats returns the resource use of a running sandbox.
+	Stats(ctx context.Context, id string) (runtime.Stats, error)
+}
+
+// Config tunes a History; zero fields take the defaults.
+type Config struct {
+	Interval time.Duration // between two samples of a sandbox
+	Capacity int           // samples kept per sandbox
+}
+
+// Sample is one measurement of a sandbox.
+type Sample struct {
+	At         time.Time
+	CPUUsedPct float64 // of the sandbox's vCPUs, averaged since the previous sample
+	CPUCount   int
+	MemUsed    uint64 // bytes
+	MemTotal   uint64 // bytes
+}
+
+// History samples every running sandbox of a Source until stopped.
+type History struct {
+	src    Source
+	cfg    Config
+	logger *slog.Logger
+
+	mu     sync.Mutex
+	series map[string]*series
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// series is the ring of one sandbox plus what the next CPU figure needs.
+type series struct {
+	vcpu     int
+	memTotal uint64
+	points   []point // ring once full; next is the oldest
+	next     int
+	lastCPU  uint64 // cumulative CPU time at lastAt
+	lastAt   time.Time
+}
+
+// point is a sample without what is constant for the sandbox.
+type point struct {
+	at     int64 // Unix nanoseconds
+	cpuPct float64
+	mem    uint64
+}
+
+// Start begins sampling src in a goroutine owned by the History, until
+// ctx ends or Stop is called.
+func Start(ctx context.Context, src Source, cfg Config, logger *slog.Logger) *History {
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Capacity <= 0 {
+		cfg.Capacity = DefaultCapacity
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	h := &History{src: src, cfg: cfg, logger: logger, series: map[string]*series{},
+		cancel: cancel, done: make(chan struct{})}
+	go h.run(ctx)
+	return h
+}
+
+// Stop ends sampling and waits for the sampler to return.
+func (h *History) Stop() {
+	h.cancel()
+	<-h.done
+}
+
+func (h *History) run(ctx context.Context) {
+	defer close(h.done)
+	ticker := time.NewTicker(h.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		h.sampleAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// sampleAll takes one sample of every running sandbox and forgets the
+// sandboxes that are neither running nor paused any more.
+func (h *History) sampleAll(ctx context.Context) {
+	// A round is bounded by the interval, so that rounds never pile up
+	// behind a slow store.
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Interval)
+	defer cancel()
+	all, err := h.src.List(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}})
+	if err != nil {
+		if ctx.Err() == nil {
+			h.logger.WarnContext(ctx, "usage sampling: list sandboxes", "err", err)
+		}
+		return
+	}
+	keep := make(map[string]bool, len(all))
+	for _, sb := range all {
+		keep[sb.ID] = true
+		if sb.State != store.StateRunning {
+			continue
+		}
+		st, err := h.src.Stats(ctx, sb.ID)
+		if err != nil {
+			// Paused, killed or gone between the list and now.
+			h.logger.DebugContext(ctx, "usage sampling: stats", "sandbox", sb.ID, "err", err)
+			continue
+		}
+		h.record(sb, st, time.Now())
+	}
+	h.mu.Lock()
+	for id := range h.series {
+		if !keep[id] {
+			delete(h.series, id)
+		}
+	}
+	h.mu.Unlock()
+}
+
+// record adds a sample of sb taken at now.
+func (h *History) record(sb *store.Sandbox, st runtime.Stats, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.series[sb.ID]
+	if s == nil {
+		s = &series{lastAt: sb.StartedAt}
+		h.series[sb.ID] = s
+	}
+	s.vcpu = sb.VCPU
+	s.memTotal = uint64(sb.MemoryMB) << 20
+	if st.MemoryLimitBytes > 0 {
+		s.memTotal = st.MemoryLimitBytes
+	}
+	p := point{at: now.UnixNano(), cpuPct: s.cpuPct(st.CPUUsageNanos, now), mem: min(st.MemoryBytes, s.memTotal)}
+	s.lastCPU, s.lastAt = st.CPUUsageNanos, now
+	if len(s.points) < h.cfg.Capacity {
+		s.points = append(s.points, p)
+		return
+	}
+	s.points[s.next] = p
+	s.next = (s.next + 1) % len(s.points)
+}
+
+// cpuPct is the share of the sandbox's vCPUs used since the last sample.
+// The counter starts again from zero when a sandbox comes back from disk;
+// then all of cpu was spent since the last sample at most.
+func (s *series) cpuPct(cpu uint64, now time.Time) float64 {
+	elapsed := now.Sub(s.lastAt)
+	if elapsed <= 0 || s.vcpu <= 0 {
+		return 0
+	}
+	used := cpu
+	if cpu >= s.lastCPU {
+		used = cpu - s.lastCPU
+	}
+	pct := float64(used) / float64(elapsed.Nanoseconds()) / float64(s.vcpu) * 100
+	return min(pct, 100)
+}
+
+// Range returns the samples of sandbox id taken in [start, end], oldest
+// first; a zero bound is open.
+func (h *History) Range(id string, start, end time.Time) []Sample {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.series[id]
+	if s == nil {
+		return nil
+	}
+	var out []Sample
+	n := len(s.points)
+	for i := range n {
+		p := s.points[(s.next+i)%n]
+		at := time.Unix(0, p.at)
+		if (!start.IsZero() && at.Before(start)) || (!end.IsZero() && at.After(end)) {
+			continue
+		}
+		out = append(out, Sample{At: at, CPUUsedPct: p.cpuPct, CPUCount: s.vcpu, MemUsed: p.mem, MemTotal: s.memTotal})
+	}
+	return out
+}
+
+// Tracked is the number of sandboxes with a history.
+func (h *History) Tracked() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.series)
+}
