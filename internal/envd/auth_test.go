@@ -134,27 +134,48 @@ func TestSignedFileURLs(t *testing.T) {
 		path       string
 		sig        string
 		exp        int64
+		token      string // X-Access-Token header, when set
 		wantStatus int
+		wantMsg    string // upstream envd's words for the refusal
 	}{
-		{"read signed", "GET", file, sign(file, "read", "", "secret", 0), 0, 200},
-		{"read signed with expiry", "GET", file, sign(file, "read", "", "secret", future), future, 200},
-		{"read expired", "GET", file, sign(file, "read", "", "secret", past), past, 401},
-		{"read with write signature", "GET", file, sign(file, "write", "", "secret", 0), 0, 401},
-		{"read wrong token", "GET", file, sign(file, "read", "", "other", 0), 0, 401},
-		{"read tampered expiry", "GET", file, sign(file, "read", "", "secret", future), future + 1, 401},
-		{"write signed", "POST", filepath.Join(dir, "new.txt"), sign(filepath.Join(dir, "new.txt"), "write", "", "secret", 0), 0, 200},
-		{"write with read signature", "POST", filepath.Join(dir, "new2.txt"), sign(filepath.Join(dir, "new2.txt"), "read", "", "secret", 0), 0, 401},
+		{"read signed", "GET", file, sign(file, "read", "", "secret", 0), 0, "", 200, ""},
+		{"read signed with expiry", "GET", file, sign(file, "read", "", "secret", future), future, "", 200, ""},
+		{"read expired", "GET", file, sign(file, "read", "", "secret", past), past, "", 401, "signature is already expired"},
+		{"forged and expired", "GET", file, sign(file, "read", "", "other", past), past, "", 401, "invalid signature"},
+		{"read with write signature", "GET", file, sign(file, "write", "", "secret", 0), 0, "", 401, "invalid signature"},
+		{"read wrong token", "GET", file, sign(file, "read", "", "other", 0), 0, "", 401, "invalid signature"},
+		{"read tampered expiry", "GET", file, sign(file, "read", "", "secret", future), future + 1, "", 401, "invalid signature"},
+		{"no signature", "GET", file, "", 0, "", 401, "missing signature query parameter"},
+		{"wrong header token", "GET", file, sign(file, "read", "", "secret", 0), 0, "nope", 401, "access token present in header but does not match"},
+		{"write signed", "POST", filepath.Join(dir, "new.txt"), sign(filepath.Join(dir, "new.txt"), "write", "", "secret", 0), 0, "", 200, ""},
+		{"write with read signature", "POST", filepath.Join(dir, "new2.txt"), sign(filepath.Join(dir, "new2.txt"), "read", "", "secret", 0), 0, "", 401, "invalid signature"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			q := url.Values{"path": {tt.path}, "signature": {tt.sig}}
+			q := url.Values{"path": {tt.path}}
+			if tt.sig != "" {
+				q.Set("signature", tt.sig)
+			}
 			if tt.exp != 0 {
 				q.Set("signature_expiration", strconv.FormatInt(tt.exp, 10))
 			}
-			status, _, body := doRaw(t, tt.method, env.ts.URL+"/files?"+q.Encode(), "x",
-				map[string]string{"Content-Type": "application/octet-stream"})
+			header := map[string]string{"Content-Type": "application/octet-stream"}
+			if tt.token != "" {
+				header["X-Access-Token"] = tt.token
+			}
+			status, _, body := doRaw(t, tt.method, env.ts.URL+"/files?"+q.Encode(), "x", header)
 			if status != tt.wantStatus {
 				t.Fatalf("status %d body %q, want %d", status, body, tt.wantStatus)
+			}
+			if tt.wantMsg == "" {
+				return
+			}
+			var e struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			}
+			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Code != 401 || e.Message != tt.wantMsg {
+				t.Fatalf("body %q, want code 401 message %q", body, tt.wantMsg)
 			}
 		})
 	}
