@@ -96,7 +96,6 @@ func TestPostFilesMultipart(t *testing.T) {
 		{"directory target", url.Values{"path": {filepath.Join(dir, "a")}}, map[string]string{"a": "x"}, 400, ""},
 		{"no file part", url.Values{}, map[string]string{}, 400, ""},
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Join(me.Home, "aenv-test-rel")) })
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ct, body := multipartBody(t, tt.files)
@@ -289,15 +288,12 @@ func TestGetFiles(t *testing.T) {
 // TestFilesOwnership writes as a second user: the file and the parents it
 // needed belong to that user, and relative paths land in its home.
 func TestFilesOwnership(t *testing.T) {
-	name := addTestUser(t)
 	env := newTestEnv(t)
+	u, _ := env.addUser(t)
+	name := u.Name
 	status, resp := postFiles(t, env, url.Values{"path": {"deep/dir/f.txt"}, "username": {name}}, "application/octet-stream", strings.NewReader("u"), nil)
 	if status != 200 {
 		t.Fatalf("status %d %s", status, resp)
-	}
-	u, err := env.srv.users.lookupUser(name)
-	if err != nil {
-		t.Fatal(err)
 	}
 	for _, p := range []string{"deep", "deep/dir", "deep/dir/f.txt"} {
 		info, err := os.Stat(filepath.Join(u.Home, p))
