@@ -112,6 +112,9 @@ describe('files', () => {
       assert.deepEqual(stat.metadata, { owner: 'e2e', purpose: 'test value' })
       const listed = (await sbx.files.list('/tmp/rw')).find((e) => e.name === 'meta.txt')
       assert.deepEqual(listed.metadata, { owner: 'e2e', purpose: 'test value' })
+      // As on E2B, a write replaces the metadata: none clears it.
+      await sbx.files.write('/tmp/rw/meta.txt', 'again')
+      assert.equal((await sbx.files.getInfo('/tmp/rw/meta.txt')).metadata, undefined)
     })
   })
 
@@ -437,7 +440,9 @@ describe('files', () => {
 
       const expiring = await sbx.downloadUrl('/tmp/url/guarded.txt', { useSignatureExpiration: 1 })
       await sleep(2500)
-      assert.equal((await fetch(expiring)).status, 401)
+      const expired = await fetch(expiring)
+      assert.equal(expired.status, 401)
+      assert.deepEqual(await expired.json(), { code: 401, message: 'signature is already expired' })
     })
 
     test('the URLs stop working when the sandbox is killed', async () => {

@@ -216,4 +216,32 @@ func TestEnvdInGVisor(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(rootfs, "tmp/hello.txt")); err == nil {
 		t.Fatal("the shared rootfs was written to")
 	}
+
+	// Code in the sandbox kills envd serve: the init brings it back, still
+	// demanding the token and with the sandbox's env vars.
+	res, err = c.Run(ctx, client.RunRequest{Command: "echo $PPID"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servePID := strings.TrimSpace(string(res.Stdout))
+	_, _ = c.Run(ctx, client.RunRequest{Command: "setsid kill -9 " + servePID + " < /dev/null > /dev/null 2>&1 &"})
+	fresh := client.New("http://"+net.sandboxIP+":49983", &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, "sbx-token")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err = fresh.Run(ctx, client.RunRequest{Command: `echo "$PPID $SBX"`})
+		if err == nil && strings.Fields(string(res.Stdout))[0] != servePID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new envd serve after killing %s: %+v %v", servePID, res, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !strings.HasSuffix(string(res.Stdout), " yes\n") {
+		t.Fatalf("restarted envd lost the env vars: %q", res.Stdout)
+	}
+	anon := client.New("http://"+net.sandboxIP+":49983", &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, "")
+	if _, err := anon.Run(ctx, client.RunRequest{Command: "true"}); err == nil {
+		t.Fatal("restarted envd runs commands without the token")
+	}
 }

@@ -21,6 +21,13 @@ type options struct {
 	port        int
 	listenAddr  string
 	defaultUser string
+	passwdPath  string
+	groupPath   string
+	// stateFD and listenFD are set by the init for its serve child: the
+	// socket the settings are handed over on, and the listening socket the
+	// init keeps open across restarts.
+	stateFD  int
+	listenFD int
 }
 
 func main() {
@@ -57,6 +64,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&opts.port, "port", 49983, "TCP port to serve the envd protocol on")
 	fs.StringVar(&opts.listenAddr, "listen-addr", "0.0.0.0", "address to listen on")
 	fs.StringVar(&opts.defaultUser, "default-user", "root", "user for requests that name none, until /init sets one")
+	fs.StringVar(&opts.passwdPath, "passwd", "/etc/passwd", "account file users are looked up in")
+	fs.StringVar(&opts.groupPath, "group", "/etc/group", "group file supplementary groups are looked up in")
+	fs.IntVar(&opts.stateFD, "state-fd", 0, "serve: inherited socket to the init that keeps the /init settings (set by the init)")
+	fs.IntVar(&opts.listenFD, "listen-fd", 0, "serve: inherited listening socket to serve on (set by the init)")
 	if err := fs.Parse(args); err != nil {
 		return options{}, err
 	}
@@ -67,12 +78,18 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	return opts, nil
 }
 
-// serveArgs are the arguments the init re-executes itself with.
+// serveArgs are the arguments the init re-executes itself with; the serve
+// child finds its state socket and listener at childStateFD and
+// childListenFD.
 func serveArgs(opts options) []string {
 	return []string{
 		"serve",
 		"--port", strconv.Itoa(opts.port),
 		"--listen-addr", opts.listenAddr,
 		"--default-user", opts.defaultUser,
+		"--passwd", opts.passwdPath,
+		"--group", opts.groupPath,
+		"--state-fd", strconv.Itoa(childStateFD),
+		"--listen-fd", strconv.Itoa(childListenFD),
 	}
 }

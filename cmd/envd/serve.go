@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/envd"
@@ -18,13 +20,28 @@ const shutdownGrace = 3 * time.Second
 
 // runServe serves the envd protocol until ctx is done.
 func runServe(ctx context.Context, opts options, log *slog.Logger) error {
-	srv := envd.New(envd.Config{Logger: log, DefaultUser: opts.defaultUser})
+	cfg := envd.Config{
+		Logger:      log,
+		DefaultUser: opts.defaultUser,
+		PasswdPath:  opts.passwdPath,
+		GroupPath:   opts.groupPath,
+	}
+	if opts.stateFD > 0 {
+		// Under the init: take back what /init configured before a restart,
+		// or refuse to serve at all rather than serve without the token.
+		conn, state, err := openStateConn(opts.stateFD, stateReceiveTimeout)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		cfg.State = &state
+		cfg.HandOver = conn.send
+	}
+	srv := envd.New(cfg)
 	defer srv.Close()
-	addr := net.JoinHostPort(opts.listenAddr, strconv.Itoa(opts.port))
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
+	ln, addr, err := serveListener(ctx, opts)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", addr, err)
+		return err
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
@@ -42,4 +59,26 @@ func runServe(ctx context.Context, opts options, log *slog.Logger) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// serveListener is the inherited listener when the init passed one, else a
+// new one on the configured address.
+func serveListener(ctx context.Context, opts options) (net.Listener, string, error) {
+	if opts.listenFD > 0 {
+		syscall.CloseOnExec(opts.listenFD)
+		f := os.NewFile(uintptr(opts.listenFD), "envd-listener")
+		defer f.Close() // FileListener holds its own duplicate
+		ln, err := net.FileListener(f)
+		if err != nil {
+			return nil, "", fmt.Errorf("inherited listener fd %d: %w", opts.listenFD, err)
+		}
+		return ln, ln.Addr().String(), nil
+	}
+	addr := net.JoinHostPort(opts.listenAddr, strconv.Itoa(opts.port))
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return ln, addr, nil
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -16,7 +15,14 @@ import (
 // accessTokenHeader carries the token /init configured.
 const accessTokenHeader = "X-Access-Token"
 
-var errBadSignature = errors.New("invalid signature")
+// Signed /files URL failures, worded as upstream envd words them: the SDK
+// and its users see these messages.
+var (
+	errTokenMismatch    = errors.New("access token present in header but does not match")
+	errMissingSignature = errors.New("missing signature query parameter")
+	errBadSignature     = errors.New("invalid signature")
+	errExpiredSignature = errors.New("signature is already expired")
+)
 
 // writeJSONError writes the envd error body {"code":<status>,"message":…}.
 func writeJSONError(w http.ResponseWriter, status int, msg string) {
@@ -60,7 +66,8 @@ func fileSignature(path, operation, username, token, expiration string) string {
 }
 
 // authorizeFiles checks a /files request: with a token configured it needs
-// either the token header or a valid, unexpired signature.
+// either the token header or a valid, unexpired signature. The signature is
+// checked before its expiry, so a forger learns nothing about the latter.
 func (s *Server) authorizeFiles(r *http.Request, operation string) error {
 	token := s.settings.token()
 	if token == "" {
@@ -70,26 +77,26 @@ func (s *Server) authorizeFiles(r *http.Request, operation string) error {
 		if tokenMatches(token, got) {
 			return nil
 		}
-		return errors.New("invalid access token")
+		return errTokenMismatch
 	}
 	q := r.URL.Query()
 	sig := q.Get("signature")
 	if sig == "" {
-		return errors.New("missing access token or signature")
+		return errMissingSignature
 	}
 	expiration := q.Get("signature_expiration")
-	if expiration != "" {
-		exp, err := strconv.ParseInt(expiration, 10, 64)
-		if err != nil {
-			return fmt.Errorf("parse signature_expiration: %w", errBadSignature)
-		}
-		if time.Now().Unix() > exp {
-			return fmt.Errorf("signature expired: %w", errBadSignature)
-		}
-	}
 	want := fileSignature(q.Get("path"), operation, q.Get("username"), token, expiration)
 	if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) != 1 {
 		return errBadSignature
+	}
+	if expiration != "" {
+		exp, err := strconv.ParseInt(expiration, 10, 64)
+		if err != nil {
+			return errBadSignature
+		}
+		if exp < time.Now().Unix() {
+			return errExpiredSignature
+		}
 	}
 	return nil
 }
@@ -97,6 +104,8 @@ func (s *Server) authorizeFiles(r *http.Request, operation string) error {
 // handleInit applies POST /init. Open until a token exists; afterwards only
 // the holder of the current token may change it (re-keying a fork).
 func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
+	s.initMu.Lock()
+	defer s.initMu.Unlock()
 	if !tokenMatches(s.settings.token(), r.Header.Get(accessTokenHeader)) {
 		writeJSONError(w, http.StatusUnauthorized, "invalid access token")
 		return
@@ -107,7 +116,17 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "invalid init body: "+err.Error())
 		return
 	}
-	s.settings.apply(req)
+	next := s.settings.next(req)
+	if s.handOver != nil {
+		// Handed over first: an envd restarted after this /init returns
+		// must come back with it, never with less.
+		if err := s.handOver(next); err != nil {
+			s.log.Error("hand over settings", "err", err)
+			writeJSONError(w, http.StatusInternalServerError, "could not keep the settings")
+			return
+		}
+	}
+	s.settings.set(next)
 	if req.KillProcesses {
 		n := killOtherProcesses()
 		s.log.Info("killed every process but envd", "count", n)
@@ -117,6 +136,6 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 			s.log.Warn("write resolv.conf", "err", err)
 		}
 	}
-	s.log.Info("initialized", "defaultUser", s.settings.user(), "envVars", len(req.EnvVars), "tokenSet", req.AccessToken != nil)
+	s.log.Info("initialized", "defaultUser", next.DefaultUser, "envVars", len(req.EnvVars), "tokenSet", req.AccessToken != nil)
 	w.WriteHeader(http.StatusNoContent)
 }

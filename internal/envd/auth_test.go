@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -134,27 +136,48 @@ func TestSignedFileURLs(t *testing.T) {
 		path       string
 		sig        string
 		exp        int64
+		token      string // X-Access-Token header, when set
 		wantStatus int
+		wantMsg    string // upstream envd's words for the refusal
 	}{
-		{"read signed", "GET", file, sign(file, "read", "", "secret", 0), 0, 200},
-		{"read signed with expiry", "GET", file, sign(file, "read", "", "secret", future), future, 200},
-		{"read expired", "GET", file, sign(file, "read", "", "secret", past), past, 401},
-		{"read with write signature", "GET", file, sign(file, "write", "", "secret", 0), 0, 401},
-		{"read wrong token", "GET", file, sign(file, "read", "", "other", 0), 0, 401},
-		{"read tampered expiry", "GET", file, sign(file, "read", "", "secret", future), future + 1, 401},
-		{"write signed", "POST", filepath.Join(dir, "new.txt"), sign(filepath.Join(dir, "new.txt"), "write", "", "secret", 0), 0, 200},
-		{"write with read signature", "POST", filepath.Join(dir, "new2.txt"), sign(filepath.Join(dir, "new2.txt"), "read", "", "secret", 0), 0, 401},
+		{"read signed", "GET", file, sign(file, "read", "", "secret", 0), 0, "", 200, ""},
+		{"read signed with expiry", "GET", file, sign(file, "read", "", "secret", future), future, "", 200, ""},
+		{"read expired", "GET", file, sign(file, "read", "", "secret", past), past, "", 401, "signature is already expired"},
+		{"forged and expired", "GET", file, sign(file, "read", "", "other", past), past, "", 401, "invalid signature"},
+		{"read with write signature", "GET", file, sign(file, "write", "", "secret", 0), 0, "", 401, "invalid signature"},
+		{"read wrong token", "GET", file, sign(file, "read", "", "other", 0), 0, "", 401, "invalid signature"},
+		{"read tampered expiry", "GET", file, sign(file, "read", "", "secret", future), future + 1, "", 401, "invalid signature"},
+		{"no signature", "GET", file, "", 0, "", 401, "missing signature query parameter"},
+		{"wrong header token", "GET", file, sign(file, "read", "", "secret", 0), 0, "nope", 401, "access token present in header but does not match"},
+		{"write signed", "POST", filepath.Join(dir, "new.txt"), sign(filepath.Join(dir, "new.txt"), "write", "", "secret", 0), 0, "", 200, ""},
+		{"write with read signature", "POST", filepath.Join(dir, "new2.txt"), sign(filepath.Join(dir, "new2.txt"), "read", "", "secret", 0), 0, "", 401, "invalid signature"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			q := url.Values{"path": {tt.path}, "signature": {tt.sig}}
+			q := url.Values{"path": {tt.path}}
+			if tt.sig != "" {
+				q.Set("signature", tt.sig)
+			}
 			if tt.exp != 0 {
 				q.Set("signature_expiration", strconv.FormatInt(tt.exp, 10))
 			}
-			status, _, body := doRaw(t, tt.method, env.ts.URL+"/files?"+q.Encode(), "x",
-				map[string]string{"Content-Type": "application/octet-stream"})
+			header := map[string]string{"Content-Type": "application/octet-stream"}
+			if tt.token != "" {
+				header["X-Access-Token"] = tt.token
+			}
+			status, _, body := doRaw(t, tt.method, env.ts.URL+"/files?"+q.Encode(), "x", header)
 			if status != tt.wantStatus {
 				t.Fatalf("status %d body %q, want %d", status, body, tt.wantStatus)
+			}
+			if tt.wantMsg == "" {
+				return
+			}
+			var e struct {
+				Code    int    `json:"code"`
+				Message string `json:"message"`
+			}
+			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Code != 401 || e.Message != tt.wantMsg {
+				t.Fatalf("body %q, want code 401 message %q", body, tt.wantMsg)
 			}
 		})
 	}
@@ -181,5 +204,72 @@ func TestInitWritesResolvConf(t *testing.T) {
 		if string(got) != tc.want {
 			t.Fatalf("%s: resolv.conf %q, want %q", tc.body, got, tc.want)
 		}
+	}
+}
+
+// TestInitHandsOverState: every /init hands the whole resulting State over
+// before it takes effect (a failed hand-over changes nothing), and a Server
+// built from a handed-over State serves with it: its token, env vars and
+// default user.
+func TestInitHandsOverState(t *testing.T) {
+	var handed []State
+	fail := false
+	srv := New(Config{Logger: slog.New(slog.DiscardHandler), DefaultUser: "boot", HandOver: func(st State) error {
+		if fail {
+			return errors.New("init gone")
+		}
+		handed = append(handed, st)
+		return nil
+	}})
+	initWith := func(body, token string) int {
+		req := httptest.NewRequest("POST", "/init", strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("X-Access-Token", token)
+		}
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, req)
+		return rec.Code
+	}
+	steps := []struct {
+		body, token string
+		fail        bool
+		wantStatus  int
+		want        State // the last State handed over
+	}{
+		{`{"accessToken":"t1","envVars":{"A":"1"},"defaultUser":"user"}`, "", false, 204,
+			State{AccessToken: "t1", EnvVars: map[string]string{"A": "1"}, DefaultUser: "user"}},
+		{`{"envVars":{"B":"2"},"defaultWorkdir":"/w"}`, "t1", false, 204,
+			State{AccessToken: "t1", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
+		{`{"accessToken":"t2"}`, "t1", true, 500,
+			State{AccessToken: "t1", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
+		{`{"accessToken":"t2"}`, "t1", false, 204,
+			State{AccessToken: "t2", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
+		{`{"accessToken":"evil"}`, "", false, 401,
+			State{AccessToken: "t2", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
+	}
+	for i, tt := range steps {
+		fail = tt.fail
+		if got := initWith(tt.body, tt.token); got != tt.wantStatus {
+			t.Fatalf("step %d: status %d, want %d", i, got, tt.wantStatus)
+		}
+		last := handed[len(handed)-1]
+		if last.AccessToken != tt.want.AccessToken || !maps.Equal(last.EnvVars, tt.want.EnvVars) ||
+			last.DefaultUser != tt.want.DefaultUser || last.DefaultWorkdir != tt.want.DefaultWorkdir {
+			t.Fatalf("step %d: handed over %+v, want %+v", i, last, tt.want)
+		}
+		// What the server uses is what was handed over, never more.
+		if srv.settings.token() != last.AccessToken {
+			t.Fatalf("step %d: token in use %q, handed over %q", i, srv.settings.token(), last.AccessToken)
+		}
+	}
+
+	restored := New(Config{Logger: slog.New(slog.DiscardHandler), DefaultUser: "boot", State: &handed[len(handed)-1]})
+	if restored.settings.token() != "t2" || restored.settings.user() != "user" ||
+		restored.settings.workdir() != "/w" || restored.settings.env()["B"] != "2" {
+		t.Fatalf("restored settings: token %q user %q workdir %q env %v", restored.settings.token(),
+			restored.settings.user(), restored.settings.workdir(), restored.settings.env())
+	}
+	if fresh := New(Config{Logger: slog.New(slog.DiscardHandler), DefaultUser: "boot", State: &State{}}); fresh.settings.user() != "boot" {
+		t.Fatalf("empty State: default user %q, want boot", fresh.settings.user())
 	}
 }

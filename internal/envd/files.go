@@ -119,7 +119,12 @@ func (s *Server) handleFilesPost(w http.ResponseWriter, r *http.Request) {
 		defer gz.Close()
 		body = gz
 	}
-	up := upload{srv: s, user: user, queryPath: q.Get("path"), metadata: metadataHeaders(r.Header), seen: map[string]bool{}}
+	metadata := metadataHeaders(r.Header)
+	if err := validateMetadata(metadata); err != nil {
+		writeFilesError(w, statusErr(http.StatusBadRequest, "invalid metadata: %w", err))
+		return
+	}
+	up := upload{srv: s, user: user, queryPath: q.Get("path"), metadata: metadata, seen: map[string]bool{}}
 	mediaType, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if mediaType == "multipart/form-data" {
 		err = up.multipart(multipart.NewReader(body, params["boundary"]))
@@ -225,17 +230,15 @@ func (u *upload) write(target string, body io.Reader) error {
 	if err := writeFileAs(path, body, u.user); err != nil {
 		return err
 	}
-	entry := fileEntry{Path: path, Name: filepath.Base(path), Type: "file"}
-	if len(u.metadata) > 0 {
-		supported, err := writeMetadata(path, u.metadata)
-		if err != nil {
-			return err
-		}
-		if !supported {
-			u.srv.log.Warn("xattrs unsupported, metadata dropped", "path", path)
-		}
-		entry.Metadata = readMetadata(path)
+	// Written even when empty: an overwrite clears the old metadata.
+	supported, err := writeMetadata(path, u.metadata)
+	if err != nil {
+		return err
 	}
+	if !supported && len(u.metadata) > 0 {
+		u.srv.log.Warn("xattrs unsupported, metadata dropped", "path", path)
+	}
+	entry := fileEntry{Path: path, Name: filepath.Base(path), Type: "file", Metadata: readMetadata(path)}
 	u.written = append(u.written, entry)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"encoding/json"
 	"io"
+	"maps"
 	"mime/multipart"
 	"net/http"
 	"net/textproto"
@@ -95,7 +96,6 @@ func TestPostFilesMultipart(t *testing.T) {
 		{"directory target", url.Values{"path": {filepath.Join(dir, "a")}}, map[string]string{"a": "x"}, 400, ""},
 		{"no file part", url.Values{}, map[string]string{}, 400, ""},
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Join(me.Home, "aenv-test-rel")) })
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ct, body := multipartBody(t, tt.files)
@@ -171,29 +171,73 @@ func TestPostFilesOctetStream(t *testing.T) {
 	}
 }
 
-// TestFilesMetadata stores X-Metadata-* as xattrs and reads them back via
-// Stat. Where the filesystem has no user xattrs, the write still succeeds.
+// TestFilesMetadata follows upstream: X-Metadata-* live under user.e2b.
+// xattrs, other user.* xattrs are not metadata, each write replaces the
+// file's metadata (none clears it), and what cannot be stored is a 400.
 func TestFilesMetadata(t *testing.T) {
 	env := newTestEnv(t)
-	path := filepath.Join(t.TempDir(), "m.txt")
-	status, resp := postFiles(t, env, url.Values{"path": {path}}, "application/octet-stream", strings.NewReader("m"),
-		map[string]string{"X-Metadata-Owner-Team": "RL", "X-Metadata-Run": "7"})
-	if status != 200 {
-		t.Fatalf("status %d %s", status, resp)
+	dir := t.TempDir()
+	if err := syscall.Setxattr(dir, "user.probe", []byte("1"), 0); err != nil {
+		t.Skipf("no user xattrs on %s: %v", dir, err)
 	}
-	if err := syscall.Setxattr(path, "user.probe", []byte("1"), 0); err != nil {
-		t.Logf("no user xattrs here (%v): checking graceful degradation only", err)
-		return
+	path := filepath.Join(dir, "m.txt")
+	write := func(t *testing.T, header map[string]string) (int, string) {
+		t.Helper()
+		return postFiles(t, env, url.Values{"path": {path}}, "application/octet-stream", strings.NewReader("m"), header)
 	}
-	if !strings.Contains(resp, `"metadata":{"owner-team":"RL","run":"7"}`) {
-		t.Fatalf("response %s lacks metadata", resp)
+	steps := []struct {
+		name       string
+		header     map[string]string
+		foreign    bool // set user.other before checking
+		wantStatus int
+		want       map[string]string
+	}{
+		{"stored", map[string]string{"X-Metadata-Owner-Team": "RL", "X-Metadata-Run": "7"}, false, 200, map[string]string{"owner-team": "RL", "run": "7"}},
+		{"other user xattrs are not metadata", map[string]string{"X-Metadata-Run": "7"}, true, 200, map[string]string{"run": "7"}},
+		{"overwrite replaces", map[string]string{"X-Metadata-Run": "8"}, false, 200, map[string]string{"run": "8"}},
+		{"overwrite without metadata clears", nil, false, 200, nil},
+		{"non-printable value", map[string]string{"X-Metadata-Bad": "a\tb"}, false, 400, nil},
+		{"key too long", map[string]string{"X-Metadata-" + strings.Repeat("k", 250): "v"}, false, 400, nil},
+		{"too much in total", map[string]string{"X-Metadata-A": strings.Repeat("a", 2100), "X-Metadata-B": strings.Repeat("b", 2100)}, false, 400, nil},
 	}
-	entry, err := env.srv.entryInfo(path)
-	if err != nil {
-		t.Fatal(err)
+	for _, tt := range steps {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.foreign {
+				if err := syscall.Setxattr(path, "user.other", []byte("x"), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			status, resp := write(t, tt.header)
+			if status != tt.wantStatus {
+				t.Fatalf("status %d %s, want %d", status, resp, tt.wantStatus)
+			}
+			if status != 200 {
+				return
+			}
+			var entries []fileEntry
+			if err := json.Unmarshal([]byte(resp), &entries); err != nil || len(entries) != 1 {
+				t.Fatalf("response %s: %v", resp, err)
+			}
+			entry, err := env.srv.entryInfo(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(entries[0].Metadata, tt.want) || !maps.Equal(entry.Metadata, tt.want) {
+				t.Fatalf("metadata: written %v, stat %v, want %v", entries[0].Metadata, entry.Metadata, tt.want)
+			}
+			for k, v := range tt.want {
+				buf := make([]byte, 64)
+				n, err := syscall.Getxattr(path, "user.e2b."+k, buf)
+				if err != nil || string(buf[:n]) != v {
+					t.Fatalf("xattr user.e2b.%s = %q, %v; want %q", k, buf[:n], err, v)
+				}
+			}
+		})
 	}
-	if entry.Metadata["owner-team"] != "RL" || entry.Metadata["run"] != "7" {
-		t.Fatalf("metadata %v", entry.Metadata)
+	// Attributes other tools set are theirs: a write leaves them alone.
+	buf := make([]byte, 8)
+	if n, err := syscall.Getxattr(path, "user.other", buf); err != nil || string(buf[:n]) != "x" {
+		t.Fatalf("user.other = %q, %v", buf[:n], err)
 	}
 }
 
@@ -244,15 +288,12 @@ func TestGetFiles(t *testing.T) {
 // TestFilesOwnership writes as a second user: the file and the parents it
 // needed belong to that user, and relative paths land in its home.
 func TestFilesOwnership(t *testing.T) {
-	name := addTestUser(t)
 	env := newTestEnv(t)
+	u, _ := env.addUser(t)
+	name := u.Name
 	status, resp := postFiles(t, env, url.Values{"path": {"deep/dir/f.txt"}, "username": {name}}, "application/octet-stream", strings.NewReader("u"), nil)
 	if status != 200 {
 		t.Fatalf("status %d %s", status, resp)
-	}
-	u, err := env.srv.users.lookupUser(name)
-	if err != nil {
-		t.Fatal(err)
 	}
 	for _, p := range []string{"deep", "deep/dir", "deep/dir/f.txt"} {
 		info, err := os.Stat(filepath.Join(u.Home, p))

@@ -14,8 +14,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"os/user"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/aenv-dev/aenv/api/envd/filesystem/filesystemconnect"
 	"github.com/aenv-dev/aenv/api/envd/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/envd/envdtest"
 	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
@@ -33,56 +32,51 @@ func requireRoot(t *testing.T) {
 	roottest.Require(t)
 }
 
-// testEnv is an envd handler served by httptest plus clients for it.
+// testEnv is an envd handler served by httptest plus clients for it. Its
+// users come from test account files, never the host's (see envdtest).
 type testEnv struct {
-	srv  *Server
-	ts   *httptest.Server
-	proc processconnect.ProcessClient
-	fs   filesystemconnect.FilesystemClient
+	srv      *Server
+	ts       *httptest.Server
+	proc     processconnect.ProcessClient
+	fs       filesystemconnect.FilesystemClient
+	accounts *envdtest.Accounts
+	me       envdtest.User // the user the test runs as, envd's default user
 }
 
 func newTestEnv(t *testing.T) *testEnv {
 	t.Helper()
-	me, err := user.Current()
-	if err != nil {
-		t.Fatalf("current user: %v", err)
-	}
+	accounts, me := envdtest.NewAccounts(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	srv := New(Config{Logger: log, DefaultUser: me.Username})
+	srv := New(Config{Logger: log, DefaultUser: me.Name, PasswdPath: accounts.Passwd, GroupPath: accounts.Group})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() {
 		srv.Close()
 		ts.Close()
 	})
 	return &testEnv{
-		srv:  srv,
-		ts:   ts,
-		proc: processconnect.NewProcessClient(ts.Client(), ts.URL, connect.WithProtoJSON()),
-		fs:   filesystemconnect.NewFilesystemClient(ts.Client(), ts.URL),
+		srv:      srv,
+		ts:       ts,
+		proc:     processconnect.NewProcessClient(ts.Client(), ts.URL, connect.WithProtoJSON()),
+		fs:       filesystemconnect.NewFilesystemClient(ts.Client(), ts.URL),
+		accounts: accounts,
+		me:       me,
 	}
 }
 
-// addTestUser creates a throwaway user with a home directory and removes it
-// when the test ends.
-func addTestUser(t *testing.T) string {
+// addUser adds a throwaway user (a UID and GID no host account uses, with a
+// fresh home) that also belongs to a second group, and returns it with
+// that group's GID. Switching to it needs root.
+func (e *testEnv) addUser(t *testing.T) (envdtest.User, uint32) {
 	t.Helper()
 	requireRoot(t)
 	var raw [4]byte
 	_, _ = rand.Read(raw[:])
-	name := "aenvt" + hex.EncodeToString(raw[:])
-	out, err := exec.Command("useradd", "-m", "-U", "-G", "users", "-s", "/bin/bash", name).CombinedOutput()
-	if err != nil {
-		t.Fatalf("useradd: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("userdel", "-r", "-f", name).CombinedOutput(); err != nil {
-			t.Errorf("userdel %s: %v: %s", name, err, out)
-		}
-	})
-	return name
+	id := 3_000_000 + binary.BigEndian.Uint32(raw[:])%1_000_000
+	extra := id + 1_000_000
+	return e.accounts.Add(t, "aenvt"+hex.EncodeToString(raw[:]), id, id, extra), extra
 }
 
 func basicAuth(user string) string {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,7 +45,7 @@ func TestStartWireFormat(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			script, _ := json.Marshal(tt.script)
-			body := `{"process":{"cmd":"/bin/bash","args":["-l","-c",` + string(script) + `]},"stdin":false}`
+			body := `{"process":{"cmd":"/bin/bash","args":["-c",` + string(script) + `]},"stdin":false}`
 			resp := rawStream(t, context.Background(), env.ts.URL+"/process.Process/Start", body,
 				map[string]string{"Connect-Timeout-Ms": "60000", "Keepalive-Ping-Interval": "50"})
 			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/connect+json" {
@@ -360,24 +361,24 @@ func TestProcessEnvAndCwd(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// TestProcessUsers runs as root and as a second user with its groups, and
-// refuses unknown users.
+// TestProcessUsers runs as the test's user and as a second user with its
+// groups, and refuses unknown users.
 func TestProcessUsers(t *testing.T) {
-	name := addTestUser(t)
 	env := newTestEnv(t)
+	other, extraGID := env.addUser(t)
 	tests := []struct {
 		user     string
 		want     []string
 		wantCode connect.Code
 	}{
-		{user: "root", want: []string{"root", "/root"}},
-		{user: name, want: []string{name, "/home/" + name, "users"}},
+		{user: env.me.Name, want: []string{fmt.Sprint(env.me.UID), env.me.Home}},
+		{user: other.Name, want: []string{fmt.Sprint(other.UID), other.Home, fmt.Sprint(extraGID)}},
 		{user: "no-such-user-x", wantCode: connect.CodeUnauthenticated},
 	}
 	for _, tt := range tests {
 		t.Run(tt.user, func(t *testing.T) {
 			req := connect.NewRequest(&pb.StartRequest{
-				Process: &pb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "id -un; pwd; id -Gn"}},
+				Process: &pb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "id -u; pwd; id -G"}},
 			})
 			req.Header().Set("Authorization", basicAuth(tt.user))
 			stream, err := env.proc.Start(context.Background(), req)
@@ -401,5 +402,29 @@ func TestProcessUsers(t *testing.T) {
 			}
 			mustContain(t, out, tt.want...)
 		})
+	}
+}
+
+// TestLoginShellReadsAccountHome: a login shell, which is how E2B runs every
+// command, reads the profile in the home the account files name, so tests
+// with accounts of their own never read the host's.
+func TestLoginShellReadsAccountHome(t *testing.T) {
+	env := newTestEnv(t)
+	if err := os.WriteFile(filepath.Join(env.me.Home, ".profile"), []byte("export FROM_PROFILE=test-home\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := env.proc.Start(context.Background(), connect.NewRequest(&pb.StartRequest{
+		Process: &pb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo $FROM_PROFILE $HOME"}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	var out string
+	for stream.Receive() {
+		out += string(stream.Msg().GetEvent().GetData().GetStdout())
+	}
+	if want := "test-home " + env.me.Home + "\n"; stream.Err() != nil || out != want {
+		t.Fatalf("out %q err %v, want %q", out, stream.Err(), want)
 	}
 }

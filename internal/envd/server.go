@@ -6,6 +6,7 @@ package envd
 import (
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"connectrpc.com/connect"
 
@@ -27,6 +28,14 @@ type Config struct {
 	// /etc/passwd and /etc/group.
 	PasswdPath string
 	GroupPath  string
+	// State is what a previous envd in this sandbox was configured with,
+	// handed over by the supervisor when it restarts envd; nil for a fresh
+	// envd. It wins over DefaultUser.
+	State *State
+	// HandOver, when set, receives the whole State every /init produces
+	// before the change takes effect; if it fails, /init fails and changes
+	// nothing. The supervisor keeps it for the next envd it starts.
+	HandOver func(State) error
 }
 
 // Server holds envd's state. Its zero value is not usable; call New.
@@ -38,6 +47,10 @@ type Server struct {
 	fs       *filesystemService
 	cpu      *cpuSampler
 	resolv   string // resolv.conf path /init rewrites
+	handOver func(State) error
+	// initMu orders /init calls: each checks the token, hands the new
+	// State over and applies it as one step.
+	initMu sync.Mutex
 }
 
 // New builds a Server from cfg.
@@ -52,9 +65,10 @@ func New(cfg Config) *Server {
 	s := &Server{
 		log:      cfg.Logger,
 		users:    users,
-		settings: newSettings(cfg.DefaultUser),
+		settings: newSettings(cfg.DefaultUser, cfg.State),
 		cpu:      &cpuSampler{},
 		resolv:   cfg.ResolvConfPath,
+		handOver: cfg.HandOver,
 	}
 	s.procs = newProcessService(s)
 	s.fs = newFilesystemService(s)

@@ -5,14 +5,21 @@ import (
 	"sync"
 )
 
-// settings is what POST /init configures. The server calls /init on every
-// create, resume and fork, so all of it can change while envd runs.
+// State is what POST /init configured: everything an envd restarted inside
+// the same sandbox must come back with, or it would serve without the
+// sandbox's token, env vars and default user.
+type State struct {
+	AccessToken    string            `json:"accessToken,omitempty"`
+	EnvVars        map[string]string `json:"envVars,omitempty"`
+	DefaultUser    string            `json:"defaultUser,omitempty"`
+	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
+}
+
+// settings holds the current State. The server calls /init on every create,
+// resume and fork, so all of it can change while envd runs.
 type settings struct {
-	mu             sync.RWMutex
-	accessToken    string
-	envVars        map[string]string
-	defaultUser    string
-	defaultWorkdir string
+	mu    sync.RWMutex
+	state State
 }
 
 // initRequest is the body of POST /init. Upstream fields we do not use
@@ -31,48 +38,83 @@ type initRequest struct {
 	KillProcesses bool `json:"killProcesses"`
 }
 
-func newSettings(defaultUser string) *settings {
-	if defaultUser == "" {
-		defaultUser = "root"
+// newSettings starts from restored (the State a previous envd handed over,
+// nil when there is none) and falls back to defaultUser, then root.
+func newSettings(defaultUser string, restored *State) *settings {
+	var st State
+	if restored != nil {
+		st = cloneState(*restored)
 	}
-	return &settings{envVars: map[string]string{}, defaultUser: defaultUser}
+	if st.EnvVars == nil {
+		st.EnvVars = map[string]string{}
+	}
+	if st.DefaultUser == "" {
+		st.DefaultUser = defaultUser
+	}
+	if st.DefaultUser == "" {
+		st.DefaultUser = "root"
+	}
+	return &settings{state: st}
 }
 
-func (s *settings) apply(req initRequest) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func cloneState(st State) State {
+	st.EnvVars = maps.Clone(st.EnvVars)
+	return st
+}
+
+// next returns the State that applying req would produce, leaving the
+// current one untouched: /init hands it over before it takes effect.
+func (s *settings) next(req initRequest) State {
+	s.mu.RLock()
+	st := cloneState(s.state)
+	s.mu.RUnlock()
 	if req.AccessToken != nil {
-		s.accessToken = *req.AccessToken
+		st.AccessToken = *req.AccessToken
 	}
-	maps.Copy(s.envVars, req.EnvVars)
+	if st.EnvVars == nil {
+		st.EnvVars = map[string]string{}
+	}
+	maps.Copy(st.EnvVars, req.EnvVars)
 	if req.DefaultUser != nil && *req.DefaultUser != "" {
-		s.defaultUser = *req.DefaultUser
+		st.DefaultUser = *req.DefaultUser
 	}
 	if req.DefaultWorkdir != nil {
-		s.defaultWorkdir = *req.DefaultWorkdir
+		st.DefaultWorkdir = *req.DefaultWorkdir
 	}
+	return st
+}
+
+func (s *settings) set(st State) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.state = st
+}
+
+// apply applies req at once (no hand-over).
+func (s *settings) apply(req initRequest) {
+	s.set(s.next(req))
 }
 
 func (s *settings) token() string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.accessToken
+	return s.state.AccessToken
 }
 
 func (s *settings) env() map[string]string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return maps.Clone(s.envVars)
+	return maps.Clone(s.state.EnvVars)
 }
 
 func (s *settings) user() string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.defaultUser
+	return s.state.DefaultUser
 }
 
 func (s *settings) workdir() string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.defaultWorkdir
+	return s.state.DefaultWorkdir
 }
