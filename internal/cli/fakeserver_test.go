@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/client"
 	"github.com/aenv-dev/aenv/internal/envd"
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
@@ -38,7 +40,7 @@ type fakeServer struct {
 	nextID    int
 	// buildLines is what POST /templates streams, one JSON value a line.
 	buildLines []string
-	lastBuild  buildRequest
+	lastBuild  client.BuildRequest
 	// forkFailures makes the last N children of a fork fail.
 	forkFailures int
 }
@@ -62,7 +64,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	mux := http.NewServeMux()
 	f.routes(mux)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := r.Header.Get(headerSandboxID); id != "" {
+		if id := r.Header.Get(envdclient.HeaderSandboxID); id != "" {
 			if r.Header.Get("X-API-Key") != "" {
 				t.Errorf("envd request %s carried the API key into the sandbox", r.URL.Path)
 			}
@@ -189,7 +191,7 @@ func (f *fakeServer) routes(mux *http.ServeMux) {
 }
 
 func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
-	var req createSandboxRequest
+	var req client.CreateSandboxRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		writeFakeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -307,7 +309,7 @@ func (f *fakeServer) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 
 // build streams f.buildLines as NDJSON, flushing each line.
 func (f *fakeServer) build(w http.ResponseWriter, r *http.Request) {
-	var req buildRequest
+	var req client.BuildRequest
 	json.NewDecoder(r.Body).Decode(&req)
 	f.mu.Lock()
 	f.lastBuild = req
