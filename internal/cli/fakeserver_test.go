@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -16,8 +15,8 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/client"
-	"github.com/aenv-dev/aenv/internal/envd"
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/envd/client/envdtest"
 	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
@@ -58,9 +57,9 @@ func newFakeServer(t *testing.T) *fakeServer {
 	f := &fakeServer{t: t, apiKey: "test-key", now: time.Now().UTC(), sandboxes: map[string]*fakeSandbox{},
 		files:     map[string][]byte{},
 		templates: []map[string]any{{"templateID": "tpl-base", "aliases": []string{"base"}, "cpuCount": 2, "memoryMB": 1024}}}
-	e := envd.New(envd.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	t.Cleanup(e.Close)
-	envdHandler := e.Handler()
+	// A real envd runs the commands, in a home of its own: a login shell
+	// reads no profile of the host's user.
+	envdHandler := envdtest.New(t).Server.Handler()
 	mux := http.NewServeMux()
 	f.routes(mux)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
