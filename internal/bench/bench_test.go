@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"image/png"
 	"io"
 	"log/slog"
 	"net"
@@ -206,7 +205,6 @@ func TestShortBenchEndToEnd(t *testing.T) {
 		t.Errorf("failures:\n%s", strings.Join(report.Failures, "\n"))
 	}
 	checkJSONFigures(t, report)
-	checkChart(t, report)
 	var table bytes.Buffer
 	if err := WriteTable(&table, report); err != nil {
 		t.Fatal(err)
@@ -313,26 +311,6 @@ func checkResult(t *testing.T, f *Figure, sys string) {
 	}
 	if f.Unit == UnitPercent && res.Max > 100 {
 		t.Errorf("%s on %s: %.1f%%", f.Name, sys, res.Max)
-	}
-}
-
-func checkChart(t *testing.T, report *Report) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "chart.png")
-	if err := WriteChart(path, report); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("chart is not a PNG: %v", err)
-	}
-	if b := img.Bounds(); b.Dx() < 500 || b.Dy() < 500 {
-		t.Errorf("chart is %v", b)
 	}
 }
 

@@ -118,15 +118,16 @@ type PauseRequest struct {
 
 // Pause stops a sandbox's processes; the server keeps its state.
 func (c *Client) Pause(ctx context.Context, id string, req PauseRequest) error {
-	var body map[string]bool
+	var body any // none: E2B's SDK sends none
 	if req.DropMemory || req.ToDisk {
-		body = map[string]bool{}
+		opts := map[string]bool{}
 		if req.DropMemory {
-			body["memory"] = false
+			opts["memory"] = false
 		}
 		if req.ToDisk {
-			body["toDisk"] = true
+			opts["toDisk"] = true
 		}
+		body = opts
 	}
 	_, err := c.DoJSON(ctx, http.MethodPost, sandboxPath(id, "pause"), nil, body, nil)
 	return err

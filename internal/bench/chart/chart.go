@@ -1,32 +1,38 @@
-package bench
+// Package chart draws a bench report's latency distributions as a PNG. It
+// is its own package, linked only into the aenv-chart binary: the plotting
+// library and its fonts stay out of aenv, the server.
+package chart
 
 import (
 	"errors"
 	"fmt"
 	"image/color"
+	"io"
 	"math"
-	"os"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/aenv-dev/aenv/internal/bench"
 )
 
 // systemColors tell the systems apart in the chart.
 var systemColors = map[string]color.RGBA{
-	SystemAenv:  {R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	SystemRunsc: {R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
-	SystemRunc:  {R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	bench.SystemAenv:  {R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	bench.SystemRunsc: {R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	bench.SystemRunc:  {R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 }
 
 // chartFloorMs keeps zero samples drawable on the log axis.
 const chartFloorMs = 0.01
 
-// WriteChart renders the latency distribution of every duration figure,
-// one horizontal box per figure and system on a log axis, as a PNG.
-func WriteChart(path string, r *Report) error {
+// Write renders the latency distribution of every duration figure, one
+// horizontal box per figure and system on a log axis, as a PNG to w.
+func Write(w io.Writer, r *bench.Report) error {
+	systems := bench.Systems()
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("aenv bench: latency per operation (%d CPUs, %d MiB, Linux %s)", r.Machine.CPUs, r.Machine.MemoryMiB, r.Machine.Kernel)
 	p.X.Label.Text = "milliseconds (log scale; box: quartiles and median, whiskers: 1.5 IQR, rings: outliers, dots: runs of 3 or fewer)"
@@ -41,8 +47,8 @@ func WriteChart(path string, r *Report) error {
 		if !f.IsLatency() {
 			continue
 		}
-		for j := len(tableSystems) - 1; j >= 0; j-- {
-			sys := tableSystems[j]
+		for j := len(systems) - 1; j >= 0; j-- {
+			sys := systems[j]
 			res, ok := f.Results[sys]
 			if !ok || len(res.Samples) == 0 {
 				continue
@@ -69,20 +75,15 @@ func WriteChart(path string, r *Report) error {
 		return errors.New("chart: no latency figure has samples")
 	}
 	p.NominalY(names...)
-	for _, sys := range tableSystems {
+	for _, sys := range systems {
 		p.Legend.Add(sys, swatch{systemColors[sys]})
 	}
 	img := vgimg.New(11*vg.Inch, vg.Length(row)*0.22*vg.Inch+1.5*vg.Inch)
 	p.Draw(draw.New(img))
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("chart: %w", err)
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(w); err != nil {
+		return fmt.Errorf("chart: write PNG: %w", err)
 	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return fmt.Errorf("chart %s: %w", path, err)
-	}
-	return f.Close()
+	return nil
 }
 
 func chartValues(samples []float64) plotter.Values {
