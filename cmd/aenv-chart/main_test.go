@@ -16,10 +16,10 @@ func TestRun(t *testing.T) {
 	}
 	dir := t.TempDir()
 	tests := []struct {
-		name   string
-		args   []string
-		stdin  string
-		code   int
+		name    string
+		args    []string
+		stdin   string
+		code    int
 		wantPNG bool
 	}{
 		{"report from stdin", []string{"-", filepath.Join(dir, "a.png")}, string(report), 0, true},
