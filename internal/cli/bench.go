@@ -63,7 +63,7 @@ Groups for --only: ` + strings.Join(bench.Groups(), ", ") + ".",
 	fl := cmd.Flags()
 	fl.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
 	fl.StringVar(&f.jsonOut, "json-out", "", "also write the JSON report to this file")
-	fl.StringVar(&f.chart, "chart", "", "write a PNG of the latency distributions to this file")
+	fl.StringVar(&f.chart, "chart", "", "write a PNG of the latency distributions to this file (drawn by aenv-chart, which make build puts next to aenv)")
 	fl.BoolVar(&f.short, "short", false, "tiny counts: a quick end-to-end check, not a measurement")
 	fl.StringSliceVar(&f.only, "only", nil, "run only these groups (comma-separated)")
 	fl.BoolVar(&f.cfg.SkipRaw, "skip-raw", false, "measure aenv only, not runsc and runc")

@@ -198,3 +198,22 @@ func TestFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestShellCode(t *testing.T) {
+	tests := []struct {
+		exit client.Exit
+		want int
+	}{
+		{client.Exit{Code: 0, Exited: true, Status: "exit status 0"}, 0},
+		{client.Exit{Code: 7, Exited: true, Status: "exit status 7"}, 7},
+		{client.Exit{Code: -1, Status: "signal: killed"}, 137},
+		{client.Exit{Code: -1, Status: "signal: terminated"}, 143},
+		{client.Exit{Code: -1, Status: "signal: user defined signal 1"}, 1},
+		{client.Exit{Code: 9, Status: "odd"}, 9},
+	}
+	for _, tt := range tests {
+		if got := tt.exit.ShellCode(); got != tt.want {
+			t.Errorf("%+v: %d, want %d", tt.exit, got, tt.want)
+		}
+	}
+}
