@@ -20,10 +20,15 @@ deps: ## Install the Debian packages aenv needs (root)
 	scripts/install-deps.sh
 
 .PHONY: build
-build: $(BIN)/aenv $(BIN)/envd $(BIN)/runsc ## Build aenv, envd and the pinned runsc into bin/
+build: $(BIN)/aenv $(BIN)/envd $(BIN)/aenv-chart $(BIN)/runsc ## Build aenv, envd, aenv-chart and the pinned runsc into bin/
 
 $(BIN)/aenv: FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/aenv
+
+# The bench's chart (aenv bench --chart): its own binary, so the plotting
+# library stays out of aenv.
+$(BIN)/aenv-chart: FORCE
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/aenv-chart
 
 $(BIN)/envd: FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/envd

@@ -19,6 +19,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // Groups of figures, for Config.Only.
@@ -154,7 +156,7 @@ func checkLoopback(ctx context.Context, rawURL string) error {
 type bench struct {
 	cfg      Config
 	logger   *slog.Logger
-	c        *client
+	c        *client.Client
 	rec      *recorder
 	cleanups *cleanups
 	aenv     *aenvSystem
@@ -176,14 +178,13 @@ func Run(ctx context.Context, cfg Config, logger *slog.Logger) (*Report, error) 
 	}
 	b := &bench{
 		cfg: cfg, logger: logger, rec: newRecorder(), cleanups: &cleanups{},
-		c: &client{baseURL: strings.TrimRight(cfg.URL, "/"), apiKey: cfg.APIKey,
-			http: newHTTPClient(max(64, cfg.ExecStreams, cfg.ConcurrentCreates))},
+		c:      newAPI(cfg),
 		report: &Report{Machine: describeMachine(), Server: cfg.URL, Short: cfg.Short, Started: time.Now().UTC()},
 	}
 	prefix := "bench-" + randomSuffix(6)
 	b.aenv = &aenvSystem{c: b.c, cleanups: b.cleanups, bootTemplate: cfg.Template, memoryMB: cfg.MemoryMB,
 		lifetimeSecs: int(cfg.MaxDuration.Seconds()) + 600, prefix: prefix}
-	if _, err := b.c.listTemplates(ctx); err != nil {
+	if _, err := b.c.ListTemplates(ctx); err != nil {
 		return nil, fmt.Errorf("reach the server: %w", err)
 	}
 	defer b.cleanup()

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"image/png"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // The end-to-end test runs the bench in short mode against a real server,
@@ -70,7 +71,7 @@ func requireRoot(t *testing.T) string {
 type testServer struct {
 	url     string
 	dataDir string
-	c       *client
+	c       *client.Client
 }
 
 // startServer runs a server with its own data dir, network prefix and
@@ -113,7 +114,7 @@ func startServer(t *testing.T, binDir string) *testServer {
 		}
 	})
 	s := &testServer{url: "http://" + addr, dataDir: dataDir,
-		c: &client{baseURL: "http://" + addr, apiKey: testAPIKey, http: http.DefaultClient}}
+		c: client.New(client.Config{URL: "http://" + addr, APIKey: testAPIKey})}
 	// The first server on a machine builds the base template (minutes).
 	deadline := time.Now().Add(15 * time.Minute)
 	for time.Now().Before(deadline) {
@@ -204,7 +205,6 @@ func TestShortBenchEndToEnd(t *testing.T) {
 		t.Errorf("failures:\n%s", strings.Join(report.Failures, "\n"))
 	}
 	checkJSONFigures(t, report)
-	checkChart(t, report)
 	var table bytes.Buffer
 	if err := WriteTable(&table, report); err != nil {
 		t.Fatal(err)
@@ -314,29 +314,9 @@ func checkResult(t *testing.T, f *Figure, sys string) {
 	}
 }
 
-func checkChart(t *testing.T, report *Report) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "chart.png")
-	if err := WriteChart(path, report); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatalf("chart is not a PNG: %v", err)
-	}
-	if b := img.Bounds(); b.Dx() < 500 || b.Dy() < 500 {
-		t.Errorf("chart is %v", b)
-	}
-}
-
 func templateIDs(t *testing.T, s *testServer) []string {
 	t.Helper()
-	tpls, err := s.c.listTemplates(context.Background())
+	tpls, err := s.c.ListTemplates(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,14 +333,13 @@ func templateIDs(t *testing.T, s *testServer) []string {
 func checkNothingLeft(t *testing.T, s *testServer, report *Report, templatesBefore []string) {
 	t.Helper()
 	ctx := context.Background()
-	if ids, err := s.c.listSandboxIDs(ctx); err != nil || len(ids) > 0 {
-		t.Errorf("sandboxes left: %v %v", ids, err)
+	if sbs, err := s.c.ListSandboxes(ctx, ""); err != nil || len(sbs) > 0 {
+		t.Errorf("sandboxes left: %v %v", sbs, err)
 	}
 	if after := templateIDs(t, s); !slices.Equal(after, templatesBefore) {
 		t.Errorf("templates before %v, after %v", templatesBefore, after)
 	}
-	var snaps []json.RawMessage
-	if err := s.c.do(ctx, http.MethodGet, "/snapshots", nil, &snaps); err != nil || len(snaps) > 0 {
+	if snaps, err := s.c.ListSnapshots(ctx); err != nil || len(snaps) > 0 {
 		t.Errorf("snapshots left: %s %v", snaps, err)
 	}
 	if report.Raw == nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // densityLimits are when the density loop stops adding sandboxes.
@@ -119,7 +121,7 @@ func (b *bench) measureIdle(ctx context.Context, sys system, boxes []*box, figs 
 		if sys.name() != SystemAenv {
 			continue
 		}
-		if used, err := b.c.memUsed(ctx, bx.id); err != nil {
+		if used, err := memUsed(ctx, b.c, bx.id); err != nil {
 			b.rec.fail(figs.metrics, SystemAenv, err)
 		} else {
 			b.rec.add(figs.metrics, SystemAenv, float64(used)/mib)
@@ -129,8 +131,11 @@ func (b *bench) measureIdle(ctx context.Context, sys system, boxes []*box, figs 
 
 // refusal tells a server saying "no more" from a failure.
 func refusal(err error) bool {
-	return isStatus(err, http.StatusServiceUnavailable) || isStatus(err, http.StatusTooManyRequests) ||
-		isStatus(err, http.StatusInsufficientStorage)
+	switch client.StatusOf(err) {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusInsufficientStorage:
+		return true
+	}
+	return false
 }
 
 // reached says why no more sandboxes should be made, or "".
@@ -149,4 +154,16 @@ func (l densityLimits) reached(n int, availStart uint64) string {
 		return fmt.Sprintf("the host's free-memory floor (%d MiB available)", avail>>10)
 	}
 	return ""
+}
+
+// memUsed is the sandbox's current memory use from its metrics.
+func memUsed(ctx context.Context, c *client.Client, id string) (int64, error) {
+	samples, err := c.Metrics(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if len(samples) == 0 {
+		return 0, fmt.Errorf("metrics of %s: no sample (not running?)", id)
+	}
+	return samples[len(samples)-1].MemUsed, nil
 }

@@ -100,13 +100,13 @@ func (b *bench) runRollout(ctx context.Context) error {
 // prepareProject writes the project through the files API (nothing from
 // the network) and checks its test script runs.
 func (b *bench) prepareProject(ctx context.Context, bx *box) error {
-	if err := b.c.writeText(ctx, bx.id, rolloutDir+"/test_calc.py", rolloutTest); err != nil {
+	if err := b.c.WriteText(ctx, bx.id, rolloutDir+"/test_calc.py", rolloutTest); err != nil {
 		return err
 	}
-	if err := b.c.writeText(ctx, bx.id, rolloutDir+"/calc.py", candidate(0, 0)); err != nil {
+	if err := b.c.WriteText(ctx, bx.id, rolloutDir+"/calc.py", candidate(0, 0)); err != nil {
 		return err
 	}
-	_, err := b.c.execute(ctx, bx.id, "cd "+rolloutDir+" && python3 test_calc.py")
+	err := execOK(ctx, b.c, bx.id, "cd "+rolloutDir+" && python3 test_calc.py")
 	return err
 }
 
@@ -157,13 +157,13 @@ func (b *bench) rolloutChild(ctx context.Context, child *box, i int, stepFig *Fi
 			return 0, err
 		}
 		stepStart := time.Now()
-		if err := b.c.writeText(ctx, child.id, rolloutDir+"/calc.py", candidate(i, step)); err != nil {
+		if err := b.c.WriteText(ctx, child.id, rolloutDir+"/calc.py", candidate(i, step)); err != nil {
 			return 0, err
 		}
-		if _, err := b.c.execute(ctx, child.id, "cd "+rolloutDir+" && python3 test_calc.py"); err != nil {
+		if err := execOK(ctx, b.c, child.id, "cd "+rolloutDir+" && python3 test_calc.py"); err != nil {
 			return 0, err
 		}
-		out, err := b.c.readText(ctx, child.id, rolloutDir+"/result.json")
+		out, err := b.c.ReadText(ctx, child.id, rolloutDir+"/result.json")
 		if err != nil {
 			return 0, err
 		}

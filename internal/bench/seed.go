@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // The seed's set: cold boot, snapshot boot, pause, resume, snapshot
@@ -70,7 +72,7 @@ func (b *bench) defaultCreate(ctx context.Context) error {
 	for i := 0; i < b.cfg.Iterations && ctx.Err() == nil; i++ {
 		var bx *box
 		err := b.timed(f, SystemAenv, func() error {
-			sb, err := b.c.create(ctx, createRequest{TemplateID: b.cfg.Template, Timeout: b.aenv.lifetimeSecs})
+			sb, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: b.cfg.Template, Timeout: b.aenv.lifetimeSecs})
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"errors"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // errUnsupported marks an operation a system has no equivalent of (runc
@@ -12,8 +14,8 @@ var errUnsupported = errors.New("not supported by this system")
 // box is one running sandbox (aenv) or container (runsc, runc).
 type box struct {
 	id      string
-	sb      sandbox // aenv: the create answer, for envd streams
-	cleanup int     // handle in the cleanup stack
+	sb      client.Sandbox // aenv: the create answer, for envd streams
+	cleanup int            // handle in the cleanup stack
 }
 
 // image is a snapshot or template a box can start from.

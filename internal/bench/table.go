@@ -4,12 +4,16 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 )
 
 // tableSystems is the row order of each figure.
 var tableSystems = [...]string{SystemAenv, SystemRunsc, SystemRunc}
+
+// Systems lists the systems in the order reports show them.
+func Systems() []string { return slices.Clone(tableSystems[:]) }
 
 // WriteTable prints the report for people: the machine, then one row per
 // figure and system with avg/p50/p99/min/max, the error count and, on

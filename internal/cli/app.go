@@ -9,6 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // app is what client commands need from their process: standard streams,
@@ -26,13 +28,21 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer, getenv func(string) strin
 	return &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, newHTTP: newHTTPClient, now: time.Now}
 }
 
+// newHTTPClient keeps few idle connections: a command makes a handful of
+// requests.
+func newHTTPClient() *http.Client { return client.NewHTTPClient(4) }
+
 // client builds the API client from flags, environment and saved config.
-func (a *app) client(f serverFlags) (*Client, error) {
+func (a *app) client(f serverFlags) (*client.Client, error) {
 	cfg, err := f.resolve(a.getenv)
 	if err != nil {
 		return nil, err
 	}
-	return newClient(cfg, a.newHTTP()), nil
+	return a.clientFor(cfg), nil
+}
+
+func (a *app) clientFor(cfg clientConfig) *client.Client {
+	return client.New(client.Config{URL: cfg.URL, APIKey: cfg.APIKey, HTTP: a.newHTTP()})
 }
 
 // clientCommands are the verbs that talk to a server.

@@ -1,10 +1,14 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -59,7 +63,7 @@ Groups for --only: ` + strings.Join(bench.Groups(), ", ") + ".",
 	fl := cmd.Flags()
 	fl.StringVarP(&f.output, "output", "o", "table", "output format: table or json")
 	fl.StringVar(&f.jsonOut, "json-out", "", "also write the JSON report to this file")
-	fl.StringVar(&f.chart, "chart", "", "write a PNG of the latency distributions to this file")
+	fl.StringVar(&f.chart, "chart", "", "write a PNG of the latency distributions to this file (drawn by aenv-chart, which make build puts next to aenv)")
 	fl.BoolVar(&f.short, "short", false, "tiny counts: a quick end-to-end check, not a measurement")
 	fl.StringSliceVar(&f.only, "only", nil, "run only these groups (comma-separated)")
 	fl.BoolVar(&f.cfg.SkipRaw, "skip-raw", false, "measure aenv only, not runsc and runc")
@@ -141,6 +145,12 @@ func (a *app) runBench(cmd *cobra.Command, f *benchFlags) error {
 	if err != nil {
 		return err
 	}
+	chartTool := ""
+	if f.chart != "" { // found before the run, not after it
+		if chartTool, err = findChartTool(os.Executable, exec.LookPath); err != nil {
+			return err
+		}
+	}
 	cfg := f.config(cmd.Flags())
 	cfg.URL, cfg.APIKey = conn.URL, conn.APIKey
 	logger := slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -154,7 +164,7 @@ func (a *app) runBench(cmd *cobra.Command, f *benchFlags) error {
 		}
 	}
 	if f.chart != "" {
-		if err := bench.WriteChart(f.chart, report); err != nil {
+		if err := writeChart(cmd.Context(), chartTool, f.chart, report); err != nil {
 			return err
 		}
 	}
@@ -179,6 +189,42 @@ func writeJSONFile(path string, v any) error {
 	}
 	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// chartToolName draws charts; it is a binary of its own so that the
+// plotting library stays out of aenv, which is also the server.
+const chartToolName = "aenv-chart"
+
+// findChartTool finds aenv-chart next to this binary (make build puts
+// them together), else on $PATH.
+func findChartTool(executable func() (string, error), lookPath func(string) (string, error)) (string, error) {
+	if exe, err := executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), chartToolName)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	if p, err := lookPath(chartToolName); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("--chart needs the %s binary next to aenv or on $PATH (make build makes it)", chartToolName)
+}
+
+// writeChart has aenv-chart draw the report. It runs after the
+// measurements, also of an interrupted run, so it gets its own deadline.
+func writeChart(ctx context.Context, tool, path string, report *bench.Report) error {
+	data, err := json.Marshal(report)
+	if err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, tool, "-", path)
+	cmd.Stdin = bytes.NewReader(data)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("chart: %s: %w: %s", tool, err, bytes.TrimSpace(out))
 	}
 	return nil
 }

@@ -2,7 +2,11 @@ package cli
 
 import (
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +43,38 @@ func TestBenchFlagsOverShortAndFullDefaults(t *testing.T) {
 			}
 			if cfg := f.config(cmd.Flags()); !tt.check(cfg) {
 				t.Errorf("config from %v: %+v", tt.argv, cfg)
+			}
+		})
+	}
+}
+
+func TestFindChartTool(t *testing.T) {
+	withTool, without := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(withTool, "aenv-chart"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	onPath := func(string) (string, error) { return "/usr/local/bin/aenv-chart", nil }
+	notOnPath := func(string) (string, error) { return "", exec.ErrNotFound }
+	tests := []struct {
+		name     string
+		exeDir   string
+		lookPath func(string) (string, error)
+		want     string
+	}{
+		{"next to aenv", withTool, notOnPath, filepath.Join(withTool, "aenv-chart")},
+		{"next to aenv beats PATH", withTool, onPath, filepath.Join(withTool, "aenv-chart")},
+		{"on PATH", without, onPath, "/usr/local/bin/aenv-chart"},
+		{"nowhere", without, notOnPath, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			exe := func() (string, error) { return filepath.Join(tt.exeDir, "aenv"), nil }
+			got, err := findChartTool(exe, tt.lookPath)
+			if got != tt.want || (err != nil) != (tt.want == "") {
+				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
+			}
+			if err != nil && !strings.Contains(err.Error(), "make build") {
+				t.Errorf("error %q does not say how to get the tool", err)
 			}
 		})
 	}

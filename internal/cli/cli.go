@@ -40,7 +40,7 @@ func run(ctx context.Context, args []string, a *app) int {
 		return ExitOK
 	}
 	if printable(err) {
-		fmt.Fprintln(a.stderr, "error:", err)
+		fmt.Fprintln(a.stderr, "error:", describe(err))
 	}
 	return exitCodeOf(err)
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 func (a *app) authCommand() *cobra.Command {
@@ -71,11 +73,11 @@ func (a *app) runAuth(ctx context.Context, f serverFlags, noVerify bool) error {
 	}
 	if !noVerify {
 		if err := a.verify(ctx, cfg); err != nil {
-			var unreachable unreachableError
+			var unreachable *client.UnreachableError
 			if !errors.As(err, &unreachable) {
 				return err
 			}
-			fmt.Fprintf(a.stderr, "warning: %v\n", err)
+			fmt.Fprintf(a.stderr, "warning: %s\n", describe(err))
 		}
 	}
 	if err := saveConfig(path, cfg); err != nil {
@@ -137,7 +139,6 @@ func checkURL(raw string) error {
 
 // verify makes one authenticated request.
 func (a *app) verify(ctx context.Context, cfg clientConfig) error {
-	c := newClient(cfg, a.newHTTP())
-	_, err := c.doJSON(ctx, http.MethodGet, "/v2/sandboxes", url.Values{"limit": {"1"}}, nil, nil)
+	_, err := a.clientFor(cfg).DoJSON(ctx, http.MethodGet, "/v2/sandboxes", url.Values{"limit": {"1"}}, nil, nil)
 	return err
 }

@@ -6,14 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 func (a *app) cpCommand() *cobra.Command {
@@ -65,7 +65,7 @@ func parseCopySide(arg string) copySide {
 	return copySide{sandbox: id, path: p}
 }
 
-func (a *app) upload(ctx context.Context, c *Client, local string, dst copySide) error {
+func (a *app) upload(ctx context.Context, c *client.Client, local string, dst copySide) error {
 	var body io.Reader = a.stdin
 	size := int64(-1)
 	if local != "-" {
@@ -89,31 +89,23 @@ func (a *app) upload(ctx context.Context, c *Client, local string, dst copySide)
 	if dst.path == "" {
 		return usageError{errors.New("cp: the sandbox path is empty")}
 	}
-	header := http.Header{"Content-Type": {"application/octet-stream"}}
-	if size >= 0 {
-		header.Set("Content-Length", strconv.FormatInt(size, 10))
-	}
-	resp, err := c.send(ctx, http.MethodPut, "/sandboxes/"+escape(dst.sandbox)+"/files",
-		url.Values{"path": {dst.path}}, header, body)
-	if err != nil {
+	if err := c.PutFile(ctx, dst.sandbox, dst.path, body, size); err != nil {
 		return fileContext(dst, err)
 	}
-	resp.Body.Close()
 	return nil
 }
 
-func (a *app) download(ctx context.Context, c *Client, src copySide, local string) error {
+func (a *app) download(ctx context.Context, c *client.Client, src copySide, local string) error {
 	if src.path == "" {
 		return usageError{errors.New("cp: the sandbox path is empty")}
 	}
-	resp, err := c.send(ctx, http.MethodGet, "/sandboxes/"+escape(src.sandbox)+"/files",
-		url.Values{"path": {src.path}}, nil, nil)
+	content, err := c.GetFile(ctx, src.sandbox, src.path)
 	if err != nil {
 		return fileContext(src, err)
 	}
-	defer resp.Body.Close()
+	defer content.Close()
 	if local == "-" {
-		if _, err := io.Copy(a.stdout, resp.Body); err != nil {
+		if _, err := io.Copy(a.stdout, content); err != nil {
 			return fmt.Errorf("cp: %w", err)
 		}
 		return nil
@@ -121,7 +113,7 @@ func (a *app) download(ctx context.Context, c *Client, src copySide, local strin
 	if fi, err := os.Stat(local); (err == nil && fi.IsDir()) || strings.HasSuffix(local, "/") {
 		local = filepath.Join(local, path.Base(src.path))
 	}
-	return writeFileAtomic(local, resp.Body)
+	return writeFileAtomic(local, content)
 }
 
 // writeFileAtomic writes r to dst through a temporary file, so a failed
@@ -151,10 +143,10 @@ func writeFileAtomic(dst string, r io.Reader) error {
 
 // fileContext names the sandbox path in a not-found error.
 func fileContext(side copySide, err error) error {
-	var apiErr *APIError
+	var apiErr *client.APIError
 	if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound {
-		return &APIError{Status: http.StatusNotFound, Message: fmt.Sprintf("%s:%s: %s", side.sandbox, side.path,
-			firstNonEmpty(apiErr.Message, "not found"))}
+		return &client.APIError{Method: apiErr.Method, Path: apiErr.Path, Status: http.StatusNotFound,
+			Message: fmt.Sprintf("%s:%s: %s", side.sandbox, side.path, firstNonEmpty(apiErr.Message, "not found"))}
 	}
 	return err
 }

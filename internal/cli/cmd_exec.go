@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 )
 
 type execFlags struct {
@@ -68,18 +70,21 @@ func (a *app) runExec(ctx context.Context, f execFlags, id string, command []str
 	if err != nil {
 		return err
 	}
-	sb, err := c.getSandbox(ctx, id)
+	sb, err := c.GetSandbox(ctx, id)
 	if err != nil {
-		return err
+		return sandboxContext(id, err)
 	}
-	spec := processSpec{cmd: "/bin/bash", envs: envs, cwd: f.cwd, user: f.user, tty: f.tty,
-		stdin: f.interactive, timeout: time.Duration(f.timeoutSecs) * time.Second}
+	spec := envdclient.ProcessSpec{Cmd: "/bin/bash", Envs: envs, Cwd: f.cwd, User: f.user,
+		Stdin: f.interactive, Timeout: time.Duration(f.timeoutSecs) * time.Second}
+	if f.tty {
+		spec.PTY = &envdclient.PTYSize{}
+	}
 	if len(command) == 0 {
-		spec.args = []string{"-i", "-l"}
+		spec.Args = []string{"-i", "-l"}
 	} else {
-		spec.args = []string{"-l", "-c", commandLine(command)}
+		spec.Args = []string{"-l", "-c", commandLine(command)}
 	}
-	code, err := a.runRemote(ctx, c, id, sb.EnvdAccessToken, spec)
+	code, err := a.runRemote(ctx, c.Envd(id, sb.EnvdAccessToken), spec)
 	if err != nil {
 		return err
 	}
@@ -90,19 +95,20 @@ func (a *app) runExec(ctx context.Context, f execFlags, id string, command []str
 }
 
 // runRemote runs spec in the sandbox, with a raw local terminal when spec
-// asks for a tty.
-func (a *app) runRemote(ctx context.Context, c *Client, id, token string, spec processSpec) (int, error) {
-	pio := processIO{stdin: a.stdin, stdout: a.stdout, stderr: a.stderr}
-	if spec.tty {
-		spec.envs = withTerminalEnv(spec.envs, a.getenv("TERM"))
+// asks for a PTY.
+func (a *app) runRemote(ctx context.Context, envd *envdclient.Client, spec envdclient.ProcessSpec) (int, error) {
+	var resizes <-chan envdclient.PTYSize
+	if spec.PTY != nil {
+		spec.Envs = withTerminalEnv(spec.Envs, a.getenv("TERM"))
 		t, err := a.openTerminal()
 		if err != nil {
 			return 0, err
 		}
 		defer t.restore()
-		spec.cols, spec.rows, pio.resizes = t.cols, t.rows, t.resizes
+		spec.PTY = &envdclient.PTYSize{Cols: t.cols, Rows: t.rows}
+		resizes = t.resizes
 	}
-	return runProcess(ctx, c.processClient(id, token), spec, pio)
+	return runProcess(ctx, envd, spec, a.stdin, envdclient.Output{Stdout: a.stdout, Stderr: a.stderr}, resizes)
 }
 
 // withTerminalEnv sets what a terminal session needs, as the E2B SDK's pty

@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 func (a *app) lsCommand() *cobra.Command {
@@ -35,12 +38,12 @@ the deadline (when the server kills or pauses it), vCPUs and memory.
 			if all {
 				state = "running,paused,dead"
 			}
-			sbs, raws, err := c.listSandboxes(cmd.Context(), state)
+			sbs, err := c.ListSandboxes(cmd.Context(), state)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return writeJSON(a.stdout, rawArray(raws))
+				return writeJSON(a.stdout, raws(sbs, func(sb client.Sandbox) json.RawMessage { return sb.Raw }))
 			}
 			now := a.now()
 			t := newTable(a.stdout, "SANDBOX ID", "TEMPLATE", "STATE", "AGE", "DEADLINE", "CPU", "MEMORY")
@@ -78,7 +81,7 @@ func (a *app) eachID(ids []string, fn func(id string) error) error {
 	return last
 }
 
-func (a *app) simpleSandboxCommand(use, short, long string, aliases []string, action func(c *Client, cmd *cobra.Command, id string) error) *cobra.Command {
+func (a *app) simpleSandboxCommand(use, short, long string, aliases []string, action func(c *client.Client, cmd *cobra.Command, id string) error) *cobra.Command {
 	var f serverFlags
 	cmd := &cobra.Command{
 		Use:     use + " SANDBOX_ID...",
@@ -91,7 +94,7 @@ func (a *app) simpleSandboxCommand(use, short, long string, aliases []string, ac
 			if err != nil {
 				return err
 			}
-			return a.eachID(ids, func(id string) error { return action(c, cmd, id) })
+			return a.eachID(ids, func(id string) error { return sandboxContext(id, action(c, cmd, id)) })
 		},
 		ValidArgsFunction: a.completeSandboxIDs(&f),
 	}
@@ -103,8 +106,8 @@ func (a *app) pauseCommand() *cobra.Command {
 	return a.simpleSandboxCommand("pause", "Pause sandboxes, keeping their memory and files",
 		`Pause each sandbox: its processes stop and its state is saved by the server,
 costing no CPU or memory until "aenv resume". Prints each paused ID.`, nil,
-		func(c *Client, cmd *cobra.Command, id string) error {
-			return c.sandboxAction(cmd.Context(), id, "pause", nil)
+		func(c *client.Client, cmd *cobra.Command, id string) error {
+			return c.Pause(cmd.Context(), id, client.PauseRequest{})
 		})
 }
 
@@ -113,12 +116,8 @@ func (a *app) resumeCommand() *cobra.Command {
 	cmd := a.simpleSandboxCommand("resume", "Resume paused sandboxes",
 		`Resume each paused sandbox where it stopped. --timeout sets a new lifetime in
 seconds from now. Prints each resumed ID.`, nil,
-		func(c *Client, cmd *cobra.Command, id string) error {
-			body := map[string]int{}
-			if timeout > 0 {
-				body["timeout"] = timeout
-			}
-			return c.sandboxAction(cmd.Context(), id, "resume", body)
+		func(c *client.Client, cmd *cobra.Command, id string) error {
+			return c.Resume(cmd.Context(), id, timeout)
 		})
 	cmd.Flags().IntVar(&timeout, "timeout", 0, "new lifetime in seconds (default: the server's)")
 	return cmd
@@ -128,8 +127,8 @@ func (a *app) deleteCommand() *cobra.Command {
 	return a.simpleSandboxCommand("delete", "Delete sandboxes",
 		`Kill each sandbox and remove everything it had. Prints each deleted ID.`,
 		[]string{"rm", "kill"},
-		func(c *Client, cmd *cobra.Command, id string) error {
-			return c.deleteSandbox(cmd.Context(), id)
+		func(c *client.Client, cmd *cobra.Command, id string) error {
+			return c.DeleteSandbox(cmd.Context(), id)
 		})
 }
 
@@ -151,8 +150,8 @@ kills the sandbox (or pauses it, if it was created with auto-pause).`,
 			if err != nil {
 				return err
 			}
-			if err := c.sandboxAction(cmd.Context(), argv[0], "timeout", map[string]int{"timeout": secs}); err != nil {
-				return err
+			if err := c.SetTimeout(cmd.Context(), argv[0], secs); err != nil {
+				return sandboxContext(argv[0], err)
 			}
 			fmt.Fprintln(a.stdout, argv[0])
 			return nil
@@ -188,12 +187,12 @@ then non-zero.`,
 			if err != nil {
 				return err
 			}
-			results, raw, err := c.fork(cmd.Context(), argv[0], count)
+			results, err := c.Fork(cmd.Context(), argv[0], count)
 			if err != nil {
-				return err
+				return sandboxContext(argv[0], err)
 			}
 			if asJSON {
-				if err := writeJSON(a.stdout, raw); err != nil {
+				if err := writeJSON(a.stdout, raws(results, func(r client.ForkResult) json.RawMessage { return r.Raw })); err != nil {
 					return err
 				}
 			}
@@ -207,19 +206,15 @@ then non-zero.`,
 	return cmd
 }
 
-func (a *app) reportFork(results []forkResult, printIDs bool) error {
-	var failed []error
-	for _, r := range results {
-		switch {
-		case r.Sandbox != nil:
-			if printIDs {
-				fmt.Fprintln(a.stdout, r.Sandbox.SandboxID)
-			}
-		case r.Error != nil:
-			err := r.Error.asError()
-			fmt.Fprintf(a.stderr, "error: fork child: %v\n", err)
-			failed = append(failed, err)
+func (a *app) reportFork(results []client.ForkResult, printIDs bool) error {
+	children, failed := client.ForkErrors(results)
+	if printIDs {
+		for _, sb := range children {
+			fmt.Fprintln(a.stdout, sb.SandboxID)
 		}
+	}
+	for _, err := range failed {
+		fmt.Fprintf(a.stderr, "error: %v\n", err)
 	}
 	if len(failed) == 0 {
 		return nil

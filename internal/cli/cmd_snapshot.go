@@ -1,11 +1,14 @@
 package cli
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 func (a *app) snapshotCommand() *cobra.Command {
@@ -45,12 +48,12 @@ keeps running. Prints the snapshot ID, or with -o json the server's answer.`,
 			if err != nil {
 				return err
 			}
-			snap, raw, err := c.createSnapshot(cmd.Context(), argv[0], name)
+			snap, err := c.CreateSnapshot(cmd.Context(), argv[0], name)
 			if err != nil {
-				return err
+				return sandboxContext(argv[0], err)
 			}
 			if asJSON {
-				return writeJSON(a.stdout, raw)
+				return writeJSON(a.stdout, snap.Raw)
 			}
 			fmt.Fprintln(a.stdout, snap.SnapshotID)
 			return nil
@@ -81,12 +84,12 @@ func (a *app) snapshotLsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			snaps, raws, err := listJSON[snapshot](cmd.Context(), c, "/snapshots")
+			snaps, err := c.ListSnapshots(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return writeJSON(a.stdout, rawArray(raws))
+				return writeJSON(a.stdout, raws(snaps, func(s client.Snapshot) json.RawMessage { return s.Raw }))
 			}
 			now := a.now()
 			t := newTable(a.stdout, "SNAPSHOT ID", "NAMES", "SANDBOX", "CREATED")
@@ -115,7 +118,7 @@ func (a *app) snapshotRmCommand() *cobra.Command {
 				return err
 			}
 			// Snapshots are templates on the server: one delete serves both.
-			return a.eachID(ids, func(id string) error { return c.deleteTemplate(cmd.Context(), id) })
+			return a.eachID(ids, func(id string) error { return deleteTemplate(cmd.Context(), c, id) })
 		},
 	}
 	addServerFlags(cmd, &f)

@@ -6,6 +6,9 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 )
 
 type startFlags struct {
@@ -76,23 +79,23 @@ func (a *app) runStart(ctx context.Context, f startFlags, templateID string) err
 	if err != nil {
 		return err
 	}
-	sb, raw, err := c.createSandbox(ctx, createSandboxRequest{TemplateID: templateID, VCPU: f.cpus,
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: templateID, VCPU: f.cpus,
 		MemoryMB: f.memoryMB, Timeout: f.timeoutSecs, Metadata: metadata, EnvVars: envs})
 	if err != nil {
-		return err
+		return templateContext(templateID, err)
 	}
 	if f.detach {
 		if asJSON {
-			return writeJSON(a.stdout, raw)
+			return writeJSON(a.stdout, sb.Raw)
 		}
 		fmt.Fprintln(a.stdout, sb.SandboxID)
 		return nil
 	}
 	fmt.Fprintf(a.stderr, "sandbox %s started from %s\n", sb.SandboxID, templateID)
-	code, err := a.runRemote(ctx, c, sb.SandboxID, sb.EnvdAccessToken,
-		processSpec{cmd: "/bin/bash", args: []string{"-i", "-l"}, tty: true})
+	code, err := a.runRemote(ctx, c.Envd(sb.SandboxID, sb.EnvdAccessToken),
+		envdclient.ProcessSpec{Cmd: "/bin/bash", Args: []string{"-i", "-l"}, PTY: &envdclient.PTYSize{}})
 	if f.remove {
-		if derr := c.deleteSandbox(context.WithoutCancel(ctx), sb.SandboxID); derr != nil && err == nil {
+		if derr := c.DeleteSandbox(context.WithoutCancel(ctx), sb.SandboxID); derr != nil && err == nil {
 			err = derr
 		}
 	} else {

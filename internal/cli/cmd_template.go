@@ -1,19 +1,17 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-)
 
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+	"github.com/aenv-dev/aenv/internal/client"
+)
 
 func (a *app) pullCommand() *cobra.Command {
 	var f serverFlags
@@ -45,7 +43,7 @@ server's final answer.`,
 			if err != nil {
 				return err
 			}
-			return a.runPull(cmd.Context(), c, buildRequest{Image: argv[0],
+			return a.runPull(cmd.Context(), c, client.BuildRequest{Image: argv[0],
 				Name: firstNonEmpty(name, defaultTemplateName(argv[0])), Platform: platform}, asJSON, quiet)
 		},
 	}
@@ -57,23 +55,19 @@ server's final answer.`,
 	return cmd
 }
 
-func (a *app) runPull(ctx context.Context, c *Client, req buildRequest, asJSON, quiet bool) error {
+func (a *app) runPull(ctx context.Context, c *client.Client, req client.BuildRequest, asJSON, quiet bool) error {
 	_, tty := terminalFd(a.stderr)
 	progress := newPullProgress(a.stderr, tty)
 	onProgress := progress.update
 	if quiet {
-		onProgress = func(buildEvent) {}
+		onProgress = nil
 	}
-	raw, err := c.buildTemplate(ctx, req, onProgress)
+	done, err := c.BuildTemplate(ctx, req, onProgress)
 	if err != nil {
 		return fmt.Errorf("pull %s: %w", req.Image, err)
 	}
 	if asJSON {
-		return writeJSON(a.stdout, raw)
-	}
-	var done buildEvent
-	if err := json.Unmarshal(raw, &done); err != nil {
-		return fmt.Errorf("pull %s: decode answer: %w", req.Image, err)
+		return writeJSON(a.stdout, done.Raw)
 	}
 	fmt.Fprintln(a.stdout, done.TemplateID)
 	return nil
@@ -120,12 +114,12 @@ func (a *app) templateLsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			templates, raws, err := listJSON[template](cmd.Context(), c, "/templates")
+			templates, err := c.ListTemplates(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return writeJSON(a.stdout, rawArray(raws))
+				return writeJSON(a.stdout, raws(templates, func(t client.Template) json.RawMessage { return t.Raw }))
 			}
 			now := a.now()
 			t := newTable(a.stdout, "TEMPLATE ID", "NAME", "IMAGE", "CPU", "MEMORY", "CREATED")
@@ -154,11 +148,17 @@ func (a *app) templateRmCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.eachID(ids, func(id string) error { return c.deleteTemplate(cmd.Context(), id) })
+			return a.eachID(ids, func(id string) error { return deleteTemplate(cmd.Context(), c, id) })
 		},
 	}
 	addServerFlags(cmd, &f)
 	return cmd
+}
+
+// deleteTemplate removes a template or snapshot, naming it when it is not
+// there.
+func deleteTemplate(ctx context.Context, c *client.Client, ref string) error {
+	return notFound(c.DeleteTemplate(ctx, ref), "%q not found", ref)
 }
 
 func countOrDash(n int, unit string) string {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 func TestExitCodesAndMessages(t *testing.T) {
@@ -79,7 +81,7 @@ func TestSandboxLifecycle(t *testing.T) {
 			t.Errorf("ls table lacks %q:\n%s", want, table)
 		}
 	}
-	var listed []listedSandbox
+	var listed []client.Sandbox
 	if err := json.Unmarshal([]byte(env.mustRun("ls", "-o", "json")), &listed); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +110,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if res.code != ExitError || len(strings.Fields(res.stdout)) != 1 || !strings.Contains(res.stderr, "no capacity") {
 		t.Errorf("partial fork: exit %d stdout %q stderr %q", res.code, res.stdout, res.stderr)
 	}
-	var forked []forkResult
+	var forked []client.ForkResult
 	if err := json.Unmarshal([]byte(env.run("", "fork", id, "-n", "2", "-o", "json").stdout), &forked); err != nil || len(forked) != 2 {
 		t.Errorf("fork -o json: %v %v", forked, err)
 	}
@@ -124,7 +126,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	if srv.sandbox(fromSnap) == nil || srv.sandbox(fromSnap).Template != "s1" {
 		t.Errorf("start from snapshot: %q", fromSnap)
 	}
-	var snaps []snapshot
+	var snaps []client.Snapshot
 	if err := json.Unmarshal([]byte(env.mustRun("snapshot", "ls", "-o", "json")), &snaps); err != nil || len(snaps) != 1 {
 		t.Errorf("snapshot ls -o json: %v %v", snaps, err)
 	}
@@ -209,7 +211,7 @@ func TestPull(t *testing.T) {
 	srv := newFakeServer(t)
 	srv.buildLines = []string{`{"templateID":"t"}`}
 	newCLIEnv(t, srv).mustRun("pull", "docker.io/library/python:3.12", "--platform", "linux/arm64")
-	if want := (buildRequest{Image: "docker.io/library/python:3.12", Name: "python", Platform: "linux/arm64"}); srv.lastBuild != want {
+	if want := (client.BuildRequest{Image: "docker.io/library/python:3.12", Name: "python", Platform: "linux/arm64"}); srv.lastBuild != want {
 		t.Errorf("request %+v, want %+v", srv.lastBuild, want)
 	}
 }

@@ -17,7 +17,7 @@ func (a *app) completeSandboxIDs(f *serverFlags) cobra.CompletionFunc {
 		}
 		ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
 		defer cancel()
-		sbs, _, err := c.listSandboxes(ctx, "")
+		sbs, err := c.ListSandboxes(ctx, "")
 		if err != nil {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}

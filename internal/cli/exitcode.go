@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // Exit codes of client commands, beside ExitOK, ExitError and ExitUsage.
@@ -21,9 +23,6 @@ type usageError struct{ error }
 // authError is a missing or rejected API key.
 type authError struct{ error }
 
-// unreachableError is a server that could not be reached at all.
-type unreachableError struct{ error }
-
 // exitStatus carries a remote command's exit code out of Run; it prints
 // nothing.
 type exitStatus struct{ code int }
@@ -34,9 +33,9 @@ func (e exitStatus) Error() string { return "exit status " }
 func exitCodeOf(err error) int {
 	var ue usageError
 	var ae authError
-	var unreachable unreachableError
+	var unreachable *client.UnreachableError
 	var status exitStatus
-	var apiErr *APIError
+	var apiErr *client.APIError
 	switch {
 	case err == nil:
 		return ExitOK

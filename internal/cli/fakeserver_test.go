@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -15,7 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/envd"
+	"github.com/aenv-dev/aenv/internal/client"
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/envd/client/envdtest"
 	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
@@ -38,7 +39,7 @@ type fakeServer struct {
 	nextID    int
 	// buildLines is what POST /templates streams, one JSON value a line.
 	buildLines []string
-	lastBuild  buildRequest
+	lastBuild  client.BuildRequest
 	// forkFailures makes the last N children of a fork fail.
 	forkFailures int
 }
@@ -56,13 +57,13 @@ func newFakeServer(t *testing.T) *fakeServer {
 	f := &fakeServer{t: t, apiKey: "test-key", now: time.Now().UTC(), sandboxes: map[string]*fakeSandbox{},
 		files:     map[string][]byte{},
 		templates: []map[string]any{{"templateID": "tpl-base", "aliases": []string{"base"}, "cpuCount": 2, "memoryMB": 1024}}}
-	e := envd.New(envd.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	t.Cleanup(e.Close)
-	envdHandler := e.Handler()
+	// A real envd runs the commands, in a home of its own: a login shell
+	// reads no profile of the host's user.
+	envdHandler := envdtest.New(t).Server.Handler()
 	mux := http.NewServeMux()
 	f.routes(mux)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := r.Header.Get(headerSandboxID); id != "" {
+		if id := r.Header.Get(envdclient.HeaderSandboxID); id != "" {
 			if r.Header.Get("X-API-Key") != "" {
 				t.Errorf("envd request %s carried the API key into the sandbox", r.URL.Path)
 			}
@@ -189,7 +190,7 @@ func (f *fakeServer) routes(mux *http.ServeMux) {
 }
 
 func (f *fakeServer) create(w http.ResponseWriter, r *http.Request) {
-	var req createSandboxRequest
+	var req client.CreateSandboxRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		writeFakeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -307,7 +308,7 @@ func (f *fakeServer) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 
 // build streams f.buildLines as NDJSON, flushing each line.
 func (f *fakeServer) build(w http.ResponseWriter, r *http.Request) {
-	var req buildRequest
+	var req client.BuildRequest
 	json.NewDecoder(r.Body).Decode(&req)
 	f.mu.Lock()
 	f.lastBuild = req

@@ -45,12 +45,14 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// rawArray makes a JSON array of raw elements, never null.
-func rawArray(raws []json.RawMessage) []json.RawMessage {
-	if raws == nil {
-		return []json.RawMessage{}
+// raws makes a JSON array of the items as the server sent them, never
+// null.
+func raws[T any](items []T, raw func(T) json.RawMessage) []json.RawMessage {
+	out := make([]json.RawMessage, 0, len(items))
+	for _, item := range items {
+		out = append(out, raw(item))
 	}
-	return raws
+	return out
 }
 
 // table writes aligned columns.

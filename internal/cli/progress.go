@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // pullProgress draws build progress: on a terminal, one bar per layer
@@ -13,16 +15,16 @@ type pullProgress struct {
 	w      io.Writer
 	tty    bool
 	order  []string
-	layers map[string]buildEvent
+	layers map[string]client.BuildEvent
 	status string
 	drawn  int // lines drawn last time (tty)
 }
 
 func newPullProgress(w io.Writer, tty bool) *pullProgress {
-	return &pullProgress{w: w, tty: tty, layers: map[string]buildEvent{}}
+	return &pullProgress{w: w, tty: tty, layers: map[string]client.BuildEvent{}}
 }
 
-func (p *pullProgress) update(ev buildEvent) {
+func (p *pullProgress) update(ev client.BuildEvent) {
 	if ev.Layer == "" {
 		if ev.Phase == p.status {
 			return
@@ -64,14 +66,14 @@ func (p *pullProgress) redraw() {
 	io.WriteString(p.w, b.String())
 }
 
-func phaseLine(ev buildEvent) string {
+func phaseLine(ev client.BuildEvent) string {
 	if ev.Message != "" {
 		return ev.Phase + ": " + ev.Message
 	}
 	return ev.Phase
 }
 
-func layerLine(ev buildEvent, withBar bool) string {
+func layerLine(ev client.BuildEvent, withBar bool) string {
 	line := fmt.Sprintf("%s  %-11s", shortDigest(ev.Layer), ev.Phase)
 	if withBar && ev.Total > 0 {
 		line += " " + bar(ev.Current, ev.Total, 30)

@@ -6,6 +6,8 @@ import (
 	"syscall"
 
 	"golang.org/x/term"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 )
 
 // localTerminal is our side of an interactive session: the terminal in
@@ -13,7 +15,7 @@ import (
 // bytes), its size, and its resizes.
 type localTerminal struct {
 	cols, rows uint32
-	resizes    <-chan [2]uint32 // nil without a terminal
+	resizes    <-chan envdclient.PTYSize // nil without a terminal
 	restore    func()
 }
 
@@ -38,7 +40,7 @@ func (a *app) openTerminal() (*localTerminal, error) {
 	}
 	winch := make(chan os.Signal, 1)
 	signal.Notify(winch, syscall.SIGWINCH)
-	sizes := make(chan [2]uint32, 1)
+	sizes := make(chan envdclient.PTYSize, 1)
 	done := make(chan struct{})
 	go func() {
 		for {
@@ -48,7 +50,7 @@ func (a *app) openTerminal() (*localTerminal, error) {
 			case <-winch:
 				if w, h, err := term.GetSize(sizeFd); err == nil {
 					select {
-					case sizes <- [2]uint32{uint32(w), uint32(h)}:
+					case sizes <- envdclient.PTYSize{Cols: uint32(w), Rows: uint32(h)}:
 					default: // a resize is already pending; the next read gets the latest size
 					}
 				}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // Benchmarks of the seed's set: pause, resume, snapshot create, snapshot
@@ -19,15 +21,23 @@ func BenchmarkAenvPauseResume(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		s.expect(s.do("POST", "/sandboxes/"+id+"/pause", nil), 204, "pause")
+		must(b, s.api.Pause(b.Context(), id, client.PauseRequest{}))
 		mid := time.Now()
-		s.expect(s.do("POST", "/sandboxes/"+id+"/resume", nil), 201, "resume")
+		must(b, s.api.Resume(b.Context(), id, 0))
 		pauses = append(pauses, mid.Sub(start))
 		resumes = append(resumes, time.Since(mid))
 	}
 	b.StopTimer()
 	reportLatencies(b, pauses)
 	reportNamed(b, "resume", resumes)
+}
+
+// must fails the benchmark on an error.
+func must(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
 }
 
 func reportNamed(b *testing.B, name string, samples []time.Duration) {
@@ -44,11 +54,11 @@ func BenchmarkAenvSnapshotCreate(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		var snap snapshotBody
-		s.expect(s.do("POST", "/sandboxes/"+id+"/snapshots", nil), 201, "snapshot").json(b, &snap)
+		snap, err := s.api.CreateSnapshot(b.Context(), id, "")
+		must(b, err)
 		samples = append(samples, time.Since(start))
 		b.StopTimer()
-		s.do("DELETE", "/templates/"+snap.SnapshotID, nil)
+		s.api.DeleteTemplate(b.Context(), snap.SnapshotID)
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -60,22 +70,22 @@ func BenchmarkAenvSnapshotCreate(b *testing.B) {
 func BenchmarkAenvSnapshotBoot(b *testing.B) {
 	s := benchServer(b)
 	src := s.create(nil).SandboxID
-	var snap snapshotBody
-	s.expect(s.do("POST", "/sandboxes/"+src+"/snapshots", map[string]string{"name": "bench"}), 201, "snapshot").json(b, &snap)
+	_, err := s.api.CreateSnapshot(b.Context(), src, "bench")
+	must(b, err)
 	var samples []time.Duration
 	var ids []string
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
 		sb := s.create(map[string]any{"templateID": "bench"})
-		s.exec(sb.SandboxID, map[string]any{"command": "true"})
+		s.exec(sb.SandboxID, client.ExecuteRequest{Command: "true"})
 		samples = append(samples, time.Since(start))
 		ids = append(ids, sb.SandboxID)
 	}
 	b.StopTimer()
 	reportLatencies(b, samples)
 	for _, id := range ids {
-		s.do("DELETE", "/sandboxes/"+id, nil)
+		s.api.DeleteSandbox(b.Context(), id)
 	}
 }
 
@@ -90,12 +100,12 @@ func BenchmarkAenvFork16(b *testing.B) {
 		start := time.Now()
 		children := s.fork("/sandboxes/"+parent+"/fork", 16)
 		for _, c := range children {
-			s.exec(c, map[string]any{"command": "true"})
+			s.exec(c, client.ExecuteRequest{Command: "true"})
 		}
 		samples = append(samples, time.Since(start))
 		b.StopTimer()
 		for _, c := range children {
-			s.do("DELETE", "/sandboxes/"+c, nil)
+			s.api.DeleteSandbox(b.Context(), c)
 		}
 		b.StartTimer()
 	}
@@ -114,16 +124,16 @@ func BenchmarkAenvPauseToDisk(b *testing.B) {
 			s := benchServer(b)
 			id := s.create(map[string]any{"templateID": "base", "memoryMB": 1024}).SandboxID
 			if mb > 0 {
-				s.exec(id, map[string]any{"command": fmt.Sprintf(
+				s.exec(id, client.ExecuteRequest{Command: fmt.Sprintf(
 					"nohup python3 -c 'import os,time; d=bytearray(os.urandom(1<<20))*%d; time.sleep(1e9)' >/dev/null 2>&1 & sleep 3", mb)})
 			}
 			var pauses, resumes []time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
-				s.expect(s.do("POST", "/sandboxes/"+id+"/pause", map[string]bool{"toDisk": true}), 204, "pause to disk")
+				must(b, s.api.Pause(b.Context(), id, client.PauseRequest{ToDisk: true}))
 				mid := time.Now()
-				s.expect(s.do("POST", "/sandboxes/"+id+"/resume", nil), 201, "resume from disk")
+				must(b, s.api.Resume(b.Context(), id, 0))
 				pauses = append(pauses, mid.Sub(start))
 				resumes = append(resumes, time.Since(mid))
 			}

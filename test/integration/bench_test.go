@@ -9,6 +9,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // The benchmarks print aenv's figures next to raw runsc and runc doing the
@@ -61,14 +63,14 @@ func createBench(b *testing.B, s *server, gap time.Duration) {
 		b.StartTimer()
 		start := time.Now()
 		sb := s.create(nil)
-		s.exec(sb.SandboxID, map[string]any{"command": "true"})
+		s.exec(sb.SandboxID, client.ExecuteRequest{Command: "true"})
 		samples = append(samples, time.Since(start))
 		ids = append(ids, sb.SandboxID)
 	}
 	b.StopTimer()
 	reportLatencies(b, samples)
 	for _, id := range ids {
-		s.do("DELETE", "/sandboxes/"+id, nil)
+		s.api.DeleteSandbox(b.Context(), id)
 	}
 }
 
@@ -80,12 +82,12 @@ func BenchmarkAenvExecRoundTrip(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		s.exec(sb.SandboxID, map[string]any{"command": "true"})
+		s.exec(sb.SandboxID, client.ExecuteRequest{Command: "true"})
 		samples = append(samples, time.Since(start))
 	}
 	b.StopTimer()
 	reportLatencies(b, samples)
-	s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil)
+	s.api.DeleteSandbox(b.Context(), sb.SandboxID)
 }
 
 // BenchmarkAenvDelete: DELETE /sandboxes/{id} of a running sandbox.
@@ -98,7 +100,9 @@ func BenchmarkAenvDelete(b *testing.B) {
 		sb := s.create(map[string]any{"templateID": "base", "memoryMB": 256})
 		b.StartTimer()
 		start := time.Now()
-		s.expect(s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "delete")
+		if err := s.api.DeleteSandbox(b.Context(), sb.SandboxID); err != nil {
+			b.Fatal(err)
+		}
 		samples = append(samples, time.Since(start))
 	}
 	b.StopTimer()

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"github.com/aenv-dev/aenv/internal/client"
+
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -91,7 +93,7 @@ type chaosSandbox struct {
 // create makes a sandbox with a counter process, outside the chaos.
 func (c *chaos) create() {
 	sb := c.s.create(nil)
-	res := c.s.exec(sb.SandboxID, map[string]any{"command": `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done' >/dev/null 2>&1 & echo $!`})
+	res := c.s.exec(sb.SandboxID, client.ExecuteRequest{Command: `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done' >/dev/null 2>&1 & echo $!`})
 	c.mu.Lock()
 	c.sandboxes[sb.SandboxID] = &chaosSandbox{states: []string{"running"}, pid: strings.TrimSpace(res.Stdout)}
 	c.mu.Unlock()
@@ -177,7 +179,7 @@ func (c *chaos) opCreate() {
 		return // counted as in flight: it may or may not exist
 	}
 	c.inflightCreates--
-	var sb sandboxBody
+	var sb client.Sandbox
 	json.Unmarshal(r.body, &sb)
 	// No counter process: its memory is checked through the others.
 	c.sandboxes[sb.SandboxID] = &chaosSandbox{states: []string{"running"}}
@@ -193,7 +195,7 @@ func (c *chaos) opFork(id string) {
 		return
 	}
 	var items []struct {
-		Sandbox *sandboxBody `json:"sandbox"`
+		Sandbox *client.Sandbox `json:"sandbox"`
 	}
 	json.Unmarshal(r.body, &items)
 	c.mu.Lock()
@@ -224,7 +226,7 @@ func (c *chaos) opSnapshot(id string) {
 // many sandboxes it checked and how many were lost or wrong.
 func (c *chaos) check() (checked, lost int) {
 	t, s := c.t, c.s
-	var list []sandboxBody
+	var list []client.Sandbox
 	s.expect(s.do("GET", "/v2/sandboxes?state=running,paused", nil), 200, "list").json(t, &list)
 	listed := map[string]string{}
 	for _, sb := range list {
@@ -299,7 +301,7 @@ func (c *chaos) check() (checked, lost int) {
 // sandbox and keeps counting.
 func (c *chaos) counterAlive(id, pid string) bool {
 	read := func() (int, bool) {
-		r := c.s.exec(id, map[string]any{"command": fmt.Sprintf("kill -0 %s && cat /tmp/counter", pid)})
+		r := c.s.exec(id, client.ExecuteRequest{Command: fmt.Sprintf("kill -0 %s && cat /tmp/counter", pid)})
 		n, err := strconv.Atoi(strings.TrimSpace(r.Stdout))
 		return n, r.ExitCode == 0 && err == nil
 	}

@@ -24,6 +24,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // cli runs the real aenv binary against s and returns its output and
@@ -366,7 +368,7 @@ func TestCLIInteractiveShell(t *testing.T) {
 		t.Fatal("aenv start did not exit after the shell did")
 	}
 	// --rm: the sandbox is gone.
-	var list []sandboxBody
+	var list []client.Sandbox
 	s.expect(s.do("GET", "/v2/sandboxes", nil), 200, "list").json(t, &list)
 	if len(list) != 0 {
 		t.Fatalf("sandboxes left after aenv start --rm: %+v", list)

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // TestSnapshotDiskFull: a snapshot that does not fit on the disk fails
@@ -26,13 +28,13 @@ func TestSnapshotDiskFull(t *testing.T) {
 	t.Cleanup(func() { exec.Command("umount", "-l", imagesDir).Run() })
 	s.start()
 	id := s.create(nil).SandboxID
-	s.exec(id, map[string]any{"command": "nohup python3 -c 'import os,time; d=bytearray(os.urandom(1<<20))*96; time.sleep(1e9)' >/dev/null 2>&1 & sleep 3"})
+	s.exec(id, client.ExecuteRequest{Command: "nohup python3 -c 'import os,time; d=bytearray(os.urandom(1<<20))*96; time.sleep(1e9)' >/dev/null 2>&1 & sleep 3"})
 
 	r := s.do("POST", "/sandboxes/"+id+"/snapshots", map[string]string{"name": "too-big"})
 	if r.status != 507 {
 		t.Fatalf("snapshot on a full disk: %d %s", r.status, r.body)
 	}
-	var list []snapshotBody
+	var list []client.Snapshot
 	s.expect(s.do("GET", "/snapshots", nil), 200, "list").json(t, &list)
 	if len(list) != 0 {
 		t.Fatalf("a failed snapshot is listed: %+v", list)
@@ -41,7 +43,7 @@ func TestSnapshotDiskFull(t *testing.T) {
 	if len(entries) != 0 {
 		t.Fatalf("partial image left: %v", entries)
 	}
-	if res := s.exec(id, map[string]any{"command": "echo still running"}); res.Stdout != "still running\n" {
+	if res := s.exec(id, client.ExecuteRequest{Command: "echo still running"}); res.Stdout != "still running\n" {
 		t.Fatalf("source after failed snapshot: %+v", res)
 	}
 	// A fork that cannot write its image fails whole, with nothing made.
@@ -49,7 +51,7 @@ func TestSnapshotDiskFull(t *testing.T) {
 	if r.status != 507 {
 		t.Fatalf("fork on a full disk: %d %s", r.status, r.body)
 	}
-	var sandboxes []sandboxBody
+	var sandboxes []client.Sandbox
 	s.expect(s.do("GET", "/v2/sandboxes", nil), 200, "list").json(t, &sandboxes)
 	if len(sandboxes) != 1 {
 		t.Fatalf("fork on a full disk left sandboxes: %+v", sandboxes)
@@ -75,14 +77,14 @@ func TestKillDuringFork(t *testing.T) {
 	s.start()
 	// The fork was never answered: none of its children may be left
 	// (the client could never learn their IDs).
-	var list []sandboxBody
+	var list []client.Sandbox
 	s.expect(s.do("GET", "/v2/sandboxes?state=running,paused,dead", nil), 200, "list").json(t, &list)
 	for _, sb := range list {
 		if sb.SandboxID != parent {
 			t.Errorf("child %s of an unanswered fork is %s after restart", sb.SandboxID, sb.State)
 		}
 	}
-	if res := s.exec(parent, map[string]any{"command": "echo parent"}); res.Stdout != "parent\n" {
+	if res := s.exec(parent, client.ExecuteRequest{Command: "echo parent"}); res.Stdout != "parent\n" {
 		t.Fatalf("parent after restart: %+v", res)
 	}
 	entries, _ := os.ReadDir(filepath.Join(s.dataDir, "images"))

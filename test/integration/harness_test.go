@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 const apiKey = "aenv_test_key"
@@ -83,6 +85,9 @@ type server struct {
 	exited  chan struct{} // closed when cmd has been waited for
 	logs    *syncBuffer
 	extra   []string
+	// api is the shared client, for what a test does rather than checks;
+	// do sends requests whose wire details (status, headers) a test checks.
+	api *client.Client
 }
 
 func randomLetters(n int) string {
@@ -115,6 +120,7 @@ func newServer(t testing.TB, extra ...string) *server {
 	s.addr = l.Addr().String()
 	l.Close()
 	s.url = "http://" + s.addr
+	s.api = client.New(client.Config{URL: s.url, APIKey: apiKey})
 	t.Cleanup(func() {
 		s.stop(syscall.SIGTERM)
 		s.checkNoLeaks()
@@ -300,24 +306,14 @@ func truncate(b []byte) string {
 	return string(b)
 }
 
-type sandboxBody struct {
-	SandboxID       string            `json:"sandboxID"`
-	TemplateID      string            `json:"templateID"`
-	EnvdVersion     string            `json:"envdVersion"`
-	EnvdAccessToken string            `json:"envdAccessToken"`
-	State           string            `json:"state"`
-	Metadata        map[string]string `json:"metadata"`
-	EndAt           time.Time         `json:"endAt"`
-	CPUCount        int               `json:"cpuCount"`
-	MemoryMB        int               `json:"memoryMB"`
-}
-
-func (s *server) create(body map[string]any) sandboxBody {
+// create sends body as it is (tests send both spellings of some fields)
+// and checks the 201 and the ID's form.
+func (s *server) create(body map[string]any) client.Sandbox {
 	s.t.Helper()
 	if body == nil {
 		body = map[string]any{"templateID": "base"}
 	}
-	var sb sandboxBody
+	var sb client.Sandbox
 	s.expect(s.do("POST", "/sandboxes", body), 201, "create").json(s.t, &sb)
 	if len(sb.SandboxID) != 20 {
 		s.t.Fatalf("sandbox ID %q is not 20 characters", sb.SandboxID)
@@ -325,18 +321,16 @@ func (s *server) create(body map[string]any) sandboxBody {
 	return sb
 }
 
-type execResult struct {
-	ExitCode  int    `json:"exitCode"`
-	Stdout    string `json:"stdout"`
-	Stderr    string `json:"stderr"`
-	TimedOut  bool   `json:"timedOut"`
-	Truncated bool   `json:"truncated"`
-}
-
-func (s *server) exec(id string, body map[string]any) execResult {
+// exec runs a command through the shared client and fails the test
+// unless the server answers with a result.
+func (s *server) exec(id string, req client.ExecuteRequest) client.ExecuteResult {
 	s.t.Helper()
-	var res execResult
-	s.expect(s.do("POST", "/sandboxes/"+id+"/execute", body), 200, "execute").json(s.t, &res)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := s.api.Execute(ctx, id, req)
+	if err != nil {
+		s.t.Fatalf("execute %q in %s: %v", req.Command, id, err)
+	}
 	return res
 }
 

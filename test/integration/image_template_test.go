@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"github.com/aenv-dev/aenv/internal/client"
+
 	"strings"
 	"testing"
 )
@@ -25,11 +27,11 @@ func TestImageTemplateSudoAndAlias(t *testing.T) {
 	}
 
 	sb := s.create(map[string]any{"templateID": "imgapp"})
-	res := s.exec(sb.SandboxID, map[string]any{"command": "whoami; sudo -n id -u", "user": "user"})
+	res := s.exec(sb.SandboxID, client.ExecuteRequest{Command: "whoami; sudo -n id -u", User: "user"})
 	if res.ExitCode != 0 || res.Stdout != "user\n0\n" {
 		t.Fatalf("sudo in an image sandbox: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
-	res = s.exec(sb.SandboxID, map[string]any{"command": "echo written | sudo -n tee /etc/x >/dev/null && cat /etc/x", "user": "user"})
+	res = s.exec(sb.SandboxID, client.ExecuteRequest{Command: "echo written | sudo -n tee /etc/x >/dev/null && cat /etc/x", User: "user"})
 	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "written") {
 		t.Fatalf("sudo tee in an image sandbox: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"github.com/aenv-dev/aenv/internal/client"
+
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -28,10 +30,10 @@ func TestCallsEndWhenSandboxStops(t *testing.T) {
 			answered := make(chan response, 1)
 			go func() {
 				answered <- s.doNoFail("POST", "/sandboxes/"+id+"/execute",
-					map[string]any{"command": "sleep 60", "timeout": 120})
+					client.ExecuteRequest{Command: "sleep 60", Timeout: 120})
 			}()
 			waitFor(t, 30*time.Second, "sleep running", func() bool {
-				res := s.exec(id, map[string]any{"command": "pgrep -x sleep || true"})
+				res := s.exec(id, client.ExecuteRequest{Command: "pgrep -x sleep || true"})
 				return strings.TrimSpace(res.Stdout) != ""
 			})
 			stopped := time.Now()
@@ -69,16 +71,16 @@ func TestPauseToDiskKilledMidway(t *testing.T) {
 	id := s.create(map[string]any{"templateID": "base", "memoryMB": 1024}).SandboxID
 	// A process holding 300 MB of random bytes (incompressible, so that the
 	// checkpoint takes a while): it survives only if memory does.
-	s.exec(id, map[string]any{"command": `nohup python3 -c "
+	s.exec(id, client.ExecuteRequest{Command: `nohup python3 -c "
 import os, time
 x = bytearray(os.urandom(300 << 20))
 open('/tmp/holder.pid', 'w').write('ok')
 time.sleep(100000)
 " >/dev/null 2>&1 &`})
 	waitFor(t, 120*time.Second, "memory holder up", func() bool {
-		return s.exec(id, map[string]any{"command": "cat /tmp/holder.pid 2>/dev/null || true"}).Stdout == "ok"
+		return s.exec(id, client.ExecuteRequest{Command: "cat /tmp/holder.pid 2>/dev/null || true"}).Stdout == "ok"
 	})
-	pid := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f urandom"}).Stdout)
+	pid := strings.TrimSpace(s.exec(id, client.ExecuteRequest{Command: "pgrep -f urandom"}).Stdout)
 	answered := make(chan response, 1)
 	go func() { answered <- s.doNoFail("POST", "/sandboxes/"+id+"/pause", map[string]any{"toDisk": true}) }()
 	// Kill as soon as the image is being written (or, should the
@@ -103,7 +105,7 @@ poll:
 	s.stop(syscall.SIGKILL)
 	s.start()
 
-	var info sandboxBody
+	var info client.Sandbox
 	s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(t, &info)
 	if info.State != "paused" {
 		t.Fatalf("after restart the sandbox is %s", info.State)
@@ -111,7 +113,7 @@ poll:
 	s.expect(s.do("POST", "/sandboxes/"+id+"/resume", nil), 201, "resume")
 	// It stays alive (the reported failure died ~3 s after resume).
 	for range 3 {
-		if got := strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f urandom"}).Stdout); got != pid {
+		if got := strings.TrimSpace(s.exec(id, client.ExecuteRequest{Command: "pgrep -f urandom"}).Stdout); got != pid {
 			t.Fatalf("memory holder pid %q after resume, want %q", got, pid)
 		}
 		time.Sleep(time.Second)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // TestSandboxLifecycle walks one sandbox through the seed's API: create,
@@ -31,25 +33,25 @@ func TestSandboxLifecycle(t *testing.T) {
 	t.Run("execute", func(t *testing.T) {
 		cases := []struct {
 			name     string
-			body     map[string]any
+			req      client.ExecuteRequest
 			exitCode int
 			stdout   string
 			stderr   string
 		}{
-			{"echo", map[string]any{"command": "echo hello"}, 0, "hello\n", ""},
-			{"exit code", map[string]any{"command": "exit 3"}, 3, "", ""},
-			{"stderr", map[string]any{"command": "echo oops >&2; false"}, 1, "", "oops\n"},
-			{"create env reaches commands", map[string]any{"command": "echo $FROM_CREATE"}, 0, "created value\n", ""},
-			{"request env", map[string]any{"command": "echo $A-$FROM_CREATE", "envs": map[string]string{"A": "x", "FROM_CREATE": "overridden"}}, 0, "x-overridden\n", ""},
-			{"cwd", map[string]any{"command": "pwd", "cwd": "/tmp"}, 0, "/tmp\n", ""},
-			{"default user", map[string]any{"command": "whoami; echo $HOME"}, 0, "user\n/home/user\n", ""},
-			{"root user", map[string]any{"command": "whoami", "user": "root"}, 0, "root\n", ""},
-			{"python3 present", map[string]any{"command": "python3 -c 'print(6*7)'"}, 0, "42\n", ""},
-			{"missing command", map[string]any{"command": "definitely-not-a-command"}, 127, "", ""},
+			{"echo", client.ExecuteRequest{Command: "echo hello"}, 0, "hello\n", ""},
+			{"exit code", client.ExecuteRequest{Command: "exit 3"}, 3, "", ""},
+			{"stderr", client.ExecuteRequest{Command: "echo oops >&2; false"}, 1, "", "oops\n"},
+			{"create env reaches commands", client.ExecuteRequest{Command: "echo $FROM_CREATE"}, 0, "created value\n", ""},
+			{"request env", client.ExecuteRequest{Command: "echo $A-$FROM_CREATE", Envs: map[string]string{"A": "x", "FROM_CREATE": "overridden"}}, 0, "x-overridden\n", ""},
+			{"cwd", client.ExecuteRequest{Command: "pwd", Cwd: "/tmp"}, 0, "/tmp\n", ""},
+			{"default user", client.ExecuteRequest{Command: "whoami; echo $HOME"}, 0, "user\n/home/user\n", ""},
+			{"root user", client.ExecuteRequest{Command: "whoami", User: "root"}, 0, "root\n", ""},
+			{"python3 present", client.ExecuteRequest{Command: "python3 -c 'print(6*7)'"}, 0, "42\n", ""},
+			{"missing command", client.ExecuteRequest{Command: "definitely-not-a-command"}, 127, "", ""},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
-				res := s.exec(id, tc.body)
+				res := s.exec(id, tc.req)
 				if res.ExitCode != tc.exitCode || res.Stdout != tc.stdout {
 					t.Fatalf("got exit %d stdout %q stderr %q; want exit %d stdout %q",
 						res.ExitCode, res.Stdout, res.Stderr, tc.exitCode, tc.stdout)
@@ -65,7 +67,7 @@ func TestSandboxLifecycle(t *testing.T) {
 	})
 
 	t.Run("10MB stdout", func(t *testing.T) {
-		res := s.exec(id, map[string]any{"command": "head -c 10485760 /dev/zero | tr '\\0' 'a'"})
+		res := s.exec(id, client.ExecuteRequest{Command: "head -c 10485760 /dev/zero | tr '\\0' 'a'"})
 		if res.ExitCode != 0 || len(res.Stdout) != 10<<20 || strings.Trim(res.Stdout, "a") != "" {
 			t.Fatalf("exit %d, %d bytes of stdout", res.ExitCode, len(res.Stdout))
 		}
@@ -73,7 +75,7 @@ func TestSandboxLifecycle(t *testing.T) {
 
 	t.Run("command timeout", func(t *testing.T) {
 		start := time.Now()
-		res := s.exec(id, map[string]any{"command": "echo started; sleep 30", "timeout": 1})
+		res := s.exec(id, client.ExecuteRequest{Command: "echo started; sleep 30", Timeout: 1})
 		if !res.TimedOut || res.ExitCode == 0 || res.Stdout != "started\n" {
 			t.Fatalf("want a timed-out result, got %+v", res)
 		}
@@ -81,7 +83,7 @@ func TestSandboxLifecycle(t *testing.T) {
 			t.Fatalf("timeout not enforced: took %s", time.Since(start))
 		}
 		// The killed command is gone.
-		ps := s.exec(id, map[string]any{"command": "pgrep -x sleep || true"})
+		ps := s.exec(id, client.ExecuteRequest{Command: "pgrep -x sleep || true"})
 		if strings.TrimSpace(ps.Stdout) != "" {
 			t.Fatalf("sleep still running: %q", ps.Stdout)
 		}
@@ -96,7 +98,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		if read.Content != "héllo\nworld\n" {
 			t.Fatalf("read back %q", read.Content)
 		}
-		if res := s.exec(id, map[string]any{"command": "cat /tmp/dir/sub/hello.txt; stat -c %U /tmp/dir/sub/hello.txt"}); res.Stdout != "héllo\nworld\nuser\n" {
+		if res := s.exec(id, client.ExecuteRequest{Command: "cat /tmp/dir/sub/hello.txt; stat -c %U /tmp/dir/sub/hello.txt"}); res.Stdout != "héllo\nworld\nuser\n" {
 			t.Fatalf("file seen by commands: %q", res.Stdout)
 		}
 
@@ -120,7 +122,7 @@ func TestSandboxLifecycle(t *testing.T) {
 		if !bytes.Equal(raw.body, large) {
 			t.Fatalf("large file: got %d bytes, want %d", len(raw.body), len(large))
 		}
-		if res := s.exec(id, map[string]any{"command": "stat -c %s /home/user/large.bin"}); strings.TrimSpace(res.Stdout) != fmt.Sprint(len(large)) {
+		if res := s.exec(id, client.ExecuteRequest{Command: "stat -c %s /home/user/large.bin"}); strings.TrimSpace(res.Stdout) != fmt.Sprint(len(large)) {
 			t.Fatalf("size inside: %q", res.Stdout)
 		}
 
@@ -133,19 +135,19 @@ func TestSandboxLifecycle(t *testing.T) {
 	})
 
 	t.Run("info and list", func(t *testing.T) {
-		var info sandboxBody
+		var info client.Sandbox
 		s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(t, &info)
 		if info.State != "running" || info.Metadata["purpose"] != "lifecycle" || info.CPUCount != 1 || info.MemoryMB != 512 {
 			t.Fatalf("info: %+v", info)
 		}
 		for _, path := range []string{"/sandboxes", "/v2/sandboxes", "/v2/sandboxes?state=running&metadata=purpose%3Dlifecycle"} {
-			var list []sandboxBody
+			var list []client.Sandbox
 			s.expect(s.do("GET", path, nil), 200, "list").json(t, &list)
 			if len(list) != 1 || list[0].SandboxID != id {
 				t.Fatalf("%s: %+v", path, list)
 			}
 		}
-		var none []sandboxBody
+		var none []client.Sandbox
 		s.expect(s.do("GET", "/v2/sandboxes?state=paused", nil), 200, "list paused").json(t, &none)
 		if len(none) != 0 {
 			t.Fatalf("paused list: %+v", none)
@@ -154,7 +156,7 @@ func TestSandboxLifecycle(t *testing.T) {
 
 	t.Run("set timeout", func(t *testing.T) {
 		s.expect(s.do("POST", "/sandboxes/"+id+"/timeout", map[string]int{"timeout": 1200}), 204, "timeout")
-		var info sandboxBody
+		var info client.Sandbox
 		s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(t, &info)
 		if d := time.Until(info.EndAt); d < 1100*time.Second || d > 1300*time.Second {
 			t.Fatalf("endAt %s is %s away, want ~1200s", info.EndAt, d)
@@ -238,12 +240,12 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	// Nothing above created or broke a sandbox.
-	var list []sandboxBody
+	var list []client.Sandbox
 	s.expect(s.do("GET", "/v2/sandboxes", nil), 200, "list").json(t, &list)
 	if len(list) != 1 || list[0].SandboxID != id {
 		t.Fatalf("bad requests had side effects: %+v", list)
 	}
-	if res := s.exec(id, map[string]any{"command": "echo still fine"}); res.Stdout != "still fine\n" {
+	if res := s.exec(id, client.ExecuteRequest{Command: "echo still fine"}); res.Stdout != "still fine\n" {
 		t.Fatalf("sandbox broken: %+v", res)
 	}
 }
@@ -258,7 +260,7 @@ func TestDeadlineKills(t *testing.T) {
 	waitFor(t, 20*time.Second, "sandbox killed at its deadline", func() bool {
 		return s.do("GET", "/sandboxes/"+sb.SandboxID, nil).status == 404 && runscProcesses(sb.SandboxID) == 0
 	})
-	if res := s.exec(keep.SandboxID, map[string]any{"command": "echo alive"}); res.Stdout != "alive\n" {
+	if res := s.exec(keep.SandboxID, client.ExecuteRequest{Command: "echo alive"}); res.Stdout != "alive\n" {
 		t.Fatalf("extended sandbox: %+v", res)
 	}
 }
@@ -291,7 +293,7 @@ func oneSandboxRoundTrip(s *server, i int) error {
 	if r.status != 201 {
 		return fmt.Errorf("create %d: %d %s", i, r.status, r.body)
 	}
-	var sb sandboxBody
+	var sb client.Sandbox
 	r.json(s.t, &sb)
 	want := fmt.Sprintf("sandbox-%d", i)
 	r = s.do("POST", "/sandboxes/"+sb.SandboxID+"/files/write", map[string]string{"path": "/tmp/me", "content": want})
@@ -299,7 +301,7 @@ func oneSandboxRoundTrip(s *server, i int) error {
 		return fmt.Errorf("write %d: %d %s", i, r.status, r.body)
 	}
 	r = s.do("POST", "/sandboxes/"+sb.SandboxID+"/execute", map[string]string{"command": "cat /tmp/me"})
-	var res execResult
+	var res client.ExecuteResult
 	r.json(s.t, &res)
 	if r.status != 200 || res.Stdout != want {
 		return fmt.Errorf("exec %d: %d %+v", i, r.status, res)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netns"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // fakeInternet is a host on "the internet" made for the test: a network
@@ -89,7 +91,7 @@ func listenInNetns(ns, addr string) (net.Listener, error) {
 // reaches tells whether the sandbox can fetch from addr:8080.
 func (s *server) reaches(id, addr string) bool {
 	s.t.Helper()
-	res := s.exec(id, map[string]any{"command": fmt.Sprintf("curl -s -o /dev/null -m 3 -w '%%{http_code}' http://%s:8080/", addr)})
+	res := s.exec(id, client.ExecuteRequest{Command: fmt.Sprintf("curl -s -o /dev/null -m 3 -w '%%{http_code}' http://%s:8080/", addr)})
 	return res.Stdout == "200"
 }
 
@@ -131,23 +133,23 @@ func TestEgressPolicy(t *testing.T) {
 
 	// The fixed deny list: the host (the API itself) and other sandboxes,
 	// even when allowOut names them.
-	hostIP := s.exec(open, map[string]any{"command": "ip route | awk '/default/ {print $3}'"}).Stdout
+	hostIP := s.exec(open, client.ExecuteRequest{Command: "ip route | awk '/default/ {print $3}'"}).Stdout
 	hostIP = strings.TrimSpace(hostIP)
 	if hostIP == "" {
 		t.Fatal("no default route in the sandbox")
 	}
 	port := s.addr[strings.LastIndex(s.addr, ":")+1:]
 	probe := fmt.Sprintf("python3 -c \"import socket; socket.create_connection(('%s', %s), 2)\" && echo reached || echo blocked", hostIP, port)
-	if res := s.exec(open, map[string]any{"command": probe}); !strings.Contains(res.Stdout, "blocked") {
+	if res := s.exec(open, client.ExecuteRequest{Command: probe}); !strings.Contains(res.Stdout, "blocked") {
 		t.Fatalf("sandbox reached the host: %+v", res)
 	}
 	sneaky := s.create(map[string]any{"templateID": "base", "alwaysAllowedCIDRs": []string{"0.0.0.0/0"}}).SandboxID
-	if res := s.exec(sneaky, map[string]any{"command": probe}); !strings.Contains(res.Stdout, "blocked") {
+	if res := s.exec(sneaky, client.ExecuteRequest{Command: probe}); !strings.Contains(res.Stdout, "blocked") {
 		t.Fatalf("allowOut 0.0.0.0/0 opened the host: %+v", res)
 	}
-	otherIP := strings.Fields(s.exec(open, map[string]any{"command": "hostname -I"}).Stdout)[0]
+	otherIP := strings.Fields(s.exec(open, client.ExecuteRequest{Command: "hostname -I"}).Stdout)[0]
 	toOther := fmt.Sprintf("python3 -c \"import socket; socket.create_connection(('%s', 49983), 2)\" && echo reached || echo blocked", otherIP)
-	if res := s.exec(sneaky, map[string]any{"command": toOther}); !strings.Contains(res.Stdout, "blocked") {
+	if res := s.exec(sneaky, client.ExecuteRequest{Command: toOther}); !strings.Contains(res.Stdout, "blocked") {
 		t.Fatalf("sandbox reached another sandbox: %+v", res)
 	}
 
@@ -181,7 +183,7 @@ func TestEgressPolicy(t *testing.T) {
 	}
 
 	// DNS: resolv.conf lists the resolvers the policy lets through.
-	if res := s.exec(open, map[string]any{"command": "grep -c nameserver /etc/resolv.conf"}); strings.TrimSpace(res.Stdout) == "0" {
+	if res := s.exec(open, client.ExecuteRequest{Command: "grep -c nameserver /etc/resolv.conf"}); strings.TrimSpace(res.Stdout) == "0" {
 		t.Fatalf("resolv.conf: %+v", res)
 	}
 }
@@ -192,7 +194,7 @@ func TestExposedPorts(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	public := s.create(nil).SandboxID
-	var private sandboxBody
+	var private client.Sandbox
 	var privBody struct {
 		SandboxID          string `json:"sandboxID"`
 		TrafficAccessToken string `json:"trafficAccessToken"`
@@ -204,7 +206,7 @@ func TestExposedPorts(t *testing.T) {
 		t.Fatal("private sandbox has no traffic token")
 	}
 	for _, id := range []string{public, private.SandboxID} {
-		s.exec(id, map[string]any{"command": "mkdir -p /tmp/www && echo hello-" + id + " > /tmp/www/index.html && cd /tmp/www && nohup python3 -m http.server 8080 >/dev/null 2>&1 &"})
+		s.exec(id, client.ExecuteRequest{Command: "mkdir -p /tmp/www && echo hello-" + id + " > /tmp/www/index.html && cd /tmp/www && nohup python3 -m http.server 8080 >/dev/null 2>&1 &"})
 	}
 	get := func(id string, headers ...string) (int, string) {
 		req, _ := http.NewRequest("GET", s.url+"/index.html", nil)

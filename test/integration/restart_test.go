@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // TestRestartAdoptsSandboxes kills the server with SIGKILL, restarts it on
@@ -19,7 +21,7 @@ func TestRestartAdoptsSandboxes(t *testing.T) {
 	s.expect(s.do("POST", "/sandboxes/"+long.SandboxID+"/files/write",
 		map[string]string{"path": "/tmp/state", "content": "before crash\n"}), 200, "write")
 	// A background process that must survive the server's death.
-	s.exec(long.SandboxID, map[string]any{"command": "nohup sleep 1000 >/dev/null 2>&1 &"})
+	s.exec(long.SandboxID, client.ExecuteRequest{Command: "nohup sleep 1000 >/dev/null 2>&1 &"})
 
 	s.stop(syscall.SIGKILL)
 	// The sandboxes outlive the server.
@@ -28,12 +30,12 @@ func TestRestartAdoptsSandboxes(t *testing.T) {
 	}
 	s.start()
 
-	var info sandboxBody
+	var info client.Sandbox
 	s.expect(s.do("GET", "/sandboxes/"+long.SandboxID, nil), 200, "get adopted").json(t, &info)
 	if info.State != "running" {
 		t.Fatalf("adopted sandbox state %q", info.State)
 	}
-	res := s.exec(long.SandboxID, map[string]any{"command": "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"})
+	res := s.exec(long.SandboxID, client.ExecuteRequest{Command: "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"})
 	if res.Stdout != "before crash\nsleeper\n" {
 		t.Fatalf("adopted sandbox lost state: %+v", res)
 	}
@@ -55,7 +57,7 @@ func TestGracefulStopLeavesSandboxes(t *testing.T) {
 	}
 	s.extra = nil // the next stop (cleanup) kills everything
 	s.start()
-	if res := s.exec(sb.SandboxID, map[string]any{"command": "echo adopted"}); res.Stdout != "adopted\n" {
+	if res := s.exec(sb.SandboxID, client.ExecuteRequest{Command: "echo adopted"}); res.Stdout != "adopted\n" {
 		t.Fatalf("exec after graceful restart: %+v", res)
 	}
 }
@@ -91,7 +93,7 @@ func TestDeadSandboxReported(t *testing.T) {
 	s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/execute", map[string]string{"command": "true"}), 409, "exec on dead")
 	s.expect(s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "delete dead")
 	// The neighbour is unharmed.
-	if res := s.exec(other.SandboxID, map[string]any{"command": "echo ok"}); res.Stdout != "ok\n" {
+	if res := s.exec(other.SandboxID, client.ExecuteRequest{Command: "echo ok"}); res.Stdout != "ok\n" {
 		t.Fatalf("neighbour: %+v", res)
 	}
 }

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"github.com/aenv-dev/aenv/internal/client"
+
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,11 +17,11 @@ const serveIdentity = `echo "$(id -un) $TENANT_SECRET $PPID"`
 // identity runs serveIdentity through the API (which holds the token).
 func identity(t *testing.T, s *server, id string) (user, secret string, servePID int, ok bool) {
 	t.Helper()
-	r := s.do("POST", "/sandboxes/"+id+"/execute", map[string]any{"command": serveIdentity})
+	r := s.do("POST", "/sandboxes/"+id+"/execute", client.ExecuteRequest{Command: serveIdentity})
 	if r.status != 200 {
 		return "", "", 0, false // envd restarting
 	}
-	var res execResult
+	var res client.ExecuteResult
 	r.json(t, &res)
 	f := strings.Fields(res.Stdout)
 	if res.ExitCode != 0 || len(f) == 0 {
@@ -42,7 +44,7 @@ func killServeAsTenant(t *testing.T, s *server, id string, servePID int) {
 	attack := fmt.Sprintf(`kill -9 %d; python3 -c 'import socket; socket.socket().bind(("0.0.0.0", 49983)); print("bound")' > /tmp/bind-result 2>&1`, servePID)
 	cmd := fmt.Sprintf(`setsid sh -c %q < /dev/null > /dev/null 2>&1 &`, attack)
 	// Whether the answer beats the kill does not matter.
-	_ = s.doNoFail("POST", "/sandboxes/"+id+"/execute", map[string]any{"command": cmd, "user": "root"})
+	_ = s.doNoFail("POST", "/sandboxes/"+id+"/execute", client.ExecuteRequest{Command: cmd, User: "root"})
 }
 
 // waitNewServe waits until a new `envd serve` answers the API and returns
@@ -93,7 +95,7 @@ func TestKilledEnvdKeepsAuth(t *testing.T) {
 	if user != "user" || secret != "s3cret" {
 		t.Fatalf("restarted envd runs as %q with TENANT_SECRET=%q, want user and s3cret", user, secret)
 	}
-	res := s.exec(id, map[string]any{"command": "cat /tmp/bind-result"})
+	res := s.exec(id, client.ExecuteRequest{Command: "cat /tmp/bind-result"})
 	if !strings.Contains(res.Stdout, "Address already in use") {
 		t.Fatalf("tenant's bind of envd's port while envd was down: %q", res.Stdout)
 	}
@@ -125,7 +127,7 @@ func TestKilledEnvdKeepsAuth(t *testing.T) {
 
 	// A fork is re-keyed by the server with the image's token; killing its
 	// envd must bring back the fork's token, not the image's and not none.
-	var snap snapshotBody
+	var snap client.Snapshot
 	s.expect(s.do("POST", "/sandboxes/"+id+"/snapshots", nil), 201, "snapshot").json(t, &snap)
 	fork := s.create(map[string]any{"templateID": snap.SnapshotID})
 	if fork.EnvdAccessToken == "" || fork.EnvdAccessToken == sb.EnvdAccessToken {

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"github.com/aenv-dev/aenv/internal/client"
+
 	"archive/tar"
 	"bytes"
 	"encoding/json"
@@ -129,7 +131,7 @@ func TestHostileImagesStayInRootfs(t *testing.T) {
 			}
 			sb := s.create(map[string]any{"templateID": "hostile-" + im.name})
 			defer s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil)
-			res := s.exec(sb.SandboxID, map[string]any{"command": im.sandbox})
+			res := s.exec(sb.SandboxID, client.ExecuteRequest{Command: im.sandbox})
 			if res.ExitCode != 0 || res.Stdout != im.wantExec {
 				t.Errorf("in the sandbox, %q: exit %d, stdout %q, stderr %q; want %q",
 					im.sandbox, res.ExitCode, res.Stdout, res.Stderr, im.wantExec)

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // counterScript counts in memory and publishes the count to /tmp/count;
@@ -30,14 +32,14 @@ while True:
 func (s *server) startCounter(id string) {
 	s.t.Helper()
 	s.expect(s.do("POST", "/sandboxes/"+id+"/files/write", map[string]string{"path": "/tmp/counter.py", "content": counterScript}), 200, "write counter")
-	s.exec(id, map[string]any{"command": "nohup python3 /tmp/counter.py >/dev/null 2>&1 &"})
+	s.exec(id, client.ExecuteRequest{Command: "nohup python3 /tmp/counter.py >/dev/null 2>&1 &"})
 	waitFor(s.t, 10*time.Second, "counter running", func() bool { return s.count(id) > 0 })
 }
 
 // count reads the counter of a running sandbox.
 func (s *server) count(id string) int {
 	s.t.Helper()
-	res := s.exec(id, map[string]any{"command": "cat /tmp/count 2>/dev/null || echo 0"})
+	res := s.exec(id, client.ExecuteRequest{Command: "cat /tmp/count 2>/dev/null || echo 0"})
 	n, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))
 	return n
 }
@@ -55,8 +57,11 @@ func (s *server) cgroupCPU(id string) int64 {
 }
 
 func (s *server) state(id string) string {
-	var info sandboxBody
-	s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(s.t, &info)
+	s.t.Helper()
+	info, err := s.api.GetSandbox(s.t.Context(), id)
+	if err != nil {
+		s.t.Fatalf("get %s: %v", id, err)
+	}
 	return info.State
 }
 
@@ -74,7 +79,7 @@ func TestPauseResume(t *testing.T) {
 	if st := s.state(id); st != "paused" {
 		t.Fatalf("state %q after pause", st)
 	}
-	var paused []sandboxBody
+	var paused []client.Sandbox
 	s.expect(s.do("GET", "/v2/sandboxes?state=paused", nil), 200, "list").json(t, &paused)
 	if len(paused) != 1 || paused[0].State != "paused" {
 		t.Fatalf("paused list: %+v", paused)
@@ -119,7 +124,7 @@ func TestPauseToDisk(t *testing.T) {
 	}
 	// Connect resumes it (E2B's path), 201.
 	s.expect(s.do("POST", "/v2/sandboxes/"+id+"/connect", map[string]any{}), 201, "connect paused")
-	if res := s.exec(id, map[string]any{"command": "cat /home/user/note; pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo alive"}); res.Stdout != "keptalive\n" {
+	if res := s.exec(id, client.ExecuteRequest{Command: "cat /home/user/note; pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo alive"}); res.Stdout != "keptalive\n" {
 		t.Fatalf("after resume from disk: %+v", res)
 	}
 	first := s.count(id)
@@ -173,11 +178,6 @@ func TestPausedSurviveRestart(t *testing.T) {
 	}
 }
 
-type snapshotBody struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
-}
-
 // TestSnapshots: a snapshot captures memory and files at its instant; the
 // source keeps running; sandboxes start from it; it can be deleted.
 func TestSnapshots(t *testing.T) {
@@ -186,7 +186,7 @@ func TestSnapshots(t *testing.T) {
 	src := s.create(nil).SandboxID
 	s.startCounter(src)
 	s.expect(s.do("POST", "/sandboxes/"+src+"/files/write", map[string]string{"path": "/tmp/before", "content": "1"}), 200, "write")
-	var snap snapshotBody
+	var snap client.Snapshot
 	s.expect(s.do("POST", "/sandboxes/"+src+"/snapshots", map[string]string{"name": "snap-one"}), 201, "snapshot").json(t, &snap)
 	if snap.SnapshotID == "" || len(snap.Names) != 1 || snap.Names[0] != "snap-one" {
 		t.Fatalf("snapshot body %+v", snap)
@@ -198,23 +198,23 @@ func TestSnapshots(t *testing.T) {
 
 	for _, ref := range []string{snap.SnapshotID, "snap-one"} {
 		child := s.create(map[string]any{"templateID": ref})
-		res := s.exec(child.SandboxID, map[string]any{"command": "ls /tmp/before /tmp/after 2>&1; pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo counting"})
+		res := s.exec(child.SandboxID, client.ExecuteRequest{Command: "ls /tmp/before /tmp/after 2>&1; pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo counting"})
 		if !strings.Contains(res.Stdout, "/tmp/before") || !strings.Contains(res.Stdout, "No such file") ||
 			!strings.Contains(res.Stdout, "counting") {
 			t.Fatalf("sandbox from snapshot %s: %q", ref, res.Stdout)
 		}
 	}
-	if res := s.exec(src, map[string]any{"command": "cat /tmp/after"}); res.Stdout != "2" {
+	if res := s.exec(src, client.ExecuteRequest{Command: "cat /tmp/after"}); res.Stdout != "2" {
 		t.Fatalf("source after snapshot: %+v", res)
 	}
-	var list []snapshotBody
+	var list []client.Snapshot
 	s.expect(s.do("GET", "/snapshots?sandboxID="+src, nil), 200, "list snapshots").json(t, &list)
 	if len(list) != 1 || list[0].SnapshotID != snap.SnapshotID {
 		t.Fatalf("snapshot list %+v", list)
 	}
 	// Snapshots of a paused sandbox too; it stays paused.
 	s.expect(s.do("POST", "/sandboxes/"+src+"/pause", nil), 204, "pause")
-	var snap2 snapshotBody
+	var snap2 client.Snapshot
 	s.expect(s.do("POST", "/sandboxes/"+src+"/snapshots", nil), 201, "snapshot paused").json(t, &snap2)
 	if len(snap2.Names) != 0 {
 		t.Fatalf("unnamed snapshot has names %v", snap2.Names)
@@ -223,7 +223,7 @@ func TestSnapshots(t *testing.T) {
 		t.Fatalf("source state %q after snapshot", st)
 	}
 	child := s.create(map[string]any{"templateID": snap2.SnapshotID})
-	if res := s.exec(child.SandboxID, map[string]any{"command": "cat /tmp/after"}); res.Stdout != "2" {
+	if res := s.exec(child.SandboxID, client.ExecuteRequest{Command: "cat /tmp/after"}); res.Stdout != "2" {
 		t.Fatalf("from snapshot of paused: %+v", res)
 	}
 
@@ -241,7 +241,7 @@ func TestTemplateFromSandbox(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	src := s.create(nil).SandboxID
-	s.exec(src, map[string]any{"command": "mkdir -p /home/user/project && echo ready > /home/user/project/state"})
+	s.exec(src, client.ExecuteRequest{Command: "mkdir -p /home/user/project && echo ready > /home/user/project/state"})
 	var tpl struct {
 		TemplateID string `json:"templateID"`
 	}
@@ -251,23 +251,15 @@ func TestTemplateFromSandbox(t *testing.T) {
 	s.expect(s.do("DELETE", "/sandboxes/"+src, nil), 204, "delete source")
 	for _, ref := range []string{tpl.TemplateID, "prepared"} {
 		sb := s.create(map[string]any{"templateID": ref})
-		if res := s.exec(sb.SandboxID, map[string]any{"command": "cat /home/user/project/state"}); res.Stdout != "ready\n" {
+		if res := s.exec(sb.SandboxID, client.ExecuteRequest{Command: "cat /home/user/project/state"}); res.Stdout != "ready\n" {
 			t.Fatalf("from template %s: %+v", ref, res)
 		}
 	}
 }
 
-type forkItem struct {
-	Sandbox *sandboxBody `json:"sandbox"`
-	Error   *struct {
-		Code    int    `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
 func (s *server) fork(path string, count int) []string {
 	s.t.Helper()
-	var items []forkItem
+	var items []client.ForkResult
 	s.expect(s.do("POST", path, map[string]int{"count": count}), 201, "fork").json(s.t, &items)
 	if len(items) != count {
 		s.t.Fatalf("fork answered %d items, want %d", len(items), count)
@@ -299,7 +291,7 @@ func TestFork(t *testing.T) {
 			t.Fatalf("child ID %s not unique", c)
 		}
 		seen[c] = true
-		res := s.exec(c, map[string]any{"command": fmt.Sprintf("cat /home/user/task; echo; echo $ROLE; echo child-%d > /home/user/mine", i)})
+		res := s.exec(c, client.ExecuteRequest{Command: fmt.Sprintf("cat /home/user/task; echo; echo $ROLE; echo child-%d > /home/user/mine", i)})
 		if res.Stdout != "shared\nparent\n" {
 			t.Fatalf("child %d: %+v", i, res)
 		}
@@ -309,7 +301,7 @@ func TestFork(t *testing.T) {
 	}
 	addrs := map[string]bool{}
 	for i, c := range children {
-		res := s.exec(c, map[string]any{"command": "cat /home/user/mine; hostname -I"})
+		res := s.exec(c, client.ExecuteRequest{Command: "cat /home/user/mine; hostname -I"})
 		lines := strings.Fields(res.Stdout)
 		if len(lines) < 2 || lines[0] != fmt.Sprintf("child-%d", i) {
 			t.Fatalf("child %d sees %q", i, res.Stdout)
@@ -319,7 +311,7 @@ func TestFork(t *testing.T) {
 	if len(addrs) != len(children) {
 		t.Fatalf("children share addresses: %v", addrs)
 	}
-	if res := s.exec(parent, map[string]any{"command": "ls /home/user/mine 2>/dev/null || echo none"}); res.Stdout != "none\n" {
+	if res := s.exec(parent, client.ExecuteRequest{Command: "ls /home/user/mine 2>/dev/null || echo none"}); res.Stdout != "none\n" {
 		t.Fatalf("parent sees a child's file: %+v", res)
 	}
 	first := s.count(parent)
@@ -336,17 +328,17 @@ func TestFork(t *testing.T) {
 	// From a paused parent (it stays paused) and from a snapshot.
 	s.expect(s.do("POST", "/sandboxes/"+parent+"/pause", nil), 204, "pause")
 	for _, c := range s.fork("/sandboxes/"+parent+"/fork", 2) {
-		if res := s.exec(c, map[string]any{"command": "cat /home/user/task"}); res.Stdout != "shared" {
+		if res := s.exec(c, client.ExecuteRequest{Command: "cat /home/user/task"}); res.Stdout != "shared" {
 			t.Fatalf("child of paused parent: %+v", res)
 		}
 	}
 	if st := s.state(parent); st != "paused" {
 		t.Fatalf("paused parent is %q after fork", st)
 	}
-	var snap snapshotBody
+	var snap client.Snapshot
 	s.expect(s.do("POST", "/sandboxes/"+parent+"/snapshots", map[string]string{"name": "forkable"}), 201, "snapshot").json(t, &snap)
 	for _, c := range s.fork("/snapshots/forkable/fork", 2) {
-		if res := s.exec(c, map[string]any{"command": "cat /home/user/task"}); res.Stdout != "shared" {
+		if res := s.exec(c, client.ExecuteRequest{Command: "cat /home/user/task"}); res.Stdout != "shared" {
 			t.Fatalf("child of snapshot: %+v", res)
 		}
 	}
@@ -373,11 +365,11 @@ while True:
         os.remove('/tmp/check')
 `
 	s.expect(s.do("POST", "/sandboxes/"+parent+"/files/write", map[string]string{"path": "/tmp/hog.py", "content": hog}), 200, "write")
-	s.exec(parent, map[string]any{"command": "nohup python3 /tmp/hog.py >/dev/null 2>&1 &"})
+	s.exec(parent, client.ExecuteRequest{Command: "nohup python3 /tmp/hog.py >/dev/null 2>&1 &"})
 	waitFor(t, 60*time.Second, "200 MB allocated", func() bool {
-		return s.exec(parent, map[string]any{"command": "cat /tmp/sum 2>/dev/null"}).Stdout != ""
+		return s.exec(parent, client.ExecuteRequest{Command: "cat /tmp/sum 2>/dev/null"}).Stdout != ""
 	})
-	want := s.exec(parent, map[string]any{"command": "cat /tmp/sum"}).Stdout
+	want := s.exec(parent, client.ExecuteRequest{Command: "cat /tmp/sum"}).Stdout
 	start := time.Now()
 	children := s.fork("/sandboxes/"+parent+"/fork", 8)
 	t.Logf("fork of 8 children of a 200 MB sandbox: %s", time.Since(start))
@@ -387,10 +379,10 @@ while True:
 		go func() {
 			defer wg.Done()
 			// The child's process recomputes the checksum of its memory.
-			s.exec(c, map[string]any{"command": "touch /tmp/check"})
+			s.exec(c, client.ExecuteRequest{Command: "touch /tmp/check"})
 			deadline := time.Now().Add(60 * time.Second)
 			for time.Now().Before(deadline) {
-				if got := s.exec(c, map[string]any{"command": "cat /tmp/recheck 2>/dev/null"}).Stdout; got != "" {
+				if got := s.exec(c, client.ExecuteRequest{Command: "cat /tmp/recheck 2>/dev/null"}).Stdout; got != "" {
 					if got != want {
 						t.Errorf("child %s memory checksum %s, want %s", c, got, want)
 					}
@@ -411,7 +403,7 @@ func TestPauseWithoutMemory(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	alive := func(id string) bool {
-		return strings.TrimSpace(s.exec(id, map[string]any{"command": "pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo yes || echo no"}).Stdout) == "yes"
+		return strings.TrimSpace(s.exec(id, client.ExecuteRequest{Command: "pgrep -f '^python3 /tmp/counter.py' >/dev/null && echo yes || echo no"}).Stdout) == "yes"
 	}
 	for _, tc := range []struct {
 		name      string
@@ -429,7 +421,7 @@ func TestPauseWithoutMemory(t *testing.T) {
 			s.expect(s.do("POST", "/sandboxes/"+id+"/files/write", map[string]string{"path": "/home/user/kept", "content": "yes"}), 200, "write")
 			s.expect(s.do("POST", "/sandboxes/"+id+"/pause", tc.pause), 204, "pause")
 			s.expect(s.do("POST", "/v2/sandboxes/"+id+"/connect", tc.resume), 201, "connect")
-			if res := s.exec(id, map[string]any{"command": "cat /home/user/kept"}); res.Stdout != "yes" {
+			if res := s.exec(id, client.ExecuteRequest{Command: "cat /home/user/kept"}); res.Stdout != "yes" {
 				t.Fatalf("file lost: %+v", res)
 			}
 			if got := alive(id); got != tc.wantAlive {

@@ -1,5 +1,7 @@
-// Package client is the server side's client for envd, the agent inside
-// each sandbox.
+// Package client is the one client of envd, the agent inside each sandbox:
+// the server calls it directly, the CLI and the benchmark through the
+// server's envd proxy (NewProxied). It runs processes (Start, Run), reads
+// and writes files and configures envd (Init).
 package client
 
 import (
@@ -25,11 +27,20 @@ var (
 	ErrUnauthenticated = errors.New("unauthenticated")
 )
 
+// HeaderSandboxID marks a request for the envd of one sandbox; a server
+// (aenv's or E2B's) proxies such requests to that sandbox.
+const HeaderSandboxID = "E2b-Sandbox-Id"
+
+// headerAccessToken carries envd's access token.
+const headerAccessToken = "X-Access-Token"
+
 // Client talks to one envd.
 type Client struct {
 	baseURL string
 	http    *http.Client
-	process processconnect.ProcessClient
+	// sandboxID, when set, routes every request through a server's proxy.
+	sandboxID string
+	process   processconnect.ProcessClient
 
 	mu    sync.RWMutex
 	token string
@@ -38,16 +49,42 @@ type Client struct {
 // New returns a client for the envd at baseURL (e.g. http://10.0.0.2:49983).
 // accessToken may be empty while envd has none.
 func New(baseURL string, httpClient *http.Client, accessToken string) *Client {
+	return newClient(baseURL, "", httpClient, accessToken)
+}
+
+// NewProxied returns a client for the envd of sandbox sandboxID, reached
+// through the server at serverURL. Only envd's access token goes along:
+// the server's API key would travel into the sandbox.
+func NewProxied(serverURL, sandboxID string, httpClient *http.Client, accessToken string) *Client {
+	return newClient(serverURL, sandboxID, httpClient, accessToken)
+}
+
+func newClient(baseURL, sandboxID string, httpClient *http.Client, accessToken string) *Client {
 	if httpClient == nil {
 		httpClient = http.DefaultClient
 	}
-	baseURL = strings.TrimRight(baseURL, "/")
-	return &Client{
-		baseURL: baseURL,
-		http:    httpClient,
-		process: processconnect.NewProcessClient(httpClient, baseURL),
-		token:   accessToken,
+	c := &Client{
+		baseURL:   strings.TrimRight(baseURL, "/"),
+		http:      httpClient,
+		sandboxID: sandboxID,
+		token:     accessToken,
 	}
+	c.process = processconnect.NewProcessClient(doer{c}, c.baseURL)
+	return c
+}
+
+// doer adds the routing header and the current access token to every
+// request, plain HTTP and Connect alike.
+type doer struct{ c *Client }
+
+func (d doer) Do(req *http.Request) (*http.Response, error) {
+	if d.c.sandboxID != "" {
+		req.Header.Set(HeaderSandboxID, d.c.sandboxID)
+	}
+	if token := d.c.accessToken(); token != "" {
+		req.Header.Set(headerAccessToken, token)
+	}
+	return d.c.http.Do(req)
 }
 
 func (c *Client) accessToken() string {
@@ -148,10 +185,7 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	for k, v := range header {
 		req.Header[k] = v
 	}
-	if token := c.accessToken(); token != "" {
-		req.Header.Set("X-Access-Token", token)
-	}
-	resp, err := c.http.Do(req)
+	resp, err := doer{c}.Do(req)
 	if err != nil {
 		return nil, err
 	}

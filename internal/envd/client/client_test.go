@@ -5,33 +5,48 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http/httptest"
 	"os"
-	"os/user"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/envd"
 	"github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/envd/client/envdtest"
 )
 
-// newEnvd serves a real envd handler in-process.
+// newEnvd serves a real envd handler in-process; its processes run in a
+// home of their own (see envdtest).
 func newEnvd(t *testing.T) *httptest.Server {
 	t.Helper()
-	me, err := user.Current()
+	ts, _ := newEnvdIn(t)
+	return ts
+}
+
+func newEnvdIn(t *testing.T) (*httptest.Server, *envdtest.Env) {
+	t.Helper()
+	env := envdtest.New(t)
+	ts := httptest.NewServer(env.Server.Handler())
+	t.Cleanup(ts.Close)
+	return ts, env
+}
+
+// Login shells read the profile of the test's own home, never the host
+// user's: a host whose profile is slow or prints must not change results.
+func TestLoginShellUsesTheTestHome(t *testing.T) {
+	ts, env := newEnvdIn(t)
+	if err := os.WriteFile(filepath.Join(env.Home, ".profile"), []byte("export FROM_PROFILE=test-home\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := client.New(ts.URL, ts.Client(), "")
+	res, err := c.Run(t.Context(), client.RunRequest{Command: `echo "$HOME|$FROM_PROFILE"; pwd`})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := envd.New(envd.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), DefaultUser: me.Username})
-	ts := httptest.NewServer(srv.Handler())
-	t.Cleanup(func() {
-		srv.Close()
-		ts.Close()
-	})
-	return ts
+	if want := env.Home + "|test-home\n" + env.Home + "\n"; string(res.Stdout) != want || res.ExitCode != 0 {
+		t.Fatalf("stdout %q (exit %d, stderr %q), want %q", res.Stdout, res.ExitCode, res.Stderr, want)
+	}
 }
 
 func TestRun(t *testing.T) {
@@ -181,5 +196,24 @@ func TestFiles(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestShellCode(t *testing.T) {
+	tests := []struct {
+		exit client.Exit
+		want int
+	}{
+		{client.Exit{Code: 0, Exited: true, Status: "exit status 0"}, 0},
+		{client.Exit{Code: 7, Exited: true, Status: "exit status 7"}, 7},
+		{client.Exit{Code: -1, Status: "signal: killed"}, 137},
+		{client.Exit{Code: -1, Status: "signal: terminated"}, 143},
+		{client.Exit{Code: -1, Status: "signal: user defined signal 1"}, 1},
+		{client.Exit{Code: 9, Status: "odd"}, 9},
+	}
+	for _, tt := range tests {
+		if got := tt.exit.ShellCode(); got != tt.want {
+			t.Errorf("%+v: %d, want %d", tt.exit, got, tt.want)
+		}
 	}
 }

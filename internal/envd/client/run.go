@@ -2,15 +2,10 @@ package client
 
 import (
 	"context"
-	"encoding/base64"
-	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
-
-	pb "github.com/aenv-dev/aenv/api/envd/process"
 )
 
 // defaultMaxOutput caps each of stdout and stderr when RunRequest says 0.
@@ -46,110 +41,54 @@ func (c *Client) Run(ctx context.Context, req RunRequest) (RunResult, error) {
 	if maxOut <= 0 {
 		maxOut = defaultMaxOutput
 	}
-	start := &pb.StartRequest{Process: &pb.ProcessConfig{
-		Cmd:  "/bin/bash",
-		Args: []string{"-l", "-c", req.Command},
-		Envs: req.Envs,
-	}}
-	if req.Cwd != "" {
-		start.Process.Cwd = &req.Cwd
-	}
-	creq := connect.NewRequest(start)
-	if token := c.accessToken(); token != "" {
-		creq.Header().Set("X-Access-Token", token)
-	}
-	if req.User != "" {
-		creq.Header().Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(req.User+":")))
-	}
-	creq.Header().Set("Keepalive-Ping-Interval", "30")
-	if timeout := processTimeout(ctx, req.Timeout); timeout > 0 {
-		creq.Header().Set("Connect-Timeout-Ms", strconv.FormatInt(timeout.Milliseconds(), 10))
-	}
-
-	// connect-go turns a context deadline into its own Connect-Timeout-Ms
-	// header; ours is set above, so hand it a context with cancellation
-	// but without the deadline.
-	callCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	stopAfter := context.AfterFunc(ctx, cancel)
-	defer stopAfter()
-
 	began := time.Now()
-	stream, err := c.process.Start(callCtx, creq)
+	p, err := c.Start(ctx, ProcessSpec{Cmd: "/bin/bash", Args: []string{"-l", "-c", req.Command},
+		Envs: req.Envs, Cwd: req.Cwd, User: req.User, Timeout: req.Timeout})
 	if err != nil {
-		return RunResult{}, fmt.Errorf("envd run: %w", connectError(err))
+		return runFailed(ctx, req, RunResult{}, err)
 	}
-	defer stream.Close()
-	out := &collector{max: maxOut}
-	var end *pb.ProcessEvent_EndEvent
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if data := ev.GetData(); data != nil {
-			out.add(data)
-		}
-		if ev.GetEnd() != nil {
-			end = ev.GetEnd()
-		}
+	var truncated bool
+	stdout := &cappedBuffer{max: maxOut, truncated: &truncated}
+	stderr := &cappedBuffer{max: maxOut, truncated: &truncated}
+	exit, err := p.Wait(Output{Stdout: stdout, Stderr: stderr})
+	res := RunResult{Stdout: stdout.buf, Stderr: stderr.buf, Truncated: truncated}
+	if err != nil {
+		return runFailed(ctx, req, res, err)
 	}
-	res := RunResult{Stdout: out.stdout, Stderr: out.stderr, Truncated: out.truncated}
-	if err := stream.Err(); err != nil {
-		if connect.CodeOf(err) == connect.CodeDeadlineExceeded && req.Timeout > 0 && ctx.Err() == nil {
-			res.ExitCode, res.TimedOut = -1, true
-			return res, nil
-		}
-		if ctx.Err() != nil {
-			return res, fmt.Errorf("envd run: %w", ctx.Err())
-		}
-		return res, fmt.Errorf("envd run: %w", connectError(err))
-	}
-	if end == nil {
-		return res, errors.New("envd run: process ended without a result")
-	}
-	res.ExitCode = int(end.GetExitCode())
-	res.TimedOut = !end.GetExited() && req.Timeout > 0 && time.Since(began) >= req.Timeout-timeoutSlack
+	res.ExitCode = exit.Code
+	res.TimedOut = !exit.Exited && req.Timeout > 0 && time.Since(began) >= req.Timeout-timeoutSlack
 	return res, nil
 }
 
-// processTimeout is the deadline envd enforces: the request's timeout, or
-// what is left of the caller's deadline when that comes first.
-func processTimeout(ctx context.Context, timeout time.Duration) time.Duration {
-	if deadline, ok := ctx.Deadline(); ok {
-		left := time.Until(deadline)
-		if left <= 0 {
-			left = time.Millisecond
-		}
-		if timeout <= 0 || left < timeout {
-			return left
-		}
+// runFailed tells a command that hit its own timeout (a result) from a
+// caller that gave up and from a failure (errors).
+func runFailed(ctx context.Context, req RunRequest, res RunResult, err error) (RunResult, error) {
+	switch {
+	case connect.CodeOf(err) == connect.CodeDeadlineExceeded && req.Timeout > 0 && ctx.Err() == nil:
+		res.ExitCode, res.TimedOut = -1, true
+		return res, nil
+	case ctx.Err() != nil:
+		return res, fmt.Errorf("envd run: %w", ctx.Err())
 	}
-	return timeout
+	return res, fmt.Errorf("envd run: %w", err)
 }
 
-// collector accumulates output up to max bytes per stream.
-type collector struct {
-	max            int
-	stdout, stderr []byte
-	truncated      bool
+// cappedBuffer keeps up to max bytes and drops the rest, noting it.
+type cappedBuffer struct {
+	max       int
+	buf       []byte
+	truncated *bool
 }
 
-func (c *collector) add(data *pb.ProcessEvent_DataEvent) {
-	switch out := data.GetOutput().(type) {
-	case *pb.ProcessEvent_DataEvent_Stdout:
-		c.stdout = c.appendCapped(c.stdout, out.Stdout)
-	case *pb.ProcessEvent_DataEvent_Stderr:
-		c.stderr = c.appendCapped(c.stderr, out.Stderr)
-	case *pb.ProcessEvent_DataEvent_Pty:
-		c.stdout = c.appendCapped(c.stdout, out.Pty)
-	}
-}
-
-func (c *collector) appendCapped(buf, data []byte) []byte {
-	room := c.max - len(buf)
+func (b *cappedBuffer) Write(data []byte) (int, error) {
+	n := len(data)
+	room := b.max - len(b.buf)
 	if len(data) > room {
-		c.truncated = true
+		*b.truncated = true
 		data = data[:max(room, 0)]
 	}
-	return append(buf, data...)
+	b.buf = append(b.buf, data...)
+	return n, nil
 }
 
 // connectError wraps a Connect error in the matching sentinel.
