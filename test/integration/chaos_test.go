@@ -84,10 +84,9 @@ type chaos struct {
 }
 
 type chaosSandbox struct {
-	states  []string // acceptable states; one when certain; "gone" allowed after an unanswered delete
-	pid     string   // PID of the counter process
-	busy    bool     // an operation is running on it
-	deleted bool
+	states []string // acceptable states; one when certain; "gone" allowed after an unanswered delete
+	pid    string   // PID of the counter process
+	busy   bool     // an operation is running on it
 }
 
 // create makes a sandbox with a counter process, outside the chaos.
