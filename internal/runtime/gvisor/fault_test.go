@@ -272,3 +272,65 @@ func runscRootDebris(d *Driver) []string {
 	}
 	return names
 }
+
+// TestRunscLockFiles: create/kill cycles, with the sandboxes listed all
+// along as the manager's monitor does, leave no runsc file behind; Cleanup
+// removes stale lock files and control sockets of the sandboxes it does
+// not keep, and keeps those of the sandboxes it keeps.
+func TestRunscLockFiles(t *testing.T) {
+	runtimetest.RequireRoot(t)
+	env := newTestEnv(t)
+	d := newTestDriver(t, env)
+	f := runtimetest.NewFixture(t, d, env)
+
+	ctx, stop := context.WithCancel(t.Context())
+	listed := make(chan error, 1)
+	go func() {
+		for ctx.Err() == nil {
+			if _, err := d.List(ctx); err != nil && ctx.Err() == nil {
+				listed <- err
+				return
+			}
+		}
+		listed <- nil
+	}()
+	for range 5 {
+		s := f.Start(t)
+		if err := d.Kill(t.Context(), s.Spec.ID); err != nil {
+			t.Fatalf("Kill: %v", err)
+		}
+	}
+	stop()
+	if err := <-listed; err != nil {
+		t.Errorf("List during create/kill cycles: %v", err)
+	}
+	if left := runscRootDebris(d); len(left) > 0 {
+		t.Errorf("runsc files left by create/kill cycles: %v", left)
+	}
+
+	const kept, gone = "keptkeptkeptkeptkept", "gonegonegonegonegone"
+	stale := map[string]bool{ // file -> kept
+		kept + "_sandbox:" + kept + ".lock": true,
+		gone + "_sandbox:" + gone + ".lock": false,
+		"runsc-" + gone + ".sock":           false,
+	}
+	for name := range stale {
+		if err := os.WriteFile(filepath.Join(d.runscRoot(), name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Cleanup(t.Context(), map[string]bool{kept: true}); err != nil {
+		t.Fatalf("Cleanup(keep %s): %v", kept, err)
+	}
+	for name, keep := range stale {
+		if _, err := os.Stat(filepath.Join(d.runscRoot(), name)); (err == nil) != keep {
+			t.Errorf("after Cleanup(keep %s): %s exists = %v; want %v", kept, name, err == nil, keep)
+		}
+	}
+	if err := d.Cleanup(t.Context(), nil); err != nil {
+		t.Fatalf("Cleanup(nil): %v", err)
+	}
+	if left := runscRootDebris(d); len(left) > 0 {
+		t.Errorf("runsc files left after Cleanup(nil): %v", left)
+	}
+}
