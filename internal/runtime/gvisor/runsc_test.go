@@ -114,3 +114,27 @@ func waitForFile(path string) {
 		}
 	}
 }
+
+func TestNamesSandbox(t *testing.T) {
+	const id, other = "aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb"
+	d := &Driver{cfg: Config{StateDir: "/s"}}
+	tests := []struct {
+		name    string
+		cmdline []string
+		want    bool
+	}{
+		{"sandbox process", []string{"runsc-sandbox", "--root=/s/runsc", "--log=/s/sandboxes/" + id + "/runsc.log", "boot", "--bundle=/s/sandboxes/" + id, id}, true},
+		{"runsc command", []string{"/bin/runsc", "--root=/s/runsc", "delete", "--force", id}, true},
+		{"holder of its lock", []string{"flock", "/s/runsc/" + id + "_sandbox:" + id + ".lock", "sleep", "1"}, true},
+		{"another sandbox restoring an image named after it", []string{"/bin/runsc", "--root=/s/runsc", "--log=/s/sandboxes/" + other + "/runsc.log", "restore", "--image-path", "/d/images/fork-" + id, other}, false},
+		{"another sandbox", []string{"/bin/runsc", "--root=/s/runsc", "pause", other}, false},
+		{"the ID under another root", []string{"/bin/runsc", "--root=/t/runsc", "pause", id}, false},
+		{"the ID alone", []string{"echo", id}, false},
+	}
+	for _, tt := range tests {
+		cmdline := []byte(strings.Join(tt.cmdline, "\x00") + "\x00")
+		if got := d.namesSandbox(cmdline, id); got != tt.want {
+			t.Errorf("%s: namesSandbox(%q) = %v; want %v", tt.name, tt.cmdline, got, tt.want)
+		}
+	}
+}

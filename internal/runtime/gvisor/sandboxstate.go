@@ -102,7 +102,7 @@ func (d *Driver) instance(id string) (runtime.Instance, error) {
 		return inst, err
 	}
 	pid := st.sandboxPid()
-	if !processOf(pid, id) {
+	if !d.processOf(pid, id) {
 		return inst, nil
 	}
 	inst.Pid = pid
@@ -110,34 +110,57 @@ func (d *Driver) instance(id string) (runtime.Instance, error) {
 	return inst, nil
 }
 
-// processOf says whether pid is a live (not zombie) process of sandbox id:
-// runsc names the sandbox's bundle, and so its ID, in the command line of
-// its sandbox and gofer processes, which guards against a reused PID.
-func processOf(pid int, id string) bool {
-	if pid <= 0 {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	if end := bytes.LastIndexByte(stat, ')'); end < 0 || len(stat) < end+3 || stat[end+2] == 'Z' || stat[end+2] == 'X' {
+// processOf says whether pid is a live (not zombie) process of sandbox id;
+// checking its command line guards against a reused PID.
+func (d *Driver) processOf(pid int, id string) bool {
+	if pid <= 0 || !processAlive(pid) {
 		return false
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && bytes.Contains(cmdline, []byte(id))
+	return err == nil && d.namesSandbox(cmdline, id)
+}
+
+// namesSandbox says whether a command line is that of a process of
+// sandbox id: runsc names the sandbox's directory (its bundle and log) in
+// its sandbox and gofer processes and in the commands it runs for the
+// sandbox, or the ID itself as an argument next to runsc's root. Another
+// sandbox's command merely mentioning the ID (restoring an image whose
+// path holds it) does not count.
+func (d *Driver) namesSandbox(cmdline []byte, id string) bool {
+	root, dir := d.runscRoot(), d.sandboxDir(id)
+	var hasRoot, hasID bool
+	for _, arg := range strings.Split(string(cmdline), "\x00") {
+		_, value, isFlag := strings.Cut(arg, "=")
+		if !isFlag || !strings.HasPrefix(arg, "-") {
+			value = arg
+		}
+		switch {
+		case value == dir || strings.HasPrefix(value, dir+"/"):
+			return true
+		case value == id:
+			hasID = true
+		case value == root:
+			hasRoot = true
+		case filepath.Dir(value) == root:
+			// A file of the sandbox's under runsc's root (its lock file,
+			// held by a stuck command).
+			if owner, ok := runscFileOwner(filepath.Base(value)); ok && owner == id {
+				return true
+			}
+		}
+	}
+	return hasRoot && hasID
 }
 
 // sandboxProcesses returns every host process of sandbox id: those in its
-// cgroup, its sandbox and gofer processes, and runsc commands naming it
-// (their command line holds both runsc's root or the sandbox directory,
-// and the ID). It reads /proc and the cgroups only, so it answers whatever
-// state those processes are in.
+// cgroup, its sandbox and gofer processes, and runsc commands for it (see
+// namesSandbox). It reads /proc and the cgroups only, so it answers
+// whatever state those processes are in.
 func (d *Driver) sandboxProcesses(id string) []int {
 	pids := map[int]bool{}
 	if st, err := d.readRunscState(id); err == nil {
 		for _, pid := range []int{st.sandboxPid(), st.GoferPid} {
-			if processOf(pid, id) {
+			if d.processOf(pid, id) {
 				pids[pid] = true
 			}
 		}
@@ -145,10 +168,7 @@ func (d *Driver) sandboxProcesses(id string) []int {
 	for _, pid := range d.cgroups.procs(d.cgroupPath(id)) {
 		pids[pid] = true
 	}
-	root, dir, idb := []byte(d.runscRoot()), []byte(d.sandboxDir(id)), []byte(id)
-	for _, pid := range processesMatching(func(cmdline []byte) bool {
-		return bytes.Contains(cmdline, idb) && (bytes.Contains(cmdline, root) || bytes.Contains(cmdline, dir))
-	}) {
+	for _, pid := range processesMatching(func(cmdline []byte) bool { return d.namesSandbox(cmdline, id) }) {
 		pids[pid] = true
 	}
 	out := make([]int, 0, len(pids))
