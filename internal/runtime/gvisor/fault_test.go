@@ -96,6 +96,11 @@ func TestHungSandbox(t *testing.T) {
 	if left := runscRootDebris(d); len(left) > 0 {
 		t.Errorf("runsc root after Cleanup(nil): %v", left)
 	}
+	for _, dir := range d.cgroups.dirs(d.cfg.CgroupParent) {
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("cgroup parent %s left after Cleanup(nil)", dir)
+		}
+	}
 }
 
 // hangSandbox makes sandbox id hang as it did in production: it SIGSTOPs

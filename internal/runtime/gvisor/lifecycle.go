@@ -94,9 +94,9 @@ func (d *Driver) removeAfterFailure(ctx context.Context, id string) {
 // Kill stops the sandbox and removes its processes, runsc state, cgroup
 // and directory. It does not depend on the sandbox's runsc processes
 // answering: it SIGKILLs them first, so it also ends a hung sandbox and any
-// runsc command stuck on it. It finishes within removeTimeout, or sooner
-// when ctx ends, in which case the waits are cut short but every removal
-// is still tried.
+// runsc command stuck on it. It finishes within removeTimeout, or by ctx's
+// deadline when that comes first (every removal is still tried; only the
+// waits are cut short).
 func (d *Driver) Kill(ctx context.Context, id string) error {
 	if err := runtime.ValidateID(id); err != nil {
 		return fmt.Errorf("kill: %w", err)

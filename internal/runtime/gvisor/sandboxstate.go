@@ -23,9 +23,12 @@ import (
 // it. Reading the file and looking at the sandbox's process answers for
 // each sandbox on its own, at once.
 
-// runscFile is what runsc keeps under its root for one container:
-// <container>_sandbox:<sandbox>.state (JSON), .lock (flock) and the
-// sandbox's control socket runsc-<sandbox>.sock.
+// runsc keeps three files under its root for a sandbox:
+// <container>_sandbox:<sandbox>.state (JSON), <container>_sandbox:<sandbox>.lock
+// (flock) and the control socket runsc-<sandbox>.sock. The driver's
+// sandboxes have one container, named as the sandbox.
+
+// runscStatePath is the state file of sandbox id.
 func (d *Driver) runscStatePath(id string) string {
 	return filepath.Join(d.runscRoot(), id+"_sandbox:"+id+".state")
 }
