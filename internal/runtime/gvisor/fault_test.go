@@ -24,8 +24,8 @@ import (
 const promptly = 3 * time.Second
 
 // TestHungSandbox: a sandbox whose processes are stopped (SIGSTOP, as when
-// gVisor hangs) and which has a runsc command stuck on it, holding runsc's
-// lock of that sandbox, does not delay answers about the others; a caller
+// gVisor hangs), with runsc's lock of it held and a runsc command stuck on
+// it, does not delay answers about the others; a caller
 // that gives up on the stuck command gets control back within the
 // command's grace; Kill ends the sandbox and the stuck command within
 // removeTimeout and leaves nothing of it; Cleanup ends within its bound.
@@ -37,6 +37,7 @@ func TestHungSandbox(t *testing.T) {
 	other := f.Start(t)
 	hung := f.Start(t)
 	hangSandbox(t, d, hung.Spec.ID)
+	holdLock(t, d, hung.Spec.ID, false)
 
 	// A pause whose caller gives up ends within the grace of pause.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -44,6 +45,20 @@ func TestHungSandbox(t *testing.T) {
 	for _, check := range othersAnswer(d, other.Spec.ID, hung.Spec.ID) {
 		within(t, promptly, check.name, check.op)
 	}
+	// A sandbox the kernel kills meanwhile (out of memory) shows stopped at
+	// once, in State and in List.
+	dies := f.Start(t)
+	killSandboxProcess(t, d, dies.Spec.ID)
+	within(t, promptly, "State and List of a killed sandbox", func() error {
+		if st, err := d.State(t.Context(), dies.Spec.ID); err != nil || st != runtime.StateStopped {
+			return fmt.Errorf("State(killed) = %q, %v; want stopped", st, err)
+		}
+		list, err := d.List(t.Context())
+		if i := slices.IndexFunc(list, func(i runtime.Instance) bool { return i.ID == dies.Spec.ID }); err != nil || i < 0 || list[i].State != runtime.StateStopped {
+			return fmt.Errorf("List = %+v, %v; want %s stopped", list, err, dies.Spec.ID)
+		}
+		return nil
+	})
 	cancel()
 	select {
 	case err := <-stuck:
@@ -83,6 +98,7 @@ func TestHungSandbox(t *testing.T) {
 	// and a stuck command, and leaves nothing of the driver.
 	hung2 := f.Start(t)
 	hangSandbox(t, d, hung2.Spec.ID)
+	holdLock(t, d, hung2.Spec.ID, false)
 	stuck = stuckPause(t, d, context.Background(), hung2.Spec.ID)
 	within(t, removeTimeout, "Cleanup(nil)", func() error { return d.Cleanup(context.Background(), nil) })
 	select {
@@ -103,11 +119,44 @@ func TestHungSandbox(t *testing.T) {
 	}
 }
 
+// killSandboxProcess SIGKILLs the sandbox process of id, as the kernel's
+// out-of-memory killer does, and waits until it has exited.
+func killSandboxProcess(t *testing.T, d *Driver, id string) {
+	t.Helper()
+	st, err := d.readRunscState(id)
+	if err != nil || st.sandboxPid() <= 0 {
+		t.Fatalf("runsc state of %s: %+v, %v", id, st, err)
+	}
+	pid := st.sandboxPid()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL %d: %v", pid, err)
+	}
+	waitFor(t, 10*time.Second, fmt.Sprintf("exit of killed sandbox process %d", pid), func() bool { return !processAlive(pid) })
+}
+
+// TestKillWithForeignLockHolder: when runsc's lock of a hung sandbox is
+// held by a process the driver cannot tell belongs to it (a child that
+// inherited the lock), runsc delete cannot finish; Kill still ends within
+// removeTimeout and removes runsc's files itself.
+func TestKillWithForeignLockHolder(t *testing.T) {
+	runtimetest.RequireRoot(t)
+	env := newTestEnv(t)
+	d := newTestDriver(t, env)
+	f := runtimetest.NewFixture(t, d, env)
+	hung := f.Start(t)
+	id := hung.Spec.ID
+	hangSandbox(t, d, id)
+	holdLock(t, d, id, true)
+	within(t, removeTimeout, "Kill(hung)", func() error { return d.Kill(context.Background(), id) })
+	if left := sandboxDebris(d, id); len(left) > 0 {
+		t.Errorf("Kill(hung) left:\n%s", strings.Join(left, "\n"))
+	}
+}
+
 // hangSandbox makes sandbox id hang as it did in production: it SIGSTOPs
 // every host process of the sandbox (its sandbox and gofer processes), so
-// that runsc commands wait for it forever, and has a process hold runsc's
-// lock of the sandbox, as a runsc command stuck halfway does. Whatever is
-// left of both is resumed or killed at the end of the test.
+// that runsc commands wait for it forever. They are resumed at the end of
+// the test in case they are still there.
 func hangSandbox(t *testing.T, d *Driver, id string) {
 	t.Helper()
 	pids := processesNaming(id)
@@ -125,20 +174,31 @@ func hangSandbox(t *testing.T, d *Driver, id string) {
 		}
 	})
 	t.Logf("stopped processes %v of sandbox %s", pids, id)
+	if st, err := d.State(t.Context(), id); err != nil || st != runtime.StateRunning {
+		t.Errorf("State(hung) = %q, %v; want running (its process lives)", st, err)
+	}
+}
 
+// holdLock has a process hold runsc's lock of sandbox id, as a runsc
+// command stuck halfway does. With inherited, the lock is held by a child
+// that names nothing of the sandbox (flock without --close), which the
+// driver cannot tell from any other process.
+func holdLock(t *testing.T, d *Driver, id string, inherited bool) {
+	t.Helper()
 	lock := filepath.Join(d.runscRoot(), id+"_sandbox:"+id+".lock")
-	holder := exec.Command("flock", "--exclusive", "--close", lock, "sleep", "3600")
+	args := []string{"--exclusive", "--close", lock, "sleep", "3600"}
+	if inherited {
+		args = slices.Delete(args, 1, 2)
+	}
+	holder := exec.Command("flock", args...)
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := holder.Start(); err != nil {
 		t.Fatalf("start a holder of runsc's lock: %v", err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = holder.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = holder.Process.Kill(); <-exited })
+	t.Cleanup(func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); <-exited })
 	waitFor(t, 10*time.Second, "holder of "+lock, func() bool { return lockHeld(lock) })
-
-	if st, err := d.State(t.Context(), id); err != nil || st != runtime.StateRunning {
-		t.Errorf("State(hung) = %q, %v; want running (its process lives)", st, err)
-	}
 }
 
 // stuckPause starts a Pause of the hung sandbox id, waits until its runsc
