@@ -192,11 +192,7 @@ func (d *Driver) State(ctx context.Context, id string) (runtime.State, error) {
 	if err := d.requireSandbox(id); err != nil {
 		return "", fmt.Errorf("state %s: %w", id, err)
 	}
-	inst, err := d.instance(id)
-	if err != nil {
-		return "", fmt.Errorf("state %s: %w", id, err)
-	}
-	return inst.State, nil
+	return d.instance(id).State, nil
 }
 
 // stateFromRunsc maps runsc's container status to ours. "created" is a

@@ -30,11 +30,7 @@ func (d *Driver) List(ctx context.Context) ([]runtime.Instance, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("list: %w", err)
 		}
-		inst, err := d.instance(id)
-		if err != nil {
-			return nil, fmt.Errorf("list: %s: %w", id, err)
-		}
-		list = append(list, inst)
+		list = append(list, d.instance(id))
 	}
 	return list, nil
 }

@@ -94,23 +94,28 @@ func (st runscStateFile) sandboxPid() int {
 // A sandbox is running or paused as runsc last recorded only while its
 // sandbox process lives: when init exits, or the kernel kills the sandbox
 // (out of memory), the process is gone and the sandbox is stopped.
-func (d *Driver) instance(id string) (runtime.Instance, error) {
+//
+// A state file runsc cannot read either (truncated by a runsc killed while
+// writing it) makes the sandbox stopped too: no runsc command can manage
+// it any more, and Kill removes it.
+func (d *Driver) instance(id string) runtime.Instance {
 	inst := runtime.Instance{ID: id, State: runtime.StateStopped}
 	st, err := d.readRunscState(id)
 	if errors.Is(err, fs.ErrNotExist) {
 		// A directory without runsc state: half-made (or being made).
-		return inst, nil
+		return inst
 	}
 	if err != nil {
-		return inst, err
+		d.log.Warn("unreadable runsc state: sandbox reported stopped", "sandbox_id", id, "err", err)
+		return inst
 	}
 	pid := st.sandboxPid()
 	if !d.processOf(pid, id) {
-		return inst, nil
+		return inst
 	}
 	inst.Pid = pid
 	inst.State = stateFromRunsc(st.Status)
-	return inst, nil
+	return inst
 }
 
 // processOf says whether pid is a live (not zombie) process of sandbox id;
