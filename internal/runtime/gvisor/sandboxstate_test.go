@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"syscall"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -26,10 +27,12 @@ func TestStateFromFiles(t *testing.T) {
 	// A stand-in for the sandbox process: its command line names runsc's
 	// root and the ID, as runsc-sandbox's does.
 	proc := exec.Command("sh", "-c", "sleep 3600; true", "sh", "--root="+d.runscRoot(), id)
+	proc.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := proc.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
+	// The group: sleep too.
+	t.Cleanup(func() { _ = syscall.Kill(-proc.Process.Pid, syscall.SIGKILL); _ = proc.Wait() })
 	dead := exec.Command("true")
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
