@@ -145,6 +145,37 @@ func (h cgroupHierarchies) children(rel string) map[string]bool {
 	return names
 }
 
+// procs returns the PIDs in the cgroup at rel and its children, over all
+// hierarchies.
+func (h cgroupHierarchies) procs(rel string) []int {
+	var pids []int
+	for _, dir := range h.dirs(rel) {
+		_ = filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+			if err != nil || !e.IsDir() {
+				return nil
+			}
+			b, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return pids
+}
+
+// kill SIGKILLs every process in the cgroup at rel and its children at
+// once where the kernel offers cgroup.kill (cgroup v2, Linux 5.14+); the
+// caller kills what procs lists as well, for older kernels and v1.
+func (h cgroupHierarchies) kill(rel string) {
+	if h.unified == "" {
+		return
+	}
+	_ = os.WriteFile(filepath.Join(h.unified, rel, "cgroup.kill"), []byte("1"), 0)
+}
+
 func removeCgroupDir(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {

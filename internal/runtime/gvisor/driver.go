@@ -8,12 +8,18 @@
 //
 // Everything the driver writes lives under Config.StateDir:
 //
-//	runsc/             runsc --root (runsc's own state; its null-netns mount)
+//	runsc/             runsc --root: per sandbox <id>_sandbox:<id>.state and
+//	                   .lock, runsc-<id>.sock; the shared null-netns mount
 //	sandboxes/<id>/    OCI bundle: config.json, runsc.log, console.log, debug/
 //	kvm-probe/         only while New probes the kvm platform (Platform "auto")
 //
 // and each sandbox has the cgroup <CgroupParent>/<id> in every hierarchy,
 // holding its sandbox and gofer processes.
+//
+// The driver reads runsc's state files and the sandbox's processes itself
+// for State and List, and kills those processes itself in Kill, so that a
+// hung sandbox delays only the calls about it; every runsc command it runs
+// is bounded (see bound).
 //
 // Template rootfs directories must be prepared with runtime.PrepareRootfs:
 // runsc creates a missing bind-mount point in the host directory itself.

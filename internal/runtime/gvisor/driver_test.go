@@ -30,38 +30,47 @@ func runscForTest(t *testing.T) string {
 	return path
 }
 
-func TestConformance(t *testing.T) {
-	runtimetest.RequireRoot(t)
+// newTestEnv returns a fresh state dir and cgroup parent for a driver.
+func newTestEnv(t *testing.T) runtimetest.TestEnv {
+	t.Helper()
 	b := make([]byte, 4)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatal(err)
 	}
-	env := runtimetest.TestEnv{
+	return runtimetest.TestEnv{
 		RootfsPath:   os.Getenv("AENV_TEST_ROOTFS"),
 		StateDir:     t.TempDir(),
 		CgroupParent: "/aenv-test-" + hex.EncodeToString(b),
 	}
-	runsc := runscForTest(t)
-	newDriver := func(t *testing.T) runtime.Driver {
-		logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-		d, err := New(t.Context(), Config{
-			RunscPath: runsc, StateDir: env.StateDir, CgroupParent: env.CgroupParent,
-			Platform: PlatformSystrap, Debug: os.Getenv("AENV_RUNSC_DEBUG") == "1",
-		}, logger)
-		if err != nil {
-			t.Fatalf("New: %v", err)
-		}
-		// Whatever a failed test left, remove it.
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if err := d.Cleanup(ctx, nil); err != nil {
-				t.Errorf("final Cleanup: %v", err)
-			}
-		})
-		return d
+}
+
+// newTestDriver makes a systrap driver for env and removes whatever a
+// failed test left when the test ends.
+func newTestDriver(t *testing.T, env runtimetest.TestEnv) *Driver {
+	t.Helper()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	d, err := New(t.Context(), Config{
+		RunscPath: runscForTest(t), StateDir: env.StateDir, CgroupParent: env.CgroupParent,
+		Platform: PlatformSystrap, Debug: os.Getenv("AENV_RUNSC_DEBUG") == "1",
+	}, logger)
+	if err != nil {
+		t.Fatalf("New: %v", err)
 	}
-	runtimetest.Run(t, newDriver, env)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := d.Cleanup(ctx, nil); err != nil {
+			t.Errorf("final Cleanup: %v", err)
+		}
+	})
+	return d
+}
+
+func TestConformance(t *testing.T) {
+	runtimetest.RequireRoot(t)
+	env := newTestEnv(t)
+	runscForTest(t)
+	runtimetest.Run(t, func(t *testing.T) runtime.Driver { return newTestDriver(t, env) }, env)
 }
 
 // TestAutoPlatform: "auto" settles on a platform within the probe's bound

@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,16 +12,21 @@ import (
 	"github.com/aenv-dev/aenv/internal/runtime"
 )
 
-// removeTimeout bounds removing a sandbox after a failed start, which runs
-// even when the caller's context is already done.
+// removeTimeout bounds removing a sandbox: Kill, and the removal after a
+// failed start, which runs even when the caller's context is already done.
+// Removal kills the sandbox's processes itself, so a hung runsc costs at
+// most processExitWait plus boundDelete.timeout.
 const removeTimeout = 30 * time.Second
+
+// processExitWait bounds the wait for killed processes to exit.
+const processExitWait = 5 * time.Second
 
 // Start creates and starts a sandbox with `runsc run --detach`.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	if err := d.makeBundle(spec); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	err := d.runscDetached(ctx, spec.ID, "run", "--detach", "--bundle", d.sandboxDir(spec.ID), spec.ID)
+	err := d.runscDetached(ctx, boundStart, spec.ID, "run", "--detach", "--bundle", d.sandboxDir(spec.ID), spec.ID)
 	if err != nil {
 		d.removeAfterFailure(ctx, spec.ID)
 		return fmt.Errorf("start %s: %w", spec.ID, err)
@@ -43,9 +47,9 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 		return fmt.Errorf("restore %s: %w", spec.ID, err)
 	}
 	bundle := d.sandboxDir(spec.ID)
-	err := d.runscDetached(ctx, spec.ID, "create", "--bundle", bundle, spec.ID)
+	err := d.runscDetached(ctx, boundStart, spec.ID, "create", "--bundle", bundle, spec.ID)
 	if err == nil {
-		err = d.runscDetached(ctx, spec.ID, "restore", "--detach", "--background", "--bundle", bundle, "--image-path", imageDir, spec.ID)
+		err = d.runscDetached(ctx, boundImage(dirSize(imageDir)), spec.ID, "restore", "--detach", "--background", "--bundle", bundle, "--image-path", imageDir, spec.ID)
 	}
 	if err != nil {
 		d.removeAfterFailure(ctx, spec.ID)
@@ -87,7 +91,12 @@ func (d *Driver) removeAfterFailure(ctx context.Context, id string) {
 	}
 }
 
-// Kill stops the sandbox and removes its container, cgroup and directory.
+// Kill stops the sandbox and removes its processes, runsc state, cgroup
+// and directory. It does not depend on the sandbox's runsc processes
+// answering: it SIGKILLs them first, so it also ends a hung sandbox and any
+// runsc command stuck on it. It finishes within removeTimeout, or by ctx's
+// deadline when that comes first (every removal is still tried; only the
+// waits are cut short).
 func (d *Driver) Kill(ctx context.Context, id string) error {
 	if err := runtime.ValidateID(id); err != nil {
 		return fmt.Errorf("kill: %w", err)
@@ -101,28 +110,51 @@ func (d *Driver) Kill(ctx context.Context, id string) error {
 // remove deletes everything the driver made for id, whatever state it is
 // in. id must be a safe file name. Each step tolerates its part being gone.
 func (d *Driver) remove(ctx context.Context, id string) error {
-	// delete --force kills a running or paused sandbox; for an unknown ID it
-	// succeeds.
-	if _, err := d.runsc(ctx, "", "delete", "--force", id); err != nil && !errors.Is(err, runtime.ErrNotFound) {
-		return err
+	deadline := time.Now().Add(removeTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	if alive := d.killSandboxProcesses(id, earliest(deadline, time.Now().Add(processExitWait))); len(alive) > 0 {
+		// Unkillable processes (stuck in the kernel) keep the cgroup; say so.
+		d.log.WarnContext(ctx, "sandbox processes survive SIGKILL", "sandbox_id", id, "pids", alive)
+	}
+	var errs []error
+	if _, err := os.Stat(d.runscStatePath(id)); err == nil {
+		// With its processes gone runsc deletes the container at once. Its
+		// log goes to the sandbox's directory when there is one.
+		logID := id
+		if _, err := os.Stat(d.sandboxDir(id)); err != nil {
+			logID = ""
+		}
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		_, err := d.runsc(ctx, boundDelete, logID, "delete", "--force", id)
+		cancel()
+		if err != nil && !errors.Is(err, runtime.ErrNotFound) {
+			// What runsc did not remove, removeRunscFiles does.
+			d.log.WarnContext(ctx, "runsc delete failed; removing its state directly", "sandbox_id", id, "err", err)
+		}
+	}
+	errs = append(errs, d.removeRunscFiles(id))
+	if err := unmountAll(d.sandboxDir(id)); err != nil {
+		errs = append(errs, err)
 	}
 	if err := d.cgroups.removeCgroup(d.cgroupPath(id)); err != nil {
-		return err
+		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(d.sandboxDir(id)); err != nil {
-		return fmt.Errorf("remove sandbox dir: %w", err)
+		errs = append(errs, fmt.Errorf("remove sandbox dir: %w", err))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Pause freezes every process in the sandbox.
 func (d *Driver) Pause(ctx context.Context, id string) error {
-	return d.simpleCommand(ctx, "pause", id, "pause", id)
+	return d.simpleCommand(ctx, boundControl, "pause", id, "pause", id)
 }
 
 // Resume continues a paused sandbox.
 func (d *Driver) Resume(ctx context.Context, id string) error {
-	return d.simpleCommand(ctx, "resume", id, "resume", id)
+	return d.simpleCommand(ctx, boundControl, "resume", id, "resume", id)
 }
 
 // Checkpoint saves the sandbox's memory and in-memory root filesystem to
@@ -135,46 +167,32 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	if leaveRunning {
 		args = append(args, "--leave-running")
 	}
-	return d.simpleCommand(ctx, "checkpoint", id, append(args, id)...)
+	// The bound grows with the memory to save; without figures, assume
+	// the memory is small.
+	stats, _ := d.cgroups.stats(d.cgroupPath(id))
+	return d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...)
 }
 
 // simpleCommand runs a runsc subcommand on an existing sandbox.
-func (d *Driver) simpleCommand(ctx context.Context, op, id string, args ...string) error {
+func (d *Driver) simpleCommand(ctx context.Context, b bound, op, id string, args ...string) error {
 	if err := d.requireSandbox(id); err != nil {
 		return fmt.Errorf("%s %s: %w", op, id, err)
 	}
-	if _, err := d.runsc(ctx, id, args...); err != nil {
+	if _, err := d.runsc(ctx, b, id, args...); err != nil {
 		return fmt.Errorf("%s %s: %w", op, id, err)
 	}
 	return nil
 }
 
-// containerState is the part of runsc's `state` and `list` output we read
-// (the OCI state).
-type containerState struct {
-	ID     string `json:"id"`
-	Status string `json:"status"`
-	Pid    int    `json:"pid"`
-}
-
-// State reports whether the sandbox runs, is paused or has stopped.
+// State reports whether the sandbox runs, is paused or has stopped. It
+// answers from runsc's state file and the sandbox's process, without
+// running runsc, so it answers at once even for a hung sandbox (which its
+// process shows as running).
 func (d *Driver) State(ctx context.Context, id string) (runtime.State, error) {
 	if err := d.requireSandbox(id); err != nil {
 		return "", fmt.Errorf("state %s: %w", id, err)
 	}
-	out, err := d.runsc(ctx, "", "state", id)
-	if errors.Is(err, runtime.ErrNotFound) {
-		// The directory is there but runsc has no container: half-made.
-		return runtime.StateStopped, nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("state %s: %w", id, err)
-	}
-	var st containerState
-	if err := json.Unmarshal(out, &st); err != nil {
-		return "", fmt.Errorf("state %s: parse runsc output: %w", id, err)
-	}
-	return stateFromRunsc(st.Status), nil
+	return d.instance(id).State, nil
 }
 
 // stateFromRunsc maps runsc's container status to ours. "created" is a
@@ -199,4 +217,26 @@ func (d *Driver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 		return s, fmt.Errorf("stats %s: %w", id, err)
 	}
 	return s, nil
+}
+
+// dirSize is the total size of the regular files in dir, 0 if unreadable.
+func dirSize(dir string) uint64 {
+	var size uint64
+	_ = filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() {
+			if info, err := e.Info(); err == nil {
+				size += uint64(info.Size())
+			}
+		}
+		return nil
+	})
+	return size
+}
+
+// earliest returns the earlier of two times.
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

@@ -13,11 +13,17 @@ import (
 // processesUsing returns the PIDs whose command line mentions dir: runsc
 // passes its --root and bundle paths to every process it starts.
 func processesUsing(dir string) ([]int, error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
+	if _, err := os.Stat("/proc/self"); err != nil {
 		return nil, fmt.Errorf("list processes: %w", err)
 	}
 	needle := []byte(filepath.Clean(dir))
+	return processesMatching(func(cmdline []byte) bool { return bytes.Contains(cmdline, needle) }), nil
+}
+
+// processesMatching returns the PIDs, other than this process, whose
+// command line satisfies match.
+func processesMatching(match func(cmdline []byte) bool) []int {
+	entries, _ := os.ReadDir("/proc")
 	self := os.Getpid()
 	var pids []int
 	for _, e := range entries {
@@ -26,11 +32,11 @@ func processesUsing(dir string) ([]int, error) {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, needle) {
+		if err == nil && match(cmdline) {
 			pids = append(pids, pid)
 		}
 	}
-	return pids, nil
+	return pids
 }
 
 // killProcessesUsing sends SIGKILL to every process whose command line

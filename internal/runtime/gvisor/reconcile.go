@@ -1,74 +1,116 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
+	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
 )
 
-// List returns every container runsc holds under the driver's root and
-// every sandbox directory, whether or not runsc knows it (those are
-// reported stopped).
+// List returns every sandbox with a directory or runsc state under the
+// driver's state, half-made ones reported stopped. Each answer comes from
+// that sandbox's state file and process (see instance), so a hung sandbox
+// delays no other.
 func (d *Driver) List(ctx context.Context) ([]runtime.Instance, error) {
-	out, err := d.runsc(ctx, "", "list", "--format", "json")
+	ids, err := d.sandboxIDs(false)
 	if err != nil {
 		return nil, fmt.Errorf("list: %w", err)
 	}
-	var states []containerState
-	if err := json.Unmarshal(out, &states); err != nil {
-		return nil, fmt.Errorf("list: parse runsc output: %w", err)
-	}
-	byID := map[string]runtime.Instance{}
-	for _, st := range states {
-		byID[st.ID] = runtime.Instance{ID: st.ID, State: stateFromRunsc(st.Status), Pid: st.Pid}
-	}
-	entries, err := os.ReadDir(d.sandboxesDir())
-	if err != nil {
-		return nil, fmt.Errorf("list: %w", err)
-	}
-	for _, e := range entries {
-		if _, ok := byID[e.Name()]; !ok {
-			byID[e.Name()] = runtime.Instance{ID: e.Name(), State: runtime.StateStopped}
+	list := make([]runtime.Instance, 0, len(ids))
+	for _, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
 		}
+		list = append(list, d.instance(id))
 	}
-	list := make([]runtime.Instance, 0, len(byID))
-	for _, inst := range byID {
-		list = append(list, inst)
-	}
-	sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
 	return list, nil
 }
 
+// sandboxIDs returns, sorted, the names of the sandbox directories and the
+// sandboxes runsc has a state file for; with debris, also those owning any
+// other file under runsc's root (lock files, control sockets).
+func (d *Driver) sandboxIDs(debris bool) ([]string, error) {
+	ids := map[string]bool{}
+	entries, err := os.ReadDir(d.sandboxesDir())
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		ids[e.Name()] = true
+	}
+	entries, err = os.ReadDir(d.runscRoot())
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if owner, ok := runscFileOwner(e.Name()); ok && (debris || strings.HasSuffix(e.Name(), ".state")) {
+			ids[owner] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(ids)), nil
+}
+
+// cleanupParallel is how many sandboxes Cleanup removes at once: removal
+// mostly waits (for killed processes, for runsc), and one hung sandbox
+// must not hold up the others.
+const cleanupParallel = 4
+
 // Cleanup removes every sandbox not in keep, then the debris no sandbox
-// owns: cgroups under the parent (killing any process still in them) and
-// mounts under the state directory. It is for reconciling at startup: a
-// sandbox being started concurrently and not in keep would be removed.
+// owns: runsc files, cgroups under the parent (killing any process still
+// in them) and mounts under the state directory. It is for reconciling at
+// startup and at shutdown: a sandbox being started concurrently and not in
+// keep would be removed. Each sandbox's removal is bounded (see remove) and
+// they run cleanupParallel at a time, so with nothing kept it ends within
+// about removeTimeout per cleanupParallel hung sandboxes.
 func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
-	list, err := d.List(ctx)
+	ids, err := d.sandboxIDs(true)
 	if err != nil {
 		return fmt.Errorf("cleanup: %w", err)
 	}
-	var errs []error
-	for _, inst := range list {
-		if keep[inst.ID] {
-			continue
-		}
-		if !safeName(inst.ID) {
-			errs = append(errs, fmt.Errorf("cleanup: unexpected name %q under the state dir", inst.ID))
-			continue
-		}
-		d.log.InfoContext(ctx, "cleanup: removing sandbox", "sandbox_id", inst.ID, "state", inst.State)
-		if err := d.remove(ctx, inst.ID); err != nil {
-			errs = append(errs, fmt.Errorf("cleanup %s: %w", inst.ID, err))
+	if len(keep) == 0 {
+		// Nothing stays: kill every process of this driver at once, so that
+		// no removal below waits on another sandbox's runsc.
+		// runsc names paths below the state dir in every process it starts.
+		under := []byte(filepath.Clean(d.cfg.StateDir) + "/")
+		for _, pid := range processesMatching(func(cmdline []byte) bool { return bytes.Contains(cmdline, under) }) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, cleanupParallel)
+	)
+	for _, id := range ids {
+		if keep[id] {
+			continue
+		}
+		if !safeName(id) {
+			errs = append(errs, fmt.Errorf("cleanup: unexpected name %q under the state dir", id))
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			d.log.InfoContext(ctx, "cleanup: removing sandbox", "sandbox_id", id)
+			if err := d.remove(ctx, id); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("cleanup %s: %w", id, err))
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
 	errs = append(errs, d.cleanupCgroups(keep), d.cleanupMounts(keep))
 	return errors.Join(errs...)
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -45,40 +46,22 @@ func (d *Driver) globalFlags(id string) []string {
 	return flags
 }
 
-// runsc runs one subcommand for sandbox id ("" for none) and returns its
-// standard output.
-func (d *Driver) runsc(ctx context.Context, id string, args ...string) ([]byte, error) {
-	ctx, cancel := runscContext(ctx)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, d.cfg.RunscPath, append(d.globalFlags(id), args...)...)
+// runsc runs one subcommand for sandbox id ("" for none), bounded by b,
+// and returns its standard output.
+func (d *Driver) runsc(ctx context.Context, b bound, id string, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
-	err := cmd.Run()
-	d.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "err", err)
+	err := d.runBounded(ctx, b, id, args, func(cmd *exec.Cmd) { cmd.Stdout, cmd.Stderr = &stdout, &stderr })
 	if err != nil {
 		return nil, runscError(args[0], err, stderr.String()+stdout.String())
 	}
 	return stdout.Bytes(), nil
 }
 
-// runscTimeout bounds one runsc command (a checkpoint of a large sandbox
-// to a slow disk is the longest).
-const runscTimeout = 10 * time.Minute
-
-// runscContext detaches a runsc command from the caller's cancellation: a
-// runsc killed halfway (a client that hung up during a resume) leaves its
-// state file truncated and the sandbox impossible to manage. The command
-// still ends within runscTimeout.
-func runscContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), runscTimeout)
-}
-
 // runscDetached runs a subcommand that starts sandbox processes (create,
 // run, restore). Those inherit runsc's stdout and stderr for the life of the
 // sandbox, so they get a file, console.log in the sandbox directory, rather
 // than a pipe that would never close; it also keeps envd's own output.
-func (d *Driver) runscDetached(ctx context.Context, id string, args ...string) error {
+func (d *Driver) runscDetached(ctx context.Context, b bound, id string, args ...string) error {
 	consolePath := filepath.Join(d.sandboxDir(id), "console.log")
 	console, err := os.OpenFile(consolePath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -86,17 +69,115 @@ func (d *Driver) runscDetached(ctx context.Context, id string, args ...string) e
 	}
 	defer console.Close()
 	offset, _ := console.Seek(0, io.SeekEnd)
-	ctx, cancel := runscContext(ctx)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, d.cfg.RunscPath, append(d.globalFlags(id), args...)...)
-	cmd.Stdout, cmd.Stderr = console, console
-	start := time.Now()
-	err = cmd.Run()
-	d.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "err", err)
+	err = d.runBounded(ctx, b, id, args, func(cmd *exec.Cmd) { cmd.Stdout, cmd.Stderr = console, console })
 	if err != nil {
 		return runscError(args[0], err, readFrom(consolePath, offset))
 	}
 	return nil
+}
+
+// runBounded runs runsc with the global flags and args within b. The
+// command runs in a process group of its own, which is killed when the
+// command overruns b.timeout, or b.grace after ctx is done: runsc's helpers
+// die with it, while the sandbox and gofer it starts are in sessions of
+// their own and are removed by Kill.
+func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []string, setup func(*exec.Cmd)) error {
+	if b.grace == 0 && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	runCtx, cancel := b.context(ctx)
+	defer cancel()
+	cmd := exec.CommandContext(runCtx, d.cfg.RunscPath, append(d.globalFlags(id), args...)...)
+	setup(cmd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	// A helper that outlives runsc while holding its output pipe must not
+	// keep Wait from returning.
+	cmd.WaitDelay = time.Second
+	start := time.Now()
+	err := cmd.Run()
+	took := time.Since(start)
+	d.log.DebugContext(ctx, "runsc", "args", args, "duration", took, "err", err)
+	if err != nil && runCtx.Err() != nil {
+		// Say why runsc was killed rather than just "signal: killed".
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (killed %v after the caller gave up: %w)", err, b.grace, ctx.Err())
+		} else {
+			err = fmt.Errorf("%w (killed: no answer within %v)", err, b.timeout)
+		}
+	}
+	return err
+}
+
+// bound is how long one runsc command may take.
+type bound struct {
+	// timeout is the most the command may run, whatever the caller does.
+	timeout time.Duration
+	// grace is how long the command may still run once the caller's
+	// context is done. A runsc killed halfway through a command that
+	// changes state (a client hanging up during a resume) can leave its
+	// state file truncated and the sandbox impossible to manage, so those
+	// commands get a grace longer than a healthy run takes; read-only
+	// commands get none.
+	grace time.Duration
+}
+
+// Bounds of the runsc commands. Healthy commands take 50 ms to 1 s on a
+// 2-core host (docs/benchmarks.md); a bound allows a busy host tens of
+// times that, so that a hung runsc costs a known time, not the caller's
+// patience.
+var (
+	// pause, resume: ~50 ms.
+	boundControl = bound{timeout: 30 * time.Second, grace: 5 * time.Second}
+	// delete --force of a sandbox whose processes are already killed.
+	boundDelete = bound{timeout: 10 * time.Second, grace: 2 * time.Second}
+	// run, create: ~300 ms.
+	boundStart = bound{timeout: time.Minute, grace: 10 * time.Second}
+)
+
+// Checkpoint and restore move the sandbox's memory to or from disk; their
+// bound grows with its size.
+const (
+	imageBaseTimeout = time.Minute
+	// imageTimeoutPerGiB allows a disk as slow as ~20 MB/s.
+	imageTimeoutPerGiB = 50 * time.Second
+	imageGrace         = 10 * time.Second
+)
+
+// boundImage is the bound of a checkpoint or restore of size bytes.
+func boundImage(size uint64) bound {
+	perGiB := float64(size) / (1 << 30)
+	return bound{
+		timeout: imageBaseTimeout + time.Duration(perGiB*float64(imageTimeoutPerGiB)),
+		grace:   imageGrace,
+	}
+}
+
+// context returns the context a command runs under: detached from ctx's
+// cancellation for b.grace, and ending after b.timeout in any case.
+func (b bound) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	runCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+	if ctx.Done() == nil {
+		return runCtx, cancel
+	}
+	go func() {
+		select {
+		case <-runCtx.Done():
+			return
+		case <-ctx.Done():
+		}
+		if b.grace > 0 {
+			grace := time.NewTimer(b.grace)
+			defer grace.Stop()
+			select {
+			case <-runCtx.Done():
+				return
+			case <-grace.C:
+			}
+		}
+		cancel()
+	}()
+	return runCtx, cancel
 }
 
 // runscError wraps a failed runsc run with what it printed. runsc's
