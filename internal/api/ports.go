@@ -1,7 +1,6 @@
 package api
 
 import (
-	"crypto/subtle"
 	"net"
 	"net/http"
 	"strconv"
@@ -36,18 +35,7 @@ func (s *Server) exposedPort(host string) (id string, port int, ok bool) {
 }
 
 // serveExposedPort proxies HTTP (WebSocket included) to a port inside a
-// sandbox, checking the traffic token when its ports are not public.
+// sandbox; servePort checks the traffic token of private sandboxes.
 func (s *Server) serveExposedPort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	target, token, err := s.sandboxes.PortTarget(r.Context(), id, port)
-	if err != nil {
-		writeSandboxGone(w, id)
-		return
-	}
-	if token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(token)) != 1 {
-		writeJSON(w, http.StatusForbidden, errorBody{Code: http.StatusForbidden,
-			Message: "this sandbox's ports are private: send its traffic access token in " + headerTrafficToken})
-		return
-	}
-	r.Header.Del(headerTrafficToken)
-	s.proxy.forward(w, r, target)
+	s.proxy.servePort(w, r, id, port)
 }
