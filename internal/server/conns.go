@@ -70,16 +70,16 @@ func (c *limitedConn) Close() error {
 	return err
 }
 
-// Accept waits for a free slot, then for a connection.
+// Accept takes the next connection, then waits for a slot for it. Taking
+// it first matters: evicting for a connection not yet there would close an
+// idle one for nothing, often one that was about to send its request.
 func (l *connLimiter) Accept() (net.Conn, error) {
-	if err := l.acquire(); err != nil {
-		return nil, err
-	}
 	c, err := l.Listener.Accept()
 	if err != nil {
-		l.mu.Lock()
-		l.active--
-		l.mu.Unlock()
+		return nil, err
+	}
+	if err := l.acquire(); err != nil {
+		c.Close()
 		return nil, err
 	}
 	return &limitedConn{Conn: c, l: l}, nil
