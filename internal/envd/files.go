@@ -51,7 +51,8 @@ func writeFilesError(w http.ResponseWriter, err error) {
 		status = http.StatusInsufficientStorage
 	case errors.Is(err, errUnknownUser):
 		status = http.StatusUnauthorized
-	case errors.Is(err, errBadPath), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+	case errors.Is(err, errBadPath), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR),
+		errors.Is(err, syscall.EROFS), errors.Is(err, syscall.ETXTBSY):
 		status = http.StatusBadRequest
 	case errors.Is(err, fs.ErrPermission):
 		status = http.StatusForbidden
