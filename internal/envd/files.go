@@ -93,6 +93,12 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s is a directory", path))
 		return
 	}
+	// ServeContent learns the size by seeking to the end, which some /proc
+	// and device files refuse; that is the request's problem, not a 500.
+	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s cannot be read as a file: %w", path, err))
+		return
+	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
 	http.ServeContent(w, r, "", info.ModTime(), f)
