@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,9 @@ type Config struct {
 	// DefaultExecTimeout applies to /execute without a timeout.
 	DefaultExecTimeout time.Duration
 	MaxExecTimeout     time.Duration
+	// MaxSandboxTimeout bounds the lifetime a request may ask for; larger
+	// values are refused before any arithmetic can overflow.
+	MaxSandboxTimeout time.Duration
 	// Domain of exposed ports: <port>-<sandboxID>.<Domain> reaches port
 	// inside the sandbox (E2B's getHost).
 	Domain string
@@ -62,7 +66,10 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.mux.Handle("GET /metrics", metrics)
+	// Metrics label every live sandbox by ID: the key guards them here
+	// (Prometheus sends it as a bearer token); operators who want an
+	// unauthenticated scrape bind --metrics-listen to a private address.
+	s.mux.Handle("GET /metrics", s.requireKey(metrics))
 
 	for _, prefix := range []string{"", "/v2"} {
 		s.route("POST "+prefix+"/sandboxes", s.idempotent(s.createSandbox))
@@ -102,20 +109,34 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 
 // route registers an authenticated control-plane handler.
 func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle(pattern, s.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			writeError(w, r, s.logger, err)
+		}
+	})))
+}
+
+// requireKey lets through only requests carrying the API key.
+func (s *Server) requireKey(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
 			writeJSON(w, http.StatusUnauthorized, errorBody{Code: http.StatusUnauthorized,
 				Message: "missing or invalid API key (X-API-Key header)"})
 			return
 		}
-		if err := h(w, r); err != nil {
-			writeError(w, r, s.logger, err)
-		}
-	}))
+		h.ServeHTTP(w, r)
+	})
 }
 
+// authorized accepts the key as X-API-Key (E2B's SDKs) or as a bearer
+// token (what Prometheus and most HTTP tools send).
 func (s *Server) authorized(r *http.Request) bool {
 	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			key = strings.TrimSpace(v)
+		}
+	}
 	return key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
 }
 

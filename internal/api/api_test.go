@@ -87,6 +87,8 @@ func TestStatusOf(t *testing.T) {
 		{fmt.Errorf("x: %w", node.ErrInsufficientStorage), 507},
 		{fmt.Errorf("x: %w", node.ErrStopped), 410},
 		{fmt.Errorf("x: %w", envdclient.ErrUnauthenticated), 401},
+		{fmt.Errorf("x: %w", envdclient.ErrPermission), 403},
+		{fmt.Errorf("x: %w", envdclient.ErrNoSpace), 507},
 		{&http.MaxBytesError{Limit: 1}, 413},
 		{badRequest("nope"), 400},
 		{errors.New("runsc: secret internal detail"), 500},

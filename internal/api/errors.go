@@ -54,6 +54,10 @@ func statusOf(err error) (int, string) {
 		return http.StatusInsufficientStorage, err.Error()
 	case errors.Is(err, node.ErrNotSupported):
 		return http.StatusNotImplemented, err.Error()
+	case errors.Is(err, envdclient.ErrPermission):
+		return http.StatusForbidden, err.Error()
+	case errors.Is(err, envdclient.ErrNoSpace):
+		return http.StatusInsufficientStorage, err.Error()
 	case errors.Is(err, envdclient.ErrUnauthenticated):
 		return http.StatusUnauthorized, "unknown user"
 	case errors.Is(err, context.DeadlineExceeded):

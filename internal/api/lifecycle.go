@@ -86,7 +86,8 @@ func (s *Server) resumeBody(w http.ResponseWriter, r *http.Request) (time.Durati
 	if *req.Timeout <= 0 {
 		return 0, false, badRequest("timeout must be a positive number of seconds")
 	}
-	return time.Duration(*req.Timeout) * time.Second, reboot, nil
+	timeout, err := sandboxTimeout(*req.Timeout, s.cfg.MaxSandboxTimeout)
+	return timeout, reboot, err
 }
 
 // snapshotJSON is E2B's snapshot, plus where and when it was taken.
@@ -277,7 +278,11 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkReque
 		if *body.Timeout <= 0 {
 			return badRequest("timeout must be a positive number of seconds")
 		}
-		req.Timeout = time.Duration(*body.Timeout) * time.Second
+		timeout, err := sandboxTimeout(*body.Timeout, s.cfg.MaxSandboxTimeout)
+		if err != nil {
+			return err
+		}
+		req.Timeout = timeout
 	}
 	results, err := s.sandboxes.Fork(r.Context(), req)
 	if err != nil {

@@ -2,15 +2,12 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-
-	"github.com/aenv-dev/aenv/internal/node"
 )
 
 // headerTrafficToken carries the traffic access token of a sandbox whose
@@ -41,26 +38,9 @@ func (s *Server) exposedPort(host string) (id string, port int, ok bool) {
 }
 
 // serveExposedPort proxies HTTP (WebSocket included) to a port inside a
-// sandbox, checking the traffic token when its ports are not public.
+// sandbox; servePort checks the traffic token of private sandboxes.
 func (s *Server) serveExposedPort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	target, err := s.sandboxes.Reach(r.Context(), id, port)
-	if err != nil {
-		writeSandboxGone(w, id)
-		return
-	}
-	defer target.Release()
-	if token := target.TrafficToken; token != "" && subtle.ConstantTimeCompare([]byte(r.Header.Get(headerTrafficToken)), []byte(token)) != 1 {
-		writeJSON(w, http.StatusForbidden, errorBody{Code: http.StatusForbidden,
-			Message: "this sandbox's ports are private: send its traffic access token in " + headerTrafficToken})
-		return
-	}
-	r.Header.Del(headerTrafficToken)
-	if port != node.EnvdPort && target.MaskRequestHost != "" {
-		// As E2B's proxy: the sandbox's maskRequestHost replaces the Host
-		// of requests to its services (envd's own traffic keeps it).
-		target.Ctx = contextWithMaskedHost(target.Ctx, expandMaskRequestHost(target.MaskRequestHost, port))
-	}
-	s.proxy.forward(w, r, target)
+	s.proxy.servePort(w, r, id, port)
 }
 
 // portPlaceholder in a maskRequestHost stands for the port the request

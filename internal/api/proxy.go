@@ -3,11 +3,15 @@ package api
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"strings"
 
 	"github.com/aenv-dev/aenv/internal/node"
 )
@@ -34,11 +38,24 @@ type envdProxy struct {
 	proxy     *httputil.ReverseProxy
 }
 
-// targetKey carries the upstream host:port of a proxied request.
+// proxyTarget is where a proxied request goes, and which sandbox port it
+// stands for (the error answer names both).
+type proxyTarget struct {
+	hostport  string
+	sandboxID string
+	port      int
+}
+
+// targetKey carries the proxyTarget of a proxied request.
 type targetKey struct{}
 
-func contextWithTarget(ctx context.Context, hostport string) context.Context {
-	return context.WithValue(ctx, targetKey{}, hostport)
+func contextWithTarget(ctx context.Context, t proxyTarget) context.Context {
+	return context.WithValue(ctx, targetKey{}, t)
+}
+
+func targetOf(ctx context.Context) proxyTarget {
+	t, _ := ctx.Value(targetKey{}).(proxyTarget)
+	return t
 }
 
 func newEnvdProxy(sandboxes node.Node, logger *slog.Logger) *envdProxy {
@@ -46,7 +63,7 @@ func newEnvdProxy(sandboxes node.Node, logger *slog.Logger) *envdProxy {
 	p.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = pr.In.Context().Value(targetKey{}).(string)
+			pr.Out.URL.Host = targetOf(pr.In.Context()).hostport
 			pr.Out.Host = pr.In.Host // what the client asked for
 			if masked, ok := pr.In.Context().Value(maskedHostKey{}).(string); ok {
 				pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
@@ -56,12 +73,29 @@ func newEnvdProxy(sandboxes node.Node, logger *slog.Logger) *envdProxy {
 		Transport: sandboxes.Transport(),
 		// Connect streams must reach the client frame by frame.
 		FlushInterval: -1,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			logger.DebugContext(r.Context(), "envd proxy error", "err", err)
-			writeSandboxGone(w, r.Header.Get(headerSandboxID))
-		},
+		ErrorHandler:  p.upstreamError,
 	}
 	return p
+}
+
+// upstreamError answers a request the sandbox did not take: E2B's "port is
+// not open" while the sandbox still runs, else its "sandbox not found".
+func (p *envdProxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	t := targetOf(r.Context())
+	p.logger.DebugContext(r.Context(), "envd proxy error", "sandbox", t.sandboxID, "port", t.port, "err", err)
+	if errors.Is(context.Cause(r.Context()), node.ErrStopped) {
+		writeSandboxGone(w, t.sandboxID) // it stopped before answering
+		return
+	}
+	if r.Context().Err() != nil {
+		return // the client left; nobody reads an answer
+	}
+	if target, err := p.sandboxes.Reach(r.Context(), t.sandboxID, t.port); err == nil {
+		target.Release()
+		writePortClosed(w, t.sandboxID, t.port)
+		return
+	}
+	writeSandboxGone(w, t.sandboxID)
 }
 
 func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -78,18 +112,56 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if v := r.Header.Get(headerSandboxPort); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 65535 {
-			writeJSON(w, http.StatusBadRequest, errorBody{Code: http.StatusBadRequest, Message: "invalid " + headerSandboxPort})
+			writeJSON(w, http.StatusBadRequest, map[string]any{"sandboxId": id, "code": http.StatusBadRequest,
+				"message": "invalid " + headerSandboxPort})
 			return
 		}
 		port = n
 	}
+	p.servePort(w, r, id, port)
+}
+
+// servePort proxies r to port inside sandbox id, whichever way the client
+// named them (E2b-Sandbox-Id/-Port headers or a <port>-<id>.<domain> Host).
+// Both routes obey one rule: envd's own port is open to anyone, since envd
+// checks its access token on every call; any other port of a sandbox
+// created with allowPublicTraffic false needs its traffic access token.
+func (p *envdProxy) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
 	target, err := p.sandboxes.Reach(r.Context(), id, port)
 	if err != nil {
 		writeSandboxGone(w, id)
 		return
 	}
 	defer target.Release()
-	p.forward(w, r, target)
+	if port != node.EnvdPort && !trafficTokenOK(w, r, id, target.TrafficToken) {
+		return
+	}
+	r.Header.Del(headerTrafficToken)
+	if port != node.EnvdPort && target.MaskRequestHost != "" {
+		// As E2B's proxy: the sandbox's maskRequestHost replaces the Host
+		// of requests to its services (envd's own traffic keeps it).
+		target.Ctx = contextWithMaskedHost(target.Ctx, expandMaskRequestHost(target.MaskRequestHost, port))
+	}
+	p.forward(w, r, target, proxyTarget{hostport: target.Addr, sandboxID: id, port: port})
+}
+
+// trafficTokenOK checks the traffic access token of a private sandbox
+// (token != ""), answering E2B's 403 when it is missing or wrong.
+func trafficTokenOK(w http.ResponseWriter, r *http.Request, id, token string) bool {
+	if token == "" {
+		return true
+	}
+	got := r.Header.Get(headerTrafficToken)
+	if got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1 {
+		return true
+	}
+	header := strings.ToLower(headerTrafficToken)
+	msg := fmt.Sprintf("Sandbox is secured with traffic access token. Token header '%s' is missing", header)
+	if got != "" {
+		msg = fmt.Sprintf("Sandbox is secured with traffic access token. Provided token in header '%s' is invalid", header)
+	}
+	writeJSON(w, http.StatusForbidden, map[string]any{"sandboxId": id, "message": msg, "code": http.StatusForbidden})
+	return false
 }
 
 // forward proxies r to hostport, streaming both ways. Full duplex: a
@@ -100,11 +172,11 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 //
 // The request runs in target.Ctx: when the sandbox stops (killed, paused,
 // expired, died), the upstream call ends at once and so does the answer.
-func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node.Target) {
+func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node.Target, t proxyTarget) {
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
 		p.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
-	p.proxy.ServeHTTP(w, r.WithContext(contextWithTarget(target.Ctx, target.Addr)))
+	p.proxy.ServeHTTP(w, r.WithContext(contextWithTarget(target.Ctx, t)))
 }
 
 // sandboxForSignature finds the sandbox whose envd access token produced a
@@ -135,5 +207,14 @@ func fileSignature(path, op, user, token, expiration string) string {
 func writeSandboxGone(w http.ResponseWriter, id string) {
 	writeJSON(w, http.StatusBadGateway, map[string]any{
 		"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway,
+	})
+}
+
+// writePortClosed is upstream's answer for a running sandbox where nothing
+// listens on the port.
+func writePortClosed(w http.ResponseWriter, id string, port int) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{
+		"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port,
+		"code": http.StatusBadGateway,
 	})
 }

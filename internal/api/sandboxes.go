@@ -154,10 +154,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	timeout := time.Duration(0)
 	if req.Timeout != nil {
-		if *req.Timeout < 0 {
-			return badRequest("timeout must not be negative")
+		var err error
+		if timeout, err = sandboxTimeout(*req.Timeout, s.cfg.MaxSandboxTimeout); err != nil {
+			return err
 		}
-		timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	if err := checkMetadata(req.Metadata); err != nil {
+		return err
+	}
+	if err := checkEnv("envVars", req.EnvVars); err != nil {
+		return err
 	}
 	vcpu := req.VCPU
 	if vcpu == 0 {
@@ -253,7 +259,11 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	if req.Timeout == nil {
 		return badRequest("timeout (seconds) is required")
 	}
-	if err := s.sandboxes.SetTimeout(r.Context(), r.PathValue("id"), time.Duration(*req.Timeout)*time.Second); err != nil {
+	timeout, err := sandboxTimeout(*req.Timeout, s.cfg.MaxSandboxTimeout)
+	if err != nil {
+		return err
+	}
+	if err := s.sandboxes.SetTimeout(r.Context(), r.PathValue("id"), timeout); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"time"
 	"unicode/utf8"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -25,15 +24,6 @@ type executeRequest struct {
 	User    string            `json:"user"`
 }
 
-type executeResponse struct {
-	ExitCode  int    `json:"exitCode"`
-	Stdout    string `json:"stdout"`
-	Stderr    string `json:"stderr"`
-	TimedOut  bool   `json:"timedOut,omitempty"`
-	Truncated bool   `json:"truncated,omitempty"`
-	Error     string `json:"error,omitempty"`
-}
-
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	var req executeRequest
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
@@ -44,10 +34,13 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	}
 	timeout := s.cfg.DefaultExecTimeout
 	if req.Timeout != nil {
-		if *req.Timeout <= 0 || time.Duration(*req.Timeout*float64(time.Second)) > s.cfg.MaxExecTimeout {
-			return badRequest(fmt.Sprintf("timeout must be between 0 and %d seconds", int(s.cfg.MaxExecTimeout.Seconds())))
+		var err error
+		if timeout, err = execTimeout(*req.Timeout, s.cfg.MaxExecTimeout); err != nil {
+			return err
 		}
-		timeout = time.Duration(*req.Timeout * float64(time.Second))
+	}
+	if err := checkEnv("envs", req.Envs); err != nil {
+		return err
 	}
 	target, err := s.reachEnvd(r)
 	if err != nil {
@@ -60,12 +53,24 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return callError(target, err)
 	}
-	out := executeResponse{ExitCode: res.ExitCode, Stdout: string(res.Stdout), Stderr: string(res.Stderr),
-		TimedOut: res.TimedOut, Truncated: res.Truncated}
+	// {"exitCode","stdout","stderr","timedOut"?,"truncated"?,"error"?},
+	// streamed: the output is the one part that can be large.
+	out := startJSON(w, http.StatusOK)
+	out.Int("exitCode", res.ExitCode)
+	out.String("stdout", res.Stdout)
+	out.String("stderr", res.Stderr)
 	if res.TimedOut {
-		out.Error = fmt.Sprintf("command timed out after %s and was killed", timeout)
+		out.Bool("timedOut", true)
 	}
-	writeJSON(w, http.StatusOK, out)
+	if res.Truncated {
+		out.Bool("truncated", true)
+	}
+	if res.TimedOut {
+		out.String("error", []byte(fmt.Sprintf("command timed out after %s and was killed", timeout)))
+	}
+	if err := out.Close(); err != nil {
+		s.logger.DebugContext(r.Context(), "execute answer cut short", "err", err)
+	}
 	return nil
 }
 
@@ -140,28 +145,43 @@ func (s *Server) readFileJSON(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer target.Release()
-	rc, _, err := target.Envd.ReadFile(target.Ctx, p, q.Get("user"))
+	rc, size, err := target.Envd.ReadFile(target.Ctx, p, q.Get("user"))
 	if err != nil {
 		return callError(target, err)
 	}
 	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, s.cfg.MaxJSONBytes+1))
-	if err != nil {
+	// The raw bytes are held (text must be checked for UTF-8 before the
+	// answer starts) but never a second, encoded copy: see jsonStream.
+	if size > s.cfg.MaxJSONBytes {
+		return fileTooLargeForJSON()
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, max(size, 0)+1))
+	if _, err := buf.ReadFrom(io.LimitReader(rc, s.cfg.MaxJSONBytes+1)); err != nil {
 		return callError(target, fmt.Errorf("read %s: %w", p, err))
 	}
+	data := buf.Bytes()
 	if int64(len(data)) > s.cfg.MaxJSONBytes {
-		return &apiError{http.StatusRequestEntityTooLarge,
-			"file too large for a JSON response; use GET /sandboxes/{id}/files?path= for raw bytes"}
-	}
-	if encoding == "base64" {
-		writeJSON(w, http.StatusOK, map[string]string{"content": base64.StdEncoding.EncodeToString(data), "encoding": "base64"})
-		return nil
+		return fileTooLargeForJSON()
 	}
 	if encoding == "" && !utf8.Valid(data) {
 		return badRequest("file is not valid UTF-8; ask for encoding=base64")
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"content": string(data)})
+	out := startJSON(w, http.StatusOK)
+	if encoding == "base64" {
+		out.Base64("content", data)
+		out.String("encoding", []byte("base64"))
+	} else {
+		out.String("content", data)
+	}
+	if err := out.Close(); err != nil {
+		s.logger.DebugContext(r.Context(), "file answer cut short", "err", err)
+	}
 	return nil
+}
+
+func fileTooLargeForJSON() error {
+	return &apiError{http.StatusRequestEntityTooLarge,
+		"file too large for a JSON response; use GET /sandboxes/{id}/files?path= for raw bytes"}
 }
 
 func (s *Server) readFileRaw(w http.ResponseWriter, r *http.Request) error {

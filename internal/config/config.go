@@ -15,13 +15,20 @@ import (
 
 // Server is the configuration of `aenv server`.
 type Server struct {
-	Listen      string
-	DataDir     string
-	PrepareOnly bool
-	APIKey      string
-	KillOnExit  bool
-	LogLevel    string
-	LogFormat   string
+	Listen string
+	// MetricsListen serves GET /metrics without the API key (off when
+	// empty); the API listener's /metrics needs the key.
+	MetricsListen string
+	// MaxConnections caps the client connections held at once (0: derived
+	// from RLIMIT_NOFILE); IdleTimeoutSecs closes idle keep-alive ones.
+	MaxConnections  int
+	IdleTimeoutSecs int
+	DataDir         string
+	PrepareOnly     bool
+	APIKey          string
+	KillOnExit      bool
+	LogLevel        string
+	LogFormat       string
 
 	RunscPath  string
 	EnvdPath   string
@@ -60,6 +67,7 @@ type Server struct {
 func Default() Server {
 	return Server{
 		Listen:                 ":8000",
+		IdleTimeoutSecs:        90,
 		DataDir:                "/var/lib/aenv",
 		LogLevel:               "info",
 		LogFormat:              "text",
@@ -100,6 +108,9 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 		fs.BoolVar(p, name, envBool(name, *p), usage+envHint(name))
 	}
 	str(&c.Listen, "listen", "address of the HTTP API and envd proxy")
+	str(&c.MetricsListen, "metrics-listen", "address serving GET /metrics without the API key, for a scraper on a private network (empty: off; /metrics on --listen needs the key)")
+	num(&c.MaxConnections, "max-connections", "most client connections held at once; at the limit the longest idle one is closed (0: from the open-file limit)")
+	num(&c.IdleTimeoutSecs, "idle-timeout-secs", "close keep-alive connections idle this long")
 	str(&c.DataDir, "data-dir", "where the server keeps its database, runtime state and templates")
 	str(&c.APIKey, "api-key", "API key clients must send as X-API-Key (default: generated once and kept in <data-dir>/api-key)")
 	boolean(&c.PrepareOnly, "prepare-only", "set up the data dir and build the base template, then exit without serving")
@@ -169,6 +180,8 @@ func (c *Server) Validate() error {
 		{"--max-fork-count", c.MaxForkCount >= 1},
 		{"--fork-parallelism", c.ForkParallelism >= 1},
 		{"--warm-sandboxes", c.WarmSandboxes >= 0},
+		{"--max-connections", c.MaxConnections == 0 || c.MaxConnections >= 16},
+		{"--idle-timeout-secs", c.IdleTimeoutSecs >= 1},
 	}
 	for _, ch := range checks {
 		if !ch.ok {

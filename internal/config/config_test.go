@@ -41,6 +41,9 @@ func TestValidate(t *testing.T) {
 		{"default vcpu above max", func(c *Server) { c.DefaultVCPU = c.MaxVCPU + 1 }},
 		{"empty data dir", func(c *Server) { c.DataDir = "" }},
 		{"tiny memory", func(c *Server) { c.MinMemoryMB = 1 }},
+		{"too few connections", func(c *Server) { c.MaxConnections = 3 }},
+		{"negative connections", func(c *Server) { c.MaxConnections = -1 }},
+		{"no idle timeout", func(c *Server) { c.IdleTimeoutSecs = 0 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

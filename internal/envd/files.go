@@ -51,7 +51,8 @@ func writeFilesError(w http.ResponseWriter, err error) {
 		status = http.StatusInsufficientStorage
 	case errors.Is(err, errUnknownUser):
 		status = http.StatusUnauthorized
-	case errors.Is(err, errBadPath), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+	case errors.Is(err, errBadPath), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR),
+		errors.Is(err, syscall.EROFS), errors.Is(err, syscall.ETXTBSY):
 		status = http.StatusBadRequest
 	case errors.Is(err, fs.ErrPermission):
 		status = http.StatusForbidden
@@ -90,6 +91,12 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 	}
 	if info.IsDir() {
 		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s is a directory", path))
+		return
+	}
+	// ServeContent learns the size by seeking to the end, which some /proc
+	// and device files refuse; that is the request's problem, not a 500.
+	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s cannot be read as a file: %w", path, err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")

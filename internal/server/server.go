@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -147,21 +145,24 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		MaxFileBytes:       int64(cfg.MaxFileUploadMB) << 20,
 		DefaultExecTimeout: config.Seconds(cfg.DefaultExecTimeoutSecs),
 		MaxExecTimeout:     config.Seconds(cfg.MaxTimeoutSecs),
+		MaxSandboxTimeout:  config.Seconds(cfg.MaxTimeoutSecs),
 		Domain:             cfg.Domain,
 		Usage:              usageHistory,
 	}, sandboxes, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
-	listener, err := net.Listen("tcp", cfg.Listen)
+	servers, err := listen(cfg, handler, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), logger)
 	if err != nil {
 		usageHistory.Stop()
 		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
 		pool.Close(context.WithoutCancel(ctx))
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(listener) }()
-	logger.InfoContext(ctx, "aenv server listening", "addr", listener.Addr().String(), "data_dir", cfg.DataDir)
+	serveErr := make(chan error, len(servers))
+	for _, hs := range servers {
+		go func() { serveErr <- hs.serve() }()
+		logger.InfoContext(ctx, "aenv server listening", "addr", hs.listener.Addr().String(), "serves", hs.what,
+			"max_connections", hs.maxConns, "data_dir", cfg.DataDir)
+	}
 
 	select {
 	case <-ctx.Done():
@@ -169,19 +170,21 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		logger.ErrorContext(ctx, "http server stopped", "err", err)
 	}
 	usageHistory.Stop()
-	return shutdown(srv, sandboxes, pool, cfg.KillOnExit, logger)
+	return shutdown(servers, sandboxes, pool, cfg.KillOnExit, logger)
 }
 
-func shutdown(srv *http.Server, sandboxes *sandbox.Manager, pool *network.Pool, killAll bool, logger *slog.Logger) error {
+func shutdown(servers []*httpServer, sandboxes *sandbox.Manager, pool *network.Pool, killAll bool, logger *slog.Logger) error {
 	logger.Info("shutting down", "kill_sandboxes", killAll)
 	var errs []error
 	// In-flight requests get a grace period; streams that outlive it
 	// (interactive terminals, long commands) are cut.
 	httpCtx, cancelHTTP := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancelHTTP()
-	if err := srv.Shutdown(httpCtx); err != nil {
-		logger.Warn("closing connections still open after the grace period", "err", err)
-		srv.Close()
+	for _, hs := range servers {
+		if err := hs.srv.Shutdown(httpCtx); err != nil {
+			logger.Warn("closing connections still open after the grace period", "err", err)
+			hs.srv.Close()
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -210,14 +213,26 @@ func loadAPIKey(cfg config.Server, logger *slog.Logger) (string, error) {
 		logger.Info("using the API key kept in the data dir", "file", path)
 		return strings.TrimSpace(string(b)), nil
 	}
-	buf := make([]byte, 24)
-	rand.Read(buf)
-	key := "aenv_" + hex.EncodeToString(buf)
+	key, err := newAPIKey()
+	if err != nil {
+		return "", err
+	}
 	if err := os.WriteFile(path, []byte(key+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("save API key: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "\nGenerated API key (kept in %s):\n\n    %s\n\n", path, key)
 	return key, nil
+}
+
+// newAPIKey makes a key in E2B's shape, "e2b_" and 40 hex digits: E2B's
+// JavaScript SDK up to 2.45 refuses any key not matching ^e2b_[0-9a-f]+$
+// before sending a request. Keys given with --api-key are used as they are.
+func newAPIKey() (string, error) {
+	buf := make([]byte, 20)
+	if _, err := rand.Read(buf); err != nil {
+		return "", fmt.Errorf("generate API key: %w", err)
+	}
+	return "e2b_" + hex.EncodeToString(buf), nil
 }
 
 // findBinary resolves a helper binary: the configured path, else next to

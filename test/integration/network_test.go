@@ -171,8 +171,10 @@ func TestEgressPolicy(t *testing.T) {
 		}
 	}
 
-	// Byte counters in the metrics.
-	resp, err := http.Get(s.url + "/metrics")
+	// Byte counters in the metrics (which need the key: they name sandboxes).
+	req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
+	req.Header.Set("X-API-Key", apiKey)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,8 @@ var (
 	ErrNotFound        = errors.New("not found")
 	ErrInvalidArgument = errors.New("invalid argument")
 	ErrUnauthenticated = errors.New("unauthenticated")
+	ErrPermission      = errors.New("permission denied")
+	ErrNoSpace         = errors.New("not enough space")
 )
 
 // HeaderSandboxID marks a request for the envd of one sandbox; a server
@@ -221,6 +223,14 @@ func sentinelForStatus(status int) error {
 		return ErrInvalidArgument
 	case http.StatusUnauthorized:
 		return ErrUnauthenticated
+	case http.StatusForbidden:
+		return ErrPermission
+	case http.StatusInsufficientStorage:
+		return ErrNoSpace
+	}
+	// Any other refusal (a range, an encoding) is the request's fault.
+	if status >= 400 && status < 500 {
+		return ErrInvalidArgument
 	}
 	return nil
 }
