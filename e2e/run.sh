@@ -32,7 +32,7 @@ if [[ $# -gt 0 ]]; then
 else
   files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs)
   if [[ "${AENV_E2E_LIFECYCLE:-}" == 1 ]]; then
-    files+=(lifecycle.test.mjs)
+    files+=(lifecycle.test.mjs resume.test.mjs fidelity.test.mjs)
   fi
 fi
 

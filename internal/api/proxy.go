@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
 const (
@@ -127,7 +128,7 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // checks its access token on every call; any other port of a sandbox
 // created with allowPublicTraffic false needs its traffic access token.
 func (p *envdProxy) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
-	target, err := p.sandboxes.Reach(r.Context(), id, port)
+	target, err := p.reach(r.Context(), id, port)
 	if err != nil {
 		writeSandboxGone(w, id)
 		return
@@ -143,6 +144,26 @@ func (p *envdProxy) servePort(w http.ResponseWriter, r *http.Request, id string,
 		target.Ctx = contextWithMaskedHost(target.Ctx, expandMaskRequestHost(target.MaskRequestHost, port))
 	}
 	p.forward(w, r, target, proxyTarget{hostport: target.Addr, sandboxID: id, port: port})
+}
+
+// reach resolves port of sandbox id; a paused sandbox created with E2B's
+// lifecycle.autoResume is resumed first, as E2B's proxy does. Concurrent
+// requests resume it once (the node serialises them; the later ones find it
+// running).
+func (p *envdProxy) reach(ctx context.Context, id string, port int) (*node.Target, error) {
+	target, err := p.sandboxes.Reach(ctx, id, port)
+	if err == nil || !errors.Is(err, node.ErrConflict) {
+		return target, err
+	}
+	sb, gerr := p.sandboxes.Get(ctx, id)
+	if gerr != nil || sb.State != store.StatePaused || !sb.AutoResume {
+		return nil, err
+	}
+	if _, _, err := p.sandboxes.Resume(ctx, id, 0, false); err != nil {
+		return nil, fmt.Errorf("resume on traffic: %w", err)
+	}
+	p.logger.InfoContext(ctx, "sandbox resumed by traffic", "sandbox", id)
+	return p.sandboxes.Reach(ctx, id, port)
 }
 
 // trafficTokenOK checks the traffic access token of a private sandbox

@@ -24,6 +24,13 @@ type newSandboxRequest struct {
 	Metadata   map[string]string `json:"metadata"`
 	EnvVars    map[string]string `json:"envVars"`
 	AutoPause  bool              `json:"autoPause"`
+	// AutoPauseMemory false: the pause at the deadline keeps the files but
+	// not the processes (E2B's onTimeout {action: 'pause', keepMemory}).
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+	// AutoResume: traffic to the paused sandbox resumes it.
+	AutoResume *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
 
 	// Egress policy, in E2B's spelling...
 	AllowInternetAccessE2B *bool        `json:"allow_internet_access"`
@@ -169,10 +176,21 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if vcpu == 0 {
 		vcpu = req.CPUCount
 	}
+	dropMemory := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
+	autoResume := req.AutoResume != nil && req.AutoResume.Enabled
+	switch {
+	case autoResume && !req.AutoPause:
+		return badRequest("autoResume needs autoPause: only a sandbox paused at its deadline can be resumed by traffic")
+	case autoResume && dropMemory:
+		return badRequest("autoResume cannot be combined with autoPauseMemory false: a sandbox paused without its memory is resumed with connect")
+	case dropMemory && !req.AutoPause:
+		return badRequest("autoPauseMemory applies only with autoPause")
+	}
 	private := req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic
 	sb, err := s.sandboxes.Create(r.Context(), node.CreateRequest{
 		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
+		AutoPauseDropMemory: dropMemory, AutoResume: autoResume,
 		Network: req.policy(), Private: private,
 	})
 	if err != nil {
@@ -203,7 +221,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, sandboxDetailJSON{
 		listedSandboxJSON: toListed(sb), EnvdAccessToken: sb.AccessToken,
 		AllowInternetAccess: &allowInternet, Network: net, Domain: s.domain(),
-		Lifecycle: lifecycleJSON{OnTimeout: onTimeout}, EndedReason: sb.EndedReason,
+		Lifecycle: lifecycleJSON{OnTimeout: onTimeout, AutoResume: sb.AutoResume}, EndedReason: sb.EndedReason,
 	})
 	return nil
 }

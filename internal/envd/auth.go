@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 )
@@ -130,6 +131,9 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	if req.KillProcesses {
 		n := killOtherProcesses()
 		s.log.Info("killed every process but envd", "count", n)
+		if err := clearDir(sharedMemoryDir); err != nil && !os.IsNotExist(err) {
+			s.log.Warn("empty /dev/shm", "err", err)
+		}
 	}
 	if len(req.Nameservers) > 0 {
 		if err := writeResolvConf(s.resolvConfPath(), req.Nameservers); err != nil {

@@ -273,3 +273,22 @@ func TestInitHandsOverState(t *testing.T) {
 		t.Fatalf("empty State: default user %q, want boot", fresh.settings.user())
 	}
 }
+
+func TestClearDirKeepsTheDir(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range []string{"a", "sub/b", "sub/c/d"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := clearDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 0 {
+		t.Fatalf("left %d entries (%v)", len(entries), err)
+	}
+}

@@ -2,6 +2,7 @@ package envd
 
 import (
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 )
@@ -26,4 +27,23 @@ func killOtherProcesses() int {
 		}
 	}
 	return killed
+}
+
+// sharedMemoryDir is memory-backed: a real reboot empties it.
+const sharedMemoryDir = "/dev/shm"
+
+// clearDir removes what dir holds, keeping dir itself: a sandbox resumed
+// without its memory starts with an empty /dev/shm, as after a boot.
+func clearDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var first error
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }

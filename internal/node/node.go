@@ -110,7 +110,11 @@ type CreateRequest struct {
 	Metadata  map[string]string
 	EnvVars   map[string]string
 	AutoPause bool
-	Network   *store.NetworkPolicy // nil: default policy
+	// AutoPauseDropMemory: the deadline's pause keeps the files only.
+	AutoPauseDropMemory bool
+	// AutoResume: traffic to the sandbox while paused resumes it.
+	AutoResume bool
+	Network    *store.NetworkPolicy // nil: default policy
 	// Private makes exposed ports require the traffic access token.
 	Private bool
 }

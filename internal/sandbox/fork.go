@@ -68,6 +68,7 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 				ID: NewID(), TemplateID: src.tpl.ID, Alias: src.tpl.Name,
 				VCPU: src.tpl.VCPU, MemoryMB: src.tpl.MemoryMB, Metadata: src.metadata,
 				EnvVars: src.tpl.EnvVars, AccessToken: newAccessToken(), AutoPause: src.autoPause,
+				AutoPauseDropMemory: src.autoPauseDropMemory, AutoResume: src.autoResume,
 				StartedAt: now, EndAt: now.Add(timeout), UpdatedAt: now, TimeoutSecs: int(timeout.Seconds()),
 				Network: src.network,
 			}
@@ -122,15 +123,17 @@ func (m *Manager) discard(ctx context.Context, e *entry) {
 // forkSource is what children are restored from: a template-shaped view
 // of the source (rootfs, defaults, image, envd token inside the image).
 type forkSource struct {
-	name        string
-	tpl         *store.Template
-	metadata    map[string]string
-	autoPause   bool
-	timeout     time.Duration
-	memoryBytes uint64 // resident memory of the source, to size the fork
-	network     *store.NetworkPolicy
-	private     bool
-	release     func()
+	name      string
+	tpl       *store.Template
+	metadata  map[string]string
+	autoPause bool
+	// autoPauseDropMemory and autoResume are the parent's lifecycle.
+	autoPauseDropMemory, autoResume bool
+	timeout                         time.Duration
+	memoryBytes                     uint64 // resident memory of the source, to size the fork
+	network                         *store.NetworkPolicy
+	private                         bool
+	release                         func()
 }
 
 func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSource, error) {
@@ -181,6 +184,7 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 	tpl.VCPU, tpl.MemoryMB = v.sb.VCPU, v.sb.MemoryMB
 	return &forkSource{
 		name: e.id, tpl: &tpl, metadata: v.sb.Metadata, autoPause: v.sb.AutoPause,
+		autoPauseDropMemory: v.sb.AutoPauseDropMemory, autoResume: v.sb.AutoResume,
 		network: v.sb.Network, private: v.sb.TrafficToken != "",
 		timeout: time.Duration(v.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
 		// Restores load the image whole; it is not needed afterwards.

@@ -708,6 +708,27 @@ func TestDeadline(t *testing.T) {
 			t.Fatal("record not paused")
 		}
 	})
+	t.Run("autopause without memory", func(t *testing.T) {
+		w := newWorld(t)
+		sb, err := w.m.Create(context.Background(), node.CreateRequest{Timeout: time.Second, AutoPause: true,
+			AutoPauseDropMemory: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.m.SetTimeout(context.Background(), sb.ID, 10*time.Millisecond)
+		waitFor(t, func() bool {
+			rec := w.record(sb.ID)
+			return rec.State == store.StatePaused && rec.ImageDir != "" && rec.RebootOnResume
+		})
+		w.settle(0)
+		if ids := w.driver.ids(); len(ids) != 0 {
+			t.Fatalf("memory kept: instances %v", ids)
+		}
+		got, was, err := w.m.Resume(context.Background(), sb.ID, 0, false)
+		if err != nil || !was || got.RebootOnResume {
+			t.Fatalf("resume: %v %v %+v", err, was, got)
+		}
+	})
 	t.Run("failing kill backs off", func(t *testing.T) {
 		w := newWorld(t)
 		sb := w.create()

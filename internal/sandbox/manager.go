@@ -302,6 +302,7 @@ func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sa
 		VCPU: req.VCPU, MemoryMB: req.MemoryMB, Metadata: req.Metadata,
 		EnvVars:     mergeEnv(tpl.EnvVars, req.EnvVars),
 		AccessToken: newAccessToken(), AutoPause: req.AutoPause,
+		AutoPauseDropMemory: req.AutoPauseDropMemory, AutoResume: req.AutoResume,
 		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
 		TimeoutSecs: int(req.Timeout.Seconds()), Network: req.Network,
 	}

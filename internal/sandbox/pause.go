@@ -57,6 +57,14 @@ func (m *Manager) expire(ctx context.Context, e *entry) {
 			return
 		}
 		e.retry = 0
+		if v.sb.AutoPauseDropMemory && m.driver.Capabilities().Checkpoint {
+			// Its memory is not wanted: release it now. Should that fail,
+			// the sandbox stays paused in memory and the spill timer
+			// tries again later.
+			if err := m.spillLocked(ctx, e, true); err != nil {
+				m.logger.Error("pause without memory at deadline", "sandbox", e.id, "err", err)
+			}
+		}
 		m.logger.Info("sandbox reached its deadline and was paused", "sandbox", e.id)
 		return
 	}

@@ -65,6 +65,13 @@ type Sandbox struct {
 	// RebootOnResume: the next resume keeps the files but not the
 	// processes (paused with E2B's keepMemory: false).
 	RebootOnResume bool
+	// AutoPauseDropMemory: the pause at the deadline (AutoPause) keeps the
+	// files but not the processes (E2B's onTimeout {action: 'pause',
+	// keepMemory: false}).
+	AutoPauseDropMemory bool
+	// AutoResume: traffic to the sandbox while it is paused resumes it
+	// (E2B's lifecycle.autoResume).
+	AutoResume bool
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the

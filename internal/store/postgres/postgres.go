@@ -59,7 +59,7 @@ func (s *Store) Close() error {
 
 const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata, env,
 	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs,
-	network, traffic_token, reboot_on_resume`
+	network, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -68,7 +68,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	_, err = s.pool.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-		$18::jsonb, $19, $20)`, args...)
+		$18::jsonb, $19, $20, $21, $22)`, args...)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
@@ -86,7 +86,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET template_id = $2, alias = $3, state = $4, vcpu = $5,
 		memory_mb = $6, metadata = $7::jsonb, env = $8::jsonb, access_token = $9, slot_index = $10,
 		auto_pause = $11, started_at = $12, end_at = $13, ended_reason = $14, updated_at = $15, image_dir = $16,
-		timeout_secs = $17, network = $18::jsonb, traffic_token = $19, reboot_on_resume = $20 WHERE id = $1`,
+		timeout_secs = $17, network = $18::jsonb, traffic_token = $19, reboot_on_resume = $20,
+		auto_pause_drop_memory = $21, auto_resume = $22 WHERE id = $1`,
 		args...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
@@ -267,7 +268,7 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.VCPU, sb.MemoryMB, string(metadata),
 		string(env), sb.AccessToken, sb.SlotIndex, sb.AutoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
 		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs, network, sb.TrafficToken,
-		sb.RebootOnResume}, nil
+		sb.RebootOnResume, sb.AutoPauseDropMemory, sb.AutoResume}, nil
 }
 
 func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
@@ -277,7 +278,7 @@ func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
-		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume)
+		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume)
 	if err != nil {
 		return nil, err
 	}

@@ -126,7 +126,7 @@ func (s *Store) Close() error { return s.db.Close() }
 
 const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata_json, env_json,
 	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs,
-	network_json, traffic_token, reboot_on_resume`
+	network_json, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -134,7 +134,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
@@ -152,7 +152,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id = ?, alias = ?, state = ?, vcpu = ?,
 		memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
 		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ?,
-		network_json = ?, traffic_token = ?, reboot_on_resume = ? WHERE id = ?`,
+		network_json = ?, traffic_token = ?, reboot_on_resume = ?, auto_pause_drop_memory = ?, auto_resume = ?
+		WHERE id = ?`,
 		append(args[1:], sb.ID)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
@@ -299,17 +300,19 @@ type scanner interface{ Scan(dest ...any) error }
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
 	var state, metadata, env, network string
-	var autoPause, reboot int
+	var autoPause, reboot, dropMemory, autoResume int
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
-		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot)
+		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume)
 	if err != nil {
 		return nil, err
 	}
 	sb.State = store.SandboxState(state)
 	sb.AutoPause = autoPause != 0
 	sb.RebootOnResume = reboot != 0
+	sb.AutoPauseDropMemory = dropMemory != 0
+	sb.AutoResume = autoResume != 0
 	sb.StartedAt = time.Unix(0, started).UTC()
 	sb.EndAt = time.Unix(0, end).UTC()
 	sb.UpdatedAt = time.Unix(0, updated).UTC()
@@ -337,14 +340,7 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
 	}
-	autoPause := 0
-	if sb.AutoPause {
-		autoPause = 1
-	}
-	reboot := 0
-	if sb.RebootOnResume {
-		reboot = 1
-	}
+	autoPause, reboot := boolInt(sb.AutoPause), boolInt(sb.RebootOnResume)
 	network := ""
 	if sb.Network != nil {
 		b, err := json.Marshal(sb.Network)
@@ -355,7 +351,16 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	}
 	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.VCPU, sb.MemoryMB, string(metadata),
 		string(env), sb.AccessToken, sb.SlotIndex, autoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
-		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs, network, sb.TrafficToken, reboot}, nil
+		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs, network, sb.TrafficToken, reboot,
+		boolInt(sb.AutoPauseDropMemory), boolInt(sb.AutoResume)}, nil
+}
+
+// boolInt is SQLite's spelling of a boolean.
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func scanTemplate(r scanner) (*store.Template, error) {

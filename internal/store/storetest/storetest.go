@@ -25,6 +25,7 @@ func sandbox(id string, state store.SandboxState, started time.Time, md map[stri
 		Metadata: md, EnvVars: map[string]string{"A": "1"}, AccessToken: "tok-" + id, SlotIndex: 3,
 		AutoPause: true, StartedAt: started, EndAt: started.Add(time.Minute), UpdatedAt: started,
 		ImageDir: "/images/" + id, TimeoutSecs: 60, TrafficToken: "traffic-" + id, RebootOnResume: true,
+		AutoPauseDropMemory: true, AutoResume: true,
 		Network: &store.NetworkPolicy{AllowInternet: false, AllowOut: []string{"1.1.1.1/32"}, DenyOut: []string{"0.0.0.0/0"}},
 	}
 }
@@ -47,6 +48,7 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 		got.SlotIndex != 3 || !got.AutoPause || !got.StartedAt.Equal(now) || !got.EndAt.Equal(want.EndAt) ||
 		got.Metadata["k"] != "v" || got.EnvVars["A"] != "1" || got.VCPU != 2 || got.MemoryMB != 512 ||
 		got.ImageDir != "/images/sb1" || got.TimeoutSecs != 60 || got.TrafficToken != "traffic-sb1" || !got.RebootOnResume ||
+		!got.AutoPauseDropMemory || !got.AutoResume ||
 		got.Network == nil || got.Network.AllowInternet || len(got.Network.AllowOut) != 1 || got.Network.DenyOut[0] != "0.0.0.0/0" {
 		t.Fatalf("round trip: got %+v, want %+v", got, want)
 	}
