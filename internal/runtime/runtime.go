@@ -40,6 +40,10 @@ type Spec struct {
 	Hostname  string
 	// Env is the environment of the init process.
 	Env []string
+	// RootfsUpper, when set, is a tar of a root filesystem's changes made by
+	// ExportRootfs: the sandbox boots with them over RootfsPath (a fresh
+	// kernel over a saved filesystem).
+	RootfsUpper string
 }
 
 // EnvdMountPath is where envd appears inside every sandbox.
@@ -172,6 +176,9 @@ type Capabilities struct {
 	// Fork means one checkpoint image can be restored several times, each copy
 	// running independently.
 	Fork bool
+	// FilesystemSnapshot means ExportRootfs works and Spec.RootfsUpper is
+	// honoured: a sandbox's files can be kept without its memory.
+	FilesystemSnapshot bool
 }
 
 // Driver runs sandboxes. All methods are safe for concurrent use on
@@ -199,6 +206,10 @@ type Driver interface {
 	// and network namespace may differ from the checkpointed sandbox's. On
 	// failure it leaves nothing behind.
 	Restore(ctx context.Context, spec Spec, imageDir string) error
+	// ExportRootfs writes the changes the sandbox made to its root
+	// filesystem (running or paused; it is left as it was) into file, as a
+	// tar that Spec.RootfsUpper boots from.
+	ExportRootfs(ctx context.Context, id, file string) error
 	// Cleanup kills every sandbox not in keep and removes any debris the
 	// driver can find: orphaned state, stale mounts and cgroups.
 	Cleanup(ctx context.Context, keep map[string]bool) error

@@ -100,12 +100,30 @@ type fakeDriver struct {
 
 func (d *fakeDriver) Name() string { return "fake" }
 func (d *fakeDriver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Checkpoint: true, Fork: true}
+	return runtime.Capabilities{Pause: true, Checkpoint: true, Fork: true, FilesystemSnapshot: true}
+}
+
+func (d *fakeDriver) ExportRootfs(ctx context.Context, id, file string) error {
+	if err := d.faults.check(ctx, "export", id); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	_, ok := d.inst[id]
+	d.mu.Unlock()
+	if !ok {
+		return runtime.ErrNotFound
+	}
+	return os.WriteFile(file, []byte("files of "+id), 0o600)
 }
 
 func (d *fakeDriver) Start(ctx context.Context, spec runtime.Spec) error {
 	if err := d.faults.check(ctx, "start", spec.ID); err != nil {
 		return err
+	}
+	if spec.RootfsUpper != "" {
+		if _, err := os.Stat(spec.RootfsUpper); err != nil {
+			return fmt.Errorf("start over a saved filesystem: %w", err)
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

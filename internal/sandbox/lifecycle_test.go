@@ -253,6 +253,45 @@ func TestPauseToDiskAndBack(t *testing.T) {
 	w.empty()
 }
 
+// A pause without memory keeps the files only, and the resume boots a
+// fresh sandbox over them; such a sandbox cannot be forked until resumed.
+func TestPauseWithoutMemory(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	sb := w.create()
+	if err := w.m.Pause(ctx, sb.ID, node.PauseOptions{DropMemory: true}); err != nil {
+		t.Fatal(err)
+	}
+	rec := w.record(sb.ID)
+	if !filesystemOnly(rec.ImageDir) || !rec.RebootOnResume || imageBytes(rec.ImageDir) != 0 {
+		t.Fatalf("record %+v: want a filesystem-only image", rec)
+	}
+	w.settle(0)
+	if _, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: sb.ID, Count: 1}); !errors.Is(err, node.ErrConflict) {
+		t.Fatalf("fork of a sandbox paused without memory: %v", err)
+	}
+	starts := w.faults.count("start")
+	got, was, err := w.m.Resume(ctx, sb.ID, 0, false)
+	if err != nil || !was || got.RebootOnResume || got.ImageDir != "" {
+		t.Fatalf("resume: %v %v %+v", err, was, got)
+	}
+	if w.faults.count("start") != starts+1 || w.faults.count("restore") != 0 {
+		t.Fatalf("resume did not boot afresh (starts %d→%d, restores %d)", starts, w.faults.count("start"), w.faults.count("restore"))
+	}
+	if imgs := w.images(); len(imgs) != 0 {
+		t.Fatalf("image kept after resume: %v", imgs)
+	}
+	// A failed export leaves it paused in memory, whole.
+	sb2 := w.create()
+	w.faults.set("export", errInjected)
+	if err := w.m.Pause(ctx, sb2.ID, node.PauseOptions{DropMemory: true}); !errors.Is(err, errInjected) {
+		t.Fatalf("pause with a failing export: %v", err)
+	}
+	if w.driver.state(sb2.ID) != runtime.StatePaused || w.record(sb2.ID).ImageDir != "" {
+		t.Fatalf("after a failed export: instance %s, record %+v", w.driver.state(sb2.ID), w.record(sb2.ID))
+	}
+}
+
 // A spill that fails at any step (a full disk, a failing record) leaves the
 // sandbox paused in memory and resumable, never half-way.
 func TestSpillFailureKeepsSandbox(t *testing.T) {
@@ -720,6 +759,9 @@ func TestDeadline(t *testing.T) {
 			rec := w.record(sb.ID)
 			return rec.State == store.StatePaused && rec.ImageDir != "" && rec.RebootOnResume
 		})
+		if dir := w.record(sb.ID).ImageDir; !filesystemOnly(dir) {
+			t.Fatalf("image %s holds more than the files", dir)
+		}
 		w.settle(0)
 		if ids := w.driver.ids(); len(ids) != 0 {
 			t.Fatalf("memory kept: instances %v", ids)

@@ -327,6 +327,8 @@ func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sa
 type image struct {
 	dir   string
 	token string // envd access token inside the image
+	// rootfsUpper, instead, is a saved filesystem to boot afresh over.
+	rootfsUpper string
 }
 
 // launch records sb as starting, brings its instance up in a fresh network
@@ -516,6 +518,7 @@ func (m *Manager) killInstance(ctx context.Context, id string) error {
 // instance is gone.
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
 	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
+	spec.RootfsUpper = img.rootfsUpper
 	var err error
 	if img.dir == "" {
 		err = m.driver.Start(ctx, spec)

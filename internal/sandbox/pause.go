@@ -195,7 +195,9 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 			return nil, false, err
 		}
 	}
-	if reboot || v.sb.RebootOnResume {
+	if filesystemOnly(v.sb.ImageDir) {
+		updated.RebootOnResume = false // booted afresh: nothing to end
+	} else if reboot || v.sb.RebootOnResume {
 		if err := envd.Init(opCtx, envdclient.InitRequest{KillProcesses: true}); err != nil {
 			return nil, false, fmt.Errorf("resume %s without memory: %w", id, err)
 		}
@@ -237,7 +239,11 @@ func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, up
 	if err := m.applyNetwork(ctx, updated, slot); err != nil {
 		return nil, nil, err
 	}
-	envd, err := m.bringUp(ctx, updated, tpl, slot, image{dir: updated.ImageDir, token: updated.AccessToken})
+	img := image{dir: updated.ImageDir, token: updated.AccessToken}
+	if filesystemOnly(updated.ImageDir) {
+		img = image{rootfsUpper: filepath.Join(updated.ImageDir, rootfsUpperFile)}
+	}
+	envd, err := m.bringUp(ctx, updated, tpl, slot, img)
 	if err != nil {
 		return nil, nil, fmt.Errorf("resume %s from disk: %w", updated.ID, err)
 	}
@@ -263,8 +269,10 @@ func (m *Manager) spill(ctx context.Context, e *entry) {
 	}
 }
 
-// spillLocked writes e, paused in memory, to disk; with dropMemory its
-// next resume keeps the files only. The checkpoint leaves the instance
+// spillLocked writes e, paused in memory, to disk; with dropMemory only
+// its files are kept, and its next resume boots a fresh sandbox over them
+// (or, on a runtime without filesystem snapshots, restores it and ends its
+// processes). The checkpoint leaves the instance
 // paused as it was: only once the image is complete and recorded is the
 // instance stopped. A failed or interrupted spill (a full disk, a kill -9
 // of the server) thus leaves the sandbox paused in memory, whole.
@@ -275,7 +283,14 @@ func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) er
 		return err
 	}
 	dir := m.pauseImageDir(e.id)
-	if err := m.checkpoint(ctx, e.id, dir, true); err != nil {
+	var err error
+	if dropMemory && m.driver.Capabilities().FilesystemSnapshot {
+		// Only the files are wanted: the resume boots afresh over them.
+		err = m.exportFilesystem(ctx, e.id, dir)
+	} else {
+		err = m.checkpoint(ctx, e.id, dir, true)
+	}
+	if err != nil {
 		return err
 	}
 	updated := cloneSandbox(v.sb)
@@ -307,37 +322,70 @@ func (m *Manager) pauseImageDir(id string) string {
 // completeMarker is written into an image dir once its checkpoint is whole.
 const completeMarker = "aenv-complete"
 
-// checkpoint saves sandbox id into dir (made anew), complete or not at all.
+// checkpoint saves sandbox id (memory, processes and files) into dir,
+// made anew, complete or not at all.
 func (m *Manager) checkpoint(ctx context.Context, id, dir string, leaveRunning bool) error {
+	return m.writeImage(id, dir, "checkpoint", func(partial string) error {
+		return m.driver.Checkpoint(ctx, id, partial, leaveRunning)
+	})
+}
+
+// rootfsUpperFile is the tar of a sandbox's files in an image taken
+// without its memory (E2B's keepMemory: false).
+const rootfsUpperFile = "rootfs-upper.tar"
+
+// exportFilesystem saves sandbox id's files, not its memory, into dir,
+// made anew, complete or not at all. The sandbox is left as it was.
+func (m *Manager) exportFilesystem(ctx context.Context, id, dir string) error {
+	return m.writeImage(id, dir, "save the files of", func(partial string) error {
+		if err := os.MkdirAll(partial, 0o700); err != nil {
+			return err
+		}
+		return m.driver.ExportRootfs(ctx, id, filepath.Join(partial, rootfsUpperFile))
+	})
+}
+
+// filesystemOnly reports whether an image holds files without memory.
+func filesystemOnly(dir string) bool {
+	if dir == "" {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(dir, rootfsUpperFile))
+	return err == nil
+}
+
+// writeImage runs write into dir+".partial" and renames it to dir once it
+// is whole, with its completion marker; on failure nothing is left.
+func (m *Manager) writeImage(id, dir, what string, write func(partial string) error) error {
 	partial := dir + ".partial"
 	os.RemoveAll(partial)
 	if err := os.MkdirAll(m.cfg.ImagesDir, 0o700); err != nil {
-		return classifyRuntimeError(fmt.Errorf("checkpoint %s: %w", id, err))
+		return classifyRuntimeError(fmt.Errorf("%s %s: %w", what, id, err))
 	}
-	if err := m.driver.Checkpoint(ctx, id, partial, leaveRunning); err != nil {
+	if err := write(partial); err != nil {
 		// runsc reports a full disk as a crash of its save, not as ENOSPC:
 		// look at the disk itself before the partial image is removed.
 		full := diskNearlyFull(partial)
 		os.RemoveAll(partial)
 		if full {
-			return fmt.Errorf("%w: the disk holding %s is full; checkpoint of %s not written",
+			return fmt.Errorf("%w: the disk holding %s is full; image of %s not written",
 				node.ErrInsufficientStorage, m.cfg.ImagesDir, id)
 		}
-		return classifyRuntimeError(fmt.Errorf("checkpoint %s: %w", id, err))
+		return classifyRuntimeError(fmt.Errorf("%s %s: %w", what, id, err))
 	}
-	// Checkpoints hold the sandbox's memory: secrets. Readable by root only,
-	// whatever the data dir's mode.
+	// Images hold the sandbox's memory or files: secrets. Readable by root
+	// only, whatever the data dir's mode.
 	if err := os.Chmod(partial, 0o700); err != nil {
 		os.RemoveAll(partial)
-		return fmt.Errorf("checkpoint %s: %w", id, err)
+		return fmt.Errorf("%s %s: %w", what, id, err)
 	}
 	if err := os.WriteFile(filepath.Join(partial, completeMarker), nil, 0o600); err != nil {
 		os.RemoveAll(partial)
-		return classifyRuntimeError(fmt.Errorf("checkpoint %s: %w", id, err))
+		return classifyRuntimeError(fmt.Errorf("%s %s: %w", what, id, err))
 	}
 	if err := os.Rename(partial, dir); err != nil {
 		os.RemoveAll(partial)
-		return fmt.Errorf("checkpoint %s: %w", id, err)
+		return fmt.Errorf("%s %s: %w", what, id, err)
 	}
 	return nil
 }

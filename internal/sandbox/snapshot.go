@@ -77,6 +77,10 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 func (m *Manager) imageOf(ctx context.Context, e *entry, dir string) error {
 	v := e.view()
 	if v.phase == phaseOnDisk {
+		if filesystemOnly(v.sb.ImageDir) {
+			return fmt.Errorf("%w: sandbox %s was paused without its memory; resume it to snapshot or fork it",
+				node.ErrConflict, e.id)
+		}
 		// Paused on disk: its image is the state; share it by hard links.
 		out, err := exec.CommandContext(ctx, "cp", "-al", v.sb.ImageDir, dir).CombinedOutput()
 		if err != nil {

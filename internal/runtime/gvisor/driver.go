@@ -84,7 +84,7 @@ func (d *Driver) Platform() string { return d.platform }
 
 // Capabilities: gVisor pauses, checkpoints and restores one image many times.
 func (d *Driver) Capabilities() runtime.Capabilities {
-	return runtime.Capabilities{Pause: true, Checkpoint: true, Fork: true}
+	return runtime.Capabilities{Pause: true, Checkpoint: true, Fork: true, FilesystemSnapshot: true}
 }
 
 func (d *Driver) runscRoot() string    { return filepath.Join(d.cfg.StateDir, "runsc") }

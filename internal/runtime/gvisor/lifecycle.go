@@ -173,6 +173,14 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	return d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...)
 }
 
+// ExportRootfs writes the sandbox's root filesystem changes (the in-memory
+// overlay's upper layer, deletions as whiteouts) into file as a tar.
+func (d *Driver) ExportRootfs(ctx context.Context, id, file string) error {
+	stats, _ := d.cgroups.stats(d.cgroupPath(id))
+	return d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "export rootfs", id,
+		"tar", "rootfs-upper", "--file", file, id)
+}
+
 // simpleCommand runs a runsc subcommand on an existing sandbox.
 func (d *Driver) simpleCommand(ctx context.Context, b bound, op, id string, args ...string) error {
 	if err := d.requireSandbox(id); err != nil {

@@ -22,6 +22,10 @@ var initCapabilities = []string{
 	"CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
 }
 
+// rootfsUpperAnnotation makes runsc start the root overlay's upper layer
+// from a tar (runsc tar rootfs-upper writes one).
+const rootfsUpperAnnotation = "dev.gvisor.tar.rootfs.upper"
+
 // ociSpec builds the OCI runtime spec for a sandbox. It is pure: the same
 // inputs give the same bytes, which the golden test pins.
 //
@@ -29,7 +33,12 @@ var initCapabilities = []string{
 // which lives in memory (--overlay2=root:memory), so checkpoints capture it.
 func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
 	caps := append([]string(nil), initCapabilities...)
+	var annotations map[string]string
+	if spec.RootfsUpper != "" {
+		annotations = map[string]string{rootfsUpperAnnotation: spec.RootfsUpper}
+	}
 	return &specs.Spec{
+		Annotations: annotations,
 		Version: specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},

@@ -34,6 +34,10 @@ func (d *Driver) globalFlags(id string) []string {
 		// would; gVisor ignores them by default. The setting is part of
 		// the kernel state a checkpoint saves.
 		"--allow-suid",
+		// Lets a sandbox boot over a saved root filesystem (Spec.RootfsUpper,
+		// the dev.gvisor.tar.rootfs.upper annotation); only the driver
+		// writes specs.
+		"--allow-rootfs-tar-annotation",
 	}
 	if id == "" {
 		return flags

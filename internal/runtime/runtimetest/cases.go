@@ -324,3 +324,32 @@ func (h *harness) testCleanup(t *testing.T) {
 		t.Errorf("left after Cleanup(nil):\n%v", left)
 	}
 }
+
+// testFilesystemSnapshot: a sandbox's files exported without its memory
+// boot a fresh sandbox that has the files (a new nonce: a new kernel and
+// init) and not the old processes' state.
+func (h *harness) testFilesystemSnapshot(t *testing.T) {
+	if !h.driver.Capabilities().FilesystemSnapshot {
+		t.Skip("the driver declares no filesystem snapshots")
+	}
+	parent, pg := h.start(t)
+	pg.writeFile(t, "/tmp/kept", "files-only")
+	before := pg.mustState(t)
+	file := filepath.Join(t.TempDir(), "rootfs-upper.tar")
+	h.timed(t, "ExportRootfs", func() error { return h.driver.ExportRootfs(t.Context(), parent.ID, file) })
+	h.wantState(t, parent.ID, runtime.StateRunning)
+
+	ns := NewNetns(t)
+	spec := h.spec(t, ns)
+	spec.RootfsUpper = file
+	h.timed(t, "Start over a saved filesystem", func() error { return h.driver.Start(t.Context(), spec) })
+	h.killAtEnd(t, spec.ID)
+	g := newGuest(ns.GuestAddr)
+	g.waitReady(t, 10*time.Second)
+	if got, ok := g.readFile(t, "/tmp/kept"); !ok || got != "files-only" {
+		t.Errorf("booted over the saved filesystem: /tmp/kept = %q, %v", got, ok)
+	}
+	if after := g.mustState(t); after.Nonce == before.Nonce {
+		t.Errorf("the new sandbox continues the old one's memory (nonce %s): want a fresh boot", after.Nonce)
+	}
+}
