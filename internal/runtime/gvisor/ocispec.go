@@ -39,7 +39,7 @@ func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
 	}
 	return &specs.Spec{
 		Annotations: annotations,
-		Version: specs.Version,
+		Version:     specs.Version,
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: append([]string{runtime.EnvdMountPath}, spec.EnvdArgs...),
