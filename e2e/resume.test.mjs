@@ -41,17 +41,21 @@ describe('lifecycle options', () => {
     assert.equal((await sbx.getInfo()).state, 'paused')
   })
 
-  test("onTimeout pause with keepMemory false: files kept, processes and /dev/shm not", async () => {
+  test("onTimeout pause with keepMemory false: a fresh boot over the files (/tmp included)", async () => {
     const sbx = await Sandbox.create('base', {
       timeoutMs: 4_000, lifecycle: { onTimeout: { action: 'pause', keepMemory: false } },
     })
     server.defer(() => sbx.kill().catch(() => {}))
     const h = await sbx.commands.run('sleep 600', { background: true, timeoutMs: 0 })
     await h.disconnect()
-    await sbx.commands.run('echo disk > /home/user/kept; echo shm > /dev/shm/gone')
+    await sbx.commands.run('echo disk > /home/user/kept; echo tmp > /tmp/kept; echo shm > /dev/shm/gone')
+    const bootBefore = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout
     await eventually(async () => assert.equal((await sbx.getInfo()).state, 'paused'), { timeoutMs: 60_000, intervalMs: 500 })
     await sbx.connect({ timeoutMs: 60_000 })
-    assert.equal((await sbx.commands.run('cat /home/user/kept')).stdout, 'disk\n')
+    assert.equal((await sbx.commands.run('cat /home/user/kept /tmp/kept')).stdout, 'disk\ntmp\n')
+    // A fresh boot: a new kernel, so a new boot id.
+    const bootAfter = (await sbx.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout
+    assert.notEqual(bootAfter, bootBefore, 'same boot id after the resume: not a fresh boot')
     assert.equal((await sbx.commands.run('ls /dev/shm')).stdout, '')
     assert.equal((await sbx.commands.run('pgrep -x sleep || echo none')).stdout, 'none\n')
   })

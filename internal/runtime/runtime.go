@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -79,17 +80,61 @@ func PrepareRootfs(rootfs string) error {
 	if err != nil {
 		return fmt.Errorf("prepare rootfs: %w", err)
 	}
-	if ok {
-		return nil
+	if !ok {
+		if err := createEmpty(root, file, 0o755); err != nil {
+			return fmt.Errorf("prepare rootfs: %w", err)
+		}
 	}
-	f, err := root.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o755)
-	if err != nil {
-		return fmt.Errorf("prepare rootfs: %w", err)
-	}
-	if err := f.Close(); err != nil {
+	if err := keepTmpInRootfs(root); err != nil {
 		return fmt.Errorf("prepare rootfs: %w", err)
 	}
 	return nil
+}
+
+// TmpKeepFile is placed in a template's empty /tmp. gVisor mounts a tmpfs
+// over an empty /tmp; a non-empty one stays part of the root filesystem's
+// overlay, so that what sandboxes write there is kept with their other
+// files when they are paused without their memory (ExportRootfs).
+const TmpKeepFile = "/tmp/.aenv-keep"
+
+// keepTmpInRootfs makes sure /tmp is a non-empty directory, unless the
+// image made it something else (a symlink is left as it is).
+func keepTmpInRootfs(root *os.Root) error {
+	tmp := path.Dir(strings.TrimPrefix(TmpKeepFile, "/"))
+	info, err := root.Lstat(tmp)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := root.Mkdir(tmp, 0o777); err != nil {
+			return err
+		}
+		if err := root.Chmod(tmp, 0o777|fs.ModeSticky); err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	case !info.IsDir():
+		return nil
+	}
+	f, err := root.Open(tmp)
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(1)
+	f.Close()
+	if len(names) > 0 || (err != nil && !errors.Is(err, io.EOF)) {
+		return err
+	}
+	return createEmpty(root, strings.TrimPrefix(TmpKeepFile, "/"), 0o644)
+}
+
+// createEmpty creates an empty file at name inside root, never following a
+// symlink there.
+func createEmpty(root *os.Root, name string, mode fs.FileMode) error {
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, mode)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // envdMountNames are EnvdMountPath's directory and file relative to the

@@ -165,3 +165,40 @@ func dirNames(t *testing.T, dir string) []string {
 	}
 	return out
 }
+
+// An empty or missing /tmp gets a keep file (so gVisor keeps /tmp in the
+// root overlay); a non-empty one, or a /tmp that is a symlink, is left.
+func TestPrepareRootfsKeepsTmpInOverlay(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		setup    func(root string) error
+		wantKeep bool
+	}{
+		{"missing", func(string) error { return nil }, true},
+		{"empty", func(root string) error { return os.Mkdir(filepath.Join(root, "tmp"), 0o1777) }, true},
+		{"not empty", func(root string) error {
+			if err := os.Mkdir(filepath.Join(root, "tmp"), 0o1777); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(root, "tmp", "x"), nil, 0o644)
+		}, false},
+		{"symlink", func(root string) error { return os.Symlink("/var/tmp", filepath.Join(root, "tmp")) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if err := tc.setup(root); err != nil {
+				t.Fatal(err)
+			}
+			if err := PrepareRootfs(root); err != nil {
+				t.Fatal(err)
+			}
+			_, err := os.Lstat(filepath.Join(root, TmpKeepFile))
+			if got := err == nil; got != tc.wantKeep {
+				t.Fatalf("keep file present %v, want %v (%v)", got, tc.wantKeep, err)
+			}
+			if err := PrepareRootfs(root); err != nil {
+				t.Fatalf("second prepare: %v", err)
+			}
+		})
+	}
+}
