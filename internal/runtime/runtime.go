@@ -129,8 +129,15 @@ func keepTmpInRootfs(root *os.Root) error {
 
 // createEmpty creates an empty file at name inside root, never following a
 // symlink there.
+// Another process preparing the same rootfs at once may have made it
+// first: a regular file there is success.
 func createEmpty(root *os.Root, name string, mode fs.FileMode) error {
 	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, mode)
+	if errors.Is(err, fs.ErrExist) {
+		if info, lerr := root.Lstat(name); lerr == nil && info.Mode().IsRegular() {
+			return nil
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -132,7 +132,8 @@ func (m *Manager) buildBaseRootfs(ctx context.Context) (string, error) {
 	}
 	defer unlock()
 	if _, err := os.Stat(filepath.Join(rootfs, "bin", "bash")); err == nil {
-		return rootfs, nil
+		// Cached: bring it up to what this version prepares (idempotent).
+		return rootfs, runtime.PrepareRootfs(rootfs)
 	}
 	tmp := dir + ".partial"
 	if err := os.RemoveAll(tmp); err != nil {
