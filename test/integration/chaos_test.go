@@ -54,6 +54,7 @@ func TestChaosKill9(t *testing.T) {
 		time.Sleep(time.Duration(50+rng.IntN(1500)) * time.Millisecond)
 		s.stop(syscall.SIGKILL)
 		wg.Wait()
+		c.history.WriteString(s.logs.String())
 		s.start()
 		n, l := c.check()
 		checked += n
@@ -81,6 +82,8 @@ type chaos struct {
 	// inflightCreates counts creates left unanswered by the kill: each may
 	// have made a sandbox nobody was told of.
 	inflightCreates int
+	// history holds the logs of the servers killed so far.
+	history strings.Builder
 }
 
 type chaosSandbox struct {
@@ -255,7 +258,8 @@ func (c *chaos) check() (checked, lost int) {
 		want.states = []string{"running"}
 		if want.pid != "" {
 			if !c.counterAlive(id, want.pid) {
-				t.Errorf("sandbox %s lost its memory: counter process %s gone or stopped", id, want.pid)
+				t.Errorf("sandbox %s lost its memory: counter process %s gone or stopped; its log lines:\n%s",
+					id, want.pid, linesWith(c.history.String()+s.logs.String(), id))
 				lost++
 			}
 		}
@@ -327,4 +331,15 @@ func contains(list []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// linesWith returns the lines of text that mention needle.
+func linesWith(text, needle string) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, needle) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -69,6 +69,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Driver, error) {
 		return nil, fmt.Errorf("new gvisor driver: %w", err)
 	}
 	d.cgroups = cg
+	d.killStrayCommands(ctx)
 	if d.platform, err = d.choosePlatform(ctx); err != nil {
 		return nil, fmt.Errorf("new gvisor driver: %w", err)
 	}

@@ -2,12 +2,14 @@ package gvisor
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // processesUsing returns the PIDs whose command line mentions dir: runsc
@@ -92,4 +94,40 @@ func parseProcStat(line string) (pid, ppid int, ok bool) {
 	pid, err1 := strconv.Atoi(strings.TrimSpace(line[:open]))
 	ppid, err2 := strconv.Atoi(fields[1])
 	return pid, ppid, err1 == nil && err2 == nil
+}
+
+// killStrayCommands ends runsc commands (pause, checkpoint, delete, ...) on
+// this state dir that an earlier process of the driver started and never
+// saw finish (it was killed). Left alone they would act on sandboxes after
+// this process reconciled them: a pause landing on a sandbox just adopted
+// as running, a delete on one adopted as paused. The sandboxes' own
+// processes (runsc-sandbox, runsc-gofer) are kept. Only one driver uses a
+// state dir at a time (the data dir is locked), so every such command is
+// stray.
+func (d *Driver) killStrayCommands(ctx context.Context) {
+	root := []byte("--root=" + d.runscRoot())
+	stray := func() []int {
+		return processesMatching(func(cmdline []byte) bool {
+			if !bytes.Contains(cmdline, root) {
+				return false
+			}
+			argv0, _, _ := bytes.Cut(cmdline, []byte{0})
+			name := filepath.Base(string(argv0))
+			return name != "runsc-sandbox" && name != "runsc-gofer"
+		})
+	}
+	pids := stray()
+	if len(pids) == 0 {
+		return
+	}
+	d.log.WarnContext(ctx, "killing runsc commands a previous server left running", "pids", pids)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	// Wait (briefly) until they are gone, so that nothing they do lands
+	// after reconcile.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(stray()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
 }
