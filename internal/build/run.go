@@ -342,12 +342,11 @@ func (s *Service) runLogged(ctx context.Context, b *build, envd *envdclient.Clie
 	return nil
 }
 
-// finalize starts the start command, waits for the ready command to
-// succeed, and leaves envd with the build's user, workdir and env.
+// finalize starts the start command and waits for the ready command to
+// succeed. The build's final user and workdir do not become the
+// template's defaults: a restore gives envd those of the base template
+// (node.SnapshotRequest has no field for them yet).
 func (s *Service) finalize(ctx context.Context, b *build, envd *envdclient.Client, st *state, spec Spec) error {
-	if err := envd.Init(ctx, envdclient.InitRequest{DefaultUser: st.user, DefaultWorkdir: st.workdir}); err != nil {
-		return fmt.Errorf("set defaults: %w", err)
-	}
 	if spec.StartCmd == "" {
 		return nil
 	}
