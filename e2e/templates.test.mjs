@@ -24,6 +24,8 @@ function app(marker) {
     .fromBaseImage()
     .setEnvs({ GREETING: 'hello from env' })
     .runCmd('echo step-one-output && mkdir -p /opt/stamp && date +%s%N > /opt/stamp/built', { user: 'root' })
+    // A slow step: its result is kept, so later builds start after it.
+    .runCmd('sleep 1.5 && date +%s%N > /opt/stamp/slow', { user: 'root' })
     .setWorkdir('/home/user/app')
     .copy('fixtures/template/hello.txt', 'hello.txt')
     .copy('fixtures/template/site', 'site/')
@@ -62,7 +64,7 @@ describe('templates', () => {
     assert.equal(first.info.templateId, alias)
     const text = first.logs.join('\n')
     assert.match(text, /step-one-output/, 'step output reaches the SDK logger')
-    assert.match(text, /\[1\/9\] ENV GREETING=hello from env/)
+    assert.match(text, /\[1\/10\] ENV GREETING=hello from env/)
     assert.doesNotMatch(text, /CACHED/)
     assert.equal(await Template.exists(alias), true)
   })
@@ -95,15 +97,26 @@ describe('templates', () => {
     assert.equal(await readStamp(), stamp, 'the template was not rebuilt')
   })
 
-  test('a changed step rebuilds; skipCache forces a rebuild', async () => {
+  test('a changed step reruns from there; the steps before it are reused', async () => {
     const stamp = await readStamp()
     const changed = await build(app('v2'))
-    assert.doesNotMatch(changed.logs.join('\n'), /CACHED/)
+    console.log(`rebuild with the last step changed: ${changed.ms} ms`)
+    const text = changed.logs.join('\n')
+    assert.match(text, /CACHED \[3\/10\] RUN sleep 1.5/, text)
+    assert.match(text, /^\[4\/10\] WORKDIR/m, 'the steps after the cached one run')
+    assert.match(text, /^\[10\/10\] RUN echo v2/m)
     const sbx = track(await Sandbox.create(alias))
     assert.equal(await run(sbx, 'cat /home/user/app/marker.txt'), 'v2')
-    assert.notEqual(await run(sbx, 'cat /opt/stamp/built'), stamp)
+    assert.equal(await run(sbx, 'cat /opt/stamp/built'), stamp, 'the cached step did not run again')
+    assert.equal(await run(sbx, 'cat /home/user/app/greeting.txt'), 'hello from env', 'ENV before the cache point holds')
+    assert.equal(await run(sbx, `curl -sf http://127.0.0.1:${port}/index.html`), fixture('site/index.html').trim())
+  })
+
+  test('skipCache runs every step again', async () => {
+    const stamp = await readStamp()
     const forced = await build(app('v2'), { skipCache: true })
     assert.doesNotMatch(forced.logs.join('\n'), /CACHED/)
+    assert.notEqual(await readStamp(), stamp)
   })
 
   test('a failing step rejects with its output and keeps the previous template', async () => {

@@ -177,3 +177,26 @@ func TestDescribe(t *testing.T) {
 		}
 	}
 }
+
+func TestStepCacheNames(t *testing.T) {
+	key := strings.Repeat("ab", 32)
+	name := stepCacheName("my-app", key)
+	if name != "my-app.step-"+key[:keyChars] {
+		t.Fatalf("name %q", name)
+	}
+	if !isStepCacheOf(name, "my-app") {
+		t.Fatal("own cache entry not recognised")
+	}
+	for _, other := range []string{
+		"my-app", "my-app.step-", "my-app.step-xyz",
+		// A cached step of template "my-app.step-…" is not my-app's.
+		stepCacheName("my-app.step-"+key[:keyChars], key),
+	} {
+		if isStepCacheOf(other, "my-app") {
+			t.Errorf("%q taken for a cached step of my-app", other)
+		}
+	}
+	if stepCacheName(strings.Repeat("x", 120), key) != "" {
+		t.Fatal("over-long name accepted")
+	}
+}

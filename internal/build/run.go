@@ -92,6 +92,25 @@ func (st *state) cwd() string {
 	return home(st.user)
 }
 
+// apply records what an ENV, USER or WORKDIR step sets (a step taken
+// from the cache is applied without running it).
+func (st *state) apply(step Step) {
+	switch step.Type {
+	case StepEnv:
+		for i := 0; i+1 < len(step.Args); i += 2 {
+			st.env[step.Args[i]] = step.Args[i+1]
+		}
+	case StepUser:
+		st.user = step.Args[0]
+	case StepWorkdir:
+		dir := step.Args[0]
+		if !path.IsAbs(dir) {
+			dir = path.Join(st.cwd(), dir)
+		}
+		st.workdir = path.Clean(dir)
+	}
+}
+
 func home(user string) string {
 	if user == "root" {
 		return "/root"
@@ -118,12 +137,17 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 	if tpl.ID == b.templateID || tpl.Name == b.templateID {
 		return failStep(stepBase, "a template cannot be built from itself")
 	}
-	_, final := spec.Keys(tpl.ID)
+	stepKeys, final := spec.Keys(tpl.ID)
 	if s.reuse(ctx, b, spec, final) {
 		return nil
 	}
 	b.log("info", stepBase, "FROM "+baseName)
-	sb, err := s.node.Create(ctx, node.CreateRequest{Template: baseName, VCPU: b.vcpu, MemoryMB: b.memoryMB,
+	from := baseName
+	reused, snap := s.cachedPrefix(ctx, b.templateID, spec, stepKeys)
+	if snap != nil {
+		from = snap.ID
+	}
+	sb, err := s.node.Create(ctx, node.CreateRequest{Template: from, VCPU: b.vcpu, MemoryMB: b.memoryMB,
 		Timeout: s.cfg.BuildTimeout, Metadata: map[string]string{"aenv.build": b.id, "aenv.template": b.templateID}})
 	if err != nil {
 		if errors.Is(err, node.ErrInvalid) {
@@ -149,9 +173,18 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 	}
 	for i, step := range spec.Steps {
 		name := strconv.Itoa(i + 1)
+		if i < reused {
+			st.apply(step)
+			b.log("info", name, fmt.Sprintf("CACHED [%d/%d] %s", i+1, len(spec.Steps), step.Describe()))
+			continue
+		}
 		b.log("info", name, fmt.Sprintf("[%d/%d] %s", i+1, len(spec.Steps), step.Describe()))
+		began := time.Now()
 		if err := s.step(target.Ctx, b, target.Envd, st, name, step); err != nil {
 			return stoppedOr(target.Ctx, err)
+		}
+		if s.worthCaching(step, time.Since(began)) {
+			s.cacheStep(ctx, b, sb.ID, stepKeys[i])
 		}
 	}
 	if err := s.finalize(target.Ctx, b, target.Envd, st, spec); err != nil {
@@ -164,6 +197,7 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 	s.mu.Lock()
 	s.done[b.templateID] = cached{key: final, templateID: tplOut.ID}
 	s.mu.Unlock()
+	s.pruneStepCache(ctx, b.templateID, stepKeys)
 	return nil
 }
 
@@ -236,10 +270,10 @@ func (s *Service) step(ctx context.Context, b *build, envd *envdclient.Client, s
 		}
 		return s.runLogged(ctx, b, envd, name, step.Args[0], user, st.cwd(), st.env)
 	case StepEnv:
+		st.apply(step)
 		vars := map[string]string{}
 		for i := 0; i+1 < len(step.Args); i += 2 {
 			vars[step.Args[i]] = step.Args[i+1]
-			st.env[step.Args[i]] = step.Args[i+1]
 		}
 		// envd keeps them for every later process, in the build and in
 		// sandboxes restored from the template.
@@ -248,15 +282,11 @@ func (s *Service) step(ctx context.Context, b *build, envd *envdclient.Client, s
 		}
 		return nil
 	case StepUser:
-		st.user = step.Args[0]
+		st.apply(step)
 		return s.runLogged(ctx, b, envd, name, `id -u "$AENV_USER" >/dev/null`, "root", "/",
 			map[string]string{"AENV_USER": st.user})
 	case StepWorkdir:
-		dir := step.Args[0]
-		if !path.IsAbs(dir) {
-			dir = path.Join(st.cwd(), dir)
-		}
-		st.workdir = path.Clean(dir)
+		st.apply(step)
 		return s.runLogged(ctx, b, envd, name, `[ -d "$D" ] || { mkdir -p "$D" && chown "$U" "$D"; }`, "root", "/",
 			map[string]string{"D": st.workdir, "U": st.user})
 	case StepCopy:

@@ -70,6 +70,9 @@ type Config struct {
 	BuildTimeout time.Duration
 	// ReadyTimeout bounds the wait for the ready command.
 	ReadyTimeout time.Duration
+	// StepCacheMin is how long a RUN or COPY step must take for its
+	// result to be kept as a snapshot that later builds start from.
+	StepCacheMin time.Duration
 }
 
 // Service runs builds on a node and remembers their state in memory. A
@@ -122,6 +125,9 @@ func New(cfg Config, n node.Node, uploads *Uploads, stateDir string, logger *slo
 	}
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 2 * time.Minute
+	}
+	if cfg.StepCacheMin <= 0 {
+		cfg.StepCacheMin = time.Second
 	}
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("build state dir: %w", err)
