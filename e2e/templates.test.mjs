@@ -152,6 +152,31 @@ describe('templates', () => {
     assert.equal(await run(sbx, `curl -sf http://127.0.0.1:${port}/index.html`), fixture('site/index.html').trim())
   })
 
+  test('create from the built template (timing)', async () => {
+    const times = []
+    for (let i = 0; i < 7; i++) {
+      const began = Date.now()
+      const sbx = await Sandbox.create(alias)
+      times.push(Date.now() - began)
+      await sbx.kill()
+    }
+    times.sort((a, b) => a - b)
+    console.log(`create from built template: p50 ${times[3]} ms, max ${times[6]} ms (7 runs)`)
+  })
+
+  test('deleting the template removes its cached steps', async () => {
+    const names = async () => {
+      const res = await fetch(`${process.env.E2B_API_URL}/templates`, { headers: { 'X-API-Key': process.env.E2B_API_KEY } })
+      assert.equal(res.status, 200)
+      return (await res.json()).map((t) => t.name ?? '')
+    }
+    assert.ok((await names()).some((n) => n.startsWith(`${alias}.step-`)), 'a step was cached')
+    assert.equal(await Sandbox.deleteSnapshot(alias), true)
+    const left = await names()
+    assert.deepEqual(left.filter((n) => n.startsWith(alias)), [], `left: ${left}`)
+    assert.equal(await Template.exists(alias), false)
+  })
+
   // readStamp reads when the template's first RUN step ran.
   async function readStamp() {
     const sbx = await Sandbox.create(alias)

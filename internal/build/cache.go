@@ -109,3 +109,12 @@ func (s *Service) pruneStepCache(ctx context.Context, templateID string, keys []
 		}
 	}
 }
+
+// Forget drops what builds of templateID left behind, once the template
+// itself is deleted: its cached steps and its whole-build cache entry.
+func (s *Service) Forget(ctx context.Context, templateID string) {
+	s.mu.Lock()
+	delete(s.done, templateID)
+	s.mu.Unlock()
+	s.pruneStepCache(ctx, templateID, nil)
+}
