@@ -152,6 +152,28 @@ describe('templates', () => {
     assert.equal(await run(sbx, `curl -sf http://127.0.0.1:${port}/index.html`), fixture('site/index.html').trim())
   })
 
+  test('two builds of one template run one after the other', async () => {
+    const name = 'e2e-serial'
+    const tpl = (m) => Template().fromBaseImage().runCmd(`echo ${m} > /home/user/m.txt && sleep 1`)
+    const infos = await Promise.all(['a', 'b'].map((m) => Template.buildInBackground(tpl(m), name)))
+    const spans = await Promise.all(infos.map(async (info) => {
+      const entries = []
+      const status = await eventually(async () => {
+        const s = await Template.getBuildStatus(info, { logsOffset: entries.length })
+        entries.push(...s.logEntries)
+        assert.ok(s.status === 'ready' || s.status === 'error', `status ${s.status}`)
+        return s
+      }, { timeoutMs: 120_000, intervalMs: 200 })
+      assert.equal(status.status, 'ready', JSON.stringify(status.reason))
+      const times = entries.map((e) => e.timestamp.getTime())
+      return [Math.min(...times), Math.max(...times)]
+    }))
+    const [[a0, a1], [b0, b1]] = spans
+    assert.ok(a1 <= b0 || b1 <= a0, `builds overlapped: ${JSON.stringify(spans)}`)
+    const sbx = track(await Sandbox.create(name))
+    assert.equal(await run(sbx, 'cat /home/user/m.txt'), a1 <= b0 ? 'b' : 'a', 'the later build is the template')
+  })
+
   test('create from the built template (timing)', async () => {
     const times = []
     for (let i = 0; i < 7; i++) {
