@@ -2,6 +2,7 @@ package build
 
 import (
 	"context"
+	"sort"
 	"strings"
 	"time"
 
@@ -76,9 +77,15 @@ func (s *Service) cachedPrefix(ctx context.Context, templateID string, spec Spec
 	return 0, nil
 }
 
-// cacheStep keeps the sandbox's state after the step with key. A failure
-// only costs a later build time, so it is logged, not returned.
-func (s *Service) cacheStep(ctx context.Context, b *build, sandboxID, key string) {
+// maxCachedSteps bounds the cached steps of one template: failed builds
+// keep theirs (a fixed step then runs on top of them), so they add up
+// until a build succeeds.
+const maxCachedSteps = 16
+
+// cacheStep keeps the sandbox's state after the step with key (of the
+// chain keys). A failure only costs a later build time, so it is logged,
+// not returned.
+func (s *Service) cacheStep(ctx context.Context, b *build, sandboxID, key string, chain []string) {
 	name := stepCacheName(b.templateID, key)
 	if name == "" {
 		return
@@ -88,6 +95,36 @@ func (s *Service) cacheStep(ctx context.Context, b *build, sandboxID, key string
 	}
 	if _, err := s.node.Snapshot(ctx, snapshotRequest(sandboxID, name)); err != nil {
 		s.logger.WarnContext(ctx, "keep build step", "template", b.templateID, "name", name, "err", err)
+		return
+	}
+	s.boundStepCache(ctx, b.templateID, chain)
+}
+
+// boundStepCache removes the oldest cached steps of a template beyond
+// maxCachedSteps, sparing those on chain.
+func (s *Service) boundStepCache(ctx context.Context, templateID string, chain []string) {
+	all, err := s.node.ListTemplates(ctx)
+	if err != nil {
+		return
+	}
+	onChain := map[string]bool{}
+	for _, k := range chain {
+		onChain[stepCacheName(templateID, k)] = true
+	}
+	var others []*store.Template
+	count := 0
+	for _, t := range all {
+		if t.Kind == store.KindSnapshot && isStepCacheOf(t.Name, templateID) {
+			count++
+			if !onChain[t.Name] {
+				others = append(others, t)
+			}
+		}
+	}
+	sort.Slice(others, func(i, j int) bool { return others[i].CreatedAt.Before(others[j].CreatedAt) })
+	for i := 0; count > maxCachedSteps && i < len(others); i++ {
+		s.dropTemplate(ctx, others[i].ID)
+		count--
 	}
 }
 

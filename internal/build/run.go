@@ -181,14 +181,14 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 		b.log("info", name, fmt.Sprintf("[%d/%d] %s", i+1, len(spec.Steps), step.Describe()))
 		began := time.Now()
 		if err := s.step(target.Ctx, b, target.Envd, st, name, step); err != nil {
-			return stoppedOr(target.Ctx, err)
+			return stoppedOr(target.Ctx, name, err)
 		}
 		if s.worthCaching(step, time.Since(began)) {
-			s.cacheStep(ctx, b, sb.ID, stepKeys[i])
+			s.cacheStep(ctx, b, sb.ID, stepKeys[i], stepKeys)
 		}
 	}
 	if err := s.finalize(target.Ctx, b, target.Envd, st, spec); err != nil {
-		return stoppedOr(target.Ctx, err)
+		return stoppedOr(target.Ctx, stepFinalize, err)
 	}
 	tplOut, err := s.replace(ctx, b, sb.ID)
 	if err != nil {
@@ -201,10 +201,11 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 	return nil
 }
 
-// stoppedOr explains a build sandbox that died under a step.
-func stoppedOr(ctx context.Context, err error) error {
+// stoppedOr explains a build sandbox that stopped under a step (it ran
+// out of memory, or reached its deadline) as that step's failure.
+func stoppedOr(ctx context.Context, step string, err error) error {
 	if cause := context.Cause(ctx); cause != nil && errors.Is(cause, node.ErrStopped) {
-		return fmt.Errorf("build sandbox stopped: %w", cause)
+		return failStep(step, "the build sandbox stopped during step %s: %v", step, cause)
 	}
 	return err
 }
