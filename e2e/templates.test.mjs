@@ -136,7 +136,9 @@ describe('templates', () => {
 
   test('buildInBackground and getBuildStatus', async () => {
     const tpl = Template().fromTemplate(alias).runCmd('echo background-build > /home/user/bg.txt')
-    const info = await Template.buildInBackground(tpl, 'e2e-bg')
+    // A tag in the name is accepted; the template has one version.
+    const info = await Template.buildInBackground(tpl, 'e2e-bg:v1')
+    assert.equal(info.templateId, 'e2e-bg')
     const seen = []
     const status = await eventually(async () => {
       const s = await Template.getBuildStatus(info, { logsOffset: seen.length })
@@ -146,8 +148,9 @@ describe('templates', () => {
     }, { timeoutMs: 120_000, intervalMs: 200 })
     assert.equal(status.status, 'ready', `build failed: ${JSON.stringify(status.reason)}\n${seen.join('\n')}`)
     assert.ok(seen.some((m) => m.includes('RUN echo background-build')), seen.join('\n'))
-    const sbx = track(await Sandbox.create('e2e-bg'))
+    const sbx = track(await Sandbox.create('e2e-bg:v1'))
     assert.equal(await run(sbx, 'cat /home/user/bg.txt'), 'background-build')
+    assert.equal(await Template.exists('e2e-bg'), true)
     // Built on the app template: its process is still running.
     assert.equal(await run(sbx, `curl -sf http://127.0.0.1:${port}/index.html`), fixture('site/index.html').trim())
   })
