@@ -60,3 +60,16 @@ func cutTag(alias string) (name, tag string, ok bool) {
 	}
 	return alias[:i], alias[i+1:], true
 }
+
+// untagged drops a build tag from a template name ("name:tag") that only
+// names a template without it: a template has one version, which every
+// tag of it names.
+func (s *Server) untagged(r *http.Request, name string) string {
+	if !strings.Contains(name, ":") {
+		return name // the common case costs no lookup
+	}
+	if tpl, err := s.lookupAlias(r, name); err == nil && tpl.Name != name && tpl.ID != name {
+		return tpl.Name
+	}
+	return name
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/usage"
 )
@@ -37,6 +38,8 @@ type Config struct {
 	// Usage is the sampled history GET /sandboxes/{id}/metrics serves;
 	// nil serves one sample taken at the request.
 	Usage *usage.History
+	// Builds runs E2B template builds; nil leaves their routes out.
+	Builds *build.Service
 }
 
 // Server is the HTTP handler of a node.
@@ -99,6 +102,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.route("GET /templates/aliases/{alias}", s.getTemplateAlias)
 	s.route("POST /templates", s.createTemplate)
 	s.route("DELETE /templates/{id}", s.deleteTemplate)
+	s.routeBuilds()
 
 	// Unknown paths get the JSON error shape too.
 	s.route("/", func(w http.ResponseWriter, r *http.Request) error {

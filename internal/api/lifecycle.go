@@ -240,8 +240,16 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
-	if err := s.sandboxes.DeleteTemplate(r.Context(), r.PathValue("id")); err != nil {
+	tpl, err := s.sandboxes.GetTemplate(r.Context(), r.PathValue("id"))
+	if err != nil {
 		return err
+	}
+	if err := s.sandboxes.DeleteTemplate(r.Context(), tpl.ID); err != nil {
+		return err
+	}
+	if s.cfg.Builds != nil && tpl.Named() {
+		// A built template's cached steps go with it.
+		s.cfg.Builds.Forget(r.Context(), tpl.Name)
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil

@@ -172,6 +172,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := checkEnv("envVars", req.EnvVars); err != nil {
 		return err
 	}
+	req.TemplateID = s.untagged(r, req.TemplateID)
 	vcpu := req.VCPU
 	if vcpu == 0 {
 		vcpu = req.CPUCount

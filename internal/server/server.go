@@ -23,9 +23,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime/gvisor"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
@@ -139,6 +141,14 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	}, func() float64 { return float64(sandboxes.LiveCount()) }))
 	reg.MustRegister(newNetworkCollector(sandboxes))
 	usageHistory := usage.Start(ctx, sandboxes, usage.Config{}, logger.With("component", "usage"))
+	builds, err := newBuilds(cfg, sandboxes, logger)
+	if err != nil {
+		usageHistory.Stop()
+		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
+		pool.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	defer builds.Close()
 	handler := api.New(api.Config{
 		APIKey:             apiKey,
 		MaxJSONBytes:       int64(cfg.MaxJSONBodyMB) << 20,
@@ -148,6 +158,7 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		MaxSandboxTimeout:  config.Seconds(cfg.MaxTimeoutSecs),
 		Domain:             cfg.Domain,
 		Usage:              usageHistory,
+		Builds:             builds,
 	}, sandboxes, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, handler, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), logger)
@@ -170,6 +181,8 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		logger.ErrorContext(ctx, "http server stopped", "err", err)
 	}
 	usageHistory.Stop()
+	// Builds end first: their sandboxes go with them.
+	builds.Close()
 	return shutdown(servers, sandboxes, pool, cfg.KillOnExit, logger)
 }
 
@@ -268,4 +281,14 @@ func lockDataDir(dir string) (func(), error) {
 		return nil, fmt.Errorf("data dir %s is in use by another aenv server", dir)
 	}
 	return func() { f.Close() }, nil
+}
+
+// newBuilds makes the template build service: COPY archives and the
+// markers of unfinished builds live under the data dir.
+func newBuilds(cfg config.Server, n node.Node, logger *slog.Logger) (*build.Service, error) {
+	uploads, err := build.NewUploads(filepath.Join(cfg.DataDir, "build-files"), int64(cfg.MaxFileUploadMB)<<20)
+	if err != nil {
+		return nil, err
+	}
+	return build.New(build.Config{}, n, uploads, filepath.Join(cfg.DataDir, "builds"), logger.With("component", "build"))
 }

@@ -1,0 +1,228 @@
+package api
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/aenv-dev/aenv/internal/build"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// E2B's template builds (docs/e2b-compat.md has the wire): request a
+// build, upload the files of its COPY steps, start it, poll its status.
+// A template's E2B ID is its name.
+
+func (s *Server) routeBuilds() {
+	if s.cfg.Builds == nil {
+		return
+	}
+	s.route("POST /v3/templates", s.requestBuild)
+	s.route("GET /templates/{templateID}/files/{hash}", s.buildUploadLink)
+	s.route("POST /v2/templates/{templateID}/builds/{buildID}", s.startBuild)
+	s.route("GET /templates/{templateID}/builds/{buildID}/status", s.buildStatus)
+	// The SDK uploads to the link without the API key; the link is signed.
+	s.mux.Handle("PUT /build-uploads/{hash}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := s.putBuildUpload(w, r); err != nil {
+			writeError(w, r, s.logger, err)
+		}
+	}))
+}
+
+// buildErrorStatus maps the build service's errors.
+func buildError(err error) error {
+	switch {
+	case errors.Is(err, build.ErrInvalid):
+		return badRequest(err.Error())
+	case errors.Is(err, build.ErrNotFound):
+		return &apiError{http.StatusNotFound, err.Error()}
+	case errors.Is(err, build.ErrConflict):
+		return &apiError{http.StatusConflict, err.Error()}
+	case errors.Is(err, build.ErrTooLarge):
+		return &apiError{http.StatusRequestEntityTooLarge, err.Error()}
+	}
+	return err
+}
+
+// requestBuild is E2B's POST /v3/templates: 202 with the template's ID
+// (its name) and a new build's ID. A tag in the name ("name:tag") is
+// accepted; aenv keeps one version of each template.
+func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Name     string   `json:"name"`
+		Alias    string   `json:"alias"`
+		Tags     []string `json:"tags"`
+		CPUCount int      `json:"cpuCount"`
+		MemoryMB int      `json:"memoryMB"`
+	}
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	name := req.Name
+	if name == "" {
+		name = req.Alias
+	}
+	if name == "" {
+		return badRequest("name is required")
+	}
+	tags := append([]string{}, req.Tags...)
+	if base, tag, ok := cutTag(name); ok {
+		name, tags = base, append(tags, tag)
+	}
+	if req.CPUCount < 0 || req.MemoryMB < 0 {
+		return badRequest("cpuCount and memoryMB must not be negative")
+	}
+	buildID, err := s.cfg.Builds.Request(name, req.CPUCount, req.MemoryMB)
+	if err != nil {
+		return buildError(err)
+	}
+	writeJSON(w, http.StatusAccepted, map[string]any{
+		"templateID": name, "buildID": buildID, "names": []string{name}, "aliases": []string{name},
+		"tags": tags, "public": false,
+	})
+	return nil
+}
+
+// buildUploadLink is E2B's GET /templates/{templateID}/files/{hash}: 201
+// {"present"} and, when the files are not stored yet, a signed link to
+// PUT their archive to.
+func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
+	if err := template.CheckName(r.PathValue("templateID")); err != nil {
+		return badRequest(err.Error())
+	}
+	hash := r.PathValue("hash")
+	if !validHash(hash) {
+		return badRequest("hash must be 64 lower-case hex digits")
+	}
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	link := url.URL{Scheme: scheme, Host: r.Host, Path: "/build-uploads/" + hash,
+		RawQuery: url.Values{"signature": {s.uploadSignature(hash)}}.Encode()}
+	// The SDK uploads whenever it gets a link and forces the upload, so
+	// the link is given even when the files are present.
+	writeJSON(w, http.StatusCreated, map[string]any{
+		"present": s.cfg.Builds.Uploads().Present(hash), "url": link.String(),
+	})
+	return nil
+}
+
+// uploadSignature authorises one upload link: an HMAC of the hash keyed
+// by the API key.
+func (s *Server) uploadSignature(hash string) string {
+	m := hmac.New(sha256.New, []byte(s.cfg.APIKey))
+	m.Write([]byte("build-upload:" + hash))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func (s *Server) putBuildUpload(w http.ResponseWriter, r *http.Request) error {
+	hash := r.PathValue("hash")
+	sig := r.URL.Query().Get("signature")
+	if !validHash(hash) || !hmac.Equal([]byte(sig), []byte(s.uploadSignature(hash))) {
+		return &apiError{http.StatusForbidden, "invalid upload link"}
+	}
+	if err := s.cfg.Builds.Uploads().Put(r.Context(), hash, r.Body); err != nil {
+		return buildError(err)
+	}
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+func validHash(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// startBuild is E2B's POST /v2/templates/{templateID}/builds/{buildID}:
+// 202 once the build is checked and started.
+func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) error {
+	var spec build.Spec
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &spec); err != nil {
+		return err
+	}
+	if err := s.cfg.Builds.Start(r.PathValue("templateID"), r.PathValue("buildID"), spec); err != nil {
+		return buildError(err)
+	}
+	w.WriteHeader(http.StatusAccepted)
+	return nil
+}
+
+// buildStatusJSON is E2B's TemplateBuildInfo.
+type buildStatusJSON struct {
+	TemplateID string           `json:"templateID"`
+	BuildID    string           `json:"buildID"`
+	Status     string           `json:"status"`
+	LogEntries []build.LogEntry `json:"logEntries"`
+	Logs       []string         `json:"logs"`
+	Reason     *build.Reason    `json:"reason,omitempty"`
+}
+
+// buildStatus is E2B's GET .../builds/{buildID}/status?logsOffset=&limit=.
+func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	offset, err := queryInt(q, "logsOffset")
+	if err != nil {
+		return err
+	}
+	limit, err := queryInt(q, "limit")
+	if err != nil {
+		return err
+	}
+	info, err := s.cfg.Builds.Status(r.PathValue("templateID"), r.PathValue("buildID"), offset, limit)
+	if err != nil {
+		return buildError(err)
+	}
+	out := buildStatusJSON{TemplateID: info.TemplateID, BuildID: info.BuildID, Status: info.Status,
+		LogEntries: info.Logs, Logs: []string{}, Reason: info.Reason}
+	if out.LogEntries == nil {
+		out.LogEntries = []build.LogEntry{}
+	}
+	if level := q.Get("level"); level != "" {
+		out.LogEntries = filterLevel(out.LogEntries, level)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func queryInt(q url.Values, name string) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, badRequest(fmt.Sprintf("%s must be a non-negative integer", name))
+	}
+	return n, nil
+}
+
+var logLevels = map[string]int{"debug": 0, "info": 1, "warn": 2, "error": 3}
+
+// filterLevel keeps entries at level or above. The SDK counts the entries
+// it gets to advance its offset, so it sends no level.
+func filterLevel(entries []build.LogEntry, level string) []build.LogEntry {
+	min, ok := logLevels[level]
+	if !ok {
+		return entries
+	}
+	out := []build.LogEntry{}
+	for _, e := range entries {
+		if logLevels[e.Level] >= min {
+			out = append(out, e)
+		}
+	}
+	return out
+}

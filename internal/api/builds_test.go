@@ -1,0 +1,138 @@
+package api
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aenv-dev/aenv/internal/build"
+	"github.com/aenv-dev/aenv/internal/node"
+)
+
+// noNode is a node with no sandboxes: the routes tested here must not
+// reach it (any call but Transport panics).
+type noNode struct{ node.Node }
+
+func (noNode) Transport() http.RoundTripper { return http.DefaultTransport }
+
+const testHash = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+// buildServer serves the build routes; the steps of a build never run
+// here (no node), only what the routes check before one starts.
+func buildServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	dir := t.TempDir()
+	uploads, err := build.NewUploads(filepath.Join(dir, "files"), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	builds, err := build.New(build.Config{}, noNode{}, uploads, filepath.Join(dir, "state"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(builds.Close)
+	s := New(Config{APIKey: "key", MaxJSONBytes: 1 << 20, Builds: builds}, noNode{}, slog.New(slog.DiscardHandler),
+		prometheus.NewRegistry(), http.NotFoundHandler())
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func call(t *testing.T, method, url, body string, key bool) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key {
+		req.Header.Set("X-API-Key", "key")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	json.Unmarshal(data, &out)
+	return resp.StatusCode, out
+}
+
+func TestBuildRoutes(t *testing.T) {
+	srv := buildServer(t)
+
+	status, out := call(t, "POST", srv.URL+"/v3/templates", `{"name":"my-app:v1","cpuCount":2}`, true)
+	if status != http.StatusAccepted || out["templateID"] != "my-app" {
+		t.Fatalf("request build: %d %v", status, out)
+	}
+	if tags, _ := out["tags"].([]any); len(tags) != 1 || tags[0] != "v1" {
+		t.Fatalf("tags = %v", out["tags"])
+	}
+	buildID, _ := out["buildID"].(string)
+	statusURL := srv.URL + "/templates/my-app/builds/" + buildID + "/status"
+
+	for _, tc := range []struct {
+		name, method, path, body string
+		key                      bool
+		want                     int
+	}{
+		{"no key", "POST", "/v3/templates", `{"name":"x"}`, false, 401},
+		{"no name", "POST", "/v3/templates", `{}`, true, 400},
+		{"bad name", "POST", "/v3/templates", `{"name":"a/b"}`, true, 400},
+		{"base is not rebuilt", "POST", "/v3/templates", `{"name":"base"}`, true, 409},
+		{"bad hash", "GET", "/templates/my-app/files/xyz", "", true, 400},
+		{"unknown build", "GET", "/templates/my-app/builds/nope/status", "", true, 404},
+		{"build of another template", "GET", "/templates/other/builds/" + buildID + "/status", "", true, 404},
+		{"bad offset", "GET", "/templates/my-app/builds/" + buildID + "/status?logsOffset=-1", "", true, 400},
+		{"unsupported step", "POST", "/v2/templates/my-app/builds/" + buildID,
+			`{"fromImage":"e2bdev/base","steps":[{"type":"ADD","args":["a"]}]}`, true, 400},
+		{"copy not uploaded", "POST", "/v2/templates/my-app/builds/" + buildID,
+			`{"steps":[{"type":"COPY","args":["a","/b"],"filesHash":"` + testHash + `"}]}`, true, 400},
+		{"start unknown build", "POST", "/v2/templates/my-app/builds/nope", `{}`, true, 404},
+	} {
+		if got, out := call(t, tc.method, srv.URL+tc.path, tc.body, tc.key); got != tc.want {
+			t.Errorf("%s: %d %v, want %d", tc.name, got, out, tc.want)
+		}
+	}
+
+	status, out = call(t, "GET", statusURL+"?logsOffset=0", "", true)
+	if status != 200 || out["status"] != build.StatusWaiting {
+		t.Fatalf("status of a requested build: %d %v", status, out)
+	}
+	if entries, ok := out["logEntries"].([]any); !ok || len(entries) != 0 {
+		t.Fatalf("logEntries = %v", out["logEntries"])
+	}
+
+	// The upload link is signed; the SDK PUTs to it without the key.
+	status, out = call(t, "GET", srv.URL+"/templates/my-app/files/"+testHash, "", true)
+	if status != http.StatusCreated || out["present"] != false {
+		t.Fatalf("upload link: %d %v", status, out)
+	}
+	link, _ := out["url"].(string)
+	if !strings.HasPrefix(link, srv.URL+"/build-uploads/"+testHash+"?signature=") {
+		t.Fatalf("link %q", link)
+	}
+	if got, _ := call(t, "PUT", srv.URL+"/build-uploads/"+testHash+"?signature=00", "tar", false); got != 403 {
+		t.Fatalf("unsigned upload: %d", got)
+	}
+	forged := strings.Replace(link, testHash, strings.Repeat("a", 64), 1)
+	if got, _ := call(t, "PUT", forged, "tar", false); got != 403 {
+		t.Fatalf("link used for another hash: %d", got)
+	}
+	if got, _ := call(t, "PUT", link, strings.Repeat("x", 2<<20), false); got != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized upload: %d", got)
+	}
+	if got, _ := call(t, "PUT", link, "tar", false); got != 200 {
+		t.Fatalf("upload: %d", got)
+	}
+	if _, out = call(t, "GET", srv.URL+"/templates/my-app/files/"+testHash, "", true); out["present"] != true {
+		t.Fatalf("after upload: %v", out)
+	}
+}

@@ -1,0 +1,360 @@
+package build
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// Error kinds; the API maps them to statuses.
+var (
+	ErrInvalid  = errors.New("invalid build")
+	ErrNotFound = errors.New("no such build")
+	ErrConflict = errors.New("build conflict")
+)
+
+// Status of a build, E2B's words.
+const (
+	StatusWaiting  = "waiting"
+	StatusBuilding = "building"
+	StatusReady    = "ready"
+	StatusError    = "error"
+)
+
+const (
+	// maxBuilds is how many builds are remembered; the oldest finished
+	// ones are forgotten first.
+	maxBuilds = 256
+	// maxLogEntries bounds one build's log.
+	maxLogEntries = 20000
+)
+
+// LogEntry is one line of a build's log (E2B's BuildLogEntry).
+type LogEntry struct {
+	Timestamp time.Time `json:"timestamp"`
+	Level     string    `json:"level"`
+	Message   string    `json:"message"`
+	Step      string    `json:"step,omitempty"`
+}
+
+// Reason says why a build failed (E2B's BuildStatusReason).
+type Reason struct {
+	Message    string     `json:"message"`
+	Step       string     `json:"step,omitempty"`
+	LogEntries []LogEntry `json:"logEntries"`
+}
+
+// Info is a build's state as the status route reports it.
+type Info struct {
+	TemplateID string
+	BuildID    string
+	Status     string
+	Logs       []LogEntry // from the requested offset
+	Reason     *Reason
+}
+
+// Config of the service.
+type Config struct {
+	// BuildTimeout bounds a whole build.
+	BuildTimeout time.Duration
+	// ReadyTimeout bounds the wait for the ready command.
+	ReadyTimeout time.Duration
+	// StepCacheMin is how long a RUN or COPY step must take for its
+	// result to be kept as a snapshot that later builds start from.
+	StepCacheMin time.Duration
+}
+
+// Service runs builds on a node and remembers their state in memory. A
+// marker file under stateDir exists while a build is unfinished, so that
+// one in progress when the server stopped is reported failed after the
+// restart instead of unknown.
+type Service struct {
+	cfg      Config
+	node     node.Node
+	uploads  *Uploads
+	stateDir string
+	logger   *slog.Logger
+	// ctx is the lifetime of the builds; Close ends it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	builds map[string]*build // by build ID
+	order  []string          // build IDs, oldest first
+	// locks serialise builds of one template.
+	locks map[string]chan struct{}
+	// done remembers, per template, the cache key and template ID of its
+	// last successful build.
+	done map[string]cached
+}
+
+type cached struct{ key, templateID string }
+
+// build is one build's state; mu guards it.
+type build struct {
+	mu         sync.Mutex
+	templateID string
+	id         string
+	status     string
+	logs       []LogEntry
+	dropped    bool
+	reason     *Reason
+	started    bool
+	vcpu       int
+	memoryMB   int
+}
+
+// New returns a service running builds on n, with COPY archives in
+// uploads and its markers in stateDir. Builds the markers show were
+// interrupted are reported failed.
+func New(cfg Config, n node.Node, uploads *Uploads, stateDir string, logger *slog.Logger) (*Service, error) {
+	if cfg.BuildTimeout <= 0 {
+		cfg.BuildTimeout = time.Hour
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 2 * time.Minute
+	}
+	if cfg.StepCacheMin <= 0 {
+		cfg.StepCacheMin = time.Second
+	}
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("build state dir: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{cfg: cfg, node: n, uploads: uploads, stateDir: stateDir, logger: logger, ctx: ctx, cancel: cancel,
+		builds: map[string]*build{}, locks: map[string]chan struct{}{}, done: map[string]cached{}}
+	if err := s.loadInterrupted(); err != nil {
+		cancel()
+		return nil, err
+	}
+	return s, nil
+}
+
+// loadInterrupted turns the markers of builds a previous server left
+// unfinished into failed builds, and removes them.
+func (s *Service) loadInterrupted() error {
+	entries, err := os.ReadDir(s.stateDir)
+	if err != nil {
+		return fmt.Errorf("build state dir: %w", err)
+	}
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".building")
+		if !ok {
+			continue
+		}
+		p := filepath.Join(s.stateDir, e.Name())
+		data, err := os.ReadFile(p)
+		os.Remove(p)
+		if err != nil || template.CheckName(string(data)) != nil || len(s.builds) >= maxBuilds {
+			continue
+		}
+		msg := "the build was interrupted: the server restarted while it ran"
+		b := &build{templateID: string(data), id: id, status: StatusError, started: true,
+			reason: &Reason{Message: msg, Step: stepFinalize, LogEntries: []LogEntry{}}}
+		b.logs = []LogEntry{{Timestamp: time.Now().UTC(), Level: "error", Message: msg, Step: stepFinalize}}
+		s.builds[id] = b
+		s.order = append(s.order, id)
+	}
+	return nil
+}
+
+func (s *Service) marker(b *build) string { return filepath.Join(s.stateDir, b.id+".building") }
+
+// Close stops the builds in progress and waits for them to clean up.
+func (s *Service) Close() {
+	s.cancel()
+	s.wg.Wait()
+}
+
+// Uploads is where COPY archives are kept.
+func (s *Service) Uploads() *Uploads { return s.uploads }
+
+// Request registers a new build of the template name (E2B's POST
+// /v3/templates) and returns its build ID. The template's ID is its name.
+func (s *Service) Request(name string, vcpu, memoryMB int) (string, error) {
+	if err := template.CheckName(name); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if name == template.BaseName {
+		return "", fmt.Errorf("%w: the base template cannot be rebuilt", ErrConflict)
+	}
+	b := &build{templateID: name, id: newBuildID(), status: StatusWaiting, vcpu: vcpu, memoryMB: memoryMB}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.evictLocked()
+	s.builds[b.id] = b
+	s.order = append(s.order, b.id)
+	return b.id, nil
+}
+
+// evictLocked forgets the oldest finished builds beyond maxBuilds.
+func (s *Service) evictLocked() {
+	for i := 0; len(s.builds) >= maxBuilds && i < len(s.order); {
+		b := s.builds[s.order[i]]
+		b.mu.Lock()
+		finished := b.status == StatusReady || b.status == StatusError || !b.started
+		b.mu.Unlock()
+		if !finished {
+			i++
+			continue
+		}
+		delete(s.builds, s.order[i])
+		s.order = append(s.order[:i], s.order[i+1:]...)
+	}
+}
+
+func (s *Service) get(templateID, buildID string) (*build, error) {
+	s.mu.Lock()
+	b := s.builds[buildID]
+	s.mu.Unlock()
+	if b == nil || b.templateID != templateID {
+		return nil, fmt.Errorf("%w: %s of template %s", ErrNotFound, buildID, templateID)
+	}
+	return b, nil
+}
+
+// Start runs a requested build in the background.
+func (s *Service) Start(templateID, buildID string, spec Spec) error {
+	b, err := s.get(templateID, buildID)
+	if err != nil {
+		return err
+	}
+	base, err := spec.Validate()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	for _, st := range spec.Steps {
+		if st.Type == StepCopy && !s.uploads.Present(st.FilesHash) {
+			return fmt.Errorf("%w: files of COPY %s were not uploaded", ErrInvalid, st.Args[0])
+		}
+	}
+	b.mu.Lock()
+	if b.started {
+		b.mu.Unlock()
+		return fmt.Errorf("%w: build %s was already started", ErrConflict, buildID)
+	}
+	b.started = true
+	b.mu.Unlock()
+	if err := os.WriteFile(s.marker(b), []byte(b.templateID), 0o600); err != nil {
+		return fmt.Errorf("record build: %w", err)
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.run(b, spec, base)
+		// A build the server's stop ended keeps its marker, so the next
+		// server reports it failed.
+		if s.ctx.Err() == nil {
+			os.Remove(s.marker(b))
+		}
+	}()
+	return nil
+}
+
+// Status reports a build and its log entries from offset on.
+func (s *Service) Status(templateID, buildID string, offset, limit int) (Info, error) {
+	b, err := s.get(templateID, buildID)
+	if err != nil {
+		return Info{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	info := Info{TemplateID: b.templateID, BuildID: b.id, Status: b.status, Reason: b.reason}
+	if !b.started && b.status == StatusWaiting {
+		// Requested but never started: the SDK polls only after starting.
+		info.Status = StatusWaiting
+	}
+	if offset < 0 {
+		offset = 0
+	}
+	if offset < len(b.logs) {
+		end := len(b.logs)
+		if limit > 0 && offset+limit < end {
+			end = offset + limit
+		}
+		info.Logs = append([]LogEntry(nil), b.logs[offset:end]...)
+	}
+	return info, nil
+}
+
+// log appends an entry to b's log.
+func (b *build) log(level, step, msg string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.logs) >= maxLogEntries {
+		if !b.dropped {
+			b.dropped = true
+			b.logs = append(b.logs, LogEntry{Timestamp: time.Now().UTC(), Level: "warn",
+				Message: "build log too long; further lines are dropped"})
+		}
+		return
+	}
+	b.logs = append(b.logs, LogEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg, Step: step})
+}
+
+func (b *build) setStatus(status string, reason *Reason) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.status, b.reason = status, reason
+}
+
+// stepLogs returns the entries of one step, the last n of them.
+func (b *build) stepLogs(step string, n int) []LogEntry {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []LogEntry
+	for _, e := range b.logs {
+		if e.Step == step {
+			out = append(out, e)
+		}
+	}
+	if len(out) > n {
+		out = out[len(out)-n:]
+	}
+	return out
+}
+
+// lock serialises builds of one template; it returns the unlock.
+func (s *Service) lock(ctx context.Context, templateID string) (func(), error) {
+	for {
+		s.mu.Lock()
+		ch, busy := s.locks[templateID]
+		if !busy {
+			ch = make(chan struct{})
+			s.locks[templateID] = ch
+			s.mu.Unlock()
+			return func() {
+				s.mu.Lock()
+				delete(s.locks, templateID)
+				s.mu.Unlock()
+				close(ch)
+			}, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func newBuildID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	h := hex.EncodeToString(b[:])
+	// A UUID's shape, as E2B's build IDs have.
+	return h[:8] + "-" + h[8:12] + "-4" + h[13:16] + "-a" + h[17:20] + "-" + h[20:]
+}

@@ -1,0 +1,78 @@
+package build
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// A build whose marker a stopped server left behind is reported failed by
+// the next one, and the marker goes.
+func TestInterruptedBuildReportedFailed(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	os.MkdirAll(state, 0o700)
+	os.WriteFile(filepath.Join(state, "b1.building"), []byte("my-app"), 0o600)
+	os.WriteFile(filepath.Join(state, "b2.building"), []byte("../bad"), 0o600)
+	uploads, err := NewUploads(filepath.Join(dir, "files"), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{}, nil, uploads, state, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	info, err := s.Status("my-app", "b1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Status != StatusError || info.Reason == nil || len(info.Logs) != 1 {
+		t.Fatalf("interrupted build: %+v", info)
+	}
+	if _, err := s.Status("../bad", "b2", 0, 0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("marker with a bad name: %v", err)
+	}
+	if entries, _ := os.ReadDir(state); len(entries) != 0 {
+		t.Fatalf("markers left: %v", entries)
+	}
+}
+
+func TestRequestAndStatus(t *testing.T) {
+	uploads, _ := NewUploads(t.TempDir(), 1<<20)
+	s, err := New(Config{}, nil, uploads, t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, err := s.Request("my-app", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := s.get("my-app", id)
+	for i := 0; i < 5; i++ {
+		b.log("info", "1", "line")
+	}
+	for _, tc := range []struct{ offset, limit, want int }{
+		{0, 0, 5}, {3, 0, 2}, {5, 0, 0}, {9, 0, 0}, {1, 2, 2},
+	} {
+		info, err := s.Status("my-app", id, tc.offset, tc.limit)
+		if err != nil || len(info.Logs) != tc.want {
+			t.Errorf("offset %d limit %d: %d entries (%v), want %d", tc.offset, tc.limit, len(info.Logs), err, tc.want)
+		}
+	}
+	if _, err := s.Request("base", 0, 0); !errors.Is(err, ErrConflict) {
+		t.Fatalf("rebuilding base: %v", err)
+	}
+	// Old requests are forgotten beyond the bound.
+	for i := 0; i < maxBuilds+10; i++ {
+		if _, err := s.Request("other", 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.builds) > maxBuilds {
+		t.Fatalf("%d builds remembered", len(s.builds))
+	}
+}
