@@ -301,22 +301,29 @@ func (c *chaos) check() (checked, lost int) {
 }
 
 // counterAlive reports whether the counter process pid still runs in the
-// sandbox and keeps counting.
+// sandbox and keeps counting. A read may catch the file between its
+// truncation and the write: only a gone process or a counter that does not
+// move for 10 s count as lost.
 func (c *chaos) counterAlive(id, pid string) bool {
-	read := func() (int, bool) {
-		r := c.s.exec(id, client.ExecuteRequest{Command: fmt.Sprintf("kill -0 %s && cat /tmp/counter", pid)})
+	read := func() (n int, alive bool) {
+		r := c.s.exec(id, client.ExecuteRequest{Command: fmt.Sprintf("kill -0 %s || exit 3; cat /tmp/counter", pid)})
 		n, err := strconv.Atoi(strings.TrimSpace(r.Stdout))
-		return n, r.ExitCode == 0 && err == nil
+		if err != nil {
+			n = -1
+		}
+		return n, r.ExitCode != 3
 	}
-	first, ok := read()
-	if !ok {
-		return false
-	}
+	first := -1
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if n, ok := read(); !ok {
+		n, alive := read()
+		switch {
+		case !alive:
 			return false
-		} else if n > first {
+		case n < 0:
+		case first < 0:
+			first = n
+		case n > first:
 			return true
 		}
 		time.Sleep(100 * time.Millisecond)
