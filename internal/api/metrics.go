@@ -49,7 +49,8 @@ func metricsRange(q url.Values) (start, end time.Time, err error) {
 }
 
 // sandboxMetrics serves E2B's metrics of a sandbox: the samples taken in
-// the requested range (by default since the sandbox started).
+// the requested range (by default since the sandbox started; for a sandbox
+// with none yet, one taken now).
 func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) error {
 	start, end, err := metricsRange(r.URL.Query())
 	if err != nil {
@@ -64,7 +65,10 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) error {
 		for _, sample := range s.cfg.Usage.Range(sb.ID, start, end) {
 			out = append(out, toMetricJSON(sample))
 		}
-	} else if sb.State == store.StateRunning {
+	}
+	// Without history yet (a sandbox younger than one sampling period, or
+	// no sampler) and without a range, the answer is a sample taken now.
+	if len(out) == 0 && start.IsZero() && end.IsZero() && sb.State == store.StateRunning {
 		sample, err := s.currentSample(r, sb)
 		if err != nil {
 			return err
