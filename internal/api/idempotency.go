@@ -39,6 +39,7 @@ type idemEntry struct {
 	body     []byte
 	expires  time.Time
 	keep     bool // false: the first request was abandoned; retry afresh
+	settled  bool // the answer is known (done is closed); guarded by mu
 }
 
 func newIdempotency() *idempotency {
@@ -97,13 +98,13 @@ func (c *idempotency) claim(scope string, bodyHash [32]byte) (*idemEntry, bool) 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := time.Now()
-	if e, ok := c.entries[scope]; ok && (now.Before(e.expires) || !isClosed(e.done)) {
+	// An entry in the map is running or settled and kept (settle drops
+	// the others).
+	if e, ok := c.entries[scope]; ok && (!e.settled || now.Before(e.expires)) {
 		if e.bodyHash != bodyHash {
 			return nil, false
 		}
-		if !isClosed(e.done) || e.keep {
-			return e, false
-		}
+		return e, false
 	}
 	e := &idemEntry{bodyHash: bodyHash, done: make(chan struct{}), expires: now.Add(idempotencyTTL)}
 	c.entries[scope] = e
@@ -115,7 +116,7 @@ func (c *idempotency) claim(scope string, bodyHash [32]byte) (*idemEntry, bool) 
 func (c *idempotency) settle(scope string, e *idemEntry, rec *bufferedResponse, keep bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e.status, e.header, e.body, e.keep = rec.status, rec.header, rec.buf.Bytes(), keep
+	e.status, e.header, e.body, e.keep, e.settled = rec.status, rec.header, rec.buf.Bytes(), keep, true
 	e.expires = time.Now().Add(idempotencyTTL)
 	close(e.done)
 	if !keep && c.entries[scope] == e {
@@ -128,25 +129,16 @@ func (c *idempotency) evict(now time.Time) {
 	for len(c.order) > 0 {
 		scope := c.order[0]
 		e, ok := c.entries[scope]
-		stale := !ok || (isClosed(e.done) && now.After(e.expires))
+		stale := !ok || (e.settled && now.After(e.expires))
 		if !stale && len(c.entries) <= maxIdempotencyEntries {
 			return
 		}
-		if ok && (stale || isClosed(e.done)) {
+		if ok && (stale || e.settled) {
 			delete(c.entries, scope)
 		} else if ok {
 			return // the oldest is still running; keep it
 		}
 		c.order = c.order[1:]
-	}
-}
-
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
 	}
 }
 

@@ -227,6 +227,21 @@ func (m *Manager) unregister(id string) {
 // and the operation o allowed, or an error saying why not. The caller
 // unlocks it.
 func (m *Manager) lock(ctx context.Context, id string, o op) (*entry, error) {
+	e, err := m.lockEntry(ctx, id, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := allowed(o, id, e.view().phase); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	return e, nil
+}
+
+// lockEntry returns the live entry of a sandbox with its lifecycle lock
+// held, whatever its phase; o names the operation in the error when the
+// sandbox holds no resources.
+func (m *Manager) lockEntry(ctx context.Context, id string, o op) (*entry, error) {
 	e := m.entry(id)
 	if e == nil {
 		sb, err := m.Get(ctx, id)
@@ -236,10 +251,6 @@ func (m *Manager) lock(ctx context.Context, id string, o op) (*entry, error) {
 		return nil, fmt.Errorf("%w: cannot %s sandbox %s: it is %s", node.ErrConflict, o, id, sb.State)
 	}
 	e.mu.Lock()
-	if err := allowed(o, id, e.view().phase); err != nil {
-		e.mu.Unlock()
-		return nil, err
-	}
 	return e, nil
 }
 
@@ -580,9 +591,14 @@ func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.San
 	if err != nil {
 		return nil, err
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.orphans) == 0 {
+		return all, nil
+	}
 	out := all[:0]
 	for _, sb := range all {
-		if !m.hidden(sb.ID) {
+		if !m.orphans[sb.ID] {
 			out = append(out, sb)
 		}
 	}
@@ -611,13 +627,22 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	if e.view().phase == phaseGone {
 		return fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
 	}
-	if err := m.release(ctx, e, "was killed"); err != nil {
+	if err := m.killLocked(ctx, e, "was killed"); err != nil {
 		return err
 	}
-	if err := m.store.DeleteSandbox(ctx, id); err != nil && !errors.Is(err, store.ErrNotFound) {
+	m.logger.InfoContext(ctx, "sandbox killed", "sandbox", id)
+	return nil
+}
+
+// killLocked stops the sandbox, frees what it held and deletes its
+// record; e.mu must be held. Calls in flight to it end with why.
+func (m *Manager) killLocked(ctx context.Context, e *entry, why string) error {
+	if err := m.release(ctx, e, why); err != nil {
+		return err
+	}
+	if err := m.store.DeleteSandbox(ctx, e.id); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return storeError("delete sandbox", err)
 	}
-	m.logger.InfoContext(ctx, "sandbox killed", "sandbox", id)
 	return nil
 }
 

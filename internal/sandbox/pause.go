@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -68,11 +67,12 @@ func (m *Manager) expire(ctx context.Context, e *entry) {
 		m.logger.Info("sandbox reached its deadline and was paused", "sandbox", e.id)
 		return
 	}
-	if err := m.release(ctx, e, "reached its deadline and was killed"); err != nil {
-		m.retryExpiry(e, "kill expired sandbox", err)
-		return
-	}
-	if err := m.store.DeleteSandbox(ctx, e.id); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := m.killLocked(ctx, e, "reached its deadline and was killed"); err != nil {
+		if e.view().phase != phaseGone {
+			m.retryExpiry(e, "kill expired sandbox", err)
+			return
+		}
+		// Killed; only its record stayed (a full disk): reconcile removes it.
 		m.logger.Error("delete expired sandbox record", "sandbox", e.id, "err", err)
 	}
 	m.logger.Info("sandbox timed out and was killed", "sandbox", e.id)
@@ -152,21 +152,18 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
 // memory) its processes are ended and its files kept. It reports whether
 // the sandbox was paused. A failed resume leaves it paused as it was.
 func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, reboot bool) (*store.Sandbox, bool, error) {
-	e := m.entry(id)
-	if e != nil {
-		e.mu.Lock()
-		if v := e.view(); v.phase == phaseRunning {
-			e.mu.Unlock()
-			return cloneSandbox(v.sb), false, nil
-		}
-		e.mu.Unlock()
-	}
-	e, err := m.lock(ctx, id, opResume)
+	e, err := m.lockEntry(ctx, id, opResume)
 	if err != nil {
 		return nil, false, err
 	}
 	defer e.mu.Unlock()
 	v := e.view()
+	if v.phase == phaseRunning {
+		return cloneSandbox(v.sb), false, nil // E2B's connect of a running sandbox
+	}
+	if err := allowed(opResume, id, v.phase); err != nil {
+		return nil, false, err
+	}
 	if timeout == 0 {
 		timeout = time.Duration(v.sb.TimeoutSecs) * time.Second
 	}

@@ -323,11 +323,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
 			if !killAll || e.view().phase == phaseGone || ctx.Err() != nil {
 				return
 			}
-			err := m.release(ctx, e, "was killed: the server stopped")
-			if err == nil {
-				err = m.store.DeleteSandbox(ctx, e.id)
-			}
-			if err != nil {
+			if err := m.killLocked(ctx, e, "was killed: the server stopped"); err != nil {
 				errsMu.Lock()
 				errs = append(errs, err)
 				errsMu.Unlock()
