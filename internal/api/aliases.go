@@ -40,10 +40,10 @@ func (s *Server) getTemplateAlias(w http.ResponseWriter, r *http.Request) error 
 // aenv names may contain colons themselves, so the whole name is tried
 // first.
 func (s *Server) lookupAlias(r *http.Request, alias string) (*store.Template, error) {
-	tpl, err := s.sandboxes.GetTemplate(r.Context(), alias)
+	tpl, err := s.catalog.GetTemplate(r.Context(), alias)
 	if errors.Is(err, node.ErrNotFound) {
 		if name, _, tagged := cutTag(alias); tagged {
-			tpl, err = s.sandboxes.GetTemplate(r.Context(), name)
+			tpl, err = s.catalog.GetTemplate(r.Context(), name)
 		}
 	}
 	if errors.Is(err, node.ErrNotFound) {

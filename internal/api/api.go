@@ -40,12 +40,21 @@ type Config struct {
 	Usage *usage.History
 	// Builds runs E2B template builds; nil leaves their routes out.
 	Builds *build.Service
+	// NodeID is this node's ID in a cluster ("" on a single server):
+	// sandbox records carry it, and build upload links name it so that a
+	// gateway routes the upload here.
+	NodeID string
+	// Authorize, when set, decides which requests carry a valid API key
+	// instead of comparing with APIKey (a gateway checks the cluster's
+	// keys).
+	Authorize func(r *http.Request) bool
 }
 
 // Server is the HTTP handler of a node.
 type Server struct {
 	cfg       Config
 	sandboxes node.Node
+	catalog   node.Catalog // sandboxes, or a gateway's view of a cluster
 	logger    *slog.Logger
 	mux       *http.ServeMux
 	proxy     *envdProxy
@@ -56,14 +65,7 @@ type Server struct {
 // New builds the handler. reg receives the API's metrics.
 func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	reg prometheus.Registerer, metrics http.Handler) *Server {
-	s := &Server{cfg: cfg, sandboxes: sandboxes, logger: logger, mux: http.NewServeMux(),
-		idem: newIdempotency()}
-	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "aenv_api_request_duration_seconds",
-		Help:    "Control-plane request latency by route and status.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-	}, []string{"route", "code"})
-	reg.MustRegister(s.requests)
+	s := newServer(cfg, sandboxes, logger, reg)
 	s.proxy = newEnvdProxy(sandboxes, logger)
 
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -76,9 +78,8 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 
 	for _, prefix := range []string{"", "/v2"} {
 		s.route("POST "+prefix+"/sandboxes", s.idempotent(s.createSandbox))
-		s.route("GET "+prefix+"/sandboxes", s.listSandboxes)
 	}
-	s.route("GET /sandboxes/{id}", s.getSandbox)
+	s.routeCatalog()
 	s.route("DELETE /sandboxes/{id}", s.killSandbox)
 	s.route("POST /sandboxes/{id}/timeout", s.setTimeout)
 	s.route("GET /sandboxes/{id}/metrics", s.sandboxMetrics)
@@ -95,20 +96,55 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.route("POST /sandboxes/{id}/connect", s.connectSandbox)
 	s.route("POST /sandboxes/{id}/fork", s.idempotent(s.forkSandbox))
 	s.route("POST /sandboxes/{id}/snapshots", s.createSnapshot)
-	s.route("GET /snapshots", s.listSnapshots)
 	s.route("POST /snapshots/{id}/fork", s.idempotent(s.forkSnapshot))
-	s.route("GET /templates", s.listTemplates)
-	s.route("GET /templates/{id}", s.getTemplate)
-	s.route("GET /templates/aliases/{alias}", s.getTemplateAlias)
 	s.route("POST /templates", s.createTemplate)
 	s.route("DELETE /templates/{id}", s.deleteTemplate)
 	s.routeBuilds()
 
-	// Unknown paths get the JSON error shape too.
+	s.routeUnknown()
+	return s
+}
+
+// NewCatalog builds the handler of the read-only routes (sandbox and
+// template records) over a catalog: what a cluster gateway serves itself.
+// Every other path answers 404; requests go through cfg.Authorize.
+func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prometheus.Registerer) *Server {
+	s := newServer(cfg, nil, logger, reg)
+	s.catalog = catalog
+	s.routeCatalog()
+	s.routeUnknown()
+	return s
+}
+
+func newServer(cfg Config, sandboxes node.Node, logger *slog.Logger, reg prometheus.Registerer) *Server {
+	s := &Server{cfg: cfg, sandboxes: sandboxes, catalog: sandboxes, logger: logger, mux: http.NewServeMux(),
+		idem: newIdempotency()}
+	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "aenv_api_request_duration_seconds",
+		Help:    "Control-plane request latency by route and status.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	}, []string{"route", "code"})
+	reg.MustRegister(s.requests)
+	return s
+}
+
+// routeCatalog registers the routes that only read records.
+func (s *Server) routeCatalog() {
+	for _, prefix := range []string{"", "/v2"} {
+		s.route("GET "+prefix+"/sandboxes", s.listSandboxes)
+	}
+	s.route("GET /sandboxes/{id}", s.getSandbox)
+	s.route("GET /snapshots", s.listSnapshots)
+	s.route("GET /templates", s.listTemplates)
+	s.route("GET /templates/{id}", s.getTemplate)
+	s.route("GET /templates/aliases/{alias}", s.getTemplateAlias)
+}
+
+// routeUnknown gives unknown paths the JSON error shape too.
+func (s *Server) routeUnknown() {
 	s.route("/", func(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusNotFound, "no such endpoint: " + r.Method + " " + r.URL.Path}
 	})
-	return s
 }
 
 // route registers an authenticated control-plane handler.
@@ -135,23 +171,33 @@ func (s *Server) requireKey(h http.Handler) http.Handler {
 // authorized accepts the key as X-API-Key (E2B's SDKs) or as a bearer
 // token (what Prometheus and most HTTP tools send).
 func (s *Server) authorized(r *http.Request) bool {
+	if s.cfg.Authorize != nil {
+		return s.cfg.Authorize(r)
+	}
+	key := RequestKey(r)
+	return key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
+}
+
+// RequestKey is the API key a request carries: X-API-Key (E2B's SDKs) or
+// a bearer token (what Prometheus and most HTTP tools send).
+func RequestKey(r *http.Request) string {
 	key := r.Header.Get("X-API-Key")
 	if key == "" {
 		if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
 			key = strings.TrimSpace(v)
 		}
 	}
-	return key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
+	return key
 }
 
 // ServeHTTP routes envd traffic (marked by E2b-Sandbox-Id, or a signed file
 // URL) to the sandbox and everything else to the control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if id, port, ok := s.exposedPort(r.Host); ok {
+	if id, port, ok := s.exposedPort(r.Host); ok && s.proxy != nil {
 		s.serveExposedPort(w, r, id, port)
 		return
 	}
-	if isEnvdTraffic(r) {
+	if isEnvdTraffic(r) && s.proxy != nil {
 		s.proxy.ServeHTTP(w, r)
 		return
 	}

@@ -103,8 +103,12 @@ func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	link := url.URL{Scheme: scheme, Host: r.Host, Path: "/build-uploads/" + hash,
-		RawQuery: url.Values{"signature": {s.uploadSignature(hash)}}.Encode()}
+	query := url.Values{"signature": {s.uploadSignature(hash)}}
+	if s.cfg.NodeID != "" {
+		// A gateway routes the upload to this node by it.
+		query.Set("node", s.cfg.NodeID)
+	}
+	link := url.URL{Scheme: scheme, Host: r.Host, Path: "/build-uploads/" + hash, RawQuery: query.Encode()}
 	// The SDK uploads whenever it gets a link and forces the upload, so
 	// the link is given even when the files are present.
 	writeJSON(w, http.StatusCreated, map[string]any{

@@ -78,6 +78,11 @@ func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	writeJSON(w, status, errorBody{Code: status, Message: msg})
 }
 
+// WriteErrorJSON answers with the API's error shape, {"code", "message"}.
+func WriteErrorJSON(w http.ResponseWriter, status int, message string) {
+	writeJSON(w, status, errorBody{Code: status, Message: message})
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

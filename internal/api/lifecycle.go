@@ -130,7 +130,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	all, err := s.sandboxes.ListTemplates(r.Context())
+	all, err := s.catalog.ListTemplates(r.Context())
 	if err != nil {
 		return err
 	}
@@ -184,7 +184,7 @@ func toTemplateJSON(t *store.Template) templateJSON {
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
-	all, err := s.sandboxes.ListTemplates(r.Context())
+	all, err := s.catalog.ListTemplates(r.Context())
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
-	t, err := s.sandboxes.GetTemplate(r.Context(), id)
+	t, err := s.catalog.GetTemplate(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
 	}
@@ -240,7 +240,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
-	tpl, err := s.sandboxes.GetTemplate(r.Context(), r.PathValue("id"))
+	tpl, err := s.catalog.GetTemplate(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}

@@ -16,13 +16,19 @@ const headerTrafficToken = "E2b-Traffic-Access-Token"
 
 // exposedPort parses a Host of the form <port>-<sandboxID>.<domain>.
 func (s *Server) exposedPort(host string) (id string, port int, ok bool) {
-	if s.cfg.Domain == "" {
+	return ExposedPort(host, s.cfg.Domain)
+}
+
+// ExposedPort parses a Host of the form <port>-<sandboxID>.<domain>; an
+// empty domain matches nothing.
+func ExposedPort(host, domain string) (id string, port int, ok bool) {
+	if domain == "" {
 		return "", 0, false
 	}
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(s.cfg.Domain))
+	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(domain))
 	if !ok {
 		return "", 0, false
 	}

@@ -18,7 +18,9 @@ import (
 )
 
 const (
-	headerSandboxID   = "E2b-Sandbox-Id"
+	// HeaderSandboxID marks envd traffic and names its sandbox.
+	HeaderSandboxID   = "E2b-Sandbox-Id"
+	headerSandboxID   = HeaderSandboxID
 	headerSandboxPort = "E2b-Sandbox-Port"
 )
 
@@ -26,7 +28,11 @@ const (
 // marks every envd request with E2b-Sandbox-Id and never a control-plane
 // one. Signed /files URLs (uploadUrl/downloadUrl) carry no header, but a
 // signature.
-func isEnvdTraffic(r *http.Request) bool {
+func isEnvdTraffic(r *http.Request) bool { return IsEnvdTraffic(r) }
+
+// IsEnvdTraffic is isEnvdTraffic for a cluster gateway, which routes such
+// requests by sandbox as the node's proxy does.
+func IsEnvdTraffic(r *http.Request) bool {
 	if r.Header.Get(headerSandboxID) != "" {
 		return true
 	}
@@ -214,6 +220,18 @@ func (p *envdProxy) sandboxForSignature(r *http.Request) (string, bool) {
 	})
 }
 
+// SignedBy reports whether a signed file URL's signature was made with
+// this envd access token (a signed URL names no sandbox; a gateway finds
+// it among the cluster's tokens).
+func SignedBy(r *http.Request, token string) bool {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	return fileSignature(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration")) == q.Get("signature")
+}
+
 func fileSignature(path, op, user, token, expiration string) string {
 	raw := path + ":" + op + ":" + user + ":" + token
 	if expiration != "" {
@@ -225,7 +243,10 @@ func fileSignature(path, op, user, token, expiration string) string {
 
 // writeSandboxGone is upstream's answer for envd traffic to a sandbox that
 // is unknown, dead, paused or killed; the SDK maps 502 to "not running".
-func writeSandboxGone(w http.ResponseWriter, id string) {
+func writeSandboxGone(w http.ResponseWriter, id string) { WriteSandboxGone(w, id) }
+
+// WriteSandboxGone is writeSandboxGone for a cluster gateway.
+func WriteSandboxGone(w http.ResponseWriter, id string) {
 	writeJSON(w, http.StatusBadGateway, map[string]any{
 		"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway,
 	})

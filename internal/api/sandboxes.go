@@ -102,6 +102,9 @@ type listedSandboxJSON struct {
 	State        string            `json:"state"`
 	EnvdVersion  string            `json:"envdVersion"`
 	VolumeMounts []any             `json:"volumeMounts"`
+	// NodeID names the cluster node holding the sandbox (absent on a
+	// single server).
+	NodeID string `json:"nodeID,omitempty"`
 }
 
 // sandboxDetailJSON is E2B's SandboxDetail.
@@ -146,7 +149,7 @@ func toListed(sb *store.Sandbox) listedSandboxJSON {
 	}
 	return listedSandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
 		StartedAt: sb.StartedAt, EndAt: sb.EndAt, CPUCount: sb.VCPU, MemoryMB: sb.MemoryMB, Metadata: md,
-		State: string(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []any{}}
+		State: string(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []any{}, NodeID: sb.NodeID}
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -202,7 +205,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
-	sb, err := s.sandboxes.Get(r.Context(), r.PathValue("id"))
+	sb, err := s.catalog.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -246,7 +249,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The update replaces the egress rules only: the SDK's update has no
 	// maskRequestHost, so the sandbox keeps the one it was created with.
-	sb, err := s.sandboxes.Get(r.Context(), r.PathValue("id"))
+	sb, err := s.catalog.Get(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -353,7 +356,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	all, err := s.sandboxes.List(r.Context(), lq.filter)
+	all, err := s.catalog.List(r.Context(), lq.filter)
 	if err != nil {
 		return err
 	}

@@ -61,6 +61,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.deleteCommand(),
 		a.forkCommand(),
 		a.snapshotCommand(),
+		a.clusterCommand(),
 		a.benchCommand(),
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -35,13 +36,24 @@ func runProcess(ctx context.Context, envd *envdclient.Client, spec envdclient.Pr
 		go proc.FollowResizes(pumpCtx, resizes)
 	}
 	exit, err := proc.Wait(out)
-	if ctx.Err() != nil {
+	if interrupted(ctx) {
 		return 130, nil
 	}
 	if err != nil {
 		return 0, envdError(err)
 	}
 	return exit.ShellCode(), nil
+}
+
+// interrupted reports whether ctx has ended. Its deadline counts as soon
+// as it passes: Connect sends the deadline along, so the sandbox may end
+// the process (and the stream) a moment before the local timer fires.
+func interrupted(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // envdError gives an envd failure this CLI's exit codes.

@@ -25,7 +25,7 @@ func testRoot() *cobra.Command {
 func isClientCommand(cmd *cobra.Command) bool {
 	for c := cmd; c != nil; c = c.Parent() {
 		switch c.Name() {
-		case "server", "version", "completion", "help":
+		case "server", "gateway", "version", "completion", "help":
 			return false
 		}
 	}
@@ -44,7 +44,7 @@ func TestEveryCommandIsDocumented(t *testing.T) {
 }
 
 func TestListAndCreateCommandsTakeJSONOutput(t *testing.T) {
-	want := []string{"aenv fork", "aenv ls", "aenv pull", "aenv snapshot create", "aenv snapshot ls", "aenv start", "aenv template ls"}
+	want := []string{"aenv cluster status", "aenv fork", "aenv ls", "aenv pull", "aenv snapshot create", "aenv snapshot ls", "aenv start", "aenv template ls"}
 	var got []string
 	walk(testRoot(), func(cmd *cobra.Command) {
 		if cmd.Annotations[annotationOutput] == "" {
@@ -86,6 +86,7 @@ func TestIssueVerbsExist(t *testing.T) {
 		{"auth"}, {"pull"}, {"template", "ls"}, {"template", "rm"}, {"start"}, {"ls"}, {"exec"}, {"cp"},
 		{"pause"}, {"resume"}, {"timeout"}, {"delete"}, {"fork"}, {"snapshot", "create"}, {"snapshot", "ls"},
 		{"snapshot", "rm"}, {"completion", "bash"}, {"completion", "zsh"}, {"server"}, {"version"},
+		{"node"}, {"node", "drain"}, {"node", "undrain"}, {"gateway"}, {"cluster", "status"},
 	} {
 		cmd, rest, err := root.Find(path)
 		if err != nil || len(rest) != 0 || cmd.Name() != path[len(path)-1] {

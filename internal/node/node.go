@@ -45,12 +45,21 @@ var (
 	ErrStopped = errors.New("sandbox stopped")
 )
 
-// Node is what the API needs of the sandboxes it serves.
-type Node interface {
-	// Create starts a sandbox and returns once envd in it answers.
-	Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error)
+// Catalog is the read side of a Node: the records of its sandboxes and
+// templates. A cluster gateway serves it for all nodes from the shared
+// database.
+type Catalog interface {
 	Get(ctx context.Context, id string) (*store.Sandbox, error)
 	List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
+	GetTemplate(ctx context.Context, idOrName string) (*store.Template, error)
+	ListTemplates(ctx context.Context) ([]*store.Template, error)
+}
+
+// Node is what the API needs of the sandboxes it serves.
+type Node interface {
+	Catalog
+	// Create starts a sandbox and returns once envd in it answers.
+	Create(ctx context.Context, req CreateRequest) (*store.Sandbox, error)
 	// Kill stops a sandbox and forgets it; calls in flight to it end.
 	Kill(ctx context.Context, id string) error
 	// SetTimeout moves a running sandbox's deadline to now+d.
@@ -64,8 +73,6 @@ type Node interface {
 	UpdateNetwork(ctx context.Context, id string, p *store.NetworkPolicy) error
 	Stats(ctx context.Context, id string) (runtime.Stats, error)
 
-	GetTemplate(ctx context.Context, idOrName string) (*store.Template, error)
-	ListTemplates(ctx context.Context) ([]*store.Template, error)
 	BuildTemplate(ctx context.Context, req template.ImageRequest) (*store.Template, error)
 	// DeleteTemplate removes a template or snapshot; ErrConflict when
 	// something still uses it.

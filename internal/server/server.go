@@ -30,6 +30,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime/gvisor"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
 	"github.com/aenv-dev/aenv/internal/template"
 	"github.com/aenv-dev/aenv/internal/usage"
@@ -39,6 +40,21 @@ import (
 // it stops accepting, finishes in-flight requests and leaves sandboxes
 // running for the next start to adopt (unless cfg.KillOnExit).
 func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
+	return run(ctx, cfg, nil, logger)
+}
+
+// RunNode is Run for a node of a cluster: its records live in the
+// cluster's PostgreSQL database, it registers itself there and keeps a
+// heartbeat, it takes requests from gateways (authenticated with the
+// cluster secret) and refuses sandboxes beyond its limits.
+func RunNode(ctx context.Context, cfg config.Server, cl config.Cluster, logger *slog.Logger) error {
+	if err := cl.Validate(); err != nil {
+		return err
+	}
+	return run(ctx, cfg, &cl, logger)
+}
+
+func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -54,10 +70,6 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	}
 	defer unlock()
 
-	apiKey, err := loadAPIKey(cfg, logger)
-	if err != nil {
-		return err
-	}
 	runscPath, err := findBinary(cfg.RunscPath, "runsc")
 	if err != nil {
 		return err
@@ -67,11 +79,26 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		return err
 	}
 
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "aenv.db"))
-	if err != nil {
-		return err
+	var st store.Store
+	var apiKey string
+	var member *clusterMember
+	if cl == nil {
+		if apiKey, err = loadAPIKey(cfg, logger); err != nil {
+			return err
+		}
+		db, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "aenv.db"))
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		st = db
+	} else {
+		if member, err = openCluster(ctx, cfg, *cl, logger); err != nil {
+			return err
+		}
+		defer member.db.Close()
+		st, apiKey = member.db, member.secret
 	}
-	defer st.Close()
 
 	cacheDir := cfg.TemplateCacheDir
 	if cacheDir == "" {
@@ -133,6 +160,16 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		pool.Close(context.WithoutCancel(ctx))
 		return err
 	}
+	// What the API and builds call: the manager, behind the node's limits
+	// in a cluster.
+	var served node.Node = sandboxes
+	if member != nil {
+		if served, err = member.join(ctx, cfg, sandboxes); err != nil {
+			sandboxes.Shutdown(context.WithoutCancel(ctx), false)
+			pool.Close(context.WithoutCancel(ctx))
+			return err
+		}
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -141,9 +178,10 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	}, func() float64 { return float64(sandboxes.LiveCount()) }))
 	reg.MustRegister(newNetworkCollector(sandboxes))
 	usageHistory := usage.Start(ctx, sandboxes, usage.Config{}, logger.With("component", "usage"))
-	builds, err := newBuilds(cfg, sandboxes, logger)
+	builds, err := newBuilds(cfg, served, logger)
 	if err != nil {
 		usageHistory.Stop()
+		member.stop()
 		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
 		pool.Close(context.WithoutCancel(ctx))
 		return err
@@ -159,11 +197,13 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		Domain:             cfg.Domain,
 		Usage:              usageHistory,
 		Builds:             builds,
-	}, sandboxes, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		NodeID:             member.nodeID(),
+	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, handler, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), logger)
 	if err != nil {
 		usageHistory.Stop()
+		member.stop()
 		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
 		pool.Close(context.WithoutCancel(ctx))
 		return err
@@ -183,7 +223,11 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 	usageHistory.Stop()
 	// Builds end first: their sandboxes go with them.
 	builds.Close()
-	return shutdown(servers, sandboxes, pool, cfg.KillOnExit, logger)
+	err = shutdown(servers, sandboxes, pool, cfg.KillOnExit, logger)
+	// A node killing everything on exit leaves the cluster with nothing
+	// behind; one leaving its sandboxes running stays registered, and
+	// gateways see it unreachable until it starts again.
+	return errors.Join(err, member.leave(cfg.KillOnExit, logger))
 }
 
 func shutdown(servers []*httpServer, sandboxes *sandbox.Manager, pool *network.Pool, killAll bool, logger *slog.Logger) error {

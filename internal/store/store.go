@@ -72,6 +72,10 @@ type Sandbox struct {
 	// AutoResume: traffic to the sandbox while it is paused resumes it
 	// (E2B's lifecycle.autoResume).
 	AutoResume bool
+	// NodeID is the cluster node holding the sandbox, as a cluster-wide
+	// store reads it back; "" on a single server. Stores scoped to a node
+	// write their own ID whatever this says.
+	NodeID string
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the
@@ -121,6 +125,9 @@ type Template struct {
 	SourceSandbox string            // sandbox the checkpoint was taken of
 	EnvdToken     string            // envd access token inside the image
 	EnvVars       map[string]string // sandbox env vars inside the image
+	// NodeID is the cluster node holding the template's files, as
+	// Sandbox.NodeID.
+	NodeID string
 }
 
 // Named reports whether the template was given a name (unnamed ones use

@@ -85,6 +85,9 @@ type server struct {
 	exited  chan struct{} // closed when cmd has been waited for
 	logs    *syncBuffer
 	extra   []string
+	// cluster, when set, makes this an `aenv node` of that cluster rather
+	// than a single server.
+	cluster *nodeOf
 	// api is the shared client, for what a test does rather than checks;
 	// do sends requests whose wire details (status, headers) a test checks.
 	api *client.Client
@@ -130,12 +133,19 @@ func newServer(t testing.TB, extra ...string) *server {
 
 func (s *server) start() {
 	s.t.Helper()
-	args := append([]string{"server",
-		"--data-dir", s.dataDir, "--listen", s.addr, "--api-key", apiKey,
+	args := []string{"server", "--api-key", apiKey}
+	if s.cluster != nil {
+		// Nodes take the cluster secret; tests use the API key for it, so
+		// that s.api reaches the node directly.
+		args = []string{"node", "--database-url", s.cluster.dsn, "--node-id", s.cluster.id,
+			"--advertise", s.addr, "--cluster-secret", apiKey, "--heartbeat-interval-ms", "200"}
+	}
+	args = append(append(args,
+		"--data-dir", s.dataDir, "--listen", s.addr,
 		"--net-prefix", s.prefix, "--sandbox-cidr", s.cidr, "--warm-slots", "2",
 		"--template-cache-dir", templateCache, "--kill-on-exit", "--log-level", "debug",
 		"--allow-private-registries", // tests serve images from registries on loopback
-	}, s.extra...)
+	), s.extra...)
 	s.logs = &syncBuffer{}
 	s.cmd = exec.Command(filepath.Join(binDir, "aenv"), args...)
 	s.cmd.Stdout = s.logs

@@ -24,8 +24,13 @@ import (
 )
 
 // Store is a store.Store backed by PostgreSQL.
+//
+// A store opened for a node (OpenNode) sees and writes only that node's
+// sandbox and template records; one opened with Open sees every node's
+// (what a gateway reads) and writes records of no node.
 type Store struct {
 	pool *pgxpool.Pool
+	node string // "" : not scoped to a node
 }
 
 var _ store.Store = (*Store)(nil)
@@ -35,6 +40,11 @@ var _ store.Store = (*Store)(nil)
 // it too) and applies the embedded migrations. The role must be allowed to
 // create tables in the database's default schema.
 func Open(ctx context.Context, connString string) (*Store, error) {
+	return OpenNode(ctx, connString, "")
+}
+
+// OpenNode is Open scoped to the records of one node of a cluster.
+func OpenNode(ctx context.Context, connString, nodeID string) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -43,7 +53,7 @@ func Open(ctx context.Context, connString string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	s := &Store{pool: pool}
+	s := &Store{pool: pool, node: nodeID}
 	if err := s.migrate(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -59,7 +69,7 @@ func (s *Store) Close() error {
 
 const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata, env,
 	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs,
-	network, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume`
+	network, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume, node_id`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -68,7 +78,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	}
 	_, err = s.pool.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-		$18::jsonb, $19, $20, $21, $22)`, args...)
+		$18::jsonb, $19, $20, $21, $22, $23)`, append(args, s.node)...)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
@@ -87,8 +97,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		memory_mb = $6, metadata = $7::jsonb, env = $8::jsonb, access_token = $9, slot_index = $10,
 		auto_pause = $11, started_at = $12, end_at = $13, ended_reason = $14, updated_at = $15, image_dir = $16,
 		timeout_secs = $17, network = $18::jsonb, traffic_token = $19, reboot_on_resume = $20,
-		auto_pause_drop_memory = $21, auto_resume = $22 WHERE id = $1`,
-		args...)
+		auto_pause_drop_memory = $21, auto_resume = $22 WHERE id = $1 AND ($23 = '' OR node_id = $23)`,
+		append(args, s.node)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}
@@ -96,7 +106,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 }
 
 func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
-	row := s.pool.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = $1`, id)
+	row := s.pool.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`,
+		id, s.node)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
@@ -133,6 +144,9 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		p := arg(f.Template)
 		where = append(where, "(template_id = "+p+" OR alias = "+p+")")
 	}
+	if s.node != "" {
+		where = append(where, "node_id = "+arg(s.node))
+	}
 	query := `SELECT ` + sandboxColumns + ` FROM sandboxes`
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
@@ -158,7 +172,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 }
 
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1`, id)
+	tag, err := s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
 	if err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
@@ -166,7 +180,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 }
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
-	kind, image_dir, source_sandbox, envd_token, env_vars`
+	kind, image_dir, source_sandbox, envd_token, env_vars, node_id`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -183,14 +197,14 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	}
 	// created_at is kept from the first put, as in the SQLite store.
 	_, err = s.pool.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb)
+		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env = excluded.env, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
 		envd_token = excluded.envd_token, env_vars = excluded.env_vars`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
-		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars))
+		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars), s.node)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
@@ -203,8 +217,9 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
 	// An ID match wins over a name match (another template's name may
 	// equal this ID).
-	row := s.pool.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates WHERE id = $1 OR name = $1
-		ORDER BY id = $1 DESC LIMIT 1`, idOrName)
+	row := s.pool.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates
+		WHERE (id = $1 OR name = $1) AND ($2 = '' OR node_id = $2)
+		ORDER BY id = $1 DESC, created_at, id LIMIT 1`, idOrName, s.node)
 	t, err := scanTemplate(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("template %s: %w", idOrName, store.ErrNotFound)
@@ -216,7 +231,8 @@ func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Templa
 }
 
 func (s *Store) ListTemplates(ctx context.Context) ([]*store.Template, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+templateColumns+` FROM templates ORDER BY created_at, id`)
+	rows, err := s.pool.Query(ctx, `SELECT `+templateColumns+` FROM templates WHERE ($1 = '' OR node_id = $1)
+		ORDER BY created_at, id`, s.node)
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
@@ -236,7 +252,7 @@ func (s *Store) ListTemplates(ctx context.Context) ([]*store.Template, error) {
 }
 
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM templates WHERE id = $1`, id)
+	tag, err := s.pool.Exec(ctx, `DELETE FROM templates WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
 	if err != nil {
 		return fmt.Errorf("delete template %s: %w", id, err)
 	}
@@ -278,7 +294,8 @@ func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
-		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume)
+		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume,
+		&sb.NodeID)
 	if err != nil {
 		return nil, err
 	}
@@ -307,7 +324,7 @@ func scanTemplate(r pgx.Row) (*store.Template, error) {
 	var env, envVars []byte
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
-		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars); err != nil {
+		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()

@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/server"
+)
+
+func newNodeCommand(a *app) *cobra.Command {
+	cfg := config.Default()
+	cl := config.DefaultCluster()
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run a node of a cluster (aenv server joined to a cluster)",
+		Long: `Run this machine as a node of a cluster (as root): everything "aenv server"
+does, with its records in the cluster's PostgreSQL database (--database-url).
+The node registers itself (ID, --advertise address, capacity) and reports a
+heartbeat; gateways ("aenv gateway") place sandboxes on it and route calls to
+it, authenticated with the cluster secret (kept in the database, or given by
+--cluster-secret). Users talk to gateways, not to nodes.
+
+Limits: --max-sandboxes and --max-memory-percent (above 100 overcommits);
+at its limits the node answers creates with 503 and gateways try another.
+
+Every flag can also be set by its AENV_* environment variable; flags win.`,
+		Example: `  aenv node --database-url postgres://aenv@db/aenv --advertise 10.0.0.5:8000
+  aenv node drain node-3f2a9c  # through a gateway: no new sandboxes there`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(a.stderr, cfg.LogLevel, cfg.LogFormat)
+			if err != nil {
+				return usageError{err}
+			}
+			cl.Version = Version
+			return server.RunNode(cmd.Context(), cfg, cl, logger)
+		},
+	}
+	cfg.RegisterFlags(cmd.Flags())
+	cl.RegisterFlags(cmd.Flags())
+	cmd.AddCommand(a.drainCommand(true), a.drainCommand(false))
+	return cmd
+}
+
+func (a *app) drainCommand(drain bool) *cobra.Command {
+	var f serverFlags
+	use, short, long := "drain NODE...", "Stop placing new sandboxes on nodes",
+		`Drain each node (by ID, as "aenv cluster status" shows): gateways place no new
+sandboxes on it and it refuses creates; its sandboxes keep running and stay
+reachable. Talks to a gateway.`
+	if !drain {
+		use, short, long = "undrain NODE...", "Place new sandboxes on drained nodes again",
+			`Undrain each node: it takes new sandboxes again. Talks to a gateway.`
+	}
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long:  long,
+		Args:  args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			return a.eachID(ids, func(id string) error {
+				return notFound(c.DrainNode(cmd.Context(), id, drain), "node %q not found", id)
+			})
+		},
+	}
+	addServerFlags(cmd, &f)
+	return cmd
+}
+
+func newGatewayCommand(stderr io.Writer) *cobra.Command {
+	cfg := config.DefaultGateway()
+	cmd := &cobra.Command{
+		Use:   "gateway",
+		Short: "Run a gateway: one API over the nodes of a cluster",
+		Long: `Run a gateway of a cluster: it serves the whole API (E2B's and aenv's, envd
+traffic and exposed ports included) over every node registered in the
+cluster's PostgreSQL database (--database-url). It places creates on nodes
+with room, routes every call naming a sandbox to the node holding it, and
+lists the whole cluster. It keeps no state: run several behind a load
+balancer. Root is not needed.
+
+API keys live in the database: --api-key adds one; without any, the first
+gateway makes one and prints it.
+
+Every flag can also be set by its AENV_* environment variable; flags win.`,
+		Example: `  aenv gateway --database-url postgres://aenv@db/aenv --listen :8000`,
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+			if err != nil {
+				return usageError{err}
+			}
+			return server.RunGateway(cmd.Context(), cfg, logger)
+		},
+	}
+	cfg.RegisterFlags(cmd.Flags())
+	return cmd
+}
+
+func (a *app) clusterCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Look at a cluster's nodes",
+		Long:  `Commands about the nodes of a cluster, through a gateway.`,
+		Args:  args(cobra.NoArgs),
+		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(a.clusterStatusCommand())
+	return cmd
+}
+
+func (a *app) clusterStatusCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the nodes of a cluster, their capacity, use and health",
+		Long: `List the nodes behind a gateway: ID, address, state (ready, draining or
+unreachable), sandboxes held and starting against the node's limit, memory
+given to sandboxes against its budget, and the age of its last heartbeat.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			nodes, err := c.ClusterNodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, raws(nodes, func(n client.Node) json.RawMessage { return n.Raw }))
+			}
+			t := newTable(a.stdout, "NODE", "ADDRESS", "STATE", "SANDBOXES", "STARTING", "MEMORY", "HEARTBEAT")
+			for _, n := range nodes {
+				limit := "-"
+				if n.Capacity.MaxSandboxes > 0 {
+					limit = strconv.Itoa(n.Capacity.MaxSandboxes)
+				}
+				t.row(n.ID, n.Address, n.State, fmt.Sprintf("%d/%s", n.Use.Sandboxes, limit), strconv.Itoa(n.Use.Starting),
+					fmt.Sprintf("%d/%d MiB", n.Use.MemoryMB, n.Capacity.MemoryMB),
+					fmt.Sprintf("%.1fs ago", float64(n.HeartbeatAgeMS)/1000))
+			}
+			return t.flush()
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	return cmd
+}

@@ -1,0 +1,58 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+)
+
+// Node is one node of a cluster, as GET /cluster/nodes reports it.
+type Node struct {
+	ID             string `json:"id"`
+	Address        string `json:"address"`
+	State          string `json:"state"` // ready, draining or unreachable
+	Version        string `json:"version"`
+	StartedAt      string `json:"startedAt"`
+	HeartbeatAgeMS int64  `json:"heartbeatAgeMs"`
+	Capacity       struct {
+		MaxSandboxes int `json:"maxSandboxes"`
+		MemoryMB     int `json:"memoryMB"`
+		VCPUs        int `json:"vcpus"`
+	} `json:"capacity"`
+	Use struct {
+		Sandboxes int `json:"sandboxes"`
+		Starting  int `json:"starting"`
+		MemoryMB  int `json:"memoryMB"`
+	} `json:"use"`
+	Raw json.RawMessage `json:"-"`
+}
+
+// ClusterNodes lists the nodes of the cluster behind a gateway.
+func (c *Client) ClusterNodes(ctx context.Context) ([]Node, error) {
+	var raws []json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodGet, "/cluster/nodes", nil, nil, &raws); err != nil {
+		return nil, err
+	}
+	out := make([]Node, 0, len(raws))
+	for _, raw := range raws {
+		var n Node
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return nil, err
+		}
+		n.Raw = raw
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// DrainNode drains a node of the cluster (it takes no new sandboxes), or
+// with drain false undrains it.
+func (c *Client) DrainNode(ctx context.Context, id string, drain bool) error {
+	verb := "drain"
+	if !drain {
+		verb = "undrain"
+	}
+	_, err := c.DoJSON(ctx, http.MethodPost, "/cluster/nodes/"+url.PathEscape(id)+"/"+verb, nil, nil, nil)
+	return err
+}

@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// StateUnreachable is the state of a sandbox whose node has stopped
+// heartbeating: it may well still run, but nobody can reach it now.
+const StateUnreachable store.SandboxState = "unreachable"
+
+// catalog is the cluster's records as one node.Catalog: the API's read
+// routes (list, get, templates, snapshots) served from the database.
+type catalog struct {
+	g *Gateway
+}
+
+// mark shows the sandboxes of unreachable nodes as such.
+func (c *catalog) mark(sb *store.Sandbox) {
+	if sb.State != store.StateRunning && sb.State != store.StatePaused {
+		return
+	}
+	if n, ok := c.g.nodes.current().get(sb.NodeID); !ok || !n.reachable {
+		sb.State = StateUnreachable
+	}
+}
+
+func (c *catalog) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	c.g.queries.Add(1)
+	sb, err := c.g.db.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.mark(sb)
+	return sb, nil
+}
+
+func (c *catalog) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	c.g.queries.Add(1)
+	all, err := c.g.db.ListSandboxes(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range all {
+		c.mark(sb)
+	}
+	return all, nil
+}
+
+// GetTemplate finds a template by ID or name; of the copies every node
+// has of a name (each builds its own "base"), one on a reachable node.
+func (c *catalog) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
+	copies, err := c.g.templateCopies(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	view := c.g.nodes.current()
+	for _, t := range copies {
+		if n, ok := view.get(t.NodeID); ok && n.reachable {
+			return t, nil
+		}
+	}
+	if len(copies) > 0 {
+		return copies[0], nil
+	}
+	return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
+}
+
+// ListTemplates lists each name once (the oldest copy), leaving out
+// records of nodes no longer in the cluster.
+func (c *catalog) ListTemplates(ctx context.Context) ([]*store.Template, error) {
+	c.g.queries.Add(1)
+	all, err := c.g.db.ListTemplates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	view := c.g.nodes.current()
+	seen := map[string]bool{}
+	out := all[:0]
+	for _, t := range all {
+		if _, ok := view.get(t.NodeID); !ok || seen[t.Name] {
+			continue
+		}
+		seen[t.Name] = true
+		out = append(out, t)
+	}
+	return out, nil
+}

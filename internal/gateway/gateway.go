@@ -1,0 +1,461 @@
+// Package gateway is the front of a cluster: one API over many nodes. It
+// places creates on nodes with room, routes every call that names a
+// sandbox (control plane, envd traffic, signed file URLs, exposed ports)
+// to the node holding it, and serves the records of the whole cluster
+// from the shared PostgreSQL database. Gateways keep no state of their
+// own: run as many as needed, behind any load balancer.
+//
+// Calls that name a sandbox are forwarded byte for byte: the node's API
+// already speaks E2B's wire exactly, streams and terminals included, and a
+// gateway re-encoding them could only lose fidelity.
+package gateway
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/store/postgres"
+)
+
+// Config of a gateway.
+type Config struct {
+	// Domain of exposed ports (<port>-<sandboxID>.<domain>), as the
+	// nodes'.
+	Domain string
+	// NodeTimeout: a node whose last heartbeat is older is unreachable.
+	NodeTimeout time.Duration
+	// Refresh is how often the node list is read (default: a fifth of
+	// NodeTimeout).
+	Refresh time.Duration
+	// MaxJSONBytes bounds request bodies the gateway reads itself.
+	MaxJSONBytes int64
+	// ClusterSecret authenticates the gateway to nodes.
+	ClusterSecret string
+	// APIKey, when set, is accepted besides the cluster's keys in the
+	// database (and added to them at start).
+	APIKey string
+}
+
+// Gateway is the HTTP handler of a gateway.
+type Gateway struct {
+	cfg    Config
+	db     *postgres.Store
+	logger *slog.Logger
+	nodes  *nodes
+	routes *routeCache
+	keys   *keyCache
+	// templates remembers template copies for a moment; builds, the node
+	// running each template's builds.
+	templates *ttlCache[[]*store.Template]
+	builds    *ttlCache[string]
+	catalog   http.Handler // the read routes, over the cluster's records
+	mux       *http.ServeMux
+	proxy     *httputil.ReverseProxy
+	// client makes the calls the gateway reads the answer of (creates,
+	// which it may retry on another node).
+	client *http.Client
+
+	queries  atomic.Int64 // database round trips
+	requests *prometheus.CounterVec
+
+	stop func()
+	done sync.WaitGroup
+}
+
+// New builds a gateway over the cluster's database and starts its node
+// refresh; Close stops it. reg receives its metrics.
+func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
+	if cfg.Refresh == 0 {
+		cfg.Refresh = max(cfg.NodeTimeout/5, 50*time.Millisecond)
+	}
+	g := &Gateway{cfg: cfg, db: db, logger: logger, routes: newRouteCache(1 << 20),
+		keys: newKeyCache(db, 30*time.Second), templates: newTTLCache[[]*store.Template](2 * time.Second),
+		builds: newTTLCache[string](5 * time.Second)}
+	g.nodes = newNodes(db, cfg.NodeTimeout, &g.queries)
+	transport := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	g.client = &http.Client{Transport: transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite:   g.rewrite,
+		Transport: transport,
+		// Streams (commands, terminals, watches) reach the client frame by
+		// frame.
+		FlushInterval: -1,
+		ErrorHandler:  g.upstreamError,
+	}
+	g.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "aenv_gateway_requests_total", Help: "Requests by how the gateway handled them.",
+	}, []string{"route"})
+	reg.MustRegister(g.requests, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "aenv_gateway_database_queries_total", Help: "Round trips to the cluster's database.",
+	}, func() float64 { return float64(g.queries.Load()) }))
+
+	if err := g.nodes.refresh(ctx); err != nil {
+		return nil, fmt.Errorf("gateway: read nodes: %w", err)
+	}
+	g.catalog = api.NewCatalog(api.Config{MaxJSONBytes: cfg.MaxJSONBytes, Domain: cfg.Domain,
+		Authorize: func(*http.Request) bool { return true }, // ServeHTTP checked the key
+	}, &catalog{g: g}, logger, reg)
+	g.routeMux()
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.stop = cancel
+	g.done.Add(1)
+	go g.refreshLoop(runCtx)
+	return g, nil
+}
+
+// Close stops the node refresh.
+func (g *Gateway) Close() {
+	g.stop()
+	g.done.Wait()
+}
+
+func (g *Gateway) refreshLoop(ctx context.Context) {
+	defer g.done.Done()
+	t := time.NewTicker(g.cfg.Refresh)
+	defer t.Stop()
+	var failing bool
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, g.cfg.NodeTimeout)
+		err := g.nodes.refresh(rctx)
+		cancel()
+		switch {
+		case err != nil && !failing && ctx.Err() == nil:
+			g.logger.Warn("cannot read the cluster's nodes; routing by the last view", "err", err)
+		case err == nil && failing:
+			g.logger.Info("cluster database reachable again")
+		}
+		failing = err != nil
+	}
+}
+
+func (g *Gateway) routeMux() {
+	g.mux = http.NewServeMux()
+	g.mux.HandleFunc("GET /cluster/nodes", g.listNodes)
+	g.mux.HandleFunc("POST /cluster/nodes/{id}/drain", func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, true) })
+	g.mux.HandleFunc("POST /cluster/nodes/{id}/undrain", func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, false) })
+
+	g.mux.HandleFunc("POST /sandboxes", g.create)
+	g.mux.HandleFunc("POST /v2/sandboxes", g.create)
+	g.mux.HandleFunc("/sandboxes/{id}/{rest...}", g.bySandbox)
+	g.mux.HandleFunc("DELETE /sandboxes/{id}", g.bySandbox)
+	// Named, or the mux would redirect it to the subtree above.
+	g.mux.Handle("GET /sandboxes/{id}", g.catalog)
+	g.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", g.bySandbox)
+	g.mux.HandleFunc("POST /snapshots/{id}/fork", g.byTemplate)
+	g.mux.HandleFunc("POST /templates", g.createTemplate)
+	g.mux.HandleFunc("DELETE /templates/{id}", g.deleteTemplate)
+
+	g.mux.HandleFunc("POST /v3/templates", g.requestBuild)
+	g.mux.HandleFunc("GET /templates/{templateID}/files/{hash}", g.byBuild)
+	g.mux.HandleFunc("POST /v2/templates/{templateID}/builds/{buildID}", g.byBuild)
+	g.mux.HandleFunc("GET /templates/{templateID}/builds/{buildID}/status", g.byBuild)
+
+	// Everything else reads records: the catalog serves it (and answers
+	// unknown paths with the API's 404).
+	g.mux.Handle("/", g.catalog)
+}
+
+// ServeHTTP routes envd traffic and exposed ports by sandbox, answers
+// health checks, and sends the control plane (with a valid API key)
+// through the mux.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, _, ok := api.ExposedPort(r.Host, g.cfg.Domain); ok {
+		g.count("exposed-port")
+		g.forwardSandbox(w, r, id, false)
+		return
+	}
+	if api.IsEnvdTraffic(r) {
+		g.count("envd")
+		g.envd(w, r)
+		return
+	}
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/health":
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"status":"ok"}` + "\n"))
+		return
+	case r.Method == http.MethodPut && len(r.URL.Path) > len("/build-uploads/") &&
+		r.URL.Path[:len("/build-uploads/")] == "/build-uploads/":
+		// Signed by the node that made the link, which the link names.
+		g.count("build-upload")
+		g.forwardNode(w, r, r.URL.Query().Get("node"), "", false)
+		return
+	}
+	if !g.authorized(r) {
+		api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
+		return
+	}
+	g.mux.ServeHTTP(w, r)
+}
+
+func (g *Gateway) count(route string) { g.requests.WithLabelValues(route).Inc() }
+
+func (g *Gateway) authorized(r *http.Request) bool {
+	key := api.RequestKey(r)
+	if key == "" {
+		return false
+	}
+	if g.cfg.APIKey != "" && subtle.ConstantTimeCompare([]byte(key), []byte(g.cfg.APIKey)) == 1 {
+		return true
+	}
+	ok, queried, err := g.keys.valid(r.Context(), key)
+	if queried {
+		g.queries.Add(1)
+	}
+	if err != nil {
+		g.logger.WarnContext(r.Context(), "cannot check an API key", "err", err)
+	}
+	return ok
+}
+
+// envd routes envd traffic: by E2b-Sandbox-Id, or for a signed file URL
+// by the sandbox whose token made the signature.
+func (g *Gateway) envd(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get(api.HeaderSandboxID)
+	if id == "" {
+		g.queries.Add(1)
+		tokens, err := g.db.RunningTokens(r.Context())
+		if err != nil {
+			g.databaseDown(w, r, err)
+			return
+		}
+		for _, t := range tokens {
+			if api.SignedBy(r, t.Token) {
+				id = t.ID
+				break
+			}
+		}
+		if id == "" {
+			api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid or expired signature")
+			return
+		}
+	}
+	g.forwardSandbox(w, r, id, false)
+}
+
+// bySandbox forwards a control-plane call to the node holding the
+// sandbox its path names.
+func (g *Gateway) bySandbox(w http.ResponseWriter, r *http.Request) {
+	g.count("sandbox")
+	g.forwardSandbox(w, r, r.PathValue("id"), true)
+}
+
+// forwardSandbox forwards r to the node holding sandbox id.
+func (g *Gateway) forwardSandbox(w http.ResponseWriter, r *http.Request, id string, controlPlane bool) {
+	nodeID, err := g.nodeOf(r.Context(), id)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		if controlPlane {
+			api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+		} else {
+			api.WriteSandboxGone(w, id)
+		}
+		return
+	case err != nil:
+		g.databaseDown(w, r, err)
+		return
+	}
+	if controlPlane && r.Method == http.MethodDelete {
+		// The record goes with the sandbox; so does the route.
+		defer g.routes.forget(id)
+	}
+	g.forwardNode(w, r, nodeID, id, controlPlane)
+}
+
+// nodeOf returns the node holding sandbox id: from the cache, else from
+// the database. A sandbox never moves, so a cached route stays right for
+// as long as the sandbox lives, and a stale one reaches the node that
+// held it, which answers that it is gone.
+func (g *Gateway) nodeOf(ctx context.Context, id string) (string, error) {
+	if n, ok := g.routes.get(id); ok {
+		return n, nil
+	}
+	g.queries.Add(1)
+	n, err := g.db.SandboxNode(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	g.routes.put(id, n)
+	return n, nil
+}
+
+// targetKey carries where a forwarded request goes.
+type targetKey struct{}
+
+type target struct {
+	node, addr, sandbox string
+	controlPlane        bool
+}
+
+// forwardNode forwards r unchanged to node nodeID (control-plane calls
+// with the cluster secret in place of the user's key).
+func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sandboxID string, controlPlane bool) {
+	n, ok := g.nodes.current().get(nodeID)
+	switch {
+	case !ok:
+		api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %q is not part of the cluster", nodeID))
+		return
+	case !n.reachable:
+		msg := fmt.Sprintf("node %s is unreachable (no heartbeat for %s)", nodeID, n.HeartbeatAge.Round(time.Second))
+		if sandboxID != "" {
+			msg = fmt.Sprintf("sandbox %s is on node %s, which is unreachable (no heartbeat for %s)",
+				sandboxID, nodeID, n.HeartbeatAge.Round(time.Second))
+		}
+		api.WriteErrorJSON(w, http.StatusServiceUnavailable, msg)
+		return
+	}
+	t := target{node: nodeID, addr: n.Address, sandbox: sandboxID, controlPlane: controlPlane}
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
+	t, _ := pr.In.Context().Value(targetKey{}).(target)
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = t.addr
+	// Exposed ports are named by the Host, and upload links are made from
+	// it: the node sees what the client asked for.
+	pr.Out.Host = pr.In.Host
+	if t.controlPlane {
+		pr.Out.Header.Del("Authorization")
+		pr.Out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
+	}
+}
+
+// upstreamError answers a forwarded request its node did not take.
+func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client left
+	}
+	t, _ := r.Context().Value(targetKey{}).(target)
+	g.logger.WarnContext(r.Context(), "node did not answer", "node", t.node, "sandbox", t.sandbox, "err", err)
+	msg := fmt.Sprintf("node %s did not answer: %v", t.node, err)
+	if t.sandbox != "" {
+		msg = fmt.Sprintf("sandbox %s is on node %s, which did not answer: %v", t.sandbox, t.node, err)
+	}
+	api.WriteErrorJSON(w, http.StatusServiceUnavailable, msg)
+}
+
+func (g *Gateway) databaseDown(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return
+	}
+	g.logger.WarnContext(r.Context(), "cluster database unavailable", "err", err)
+	api.WriteErrorJSON(w, http.StatusServiceUnavailable, "the cluster's database is unavailable; try again")
+}
+
+// routeCache maps sandbox IDs to nodes. Bounded: when full it starts
+// over (routes are re-read from the database on a miss).
+type routeCache struct {
+	mu    sync.RWMutex
+	m     map[string]string
+	limit int
+}
+
+func newRouteCache(limit int) *routeCache {
+	return &routeCache{m: map[string]string{}, limit: limit}
+}
+
+func (c *routeCache) get(id string) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n, ok := c.m[id]
+	return n, ok
+}
+
+func (c *routeCache) put(id, node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= c.limit {
+		clear(c.m)
+	}
+	c.m[id] = node
+}
+
+func (c *routeCache) forget(id string) {
+	c.mu.Lock()
+	delete(c.m, id)
+	c.mu.Unlock()
+}
+
+// keyCache remembers API key checks for a while, so that steady traffic
+// costs the database nothing; a revoked key stops working within ttl.
+type keyCache struct {
+	db  *postgres.Store
+	ttl time.Duration
+	mu  sync.Mutex
+	m   map[string]keyEntry
+}
+
+type keyEntry struct {
+	ok      bool
+	expires time.Time
+}
+
+func newKeyCache(db *postgres.Store, ttl time.Duration) *keyCache {
+	return &keyCache{db: db, ttl: ttl, m: map[string]keyEntry{}}
+}
+
+// valid reports whether key is one of the cluster's, and whether the
+// database was asked.
+func (c *keyCache) valid(ctx context.Context, key string) (ok, queried bool, err error) {
+	now := time.Now()
+	c.mu.Lock()
+	e, hit := c.m[key]
+	c.mu.Unlock()
+	if hit && now.Before(e.expires) {
+		return e.ok, false, nil
+	}
+	ok, err = c.db.APIKeyValid(ctx, key)
+	if err != nil {
+		// The database is away: a key seen valid before stays valid.
+		return hit && e.ok, true, err
+	}
+	ttl := c.ttl
+	if !ok {
+		ttl = 2 * time.Second // a new key works as soon as it is added
+	}
+	c.mu.Lock()
+	if len(c.m) > 100000 {
+		clear(c.m)
+	}
+	c.m[key] = keyEntry{ok: ok, expires: now.Add(ttl)}
+	c.mu.Unlock()
+	return ok, true, nil
+}
+
+// RequireKey lets through only requests carrying one of the cluster's API
+// keys.
+func (g *Gateway) RequireKey(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.authorized(r) {
+			api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

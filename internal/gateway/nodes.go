@@ -1,0 +1,164 @@
+package gateway
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/store/postgres"
+)
+
+// nodeState is one node as the gateway last read it.
+type nodeState struct {
+	postgres.Node
+	reachable bool
+}
+
+// ready reports whether the node takes new sandboxes.
+func (n *nodeState) ready() bool { return n.reachable && !n.Draining }
+
+// state is the node's state as /cluster/nodes reports it.
+func (n *nodeState) state() string {
+	switch {
+	case !n.reachable:
+		return "unreachable"
+	case n.Draining:
+		return "draining"
+	}
+	return "ready"
+}
+
+// nodeView is the cluster's nodes as of one read of the database,
+// published whole (readers never lock).
+type nodeView struct {
+	byID map[string]*nodeState
+	list []*nodeState // by ID
+}
+
+func (v *nodeView) get(id string) (*nodeState, bool) {
+	n, ok := v.byID[id]
+	return n, ok
+}
+
+// nodes keeps the gateway's view of the cluster's nodes fresh: one query
+// every interval, whatever the traffic, so that routing reads no database.
+type nodes struct {
+	db      *postgres.Store
+	timeout time.Duration // a heartbeat older than this: unreachable
+	view    atomic.Pointer[nodeView]
+	queries *atomic.Int64 // database round trips, for metrics
+
+	// sent counts creates per node since the view was read: a node's use
+	// in the view lags by up to a heartbeat, and a burst must not all land
+	// on the node that looked emptiest.
+	mu   sync.Mutex
+	sent map[string]int
+}
+
+func newNodes(db *postgres.Store, timeout time.Duration, queries *atomic.Int64) *nodes {
+	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}}
+	n.view.Store(&nodeView{byID: map[string]*nodeState{}})
+	return n
+}
+
+// refresh reads the nodes once. On failure the previous view stays: while
+// the database is away, nodes keep being reached where they were.
+func (n *nodes) refresh(ctx context.Context) error {
+	n.queries.Add(1)
+	list, err := n.db.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	v := &nodeView{byID: make(map[string]*nodeState, len(list))}
+	for _, rec := range list {
+		s := &nodeState{Node: rec, reachable: rec.HeartbeatAge <= n.timeout}
+		v.byID[rec.ID] = s
+		v.list = append(v.list, s)
+	}
+	n.mu.Lock()
+	n.view.Store(v)
+	clear(n.sent)
+	n.mu.Unlock()
+	return nil
+}
+
+func (n *nodes) current() *nodeView { return n.view.Load() }
+
+// noteSent counts a sandbox placed on node id since the last refresh.
+func (n *nodes) noteSent(id string, count int) {
+	n.mu.Lock()
+	n.sent[id] += count
+	n.mu.Unlock()
+}
+
+// free is the share of node s's room left for a sandbox of memoryMB, by
+// count and by memory, whichever is tighter; <= 0 means full.
+func (n *nodes) free(s *nodeState, memoryMB int) float64 {
+	n.mu.Lock()
+	sent := n.sent[s.ID]
+	n.mu.Unlock()
+	share := 1.0
+	if max := s.Capacity.MaxSandboxes; max > 0 {
+		left := max - s.Use.Sandboxes - sent
+		if left < 1 {
+			return 0
+		}
+		share = min(share, float64(left)/float64(max))
+	}
+	if limit := s.Capacity.MemoryMB; limit > 0 {
+		left := limit - s.Use.MemoryUsedMB - sent*memoryMB
+		if left < memoryMB {
+			return 0
+		}
+		share = min(share, float64(left)/float64(limit))
+	}
+	return share
+}
+
+// place orders the candidates for a new sandbox: the better of two picked
+// at random first (E2B's best-of-K, K=2: it spreads load without every
+// gateway piling onto the one node that looks emptiest), then the others,
+// freest first, as fallbacks should the first refuse.
+func (n *nodes) place(candidates []*nodeState, memoryMB int) []*nodeState {
+	type scored struct {
+		node *nodeState
+		free float64
+	}
+	var room []scored
+	for _, c := range candidates {
+		if f := n.free(c, memoryMB); f > 0 {
+			room = append(room, scored{c, f})
+		}
+	}
+	if len(room) == 0 {
+		return nil
+	}
+	first := rand.IntN(len(room))
+	if len(room) > 1 {
+		second := rand.IntN(len(room) - 1)
+		if second >= first {
+			second++
+		}
+		if room[second].free > room[first].free {
+			first = second
+		}
+	}
+	out := []*nodeState{room[first].node}
+	room = slices.Delete(room, first, first+1)
+	slices.SortFunc(room, func(a, b scored) int {
+		switch {
+		case a.free > b.free:
+			return -1
+		case a.free < b.free:
+			return 1
+		}
+		return 0
+	})
+	for _, r := range room {
+		out = append(out, r.node)
+	}
+	return out
+}

@@ -1,0 +1,104 @@
+package gateway
+
+import (
+	"sync/atomic"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/store/postgres"
+)
+
+func testNode(id string, maxSandboxes, sandboxes, memoryMB, usedMB int) *nodeState {
+	return &nodeState{reachable: true, Node: postgres.Node{ID: id,
+		Capacity: postgres.NodeCapacity{MaxSandboxes: maxSandboxes, MemoryMB: memoryMB},
+		Use:      postgres.NodeUse{Sandboxes: sandboxes, MemoryUsedMB: usedMB}}}
+}
+
+func TestFree(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		n    *nodeState
+		sent int
+		mem  int
+		want float64
+	}{
+		{"empty", testNode("a", 10, 0, 1000, 0), 0, 100, 1},
+		{"count bound", testNode("a", 10, 5, 1000, 0), 0, 100, 0.5},
+		{"memory bound", testNode("a", 10, 0, 1000, 750), 0, 100, 0.25},
+		{"full by count", testNode("a", 2, 2, 1000, 0), 0, 100, 0},
+		{"full by memory", testNode("a", 0, 0, 1000, 950), 0, 100, 0},
+		{"no count limit", testNode("a", 0, 500, 0, 0), 0, 100, 1},
+		{"creates since the heartbeat count", testNode("a", 4, 2, 0, 0), 2, 100, 0},
+		{"their memory too", testNode("a", 0, 0, 1000, 500), 4, 100, 0.1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNodes(nil, 0, new(atomic.Int64))
+			n.noteSent(tc.n.ID, tc.sent)
+			if got := n.free(tc.n, tc.mem); got < tc.want-1e-9 || got > tc.want+1e-9 {
+				t.Errorf("free = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlace(t *testing.T) {
+	n := newNodes(nil, 0, new(atomic.Int64))
+	full := testNode("full", 2, 2, 0, 0)
+	busy := testNode("busy", 10, 8, 0, 0)
+	idle := testNode("idle", 10, 0, 0, 0)
+	if got := n.place([]*nodeState{full}, 100); len(got) != 0 {
+		t.Fatalf("a full node was offered: %v", got)
+	}
+	// Best of two among {busy, idle}: always idle first; busy stays as the
+	// fallback; the full node never appears.
+	for range 50 {
+		got := n.place([]*nodeState{full, busy, idle}, 100)
+		if len(got) != 2 || got[0].ID != "idle" || got[1].ID != "busy" {
+			t.Fatalf("order %v, want idle then busy", ids(got))
+		}
+	}
+	// Spread: with equal nodes, sent creates tip the balance.
+	a, b := testNode("a", 10, 0, 0, 0), testNode("b", 10, 0, 0, 0)
+	count := map[string]int{}
+	for range 10 {
+		first := n.place([]*nodeState{a, b}, 100)[0]
+		count[first.ID]++
+		n.noteSent(first.ID, 1)
+	}
+	if count["a"] != 5 || count["b"] != 5 {
+		t.Errorf("10 creates over two equal nodes: %v, want 5 each", count)
+	}
+}
+
+func ids(ns []*nodeState) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.ID)
+	}
+	return out
+}
+
+func TestNodeStateNames(t *testing.T) {
+	for _, tc := range []struct {
+		reachable, draining bool
+		want                string
+		ready               bool
+	}{
+		{true, false, "ready", true},
+		{true, true, "draining", false},
+		{false, false, "unreachable", false},
+		{false, true, "unreachable", false},
+	} {
+		n := &nodeState{reachable: tc.reachable, Node: postgres.Node{Draining: tc.draining}}
+		if n.state() != tc.want || n.ready() != tc.ready {
+			t.Errorf("reachable=%v draining=%v: %s ready=%v, want %s %v", tc.reachable, tc.draining, n.state(), n.ready(), tc.want, tc.ready)
+		}
+	}
+}
+
+func TestUntagged(t *testing.T) {
+	for in, want := range map[string]string{"name": "name", "name:v2": "name", ":x": ":x", "x:": "x:", "a:b:c": "a:b"} {
+		if got := untagged(in); got != want {
+			t.Errorf("untagged(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

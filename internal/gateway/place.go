@@ -1,0 +1,535 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// maxCreateAttempts bounds the nodes one create is offered to.
+const maxCreateAttempts = 3
+
+// readBody reads a request body the gateway must look into, within the
+// JSON limit; on failure it has answered.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxJSONBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			api.WriteErrorJSON(w, http.StatusRequestEntityTooLarge,
+				fmt.Sprintf("request body is larger than %d bytes", g.cfg.MaxJSONBytes))
+		} else {
+			api.WriteErrorJSON(w, http.StatusBadRequest, "cannot read the request body: "+err.Error())
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// withBody gives r its body back after readBody.
+func withBody(r *http.Request, body []byte) *http.Request {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	return r
+}
+
+// create places a new sandbox: on a ready node that holds its template
+// and has room (best of two), trying the next one should a node refuse
+// for lack of room or fail to connect.
+func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
+	g.count("create")
+	body, ok := g.readBody(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		TemplateID string `json:"templateID"`
+		MemoryMB   int    `json:"memoryMB"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		// Any node answers a malformed request as every node would.
+		g.forwardAny(w, withBody(r, body))
+		return
+	}
+	tpl := req.TemplateID
+	if tpl == "" {
+		tpl = "base"
+	}
+	copies, err := g.templateCopies(r.Context(), tpl)
+	if err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	if len(copies) == 0 {
+		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("template %q not found", tpl))
+		return
+	}
+	candidates, why := g.holders(copies)
+	memory := req.MemoryMB
+	if memory <= 0 {
+		memory = copies[0].MemoryMB // the template's size
+	}
+	order := g.nodes.place(candidates, memory)
+	if len(order) == 0 {
+		api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf(
+			"no node can take a sandbox of template %q now (%s); try again later", tpl, why))
+		return
+	}
+	var last string
+	for i, n := range order {
+		if i == maxCreateAttempts {
+			break
+		}
+		resp, err := g.send(r, n, body)
+		if err != nil {
+			var op *net.OpError
+			if errors.As(err, &op) && op.Op == "dial" {
+				last = fmt.Sprintf("node %s did not answer: %v", n.ID, err)
+				continue // never reached the node: safe to offer elsewhere
+			}
+			if r.Context().Err() == nil {
+				api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %s failed during the create: %v", n.ID, err))
+			}
+			return
+		}
+		if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			last = fmt.Sprintf("node %s: %s", n.ID, bytes.TrimSpace(msg))
+			continue
+		}
+		g.relayCreated(w, resp, n.ID)
+		return
+	}
+	api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node could take the sandbox; last: "+last)
+}
+
+// relayCreated copies a node's answer to a create to the client, noting
+// the new sandbox's route.
+func (g *Gateway) relayCreated(w http.ResponseWriter, resp *http.Response, nodeID string) {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		api.WriteErrorJSON(w, http.StatusBadGateway, fmt.Sprintf("node %s: reading its answer: %v", nodeID, err))
+		return
+	}
+	if resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusOK {
+		var created struct {
+			SandboxID string `json:"sandboxID"`
+		}
+		if json.Unmarshal(body, &created) == nil && created.SandboxID != "" {
+			g.routes.put(created.SandboxID, nodeID)
+			g.nodes.noteSent(nodeID, 1)
+		}
+	}
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	w.Write(body)
+}
+
+// send makes r's call on node n with body, as the gateway (the cluster
+// secret in place of the user's key).
+func (g *Gateway) send(r *http.Request, n *nodeState, body []byte) (*http.Response, error) {
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+n.Address+r.URL.RequestURI(),
+		bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyHeader(out.Header, r.Header)
+	out.Header.Del("Authorization")
+	out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
+	out.Host = r.Host
+	return g.client.Do(out)
+}
+
+// hopHeaders are a connection's own, never forwarded.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer"}
+
+func copyHeader(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = append([]string(nil), vs...)
+	}
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+}
+
+// holders returns the ready nodes among those holding copies, and why the
+// others cannot take a sandbox (for the answer when none can).
+func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
+	view := g.nodes.current()
+	var out []*nodeState
+	var drained, unreachable []string
+	seen := map[string]bool{}
+	for _, t := range copies {
+		n, ok := view.get(t.NodeID)
+		if !ok || seen[n.ID] {
+			continue
+		}
+		seen[n.ID] = true
+		switch {
+		case !n.reachable:
+			unreachable = append(unreachable, n.ID)
+		case n.Draining:
+			drained = append(drained, n.ID)
+		default:
+			out = append(out, n)
+		}
+	}
+	why := fmt.Sprintf("%d node(s) hold it, %d ready and all full", len(seen), len(out))
+	if len(drained) > 0 {
+		why += "; drained: " + strings.Join(drained, ", ")
+	}
+	if len(unreachable) > 0 {
+		why += "; unreachable: " + strings.Join(unreachable, ", ")
+	}
+	return out, why
+}
+
+// forwardAny forwards r to some ready node (for requests any node answers
+// alike).
+func (g *Gateway) forwardAny(w http.ResponseWriter, r *http.Request) {
+	var ready []*nodeState
+	for _, n := range g.nodes.current().list {
+		if n.ready() {
+			ready = append(ready, n)
+		}
+	}
+	order := g.nodes.place(ready, 0)
+	if len(order) == 0 {
+		api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node of the cluster is ready")
+		return
+	}
+	g.forwardNode(w, r, order[0].ID, "", true)
+}
+
+// templateCopies returns every node's template with this ID or name,
+// remembered for a moment (a burst of creates from one template reads the
+// database once).
+func (g *Gateway) templateCopies(ctx context.Context, idOrName string) ([]*store.Template, error) {
+	if copies, ok := g.templates.get(idOrName); ok {
+		return copies, nil
+	}
+	g.queries.Add(1)
+	copies, err := g.db.TemplateCopies(ctx, idOrName)
+	if err == nil && len(copies) == 0 {
+		// "name:tag" names the template "name" (a template has one version).
+		if i := strings.LastIndexByte(idOrName, ':'); i > 0 && i < len(idOrName)-1 {
+			g.queries.Add(1)
+			copies, err = g.db.TemplateCopies(ctx, idOrName[:i])
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	g.templates.put(idOrName, copies)
+	return copies, nil
+}
+
+// byTemplate forwards a call naming a template or snapshot (a fork of a
+// snapshot) to a reachable node holding it.
+func (g *Gateway) byTemplate(w http.ResponseWriter, r *http.Request) {
+	g.count("template")
+	id := r.PathValue("id")
+	copies, err := g.templateCopies(r.Context(), id)
+	if err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	if len(copies) == 0 {
+		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("snapshot %q not found", id))
+		return
+	}
+	nodeID := copies[0].NodeID
+	view := g.nodes.current()
+	for _, t := range copies {
+		if n, ok := view.get(t.NodeID); ok && n.ready() {
+			nodeID = t.NodeID
+			break
+		}
+	}
+	g.forwardNode(w, r, nodeID, "", true)
+}
+
+// createTemplate routes POST /templates: a template of a sandbox is made
+// on the sandbox's node; one of an image on a node with room.
+func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request) {
+	g.count("template")
+	body, ok := g.readBody(w, r)
+	if !ok {
+		return
+	}
+	r = withBody(r, body)
+	var req struct {
+		SandboxID string `json:"sandboxID"`
+		Name      string `json:"name"`
+	}
+	if json.Unmarshal(body, &req) != nil {
+		g.forwardAny(w, r)
+		return
+	}
+	if req.Name != "" {
+		copies, err := g.templateCopies(r.Context(), req.Name)
+		if err != nil {
+			g.databaseDown(w, r, err)
+			return
+		}
+		if len(copies) > 0 {
+			// Names are the cluster's: the node holding the name decides
+			// (it refuses a duplicate as a single server does).
+			g.forwardNode(w, r, copies[0].NodeID, "", true)
+			return
+		}
+		defer g.templates.forget(req.Name)
+	}
+	if req.SandboxID != "" {
+		g.forwardSandbox(w, r, req.SandboxID, true)
+		return
+	}
+	g.forwardAny(w, r)
+}
+
+// deleteTemplate deletes every node's copy of a template.
+func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	g.count("template")
+	id := r.PathValue("id")
+	g.templates.forget(id)
+	g.queries.Add(1)
+	copies, err := g.db.TemplateCopies(r.Context(), id)
+	if err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	if len(copies) == 0 {
+		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("template %q not found", id))
+		return
+	}
+	view := g.nodes.current()
+	for _, t := range copies {
+		n, ok := view.get(t.NodeID)
+		if !ok || !n.reachable {
+			api.WriteErrorJSON(w, http.StatusServiceUnavailable,
+				fmt.Sprintf("template %q has a copy on node %s, which is unreachable", id, t.NodeID))
+			return
+		}
+		del := r.Clone(r.Context())
+		del.URL.Path = "/templates/" + t.ID
+		del.URL.RawPath = ""
+		resp, err := g.send(del, n, nil)
+		if err != nil {
+			api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %s did not answer: %v", n.ID, err))
+			return
+		}
+		if resp.StatusCode/100 != 2 {
+			g.relayCreated(w, resp, n.ID)
+			return
+		}
+		resp.Body.Close()
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// requestBuild places a template build: on the node that built the
+// template before when it is ready, else on a ready node with room; the
+// build's later calls follow it there.
+func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
+	g.count("build")
+	body, ok := g.readBody(w, r)
+	if !ok {
+		return
+	}
+	r = withBody(r, body)
+	var req struct {
+		Name  string `json:"name"`
+		Alias string `json:"alias"`
+	}
+	if json.Unmarshal(body, &req) != nil || (req.Name == "" && req.Alias == "") {
+		g.forwardAny(w, r)
+		return
+	}
+	name := req.Name
+	if name == "" {
+		name = req.Alias
+	}
+	name = untagged(name)
+	view := g.nodes.current()
+	g.queries.Add(1)
+	prev, err := g.db.BuildNode(r.Context(), name)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		g.databaseDown(w, r, err)
+		return
+	}
+	if n, ok := view.get(prev); ok && n.ready() {
+		g.forwardNode(w, r, prev, "", true)
+		return
+	}
+	var ready []*nodeState
+	for _, n := range view.list {
+		if n.ready() {
+			ready = append(ready, n)
+		}
+	}
+	order := g.nodes.place(ready, 0)
+	if len(order) == 0 {
+		api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node of the cluster can run a build now")
+		return
+	}
+	g.queries.Add(1)
+	if err := g.db.MoveBuildNode(r.Context(), name, order[0].ID); err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	g.builds.forget(name)
+	g.forwardNode(w, r, order[0].ID, "", true)
+}
+
+// byBuild forwards a build's call to the node running its builds.
+func (g *Gateway) byBuild(w http.ResponseWriter, r *http.Request) {
+	g.count("build")
+	name := untagged(r.PathValue("templateID"))
+	nodeID, ok := g.builds.get(name)
+	if !ok {
+		g.queries.Add(1)
+		var err error
+		nodeID, err = g.db.BuildNode(r.Context(), name)
+		if errors.Is(err, store.ErrNotFound) {
+			api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("no build of template %q", name))
+			return
+		}
+		if err != nil {
+			g.databaseDown(w, r, err)
+			return
+		}
+		g.builds.put(name, nodeID)
+	}
+	g.forwardNode(w, r, nodeID, "", true)
+}
+
+// untagged drops a build tag ("name:tag").
+func untagged(name string) string {
+	if i := strings.LastIndexByte(name, ':'); i > 0 && i < len(name)-1 {
+		return name[:i]
+	}
+	return name
+}
+
+// nodeJSON is one node in GET /cluster/nodes.
+type nodeJSON struct {
+	ID             string    `json:"id"`
+	Address        string    `json:"address"`
+	State          string    `json:"state"`
+	Version        string    `json:"version"`
+	StartedAt      time.Time `json:"startedAt"`
+	HeartbeatAgeMS int64     `json:"heartbeatAgeMs"`
+	Capacity       struct {
+		MaxSandboxes int `json:"maxSandboxes"`
+		MemoryMB     int `json:"memoryMB"`
+		VCPUs        int `json:"vcpus"`
+	} `json:"capacity"`
+	Use struct {
+		Sandboxes int `json:"sandboxes"`
+		Starting  int `json:"starting"`
+		MemoryMB  int `json:"memoryMB"`
+	} `json:"use"`
+}
+
+// listNodes is GET /cluster/nodes, read fresh from the database.
+func (g *Gateway) listNodes(w http.ResponseWriter, r *http.Request) {
+	g.count("cluster")
+	if err := g.nodes.refresh(r.Context()); err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	view := g.nodes.current()
+	out := make([]nodeJSON, 0, len(view.list))
+	for _, n := range view.list {
+		j := nodeJSON{ID: n.ID, Address: n.Address, State: n.state(), Version: n.Version,
+			StartedAt: n.StartedAt, HeartbeatAgeMS: n.HeartbeatAge.Milliseconds()}
+		j.Capacity.MaxSandboxes, j.Capacity.MemoryMB, j.Capacity.VCPUs = n.Capacity.MaxSandboxes, n.Capacity.MemoryMB, n.Capacity.VCPUs
+		j.Use.Sandboxes, j.Use.Starting, j.Use.MemoryMB = n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB
+		out = append(out, j)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+// drain is POST /cluster/nodes/{id}/drain and /undrain. The node learns
+// it at its next heartbeat; gateways stop placing on it at their next
+// refresh.
+func (g *Gateway) drain(w http.ResponseWriter, r *http.Request, draining bool) {
+	g.count("cluster")
+	id := r.PathValue("id")
+	g.queries.Add(1)
+	err := g.db.SetDraining(r.Context(), id, draining)
+	if errors.Is(err, store.ErrNotFound) {
+		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("node %q is not part of the cluster", id))
+		return
+	}
+	if err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	if err := g.nodes.refresh(r.Context()); err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// ttlCache remembers lookups for a moment.
+type ttlCache[V any] struct {
+	ttl time.Duration
+	mu  sync.Mutex
+	m   map[string]ttlEntry[V]
+}
+
+type ttlEntry[V any] struct {
+	v       V
+	expires time.Time
+}
+
+func newTTLCache[V any](ttl time.Duration) *ttlCache[V] {
+	return &ttlCache[V]{ttl: ttl, m: map[string]ttlEntry[V]{}}
+}
+
+func (c *ttlCache[V]) get(k string) (V, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[k]
+	if !ok || time.Now().After(e.expires) {
+		var zero V
+		return zero, false
+	}
+	return e.v, true
+}
+
+func (c *ttlCache[V]) put(k string, v V) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) > 10000 {
+		clear(c.m)
+	}
+	c.m[k] = ttlEntry[V]{v: v, expires: time.Now().Add(c.ttl)}
+}
+
+func (c *ttlCache[V]) forget(k string) {
+	c.mu.Lock()
+	delete(c.m, k)
+	c.mu.Unlock()
+}
+
+var _ node.Catalog = (*catalog)(nil)

@@ -1,0 +1,173 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/cluster"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store/postgres"
+)
+
+// clusterMember is a node's link to its cluster. Its methods accept a nil
+// receiver (a single server), so that Run need not branch at every step.
+type clusterMember struct {
+	cfg    config.Cluster
+	id     string
+	db     *postgres.Store // scoped to this node's records
+	secret string          // what gateways authenticate with
+	member *cluster.Member
+	logger *slog.Logger
+}
+
+// openCluster connects to the cluster's database as node cfg.NodeID.
+func openCluster(ctx context.Context, srv config.Server, cfg config.Cluster, logger *slog.Logger) (*clusterMember, error) {
+	id, err := nodeID(srv.DataDir, cfg.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	db, err := postgres.OpenNode(ctx, cfg.DatabaseURL, id)
+	if err != nil {
+		return nil, err
+	}
+	secret, err := db.ClusterSecret(ctx, cfg.ClusterSecret)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	return &clusterMember{cfg: cfg, id: id, db: db, secret: secret, logger: logger.With("component", "cluster")}, nil
+}
+
+// join registers the node and returns what the API is to call: the
+// manager behind the node's limits.
+func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.Manager) (node.Node, error) {
+	memLimit := 0
+	if total, ok := memTotalMB(); ok {
+		memLimit = total * c.cfg.MaxMemoryPercent / 100
+	}
+	admission := cluster.NewAdmission(m, cluster.Limits{
+		MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, MaxStarting: c.cfg.MaxStarting,
+		DefaultMemoryMB: srv.DefaultMemoryMB,
+	}, m.Use)
+	addr, err := advertiseAddress(c.cfg.Advertise, srv.Listen)
+	if err != nil {
+		return nil, err
+	}
+	member, err := cluster.Join(ctx, c.db, postgres.Node{
+		ID: c.id, Address: addr, Version: c.cfg.Version, StartedAt: time.Now(),
+		Capacity: postgres.NodeCapacity{MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, VCPUs: goruntime.NumCPU()},
+	}, admission, time.Duration(c.cfg.HeartbeatIntervalMS)*time.Millisecond, c.logger)
+	if err != nil {
+		return nil, err
+	}
+	c.member = member
+	return admission, nil
+}
+
+func (c *clusterMember) nodeID() string {
+	if c == nil {
+		return ""
+	}
+	return c.id
+}
+
+// stop ends the heartbeat (the node stays registered).
+func (c *clusterMember) stop() {
+	if c == nil || c.member == nil {
+		return
+	}
+	c.member.Stop()
+}
+
+// leave ends the heartbeat, and with removeAll removes the node's row and
+// records from the cluster.
+func (c *clusterMember) leave(removeAll bool, logger *slog.Logger) error {
+	if c == nil || c.member == nil {
+		return nil
+	}
+	if !removeAll {
+		c.member.Stop()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.member.Leave(ctx); err != nil {
+		return err
+	}
+	logger.Info("left the cluster", "node", c.id)
+	return nil
+}
+
+// nodeID returns the configured ID, else the one kept in the data dir
+// (made on first start), so that a restarted node is the same node.
+func nodeID(dataDir, configured string) (string, error) {
+	if configured != "" {
+		return configured, nil
+	}
+	path := filepath.Join(dataDir, "node-id")
+	if b, err := os.ReadFile(path); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	buf := make([]byte, 6)
+	if _, err := rand.Read(buf); err != nil {
+		return "", fmt.Errorf("node id: %w", err)
+	}
+	id := "node-" + hex.EncodeToString(buf)
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("save node id: %w", err)
+	}
+	return id, nil
+}
+
+// advertiseAddress is where gateways reach the node: the configured
+// address, else the listen address with this host's name when it names no
+// host.
+func advertiseAddress(configured, listen string) (string, error) {
+	if configured != "" {
+		if _, _, err := net.SplitHostPort(configured); err != nil {
+			return "", fmt.Errorf("--advertise %q: %w", configured, err)
+		}
+		return configured, nil
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if host, err = os.Hostname(); err != nil {
+			return "", fmt.Errorf("advertise address: %w (give --advertise)", err)
+		}
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// memTotalMB reads MemTotal from /proc/meminfo.
+func memTotalMB() (int, bool) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, err := strconv.Atoi(fields[1])
+			return kb >> 10, err == nil
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,312 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// The cluster's records: its nodes, API keys and settings. They are not
+// scoped to a node; a node writes its own row, gateways read them all.
+
+// Node is the record of one node of a cluster: where it is, what it may
+// hold and what it holds, as of its last heartbeat.
+type Node struct {
+	ID       string
+	Address  string // host:port gateways reach it at
+	Draining bool   // takes no new sandboxes
+	Version  string
+	// StartedAt is when the node process started.
+	StartedAt time.Time
+	// HeartbeatAge is how long ago the node last reported, by the
+	// database's clock (so the nodes' clocks need not agree).
+	HeartbeatAge time.Duration
+	Capacity     NodeCapacity
+	Use          NodeUse
+}
+
+// NodeCapacity is what a node may hold.
+type NodeCapacity struct {
+	MaxSandboxes int // 0: no count limit
+	MemoryMB     int // memory its sandboxes may be given in all
+	VCPUs        int
+}
+
+// NodeUse is what a node holds.
+type NodeUse struct {
+	Sandboxes    int // running or paused in memory
+	Starting     int // creates and restores in progress
+	MemoryUsedMB int // memory given to its live sandboxes
+}
+
+// dbNow is the database's clock in unix nanoseconds.
+const dbNow = `(extract(epoch from clock_timestamp()) * 1000000000)::bigint`
+
+// RegisterNode writes n's row (a node starting, or starting again). A
+// drained node stays drained across restarts.
+func (s *Store) RegisterNode(ctx context.Context, n Node) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO nodes (id, address, version, started_at, heartbeat_at,
+		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb)
+		VALUES ($1, $2, $3, $4, `+dbNow+`, $5, $6, $7, $8, $9, $10)
+		ON CONFLICT (id) DO UPDATE SET address = excluded.address, version = excluded.version,
+		started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
+		max_sandboxes = excluded.max_sandboxes, memory_mb = excluded.memory_mb, vcpus = excluded.vcpus,
+		sandboxes = excluded.sandboxes, starting = excluded.starting, memory_used_mb = excluded.memory_used_mb`,
+		n.ID, n.Address, n.Version, n.StartedAt.UnixNano(), n.Capacity.MaxSandboxes, n.Capacity.MemoryMB,
+		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB)
+	if err != nil {
+		return fmt.Errorf("register node %s: %w", n.ID, err)
+	}
+	return nil
+}
+
+// Heartbeat stamps node id's row with the time and its use, and reports
+// whether the node is drained. ErrNotFound: the row is gone (removed by an
+// operator); the node registers again.
+func (s *Store) Heartbeat(ctx context.Context, id string, use NodeUse) (draining bool, err error) {
+	err = s.pool.QueryRow(ctx, `UPDATE nodes SET heartbeat_at = `+dbNow+`, sandboxes = $2, starting = $3,
+		memory_used_mb = $4 WHERE id = $1 RETURNING draining`,
+		id, use.Sandboxes, use.Starting, use.MemoryUsedMB).Scan(&draining)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, fmt.Errorf("heartbeat of node %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return false, fmt.Errorf("heartbeat of node %s: %w", id, err)
+	}
+	return draining, nil
+}
+
+const nodeColumns = `id, address, draining, version, started_at, ` + dbNow + ` - heartbeat_at,
+	max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb`
+
+// ListNodes returns every node, by ID.
+func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	defer rows.Close()
+	var out []Node
+	for rows.Next() {
+		var n Node
+		var started, age int64
+		if err := rows.Scan(&n.ID, &n.Address, &n.Draining, &n.Version, &started, &age,
+			&n.Capacity.MaxSandboxes, &n.Capacity.MemoryMB, &n.Capacity.VCPUs,
+			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB); err != nil {
+			return nil, fmt.Errorf("list nodes: %w", err)
+		}
+		n.StartedAt = time.Unix(0, started).UTC()
+		n.HeartbeatAge = time.Duration(age)
+		out = append(out, n)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	return out, nil
+}
+
+// SetDraining drains node id (it takes no new sandboxes) or undrains it.
+func (s *Store) SetDraining(ctx context.Context, id string, draining bool) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE nodes SET draining = $2 WHERE id = $1`, id, draining)
+	if err != nil {
+		return fmt.Errorf("drain node %s: %w", id, err)
+	}
+	return expectOneRow(tag, "drain node "+id)
+}
+
+// RemoveNode deletes node id's row and the records of its sandboxes and
+// templates: a node leaving the cluster for good with nothing left.
+func (s *Store) RemoveNode(ctx context.Context, id string) error {
+	if id == "" {
+		return fmt.Errorf("remove node: %w", store.ErrNotFound)
+	}
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, q := range []string{`DELETE FROM sandboxes WHERE node_id = $1`,
+			`DELETE FROM templates WHERE node_id = $1`, `DELETE FROM nodes WHERE id = $1`} {
+			if _, err := tx.Exec(ctx, q, id); err != nil {
+				return fmt.Errorf("remove node %s: %w", id, err)
+			}
+		}
+		return nil
+	})
+}
+
+// SandboxNode returns the node holding sandbox id: what a gateway routes
+// by.
+func (s *Store) SandboxNode(ctx context.Context, id string) (string, error) {
+	var node string
+	err := s.pool.QueryRow(ctx, `SELECT node_id FROM sandboxes WHERE id = $1`, id).Scan(&node)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return node, nil
+}
+
+// TemplateCopies returns every node's template with this ID or name
+// (every node has its own "base"), oldest first.
+func (s *Store) TemplateCopies(ctx context.Context, idOrName string) ([]*store.Template, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+templateColumns+` FROM templates WHERE id = $1 OR name = $1
+		ORDER BY created_at, id`, idOrName)
+	if err != nil {
+		return nil, fmt.Errorf("template %s: %w", idOrName, err)
+	}
+	defer rows.Close()
+	var out []*store.Template
+	for rows.Next() {
+		t, err := scanTemplate(rows)
+		if err != nil {
+			return nil, fmt.Errorf("template %s: %w", idOrName, err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("template %s: %w", idOrName, err)
+	}
+	return out, nil
+}
+
+// AddAPIKey lets key in (it is kept as a digest).
+func (s *Store) AddAPIKey(ctx context.Context, key string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (key_sha256, created_at) VALUES ($1, $2)
+		ON CONFLICT (key_sha256) DO NOTHING`, keyDigest(key), time.Now().UnixNano())
+	if err != nil {
+		return fmt.Errorf("add API key: %w", err)
+	}
+	return nil
+}
+
+// APIKeyValid reports whether key is one of the cluster's.
+func (s *Store) APIKeyValid(ctx context.Context, key string) (bool, error) {
+	var one int
+	err := s.pool.QueryRow(ctx, `SELECT 1 FROM api_keys WHERE key_sha256 = $1`, keyDigest(key)).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("check API key: %w", err)
+	}
+	return true, nil
+}
+
+// CountAPIKeys returns how many API keys the cluster has.
+func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM api_keys`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count API keys: %w", err)
+	}
+	return n, nil
+}
+
+func keyDigest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// ErrSecretMismatch: a process was given a cluster secret other than the
+// one the cluster already has.
+var ErrSecretMismatch = errors.New("--cluster-secret differs from the secret this cluster already keeps in its database")
+
+// ClusterSecret returns the secret gateways call nodes with. The first
+// process to ask sets it: to want, or when want is "" to a new random
+// one; the others read the same one, and one that wants another gets
+// ErrSecretMismatch.
+func (s *Store) ClusterSecret(ctx context.Context, want string) (string, error) {
+	proposed := want
+	if proposed == "" {
+		buf := make([]byte, 32)
+		if _, err := rand.Read(buf); err != nil {
+			return "", fmt.Errorf("cluster secret: %w", err)
+		}
+		proposed = "aenv_cluster_" + hex.EncodeToString(buf)
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO cluster_settings (name, value) VALUES ('cluster_secret', $1)
+		ON CONFLICT (name) DO NOTHING`, proposed); err != nil {
+		return "", fmt.Errorf("cluster secret: %w", err)
+	}
+	var secret string
+	if err := s.pool.QueryRow(ctx, `SELECT value FROM cluster_settings WHERE name = 'cluster_secret'`).
+		Scan(&secret); err != nil {
+		return "", fmt.Errorf("cluster secret: %w", err)
+	}
+	if want != "" && secret != want {
+		return "", ErrSecretMismatch
+	}
+	return secret, nil
+}
+
+// Ping checks the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.pool.Ping(ctx)
+}
+
+// SetBuildNode records that node runs the builds of the template named
+// name, unless another node already does; it returns the node that does.
+func (s *Store) SetBuildNode(ctx context.Context, name, node string) (string, error) {
+	var got string
+	err := s.pool.QueryRow(ctx, `INSERT INTO build_routes (template_name, node_id) VALUES ($1, $2)
+		ON CONFLICT (template_name) DO UPDATE SET node_id = build_routes.node_id
+		RETURNING node_id`, name, node).Scan(&got)
+	if err != nil {
+		return "", fmt.Errorf("build route of %s: %w", name, err)
+	}
+	return got, nil
+}
+
+// MoveBuildNode makes node run the builds of the template named name.
+func (s *Store) MoveBuildNode(ctx context.Context, name, node string) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO build_routes (template_name, node_id) VALUES ($1, $2)
+		ON CONFLICT (template_name) DO UPDATE SET node_id = excluded.node_id`, name, node)
+	if err != nil {
+		return fmt.Errorf("build route of %s: %w", name, err)
+	}
+	return nil
+}
+
+// BuildNode returns the node that runs the builds of the template named
+// name.
+func (s *Store) BuildNode(ctx context.Context, name string) (string, error) {
+	var node string
+	err := s.pool.QueryRow(ctx, `SELECT node_id FROM build_routes WHERE template_name = $1`, name).Scan(&node)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("build of template %s: %w", name, store.ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("build of template %s: %w", name, err)
+	}
+	return node, nil
+}
+
+// SandboxToken is a running sandbox's envd access token.
+type SandboxToken struct {
+	ID, Token string
+}
+
+// RunningTokens returns the envd access tokens of every running sandbox:
+// a signed file URL names no sandbox, only a signature made with one.
+func (s *Store) RunningTokens(ctx context.Context) ([]SandboxToken, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, access_token FROM sandboxes WHERE state = $1`,
+		string(store.StateRunning))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox tokens: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SandboxToken, error) {
+		var t SandboxToken
+		err := r.Scan(&t.ID, &t.Token)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox tokens: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,200 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
+	"github.com/aenv-dev/aenv/internal/store/storetest"
+)
+
+func openNode(t *testing.T, dsn, node string) *Store {
+	t.Helper()
+	s, err := OpenNode(context.Background(), dsn, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// A store scoped to a node behaves as a store of its own (the shared
+// suite), while others' records share its database.
+func TestNodeStore(t *testing.T) {
+	srv := pgtest.New(t)
+	storetest.Run(t, func(t *testing.T) store.Store {
+		dsn := srv.NewDatabase(t)
+		// Another node's records, with the same IDs and names, must not
+		// show through.
+		other := openNode(t, dsn, "node-other")
+		if err := other.PutTemplate(context.Background(), &store.Template{ID: "other-base", Name: "base"}); err != nil {
+			t.Fatal(err)
+		}
+		return openNode(t, dsn, "node-1")
+	})
+}
+
+func TestNodeScoping(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewDatabase(t)
+	a, b, all := openNode(t, dsn, "a"), openNode(t, dsn, "b"), open(t, dsn)
+	now := time.Now()
+	for _, s := range []*Store{a, b} {
+		if err := s.PutTemplate(ctx, &store.Template{ID: "tpl-" + s.node, Name: "base", CreatedAt: now}); err != nil {
+			t.Fatalf("node %s: base: %v", s.node, err)
+		}
+		if err := s.CreateSandbox(ctx, &store.Sandbox{ID: "sb-" + s.node, State: store.StateRunning,
+			AccessToken: "tok-" + s.node, StartedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A name is unique per node only.
+	if err := a.PutTemplate(ctx, &store.Template{ID: "tpl-a2", Name: "base"}); !errors.Is(err, store.ErrConflict) {
+		t.Errorf("second base on one node: %v, want ErrConflict", err)
+	}
+	if _, err := a.GetSandbox(ctx, "sb-b"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("node a read node b's sandbox: %v", err)
+	}
+	if err := a.DeleteSandbox(ctx, "sb-b"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("node a deleted node b's sandbox: %v", err)
+	}
+	if err := a.UpdateSandbox(ctx, &store.Sandbox{ID: "sb-b", State: store.StateDead}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("node a updated node b's sandbox: %v", err)
+	}
+	if tpl, err := a.GetTemplate(ctx, "base"); err != nil || tpl.ID != "tpl-a" || tpl.NodeID != "a" {
+		t.Errorf("node a's base: %+v %v", tpl, err)
+	}
+	if list, _ := b.ListSandboxes(ctx, store.SandboxFilter{}); len(list) != 1 || list[0].ID != "sb-b" {
+		t.Errorf("node b lists %v", list)
+	}
+	// The cluster-wide view sees both, with their nodes.
+	list, err := all.ListSandboxes(ctx, store.SandboxFilter{})
+	if err != nil || len(list) != 2 {
+		t.Fatalf("cluster list: %v %v", list, err)
+	}
+	for _, sb := range list {
+		if sb.NodeID != sb.ID[len("sb-"):] {
+			t.Errorf("%s on %q", sb.ID, sb.NodeID)
+		}
+	}
+	if n, err := all.SandboxNode(ctx, "sb-b"); err != nil || n != "b" {
+		t.Errorf("route of sb-b: %q %v", n, err)
+	}
+	if _, err := all.SandboxNode(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("route of an unknown sandbox: %v", err)
+	}
+	copies, err := all.TemplateCopies(ctx, "base")
+	if err != nil || len(copies) != 2 {
+		t.Errorf("copies of base: %v %v", copies, err)
+	}
+	tokens, err := all.RunningTokens(ctx)
+	if err != nil || len(tokens) != 2 {
+		t.Errorf("tokens: %v %v", tokens, err)
+	}
+	// A node leaving takes its records along, no one else's.
+	if err := all.RemoveNode(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := all.ListSandboxes(ctx, store.SandboxFilter{}); len(list) != 1 || list[0].ID != "sb-b" {
+		t.Errorf("after node a left: %v", list)
+	}
+	if copies, _ := all.TemplateCopies(ctx, "base"); len(copies) != 1 || copies[0].NodeID != "b" {
+		t.Errorf("copies after node a left: %v", copies)
+	}
+}
+
+func TestNodesAndHeartbeats(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgtest.New(t).NewDatabase(t))
+	n := Node{ID: "n1", Address: "10.0.0.1:8000", Version: "v1", StartedAt: time.Now(),
+		Capacity: NodeCapacity{MaxSandboxes: 10, MemoryMB: 4096, VCPUs: 2}}
+	if err := s.RegisterNode(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Heartbeat(ctx, "nope", NodeUse{}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("heartbeat of an unknown node: %v", err)
+	}
+	if draining, err := s.Heartbeat(ctx, "n1", NodeUse{Sandboxes: 3, Starting: 1, MemoryUsedMB: 300}); err != nil || draining {
+		t.Fatalf("heartbeat: %v %v", draining, err)
+	}
+	nodes, err := s.ListNodes(ctx)
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("nodes: %v %v", nodes, err)
+	}
+	got := nodes[0]
+	if got.Address != n.Address || got.Capacity != n.Capacity || got.Use != (NodeUse{3, 1, 300}) ||
+		got.HeartbeatAge < 0 || got.HeartbeatAge > time.Minute {
+		t.Errorf("node read back: %+v", got)
+	}
+	if err := s.SetDraining(ctx, "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	if draining, _ := s.Heartbeat(ctx, "n1", NodeUse{}); !draining {
+		t.Error("the heartbeat does not carry the drain")
+	}
+	// Drained stays drained across a restart's registration.
+	if err := s.RegisterNode(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	if nodes, _ := s.ListNodes(ctx); !nodes[0].Draining {
+		t.Error("registering again undrained the node")
+	}
+	if err := s.SetDraining(ctx, "nope", true); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("drain of an unknown node: %v", err)
+	}
+}
+
+func TestAPIKeysAndSecret(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgtest.New(t).NewDatabase(t))
+	if n, err := s.CountAPIKeys(ctx); err != nil || n != 0 {
+		t.Fatalf("keys: %d %v", n, err)
+	}
+	if err := s.AddAPIKey(ctx, "e2b_abc"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddAPIKey(ctx, "e2b_abc"); err != nil {
+		t.Fatalf("adding a key twice: %v", err)
+	}
+	for key, want := range map[string]bool{"e2b_abc": true, "e2b_abd": false, "": false} {
+		if ok, err := s.APIKeyValid(ctx, key); err != nil || ok != want {
+			t.Errorf("key %q: %v %v, want %v", key, ok, err, want)
+		}
+	}
+	first, err := s.ClusterSecret(ctx, "")
+	if err != nil || first == "" {
+		t.Fatalf("secret: %q %v", first, err)
+	}
+	if again, _ := s.ClusterSecret(ctx, ""); again != first {
+		t.Error("the cluster secret changed")
+	}
+	if same, err := s.ClusterSecret(ctx, first); err != nil || same != first {
+		t.Errorf("asking for the same secret: %v", err)
+	}
+	if _, err := s.ClusterSecret(ctx, "another"); !errors.Is(err, ErrSecretMismatch) {
+		t.Errorf("asking for another secret: %v, want ErrSecretMismatch", err)
+	}
+}
+
+func TestBuildRoutes(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgtest.New(t).NewDatabase(t))
+	if _, err := s.BuildNode(ctx, "tpl"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown build: %v", err)
+	}
+	if got, err := s.SetBuildNode(ctx, "tpl", "a"); err != nil || got != "a" {
+		t.Fatalf("set: %q %v", got, err)
+	}
+	if got, _ := s.SetBuildNode(ctx, "tpl", "b"); got != "a" {
+		t.Errorf("a second set moved the build to %q", got)
+	}
+	if err := s.MoveBuildNode(ctx, "tpl", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.BuildNode(ctx, "tpl"); got != "b" {
+		t.Errorf("after the move: %q", got)
+	}
+}
