@@ -385,6 +385,14 @@ func TestManifests(t *testing.T) {
 			return fromField(nodePod, "AENV_NODE_ID", "spec.nodeName")
 		}},
 		{"node advertises the host IP and its listen port", func() error { return advertisesHostIP(nodePod) }},
+		{"the namespace admits the privileged node", func() error {
+			ns := m.namespaces[namespace]
+			if ns == nil {
+				return fmt.Errorf("no Namespace %s", namespace)
+			}
+			level := ns.Labels["pod-security.kubernetes.io/enforce"]
+			return want(level == "privileged", "Pod Security enforce level %q", level)
+		}},
 		{"node lands on labelled machines only", func() error {
 			v := nodePod.NodeSelector["aenv.dev/node"]
 			return want(v == "true", "nodeSelector %v", nodePod.NodeSelector)
