@@ -534,7 +534,7 @@ func fromSecret(pod corev1.PodSpec, name, secret, key string) error {
 		"%s: want the required key %s of secret %s, got %+v", name, key, secret, e.ValueFrom)
 }
 
-func fromField(pod corev1.PodSpec, name, field string) (err error) {
+func fromField(pod corev1.PodSpec, name, field string) error {
 	e, _, err := env(pod, name)
 	if err != nil {
 		return err
@@ -606,22 +606,15 @@ func probes(pod corev1.PodSpec, wantStartup bool) error {
 		return want(p.HTTPGet.Path == "/health" && fmt.Sprint(n) == port,
 			"%s probe asks %s on port %d, want /health on %s", what, p.HTTPGet.Path, n, port)
 	}
-	all := []struct {
-		what string
-		p    *corev1.Probe
-	}{{"readiness", c.ReadinessProbe}, {"liveness", c.LivenessProbe}}
+	all := map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe}
 	if wantStartup {
-		all = append(all, struct {
-			what string
-			p    *corev1.Probe
-		}{"startup", c.StartupProbe})
+		all["startup"] = c.StartupProbe
 	}
-	for _, a := range all {
-		if err := check(a.what, a.p); err != nil {
-			return err
-		}
+	var errs []error
+	for what, p := range all {
+		errs = append(errs, check(what, p))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // hostMount: the container mounts the host's hostPath at mountPath with the
