@@ -15,9 +15,12 @@ import (
 	"github.com/aenv-dev/aenv/internal/dockerfile"
 )
 
-// buildPollInterval is how often a build's status and new log lines are
-// read.
-const buildPollInterval = 250 * time.Millisecond
+// A build's status and new log lines are read every buildPollInterval,
+// sooner at first: a build the server finds cached ends in milliseconds.
+const (
+	buildPollFirst    = 20 * time.Millisecond
+	buildPollInterval = 250 * time.Millisecond
+)
 
 type buildOptions struct {
 	file      string
@@ -205,8 +208,7 @@ func contains(list []string, s string) bool {
 // followBuild polls the build until it ends, passing new log lines on.
 func followBuild(ctx context.Context, c *client.Client, ref client.TemplateBuildRef, log *buildLog) (client.TemplateBuildStatus, error) {
 	offset := 0
-	tick := time.NewTicker(buildPollInterval)
-	defer tick.Stop()
+	wait := buildPollFirst
 	for {
 		st, err := c.TemplateBuildStatus(ctx, ref, offset)
 		if err != nil {
@@ -224,8 +226,9 @@ func followBuild(ctx context.Context, c *client.Client, ref client.TemplateBuild
 		select {
 		case <-ctx.Done():
 			return st, ctx.Err()
-		case <-tick.C:
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, buildPollInterval)
 	}
 }
 
