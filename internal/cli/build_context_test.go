@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -99,5 +100,34 @@ func archiveNames(t *testing.T, path string) []string {
 			t.Errorf("%s owned by %d %q", h.Name, h.Uid, h.Uname)
 		}
 		names = append(names, h.Name)
+	}
+}
+
+// The command refuses what it cannot build before it sends anything.
+func TestBuildCommandRefuses(t *testing.T) {
+	srv := newFakeServer(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM base\nCOPY --from=build /out /app\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "nocmd.Dockerfile"), []byte("FROM base\nRUN true\n"), 0o644)
+	tests := []struct {
+		name     string
+		argv     []string
+		code     int
+		inStderr string
+	}{
+		{"no name", []string{"build", dir}, ExitUsage, "-t/--tag NAME is required"},
+		{"unsupported instruction", []string{"build", "-t", "x", dir}, ExitError, "Dockerfile: line 2: COPY: --from is not supported"},
+		{"missing Dockerfile", []string{"build", "-t", "x", filepath.Join(dir, "nope")}, ExitError, "read Dockerfile"},
+		{"ready check without a start command", []string{"build", "-t", "x", "-f", filepath.Join(dir, "nocmd.Dockerfile"),
+			"--ready-cmd", "true", dir}, ExitUsage, "--ready-cmd needs a CMD"},
+		{"bad build argument", []string{"build", "-t", "x", "--build-arg", "=v", dir}, ExitUsage, "wants NAME=VALUE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := newCLIEnv(t, srv).run("", tt.argv...)
+			if res.code != tt.code || !strings.Contains(res.stderr, tt.inStderr) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", res.code, res.stderr, tt.code, tt.inStderr)
+			}
+		})
 	}
 }
