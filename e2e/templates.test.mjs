@@ -2,7 +2,8 @@
 // run, copy, env, workdir and user steps and a start command with a ready
 // check, built by Template.build, then sandboxes created from it. No step
 // needs the network (the suite runs offline): E2B's base image resolves
-// to aenv's base template.
+// to aenv's base template. Template().fromDockerfile() builds the same
+// kinds of steps from fixtures/dockerfile/Dockerfile.
 
 import { before, after, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -175,6 +176,29 @@ describe('templates', () => {
     assert.ok(a1 <= b0 || b1 <= a0, `builds overlapped: ${JSON.stringify(spans)}`)
     const sbx = track(await Sandbox.create(name))
     assert.equal(await run(sbx, 'cat /home/user/m.txt'), a1 <= b0 ? 'b' : 'a', 'the later build is the template')
+  })
+
+  test('fromDockerfile builds a template whose sandboxes have its files, env, user, workdir and CMD running', async () => {
+    const name = 'e2e-dockerfile'
+    const dockerfile = path.join(here, 'fixtures', 'dockerfile', 'Dockerfile')
+    const logs = []
+    const tpl = Template({ fileContextPath: here }).fromDockerfile(dockerfile)
+    await Template.build(tpl, name, { onBuildLogs: (e) => logs.push(e.message) })
+    const text = logs.join('\n')
+    assert.match(text, /COPY fixtures\/dockerfile\/app.txt/, text)
+    const sbx = track(await Sandbox.create(name))
+    const dockerFixture = fs.readFileSync(path.join(here, 'fixtures', 'dockerfile', 'app.txt'), 'utf8')
+    assert.equal(await sbx.files.read('/opt/app/app.txt'), dockerFixture)
+    assert.equal(await run(sbx, 'stat -c %U /opt/app/app.txt'), 'appuser', 'COPY --chown')
+    assert.equal(await run(sbx, 'cat /opt/app/built.txt'), 'built by root')
+    assert.equal(await run(sbx, 'cat /opt/app/greeting.txt'), 'hello-from-arg as appuser in /opt/app')
+    assert.equal(await run(sbx, 'echo "$APP_MODE"'), 'dockerfile', 'ENV reaches sandboxes')
+    // The final USER and WORKDIR are the template's defaults.
+    assert.equal(await run(sbx, 'id -un'), 'appuser')
+    assert.equal(await run(sbx, 'pwd'), '/opt/app')
+    // CMD was started by the build and snapshotted running.
+    assert.equal(await run(sbx, 'curl -sf http://127.0.0.1:8081/app.txt'), dockerFixture.trim())
+    assert.match(await run(sbx, 'pgrep -u appuser -f http.server || true'), /\d+/)
   })
 
   test('create from the built template (timing)', async () => {

@@ -190,7 +190,7 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 	if err := s.finalize(target.Ctx, b, target.Envd, st, spec); err != nil {
 		return stoppedOr(target.Ctx, stepFinalize, err)
 	}
-	tplOut, err := s.replace(ctx, b, sb.ID)
+	tplOut, err := s.replace(ctx, b, sb.ID, st)
 	if err != nil {
 		return err
 	}
@@ -374,9 +374,7 @@ func (s *Service) runLogged(ctx context.Context, b *build, envd *envdclient.Clie
 }
 
 // finalize starts the start command and waits for the ready command to
-// succeed. The build's final user and workdir do not become the
-// template's defaults: a restore gives envd those of the base template
-// (node.SnapshotRequest has no field for them yet).
+// succeed.
 func (s *Service) finalize(ctx context.Context, b *build, envd *envdclient.Client, st *state, spec Spec) error {
 	if spec.StartCmd == "" {
 		return nil
@@ -429,38 +427,23 @@ func (s *Service) finalize(ctx context.Context, b *build, envd *envdclient.Clien
 	}
 }
 
-// replace snapshots the build sandbox as the template. An older template
-// of the name stays until a snapshot of the new one exists: the sandbox
-// is snapshotted under a temporary name first, the old one deleted, and
-// the sandbox snapshotted again under the name (templates cannot be
-// renamed).
-func (s *Service) replace(ctx context.Context, b *build, sandboxID string) (*store.Template, error) {
+// replace snapshots the build sandbox as the template, with the build's
+// final user and workdir as its defaults. An older template of the name
+// stays until the new checkpoint exists.
+func (s *Service) replace(ctx context.Context, b *build, sandboxID string, st *state) (*store.Template, error) {
 	b.log("info", stepFinalize, "Snapshotting the template")
-	snap := func(name string) (*store.Template, error) {
-		return s.node.Snapshot(ctx, node.SnapshotRequest{SandboxID: sandboxID, Name: name, Kind: store.KindSandboxTemplate})
-	}
 	old, err := s.node.GetTemplate(ctx, b.templateID)
-	if errors.Is(err, node.ErrNotFound) {
-		return snap(b.templateID)
-	} else if err != nil {
+	if err != nil && !errors.Is(err, node.ErrNotFound) {
 		return nil, err
 	}
-	if old.Kind != store.KindSandboxTemplate {
+	if old != nil && old.Kind != store.KindSandboxTemplate {
 		return nil, failStep(stepFinalize, "%q names a %s template that builds do not replace", b.templateID, old.Kind)
 	}
-	tmp, err := snap(b.templateID + ".build-" + b.id[:8])
+	tpl, err := s.node.Snapshot(ctx, node.SnapshotRequest{SandboxID: sandboxID, Name: b.templateID,
+		Kind: store.KindSandboxTemplate, DefaultUser: st.user, DefaultWorkdir: st.workdir, Replace: old != nil})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
-	if err := s.node.DeleteTemplate(ctx, old.ID); err != nil && !errors.Is(err, node.ErrNotFound) {
-		s.dropTemplate(ctx, tmp.ID)
-		return nil, fmt.Errorf("replace template %s: %w", b.templateID, err)
-	}
-	tpl, err := snap(b.templateID)
-	if err != nil {
-		return nil, fmt.Errorf("snapshot (the build is kept as %s): %w", tmp.Name, err)
-	}
-	s.dropTemplate(ctx, tmp.ID)
 	return tpl, nil
 }
 

@@ -50,6 +50,7 @@ func (a *app) clientCommands() []*cobra.Command {
 	return []*cobra.Command{
 		a.authCommand(),
 		a.pullCommand(),
+		a.buildCommand(),
 		a.templateCommand(),
 		a.startCommand(),
 		a.lsCommand(),

@@ -44,7 +44,7 @@ func TestEveryCommandIsDocumented(t *testing.T) {
 }
 
 func TestListAndCreateCommandsTakeJSONOutput(t *testing.T) {
-	want := []string{"aenv cluster status", "aenv fork", "aenv ls", "aenv pull", "aenv snapshot create", "aenv snapshot ls", "aenv start", "aenv template ls"}
+	want := []string{"aenv build", "aenv cluster status", "aenv fork", "aenv ls", "aenv pull", "aenv snapshot create", "aenv snapshot ls", "aenv start", "aenv template ls"}
 	var got []string
 	walk(testRoot(), func(cmd *cobra.Command) {
 		if cmd.Annotations[annotationOutput] == "" {
@@ -83,7 +83,7 @@ func TestClientCommandsTakeServerFlags(t *testing.T) {
 func TestIssueVerbsExist(t *testing.T) {
 	root := testRoot()
 	for _, path := range [][]string{
-		{"auth"}, {"pull"}, {"template", "ls"}, {"template", "rm"}, {"start"}, {"ls"}, {"exec"}, {"cp"},
+		{"auth"}, {"pull"}, {"build"}, {"template", "ls"}, {"template", "rm"}, {"start"}, {"ls"}, {"exec"}, {"cp"},
 		{"pause"}, {"resume"}, {"timeout"}, {"delete"}, {"fork"}, {"snapshot", "create"}, {"snapshot", "ls"},
 		{"snapshot", "rm"}, {"completion", "bash"}, {"completion", "zsh"}, {"server"}, {"version"},
 		{"node"}, {"node", "drain"}, {"node", "undrain"}, {"gateway"}, {"cluster", "status"},

@@ -155,4 +155,12 @@ type SnapshotRequest struct {
 	SandboxID string
 	Name      string             // optional for snapshots, required for templates
 	Kind      store.TemplateKind // KindSnapshot or KindSandboxTemplate
+	// DefaultUser and DefaultWorkdir, when set, replace those of the
+	// sandbox's template in the new one (a build's final USER, WORKDIR).
+	DefaultUser    string
+	DefaultWorkdir string
+	// Replace lets Name be that of an existing snapshot or sandbox
+	// template, which is deleted once the new checkpoint is taken; a
+	// template that owns a root filesystem is never replaced.
+	Replace bool
 }

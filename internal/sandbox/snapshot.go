@@ -28,9 +28,10 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		if err := template.CheckName(req.Name); err != nil {
 			return nil, fmt.Errorf("%w: %v", node.ErrInvalid, err)
 		}
-		if _, err := m.store.GetTemplate(ctx, req.Name); err == nil {
-			return nil, fmt.Errorf("%w: a template named %q exists", node.ErrConflict, req.Name)
-		}
+	}
+	old, err := m.replaced(ctx, req)
+	if err != nil {
+		return nil, err
 	}
 	e, err := m.lock(ctx, req.SandboxID, opSnapshot)
 	if err != nil {
@@ -55,10 +56,18 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		name = id
 	}
 	tpl := &store.Template{
-		ID: id, Name: name, RootfsPath: src.RootfsPath, DefaultUser: src.DefaultUser,
-		DefaultWorkdir: src.DefaultWorkdir, Env: src.Env, VCPU: v.sb.VCPU, MemoryMB: v.sb.MemoryMB,
-		CreatedAt: time.Now().UTC(), Kind: req.Kind, ImageDir: dir, SourceSandbox: e.id,
+		ID: id, Name: name, RootfsPath: src.RootfsPath, DefaultUser: firstSet(req.DefaultUser, src.DefaultUser),
+		DefaultWorkdir: firstSet(req.DefaultWorkdir, src.DefaultWorkdir), Env: src.Env, VCPU: v.sb.VCPU,
+		MemoryMB: v.sb.MemoryMB, CreatedAt: time.Now().UTC(), Kind: req.Kind, ImageDir: dir, SourceSandbox: e.id,
 		EnvdToken: v.sb.AccessToken, EnvVars: v.sb.EnvVars,
+	}
+	// The name is free only once the new image exists: a failed
+	// checkpoint leaves the old template in place.
+	if old != nil {
+		if err := m.DeleteTemplate(ctx, old.ID); err != nil && !errors.Is(err, node.ErrNotFound) {
+			m.removeImage(ctx, dir)
+			return nil, fmt.Errorf("replace %s: %w", old.Name, err)
+		}
 	}
 	if err := m.store.PutTemplate(ctx, tpl); err != nil {
 		m.removeImage(ctx, dir)
@@ -70,6 +79,30 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
 	return tpl, nil
+}
+
+// replaced is the template req's name takes over: nil when the name is
+// free, ErrConflict when it is taken and req does not ask to replace it
+// or it is a template that owns its root filesystem.
+func (m *Manager) replaced(ctx context.Context, req node.SnapshotRequest) (*store.Template, error) {
+	if req.Name == "" {
+		return nil, nil
+	}
+	old, err := m.store.GetTemplate(ctx, req.Name)
+	if err != nil {
+		return nil, nil
+	}
+	if !req.Replace || old.ImageDir == "" {
+		return nil, fmt.Errorf("%w: a template named %q exists", node.ErrConflict, req.Name)
+	}
+	return old, nil
+}
+
+func firstSet(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
 
 // imageOf writes the current state of the sandbox of e into dir, leaving

@@ -1,0 +1,110 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+)
+
+// TestCLIBuildDockerfile runs the real `aenv build -f` against the real
+// server: a Dockerfile FROM an image on a loopback registry (named by a
+// build argument) with ARG, ENV, USER, RUN, WORKDIR, COPY of a file and a
+// directory and a start command; a sandbox from the result has the files,
+// the env, the final user and workdir as defaults and the start command's
+// process running. Then a rebuild from the cache, a build FROM the
+// template by name whose step fails, and a Dockerfile the CLI refuses.
+func TestCLIBuildDockerfile(t *testing.T) {
+	host := pushTestImages(t)
+	s := newServer(t)
+	s.start()
+
+	dir := t.TempDir()
+	files := map[string]string{
+		"hello.txt":       "hello from the build context\n",
+		"site/index.html": "<h1>site</h1>\n",
+		"Dockerfile": `# A comment, and a build argument used in FROM.
+ARG BASE
+FROM ${BASE}
+ARG GREETING=unset
+ENV APP_GREETING="$GREETING" \
+    APP_HOME=/opt/app
+USER root
+RUN echo "built with $GREETING by $(id -un)" > /srv/built.txt
+WORKDIR $APP_HOME
+COPY hello.txt ./
+COPY site ./site/
+EXPOSE 8080
+USER user
+CMD echo started > /tmp/started && exec sleep 1000000
+`,
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := func(args ...string) (string, time.Duration) {
+		t.Helper()
+		began := time.Now()
+		out := s.cliOK(append([]string{"build"}, args...)...)
+		return out, time.Since(began)
+	}
+	args := []string{"-t", "cli-app", "--build-arg", "BASE=" + host + "/test/app:1", "--build-arg", "GREETING=hi there",
+		"--ready-cmd", "test -f /tmp/started", dir}
+	out, cold := build(args...)
+	for _, want := range []string{"Pulling image " + host + "/test/app:1", "[3/7] RUN export GREETING=", "Uploaded hello.txt",
+		"EXPOSE has no effect", "cli-app\n"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("build output lacks %q:\n%s", want, out)
+		}
+	}
+
+	sb := s.create(map[string]any{"templateID": "cli-app"})
+	res := s.exec(sb.SandboxID, client.ExecuteRequest{Command: `cat hello.txt site/index.html /srv/built.txt /tmp/started
+echo "$APP_GREETING"; id -un; pwd; pgrep -x sleep >/dev/null && echo running`})
+	want := "hello from the build context\n<h1>site</h1>\nbuilt with hi there by root\nstarted\nhi there\nuser\n/opt/app\nrunning\n"
+	if res.ExitCode != 0 || res.Stdout != want {
+		t.Fatalf("sandbox from the built template: exit %d, stdout %q (want %q), stderr %q", res.ExitCode, res.Stdout, want, res.Stderr)
+	}
+	s.expect(s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "kill")
+
+	out, cached := build(args...)
+	if !strings.Contains(out, "CACHED [7/7] USER user") || !strings.Contains(out, "are on the server already") {
+		t.Fatalf("unchanged rebuild was not cached:\n%s", out)
+	}
+	t.Logf("build from an image: cold %s (with the pull), cached %s", cold.Round(time.Millisecond), cached.Round(time.Millisecond))
+
+	// A small template (one RUN, one COPY) from a template by name.
+	os.WriteFile(filepath.Join(dir, "small.Dockerfile"), []byte("FROM base\nRUN echo small > /tmp/small\nCOPY hello.txt /tmp/\n"), 0o644)
+	// Each name is a cold build (the step cache is per template); the
+	// last one is then rebuilt unchanged.
+	var colds, warm []time.Duration
+	for _, name := range []string{"cli-small-1", "cli-small-2", "cli-small-3"} {
+		_, d := build("-f", filepath.Join(dir, "small.Dockerfile"), "-t", name, "-q", dir)
+		colds = append(colds, d.Round(time.Millisecond))
+	}
+	for range 3 {
+		_, d := build("-f", filepath.Join(dir, "small.Dockerfile"), "-t", "cli-small-3", "-q", dir)
+		warm = append(warm, d.Round(time.Millisecond))
+	}
+	t.Logf("small template (one RUN, one COPY) through the CLI: cold %v, cached %v", colds, warm)
+
+	os.WriteFile(filepath.Join(dir, "broken.Dockerfile"), []byte("FROM cli-app\nRUN echo about-to-fail >&2; exit 3\n"), 0o644)
+	out, code := s.cli("build", "-f", filepath.Join(dir, "broken.Dockerfile"), "-t", "cli-broken", dir)
+	if code != 1 || !strings.Contains(out, "about-to-fail") || !strings.Contains(out, "failed at step 1") ||
+		!strings.Contains(out, "FROM cli-app") {
+		t.Fatalf("failing build: exit %d:\n%s", code, out)
+	}
+
+	os.WriteFile(filepath.Join(dir, "multi.Dockerfile"), []byte("FROM base AS b\nRUN true\nFROM base\nCOPY --from=b /x /x\n"), 0o644)
+	out, code = s.cli("build", "-f", filepath.Join(dir, "multi.Dockerfile"), "-t", "cli-multi", dir)
+	if code != 1 || !strings.Contains(out, "line 3: FROM: multi-stage builds are not supported") {
+		t.Fatalf("multi-stage Dockerfile: exit %d:\n%s", code, out)
+	}
+}
