@@ -55,7 +55,10 @@ function requireSetup() {
 
 // A running `aenv server` and what the tests need to reach it.
 export class AenvServer {
-  constructor() {
+  // cluster, when given ({ databaseUrl, nodeId }), makes this an `aenv
+  // node` of that cluster instead of a single server.
+  constructor({ cluster } = {}) {
+    this.cluster = cluster
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-'))
     // The server wants the prefix to start and end with a letter.
     this.prefix = 'e2' + randomName(3) + 'abcdefghijklmnopqrstuvwxyz'[randomInt(26)]
@@ -77,11 +80,14 @@ export class AenvServer {
     requireSetup()
     this.port = await freePort()
     this.url = `http://127.0.0.1:${this.port}`
+    const identity = this.cluster
+      ? ['node', '--database-url', this.cluster.databaseUrl, '--node-id', this.cluster.nodeId,
+          '--advertise', `127.0.0.1:${this.port}`, '--heartbeat-interval-ms', '200']
+      : ['server', '--api-key', this.apiKey]
     const args = [
-      'server',
+      ...identity,
       '--data-dir', this.dataDir,
       '--listen', `127.0.0.1:${this.port}`,
-      '--api-key', this.apiKey,
       '--template-cache-dir', templateCacheDir,
       '--net-prefix', this.prefix,
       '--sandbox-cidr', this.cidr,
@@ -114,6 +120,7 @@ export class AenvServer {
       await sleep(100)
     }
     if (Date.now() >= deadline) throw new Error(`aenv server did not become healthy:\n${this.logTail()}`)
+    if (this.cluster) return this // users reach it through a gateway
 
     // Point the unmodified SDK at this server, as the README tells users to.
     // With AENV_E2E_TRACE=1 it goes through a logging proxy instead.
@@ -210,6 +217,98 @@ export class AenvServer {
   }
 }
 
+// AenvCluster is three `aenv node`s and an `aenv gateway` over the
+// PostgreSQL database at databaseUrl, with the SDK pointed at the gateway:
+// the suite then runs unchanged against a cluster (AENV_E2E_DATABASE_URL).
+export class AenvCluster {
+  constructor(databaseUrl) {
+    this.databaseUrl = databaseUrl
+    const name = randomName(5)
+    this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` } }))
+    this.apiKey = 'e2e_' + randomBytes(12).toString('hex')
+    this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-gateway-'))
+    this.logPath = path.join(this.dataDir, 'gateway.log')
+    this.prefix = 'gateway-' + name
+    this.cleanups = []
+  }
+
+  defer(fn) {
+    this.cleanups.push(fn)
+  }
+
+  async start() {
+    requireSetup()
+    await Promise.all(this.nodes.map((n) => n.start()))
+    this.port = await freePort()
+    this.url = `http://127.0.0.1:${this.port}`
+    const log = fs.openSync(this.logPath, 'a')
+    this.proc = spawn(path.join(binDir, 'aenv'), [
+      'gateway', '--database-url', this.databaseUrl, '--listen', `127.0.0.1:${this.port}`,
+      '--api-key', this.apiKey, '--node-timeout-ms', '2000',
+      '--log-level', process.env.AENV_E2E_LOG_LEVEL || 'debug',
+    ], { stdio: ['ignore', log, log] })
+    fs.closeSync(log)
+    this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve({ code, signal })))
+    let exitedEarly = null
+    this.exited.then((r) => { exitedEarly = r })
+    const want = new Set(this.nodes.map((n) => n.cluster.nodeId))
+    const deadline = Date.now() + 60_000
+    for (;;) {
+      if (exitedEarly) throw new Error(`aenv gateway exited during start (${JSON.stringify(exitedEarly)}):\n${this.logTail()}`)
+      if (Date.now() > deadline) throw new Error(`the cluster's nodes did not become ready:\n${this.logTail()}`)
+      try {
+        const res = await fetch(this.url + '/cluster/nodes', { headers: { 'X-API-Key': this.apiKey } })
+        const nodes = res.status === 200 ? await res.json() : []
+        if (nodes.filter((n) => want.has(n.id) && n.state === 'ready').length === want.size) break
+      } catch {
+        // not listening yet
+      }
+      await sleep(100)
+    }
+    this.sdkUrl = this.url
+    process.env.E2B_API_URL = this.url
+    process.env.E2B_SANDBOX_URL = this.url
+    process.env.E2B_API_KEY = this.apiKey
+    delete process.env.E2B_DEBUG
+    delete process.env.E2B_DOMAIN
+    return this
+  }
+
+  logTail(lines = 80) {
+    try {
+      return fs.readFileSync(this.logPath, 'utf8').split('\n').slice(-lines).join('\n')
+    } catch {
+      return '(no log)'
+    }
+  }
+
+  // stop ends the gateway, then the nodes (each killing its sandboxes and
+  // leaving the cluster), and returns what any of them left behind.
+  async stop() {
+    const leaks = []
+    if (this.proc) {
+      const proc = this.proc
+      this.proc = null
+      proc.kill('SIGTERM')
+      let timer
+      const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve('timeout'), 30_000) })
+      if (await Promise.race([this.exited, timeout]) === 'timeout') {
+        proc.kill('SIGKILL')
+        leaks.push('gateway did not stop within 30 s of SIGTERM')
+      }
+      clearTimeout(timer)
+    }
+    for (const n of this.nodes) leaks.push(...await n.stop())
+    const dir = process.env.AENV_E2E_LOG_DIR || path.join(os.tmpdir(), 'aenv-e2e-logs')
+    fs.mkdirSync(dir, { recursive: true })
+    const saved = path.join(dir, `${path.basename(process.argv[1] || 'e2e', '.mjs')}-${this.prefix}.gateway.log`)
+    if (fs.existsSync(this.logPath)) fs.copyFileSync(this.logPath, saved)
+    console.error(`aenv gateway log: ${saved}`)
+    if (leaks.length === 0) fs.rmSync(this.dataDir, { recursive: true, force: true })
+    return leaks
+  }
+}
+
 // startTracer is a pass-through HTTP proxy to 127.0.0.1:port that logs
 // every request and the start of every response to logPath (for reporting
 // server bugs with the exact traffic).
@@ -258,7 +357,8 @@ async function startTracer(port, logPath) {
 // useServer starts a server for the calling test file: call it at module
 // top level with node:test's before/after.
 export function useServer({ before, after }) {
-  const server = new AenvServer()
+  const databaseUrl = process.env.AENV_E2E_DATABASE_URL
+  const server = databaseUrl ? new AenvCluster(databaseUrl) : new AenvServer()
   before(async () => {
     await server.start()
   }, { timeout: 16 * 60_000 })

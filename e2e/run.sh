@@ -6,6 +6,12 @@
 #   e2e/run.sh                          # the suite
 #   AENV_E2E_LIFECYCLE=1 e2e/run.sh     # plus pause/resume, snapshots, fork
 #   e2e/run.sh files.test.mjs           # chosen files only
+#   AENV_E2E_CLUSTER=1 e2e/run.sh       # against a gateway over three nodes
+#
+# In cluster mode the suite runs unchanged against `aenv gateway` in front
+# of three `aenv node`s, sharing a throwaway PostgreSQL that this script
+# starts (Debian's postgresql package) unless AENV_E2E_DATABASE_URL names
+# one.
 #
 # AENV_E2E_TRACE=1 logs all SDK traffic to <data dir>/traffic.log and
 # AENV_E2E_KEEP=1 keeps the data dirs (server.log) for inspection.
@@ -36,6 +42,29 @@ else
   fi
 fi
 
+# start_postgres runs a throwaway PostgreSQL on a unix socket in a temp
+# dir (as the postgres user: it refuses root) and exports its URL.
+start_postgres() {
+  local bin
+  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+  if [[ -z "$bin" ]]; then
+    echo "e2e: PostgreSQL not installed (run scripts/install-deps.sh)" >&2
+    exit 1
+  fi
+  pgdir=$(mktemp -d /tmp/aenv-e2e-pg.XXXXXX)
+  chown postgres: "$pgdir"
+  as_postgres() { runuser -u postgres -- "$@"; }
+  as_postgres "$bin/initdb" -D "$pgdir/data" -U postgres --auth=trust >"$pgdir/initdb.log" 2>&1
+  as_postgres "$bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/postgres.log" -w -t 120 \
+    -o "-c listen_addresses='' -c unix_socket_directories='$pgdir' -c max_connections=300" start >/dev/null
+  trap 'runuser -u postgres -- "$bin/pg_ctl" -D "$pgdir/data" -m fast -w stop >/dev/null; rm -rf "$pgdir"' EXIT
+  as_postgres "$bin/psql" -h "$pgdir" -U postgres -qc 'CREATE DATABASE aenv' postgres
+  export AENV_E2E_DATABASE_URL="host=$pgdir user=postgres dbname=aenv sslmode=disable"
+}
+if [[ "${AENV_E2E_CLUSTER:-}" == 1 && -z "${AENV_E2E_DATABASE_URL:-}" ]]; then
+  start_postgres
+fi
+
 # One file at a time: each starts its own server, and the machine is small.
 # node --test exits non-zero when any test fails.
-exec node --test --test-concurrency=1 --test-reporter="${AENV_E2E_REPORTER:-spec}" "${files[@]}"
+node --test --test-concurrency=1 --test-reporter="${AENV_E2E_REPORTER:-spec}" "${files[@]}"
