@@ -150,12 +150,15 @@ func isNotFound(err error) bool {
 	return false
 }
 
-func (s *Store) imageDir(key string) string {
+// imagesBase is the common prefix of every image's objects.
+func (s *Store) imagesBase() string {
 	if s.cfg.Prefix == "" {
-		return imagesDir + "/" + key + "/"
+		return imagesDir + "/"
 	}
-	return s.cfg.Prefix + "/" + imagesDir + "/" + key + "/"
+	return s.cfg.Prefix + "/" + imagesDir + "/"
 }
+
+func (s *Store) imageDir(key string) string { return s.imagesBase() + key + "/" }
 
 func (s *Store) dataKey(key string) string     { return s.imageDir(key) + dataName }
 func (s *Store) manifestKey(key string) string { return s.imageDir(key) + manifestName }
@@ -229,7 +232,7 @@ type imageObjects struct {
 }
 
 func (s *Store) listImages(ctx context.Context, keyPrefix string) ([]*imageObjects, error) {
-	base := s.imageDir("")
+	base := s.imagesBase()
 	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
 		Bucket: &s.cfg.Bucket,
 		Prefix: aws.String(base + keyPrefix),
@@ -331,7 +334,7 @@ func sortManifestFirst(names []string) []string {
 
 func (s *Store) abortStaleUploads(ctx context.Context, cutoff time.Time) (int, error) {
 	n := 0
-	in := &s3.ListMultipartUploadsInput{Bucket: &s.cfg.Bucket, Prefix: aws.String(s.imageDir(""))}
+	in := &s3.ListMultipartUploadsInput{Bucket: &s.cfg.Bucket, Prefix: aws.String(s.imagesBase())}
 	for {
 		out, err := s.client.ListMultipartUploads(ctx, in)
 		if err != nil {

@@ -316,7 +316,7 @@ func TestListDelete(t *testing.T) {
 
 func TestGC(t *testing.T) {
 	srv := s3test.Start(t)
-	cfg := testConfig(srv, "gc")
+	cfg := testConfig(srv, "gc-test")
 	store := openStore(t, cfg)
 	ctx := testCtx(t)
 	src := t.TempDir()
@@ -330,7 +330,7 @@ func TestGC(t *testing.T) {
 	}
 	// An upload in progress: its parts are not objects yet.
 	raw := srv.Client()
-	up, err := raw.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("gc"), Key: aws.String(store.dataKey("inflight/1"))})
+	up, err := raw.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("gc-test"), Key: aws.String(store.dataKey("inflight/1"))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func TestGC(t *testing.T) {
 	if len(es) != 1 || es[0].Key != "live/1" {
 		t.Fatalf("after GC: %+v, want live/1 only", es)
 	}
-	if _, err := raw.ListParts(ctx, &s3.ListPartsInput{Bucket: aws.String("gc"), Key: aws.String(store.dataKey("inflight/1")), UploadId: up.UploadId}); err == nil {
+	if _, err := raw.ListParts(ctx, &s3.ListPartsInput{Bucket: aws.String("gc-test"), Key: aws.String(store.dataKey("inflight/1")), UploadId: up.UploadId}); err == nil {
 		t.Fatal("old multipart upload not aborted")
 	}
 }

@@ -136,6 +136,10 @@ func (s *Server) args() []string {
 		"-dir=" + filepath.Join(s.dir, "data"),
 		"-master.port=" + p("master"), "-master.port.grpc=" + p("master.grpc"),
 		"-master.telemetry=false",
+		// One master: an election need not wait long (the default 10s
+		// delays every restart), nor a stop for peers to notice.
+		"-master.electionTimeout=1s", "-master.heartbeatInterval=100ms",
+		"-volume.preStopSeconds=0",
 		// Small volumes, enough of them for the buckets a test makes.
 		"-master.volumeSizeLimitMB=256", "-volume.max=64",
 		"-volume.port=" + p("volume"), "-volume.port.grpc=" + p("volume.grpc"),
@@ -185,6 +189,7 @@ func (s *Server) waitReady(ctx context.Context) error {
 	c := s.Client()
 	bucket, key := "s3test-ready", "probe"
 	var last error
+	start := time.Now()
 	for {
 		select {
 		case err := <-s.exit:
@@ -194,6 +199,7 @@ func (s *Server) waitReady(ctx context.Context) error {
 		}
 		last = s.probe(ctx, c, bucket, key)
 		if last == nil {
+			s.t.Logf("s3test: weed ready in %v", time.Since(start).Round(time.Millisecond))
 			return nil
 		}
 		select {
@@ -205,7 +211,9 @@ func (s *Server) waitReady(ctx context.Context) error {
 }
 
 func (s *Server) probe(ctx context.Context, c *s3.Client, bucket, key string) error {
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// Generous: the first write to a bucket allocates volumes, which takes
+	// seconds on a busy machine; an unreachable server fails at once anyway.
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := c.HeadBucket(pctx, &s3.HeadBucketInput{Bucket: &bucket}); err != nil {
 		if _, err := c.CreateBucket(pctx, &s3.CreateBucketInput{Bucket: &bucket}); err != nil && !strings.Contains(err.Error(), "BucketAlready") {
@@ -235,20 +243,25 @@ func (s *Server) Client() *s3.Client {
 	})
 }
 
-// Stop ends the server (SIGTERM, then SIGKILL after a while), keeping its
+// Stop kills the server, keeping its
 // data for Start. Stopping a stopped server does nothing.
 func (s *Server) Stop() {
 	if s.cmd == nil {
 		return
 	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exit:
-	case <-time.After(30 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.exit
-	}
+	// Killed, as by a crash: a graceful stop takes weed seconds, and what
+	// it has written is in files the next start reads either way.
+	s.cmd.Process.Kill()
+	<-s.exit
 	s.cmd = nil
+	// weed also listens on unix sockets named after its ports in /tmp,
+	// which a killed process leaves behind.
+	for _, port := range s.ports {
+		socks, _ := filepath.Glob(fmt.Sprintf("/tmp/seaweedfs-*-%d.sock", port))
+		for _, p := range socks {
+			os.Remove(p)
+		}
+	}
 }
 
 func (s *Server) dumpLog() {
