@@ -260,6 +260,12 @@ func (c *Cache) download(key string) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if _, dup := c.entries[key]; dup {
+		// Cannot happen while downloads of a key are single-flight; keep
+		// the accounting right if it ever does.
+		os.RemoveAll(filepath.Join(c.dir, e.name))
+		return nil
+	}
 	e.elem = c.lru.PushFront(e)
 	c.entries[key] = e
 	c.total += size

@@ -33,6 +33,7 @@ func putImages(t *testing.T, store *Store, n int, size int64) []string {
 }
 
 func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	store := openStore(t, testConfig(srv, "cache-evict"))
 	ctx := testCtx(t)
@@ -114,6 +115,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 }
 
 func TestCacheConcurrentColdAcquireDownloadsOnce(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	counter := newCountingTransport()
 	cfg := testConfig(srv, "cache-once")

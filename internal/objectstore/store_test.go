@@ -144,6 +144,7 @@ func buildTree(t testing.TB, root string, large bool) {
 }
 
 func TestRoundTrip(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	store := openStore(t, testConfig(srv, "roundtrip"))
 	tests := []struct {
@@ -197,6 +198,7 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestOpenCreatesBucket(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	ctx := testCtx(t)
 	raw := srv.Client()
@@ -213,6 +215,7 @@ func TestOpenCreatesBucket(t *testing.T) {
 }
 
 func TestCorruptObjectRefused(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	store := openStore(t, testConfig(srv, "corrupt"))
 	raw := srv.Client()
@@ -272,6 +275,7 @@ func TestCorruptObjectRefused(t *testing.T) {
 }
 
 func TestListDelete(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	store := openStore(t, testConfig(srv, "listdelete"))
 	ctx := testCtx(t)
@@ -315,6 +319,7 @@ func TestListDelete(t *testing.T) {
 }
 
 func TestGC(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	cfg := testConfig(srv, "gc-test")
 	store := openStore(t, cfg)

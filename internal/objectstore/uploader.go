@@ -94,9 +94,13 @@ func (u *Uploader) Enqueue(key, dir string) error {
 		return nil
 	}
 	u.queued[key] = true
+	u.mu.Unlock()
+	// Reported before a worker can see the job, so that pending never
+	// arrives after uploading.
+	u.opts.OnState(UploadStatus{Key: key, State: UploadPending})
+	u.mu.Lock()
 	u.queue = append(u.queue, uploadJob{key: key, dir: dir})
 	u.mu.Unlock()
-	u.opts.OnState(UploadStatus{Key: key, State: UploadPending})
 	u.signal()
 	return nil
 }

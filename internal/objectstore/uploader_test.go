@@ -54,6 +54,7 @@ func (l *statusLog) waitFor(t *testing.T, what string, ok func(UploadStatus) boo
 }
 
 func TestUploaderRetriesWhileStoreDown(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	counter := newCountingTransport()
 	cfg := testConfig(srv, "uploader")
@@ -122,6 +123,7 @@ func TestUploaderRetriesWhileStoreDown(t *testing.T) {
 }
 
 func TestUploaderGivesUpAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	store := openStore(t, testConfig(srv, "uploader-max"))
 	log := newStatusLog()
