@@ -44,6 +44,9 @@ $(BIN)/runsc: go.mod go.sum
 $(BIN)/weed: tools/weed/go.mod tools/weed/go.sum
 	$(GO) build -C tools/weed -o $@ github.com/seaweedfs/seaweedfs/weed
 
+.PHONY: weed
+weed: $(BIN)/weed ## Build the S3 server the object store tests use into bin/ (SeaweedFS)
+
 .PHONY: server
 server: deps build ## Set up and run the server on its defaults (root; port 8000, data in /var/lib/aenv)
 	$(BIN)/aenv server --data-dir $(DATA_DIR)

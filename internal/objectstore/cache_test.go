@@ -156,3 +156,48 @@ func TestCacheConcurrentColdAcquireDownloadsOnce(t *testing.T) {
 		t.Fatalf("%d concurrent cold acquires downloaded the image %d times, want 1", n, got)
 	}
 }
+
+func TestCachePurgeWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	counter := newCountingTransport()
+	cfg := testConfig(srv, "cache-purge")
+	cfg.HTTPClient = &http.Client{Transport: counter}
+	store := openStore(t, cfg)
+	srcs := putImages(t, store, 1, 1<<20)
+	ctx := testCtx(t)
+	cache, err := OpenCache(t.TempDir(), 1<<30, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	h, err := cache.Acquire(ctx, "images/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cache.Purge("images/0"); err != nil {
+		t.Fatal(err)
+	}
+	// In use: still there, though no longer cached.
+	equalFiles(t, filepath.Join(srcs[0], "mem"), filepath.Join(h.Path(), "mem"))
+	if keys := cache.Keys(); len(keys) != 0 {
+		t.Fatalf("purged key still cached: %v", keys)
+	}
+	// A new acquire fetches again, beside the old copy.
+	h2, err := cache.Acquire(ctx, "images/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Release()
+	if h2.Path() == h.Path() {
+		t.Fatal("a fresh download reused the purged entry's directory")
+	}
+	if n := counter.count("GET " + dataName); n != 2 {
+		t.Fatalf("%d downloads, want 2", n)
+	}
+	h.Release()
+	if _, err := os.Stat(h.Path()); !os.IsNotExist(err) {
+		t.Fatalf("purged entry survived its release: %v", err)
+	}
+	equalFiles(t, filepath.Join(srcs[0], "mem"), filepath.Join(h2.Path(), "mem"))
+}

@@ -61,7 +61,7 @@ func Binary(t testing.TB) string {
 	}
 	bin := filepath.Join(dir, "weed")
 	if _, err := os.Stat(bin); err != nil {
-		roottest.SkipOrFail(t, fmt.Sprintf("weed missing in %s (run `make bin/weed`)", dir))
+		roottest.SkipOrFail(t, fmt.Sprintf("weed missing in %s (run `make weed`)", dir))
 	}
 	return bin
 }
