@@ -292,7 +292,9 @@ func (s *Store) fetch(ctx context.Context, m Manifest, dir string) error {
 	// Read at most one byte past the recorded size: enough to tell that the
 	// object is longer, never an unbounded read.
 	body := &digestReader{r: io.LimitReader(out.Body, m.Size+1), h: sha256.New()}
-	dec, err := zstd.NewReader(body)
+	// Our writer's window is a few MiB; a larger one is refused rather
+	// than allocated.
+	dec, err := zstd.NewReader(body, zstd.WithDecoderMaxWindow(64<<20))
 	if err != nil {
 		return err
 	}

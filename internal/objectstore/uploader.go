@@ -112,7 +112,7 @@ func (u *Uploader) signal() {
 	}
 }
 
-// Run serves the queue until ctx ends, then stops its workers (an upload in
+// Run serves the queue until ctx ends (call it once), then stops its workers (an upload in
 // progress is abandoned: the store discards its parts) and returns. Keys not
 // uploaded by then stay pending: the caller's records say so, and it
 // enqueues them again at its next start.
