@@ -218,7 +218,11 @@ func (s *Store) uploadParts(ctx context.Context, name string, uploadID *string, 
 		select {
 		case buf = <-free:
 		case <-gctx.Done():
-			return 0, nil, g.Wait()
+			// A part failed, or ctx ended with every part sent.
+			if err := g.Wait(); err != nil {
+				return 0, nil, err
+			}
+			return 0, nil, fmt.Errorf("upload: %w", ctx.Err())
 		}
 		var err error
 		n, err = io.ReadFull(r, buf)
