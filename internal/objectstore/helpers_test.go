@@ -126,6 +126,9 @@ type treeEntry struct {
 	sum    string
 	target string
 	inode  uint64
+	uid    uint32
+	gid    uint32
+	rdev   uint64
 }
 
 // snapshotTree records every path under root; hard links show as equal
@@ -146,7 +149,8 @@ func snapshotTree(t testing.TB, root string) map[string]treeEntry {
 		if err != nil {
 			return err
 		}
-		e := treeEntry{mode: fi.Mode(), mtime: fi.ModTime().UnixNano()}
+		st := fi.Sys().(*syscall.Stat_t)
+		e := treeEntry{mode: fi.Mode(), mtime: fi.ModTime().UnixNano(), uid: st.Uid, gid: st.Gid, rdev: st.Rdev}
 		switch {
 		case fi.Mode().IsRegular():
 			e.size = fi.Size()
@@ -156,7 +160,6 @@ func snapshotTree(t testing.TB, root string) map[string]treeEntry {
 			}
 			h := sha256.Sum256(b)
 			e.sum = hex.EncodeToString(h[:])
-			st := fi.Sys().(*syscall.Stat_t)
 			if st.Nlink > 1 {
 				if _, ok := inodes[st.Ino]; !ok {
 					inodes[st.Ino] = uint64(len(inodes) + 1)

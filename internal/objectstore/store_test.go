@@ -14,6 +14,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
 )
@@ -116,6 +117,13 @@ func buildTree(t testing.TB, root string, large bool) {
 	must(os.Symlink("/nonexistent/target", filepath.Join(root, "dangling")))
 	must(os.Link(filepath.Join(root, "etc/secret"), filepath.Join(root, "secret-hardlink")))
 	must(syscall.Mkfifo(filepath.Join(root, "fifo"), 0o640))
+	if os.Geteuid() == 0 {
+		// Root filesystems have device nodes and files of other owners.
+		must(os.Mkdir(filepath.Join(root, "dev"), 0o755))
+		must(syscall.Mknod(filepath.Join(root, "dev/null"), syscall.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+		must(os.Lchown(filepath.Join(root, "etc/secret"), 1234, 5678))
+		must(os.Lchown(filepath.Join(root, "etc/link"), 4321, 8765))
+	}
 	if large {
 		// A memory image: 64 MiB with 1 MiB of random data every 8 MiB
 		// and holes between, plus 12 MiB of random pages so that the
