@@ -38,6 +38,15 @@ $(BIN)/envd: FORCE
 $(BIN)/runsc: go.mod go.sum
 	CGO_ENABLED=0 $(GO) build -o $@ gvisor.dev/gvisor/runsc
 
+# The S3-compatible server the object store tests run against (SeaweedFS),
+# pinned by the tool line of its own module so that its dependencies stay out
+# of aenv's go.mod.
+$(BIN)/weed: tools/weed/go.mod tools/weed/go.sum
+	$(GO) build -C tools/weed -o $@ github.com/seaweedfs/seaweedfs/weed
+
+.PHONY: weed
+weed: $(BIN)/weed ## Build the S3 server the object store tests use into bin/ (SeaweedFS)
+
 .PHONY: server
 server: deps build ## Set up and run the server on its defaults (root; port 8000, data in /var/lib/aenv)
 	$(BIN)/aenv server --data-dir $(DATA_DIR)
@@ -56,7 +65,7 @@ lint: ## gofmt, go vet and staticcheck
 TEST_CACHE := /var/cache/aenv-test
 
 .PHONY: test-prepare
-test-prepare: build
+test-prepare: build $(BIN)/weed
 	d=$$(mktemp -d /tmp/aenv-prepare.XXXXXX); \
 	$(BIN)/aenv server --prepare-only --api-key prepare --data-dir $$d --template-cache-dir $(TEST_CACHE); \
 	rm -rf $$d

@@ -1,0 +1,319 @@
+package objectstore
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// archiveStats describes a packed or unpacked tree.
+type archiveStats struct {
+	Files int64 // entries of every type
+	Bytes int64 // regular file contents, holes included
+}
+
+// writeTar packs the tree under root into w: regular files, directories,
+// symlinks, hard links, fifos and device nodes, with modes, owners and
+// modification times. Names are relative to root and use slashes; entries come
+// in lexical walk order so that a directory precedes its contents.
+func writeTar(root string, w io.Writer) (archiveStats, error) {
+	var st archiveStats
+	tw := tar.NewWriter(w)
+	type inode struct{ dev, ino uint64 }
+	links := map[inode]string{}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		if rel == "." {
+			return nil
+		}
+		name := filepath.ToSlash(rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		target := ""
+		if info.Mode()&fs.ModeSymlink != 0 {
+			if target, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(info, target)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		hdr.Name = name
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		// PAX keeps nanosecond times and large ids; user and group names are
+		// left out so that a restore does not depend on the node's passwd.
+		hdr.Format = tar.FormatPAX
+		hdr.Uname, hdr.Gname = "", ""
+		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok && info.Mode().IsRegular() && sys.Nlink > 1 {
+			id := inode{uint64(sys.Dev), sys.Ino}
+			if first, seen := links[id]; seen {
+				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+			} else {
+				links[id] = name
+			}
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		st.Files++
+		if hdr.Typeflag != tar.TypeReg {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		n, err := io.Copy(tw, f)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if n != hdr.Size {
+			return fmt.Errorf("%s: changed size while packed (%d, now %d)", name, hdr.Size, n)
+		}
+		st.Bytes += n
+		return nil
+	})
+	if err != nil {
+		return st, fmt.Errorf("pack %s: %w", root, err)
+	}
+	if err := tw.Close(); err != nil {
+		return st, fmt.Errorf("pack %s: %w", root, err)
+	}
+	return st, nil
+}
+
+// readTar unpacks r into dir, which must exist and be empty. Every path is
+// resolved inside dir (an os.Root), so a hostile archive cannot write outside
+// it through "..", absolute names or symlinks it planted earlier. Runs of
+// zeros in regular files become holes, which keeps memory images sparse.
+func readTar(r io.Reader, dir string) (archiveStats, error) {
+	var st archiveStats
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return st, err
+	}
+	defer root.Close()
+	asRoot := os.Geteuid() == 0
+	type dirTime struct {
+		name  string
+		mode  fs.FileMode
+		mtime time.Time
+	}
+	var dirs []dirTime
+	tr := tar.NewReader(r)
+	buf := make([]byte, 256<<10)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return st, fmt.Errorf("read archive: %w", err)
+		}
+		name, err := cleanName(hdr.Name)
+		if err != nil {
+			return st, err
+		}
+		mode := fs.FileMode(hdr.Mode).Perm() | modeBits(hdr.Mode)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return st, err
+			}
+			dirs = append(dirs, dirTime{name, mode, hdr.ModTime})
+		case tar.TypeReg:
+			n, err := writeSparse(root, name, tr, hdr.Size, buf)
+			if err != nil {
+				return st, fmt.Errorf("unpack %s: %w", name, err)
+			}
+			st.Bytes += n
+		case tar.TypeSymlink:
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return st, err
+			}
+		case tar.TypeLink:
+			target, err := cleanName(hdr.Linkname)
+			if err != nil {
+				return st, err
+			}
+			if err := root.Link(target, name); err != nil {
+				return st, err
+			}
+			st.Files++
+			continue // the first name carries owner, mode and times
+		case tar.TypeFifo, tar.TypeChar, tar.TypeBlock:
+			if err := mknodIn(root, name, hdr); err != nil {
+				return st, fmt.Errorf("unpack %s: %w", name, err)
+			}
+		default:
+			return st, fmt.Errorf("unpack %s: unsupported entry type %q", name, hdr.Typeflag)
+		}
+		st.Files++
+		if asRoot {
+			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+				return st, err
+			}
+		}
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			continue
+		case tar.TypeSymlink:
+			if err := lutimesIn(root, name, hdr.ModTime); err != nil {
+				return st, err
+			}
+			continue
+		}
+		// Chmod after chown: chown clears setuid and setgid bits.
+		if err := root.Chmod(name, mode); err != nil {
+			return st, err
+		}
+		if err := root.Chtimes(name, hdr.ModTime, hdr.ModTime); err != nil {
+			return st, err
+		}
+	}
+	// Directory modes and times last, deepest first: a read-only directory
+	// must still take its entries, and creating an entry changes the time.
+	slices.Reverse(dirs)
+	for _, d := range dirs {
+		if err := root.Chmod(d.name, d.mode); err != nil {
+			return st, err
+		}
+		if err := root.Chtimes(d.name, d.mtime, d.mtime); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// cleanName turns an archive name into a local relative path and refuses names
+// that leave the tree.
+func cleanName(name string) (string, error) {
+	c := path.Clean(strings.TrimSuffix(name, "/"))
+	if c == "." || c == "" || path.IsAbs(c) || c == ".." || strings.HasPrefix(c, "../") {
+		return "", fmt.Errorf("archive entry %q leaves the image directory", name)
+	}
+	return filepath.FromSlash(c), nil
+}
+
+// modeBits maps the setuid, setgid and sticky bits of a tar mode.
+func modeBits(m int64) fs.FileMode {
+	var b fs.FileMode
+	if m&0o4000 != 0 {
+		b |= fs.ModeSetuid
+	}
+	if m&0o2000 != 0 {
+		b |= fs.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		b |= fs.ModeSticky
+	}
+	return b
+}
+
+// writeSparse copies size bytes from r into a new file, seeking over blocks of
+// zeros instead of writing them.
+func writeSparse(root *os.Root, name string, r io.Reader, size int64, buf []byte) (int64, error) {
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	const block = 4096
+	var off int64
+	for off < size {
+		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-off)])
+		if err != nil {
+			return off, err
+		}
+		chunk := buf[:n]
+		for len(chunk) > 0 {
+			// Write non-zero blocks in runs, skip zero blocks.
+			k := min(block, len(chunk))
+			if isZero(chunk[:k]) {
+				off += int64(k)
+				chunk = chunk[k:]
+				continue
+			}
+			end := k
+			for end < len(chunk) && !isZero(chunk[end:min(end+block, len(chunk))]) {
+				end = min(end+block, len(chunk))
+			}
+			if _, err := f.WriteAt(chunk[:end], off); err != nil {
+				return off, err
+			}
+			off += int64(end)
+			chunk = chunk[end:]
+		}
+	}
+	// A trailing hole needs the size set explicitly.
+	if err := f.Truncate(size); err != nil {
+		return off, err
+	}
+	if err := f.Sync(); err != nil {
+		return off, err
+	}
+	return off, f.Close()
+}
+
+var zeroBlock [4096]byte
+
+func isZero(b []byte) bool {
+	return bytes.Equal(b, zeroBlock[:len(b)])
+}
+
+// mknodIn creates a fifo or device node inside root: os.Root has no mknod, so
+// the parent is opened through the root and the node made relative to it.
+func mknodIn(root *os.Root, name string, hdr *tar.Header) error {
+	parent, err := root.Open(filepath.Dir(name))
+	if err != nil {
+		return err
+	}
+	defer parent.Close()
+	mode := uint32(hdr.Mode & 0o7777)
+	switch hdr.Typeflag {
+	case tar.TypeFifo:
+		mode |= unix.S_IFIFO
+	case tar.TypeChar:
+		mode |= unix.S_IFCHR
+	case tar.TypeBlock:
+		mode |= unix.S_IFBLK
+	}
+	dev := unix.Mkdev(uint32(hdr.Devmajor), uint32(hdr.Devminor))
+	return unix.Mknodat(int(parent.Fd()), filepath.Base(name), mode, int(dev))
+}
+
+// lutimesIn sets a symlink's own times (os.Root.Chtimes follows links).
+func lutimesIn(root *os.Root, name string, t time.Time) error {
+	parent, err := root.Open(filepath.Dir(name))
+	if err != nil {
+		return err
+	}
+	defer parent.Close()
+	ts := []unix.Timespec{unix.NsecToTimespec(t.UnixNano()), unix.NsecToTimespec(t.UnixNano())}
+	return unix.UtimesNanoAt(int(parent.Fd()), filepath.Base(name), ts, unix.AT_SYMLINK_NOFOLLOW)
+}

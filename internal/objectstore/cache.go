@@ -1,0 +1,380 @@
+package objectstore
+
+import (
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+)
+
+// Fetcher downloads an image into dst (which it creates, complete or not at
+// all). *Store is one.
+type Fetcher interface {
+	Get(ctx context.Context, key, dst string) (Manifest, error)
+}
+
+// Cache keeps fetched images in a local directory within a byte budget.
+//
+// Layout: <dir>/<name>/image is an image tree and <dir>/<name>/entry.json its
+// key and size, where name is a hash of the key and a download sequence (a
+// purged entry still in use keeps its directory while a new download of the
+// key takes another). An entry is assembled in
+// <dir>/.tmp-* and renamed into place whole, so at open anything else is
+// debris of a crash and is removed.
+//
+// Entries in use (acquired and not yet released) are never evicted; when they
+// alone exceed the budget the cache stays over it until they are released.
+type Cache struct {
+	dir   string
+	limit int64
+	fetch Fetcher
+
+	// ctx bounds downloads: they are shared by every caller waiting for a
+	// key, so no single caller's context may cancel one.
+	ctx    context.Context
+	cancel context.CancelFunc
+	group  singleflight.Group
+
+	mu      sync.Mutex
+	entries map[string]*cacheEntry
+	lru     *list.List // front: most recently used; values *cacheEntry
+	total   int64
+}
+
+type cacheEntry struct {
+	key     string
+	name    string
+	size    int64 // bytes on disk
+	refs    int
+	removed bool // evicted or purged while in use: delete at last release
+	elem    *list.Element
+}
+
+type entryMeta struct {
+	Key  string `json:"key"`
+	Size int64  `json:"size"`
+}
+
+const (
+	entryImage = "image"
+	entryMetaF = "entry.json"
+	tmpPrefix  = ".tmp-"
+)
+
+// OpenCache opens (creating) the cache in dir with a budget of limit bytes.
+// Complete entries of a previous run are kept, their recency taken from the
+// last use recorded on disk.
+func OpenCache(dir string, limit int64, fetch Fetcher) (*Cache, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("open cache %s: limit must be positive", dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open cache: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Cache{dir: dir, limit: limit, fetch: fetch, ctx: ctx, cancel: cancel,
+		entries: map[string]*cacheEntry{}, lru: list.New()}
+	if err := c.load(); err != nil {
+		cancel()
+		return nil, fmt.Errorf("open cache %s: %w", dir, err)
+	}
+	c.mu.Lock()
+	c.evictLocked()
+	c.mu.Unlock()
+	return c, nil
+}
+
+func (c *Cache) load() error {
+	des, err := os.ReadDir(c.dir)
+	if err != nil {
+		return err
+	}
+	type found struct {
+		e    *cacheEntry
+		used time.Time
+	}
+	var all []found
+	for _, de := range des {
+		p := filepath.Join(c.dir, de.Name())
+		meta, used, err := readEntryMeta(p)
+		if strings.HasPrefix(de.Name(), tmpPrefix) || err != nil || !de.IsDir() || !strings.HasPrefix(de.Name(), entryName(meta.Key)+"-") {
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
+			continue
+		}
+		all = append(all, found{&cacheEntry{key: meta.Key, name: de.Name(), size: meta.Size}, used})
+	}
+	// Oldest first, each pushed to the front: the newest ends at the front.
+	slices.SortFunc(all, func(a, b found) int { return a.used.Compare(b.used) })
+	for _, f := range all {
+		if old := c.entries[f.e.key]; old != nil {
+			// Two downloads of one key (a purge in use, then a crash):
+			// the newer wins.
+			c.dropLocked(old)
+			if err := os.RemoveAll(filepath.Join(c.dir, old.name)); err != nil {
+				return err
+			}
+		}
+		f.e.elem = c.lru.PushFront(f.e)
+		c.entries[f.e.key] = f.e
+		c.total += f.e.size
+	}
+	return nil
+}
+
+func readEntryMeta(dir string) (entryMeta, time.Time, error) {
+	p := filepath.Join(dir, entryMetaF)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return entryMeta{}, time.Time{}, err
+	}
+	var m entryMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return entryMeta{}, time.Time{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return entryMeta{}, time.Time{}, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, entryImage)); err != nil {
+		return entryMeta{}, time.Time{}, err
+	}
+	return m, fi.ModTime(), nil
+}
+
+func entryName(key string) string {
+	h := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(h[:16])
+}
+
+// Close cancels downloads in progress. Entries stay on disk for the next run.
+func (c *Cache) Close() {
+	c.cancel()
+}
+
+// Handle is an acquired cache entry; the image stays on disk until Release.
+type Handle struct {
+	c    *Cache
+	e    *cacheEntry
+	once sync.Once
+}
+
+// Path is the image directory. Restore from it; do not change it.
+func (h *Handle) Path() string {
+	return filepath.Join(h.c.dir, h.e.name, entryImage)
+}
+
+// Release gives the entry back; it may be evicted from then on.
+func (h *Handle) Release() {
+	h.once.Do(func() { h.c.release(h.e) })
+}
+
+// Acquire returns the image key, downloading it first if it is not cached.
+// Concurrent calls for one key share one download; a caller whose ctx ends
+// stops waiting, while the download goes on for the others.
+func (c *Cache) Acquire(ctx context.Context, key string) (*Handle, error) {
+	if err := ValidKey(key); err != nil {
+		return nil, err
+	}
+	// Bounded: an entry can be evicted between its download and our taking
+	// a reference only under heavy churn.
+	for range 3 {
+		if h := c.take(key); h != nil {
+			return h, nil
+		}
+		ch := c.group.DoChan(key, func() (any, error) { return nil, c.download(key) })
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("cache %s: %w", key, ctx.Err())
+		case r := <-ch:
+			if r.Err != nil {
+				return nil, fmt.Errorf("cache %s: %w", key, r.Err)
+			}
+		}
+	}
+	return nil, fmt.Errorf("cache %s: evicted as soon as fetched; the cache limit is too small for the images in use", key)
+}
+
+func (c *Cache) take(key string) *Handle {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[key]
+	if e == nil {
+		return nil
+	}
+	e.refs++
+	c.lru.MoveToFront(e.elem)
+	// Recency survives a restart through the metadata file's time; a
+	// failure only costs accuracy of the order.
+	now := time.Now()
+	os.Chtimes(filepath.Join(c.dir, e.name, entryMetaF), now, now)
+	return &Handle{c: c, e: e}
+}
+
+func (c *Cache) download(key string) error {
+	c.mu.Lock()
+	_, ok := c.entries[key]
+	c.mu.Unlock()
+	if ok {
+		return nil // fetched by a flight that ended just before ours began
+	}
+	tmp, err := os.MkdirTemp(c.dir, tmpPrefix)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	if _, err := c.fetch.Get(c.ctx, key, filepath.Join(tmp, entryImage)); err != nil {
+		return err
+	}
+	size, err := diskUsage(filepath.Join(tmp, entryImage))
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(entryMeta{Key: key, Size: size})
+	if err != nil {
+		return err
+	}
+	if err := writeFileSync(filepath.Join(tmp, entryMetaF), b); err != nil {
+		return err
+	}
+	e := &cacheEntry{key: key, name: fmt.Sprintf("%s-%d", entryName(key), time.Now().UnixNano()), size: size}
+	if err := os.Rename(tmp, filepath.Join(c.dir, e.name)); err != nil {
+		return err
+	}
+	if err := syncDir(c.dir); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, dup := c.entries[key]; dup {
+		// Cannot happen while downloads of a key are single-flight; keep
+		// the accounting right if it ever does.
+		os.RemoveAll(filepath.Join(c.dir, e.name))
+		return nil
+	}
+	e.elem = c.lru.PushFront(e)
+	c.entries[key] = e
+	c.total += size
+	c.evictLocked()
+	return nil
+}
+
+// evictLocked removes least recently used entries not in use until the total
+// fits the limit. The entry just added is at the front and goes last.
+func (c *Cache) evictLocked() {
+	for el := c.lru.Back(); el != nil && c.total > c.limit; {
+		e := el.Value.(*cacheEntry)
+		prev := el.Prev()
+		if e.refs == 0 {
+			c.dropLocked(e)
+			os.RemoveAll(filepath.Join(c.dir, e.name))
+		}
+		el = prev
+	}
+}
+
+func (c *Cache) dropLocked(e *cacheEntry) {
+	c.lru.Remove(e.elem)
+	delete(c.entries, e.key)
+	c.total -= e.size
+}
+
+func (c *Cache) release(e *cacheEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e.refs--
+	if e.refs == 0 && e.removed {
+		os.RemoveAll(filepath.Join(c.dir, e.name))
+		return
+	}
+	c.evictLocked()
+}
+
+// Purge forgets key (its image was deleted): removed now if unused, else at
+// its last release.
+func (c *Cache) Purge(key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[key]
+	if e == nil {
+		return nil
+	}
+	c.dropLocked(e)
+	if e.refs > 0 {
+		e.removed = true
+		return nil
+	}
+	if err := os.RemoveAll(filepath.Join(c.dir, e.name)); err != nil {
+		return fmt.Errorf("purge %s: %w", key, err)
+	}
+	return nil
+}
+
+// Size returns the bytes the cached entries occupy.
+func (c *Cache) Size() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.total
+}
+
+// Keys returns the cached keys, most recently used first.
+func (c *Cache) Keys() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for el := c.lru.Front(); el != nil; el = el.Next() {
+		out = append(out, el.Value.(*cacheEntry).key)
+	}
+	return out
+}
+
+// diskUsage sums the blocks a tree occupies (holes are free).
+func diskUsage(root string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			n += st.Blocks * 512
+		} else {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+func writeFileSync(p string, b []byte) error {
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return errors.Join(f.Close())
+}

@@ -1,0 +1,363 @@
+package objectstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
+)
+
+// ErrNotFound is returned for a key with no complete image in the store.
+var ErrNotFound = errors.New("image not found in object store")
+
+// Object names inside Prefix/images/<key>/. The '@' cannot occur in a key, so
+// these never collide with the images of a longer key.
+const (
+	imagesDir    = "images"
+	dataName     = "@image.tar.zst"
+	manifestName = "@manifest.json"
+)
+
+// Format names the encoding of the data object.
+const formatTarZstd = "tar+zstd"
+
+// Manifest describes a stored image; it is written after the data object, so
+// its presence means the upload completed.
+type Manifest struct {
+	Key    string `json:"key"`
+	Format string `json:"format"`
+	// Digest ("sha256:<hex>") and Size are those of the data object's bytes
+	// as stored; Get verifies both before an image is used.
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+	// Files and Bytes describe the unpacked tree (Bytes counts holes).
+	Files   int64     `json:"files"`
+	Bytes   int64     `json:"bytes"`
+	Created time.Time `json:"created"`
+}
+
+// Store reads and writes images in one bucket under one prefix.
+type Store struct {
+	cfg    Config
+	client *s3.Client
+}
+
+// keyPattern: slash-separated segments of letters, digits, '.', '_' and '-',
+// none of them "." or "..".
+var keyPattern = regexp.MustCompile(`^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$`)
+
+// ValidKey reports whether key can name an image.
+func ValidKey(key string) error {
+	if !keyPattern.MatchString(key) {
+		return fmt.Errorf("image key %q: want slash-separated names of letters, digits, '.', '_', '-'", key)
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("image key %q: %q is not a name", key, seg)
+		}
+	}
+	return nil
+}
+
+// Open connects to the store and creates the bucket if it does not exist.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	opts := s3.Options{
+		Region: cfg.Region,
+		// Self-hosted servers rarely have per-bucket DNS names.
+		UsePathStyle: cfg.Endpoint != "",
+		// The image digest checks the data end to end; the SDK's own CRC
+		// trailers are left to servers that demand them, since not every
+		// S3-compatible server accepts them.
+		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
+		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
+		Credentials:                aws.AnonymousCredentials{},
+	}
+	if cfg.Endpoint != "" {
+		opts.BaseEndpoint = aws.String(cfg.Endpoint)
+	}
+	if cfg.AccessKeyID != "" {
+		opts.Credentials = staticCredentials{aws.Credentials{
+			AccessKeyID:     cfg.AccessKeyID,
+			SecretAccessKey: cfg.SecretAccessKey,
+			SessionToken:    cfg.SessionToken,
+			Source:          "aenv",
+		}}
+	}
+	if cfg.HTTPClient != nil {
+		opts.HTTPClient = cfg.HTTPClient
+	}
+	s := &Store{cfg: cfg, client: s3.New(opts)}
+	if err := s.ensureBucket(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+type staticCredentials struct{ creds aws.Credentials }
+
+func (c staticCredentials) Retrieve(context.Context) (aws.Credentials, error) { return c.creds, nil }
+
+func (s *Store) ensureBucket(ctx context.Context) error {
+	_, err := s.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &s.cfg.Bucket})
+	if err == nil {
+		return nil
+	}
+	if !isNotFound(err) {
+		return fmt.Errorf("check bucket %s: %w", s.cfg.Bucket, err)
+	}
+	in := &s3.CreateBucketInput{Bucket: &s.cfg.Bucket}
+	if s.cfg.Region != defaultRegion {
+		in.CreateBucketConfiguration = &types.CreateBucketConfiguration{
+			LocationConstraint: types.BucketLocationConstraint(s.cfg.Region),
+		}
+	}
+	_, err = s.client.CreateBucket(ctx, in)
+	var owned *types.BucketAlreadyOwnedByYou
+	if err != nil && !errors.As(err, &owned) {
+		return fmt.Errorf("create bucket %s: %w", s.cfg.Bucket, err)
+	}
+	return nil
+}
+
+// isNotFound recognises the "no such key/bucket" answers, including a HEAD's
+// bare 404 that carries no error code.
+func isNotFound(err error) bool {
+	var nsk *types.NoSuchKey
+	var nf *types.NotFound
+	var nsb *types.NoSuchBucket
+	if errors.As(err, &nsk) || errors.As(err, &nf) || errors.As(err, &nsb) {
+		return true
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "NotFound", "NoSuchKey", "NoSuchBucket":
+			return true
+		}
+	}
+	return false
+}
+
+// imagesBase is the common prefix of every image's objects.
+func (s *Store) imagesBase() string {
+	if s.cfg.Prefix == "" {
+		return imagesDir + "/"
+	}
+	return s.cfg.Prefix + "/" + imagesDir + "/"
+}
+
+func (s *Store) imageDir(key string) string { return s.imagesBase() + key + "/" }
+
+func (s *Store) dataKey(key string) string     { return s.imageDir(key) + dataName }
+func (s *Store) manifestKey(key string) string { return s.imageDir(key) + manifestName }
+
+// Stat returns the manifest of a complete image.
+func (s *Store) Stat(ctx context.Context, key string) (Manifest, error) {
+	if err := ValidKey(key); err != nil {
+		return Manifest{}, err
+	}
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.manifestKey(key))})
+	if err != nil {
+		if isNotFound(err) {
+			return Manifest{}, fmt.Errorf("stat %s: %w", key, ErrNotFound)
+		}
+		return Manifest{}, fmt.Errorf("stat %s: %w", key, err)
+	}
+	defer out.Body.Close()
+	var m Manifest
+	if err := json.NewDecoder(out.Body).Decode(&m); err != nil {
+		return Manifest{}, fmt.Errorf("stat %s: manifest: %w", key, err)
+	}
+	if m.Key != key || m.Format != formatTarZstd || !strings.HasPrefix(m.Digest, "sha256:") || m.Size <= 0 {
+		return Manifest{}, fmt.Errorf("stat %s: malformed manifest", key)
+	}
+	return m, nil
+}
+
+// Delete removes an image's objects; deleting a missing image is not an error.
+// The manifest goes first, so a half-deleted image is never taken as whole.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	if err := ValidKey(key); err != nil {
+		return err
+	}
+	for _, k := range []string{s.manifestKey(key), s.dataKey(key)} {
+		if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(k)}); err != nil && !isNotFound(err) {
+			return fmt.Errorf("delete %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// Entry is one complete image found by List.
+type Entry struct {
+	Key      string
+	Size     int64 // stored bytes of the data object
+	Modified time.Time
+}
+
+// List returns the complete images whose key starts with prefix, in key order.
+func (s *Store) List(ctx context.Context, prefix string) ([]Entry, error) {
+	objs, err := s.listImages(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, o := range objs {
+		if o.manifest && o.data {
+			out = append(out, Entry{Key: o.key, Size: o.size, Modified: o.modified})
+		}
+	}
+	return out, nil
+}
+
+// imageObjects gathers what the bucket holds for one image key.
+type imageObjects struct {
+	key            string
+	manifest, data bool
+	size           int64
+	modified       time.Time // newest of its objects
+	names          []string
+}
+
+func (s *Store) listImages(ctx context.Context, keyPrefix string) ([]*imageObjects, error) {
+	base := s.imagesBase()
+	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
+		Bucket: &s.cfg.Bucket,
+		Prefix: aws.String(base + keyPrefix),
+	})
+	byKey := map[string]*imageObjects{}
+	var order []*imageObjects
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", base+keyPrefix, err)
+		}
+		for _, o := range page.Contents {
+			name := strings.TrimPrefix(aws.ToString(o.Key), base)
+			i := strings.LastIndex(name, "/")
+			if i < 0 {
+				continue
+			}
+			key, file := name[:i], name[i+1:]
+			if file != dataName && file != manifestName {
+				continue // not ours
+			}
+			io := byKey[key]
+			if io == nil {
+				io = &imageObjects{key: key}
+				byKey[key] = io
+				order = append(order, io)
+			}
+			io.names = append(io.names, aws.ToString(o.Key))
+			if file == dataName {
+				io.data, io.size = true, aws.ToInt64(o.Size)
+			} else {
+				io.manifest = true
+			}
+			if t := aws.ToTime(o.LastModified); t.After(io.modified) {
+				io.modified = t
+			}
+		}
+	}
+	return order, nil
+}
+
+// GCStats counts what a collection removed.
+type GCStats struct {
+	Images  int // image keys whose objects were deleted
+	Objects int
+	Uploads int // abandoned multipart uploads aborted
+}
+
+// GC deletes the images whose key live rejects and whose newest object is
+// older than grace, and aborts multipart uploads started more than grace ago.
+//
+// Safety against uploads in progress: a caller records an image (making it
+// live) before uploading it, and an upload's objects are younger than grace
+// while it runs, so the only images removed are ones nobody refers to and
+// nobody has written for a while. grace must exceed the longest upload.
+func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.Duration) (GCStats, error) {
+	var st GCStats
+	cutoff := s.cfg.Now().Add(-grace)
+	imgs, err := s.listImages(ctx, "")
+	if err != nil {
+		return st, fmt.Errorf("gc: %w", err)
+	}
+	for _, im := range imgs {
+		if live(im.key) || im.modified.After(cutoff) {
+			continue
+		}
+		// Manifest first: an interrupted GC leaves no manifest over
+		// missing data.
+		for _, name := range sortManifestFirst(im.names) {
+			if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(name)}); err != nil && !isNotFound(err) {
+				return st, fmt.Errorf("gc %s: %w", im.key, err)
+			}
+			st.Objects++
+		}
+		st.Images++
+	}
+	n, err := s.abortStaleUploads(ctx, cutoff)
+	st.Uploads = n
+	if err != nil {
+		return st, fmt.Errorf("gc: %w", err)
+	}
+	return st, nil
+}
+
+func sortManifestFirst(names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if strings.HasSuffix(n, "/"+manifestName) {
+			out = append(out, n)
+		}
+	}
+	for _, n := range names {
+		if !strings.HasSuffix(n, "/"+manifestName) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (s *Store) abortStaleUploads(ctx context.Context, cutoff time.Time) (int, error) {
+	n := 0
+	in := &s3.ListMultipartUploadsInput{Bucket: &s.cfg.Bucket, Prefix: aws.String(s.imagesBase())}
+	for {
+		out, err := s.client.ListMultipartUploads(ctx, in)
+		if err != nil {
+			return n, fmt.Errorf("list uploads: %w", err)
+		}
+		for _, u := range out.Uploads {
+			if aws.ToTime(u.Initiated).After(cutoff) {
+				continue
+			}
+			_, err := s.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: &s.cfg.Bucket, Key: u.Key, UploadId: u.UploadId})
+			if err != nil && !isNoSuchUpload(err) {
+				return n, fmt.Errorf("abort upload of %s: %w", aws.ToString(u.Key), err)
+			}
+			n++
+		}
+		if !aws.ToBool(out.IsTruncated) {
+			return n, nil
+		}
+		in.KeyMarker, in.UploadIdMarker = out.NextKeyMarker, out.NextUploadIdMarker
+	}
+}
+
+func isNoSuchUpload(err error) bool {
+	var nsu *types.NoSuchUpload
+	return errors.As(err, &nsu) || isNotFound(err)
+}
