@@ -45,21 +45,24 @@ fi
 # start_postgres runs a throwaway PostgreSQL on a unix socket in a temp
 # dir (as the postgres user: it refuses root) and exports its URL.
 start_postgres() {
-  local bin
-  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
-  if [[ -z "$bin" ]]; then
+  pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+  if [[ -z "$pgbin" ]]; then
     echo "e2e: PostgreSQL not installed (run scripts/install-deps.sh)" >&2
     exit 1
   fi
   pgdir=$(mktemp -d /tmp/aenv-e2e-pg.XXXXXX)
   chown postgres: "$pgdir"
   as_postgres() { runuser -u postgres -- "$@"; }
-  as_postgres "$bin/initdb" -D "$pgdir/data" -U postgres --auth=trust >"$pgdir/initdb.log" 2>&1
-  as_postgres "$bin/pg_ctl" -D "$pgdir/data" -l "$pgdir/postgres.log" -w -t 120 \
+  as_postgres "$pgbin/initdb" -D "$pgdir/data" -U postgres --auth=trust >"$pgdir/initdb.log" 2>&1
+  as_postgres "$pgbin/pg_ctl" -D "$pgdir/data" -l "$pgdir/postgres.log" -w -t 120 \
     -o "-c listen_addresses='' -c unix_socket_directories='$pgdir' -c max_connections=300" start >/dev/null
-  trap 'runuser -u postgres -- "$bin/pg_ctl" -D "$pgdir/data" -m fast -w stop >/dev/null; rm -rf "$pgdir"' EXIT
-  as_postgres "$bin/psql" -h "$pgdir" -U postgres -qc 'CREATE DATABASE aenv' postgres
+  trap stop_postgres EXIT
+  as_postgres "$pgbin/psql" -h "$pgdir" -U postgres -qc 'CREATE DATABASE aenv' postgres
   export AENV_E2E_DATABASE_URL="host=$pgdir user=postgres dbname=aenv sslmode=disable"
+}
+stop_postgres() {
+  runuser -u postgres -- "$pgbin/pg_ctl" -D "$pgdir/data" -m fast -w stop >/dev/null || true
+  rm -rf "$pgdir"
 }
 if [[ "${AENV_E2E_CLUSTER:-}" == 1 && -z "${AENV_E2E_DATABASE_URL:-}" ]]; then
   start_postgres

@@ -57,7 +57,7 @@ func (c *catalog) List(ctx context.Context, f store.SandboxFilter) ([]*store.San
 // GetTemplate finds a template by ID or name; of the copies every node
 // has of a name (each builds its own "base"), one on a reachable node.
 func (c *catalog) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
-	copies, err := c.g.templateCopies(ctx, idOrName)
+	copies, err := c.g.templateCopies(ctx, idOrName, true)
 	if err != nil {
 		return nil, err
 	}

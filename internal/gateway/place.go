@@ -68,7 +68,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	if tpl == "" {
 		tpl = "base"
 	}
-	copies, err := g.templateCopies(r.Context(), tpl)
+	copies, err := g.templateCopies(r.Context(), tpl, false)
 	if err != nil {
 		g.databaseDown(w, r, err)
 		return
@@ -216,11 +216,13 @@ func (g *Gateway) forwardAny(w http.ResponseWriter, r *http.Request) {
 	g.forwardNode(w, r, order[0].ID, "", true)
 }
 
-// templateCopies returns every node's template with this ID or name,
-// remembered for a moment (a burst of creates from one template reads the
-// database once).
-func (g *Gateway) templateCopies(ctx context.Context, idOrName string) ([]*store.Template, error) {
-	if copies, ok := g.templates.get(idOrName); ok {
+// templateCopies returns every node's template with this ID or name.
+// Placement may take an answer remembered for a moment (a burst of
+// creates from one template reads the database once; a node answers for a
+// template deleted meanwhile); what users read is read fresh, and a
+// template not found is never remembered (it may be made the next moment).
+func (g *Gateway) templateCopies(ctx context.Context, idOrName string, fresh bool) ([]*store.Template, error) {
+	if copies, ok := g.templates.get(idOrName); ok && !fresh {
 		return copies, nil
 	}
 	g.queries.Add(1)
@@ -235,7 +237,9 @@ func (g *Gateway) templateCopies(ctx context.Context, idOrName string) ([]*store
 	if err != nil {
 		return nil, err
 	}
-	g.templates.put(idOrName, copies)
+	if len(copies) > 0 {
+		g.templates.put(idOrName, copies)
+	}
 	return copies, nil
 }
 
@@ -244,7 +248,7 @@ func (g *Gateway) templateCopies(ctx context.Context, idOrName string) ([]*store
 func (g *Gateway) byTemplate(w http.ResponseWriter, r *http.Request) {
 	g.count("template")
 	id := r.PathValue("id")
-	copies, err := g.templateCopies(r.Context(), id)
+	copies, err := g.templateCopies(r.Context(), id, true)
 	if err != nil {
 		g.databaseDown(w, r, err)
 		return
@@ -282,7 +286,7 @@ func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Name != "" {
-		copies, err := g.templateCopies(r.Context(), req.Name)
+		copies, err := g.templateCopies(r.Context(), req.Name, true)
 		if err != nil {
 			g.databaseDown(w, r, err)
 			return
@@ -343,8 +347,10 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 // requestBuild places a template build: on the node that built the
-// template before when it is ready, else on a ready node with room; the
-// build's later calls follow it there.
+// template before when it is ready, else on the first ready node with room
+// (by ID): builds gather on one node while it is ready, so that a template
+// built from another built template finds its parent there (templates are
+// not shared between nodes yet). The build's later calls follow it.
 func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 	g.count("build")
 	body, ok := g.readBody(w, r)
@@ -376,24 +382,24 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 		g.forwardNode(w, r, prev, "", true)
 		return
 	}
-	var ready []*nodeState
-	for _, n := range view.list {
-		if n.ready() {
-			ready = append(ready, n)
+	var chosen *nodeState
+	for _, n := range view.list { // by ID
+		if n.ready() && g.nodes.free(n, 0) > 0 {
+			chosen = n
+			break
 		}
 	}
-	order := g.nodes.place(ready, 0)
-	if len(order) == 0 {
+	if chosen == nil {
 		api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node of the cluster can run a build now")
 		return
 	}
 	g.queries.Add(1)
-	if err := g.db.MoveBuildNode(r.Context(), name, order[0].ID); err != nil {
+	if err := g.db.MoveBuildNode(r.Context(), name, chosen.ID); err != nil {
 		g.databaseDown(w, r, err)
 		return
 	}
 	g.builds.forget(name)
-	g.forwardNode(w, r, order[0].ID, "", true)
+	g.forwardNode(w, r, chosen.ID, "", true)
 }
 
 // byBuild forwards a build's call to the node running its builds.

@@ -34,14 +34,14 @@ type nodeOf struct {
 }
 
 type cluster struct {
-	t        *testing.T
+	t        testing.TB
 	pg       *pgtest.Server
 	dsn      string
 	nodes    []*server
 	gateways []*gateway
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	pg := pgtest.New(t)
 	return &cluster{t: t, pg: pg, dsn: pg.NewDatabase(t)}
 }

@@ -250,19 +250,6 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.pool.Ping(ctx)
 }
 
-// SetBuildNode records that node runs the builds of the template named
-// name, unless another node already does; it returns the node that does.
-func (s *Store) SetBuildNode(ctx context.Context, name, node string) (string, error) {
-	var got string
-	err := s.pool.QueryRow(ctx, `INSERT INTO build_routes (template_name, node_id) VALUES ($1, $2)
-		ON CONFLICT (template_name) DO UPDATE SET node_id = build_routes.node_id
-		RETURNING node_id`, name, node).Scan(&got)
-	if err != nil {
-		return "", fmt.Errorf("build route of %s: %w", name, err)
-	}
-	return got, nil
-}
-
 // MoveBuildNode makes node run the builds of the template named name.
 func (s *Store) MoveBuildNode(ctx context.Context, name, node string) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO build_routes (template_name, node_id) VALUES ($1, $2)
