@@ -101,16 +101,22 @@ func (a *Admission) admit(n, memoryMB int) (int, func(), error) {
 	}, nil
 }
 
-// startTurn waits for a turn to start a sandbox.
-func (a *Admission) startTurn(ctx context.Context) (func(), error) {
+// enter admits up to n sandboxes of memoryMB each and waits for a turn to
+// start them; it returns how many fit and the release of both.
+func (a *Admission) enter(ctx context.Context, n, memoryMB int) (int, func(), error) {
+	fit, release, err := a.admit(n, memoryMB)
+	if err != nil {
+		return 0, nil, err
+	}
 	if a.starting == nil {
-		return func() {}, nil
+		return fit, release, nil
 	}
 	select {
 	case a.starting <- struct{}{}:
-		return func() { <-a.starting }, nil
+		return fit, func() { <-a.starting; release() }, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for a turn to start: %w", context.Cause(ctx))
+		release()
+		return 0, nil, fmt.Errorf("waiting for a turn to start: %w", context.Cause(ctx))
 	}
 }
 
@@ -119,16 +125,11 @@ func (a *Admission) Create(ctx context.Context, req node.CreateRequest) (*store.
 	if mem == 0 {
 		mem = a.limits.DefaultMemoryMB
 	}
-	_, release, err := a.admit(1, mem)
+	_, leave, err := a.enter(ctx, 1, mem)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	done, err := a.startTurn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
+	defer leave()
 	return a.Node.Create(ctx, req)
 }
 
@@ -144,16 +145,11 @@ func (a *Admission) Fork(ctx context.Context, req node.ForkRequest) ([]node.Fork
 		mem = tpl.MemoryMB
 	}
 	count := req.Count
-	fit, release, err := a.admit(max(count, 1), mem)
+	fit, leave, err := a.enter(ctx, max(count, 1), mem)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	done, err := a.startTurn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer done()
+	defer leave()
 	if fit >= count {
 		return a.Node.Fork(ctx, req)
 	}

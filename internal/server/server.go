@@ -51,6 +51,10 @@ func RunNode(ctx context.Context, cfg config.Server, cl config.Cluster, logger *
 	if err := cl.Validate(); err != nil {
 		return err
 	}
+	if cfg.APIKey != "" {
+		return errors.New("aenv node takes no --api-key: nodes accept only the cluster secret (--cluster-secret), " +
+			"and users' API keys live in the cluster's database, where gateways check them (aenv gateway --api-key)")
+	}
 	return run(ctx, cfg, &cl, logger)
 }
 

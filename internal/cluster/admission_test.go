@@ -1,0 +1,175 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// fakeNode answers creates and forks, holding each create until release
+// is closed; use counts the sandboxes it made. Other Node methods are not
+// called by Admission's tests.
+type fakeNode struct {
+	node.Node
+	release  chan struct{}
+	made     atomic.Int64
+	memoryMB int
+	forked   atomic.Int64 // children asked of the inner Fork
+}
+
+func (f *fakeNode) Create(ctx context.Context, req node.CreateRequest) (*store.Sandbox, error) {
+	select {
+	case <-f.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	f.made.Add(1)
+	return &store.Sandbox{ID: "sb"}, nil
+}
+
+func (f *fakeNode) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkResult, error) {
+	f.forked.Add(int64(req.Count))
+	out := make([]node.ForkResult, req.Count)
+	for i := range out {
+		out[i].Sandbox = &store.Sandbox{ID: "child"}
+	}
+	f.made.Add(int64(req.Count))
+	return out, nil
+}
+
+func (f *fakeNode) Get(ctx context.Context, id string) (*store.Sandbox, error) {
+	return &store.Sandbox{ID: id, MemoryMB: f.memoryMB}, nil
+}
+
+func (f *fakeNode) use() sandbox.Use {
+	n := int(f.made.Load())
+	return sandbox.Use{Sandboxes: n, MemoryMB: n * f.memoryMB}
+}
+
+func newFake(memoryMB int) *fakeNode {
+	return &fakeNode{release: make(chan struct{}), memoryMB: memoryMB}
+}
+
+func TestAdmissionLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		limits  Limits
+		creates int // at once
+		wantOK  int
+	}{
+		{"count", Limits{MaxSandboxes: 3, DefaultMemoryMB: 100}, 5, 3},
+		{"memory", Limits{MemoryMB: 250, DefaultMemoryMB: 100}, 5, 2},
+		{"overcommitted memory", Limits{MemoryMB: 1000, DefaultMemoryMB: 100}, 5, 5},
+		{"no limits", Limits{DefaultMemoryMB: 100}, 5, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(100)
+			a := NewAdmission(f, tc.limits, f.use)
+			// All creates are in flight at once: the reservations, not the
+			// node's reported use, must hold the limit.
+			var wg sync.WaitGroup
+			var ok, full atomic.Int64
+			for range tc.creates {
+				wg.Go(func() {
+					_, err := a.Create(context.Background(), node.CreateRequest{})
+					switch {
+					case err == nil:
+						ok.Add(1)
+					case errors.Is(err, node.ErrUnavailable):
+						full.Add(1)
+					default:
+						t.Error(err)
+					}
+				})
+			}
+			waitUntil(t, func() bool { return full.Load() == int64(tc.creates-tc.wantOK) })
+			close(f.release)
+			wg.Wait()
+			if ok.Load() != int64(tc.wantOK) {
+				t.Errorf("%d creates admitted, want %d", ok.Load(), tc.wantOK)
+			}
+			// Reservations are released: what is made now counts as use.
+			if _, err := a.Create(context.Background(), node.CreateRequest{}); tc.wantOK < tc.creates && err == nil {
+				t.Error("a create past the limit was admitted after the burst")
+			}
+		})
+	}
+}
+
+func TestAdmissionDraining(t *testing.T) {
+	f := newFake(100)
+	close(f.release)
+	a := NewAdmission(f, Limits{}, f.use)
+	a.SetDraining(true)
+	if _, err := a.Create(context.Background(), node.CreateRequest{}); !errors.Is(err, node.ErrUnavailable) {
+		t.Fatalf("create on a drained node: %v", err)
+	}
+	if _, err := a.Fork(context.Background(), node.ForkRequest{SandboxID: "p", Count: 2}); !errors.Is(err, node.ErrUnavailable) {
+		t.Fatalf("fork on a drained node: %v", err)
+	}
+	a.SetDraining(false)
+	if _, err := a.Create(context.Background(), node.CreateRequest{}); err != nil {
+		t.Fatalf("create after undrain: %v", err)
+	}
+}
+
+// A fork beyond the node's room makes what fits and answers the rest
+// child by child.
+func TestAdmissionForkPartial(t *testing.T) {
+	f := newFake(100)
+	close(f.release)
+	a := NewAdmission(f, Limits{MaxSandboxes: 5}, f.use)
+	f.made.Store(2)
+	results, err := a.Fork(context.Background(), node.ForkRequest{SandboxID: "p", Count: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 5 || f.forked.Load() != 3 {
+		t.Fatalf("%d results, %d children asked of the node; want 5 and 3", len(results), f.forked.Load())
+	}
+	for i, r := range results {
+		if made := r.Sandbox != nil; made != (i < 3) || (!made && !errors.Is(r.Err, node.ErrUnavailable)) {
+			t.Errorf("child %d: %+v", i, r)
+		}
+	}
+}
+
+// Starts beyond MaxStarting wait for a turn, and give up with their
+// context.
+func TestAdmissionStartingBound(t *testing.T) {
+	f := newFake(100)
+	a := NewAdmission(f, Limits{MaxStarting: 1}, f.use)
+	first := make(chan error, 1)
+	go func() { _, err := a.Create(context.Background(), node.CreateRequest{}); first <- err }()
+	waitUntil(t, func() bool { return len(a.starting) == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := a.Create(ctx, node.CreateRequest{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second start while one runs: %v, want to wait and give up", err)
+	}
+	close(f.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Create(context.Background(), node.CreateRequest{}); err != nil {
+		t.Fatalf("start after the turn came free: %v", err)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
