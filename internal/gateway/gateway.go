@@ -68,7 +68,9 @@ type Gateway struct {
 	// which it may retry on another node).
 	client *http.Client
 
-	queries  atomic.Int64 // database round trips
+	// queries counts database round trips made for requests; the node
+	// list's refreshes count in refreshes (a fixed rate, whatever the load).
+	queries, refreshes atomic.Int64
 	requests *prometheus.CounterVec
 
 	stop func()
@@ -84,7 +86,7 @@ func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logge
 	g := &Gateway{cfg: cfg, db: db, logger: logger, routes: newRouteCache(1 << 20),
 		keys: newKeyCache(db, 30*time.Second), templates: newTTLCache[[]*store.Template](2 * time.Second),
 		builds: newTTLCache[string](5 * time.Second)}
-	g.nodes = newNodes(db, cfg.NodeTimeout, &g.queries)
+	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
 	transport := &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -105,8 +107,10 @@ func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logge
 		Name: "aenv_gateway_requests_total", Help: "Requests by how the gateway handled them.",
 	}, []string{"route"})
 	reg.MustRegister(g.requests, prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "aenv_gateway_database_queries_total", Help: "Round trips to the cluster's database.",
-	}, func() float64 { return float64(g.queries.Load()) }))
+		Name: "aenv_gateway_database_queries_total", Help: "Round trips to the cluster's database made for requests.",
+	}, func() float64 { return float64(g.queries.Load()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "aenv_gateway_node_refreshes_total", Help: "Reads of the cluster's node list (one per refresh interval).",
+	}, func() float64 { return float64(g.refreshes.Load()) }))
 
 	if err := g.nodes.refresh(ctx); err != nil {
 		return nil, fmt.Errorf("gateway: read nodes: %w", err)

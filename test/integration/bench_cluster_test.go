@@ -19,7 +19,8 @@ import (
 // round trips it makes per call, and creates per second through one
 // gateway as nodes are added. Run with `make bench-go`.
 
-// dbQueries reads the gateway's count of database round trips.
+// dbQueries reads the gateway's count of database round trips made for
+// requests (its node list refreshes are counted apart).
 func (g *gateway) dbQueries(tb testing.TB) float64 {
 	tb.Helper()
 	req, _ := http.NewRequest(http.MethodGet, g.url+"/metrics", nil)
@@ -43,6 +44,32 @@ func (g *gateway) dbQueries(tb testing.TB) float64 {
 	return 0
 }
 
+// viaBoth runs op b.N times straight to the node and b.N times through
+// the gateway, alternating, so that both see the same machine; it reports
+// each one's p50 and p99, what the gateway adds at p50, and the gateway's
+// database round trips per call.
+func viaBoth(b *testing.B, n *server, g *gateway, op func(api *client.Client) time.Duration) {
+	b.Helper()
+	var direct, through []time.Duration
+	var queries float64
+	b.ResetTimer()
+	for range b.N {
+		direct = append(direct, op(n.api))
+		q0 := g.dbQueries(b)
+		through = append(through, op(g.api))
+		queries += g.dbQueries(b) - q0
+	}
+	b.StopTimer()
+	d50, d99 := percentiles(direct)
+	g50, g99 := percentiles(through)
+	b.ReportMetric(d50, "direct-p50-ms")
+	b.ReportMetric(d99, "direct-p99-ms")
+	b.ReportMetric(g50, "gateway-p50-ms")
+	b.ReportMetric(g99, "gateway-p99-ms")
+	b.ReportMetric(g50-d50, "added-p50-ms")
+	b.ReportMetric(queries/float64(b.N), "db-queries/call")
+}
+
 // BenchmarkGatewayExec: /execute of `true` in one sandbox, straight to its
 // node and through a gateway.
 func BenchmarkGatewayExec(b *testing.B) {
@@ -51,78 +78,47 @@ func BenchmarkGatewayExec(b *testing.B) {
 	g := c.addGateway()
 	g.waitReady(b, "node-a")
 	id := g.create(b)
-	for _, via := range []struct {
-		name string
-		api  *client.Client
-	}{{"direct", n.api}, {"gateway", g.api}} {
-		b.Run(via.name, func(b *testing.B) {
-			exec := func() {
-				if _, err := via.api.Execute(context.Background(), id, client.ExecuteRequest{Command: "true"}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			for range 3 {
-				exec() // connections and routes warm
-			}
-			q0 := g.dbQueries(b)
-			samples := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for range b.N {
-				start := time.Now()
-				exec()
-				samples = append(samples, time.Since(start))
-			}
-			b.StopTimer()
-			reportLatencies(b, samples)
-			if via.name == "gateway" {
-				b.ReportMetric((g.dbQueries(b)-q0-1)/float64(b.N), "db-queries/op")
-			}
-		})
+	exec := func(api *client.Client) time.Duration {
+		start := time.Now()
+		if _, err := api.Execute(context.Background(), id, client.ExecuteRequest{Command: "true"}); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
 	}
+	for range 3 {
+		exec(n.api) // connections and the route warm
+		exec(g.api)
+	}
+	viaBoth(b, n, g, exec)
 }
 
-// BenchmarkGatewayCreate: create (warm pool) until the first /execute
-// answers, straight to a node and through a gateway placing it.
+// BenchmarkGatewayCreate: create (served by the warm pool) until the
+// first /execute answers, straight to a node and through a gateway that
+// places it.
 func BenchmarkGatewayCreate(b *testing.B) {
 	c := newCluster(b)
 	n := c.addNode("node-a")
 	g := c.addGateway()
 	g.waitReady(b, "node-a")
-	for _, via := range []struct {
-		name string
-		api  *client.Client
-	}{{"direct", n.api}, {"gateway", g.api}} {
-		b.Run(via.name, func(b *testing.B) {
-			var ids []string
-			samples := make([]time.Duration, 0, b.N)
-			q0 := g.dbQueries(b)
-			b.ResetTimer()
-			for range b.N {
-				b.StopTimer()
-				time.Sleep(time.Second) // the warm pool refills between creates
-				b.StartTimer()
-				start := time.Now()
-				sb, err := via.api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: "base"})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := via.api.Execute(context.Background(), sb.SandboxID, client.ExecuteRequest{Command: "true"}); err != nil {
-					b.Fatal(err)
-				}
-				samples = append(samples, time.Since(start))
-				ids = append(ids, sb.SandboxID)
-			}
-			b.StopTimer()
-			reportLatencies(b, samples)
-			if via.name == "gateway" {
-				// Less the scrapes' own and the node list refreshes of
-				// the run (one per refresh interval, whatever the load).
-				b.ReportMetric((g.dbQueries(b)-q0-1)/float64(b.N), "db-queries/op(incl-refresh)")
-			}
-			for _, id := range ids {
-				via.api.DeleteSandbox(context.Background(), id)
-			}
-		})
+	var ids []string
+	create := func(api *client.Client) time.Duration {
+		b.StopTimer()
+		time.Sleep(time.Second) // the warm pool refills between creates
+		b.StartTimer()
+		start := time.Now()
+		sb, err := api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: "base"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := api.Execute(context.Background(), sb.SandboxID, client.ExecuteRequest{Command: "true"}); err != nil {
+			b.Fatal(err)
+		}
+		ids = append(ids, sb.SandboxID)
+		return time.Since(start)
+	}
+	viaBoth(b, n, g, create)
+	for _, id := range ids {
+		n.api.DeleteSandbox(context.Background(), id)
 	}
 }
 
