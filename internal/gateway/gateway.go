@@ -84,7 +84,7 @@ func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logge
 		cfg.Refresh = max(cfg.NodeTimeout/5, 50*time.Millisecond)
 	}
 	g := &Gateway{cfg: cfg, db: db, logger: logger, routes: newRouteCache(1 << 20),
-		keys: newKeyCache(db, 30*time.Second), templates: newTTLCache[[]*store.Template](2 * time.Second),
+		keys: newKeyCache(db, 30*time.Second), templates: newTTLCache[[]*store.Template](10 * time.Second),
 		builds: newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
 	transport := &http.Transport{
