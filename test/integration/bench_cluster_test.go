@@ -19,9 +19,8 @@ import (
 // round trips it makes per call, and creates per second through one
 // gateway as nodes are added. Run with `make bench-go`.
 
-// dbQueries reads the gateway's count of database round trips made for
-// requests (its node list refreshes are counted apart).
-func (g *gateway) dbQueries(tb testing.TB) float64 {
+// metric reads one unlabelled sample of the gateway's metrics.
+func (g *gateway) metric(tb testing.TB, name string) float64 {
 	tb.Helper()
 	req, _ := http.NewRequest(http.MethodGet, g.url+"/metrics", nil)
 	req.Header.Set("X-API-Key", apiKey)
@@ -32,7 +31,7 @@ func (g *gateway) dbQueries(tb testing.TB) float64 {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "aenv_gateway_database_queries_total "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				tb.Fatal(err)
@@ -40,8 +39,14 @@ func (g *gateway) dbQueries(tb testing.TB) float64 {
 			return n
 		}
 	}
-	tb.Fatal("the gateway reports no database query count")
+	tb.Fatalf("the gateway reports no %s", name)
 	return 0
+}
+
+// dbQueries reads the gateway's count of database round trips made for
+// requests (its node list refreshes are counted apart).
+func (g *gateway) dbQueries(tb testing.TB) float64 {
+	return g.metric(tb, "aenv_gateway_database_queries_total")
 }
 
 // viaBoth runs op b.N times straight to the node and b.N times through
@@ -143,6 +148,7 @@ func BenchmarkGatewayCreateRate(b *testing.B) {
 			var made []string
 			sem := make(chan struct{}, parallel)
 			var wg sync.WaitGroup
+			cpu0 := g.metric(b, "process_cpu_seconds_total")
 			b.ResetTimer()
 			start := time.Now()
 			for range b.N {
@@ -163,6 +169,8 @@ func BenchmarkGatewayCreateRate(b *testing.B) {
 			elapsed := time.Since(start)
 			b.StopTimer()
 			b.ReportMetric(float64(len(made))/elapsed.Seconds(), "creates/s")
+			// What one create costs the gateway, for sizing gateways.
+			b.ReportMetric((g.metric(b, "process_cpu_seconds_total")-cpu0)*1000/float64(len(made)), "gateway-cpu-ms/create")
 			for _, id := range made {
 				g.api.DeleteSandbox(context.Background(), id)
 			}
