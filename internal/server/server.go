@@ -117,6 +117,8 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		MaxForkCount:     cfg.MaxForkCount,
 		ForkParallelism:  cfg.ForkParallelism,
 		WarmSandboxes:    cfg.WarmSandboxes,
+		PreparedMax:      cfg.PreparedSandboxes,
+		PreparedMemMB:    cfg.PreparedMemoryMB,
 		DefaultTimeout:   config.Seconds(cfg.DefaultTimeoutSecs),
 		MaxTimeout:       config.Seconds(cfg.MaxTimeoutSecs),
 		DefaultVCPU:      cfg.DefaultVCPU,
