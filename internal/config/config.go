@@ -61,6 +61,7 @@ type Server struct {
 	WarmSandboxes        int
 	PreparedSandboxes    int
 	PreparedMemoryMB     int
+	WarmSnapshots        int
 
 	Domain string
 }
@@ -95,6 +96,7 @@ func Default() Server {
 		WarmSandboxes:          2,
 		PreparedSandboxes:      16,
 		PreparedMemoryMB:       1024,
+		WarmSnapshots:          2,
 		Domain:                 "localhost",
 	}
 }
@@ -148,6 +150,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.WarmSandboxes, "warm-sandboxes", "base sandboxes kept booted so that a create only initialises one (0: off)")
 	num(&c.PreparedSandboxes, "prepared-sandboxes", "most sandboxes kept created ahead of demand, per shape in use, so that a restore or boot only loads or starts one; the pool grows with bursts and shrinks when idle (0: off)")
 	num(&c.PreparedMemoryMB, "prepared-memory-mb", "host memory the prepared sandboxes may hold together")
+	num(&c.WarmSnapshots, "warm-snapshots", "sandboxes restored and paused ahead of demand per snapshot template in use, so that a create from it only resumes one (0: off; needs --prepared-sandboxes)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 }
 
@@ -188,6 +191,7 @@ func (c *Server) Validate() error {
 		{"--warm-sandboxes", c.WarmSandboxes >= 0},
 		{"--prepared-sandboxes", c.PreparedSandboxes >= 0},
 		{"--prepared-memory-mb", c.PreparedMemoryMB >= 0},
+		{"--warm-snapshots", c.WarmSnapshots >= 0},
 		{"--max-connections", c.MaxConnections == 0 || c.MaxConnections >= 16},
 		{"--idle-timeout-secs", c.IdleTimeoutSecs >= 1},
 	}

@@ -54,8 +54,12 @@ type Config struct {
 	// PreparedMax bounds the sandboxes made ahead of restores and boots
 	// (see prepared.go), PreparedMemMB the host memory they hold; 0 turns
 	// the pool off.
-	PreparedMax     int
-	PreparedMemMB   int
+	PreparedMax   int
+	PreparedMemMB int
+	// SnapshotPool is how many sandboxes restored from one snapshot
+	// template, paused, are kept at most for creates from it; the pool
+	// keeps them for templates in use only (0: none).
+	SnapshotPool    int
 	DefaultTimeout  time.Duration
 	MaxTimeout      time.Duration
 	DefaultVCPU     int
@@ -367,6 +371,19 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 				return e, nil
 			}
 			m.logger.WarnContext(ctx, "warm sandbox unusable; booting one", "err", err)
+			sb.ID = NewID()
+		}
+	}
+	if img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token}
+		ps := m.prep.begin(k)
+		defer m.prep.end(k)
+		if ps != nil {
+			e, err := m.launchRestored(ctx, sb, tpl, ps)
+			if err == nil || ctx.Err() != nil {
+				return e, err
+			}
+			m.logger.WarnContext(ctx, "restored sandbox unusable; restoring anew", "sandbox", sb.ID, "err", err)
 			sb.ID = NewID()
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -34,22 +35,38 @@ import (
 const preparedIdle = time.Minute
 
 // prepKey is the shape a prepared sandbox fits: everything of its runtime
-// spec but the ID and network namespace, which it brings itself.
+// spec but the ID and network namespace, which it brings itself. With an
+// image, the sandbox is one step further: restored from that image (a
+// snapshot template's), envd answering with token, and paused; a create
+// from the template resumes it and gives it its identity (see
+// launchRestored).
 type prepKey struct {
 	rootfs   string
 	vcpu     int
 	memoryMB int
+	image    string
+	token    string // envd's access token inside the image
+}
+
+// shape is the key of the plain prepared sandboxes a restored one of k is
+// made from.
+func (k prepKey) shape() prepKey {
+	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB}
 }
 
 type preparedSandbox struct {
 	id   string
 	slot *network.Slot
+	envd *envdclient.Client // restored ones only
 }
 
 type preparedPool struct {
 	driver   runtime.Preparer
 	max      int    // most prepared sandboxes, all shapes together
 	memBytes uint64 // host memory they may hold together
+	// maxRestored bounds the restored sandboxes kept per snapshot image:
+	// they hold the image's memory, so few are kept (0: none).
+	maxRestored int
 
 	mu      sync.Mutex
 	ready   map[prepKey][]*preparedSandbox
@@ -73,7 +90,8 @@ func (m *Manager) startPreparedPool() {
 	}
 	p := &preparedPool{
 		driver: prep, max: m.cfg.PreparedMax, memBytes: uint64(m.cfg.PreparedMemMB) << 20,
-		ready: map[prepKey][]*preparedSandbox{}, want: map[prepKey]int{},
+		maxRestored: m.cfg.SnapshotPool,
+		ready:       map[prepKey][]*preparedSandbox{}, want: map[prepKey]int{},
 		lastUse: map[prepKey]time.Time{}, active: map[prepKey]int{},
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
@@ -96,10 +114,18 @@ func (p *preparedPool) demand(k prepKey, n int) {
 		return
 	}
 	p.mu.Lock()
-	p.want[k] = min(p.max, max(p.want[k], n))
+	p.want[k] = min(p.limit(k), max(p.want[k], n))
 	p.lastUse[k] = time.Now()
 	p.mu.Unlock()
 	p.poke()
+}
+
+// limit is the most sandboxes of k the pool keeps; p.mu is held.
+func (p *preparedPool) limit(k prepKey) int {
+	if k.image != "" {
+		return p.maxRestored
+	}
+	return p.max
 }
 
 // begin counts a launch of shape k in progress and returns a prepared
@@ -111,7 +137,7 @@ func (p *preparedPool) begin(k prepKey) *preparedSandbox {
 	p.mu.Lock()
 	p.busy++
 	p.active[k]++
-	p.want[k] = min(p.max, max(p.want[k], p.active[k]))
+	p.want[k] = min(p.limit(k), max(p.want[k], p.active[k]))
 	p.lastUse[k] = time.Now()
 	var ps *preparedSandbox
 	if r := p.ready[k]; len(r) > 0 {
@@ -153,6 +179,44 @@ func (p *preparedPool) count() int {
 		n += len(r)
 	}
 	return n
+}
+
+// forgetImage stops keeping sandboxes restored from image (its template
+// was deleted) and returns those to remove.
+func (p *preparedPool) forgetImage(image string) []*preparedSandbox {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*preparedSandbox
+	for k, r := range p.ready {
+		if k.image == image {
+			out = append(out, r...)
+			delete(p.ready, k)
+		}
+	}
+	for k := range p.want {
+		if k.image == image {
+			delete(p.want, k)
+			delete(p.lastUse, k)
+		}
+	}
+	return out
+}
+
+// takeShape removes a ready plain prepared sandbox of shape k, if any,
+// for the filler to restore an image into.
+func (p *preparedPool) takeShape(k prepKey) *preparedSandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.ready[k]
+	if len(r) == 0 {
+		return nil
+	}
+	ps := r[len(r)-1]
+	p.ready[k] = r[:len(r)-1]
+	return ps
 }
 
 // takeAny removes a ready sandbox of any shape, the most plentiful first.
@@ -207,12 +271,21 @@ func (p *preparedPool) next(now time.Time) (k prepKey, ok bool, surplus []*prepa
 	if p.perSandbox > 0 {
 		limit = min(limit, int(p.memBytes/p.perSandbox))
 	}
-	if p.busy > 0 || total >= limit {
+	if p.busy > 0 {
 		return k, false, surplus
 	}
+	// Restored sandboxes first: they save the most. They are bounded per
+	// image, plain ones by the totals.
 	deficit := 0
 	for key, w := range p.want {
-		if d := w - len(p.ready[key]); d > deficit {
+		if key.image == "" && total >= limit {
+			continue
+		}
+		d := w - len(p.ready[key])
+		if key.image != "" && d > 0 {
+			d += p.max
+		}
+		if d > deficit {
 			k, deficit = key, d
 		}
 	}
@@ -255,6 +328,9 @@ func (m *Manager) fillPrepared(ctx context.Context) {
 }
 
 func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
+	if k.image != "" {
+		return m.restoreOne(ctx, k)
+	}
 	p := m.prep
 	slot, err := m.slots.Acquire(ctx)
 	if err != nil {
@@ -282,6 +358,88 @@ func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
 		m.discardPrepared(ctx, ps)
 	}
 	return nil
+}
+
+// restoreOne adds to the pool a sandbox restored from k's image and
+// paused.
+func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
+	p := m.prep
+	if err := m.holdImage(k.image); err != nil {
+		// The template is gone: stop keeping its sandboxes.
+		for _, ps := range p.forgetImage(k.image) {
+			m.discardPrepared(ctx, ps)
+		}
+		return nil
+	}
+	defer m.dropImage(k.image)
+	ps := p.takeShape(k.shape())
+	var err error
+	if ps != nil {
+		err = p.driver.RestorePrepared(ctx, ps.id, k.image)
+	} else {
+		slot, aerr := m.slots.Acquire(ctx)
+		if aerr != nil {
+			return aerr
+		}
+		ps = &preparedSandbox{id: NewID(), slot: slot}
+		err = m.driver.Restore(ctx, m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB), k.image)
+	}
+	if err != nil {
+		m.releaseSlot(ctx, ps.slot.Index, ps.id)
+		return err
+	}
+	ps.envd = envdclient.New(envdURL(ps.id, ps.slot.SandboxIP), m.http, k.token)
+	err = m.waitReady(ctx, ps.envd)
+	if err == nil {
+		err = m.driver.Pause(ctx, ps.id)
+	}
+	if err != nil {
+		m.discardPrepared(ctx, ps)
+		return err
+	}
+	p.mu.Lock()
+	keep := len(p.ready[k]) < p.want[k]
+	if keep {
+		p.ready[k] = append(p.ready[k], ps)
+	}
+	p.mu.Unlock()
+	if !keep {
+		m.discardPrepared(ctx, ps)
+	}
+	return nil
+}
+
+// launchRestored turns a pooled sandbox restored from tpl's image into
+// sb: resume, egress policy, envd identity, then the record, written once
+// everything works, as for a warm sandbox.
+func (m *Manager) launchRestored(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ps *preparedSandbox) (*entry, error) {
+	start := time.Now()
+	sb.ID, sb.SlotIndex, sb.State = ps.id, ps.slot.Index, store.StateRunning
+	err := m.driver.Resume(ctx, ps.id)
+	if err == nil {
+		err = m.applyNetwork(ctx, sb, ps.slot)
+	}
+	if err == nil {
+		err = m.identify(ctx, ps.envd, sb, tpl)
+	}
+	if err == nil {
+		sb.UpdatedAt = time.Now().UTC()
+		if err = m.store.CreateSandbox(ctx, sb); err != nil {
+			err = storeError("record sandbox", err)
+		}
+	}
+	if err != nil {
+		m.discardPrepared(context.WithoutCancel(ctx), ps)
+		return nil, err
+	}
+	e := newEntry(&view{sb: sb, phase: phaseRunning, slot: ps.slot, envd: ps.envd, run: newRunScope()})
+	m.register(e)
+	e.mu.Lock()
+	m.armTimer(e)
+	e.mu.Unlock()
+	m.logger.InfoContext(ctx, "sandbox started from a restored one", "sandbox", sb.ID, "template", tpl.Name,
+		"took", time.Since(start).Round(time.Millisecond))
+	return e, nil
 }
 
 // discardPrepared removes a prepared sandbox that will not be used.

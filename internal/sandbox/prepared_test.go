@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -289,4 +290,82 @@ func TestPreparedDemandIsBounded(t *testing.T) {
 	if p.busy != 0 || len(p.active) != 0 {
 		t.Errorf("launches left counted: busy %d, active %v", p.busy, p.active)
 	}
+}
+
+// pooledRestored lists instances restored and paused by the pool: paused,
+// with no record.
+func (w *world) pooledRestored() []string {
+	w.driver.mu.Lock()
+	var ids []string
+	for id, in := range w.driver.inst {
+		if in.state == runtime.StatePaused {
+			ids = append(ids, id)
+		}
+	}
+	w.driver.mu.Unlock()
+	var out []string
+	for _, id := range ids {
+		if w.record(id) == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TestCreateFromSnapshotResumesARestoredOne: once a snapshot template is
+// in use, the pool keeps a sandbox restored from it and paused; the next
+// create resumes that one and gives it its own token, slot and deadline.
+// Deleting the template removes what the pool kept of it.
+func TestCreateFromSnapshotResumesARestoredOne(t *testing.T) {
+	w := newWorld(t, withPrepared(8), func(c *Config) { c.SnapshotPool = 2 })
+	ctx := context.Background()
+	src := w.create()
+	snap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: src.ID, Kind: store.KindSnapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pooled []string
+	waitFor(t, func() bool { pooled = w.pooledRestored(); return len(pooled) == 1 })
+	resumes := w.faults.count("resume")
+	second, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.ID != pooled[0] {
+		t.Errorf("create from the snapshot made %s, not the pooled %s", second.ID, pooled[0])
+	}
+	if w.faults.count("resume") != resumes+1 {
+		t.Errorf("the pooled sandbox was not resumed")
+	}
+	if second.AccessToken == first.AccessToken || second.SlotIndex == first.SlotIndex || second.SlotIndex == src.SlotIndex {
+		t.Errorf("second create shares a token or slot: %+v", second)
+	}
+	w.driver.mu.Lock()
+	in := w.driver.inst[second.ID]
+	w.driver.mu.Unlock()
+	if in == nil || in.state != runtime.StateRunning || in.token != second.AccessToken {
+		t.Errorf("pooled sandbox after the create: %+v", in)
+	}
+	if e := w.m.entry(second.ID); e == nil || e.timer == nil || w.record(second.ID).State != store.StateRunning {
+		t.Errorf("created sandbox is not running with a deadline")
+	}
+	waitFor(t, func() bool { return len(w.pooledRestored()) >= 1 })
+	for _, id := range []string{first.ID, second.ID} {
+		if err := w.m.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.m.DeleteTemplate(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(w.pooledRestored()) == 0 })
+	if err := w.m.Kill(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	w.stop()
+	w.stoppedEmpty()
 }

@@ -119,6 +119,7 @@ func Run(ctx context.Context, cfg config.Server, logger *slog.Logger) error {
 		WarmSandboxes:    cfg.WarmSandboxes,
 		PreparedMax:      cfg.PreparedSandboxes,
 		PreparedMemMB:    cfg.PreparedMemoryMB,
+		SnapshotPool:     cfg.WarmSnapshots,
 		DefaultTimeout:   config.Seconds(cfg.DefaultTimeoutSecs),
 		MaxTimeout:       config.Seconds(cfg.MaxTimeoutSecs),
 		DefaultVCPU:      cfg.DefaultVCPU,
