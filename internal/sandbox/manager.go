@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -391,6 +392,11 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB}
 		ps := m.prep.begin(k)
 		defer m.prep.end(k)
+		if _, err := os.Stat(k.rootfs); ps != nil && err != nil {
+			// The template's rootfs was removed since ps was made.
+			m.discardPrepared(context.WithoutCancel(ctx), ps)
+			ps = nil
+		}
 		if ps != nil {
 			e, err := m.launchIn(ctx, sb, tpl, img, pending, ps)
 			if err == nil || ctx.Err() != nil || !errors.Is(err, errNotPrepared) {

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"os"
 	"sync"
 	"time"
 
@@ -144,12 +143,6 @@ func (p *preparedPool) begin(k prepKey) *preparedSandbox {
 		ps, p.ready[k] = r[0], r[1:]
 	}
 	p.mu.Unlock()
-	if ps != nil {
-		// The template's rootfs may have been removed since it was made.
-		if _, err := os.Stat(k.rootfs); err != nil {
-			return nil
-		}
-	}
 	return ps
 }
 
@@ -271,11 +264,11 @@ func (p *preparedPool) next(now time.Time) (k prepKey, ok bool, surplus []*prepa
 	if p.perSandbox > 0 {
 		limit = min(limit, int(p.memBytes/p.perSandbox))
 	}
-	if p.busy > 0 {
+	if p.busy > 0 || total >= p.max {
 		return k, false, surplus
 	}
 	// Restored sandboxes first: they save the most. They are bounded per
-	// image, plain ones by the totals.
+	// image and by the count, plain ones by the memory budget as well.
 	deficit := 0
 	for key, w := range p.want {
 		if key.image == "" && total >= limit {
@@ -372,6 +365,14 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 		return nil
 	}
 	defer m.dropImage(k.image)
+	// A restored sandbox holds about the image's memory: keep one only
+	// where it leaves most of the node's memory free.
+	if avail, ok := memAvailable(); ok && 4*imageBytes(k.image) > avail {
+		for _, ps := range p.forgetImage(k.image) {
+			m.discardPrepared(ctx, ps)
+		}
+		return nil
+	}
 	ps := p.takeShape(k.shape())
 	var err error
 	if ps != nil {
