@@ -110,7 +110,7 @@ func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, erro
 	envd := envdclient.New(envdURL(id, slot.SandboxIP), m.http, "")
 	err = m.waitReady(ctx, envd)
 	if err == nil {
-		err = warmUp(ctx, envd)
+		err = warmUp(ctx, envd, w.tpl)
 	}
 	if err != nil {
 		m.killInstance(ctx, id)
@@ -125,12 +125,18 @@ func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, erro
 // client's first command does not pay for what only a first one does:
 // gVisor reading bash, its libraries and the profile scripts through the
 // gofer, and setting up its first address spaces (measured: the first
-// command after a claim took 25-60 ms more than the next). It leaves
-// nothing behind: the process exits and envd keeps no state of it.
-func warmUp(ctx context.Context, envd *envdclient.Client) error {
+// command after a claim took 25-60 ms more than the next). It runs as the
+// template's default user in its home, as a client's command will, so
+// that user's profile files are read too. It leaves nothing behind: the
+// process exits and envd keeps no state of it.
+func warmUp(ctx context.Context, envd *envdclient.Client, tpl *store.Template) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	res, err := envd.Run(ctx, envdclient.RunRequest{Command: "true", User: "root"})
+	user := tpl.DefaultUser
+	if user == "" {
+		user = "root"
+	}
+	res, err := envd.Run(ctx, envdclient.RunRequest{Command: "true", User: user, Cwd: tpl.DefaultWorkdir})
 	if err != nil {
 		return fmt.Errorf("warm up: %w", err)
 	}
