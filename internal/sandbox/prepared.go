@@ -38,7 +38,8 @@ const preparedIdle = time.Minute
 // image, the sandbox is one step further: restored from that image (a
 // snapshot template's), envd answering with token, and paused; a create
 // from the template resumes it and gives it its identity (see
-// launchRestored).
+// launchRestored). Its processes see the time it waited in the pool as a
+// pause, as after any pause and resume.
 type prepKey struct {
 	rootfs   string
 	vcpu     int
