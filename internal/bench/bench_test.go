@@ -163,6 +163,8 @@ var figureSystems = map[string][]string{
 	"cold_boot":                 {SystemAenv, SystemRunsc, SystemRunc},
 	"delete":                    {SystemAenv, SystemRunsc, SystemRunc},
 	"default_create":            {SystemAenv},
+	"default_create_first_exec": {SystemAenv},
+	"default_create_next_exec":  {SystemAenv},
 	"snapshot_boot":             {SystemAenv, SystemRunsc},
 	"pause":                     {SystemAenv, SystemRunsc, SystemRunc},
 	"resume":                    {SystemAenv, SystemRunsc, SystemRunc},

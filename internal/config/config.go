@@ -59,6 +59,9 @@ type Server struct {
 	MaxForkCount         int
 	ForkParallelism      int
 	WarmSandboxes        int
+	PreparedSandboxes    int
+	PreparedMemoryMB     int
+	WarmSnapshots        int
 
 	Domain string
 }
@@ -91,6 +94,9 @@ func Default() Server {
 		MaxForkCount:           100,
 		ForkParallelism:        4,
 		WarmSandboxes:          2,
+		PreparedSandboxes:      16,
+		PreparedMemoryMB:       1024,
+		WarmSnapshots:          2,
 		Domain:                 "localhost",
 	}
 }
@@ -142,6 +148,9 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.MaxForkCount, "max-fork-count", "most children one fork may ask for")
 	num(&c.ForkParallelism, "fork-parallelism", "children of one fork restored at once")
 	num(&c.WarmSandboxes, "warm-sandboxes", "base sandboxes kept booted so that a create only initialises one (0: off)")
+	num(&c.PreparedSandboxes, "prepared-sandboxes", "most sandboxes kept created ahead of demand, per shape in use, so that a restore or boot only loads or starts one; the pool grows with bursts and shrinks when idle (0: off)")
+	num(&c.PreparedMemoryMB, "prepared-memory-mb", "host memory the prepared sandboxes may hold together")
+	num(&c.WarmSnapshots, "warm-snapshots", "sandboxes restored and paused ahead of demand per snapshot template in use, so that a create from it only resumes one (0: off; needs --prepared-sandboxes)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 }
 
@@ -180,6 +189,9 @@ func (c *Server) Validate() error {
 		{"--max-fork-count", c.MaxForkCount >= 1},
 		{"--fork-parallelism", c.ForkParallelism >= 1},
 		{"--warm-sandboxes", c.WarmSandboxes >= 0},
+		{"--prepared-sandboxes", c.PreparedSandboxes >= 0},
+		{"--prepared-memory-mb", c.PreparedMemoryMB >= 0},
+		{"--warm-snapshots", c.WarmSnapshots >= 0},
 		{"--max-connections", c.MaxConnections == 0 || c.MaxConnections >= 16},
 		{"--idle-timeout-secs", c.IdleTimeoutSecs >= 1},
 	}

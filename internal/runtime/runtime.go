@@ -267,6 +267,20 @@ type Driver interface {
 	Cleanup(ctx context.Context, keep map[string]bool) error
 }
 
+// Preparer is implemented by drivers that can make a sandbox ahead of a
+// restore, so that the restore itself only loads the image.
+type Preparer interface {
+	// Prepare makes sandbox spec.ID ready to be restored into; nothing runs
+	// in it yet. Kill removes it. On failure it leaves nothing behind.
+	Prepare(ctx context.Context, spec Spec) error
+	// RestorePrepared restores the image into the prepared sandbox id, with
+	// the spec it was prepared with. On failure the sandbox is removed.
+	RestorePrepared(ctx context.Context, id, imageDir string) error
+	// StartPrepared boots the prepared sandbox id, as Start would have with
+	// the spec it was prepared with. On failure the sandbox is removed.
+	StartPrepared(ctx context.Context, id string) error
+}
+
 // ValidateID checks that id is a sandbox ID: 20 characters of [a-z0-9].
 // Drivers use IDs in file and cgroup names, so they must check them.
 func ValidateID(id string) error {

@@ -86,6 +86,8 @@ type instance struct {
 	state runtime.State
 	token string // envd access token
 	inits int
+	// prepared: made by Prepare and not yet restored into or started.
+	prepared bool
 }
 
 // fakeDriver is a runtime.Driver in memory. Checkpoint writes the envd
@@ -230,6 +232,64 @@ func (d *fakeDriver) Restore(ctx context.Context, spec runtime.Spec, imageDir st
 	defer d.mu.Unlock()
 	d.inst[spec.ID] = &instance{state: runtime.StateRunning, token: string(token)}
 	return nil
+}
+
+// Prepare makes an instance that runs nothing yet, as `runsc create`
+// does: it shows as stopped until RestorePrepared or StartPrepared.
+func (d *fakeDriver) Prepare(ctx context.Context, spec runtime.Spec) error {
+	if err := d.faults.check(ctx, "prepare", spec.ID); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.inst[spec.ID]; ok {
+		return fmt.Errorf("sandbox %s already exists", spec.ID)
+	}
+	d.inst[spec.ID] = &instance{state: runtime.StateStopped, prepared: true}
+	return nil
+}
+
+// takePrepared turns prepared instance id into a running one with token;
+// a failure removes it, as the real driver does.
+func (d *fakeDriver) takePrepared(ctx context.Context, op, id, token string) error {
+	err := d.faults.check(ctx, op, id)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in, ok := d.inst[id]
+	switch {
+	case err != nil:
+		delete(d.inst, id)
+		return err
+	case !ok || !in.prepared || in.state != runtime.StateStopped:
+		return fmt.Errorf("%s %s: not a prepared sandbox", op, id)
+	}
+	in.prepared, in.state, in.token = false, runtime.StateRunning, token
+	return nil
+}
+
+func (d *fakeDriver) RestorePrepared(ctx context.Context, id, imageDir string) error {
+	token, err := os.ReadFile(filepath.Join(imageDir, "pages.img"))
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	return d.takePrepared(ctx, "restorePrepared", id, string(token))
+}
+
+func (d *fakeDriver) StartPrepared(ctx context.Context, id string) error {
+	return d.takePrepared(ctx, "startPrepared", id, "")
+}
+
+// prepared lists the instances prepared and not yet used.
+func (d *fakeDriver) prepared() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for id, in := range d.inst {
+		if in.prepared {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func (d *fakeDriver) Cleanup(ctx context.Context, keep map[string]bool) error {

@@ -48,6 +48,7 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 		return nil, err
 	}
 
+	m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.tpl.VCPU, memoryMB: src.tpl.MemoryMB}, req.Count)
 	start := time.Now()
 	results := make([]node.ForkResult, req.Count)
 	children := make([]*entry, req.Count)
@@ -195,7 +196,8 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 // checkCapacity refuses a fork the node cannot hold, before anything is
 // made: children need network slots and about the source's memory each.
 func (m *Manager) checkCapacity(count int, perChild uint64) error {
-	if free := m.slots.Free(); free < count {
+	// Prepared sandboxes give up their slots to whoever needs one.
+	if free := m.slots.Free() + m.prep.count(); free < count {
 		return fmt.Errorf("%w: %d children need %d network slots, %d are free", node.ErrUnavailable, count, count, free)
 	}
 	if avail, ok := memAvailable(); ok && perChild > 0 {

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,7 +51,16 @@ type Config struct {
 	ForkParallelism int
 	// WarmSandboxes is how many base sandboxes are kept booted ahead of
 	// demand (see warm.go); 0 turns the pool off.
-	WarmSandboxes   int
+	WarmSandboxes int
+	// PreparedMax bounds the sandboxes made ahead of restores and boots
+	// (see prepared.go), PreparedMemMB the host memory they hold; 0 turns
+	// the pool off.
+	PreparedMax   int
+	PreparedMemMB int
+	// SnapshotPool is how many sandboxes restored from one snapshot
+	// template, paused, are kept at most for creates from it; the pool
+	// keeps them for templates in use only (0: none).
+	SnapshotPool    int
 	DefaultTimeout  time.Duration
 	MaxTimeout      time.Duration
 	DefaultVCPU     int
@@ -123,6 +133,7 @@ type Manager struct {
 	orphans map[string]bool
 
 	warm        *warmPool
+	prep        *preparedPool // nil when off
 	monitorDone chan struct{}
 }
 
@@ -340,12 +351,19 @@ type image struct {
 	token string // envd access token inside the image
 	// rootfsUpper, instead, is a saved filesystem to boot afresh over.
 	rootfsUpper string
+	// prepared: the instance was made ahead by the driver's Prepare with
+	// this sandbox's spec; only the boot or the restore is left.
+	prepared bool
 }
 
 // launch records sb as starting, brings its instance up in a fresh network
 // slot (booting, or restoring img), and unless pending records it running
 // and arms its deadline. A pending sandbox stays starting until finish; a
 // crash before that removes it. On failure nothing it made is left.
+//
+// A boot the warm pool cannot serve, and every restore of a new sandbox,
+// use a prepared sandbox of their shape when there is one; one that fails
+// is replaced by an ordinary launch.
 func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
 	if img.dir == "" && !pending {
 		if ws := m.takeWarm(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB}); ws != nil {
@@ -357,15 +375,56 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 			sb.ID = NewID()
 		}
 	}
-	log := m.logger.With("sandbox", sb.ID)
+	if img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token}
+		ps := m.prep.begin(k)
+		defer m.prep.end(k)
+		if ps != nil {
+			e, err := m.launchRestored(ctx, sb, tpl, ps)
+			if err == nil || ctx.Err() != nil {
+				return e, err
+			}
+			m.logger.WarnContext(ctx, "restored sandbox unusable; restoring anew", "sandbox", sb.ID, "err", err)
+			sb.ID = NewID()
+		}
+	}
+	if img.rootfsUpper == "" && m.prep != nil {
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB}
+		ps := m.prep.begin(k)
+		defer m.prep.end(k)
+		if _, err := os.Stat(k.rootfs); ps != nil && err != nil {
+			// The template's rootfs was removed since ps was made.
+			m.discardPrepared(context.WithoutCancel(ctx), ps)
+			ps = nil
+		}
+		if ps != nil {
+			e, err := m.launchIn(ctx, sb, tpl, img, pending, ps)
+			if err == nil || ctx.Err() != nil || !errors.Is(err, errNotPrepared) {
+				return e, err
+			}
+			m.logger.WarnContext(ctx, "prepared sandbox unusable; launching anew", "sandbox", sb.ID, "err", err)
+			sb.ID = NewID()
+		}
+	}
+	return m.launchIn(ctx, sb, tpl, img, pending, nil)
+}
+
+// launchIn is launch in a fresh slot, or in the prepared sandbox ps.
+func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool, ps *preparedSandbox) (*entry, error) {
 	start := time.Now()
 	var undo cleanup.Cleanup
 	defer undo.Clean()
 
-	slot, err := m.acquireSlot(ctx)
-	if err != nil {
-		return nil, err
+	var slot *network.Slot
+	if ps != nil {
+		sb.ID, slot, img.prepared = ps.id, ps.slot, true
+	} else {
+		var err error
+		if slot, err = m.acquireSlot(ctx); err != nil {
+			return nil, err
+		}
 	}
+	log := m.logger.With("sandbox", sb.ID)
 	undo.Add(func() { m.releaseSlot(ctx, slot.Index, sb.ID) })
 	sb.SlotIndex = slot.Index
 	sb.State = store.StateStarting
@@ -406,7 +465,7 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 		e.mu.Unlock()
 	}
 	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", img.dir != "",
-		"took", time.Since(start).Round(time.Millisecond))
+		"prepared", ps != nil, "took", time.Since(start).Round(time.Millisecond))
 	return e, nil
 }
 
@@ -480,6 +539,10 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 
 func (m *Manager) acquireSlot(ctx context.Context) (*network.Slot, error) {
 	slot, err := m.slots.Acquire(ctx)
+	// Prepared sandboxes hold slots only while nobody else needs them.
+	for errors.Is(err, network.ErrExhausted) && m.evictPrepared(ctx) {
+		slot, err = m.slots.Acquire(ctx)
+	}
 	if err != nil {
 		if errors.Is(err, network.ErrExhausted) {
 			return nil, fmt.Errorf("%w: %v", node.ErrUnavailable, err)
@@ -531,9 +594,18 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
 	spec.RootfsUpper = img.rootfsUpper
 	var err error
-	if img.dir == "" {
+	switch prep, _ := m.driver.(runtime.Preparer); {
+	case img.prepared && img.dir == "":
+		if err = prep.StartPrepared(ctx, sb.ID); err != nil {
+			err = fmt.Errorf("%w: %w", errNotPrepared, err)
+		}
+	case img.prepared:
+		if err = prep.RestorePrepared(ctx, sb.ID, img.dir); err != nil {
+			err = fmt.Errorf("%w: %w", errNotPrepared, err)
+		}
+	case img.dir == "":
 		err = m.driver.Start(ctx, spec)
-	} else {
+	default:
 		err = m.driver.Restore(ctx, spec, img.dir)
 	}
 	if err != nil {

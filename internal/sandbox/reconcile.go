@@ -99,7 +99,11 @@ func (m *Manager) Start(ctx context.Context) error {
 	if !m.goOwned(m.monitor) {
 		close(m.monitorDone)
 	}
-	return m.startWarmPool(m.ctx)
+	if err := m.startWarmPool(m.ctx); err != nil {
+		return err
+	}
+	m.startPreparedPool()
+	return nil
 }
 
 // reconcileRecord decides what a running or paused record becomes given
@@ -300,6 +304,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
 		return fmt.Errorf("shutdown: background work did not finish: %w", ctx.Err())
 	}
 	m.stopWarmPool(ctx)
+	m.stopPreparedPool(ctx)
 	// Sandboxes are released side by side, so that one whose runtime
 	// hangs costs one kill bound, not one per sandbox.
 	var (

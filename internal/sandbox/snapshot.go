@@ -252,6 +252,9 @@ func (m *Manager) dropImage(dir string) {
 // dropImageOf removes a deleted template's image now, or after the
 // restores holding it finish.
 func (m *Manager) dropImageOf(ctx context.Context, dir string) {
+	for _, ps := range m.prep.forgetImage(dir) {
+		m.discardPrepared(context.WithoutCancel(ctx), ps)
+	}
 	m.mu.Lock()
 	held := m.images[dir] > 0
 	if held {

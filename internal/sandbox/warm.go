@@ -108,12 +108,42 @@ func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, erro
 		return nil, err
 	}
 	envd := envdclient.New(envdURL(id, slot.SandboxIP), m.http, "")
-	if err := m.waitReady(ctx, envd); err != nil {
+	err = m.waitReady(ctx, envd)
+	if err == nil {
+		err = warmUp(ctx, envd, w.tpl)
+	}
+	if err != nil {
 		m.killInstance(ctx, id)
 		m.releaseSlot(ctx, slot.Index, id)
 		return nil, err
 	}
 	return &warmSandbox{id: id, slot: slot, envd: envd}, nil
+}
+
+// warmUp runs one command in a pooled sandbox the way a client's first
+// command runs (a login bash through envd's process service), so that the
+// client's first command does not pay for what only a first one does:
+// gVisor reading bash, its libraries and the profile scripts through the
+// gofer, and setting up its first address spaces (measured: the first
+// command after a claim took 25-60 ms more than the next). It runs as the
+// template's default user in its home, as a client's command will, so
+// that user's profile files are read too. It leaves nothing behind: the
+// process exits and envd keeps no state of it.
+func warmUp(ctx context.Context, envd *envdclient.Client, tpl *store.Template) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	user := tpl.DefaultUser
+	if user == "" {
+		user = "root"
+	}
+	res, err := envd.Run(ctx, envdclient.RunRequest{Command: "true", User: user, Cwd: tpl.DefaultWorkdir})
+	if err != nil {
+		return fmt.Errorf("warm up: %w", err)
+	}
+	if res.ExitCode != 0 {
+		return fmt.Errorf("warm up: exit code %d: %s", res.ExitCode, res.Stderr)
+	}
+	return nil
 }
 
 // takeWarm hands out a pre-booted sandbox fitting key, or nil.

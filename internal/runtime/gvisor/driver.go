@@ -46,7 +46,10 @@ type Driver struct {
 	cgroups  cgroupHierarchies
 }
 
-var _ runtime.Driver = (*Driver)(nil)
+var (
+	_ runtime.Driver   = (*Driver)(nil)
+	_ runtime.Preparer = (*Driver)(nil)
+)
 
 // New checks cfg, prepares the state directory and, for Platform "auto",
 // probes whether kvm works here.

@@ -46,16 +46,68 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 	if err := d.makeBundle(spec); err != nil {
 		return fmt.Errorf("restore %s: %w", spec.ID, err)
 	}
-	bundle := d.sandboxDir(spec.ID)
-	err := d.runscDetached(ctx, boundStart, spec.ID, "create", "--bundle", bundle, spec.ID)
+	err := d.runscDetached(ctx, boundStart, spec.ID, "create", "--bundle", d.sandboxDir(spec.ID), spec.ID)
 	if err == nil {
-		err = d.runscDetached(ctx, boundImage(dirSize(imageDir)), spec.ID, "restore", "--detach", "--background", "--bundle", bundle, "--image-path", imageDir, spec.ID)
+		err = d.restoreInto(ctx, spec.ID, imageDir)
 	}
 	if err != nil {
 		d.removeAfterFailure(ctx, spec.ID)
 		return fmt.Errorf("restore %s: %w", spec.ID, err)
 	}
 	return nil
+}
+
+// Prepare does the first half of a restore ahead of time: it makes the
+// bundle and runs `runsc create`, which boots the sandbox and gofer
+// processes (~200 ms of the ~350 ms a restore takes on 2 cores) but
+// starts nothing in them. RestorePrepared then only loads an image. A
+// prepared sandbox shows as stopped ("created") and is removed by Kill or
+// by Cleanup like any other. On failure it leaves nothing behind.
+func (d *Driver) Prepare(ctx context.Context, spec runtime.Spec) error {
+	if spec.RootfsUpper != "" {
+		return fmt.Errorf("prepare %s: a restore does not boot over a saved rootfs", spec.ID)
+	}
+	if err := d.makeBundle(spec); err != nil {
+		return fmt.Errorf("prepare %s: %w", spec.ID, err)
+	}
+	if err := d.runscDetached(ctx, boundStart, spec.ID, "create", "--bundle", d.sandboxDir(spec.ID), spec.ID); err != nil {
+		d.removeAfterFailure(ctx, spec.ID)
+		return fmt.Errorf("prepare %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// RestorePrepared restores imageDir into sandbox id made by Prepare, as
+// Restore does into one it creates itself. On failure the sandbox is
+// removed.
+func (d *Driver) RestorePrepared(ctx context.Context, id, imageDir string) error {
+	if err := d.requireSandbox(id); err != nil {
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	if err := d.restoreInto(ctx, id, imageDir); err != nil {
+		d.removeAfterFailure(ctx, id)
+		return fmt.Errorf("restore %s: %w", id, err)
+	}
+	return nil
+}
+
+// StartPrepared starts envd in sandbox id made by Prepare (`runsc start`):
+// Start without the sandbox's boot. On failure the sandbox is removed.
+func (d *Driver) StartPrepared(ctx context.Context, id string) error {
+	if err := d.requireSandbox(id); err != nil {
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	if err := d.runscDetached(ctx, boundStart, id, "start", id); err != nil {
+		d.removeAfterFailure(ctx, id)
+		return fmt.Errorf("start %s: %w", id, err)
+	}
+	return nil
+}
+
+// restoreInto runs `runsc restore` into the created sandbox id.
+func (d *Driver) restoreInto(ctx context.Context, id, imageDir string) error {
+	return d.runscDetached(ctx, boundImage(dirSize(imageDir)), id, "restore", "--detach", "--background",
+		"--bundle", d.sandboxDir(id), "--image-path", imageDir, id)
 }
 
 // makeBundle claims the sandbox directory for spec.ID and writes its OCI

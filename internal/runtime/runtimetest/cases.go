@@ -353,3 +353,61 @@ func (h *harness) testFilesystemSnapshot(t *testing.T) {
 		t.Errorf("the new sandbox continues the old one's memory (nonce %s): want a fresh boot", after.Nonce)
 	}
 }
+
+// testPrepared, for drivers that prepare sandboxes ahead: a prepared
+// sandbox runs nothing and is not running; started, it boots as Start
+// would; restored into, it continues the image as Restore would; a
+// failed restore removes it; Cleanup removes an unused one.
+func (h *harness) testPrepared(t *testing.T) {
+	prep, ok := h.driver.(runtime.Preparer)
+	if !ok {
+		t.Skip("the driver does not prepare sandboxes")
+	}
+	prepare := func(name string) (runtime.Spec, *guest) {
+		ns := NewNetns(t)
+		spec := h.spec(t, ns)
+		h.timed(t, name, func() error { return prep.Prepare(t.Context(), spec) })
+		h.killAtEnd(t, spec.ID)
+		if st, err := h.driver.State(t.Context(), spec.ID); err != nil || st == runtime.StateRunning {
+			t.Fatalf("State of a prepared sandbox = %q, %v; want not running", st, err)
+		}
+		return spec, newGuest(ns.GuestAddr)
+	}
+
+	booted, bg := prepare("Prepare")
+	h.timed(t, "StartPrepared", func() error { return prep.StartPrepared(t.Context(), booted.ID) })
+	h.record("StartPrepared→envd answers", bg.waitReady(t, 10*time.Second))
+	h.wantState(t, booted.ID, runtime.StateRunning)
+	if st := bg.mustState(t); st.Hostname != booted.Hostname {
+		t.Errorf("started guest hostname %q; want %q", st.Hostname, booted.Hostname)
+	}
+	bg.writeFile(t, "/tmp/before", "from-parent")
+	before := bg.mustState(t)
+	image := filepath.Join(t.TempDir(), "image")
+	h.timed(t, "Checkpoint(leaveRunning)", func() error { return h.driver.Checkpoint(t.Context(), booted.ID, image, true) })
+
+	restored, rg := prepare("Prepare")
+	h.timed(t, "RestorePrepared", func() error { return prep.RestorePrepared(t.Context(), restored.ID, image) })
+	h.record("RestorePrepared→envd answers", rg.waitReady(t, 10*time.Second))
+	child := rg.mustState(t)
+	if child.Nonce != before.Nonce || child.Counter < before.Counter {
+		t.Errorf("restored guest = %+v; want nonce %s and counter >= %d", child, before.Nonce, before.Counter)
+	}
+	if got, ok := rg.readFile(t, "/tmp/before"); !ok || got != "from-parent" {
+		t.Errorf("restored /tmp/before = %q, %v; want the parent's file", got, ok)
+	}
+	wantIndependent(t, bg, rg)
+
+	failed, _ := prepare("Prepare")
+	if err := prep.RestorePrepared(t.Context(), failed.ID, filepath.Join(t.TempDir(), "no-image")); err == nil {
+		t.Fatal("RestorePrepared of a missing image succeeded")
+	}
+	h.wantNotFound(t, failed.ID)
+
+	unused, _ := prepare("Prepare")
+	if err := h.driver.Cleanup(t.Context(), map[string]bool{booted.ID: true, restored.ID: true}); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	h.wantNotFound(t, unused.ID)
+	rg.mustState(t)
+}

@@ -61,6 +61,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, env TestEnv)
 	t.Run("InitExitIsStopped", h.testInitExit)
 	t.Run("FailedStartLeavesNothing", h.testFailedStart)
 	t.Run("KillIsIdempotent", h.testKillIdempotent)
+	t.Run("Prepared", h.testPrepared)
 	t.Run("Cleanup", h.testCleanup)
 
 	if changes := treeChanges(rootfsBefore, treeListing(t, env.RootfsPath)); len(changes) > 0 {

@@ -1,0 +1,482 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// The prepared pool keeps sandboxes made ahead of demand by the runtime's
+// Prepare (for gVisor `runsc create`: the sandbox and gofer processes are
+// up, nothing runs in them yet), per shape in use. A restore (a create from
+// a snapshot, a fork child) or a boot the warm pool cannot serve claims one
+// of its shape and only loads its image or starts envd in it: the part of
+// a restore that does not depend on the image is done before the request
+// comes. Unclaimed ones have no record and hold a network slot: a restart
+// removes them as debris, a shutdown kills them, and a create that finds
+// no free slot takes one from them.
+//
+// The pool adapts to demand. A shape's target grows to the largest burst
+// seen (a fork of N asks for N, concurrent launches for as many as run at
+// once), bounded over all shapes by PreparedMax and by PreparedMemMB of
+// host memory; a shape unused for preparedIdle halves its target, so an
+// idle node ends up keeping none. The filler makes one sandbox at a time
+// and only while no launch is in progress, so refilling never competes
+// with the requests it serves.
+
+// preparedIdle is how long a shape goes unused before its target halves.
+const preparedIdle = time.Minute
+
+// prepKey is the shape a prepared sandbox fits: everything of its runtime
+// spec but the ID and network namespace, which it brings itself. With an
+// image, the sandbox is one step further: restored from that image (a
+// snapshot template's), envd answering with token, and paused; a create
+// from the template resumes it and gives it its identity (see
+// launchRestored). Its processes see the time it waited in the pool as a
+// pause, as after any pause and resume.
+type prepKey struct {
+	rootfs   string
+	vcpu     int
+	memoryMB int
+	image    string
+	token    string // envd's access token inside the image
+}
+
+// shape is the key of the plain prepared sandboxes a restored one of k is
+// made from.
+func (k prepKey) shape() prepKey {
+	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB}
+}
+
+type preparedSandbox struct {
+	id   string
+	slot *network.Slot
+	envd *envdclient.Client // restored ones only
+}
+
+type preparedPool struct {
+	driver   runtime.Preparer
+	max      int    // most prepared sandboxes, all shapes together
+	memBytes uint64 // host memory they may hold together
+	// maxRestored bounds the restored sandboxes kept per snapshot image:
+	// they hold the image's memory, so few are kept (0: none).
+	maxRestored int
+
+	mu      sync.Mutex
+	ready   map[prepKey][]*preparedSandbox
+	want    map[prepKey]int
+	lastUse map[prepKey]time.Time
+	active  map[prepKey]int // launches of the shape in progress
+	busy    int             // launches in progress, all shapes
+	// perSandbox is the most host memory one prepared sandbox was seen to
+	// hold; 0 until one was measured.
+	perSandbox uint64
+	wake       chan struct{}
+	done       chan struct{}
+}
+
+// startPreparedPool starts the filler, unless the pool is off or the
+// driver cannot prepare.
+func (m *Manager) startPreparedPool() {
+	prep, ok := m.driver.(runtime.Preparer)
+	if !ok || m.cfg.PreparedMax <= 0 {
+		return
+	}
+	p := &preparedPool{
+		driver: prep, max: m.cfg.PreparedMax, memBytes: uint64(m.cfg.PreparedMemMB) << 20,
+		maxRestored: m.cfg.SnapshotPool,
+		ready:       map[prepKey][]*preparedSandbox{}, want: map[prepKey]int{},
+		lastUse: map[prepKey]time.Time{}, active: map[prepKey]int{},
+		wake: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	m.prep = p
+	if !m.goOwned(m.fillPrepared) {
+		close(p.done)
+	}
+}
+
+func (p *preparedPool) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// demand says that n launches of shape k are wanted at once.
+func (p *preparedPool) demand(k prepKey, n int) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.want[k] = min(p.limit(k), max(p.want[k], n))
+	p.lastUse[k] = time.Now()
+	p.mu.Unlock()
+	p.poke()
+}
+
+// limit is the most sandboxes of k the pool keeps; p.mu is held.
+func (p *preparedPool) limit(k prepKey) int {
+	if k.image != "" {
+		return p.maxRestored
+	}
+	return p.max
+}
+
+// begin counts a launch of shape k in progress and returns a prepared
+// sandbox of that shape to use, or nil; end must follow.
+func (p *preparedPool) begin(k prepKey) *preparedSandbox {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	p.busy++
+	p.active[k]++
+	p.want[k] = min(p.limit(k), max(p.want[k], p.active[k]))
+	p.lastUse[k] = time.Now()
+	var ps *preparedSandbox
+	if r := p.ready[k]; len(r) > 0 {
+		ps, p.ready[k] = r[0], r[1:]
+	}
+	p.mu.Unlock()
+	return ps
+}
+
+func (p *preparedPool) end(k prepKey) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.busy--
+	p.active[k]--
+	if p.active[k] == 0 {
+		delete(p.active, k)
+	}
+	p.mu.Unlock()
+	p.poke()
+}
+
+// count is how many prepared sandboxes are ready.
+func (p *preparedPool) count() int {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, r := range p.ready {
+		n += len(r)
+	}
+	return n
+}
+
+// forgetImage stops keeping sandboxes restored from image (its template
+// was deleted) and returns those to remove.
+func (p *preparedPool) forgetImage(image string) []*preparedSandbox {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*preparedSandbox
+	for k, r := range p.ready {
+		if k.image == image {
+			out = append(out, r...)
+			delete(p.ready, k)
+		}
+	}
+	for k := range p.want {
+		if k.image == image {
+			delete(p.want, k)
+			delete(p.lastUse, k)
+		}
+	}
+	return out
+}
+
+// takeShape removes a ready plain prepared sandbox of shape k, if any,
+// for the filler to restore an image into.
+func (p *preparedPool) takeShape(k prepKey) *preparedSandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.ready[k]
+	if len(r) == 0 {
+		return nil
+	}
+	ps := r[len(r)-1]
+	p.ready[k] = r[:len(r)-1]
+	return ps
+}
+
+// takeAny removes a ready sandbox of any shape, the most plentiful first.
+func (p *preparedPool) takeAny() *preparedSandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var best prepKey
+	n := 0
+	for k, r := range p.ready {
+		if len(r) > n {
+			best, n = k, len(r)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	r := p.ready[best]
+	ps := r[len(r)-1]
+	p.ready[best] = r[:len(r)-1]
+	return ps
+}
+
+// next decides what the filler does: the shape to prepare one of (ok),
+// and the surplus to remove (shapes idle long enough shrink).
+func (p *preparedPool) next(now time.Time) (k prepKey, ok bool, surplus []*preparedSandbox) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	total := 0
+	for key, r := range p.ready {
+		if p.active[key] == 0 && now.Sub(p.lastUse[key]) >= preparedIdle {
+			p.want[key] /= 2
+			p.lastUse[key] = now
+		}
+		if extra := len(r) - p.want[key]; extra > 0 {
+			surplus = append(surplus, r[len(r)-extra:]...)
+			p.ready[key] = r[:len(r)-extra]
+		}
+		if p.want[key] == 0 && len(p.ready[key]) == 0 && p.active[key] == 0 {
+			delete(p.ready, key)
+			delete(p.want, key)
+			delete(p.lastUse, key)
+		}
+		total += len(p.ready[key])
+	}
+	for key, w := range p.want {
+		if w == 0 && p.active[key] == 0 && now.Sub(p.lastUse[key]) >= preparedIdle {
+			delete(p.want, key)
+			delete(p.lastUse, key)
+		}
+	}
+	limit := p.max
+	if p.perSandbox > 0 {
+		limit = min(limit, int(p.memBytes/p.perSandbox))
+	}
+	if p.busy > 0 || total >= p.max {
+		return k, false, surplus
+	}
+	// Restored sandboxes first: they save the most. They are bounded per
+	// image and by the count, plain ones by the memory budget as well.
+	deficit := 0
+	for key, w := range p.want {
+		if key.image == "" && total >= limit {
+			continue
+		}
+		d := w - len(p.ready[key])
+		if key.image != "" && d > 0 {
+			d += p.max
+		}
+		if d > deficit {
+			k, deficit = key, d
+		}
+	}
+	return k, deficit > 0, surplus
+}
+
+// fillPrepared keeps the pool at its targets until ctx ends.
+func (m *Manager) fillPrepared(ctx context.Context) {
+	p := m.prep
+	defer close(p.done)
+	// The ticker shrinks idle shapes and retries while launches run.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		k, ok, surplus := p.next(time.Now())
+		for _, ps := range surplus {
+			m.discardPrepared(ctx, ps)
+		}
+		if ok {
+			if err := m.prepareOne(ctx, k); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				m.logger.WarnContext(ctx, "prepared pool: prepare failed", "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(5 * time.Second):
+				}
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
+	if k.image != "" {
+		return m.restoreOne(ctx, k)
+	}
+	p := m.prep
+	slot, err := m.slots.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	id := NewID()
+	spec := m.spec(id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB)
+	if err := p.driver.Prepare(ctx, spec); err != nil {
+		m.releaseSlot(ctx, slot.Index, id)
+		return err
+	}
+	ps := &preparedSandbox{id: id, slot: slot}
+	var mem uint64
+	if st, err := m.driver.Stats(ctx, id); err == nil {
+		mem = st.MemoryBytes
+	}
+	p.mu.Lock()
+	p.perSandbox = max(p.perSandbox, mem)
+	keep := len(p.ready[k]) < p.want[k]
+	if keep {
+		p.ready[k] = append(p.ready[k], ps)
+	}
+	p.mu.Unlock()
+	if !keep {
+		m.discardPrepared(ctx, ps)
+	}
+	return nil
+}
+
+// restoreOne adds to the pool a sandbox restored from k's image and
+// paused.
+func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
+	p := m.prep
+	if err := m.holdImage(k.image); err != nil {
+		// The template is gone: stop keeping its sandboxes.
+		for _, ps := range p.forgetImage(k.image) {
+			m.discardPrepared(ctx, ps)
+		}
+		return nil
+	}
+	defer m.dropImage(k.image)
+	// A restored sandbox holds about the image's memory: keep one only
+	// where it leaves most of the node's memory free.
+	if avail, ok := memAvailable(); ok && 4*imageBytes(k.image) > avail {
+		for _, ps := range p.forgetImage(k.image) {
+			m.discardPrepared(ctx, ps)
+		}
+		return nil
+	}
+	ps := p.takeShape(k.shape())
+	var err error
+	if ps != nil {
+		err = p.driver.RestorePrepared(ctx, ps.id, k.image)
+	} else {
+		slot, aerr := m.slots.Acquire(ctx)
+		if aerr != nil {
+			return aerr
+		}
+		ps = &preparedSandbox{id: NewID(), slot: slot}
+		err = m.driver.Restore(ctx, m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB), k.image)
+	}
+	if err != nil {
+		m.releaseSlot(ctx, ps.slot.Index, ps.id)
+		return err
+	}
+	ps.envd = envdclient.New(envdURL(ps.id, ps.slot.SandboxIP), m.http, k.token)
+	err = m.waitReady(ctx, ps.envd)
+	if err == nil {
+		err = m.driver.Pause(ctx, ps.id)
+	}
+	if err != nil {
+		m.discardPrepared(ctx, ps)
+		return err
+	}
+	p.mu.Lock()
+	keep := len(p.ready[k]) < p.want[k]
+	if keep {
+		p.ready[k] = append(p.ready[k], ps)
+	}
+	p.mu.Unlock()
+	if !keep {
+		m.discardPrepared(ctx, ps)
+	}
+	return nil
+}
+
+// launchRestored turns a pooled sandbox restored from tpl's image into
+// sb: resume, egress policy, envd identity, then the record, written once
+// everything works, as for a warm sandbox.
+func (m *Manager) launchRestored(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ps *preparedSandbox) (*entry, error) {
+	start := time.Now()
+	sb.ID, sb.SlotIndex, sb.State = ps.id, ps.slot.Index, store.StateRunning
+	err := m.driver.Resume(ctx, ps.id)
+	if err == nil {
+		err = m.applyNetwork(ctx, sb, ps.slot)
+	}
+	if err == nil {
+		err = m.identify(ctx, ps.envd, sb, tpl)
+	}
+	if err == nil {
+		sb.UpdatedAt = time.Now().UTC()
+		if err = m.store.CreateSandbox(ctx, sb); err != nil {
+			err = storeError("record sandbox", err)
+		}
+	}
+	if err != nil {
+		m.discardPrepared(context.WithoutCancel(ctx), ps)
+		return nil, err
+	}
+	e := newEntry(&view{sb: sb, phase: phaseRunning, slot: ps.slot, envd: ps.envd, run: newRunScope()})
+	m.register(e)
+	e.mu.Lock()
+	m.armTimer(e)
+	e.mu.Unlock()
+	m.logger.InfoContext(ctx, "sandbox started from a restored one", "sandbox", sb.ID, "template", tpl.Name,
+		"took", time.Since(start).Round(time.Millisecond))
+	return e, nil
+}
+
+// discardPrepared removes a prepared sandbox that will not be used.
+func (m *Manager) discardPrepared(ctx context.Context, ps *preparedSandbox) {
+	m.killInstance(ctx, ps.id)
+	m.releaseSlot(ctx, ps.slot.Index, ps.id)
+}
+
+// evictPrepared frees the slot of one prepared sandbox for a launch that
+// found none free; false when there was none to take.
+func (m *Manager) evictPrepared(ctx context.Context) bool {
+	if m.prep == nil {
+		return false
+	}
+	ps := m.prep.takeAny()
+	if ps == nil {
+		return false
+	}
+	m.discardPrepared(context.WithoutCancel(ctx), ps)
+	return true
+}
+
+// stopPreparedPool kills the unclaimed sandboxes; the filler must have
+// stopped (its context ended).
+func (m *Manager) stopPreparedPool(ctx context.Context) {
+	p := m.prep
+	if p == nil {
+		return
+	}
+	<-p.done
+	for ps := p.takeAny(); ps != nil; ps = p.takeAny() {
+		m.discardPrepared(ctx, ps)
+	}
+}
+
+// errNotPrepared marks a failure of a prepared sandbox, after which the
+// launch is tried again the ordinary way.
+var errNotPrepared = errors.New("prepared sandbox unusable")

@@ -1,0 +1,371 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+func withPrepared(n int) func(*Config) {
+	return func(c *Config) { c.PreparedMax, c.PreparedMemMB = n, 1024 }
+}
+
+// waitPrepared waits until the driver holds n prepared instances.
+func (w *world) waitPrepared(n int) []string {
+	w.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ids := w.driver.prepared()
+		if len(ids) == n {
+			return ids
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("prepared instances: %d, want %d", len(ids), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestForkChildrenUsePreparedSandboxes: a fork asks the pool for as many
+// sandboxes as it has children; the next fork's children are restored into
+// them, and each still gets its own token, slot and deadline.
+func TestForkChildrenUsePreparedSandboxes(t *testing.T) {
+	w := newWorld(t, withPrepared(8))
+	parent := w.create()
+	ctx := context.Background()
+	if _, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: parent.ID, Count: 4}); err != nil {
+		t.Fatal(err)
+	}
+	prepared := w.waitPrepared(4)
+	restores, intoPrepared := w.faults.count("restore"), w.faults.count("restorePrepared")
+	res, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: parent.ID, Count: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, slots := map[string]bool{parent.AccessToken: true}, map[int]bool{parent.SlotIndex: true}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatalf("child: %v", r.Err)
+		}
+		c := r.Sandbox
+		if !slices.Contains(prepared, c.ID) {
+			t.Errorf("child %s was not one of the prepared sandboxes %v", c.ID, prepared)
+		}
+		if tokens[c.AccessToken] || slots[c.SlotIndex] {
+			t.Errorf("child %s shares a token or slot", c.ID)
+		}
+		tokens[c.AccessToken], slots[c.SlotIndex] = true, true
+		if rec := w.record(c.ID); rec == nil || rec.State != "running" || rec.EndAt.IsZero() {
+			t.Errorf("child %s record: %+v", c.ID, rec)
+		}
+		if e := w.m.entry(c.ID); e == nil || e.timer == nil {
+			t.Errorf("child %s has no deadline armed", c.ID)
+		}
+		if got := w.driver.state(c.ID); got != "running" {
+			t.Errorf("child %s: runtime state %s", c.ID, got)
+		}
+	}
+	if got := w.faults.count("restorePrepared") - intoPrepared; got != 4 {
+		t.Errorf("restores into prepared sandboxes: %d, want 4", got)
+	}
+	if got := w.faults.count("restore"); got != restores {
+		t.Errorf("ordinary restores during the second fork: %d, want 0", got-restores)
+	}
+}
+
+// TestPreparedFailureFallsBack: a prepared sandbox whose restore or start
+// fails is gone, and the launch is done the ordinary way instead.
+func TestPreparedFailureFallsBack(t *testing.T) {
+	for _, step := range []string{"restorePrepared", "startPrepared"} {
+		t.Run(step, func(t *testing.T) {
+			w := newWorld(t, withPrepared(4))
+			ctx := context.Background()
+			parent := w.create()
+			w.m.prep.demand(prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 512}, 2)
+			w.waitPrepared(2)
+			w.faults.set(step, errInjected)
+			var ids []string
+			if step == "restorePrepared" {
+				res, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: parent.ID, Count: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range res {
+					if r.Err != nil {
+						t.Fatalf("child: %v", r.Err)
+					}
+					ids = append(ids, r.Sandbox.ID)
+				}
+			} else {
+				sb := w.create()
+				ids = append(ids, sb.ID)
+			}
+			for _, id := range ids {
+				if w.driver.state(id) != "running" || w.record(id) == nil {
+					t.Errorf("sandbox %s is not running", id)
+				}
+			}
+			w.faults.set(step, nil)
+			for _, id := range append(ids, parent.ID) {
+				if err := w.m.Kill(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w.stop()
+			w.stoppedEmpty()
+		})
+	}
+}
+
+// TestPreparedSandboxesGoAtRestartAndShutdown: prepared sandboxes have no
+// record; after a crash the next start removes them with their slots, and
+// a shutdown kills them.
+func TestPreparedSandboxesGoAtRestartAndShutdown(t *testing.T) {
+	w := newWorld(t, withPrepared(4))
+	w.m.prep.demand(prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 512}, 3)
+	before := w.waitPrepared(3)
+	w.crash()
+	for _, id := range before {
+		if w.driver.state(id) != "" {
+			t.Errorf("prepared sandbox %s survived the restart", id)
+		}
+	}
+	w.settle(0)
+	w.m.prep.demand(prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 512}, 2)
+	w.waitPrepared(2)
+	w.stop()
+	w.stoppedEmpty()
+}
+
+// stoppedEmpty checks that a stopped manager left no instance, slot or
+// record behind.
+func (w *world) stoppedEmpty() {
+	w.t.Helper()
+	if ids := w.driver.ids(); len(ids) != 0 {
+		w.t.Errorf("instances left: %v", ids)
+	}
+	if n := w.slots.inUse(); n != 0 {
+		w.t.Errorf("slots left in use: %d", n)
+	}
+	all, _ := w.store.Store.ListSandboxes(context.Background(), store.SandboxFilter{})
+	if len(all) != 0 {
+		w.t.Errorf("records left: %d", len(all))
+	}
+}
+
+// TestPreparedSandboxesGiveUpSlots: a launch that finds no free slot takes
+// one from a prepared sandbox, and a fork counts them as free.
+func TestPreparedSandboxesGiveUpSlots(t *testing.T) {
+	w := newWorld(t, withPrepared(12), func(c *Config) { c.MaxForkCount = 16 })
+	ctx := context.Background()
+	w.m.prep.demand(prepKey{rootfs: w.base.RootfsPath, vcpu: 2, memoryMB: 1024}, 12)
+	w.waitPrepared(12)
+	// 4 slots are free; 6 sandboxes of another shape need 2 more.
+	var ids []string
+	for range 6 {
+		sb, err := w.m.Create(ctx, createReq())
+		if err != nil {
+			t.Fatalf("create with prepared sandboxes holding the slots: %v", err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	res, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: ids[0], Count: 10})
+	if err != nil {
+		t.Fatalf("fork counting prepared slots as free: %v", err)
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatalf("child: %v", r.Err)
+		}
+	}
+	if _, err := w.m.Create(ctx, createReq()); !errors.Is(err, node.ErrUnavailable) {
+		t.Errorf("create with every slot taken: %v, want unavailable", err)
+	}
+}
+
+// TestPreparedPoolAdapts: targets grow with bursts, within the count and
+// memory budgets, and halve for shapes idle long enough, giving their
+// surplus back.
+func TestPreparedPoolAdapts(t *testing.T) {
+	a, b := prepKey{rootfs: "/a", vcpu: 1, memoryMB: 512}, prepKey{rootfs: "/b", vcpu: 1, memoryMB: 512}
+	now := time.Now()
+	tests := []struct {
+		name        string
+		max         int
+		memMB       int
+		perSandbox  uint64
+		want        map[prepKey]int
+		ready       map[prepKey]int
+		lastUse     time.Time
+		busy        int
+		wantNext    bool
+		wantKey     prepKey
+		wantSurplus int
+		wantTarget  map[prepKey]int
+	}{
+		{name: "deficit is filled", max: 8, memMB: 1024, want: map[prepKey]int{a: 4}, ready: map[prepKey]int{a: 1},
+			lastUse: now, wantNext: true, wantKey: a, wantTarget: map[prepKey]int{a: 4}},
+		{name: "largest deficit first", max: 8, memMB: 1024, want: map[prepKey]int{a: 2, b: 5}, ready: map[prepKey]int{a: 1, b: 1},
+			lastUse: now, wantNext: true, wantKey: b, wantTarget: map[prepKey]int{a: 2, b: 5}},
+		{name: "waits while launches run", max: 8, memMB: 1024, want: map[prepKey]int{a: 4}, ready: map[prepKey]int{},
+			lastUse: now, busy: 1, wantTarget: map[prepKey]int{a: 4}},
+		{name: "count budget", max: 3, memMB: 1024, want: map[prepKey]int{a: 3, b: 3}, ready: map[prepKey]int{a: 3},
+			lastUse: now, wantTarget: map[prepKey]int{a: 3, b: 3}},
+		{name: "memory budget", max: 8, memMB: 100, perSandbox: 40 << 20, want: map[prepKey]int{a: 4}, ready: map[prepKey]int{a: 2},
+			lastUse: now, wantTarget: map[prepKey]int{a: 4}},
+		{name: "idle shape halves and gives back", max: 8, memMB: 1024, want: map[prepKey]int{a: 8}, ready: map[prepKey]int{a: 8},
+			lastUse: now.Add(-2 * preparedIdle), wantSurplus: 4, wantTarget: map[prepKey]int{a: 4}},
+		{name: "idle shape ends at none", max: 8, memMB: 1024, want: map[prepKey]int{a: 1}, ready: map[prepKey]int{a: 1},
+			lastUse: now.Add(-2 * preparedIdle), wantSurplus: 1, wantTarget: map[prepKey]int{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &preparedPool{max: tt.max, memBytes: uint64(tt.memMB) << 20, perSandbox: tt.perSandbox,
+				ready: map[prepKey][]*preparedSandbox{}, want: tt.want, lastUse: map[prepKey]time.Time{},
+				active: map[prepKey]int{}, busy: tt.busy}
+			for k, n := range tt.ready {
+				for range n {
+					p.ready[k] = append(p.ready[k], &preparedSandbox{id: NewID()})
+				}
+			}
+			for k := range tt.want {
+				p.lastUse[k] = tt.lastUse
+			}
+			k, ok, surplus := p.next(now)
+			if ok != tt.wantNext || (ok && k != tt.wantKey) {
+				t.Errorf("next: %v %v, want %v %v", k, ok, tt.wantKey, tt.wantNext)
+			}
+			if len(surplus) != tt.wantSurplus {
+				t.Errorf("surplus: %d, want %d", len(surplus), tt.wantSurplus)
+			}
+			got := map[prepKey]int{}
+			for k, n := range p.want {
+				got[k] = n
+			}
+			if len(got) != len(tt.wantTarget) {
+				t.Errorf("targets: %v, want %v", got, tt.wantTarget)
+			}
+			for k, n := range tt.wantTarget {
+				if got[k] != n {
+					t.Errorf("target of %v: %d, want %d", k, got[k], n)
+				}
+			}
+		})
+	}
+}
+
+// TestPreparedDemandIsBounded: a burst raises a shape's target to its
+// size, never past the pool's maximum.
+func TestPreparedDemandIsBounded(t *testing.T) {
+	p := &preparedPool{max: 5, ready: map[prepKey][]*preparedSandbox{}, want: map[prepKey]int{},
+		lastUse: map[prepKey]time.Time{}, active: map[prepKey]int{}, wake: make(chan struct{}, 1)}
+	k := prepKey{rootfs: "/a", vcpu: 1, memoryMB: 512}
+	p.demand(k, 3)
+	if p.want[k] != 3 {
+		t.Errorf("target after a burst of 3: %d", p.want[k])
+	}
+	p.demand(k, 1)
+	if p.want[k] != 3 {
+		t.Errorf("a smaller burst lowered the target to %d", p.want[k])
+	}
+	p.demand(k, 50)
+	if p.want[k] != 5 {
+		t.Errorf("target after a burst of 50: %d, want the maximum 5", p.want[k])
+	}
+	for range 4 {
+		p.begin(k)
+	}
+	if p.busy != 4 || p.active[k] != 4 {
+		t.Errorf("launches counted: busy %d, active %d", p.busy, p.active[k])
+	}
+	for range 4 {
+		p.end(k)
+	}
+	if p.busy != 0 || len(p.active) != 0 {
+		t.Errorf("launches left counted: busy %d, active %v", p.busy, p.active)
+	}
+}
+
+// pooledRestored lists instances restored and paused by the pool: paused,
+// with no record.
+func (w *world) pooledRestored() []string {
+	w.driver.mu.Lock()
+	var ids []string
+	for id, in := range w.driver.inst {
+		if in.state == runtime.StatePaused {
+			ids = append(ids, id)
+		}
+	}
+	w.driver.mu.Unlock()
+	var out []string
+	for _, id := range ids {
+		if w.record(id) == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TestCreateFromSnapshotResumesARestoredOne: once a snapshot template is
+// in use, the pool keeps a sandbox restored from it and paused; the next
+// create resumes that one and gives it its own token, slot and deadline.
+// Deleting the template removes what the pool kept of it.
+func TestCreateFromSnapshotResumesARestoredOne(t *testing.T) {
+	w := newWorld(t, withPrepared(8), func(c *Config) { c.SnapshotPool = 2 })
+	ctx := context.Background()
+	src := w.create()
+	snap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: src.ID, Kind: store.KindSnapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pooled []string
+	waitFor(t, func() bool { pooled = w.pooledRestored(); return len(pooled) == 1 })
+	resumes := w.faults.count("resume")
+	second, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.ID != pooled[0] {
+		t.Errorf("create from the snapshot made %s, not the pooled %s", second.ID, pooled[0])
+	}
+	if w.faults.count("resume") != resumes+1 {
+		t.Errorf("the pooled sandbox was not resumed")
+	}
+	if second.AccessToken == first.AccessToken || second.SlotIndex == first.SlotIndex || second.SlotIndex == src.SlotIndex {
+		t.Errorf("second create shares a token or slot: %+v", second)
+	}
+	w.driver.mu.Lock()
+	in := w.driver.inst[second.ID]
+	w.driver.mu.Unlock()
+	if in == nil || in.state != runtime.StateRunning || in.token != second.AccessToken {
+		t.Errorf("pooled sandbox after the create: %+v", in)
+	}
+	if e := w.m.entry(second.ID); e == nil || e.timer == nil || w.record(second.ID).State != store.StateRunning {
+		t.Errorf("created sandbox is not running with a deadline")
+	}
+	waitFor(t, func() bool { return len(w.pooledRestored()) >= 1 })
+	for _, id := range []string{first.ID, second.ID} {
+		if err := w.m.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.m.DeleteTemplate(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(w.pooledRestored()) == 0 })
+	if err := w.m.Kill(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	w.stop()
+	w.stoppedEmpty()
+}

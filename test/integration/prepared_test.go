@@ -1,0 +1,160 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+)
+
+// runtimeDirs lists the sandbox directories the gVisor driver holds: live
+// sandboxes and prepared ones.
+func (s *server) runtimeDirs() []string {
+	entries, _ := os.ReadDir(filepath.Join(s.dataDir, "runtime", "sandboxes"))
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// TestPreparedSandboxes: a fork makes the server prepare as many sandboxes
+// of the parent's shape (runsc create, ahead of demand); the next fork's
+// children are restored into them and are whole, separate sandboxes. A
+// restart removes the prepared ones, which have no record, and nothing
+// leaks.
+func TestPreparedSandboxes(t *testing.T) {
+	s := newServer(t, "--warm-sandboxes", "0", "--prepared-sandboxes", "4", "--max-fork-count", "4")
+	s.start()
+	parent := s.create(nil).SandboxID
+	s.expect(s.do("POST", "/sandboxes/"+parent+"/files/write", map[string]string{"path": "/home/user/task", "content": "shared"}), 200, "write")
+	first := s.fork("/sandboxes/"+parent+"/fork", 3)
+	live := append([]string{parent}, first...)
+	var prepared []string
+	waitFor(t, 2*time.Minute, "3 prepared sandboxes", func() bool {
+		prepared = nil
+		for _, id := range s.runtimeDirs() {
+			if !slices.Contains(live, id) {
+				prepared = append(prepared, id)
+			}
+		}
+		return len(prepared) == 3
+	})
+
+	children := s.fork("/sandboxes/"+parent+"/fork", 3)
+	addrs := map[string]bool{}
+	for i, c := range children {
+		if !slices.Contains(prepared, c) {
+			t.Errorf("child %d (%s) was not restored into a prepared sandbox %v", i, c, prepared)
+		}
+		res := s.exec(c, client.ExecuteRequest{Command: "cat /home/user/task; echo; hostname -I"})
+		lines := strings.Fields(res.Stdout)
+		if len(lines) < 2 || lines[0] != "shared" {
+			t.Fatalf("child %d sees %q", i, res.Stdout)
+		}
+		addrs[lines[1]] = true
+		var info client.Sandbox
+		s.expect(s.do("GET", "/sandboxes/"+c, nil), 200, "get child").json(t, &info)
+		if info.State != "running" || info.EndAt.IsZero() {
+			t.Errorf("child %d: state %q, end %v", i, info.State, info.EndAt)
+		}
+	}
+	if len(addrs) != len(children) {
+		t.Errorf("children share addresses: %v", addrs)
+	}
+
+	// The pool refills; a crash leaves those sandboxes without a record,
+	// and the next start removes them.
+	live = append(live, children...)
+	waitFor(t, 2*time.Minute, "the pool to refill", func() bool { return len(s.runtimeDirs()) > len(live) })
+	var left []string
+	for _, id := range s.runtimeDirs() {
+		if !slices.Contains(live, id) {
+			left = append(left, id)
+		}
+	}
+	s.stop(syscall.SIGKILL)
+	s.start()
+	for _, id := range left {
+		if runscProcesses(id) != 0 || slices.Contains(s.runtimeDirs(), id) {
+			t.Errorf("prepared sandbox %s survived a restart", id)
+		}
+	}
+	for _, c := range children {
+		if res := s.exec(c, client.ExecuteRequest{Command: "cat /home/user/task"}); res.Stdout != "shared" {
+			t.Errorf("child %s after the restart: %+v", c, res)
+		}
+	}
+}
+
+// TestWarmSnapshots: once a snapshot is used, the server keeps a sandbox
+// restored from it and paused; the next create from the snapshot resumes
+// that one. It has the snapshot's files and processes, its own address,
+// token and deadline, and deleting the snapshot removes what was kept.
+func TestWarmSnapshots(t *testing.T) {
+	s := newServer(t, "--warm-sandboxes", "0", "--prepared-sandboxes", "4", "--warm-snapshots", "1")
+	s.start()
+	src := s.create(nil).SandboxID
+	s.expect(s.do("POST", "/sandboxes/"+src+"/files/write", map[string]string{"path": "/home/user/task", "content": "shared"}), 200, "write")
+	s.startCounter(src)
+	var snap client.Snapshot
+	s.expect(s.do("POST", "/sandboxes/"+src+"/snapshots", map[string]string{"name": "warm"}), 201, "snapshot").json(t, &snap)
+	atSnap := s.count(src)
+	first := s.create(map[string]any{"templateID": "warm"})
+	live := []string{src, first.SandboxID}
+	var pooled []string
+	waitFor(t, 2*time.Minute, "a sandbox restored from the snapshot", func() bool {
+		pooled = nil
+		for _, id := range s.runtimeDirs() {
+			state, _ := os.ReadFile(filepath.Join(s.dataDir, "runtime", "runsc", id+"_sandbox:"+id+".state"))
+			if !slices.Contains(live, id) && strings.Contains(string(state), `"status":"paused"`) {
+				pooled = append(pooled, id)
+			}
+		}
+		return len(pooled) == 1
+	})
+	second := s.create(map[string]any{"templateID": "warm"})
+	if second.SandboxID != pooled[0] {
+		t.Errorf("create from the snapshot made %s, not the kept %s", second.SandboxID, pooled[0])
+	}
+	if second.EnvdAccessToken == first.EnvdAccessToken {
+		t.Error("two creates share an envd token")
+	}
+	addrs := map[string]bool{}
+	for _, id := range []string{first.SandboxID, second.SandboxID} {
+		res := s.exec(id, client.ExecuteRequest{Command: "cat /home/user/task; echo; hostname -I"})
+		lines := strings.Fields(res.Stdout)
+		if len(lines) < 2 || lines[0] != "shared" {
+			t.Fatalf("%s sees %q", id, res.Stdout)
+		}
+		addrs[lines[1]] = true
+		if n := s.count(id); n < atSnap {
+			t.Errorf("%s counter %d is behind the snapshot's %d", id, n, atSnap)
+		}
+		var info client.Sandbox
+		s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(t, &info)
+		if info.State != "running" || info.EndAt.IsZero() {
+			t.Errorf("%s: state %q, end %v", id, info.State, info.EndAt)
+		}
+	}
+	if len(addrs) != 2 {
+		t.Errorf("sandboxes share an address: %v", addrs)
+	}
+	s.expect(s.do("DELETE", "/sandboxes/"+second.SandboxID, nil), 204, "delete")
+	s.expect(s.do("DELETE", "/sandboxes/"+first.SandboxID, nil), 204, "delete")
+	s.expect(s.do("DELETE", "/templates/"+snap.SnapshotID, nil), 204, "delete snapshot")
+	waitFor(t, time.Minute, "the kept sandboxes of the deleted snapshot to go", func() bool {
+		for _, id := range s.runtimeDirs() {
+			state, _ := os.ReadFile(filepath.Join(s.dataDir, "runtime", "runsc", id+"_sandbox:"+id+".state"))
+			if strings.Contains(string(state), `"status":"paused"`) {
+				return false
+			}
+		}
+		return true
+	})
+}
