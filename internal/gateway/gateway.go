@@ -178,6 +178,9 @@ func (g *Gateway) routeMux() {
 	g.mux.HandleFunc("GET /templates/{templateID}/files/{hash}", g.byBuild)
 	g.mux.HandleFunc("POST /v2/templates/{templateID}/builds/{buildID}", g.byBuild)
 	g.mux.HandleFunc("GET /templates/{templateID}/builds/{buildID}/status", g.byBuild)
+	g.mux.HandleFunc("POST /templates/tags", g.tags)
+	g.mux.HandleFunc("DELETE /templates/tags", g.tags)
+	g.mux.HandleFunc("GET /templates/{templateID}/tags", g.tags)
 
 	// Everything else reads records: the catalog serves it (and answers
 	// unknown paths with the API's 404).

@@ -424,6 +424,53 @@ func (g *Gateway) byBuild(w http.ResponseWriter, r *http.Request) {
 	g.forwardNode(w, r, nodeID, "", true)
 }
 
+// tags routes E2B's tag calls to the node that keeps the template's tags:
+// the one running its builds, else one holding it.
+func (g *Gateway) tags(w http.ResponseWriter, r *http.Request) {
+	g.count("template")
+	name := r.PathValue("templateID")
+	if name == "" {
+		body, ok := g.readBody(w, r)
+		if !ok {
+			return
+		}
+		r = withBody(r, body)
+		var req struct {
+			Target string `json:"target"` // POST
+			Name   string `json:"name"`   // DELETE
+		}
+		if json.Unmarshal(body, &req) != nil || req.Target+req.Name == "" {
+			g.forwardAny(w, r) // any node answers a malformed request alike
+			return
+		}
+		name = req.Target + req.Name
+	}
+	name = untagged(name)
+	nodeID, ok := g.builds.get(name)
+	if !ok {
+		g.queries.Add(1)
+		var err error
+		nodeID, err = g.db.BuildNode(r.Context(), name)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			g.databaseDown(w, r, err)
+			return
+		}
+	}
+	if n, ok := g.nodes.current().get(nodeID); !ok || !n.reachable {
+		copies, err := g.templateCopies(r.Context(), name, true)
+		if err != nil {
+			g.databaseDown(w, r, err)
+			return
+		}
+		if len(copies) == 0 {
+			api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("template %q not found", name))
+			return
+		}
+		nodeID = copies[0].NodeID
+	}
+	g.forwardNode(w, r, nodeID, "", true)
+}
+
 // untagged drops a build tag ("name:tag").
 func untagged(name string) string {
 	if i := strings.LastIndexByte(name, ':'); i > 0 && i < len(name)-1 {
