@@ -44,7 +44,7 @@ Every flag can also be set by its AENV_* environment variable; flags win.`,
 	}
 	cfg.RegisterFlags(cmd.Flags())
 	cl.RegisterFlags(cmd.Flags())
-	cmd.AddCommand(a.drainCommand(true), a.drainCommand(false))
+	cmd.AddCommand(a.drainCommand(true), a.drainCommand(false), a.nodeRmCommand())
 	return cmd
 }
 
@@ -70,6 +70,30 @@ reachable. Talks to a gateway.`
 			}
 			return a.eachID(ids, func(id string) error {
 				return notFound(c.DrainNode(cmd.Context(), id, drain), "node %q not found", id)
+			})
+		},
+	}
+	addServerFlags(cmd, &f)
+	return cmd
+}
+
+func (a *app) nodeRmCommand() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:   "rm NODE...",
+		Short: "Forget nodes that are gone for good",
+		Long: `Remove each node (by ID) from the cluster with the records of its sandboxes and
+templates: for a machine that will not come back. A node still heartbeating
+is refused (drain and stop it first). Should a removed node start again, it
+finds no records and removes the sandboxes it still holds. Talks to a gateway.`,
+		Args: args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, ids []string) error {
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			return a.eachID(ids, func(id string) error {
+				return notFound(c.RemoveNode(cmd.Context(), id), "node %q not found", id)
 			})
 		},
 	}

@@ -86,7 +86,7 @@ func TestIssueVerbsExist(t *testing.T) {
 		{"auth"}, {"pull"}, {"build"}, {"template", "ls"}, {"template", "rm"}, {"start"}, {"ls"}, {"exec"}, {"cp"},
 		{"pause"}, {"resume"}, {"timeout"}, {"delete"}, {"fork"}, {"snapshot", "create"}, {"snapshot", "ls"},
 		{"snapshot", "rm"}, {"completion", "bash"}, {"completion", "zsh"}, {"server"}, {"version"},
-		{"node"}, {"node", "drain"}, {"node", "undrain"}, {"gateway"}, {"cluster", "status"},
+		{"node"}, {"node", "drain"}, {"node", "undrain"}, {"node", "rm"}, {"gateway"}, {"cluster", "status"},
 	} {
 		cmd, rest, err := root.Find(path)
 		if err != nil || len(rest) != 0 || cmd.Name() != path[len(path)-1] {

@@ -46,6 +46,12 @@ func (c *Client) ClusterNodes(ctx context.Context) ([]Node, error) {
 	return out, nil
 }
 
+// RemoveNode forgets a node that is gone for good, with its records.
+func (c *Client) RemoveNode(ctx context.Context, id string) error {
+	_, err := c.DoJSON(ctx, http.MethodDelete, "/cluster/nodes/"+url.PathEscape(id), nil, nil, nil)
+	return err
+}
+
 // DrainNode drains a node of the cluster (it takes no new sandboxes), or
 // with drain false undrains it.
 func (c *Client) DrainNode(ctx context.Context, id string, drain bool) error {

@@ -162,6 +162,7 @@ func (g *Gateway) routeMux() {
 	g.mux.HandleFunc("GET /cluster/nodes", g.listNodes)
 	g.mux.HandleFunc("POST /cluster/nodes/{id}/drain", func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, true) })
 	g.mux.HandleFunc("POST /cluster/nodes/{id}/undrain", func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, false) })
+	g.mux.HandleFunc("DELETE /cluster/nodes/{id}", g.removeNode)
 
 	g.mux.HandleFunc("POST /sandboxes", g.create)
 	g.mux.HandleFunc("POST /v2/sandboxes", g.create)

@@ -543,6 +543,39 @@ func (g *Gateway) drain(w http.ResponseWriter, r *http.Request, draining bool) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// removeNode is DELETE /cluster/nodes/{id}: forget a node that is gone
+// for good, with the records of its sandboxes and templates. A node still
+// heartbeating is refused: drain it and stop it first. Should it come back
+// after all, it finds no records and removes what it holds.
+func (g *Gateway) removeNode(w http.ResponseWriter, r *http.Request) {
+	g.count("cluster")
+	id := r.PathValue("id")
+	if err := g.nodes.refresh(r.Context()); err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	n, ok := g.nodes.current().get(id)
+	switch {
+	case !ok:
+		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("node %q is not part of the cluster", id))
+		return
+	case n.reachable:
+		api.WriteErrorJSON(w, http.StatusConflict, fmt.Sprintf(
+			"node %s is alive (heartbeat %s ago): drain it and stop it before removing it", id, n.HeartbeatAge.Round(time.Millisecond)))
+		return
+	}
+	g.queries.Add(1)
+	if err := g.db.RemoveNode(r.Context(), id); err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	g.logger.InfoContext(r.Context(), "node removed from the cluster", "node", id)
+	if err := g.nodes.refresh(r.Context()); err != nil {
+		g.logger.WarnContext(r.Context(), "cannot read the cluster's nodes", "err", err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 // ttlCache remembers lookups for a moment.
 type ttlCache[V any] struct {
 	ttl time.Duration

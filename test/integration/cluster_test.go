@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -301,9 +302,24 @@ func TestClusterPlacementAndRouting(t *testing.T) {
 			t.Errorf("create landed on %s while node-a is drained and node-c full", node)
 		}
 	}
-	if err := g1.api.DrainNode(context.Background(), "node-a", false); err != nil {
+	// The CLI sees the same, and undrains.
+	cli := &server{t: t, url: g1.url}
+	var status []client.Node
+	if err := json.Unmarshal([]byte(cli.cliOK("cluster", "status", "-o", "json")), &status); err != nil {
 		t.Fatal(err)
 	}
+	states := map[string]string{}
+	for _, n := range status {
+		states[n.ID] = n.State
+	}
+	if states["node-a"] != "draining" || states["node-b"] != "ready" || states["node-c"] != "ready" {
+		t.Errorf("aenv cluster status: %v", states)
+	}
+	cli.cliOK("node", "undrain", "node-a")
+	if out, code := cli.cli("node", "drain", "no-such-node"); code != 3 {
+		t.Errorf("drain of an unknown node: exit %d, want 3 (not found): %s", code, out)
+	}
+	waitFor(t, 10*time.Second, "undrain seen", func() bool { return g2.nodeStates(t)["node-a"].State == "ready" })
 
 	// Deletes go to the right node; afterwards the sandbox is gone.
 	for _, id := range ids[:5] {
