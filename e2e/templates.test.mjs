@@ -135,10 +135,12 @@ describe('templates', () => {
     assert.equal(await run(sbx, `curl -sf http://127.0.0.1:${port}/index.html`), fixture('site/index.html').trim())
   })
 
+  let bgInfo
   test('buildInBackground and getBuildStatus', async () => {
     const tpl = Template().fromTemplate(alias).runCmd('echo background-build > /home/user/bg.txt')
     // A tag in the name is accepted; the template has one version.
     const info = await Template.buildInBackground(tpl, 'e2e-bg:v1')
+    bgInfo = info
     assert.equal(info.templateId, 'e2e-bg')
     const seen = []
     const status = await eventually(async () => {
@@ -154,6 +156,26 @@ describe('templates', () => {
     assert.equal(await Template.exists('e2e-bg'), true)
     // Built on the app template: its process is still running.
     assert.equal(await run(sbx, `curl -sf http://127.0.0.1:${port}/index.html`), fixture('site/index.html').trim())
+  })
+
+  test('tags: assign, list, create from a tag, remove', async () => {
+    assert.ok(bgInfo, 'the background build ran')
+    const assigned = await Template.assignTags('e2e-bg:v1', ['prod', 'stable'])
+    assert.deepEqual(assigned.tags, ['prod', 'stable'])
+    assert.equal(assigned.buildId, bgInfo.buildId, 'the tags name the build that made the template')
+    const tags = await Template.getTags('e2e-bg')
+    assert.deepEqual(tags.map((t) => t.tag).sort(), ['prod', 'stable'])
+    for (const t of tags) {
+      assert.equal(t.buildId, bgInfo.buildId)
+      assert.ok(Math.abs(Date.now() - t.createdAt.getTime()) < 10 * 60_000, `createdAt ${t.createdAt}`)
+    }
+    const sbx = track(await Sandbox.create('e2e-bg:prod'))
+    assert.equal(await run(sbx, 'cat /home/user/bg.txt'), 'background-build')
+    await Template.removeTags('e2e-bg', 'prod')
+    assert.deepEqual((await Template.getTags('e2e-bg')).map((t) => t.tag), ['stable'])
+    await assert.rejects(Template.assignTags('e2e-no-such-template', 'prod'), /\b404: /)
+    await assert.rejects(Template.getTags('e2e-no-such-template'), /\b404: /)
+    await assert.rejects(Template.assignTags('e2e-bg', 'bad tag'), /\b400: .*tag/)
   })
 
   test('two builds of one template run one after the other', async () => {

@@ -26,6 +26,7 @@ func (s *Server) routeBuilds() {
 	s.route("GET /templates/{templateID}/files/{hash}", s.buildUploadLink)
 	s.route("POST /v2/templates/{templateID}/builds/{buildID}", s.startBuild)
 	s.route("GET /templates/{templateID}/builds/{buildID}/status", s.buildStatus)
+	s.routeTags()
 	// The SDK uploads to the link without the API key; the link is signed.
 	s.mux.Handle("PUT /build-uploads/{hash}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := s.putBuildUpload(w, r); err != nil {

@@ -148,10 +148,14 @@ func (s *Service) pruneStepCache(ctx context.Context, templateID string, keys []
 }
 
 // Forget drops what builds of templateID left behind, once the template
-// itself is deleted: its cached steps and its whole-build cache entry.
+// itself is deleted: its cached steps, its whole-build cache entry and
+// its tags.
 func (s *Service) Forget(ctx context.Context, templateID string) {
 	s.mu.Lock()
 	delete(s.done, templateID)
 	s.mu.Unlock()
 	s.pruneStepCache(ctx, templateID, nil)
+	if err := s.forgetTags(templateID); err != nil {
+		s.logger.Warn("template deleted but its tags remain", "template", templateID, "err", err)
+	}
 }

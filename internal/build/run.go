@@ -195,7 +195,7 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 		return err
 	}
 	s.mu.Lock()
-	s.done[b.templateID] = cached{key: final, templateID: tplOut.ID}
+	s.done[b.templateID] = cached{key: final, templateID: tplOut.ID, buildID: b.id}
 	s.mu.Unlock()
 	s.pruneStepCache(ctx, b.templateID, stepKeys)
 	return nil

@@ -95,12 +95,15 @@ type Service struct {
 	order  []string          // build IDs, oldest first
 	// locks serialise builds of one template.
 	locks map[string]chan struct{}
-	// done remembers, per template, the cache key and template ID of its
-	// last successful build.
+	// done remembers, per template, the cache key, template ID and build
+	// ID of its last successful build.
 	done map[string]cached
+
+	// tagsMu serialises changes to the tag files.
+	tagsMu sync.Mutex
 }
 
-type cached struct{ key, templateID string }
+type cached struct{ key, templateID, buildID string }
 
 // build is one build's state; mu guards it.
 type build struct {
@@ -354,7 +357,11 @@ func (s *Service) lock(ctx context.Context, templateID string) (func(), error) {
 func newBuildID() string {
 	var b [16]byte
 	rand.Read(b[:])
-	h := hex.EncodeToString(b[:])
-	// A UUID's shape, as E2B's build IDs have.
+	return uuidShape(hex.EncodeToString(b[:]))
+}
+
+// uuidShape gives 32 hex digits a (version 4) UUID's shape, as E2B's build
+// IDs have.
+func uuidShape(h string) string {
 	return h[:8] + "-" + h[8:12] + "-4" + h[13:16] + "-a" + h[17:20] + "-" + h[20:]
 }

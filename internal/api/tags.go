@@ -1,0 +1,97 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/aenv-dev/aenv/internal/build"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// E2B's template tags. aenv keeps one version of each template, so a tag
+// names that version; "name:tag" resolves to the template whatever the
+// tag (lookupAlias). The routes record which tags were given.
+
+func (s *Server) routeTags() {
+	s.route("POST /templates/tags", s.assignTags)
+	s.route("DELETE /templates/tags", s.removeTags)
+	// "GET /templates/{templateID}/tags" would clash with "GET
+	// /templates/aliases/{alias}" over /templates/aliases/tags (neither is
+	// more specific), so the last segment is matched here; the alias route
+	// stays the more specific one.
+	s.route("GET /templates/{templateID}/{sub}", func(w http.ResponseWriter, r *http.Request) error {
+		if r.PathValue("sub") != "tags" {
+			return &apiError{http.StatusNotFound, "no such endpoint: " + r.Method + " " + r.URL.Path}
+		}
+		return s.listTags(w, r)
+	})
+}
+
+// assignTags is E2B's POST /templates/tags {"target": "name[:tag]",
+// "tags"}: 201 {"buildID", "tags"}.
+func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Target string   `json:"target"`
+		Tags   []string `json:"tags"`
+	}
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	if err := template.CheckName(req.Target); err != nil {
+		return badRequest("target: " + err.Error())
+	}
+	tpl, err := s.lookupAlias(r, req.Target)
+	if err != nil {
+		return err
+	}
+	buildID, err := s.cfg.Builds.AssignTags(tpl, req.Tags)
+	if err != nil {
+		return buildError(err)
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"buildID": buildID, "tags": req.Tags})
+	return nil
+}
+
+// removeTags is E2B's DELETE /templates/tags {"name", "tags"}: 204.
+func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) error {
+	var req struct {
+		Name string   `json:"name"`
+		Tags []string `json:"tags"`
+	}
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	if err := template.CheckName(req.Name); err != nil {
+		return badRequest("name: " + err.Error())
+	}
+	tpl, err := s.lookupAlias(r, req.Name)
+	if err != nil {
+		return err
+	}
+	if err := s.cfg.Builds.RemoveTags(tpl.Name, req.Tags); err != nil {
+		return buildError(err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// listTags is E2B's GET /templates/{templateID}/tags: 200 [{"tag",
+// "buildID", "createdAt"}], oldest first.
+func (s *Server) listTags(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("templateID")
+	if err := template.CheckName(id); err != nil {
+		return badRequest(err.Error())
+	}
+	tpl, err := s.lookupAlias(r, id)
+	if err != nil {
+		return err
+	}
+	tags, err := s.cfg.Builds.Tags(tpl.Name)
+	if err != nil {
+		return buildError(err)
+	}
+	if tags == nil {
+		tags = []build.Tag{}
+	}
+	writeJSON(w, http.StatusOK, tags)
+	return nil
+}
