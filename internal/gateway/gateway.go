@@ -71,7 +71,7 @@ type Gateway struct {
 	// queries counts database round trips made for requests; the node
 	// list's refreshes count in refreshes (a fixed rate, whatever the load).
 	queries, refreshes atomic.Int64
-	requests *prometheus.CounterVec
+	requests           *prometheus.CounterVec
 
 	stop func()
 	done sync.WaitGroup

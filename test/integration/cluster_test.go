@@ -393,6 +393,33 @@ func TestClusterNodeFailure(t *testing.T) {
 	if node, state := g.sandboxNode(t, onA); node != "node-a" || state != "running" {
 		t.Errorf("after restart: %s on %s, want running on node-a", state, node)
 	}
+
+	// A node gone for good is removed with its records; a live one is not.
+	var apiErr *client.APIError
+	if err := g.api.RemoveNode(context.Background(), "node-b"); !errors.As(err, &apiErr) || apiErr.Status != http.StatusConflict {
+		t.Errorf("removing a live node: %v, want 409", err)
+	}
+	c3 := c.addNode("node-c")
+	g.waitReady(t, "node-c")
+	onC := c3.create(map[string]any{"templateID": "base"}).SandboxID
+	c3.stop(syscall.SIGKILL)
+	waitFor(t, 3*nodeTimeout+5*time.Second, "node-c unreachable", func() bool {
+		return g.nodeStates(t)["node-c"].State == "unreachable"
+	})
+	if err := g.api.RemoveNode(context.Background(), "node-c"); err != nil {
+		t.Fatalf("remove node-c: %v", err)
+	}
+	if _, ok := g.nodeStates(t)["node-c"]; ok {
+		t.Error("a removed node is still listed")
+	}
+	if r := g.doNoFail(http.MethodGet, "/sandboxes/"+onC, nil); r.status != http.StatusNotFound {
+		t.Errorf("sandbox of a removed node: %d, want 404", r.status)
+	}
+	// Should it come back after all, it holds no records: it removes the
+	// sandbox it still runs (the leak check at cleanup proves it).
+	c3.start()
+	g.waitReady(t, "node-c")
+	waitFor(t, time.Minute, "the removed node's sandbox reclaimed", func() bool { return runscProcesses(onC) == 0 })
 }
 
 // A gateway killed mid-stream leaves the other serving; a restarted
