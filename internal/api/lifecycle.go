@@ -171,6 +171,10 @@ type templateJSON struct {
 	MemoryMB   int       `json:"memoryMB"`
 	CreatedAt  time.Time `json:"createdAt"`
 	Source     string    `json:"sourceSandboxID,omitempty"`
+	// BuildStatus is E2B's: the state of the template's newest build on
+	// this server (waiting, building, ready or error); absent when it was
+	// not built here.
+	BuildStatus string `json:"buildStatus,omitempty"`
 }
 
 func toTemplateJSON(t *store.Template) templateJSON {
@@ -190,7 +194,11 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]templateJSON, 0, len(all))
 	for _, t := range all {
-		out = append(out, toTemplateJSON(t))
+		j := toTemplateJSON(t)
+		if s.cfg.Builds != nil && t.Named() {
+			j.BuildStatus = s.cfg.Builds.BuildStatus(t.Name)
+		}
+		out = append(out, j)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

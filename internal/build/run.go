@@ -53,13 +53,18 @@ func (s *Service) run(b *build, spec Spec, base Base) {
 	defer unlock()
 	b.setStatus(StatusBuilding, nil)
 	began := time.Now()
+	s.metrics.running.Inc()
 	err = s.execute(ctx, b, spec, base)
+	s.metrics.running.Dec()
+	s.metrics.duration.Observe(time.Since(began).Seconds())
 	if err == nil {
+		s.metrics.finished.WithLabelValues(StatusReady).Inc()
 		b.log("info", stepFinalize, fmt.Sprintf("Build finished in %s", time.Since(began).Round(time.Millisecond)))
 		b.setStatus(StatusReady, nil)
 		log.InfoContext(ctx, "template built", "took", time.Since(began).Round(time.Millisecond))
 		return
 	}
+	s.metrics.finished.WithLabelValues(StatusError).Inc()
 	var se *stepError
 	if !errors.As(err, &se) {
 		log.ErrorContext(ctx, "template build failed", "err", err)

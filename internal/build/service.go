@@ -101,6 +101,8 @@ type Service struct {
 
 	// tagsMu serialises changes to the tag files.
 	tagsMu sync.Mutex
+
+	metrics *metrics
 }
 
 type cached struct{ key, templateID, buildID string }
@@ -137,7 +139,7 @@ func New(cfg Config, n node.Node, uploads *Uploads, stateDir string, logger *slo
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, node: n, uploads: uploads, stateDir: stateDir, logger: logger, ctx: ctx, cancel: cancel,
-		builds: map[string]*build{}, locks: map[string]chan struct{}{}, done: map[string]cached{}}
+		builds: map[string]*build{}, locks: map[string]chan struct{}{}, done: map[string]cached{}, metrics: newMetrics()}
 	if err := s.loadInterrupted(); err != nil {
 		cancel()
 		return nil, err

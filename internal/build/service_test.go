@@ -76,3 +76,34 @@ func TestRequestAndStatus(t *testing.T) {
 		t.Fatalf("%d builds remembered", len(s.builds))
 	}
 }
+
+// BuildStatus reports the newest build of a name, whatever its state.
+func TestBuildStatus(t *testing.T) {
+	uploads, _ := NewUploads(t.TempDir(), 1<<20)
+	s, err := New(Config{}, nil, uploads, t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.BuildStatus("app"); got != "" {
+		t.Fatalf("no build yet: %q", got)
+	}
+	first, _ := s.Request("app", 0, 0)
+	b, _ := s.get("app", first)
+	b.setStatus(StatusError, &Reason{Message: "failed"})
+	if got := s.BuildStatus("app"); got != StatusError {
+		t.Errorf("after a failed build: %q", got)
+	}
+	second, _ := s.Request("app", 0, 0)
+	if got := s.BuildStatus("app"); got != StatusWaiting {
+		t.Errorf("a new build requested: %q, want waiting", got)
+	}
+	b, _ = s.get("app", second)
+	b.setStatus(StatusBuilding, nil)
+	if got := s.BuildStatus("app"); got != StatusBuilding {
+		t.Errorf("building: %q", got)
+	}
+	if got := s.BuildStatus("other"); got != "" {
+		t.Errorf("another template: %q", got)
+	}
+}

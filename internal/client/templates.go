@@ -22,6 +22,9 @@ type Template struct {
 	CPUCount   int      `json:"cpuCount"`
 	MemoryMB   int      `json:"memoryMB"`
 	CreatedAt  string   `json:"createdAt"` // RFC 3339
+	// BuildStatus is the state of the template's newest build on the
+	// server (waiting, building, ready, error); "" when not built there.
+	BuildStatus string `json:"buildStatus"`
 
 	Raw json.RawMessage `json:"-"`
 }

@@ -194,6 +194,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return err
 	}
 	defer builds.Close()
+	reg.MustRegister(builds.Collectors()...)
 	handler := api.New(api.Config{
 		APIKey:             apiKey,
 		MaxJSONBytes:       int64(cfg.MaxJSONBodyMB) << 20,

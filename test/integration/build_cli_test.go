@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,5 +107,23 @@ echo "$APP_GREETING"; id -un; pwd; pgrep -x sleep >/dev/null && echo running`})
 	out, code = s.cli("build", "-f", filepath.Join(dir, "multi.Dockerfile"), "-t", "cli-multi", dir)
 	if code != 1 || !strings.Contains(out, "line 3: FROM: multi-stage builds are not supported") {
 		t.Fatalf("multi-stage Dockerfile: exit %d:\n%s", code, out)
+	}
+
+	// The builds are in /metrics, and template ls shows each one's state.
+	metrics := string(s.do(http.MethodGet, "/metrics", nil).body)
+	for _, want := range []string{`aenv_builds_total{result="ready"}`, `aenv_builds_total{result="error"} 1`,
+		"aenv_build_duration_seconds_count", "aenv_builds_running 0"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	ls := s.cliOK("template", "ls")
+	for _, line := range strings.Split(ls, "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "cli-small-3" && f[len(f)-1] != "ready" {
+			t.Errorf("template ls: %q, want its build ready", line)
+		}
+	}
+	if !strings.Contains(ls, "BUILD") {
+		t.Errorf("template ls has no build column:\n%s", ls)
 	}
 }
