@@ -71,7 +71,12 @@ type Gateway struct {
 	// queries counts database round trips made for requests; the node
 	// list's refreshes count in refreshes (a fixed rate, whatever the load).
 	queries, refreshes atomic.Int64
-	requests           *prometheus.CounterVec
+
+	// tokens are the running sandboxes' envd tokens as last read, for
+	// signed file URLs (which name no sandbox); guarded by tokensMu.
+	tokensMu sync.Mutex
+	tokens   []postgres.SandboxToken
+	requests *prometheus.CounterVec
 
 	stop func()
 	done sync.WaitGroup
@@ -246,17 +251,10 @@ func (g *Gateway) authorized(r *http.Request) bool {
 func (g *Gateway) envd(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(api.HeaderSandboxID)
 	if id == "" {
-		g.queries.Add(1)
-		tokens, err := g.db.RunningTokens(r.Context())
-		if err != nil {
+		var err error
+		if id, err = g.signer(r); err != nil {
 			g.databaseDown(w, r, err)
 			return
-		}
-		for _, t := range tokens {
-			if api.SignedBy(r, t.Token) {
-				id = t.ID
-				break
-			}
 		}
 		if id == "" {
 			api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid or expired signature")
@@ -264,6 +262,33 @@ func (g *Gateway) envd(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	g.forwardSandbox(w, r, id, false)
+}
+
+// signer finds the running sandbox whose envd token signed r's file URL:
+// among the tokens read last, else among the running sandboxes' tokens
+// read afresh (a sandbox made a moment ago must be found). Valid
+// signatures of known sandboxes cost no database round trip.
+func (g *Gateway) signer(r *http.Request) (string, error) {
+	g.tokensMu.Lock()
+	defer g.tokensMu.Unlock()
+	match := func() string {
+		for _, t := range g.tokens {
+			if api.SignedBy(r, t.Token) {
+				return t.ID
+			}
+		}
+		return ""
+	}
+	if id := match(); id != "" {
+		return id, nil
+	}
+	g.queries.Add(1)
+	tokens, err := g.db.RunningTokens(r.Context())
+	if err != nil {
+		return "", err
+	}
+	g.tokens = tokens
+	return match(), nil
 }
 
 // bySandbox forwards a control-plane call to the node holding the
