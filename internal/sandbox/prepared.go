@@ -415,33 +415,9 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 // sb: resume, egress policy, envd identity, then the record, written once
 // everything works, as for a warm sandbox.
 func (m *Manager) launchRestored(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ps *preparedSandbox) (*entry, error) {
-	start := time.Now()
-	sb.ID, sb.SlotIndex, sb.State = ps.id, ps.slot.Index, store.StateRunning
-	err := m.driver.Resume(ctx, ps.id)
-	if err == nil {
-		err = m.applyNetwork(ctx, sb, ps.slot)
-	}
-	if err == nil {
-		err = m.identify(ctx, ps.envd, sb, tpl)
-	}
-	if err == nil {
-		sb.UpdatedAt = time.Now().UTC()
-		if err = m.store.CreateSandbox(ctx, sb); err != nil {
-			err = storeError("record sandbox", err)
-		}
-	}
-	if err != nil {
-		m.discardPrepared(context.WithoutCancel(ctx), ps)
-		return nil, err
-	}
-	e := newEntry(&view{sb: sb, phase: phaseRunning, slot: ps.slot, envd: ps.envd, run: newRunScope()})
-	m.register(e)
-	e.mu.Lock()
-	m.armTimer(e)
-	e.mu.Unlock()
-	m.logger.InfoContext(ctx, "sandbox started from a restored one", "sandbox", sb.ID, "template", tpl.Name,
-		"took", time.Since(start).Round(time.Millisecond))
-	return e, nil
+	return m.adopt(ctx, sb, tpl, ps.id, ps.slot, ps.envd,
+		func(ctx context.Context) error { return m.driver.Resume(ctx, ps.id) },
+		func(ctx context.Context) { m.discardPrepared(ctx, ps) }, "sandbox started from a restored one")
 }
 
 // discardPrepared removes a prepared sandbox that will not be used.

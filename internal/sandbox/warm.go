@@ -192,11 +192,27 @@ func (m *Manager) stopWarmPool(ctx context.Context) {
 // launchWarm turns a pre-booted sandbox into sb: egress policy, envd
 // identity, then the record, written once everything works.
 func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ws *warmSandbox) (*entry, error) {
+	return m.adopt(ctx, sb, tpl, ws.id, ws.slot, ws.envd, nil, func(ctx context.Context) { m.discardWarm(ctx, ws) },
+		"sandbox started from the warm pool")
+}
+
+// adopt turns a running instance made ahead (id, in slot, envd answering)
+// into sb: first (if any) wakes it, then egress policy, envd identity,
+// and the record, written once everything works; on failure discard
+// removes the instance.
+func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Template, id string, slot *network.Slot,
+	envd *envdclient.Client, first func(context.Context) error, discard func(context.Context), what string) (*entry, error) {
 	start := time.Now()
-	sb.ID, sb.SlotIndex, sb.State = ws.id, ws.slot.Index, store.StateRunning
-	err := m.applyNetwork(ctx, sb, ws.slot)
+	sb.ID, sb.SlotIndex, sb.State = id, slot.Index, store.StateRunning
+	var err error
+	if first != nil {
+		err = first(ctx)
+	}
 	if err == nil {
-		err = m.identify(ctx, ws.envd, sb, tpl)
+		err = m.applyNetwork(ctx, sb, slot)
+	}
+	if err == nil {
+		err = m.identify(ctx, envd, sb, tpl)
 	}
 	if err == nil {
 		sb.UpdatedAt = time.Now().UTC()
@@ -205,16 +221,16 @@ func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.
 		}
 	}
 	if err != nil {
-		m.discardWarm(context.WithoutCancel(ctx), ws)
+		discard(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	// identify re-keyed the client to sb's token.
-	e := newEntry(&view{sb: sb, phase: phaseRunning, slot: ws.slot, envd: ws.envd, run: newRunScope()})
+	e := newEntry(&view{sb: sb, phase: phaseRunning, slot: slot, envd: envd, run: newRunScope()})
 	m.register(e)
 	e.mu.Lock()
 	m.armTimer(e)
 	e.mu.Unlock()
-	m.logger.InfoContext(ctx, "sandbox started from the warm pool", "sandbox", sb.ID, "template", tpl.Name,
+	m.logger.InfoContext(ctx, what, "sandbox", sb.ID, "template", tpl.Name,
 		"took", time.Since(start).Round(time.Millisecond))
 	return e, nil
 }
