@@ -11,12 +11,16 @@ tmp_pattern='/tmp/[^ ]*'
 
 # Servers and sandboxes of temporary data dirs.
 pkill -KILL -f "aenv server --data-dir $tmp_pattern" 2>/dev/null
+# Cluster tests: nodes (their data dir comes after the cluster flags) and
+# gateways over a throwaway database's socket under /tmp.
+pkill -KILL -f "aenv node .*--data-dir $tmp_pattern" 2>/dev/null
+pkill -KILL -f "aenv gateway --database-url host=$tmp_pattern" 2>/dev/null
 pkill -KILL -f "runsc.*--root[= ]$tmp_pattern" 2>/dev/null
 # Throwaway PostgreSQL servers of the store tests (SIGQUIT: immediate
 # shutdown, which also stops their workers).
-pkill -QUIT -f "postgres -D /tmp/aenv-pg-[^ ]*/data" 2>/dev/null
+pkill -QUIT -f "postgres -D /tmp/aenv-(e2e-)?pg[-.][^ ]*/data" 2>/dev/null
 sleep 0.5
-rm -rf /tmp/aenv-pg-*
+rm -rf /tmp/aenv-pg-* /tmp/aenv-e2e-pg.*
 
 # Mounts under /tmp (runsc's null-netns pins, leftovers of crashed tests).
 grep -o " /tmp/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do
