@@ -197,7 +197,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveExposedPort(w, r, id, port)
 		return
 	}
-	if isEnvdTraffic(r) && s.proxy != nil {
+	if IsEnvdTraffic(r) && s.proxy != nil {
 		s.proxy.ServeHTTP(w, r)
 		return
 	}

@@ -20,20 +20,15 @@ import (
 const (
 	// HeaderSandboxID marks envd traffic and names its sandbox.
 	HeaderSandboxID   = "E2b-Sandbox-Id"
-	headerSandboxID   = HeaderSandboxID
 	headerSandboxPort = "E2b-Sandbox-Port"
 )
 
-// isEnvdTraffic tells envd requests from control-plane ones: the E2B SDK
+// IsEnvdTraffic tells envd requests from control-plane ones: the E2B SDK
 // marks every envd request with E2b-Sandbox-Id and never a control-plane
 // one. Signed /files URLs (uploadUrl/downloadUrl) carry no header, but a
 // signature.
-func isEnvdTraffic(r *http.Request) bool { return IsEnvdTraffic(r) }
-
-// IsEnvdTraffic is isEnvdTraffic for a cluster gateway, which routes such
-// requests by sandbox as the node's proxy does.
 func IsEnvdTraffic(r *http.Request) bool {
-	if r.Header.Get(headerSandboxID) != "" {
+	if r.Header.Get(HeaderSandboxID) != "" {
 		return true
 	}
 	return r.URL.Path == "/files" && r.URL.Query().Get("signature") != ""
@@ -91,7 +86,7 @@ func (p *envdProxy) upstreamError(w http.ResponseWriter, r *http.Request, err er
 	t := targetOf(r.Context())
 	p.logger.DebugContext(r.Context(), "envd proxy error", "sandbox", t.sandboxID, "port", t.port, "err", err)
 	if errors.Is(context.Cause(r.Context()), node.ErrStopped) {
-		writeSandboxGone(w, t.sandboxID) // it stopped before answering
+		WriteSandboxGone(w, t.sandboxID) // it stopped before answering
 		return
 	}
 	if r.Context().Err() != nil {
@@ -102,11 +97,11 @@ func (p *envdProxy) upstreamError(w http.ResponseWriter, r *http.Request, err er
 		writePortClosed(w, t.sandboxID, t.port)
 		return
 	}
-	writeSandboxGone(w, t.sandboxID)
+	WriteSandboxGone(w, t.sandboxID)
 }
 
 func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id := r.Header.Get(headerSandboxID)
+	id := r.Header.Get(HeaderSandboxID)
 	if id == "" {
 		var ok bool
 		if id, ok = p.sandboxForSignature(r); !ok {
@@ -136,7 +131,7 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (p *envdProxy) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
 	target, err := p.reach(r.Context(), id, port)
 	if err != nil {
-		writeSandboxGone(w, id)
+		WriteSandboxGone(w, id)
 		return
 	}
 	defer target.Release()
@@ -209,15 +204,7 @@ func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node
 // sandboxForSignature finds the sandbox whose envd access token produced a
 // signed file URL's signature (see spec: v1_ + base64(sha256(...))).
 func (p *envdProxy) sandboxForSignature(r *http.Request) (string, bool) {
-	q := r.URL.Query()
-	op := "read"
-	if r.Method == http.MethodPost {
-		op = "write"
-	}
-	sig := q.Get("signature")
-	return p.sandboxes.SandboxByToken(func(token string) bool {
-		return fileSignature(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration")) == sig
-	})
+	return p.sandboxes.SandboxByToken(func(token string) bool { return SignedBy(r, token) })
 }
 
 // SignedBy reports whether a signed file URL's signature was made with
@@ -241,11 +228,8 @@ func fileSignature(path, op, user, token, expiration string) string {
 	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
 }
 
-// writeSandboxGone is upstream's answer for envd traffic to a sandbox that
+// WriteSandboxGone is upstream's answer for envd traffic to a sandbox that
 // is unknown, dead, paused or killed; the SDK maps 502 to "not running".
-func writeSandboxGone(w http.ResponseWriter, id string) { WriteSandboxGone(w, id) }
-
-// WriteSandboxGone is writeSandboxGone for a cluster gateway.
 func WriteSandboxGone(w http.ResponseWriter, id string) {
 	writeJSON(w, http.StatusBadGateway, map[string]any{
 		"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway,

@@ -111,15 +111,15 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			last = fmt.Sprintf("node %s: %s", n.ID, bytes.TrimSpace(msg))
 			continue
 		}
-		g.relayCreated(w, resp, n.ID)
+		g.relay(w, resp, n.ID)
 		return
 	}
 	api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node could take the sandbox; last: "+last)
 }
 
-// relayCreated copies a node's answer to a create to the client, noting
-// the new sandbox's route.
-func (g *Gateway) relayCreated(w http.ResponseWriter, resp *http.Response, nodeID string) {
+// relay copies a node's answer (read whole) to the client; when it is a
+// sandbox just created, its route is noted.
+func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, nodeID string) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
@@ -338,7 +338,7 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if resp.StatusCode/100 != 2 {
-			g.relayCreated(w, resp, n.ID)
+			g.relay(w, resp, n.ID)
 			return
 		}
 		resp.Body.Close()
@@ -406,22 +406,31 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) byBuild(w http.ResponseWriter, r *http.Request) {
 	g.count("build")
 	name := untagged(r.PathValue("templateID"))
-	nodeID, ok := g.builds.get(name)
-	if !ok {
-		g.queries.Add(1)
-		var err error
-		nodeID, err = g.db.BuildNode(r.Context(), name)
-		if errors.Is(err, store.ErrNotFound) {
-			api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("no build of template %q", name))
-			return
-		}
-		if err != nil {
-			g.databaseDown(w, r, err)
-			return
-		}
-		g.builds.put(name, nodeID)
+	nodeID, err := g.buildNode(r.Context(), name)
+	if errors.Is(err, store.ErrNotFound) {
+		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("no build of template %q", name))
+		return
+	}
+	if err != nil {
+		g.databaseDown(w, r, err)
+		return
 	}
 	g.forwardNode(w, r, nodeID, "", true)
+}
+
+// buildNode returns the node running the builds of the template named
+// name, remembered for a moment (a build's status is polled every second).
+func (g *Gateway) buildNode(ctx context.Context, name string) (string, error) {
+	if nodeID, ok := g.builds.get(name); ok {
+		return nodeID, nil
+	}
+	g.queries.Add(1)
+	nodeID, err := g.db.BuildNode(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	g.builds.put(name, nodeID)
+	return nodeID, nil
 }
 
 // tags routes E2B's tag calls to the node that keeps the template's tags:
@@ -446,15 +455,10 @@ func (g *Gateway) tags(w http.ResponseWriter, r *http.Request) {
 		name = req.Target + req.Name
 	}
 	name = untagged(name)
-	nodeID, ok := g.builds.get(name)
-	if !ok {
-		g.queries.Add(1)
-		var err error
-		nodeID, err = g.db.BuildNode(r.Context(), name)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			g.databaseDown(w, r, err)
-			return
-		}
+	nodeID, err := g.buildNode(r.Context(), name)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		g.databaseDown(w, r, err)
+		return
 	}
 	if n, ok := g.nodes.current().get(nodeID); !ok || !n.reachable {
 		copies, err := g.templateCopies(r.Context(), name, true)
