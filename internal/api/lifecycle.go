@@ -96,6 +96,15 @@ type snapshotJSON struct {
 	Names      []string  `json:"names"`
 	SandboxID  string    `json:"sandboxID,omitempty"`
 	CreatedAt  time.Time `json:"createdAt"`
+	uploadJSON
+}
+
+// uploadJSON is where a template's upload to the object store stands
+// (pending, uploading, uploaded or failed); absent without an object
+// store.
+type uploadJSON struct {
+	Upload      string `json:"upload,omitempty"`
+	UploadError string `json:"uploadError,omitempty"`
 }
 
 func toSnapshotJSON(t *store.Template) snapshotJSON {
@@ -103,7 +112,8 @@ func toSnapshotJSON(t *store.Template) snapshotJSON {
 	if t.Named() {
 		names = append(names, t.Name)
 	}
-	return snapshotJSON{SnapshotID: t.ID, Names: names, SandboxID: t.SourceSandbox, CreatedAt: t.CreatedAt}
+	return snapshotJSON{SnapshotID: t.ID, Names: names, SandboxID: t.SourceSandbox, CreatedAt: t.CreatedAt,
+		uploadJSON: uploadJSON{string(t.Upload), t.UploadError}}
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
@@ -175,11 +185,13 @@ type templateJSON struct {
 	// this server (waiting, building, ready or error); absent when it was
 	// not built here.
 	BuildStatus string `json:"buildStatus,omitempty"`
+	uploadJSON
 }
 
 func toTemplateJSON(t *store.Template) templateJSON {
 	out := templateJSON{TemplateID: t.ID, Aliases: []string{}, Kind: string(t.Kind), CPUCount: t.VCPU,
-		MemoryMB: t.MemoryMB, CreatedAt: t.CreatedAt, Source: t.SourceSandbox}
+		MemoryMB: t.MemoryMB, CreatedAt: t.CreatedAt, Source: t.SourceSandbox,
+		uploadJSON: uploadJSON{string(t.Upload), t.UploadError}}
 	if t.Named() {
 		out.Name = t.Name
 		out.Aliases = []string{t.Name}

@@ -25,6 +25,10 @@ type Template struct {
 	// BuildStatus is the state of the template's newest build on the
 	// server (waiting, building, ready, error); "" when not built there.
 	BuildStatus string `json:"buildStatus"`
+	// Upload is where the template's upload to the cluster's object store
+	// stands (pending, uploading, uploaded, failed); "" without one.
+	Upload      string `json:"upload"`
+	UploadError string `json:"uploadError"`
 
 	Raw json.RawMessage `json:"-"`
 }
@@ -131,6 +135,8 @@ type Snapshot struct {
 	Names      []string `json:"names"`
 	SandboxID  string   `json:"sandboxID"`
 	CreatedAt  string   `json:"createdAt"` // RFC 3339
+	// Upload: as Template.Upload.
+	Upload string `json:"upload"`
 
 	Raw json.RawMessage `json:"-"`
 }

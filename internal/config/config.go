@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/aenv-dev/aenv/internal/objectstore"
 )
 
 // Server is the configuration of `aenv server`.
@@ -63,6 +65,15 @@ type Server struct {
 	PreparedMemoryMB     int
 	WarmSnapshots        int
 
+	// ObjectStore (s3://bucket/prefix) shares templates and snapshots
+	// with every node through S3-compatible storage; empty keeps them on
+	// local disk. Credentials come from the standard AWS variables.
+	ObjectStore         string
+	ObjectStoreEndpoint string
+	ObjectStoreRegion   string
+	ImageCacheMB        int
+	ObjectStoreGCSecs   int
+
 	Domain string
 }
 
@@ -97,6 +108,8 @@ func Default() Server {
 		PreparedSandboxes:      16,
 		PreparedMemoryMB:       1024,
 		WarmSnapshots:          2,
+		ImageCacheMB:           20480,
+		ObjectStoreGCSecs:      3600,
 		Domain:                 "localhost",
 	}
 }
@@ -151,6 +164,11 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.PreparedSandboxes, "prepared-sandboxes", "most sandboxes kept created ahead of demand, per shape in use, so that a restore or boot only loads or starts one; the pool grows with bursts and shrinks when idle (0: off)")
 	num(&c.PreparedMemoryMB, "prepared-memory-mb", "host memory the prepared sandboxes may hold together")
 	num(&c.WarmSnapshots, "warm-snapshots", "sandboxes restored and paused ahead of demand per snapshot template in use, so that a create from it only resumes one (0: off; needs --prepared-sandboxes)")
+	str(&c.ObjectStore, "object-store", "s3://bucket/prefix where templates and snapshots are uploaded so that every node of a cluster can use them (the bucket is made if missing; credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; empty: local disk only)")
+	str(&c.ObjectStoreEndpoint, "object-store-endpoint", "S3 endpoint URL of a self-hosted store, e.g. http://minio:9000 (default: AWS_ENDPOINT_URL, else AWS itself)")
+	str(&c.ObjectStoreRegion, "object-store-region", "S3 region (default: AWS_REGION, else us-east-1)")
+	num(&c.ImageCacheMB, "image-cache-mb", "disk the cache of images fetched from the object store may use; least recently used ones are evicted")
+	num(&c.ObjectStoreGCSecs, "object-store-gc-secs", "how often objects no template refers to (and older than this) are removed from the object store (0: never)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 }
 
@@ -166,6 +184,11 @@ func (c *Server) Validate() error {
 	case "auto", "systrap", "kvm":
 	default:
 		return fmt.Errorf("--platform must be auto, systrap or kvm, got %q", c.Platform)
+	}
+	if c.ObjectStore != "" {
+		if _, _, err := objectstore.ParseURL(c.ObjectStore); err != nil {
+			return fmt.Errorf("--object-store: %w", err)
+		}
 	}
 	switch c.LogFormat {
 	case "text", "json":
@@ -194,6 +217,8 @@ func (c *Server) Validate() error {
 		{"--warm-snapshots", c.WarmSnapshots >= 0},
 		{"--max-connections", c.MaxConnections == 0 || c.MaxConnections >= 16},
 		{"--idle-timeout-secs", c.IdleTimeoutSecs >= 1},
+		{"--image-cache-mb", c.ImageCacheMB >= 0},
+		{"--object-store-gc-secs", c.ObjectStoreGCSecs >= 0},
 	}
 	for _, ch := range checks {
 		if !ch.ok {

@@ -167,16 +167,32 @@ func copyHeader(dst, src http.Header) {
 	}
 }
 
-// holders returns the ready nodes among those holding copies, and why the
+// holders returns the ready nodes among those holding copies (every node
+// with the object store, once a copy is uploaded there), and why the
 // others cannot take a sandbox (for the answer when none can).
 func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
 	view := g.nodes.current()
 	var out []*nodeState
 	var drained, unreachable []string
 	seen := map[string]bool{}
+	var candidates []*nodeState
+	uploaded := false
 	for _, t := range copies {
-		n, ok := view.get(t.NodeID)
-		if !ok || seen[n.ID] {
+		if n, ok := view.get(t.NodeID); ok {
+			candidates = append(candidates, n)
+		}
+		uploaded = uploaded || t.Upload == store.UploadUploaded
+	}
+	if uploaded {
+		// In the object store: every node that has it can fetch it.
+		for _, n := range view.list {
+			if n.SharedImages {
+				candidates = append(candidates, n)
+			}
+		}
+	}
+	for _, n := range candidates {
+		if seen[n.ID] {
 			continue
 		}
 		seen[n.ID] = true

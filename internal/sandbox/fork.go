@@ -146,11 +146,12 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 		if tpl.ImageDir == "" {
 			return nil, fmt.Errorf("%w: template %q has no checkpoint to fork; create sandboxes from it instead", node.ErrInvalid, req.SnapshotID)
 		}
-		if err := m.holdImage(tpl.ImageDir); err != nil {
-			return nil, fmt.Errorf("%w: snapshot %q", node.ErrNotFound, req.SnapshotID)
+		tpl, release, err := m.holdTemplateImage(ctx, tpl)
+		if err != nil {
+			return nil, err
 		}
 		return &forkSource{name: tpl.ID, tpl: tpl, memoryBytes: imageBytes(tpl.ImageDir),
-			timeout: m.cfg.DefaultTimeout, release: func() { m.dropImage(tpl.ImageDir) }}, nil
+			timeout: m.cfg.DefaultTimeout, release: release}, nil
 	}
 	e, err := m.lock(ctx, req.SandboxID, opFork)
 	if err != nil {

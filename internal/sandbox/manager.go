@@ -82,6 +82,28 @@ type Config struct {
 	// Transport reaches sandboxes' ports; nil dials their addresses (tests
 	// give one that reaches fakes).
 	Transport http.RoundTripper
+	// Shared is the cluster's object store (package shared): templates
+	// made here are uploaded to it, and those of other nodes are fetched
+	// from it. nil keeps every template on this node's disk alone.
+	Shared SharedImages
+}
+
+// SharedImages is what the manager needs of the object store.
+type SharedImages interface {
+	// Remote reports whether tpl is another node's (found by Find).
+	Remote(tpl *store.Template) bool
+	// Share readies tpl, about to be recorded, for upload; Upload queues
+	// the upload once it is recorded.
+	Share(tpl *store.Template) error
+	Upload(tpl *store.Template)
+	// Find returns another node's uploaded template with its root
+	// filesystem on this node.
+	Find(ctx context.Context, idOrName string) (*store.Template, error)
+	// Image returns a local copy of a remote template's checkpoint, held
+	// until release.
+	Image(ctx context.Context, tpl *store.Template) (dir string, release func(), err error)
+	// Delete removes a deleted template's objects.
+	Delete(ctx context.Context, tpl *store.Template)
 }
 
 // SlotPool is what the manager needs of the network.
@@ -331,14 +353,15 @@ func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sa
 	if req.Private {
 		sb.TrafficToken = newAccessToken()
 	}
-	src := image{dir: tpl.ImageDir, token: tpl.EnvdToken}
-	if src.dir != "" {
-		if err := m.holdImage(src.dir); err != nil {
-			return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, req.Template)
+	if tpl.ImageDir != "" {
+		held, release, err := m.holdTemplateImage(ctx, tpl)
+		if err != nil {
+			return nil, err
 		}
-		defer m.dropImage(src.dir)
+		defer release()
+		tpl = held
 	}
-	e, err := m.launch(ctx, sb, tpl, src, false)
+	e, err := m.launch(ctx, sb, tpl, image{dir: tpl.ImageDir, token: tpl.EnvdToken}, false)
 	if err != nil {
 		return nil, err
 	}

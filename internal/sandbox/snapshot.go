@@ -59,7 +59,13 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		ID: id, Name: name, RootfsPath: src.RootfsPath, DefaultUser: firstSet(req.DefaultUser, src.DefaultUser),
 		DefaultWorkdir: firstSet(req.DefaultWorkdir, src.DefaultWorkdir), Env: src.Env, VCPU: v.sb.VCPU,
 		MemoryMB: v.sb.MemoryMB, CreatedAt: time.Now().UTC(), Kind: req.Kind, ImageDir: dir, SourceSandbox: e.id,
-		EnvdToken: v.sb.AccessToken, EnvVars: v.sb.EnvVars,
+		EnvdToken: v.sb.AccessToken, EnvVars: v.sb.EnvVars, RootfsID: src.RootfsID,
+	}
+	if m.cfg.Shared != nil {
+		if err := m.cfg.Shared.Share(tpl); err != nil {
+			m.removeImage(ctx, dir)
+			return nil, fmt.Errorf("snapshot %s: %w", req.SandboxID, err)
+		}
 	}
 	// The name is free only once the new image exists: a failed
 	// checkpoint leaves the old template in place.
@@ -78,6 +84,7 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
+	m.share(ctx, tpl)
 	return tpl, nil
 }
 
@@ -126,13 +133,47 @@ func (m *Manager) imageOf(ctx context.Context, e *entry, dir string) error {
 	return m.checkpoint(ctx, e.id, dir, true)
 }
 
-// GetTemplate finds a template or snapshot by ID or name.
+// GetTemplate finds a template or snapshot by ID or name: this node's, or
+// else one another node uploaded to the shared object store (its root
+// filesystem fetched here first if this node has none like it).
 func (m *Manager) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
 	tpl, err := m.templates.Get(ctx, idOrName)
+	if errors.Is(err, store.ErrNotFound) && m.cfg.Shared != nil {
+		tpl, err = m.cfg.Shared.Find(ctx, idOrName)
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
 	}
 	return tpl, err
+}
+
+// holdTemplateImage keeps tpl's checkpoint image on disk until release: a
+// copy of tpl is returned whose ImageDir is the local image (for another
+// node's template, fetched into the cache).
+func (m *Manager) holdTemplateImage(ctx context.Context, tpl *store.Template) (*store.Template, func(), error) {
+	if m.cfg.Shared != nil && m.cfg.Shared.Remote(tpl) {
+		dir, release, err := m.cfg.Shared.Image(ctx, tpl)
+		if err != nil {
+			return nil, nil, classifyRuntimeError(err)
+		}
+		held := *tpl
+		held.ImageDir = dir
+		return &held, release, nil
+	}
+	dir := tpl.ImageDir
+	if err := m.holdImage(dir); err != nil {
+		return nil, nil, fmt.Errorf("%w: template %q", node.ErrNotFound, tpl.Name)
+	}
+	return tpl, func() { m.dropImage(dir) }, nil
+}
+
+// share uploads tpl, recorded now, to the object store if there is one.
+func (m *Manager) share(ctx context.Context, tpl *store.Template) {
+	if m.cfg.Shared == nil {
+		return
+	}
+	m.cfg.Shared.Upload(tpl)
+	m.logger.InfoContext(ctx, "template queued for upload", "template", tpl.ID, "rootfs", tpl.RootfsID)
 }
 
 // ListTemplates returns every template, snapshots included.
@@ -142,7 +183,18 @@ func (m *Manager) ListTemplates(ctx context.Context) ([]*store.Template, error) 
 
 // BuildTemplate makes a template from an OCI image.
 func (m *Manager) BuildTemplate(ctx context.Context, req template.ImageRequest) (*store.Template, error) {
-	return m.templates.BuildFromImage(ctx, req, NewID)
+	tpl, err := m.templates.BuildFromImage(ctx, req, NewID)
+	if err != nil || m.cfg.Shared == nil {
+		return tpl, err
+	}
+	if err := m.cfg.Shared.Share(tpl); err != nil {
+		return nil, fmt.Errorf("share template %s: %w", tpl.Name, err)
+	}
+	if err := m.store.PutTemplate(ctx, tpl); err != nil {
+		return nil, storeError("record template", err)
+	}
+	m.share(ctx, tpl)
+	return tpl, nil
 }
 
 // DeleteTemplate removes a template or snapshot. What it owns goes only
@@ -157,6 +209,10 @@ func (m *Manager) DeleteTemplate(ctx context.Context, idOrName string) error {
 	}
 	if tpl.Name == template.BaseName {
 		return fmt.Errorf("%w: the base template cannot be deleted", node.ErrConflict)
+	}
+	if m.cfg.Shared != nil && m.cfg.Shared.Remote(tpl) {
+		return fmt.Errorf("%w: template %s is node %s's; delete it there or through a gateway",
+			node.ErrConflict, tpl.Name, tpl.NodeID)
 	}
 	ownsRootfs := tpl.ImageDir == ""
 	if ownsRootfs {
@@ -174,6 +230,9 @@ func (m *Manager) DeleteTemplate(ctx context.Context, idOrName string) error {
 	}
 	if tpl.ImageDir != "" {
 		m.dropImageOf(ctx, tpl.ImageDir)
+	}
+	if m.cfg.Shared != nil {
+		m.cfg.Shared.Delete(ctx, tpl)
 	}
 	if ownsRootfs {
 		if err := m.templates.RemoveRootfs(tpl); err != nil {

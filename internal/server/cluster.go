@@ -53,7 +53,7 @@ func openCluster(ctx context.Context, srv config.Server, cfg config.Cluster, log
 
 // join registers the node and returns what the API is to call: the
 // manager behind the node's limits.
-func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.Manager) (node.Node, error) {
+func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.Manager, sharedImages bool) (node.Node, error) {
 	memLimit := 0
 	if total, ok := memTotalMB(); ok {
 		memLimit = total * c.cfg.MaxMemoryPercent / 100
@@ -68,7 +68,8 @@ func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.
 	}
 	member, err := cluster.Join(ctx, c.db, postgres.Node{
 		ID: c.id, Address: addr, Version: c.cfg.Version, StartedAt: time.Now(),
-		Capacity: postgres.NodeCapacity{MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, VCPUs: goruntime.NumCPU()},
+		Capacity:     postgres.NodeCapacity{MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, VCPUs: goruntime.NumCPU()},
+		SharedImages: sharedImages,
 	}, admission, time.Duration(c.cfg.HeartbeatIntervalMS)*time.Millisecond, c.logger)
 	if err != nil {
 		return nil, err

@@ -141,6 +141,17 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return fmt.Errorf("network: %w", err)
 	}
 
+	objects, err := openShared(ctx, cfg, st, member, logger.With("component", "objectstore"))
+	if err != nil {
+		pool.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	defer objects.close()
+	var sharedImages sandbox.SharedImages
+	if objects != nil {
+		sharedImages = objects.images
+	}
+
 	sandboxes := sandbox.NewManager(sandbox.Config{
 		EnvdPath:         envdPath,
 		ImagesDir:        filepath.Join(cfg.DataDir, "images"),
@@ -162,6 +173,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		ReadyTimeout:     30 * time.Second,
 		MonitorInterval:  2 * time.Second,
 		DeadRetention:    time.Hour,
+		Shared:           sharedImages,
 	}, st, driver, pool, templates, logger.With("component", "sandbox"))
 	if err := sandboxes.Start(ctx); err != nil {
 		pool.Close(context.WithoutCancel(ctx))
@@ -171,7 +183,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// in a cluster.
 	var served node.Node = sandboxes
 	if member != nil {
-		if served, err = member.join(ctx, cfg, sandboxes); err != nil {
+		if served, err = member.join(ctx, cfg, sandboxes, objects != nil); err != nil {
 			sandboxes.Shutdown(context.WithoutCancel(ctx), false)
 			pool.Close(context.WithoutCancel(ctx))
 			return err

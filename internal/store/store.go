@@ -128,7 +128,27 @@ type Template struct {
 	// NodeID is the cluster node holding the template's files, as
 	// Sandbox.NodeID.
 	NodeID string
+	// RootfsID names the contents of the root filesystem, the same on
+	// every node that has them (see template.RootfsID); set when the
+	// template is shared through an object store.
+	RootfsID string
+	// Upload is where the template's files stand in the object store;
+	// UploadError says why the last attempt failed.
+	Upload      UploadState
+	UploadError string
 }
+
+// UploadState is where a template's files stand in the cluster's object
+// store. A node without one keeps them on its own disk (UploadNone).
+type UploadState string
+
+const (
+	UploadNone      UploadState = ""
+	UploadPending   UploadState = "pending"   // queued, or waiting to retry
+	UploadUploading UploadState = "uploading" // an attempt is running
+	UploadUploaded  UploadState = "uploaded"  // every node can use it
+	UploadFailed    UploadState = "failed"    // the last attempt failed; retried
+)
 
 // Named reports whether the template was given a name (unnamed ones use
 // their ID as name).
@@ -154,6 +174,9 @@ type Store interface {
 	GetTemplate(ctx context.Context, idOrName string) (*Template, error)
 	ListTemplates(ctx context.Context) ([]*Template, error)
 	DeleteTemplate(ctx context.Context, id string) error
+	// SetTemplateUpload records where the template's upload stands
+	// (msg: why it failed); ErrNotFound if the template is gone.
+	SetTemplateUpload(ctx context.Context, id string, state UploadState, msg string) error
 
 	Close() error
 }

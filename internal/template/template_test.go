@@ -1,8 +1,12 @@
 package template
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -145,5 +149,59 @@ func TestBaseConfigKey(t *testing.T) {
 	b.Packages = append(b.Packages, "vim")
 	if a.key() == b.key() {
 		t.Error("packages must change the build key")
+	}
+}
+
+// A rootfs gets one name, kept across calls and shared by racing callers;
+// a fetched one keeps the name it was given.
+func TestRootfsID(t *testing.T) {
+	dir := t.TempDir()
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ids := make(chan string, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id, err := RootfsID(rootfs)
+			if err != nil {
+				t.Error(err)
+			}
+			ids <- id
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	first := ""
+	for id := range ids {
+		if first == "" {
+			first = id
+		}
+		if id != first || !strings.HasPrefix(id, "rootfs-") {
+			t.Fatalf("racing callers got %q and %q", first, id)
+		}
+	}
+	if again, err := RootfsID(rootfs); err != nil || again != first {
+		t.Fatalf("second call: %q %v, want %q", again, err, first)
+	}
+	if err := SetRootfsID(rootfs, "other"); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("renaming a named rootfs: %v", err)
+	}
+	fetched := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.Mkdir(fetched, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetRootfsID(fetched, first); err != nil {
+		t.Fatal(err)
+	}
+	if id, err := RootfsID(fetched); err != nil || id != first {
+		t.Fatalf("fetched rootfs: %q %v", id, err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 2 {
+		t.Fatalf("temporary files left beside the rootfs: %v", entries)
 	}
 }

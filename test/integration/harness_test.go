@@ -85,6 +85,8 @@ type server struct {
 	exited  chan struct{} // closed when cmd has been waited for
 	logs    *syncBuffer
 	extra   []string
+	// env is added to the process's environment (credentials).
+	env []string
 	// cluster, when set, makes this an `aenv node` of that cluster rather
 	// than a single server.
 	cluster *nodeOf
@@ -148,6 +150,7 @@ func (s *server) start() {
 	), s.extra...)
 	s.logs = &syncBuffer{}
 	s.cmd = exec.Command(filepath.Join(binDir, "aenv"), args...)
+	s.cmd.Env = append(os.Environ(), s.env...)
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
 	if err := s.cmd.Start(); err != nil {

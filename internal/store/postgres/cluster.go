@@ -31,6 +31,9 @@ type Node struct {
 	HeartbeatAge time.Duration
 	Capacity     NodeCapacity
 	Use          NodeUse
+	// SharedImages: the node has the cluster's object store, so it can
+	// restore any template uploaded there, not only its own.
+	SharedImages bool
 }
 
 // NodeCapacity is what a node may hold.
@@ -54,14 +57,15 @@ const dbNow = `(extract(epoch from clock_timestamp()) * 1000000000)::bigint`
 // drained node stays drained across restarts.
 func (s *Store) RegisterNode(ctx context.Context, n Node) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO nodes (id, address, version, started_at, heartbeat_at,
-		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb)
-		VALUES ($1, $2, $3, $4, `+dbNow+`, $5, $6, $7, $8, $9, $10)
+		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images)
+		VALUES ($1, $2, $3, $4, `+dbNow+`, $5, $6, $7, $8, $9, $10, $11)
 		ON CONFLICT (id) DO UPDATE SET address = excluded.address, version = excluded.version,
 		started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
 		max_sandboxes = excluded.max_sandboxes, memory_mb = excluded.memory_mb, vcpus = excluded.vcpus,
-		sandboxes = excluded.sandboxes, starting = excluded.starting, memory_used_mb = excluded.memory_used_mb`,
+		sandboxes = excluded.sandboxes, starting = excluded.starting, memory_used_mb = excluded.memory_used_mb,
+		shared_images = excluded.shared_images`,
 		n.ID, n.Address, n.Version, n.StartedAt.UnixNano(), n.Capacity.MaxSandboxes, n.Capacity.MemoryMB,
-		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB)
+		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB, n.SharedImages)
 	if err != nil {
 		return fmt.Errorf("register node %s: %w", n.ID, err)
 	}
@@ -85,7 +89,7 @@ func (s *Store) Heartbeat(ctx context.Context, id string, use NodeUse) (draining
 }
 
 const nodeColumns = `id, address, draining, version, started_at, ` + dbNow + ` - heartbeat_at,
-	max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb`
+	max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images`
 
 // ListNodes returns every node, by ID.
 func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
@@ -100,7 +104,7 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 		var started, age int64
 		if err := rows.Scan(&n.ID, &n.Address, &n.Draining, &n.Version, &started, &age,
 			&n.Capacity.MaxSandboxes, &n.Capacity.MemoryMB, &n.Capacity.VCPUs,
-			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB); err != nil {
+			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB, &n.SharedImages); err != nil {
 			return nil, fmt.Errorf("list nodes: %w", err)
 		}
 		n.StartedAt = time.Unix(0, started).UTC()
@@ -296,4 +300,10 @@ func (s *Store) RunningTokens(ctx context.Context) ([]SandboxToken, error) {
 		return nil, fmt.Errorf("sandbox tokens: %w", err)
 	}
 	return out, nil
+}
+
+// AllTemplates lists every node's templates (the object store's garbage
+// collector keeps what any of them refers to).
+func (s *Store) AllTemplates(ctx context.Context) ([]*store.Template, error) {
+	return s.listTemplates(ctx, "")
 }

@@ -106,11 +106,50 @@ func TestNodeScoping(t *testing.T) {
 	}
 }
 
+// A node finds another node's template only once it is uploaded, by ID or
+// by name (the newest of a name), never one still uploading.
+func TestSharedTemplate(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewDatabase(t)
+	a, b := openNode(t, dsn, "a"), openNode(t, dsn, "b")
+	old := &store.Template{ID: "snap-old", Name: "warm", Kind: store.KindSnapshot, ImageDir: "/a/old",
+		RootfsID: "r1", Upload: store.UploadUploaded, CreatedAt: time.Unix(10, 0)}
+	if err := b.PutTemplate(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	snap := &store.Template{ID: "snap-1", Name: "warm", Kind: store.KindSnapshot, ImageDir: "/a/img",
+		RootfsID: "r1", Upload: store.UploadUploading, CreatedAt: time.Unix(20, 0)}
+	if err := a.PutTemplate(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.SharedTemplate(ctx, "snap-1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a template still uploading was shared: %v", err)
+	}
+	if got, err := b.SharedTemplate(ctx, "warm"); err != nil || got.ID != "snap-old" {
+		t.Errorf("by name while the newer one uploads: %+v %v", got, err)
+	}
+	if err := a.SetTemplateUpload(ctx, "snap-1", store.UploadUploaded, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetTemplateUpload(ctx, "snap-1", store.UploadFailed, "x"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("node b changed node a's template: %v", err)
+	}
+	for _, key := range []string{"snap-1", "warm"} {
+		got, err := b.SharedTemplate(ctx, key)
+		if err != nil || got.ID != "snap-1" || got.NodeID != "a" || got.ImageDir != "/a/img" || got.RootfsID != "r1" {
+			t.Errorf("shared %s: %+v %v", key, got, err)
+		}
+	}
+	if _, err := b.SharedTemplate(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("unknown: %v", err)
+	}
+}
+
 func TestNodesAndHeartbeats(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgtest.New(t).NewDatabase(t))
 	n := Node{ID: "n1", Address: "10.0.0.1:8000", Version: "v1", StartedAt: time.Now(),
-		Capacity: NodeCapacity{MaxSandboxes: 10, MemoryMB: 4096, VCPUs: 2}}
+		Capacity: NodeCapacity{MaxSandboxes: 10, MemoryMB: 4096, VCPUs: 2}, SharedImages: true}
 	if err := s.RegisterNode(ctx, n); err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +164,7 @@ func TestNodesAndHeartbeats(t *testing.T) {
 		t.Fatalf("nodes: %v %v", nodes, err)
 	}
 	got := nodes[0]
-	if got.Address != n.Address || got.Capacity != n.Capacity || got.Use != (NodeUse{3, 1, 300}) ||
+	if got.Address != n.Address || got.Capacity != n.Capacity || got.Use != (NodeUse{3, 1, 300}) || !got.SharedImages ||
 		got.HeartbeatAge < 0 || got.HeartbeatAge > time.Minute {
 		t.Errorf("node read back: %+v", got)
 	}

@@ -180,7 +180,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 }
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
-	kind, image_dir, source_sandbox, envd_token, env_vars, node_id`
+	kind, image_dir, source_sandbox, envd_token, env_vars, node_id, rootfs_id, upload_state, upload_error`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -197,14 +197,16 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	}
 	// created_at is kept from the first put, as in the SQLite store.
 	_, err = s.pool.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15)
+		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17, $18)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env = excluded.env, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
-		envd_token = excluded.envd_token, env_vars = excluded.env_vars`,
+		envd_token = excluded.envd_token, env_vars = excluded.env_vars, rootfs_id = excluded.rootfs_id,
+		upload_state = excluded.upload_state, upload_error = excluded.upload_error`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
-		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars), s.node)
+		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars), s.node,
+		t.RootfsID, string(t.Upload), t.UploadError)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
@@ -212,6 +214,32 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		return fmt.Errorf("put template %s: %w", t.ID, err)
 	}
 	return nil
+}
+
+func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE templates SET upload_state = $2, upload_error = $3
+		WHERE id = $1 AND ($4 = '' OR node_id = $4)`, id, string(state), msg, s.node)
+	if err != nil {
+		return fmt.Errorf("record upload of template %s: %w", id, err)
+	}
+	return expectOneRow(tag, "record upload of template "+id)
+}
+
+// SharedTemplate finds a template of any node, by ID or name, whose files
+// are in the object store: one a node without its own copy can fetch. Of
+// several with the name, the newest wins.
+func (s *Store) SharedTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
+	row := s.pool.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates
+		WHERE (id = $1 OR name = $1) AND upload_state = $2
+		ORDER BY id = $1 DESC, created_at DESC, id LIMIT 1`, idOrName, string(store.UploadUploaded))
+	t, err := scanTemplate(row)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("shared template %s: %w", idOrName, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("shared template %s: %w", idOrName, err)
+	}
+	return t, nil
 }
 
 func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
@@ -231,8 +259,13 @@ func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Templa
 }
 
 func (s *Store) ListTemplates(ctx context.Context) ([]*store.Template, error) {
+	return s.listTemplates(ctx, s.node)
+}
+
+// listTemplates lists node's templates, every node's for "".
+func (s *Store) listTemplates(ctx context.Context, node string) ([]*store.Template, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+templateColumns+` FROM templates WHERE ($1 = '' OR node_id = $1)
-		ORDER BY created_at, id`, s.node)
+		ORDER BY created_at, id`, node)
 	if err != nil {
 		return nil, fmt.Errorf("list templates: %w", err)
 	}
@@ -320,15 +353,17 @@ func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 
 func scanTemplate(r pgx.Row) (*store.Template, error) {
 	var t store.Template
-	var kind string
+	var kind, upload string
 	var env, envVars []byte
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
-		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID); err != nil {
+		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID,
+		&t.RootfsID, &upload, &t.UploadError); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()
 	t.Kind = store.TemplateKind(kind)
+	t.Upload = store.UploadState(upload)
 	if err := json.Unmarshal(env, &t.Env); err != nil {
 		return nil, fmt.Errorf("template %s env: %w", t.ID, err)
 	}

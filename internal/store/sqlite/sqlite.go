@@ -221,7 +221,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 }
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at,
-	kind, image_dir, source_sandbox, envd_token, env_vars_json`
+	kind, image_dir, source_sandbox, envd_token, env_vars_json, rootfs_id, upload_state, upload_error`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -237,14 +237,16 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		kind = store.KindRootfs
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
-		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json`,
+		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json,
+		rootfs_id = excluded.rootfs_id, upload_state = excluded.upload_state, upload_error = excluded.upload_error`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
-		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars))
+		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars),
+		t.RootfsID, string(t.Upload), t.UploadError)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
@@ -252,6 +254,15 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		return fmt.Errorf("put template %s: %w", t.ID, err)
 	}
 	return nil
+}
+
+func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE templates SET upload_state = ?, upload_error = ? WHERE id = ?`,
+		string(state), msg, id)
+	if err != nil {
+		return fmt.Errorf("record upload of template %s: %w", id, err)
+	}
+	return expectOneRow(res, "record upload of template "+id)
 }
 
 func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Template, error) {
@@ -365,14 +376,16 @@ func boolInt(b bool) int {
 
 func scanTemplate(r scanner) (*store.Template, error) {
 	var t store.Template
-	var env, kind, envVars string
+	var env, kind, envVars, upload string
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
-		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars); err != nil {
+		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars,
+		&t.RootfsID, &upload, &t.UploadError); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()
 	t.Kind = store.TemplateKind(kind)
+	t.Upload = store.UploadState(upload)
 	if err := json.Unmarshal([]byte(env), &t.Env); err != nil {
 		return nil, fmt.Errorf("template %s env: %w", t.ID, err)
 	}

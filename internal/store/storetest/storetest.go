@@ -165,6 +165,31 @@ func testTemplates(t *testing.T, s store.Store) {
 		gotSnap.EnvdToken != "tok" || gotSnap.EnvVars["X"] != "y" || gotSnap.Named() {
 		t.Fatalf("snapshot round trip: %+v", gotSnap)
 	}
+	if gotSnap.Upload != store.UploadNone || gotSnap.RootfsID != "" {
+		t.Fatalf("a template is not shared unless asked: %+v", gotSnap)
+	}
+	// Sharing through an object store: the rootfs identity is written
+	// with the record, the upload's state alone afterwards.
+	snap.RootfsID, snap.Upload = "rootfs-1", store.UploadPending
+	if err := s.PutTemplate(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTemplateUpload(ctx, "s1", store.UploadFailed, "store down"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTemplate(ctx, "s1"); err != nil || got.RootfsID != "rootfs-1" ||
+		got.Upload != store.UploadFailed || got.UploadError != "store down" || got.ImageDir != "/img/s1" {
+		t.Fatalf("upload state: %+v %v", got, err)
+	}
+	if err := s.SetTemplateUpload(ctx, "s1", store.UploadUploaded, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTemplate(ctx, "s1"); err != nil || got.Upload != store.UploadUploaded || got.UploadError != "" {
+		t.Fatalf("uploaded: %+v %v", got, err)
+	}
+	if err := s.SetTemplateUpload(ctx, "nope", store.UploadUploaded, ""); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("upload state of a missing template: %v", err)
+	}
 	if err := s.DeleteTemplate(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}

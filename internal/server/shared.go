@@ -1,0 +1,85 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/objectstore"
+	"github.com/aenv-dev/aenv/internal/shared"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// sharedImages is the node's object store while the server runs.
+type sharedImages struct {
+	images *shared.Images
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// openShared connects to --object-store (nil without one) and starts its
+// uploads. In a cluster (member set) templates of other nodes are found
+// through the database.
+func openShared(ctx context.Context, cfg config.Server, st store.Store, member *clusterMember,
+	logger *slog.Logger) (*sharedImages, error) {
+	if cfg.ObjectStore == "" {
+		return nil, nil
+	}
+	storeCfg, err := objectstore.ConfigFromEnv(cfg.ObjectStore, func(name string) string {
+		switch {
+		case name == "AWS_ENDPOINT_URL_S3" && cfg.ObjectStoreEndpoint != "":
+			return cfg.ObjectStoreEndpoint
+		case name == "AWS_REGION" && cfg.ObjectStoreRegion != "":
+			return cfg.ObjectStoreRegion
+		}
+		return os.Getenv(name)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--object-store: %w", err)
+	}
+	openCtx, cancelOpen := context.WithTimeout(ctx, time.Minute)
+	defer cancelOpen()
+	objects, err := objectstore.Open(openCtx, storeCfg)
+	if err != nil {
+		return nil, fmt.Errorf("object store %s: %w", cfg.ObjectStore, err)
+	}
+	scfg := shared.Config{
+		Store: objects, Dir: filepath.Join(cfg.DataDir, "shared"), CacheBytes: int64(cfg.ImageCacheMB) << 20,
+		Records: st, AllTemplates: st.ListTemplates,
+		GCInterval: config.Seconds(cfg.ObjectStoreGCSecs), GCGrace: config.Seconds(cfg.ObjectStoreGCSecs),
+		Logger: logger,
+	}
+	if member != nil {
+		scfg.NodeID = member.id
+		scfg.Find = member.db.SharedTemplate
+		scfg.AllTemplates = member.db.AllTemplates
+	}
+	images, err := shared.Open(scfg)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s := &sharedImages{images: images, cancel: cancel}
+	s.done.Add(1)
+	go func() {
+		defer s.done.Done()
+		images.Run(runCtx)
+	}()
+	logger.InfoContext(ctx, "object store ready", "url", cfg.ObjectStore, "endpoint", storeCfg.Endpoint,
+		"cache_mb", cfg.ImageCacheMB)
+	return s, nil
+}
+
+// close stops the uploads; those not done resume at the next start.
+func (s *sharedImages) close() {
+	if s == nil {
+		return
+	}
+	s.cancel()
+	s.done.Wait()
+}

@@ -1,0 +1,434 @@
+// Package shared makes a node's templates and snapshots usable on every
+// node of a cluster through S3-compatible object storage (package
+// objectstore). It uploads a template's files after they are written
+// locally, recording the upload's state on the template; it fetches
+// another node's template when a sandbox is made from it: the checkpoint
+// image into a bounded cache, the root filesystem once into a directory of
+// fetched root filesystems; and it removes a deleted template's objects,
+// with a garbage collector for what nothing refers to.
+//
+// Objects in the store:
+//
+//	templates/<template ID>  a snapshot's checkpoint image
+//	rootfs/<rootfs ID>       a root filesystem (see template.RootfsID)
+//
+// A snapshot is usable elsewhere once both its image and its root
+// filesystem are uploaded; its record says "uploaded" only then.
+package shared
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/objectstore"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// Records is what the package needs of the node's store.
+type Records interface {
+	ListTemplates(ctx context.Context) ([]*store.Template, error)
+	SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string) error
+}
+
+// Config wires Images.
+type Config struct {
+	Store *objectstore.Store
+	// Dir holds the image cache (cache/) and the root filesystems fetched
+	// from the store (rootfs/).
+	Dir        string
+	CacheBytes int64
+	// NodeID is this node's cluster ID ("" on a single server).
+	NodeID  string
+	Records Records
+	// Find looks up an uploaded template of any node by ID or name
+	// (ErrNotFound if none); nil on a single server, where every template
+	// is the node's own.
+	Find func(ctx context.Context, idOrName string) (*store.Template, error)
+	// AllTemplates lists every template record that may refer to objects
+	// (the whole cluster's); the garbage collector keeps what they name.
+	AllTemplates func(ctx context.Context) ([]*store.Template, error)
+	// GCInterval is how often unreferenced objects are collected, GCGrace
+	// how old an unreferenced object must be (longer than any upload);
+	// 0 turns collection off.
+	GCInterval, GCGrace time.Duration
+	Uploads             objectstore.UploaderOptions
+	Logger              *slog.Logger
+}
+
+// Images is a node's view of the object store.
+type Images struct {
+	cfg      Config
+	cache    *objectstore.Cache
+	uploader *objectstore.Uploader
+
+	mu   sync.Mutex
+	jobs map[string]job // upload key → what to upload
+	// rootfsUp: rootfs IDs known to be in the store.
+	rootfsUp map[string]bool
+	// rootfsLocks serialise the upload and the fetch of one rootfs.
+	rootfsLocks map[string]*sync.Mutex
+	// localIDs caches the rootfs ID of local root filesystems by path.
+	localIDs map[string]string
+}
+
+type job struct {
+	templateID string
+	kind       store.TemplateKind
+	rootfsPath string
+	rootfsID   string
+}
+
+// Open prepares the cache directories; Run starts the uploads.
+func Open(cfg Config) (*Images, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.Dir, "rootfs"), 0o755); err != nil {
+		return nil, fmt.Errorf("shared images: %w", err)
+	}
+	im := &Images{cfg: cfg, jobs: map[string]job{}, rootfsUp: map[string]bool{},
+		rootfsLocks: map[string]*sync.Mutex{}, localIDs: map[string]string{}}
+	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store)
+	if err != nil {
+		return nil, fmt.Errorf("shared images: %w", err)
+	}
+	im.cache = cache
+	opts := cfg.Uploads
+	opts.OnState = im.recordUpload
+	im.uploader = objectstore.NewUploader(im, opts)
+	return im, nil
+}
+
+// NodeID is the node's cluster ID.
+func (im *Images) NodeID() string { return im.cfg.NodeID }
+
+// Remote reports whether tpl is another node's (found by Find).
+func (im *Images) Remote(tpl *store.Template) bool {
+	return tpl.NodeID != "" && tpl.NodeID != im.cfg.NodeID
+}
+
+// Run uploads what the records say is not uploaded yet (a previous run
+// stopped first), then serves new uploads and collects garbage until ctx
+// ends.
+func (im *Images) Run(ctx context.Context) {
+	defer im.cache.Close()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		im.uploader.Run(ctx)
+	}()
+	if templates, err := im.cfg.Records.ListTemplates(ctx); err != nil {
+		im.cfg.Logger.WarnContext(ctx, "shared images: list templates to resume uploads", "err", err)
+	} else {
+		for _, t := range templates {
+			if t.Upload != store.UploadNone && t.Upload != store.UploadUploaded {
+				im.enqueue(t)
+			}
+		}
+	}
+	if im.cfg.GCInterval > 0 && im.cfg.AllTemplates != nil {
+		tick := time.NewTicker(im.cfg.GCInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if st, err := im.CollectGarbage(ctx); err != nil {
+					im.cfg.Logger.WarnContext(ctx, "shared images: garbage collection", "err", err)
+				} else if st.Objects > 0 || st.Uploads > 0 {
+					im.cfg.Logger.InfoContext(ctx, "shared images: garbage collected", "images", st.Images,
+						"objects", st.Objects, "uploads", st.Uploads)
+				}
+			}
+		}
+	}
+	<-ctx.Done()
+}
+
+// Share marks tpl, about to be recorded, for upload: it names its root
+// filesystem and sets its state pending. Recording it makes its objects
+// live for the garbage collector before any is written.
+func (im *Images) Share(tpl *store.Template) error {
+	if tpl.RootfsID == "" {
+		id, err := im.rootfsID(tpl.RootfsPath)
+		if err != nil {
+			return err
+		}
+		tpl.RootfsID = id
+	}
+	tpl.Upload, tpl.UploadError = store.UploadPending, ""
+	return nil
+}
+
+// Upload queues the upload of tpl's files (recorded by then, with Share).
+func (im *Images) Upload(tpl *store.Template) { im.enqueue(tpl) }
+
+func (im *Images) enqueue(tpl *store.Template) {
+	key := imageKey(tpl.ID)
+	dir := tpl.ImageDir
+	if dir == "" {
+		dir = tpl.RootfsPath
+	}
+	im.mu.Lock()
+	im.jobs[key] = job{templateID: tpl.ID, kind: tpl.Kind, rootfsPath: tpl.RootfsPath, rootfsID: tpl.RootfsID}
+	im.mu.Unlock()
+	if err := im.uploader.Enqueue(key, dir); err != nil {
+		im.cfg.Logger.Warn("shared images: queue upload", "template", tpl.ID, "err", err)
+	}
+}
+
+// Put uploads one template: its root filesystem unless the store has it,
+// then its checkpoint image. The uploader calls it and retries it.
+func (im *Images) Put(ctx context.Context, key, dir string) (objectstore.Manifest, error) {
+	im.mu.Lock()
+	j, ok := im.jobs[key]
+	im.mu.Unlock()
+	if !ok {
+		return objectstore.Manifest{}, fmt.Errorf("upload %s: not queued", key)
+	}
+	m, err := im.putRootfs(ctx, j.rootfsID, j.rootfsPath)
+	if err != nil {
+		return objectstore.Manifest{}, err
+	}
+	if j.kind == store.KindRootfs || j.kind == "" {
+		return m, nil // a rootfs template is its root filesystem
+	}
+	return im.cfg.Store.Put(ctx, key, dir)
+}
+
+// putRootfs makes sure the store has the root filesystem id.
+func (im *Images) putRootfs(ctx context.Context, id, path string) (objectstore.Manifest, error) {
+	lock := im.rootfsLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	key := rootfsKey(id)
+	m, err := im.cfg.Store.Stat(ctx, key)
+	if err == nil {
+		return m, nil
+	}
+	if !errors.Is(err, objectstore.ErrNotFound) {
+		return m, fmt.Errorf("rootfs %s: %w", id, err)
+	}
+	start := time.Now()
+	m, err = im.cfg.Store.Put(ctx, key, path)
+	if err != nil {
+		return m, fmt.Errorf("upload rootfs %s: %w", id, err)
+	}
+	im.cfg.Logger.InfoContext(ctx, "shared images: root filesystem uploaded", "rootfs", id,
+		"bytes", m.Size, "took", time.Since(start).Round(time.Millisecond))
+	return m, nil
+}
+
+// recordUpload writes an upload's state on its template's record. A
+// template deleted meanwhile leaves objects nothing refers to: they are
+// removed at once.
+func (im *Images) recordUpload(st objectstore.UploadStatus) {
+	im.mu.Lock()
+	j, ok := im.jobs[st.Key]
+	if ok && (st.State == objectstore.UploadUploaded || st.State == objectstore.UploadFailed && st.Retry.IsZero()) {
+		delete(im.jobs, st.Key)
+	}
+	im.mu.Unlock()
+	if !ok {
+		return
+	}
+	msg := ""
+	if st.Err != nil {
+		msg = st.Err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := im.cfg.Records.SetTemplateUpload(ctx, j.templateID, store.UploadState(st.State), msg)
+	switch {
+	case errors.Is(err, store.ErrNotFound) && st.State == objectstore.UploadUploaded:
+		if err := im.cfg.Store.Delete(ctx, st.Key); err != nil {
+			im.cfg.Logger.Warn("shared images: remove objects of a deleted template", "key", st.Key, "err", err)
+		}
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		im.cfg.Logger.Warn("shared images: record upload state", "template", j.templateID, "state", st.State, "err", err)
+	}
+	if st.State == objectstore.UploadUploaded {
+		im.mu.Lock()
+		im.rootfsUp[j.rootfsID] = true
+		im.mu.Unlock()
+		im.cfg.Logger.Info("shared images: template uploaded", "template", j.templateID, "attempt", st.Attempt)
+	} else if st.State == objectstore.UploadFailed {
+		im.cfg.Logger.Warn("shared images: upload failed", "template", j.templateID, "attempt", st.Attempt,
+			"retry", st.Retry, "err", st.Err)
+	}
+}
+
+// Idle reports whether no upload is queued, running or waiting to retry.
+func (im *Images) Idle() bool { return im.uploader.Idle() }
+
+// Find returns another node's uploaded template, its root filesystem
+// fetched to this node (once) and RootfsPath pointing at it; ErrNotFound
+// if no node has one by that ID or name. Its ImageDir is the other node's:
+// restore from Image.
+func (im *Images) Find(ctx context.Context, idOrName string) (*store.Template, error) {
+	if im.cfg.Find == nil {
+		return nil, fmt.Errorf("template %s: %w", idOrName, store.ErrNotFound)
+	}
+	tpl, err := im.cfg.Find(ctx, idOrName)
+	if err != nil {
+		return nil, err
+	}
+	path, err := im.Rootfs(ctx, tpl.RootfsID)
+	if err != nil {
+		return nil, fmt.Errorf("template %s: %w", tpl.Name, err)
+	}
+	tpl.RootfsPath = path
+	return tpl, nil
+}
+
+// Rootfs returns the local path of the root filesystem id: one of the
+// node's own templates', one fetched before, or fetched now.
+func (im *Images) Rootfs(ctx context.Context, id string) (string, error) {
+	if id == "" {
+		return "", errors.New("no root filesystem identity recorded")
+	}
+	lock := im.rootfsLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	fetched := filepath.Join(im.cfg.Dir, "rootfs", id, "rootfs")
+	if _, err := os.Stat(fetched); err == nil {
+		return fetched, nil
+	}
+	if path, err := im.localRootfs(ctx, id); err != nil || path != "" {
+		return path, err
+	}
+	if err := os.MkdirAll(filepath.Dir(fetched), 0o755); err != nil {
+		return "", fmt.Errorf("fetch rootfs %s: %w", id, err)
+	}
+	start := time.Now()
+	// Get unpacks beside fetched and renames it into place only whole and
+	// verified, so a rootfs directory that exists is complete.
+	m, err := im.cfg.Store.Get(ctx, rootfsKey(id), fetched)
+	if err != nil {
+		return "", fmt.Errorf("fetch rootfs %s: %w", id, err)
+	}
+	if err := template.SetRootfsID(fetched, id); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	im.cfg.Logger.InfoContext(ctx, "shared images: root filesystem fetched", "rootfs", id,
+		"bytes", m.Bytes, "took", time.Since(start).Round(time.Millisecond))
+	return fetched, nil
+}
+
+// localRootfs finds a template of this node whose root filesystem is id.
+func (im *Images) localRootfs(ctx context.Context, id string) (string, error) {
+	templates, err := im.cfg.Records.ListTemplates(ctx)
+	if err != nil {
+		return "", fmt.Errorf("rootfs %s: %w", id, err)
+	}
+	for _, t := range templates {
+		if t.RootfsPath == "" {
+			continue
+		}
+		if have, err := im.rootfsID(t.RootfsPath); err == nil && have == id {
+			if _, err := os.Stat(t.RootfsPath); err == nil {
+				return t.RootfsPath, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+func (im *Images) rootfsID(path string) (string, error) {
+	im.mu.Lock()
+	id, ok := im.localIDs[path]
+	im.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	id, err := template.RootfsID(path)
+	if err != nil {
+		return "", err
+	}
+	im.mu.Lock()
+	im.localIDs[path] = id
+	im.mu.Unlock()
+	return id, nil
+}
+
+func (im *Images) rootfsLock(id string) *sync.Mutex {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	l, ok := im.rootfsLocks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		im.rootfsLocks[id] = l
+	}
+	return l
+}
+
+// Image returns a local copy of tpl's checkpoint image (another node's
+// template), downloading it into the cache first if needed; release it
+// once the restore has read it.
+func (im *Images) Image(ctx context.Context, tpl *store.Template) (dir string, release func(), err error) {
+	start := time.Now()
+	h, err := im.cache.Acquire(ctx, imageKey(tpl.ID))
+	if err != nil {
+		return "", nil, fmt.Errorf("fetch image of %s: %w", tpl.Name, err)
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		im.cfg.Logger.InfoContext(ctx, "shared images: image fetched", "template", tpl.ID,
+			"took", took.Round(time.Millisecond))
+	}
+	return h.Path(), h.Release, nil
+}
+
+// Delete removes a deleted template's image from the store (its root
+// filesystem may serve others; the collector removes it when none is
+// left) and from the cache.
+func (im *Images) Delete(ctx context.Context, tpl *store.Template) {
+	if tpl.Upload == store.UploadNone {
+		return
+	}
+	key := imageKey(tpl.ID)
+	if err := im.cfg.Store.Delete(ctx, key); err != nil {
+		im.cfg.Logger.WarnContext(ctx, "shared images: delete objects (the collector retries)", "key", key, "err", err)
+	}
+	if err := im.cache.Purge(key); err != nil {
+		im.cfg.Logger.WarnContext(ctx, "shared images: purge cache", "key", key, "err", err)
+	}
+}
+
+// CollectGarbage removes the objects no template record refers to and
+// older than the grace period.
+func (im *Images) CollectGarbage(ctx context.Context) (objectstore.GCStats, error) {
+	templates, err := im.cfg.AllTemplates(ctx)
+	if err != nil {
+		return objectstore.GCStats{}, fmt.Errorf("list templates: %w", err)
+	}
+	return im.cfg.Store.GC(ctx, LiveKeys(templates), im.cfg.GCGrace)
+}
+
+// LiveKeys says which object keys the templates refer to.
+func LiveKeys(templates []*store.Template) func(key string) bool {
+	live := map[string]bool{}
+	for _, t := range templates {
+		if t.Upload == store.UploadNone {
+			continue
+		}
+		live[imageKey(t.ID)] = true
+		if t.RootfsID != "" {
+			live[rootfsKey(t.RootfsID)] = true
+		}
+	}
+	return func(key string) bool { return live[key] }
+}
+
+func imageKey(templateID string) string { return "templates/" + templateID }
+func rootfsKey(id string) string        { return "rootfs/" + id }

@@ -1,0 +1,8 @@
+-- Templates shared through an object store: the identity of their root
+-- filesystem's contents and where their upload stands. A template
+-- uploaded is usable on every node that has the object store
+-- (nodes.shared_images), not only on its own.
+ALTER TABLE templates ADD COLUMN rootfs_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE templates ADD COLUMN upload_state TEXT NOT NULL DEFAULT '';
+ALTER TABLE templates ADD COLUMN upload_error TEXT NOT NULL DEFAULT '';
+ALTER TABLE nodes ADD COLUMN shared_images BOOLEAN NOT NULL DEFAULT FALSE;

@@ -1,0 +1,5 @@
+-- Templates shared through an object store: the identity of their root
+-- filesystem's contents and where their upload stands.
+ALTER TABLE templates ADD COLUMN rootfs_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE templates ADD COLUMN upload_state TEXT NOT NULL DEFAULT '';
+ALTER TABLE templates ADD COLUMN upload_error TEXT NOT NULL DEFAULT '';

@@ -1,0 +1,244 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
+)
+
+// Templates and snapshots shared through a real S3 server (weed): a
+// snapshot taken on one node is uploaded in the background and then
+// restored, memory and all, on the others; deleting it deletes its
+// objects; an upload made while the store is down is retried and lands
+// when it is back, while the snapshot serves on its own node meanwhile.
+
+const sharedBucket = "aenv-it"
+
+// memoryKeeper holds 32 MiB of random bytes in a process's memory and
+// answers the SHA-256 of them (recomputed per request) on 127.0.0.1:7000;
+// the digest at start is written to /tmp/want. A restored copy that
+// answers the same digest has the same memory.
+const memoryKeeper = `nohup python3 -c '
+import hashlib, os, http.server
+buf = os.urandom(32 << 20)
+open("/tmp/want", "w").write(hashlib.sha256(buf).hexdigest())
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = hashlib.sha256(buf).hexdigest().encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", 7000), H).serve_forever()
+' >/dev/null 2>&1 &`
+
+// sharedNode adds a cluster node using the object store of srv.
+func (c *cluster) sharedNode(id string, srv *s3test.Server, extra ...string) *server {
+	c.t.Helper()
+	s := newServer(c.t, append([]string{"--max-memory-percent", "1000",
+		"--object-store", "s3://" + sharedBucket + "/cluster", "--object-store-endpoint", srv.Endpoint}, extra...)...)
+	s.env = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKeyID, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretAccessKey}
+	s.cluster = &nodeOf{dsn: c.dsn, id: id}
+	s.start()
+	c.nodes = append(c.nodes, s)
+	return s
+}
+
+// memoryDigest asks the memory keeper in sandbox id for its digest.
+func memoryDigest(t testing.TB, s *server, id string) (got, want string) {
+	t.Helper()
+	res := s.exec(id, client.ExecuteRequest{Command: "curl -s --max-time 20 http://127.0.0.1:7000/; echo; cat /tmp/want"})
+	lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("memory keeper in %s: %q %q", id, res.Stdout, res.Stderr)
+	}
+	return lines[0], lines[1]
+}
+
+// templateUpload reads a template's upload state through a gateway.
+func templateUpload(t testing.TB, g *gateway, id string) (state, msg string) {
+	t.Helper()
+	list, err := g.api.ListTemplates(context.Background())
+	if err != nil {
+		t.Fatalf("list templates: %v", err)
+	}
+	for _, tpl := range list {
+		if tpl.TemplateID == id {
+			return tpl.Upload, tpl.UploadError
+		}
+	}
+	return "", "missing"
+}
+
+// objectKeys lists the keys in the bucket under prefix.
+func objectKeys(t testing.TB, srv *s3test.Server, prefix string) []string {
+	keys, _ := objectSizes(t, srv, prefix)
+	return keys
+}
+
+// objectSizes lists the keys in the bucket under prefix and the bytes
+// they hold together.
+func objectSizes(t testing.TB, srv *s3test.Server, prefix string) ([]string, int64) {
+	t.Helper()
+	out, err := srv.Client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{
+		Bucket: aws.String(sharedBucket), Prefix: aws.String(prefix)})
+	if err != nil {
+		t.Fatalf("list %s: %v", prefix, err)
+	}
+	var keys []string
+	var total int64
+	for _, o := range out.Contents {
+		keys = append(keys, aws.ToString(o.Key))
+		total += aws.ToInt64(o.Size)
+	}
+	return keys, total
+}
+
+func TestClusterSharedSnapshot(t *testing.T) {
+	srv := s3test.Start(t)
+	c := newCluster(t)
+	a := c.sharedNode("node-a", srv)
+	b := c.sharedNode("node-b", srv)
+	cn := c.sharedNode("node-c", srv)
+	g := c.addGateway()
+	g.waitReady(t, "node-a", "node-b", "node-c")
+
+	src := a.create(map[string]any{"templateID": "base"}).SandboxID
+	a.exec(src, client.ExecuteRequest{Command: memoryKeeper})
+	var want string
+	waitFor(t, time.Minute, "memory keeper answering", func() bool {
+		res, err := a.api.Execute(context.Background(), src, client.ExecuteRequest{
+			Command: "curl -s --max-time 5 http://127.0.0.1:7000/"})
+		if err != nil || len(strings.TrimSpace(res.Stdout)) != 64 {
+			return false
+		}
+		want = strings.TrimSpace(res.Stdout)
+		return true
+	})
+
+	snap, err := g.api.CreateSnapshot(context.Background(), src, "shared-snap")
+	if err != nil {
+		t.Fatalf("snapshot through the gateway: %v", err)
+	}
+	if snap.Upload != "pending" {
+		t.Errorf("snapshot answered with upload %q, want pending (the upload runs after the answer)", snap.Upload)
+	}
+	taken := time.Now()
+	waitFor(t, 3*time.Minute, "snapshot uploaded", func() bool {
+		state, msg := templateUpload(t, g, snap.SnapshotID)
+		if state == "failed" {
+			t.Logf("upload attempt failed (retried): %s", msg)
+		}
+		return state == "uploaded"
+	})
+	t.Logf("snapshot uploaded %v after it was taken (its root filesystem too)", time.Since(taken).Round(time.Millisecond))
+	keys, imageBytes := objectSizes(t, srv, "cluster/images/templates/"+snap.SnapshotID+"/")
+	if len(keys) == 0 {
+		t.Fatalf("no objects for the uploaded snapshot")
+	}
+	rootfsKeys, rootfsBytes := objectSizes(t, srv, "cluster/images/rootfs/")
+	if len(rootfsKeys) == 0 {
+		t.Fatalf("the snapshot's root filesystem was not uploaded")
+	}
+	t.Logf("stored: image %d MB, root filesystem %d MB (compressed)", imageBytes>>20, rootfsBytes>>20)
+
+	// Created from it straight on the nodes that do not have it: the
+	// first fetches the image (cold cache), the next reads the cache.
+	for _, n := range []*server{b, cn} {
+		for i, what := range []string{"cold", "warm"} {
+			start := time.Now()
+			id := n.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+			t.Logf("%s: create from the snapshot (%s cache) took %v", n.cluster.id, what, time.Since(start).Round(time.Millisecond))
+			got, wantFile := memoryDigest(t, n, id)
+			if got != want || wantFile != want {
+				t.Errorf("%s create %d: memory digest %q, file %q, want %q", n.cluster.id, i, got, wantFile, want)
+			}
+		}
+	}
+	// By name through the gateway, with node-a drained: placed elsewhere.
+	if err := g.api.DrainNode(context.Background(), "node-a", true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "node-a draining", func() bool { return g.nodeStates(t)["node-a"].State == "draining" })
+	for range 2 {
+		sb, err := g.api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: "shared-snap"})
+		if err != nil {
+			t.Fatalf("create from the snapshot by name through the gateway: %v", err)
+		}
+		if node, _ := g.sandboxNode(t, sb.SandboxID); node == "node-a" {
+			t.Errorf("create from the shared snapshot landed on the drained node")
+		}
+	}
+	if err := g.api.DrainNode(context.Background(), "node-a", false); err != nil {
+		t.Fatal(err)
+	}
+
+	// A node cannot delete another's template; the gateway sends the
+	// delete to its owner, which removes the objects.
+	r := b.doNoFail("DELETE", "/templates/"+snap.SnapshotID, nil)
+	if r.status != 409 {
+		t.Errorf("delete of node-a's snapshot on node-b: %d %s, want 409", r.status, truncate(r.body))
+	}
+	if err := g.api.DeleteTemplate(context.Background(), snap.SnapshotID); err != nil {
+		t.Fatalf("delete the snapshot: %v", err)
+	}
+	if keys := objectKeys(t, srv, "cluster/images/templates/"+snap.SnapshotID+"/"); len(keys) != 0 {
+		t.Errorf("objects of the deleted snapshot left: %v", keys)
+	}
+	var apiErr *client.APIError
+	if _, err := b.api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: snap.SnapshotID}); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Errorf("create from the deleted snapshot on node-b: %v, want 404", err)
+	}
+}
+
+// The store down during an upload: the snapshot serves on its own node
+// at once, its record says the upload failed, and it is uploaded by itself
+// once the store is back.
+func TestClusterSharedUploadRetried(t *testing.T) {
+	srv := s3test.Start(t)
+	c := newCluster(t)
+	a := c.sharedNode("node-a", srv)
+	b := c.sharedNode("node-b", srv)
+	g := c.addGateway()
+	g.waitReady(t, "node-a", "node-b")
+
+	src := a.create(map[string]any{"templateID": "base"}).SandboxID
+	a.exec(src, client.ExecuteRequest{Command: "echo kept > /tmp/mark"})
+	srv.Stop()
+	snap, err := a.api.CreateSnapshot(context.Background(), src, "")
+	if err != nil {
+		t.Fatalf("snapshot with the store down: %v", err)
+	}
+	local := a.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+	if out := a.exec(local, client.ExecuteRequest{Command: "cat /tmp/mark"}).Stdout; strings.TrimSpace(out) != "kept" {
+		t.Errorf("restored on its own node with the store down: %q", out)
+	}
+	waitFor(t, 2*time.Minute, "upload failure recorded", func() bool {
+		state, msg := templateUpload(t, g, snap.SnapshotID)
+		return state == "failed" && msg != ""
+	})
+	var apiErr *client.APIError
+	if _, err := b.api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: snap.SnapshotID}); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Errorf("create on node-b before the upload: %v, want 404", err)
+	}
+	srv.Start()
+	back := time.Now()
+	waitFor(t, 3*time.Minute, "upload retried", func() bool {
+		state, _ := templateUpload(t, g, snap.SnapshotID)
+		return state == "uploaded"
+	})
+	t.Logf("uploaded %v after the store came back", time.Since(back).Round(time.Millisecond))
+	id := b.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+	if out := b.exec(id, client.ExecuteRequest{Command: "cat /tmp/mark"}).Stdout; strings.TrimSpace(out) != "kept" {
+		t.Errorf("restored on node-b after the retried upload: %q", out)
+	}
+}
