@@ -176,7 +176,7 @@ func (g *Gateway) routeMux() {
 	// Named, or the mux would redirect it to the subtree above.
 	g.mux.Handle("GET /sandboxes/{id}", g.catalog)
 	g.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", g.bySandbox)
-	g.mux.HandleFunc("POST /snapshots/{id}/fork", g.byTemplate)
+	g.mux.HandleFunc("POST /snapshots/{id}/fork", g.forkSnapshot)
 	g.mux.HandleFunc("POST /templates", g.createTemplate)
 	g.mux.HandleFunc("DELETE /templates/{id}", g.deleteTemplate)
 

@@ -162,3 +162,44 @@ func (n *nodes) place(candidates []*nodeState, memoryMB int) []*nodeState {
 	}
 	return out
 }
+
+// forkShare is the part of a fork one node makes.
+type forkShare struct {
+	node  *nodeState
+	count int
+}
+
+// split divides count new sandboxes of memoryMB over the candidates, each
+// to the node with the most room left at that point (ties to the one given
+// fewer so far, so equal nodes get equal shares). It stops when every node
+// is full and counts what it placed as sent.
+func (n *nodes) split(candidates []*nodeState, memoryMB, count int) []forkShare {
+	at := map[string]int{}
+	var out []forkShare
+	for range count {
+		var best *nodeState
+		bestFree, bestGiven := 0.0, 0
+		for _, c := range candidates {
+			f := n.free(c, memoryMB)
+			given := 0
+			if i, ok := at[c.ID]; ok {
+				given = out[i].count
+			}
+			if f > bestFree || f == bestFree && f > 0 && given < bestGiven {
+				best, bestFree, bestGiven = c, f, given
+			}
+		}
+		if best == nil {
+			break
+		}
+		n.noteSent(best.ID, 1)
+		i, ok := at[best.ID]
+		if !ok {
+			i = len(out)
+			at[best.ID] = i
+			out = append(out, forkShare{node: best})
+		}
+		out[i].count++
+	}
+	return out
+}

@@ -102,3 +102,45 @@ func TestUntagged(t *testing.T) {
 		}
 	}
 }
+
+// A fork's children go where the room is: evenly over equal nodes, by
+// room over unequal ones, none to a full node, and no more than fit.
+func TestSplit(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		nodes []*nodeState
+		count int
+		want  map[string]int
+	}{
+		{"equal nodes share evenly", []*nodeState{testNode("a", 10, 0, 0, 0), testNode("b", 10, 0, 0, 0),
+			testNode("c", 10, 0, 0, 0)}, 12, map[string]int{"a": 4, "b": 4, "c": 4}},
+		{"no limits still spread", []*nodeState{testNode("a", 0, 0, 0, 0), testNode("b", 0, 0, 0, 0)},
+			5, map[string]int{"a": 3, "b": 2}},
+		{"by room", []*nodeState{testNode("a", 10, 6, 0, 0), testNode("b", 10, 0, 0, 0)},
+			8, map[string]int{"a": 1, "b": 7}}, // both end with 3 left
+		{"a full node gets none", []*nodeState{testNode("a", 2, 2, 0, 0), testNode("b", 10, 0, 0, 0)},
+			3, map[string]int{"b": 3}},
+		{"no more than fit", []*nodeState{testNode("a", 2, 0, 0, 0), testNode("b", 0, 0, 1000, 800)},
+			10, map[string]int{"a": 2, "b": 2}},
+		{"nothing fits", []*nodeState{testNode("a", 1, 1, 0, 0)}, 4, map[string]int{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNodes(nil, 0, new(atomic.Int64))
+			got := map[string]int{}
+			for _, sh := range n.split(tc.nodes, 100, tc.count) {
+				if sh.count <= 0 {
+					t.Errorf("empty share for %s", sh.node.ID)
+				}
+				got[sh.node.ID] = sh.count
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("split = %v, want %v", got, tc.want)
+			}
+			for id, c := range tc.want {
+				if got[id] != c {
+					t.Fatalf("split = %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -54,9 +54,13 @@ func (c *cluster) sharedNode(id string, srv *s3test.Server, extra ...string) *se
 }
 
 // memoryDigest asks the memory keeper in sandbox id for its digest.
-func memoryDigest(t testing.TB, s *server, id string) (got, want string) {
+func memoryDigest(t testing.TB, api *client.Client, id string) (got, want string) {
 	t.Helper()
-	res := s.exec(id, client.ExecuteRequest{Command: "curl -s --max-time 20 http://127.0.0.1:7000/; echo; cat /tmp/want"})
+	res, err := api.Execute(context.Background(), id, client.ExecuteRequest{
+		Command: "curl -s --max-time 20 http://127.0.0.1:7000/; echo; cat /tmp/want"})
+	if err != nil {
+		t.Fatalf("memory keeper in %s: %v", id, err)
+	}
 	lines := strings.Split(strings.TrimSpace(res.Stdout), "\n")
 	if len(lines) != 2 {
 		t.Fatalf("memory keeper in %s: %q %q", id, res.Stdout, res.Stderr)
@@ -158,7 +162,7 @@ func TestClusterSharedSnapshot(t *testing.T) {
 			start := time.Now()
 			id := n.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
 			t.Logf("%s: create from the snapshot (%s cache) took %v", n.cluster.id, what, time.Since(start).Round(time.Millisecond))
-			got, wantFile := memoryDigest(t, n, id)
+			got, wantFile := memoryDigest(t, n.api, id)
 			if got != want || wantFile != want {
 				t.Errorf("%s create %d: memory digest %q, file %q, want %q", n.cluster.id, i, got, wantFile, want)
 			}
@@ -181,6 +185,32 @@ func TestClusterSharedSnapshot(t *testing.T) {
 	if err := g.api.DrainNode(context.Background(), "node-a", false); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, time.Minute, "node-a ready", func() bool { return g.nodeStates(t)["node-a"].State == "ready" })
+
+	// A fork of the snapshot is split over the three nodes; every child
+	// has the parent's memory.
+	start := time.Now()
+	children, err := g.api.ForkSnapshot(context.Background(), snap.SnapshotID, 12)
+	if err != nil {
+		t.Fatalf("fork of 12 across the cluster: %v", err)
+	}
+	t.Logf("fork of 12 across three nodes took %v", time.Since(start).Round(time.Millisecond))
+	perNode := map[string]int{}
+	for i, ch := range children {
+		if ch.Error != nil {
+			t.Errorf("child %d: %d %s", i, ch.Error.Code, ch.Error.Message)
+			continue
+		}
+		node, _ := g.sandboxNode(t, ch.Sandbox.SandboxID)
+		perNode[node]++
+		if got, wantFile := memoryDigest(t, g.api, ch.Sandbox.SandboxID); got != want || wantFile != want {
+			t.Errorf("child %d on %s: memory digest %q, file %q, want %q", i, node, got, wantFile, want)
+		}
+	}
+	if len(children) != 12 || len(perNode) != 3 {
+		t.Errorf("fork of 12: %d answers over nodes %v, want 12 over all three", len(children), perNode)
+	}
+	t.Logf("children per node: %v", perNode)
 
 	// A node cannot delete another's template; the gateway sends the
 	// delete to its owner, which removes the objects.

@@ -1,0 +1,146 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// forkSnapshot routes POST /snapshots/{id}/fork. A snapshot in the object
+// store is forked across the cluster: its children are split over every
+// ready node with room (each fetches the image once, then restores its
+// share in parallel with the others) and the answers are joined in one
+// list, as one node would give it. A snapshot only its own node has, or a
+// fork of one child, goes to that node as is.
+func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
+	body, ok := g.readBody(w, r)
+	if !ok {
+		return
+	}
+	r = withBody(r, body)
+	var req map[string]json.RawMessage
+	count := 1
+	if len(body) > 0 {
+		if json.Unmarshal(body, &req) != nil {
+			g.byTemplate(w, r) // a node answers malformed requests
+			return
+		}
+		if raw, ok := req["count"]; ok && json.Unmarshal(raw, &count) != nil {
+			g.byTemplate(w, r)
+			return
+		}
+	}
+	id := r.PathValue("id")
+	copies, err := g.templateCopies(r.Context(), id, true)
+	if err != nil {
+		g.databaseDown(w, r, err)
+		return
+	}
+	uploaded := false
+	for _, t := range copies {
+		uploaded = uploaded || t.Upload == store.UploadUploaded
+	}
+	if !uploaded || count <= 1 {
+		g.byTemplate(w, r)
+		return
+	}
+	g.count("template")
+	candidates, why := g.holders(copies)
+	shares := g.nodes.split(candidates, copies[0].MemoryMB, count)
+	if len(shares) == 0 {
+		api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf(
+			"no node can take a fork of snapshot %q now (%s); try again later", id, why))
+		return
+	}
+	// Each node's share keeps its place in the joined answer.
+	parts := make([][]json.RawMessage, len(shares))
+	var wg sync.WaitGroup
+	placed := 0
+	for i, sh := range shares {
+		placed += sh.count
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			parts[i] = g.forkOn(r, req, sh)
+		}()
+	}
+	wg.Wait()
+	out := make([]json.RawMessage, 0, count)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	for range count - placed {
+		out = append(out, forkError(http.StatusServiceUnavailable,
+			fmt.Sprintf("no node had room for this child (%s)", why)))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(out)
+}
+
+// forkOn asks one node for its share of a fork; a node that fails answers
+// an error for each child of its share.
+func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh forkShare) []json.RawMessage {
+	fail := func(status int, msg string) []json.RawMessage {
+		out := make([]json.RawMessage, sh.count)
+		for i := range out {
+			out[i] = forkError(status, fmt.Sprintf("node %s: %s", sh.node.ID, msg))
+		}
+		return out
+	}
+	share := make(map[string]json.RawMessage, len(req)+1)
+	for k, v := range req {
+		share[k] = v
+	}
+	share["count"] = json.RawMessage(fmt.Sprint(sh.count))
+	body, err := json.Marshal(share)
+	if err != nil {
+		return fail(http.StatusInternalServerError, err.Error())
+	}
+	resp, err := g.send(r, sh.node, body)
+	if err != nil {
+		return fail(http.StatusServiceUnavailable, err.Error())
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fail(http.StatusBadGateway, "reading its answer: "+err.Error())
+	}
+	var items []json.RawMessage
+	if resp.StatusCode != http.StatusCreated || json.Unmarshal(raw, &items) != nil || len(items) != sh.count {
+		var e struct {
+			Message string `json:"message"`
+		}
+		msg := string(raw)
+		if json.Unmarshal(raw, &e) == nil && e.Message != "" {
+			msg = e.Message
+		}
+		status := resp.StatusCode
+		if status < 400 {
+			status = http.StatusBadGateway
+		}
+		return fail(status, msg)
+	}
+	for _, item := range items {
+		var child struct {
+			Sandbox *struct {
+				SandboxID string `json:"sandboxID"`
+			} `json:"sandbox"`
+		}
+		if json.Unmarshal(item, &child) == nil && child.Sandbox != nil && child.Sandbox.SandboxID != "" {
+			g.routes.put(child.Sandbox.SandboxID, sh.node.ID)
+		}
+	}
+	return items
+}
+
+// forkError is a fork answer's item for a child that was not made.
+func forkError(status int, msg string) json.RawMessage {
+	raw, _ := json.Marshal(map[string]any{"error": map[string]any{"code": status, "message": msg}})
+	return raw
+}
