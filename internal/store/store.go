@@ -76,6 +76,10 @@ type Sandbox struct {
 	// store reads it back; "" on a single server. Stores scoped to a node
 	// write their own ID whatever this says.
 	NodeID string
+	// ImageUpload is where the upload of the image of a sandbox paused to
+	// disk stands. Only SetSandboxUpload writes it; it is cleared when
+	// the image is (ImageDir empty).
+	ImageUpload UploadState
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the
@@ -168,6 +172,10 @@ type Store interface {
 	GetSandbox(ctx context.Context, id string) (*Sandbox, error)
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
+	// SetSandboxUpload records where the upload of a sandbox's image to
+	// the object store stands; ErrNotFound if the record is gone or holds
+	// no image.
+	SetSandboxUpload(ctx context.Context, id string, state UploadState) error
 
 	PutTemplate(ctx context.Context, t *Template) error
 	// GetTemplate finds a template by ID or by name.

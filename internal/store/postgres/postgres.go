@@ -71,6 +71,10 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs,
 	network, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume, node_id`
 
+// sandboxSelect is what a read returns: the written columns and the
+// upload state, which only SetSandboxUpload writes.
+const sandboxSelect = sandboxColumns + `, image_upload`
+
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
 	if err != nil {
@@ -97,7 +101,9 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		memory_mb = $6, metadata = $7::jsonb, env = $8::jsonb, access_token = $9, slot_index = $10,
 		auto_pause = $11, started_at = $12, end_at = $13, ended_reason = $14, updated_at = $15, image_dir = $16,
 		timeout_secs = $17, network = $18::jsonb, traffic_token = $19, reboot_on_resume = $20,
-		auto_pause_drop_memory = $21, auto_resume = $22 WHERE id = $1 AND ($23 = '' OR node_id = $23)`,
+		auto_pause_drop_memory = $21, auto_resume = $22,
+		image_upload = CASE WHEN $16 = '' THEN '' ELSE image_upload END
+		WHERE id = $1 AND ($23 = '' OR node_id = $23)`,
 		append(args, s.node)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
@@ -105,8 +111,17 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return expectOneRow(tag, "update sandbox "+sb.ID)
 }
 
+func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET image_upload = $2
+		WHERE id = $1 AND image_dir <> '' AND ($3 = '' OR node_id = $3)`, id, string(state), s.node)
+	if err != nil {
+		return fmt.Errorf("record image upload of sandbox %s: %w", id, err)
+	}
+	return expectOneRow(tag, "record image upload of sandbox "+id)
+}
+
 func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
-	row := s.pool.QueryRow(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`,
+	row := s.pool.QueryRow(ctx, `SELECT `+sandboxSelect+` FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`,
 		id, s.node)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -147,7 +162,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 	if s.node != "" {
 		where = append(where, "node_id = "+arg(s.node))
 	}
-	query := `SELECT ` + sandboxColumns + ` FROM sandboxes`
+	query := `SELECT ` + sandboxSelect + ` FROM sandboxes`
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -322,17 +337,18 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 
 func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var state string
+	var state, upload string
 	var metadata, env, network []byte
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
 		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume,
-		&sb.NodeID)
+		&sb.NodeID, &upload)
 	if err != nil {
 		return nil, err
 	}
 	sb.State = store.SandboxState(state)
+	sb.ImageUpload = store.UploadState(upload)
 	sb.StartedAt = time.Unix(0, started).UTC()
 	sb.EndAt = time.Unix(0, end).UTC()
 	sb.UpdatedAt = time.Unix(0, updated).UTC()

@@ -128,6 +128,10 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 	access_token, slot_index, auto_pause, started_at, end_at, ended_reason, updated_at, image_dir, timeout_secs,
 	network_json, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume`
 
+// sandboxSelect is what a read returns: the written columns and the
+// upload state, which only SetSandboxUpload writes.
+const sandboxSelect = sandboxColumns + `, image_upload`
+
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
 	if err != nil {
@@ -152,17 +156,27 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id = ?, alias = ?, state = ?, vcpu = ?,
 		memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
 		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ?,
-		network_json = ?, traffic_token = ?, reboot_on_resume = ?, auto_pause_drop_memory = ?, auto_resume = ?
+		network_json = ?, traffic_token = ?, reboot_on_resume = ?, auto_pause_drop_memory = ?, auto_resume = ?,
+		image_upload = CASE WHEN ? = '' THEN '' ELSE image_upload END
 		WHERE id = ?`,
-		append(args[1:], sb.ID)...)
+		append(args[1:], sb.ImageDir, sb.ID)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}
 	return expectOneRow(res, "update sandbox "+sb.ID)
 }
 
+func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET image_upload = ? WHERE id = ? AND image_dir <> ''`,
+		string(state), id)
+	if err != nil {
+		return fmt.Errorf("record image upload of sandbox %s: %w", id, err)
+	}
+	return expectOneRow(res, "record image upload of sandbox "+id)
+}
+
 func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
-	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxColumns+` FROM sandboxes WHERE id = ?`, id)
+	row := s.db.QueryRowContext(ctx, `SELECT `+sandboxSelect+` FROM sandboxes WHERE id = ?`, id)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
@@ -174,7 +188,7 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, erro
 }
 
 func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
-	query := `SELECT ` + sandboxColumns + ` FROM sandboxes`
+	query := `SELECT ` + sandboxSelect + ` FROM sandboxes`
 	var where []string
 	var args []any
 	if len(f.States) > 0 {
@@ -310,16 +324,17 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var state, metadata, env, network string
+	var state, metadata, env, network, upload string
 	var autoPause, reboot, dropMemory, autoResume int
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
-		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume)
+		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume, &upload)
 	if err != nil {
 		return nil, err
 	}
 	sb.State = store.SandboxState(state)
+	sb.ImageUpload = store.UploadState(upload)
 	sb.AutoPause = autoPause != 0
 	sb.RebootOnResume = reboot != 0
 	sb.AutoPauseDropMemory = dropMemory != 0

@@ -66,6 +66,40 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 	if again.State != store.StateDead || again.EndedReason != "oom" || again.SlotIndex != -1 || again.Network != nil {
 		t.Fatalf("after update: %+v", again)
 	}
+	// The upload state of a paused-to-disk image: only an image can be
+	// uploaded; later updates keep the state while the image stays, and
+	// clear it with the image.
+	again.ImageDir = ""
+	if err := s.UpdateSandbox(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSandboxUpload(ctx, "sb1", store.UploadPending); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("upload state without an image: %v", err)
+	}
+	again.State, again.ImageDir = store.StatePaused, "/img/pause-sb1"
+	if err := s.UpdateSandbox(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSandboxUpload(ctx, "sb1", store.UploadUploaded); err != nil {
+		t.Fatal(err)
+	}
+	again.EndAt = again.EndAt.Add(time.Hour) // a stale copy, written again
+	if err := s.UpdateSandbox(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandbox(ctx, "sb1"); err != nil || got.ImageUpload != store.UploadUploaded {
+		t.Fatalf("upload state after an update: %+v %v", got, err)
+	}
+	again.ImageDir = ""
+	if err := s.UpdateSandbox(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandbox(ctx, "sb1"); err != nil || got.ImageUpload != store.UploadNone {
+		t.Fatalf("upload state after the image went: %+v %v", got, err)
+	}
+	if err := s.SetSandboxUpload(ctx, "nope", store.UploadPending); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("upload state of a missing sandbox: %v", err)
+	}
 	if err := s.DeleteSandbox(ctx, "sb1"); err != nil {
 		t.Fatal(err)
 	}

@@ -6,3 +6,6 @@ ALTER TABLE templates ADD COLUMN rootfs_id TEXT NOT NULL DEFAULT '';
 ALTER TABLE templates ADD COLUMN upload_state TEXT NOT NULL DEFAULT '';
 ALTER TABLE templates ADD COLUMN upload_error TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN shared_images BOOLEAN NOT NULL DEFAULT FALSE;
+-- The upload of a sandbox's paused-to-disk image: another node resumes it
+-- from the object store when this one is gone.
+ALTER TABLE sandboxes ADD COLUMN image_upload TEXT NOT NULL DEFAULT '';
