@@ -82,3 +82,18 @@ func (m *Manager) count(e *entry, add bool) {
 		m.tally.u = m.tally.u.minus(e.view().use())
 	}
 }
+
+// SandboxMemoryMB is the memory given to a sandbox this node holds, in
+// any phase (paused to disk too), read from its entry rather than the
+// store: false when the node holds no such sandbox.
+func (m *Manager) SandboxMemoryMB(id string) (int, bool) {
+	e := m.entry(id)
+	if e == nil {
+		return 0, false
+	}
+	v := e.view()
+	if v.phase == phaseGone {
+		return 0, false
+	}
+	return v.sb.MemoryMB, true
+}

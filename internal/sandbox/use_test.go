@@ -57,6 +57,9 @@ func TestUseKeptUpToDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("a pause to disk", Use{1, 0, 512})
+	if mb, ok := w.m.SandboxMemoryMB(b.ID); mb != 1024 || !ok {
+		t.Fatalf("memory of a sandbox on disk: %d %v", mb, ok)
+	}
 	forkOne(a.ID)
 	check("a fork of a paused sandbox", Use{2, 0, 1024})
 	c := forkOne(b.ID)
@@ -75,6 +78,9 @@ func TestUseKeptUpToDate(t *testing.T) {
 		}
 	}
 	check("kills", Use{2, 0, 1536})
+	if _, ok := w.m.SandboxMemoryMB(a.ID); ok {
+		t.Fatal("memory of a killed sandbox reported")
+	}
 	// Admission asks at every create: Use must not walk (or copy) the
 	// live set.
 	if n := testing.AllocsPerRun(100, func() { w.m.Use() }); n != 0 {

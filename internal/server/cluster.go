@@ -61,7 +61,7 @@ func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.
 	admission := cluster.NewAdmission(m, cluster.Limits{
 		MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, MaxStarting: c.cfg.MaxStarting,
 		DefaultMemoryMB: srv.DefaultMemoryMB,
-	}, m.Use)
+	})
 	addr, err := advertiseAddress(c.cfg.Advertise, srv.Listen)
 	if err != nil {
 		return nil, err
