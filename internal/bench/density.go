@@ -38,8 +38,8 @@ func (b *bench) runDensity(ctx context.Context) error {
 	b.rec.describe(figs.host, "PSS of the sandbox's or container's host processes, one sample per sandbox")
 	b.rec.describe(figs.available, "drop of the host's MemAvailable while they ran, divided by the count (includes the server's own share; noisy)")
 
-	_, okA := meminfo("MemAvailable")
-	total, okT := meminfo("MemTotal")
+	_, okA := memKiB("MemAvailable")
+	total, okT := memKiB("MemTotal")
 	if !okA || !okT {
 		return errors.New("cannot read /proc/meminfo")
 	}
@@ -62,7 +62,7 @@ func (b *bench) runDensity(ctx context.Context) error {
 // densityOn fills sys, measures and empties it; it returns how many
 // sandboxes it held.
 func (b *bench) densityOn(ctx context.Context, sys system, limits densityLimits, figs densityFigures) (int, error) {
-	availStart, _ := meminfo("MemAvailable")
+	availStart, _ := memKiB("MemAvailable")
 	var boxes []*box
 	defer func() { removeAll(context.WithoutCancel(ctx), sys, boxes, 8) }()
 	reason := ""
@@ -103,7 +103,7 @@ func (b *bench) densityOn(ctx context.Context, sys system, limits densityLimits,
 		return len(boxes), ctx.Err()
 	}
 	b.measureIdle(ctx, sys, boxes, figs)
-	if availNow, ok := meminfo("MemAvailable"); ok && len(boxes) > 0 && availNow < availStart {
+	if availNow, ok := memKiB("MemAvailable"); ok && len(boxes) > 0 && availNow < availStart {
 		b.rec.add(figs.available, sys.name(), float64(availStart-availNow)/1024/float64(len(boxes)))
 	}
 	return len(boxes), nil
@@ -143,7 +143,7 @@ func (l densityLimits) reached(n int, availStart uint64) string {
 	if n >= l.max {
 		return fmt.Sprintf("the count cap (%d)", l.max)
 	}
-	avail, ok := meminfo("MemAvailable")
+	avail, ok := memKiB("MemAvailable")
 	if !ok {
 		return "cannot read MemAvailable"
 	}

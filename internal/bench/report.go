@@ -1,15 +1,15 @@
 package bench
 
 import (
-	"bufio"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/aenv-dev/aenv/internal/meminfo"
 )
 
 // The systems a figure can be measured on. aenv is the server under test;
@@ -196,7 +196,7 @@ func describeMachine() Machine {
 	if unix.Uname(&uts) == nil {
 		m.Kernel = unix.ByteSliceToString(uts.Release[:])
 	}
-	if kb, ok := meminfo("MemTotal"); ok {
+	if kb, ok := memKiB("MemTotal"); ok {
 		m.MemoryMiB = int64(kb >> 10)
 	}
 	return m
@@ -216,20 +216,9 @@ func osName() string {
 	return runtime.GOOS
 }
 
-// meminfo returns a /proc/meminfo field in KiB.
-func meminfo(field string) (uint64, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == field+":" {
-			kb, err := strconv.ParseUint(fields[1], 10, 64)
-			return kb, err == nil
-		}
-	}
-	return 0, false
+// memKiB returns a /proc/meminfo field in KiB, the unit of the density
+// limits.
+func memKiB(field string) (uint64, bool) {
+	v, err := meminfo.Read(field)
+	return v >> 10, err == nil
 }

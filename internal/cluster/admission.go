@@ -29,16 +29,25 @@ type Limits struct {
 	DefaultMemoryMB int
 }
 
-// UseFunc reports what the node holds.
-type UseFunc func() sandbox.Use
+// Holder is the node behind admission. It answers from what it keeps in
+// memory: admission asks at every create and fork, and a store read (a
+// database round trip in a cluster) each time would slow them all.
+type Holder interface {
+	node.Node
+	// Use reports what the node holds.
+	Use() sandbox.Use
+	// SandboxMemoryMB is the memory given to a sandbox the node holds;
+	// false when it holds none by that ID.
+	SandboxMemoryMB(id string) (int, bool)
+}
 
 // Admission is a node.Node that refuses new sandboxes beyond the node's
 // limits or while the node is drained, and bounds concurrent starts. Every
 // other call passes through.
 type Admission struct {
 	node.Node
+	holder   Holder
 	limits   Limits
-	use      UseFunc
 	draining atomic.Bool
 	starting chan struct{} // a token per start in progress; nil: unbounded
 
@@ -49,8 +58,8 @@ type Admission struct {
 }
 
 // NewAdmission wraps n.
-func NewAdmission(n node.Node, limits Limits, use UseFunc) *Admission {
-	a := &Admission{Node: n, limits: limits, use: use}
+func NewAdmission(n Holder, limits Limits) *Admission {
+	a := &Admission{Node: n, holder: n, limits: limits}
 	if limits.MaxStarting > 0 {
 		a.starting = make(chan struct{}, limits.MaxStarting)
 	}
@@ -72,7 +81,7 @@ func (a *Admission) admit(n, memoryMB int) (int, func(), error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	u := a.use()
+	u := a.holder.Use()
 	fit := n
 	if max := a.limits.MaxSandboxes; max > 0 {
 		fit = min(fit, max-u.Sandboxes-a.reserved)
@@ -134,12 +143,13 @@ func (a *Admission) Create(ctx context.Context, req node.CreateRequest) (*store.
 }
 
 // Fork makes as many children as the node has room for and answers the
-// rest with why not, child by child.
+// rest with why not, child by child. Children have the source's memory
+// size; a source the node does not hold is the inner Fork's to refuse.
 func (a *Admission) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkResult, error) {
 	mem := a.limits.DefaultMemoryMB
 	if req.SandboxID != "" {
-		if sb, err := a.Node.Get(ctx, req.SandboxID); err == nil && sb.MemoryMB > 0 {
-			mem = sb.MemoryMB
+		if mb, ok := a.holder.SandboxMemoryMB(req.SandboxID); ok && mb > 0 {
+			mem = mb
 		}
 	} else if tpl, err := a.Node.GetTemplate(ctx, req.SnapshotID); err == nil && tpl.MemoryMB > 0 {
 		mem = tpl.MemoryMB

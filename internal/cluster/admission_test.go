@@ -14,8 +14,9 @@ import (
 )
 
 // fakeNode answers creates and forks, holding each create until release
-// is closed; use counts the sandboxes it made. Other Node methods are not
-// called by Admission's tests.
+// is closed; Use counts the sandboxes it made, each of memoryMB. Other
+// Node methods (Get among them: admission must not read the store) are
+// not called by Admission's tests.
 type fakeNode struct {
 	node.Node
 	release  chan struct{}
@@ -44,11 +45,9 @@ func (f *fakeNode) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkR
 	return out, nil
 }
 
-func (f *fakeNode) Get(ctx context.Context, id string) (*store.Sandbox, error) {
-	return &store.Sandbox{ID: id, MemoryMB: f.memoryMB}, nil
-}
+func (f *fakeNode) SandboxMemoryMB(id string) (int, bool) { return f.memoryMB, true }
 
-func (f *fakeNode) use() sandbox.Use {
+func (f *fakeNode) Use() sandbox.Use {
 	n := int(f.made.Load())
 	return sandbox.Use{Sandboxes: n, MemoryMB: n * f.memoryMB}
 }
@@ -71,7 +70,7 @@ func TestAdmissionLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFake(100)
-			a := NewAdmission(f, tc.limits, f.use)
+			a := NewAdmission(f, tc.limits)
 			// All creates are in flight at once: the reservations, not the
 			// node's reported use, must hold the limit.
 			var wg sync.WaitGroup
@@ -106,7 +105,7 @@ func TestAdmissionLimits(t *testing.T) {
 func TestAdmissionDraining(t *testing.T) {
 	f := newFake(100)
 	close(f.release)
-	a := NewAdmission(f, Limits{}, f.use)
+	a := NewAdmission(f, Limits{})
 	a.SetDraining(true)
 	if _, err := a.Create(context.Background(), node.CreateRequest{}); !errors.Is(err, node.ErrUnavailable) {
 		t.Fatalf("create on a drained node: %v", err)
@@ -125,7 +124,7 @@ func TestAdmissionDraining(t *testing.T) {
 func TestAdmissionForkPartial(t *testing.T) {
 	f := newFake(100)
 	close(f.release)
-	a := NewAdmission(f, Limits{MaxSandboxes: 5}, f.use)
+	a := NewAdmission(f, Limits{MaxSandboxes: 5})
 	f.made.Store(2)
 	results, err := a.Fork(context.Background(), node.ForkRequest{SandboxID: "p", Count: 5})
 	if err != nil {
@@ -141,11 +140,25 @@ func TestAdmissionForkPartial(t *testing.T) {
 	}
 }
 
+// Children are counted at the source's memory size, which the node
+// reports from memory (no store read).
+func TestAdmissionForkSizedBySource(t *testing.T) {
+	f := newFake(300)
+	a := NewAdmission(f, Limits{MemoryMB: 1000, DefaultMemoryMB: 50})
+	results, err := a.Fork(context.Background(), node.ForkRequest{SandboxID: "p", Count: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 5 || f.forked.Load() != 3 {
+		t.Fatalf("%d results, %d children asked of the node; want 5 and 3 (1000 MiB / 300 MiB)", len(results), f.forked.Load())
+	}
+}
+
 // Starts beyond MaxStarting wait for a turn, and give up with their
 // context.
 func TestAdmissionStartingBound(t *testing.T) {
 	f := newFake(100)
-	a := NewAdmission(f, Limits{MaxStarting: 1}, f.use)
+	a := NewAdmission(f, Limits{MaxStarting: 1})
 	first := make(chan error, 1)
 	go func() { _, err := a.Create(context.Background(), node.CreateRequest{}); first <- err }()
 	waitUntil(t, func() bool { return len(a.starting) == 1 })

@@ -51,7 +51,7 @@ func Join(ctx context.Context, db *postgres.Store, self postgres.Node, admission
 }
 
 func (m *Member) use() postgres.NodeUse {
-	u := m.admission.use()
+	u := m.admission.holder.Use()
 	return postgres.NodeUse{Sandboxes: u.Sandboxes, Starting: u.Starting, MemoryUsedMB: u.MemoryMB}
 }
 

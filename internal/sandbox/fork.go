@@ -1,16 +1,15 @@
 package sandbox
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/meminfo"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 )
@@ -212,22 +211,11 @@ func (m *Manager) checkCapacity(count int, perChild uint64) error {
 	return nil
 }
 
-// memAvailable reads MemAvailable from /proc/meminfo.
+// memAvailable is the memory the kernel can give without swapping, in
+// bytes.
 func memAvailable() (uint64, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemAvailable:" {
-			kb, err := strconv.ParseUint(fields[1], 10, 64)
-			return kb << 10, err == nil
-		}
-	}
-	return 0, false
+	v, err := meminfo.Read("MemAvailable")
+	return v, err == nil
 }
 
 // imageBytes is the size of the memory pages in a checkpoint image.

@@ -153,6 +153,8 @@ type Manager struct {
 	// orphans are records a failed create could not delete (disk full);
 	// they are hidden and retried.
 	orphans map[string]bool
+	// tally keeps Use, what the live entries hold, under its own lock.
+	tally tally
 
 	warm        *warmPool
 	prep        *preparedPool // nil when off
@@ -245,15 +247,23 @@ func (m *Manager) entries() []*entry {
 }
 
 func (m *Manager) register(e *entry) {
+	e.tally = &m.tally
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := m.live[e.id]; old != nil {
+		m.count(old, false)
+	}
 	m.live[e.id] = e
-	m.mu.Unlock()
+	m.count(e, true)
 }
 
 func (m *Manager) unregister(id string) {
 	m.mu.Lock()
-	delete(m.live, id)
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	if e := m.live[id]; e != nil {
+		m.count(e, false)
+		delete(m.live, id)
+	}
 }
 
 // lock returns the live entry of a sandbox with its lifecycle lock held

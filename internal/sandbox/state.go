@@ -141,6 +141,11 @@ type entry struct {
 	opsMu     sync.Mutex
 	ops       context.Context
 	cancelOps context.CancelFunc
+
+	// tally is the manager's, set by register before the entry is shared;
+	// counted says whether the view is in it (guarded by tally.mu).
+	tally   *tally
+	counted bool
 }
 
 func newEntry(v *view) *entry {
@@ -155,7 +160,7 @@ func (e *entry) view() *view { return e.cur.Load() }
 // publish makes v the sandbox's current view. When the sandbox leaves a
 // running stretch, calls bound to it end with cause.
 func (e *entry) publish(v *view, cause error) {
-	old := e.cur.Swap(v)
+	old := e.swap(v)
 	if old != nil && old.run != nil && old.run != v.run {
 		old.run.stop(cause)
 	}

@@ -1,5 +1,7 @@
 package sandbox
 
+import "sync"
+
 // Use is what a node holds, for its cluster heartbeat and admission.
 type Use struct {
 	Sandboxes int // running, paused in memory or starting
@@ -7,22 +9,91 @@ type Use struct {
 	MemoryMB  int // memory given to them
 }
 
-// Use counts the sandboxes that hold memory (a sandbox paused to disk
-// holds none) from their published views; it takes no lifecycle lock.
-func (m *Manager) Use() Use {
-	var u Use
-	for _, e := range m.entries() {
-		v := e.cur.Load()
-		if v == nil || v.phase == phaseOnDisk {
-			continue
-		}
-		u.Sandboxes++
-		if v.phase == phaseStarting {
-			u.Starting++
-		}
-		if v.sb != nil {
-			u.MemoryMB += v.sb.MemoryMB
-		}
+func (u Use) plus(d Use) Use {
+	return Use{Sandboxes: u.Sandboxes + d.Sandboxes, Starting: u.Starting + d.Starting, MemoryMB: u.MemoryMB + d.MemoryMB}
+}
+
+func (u Use) minus(d Use) Use {
+	return Use{Sandboxes: u.Sandboxes - d.Sandboxes, Starting: u.Starting - d.Starting, MemoryMB: u.MemoryMB - d.MemoryMB}
+}
+
+// use is a sandbox's share of its node's Use: a sandbox paused to disk
+// holds no memory and counts for nothing.
+func (v *view) use() Use {
+	if v == nil || v.phase == phaseOnDisk {
+		return Use{}
+	}
+	u := Use{Sandboxes: 1}
+	if v.phase == phaseStarting {
+		u.Starting = 1
+	}
+	if v.sb != nil {
+		u.MemoryMB = v.sb.MemoryMB
 	}
 	return u
+}
+
+// tally is the sum of the shares of the live entries' views, kept as
+// entries are registered, publish new views and are unregistered, so that
+// Use (asked by admission at every create) need not walk them.
+type tally struct {
+	mu sync.Mutex // a leaf lock: taken under Manager.mu, never the reverse
+	u  Use
+}
+
+// Use reports what the node holds, in constant time and without waiting
+// for any lifecycle operation.
+func (m *Manager) Use() Use {
+	m.tally.mu.Lock()
+	defer m.tally.mu.Unlock()
+	return m.tally.u
+}
+
+// swap makes v the entry's view and moves the entry's share of the tally
+// from the old view to v in one step, so that Use never counts a sandbox
+// twice or misses it.
+func (e *entry) swap(v *view) *view {
+	t := e.tally
+	if t == nil {
+		// Not registered yet: register counts the view it finds.
+		return e.cur.Swap(v)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := e.cur.Swap(v)
+	if e.counted {
+		t.u = t.u.minus(old.use()).plus(v.use())
+	}
+	return old
+}
+
+// count adds e's share to the tally, or with add false takes it away;
+// Manager.mu must be held, so that the count follows the live set.
+func (m *Manager) count(e *entry, add bool) {
+	m.tally.mu.Lock()
+	defer m.tally.mu.Unlock()
+	if e.counted == add {
+		return
+	}
+	e.counted = add
+	if add {
+		m.tally.u = m.tally.u.plus(e.view().use())
+	} else {
+		m.tally.u = m.tally.u.minus(e.view().use())
+	}
+}
+
+// SandboxMemoryMB is the memory given to a sandbox this node holds, in
+// any phase (paused to disk too), read from its entry rather than the
+// store: false when the node holds no such sandbox.
+func (m *Manager) SandboxMemoryMB(id string) (int, bool) {
+	e := m.entry(id)
+	if e == nil {
+		return 0, false
+	}
+	v := e.view()
+	if v.phase == phaseGone {
+		return 0, false
+	}
+	return v.sb.MemoryMB, true
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,12 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/meminfo"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
@@ -55,13 +54,13 @@ func openCluster(ctx context.Context, srv config.Server, cfg config.Cluster, log
 // manager behind the node's limits.
 func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.Manager, sharedImages bool) (node.Node, error) {
 	memLimit := 0
-	if total, ok := memTotalMB(); ok {
-		memLimit = total * c.cfg.MaxMemoryPercent / 100
+	if total, err := meminfo.Read("MemTotal"); err == nil {
+		memLimit = int(total>>20) * c.cfg.MaxMemoryPercent / 100
 	}
 	admission := cluster.NewAdmission(m, cluster.Limits{
 		MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, MaxStarting: c.cfg.MaxStarting,
 		DefaultMemoryMB: srv.DefaultMemoryMB,
-	}, m.Use)
+	})
 	addr, err := advertiseAddress(c.cfg.Advertise, srv.Listen)
 	if err != nil {
 		return nil, err
@@ -153,22 +152,4 @@ func advertiseAddress(configured, listen string) (string, error) {
 		}
 	}
 	return net.JoinHostPort(host, port), nil
-}
-
-// memTotalMB reads MemTotal from /proc/meminfo.
-func memTotalMB() (int, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
-			kb, err := strconv.Atoi(fields[1])
-			return kb >> 10, err == nil
-		}
-	}
-	return 0, false
 }
