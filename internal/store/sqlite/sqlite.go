@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"slices"
 	"sort"
@@ -39,7 +40,9 @@ func Open(ctx context.Context, path string) (*Store, error) {
 		return nil, err
 	}
 	// synchronous=FULL: a commit is on disk before the API acknowledges.
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)" +
+	// The path is escaped: in a file: URI a '#' or '?' in a directory name
+	// would cut it short and put the database somewhere else.
+	dsn := "file:" + (&url.URL{Path: path}).EscapedPath() + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)" +
 		"&_pragma=busy_timeout(10000)&_pragma=foreign_keys(ON)"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {

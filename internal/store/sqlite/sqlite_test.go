@@ -99,3 +99,33 @@ func TestFilesArePrivate(t *testing.T) {
 		})
 	}
 }
+
+// A data dir whose name has URI characters ('#', '?', '%') keeps its
+// database inside it (a t.Run name with a duplicate gets "#01").
+func TestOpenPathWithURICharacters(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a#b?c%20d")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "aenv.db")
+	s, err := Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(context.Background(), &store.Template{ID: "t1", Name: "t1"}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	entries, _ := os.ReadDir(filepath.Dir(dir))
+	if len(entries) != 1 {
+		t.Errorf("files beside the data dir: %v", entries)
+	}
+	again, err := Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if _, err := again.GetTemplate(context.Background(), "t1"); err != nil {
+		t.Errorf("reopened: %v", err)
+	}
+}
