@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"slices"
 	"sync"
 
 	"github.com/aenv-dev/aenv/internal/api"
@@ -51,47 +54,72 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	g.count("template")
 	candidates, why := g.holders(copies)
-	shares := g.nodes.split(candidates, copies[0].MemoryMB, count)
-	if len(shares) == 0 {
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf(
-			"no node can take a fork of snapshot %q now (%s); try again later", id, why))
-		return
-	}
-	// Each node's share keeps its place in the joined answer.
-	parts := make([][]json.RawMessage, len(shares))
-	var wg sync.WaitGroup
-	placed := 0
-	for i, sh := range shares {
-		placed += sh.count
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			parts[i] = g.forkOn(r, req, sh)
-		}()
-	}
-	wg.Wait()
 	out := make([]json.RawMessage, 0, count)
-	for _, p := range parts {
-		out = append(out, p...)
+	left := count
+	// A node that refuses its share (full, drained since the gateway last
+	// read the nodes, or not answering) has it placed on the others, as a
+	// create moves to the next node, for a few rounds.
+	for round := 0; left > 0 && round < maxCreateAttempts && len(candidates) > 0; round++ {
+		shares := g.nodes.split(candidates, copies[0].MemoryMB, left)
+		if len(shares) == 0 && round == 0 {
+			api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf(
+				"no node can take a fork of snapshot %q now (%s); try again later", id, why))
+			return
+		}
+		if len(shares) == 0 {
+			break
+		}
+		results := make([]forkResult, len(shares))
+		var wg sync.WaitGroup
+		for i, sh := range shares {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = g.forkOn(r, req, sh)
+			}()
+		}
+		wg.Wait()
+		left = 0
+		last := round == maxCreateAttempts-1
+		for i, res := range results {
+			if res.retry != "" && !last {
+				left += shares[i].count
+				why = res.retry
+				candidates = slices.DeleteFunc(candidates, func(n *nodeState) bool { return n.ID == shares[i].node.ID })
+				continue
+			}
+			out = append(out, res.items...)
+		}
 	}
-	for range count - placed {
+	for len(out) < count {
 		out = append(out, forkError(http.StatusServiceUnavailable,
-			fmt.Sprintf("no node had room for this child (%s)", why)))
+			fmt.Sprintf("no node could take this child of snapshot %q (%s)", id, why)))
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	json.NewEncoder(w).Encode(out)
 }
 
+// forkResult is one node's answer to its share: an item per child, or
+// (retry set) a refusal of the whole share another node may take.
+type forkResult struct {
+	items []json.RawMessage
+	retry string
+}
+
 // forkOn asks one node for its share of a fork; a node that fails answers
 // an error for each child of its share.
-func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh forkShare) []json.RawMessage {
-	fail := func(status int, msg string) []json.RawMessage {
-		out := make([]json.RawMessage, sh.count)
-		for i := range out {
-			out[i] = forkError(status, fmt.Sprintf("node %s: %s", sh.node.ID, msg))
+func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh forkShare) forkResult {
+	fail := func(status int, msg string) forkResult {
+		msg = fmt.Sprintf("node %s: %s", sh.node.ID, msg)
+		res := forkResult{items: make([]json.RawMessage, sh.count)}
+		for i := range res.items {
+			res.items[i] = forkError(status, msg)
 		}
-		return out
+		if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+			res.retry = msg
+		}
+		return res
 	}
 	share := make(map[string]json.RawMessage, len(req)+1)
 	for k, v := range req {
@@ -104,7 +132,11 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 	}
 	resp, err := g.send(r, sh.node, body)
 	if err != nil {
-		return fail(http.StatusServiceUnavailable, err.Error())
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return fail(http.StatusServiceUnavailable, err.Error()) // never reached it
+		}
+		return fail(http.StatusBadGateway, err.Error())
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
@@ -136,7 +168,7 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 			g.routes.put(child.Sandbox.SandboxID, sh.node.ID)
 		}
 	}
-	return items
+	return forkResult{items: items}
 }
 
 // forkError is a fork answer's item for a child that was not made.

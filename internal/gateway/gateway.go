@@ -317,13 +317,18 @@ func (g *Gateway) forwardSandbox(w http.ResponseWriter, r *http.Request, id stri
 		// The record goes with the sandbox; so does the route.
 		defer g.routes.forget(id)
 	}
+	if n, ok := g.nodes.current().get(nodeID); controlPlane && resumesSandbox(r) && (!ok || !n.reachable) {
+		g.takeOver(w, r, id, nodeID)
+		return
+	}
 	g.forwardNode(w, r, nodeID, id, controlPlane)
 }
 
 // nodeOf returns the node holding sandbox id: from the cache, else from
-// the database. A sandbox never moves, so a cached route stays right for
-// as long as the sandbox lives, and a stale one reaches the node that
-// held it, which answers that it is gone.
+// the database. A sandbox moves only when its node is gone (a sandbox
+// paused to disk resumed elsewhere, see takeOver), so a cached route stays
+// right while its node lives, and a stale one reaches the node that held
+// it, which answers that it is gone.
 func (g *Gateway) nodeOf(ctx context.Context, id string) (string, error) {
 	if n, ok := g.routes.get(id); ok {
 		return n, nil

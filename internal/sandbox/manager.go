@@ -104,6 +104,15 @@ type SharedImages interface {
 	Image(ctx context.Context, tpl *store.Template) (dir string, release func(), err error)
 	// Delete removes a deleted template's objects.
 	Delete(ctx context.Context, tpl *store.Template)
+	// UploadSandbox queues the upload of the image of a sandbox just
+	// paused to disk, with the root filesystem it needs; ForgetSandbox
+	// drops it (resumed or killed here).
+	UploadSandbox(sb *store.Sandbox, rootfsPath, rootfsID string)
+	ForgetSandbox(id string)
+	// TakeOver fetches into dir the image of another node's sandbox
+	// paused to disk, that node being gone, and makes the record this
+	// node's; store.ErrNotFound if there is none such.
+	TakeOver(ctx context.Context, id, dir string) (*store.Sandbox, error)
 }
 
 // SlotPool is what the manager needs of the network.
@@ -158,6 +167,8 @@ type Manager struct {
 
 	warm        *warmPool
 	prep        *preparedPool // nil when off
+	// takeOverMu serialises taking over other nodes' sandboxes (rare).
+	takeOverMu sync.Mutex
 	monitorDone chan struct{}
 }
 
@@ -770,6 +781,7 @@ func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 	}
 	if v.sb.ImageDir != "" {
 		m.removeImage(ctx, v.sb.ImageDir)
+		m.forgetUploaded(v.sb)
 	}
 	e.publish(&view{sb: v.sb, phase: phaseGone}, stoppedError(e.id, why))
 	m.unregister(e.id)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -153,6 +154,15 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
 // the sandbox was paused. A failed resume leaves it paused as it was.
 func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, reboot bool) (*store.Sandbox, bool, error) {
 	e, err := m.lockEntry(ctx, id, opResume)
+	if errors.Is(err, node.ErrNotFound) && m.cfg.Shared != nil {
+		// Another node's, paused to disk, that node gone: take it over.
+		switch terr := m.takeOver(ctx, id); {
+		case terr == nil:
+			e, err = m.lockEntry(ctx, id, opResume)
+		case !errors.Is(terr, store.ErrNotFound):
+			err = terr
+		}
+	}
 	if err != nil {
 		return nil, false, err
 	}
@@ -211,6 +221,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 	undo.Release()
 	if v.sb.ImageDir != "" {
 		m.removeImage(ctx, v.sb.ImageDir)
+		m.forgetUploaded(v.sb)
 	}
 	e.publish(&view{sb: updated, phase: phaseRunning, slot: slot, envd: envd, run: newRunScope()}, nil)
 	m.armTimer(e)
@@ -304,6 +315,7 @@ func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) er
 	if err := m.killInstance(ctx, e.id); err == nil {
 		m.releaseSlotLater(v.slot.Index, e.id)
 	}
+	m.uploadPaused(ctx, updated)
 	m.armTimer(e)
 	m.logger.InfoContext(ctx, "paused sandbox written to disk", "sandbox", e.id,
 		"took", time.Since(start).Round(time.Millisecond))
@@ -406,4 +418,67 @@ func (m *Manager) removeImage(ctx context.Context, dir string) {
 	if err := os.RemoveAll(dir); err != nil {
 		m.logger.WarnContext(ctx, "remove checkpoint image", "dir", dir, "err", err)
 	}
+}
+
+// uploadPaused queues the upload of the image of sb, just paused to disk,
+// to the object store (if there is one), so that another node can resume
+// it should this one be gone. Its template is shared with it: the root
+// filesystem must be in the store too.
+func (m *Manager) uploadPaused(ctx context.Context, sb *store.Sandbox) {
+	if m.cfg.Shared == nil {
+		return
+	}
+	tpl, err := m.GetTemplate(ctx, sb.TemplateID)
+	if err != nil {
+		m.logger.WarnContext(ctx, "upload of a paused sandbox: its template", "sandbox", sb.ID, "err", err)
+		return
+	}
+	if tpl.Upload == store.UploadNone && !m.cfg.Shared.Remote(tpl) {
+		if err := m.cfg.Shared.Share(tpl); err != nil {
+			m.logger.WarnContext(ctx, "upload of a paused sandbox: share its template", "sandbox", sb.ID, "err", err)
+			return
+		}
+		if err := m.store.PutTemplate(ctx, tpl); err != nil {
+			m.logger.WarnContext(ctx, "upload of a paused sandbox: record its template", "sandbox", sb.ID, "err", err)
+			return
+		}
+		m.share(ctx, tpl)
+	}
+	m.cfg.Shared.UploadSandbox(sb, tpl.RootfsPath, tpl.RootfsID)
+}
+
+// forgetUploaded drops the stored image of sb, whose image on disk is
+// gone (resumed or killed).
+func (m *Manager) forgetUploaded(sb *store.Sandbox) {
+	if m.cfg.Shared != nil {
+		m.cfg.Shared.ForgetSandbox(sb.ID)
+	}
+}
+
+// takeOver makes another node's sandbox paused to disk this node's, that
+// node being gone: its image is fetched from the object store, its record
+// claimed, and it is held here as paused on disk.
+func (m *Manager) takeOver(ctx context.Context, id string) error {
+	m.takeOverMu.Lock()
+	defer m.takeOverMu.Unlock()
+	if m.entry(id) != nil {
+		return nil // taken over by a call just before
+	}
+	if err := os.MkdirAll(m.cfg.ImagesDir, 0o700); err != nil {
+		return fmt.Errorf("take over %s: %w", id, err)
+	}
+	dir := m.pauseImageDir(id)
+	// No record of this node names dir: what is there is debris.
+	os.RemoveAll(dir)
+	sb, err := m.cfg.Shared.TakeOver(ctx, id, dir)
+	if err != nil {
+		return err
+	}
+	e := newEntry(&view{sb: sb, phase: phaseOnDisk})
+	m.register(e)
+	e.mu.Lock()
+	m.armTimer(e)
+	e.mu.Unlock()
+	m.logger.InfoContext(ctx, "took over a sandbox paused to disk", "sandbox", id)
+	return nil
 }

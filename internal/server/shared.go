@@ -51,6 +51,9 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 	scfg := shared.Config{
 		Store: objects, Dir: filepath.Join(cfg.DataDir, "shared"), CacheBytes: int64(cfg.ImageCacheMB) << 20,
 		Records: st, AllTemplates: st.ListTemplates,
+		AllSandboxes: func(ctx context.Context) ([]*store.Sandbox, error) {
+			return st.ListSandboxes(ctx, store.SandboxFilter{})
+		},
 		GCInterval: config.Seconds(cfg.ObjectStoreGCSecs), GCGrace: config.Seconds(cfg.ObjectStoreGCSecs),
 		Logger: logger,
 	}
@@ -58,6 +61,11 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 		scfg.NodeID = member.id
 		scfg.Find = member.db.SharedTemplate
 		scfg.AllTemplates = member.db.AllTemplates
+		scfg.AllSandboxes = member.db.AllSandboxes
+		scfg.Orphan, scfg.Claim = member.db.OrphanSandbox, member.db.ClaimSandbox
+		// A node silent for five heartbeats is gone for the purpose of
+		// taking its sandboxes paused to disk over.
+		scfg.SilentFor = 5 * time.Duration(member.cfg.HeartbeatIntervalMS) * time.Millisecond
 	}
 	images, err := shared.Open(scfg)
 	if err != nil {

@@ -11,9 +11,12 @@
 //
 //	templates/<template ID>  a snapshot's checkpoint image
 //	rootfs/<rootfs ID>       a root filesystem (see template.RootfsID)
+//	sandboxes/<sandbox ID>   the image of a sandbox paused to disk
 //
 // A snapshot is usable elsewhere once both its image and its root
-// filesystem are uploaded; its record says "uploaded" only then.
+// filesystem are uploaded; its record says "uploaded" only then. So is a
+// sandbox paused to disk: when its node is gone, another node takes its
+// record over (TakeOver) and resumes it from the store.
 package shared
 
 import (
@@ -36,6 +39,7 @@ import (
 type Records interface {
 	ListTemplates(ctx context.Context) ([]*store.Template, error)
 	SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string) error
+	SetSandboxUpload(ctx context.Context, id string, state store.UploadState) error
 }
 
 // Config wires Images.
@@ -52,9 +56,18 @@ type Config struct {
 	// (ErrNotFound if none); nil on a single server, where every template
 	// is the node's own.
 	Find func(ctx context.Context, idOrName string) (*store.Template, error)
-	// AllTemplates lists every template record that may refer to objects
-	// (the whole cluster's); the garbage collector keeps what they name.
+	// AllTemplates and AllSandboxes list every record that may refer to
+	// objects (the whole cluster's); the garbage collector keeps what
+	// they name.
 	AllTemplates func(ctx context.Context) ([]*store.Template, error)
+	AllSandboxes func(ctx context.Context) ([]*store.Sandbox, error)
+	// Orphan returns another node's sandbox paused to disk whose image is
+	// uploaded and whose node has been silent for SilentFor (ErrNotFound
+	// otherwise); Claim makes it this node's, its image at imageDir, on
+	// the same conditions. nil on a single server.
+	Orphan    func(ctx context.Context, id string, silentFor time.Duration) (*store.Sandbox, error)
+	Claim     func(ctx context.Context, id, imageDir string, silentFor time.Duration) (*store.Sandbox, error)
+	SilentFor time.Duration
 	// GCInterval is how often unreferenced objects are collected, GCGrace
 	// how old an unreferenced object must be (longer than any upload);
 	// 0 turns collection off.
@@ -71,6 +84,10 @@ type Images struct {
 
 	mu   sync.Mutex
 	jobs map[string]job // upload key → what to upload
+	// forgotten: sandbox images dropped while their upload may run.
+	forgotten map[string]bool
+	// background counts deletes started by ForgetSandbox; Run waits.
+	background sync.WaitGroup
 	// rootfsUp: rootfs IDs known to be in the store.
 	rootfsUp map[string]bool
 	// rootfsLocks serialise the upload and the fetch of one rootfs.
@@ -79,8 +96,11 @@ type Images struct {
 	localIDs map[string]string
 }
 
+// job is one upload: a template's files, or a sandbox's image (sandboxID
+// set) with the root filesystem it needs.
 type job struct {
 	templateID string
+	sandboxID  string
 	kind       store.TemplateKind
 	rootfsPath string
 	rootfsID   string
@@ -94,7 +114,7 @@ func Open(cfg Config) (*Images, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "rootfs"), 0o755); err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
 	}
-	im := &Images{cfg: cfg, jobs: map[string]job{}, rootfsUp: map[string]bool{},
+	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{}, rootfsUp: map[string]bool{},
 		rootfsLocks: map[string]*sync.Mutex{}, localIDs: map[string]string{}}
 	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store)
 	if err != nil {
@@ -120,6 +140,7 @@ func (im *Images) Remote(tpl *store.Template) bool {
 // ends.
 func (im *Images) Run(ctx context.Context) {
 	defer im.cache.Close()
+	defer im.background.Wait()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Add(1)
@@ -136,7 +157,7 @@ func (im *Images) Run(ctx context.Context) {
 			}
 		}
 	}
-	if im.cfg.GCInterval > 0 && im.cfg.AllTemplates != nil {
+	if im.cfg.GCInterval > 0 && im.cfg.AllTemplates != nil && im.cfg.AllSandboxes != nil {
 		tick := time.NewTicker(im.cfg.GCInterval)
 		defer tick.Stop()
 		for {
@@ -188,20 +209,57 @@ func (im *Images) enqueue(tpl *store.Template) {
 	}
 }
 
-// Put uploads one template: its root filesystem unless the store has it,
-// then its checkpoint image. The uploader calls it and retries it.
+// UploadSandbox queues the upload of the image of sb, just paused to disk
+// (recorded), and of its root filesystem: tpl, its template, is shared
+// first if it is not yet (its record written with Share).
+func (im *Images) UploadSandbox(sb *store.Sandbox, rootfsPath, rootfsID string) {
+	key := sandboxKey(sb.ID)
+	im.mu.Lock()
+	im.jobs[key] = job{sandboxID: sb.ID, rootfsPath: rootfsPath, rootfsID: rootfsID}
+	im.mu.Unlock()
+	if err := im.uploader.Enqueue(key, sb.ImageDir); err != nil {
+		im.cfg.Logger.Warn("shared images: queue upload", "sandbox", sb.ID, "err", err)
+	}
+}
+
+// ForgetSandbox drops the stored image of sandbox id (resumed or killed
+// here): an upload not begun is skipped, one running is deleted when done.
+func (im *Images) ForgetSandbox(id string) {
+	key := sandboxKey(id)
+	im.mu.Lock()
+	if _, queued := im.jobs[key]; queued {
+		delete(im.jobs, key)
+		im.forgotten[key] = true
+	}
+	im.mu.Unlock()
+	// In the background: the caller holds the sandbox, and the store may
+	// be slow or away (the collector removes what this misses).
+	im.background.Add(1)
+	go func() {
+		defer im.background.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := im.cfg.Store.Delete(ctx, key); err != nil {
+			im.cfg.Logger.Warn("shared images: delete a sandbox's image (the collector retries)", "sandbox", id, "err", err)
+		}
+	}()
+}
+
+// Put uploads one job: the root filesystem unless the store has it, then
+// the checkpoint image. The uploader calls it and retries it. A job
+// forgotten meanwhile (its sandbox resumed) is done: nothing to upload.
 func (im *Images) Put(ctx context.Context, key, dir string) (objectstore.Manifest, error) {
 	im.mu.Lock()
 	j, ok := im.jobs[key]
 	im.mu.Unlock()
 	if !ok {
-		return objectstore.Manifest{}, fmt.Errorf("upload %s: not queued", key)
+		return objectstore.Manifest{}, nil
 	}
 	m, err := im.putRootfs(ctx, j.rootfsID, j.rootfsPath)
 	if err != nil {
 		return objectstore.Manifest{}, err
 	}
-	if j.kind == store.KindRootfs || j.kind == "" {
+	if j.sandboxID == "" && (j.kind == store.KindRootfs || j.kind == "") {
 		return m, nil // a rootfs template is its root filesystem
 	}
 	return im.cfg.Store.Put(ctx, key, dir)
@@ -239,8 +297,20 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 	if ok && (st.State == objectstore.UploadUploaded || st.State == objectstore.UploadFailed && st.Retry.IsZero()) {
 		delete(im.jobs, st.Key)
 	}
+	forgotten := im.forgotten[st.Key]
+	if forgotten && st.State == objectstore.UploadUploaded {
+		delete(im.forgotten, st.Key)
+	}
 	im.mu.Unlock()
 	if !ok {
+		if forgotten && st.State == objectstore.UploadUploaded {
+			// Forgotten while it ran: what it wrote is nobody's.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := im.cfg.Store.Delete(ctx, st.Key); err != nil {
+				im.cfg.Logger.Warn("shared images: remove a forgotten image", "key", st.Key, "err", err)
+			}
+		}
 		return
 	}
 	msg := ""
@@ -249,6 +319,10 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if j.sandboxID != "" {
+		im.recordSandboxUpload(ctx, j, st)
+		return
+	}
 	err := im.cfg.Records.SetTemplateUpload(ctx, j.templateID, store.UploadState(st.State), msg)
 	switch {
 	case errors.Is(err, store.ErrNotFound) && st.State == objectstore.UploadUploaded:
@@ -267,6 +341,57 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 		im.cfg.Logger.Warn("shared images: upload failed", "template", j.templateID, "attempt", st.Attempt,
 			"retry", st.Retry, "err", st.Err)
 	}
+}
+
+// recordSandboxUpload is recordUpload for a sandbox's image. One whose
+// record holds no image any more (resumed meanwhile) has it deleted.
+func (im *Images) recordSandboxUpload(ctx context.Context, j job, st objectstore.UploadStatus) {
+	err := im.cfg.Records.SetSandboxUpload(ctx, j.sandboxID, store.UploadState(st.State))
+	if st.State != objectstore.UploadUploaded {
+		if st.Err != nil {
+			im.cfg.Logger.Warn("shared images: upload of a sandbox's image failed", "sandbox", j.sandboxID,
+				"attempt", st.Attempt, "retry", st.Retry, "err", st.Err)
+		}
+		return
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		if err := im.cfg.Store.Delete(ctx, st.Key); err != nil {
+			im.cfg.Logger.Warn("shared images: remove the image of a resumed sandbox", "key", st.Key, "err", err)
+		}
+		return
+	}
+	if err != nil {
+		im.cfg.Logger.Warn("shared images: record upload state", "sandbox", j.sandboxID, "err", err)
+		return
+	}
+	im.cfg.Logger.Info("shared images: sandbox image uploaded", "sandbox", j.sandboxID, "attempt", st.Attempt)
+}
+
+// TakeOver makes another node's sandbox paused to disk this node's: when
+// that node has been silent long enough and the image is uploaded, the
+// image is fetched into dir (which must not exist) and the record claimed.
+// ErrNotFound if there is no such sandbox; the record is unchanged when
+// anything fails.
+func (im *Images) TakeOver(ctx context.Context, id, dir string) (*store.Sandbox, error) {
+	if im.cfg.Orphan == nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+	}
+	sb, err := im.cfg.Orphan(ctx, id, im.cfg.SilentFor)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if _, err := im.cfg.Store.Get(ctx, sandboxKey(id), dir); err != nil {
+		return nil, fmt.Errorf("fetch the image of sandbox %s: %w", id, err)
+	}
+	claimed, err := im.cfg.Claim(ctx, id, dir, im.cfg.SilentFor)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("take over sandbox %s: %w", id, err)
+	}
+	im.cfg.Logger.InfoContext(ctx, "shared images: took over a sandbox paused to disk", "sandbox", id,
+		"from", sb.NodeID, "took", time.Since(start).Round(time.Millisecond))
+	return claimed, nil
 }
 
 // Idle reports whether no upload is queued, running or waiting to retry.
@@ -412,12 +537,21 @@ func (im *Images) CollectGarbage(ctx context.Context) (objectstore.GCStats, erro
 	if err != nil {
 		return objectstore.GCStats{}, fmt.Errorf("list templates: %w", err)
 	}
-	return im.cfg.Store.GC(ctx, LiveKeys(templates), im.cfg.GCGrace)
+	sandboxes, err := im.cfg.AllSandboxes(ctx)
+	if err != nil {
+		return objectstore.GCStats{}, fmt.Errorf("list sandboxes: %w", err)
+	}
+	return im.cfg.Store.GC(ctx, LiveKeys(templates, sandboxes), im.cfg.GCGrace)
 }
 
-// LiveKeys says which object keys the templates refer to.
-func LiveKeys(templates []*store.Template) func(key string) bool {
+// LiveKeys says which object keys the records refer to.
+func LiveKeys(templates []*store.Template, sandboxes []*store.Sandbox) func(key string) bool {
 	live := map[string]bool{}
+	for _, sb := range sandboxes {
+		if sb.ImageUpload != store.UploadNone && sb.ImageDir != "" {
+			live[sandboxKey(sb.ID)] = true
+		}
+	}
 	for _, t := range templates {
 		if t.Upload == store.UploadNone {
 			continue
@@ -432,3 +566,4 @@ func LiveKeys(templates []*store.Template) func(key string) bool {
 
 func imageKey(templateID string) string { return "templates/" + templateID }
 func rootfsKey(id string) string        { return "rootfs/" + id }
+func sandboxKey(id string) string       { return "sandboxes/" + id }

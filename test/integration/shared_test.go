@@ -3,7 +3,12 @@ package integration
 import (
 	"context"
 	"errors"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +17,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/client"
 	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
+	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
 // Templates and snapshots shared through a real S3 server (weed): a
@@ -185,6 +191,11 @@ func TestClusterSharedSnapshot(t *testing.T) {
 	if err := g.api.DrainNode(context.Background(), "node-a", false); err != nil {
 		t.Fatal(err)
 	}
+	// The node learns of the undrain at its next heartbeat.
+	waitFor(t, time.Minute, "node-a taking sandboxes again", func() bool {
+		_, err := a.api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: "base"})
+		return err == nil
+	})
 	waitFor(t, time.Minute, "node-a ready", func() bool { return g.nodeStates(t)["node-a"].State == "ready" })
 
 	// A fork of the snapshot is split over the three nodes; every child
@@ -271,4 +282,106 @@ func TestClusterSharedUploadRetried(t *testing.T) {
 	if out := b.exec(id, client.ExecuteRequest{Command: "cat /tmp/mark"}).Stdout; strings.TrimSpace(out) != "kept" {
 		t.Errorf("restored on node-b after the retried upload: %q", out)
 	}
+}
+
+// A sandbox paused to disk outlives its node: its image is uploaded, and
+// when the node is killed for good a resume through the gateway restores
+// it on another node, memory intact; the record and the route move with
+// it, and its stored image is removed once it runs again.
+func TestClusterSharedResumeElsewhere(t *testing.T) {
+	srv := s3test.Start(t)
+	c := newCluster(t)
+	a := c.sharedNode("node-a", srv)
+	b := c.sharedNode("node-b", srv)
+	g := c.addGateway()
+	g.waitReady(t, "node-a", "node-b")
+
+	id := a.create(map[string]any{"templateID": "base", "timeout": 600}).SandboxID
+	a.exec(id, client.ExecuteRequest{Command: memoryKeeper})
+	var want string
+	waitFor(t, time.Minute, "memory keeper answering", func() bool {
+		res, err := a.api.Execute(context.Background(), id, client.ExecuteRequest{
+			Command: "curl -s --max-time 5 http://127.0.0.1:7000/"})
+		if err != nil || len(strings.TrimSpace(res.Stdout)) != 64 {
+			return false
+		}
+		want = strings.TrimSpace(res.Stdout)
+		return true
+	})
+	if err := g.api.Pause(context.Background(), id, client.PauseRequest{ToDisk: true}); err != nil {
+		t.Fatalf("pause to disk: %v", err)
+	}
+	paused := time.Now()
+	waitFor(t, 3*time.Minute, "image of the paused sandbox uploaded", func() bool {
+		keys := objectKeys(t, srv, "cluster/images/sandboxes/"+id+"/")
+		return len(keys) > 0 && len(objectKeys(t, srv, "cluster/images/rootfs/")) > 0 &&
+			a.sandboxUpload(t, id) == "uploaded"
+	})
+	t.Logf("paused sandbox's image uploaded %v after the pause", time.Since(paused).Round(time.Millisecond))
+
+	// Node a is gone for good: its process killed (its sandbox, paused
+	// to disk, has no process of its own).
+	a.stop(syscall.SIGKILL)
+	waitFor(t, 3*nodeTimeout+5*time.Second, "node-a unreachable", func() bool {
+		return g.nodeStates(t)["node-a"].State == "unreachable"
+	})
+	start := time.Now()
+	waitFor(t, time.Minute, "resumed elsewhere", func() bool {
+		r := g.doNoFail(http.MethodPost, "/sandboxes/"+id+"/resume", map[string]any{})
+		if r.status == http.StatusServiceUnavailable {
+			return false // not silent long enough yet by the database's clock
+		}
+		if r.status != http.StatusCreated && r.status != http.StatusOK {
+			t.Fatalf("resume: %d %s", r.status, truncate(r.body))
+		}
+		return true
+	})
+	t.Logf("resumed on another node %v after node-a was reported unreachable", time.Since(start).Round(time.Millisecond))
+	if node, state := g.sandboxNode(t, id); node != "node-b" || state != "running" {
+		t.Fatalf("after the resume: %s on %s, want running on node-b", state, node)
+	}
+	if res := b.exec(id, client.ExecuteRequest{Command: "echo here"}); strings.TrimSpace(res.Stdout) != "here" {
+		t.Errorf("straight to node-b: %q", res.Stdout)
+	}
+	got, wantFile := memoryDigest(t, g.api, id)
+	if got != want || wantFile != want {
+		t.Errorf("memory after the move: digest %q, file %q, want %q", got, wantFile, want)
+	}
+	waitFor(t, time.Minute, "stored image removed after the resume", func() bool {
+		return len(objectKeys(t, srv, "cluster/images/sandboxes/"+id+"/")) == 0
+	})
+	// Node a comes back: the sandbox is not its any more, and it removes
+	// the image it held.
+	old := filepath.Join(a.dataDir, "images", "pause-"+id)
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("node-a's image of the paused sandbox: %v", err)
+	}
+	a.start()
+	g.waitReady(t, "node-a")
+	if _, err := os.Stat(old); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("node-a kept the image of the sandbox it no longer holds: %v", err)
+	}
+	if node, _ := g.sandboxNode(t, id); node != "node-b" {
+		t.Errorf("after node-a came back the sandbox shows on %s", node)
+	}
+	if err := g.api.DeleteSandbox(context.Background(), id); err != nil {
+		t.Fatalf("kill the moved sandbox: %v", err)
+	}
+}
+
+// sandboxUpload reads the upload state of a sandbox's image from s's
+// database view (GET /sandboxes/{id} does not carry it; the cluster store
+// does).
+func (s *server) sandboxUpload(t testing.TB, id string) string {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), s.cluster.dsn)
+	if err != nil {
+		t.Fatalf("open the cluster database: %v", err)
+	}
+	defer db.Close()
+	sb, err := db.GetSandbox(context.Background(), id)
+	if err != nil {
+		return ""
+	}
+	return string(sb.ImageUpload)
 }

@@ -307,3 +307,46 @@ func (s *Store) RunningTokens(ctx context.Context) ([]SandboxToken, error) {
 func (s *Store) AllTemplates(ctx context.Context) ([]*store.Template, error) {
 	return s.listTemplates(ctx, "")
 }
+
+// orphanWhere selects sandbox $1 when another node than $2 holds it paused
+// to disk with its image uploaded, and that node has not reported for $3
+// nanoseconds: a sandbox node $2 may take over.
+const orphanWhere = `id = $1 AND node_id <> $2 AND state = 'paused' AND image_dir <> ''
+	AND image_upload = 'uploaded'
+	AND node_id IN (SELECT id FROM nodes WHERE heartbeat_at < ` + dbNow + ` - $3)`
+
+// OrphanSandbox returns sandbox id if this node may take it over (see
+// orphanWhere); ErrNotFound otherwise.
+func (s *Store) OrphanSandbox(ctx context.Context, id string, silentFor time.Duration) (*store.Sandbox, error) {
+	sb, err := scanSandbox(s.pool.QueryRow(ctx, `SELECT `+sandboxSelect+` FROM sandboxes WHERE `+orphanWhere,
+		id, s.node, silentFor.Nanoseconds()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("sandbox %s paused to disk on a silent node: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// ClaimSandbox makes sandbox id this node's, its image now at imageDir,
+// if it still may (see orphanWhere): of nodes claiming at once, one wins.
+func (s *Store) ClaimSandbox(ctx context.Context, id, imageDir string, silentFor time.Duration) (*store.Sandbox, error) {
+	sb, err := scanSandbox(s.pool.QueryRow(ctx, `UPDATE sandboxes SET node_id = $2, image_dir = $4, slot_index = -1
+		WHERE `+orphanWhere+` RETURNING `+sandboxSelect, id, s.node, silentFor.Nanoseconds(), imageDir))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("claim sandbox %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+// AllSandboxes lists every node's sandboxes (the object store's garbage
+// collector keeps the images they refer to).
+func (s *Store) AllSandboxes(ctx context.Context) ([]*store.Sandbox, error) {
+	all := *s
+	all.node = ""
+	return all.ListSandboxes(ctx, store.SandboxFilter{})
+}

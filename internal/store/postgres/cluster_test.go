@@ -237,3 +237,59 @@ func TestBuildRoutes(t *testing.T) {
 		t.Errorf("after the move: %q", got)
 	}
 }
+
+// A sandbox paused to disk, its image uploaded, is taken over by another
+// node only once its own has been silent, and by one node only.
+func TestTakeOverSandbox(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewDatabase(t)
+	all, a, b, c := open(t, dsn), openNode(t, dsn, "a"), openNode(t, dsn, "b"), openNode(t, dsn, "c")
+	for _, id := range []string{"a", "b", "c"} {
+		if err := all.RegisterNode(ctx, Node{ID: id, Address: id + ":1", StartedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb := &store.Sandbox{ID: "sb1", State: store.StatePaused, ImageDir: "/a/pause-sb1", SlotIndex: -1,
+		AccessToken: "tok", StartedAt: time.Now()}
+	if err := a.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.OrphanSandbox(ctx, "sb1", 0); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("an image not uploaded was offered: %v", err)
+	}
+	if err := a.SetSandboxUpload(ctx, "sb1", store.UploadUploaded); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.OrphanSandbox(ctx, "sb1", time.Hour); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a sandbox of a node that just reported was offered: %v", err)
+	}
+	if _, err := a.OrphanSandbox(ctx, "sb1", 0); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a node was offered its own sandbox: %v", err)
+	}
+	if _, err := b.ClaimSandbox(ctx, "sb1", "/b/pause-sb1", time.Hour); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("claimed while its node reports: %v", err)
+	}
+	// Node a falls silent for an hour; the others keep reporting.
+	if _, err := all.pool.Exec(ctx, `UPDATE nodes SET heartbeat_at = heartbeat_at - 3600000000000 WHERE id = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.OrphanSandbox(ctx, "sb1", time.Minute); err != nil || got.NodeID != "a" || got.AccessToken != "tok" {
+		t.Fatalf("orphan: %+v %v", got, err)
+	}
+	got, err := b.ClaimSandbox(ctx, "sb1", "/b/pause-sb1", time.Minute)
+	if err != nil || got.NodeID != "b" || got.ImageDir != "/b/pause-sb1" || got.ImageUpload != store.UploadUploaded {
+		t.Fatalf("claim: %+v %v", got, err)
+	}
+	if _, err := c.ClaimSandbox(ctx, "sb1", "/c/pause-sb1", time.Minute); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("claimed twice: %v", err)
+	}
+	if _, err := a.GetSandbox(ctx, "sb1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the old node still has the record: %v", err)
+	}
+	if err := a.UpdateSandbox(ctx, sb); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the old node could still write the record: %v", err)
+	}
+	if list, err := b.AllSandboxes(ctx); err != nil || len(list) != 1 {
+		t.Errorf("all sandboxes: %v %v", list, err)
+	}
+}
