@@ -100,7 +100,11 @@ bench: build ## The benchmark suite against the running server (AENV_URL, AENV_A
 
 .PHONY: bench-go
 bench-go: build ## Go benchmarks of single operations, next to raw runsc and runc (starts its own servers)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -benchtime 20x -timeout 30m ./test/integration/
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared' -benchtime 20x -timeout 30m ./test/integration/
+
+.PHONY: bench-shared
+bench-shared: build $(BIN)/weed ## The object store in a cluster of three nodes: 300 MB upload, cold and warm create, fork of 64 over three nodes and one (minutes per run)
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'ClusterShared|RawRunscCheckpointRestore' -benchtime 2x -timeout 60m ./test/integration/
 
 .PHONY: clean-test
 clean-test: ## Remove debris a failed test run left (sandboxes, mounts, namespaces, veths)

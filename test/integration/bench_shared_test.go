@@ -1,0 +1,163 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
+)
+
+// BenchmarkClusterShared measures the object store in a cluster of three
+// nodes on this machine with a real S3 server (weed), per iteration:
+//
+//   - upload: a snapshot of a sandbox holding 300 MB of random memory,
+//     from the snapshot's answer until its record says uploaded (its root
+//     filesystem is in the store from the first iteration on);
+//   - cold / warm: create from it on another node until a command answers,
+//     the first fetching the image into that node's cache, the second
+//     reading the cache;
+//   - fork-3-nodes / fork-1-node: a fork of 64 children from a small
+//     snapshot through the gateway, split over the three nodes, against
+//     the same fork on one node, until every child answers a command.
+//
+// It is slow (minutes per iteration) and runs on its own:
+// `make bench-shared`, beside raw runsc's checkpoint and restore.
+func BenchmarkClusterShared(b *testing.B) {
+	srv := s3test.Start(b)
+	c := newCluster(b)
+	// /22s: a fork of 64 on one node needs more slots than a /24 has.
+	na := c.sharedNode("node-a", srv, "--sandbox-cidr", "10.236.0.0/22")
+	nb := c.sharedNode("node-b", srv, "--sandbox-cidr", "10.236.4.0/22")
+	c.sharedNode("node-c", srv, "--sandbox-cidr", "10.236.8.0/22")
+	g := c.addGateway()
+	g.waitReady(b, "node-a", "node-b", "node-c")
+	ctx := context.Background()
+
+	big := na.create(map[string]any{"templateID": "base", "memoryMB": 1024, "timeout": 3600}).SandboxID
+	na.exec(big, client.ExecuteRequest{Command: `nohup python3 -c '
+import os, time
+buf = os.urandom(300 << 20)
+open("/tmp/ready", "w").write("ok")
+time.sleep(1e9)
+' >/dev/null 2>&1 &`})
+	waitFor(b, 2*time.Minute, "300 MB in memory", func() bool {
+		res, err := na.api.Execute(ctx, big, client.ExecuteRequest{Command: "cat /tmp/ready"})
+		return err == nil && res.Stdout == "ok"
+	})
+	small := na.create(map[string]any{"templateID": "base", "memoryMB": 256, "timeout": 3600}).SandboxID
+	smallSnap, err := g.api.CreateSnapshot(ctx, small, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	waitUploaded(b, g, smallSnap.SnapshotID)
+	// Every node's cache gets the small image before the forks are timed.
+	for _, id := range g.fork(b, smallSnap.SnapshotID, 3) {
+		g.api.DeleteSandbox(ctx, id)
+	}
+
+	var upload, cold, warm, forkCluster, forkOne []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		snap, err := g.api.CreateSnapshot(ctx, big, "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		answered := time.Now()
+		waitUploaded(b, g, snap.SnapshotID)
+		upload = append(upload, time.Since(answered))
+		for i := range 2 {
+			t0 := time.Now()
+			id := nb.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+			nb.exec(id, client.ExecuteRequest{Command: "true"})
+			if i == 0 {
+				cold = append(cold, time.Since(t0))
+			} else {
+				warm = append(warm, time.Since(t0))
+			}
+			nb.api.DeleteSandbox(ctx, id)
+		}
+		g.api.DeleteTemplate(ctx, snap.SnapshotID)
+
+		t0 := time.Now()
+		children := g.fork(b, smallSnap.SnapshotID, 64)
+		forkCluster = append(forkCluster, time.Since(t0))
+		deleteAll(g.api, children)
+		t0 = time.Now()
+		children = na.fork("/snapshots/"+smallSnap.SnapshotID+"/fork", 64)
+		execAll(b, na.api, children)
+		forkOne = append(forkOne, time.Since(t0))
+		deleteAll(na.api, children)
+	}
+	b.StopTimer()
+	reportNamed(b, "upload-300MB", upload)
+	reportNamed(b, "create-cold-300MB", cold)
+	reportNamed(b, "create-warm-300MB", warm)
+	reportNamed(b, "fork64-3-nodes", forkCluster)
+	reportNamed(b, "fork64-1-node", forkOne)
+	p3, _ := percentiles(forkCluster)
+	p1, _ := percentiles(forkOne)
+	b.ReportMetric(p3/64, "fork64-3-nodes-per-child-ms")
+	b.ReportMetric(p1/64, "fork64-1-node-per-child-ms")
+}
+
+// waitUploaded waits until the gateway lists template id as uploaded.
+func waitUploaded(tb testing.TB, g *gateway, id string) {
+	tb.Helper()
+	waitFor(tb, 5*time.Minute, "template "+id+" uploaded", func() bool {
+		state, _ := templateUpload(tb, g, id)
+		return state == "uploaded"
+	})
+}
+
+// fork forks a snapshot through the gateway and waits until every child
+// answers a command.
+func (g *gateway) fork(tb testing.TB, snapshot string, count int) []string {
+	tb.Helper()
+	items, err := g.api.ForkSnapshot(context.Background(), snapshot, count)
+	if err != nil {
+		tb.Fatalf("fork %d of %s: %v", count, snapshot, err)
+	}
+	var ids []string
+	for _, it := range items {
+		if it.Error != nil {
+			tb.Fatalf("fork child failed: %d %s", it.Error.Code, it.Error.Message)
+		}
+		ids = append(ids, it.Sandbox.SandboxID)
+	}
+	execAll(tb, g.api, ids)
+	return ids
+}
+
+// execAll runs `true` in every sandbox, a few at a time.
+func execAll(tb testing.TB, api *client.Client, ids []string) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(ids))
+	sem := make(chan struct{}, 8)
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if _, err := api.Execute(context.Background(), id, client.ExecuteRequest{Command: "true"}); err != nil {
+				errs <- fmt.Errorf("%s: %w", id, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		tb.Fatal(err)
+	}
+}
+
+func deleteAll(api *client.Client, ids []string) {
+	for _, id := range ids {
+		api.DeleteSandbox(context.Background(), id)
+	}
+}
