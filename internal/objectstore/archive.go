@@ -41,9 +41,8 @@ func writeTar(root string, w io.Writer) (archiveStats, error) {
 		if err != nil {
 			return err
 		}
-		if rel == "." {
-			return nil
-		}
+		// The top directory is an entry too ("./"): its mode, owner and
+		// time matter (a root filesystem's "/" must be traversable).
 		name := filepath.ToSlash(rel)
 		info, err := d.Info()
 		if err != nil {
@@ -78,6 +77,9 @@ func writeTar(root string, w io.Writer) (archiveStats, error) {
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
+		}
+		if rel == "." {
+			return nil // counted as the tree, not as one of its files
 		}
 		st.Files++
 		if hdr.Typeflag != tar.TypeReg {
@@ -134,6 +136,18 @@ func readTar(r io.Reader, dir string) (archiveStats, error) {
 		}
 		if err != nil {
 			return st, fmt.Errorf("read archive: %w", err)
+		}
+		if hdr.Typeflag == tar.TypeDir && path.Clean(hdr.Name) == "." {
+			// The top directory itself (dir): its mode and time are set
+			// with the other directories', at the end.
+			if asRoot {
+				if err := root.Lchown(".", hdr.Uid, hdr.Gid); err != nil {
+					return st, err
+				}
+			}
+			mode := fs.FileMode(hdr.Mode).Perm() | modeBits(hdr.Mode)
+			dirs = append(dirs, dirTime{".", mode, hdr.ModTime})
+			continue
 		}
 		name, err := cleanName(hdr.Name)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestArchiveRoundTripLocal(t *testing.T) {
@@ -25,6 +26,40 @@ func TestArchiveRoundTripLocal(t *testing.T) {
 		t.Fatalf("unpacked %+v, packed %+v", got, st)
 	}
 	compareTrees(t, snapshotTree(t, src), snapshotTree(t, dst))
+}
+
+// The top directory keeps its own mode and time: unpacked into a fresh
+// private directory, a root filesystem's "/" must become 0755 again.
+func TestArchiveKeepsTopDirectory(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "rootfs")
+	if err := os.MkdirAll(filepath.Join(src, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(src, 0o751); err != nil {
+		t.Fatal(err)
+	}
+	mtime := time.Unix(1700000000, 0)
+	if err := os.Chtimes(src, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := writeTar(src, &buf); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "dst")
+	if err := os.Mkdir(dst, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readTar(&buf, dst); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Mode().Perm() != 0o751 || !info.ModTime().Equal(mtime) {
+		t.Errorf("top directory: mode %v, time %v; want 0751, %v", info.Mode().Perm(), info.ModTime(), mtime)
+	}
 }
 
 // A tampered archive must not write outside the directory it unpacks into.

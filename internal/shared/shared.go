@@ -30,6 +30,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	"github.com/aenv-dev/aenv/internal/objectstore"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
@@ -94,6 +96,7 @@ type Images struct {
 	rootfsLocks map[string]*sync.Mutex
 	// localIDs caches the rootfs ID of local root filesystems by path.
 	localIDs map[string]string
+	fetches  singleflight.Group // root filesystem fetches, by rootfs ID
 }
 
 // job is one upload: a template's files, or a sandbox's image (sandboxID
@@ -423,6 +426,29 @@ func (im *Images) Rootfs(ctx context.Context, id string) (string, error) {
 	if id == "" {
 		return "", errors.New("no root filesystem identity recorded")
 	}
+	// The fetch is not the caller's: a create that gives up (its client's
+	// deadline) leaves it running for the next one, and concurrent callers
+	// share it.
+	ch := im.fetches.DoChan(id, func() (any, error) {
+		fctx, cancel := context.WithTimeout(context.Background(), rootfsFetchTimeout)
+		defer cancel()
+		return im.rootfs(fctx, id)
+	})
+	select {
+	case <-ctx.Done():
+		return "", fmt.Errorf("fetch rootfs %s: %w", id, ctx.Err())
+	case res := <-ch:
+		if res.Err != nil {
+			return "", res.Err
+		}
+		return res.Val.(string), nil
+	}
+}
+
+// rootfsFetchTimeout bounds one fetch of a root filesystem.
+const rootfsFetchTimeout = 30 * time.Minute
+
+func (im *Images) rootfs(ctx context.Context, id string) (string, error) {
 	lock := im.rootfsLock(id)
 	lock.Lock()
 	defer lock.Unlock()

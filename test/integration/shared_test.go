@@ -385,3 +385,43 @@ func (s *server) sandboxUpload(t testing.TB, id string) string {
 	}
 	return string(sb.ImageUpload)
 }
+
+// An image template pulled on one node boots on another, which fetches its
+// root filesystem from the store: files, owners and setuid bits intact
+// (sudo works as the image's unprivileged user).
+func TestClusterSharedImageTemplate(t *testing.T) {
+	host := pushTestImages(t)
+	srv := s3test.Start(t)
+	c := newCluster(t)
+	a := c.sharedNode("node-a", srv)
+	b := c.sharedNode("node-b", srv)
+	g := c.addGateway()
+	g.waitReady(t, "node-a", "node-b")
+
+	a.cliOK("pull", host+"/test/app:1", "--name", "imgapp", "-q")
+	tpl, err := a.api.ListTemplates(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ""
+	for _, tp := range tpl {
+		if tp.Name == "imgapp" {
+			id = tp.TemplateID
+		}
+	}
+	if id == "" {
+		t.Fatalf("pulled template not listed: %+v", tpl)
+	}
+	waitUploaded(t, g, id)
+	start := time.Now()
+	sb := b.create(map[string]any{"templateID": "imgapp"})
+	t.Logf("first create of the image template on node-b (root filesystem fetched): %v", time.Since(start).Round(time.Millisecond))
+	res := b.exec(sb.SandboxID, client.ExecuteRequest{Command: "cat /srv/app/hello.txt; whoami; sudo -n id -u; echo $APP_MODE", User: "user"})
+	if res.ExitCode != 0 || res.Stdout != "from the app layer\nuser\n0\ntest\n" {
+		t.Fatalf("image sandbox on node-b: exit %d, stdout %q, stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	fetched, _ := filepath.Glob(filepath.Join(b.dataDir, "shared", "rootfs", "*", "rootfs"))
+	if len(fetched) != 1 {
+		t.Errorf("fetched root filesystems on node-b: %v, want one", fetched)
+	}
+}
