@@ -92,9 +92,10 @@ func (a *app) snapshotLsCommand() *cobra.Command {
 				return writeJSON(a.stdout, raws(snaps, func(s client.Snapshot) json.RawMessage { return s.Raw }))
 			}
 			now := a.now()
-			t := newTable(a.stdout, "SNAPSHOT ID", "NAMES", "SANDBOX", "CREATED")
+			t := newTable(a.stdout, "SNAPSHOT ID", "NAMES", "SANDBOX", "CREATED", "UPLOAD")
 			for _, s := range snaps {
-				t.row(s.SnapshotID, firstNonEmpty(strings.Join(s.Names, ","), "-"), firstNonEmpty(s.SandboxID, "-"), ageOf(now, s.CreatedAt))
+				t.row(s.SnapshotID, firstNonEmpty(strings.Join(s.Names, ","), "-"), firstNonEmpty(s.SandboxID, "-"),
+					ageOf(now, s.CreatedAt), firstNonEmpty(s.Upload, "-"))
 			}
 			return t.flush()
 		},

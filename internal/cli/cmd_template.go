@@ -103,7 +103,7 @@ func (a *app) templateLsCommand() *cobra.Command {
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List templates",
-		Long:    `List the server's templates: ID, name or aliases, source image, vCPUs, memory, age, and the state of its newest build on the server (building, ready, error; "-" when it was not built there).`,
+		Long:    `List the server's templates: ID, name or aliases, source image, vCPUs, memory, age, and the state of its newest build on the server (building, ready, error; "-" when it was not built there), and where its upload to the cluster's object store stands (pending, uploading, uploaded, failed; "-" without one).`,
 		Args:    args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := out.json()
@@ -122,11 +122,11 @@ func (a *app) templateLsCommand() *cobra.Command {
 				return writeJSON(a.stdout, raws(templates, func(t client.Template) json.RawMessage { return t.Raw }))
 			}
 			now := a.now()
-			t := newTable(a.stdout, "TEMPLATE ID", "NAME", "IMAGE", "CPU", "MEMORY", "CREATED", "BUILD")
+			t := newTable(a.stdout, "TEMPLATE ID", "NAME", "IMAGE", "CPU", "MEMORY", "CREATED", "BUILD", "UPLOAD")
 			for _, tp := range templates {
 				t.row(tp.TemplateID, firstNonEmpty(tp.Name, strings.Join(tp.Aliases, ","), "-"), firstNonEmpty(tp.Image, "-"),
 					countOrDash(tp.CPUCount, ""), countOrDash(tp.MemoryMB, "MiB"), ageOf(now, tp.CreatedAt),
-					firstNonEmpty(tp.BuildStatus, "-"))
+					firstNonEmpty(tp.BuildStatus, "-"), firstNonEmpty(tp.Upload, "-"))
 			}
 			return t.flush()
 		},

@@ -148,9 +148,10 @@ func TestTemplates(t *testing.T) {
 	srv := newFakeServer(t)
 	env := newCLIEnv(t, srv)
 	srv.templates = append(srv.templates, map[string]any{"templateID": "tpl-py", "name": "python312",
-		"image": "index.docker.io/library/python:3.12", "createdAt": srv.now.Add(-3 * 24 * 3600e9).Format("2006-01-02T15:04:05Z07:00")})
+		"image": "index.docker.io/library/python:3.12", "createdAt": srv.now.Add(-3 * 24 * 3600e9).Format("2006-01-02T15:04:05Z07:00"),
+		"upload": "uploaded"})
 	out := env.mustRun("template", "ls")
-	for _, want := range []string{"TEMPLATE ID", "tpl-base", "base", "1024MiB", "tpl-py", "python312", "python:3.12", "3d"} {
+	for _, want := range []string{"TEMPLATE ID", "tpl-base", "base", "1024MiB", "tpl-py", "python312", "python:3.12", "3d", "UPLOAD", "uploaded"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("template ls lacks %q:\n%s", want, out)
 		}
