@@ -94,9 +94,11 @@ type Images struct {
 	rootfsUp map[string]bool
 	// rootfsLocks serialise the upload and the fetch of one rootfs.
 	rootfsLocks map[string]*sync.Mutex
-	// localIDs caches the rootfs ID of local root filesystems by path.
-	localIDs map[string]string
-	fetches  singleflight.Group // root filesystem fetches, by rootfs ID
+	// localIDs caches the rootfs ID of local root filesystems by path,
+	// rootfsPaths the path of those found for an ID.
+	localIDs    map[string]string
+	rootfsPaths map[string]string
+	fetches     singleflight.Group // root filesystem fetches, by rootfs ID
 }
 
 // job is one upload: a template's files, or a sandbox's image (sandboxID
@@ -118,7 +120,7 @@ func Open(cfg Config) (*Images, error) {
 		return nil, fmt.Errorf("shared images: %w", err)
 	}
 	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{}, rootfsUp: map[string]bool{},
-		rootfsLocks: map[string]*sync.Mutex{}, localIDs: map[string]string{}}
+		rootfsLocks: map[string]*sync.Mutex{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
 	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store)
 	if err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
@@ -456,7 +458,20 @@ func (im *Images) rootfs(ctx context.Context, id string) (string, error) {
 	if _, err := os.Stat(fetched); err == nil {
 		return fetched, nil
 	}
+	im.mu.Lock()
+	known, ok := im.rootfsPaths[id]
+	im.mu.Unlock()
+	if _, err := os.Stat(known); ok && err == nil {
+		return known, nil
+	}
 	if path, err := im.localRootfs(ctx, id); err != nil || path != "" {
+		if path != "" {
+			// Remembered: a create from another node's snapshot then
+			// reads no template list.
+			im.mu.Lock()
+			im.rootfsPaths[id] = path
+			im.mu.Unlock()
+		}
 		return path, err
 	}
 	if err := os.MkdirAll(filepath.Dir(fetched), 0o755); err != nil {
