@@ -93,6 +93,11 @@ func (m *Manager) Start(ctx context.Context) error {
 		e.mu.Unlock()
 		m.logger.InfoContext(ctx, "reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.State,
 			"on_disk", sb.ImageDir != "", "endAt", sb.EndAt)
+		if sb.ImageDir != "" && sb.ImageUpload != store.UploadUploaded {
+			// An upload a stop cut short, or an image from before the
+			// object store was configured.
+			m.uploadPaused(ctx, sb)
+		}
 	}
 
 	m.monitorDone = make(chan struct{})

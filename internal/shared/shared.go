@@ -214,9 +214,9 @@ func (im *Images) enqueue(tpl *store.Template) {
 	}
 }
 
-// UploadSandbox queues the upload of the image of sb, just paused to disk
-// (recorded), and of its root filesystem: tpl, its template, is shared
-// first if it is not yet (its record written with Share).
+// UploadSandbox queues the upload of the image of sb, paused to disk and
+// recorded, and of the root filesystem it runs over (rootfsPath, named
+// rootfsID).
 func (im *Images) UploadSandbox(sb *store.Sandbox, rootfsPath, rootfsID string) {
 	key := sandboxKey(sb.ID)
 	im.mu.Lock()
