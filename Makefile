@@ -71,10 +71,11 @@ test-prepare: build $(BIN)/weed
 	rm -rf $$d
 
 .PHONY: test
-test: test-prepare ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end (root; nothing is skipped)
+test: test-prepare ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end, alone and through a gateway (root; nothing is skipped)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -race -count=1 -timeout 40m ./...
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(BIN)/aenv sdk/python/run-tests.sh
 	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
+	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
 
 .PHONY: test-go
 test-go: test-prepare ## Run the Go tests only (root)
@@ -84,8 +85,6 @@ test-go: test-prepare ## Run the Go tests only (root)
 test-e2e: test-prepare ## Run the E2B SDK end-to-end suite (root)
 	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
 
-# Not yet part of `make test`: about one run in three, one envd stream through
-# the gateway is cut at its end ("[unknown] terminated"); see docs/cluster.md.
 .PHONY: test-e2e-cluster
 test-e2e-cluster: test-prepare ## Run the E2B SDK suite through a gateway over three nodes and a throwaway PostgreSQL (root)
 	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(BIN) e2e/run.sh

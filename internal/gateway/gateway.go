@@ -92,22 +92,10 @@ func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logge
 		keys: newKeyCache(db, 30*time.Second), templates: newTTLCache[[]*store.Template](10 * time.Second),
 		builds: newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
-	transport := &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
-	}
+	transport := newTransport()
 	g.client = &http.Client{Transport: transport,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	g.proxy = &httputil.ReverseProxy{
-		Rewrite:   g.rewrite,
-		Transport: transport,
-		// Streams (commands, terminals, watches) reach the client frame by
-		// frame.
-		FlushInterval: -1,
-		ErrorHandler:  g.upstreamError,
-	}
+	g.proxy = g.newProxy(transport)
 	g.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "aenv_gateway_requests_total", Help: "Requests by how the gateway handled them.",
 	}, []string{"route"})
@@ -130,6 +118,31 @@ func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logge
 	g.done.Add(1)
 	go g.refreshLoop(runCtx)
 	return g, nil
+}
+
+// newTransport is the gateway's pool of connections to the nodes.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+	}
+}
+
+// newProxy is the reverse proxy that forwards calls to nodes (see
+// forwardNode).
+func (g *Gateway) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite:   g.rewrite,
+		Transport: transport,
+		// Streams (commands, terminals, watches) reach the client frame by
+		// frame.
+		FlushInterval: -1,
+		ErrorHandler:  g.upstreamError,
+		// An answer cut mid-stream is only ever reported here.
+		ErrorLog: slog.NewLogLogger(g.logger.Handler(), slog.LevelWarn),
+	}
 }
 
 // Close stops the node refresh.
@@ -366,6 +379,17 @@ func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sa
 		}
 		api.WriteErrorJSON(w, http.StatusServiceUnavailable, msg)
 		return
+	}
+	// Full duplex, for every call: by default Go's HTTP/1 server reads
+	// what is left of a request body, and closes it, when the answer
+	// starts. The transport sends the body to the node from a goroutine
+	// of its own, which may not have seen the body's end by then (the
+	// node answers as soon as it has the bytes): its next read fails on
+	// the closed body, the transport drops the node's connection, and the
+	// answer being streamed from it is cut (a command's or a terminal's
+	// last frames). A body still arriving would hold the answer back.
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		g.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
 	t := target{node: nodeID, addr: n.Address, sandbox: sandboxID, controlPlane: controlPlane}
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
