@@ -140,6 +140,16 @@ func (g *Gateway) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 		// frame.
 		FlushInterval: -1,
 		ErrorHandler:  g.upstreamError,
+		// A node that answers a sandbox is not there (gone, or moved to
+		// another node while this route was cached) drops the route: the
+		// next call reads where it is now.
+		ModifyResponse: func(resp *http.Response) error {
+			t, _ := resp.Request.Context().Value(targetKey{}).(target)
+			if t.sandbox != "" && (resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusBadGateway) {
+				g.routes.forget(t.sandbox)
+			}
+			return nil
+		},
 		// An answer cut mid-stream is only ever reported here.
 		ErrorLog: slog.NewLogLogger(g.logger.Handler(), slog.LevelWarn),
 	}

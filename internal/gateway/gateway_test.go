@@ -22,7 +22,8 @@ import (
 // proxy sends through transport.
 func forwardingGateway(t *testing.T, upstream *httptest.Server, transport http.RoundTripper) *httptest.Server {
 	t.Helper()
-	g := &Gateway{logger: slog.New(slog.DiscardHandler), nodes: newNodes(nil, time.Minute, new(atomic.Int64))}
+	g := &Gateway{logger: slog.New(slog.DiscardHandler), nodes: newNodes(nil, time.Minute, new(atomic.Int64)),
+		routes: newRouteCache(16)}
 	n := &nodeState{Node: postgres.Node{ID: "n1", Address: strings.TrimPrefix(upstream.URL, "http://")}, reachable: true}
 	g.nodes.view.Store(&nodeView{byID: map[string]*nodeState{n.ID: n}, list: []*nodeState{n}})
 	g.proxy = g.newProxy(transport)
@@ -275,4 +276,39 @@ func stream(client *http.Client, url, body string, split, frames int, firstFrame
 		return fmt.Errorf("frames %q, want %q", lines, want)
 	}
 	return nil
+}
+
+// A node answering that a sandbox is not there (gone, or moved to another
+// node) drops the gateway's route to it; other answers keep it.
+func TestRouteForgottenOnNotFound(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		kept   bool
+	}{
+		{http.StatusOK, true},
+		{http.StatusServiceUnavailable, true},
+		{http.StatusNotFound, false},
+		{http.StatusBadGateway, false}, // envd traffic to a sandbox gone
+	} {
+		t.Run(http.StatusText(tc.status), func(t *testing.T) {
+			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tc.status)
+			}))
+			t.Cleanup(upstream.Close)
+			g := &Gateway{logger: slog.New(slog.DiscardHandler), nodes: newNodes(nil, time.Minute, new(atomic.Int64)),
+				routes: newRouteCache(16)}
+			n := &nodeState{Node: postgres.Node{ID: "n1", Address: strings.TrimPrefix(upstream.URL, "http://")}, reachable: true}
+			g.nodes.view.Store(&nodeView{byID: map[string]*nodeState{n.ID: n}, list: []*nodeState{n}})
+			g.proxy = g.newProxy(newTransport())
+			g.routes.put("sb1", "n1")
+			rec := httptest.NewRecorder()
+			g.forwardNode(rec, httptest.NewRequest(http.MethodGet, "/sandboxes/sb1/metrics", nil), "n1", "sb1", true)
+			if rec.Code != tc.status {
+				t.Fatalf("status %d, want %d", rec.Code, tc.status)
+			}
+			if _, ok := g.routes.get("sb1"); ok != tc.kept {
+				t.Errorf("route kept: %v, want %v", ok, tc.kept)
+			}
+		})
+	}
 }
