@@ -74,7 +74,7 @@ func (c *catalog) GetTemplate(ctx context.Context, idOrName string) (*store.Temp
 }
 
 // ListTemplates lists each name once (the oldest copy), leaving out
-// records of nodes no longer in the cluster.
+// records of nodes no longer in the cluster (unless in the object store).
 func (c *catalog) ListTemplates(ctx context.Context) ([]*store.Template, error) {
 	c.g.queries.Add(1)
 	all, err := c.g.db.ListTemplates(ctx)
@@ -85,7 +85,9 @@ func (c *catalog) ListTemplates(ctx context.Context) ([]*store.Template, error) 
 	seen := map[string]bool{}
 	out := all[:0]
 	for _, t := range all {
-		if _, ok := view.get(t.NodeID); !ok || seen[t.Name] {
+		// A removed node's templates are gone with it, but for those in
+		// the object store, which every node can still use.
+		if _, ok := view.get(t.NodeID); !ok && t.Upload != store.UploadUploaded || seen[t.Name] {
 			continue
 		}
 		seen[t.Name] = true

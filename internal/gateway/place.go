@@ -340,6 +340,17 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	view := g.nodes.current()
 	for _, t := range copies {
 		n, ok := view.get(t.NodeID)
+		if !ok && t.Upload == store.UploadUploaded {
+			// Kept in the object store after its node was removed: only
+			// the record is left to delete here; the collector removes
+			// the objects nothing refers to any more.
+			g.queries.Add(1)
+			if err := g.db.DeleteTemplate(r.Context(), t.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+				g.databaseDown(w, r, err)
+				return
+			}
+			continue
+		}
 		if !ok || !n.reachable {
 			api.WriteErrorJSON(w, http.StatusServiceUnavailable,
 				fmt.Sprintf("template %q has a copy on node %s, which is unreachable", id, t.NodeID))

@@ -239,6 +239,45 @@ func TestClusterSharedSnapshot(t *testing.T) {
 	if _, err := b.api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: snap.SnapshotID}); !errors.As(err, &apiErr) || apiErr.Status != 404 {
 		t.Errorf("create from the deleted snapshot on node-b: %v, want 404", err)
 	}
+
+	// Node a dies and is removed for good: a snapshot of its in the store
+	// stays listed and usable, and deleting it removes the record.
+	kept, err := g.api.CreateSnapshot(context.Background(), src, "kept-snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUploaded(t, g, kept.SnapshotID)
+	a.stop(syscall.SIGKILL)
+	defer func() {
+		if a.cmd == nil {
+			a.start() // comes back with no records: it removes what it still runs
+		}
+	}()
+	waitFor(t, 3*nodeTimeout+5*time.Second, "node-a unreachable", func() bool {
+		return g.nodeStates(t)["node-a"].State == "unreachable"
+	})
+	if err := g.api.RemoveNode(context.Background(), "node-a"); err != nil {
+		t.Fatalf("remove node-a: %v", err)
+	}
+	if state, _ := templateUpload(t, g, kept.SnapshotID); state != "uploaded" {
+		t.Fatalf("a removed node's uploaded snapshot is not listed (upload %q)", state)
+	}
+	sb, err := g.api.CreateSandbox(context.Background(), client.CreateSandboxRequest{TemplateID: "kept-snap"})
+	if err != nil {
+		t.Fatalf("create from a removed node's snapshot: %v", err)
+	}
+	if got, _ := memoryDigest(t, g.api, sb.SandboxID); got != want {
+		t.Errorf("memory of a sandbox from a removed node's snapshot: %q, want %q", got, want)
+	}
+	if err := g.api.DeleteTemplate(context.Background(), kept.SnapshotID); err != nil {
+		t.Fatalf("delete a removed node's snapshot: %v", err)
+	}
+	if state, msg := templateUpload(t, g, kept.SnapshotID); msg != "missing" {
+		t.Errorf("deleted snapshot still listed (upload %q)", state)
+	}
+	a.start()
+	g.waitReady(t, "node-a")
+	waitFor(t, time.Minute, "node-a's old sandboxes reclaimed", func() bool { return runscProcesses(src) == 0 })
 }
 
 // The store down during an upload: the snapshot serves on its own node

@@ -127,14 +127,16 @@ func (s *Store) SetDraining(ctx context.Context, id string, draining bool) error
 }
 
 // RemoveNode deletes node id's row and the records of its sandboxes and
-// templates: a node leaving the cluster for good with nothing left.
+// templates: a node leaving the cluster for good with nothing left. Its
+// templates uploaded to the object store stay: they are not on the node,
+// and every other node can still use them.
 func (s *Store) RemoveNode(ctx context.Context, id string) error {
 	if id == "" {
 		return fmt.Errorf("remove node: %w", store.ErrNotFound)
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		for _, q := range []string{`DELETE FROM sandboxes WHERE node_id = $1`,
-			`DELETE FROM templates WHERE node_id = $1`, `DELETE FROM nodes WHERE id = $1`} {
+			`DELETE FROM templates WHERE node_id = $1 AND upload_state <> 'uploaded'`, `DELETE FROM nodes WHERE id = $1`} {
 			if _, err := tx.Exec(ctx, q, id); err != nil {
 				return fmt.Errorf("remove node %s: %w", id, err)
 			}

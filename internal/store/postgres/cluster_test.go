@@ -143,6 +143,20 @@ func TestSharedTemplate(t *testing.T) {
 	if _, err := b.SharedTemplate(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("unknown: %v", err)
 	}
+	// Node a removed for good: its uploaded template stays usable, the
+	// others go with it.
+	if err := a.PutTemplate(ctx, &store.Template{ID: "local-only", Name: "mine", CreatedAt: time.Unix(30, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := open(t, dsn).RemoveNode(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.SharedTemplate(ctx, "snap-1"); err != nil || got.NodeID != "a" {
+		t.Errorf("uploaded template after its node was removed: %+v %v", got, err)
+	}
+	if copies, _ := open(t, dsn).TemplateCopies(ctx, "mine"); len(copies) != 0 {
+		t.Errorf("a removed node's template not in the store was kept: %v", copies)
+	}
 }
 
 func TestNodesAndHeartbeats(t *testing.T) {
