@@ -1,7 +1,6 @@
 package envd
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/meminfo"
 )
 
 // metrics is the body of GET /metrics; upstream spells it in snake_case.
@@ -85,39 +86,12 @@ func readCPUTimes() (busy, total uint64, err error) {
 	return busy, total, nil
 }
 
-// readMemInfo returns /proc/meminfo values in bytes, keyed by name.
-func readMemInfo() (map[string]uint64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return nil, fmt.Errorf("read /proc/meminfo: %w", err)
-	}
-	defer f.Close()
-	out := map[string]uint64{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		name, rest, ok := strings.Cut(sc.Text(), ":")
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			continue
-		}
-		v, _ := strconv.ParseUint(fields[0], 10, 64)
-		if len(fields) > 1 && fields[1] == "kB" {
-			v *= 1024
-		}
-		out[name] = v
-	}
-	return out, sc.Err()
-}
-
 func (s *Server) readMetrics(ctx context.Context) (metrics, error) {
 	cpu, err := s.cpu.usedPct(ctx)
 	if err != nil {
 		return metrics{}, err
 	}
-	mem, err := readMemInfo()
+	mem, err := meminfo.ReadAll()
 	if err != nil {
 		return metrics{}, err
 	}

@@ -70,3 +70,37 @@ func Read(field string) (uint64, error) {
 	}
 	return v, nil
 }
+
+// ParseAll returns every well-formed field of meminfo text, valued as
+// Parse values them; malformed lines are left out.
+func ParseAll(r io.Reader) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		if v, err := value(strings.Fields(rest)); err == nil {
+			out[name] = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("meminfo: %w", err)
+	}
+	return out, nil
+}
+
+// ReadAll returns every field of this machine's counters (see ParseAll).
+func ReadAll() (map[string]uint64, error) {
+	f, err := os.Open(Path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	all, err := ParseAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", Path, err)
+	}
+	return all, nil
+}

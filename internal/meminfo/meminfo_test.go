@@ -91,3 +91,29 @@ func TestRead(t *testing.T) {
 		t.Fatalf("missing field: %v", err)
 	}
 }
+
+// ParseAll values every field as Parse does and leaves malformed lines out.
+func TestParseAll(t *testing.T) {
+	all, err := ParseAll(strings.NewReader(sample + "Broken: x kB\nNoColon 5 kB\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for field, want := range map[string]uint64{"MemTotal": 8136412 << 10, "Cached": 4640748 << 10,
+		"HugePages_Total": 4, "Active(anon)": 6604 << 10} {
+		if all[field] != want {
+			t.Errorf("%s = %d, want %d", field, all[field], want)
+		}
+		if one, err := Parse(strings.NewReader(sample), field); err != nil || one != want {
+			t.Errorf("Parse(%s) = %d %v, ParseAll %d", field, one, err, want)
+		}
+	}
+	if _, ok := all["Broken"]; ok {
+		t.Error("a malformed line was kept")
+	}
+	if len(all) != 13 {
+		t.Errorf("%d fields, want the sample's 13", len(all))
+	}
+	if _, err := ParseAll(iotest.ErrReader(errors.New("boom"))); err == nil {
+		t.Error("a read error was not reported")
+	}
+}

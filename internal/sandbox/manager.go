@@ -165,10 +165,10 @@ type Manager struct {
 	// tally keeps Use, what the live entries hold, under its own lock.
 	tally tally
 
-	warm        *warmPool
-	prep        *preparedPool // nil when off
+	warm *warmPool
+	prep *preparedPool // nil when off
 	// takeOverMu serialises taking over other nodes' sandboxes (rare).
-	takeOverMu sync.Mutex
+	takeOverMu  sync.Mutex
 	monitorDone chan struct{}
 }
 
