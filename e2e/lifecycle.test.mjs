@@ -22,6 +22,12 @@ async function startCounter(sbx) {
   return h.pid
 }
 
+// counterNow reads the running counter, retrying a read that caught the
+// file between its truncation and the write.
+function counterNow(sbx) {
+  return eventually(() => readCounter(sbx))
+}
+
 async function readCounter(sbx) {
   const text = await sbx.files.read('/tmp/counter')
   const n = Number(text.trim())
@@ -33,7 +39,7 @@ async function readCounter(sbx) {
 // assertCounterContinues checks that the counter runs and continues from
 // at least `from` (a restart would begin again at 1).
 async function assertCounterContinues(sbx, from, what) {
-  const first = await eventually(() => readCounter(sbx))
+  const first = await counterNow(sbx)
   assert.ok(first >= from, `${what}: counter at ${first} < ${from} before the pause/fork: memory lost`)
   await eventually(async () => {
     const later = await readCounter(sbx)
@@ -60,7 +66,7 @@ describe('lifecycle', () => {
     })
 
     test('pause returns true and the sandbox is paused', async () => {
-      countAtPause = await readCounter(sbx)
+      countAtPause = await counterNow(sbx)
       assert.equal(await sbx.pause(), true)
       const info = await sbx.getInfo()
       assert.equal(info.state, 'paused')
@@ -101,7 +107,7 @@ describe('lifecycle', () => {
     })
 
     test('pause and resume again (instance connect)', async () => {
-      const before = await readCounter(sbx)
+      const before = await counterNow(sbx)
       assert.equal(await Sandbox.pause(sbx.sandboxId), true)
       await sbx.connect()
       await assertCounterContinues(sbx, before, 'second resume')
@@ -149,7 +155,7 @@ describe('lifecycle', () => {
       const sbx = track(await Sandbox.create('base', { timeoutMs: 3_000, lifecycle: { onTimeout: 'pause' } }))
       assert.equal((await sbx.getInfo()).lifecycle?.onTimeout, 'pause')
       await sbx.files.write('/home/user/auto.txt', 'auto')
-      const count = await startCounter(sbx).then(() => readCounter(sbx))
+      const count = await startCounter(sbx).then(() => counterNow(sbx))
       await eventually(async () => assert.equal((await sbx.getInfo()).state, 'paused'), { timeoutMs: 30_000, intervalMs: 500 })
       assert.equal(await sbx.isRunning(), false)
       await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000 })
@@ -235,7 +241,7 @@ describe('lifecycle', () => {
     })
 
     test('Sandbox.fork gives N independent children with the parent files and processes', async () => {
-      countAtFork = await readCounter(parent)
+      countAtFork = await counterNow(parent)
       const children = await Sandbox.fork(parent.sandboxId, { count: 3, timeoutMs: 120_000 })
       assert.equal(children.length, 3)
       for (const c of children) {
@@ -278,7 +284,7 @@ describe('lifecycle', () => {
     test('a paused sandbox can be forked and stays paused', async () => {
       const paused = track(await Sandbox.create('base', { timeoutMs: 120_000 }))
       await paused.files.write('/home/user/p.txt', 'paused parent')
-      const count = await startCounter(paused).then(() => readCounter(paused))
+      const count = await startCounter(paused).then(() => counterNow(paused))
       assert.equal(await paused.pause(), true)
       const [c] = await Sandbox.fork(paused.sandboxId, { count: 1 })
       assert.ok(!(c instanceof Error), `fork of paused failed: ${c?.message}`)
