@@ -2,10 +2,8 @@ package gateway
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"sync"
@@ -132,9 +130,8 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 	}
 	resp, err := g.send(r, sh.node, body)
 	if err != nil {
-		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
-			return fail(http.StatusServiceUnavailable, err.Error()) // never reached it
+		if neverReached(err) {
+			return fail(http.StatusServiceUnavailable, err.Error())
 		}
 		return fail(http.StatusBadGateway, err.Error())
 	}

@@ -340,9 +340,11 @@ func (g *Gateway) forwardSandbox(w http.ResponseWriter, r *http.Request, id stri
 		// The record goes with the sandbox; so does the route.
 		defer g.routes.forget(id)
 	}
-	if n, ok := g.nodes.current().get(nodeID); controlPlane && resumesSandbox(r) && (!ok || !n.reachable) {
-		g.takeOver(w, r, id, nodeID)
-		return
+	if controlPlane && resumesSandbox(r) {
+		if n, ok := g.nodes.current().get(nodeID); !ok || !n.reachable {
+			g.takeOver(w, r, id, nodeID)
+			return
+		}
 	}
 	g.forwardNode(w, r, nodeID, id, controlPlane)
 }

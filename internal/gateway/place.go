@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -88,33 +89,55 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			"no node can take a sandbox of template %q now (%s); try again later", tpl, why))
 		return
 	}
-	var last string
+	resp, n, last, err := g.sendFirst(r, order, body, http.StatusServiceUnavailable, http.StatusTooManyRequests)
+	switch {
+	case err != nil:
+		if r.Context().Err() == nil {
+			api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %s failed during the create: %v", n.ID, err))
+		}
+	case resp == nil:
+		api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node could take the sandbox; last: "+last)
+	default:
+		g.relay(w, resp, n.ID)
+	}
+}
+
+// sendFirst offers body to the nodes in order, up to maxCreateAttempts:
+// a node it cannot reach, or one answering one of the refused statuses,
+// passes it on to the next. It returns the first other answer and its
+// node; when every node passed, resp is nil and last says what the last
+// one did. err is a send that failed after reaching node n: not safe to
+// offer elsewhere.
+func (g *Gateway) sendFirst(r *http.Request, order []*nodeState, body []byte, refused ...int) (
+	resp *http.Response, n *nodeState, last string, err error) {
 	for i, n := range order {
 		if i == maxCreateAttempts {
 			break
 		}
 		resp, err := g.send(r, n, body)
 		if err != nil {
-			var op *net.OpError
-			if errors.As(err, &op) && op.Op == "dial" {
+			if neverReached(err) {
 				last = fmt.Sprintf("node %s did not answer: %v", n.ID, err)
-				continue // never reached the node: safe to offer elsewhere
+				continue
 			}
-			if r.Context().Err() == nil {
-				api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %s failed during the create: %v", n.ID, err))
-			}
-			return
+			return nil, n, last, err
 		}
-		if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
+		if slices.Contains(refused, resp.StatusCode) {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
 			last = fmt.Sprintf("node %s: %s", n.ID, bytes.TrimSpace(msg))
 			continue
 		}
-		g.relay(w, resp, n.ID)
-		return
+		return resp, n, last, nil
 	}
-	api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node could take the sandbox; last: "+last)
+	return nil, nil, last, nil
+}
+
+// neverReached reports whether a send failed before reaching the node
+// (its connection was refused), so the request is safe to offer elsewhere.
+func neverReached(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // relay copies a node's answer (read whole) to the client; when it is a

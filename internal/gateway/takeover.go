@@ -1,11 +1,8 @@
 package gateway
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 
@@ -66,37 +63,21 @@ func (g *Gateway) takeOver(w http.ResponseWriter, r *http.Request, id, from stri
 		unreachable(", and no other node with the object store has room for it now")
 		return
 	}
-	last := ""
-	for i, n := range order {
-		if i == maxCreateAttempts {
-			break
+	// 404: the node may not take it yet (the old node has not been silent
+	// for long enough by the database's clock); the next may.
+	resp, n, last, err := g.sendFirst(r, order, body,
+		http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound)
+	switch {
+	case err != nil:
+		if r.Context().Err() == nil {
+			unreachable(fmt.Sprintf("; node %s failed taking it over: %v", n.ID, err))
 		}
-		resp, err := g.send(r, n, body)
-		if err != nil {
-			var op *net.OpError
-			if errors.As(err, &op) && op.Op == "dial" {
-				last = fmt.Sprintf("node %s did not answer: %v", n.ID, err)
-				continue
-			}
-			if r.Context().Err() == nil {
-				unreachable(fmt.Sprintf("; node %s failed taking it over: %v", n.ID, err))
-			}
-			return
-		}
-		switch resp.StatusCode {
-		case http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound:
-			// Full, or not yet allowed to take it (the old node has not
-			// been silent for long enough by the database's clock).
-			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			last = fmt.Sprintf("node %s: %s", n.ID, bytes.TrimSpace(msg))
-			continue
-		}
+	case resp == nil:
+		unreachable("; no other node could resume it yet (last: " + last + "); try again")
+	default:
 		if resp.StatusCode < 300 {
 			g.routes.put(id, n.ID)
 		}
 		g.relay(w, resp, n.ID)
-		return
 	}
-	unreachable("; no other node could resume it yet (last: " + last + "); try again")
 }

@@ -90,9 +90,7 @@ type Images struct {
 	forgotten map[string]bool
 	// background counts deletes started by ForgetSandbox; Run waits.
 	background sync.WaitGroup
-	// rootfsUp: rootfs IDs known to be in the store.
-	rootfsUp map[string]bool
-	// rootfsLocks serialise the upload and the fetch of one rootfs.
+	// rootfsLocks serialise the uploads of one rootfs.
 	rootfsLocks map[string]*sync.Mutex
 	// localIDs caches the rootfs ID of local root filesystems by path,
 	// rootfsPaths the path of those found for an ID.
@@ -119,7 +117,7 @@ func Open(cfg Config) (*Images, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.Dir, "rootfs"), 0o755); err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
 	}
-	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{}, rootfsUp: map[string]bool{},
+	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{},
 		rootfsLocks: map[string]*sync.Mutex{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
 	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store)
 	if err != nil {
@@ -338,9 +336,6 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 		im.cfg.Logger.Warn("shared images: record upload state", "template", j.templateID, "state", st.State, "err", err)
 	}
 	if st.State == objectstore.UploadUploaded {
-		im.mu.Lock()
-		im.rootfsUp[j.rootfsID] = true
-		im.mu.Unlock()
 		im.cfg.Logger.Info("shared images: template uploaded", "template", j.templateID, "attempt", st.Attempt)
 	} else if st.State == objectstore.UploadFailed {
 		im.cfg.Logger.Warn("shared images: upload failed", "template", j.templateID, "attempt", st.Attempt,
@@ -399,9 +394,6 @@ func (im *Images) TakeOver(ctx context.Context, id, dir string) (*store.Sandbox,
 	return claimed, nil
 }
 
-// Idle reports whether no upload is queued, running or waiting to retry.
-func (im *Images) Idle() bool { return im.uploader.Idle() }
-
 // Find returns another node's uploaded template, its root filesystem
 // fetched to this node (once) and RootfsPath pointing at it; ErrNotFound
 // if no node has one by that ID or name. Its ImageDir is the other node's:
@@ -450,10 +442,8 @@ func (im *Images) Rootfs(ctx context.Context, id string) (string, error) {
 // rootfsFetchTimeout bounds one fetch of a root filesystem.
 const rootfsFetchTimeout = 30 * time.Minute
 
+// rootfs is Rootfs's work, one at a time per ID (the singleflight).
 func (im *Images) rootfs(ctx context.Context, id string) (string, error) {
-	lock := im.rootfsLock(id)
-	lock.Lock()
-	defer lock.Unlock()
 	fetched := filepath.Join(im.cfg.Dir, "rootfs", id, "rootfs")
 	if _, err := os.Stat(fetched); err == nil {
 		return fetched, nil

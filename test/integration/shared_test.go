@@ -59,6 +59,23 @@ func (c *cluster) sharedNode(id string, srv *s3test.Server, extra ...string) *se
 	return s
 }
 
+// startMemoryKeeper starts the memory keeper in sandbox id on s and
+// returns its digest once it answers.
+func startMemoryKeeper(t testing.TB, s *server, id string) (want string) {
+	t.Helper()
+	s.exec(id, client.ExecuteRequest{Command: memoryKeeper})
+	waitFor(t, time.Minute, "memory keeper answering", func() bool {
+		res, err := s.api.Execute(context.Background(), id, client.ExecuteRequest{
+			Command: "curl -s --max-time 5 http://127.0.0.1:7000/"})
+		if err != nil || len(strings.TrimSpace(res.Stdout)) != 64 {
+			return false
+		}
+		want = strings.TrimSpace(res.Stdout)
+		return true
+	})
+	return want
+}
+
 // memoryDigest asks the memory keeper in sandbox id for its digest.
 func memoryDigest(t testing.TB, api *client.Client, id string) (got, want string) {
 	t.Helper()
@@ -123,17 +140,7 @@ func TestClusterSharedSnapshot(t *testing.T) {
 	g.waitReady(t, "node-a", "node-b", "node-c")
 
 	src := a.create(map[string]any{"templateID": "base"}).SandboxID
-	a.exec(src, client.ExecuteRequest{Command: memoryKeeper})
-	var want string
-	waitFor(t, time.Minute, "memory keeper answering", func() bool {
-		res, err := a.api.Execute(context.Background(), src, client.ExecuteRequest{
-			Command: "curl -s --max-time 5 http://127.0.0.1:7000/"})
-		if err != nil || len(strings.TrimSpace(res.Stdout)) != 64 {
-			return false
-		}
-		want = strings.TrimSpace(res.Stdout)
-		return true
-	})
+	want := startMemoryKeeper(t, a, src)
 
 	snap, err := g.api.CreateSnapshot(context.Background(), src, "shared-snap")
 	if err != nil {
@@ -336,17 +343,7 @@ func TestClusterSharedResumeElsewhere(t *testing.T) {
 	g.waitReady(t, "node-a", "node-b")
 
 	id := a.create(map[string]any{"templateID": "base", "timeout": 600}).SandboxID
-	a.exec(id, client.ExecuteRequest{Command: memoryKeeper})
-	var want string
-	waitFor(t, time.Minute, "memory keeper answering", func() bool {
-		res, err := a.api.Execute(context.Background(), id, client.ExecuteRequest{
-			Command: "curl -s --max-time 5 http://127.0.0.1:7000/"})
-		if err != nil || len(strings.TrimSpace(res.Stdout)) != 64 {
-			return false
-		}
-		want = strings.TrimSpace(res.Stdout)
-		return true
-	})
+	want := startMemoryKeeper(t, a, id)
 	if err := g.api.Pause(context.Background(), id, client.PauseRequest{ToDisk: true}); err != nil {
 		t.Fatalf("pause to disk: %v", err)
 	}

@@ -348,7 +348,5 @@ func (s *Store) ClaimSandbox(ctx context.Context, id, imageDir string, silentFor
 // AllSandboxes lists every node's sandboxes (the object store's garbage
 // collector keeps the images they refer to).
 func (s *Store) AllSandboxes(ctx context.Context) ([]*store.Sandbox, error) {
-	all := *s
-	all.node = ""
-	return all.ListSandboxes(ctx, store.SandboxFilter{})
+	return s.listSandboxes(ctx, store.SandboxFilter{}, "")
 }

@@ -134,6 +134,11 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, erro
 }
 
 func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	return s.listSandboxes(ctx, f, s.node)
+}
+
+// listSandboxes lists node's sandboxes matching f, every node's for "".
+func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node string) ([]*store.Sandbox, error) {
 	var where []string
 	var args []any
 	arg := func(v any) string {
@@ -159,8 +164,8 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		p := arg(f.Template)
 		where = append(where, "(template_id = "+p+" OR alias = "+p+")")
 	}
-	if s.node != "" {
-		where = append(where, "node_id = "+arg(s.node))
+	if node != "" {
+		where = append(where, "node_id = "+arg(node))
 	}
 	query := `SELECT ` + sandboxSelect + ` FROM sandboxes`
 	if len(where) > 0 {
