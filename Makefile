@@ -34,9 +34,11 @@ $(BIN)/envd: FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/envd
 
 # runsc is pinned by the tool line in go.mod. It must be static: a cgo build
-# fails at sandbox start (its re-exec needs a loader the chroot lacks).
-$(BIN)/runsc: go.mod go.sum
-	CGO_ENABLED=0 $(GO) build -o $@ gvisor.dev/gvisor/runsc
+# fails at sandbox start (its re-exec needs a loader the chroot lacks). Its
+# seccomp filters are precompiled into it (tools/runsc-seccomp), as gVisor's
+# release builds do, so that a start or restore does not compile them.
+$(BIN)/runsc: go.mod go.sum tools/runsc-seccomp/main.go scripts/build-runsc.sh
+	GO=$(GO) scripts/build-runsc.sh $@
 
 # The S3-compatible server the object store tests run against (SeaweedFS),
 # pinned by the tool line of its own module so that its dependencies stay out

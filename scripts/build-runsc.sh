@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the pinned runsc (the gvisor.dev/gvisor version in go.mod) into $1,
+# static, with its seccomp filters precompiled in (tools/runsc-seccomp).
+#
+# The Go toolchain does not let a build replace files of the module cache, so
+# the build works on a copy of gVisor's module in a Go workspace beside aenv's:
+# the dependency versions are aenv's, as with a plain `go build` from here,
+# and the module cache is left untouched.
+set -euo pipefail
+
+out=$(realpath -m "$1")
+go=${GO:-go}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work="$(dirname "$out")/.runsc-build"
+
+gvisor=$(cd "$repo" && "$go" list -m -f '{{.Dir}}' gvisor.dev/gvisor)
+rm -rf "$work"
+mkdir -p "$work"
+cp -r "$gvisor" "$work/gvisor"
+chmod -R u+w "$work/gvisor"
+
+(cd "$repo" && "$go" run ./tools/runsc-seccomp -gvisor "$work/gvisor")
+
+goversion=$(cd "$repo" && "$go" list -m -f '{{.GoVersion}}')
+cat >"$work/go.work" <<WORK
+go $goversion
+
+use (
+	$repo
+	./gvisor
+)
+WORK
+(cd "$work" && CGO_ENABLED=0 GOWORK="$work/go.work" "$go" build -o "$out" gvisor.dev/gvisor/runsc)
+rm -rf "$work"
