@@ -112,6 +112,37 @@ func (s *aenvSystem) boot(ctx context.Context) (*box, error) {
 	return s.createFrom(ctx, s.bootTemplate)
 }
 
+// create makes a sandbox with the server's defaults: only the template.
+func (s *aenvSystem) create(ctx context.Context) (*box, error) {
+	sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: s.bootTemplate, Timeout: s.lifetimeSecs})
+	if err != nil {
+		return nil, err
+	}
+	return s.track(sb), nil
+}
+
+// settleTimeout bounds the wait for the warm pool to refill.
+const settleTimeout = 3 * time.Minute
+
+// settle waits until the server's warm pool holds what it fills to
+// (aenv_warm_pool_ready >= aenv_warm_pool_target in GET /metrics), at
+// most settleTimeout.
+func (s *aenvSystem) settle(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	for {
+		m, err := s.c.ServerMetrics(ctx)
+		if err == nil && m["aenv_warm_pool_ready"] >= m["aenv_warm_pool_target"] {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // createFrom creates a sandbox; create answers once envd in it answers.
 func (s *aenvSystem) createFrom(ctx context.Context, templateID string) (*box, error) {
 	sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: templateID, MemoryMB: s.memoryMB, Timeout: s.lifetimeSecs})

@@ -139,8 +139,10 @@ func lastLine(s string) string {
 }
 
 // newID names a container and registers its forced deletion.
+// IDs have a fixed width: runsc takes an ID that is no container's as a
+// prefix of one, so "…-3" could mean "…-31" while "…-3" is being made.
 func (s *rawSystem) newID() (string, int) {
-	id := fmt.Sprintf("%s%d", s.prefix, s.seq.Add(1))
+	id := fmt.Sprintf("%s%08d", s.prefix, s.seq.Add(1))
 	h := s.cleanups.push(s.kind+" container "+id, func(ctx context.Context) error { return s.forceDelete(ctx, id) })
 	return id, h
 }
@@ -166,6 +168,10 @@ func (s *rawSystem) boot(ctx context.Context) (*box, error) {
 	}
 	return b, nil
 }
+
+func (s *rawSystem) create(ctx context.Context) (*box, error) { return s.boot(ctx) }
+
+func (s *rawSystem) settle(context.Context) {}
 
 func (s *rawSystem) remove(ctx context.Context, b *box) error {
 	if err := s.forceDelete(ctx, b.id); err != nil {

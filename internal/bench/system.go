@@ -33,6 +33,14 @@ type system interface {
 	name() string
 	// boot starts a fresh sandbox and returns once a command answers in it.
 	boot(ctx context.Context) (*box, error)
+	// create starts a sandbox as a user's plain create does: aenv with the
+	// server's default shape, which its warm pool may serve; the raw
+	// runtimes boot.
+	create(ctx context.Context) (*box, error)
+	// settle waits (bounded) until the system has made ready what it keeps
+	// ahead of demand: aenv's warm pool refilled. The raw runtimes keep
+	// nothing.
+	settle(ctx context.Context)
 	remove(ctx context.Context, b *box) error
 	// exec runs `true` and waits for its exit.
 	exec(ctx context.Context, b *box) error

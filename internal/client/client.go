@@ -9,6 +9,7 @@
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -295,4 +296,37 @@ func sandboxPath(id string, more ...string) string {
 		p += "/" + m
 	}
 	return p
+}
+
+// ServerMetrics reads the server's Prometheus metrics (GET /metrics) and
+// returns the samples that have no labels, by name (aenv_sandboxes_live,
+// aenv_warm_pool_ready, ...).
+func (c *Client) ServerMetrics(ctx context.Context) (map[string]float64, error) {
+	ctx, cancel := c.requestContext(ctx)
+	defer cancel()
+	resp, err := c.send(ctx, http.MethodGet, "/metrics", nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 2 || strings.Contains(fields[0], "{") {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fields[1], 64); err == nil {
+			out[fields[0]] = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("GET /metrics: %w", err)
+	}
+	return out, nil
 }

@@ -343,3 +343,31 @@ func TestEnvdThroughTheProxy(t *testing.T) {
 		t.Fatalf("wrong token: %v", err)
 	}
 }
+
+func TestServerMetrics(t *testing.T) {
+	c := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			t.Errorf("path %s", r.URL.Path)
+		}
+		io.WriteString(w, `# HELP aenv_warm_pool_ready Base sandboxes booted ahead of demand.
+# TYPE aenv_warm_pool_ready gauge
+aenv_warm_pool_ready 3
+aenv_warm_pool_target 8
+aenv_sandbox_network_receive_bytes_total{sandbox_id="x"} 10
+go_memstats_alloc_bytes 1.5e+06
+`)
+	})
+	got, err := c.ServerMetrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{"aenv_warm_pool_ready": 3, "aenv_warm_pool_target": 8, "go_memstats_alloc_bytes": 1.5e6}
+	if len(got) != len(want) {
+		t.Errorf("samples %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+}

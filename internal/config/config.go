@@ -61,6 +61,8 @@ type Server struct {
 	MaxForkCount         int
 	ForkParallelism      int
 	WarmSandboxes        int
+	WarmMaxSandboxes     int
+	WarmMemoryMB         int
 	PreparedSandboxes    int
 	PreparedMemoryMB     int
 	WarmSnapshots        int
@@ -105,6 +107,8 @@ func Default() Server {
 		MaxForkCount:           100,
 		ForkParallelism:        4,
 		WarmSandboxes:          2,
+		WarmMaxSandboxes:       64,
+		WarmMemoryMB:           2048,
 		PreparedSandboxes:      16,
 		PreparedMemoryMB:       1024,
 		WarmSnapshots:          2,
@@ -160,7 +164,9 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.PauseToDiskAfterSecs, "pause-to-disk-after-secs", "write a sandbox paused this long to disk and release its memory (0: never)")
 	num(&c.MaxForkCount, "max-fork-count", "most children one fork may ask for")
 	num(&c.ForkParallelism, "fork-parallelism", "children of one fork restored at once")
-	num(&c.WarmSandboxes, "warm-sandboxes", "base sandboxes kept booted so that a create only initialises one (0: off)")
+	num(&c.WarmSandboxes, "warm-sandboxes", "base sandboxes kept booted at least, so that a create only initialises one (0: off)")
+	num(&c.WarmMaxSandboxes, "warm-max-sandboxes", "most base sandboxes kept booted: a burst of creates grows the warm pool to its size, so that the next one is served from it; it shrinks back when idle")
+	num(&c.WarmMemoryMB, "warm-memory-mb", "host memory the warm pool may hold at most when bursts grow it")
 	num(&c.PreparedSandboxes, "prepared-sandboxes", "most sandboxes kept created ahead of demand, per shape in use, so that a restore or boot only loads or starts one; the pool grows with bursts and shrinks when idle (0: off)")
 	num(&c.PreparedMemoryMB, "prepared-memory-mb", "host memory the prepared sandboxes may hold together")
 	num(&c.WarmSnapshots, "warm-snapshots", "sandboxes restored and paused ahead of demand per snapshot template in use, so that a create from it only resumes one (0: off; needs --prepared-sandboxes)")
@@ -212,6 +218,8 @@ func (c *Server) Validate() error {
 		{"--max-fork-count", c.MaxForkCount >= 1},
 		{"--fork-parallelism", c.ForkParallelism >= 1},
 		{"--warm-sandboxes", c.WarmSandboxes >= 0},
+		{"--warm-max-sandboxes", c.WarmMaxSandboxes >= 0},
+		{"--warm-memory-mb", c.WarmMemoryMB >= 0},
 		{"--prepared-sandboxes", c.PreparedSandboxes >= 0},
 		{"--prepared-memory-mb", c.PreparedMemoryMB >= 0},
 		{"--warm-snapshots", c.WarmSnapshots >= 0},

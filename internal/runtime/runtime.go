@@ -45,6 +45,12 @@ type Spec struct {
 	// ExportRootfs: the sandbox boots with them over RootfsPath (a fresh
 	// kernel over a saved filesystem).
 	RootfsUpper string
+	// Background makes the sandbox for a pool filled ahead of demand: it
+	// gets host CPU only when nothing else wants it, from its creation
+	// until Preparer.Foreground, so that filling a pool takes idle time
+	// rather than time from the requests it serves. Drivers that do not
+	// implement Preparer ignore it.
+	Background bool
 }
 
 // EnvdMountPath is where envd appears inside every sandbox.
@@ -279,6 +285,10 @@ type Preparer interface {
 	// StartPrepared boots the prepared sandbox id, as Start would have with
 	// the spec it was prepared with. On failure the sandbox is removed.
 	StartPrepared(ctx context.Context, id string) error
+	// Foreground gives sandbox id, made with Spec.Background, the CPU
+	// priority of every other sandbox. It is called when a request claims
+	// the sandbox, before anything runs in it on the request's behalf.
+	Foreground(ctx context.Context, id string) error
 }
 
 // ValidateID checks that id is a sandbox ID: 20 characters of [a-z0-9].

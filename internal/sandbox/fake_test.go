@@ -22,6 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	processpb "github.com/aenv-dev/aenv/api/envd/process"
+	"github.com/aenv-dev/aenv/api/envd/process/processconnect"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -88,7 +92,11 @@ type instance struct {
 	inits int
 	// prepared: made by Prepare and not yet restored into or started.
 	prepared bool
+	// background: made with Spec.Background and not yet given Foreground.
+	background bool
 }
+
+var _ runtime.Preparer = (*fakeDriver)(nil)
 
 // fakeDriver is a runtime.Driver in memory. Checkpoint writes the envd
 // token into the image so that Restore continues with it, as a real
@@ -129,7 +137,7 @@ func (d *fakeDriver) Start(ctx context.Context, spec runtime.Spec) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.inst[spec.ID] = &instance{state: runtime.StateRunning}
+	d.inst[spec.ID] = &instance{state: runtime.StateRunning, background: spec.Background}
 	return nil
 }
 
@@ -230,7 +238,7 @@ func (d *fakeDriver) Restore(ctx context.Context, spec runtime.Spec, imageDir st
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.inst[spec.ID] = &instance{state: runtime.StateRunning, token: string(token)}
+	d.inst[spec.ID] = &instance{state: runtime.StateRunning, token: string(token), background: spec.Background}
 	return nil
 }
 
@@ -245,7 +253,7 @@ func (d *fakeDriver) Prepare(ctx context.Context, spec runtime.Spec) error {
 	if _, ok := d.inst[spec.ID]; ok {
 		return fmt.Errorf("sandbox %s already exists", spec.ID)
 	}
-	d.inst[spec.ID] = &instance{state: runtime.StateStopped, prepared: true}
+	d.inst[spec.ID] = &instance{state: runtime.StateStopped, prepared: true, background: spec.Background}
 	return nil
 }
 
@@ -277,6 +285,33 @@ func (d *fakeDriver) RestorePrepared(ctx context.Context, id, imageDir string) e
 
 func (d *fakeDriver) StartPrepared(ctx context.Context, id string) error {
 	return d.takePrepared(ctx, "startPrepared", id, "")
+}
+
+func (d *fakeDriver) Foreground(ctx context.Context, id string) error {
+	if err := d.faults.check(ctx, "foreground", id); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in, ok := d.inst[id]
+	if !ok {
+		return fmt.Errorf("foreground %s: %w", id, runtime.ErrNotFound)
+	}
+	in.background = false
+	return nil
+}
+
+// background lists the instances still at background priority.
+func (d *fakeDriver) background() map[string]bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]bool{}
+	for id, in := range d.inst {
+		if in.background {
+			out[id] = true
+		}
+	}
+	return out
 }
 
 // prepared lists the instances prepared and not yet used.
@@ -362,8 +397,35 @@ func (d *fakeDriver) serveEnvd(w http.ResponseWriter, r *http.Request, id string
 		in.inits++
 		w.WriteHeader(http.StatusNoContent)
 	default:
+		if path, h := processconnect.NewProcessHandler(fakeProcess{d: d, id: id}); strings.HasPrefix(r.URL.Path, path) {
+			h.ServeHTTP(w, r)
+			return
+		}
 		http.NotFound(w, r)
 	}
+}
+
+// fakeProcess is envd's process service as far as the warm pool's warm-up
+// command uses it: every command starts and exits 0 at once.
+type fakeProcess struct {
+	processconnect.UnimplementedProcessHandler
+	d  *fakeDriver
+	id string
+}
+
+func (p fakeProcess) Start(ctx context.Context, _ *connect.Request[processpb.StartRequest], stream *connect.ServerStream[processpb.StartResponse]) error {
+	if err := p.d.faults.check(ctx, "run", p.id); err != nil {
+		return connect.NewError(connect.CodeInternal, err)
+	}
+	for _, ev := range []*processpb.ProcessEvent{
+		{Event: &processpb.ProcessEvent_Start{Start: &processpb.ProcessEvent_StartEvent{Pid: 1}}},
+		{Event: &processpb.ProcessEvent_End{End: &processpb.ProcessEvent_EndEvent{Exited: true, Status: "exit status 0"}}},
+	} {
+		if err := stream.Send(&processpb.StartResponse{Event: ev}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // envdTransport delivers requests for "<id>.<ip>:<port>" to the fake envd

@@ -196,8 +196,8 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 // checkCapacity refuses a fork the node cannot hold, before anything is
 // made: children need network slots and about the source's memory each.
 func (m *Manager) checkCapacity(count int, perChild uint64) error {
-	// Prepared sandboxes give up their slots to whoever needs one.
-	if free := m.slots.Free() + m.prep.count(); free < count {
+	// Pooled sandboxes give up their slots to whoever needs one.
+	if free := m.slots.Free() + m.prep.count() + m.WarmPool().Ready; free < count {
 		return fmt.Errorf("%w: %d children need %d network slots, %d are free", node.ErrUnavailable, count, count, free)
 	}
 	if avail, ok := memAvailable(); ok && perChild > 0 {

@@ -50,8 +50,12 @@ type Config struct {
 	// ForkParallelism bounds the restores of one fork running at once.
 	ForkParallelism int
 	// WarmSandboxes is how many base sandboxes are kept booted ahead of
-	// demand (see warm.go); 0 turns the pool off.
+	// demand at least (see warm.go); 0 turns the pool off. Bursts grow the
+	// pool up to WarmMax sandboxes holding at most WarmMemMB of host
+	// memory; it shrinks back when idle.
 	WarmSandboxes int
+	WarmMax       int
+	WarmMemMB     int
 	// PreparedMax bounds the sandboxes made ahead of restores and boots
 	// (see prepared.go), PreparedMemMB the host memory they hold; 0 turns
 	// the pool off.
@@ -410,7 +414,11 @@ type image struct {
 // is replaced by an ordinary launch.
 func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
 	if img.dir == "" && !pending {
-		if ws := m.takeWarm(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB}); ws != nil {
+		ws, counted := m.warm.begin(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB})
+		if counted {
+			defer m.warm.end()
+		}
+		if ws != nil {
 			e, err := m.launchWarm(ctx, sb, tpl, ws)
 			if err == nil {
 				return e, nil
@@ -583,8 +591,8 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 
 func (m *Manager) acquireSlot(ctx context.Context) (*network.Slot, error) {
 	slot, err := m.slots.Acquire(ctx)
-	// Prepared sandboxes hold slots only while nobody else needs them.
-	for errors.Is(err, network.ErrExhausted) && m.evictPrepared(ctx) {
+	// Pooled sandboxes hold slots only while nobody else needs them.
+	for errors.Is(err, network.ErrExhausted) && (m.evictPrepared(ctx) || m.evictWarm(ctx)) {
 		slot, err = m.slots.Acquire(ctx)
 	}
 	if err != nil {
@@ -639,12 +647,16 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 	spec.RootfsUpper = img.rootfsUpper
 	var err error
 	switch prep, _ := m.driver.(runtime.Preparer); {
-	case img.prepared && img.dir == "":
-		if err = prep.StartPrepared(ctx, sb.ID); err != nil {
-			err = fmt.Errorf("%w: %w", errNotPrepared, err)
-		}
 	case img.prepared:
-		if err = prep.RestorePrepared(ctx, sb.ID, img.dir); err != nil {
+		// Made in the background: this request's priority first.
+		if err = prep.Foreground(ctx, sb.ID); err != nil {
+			m.killInstance(ctx, sb.ID)
+		} else if img.dir == "" {
+			err = prep.StartPrepared(ctx, sb.ID)
+		} else {
+			err = prep.RestorePrepared(ctx, sb.ID, img.dir)
+		}
+		if err != nil {
 			err = fmt.Errorf("%w: %w", errNotPrepared, err)
 		}
 	case img.dir == "":

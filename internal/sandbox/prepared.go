@@ -161,6 +161,16 @@ func (p *preparedPool) end(k prepKey) {
 	p.poke()
 }
 
+// idle says whether no launch that uses the pool is in progress.
+func (p *preparedPool) idle() bool {
+	if p == nil {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.busy == 0
+}
+
 // count is how many prepared sandboxes are ready.
 func (p *preparedPool) count() int {
 	if p == nil {
@@ -332,6 +342,7 @@ func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
 	}
 	id := NewID()
 	spec := m.spec(id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB)
+	spec.Background = true
 	if err := p.driver.Prepare(ctx, spec); err != nil {
 		m.releaseSlot(ctx, slot.Index, id)
 		return err
@@ -384,7 +395,9 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 			return aerr
 		}
 		ps = &preparedSandbox{id: NewID(), slot: slot}
-		err = m.driver.Restore(ctx, m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB), k.image)
+		spec := m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB)
+		spec.Background = true
+		err = m.driver.Restore(ctx, spec, k.image)
 	}
 	if err != nil {
 		m.releaseSlot(ctx, ps.slot.Index, ps.id)
@@ -416,8 +429,23 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 // everything works, as for a warm sandbox.
 func (m *Manager) launchRestored(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ps *preparedSandbox) (*entry, error) {
 	return m.adopt(ctx, sb, tpl, ps.id, ps.slot, ps.envd,
-		func(ctx context.Context) error { return m.driver.Resume(ctx, ps.id) },
+		func(ctx context.Context) error {
+			if err := m.foreground(ctx, ps.id); err != nil {
+				return err
+			}
+			return m.driver.Resume(ctx, ps.id)
+		},
 		func(ctx context.Context) { m.discardPrepared(ctx, ps) }, "sandbox started from a restored one")
+}
+
+// foreground gives a sandbox made for a pool (with Spec.Background) the
+// CPU priority of the request that claimed it.
+func (m *Manager) foreground(ctx context.Context, id string) error {
+	prep, ok := m.driver.(runtime.Preparer)
+	if !ok {
+		return nil
+	}
+	return prep.Foreground(ctx, id)
 }
 
 // discardPrepared removes a prepared sandbox that will not be used.

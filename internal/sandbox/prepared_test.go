@@ -369,3 +369,74 @@ func TestCreateFromSnapshotResumesARestoredOne(t *testing.T) {
 	w.stop()
 	w.stoppedEmpty()
 }
+
+// TestPooledSandboxesRunInTheBackground: what the pools make ahead of
+// demand (prepared and restored sandboxes) is made at background CPU
+// priority, so that filling them takes only idle time, and every sandbox
+// handed to a request was given the foreground first, whichever way it
+// was made. When Foreground fails, the launch is done the ordinary way.
+// (The warm pool's sandboxes are checked by the server's tests: its
+// warm-up command needs a real envd.)
+func TestPooledSandboxesRunInTheBackground(t *testing.T) {
+	w := newWorld(t, withPrepared(8), func(c *Config) { c.SnapshotPool = 1 })
+	ctx := context.Background()
+	// check: a sandbox with a record is never in the background; it
+	// returns how many pooled ones are.
+	check := func(when string) int {
+		t.Helper()
+		pooled := 0
+		for id := range w.driver.background() {
+			if w.record(id) != nil {
+				t.Errorf("%s: sandbox %s was handed out at background priority", when, id)
+			}
+			pooled++
+		}
+		return pooled
+	}
+	src := w.create()
+
+	snap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: src.ID, Kind: store.KindSnapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(w.pooledRestored()) == 1 })
+	small := prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 256}
+	w.m.prep.demand(small, 2)
+	waitFor(t, func() bool {
+		w.m.prep.mu.Lock()
+		defer w.m.prep.mu.Unlock()
+		return len(w.m.prep.ready[small]) == 2
+	})
+	if n := check("pools filled"); n < 3 {
+		t.Errorf("%d pooled sandboxes in the background, want the restored and the prepared ones (3 or more)", n)
+	}
+
+	foregrounds := w.faults.count("foreground")
+	if _, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID}); err != nil { // the restored one
+		t.Fatal(err)
+	}
+	check("create from a snapshot")
+	req := createReq()
+	req.MemoryMB = 256
+	if _, err := w.m.Create(ctx, req); err != nil { // a prepared one, started
+		t.Fatal(err)
+	}
+	check("create of another shape")
+	if got := w.faults.count("foreground") - foregrounds; got != 2 {
+		t.Errorf("Foreground calls for two pooled sandboxes: %d", got)
+	}
+
+	w.faults.set("foreground", errInjected)
+	sb, err := w.m.Create(ctx, req)
+	if err != nil {
+		t.Fatalf("create when Foreground fails: %v", err)
+	}
+	check("create when Foreground fails")
+	if w.driver.state(sb.ID) != runtime.StateRunning {
+		t.Errorf("sandbox made after a failed Foreground: %s", w.driver.state(sb.ID))
+	}
+	w.faults.set("foreground", nil)
+}

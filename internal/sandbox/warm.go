@@ -14,11 +14,24 @@ import (
 	"github.com/aenv-dev/aenv/internal/template"
 )
 
-// The warm pool keeps a few sandboxes of the base template's default shape
+// The warm pool keeps sandboxes of the base template's default shape
 // booted, envd answering but not yet given an identity. A create that fits
 // claims one and only has to give it its token, env vars and egress policy
 // (tens of milliseconds instead of a boot). Unclaimed ones have no record:
 // a restart removes them as debris, a shutdown kills them.
+//
+// The pool adapts to demand. It keeps WarmSandboxes at least; a burst of
+// creates grows its target to the most that were in progress at once, up
+// to WarmMax sandboxes and WarmMemMB of host memory (measured per sandbox),
+// so that the next burst of that size is served from it; every idle
+// minute halves the target back towards the floor. The pool's sandboxes
+// are made at background CPU priority (Spec.Background), one at a time and
+// only while no create or restore is in progress: refilling takes the
+// time the node has spare, not time from the requests it serves.
+
+// warmIdle is how long the pool goes without a create before its target
+// halves.
+const warmIdle = time.Minute
 
 // warmKey is the shape a pre-booted sandbox fits.
 type warmKey struct {
@@ -34,14 +47,42 @@ type warmSandbox struct {
 }
 
 type warmPool struct {
-	target int
-	key    warmKey
-	tpl    *store.Template
+	floor    int    // the target never goes below
+	max      int    // nor above
+	memBytes uint64 // host memory the pool may hold
+	key      warmKey
+	tpl      *store.Template
 
 	mu    sync.Mutex
 	ready []*warmSandbox
-	wake  chan struct{}
-	done  chan struct{}
+	// want is the target, floor <= want <= limit().
+	want int
+	// active counts creates of the pool's shape in progress, served by it
+	// or not; lastUse is when one last began.
+	active  int
+	lastUse time.Time
+	// perSandbox is the most host memory one pooled sandbox was seen to
+	// hold; 0 until one was measured.
+	perSandbox uint64
+	wake       chan struct{}
+	done       chan struct{}
+}
+
+// WarmPoolStatus is the warm pool's size, for metrics.
+type WarmPoolStatus struct {
+	Ready  int // booted and unclaimed
+	Target int // what the pool fills to
+}
+
+// WarmPool reports the warm pool's size; zero when it is off.
+func (m *Manager) WarmPool() WarmPoolStatus {
+	w := m.warm
+	if w == nil {
+		return WarmPoolStatus{}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return WarmPoolStatus{Ready: len(w.ready), Target: w.want}
 }
 
 // startWarmPool boots the pool in the background until ctx ends.
@@ -54,7 +95,9 @@ func (m *Manager) startWarmPool(ctx context.Context) error {
 		return fmt.Errorf("warm pool: %w", err)
 	}
 	key := warmKey{tpl.ID, firstPositive(tpl.VCPU, m.cfg.DefaultVCPU), firstPositive(tpl.MemoryMB, m.cfg.DefaultMemoryMB)}
-	m.warm = &warmPool{target: m.cfg.WarmSandboxes, key: key, tpl: tpl,
+	floor := m.cfg.WarmSandboxes
+	m.warm = &warmPool{floor: floor, max: max(floor, m.cfg.WarmMax), memBytes: uint64(m.cfg.WarmMemMB) << 20,
+		key: key, tpl: tpl, want: floor, lastUse: time.Now(),
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	if !m.goOwned(m.fillWarmPool) {
 		close(m.warm.done)
@@ -62,14 +105,76 @@ func (m *Manager) startWarmPool(ctx context.Context) error {
 	return nil
 }
 
+func (w *warmPool) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// limit is the most sandboxes the pool may hold; w.mu is held.
+func (w *warmPool) limit() int {
+	n := w.max
+	if w.perSandbox > 0 && w.memBytes > 0 {
+		n = min(n, int(w.memBytes/w.perSandbox))
+	}
+	return max(n, w.floor)
+}
+
+// begin counts a create of key in progress and returns a pre-booted
+// sandbox for it, or nil; end must follow when key is the pool's.
+func (w *warmPool) begin(key warmKey) (ws *warmSandbox, counted bool) {
+	if w == nil || key != w.key {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.active++
+	w.want = min(w.limit(), max(w.want, w.active))
+	w.lastUse = time.Now()
+	if len(w.ready) > 0 {
+		ws, w.ready = w.ready[0], w.ready[1:]
+	}
+	return ws, true
+}
+
+func (w *warmPool) end() {
+	w.mu.Lock()
+	w.active--
+	w.mu.Unlock()
+	w.poke()
+}
+
+// next decides what the filler does: whether to boot one more (only when
+// no create of the shape is in progress), and the surplus to remove.
+// An idle minute halves the target.
+func (w *warmPool) next(now time.Time) (boot bool, surplus []*warmSandbox) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.active == 0 && now.Sub(w.lastUse) >= warmIdle && w.want > w.floor {
+		w.want = max(w.floor, w.want/2)
+		w.lastUse = now
+	}
+	w.want = min(w.want, w.limit())
+	if extra := len(w.ready) - w.want; extra > 0 {
+		surplus = append(surplus, w.ready[len(w.ready)-extra:]...)
+		w.ready = w.ready[:len(w.ready)-extra]
+	}
+	return w.active == 0 && len(w.ready) < w.want, surplus
+}
+
 func (m *Manager) fillWarmPool(ctx context.Context) {
 	w := m.warm
 	defer close(w.done)
+	// The ticker shrinks an idle pool and retries while launches run.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	for {
-		w.mu.Lock()
-		missing := w.target - len(w.ready)
-		w.mu.Unlock()
-		if missing > 0 {
+		boot, surplus := w.next(time.Now())
+		for _, ws := range surplus {
+			m.discardWarm(ctx, ws)
+		}
+		if boot && m.prep.idle() {
 			ws, err := m.bootWarm(ctx, w)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -83,7 +188,12 @@ func (m *Manager) fillWarmPool(ctx context.Context) {
 				}
 				continue
 			}
+			var mem uint64
+			if st, err := m.driver.Stats(ctx, ws.id); err == nil {
+				mem = st.MemoryBytes
+			}
 			w.mu.Lock()
+			w.perSandbox = max(w.perSandbox, mem)
 			w.ready = append(w.ready, ws)
 			w.mu.Unlock()
 			continue
@@ -92,17 +202,21 @@ func (m *Manager) fillWarmPool(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-w.wake:
+		case <-tick.C:
 		}
 	}
 }
 
 func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, error) {
-	slot, err := m.acquireSlot(ctx)
+	// A fill takes no slot from anyone (acquireSlot would evict pooled
+	// sandboxes, this pool's among them).
+	slot, err := m.slots.Acquire(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("acquire network slot: %w", err)
 	}
 	id := NewID()
 	spec := m.spec(id, w.tpl, slot, w.key.vcpu, w.key.memoryMB)
+	spec.Background = true
 	if err := m.driver.Start(ctx, spec); err != nil {
 		m.releaseSlot(ctx, slot.Index, id)
 		return nil, err
@@ -146,24 +260,25 @@ func warmUp(ctx context.Context, envd *envdclient.Client, tpl *store.Template) e
 	return nil
 }
 
-// takeWarm hands out a pre-booted sandbox fitting key, or nil.
-func (m *Manager) takeWarm(key warmKey) *warmSandbox {
+// evictWarm frees the slot of the newest pre-booted sandbox for a launch
+// that found none free, and stops the pool from refilling past what it
+// then holds; false when there was none to take.
+func (m *Manager) evictWarm(ctx context.Context) bool {
 	w := m.warm
-	if w == nil || key != w.key {
-		return nil
+	if w == nil {
+		return false
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if len(w.ready) == 0 {
-		return nil
+		w.mu.Unlock()
+		return false
 	}
-	ws := w.ready[0]
-	w.ready = w.ready[1:]
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-	return ws
+	ws := w.ready[len(w.ready)-1]
+	w.ready = w.ready[:len(w.ready)-1]
+	w.want = max(w.floor, len(w.ready))
+	w.mu.Unlock()
+	m.discardWarm(context.WithoutCancel(ctx), ws)
+	return true
 }
 
 // discardWarm kills a pre-booted sandbox that will not be used.
@@ -192,7 +307,9 @@ func (m *Manager) stopWarmPool(ctx context.Context) {
 // launchWarm turns a pre-booted sandbox into sb: egress policy, envd
 // identity, then the record, written once everything works.
 func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ws *warmSandbox) (*entry, error) {
-	return m.adopt(ctx, sb, tpl, ws.id, ws.slot, ws.envd, nil, func(ctx context.Context) { m.discardWarm(ctx, ws) },
+	return m.adopt(ctx, sb, tpl, ws.id, ws.slot, ws.envd,
+		func(ctx context.Context) error { return m.foreground(ctx, ws.id) },
+		func(ctx context.Context) { m.discardWarm(ctx, ws) },
 		"sandbox started from the warm pool")
 }
 

@@ -159,6 +159,8 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		MaxForkCount:     cfg.MaxForkCount,
 		ForkParallelism:  cfg.ForkParallelism,
 		WarmSandboxes:    cfg.WarmSandboxes,
+		WarmMax:          cfg.WarmMaxSandboxes,
+		WarmMemMB:        cfg.WarmMemoryMB,
 		PreparedMax:      cfg.PreparedSandboxes,
 		PreparedMemMB:    cfg.PreparedMemoryMB,
 		SnapshotPool:     cfg.WarmSnapshots,
@@ -196,6 +198,12 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Name: "aenv_sandboxes_live", Help: "Sandboxes running or paused on this node.",
 	}, func() float64 { return float64(sandboxes.LiveCount()) }))
 	reg.MustRegister(newNetworkCollector(sandboxes))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aenv_warm_pool_ready", Help: "Base sandboxes booted ahead of demand and not yet claimed.",
+	}, func() float64 { return float64(sandboxes.WarmPool().Ready) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aenv_warm_pool_target", Help: "What the warm pool fills to: grown by bursts of creates, halved per idle minute.",
+	}, func() float64 { return float64(sandboxes.WarmPool().Target) }))
 	usageHistory := usage.Start(ctx, sandboxes, usage.Config{}, logger.With("component", "usage"))
 	builds, err := newBuilds(cfg, served, logger)
 	if err != nil {

@@ -70,6 +70,30 @@ func (h cgroupHierarchies) dirs(rel string) []string {
 	return out
 }
 
+// setCPUWeight sets the CPU weight of the cgroup at path rel: the least
+// there is for background, else the default.
+func (h cgroupHierarchies) setCPUWeight(rel string, background bool) error {
+	file, value := "", ""
+	switch {
+	case h.usesV1() && h.v1["cpu"] != "":
+		file, value = filepath.Join(h.v1["cpu"], rel, "cpu.shares"), "1024"
+		if background {
+			value = strconv.Itoa(backgroundCPUShares)
+		}
+	case !h.usesV1() && h.unified != "":
+		file, value = filepath.Join(h.unified, rel, "cpu.weight"), "100"
+		if background {
+			value = "1"
+		}
+	default:
+		return errors.New("set CPU weight: no cpu cgroup controller")
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+		return fmt.Errorf("set CPU weight: %w", err)
+	}
+	return nil
+}
+
 // stats reads a sandbox's figures from its cgroup at path rel.
 func (h cgroupHierarchies) stats(rel string) (runtime.Stats, error) {
 	if h.usesV1() {

@@ -104,6 +104,19 @@ func (d *Driver) StartPrepared(ctx context.Context, id string) error {
 	return nil
 }
 
+// Foreground gives sandbox id, prepared with Spec.Background, the default
+// CPU weight of its cgroup: cgroup v1's cpu.shares 1024, v2's cpu.weight
+// 100, what every other sandbox has.
+func (d *Driver) Foreground(ctx context.Context, id string) error {
+	if err := d.requireSandbox(id); err != nil {
+		return fmt.Errorf("foreground %s: %w", id, err)
+	}
+	if err := d.cgroups.setCPUWeight(d.cgroupPath(id), false); err != nil {
+		return fmt.Errorf("foreground %s: %w", id, err)
+	}
+	return nil
+}
+
 // restoreInto runs `runsc restore` into the created sandbox id.
 func (d *Driver) restoreInto(ctx context.Context, id, imageDir string) error {
 	return d.runscDetached(ctx, boundImage(dirSize(imageDir)), id, "restore", "--detach", "--background",

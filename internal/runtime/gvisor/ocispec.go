@@ -10,6 +10,11 @@ import (
 	"github.com/aenv-dev/aenv/internal/runtime"
 )
 
+// backgroundCPUShares is the CPU weight of a sandbox made with
+// Spec.Background: the least cgroup v1 allows (cgroup v2's weight 1), against
+// the default 1024 (weight 100) of every other sandbox.
+const backgroundCPUShares = 2
+
 // cpuPeriodMicros is the CFS period; the quota is VCPU periods per period.
 const cpuPeriodMicros = 100000
 
@@ -90,6 +95,13 @@ func ociResources(spec runtime.Spec) *specs.LinuxResources {
 		quota := int64(spec.VCPU) * cpuPeriodMicros
 		period := uint64(cpuPeriodMicros)
 		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if spec.Background {
+		if res.CPU == nil {
+			res.CPU = &specs.LinuxCPU{}
+		}
+		shares := uint64(backgroundCPUShares)
+		res.CPU.Shares = &shares
 	}
 	if spec.PidsLimit > 0 {
 		res.Pids = &specs.LinuxPids{Limit: int64(spec.PidsLimit)}

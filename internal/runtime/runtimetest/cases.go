@@ -366,6 +366,9 @@ func (h *harness) testPrepared(t *testing.T) {
 	prepare := func(name string) (runtime.Spec, *guest) {
 		ns := NewNetns(t)
 		spec := h.spec(t, ns)
+		// Made as a pool makes them, at background priority; Foreground
+		// comes before they are used.
+		spec.Background = true
 		h.timed(t, name, func() error { return prep.Prepare(t.Context(), spec) })
 		h.killAtEnd(t, spec.ID)
 		if st, err := h.driver.State(t.Context(), spec.ID); err != nil || st == runtime.StateRunning {
@@ -375,6 +378,7 @@ func (h *harness) testPrepared(t *testing.T) {
 	}
 
 	booted, bg := prepare("Prepare")
+	h.timed(t, "Foreground", func() error { return prep.Foreground(t.Context(), booted.ID) })
 	h.timed(t, "StartPrepared", func() error { return prep.StartPrepared(t.Context(), booted.ID) })
 	h.record("StartPrepared→envd answers", bg.waitReady(t, 10*time.Second))
 	h.wantState(t, booted.ID, runtime.StateRunning)
@@ -387,6 +391,7 @@ func (h *harness) testPrepared(t *testing.T) {
 	h.timed(t, "Checkpoint(leaveRunning)", func() error { return h.driver.Checkpoint(t.Context(), booted.ID, image, true) })
 
 	restored, rg := prepare("Prepare")
+	h.timed(t, "Foreground", func() error { return prep.Foreground(t.Context(), restored.ID) })
 	h.timed(t, "RestorePrepared", func() error { return prep.RestorePrepared(t.Context(), restored.ID, image) })
 	h.record("RestorePrepared→envd answers", rg.waitReady(t, 10*time.Second))
 	child := rg.mustState(t)

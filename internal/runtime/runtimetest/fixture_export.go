@@ -39,6 +39,23 @@ func (f *Fixture) Start(t testing.TB) *Sandbox {
 	return &Sandbox{Spec: spec, g: g}
 }
 
+// NewSpec returns the spec of a sandbox in a new network namespace, for
+// the test to make as it likes; the sandbox is killed when the test ends,
+// and the returned Sandbox reaches its fakeenvd once it runs.
+func (f *Fixture) NewSpec(t testing.TB) *Sandbox {
+	t.Helper()
+	ns := NewNetns(t)
+	spec := f.h.spec(t, ns)
+	f.h.killAtEnd(t, spec.ID)
+	return &Sandbox{Spec: spec, g: newGuest(ns.GuestAddr)}
+}
+
+// WaitReady waits until the sandbox's fakeenvd answers.
+func (s *Sandbox) WaitReady(t testing.TB) {
+	t.Helper()
+	s.g.waitReady(t, 10*time.Second)
+}
+
 // Answers says whether the sandbox's fakeenvd replies within a short time.
 func (s *Sandbox) Answers(t testing.TB) bool {
 	t.Helper()

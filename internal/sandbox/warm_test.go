@@ -1,0 +1,162 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/node"
+)
+
+func TestWarmPoolAdapts(t *testing.T) {
+	now := time.Now()
+	tests := []struct {
+		name        string
+		floor, max  int
+		memMB       int
+		perSandbox  uint64
+		want, ready int
+		active      int
+		lastUse     time.Time
+		wantBoot    bool
+		wantSurplus int
+		wantTarget  int
+	}{
+		{name: "fills to the target", floor: 2, max: 8, want: 5, ready: 1, lastUse: now, wantBoot: true, wantTarget: 5},
+		{name: "waits while creates run", floor: 2, max: 8, want: 5, ready: 1, active: 1, lastUse: now, wantTarget: 5},
+		{name: "full", floor: 2, max: 8, want: 5, ready: 5, lastUse: now, wantTarget: 5},
+		{name: "memory budget caps the target", floor: 1, max: 8, memMB: 100, perSandbox: 30 << 20, want: 8, ready: 3,
+			lastUse: now, wantTarget: 3},
+		{name: "memory budget never below the floor", floor: 2, max: 8, memMB: 10, perSandbox: 30 << 20, want: 2, ready: 1,
+			lastUse: now, wantBoot: true, wantTarget: 2},
+		{name: "idle pool halves and gives back", floor: 2, max: 16, want: 16, ready: 16, lastUse: now.Add(-2 * warmIdle),
+			wantSurplus: 8, wantTarget: 8},
+		{name: "idle pool stops at the floor", floor: 2, max: 16, want: 3, ready: 3, lastUse: now.Add(-2 * warmIdle),
+			wantSurplus: 1, wantTarget: 2},
+		{name: "busy pool does not shrink", floor: 2, max: 16, want: 16, ready: 4, active: 2, lastUse: now.Add(-2 * warmIdle),
+			wantTarget: 16},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := &warmPool{floor: tt.floor, max: tt.max, memBytes: uint64(tt.memMB) << 20, perSandbox: tt.perSandbox,
+				want: tt.want, active: tt.active, lastUse: tt.lastUse}
+			for range tt.ready {
+				w.ready = append(w.ready, &warmSandbox{id: NewID()})
+			}
+			boot, surplus := w.next(now)
+			if boot != tt.wantBoot || len(surplus) != tt.wantSurplus || w.want != tt.wantTarget {
+				t.Errorf("next: boot %v, surplus %d, target %d; want %v, %d, %d",
+					boot, len(surplus), w.want, tt.wantBoot, tt.wantSurplus, tt.wantTarget)
+			}
+			if len(w.ready)+len(surplus) != tt.ready {
+				t.Errorf("%d ready + %d surplus, had %d", len(w.ready), len(surplus), tt.ready)
+			}
+		})
+	}
+}
+
+// TestWarmPoolServesTheNextBurst: a burst of creates bigger than the pool
+// grows it to the burst's size (bounded by WarmMax), the pool refills
+// after the burst, and the next burst of that size is served from it; every sandbox handed out was given the foreground, and
+// the pooled ones wait in the background.
+func TestWarmPoolServesTheNextBurst(t *testing.T) {
+	const burst = 6
+	w := newWorld(t, func(c *Config) { c.WarmSandboxes, c.WarmMax = 1, burst })
+	ctx := context.Background()
+	waitFor(t, func() bool { return w.m.WarmPool() == WarmPoolStatus{Ready: 1, Target: 1} })
+
+	createAll := func() []string {
+		t.Helper()
+		ids := make([]string, burst)
+		var wg sync.WaitGroup
+		for i := range ids {
+			wg.Go(func() {
+				sb, err := w.m.Create(ctx, createReq())
+				if err != nil {
+					t.Errorf("create: %v", err)
+					return
+				}
+				ids[i] = sb.ID
+			})
+		}
+		wg.Wait()
+		return ids
+	}
+	// Creates held at their first step, so that all are in progress at
+	// once whatever the scheduler does.
+	release := make(chan struct{})
+	w.driver.mu.Lock()
+	w.driver.onInit = func(string) { <-release }
+	w.driver.mu.Unlock()
+	var first []string
+	done := make(chan struct{})
+	go func() { first = createAll(); close(done) }()
+	waitFor(t, func() bool { return w.m.WarmPool().Target == burst })
+	close(release)
+	<-done
+	waitFor(t, func() bool { return w.m.WarmPool() == WarmPoolStatus{Ready: burst, Target: burst} })
+	pooled := w.driver.background()
+	if len(pooled) != burst {
+		t.Errorf("%d sandboxes in the background, want the %d pooled ones", len(pooled), burst)
+	}
+
+	// (The pool may start refilling between two of its creates; those
+	// boots are the pool's, not the burst's.)
+	second := createAll()
+	for _, id := range second {
+		if !pooled[id] {
+			t.Errorf("sandbox %s of the second burst did not come from the pool", id)
+		}
+		if w.driver.background()[id] {
+			t.Errorf("sandbox %s was handed out at background priority", id)
+		}
+	}
+	for _, id := range append(first, second...) {
+		if err := w.m.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.stop()
+	w.stoppedEmpty()
+}
+
+// TestWarmSandboxesGiveUpSlots: a grown warm pool holds network slots only
+// while nobody else needs them: launches of other shapes take them, the
+// pool then stops refilling past what it has left, and a fork counts them
+// as free.
+func TestWarmSandboxesGiveUpSlots(t *testing.T) {
+	w := newWorld(t, func(c *Config) { c.WarmSandboxes, c.WarmMax, c.MaxForkCount = 1, 12, 16 })
+	ctx := context.Background()
+	w.m.warm.mu.Lock()
+	w.m.warm.want = 12
+	w.m.warm.mu.Unlock()
+	waitFor(t, func() bool { return w.m.WarmPool().Ready == 12 })
+	// 4 of the 16 slots are free; 6 sandboxes of another shape need 2 more.
+	req := createReq()
+	req.MemoryMB = 256
+	var ids []string
+	for range 6 {
+		sb, err := w.m.Create(ctx, req)
+		if err != nil {
+			t.Fatalf("create with warm sandboxes holding the slots: %v", err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	if got := w.m.WarmPool(); got.Ready != 10 || got.Target != 10 {
+		t.Errorf("warm pool after giving up 2 slots: %+v, want 10 ready and a target of 10", got)
+	}
+	res, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: ids[0], Count: 10})
+	if err != nil {
+		t.Fatalf("fork counting warm slots as free: %v", err)
+	}
+	for _, r := range res {
+		if r.Err != nil {
+			t.Fatalf("child: %v", r.Err)
+		}
+	}
+	if _, err := w.m.Create(ctx, req); !errors.Is(err, node.ErrUnavailable) {
+		t.Errorf("create with every slot taken: %v, want unavailable", err)
+	}
+}
