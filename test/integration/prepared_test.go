@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -157,4 +160,82 @@ func TestWarmSnapshots(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// cpuWeight reads the CPU weight of a sandbox's cgroup and says whether it
+// is the background one (the least there is) or the default.
+func (s *server) cpuWeight(id string) (weight string, background, foreground bool) {
+	s.t.Helper()
+	sum := sha256.Sum256([]byte(filepath.Join(s.dataDir, "runtime")))
+	parent := "aenv-" + hex.EncodeToString(sum[:])[:12]
+	file, bg, fg := filepath.Join("/sys/fs/cgroup/cpu", parent, id, "cpu.shares"), "2", "1024"
+	if _, err := os.Stat("/sys/fs/cgroup/cpu"); err != nil {
+		file, bg, fg = filepath.Join("/sys/fs/cgroup", parent, id, "cpu.weight"), "1", "100"
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		s.t.Fatalf("cgroup of %s: %v", id, err)
+	}
+	weight = strings.TrimSpace(string(b))
+	return weight, weight == bg, weight == fg
+}
+
+// TestPoolsRunInTheBackground: the sandboxes the warm, prepared and
+// restored pools hold wait at background CPU weight; the ones handed to
+// creates and forks run at the default weight, and came from the pools.
+func TestPoolsRunInTheBackground(t *testing.T) {
+	s := newServer(t, "--warm-sandboxes", "2", "--prepared-sandboxes", "4", "--max-fork-count", "2")
+	s.start()
+	pooled := func(live []string) []string {
+		var out []string
+		for _, id := range s.runtimeDirs() {
+			if !slices.Contains(live, id) {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	metric := func(name string) float64 {
+		body := string(s.expect(s.do("GET", "/metrics", nil), 200, "metrics").body)
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return -1
+	}
+	waitFor(t, 2*time.Minute, "the warm pool", func() bool { return metric("aenv_warm_pool_ready") == 2 })
+	warm := pooled(nil)
+
+	sb := s.create(nil)
+	if !slices.Contains(warm, sb.SandboxID) {
+		t.Errorf("create made %s, not one of the warm pool's %v", sb.SandboxID, warm)
+	}
+	parent := sb.SandboxID
+	live := append([]string{parent}, s.fork("/sandboxes/"+parent+"/fork", 2)...)
+	var prepared []string
+	waitFor(t, 2*time.Minute, "2 prepared sandboxes and a refilled warm pool", func() bool {
+		prepared = pooled(live)
+		return len(prepared) == 4 && metric("aenv_warm_pool_ready") == 2
+	})
+	for _, id := range prepared {
+		if w, bg, _ := s.cpuWeight(id); !bg {
+			t.Errorf("pooled sandbox %s has CPU weight %s, want the background one", id, w)
+		}
+	}
+	children := s.fork("/sandboxes/"+parent+"/fork", 2)
+	for _, id := range append(children, parent) {
+		if w, _, fg := s.cpuWeight(id); !fg {
+			t.Errorf("sandbox %s has CPU weight %s, want the default", id, w)
+		}
+	}
+	for _, c := range children {
+		if !slices.Contains(prepared, c) {
+			t.Errorf("child %s was not restored into one of the pool's sandboxes %v", c, prepared)
+		}
+		if res := s.exec(c, client.ExecuteRequest{Command: "true"}); res.ExitCode != 0 {
+			t.Errorf("child %s: %+v", c, res)
+		}
+	}
 }
