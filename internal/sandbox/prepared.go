@@ -24,7 +24,8 @@ import (
 //
 // The pool adapts to demand. A shape's target grows to the largest burst
 // seen (a fork of N asks for N, concurrent launches for as many as run at
-// once), bounded over all shapes by PreparedMax and by PreparedMemMB of
+// once, and a shape in use gets minPrepared at least), bounded over all
+// shapes by PreparedMax and by PreparedMemMB of
 // host memory; a shape unused for preparedIdle halves its target, so an
 // idle node ends up keeping none. The filler makes one sandbox at a time
 // and only while no launch is in progress, so refilling never competes
@@ -32,6 +33,12 @@ import (
 
 // preparedIdle is how long a shape goes unused before its target halves.
 const preparedIdle = time.Minute
+
+// minPrepared is the least target of a plain shape in use: with two,
+// back-to-back launches find one ready while the next is being made (with
+// one, every other launch came while its replacement was still in the
+// making, and booted the ordinary way).
+const minPrepared = 2
 
 // prepKey is the shape a prepared sandbox fits: everything of its runtime
 // spec but the ID and network namespace, which it brings itself. With an
@@ -114,10 +121,20 @@ func (p *preparedPool) demand(k prepKey, n int) {
 		return
 	}
 	p.mu.Lock()
-	p.want[k] = min(p.limit(k), max(p.want[k], n))
+	p.want[k] = min(p.limit(k), max(p.want[k], n, p.floor(k)))
 	p.lastUse[k] = time.Now()
 	p.mu.Unlock()
 	p.poke()
+}
+
+// floor is the least target of a shape in use: minPrepared for plain
+// shapes; restored ones hold an image's memory each, so only as many as
+// were asked for at once.
+func (p *preparedPool) floor(k prepKey) int {
+	if k.image != "" {
+		return 0
+	}
+	return minPrepared
 }
 
 // limit is the most sandboxes of k the pool keeps; p.mu is held.
@@ -137,7 +154,7 @@ func (p *preparedPool) begin(k prepKey) *preparedSandbox {
 	p.mu.Lock()
 	p.busy++
 	p.active[k]++
-	p.want[k] = min(p.limit(k), max(p.want[k], p.active[k]))
+	p.want[k] = min(p.limit(k), max(p.want[k], p.active[k], p.floor(k)))
 	p.lastUse[k] = time.Now()
 	var ps *preparedSandbox
 	if r := p.ready[k]; len(r) > 0 {

@@ -278,6 +278,14 @@ func TestPreparedDemandIsBounded(t *testing.T) {
 	if p.want[k] != 5 {
 		t.Errorf("target after a burst of 50: %d, want the maximum 5", p.want[k])
 	}
+	// One launch at a time still keeps two, so that back-to-back launches
+	// find one ready while the next is made.
+	single := prepKey{rootfs: "/b", vcpu: 1, memoryMB: 512}
+	p.begin(single)
+	p.end(single)
+	if p.want[single] != minPrepared {
+		t.Errorf("target of a shape used once: %d, want %d", p.want[single], minPrepared)
+	}
 	for range 4 {
 		p.begin(k)
 	}
