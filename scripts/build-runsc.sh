@@ -13,8 +13,23 @@ go=${GO:-go}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work="$(dirname "$out")/.runsc-build"
 
+# The copy is made read-only by cp (module cache files are); make it
+# removable before removing it, also when a step fails.
+cleanup() {
+	chmod -R u+w "$work" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+cleanup
+
+# Download first: on a fresh machine the module may not be unpacked yet,
+# and `go list -m` would then print no directory.
+(cd "$repo" && "$go" mod download gvisor.dev/gvisor)
 gvisor=$(cd "$repo" && "$go" list -m -f '{{.Dir}}' gvisor.dev/gvisor)
-rm -rf "$work"
+if [[ -z "$gvisor" || ! -d "$gvisor" ]]; then
+	echo "build-runsc: gVisor's module is not in the module cache" >&2
+	exit 1
+fi
 mkdir -p "$work"
 cp -r "$gvisor" "$work/gvisor"
 chmod -R u+w "$work/gvisor"
@@ -26,9 +41,8 @@ cat >"$work/go.work" <<WORK
 go $goversion
 
 use (
-	$repo
+	"$repo"
 	./gvisor
 )
 WORK
 (cd "$work" && CGO_ENABLED=0 GOWORK="$work/go.work" "$go" build -o "$out" gvisor.dev/gvisor/runsc)
-rm -rf "$work"

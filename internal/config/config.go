@@ -166,7 +166,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.ForkParallelism, "fork-parallelism", "children of one fork restored at once")
 	num(&c.WarmSandboxes, "warm-sandboxes", "base sandboxes kept booted at least, so that a create only initialises one (0: off)")
 	num(&c.WarmMaxSandboxes, "warm-max-sandboxes", "most base sandboxes kept booted: a burst of creates grows the warm pool to its size, so that the next one is served from it; it shrinks back when idle")
-	num(&c.WarmMemoryMB, "warm-memory-mb", "host memory the warm pool may hold at most when bursts grow it")
+	num(&c.WarmMemoryMB, "warm-memory-mb", "host memory the warm pool may hold at most when bursts grow it (0: no cap but --warm-max-sandboxes)")
 	num(&c.PreparedSandboxes, "prepared-sandboxes", "most sandboxes kept created ahead of demand, per shape in use, so that a restore or boot only loads or starts one; the pool grows with bursts and shrinks when idle (0: off)")
 	num(&c.PreparedMemoryMB, "prepared-memory-mb", "host memory the prepared sandboxes may hold together")
 	num(&c.WarmSnapshots, "warm-snapshots", "sandboxes restored and paused ahead of demand per snapshot template in use, so that a create from it only resumes one (0: off; needs --prepared-sandboxes)")

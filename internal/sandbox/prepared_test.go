@@ -382,9 +382,8 @@ func TestCreateFromSnapshotResumesARestoredOne(t *testing.T) {
 // demand (prepared and restored sandboxes) is made at background CPU
 // priority, so that filling them takes only idle time, and every sandbox
 // handed to a request was given the foreground first, whichever way it
-// was made. When Foreground fails, the launch is done the ordinary way.
-// (The warm pool's sandboxes are checked by the server's tests: its
-// warm-up command needs a real envd.)
+// was made. When Foreground fails, the launch is done the ordinary way and
+// the pooled sandbox is gone. (The warm pool's are checked in warm_test.go.)
 func TestPooledSandboxesRunInTheBackground(t *testing.T) {
 	w := newWorld(t, withPrepared(8), func(c *Config) { c.SnapshotPool = 1 })
 	ctx := context.Background()
@@ -402,14 +401,22 @@ func TestPooledSandboxesRunInTheBackground(t *testing.T) {
 		return pooled
 	}
 	src := w.create()
+	ids := []string{src.ID}
+	create := func(req node.CreateRequest) *store.Sandbox {
+		t.Helper()
+		sb, err := w.m.Create(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+		return sb
+	}
 
 	snap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: src.ID, Kind: store.KindSnapshot})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID}); err != nil {
-		t.Fatal(err)
-	}
+	create(node.CreateRequest{Template: snap.ID})
 	waitFor(t, func() bool { return len(w.pooledRestored()) == 1 })
 	small := prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 256}
 	w.m.prep.demand(small, 2)
@@ -423,28 +430,31 @@ func TestPooledSandboxesRunInTheBackground(t *testing.T) {
 	}
 
 	foregrounds := w.faults.count("foreground")
-	if _, err := w.m.Create(ctx, node.CreateRequest{Template: snap.ID}); err != nil { // the restored one
-		t.Fatal(err)
-	}
+	create(node.CreateRequest{Template: snap.ID}) // the restored one
 	check("create from a snapshot")
 	req := createReq()
 	req.MemoryMB = 256
-	if _, err := w.m.Create(ctx, req); err != nil { // a prepared one, started
-		t.Fatal(err)
-	}
+	create(req) // a prepared one, started
 	check("create of another shape")
 	if got := w.faults.count("foreground") - foregrounds; got != 2 {
 		t.Errorf("Foreground calls for two pooled sandboxes: %d", got)
 	}
 
 	w.faults.set("foreground", errInjected)
-	sb, err := w.m.Create(ctx, req)
-	if err != nil {
-		t.Fatalf("create when Foreground fails: %v", err)
-	}
+	sb := create(req)
 	check("create when Foreground fails")
 	if w.driver.state(sb.ID) != runtime.StateRunning {
 		t.Errorf("sandbox made after a failed Foreground: %s", w.driver.state(sb.ID))
 	}
 	w.faults.set("foreground", nil)
+	for _, id := range ids {
+		if err := w.m.Kill(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.m.DeleteTemplate(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	w.stop()
+	w.stoppedEmpty()
 }

@@ -104,10 +104,11 @@ func (m *Manager) Start(ctx context.Context) error {
 	if !m.goOwned(m.monitor) {
 		close(m.monitorDone)
 	}
+	// The warm pool's filler reads m.prep: the prepared pool comes first.
+	m.startPreparedPool()
 	if err := m.startWarmPool(m.ctx); err != nil {
 		return err
 	}
-	m.startPreparedPool()
 	return nil
 }
 

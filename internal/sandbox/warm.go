@@ -26,8 +26,11 @@ import (
 // so that the next burst of that size is served from it; every idle
 // minute halves the target back towards the floor. The pool's sandboxes
 // are made at background CPU priority (Spec.Background), one at a time and
-// only while no create or restore is in progress: refilling takes the
-// time the node has spare, not time from the requests it serves.
+// only while no create of its shape and no launch using the prepared pool
+// is in progress: refilling takes the time the node has spare, not time
+// from the requests it serves. When launches run out of network slots the
+// pool gives its own up and stays at what is left, below its floor if need
+// be, for warmIdle after the last one it gave up.
 
 // warmIdle is how long the pool goes without a create before its target
 // halves.
@@ -61,6 +64,9 @@ type warmPool struct {
 	// or not; lastUse is when one last began.
 	active  int
 	lastUse time.Time
+	// lastEvict is when a launch short of network slots last took one of
+	// the pool's: the floor applies again warmIdle after it.
+	lastEvict time.Time
 	// perSandbox is the most host memory one pooled sandbox was seen to
 	// hold; 0 until one was measured.
 	perSandbox uint64
@@ -155,6 +161,9 @@ func (w *warmPool) next(now time.Time) (boot bool, surplus []*warmSandbox) {
 		w.want = max(w.floor, w.want/2)
 		w.lastUse = now
 	}
+	if w.want < w.floor && now.Sub(w.lastEvict) >= warmIdle {
+		w.want = w.floor
+	}
 	w.want = min(w.want, w.limit())
 	if extra := len(w.ready) - w.want; extra > 0 {
 		surplus = append(surplus, w.ready[len(w.ready)-extra:]...)
@@ -194,8 +203,14 @@ func (m *Manager) fillWarmPool(ctx context.Context) {
 			}
 			w.mu.Lock()
 			w.perSandbox = max(w.perSandbox, mem)
-			w.ready = append(w.ready, ws)
+			keep := len(w.ready) < w.want
+			if keep {
+				w.ready = append(w.ready, ws)
+			}
 			w.mu.Unlock()
+			if !keep { // the target dropped while it booted
+				m.discardWarm(ctx, ws)
+			}
 			continue
 		}
 		select {
@@ -261,8 +276,9 @@ func warmUp(ctx context.Context, envd *envdclient.Client, tpl *store.Template) e
 }
 
 // evictWarm frees the slot of the newest pre-booted sandbox for a launch
-// that found none free, and stops the pool from refilling past what it
-// then holds; false when there was none to take.
+// that found none free, and holds the pool at what it then has (below its
+// floor if need be) for warmIdle, so that the filler does not take the
+// slot back; false when there was none to take.
 func (m *Manager) evictWarm(ctx context.Context) bool {
 	w := m.warm
 	if w == nil {
@@ -275,7 +291,8 @@ func (m *Manager) evictWarm(ctx context.Context) bool {
 	}
 	ws := w.ready[len(w.ready)-1]
 	w.ready = w.ready[:len(w.ready)-1]
-	w.want = max(w.floor, len(w.ready))
+	w.want = len(w.ready)
+	w.lastEvict = time.Now()
 	w.mu.Unlock()
 	m.discardWarm(context.WithoutCancel(ctx), ws)
 	return true

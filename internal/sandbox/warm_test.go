@@ -20,6 +20,7 @@ func TestWarmPoolAdapts(t *testing.T) {
 		want, ready int
 		active      int
 		lastUse     time.Time
+		lastEvict   time.Time
 		wantBoot    bool
 		wantSurplus int
 		wantTarget  int
@@ -37,11 +38,15 @@ func TestWarmPoolAdapts(t *testing.T) {
 			wantSurplus: 1, wantTarget: 2},
 		{name: "busy pool does not shrink", floor: 2, max: 16, want: 16, ready: 4, active: 2, lastUse: now.Add(-2 * warmIdle),
 			wantTarget: 16},
+		{name: "held below the floor after giving up slots", floor: 2, max: 16, want: 0, lastUse: now, lastEvict: now,
+			wantTarget: 0},
+		{name: "floor again a while after", floor: 2, max: 16, want: 0, lastUse: now, lastEvict: now.Add(-2 * warmIdle),
+			wantBoot: true, wantTarget: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			w := &warmPool{floor: tt.floor, max: tt.max, memBytes: uint64(tt.memMB) << 20, perSandbox: tt.perSandbox,
-				want: tt.want, active: tt.active, lastUse: tt.lastUse}
+				want: tt.want, active: tt.active, lastUse: tt.lastUse, lastEvict: tt.lastEvict}
 			for range tt.ready {
 				w.ready = append(w.ready, &warmSandbox{id: NewID()})
 			}
@@ -147,6 +152,8 @@ func TestWarmSandboxesGiveUpSlots(t *testing.T) {
 	if got := w.m.WarmPool(); got.Ready != 10 || got.Target != 10 {
 		t.Errorf("warm pool after giving up 2 slots: %+v, want 10 ready and a target of 10", got)
 	}
+	// The fork takes the rest, below the floor; the pool does not take
+	// them back.
 	res, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: ids[0], Count: 10})
 	if err != nil {
 		t.Fatalf("fork counting warm slots as free: %v", err)
@@ -155,6 +162,9 @@ func TestWarmSandboxesGiveUpSlots(t *testing.T) {
 		if r.Err != nil {
 			t.Fatalf("child: %v", r.Err)
 		}
+	}
+	if got := w.m.WarmPool(); got.Ready != 0 || got.Target != 0 {
+		t.Errorf("warm pool after the fork took its slots: %+v, want it held empty", got)
 	}
 	if _, err := w.m.Create(ctx, req); !errors.Is(err, node.ErrUnavailable) {
 		t.Errorf("create with every slot taken: %v, want unavailable", err)

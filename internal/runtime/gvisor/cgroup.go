@@ -70,21 +70,16 @@ func (h cgroupHierarchies) dirs(rel string) []string {
 	return out
 }
 
-// setCPUWeight sets the CPU weight of the cgroup at path rel: the least
-// there is for background, else the default.
-func (h cgroupHierarchies) setCPUWeight(rel string, background bool) error {
+// setDefaultCPUWeight gives the cgroup at path rel the CPU weight of a
+// cgroup nobody set one for. (The background weight is set by runsc at
+// create, from the spec: backgroundCPUShares.)
+func (h cgroupHierarchies) setDefaultCPUWeight(rel string) error {
 	file, value := "", ""
 	switch {
 	case h.usesV1() && h.v1["cpu"] != "":
 		file, value = filepath.Join(h.v1["cpu"], rel, "cpu.shares"), "1024"
-		if background {
-			value = strconv.Itoa(backgroundCPUShares)
-		}
 	case !h.usesV1() && h.unified != "":
 		file, value = filepath.Join(h.unified, rel, "cpu.weight"), "100"
-		if background {
-			value = "1"
-		}
 	default:
 		return errors.New("set CPU weight: no cpu cgroup controller")
 	}

@@ -111,7 +111,7 @@ func (d *Driver) Foreground(ctx context.Context, id string) error {
 	if err := d.requireSandbox(id); err != nil {
 		return fmt.Errorf("foreground %s: %w", id, err)
 	}
-	if err := d.cgroups.setCPUWeight(d.cgroupPath(id), false); err != nil {
+	if err := d.cgroups.setDefaultCPUWeight(d.cgroupPath(id)); err != nil {
 		return fmt.Errorf("foreground %s: %w", id, err)
 	}
 	return nil
