@@ -114,11 +114,7 @@ func (s *aenvSystem) boot(ctx context.Context) (*box, error) {
 
 // create makes a sandbox with the server's defaults: only the template.
 func (s *aenvSystem) create(ctx context.Context) (*box, error) {
-	sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: s.bootTemplate, Timeout: s.lifetimeSecs})
-	if err != nil {
-		return nil, err
-	}
-	return s.track(sb), nil
+	return s.createWith(ctx, client.CreateSandboxRequest{TemplateID: s.bootTemplate})
 }
 
 // settleTimeout bounds the wait for the warm pool to refill.
@@ -145,7 +141,13 @@ func (s *aenvSystem) settle(ctx context.Context) {
 
 // createFrom creates a sandbox; create answers once envd in it answers.
 func (s *aenvSystem) createFrom(ctx context.Context, templateID string) (*box, error) {
-	sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: templateID, MemoryMB: s.memoryMB, Timeout: s.lifetimeSecs})
+	return s.createWith(ctx, client.CreateSandboxRequest{TemplateID: templateID, MemoryMB: s.memoryMB})
+}
+
+// createWith sends req with the bench's lifetime and tracks the sandbox.
+func (s *aenvSystem) createWith(ctx context.Context, req client.CreateSandboxRequest) (*box, error) {
+	req.Timeout = s.lifetimeSecs
+	sb, err := s.c.CreateSandbox(ctx, req)
 	if err != nil {
 		return nil, err
 	}

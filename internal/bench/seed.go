@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/aenv-dev/aenv/internal/client"
 )
 
 // The seed's set: cold boot, snapshot boot, pause, resume, snapshot
@@ -76,11 +74,10 @@ func (b *bench) defaultCreate(ctx context.Context) error {
 	for i := 0; i < b.cfg.Iterations && ctx.Err() == nil; i++ {
 		var bx *box
 		err := b.timed(f, SystemAenv, func() error {
-			sb, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: b.cfg.Template, Timeout: b.aenv.lifetimeSecs})
-			if err != nil {
+			var err error
+			if bx, err = b.aenv.create(ctx); err != nil {
 				return err
 			}
-			bx = b.aenv.track(sb)
 			return b.timed(first, SystemAenv, func() error { return b.aenv.exec(ctx, bx) })
 		})
 		if err == nil {

@@ -9,7 +9,6 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -22,6 +21,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 )
@@ -309,24 +311,26 @@ func (c *Client) ServerMetrics(ctx context.Context) (map[string]float64, error) 
 		return nil, err
 	}
 	defer resp.Body.Close()
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		fields := strings.Fields(line)
-		if len(fields) < 2 || strings.Contains(fields[0], "{") {
-			continue
-		}
-		if v, err := strconv.ParseFloat(fields[1], 64); err == nil {
-			out[fields[0]] = v
-		}
-	}
-	if err := sc.Err(); err != nil {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
 		return nil, fmt.Errorf("GET /metrics: %w", err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			if len(m.GetLabel()) > 0 {
+				continue
+			}
+			switch {
+			case m.Gauge != nil:
+				out[name] = m.GetGauge().GetValue()
+			case m.Counter != nil:
+				out[name] = m.GetCounter().GetValue()
+			case m.Untyped != nil:
+				out[name] = m.GetUntyped().GetValue()
+			}
+		}
 	}
 	return out, nil
 }

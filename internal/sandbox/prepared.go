@@ -365,10 +365,7 @@ func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
 		return err
 	}
 	ps := &preparedSandbox{id: id, slot: slot}
-	var mem uint64
-	if st, err := m.driver.Stats(ctx, id); err == nil {
-		mem = st.MemoryBytes
-	}
+	mem := m.memoryOf(ctx, id)
 	p.mu.Lock()
 	p.perSandbox = max(p.perSandbox, mem)
 	keep := len(p.ready[k]) < p.want[k]
@@ -446,13 +443,18 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 // everything works, as for a warm sandbox.
 func (m *Manager) launchRestored(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ps *preparedSandbox) (*entry, error) {
 	return m.adopt(ctx, sb, tpl, ps.id, ps.slot, ps.envd,
-		func(ctx context.Context) error {
-			if err := m.foreground(ctx, ps.id); err != nil {
-				return err
-			}
-			return m.driver.Resume(ctx, ps.id)
-		},
+		func(ctx context.Context) error { return m.driver.Resume(ctx, ps.id) },
 		func(ctx context.Context) { m.discardPrepared(ctx, ps) }, "sandbox started from a restored one")
+}
+
+// memoryOf is the host memory instance id holds, 0 when unknown: what a
+// pool measures its memory budget by.
+func (m *Manager) memoryOf(ctx context.Context, id string) uint64 {
+	st, err := m.driver.Stats(ctx, id)
+	if err != nil {
+		return 0
+	}
+	return st.MemoryBytes
 }
 
 // foreground gives a sandbox made for a pool (with Spec.Background) the

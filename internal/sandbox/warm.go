@@ -197,10 +197,7 @@ func (m *Manager) fillWarmPool(ctx context.Context) {
 				}
 				continue
 			}
-			var mem uint64
-			if st, err := m.driver.Stats(ctx, ws.id); err == nil {
-				mem = st.MemoryBytes
-			}
+			mem := m.memoryOf(ctx, ws.id)
 			w.mu.Lock()
 			w.perSandbox = max(w.perSandbox, mem)
 			keep := len(w.ready) < w.want
@@ -324,22 +321,21 @@ func (m *Manager) stopWarmPool(ctx context.Context) {
 // launchWarm turns a pre-booted sandbox into sb: egress policy, envd
 // identity, then the record, written once everything works.
 func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ws *warmSandbox) (*entry, error) {
-	return m.adopt(ctx, sb, tpl, ws.id, ws.slot, ws.envd,
-		func(ctx context.Context) error { return m.foreground(ctx, ws.id) },
-		func(ctx context.Context) { m.discardWarm(ctx, ws) },
+	return m.adopt(ctx, sb, tpl, ws.id, ws.slot, ws.envd, nil, func(ctx context.Context) { m.discardWarm(ctx, ws) },
 		"sandbox started from the warm pool")
 }
 
 // adopt turns a running instance made ahead (id, in slot, envd answering)
-// into sb: first (if any) wakes it, then egress policy, envd identity,
-// and the record, written once everything works; on failure discard
-// removes the instance.
+// into sb: it gets the request's CPU priority (pools make theirs in the
+// background), first (if any) wakes it, then egress policy, envd
+// identity, and the record, written once everything works; on failure
+// discard removes the instance.
 func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Template, id string, slot *network.Slot,
 	envd *envdclient.Client, first func(context.Context) error, discard func(context.Context), what string) (*entry, error) {
 	start := time.Now()
 	sb.ID, sb.SlotIndex, sb.State = id, slot.Index, store.StateRunning
-	var err error
-	if first != nil {
+	err := m.foreground(ctx, id)
+	if err == nil && first != nil {
 		err = first(ctx)
 	}
 	if err == nil {

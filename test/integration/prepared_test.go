@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -196,12 +195,12 @@ func TestPoolsRunInTheBackground(t *testing.T) {
 		return out
 	}
 	metric := func(name string) float64 {
-		body := string(s.expect(s.do("GET", "/metrics", nil), 200, "metrics").body)
-		for _, line := range strings.Split(body, "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				return f
-			}
+		m, err := s.api.ServerMetrics(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := m[name]; ok {
+			return v
 		}
 		return -1
 	}

@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -20,9 +19,9 @@ func TestBackgroundCPUWeight(t *testing.T) {
 
 	weight := func(id string) string {
 		t.Helper()
-		file := filepath.Join(d.cgroups.unified, d.cgroupPath(id), "cpu.weight")
-		if d.cgroups.usesV1() {
-			file = filepath.Join(d.cgroups.v1["cpu"], d.cgroupPath(id), "cpu.shares")
+		file, _, err := d.cgroups.cpuWeightFile(d.cgroupPath(id))
+		if err != nil {
+			t.Fatal(err)
 		}
 		b, err := os.ReadFile(file)
 		if err != nil {

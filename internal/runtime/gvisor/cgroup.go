@@ -70,20 +70,27 @@ func (h cgroupHierarchies) dirs(rel string) []string {
 	return out
 }
 
-// setDefaultCPUWeight gives the cgroup at path rel the CPU weight of a
-// cgroup nobody set one for. (The background weight is set by runsc at
-// create, from the spec: backgroundCPUShares.)
-func (h cgroupHierarchies) setDefaultCPUWeight(rel string) error {
-	file, value := "", ""
+// cpuWeightFile is the file of the cgroup at path rel that holds its CPU
+// weight, and the value a cgroup nobody set one for has: cgroup v1's
+// cpu.shares 1024, v2's cpu.weight 100. (The background weight is set by
+// runsc at create, from the spec's backgroundCPUShares.)
+func (h cgroupHierarchies) cpuWeightFile(rel string) (file, normal string, err error) {
 	switch {
 	case h.usesV1() && h.v1["cpu"] != "":
-		file, value = filepath.Join(h.v1["cpu"], rel, "cpu.shares"), "1024"
+		return filepath.Join(h.v1["cpu"], rel, "cpu.shares"), "1024", nil
 	case !h.usesV1() && h.unified != "":
-		file, value = filepath.Join(h.unified, rel, "cpu.weight"), "100"
-	default:
-		return errors.New("set CPU weight: no cpu cgroup controller")
+		return filepath.Join(h.unified, rel, "cpu.weight"), "100", nil
 	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+	return "", "", errors.New("no cpu cgroup controller")
+}
+
+// setDefaultCPUWeight gives the cgroup at path rel the default CPU weight.
+func (h cgroupHierarchies) setDefaultCPUWeight(rel string) error {
+	file, normal, err := h.cpuWeightFile(rel)
+	if err == nil {
+		err = os.WriteFile(file, []byte(normal), 0)
+	}
+	if err != nil {
 		return fmt.Errorf("set CPU weight: %w", err)
 	}
 	return nil
