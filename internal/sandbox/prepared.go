@@ -202,6 +202,27 @@ func (p *preparedPool) count() int {
 	return n
 }
 
+// PreparedPoolStatus is the prepared pool's size, for metrics.
+type PreparedPoolStatus struct {
+	Ready  int // made ahead and unclaimed, all shapes
+	Target int // what the pool fills to, all shapes
+}
+
+// PreparedPool reports the prepared pool's size; zero when it is off.
+func (m *Manager) PreparedPool() PreparedPoolStatus {
+	p := m.prep
+	if p == nil {
+		return PreparedPoolStatus{}
+	}
+	st := PreparedPoolStatus{Ready: p.count()}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.want {
+		st.Target += w
+	}
+	return st
+}
+
 // forgetImage stops keeping sandboxes restored from image (its template
 // was deleted) and returns those to remove.
 func (p *preparedPool) forgetImage(image string) []*preparedSandbox {
@@ -321,6 +342,11 @@ func (m *Manager) fillPrepared(ctx context.Context) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		// Nothing new is started once shutdown began: what the pool
+		// holds is removed by its stop, and a start would only race it.
+		if ctx.Err() != nil {
+			return
+		}
 		k, ok, surplus := p.next(time.Now())
 		for _, ps := range surplus {
 			m.discardPrepared(ctx, ps)

@@ -16,17 +16,20 @@ func withPrepared(n int) func(*Config) {
 	return func(c *Config) { c.PreparedMax, c.PreparedMemMB = n, 1024 }
 }
 
-// waitPrepared waits until the driver holds n prepared instances.
+// waitPrepared waits until the driver holds n prepared instances and the
+// pool has all n ready (one still being made is on the driver's list but
+// cannot be claimed yet).
 func (w *world) waitPrepared(n int) []string {
 	w.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ids := w.driver.prepared()
-		if len(ids) == n {
+		ready := w.m.PreparedPool().Ready
+		if len(ids) == n && ready == n {
 			return ids
 		}
 		if time.Now().After(deadline) {
-			w.t.Fatalf("prepared instances: %d, want %d", len(ids), n)
+			w.t.Fatalf("prepared instances: %d, ready in the pool: %d, want %d", len(ids), ready, n)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -179,6 +179,11 @@ func (m *Manager) fillWarmPool(ctx context.Context) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
+		// Nothing new is started once shutdown began: what the pool
+		// holds is removed by its stop, and a start would only race it.
+		if ctx.Err() != nil {
+			return
+		}
 		boot, surplus := w.next(time.Now())
 		for _, ws := range surplus {
 			m.discardWarm(ctx, ws)

@@ -204,6 +204,12 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aenv_warm_pool_target", Help: "What the warm pool fills to: grown by bursts of creates, halved per idle minute.",
 	}, func() float64 { return float64(sandboxes.WarmPool().Target) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aenv_prepared_pool_ready", Help: "Sandboxes made ahead of demand for restores and boots (runsc create, or restored and paused) and not yet claimed.",
+	}, func() float64 { return float64(sandboxes.PreparedPool().Ready) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "aenv_prepared_pool_target", Help: "What the prepared pool fills to, all shapes: grown by forks and concurrent launches, halved per idle minute.",
+	}, func() float64 { return float64(sandboxes.PreparedPool().Target) }))
 	usageHistory := usage.Start(ctx, sandboxes, usage.Config{}, logger.With("component", "usage"))
 	builds, err := newBuilds(cfg, served, logger)
 	if err != nil {

@@ -37,16 +37,10 @@ func TestPreparedSandboxes(t *testing.T) {
 	s.expect(s.do("POST", "/sandboxes/"+parent+"/files/write", map[string]string{"path": "/home/user/task", "content": "shared"}), 200, "write")
 	first := s.fork("/sandboxes/"+parent+"/fork", 3)
 	live := append([]string{parent}, first...)
-	var prepared []string
-	waitFor(t, 2*time.Minute, "3 prepared sandboxes", func() bool {
-		prepared = nil
-		for _, id := range s.runtimeDirs() {
-			if !slices.Contains(live, id) {
-				prepared = append(prepared, id)
-			}
-		}
-		return len(prepared) == 3
-	})
+	// Ready in the server's own view, not only present on disk: a
+	// sandbox whose runsc create is still running has its directory but
+	// cannot be claimed yet (on a slow machine that window is wide).
+	prepared := s.waitPooled(live, 3, 0)
 
 	children := s.fork("/sandboxes/"+parent+"/fork", 3)
 	addrs := map[string]bool{}
@@ -161,6 +155,47 @@ func TestWarmSnapshots(t *testing.T) {
 	})
 }
 
+// waitPooled waits until the server's pools hold exactly the given
+// numbers of ready sandboxes (its metrics) and the runtime holds exactly
+// those beside live (its directories), the same before and after the
+// metrics were read, and returns the pooled ones. A sandbox still being
+// made, or being discarded, shows on disk but not among the ready, so the
+// two agreeing twice in a row means every listed one is a whole, idle
+// pooled sandbox.
+func (s *server) waitPooled(live []string, prepared, warm int) []string {
+	s.t.Helper()
+	others := func() []string {
+		var out []string
+		for _, id := range s.runtimeDirs() {
+			if !slices.Contains(live, id) {
+				out = append(out, id)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	var pooled []string
+	var last map[string]float64
+	settled := func() bool {
+		before := others()
+		m, err := s.api.ServerMetrics(s.t.Context())
+		if err != nil {
+			return false
+		}
+		last = m
+		pooled = others()
+		return slices.Equal(before, pooled) && len(pooled) == prepared+warm &&
+			m["aenv_prepared_pool_ready"] == float64(prepared) && m["aenv_warm_pool_ready"] == float64(warm)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); !settled(); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("pools did not settle at %d prepared and %d warm: runtime holds %v beside %v; prepared ready %v, warm ready %v",
+				prepared, warm, pooled, live, last["aenv_prepared_pool_ready"], last["aenv_warm_pool_ready"])
+		}
+	}
+	return pooled
+}
+
 // cpuWeight reads the CPU weight of a sandbox's cgroup and says whether it
 // is the background one (the least there is) or the default.
 func (s *server) cpuWeight(id string) (weight string, background, foreground bool) {
@@ -185,27 +220,7 @@ func (s *server) cpuWeight(id string) (weight string, background, foreground boo
 func TestPoolsRunInTheBackground(t *testing.T) {
 	s := newServer(t, "--warm-sandboxes", "2", "--prepared-sandboxes", "4", "--max-fork-count", "2")
 	s.start()
-	pooled := func(live []string) []string {
-		var out []string
-		for _, id := range s.runtimeDirs() {
-			if !slices.Contains(live, id) {
-				out = append(out, id)
-			}
-		}
-		return out
-	}
-	metric := func(name string) float64 {
-		m, err := s.api.ServerMetrics(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v, ok := m[name]; ok {
-			return v
-		}
-		return -1
-	}
-	waitFor(t, 2*time.Minute, "the warm pool", func() bool { return metric("aenv_warm_pool_ready") == 2 })
-	warm := pooled(nil)
+	warm := s.waitPooled(nil, 0, 2)
 
 	sb := s.create(nil)
 	if !slices.Contains(warm, sb.SandboxID) {
@@ -213,11 +228,7 @@ func TestPoolsRunInTheBackground(t *testing.T) {
 	}
 	parent := sb.SandboxID
 	live := append([]string{parent}, s.fork("/sandboxes/"+parent+"/fork", 2)...)
-	var prepared []string
-	waitFor(t, 2*time.Minute, "2 prepared sandboxes and a refilled warm pool", func() bool {
-		prepared = pooled(live)
-		return len(prepared) == 4 && metric("aenv_warm_pool_ready") == 2
-	})
+	prepared := s.waitPooled(live, 2, 2)
 	for _, id := range prepared {
 		if w, bg, _ := s.cpuWeight(id); !bg {
 			t.Errorf("pooled sandbox %s has CPU weight %s, want the background one", id, w)
