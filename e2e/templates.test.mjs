@@ -104,7 +104,14 @@ describe('templates', () => {
     console.log(`rebuild with the last step changed: ${changed.ms} ms`)
     const text = changed.logs.join('\n')
     assert.match(text, /CACHED \[3\/10\] RUN sleep 1.5/, text)
-    assert.match(text, /^\[4\/10\] WORKDIR/m, 'the steps after the cached one run')
+    // Steps are cached when they took long enough; on a loaded machine a
+    // later one may have too, so the build resumes after the last cached
+    // step, whichever it is, and runs every step from there.
+    const cachedUpTo = Math.max(...[...text.matchAll(/CACHED \[(\d+)\/10\]/g)].map((m) => Number(m[1])))
+    assert.ok(cachedUpTo >= 3 && cachedUpTo < 10, `cached up to step ${cachedUpTo}:\n${text}`)
+    for (let step = cachedUpTo + 1; step <= 10; step++) {
+      assert.match(text, new RegExp(`^\\[${step}\\/10\\] `, 'm'), `step ${step} runs after the cached ones:\n${text}`)
+    }
     assert.match(text, /^\[10\/10\] RUN echo v2/m)
     const sbx = track(await Sandbox.create(alias))
     assert.equal(await run(sbx, 'cat /home/user/app/marker.txt'), 'v2')

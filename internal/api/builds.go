@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/template"
@@ -89,11 +90,17 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// uploadLinkTTL is how long an upload link works: the SDK uploads right
+// after it asks for one.
+const uploadLinkTTL = time.Hour
+
 // buildUploadLink is E2B's GET /templates/{templateID}/files/{hash}: 201
 // {"present"} and, when the files are not stored yet, a signed link to
-// PUT their archive to.
+// PUT their archive to. The link is the template's only, for that hash,
+// and expires.
 func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
-	if err := template.CheckName(r.PathValue("templateID")); err != nil {
+	templateID := r.PathValue("templateID")
+	if err := template.CheckName(templateID); err != nil {
 		return badRequest(err.Error())
 	}
 	hash := r.PathValue("hash")
@@ -104,7 +111,9 @@ func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	query := url.Values{"signature": {s.uploadSignature(hash)}}
+	expires := strconv.FormatInt(time.Now().Add(uploadLinkTTL).Unix(), 10)
+	query := url.Values{"template": {templateID}, "expires": {expires},
+		"signature": {s.uploadSignature(templateID, hash, expires)}}
 	if s.cfg.NodeID != "" {
 		// A gateway routes the upload to this node by it.
 		query.Set("node", s.cfg.NodeID)
@@ -113,26 +122,33 @@ func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
 	// The SDK uploads whenever it gets a link and forces the upload, so
 	// the link is given even when the files are present.
 	writeJSON(w, http.StatusCreated, map[string]any{
-		"present": s.cfg.Builds.Uploads().Present(hash), "url": link.String(),
+		"present": s.cfg.Builds.Uploads().Present(templateID, hash), "url": link.String(),
 	})
 	return nil
 }
 
-// uploadSignature authorises one upload link: an HMAC of the hash keyed
-// by the API key.
-func (s *Server) uploadSignature(hash string) string {
+// uploadSignature authorises one upload link: an HMAC, keyed by the API
+// key, of the template, the hash and the link's expiry.
+func (s *Server) uploadSignature(templateID, hash, expires string) string {
 	m := hmac.New(sha256.New, []byte(s.cfg.APIKey))
-	m.Write([]byte("build-upload:" + hash))
+	m.Write([]byte("build-upload\x00" + templateID + "\x00" + hash + "\x00" + expires))
 	return hex.EncodeToString(m.Sum(nil))
 }
 
 func (s *Server) putBuildUpload(w http.ResponseWriter, r *http.Request) error {
 	hash := r.PathValue("hash")
-	sig := r.URL.Query().Get("signature")
-	if !validHash(hash) || !hmac.Equal([]byte(sig), []byte(s.uploadSignature(hash))) {
+	q := r.URL.Query()
+	templateID, expires, sig := q.Get("template"), q.Get("expires"), q.Get("signature")
+	// Expiry first: a link past it says so, whatever else is wrong.
+	exp, err := strconv.ParseInt(expires, 10, 64)
+	if err == nil && time.Now().Unix() > exp {
+		return &apiError{http.StatusForbidden, "the upload link expired; ask for a new one"}
+	}
+	if err != nil || !validHash(hash) || template.CheckName(templateID) != nil ||
+		!hmac.Equal([]byte(sig), []byte(s.uploadSignature(templateID, hash, expires))) {
 		return &apiError{http.StatusForbidden, "invalid upload link"}
 	}
-	if err := s.cfg.Builds.Uploads().Put(r.Context(), hash, r.Body); err != nil {
+	if err := s.cfg.Builds.Uploads().Put(r.Context(), templateID, hash, r.Body); err != nil {
 		return buildError(err)
 	}
 	w.WriteHeader(http.StatusOK)
@@ -175,6 +191,9 @@ type buildStatusJSON struct {
 	Reason     *build.Reason    `json:"reason,omitempty"`
 }
 
+// maxBuildLogsLimit is E2B's largest (and default) page of build logs.
+const maxBuildLogsLimit = 100
+
 // buildStatus is E2B's GET .../builds/{buildID}/status?logsOffset=&limit=.
 func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
@@ -185,6 +204,10 @@ func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) error {
 	limit, err := queryInt(q, "limit")
 	if err != nil {
 		return err
+	}
+	if limit > maxBuildLogsLimit {
+		// E2B's bound; a page is what the build service answers at most.
+		return badRequest(fmt.Sprintf("limit must be at most %d", maxBuildLogsLimit))
 	}
 	info, err := s.cfg.Builds.Status(r.PathValue("templateID"), r.PathValue("buildID"), offset, limit)
 	if err != nil {

@@ -1,14 +1,20 @@
 package api
 
 import (
+	"archive/tar"
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -116,7 +122,7 @@ func TestBuildRoutes(t *testing.T) {
 		t.Fatalf("upload link: %d %v", status, out)
 	}
 	link, _ := out["url"].(string)
-	if !strings.HasPrefix(link, srv.URL+"/build-uploads/"+testHash+"?signature=") {
+	if !strings.HasPrefix(link, srv.URL+"/build-uploads/"+testHash+"?") || !strings.Contains(link, "signature=") {
 		t.Fatalf("link %q", link)
 	}
 	if got, _ := call(t, "PUT", srv.URL+"/build-uploads/"+testHash+"?signature=00", "tar", false); got != 403 {
@@ -129,10 +135,71 @@ func TestBuildRoutes(t *testing.T) {
 	if got, _ := call(t, "PUT", link, strings.Repeat("x", 2<<20), false); got != http.StatusRequestEntityTooLarge {
 		t.Fatalf("oversized upload: %d", got)
 	}
-	if got, _ := call(t, "PUT", link, "tar", false); got != 200 {
-		t.Fatalf("upload: %d", got)
+	if got, out := call(t, "PUT", link, "not a tar archive", false); got != 400 {
+		t.Fatalf("upload of something that is not an archive: %d %v", got, out)
+	}
+	if got, out := call(t, "PUT", link, tarArchive(t), false); got != 200 {
+		t.Fatalf("upload: %d %v", got, out)
 	}
 	if _, out = call(t, "GET", srv.URL+"/templates/my-app/files/"+testHash, "", true); out["present"] != true {
 		t.Fatalf("after upload: %v", out)
 	}
+}
+
+// An upload link is one template's, for one hash, for a while: used for
+// another template it is refused (and another template's files under the
+// same hash stay as they were), and past its expiry it is refused.
+func TestBuildUploadLinkScope(t *testing.T) {
+	srv := buildServer(t)
+	_, out := call(t, "GET", srv.URL+"/templates/attacker/files/"+testHash, "", true)
+	link, _ := out["url"].(string)
+	u, err := url.Parse(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	if q.Get("template") != "attacker" || q.Get("expires") == "" {
+		t.Fatalf("link %q names no template or expiry", link)
+	}
+	exp, _ := strconv.ParseInt(q.Get("expires"), 10, 64)
+	if d := time.Until(time.Unix(exp, 0)); d <= 0 || d > 2*time.Hour {
+		t.Fatalf("link expires in %s", d)
+	}
+	relinked := func(key, value string) string {
+		q := u.Query()
+		q.Set(key, value)
+		v := *u
+		v.RawQuery = q.Encode()
+		return v.String()
+	}
+	if got, out := call(t, "PUT", relinked("template", "victim"), tarArchive(t), false); got != 403 {
+		t.Fatalf("link used for another template: %d %v", got, out)
+	}
+	if _, out := call(t, "GET", srv.URL+"/templates/victim/files/"+testHash, "", true); out["present"] != false {
+		t.Fatalf("the other template's files: %v", out)
+	}
+	if got, out := call(t, "PUT", relinked("expires", strconv.FormatInt(exp+3600, 10)), tarArchive(t), false); got != 403 {
+		t.Fatalf("link with a later expiry: %d %v", got, out)
+	}
+	past := strconv.FormatInt(time.Now().Add(-time.Minute).Unix(), 10)
+	if got, out := call(t, "PUT", relinked("expires", past), tarArchive(t), false); got != 403 ||
+		!strings.Contains(fmt.Sprint(out["message"]), "expired") {
+		t.Fatalf("expired link: %d %v", got, out)
+	}
+	if got, _ := call(t, "PUT", link, tarArchive(t), false); got != 200 {
+		t.Fatalf("upload with the link as given: %d", got)
+	}
+}
+
+// tarArchive is a small tar archive, as the SDK uploads.
+func tarArchive(t *testing.T) string {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "a.txt", Mode: 0o644, Size: 1, Typeflag: tar.TypeReg})
+	tw.Write([]byte("a"))
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
 }

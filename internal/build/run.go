@@ -289,8 +289,18 @@ func (s *Service) step(ctx context.Context, b *build, envd *envdclient.Client, s
 		return nil
 	case StepUser:
 		st.apply(step)
-		return s.runLogged(ctx, b, envd, name, `id -u "$AENV_USER" >/dev/null`, "root", "/",
-			map[string]string{"AENV_USER": st.user})
+		if st.user == template.DefaultUser {
+			// E2B's templates all have its default user (a Dockerfile's
+			// build ends with USER user when it set none); an image
+			// without one gets it here.
+			if err := s.runLogged(ctx, b, envd, name, addDefaultUserScript, "root", "/",
+				map[string]string{"AENV_USER": st.user}); err != nil {
+				return err
+			}
+		}
+		// Starting a process as the user checks it the way E2B does: an
+		// unknown one fails the step with envd's refusal.
+		return s.runLogged(ctx, b, envd, name, "true", st.user, "/", nil)
 	case StepWorkdir:
 		st.apply(step)
 		return s.runLogged(ctx, b, envd, name, `[ -d "$D" ] || { mkdir -p "$D" && chown "$U" "$D"; }`, "root", "/",
@@ -300,6 +310,19 @@ func (s *Service) step(ctx context.Context, b *build, envd *envdclient.Client, s
 	}
 	return failStep(name, "unsupported step type %s", step.Type)
 }
+
+// addDefaultUserScript creates $AENV_USER with a home under /home unless
+// the image has it.
+const addDefaultUserScript = `id -u "$AENV_USER" >/dev/null 2>&1 && exit 0
+if command -v useradd >/dev/null 2>&1; then
+  useradd --create-home --shell /bin/bash "$AENV_USER"
+elif command -v adduser >/dev/null 2>&1; then
+  adduser -D -s /bin/bash "$AENV_USER"
+else
+  echo "the image has no user $AENV_USER and no useradd or adduser to create it" >&2
+  exit 1
+fi
+`
 
 // copyScript puts the matches of $SRC (a path or glob inside the archive)
 // at $DEST the way Docker's COPY does: a directory's contents go into
@@ -329,7 +352,7 @@ fi
 `
 
 func (s *Service) copyStep(ctx context.Context, b *build, envd *envdclient.Client, st *state, name string, step Step) error {
-	f, _, err := s.uploads.Open(step.FilesHash)
+	f, _, err := s.uploads.Open(b.templateID, step.FilesHash)
 	if err != nil {
 		return failStep(name, "COPY %s: %v", step.Args[0], err)
 	}
@@ -360,7 +383,7 @@ func (s *Service) runLogged(ctx context.Context, b *build, envd *envdclient.Clie
 		Envs: env, Cwd: cwd, User: user, KillOnCancel: true})
 	if err != nil {
 		if errors.Is(err, envdclient.ErrUnauthenticated) {
-			return failStep(step, "step %s: unknown user %q", step, user)
+			return failStep(step, "%s", unknownUserMessage(step, user))
 		}
 		if errors.Is(err, envdclient.ErrInvalidArgument) || errors.Is(err, envdclient.ErrNotFound) {
 			return failStep(step, "step %s: %v", step, err)
@@ -376,6 +399,12 @@ func (s *Service) runLogged(ctx context.Context, b *build, envd *envdclient.Clie
 		return failStep(step, "step %s failed with exit code %d: %s", step, code, out.tail())
 	}
 	return nil
+}
+
+// unknownUserMessage is a step's failure as a user the sandbox lacks, in
+// E2B's words (its envd's refusal), which users of its SDK match on.
+func unknownUserMessage(step, user string) string {
+	return fmt.Sprintf("step %s: unauthenticated: invalid username: '%s'", step, user)
 }
 
 // finalize starts the start command and waits for the ready command to

@@ -36,8 +36,6 @@ const (
 	// maxBuilds is how many builds are remembered; the oldest finished
 	// ones are forgotten first.
 	maxBuilds = 256
-	// maxLogEntries bounds one build's log.
-	maxLogEntries = 20000
 )
 
 // LogEntry is one line of a build's log (E2B's BuildLogEntry).
@@ -99,6 +97,9 @@ type Service struct {
 	// ID of its last successful build.
 	done map[string]cached
 
+	// logBudget bounds the bytes of all builds' logs together.
+	logBudget *logBudget
+
 	// tagsMu serialises changes to the tag files.
 	tagsMu sync.Mutex
 
@@ -113,8 +114,7 @@ type build struct {
 	templateID string
 	id         string
 	status     string
-	logs       []LogEntry
-	dropped    bool
+	logs       buildLog
 	reason     *Reason
 	started    bool
 	vcpu       int
@@ -139,7 +139,8 @@ func New(cfg Config, n node.Node, uploads *Uploads, stateDir string, logger *slo
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, node: n, uploads: uploads, stateDir: stateDir, logger: logger, ctx: ctx, cancel: cancel,
-		builds: map[string]*build{}, locks: map[string]chan struct{}{}, done: map[string]cached{}, metrics: newMetrics()}
+		builds: map[string]*build{}, locks: map[string]chan struct{}{}, done: map[string]cached{}, metrics: newMetrics(),
+		logBudget: &logBudget{max: maxTotalLogBytes}}
 	if err := s.loadInterrupted(); err != nil {
 		cancel()
 		return nil, err
@@ -168,7 +169,8 @@ func (s *Service) loadInterrupted() error {
 		msg := "the build was interrupted: the server restarted while it ran"
 		b := &build{templateID: string(data), id: id, status: StatusError, started: true,
 			reason: &Reason{Message: msg, Step: stepFinalize, LogEntries: []LogEntry{}}}
-		b.logs = []LogEntry{{Timestamp: time.Now().UTC(), Level: "error", Message: msg, Step: stepFinalize}}
+		b.logs.budget = s.logBudget
+		b.log("error", stepFinalize, msg)
 		s.builds[id] = b
 		s.order = append(s.order, id)
 	}
@@ -196,6 +198,8 @@ func (s *Service) Request(name string, vcpu, memoryMB int) (string, error) {
 		return "", fmt.Errorf("%w: the base template cannot be rebuilt", ErrConflict)
 	}
 	b := &build{templateID: name, id: newBuildID(), status: StatusWaiting, vcpu: vcpu, memoryMB: memoryMB}
+	b.logs.budget = s.logBudget
+	b.logs.reclaim = s.reclaimLogs
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.evictLocked()
@@ -215,6 +219,9 @@ func (s *Service) evictLocked() {
 			i++
 			continue
 		}
+		b.mu.Lock()
+		b.logs.release()
+		b.mu.Unlock()
 		delete(s.builds, s.order[i])
 		s.order = append(s.order[:i], s.order[i+1:]...)
 	}
@@ -241,7 +248,7 @@ func (s *Service) Start(templateID, buildID string, spec Spec) error {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	for _, st := range spec.Steps {
-		if st.Type == StepCopy && !s.uploads.Present(st.FilesHash) {
+		if st.Type == StepCopy && !s.uploads.Present(b.templateID, st.FilesHash) {
 			return fmt.Errorf("%w: files of COPY %s were not uploaded", ErrInvalid, st.Args[0])
 		}
 	}
@@ -281,54 +288,14 @@ func (s *Service) Status(templateID, buildID string, offset, limit int) (Info, e
 		// Requested but never started: the SDK polls only after starting.
 		info.Status = StatusWaiting
 	}
-	if offset < 0 {
-		offset = 0
-	}
-	if offset < len(b.logs) {
-		end := len(b.logs)
-		if limit > 0 && offset+limit < end {
-			end = offset + limit
-		}
-		info.Logs = append([]LogEntry(nil), b.logs[offset:end]...)
-	}
+	info.Logs = b.logs.page(offset, limit)
 	return info, nil
-}
-
-// log appends an entry to b's log.
-func (b *build) log(level, step, msg string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.logs) >= maxLogEntries {
-		if !b.dropped {
-			b.dropped = true
-			b.logs = append(b.logs, LogEntry{Timestamp: time.Now().UTC(), Level: "warn",
-				Message: "build log too long; further lines are dropped"})
-		}
-		return
-	}
-	b.logs = append(b.logs, LogEntry{Timestamp: time.Now().UTC(), Level: level, Message: msg, Step: step})
 }
 
 func (b *build) setStatus(status string, reason *Reason) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.status, b.reason = status, reason
-}
-
-// stepLogs returns the entries of one step, the last n of them.
-func (b *build) stepLogs(step string, n int) []LogEntry {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []LogEntry
-	for _, e := range b.logs {
-		if e.Step == step {
-			out = append(out, e)
-		}
-	}
-	if len(out) > n {
-		out = out[len(out)-n:]
-	}
-	return out
 }
 
 // lock serialises builds of one template; it returns the unlock.

@@ -1,6 +1,9 @@
 package build
 
 import (
+	"archive/tar"
+	"bufio"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,16 +12,21 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/aenv-dev/aenv/internal/template"
 )
 
 // ErrTooLarge: an upload is bigger than the store allows.
 var ErrTooLarge = errors.New("upload too large")
 
-// Uploads keeps the archives of COPY steps on disk under the hash the SDK
-// names them by, so an unchanged directory is uploaded once. The SDK's
-// hash covers paths, modes and contents, not the archive's bytes, so it
-// cannot be checked against them; the archive's own SHA-256 is kept
-// beside it and checked whenever it is read.
+// Uploads keeps the archives of COPY steps on disk, per template, under
+// the hash the SDK names them by, so an unchanged directory is uploaded
+// once and an upload for one template never changes another's files. The
+// SDK's hash covers paths, modes, sizes and contents as its host saw them
+// (and the step's source and destination), not the archive's bytes, so it
+// cannot be recomputed from them: an upload is checked to be a whole tar
+// archive when it arrives, and its own SHA-256, kept beside it, whenever
+// it is read.
 type Uploads struct {
 	dir      string
 	maxBytes int64
@@ -32,20 +40,39 @@ func NewUploads(dir string, maxBytes int64) (*Uploads, error) {
 	return &Uploads{dir: dir, maxBytes: maxBytes}, nil
 }
 
-func (u *Uploads) path(hash string) string { return filepath.Join(u.dir, hash+".tar") }
+// templateDir is where templateID's archives are; the prefix keeps a name
+// of dots one path element.
+func (u *Uploads) templateDir(templateID string) string {
+	return filepath.Join(u.dir, "t-"+templateID)
+}
 
-// Present reports whether the archive for hash is stored.
-func (u *Uploads) Present(hash string) bool {
-	_, err := os.Stat(u.path(hash) + ".sha256")
+func (u *Uploads) path(templateID, hash string) string {
+	return filepath.Join(u.templateDir(templateID), hash+".tar")
+}
+
+// Present reports whether templateID's archive for hash is stored.
+func (u *Uploads) Present(templateID, hash string) bool {
+	if template.CheckName(templateID) != nil || !validHash(hash) {
+		return false
+	}
+	_, err := os.Stat(u.path(templateID, hash) + ".sha256")
 	return err == nil
 }
 
-// Put stores r as the archive for hash. A partial upload leaves nothing.
-func (u *Uploads) Put(ctx context.Context, hash string, r io.Reader) error {
+// Put stores r as templateID's archive for hash once it is read whole and
+// is a tar archive (gzipped or not). A partial or refused upload leaves
+// nothing and keeps what was stored.
+func (u *Uploads) Put(ctx context.Context, templateID, hash string, r io.Reader) error {
+	if err := template.CheckName(templateID); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	if !validHash(hash) {
 		return fmt.Errorf("%w: invalid hash", ErrInvalid)
 	}
-	f, err := os.CreateTemp(u.dir, "upload-*")
+	if err := os.MkdirAll(u.templateDir(templateID), 0o700); err != nil {
+		return fmt.Errorf("store upload: %w", err)
+	}
+	f, err := os.CreateTemp(u.templateDir(templateID), "upload-*")
 	if err != nil {
 		return fmt.Errorf("store upload: %w", err)
 	}
@@ -62,27 +89,74 @@ func (u *Uploads) Put(ctx context.Context, hash string, r io.Reader) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := checkArchive(f); err != nil {
+		return fmt.Errorf("%w: the upload is not a whole tar archive: %v", ErrInvalid, err)
+	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("store upload: %w", err)
 	}
-	if err := os.Rename(f.Name(), u.path(hash)); err != nil {
+	p := u.path(templateID, hash)
+	// The digest file marks the archive complete: it goes first, so a
+	// replaced archive is never read against its predecessor's digest.
+	os.Remove(p + ".sha256")
+	if err := os.Rename(f.Name(), p); err != nil {
 		return fmt.Errorf("store upload: %w", err)
 	}
-	// The digest file marks the archive complete.
 	sum := hex.EncodeToString(h.Sum(nil))
-	if err := os.WriteFile(u.path(hash)+".sha256", []byte(sum), 0o600); err != nil {
+	if err := os.WriteFile(p+".sha256", []byte(sum), 0o600); err != nil {
 		return fmt.Errorf("store upload: %w", err)
 	}
 	return nil
 }
 
-// Open returns the archive for hash after checking it is intact.
-func (u *Uploads) Open(hash string) (*os.File, int64, error) {
-	want, err := os.ReadFile(u.path(hash) + ".sha256")
+// checkArchive reads f from its start as a tar archive, gzipped or not,
+// to its end.
+func checkArchive(f *os.File) error {
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	br := bufio.NewReader(f)
+	var r io.Reader = br
+	if magic, err := br.Peek(2); err == nil && magic[0] == 0x1f && magic[1] == 0x8b {
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			return err
+		}
+		defer zr.Close()
+		r = zr
+	}
+	tr := tar.NewReader(r)
+	entries := 0
+	for {
+		_, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		entries++
+	}
+	if entries == 0 {
+		return errors.New("no files in it")
+	}
+	// What follows the archive's end must be read too (a gzip stream's
+	// checksum is checked at its end).
+	_, err := io.Copy(io.Discard, r)
+	return err
+}
+
+// Open returns templateID's archive for hash after checking it is intact.
+func (u *Uploads) Open(templateID, hash string) (*os.File, int64, error) {
+	if template.CheckName(templateID) != nil || !validHash(hash) {
+		return nil, 0, fmt.Errorf("files %s were not uploaded", hash)
+	}
+	p := u.path(templateID, hash)
+	want, err := os.ReadFile(p + ".sha256")
 	if err != nil {
 		return nil, 0, fmt.Errorf("files %s were not uploaded", hash)
 	}
-	f, err := os.Open(u.path(hash))
+	f, err := os.Open(p)
 	if err != nil {
 		return nil, 0, fmt.Errorf("files %s were not uploaded", hash)
 	}

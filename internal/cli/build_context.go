@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/aenv-dev/aenv/internal/client"
 	"github.com/aenv-dev/aenv/internal/dockerfile"
@@ -95,6 +96,11 @@ func packCopy(contextDir, src, dest string) (copyArchive, error) {
 	if len(matches) == 0 {
 		return copyArchive{}, fmt.Errorf("no such file in the build context %s", contextDir)
 	}
+	for _, m := range matches {
+		if err := insideContext(contextDir, m); err != nil {
+			return copyArchive{}, err
+		}
+	}
 	files, err := contextFiles(contextDir, matches)
 	if err != nil {
 		return copyArchive{}, err
@@ -134,6 +140,36 @@ func packCopy(contextDir, src, dest string) (copyArchive, error) {
 	}
 	ok = true
 	return copyArchive{src: src, hash: hex.EncodeToString(h.Sum(nil)), path: tmp.Name(), size: size}, nil
+}
+
+// insideContext refuses a match reached through a symbolic link that
+// leads out of the context (Glob follows links in the directories of a
+// pattern): as in Docker, nothing outside the context is ever sent. The
+// match itself may be a link; it is archived as one, not followed.
+func insideContext(contextDir, match string) error {
+	if rel, err := filepath.Rel(contextDir, match); err == nil && rel == "." {
+		return nil // the context itself
+	}
+	root, err := filepath.EvalSymlinks(contextDir)
+	if err != nil {
+		return fmt.Errorf("read the build context: %w", err)
+	}
+	root, err = filepath.Abs(root)
+	if err != nil {
+		return fmt.Errorf("read the build context: %w", err)
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(match))
+	if err != nil {
+		return fmt.Errorf("read the build context: %w", err)
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return fmt.Errorf("read the build context: %w", err)
+	}
+	if rel, err := filepath.Rel(root, dir); err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+		shown, _ := filepath.Rel(contextDir, match)
+		return fmt.Errorf("%s is reached through a symbolic link to %s, outside the build context", filepath.ToSlash(shown), dir)
+	}
+	return nil
 }
 
 // contextFiles lists the matches and everything under those that are

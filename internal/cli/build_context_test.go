@@ -76,6 +76,71 @@ func TestPackCopy(t *testing.T) {
 	}
 }
 
+// A symbolic link in the context never brings in what is outside it: a
+// source reached through a link to outside is refused, a link that is
+// itself a source is archived as a link, and a link to a directory inside
+// the context may be gone through.
+func TestPackCopySymlinks(t *testing.T) {
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("outside"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "in"), 0o755)
+	os.WriteFile(filepath.Join(dir, "in", "x"), []byte("inside"), 0o644)
+	for name, target := range map[string]string{"link": outside, "rel": "../" + filepath.Base(outside),
+		"inlink": "in", "file": filepath.Join(outside, "secret")} {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, src := range []string{"link/secret", "link/*", "*/secret", "rel/secret"} {
+		if a, err := packCopy(dir, src, "/d/"); err == nil {
+			t.Errorf("COPY %s: packed %v (%q)", src, archiveNames(t, a.path), archiveContent(t, a.path))
+			os.Remove(a.path)
+		} else if !strings.Contains(err.Error(), "outside the build context") {
+			t.Errorf("COPY %s: %v, want an error saying it is outside the build context", src, err)
+		}
+	}
+	for src, want := range map[string][]string{"link": {"link"}, "file": {"file"}, "inlink/x": {"inlink/x"}} {
+		a, err := packCopy(dir, src, "/d/")
+		if err != nil {
+			t.Errorf("COPY %s: %v", src, err)
+			continue
+		}
+		got := archiveNames(t, a.path)
+		data := archiveContent(t, a.path)
+		os.Remove(a.path)
+		if !slices.Equal(got, want) || strings.Contains(data, "outside") {
+			t.Errorf("COPY %s: archive holds %v (%q), want %v and nothing from outside", src, got, data, want)
+		}
+	}
+}
+
+// archiveContent is all the file data in a gzipped tar.
+func archiveContent(t *testing.T, path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	var sb strings.Builder
+	for {
+		if _, err := tr.Next(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(&sb, tr)
+	}
+	return sb.String()
+}
+
 func archiveNames(t *testing.T, path string) []string {
 	f, err := os.Open(path)
 	if err != nil {

@@ -47,7 +47,11 @@ aenv's "base") or an existing template. RUN, COPY and ADD of files in CONTEXT
 (default "."; uploaded once, by content hash), ENV, ARG (set with
 --build-arg), WORKDIR and USER become build steps; CMD and ENTRYPOINT become
 the start command, which is running in every sandbox created from the
-template. The final USER and WORKDIR are the template's defaults.
+template. As in Docker, steps run as root in / until USER and WORKDIR say
+otherwise; the final USER and WORKDIR are the template's defaults (user and
+/home/user when the Dockerfile sets none, as in E2B). A symbolic link in
+CONTEXT is copied as a link; a source reached through a link that leads
+out of CONTEXT is refused.
 
 Steps are cached on the server: a rebuild runs from the first step that
 changed. Not supported, with an error naming the line: more than one FROM,
@@ -220,6 +224,16 @@ func followBuild(ctx context.Context, c *client.Client, ref client.TemplateBuild
 		}
 		switch st.Status {
 		case "ready", "error":
+			// The log comes a page at a time: read the rest.
+			for page := st; len(page.LogEntries) > 0; {
+				if page, err = c.TemplateBuildStatus(ctx, ref, offset); err != nil {
+					return st, fmt.Errorf("build status of %s: %w", ref.TemplateID, err)
+				}
+				offset += len(page.LogEntries)
+				for _, e := range page.LogEntries {
+					log.entry(e)
+				}
+			}
 			return st, nil
 		}
 		log.tick()

@@ -63,6 +63,7 @@ func Parse(text string, buildArgs map[string]string) (*Plan, error) {
 		return nil, fmt.Errorf("the Dockerfile has no FROM instruction")
 	}
 	p.plan.StartCmd = startCommand(p.entrypoint, p.cmd)
+	p.plan.Steps = withDockerDefaults(p.plan.Steps)
 	var unused []string
 	for k := range buildArgs {
 		if !p.used[k] {
@@ -74,6 +75,38 @@ func Parse(text string, buildArgs map[string]string) (*Plan, error) {
 		p.plan.Warnings = append(p.plan.Warnings, "build arguments not declared by ARG: "+strings.Join(unused, ", "))
 	}
 	return p.plan, nil
+}
+
+// A Dockerfile's steps run as root in / until USER and WORKDIR say
+// otherwise, as in Docker; a template whose Dockerfile never sets them
+// gets E2B's defaults for its sandboxes. E2B's SDK frames fromDockerfile
+// the same way, so both builds agree.
+const (
+	buildUser      = "root"
+	buildWorkdir   = "/"
+	defaultUser    = "user"
+	defaultWorkdir = "/home/user"
+)
+
+// withDockerDefaults frames the Dockerfile's steps with the user and
+// workdir Docker starts with, and E2B's sandbox defaults at the end for
+// what the Dockerfile left unset. The added steps have no line.
+func withDockerDefaults(steps []Step) []Step {
+	userSet, workdirSet := false, false
+	for _, st := range steps {
+		userSet = userSet || st.Type == StepUser
+		workdirSet = workdirSet || st.Type == StepWorkdir
+	}
+	out := make([]Step, 0, len(steps)+4)
+	out = append(out, Step{Type: StepUser, Args: []string{buildUser}}, Step{Type: StepWorkdir, Args: []string{buildWorkdir}})
+	out = append(out, steps...)
+	if !userSet {
+		out = append(out, Step{Type: StepUser, Args: []string{defaultUser}})
+	}
+	if !workdirSet {
+		out = append(out, Step{Type: StepWorkdir, Args: []string{defaultWorkdir}})
+	}
+	return out
 }
 
 type parser struct {

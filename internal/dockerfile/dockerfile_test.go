@@ -100,8 +100,55 @@ RUN true
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The frame of user and workdir steps has its own test.
+			got.Steps = dockerfileSteps(got.Steps)
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// dockerfileSteps drops the steps Parse adds (they have no line).
+func dockerfileSteps(steps []Step) []Step {
+	var out []Step
+	for _, st := range steps {
+		if st.Line != 0 {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// Like Docker, a Dockerfile runs as root in / until USER and WORKDIR say
+// otherwise; the template gets E2B's user and /home/user only for what the
+// Dockerfile never set (as E2B's fromDockerfile does).
+func TestParseUserAndWorkdir(t *testing.T) {
+	user := func(u string, line int) Step { return Step{Type: StepUser, Args: []string{u}, Line: line} }
+	workdir := func(d string, line int) Step { return Step{Type: StepWorkdir, Args: []string{d}, Line: line} }
+	run := func(cmd string, line int) Step { return Step{Type: StepRun, Args: []string{cmd}, Line: line} }
+	tests := []struct {
+		name string
+		text string
+		want []Step
+	}{
+		{"neither set", "FROM base\nRUN echo x > /f\n",
+			[]Step{user("root", 0), workdir("/", 0), run("echo x > /f", 2), user("user", 0), workdir("/home/user", 0)}},
+		{"both set", "FROM base\nUSER app\nWORKDIR /srv\nRUN true\n",
+			[]Step{user("root", 0), workdir("/", 0), user("app", 2), workdir("/srv", 3), run("true", 4)}},
+		{"only USER", "FROM base\nUSER root\nRUN apt-get install -y curl\n",
+			[]Step{user("root", 0), workdir("/", 0), user("root", 2), run("apt-get install -y curl", 3), workdir("/home/user", 0)}},
+		{"only WORKDIR", "FROM base\nWORKDIR app\n",
+			[]Step{user("root", 0), workdir("/", 0), workdir("app", 2), user("user", 0)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(tt.text, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got.Steps, tt.want) {
+				t.Errorf("got  %+v\nwant %+v", got.Steps, tt.want)
 			}
 		})
 	}

@@ -60,7 +60,7 @@ CMD echo started > /tmp/started && exec sleep 1000000
 	args := []string{"-t", "cli-app", "--build-arg", "BASE=" + host + "/test/app:1", "--build-arg", "GREETING=hi there",
 		"--ready-cmd", "test -f /tmp/started", dir}
 	out, cold := build(args...)
-	for _, want := range []string{"Pulling image " + host + "/test/app:1", "[3/7] RUN export GREETING=", "Uploaded hello.txt",
+	for _, want := range []string{"Pulling image " + host + "/test/app:1", "[5/9] RUN export GREETING=", "Uploaded hello.txt",
 		"EXPOSE has no effect", "cli-app\n"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("build output lacks %q:\n%s", want, out)
@@ -77,7 +77,7 @@ echo "$APP_GREETING"; id -un; pwd; pgrep -x sleep >/dev/null && echo running`})
 	s.expect(s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "kill")
 
 	out, cached := build(args...)
-	if !strings.Contains(out, "CACHED [7/7] USER user") || !strings.Contains(out, "are on the server already") {
+	if !strings.Contains(out, "CACHED [9/9] USER user") || !strings.Contains(out, "are on the server already") {
 		t.Fatalf("unchanged rebuild was not cached:\n%s", out)
 	}
 	t.Logf("build from an image: cold %s (with the pull), cached %s", cold.Round(time.Millisecond), cached.Round(time.Millisecond))
@@ -99,7 +99,7 @@ echo "$APP_GREETING"; id -un; pwd; pgrep -x sleep >/dev/null && echo running`})
 
 	os.WriteFile(filepath.Join(dir, "broken.Dockerfile"), []byte("FROM cli-app\nRUN echo about-to-fail >&2; exit 3\n"), 0o644)
 	out, code := s.cli("build", "-f", filepath.Join(dir, "broken.Dockerfile"), "-t", "cli-broken", dir)
-	if code != 1 || !strings.Contains(out, "about-to-fail") || !strings.Contains(out, "failed at step 1") ||
+	if code != 1 || !strings.Contains(out, "about-to-fail") || !strings.Contains(out, "failed at step 3") ||
 		!strings.Contains(out, "FROM cli-app") {
 		t.Fatalf("failing build: exit %d:\n%s", code, out)
 	}
@@ -128,5 +128,94 @@ echo "$APP_GREETING"; id -un; pwd; pgrep -x sleep >/dev/null && echo running`})
 		if f := strings.Fields(line); len(f) > buildCol && f[1] == "cli-small-3" && f[buildCol] != "ready" {
 			t.Errorf("template ls: %q, want its build ready", line)
 		}
+	}
+}
+
+// TestCLIBuildDockerSemantics: a Dockerfile runs as root in / until USER
+// and WORKDIR say otherwise (so writing to / works without USER root),
+// and the template still gets E2B's user and /home/user as its defaults
+// (the user is added to an image that lacks it);
+// a step as an unknown user fails with E2B's words (the Dockerfile's USER
+// and an E2B build's RUN step alike); and a COPY through a symbolic link
+// that leads out of the context is refused before anything is uploaded.
+func TestCLIBuildDockerSemantics(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	dir := t.TempDir()
+	outside := t.TempDir()
+	write := func(name, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("Dockerfile", "FROM base\nRUN echo x > /f && id -un > /who && pwd > /cwd\nWORKDIR srv\nRUN pwd > /cwd2\n")
+	s.cliOK("build", "-t", "docker-semantics", "-q", dir)
+	sb := s.create(map[string]any{"templateID": "docker-semantics"})
+	res := s.exec(sb.SandboxID, client.ExecuteRequest{Command: "cat /f /who /cwd /cwd2; id -un; pwd"})
+	if want := "x\nroot\n/\n/srv\nuser\n/srv\n"; res.ExitCode != 0 || res.Stdout != want {
+		t.Fatalf("sandbox from the Dockerfile's template: exit %d, stdout %q (want %q), stderr %q",
+			res.ExitCode, res.Stdout, want, res.Stderr)
+	}
+	s.expect(s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "kill")
+
+	// An image without E2B's user gets it for the template's defaults.
+	write("nouser.Dockerfile", "FROM base\nRUN userdel -r user\n")
+	s.cliOK("build", "-f", filepath.Join(dir, "nouser.Dockerfile"), "-t", "docker-nouser", "-q", dir)
+	sb = s.create(map[string]any{"templateID": "docker-nouser"})
+	res = s.exec(sb.SandboxID, client.ExecuteRequest{Command: "id -un; pwd; touch mine"})
+	if want := "user\n/home/user\n"; res.ExitCode != 0 || res.Stdout != want {
+		t.Fatalf("sandbox from an image without user: exit %d, stdout %q (want %q), stderr %q",
+			res.ExitCode, res.Stdout, want, res.Stderr)
+	}
+	s.expect(s.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "kill")
+
+	write("user.Dockerfile", "FROM base\nUSER root123\nRUN true\n")
+	out, code := s.cli("build", "-f", filepath.Join(dir, "user.Dockerfile"), "-t", "docker-user", dir)
+	if code != 1 || !strings.Contains(out, "unauthenticated: invalid username: 'root123'") {
+		t.Fatalf("USER root123: exit %d:\n%s", code, out)
+	}
+	var req struct {
+		TemplateID string `json:"templateID"`
+		BuildID    string `json:"buildID"`
+	}
+	s.expect(s.do("POST", "/v3/templates", map[string]any{"name": "e2b-user"}), 202, "request build").json(t, &req)
+	s.expect(s.do("POST", "/v2/templates/"+req.TemplateID+"/builds/"+req.BuildID, map[string]any{
+		"steps": []map[string]any{{"type": "RUN", "args": []string{"true", "root123"}}},
+	}), 202, "start build")
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var st struct {
+			Status string `json:"status"`
+			Reason *struct {
+				Message string `json:"message"`
+				Step    string `json:"step"`
+			} `json:"reason"`
+		}
+		s.expect(s.do("GET", "/templates/"+req.TemplateID+"/builds/"+req.BuildID+"/status", nil), 200, "status").json(t, &st)
+		if st.Status == "error" {
+			if st.Reason == nil || st.Reason.Step != "1" ||
+				!strings.HasSuffix(st.Reason.Message, "unauthenticated: invalid username: 'root123'") {
+				t.Fatalf("RUN as root123: reason %+v", st.Reason)
+			}
+			break
+		}
+		if st.Status == "ready" || time.Now().After(deadline) {
+			t.Fatalf("RUN as root123: status %s", st.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("outside"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	write("link.Dockerfile", "FROM base\nCOPY link/secret /tmp/\n")
+	out, code = s.cli("build", "-f", filepath.Join(dir, "link.Dockerfile"), "-t", "docker-link", dir)
+	if code != 1 || !strings.Contains(out, "link/secret is reached through a symbolic link") ||
+		!strings.Contains(out, "outside the build context") {
+		t.Fatalf("COPY through a link out of the context: exit %d:\n%s", code, out)
 	}
 }
