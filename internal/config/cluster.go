@@ -9,7 +9,8 @@ import (
 // Cluster is what `aenv node` adds to the server's configuration: the
 // shared database, how gateways reach the node, and its limits.
 type Cluster struct {
-	DatabaseURL   string
+	// Database is the DSN (Validate reads it from its file when given).
+	Database      Database
 	Advertise     string
 	NodeID        string
 	ClusterSecret string
@@ -32,8 +33,7 @@ func DefaultCluster() Cluster {
 
 // RegisterFlags adds the cluster flags of `aenv node` to fs.
 func (c *Cluster) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.DatabaseURL, "database-url", envString("database-url", c.DatabaseURL),
-		"PostgreSQL DSN of the cluster's shared state (required)"+envHint("database-url"))
+	c.Database.register(fs)
 	fs.StringVar(&c.Advertise, "advertise", envString("advertise", c.Advertise),
 		"host:port gateways reach this node at (default: the --listen address, with this host's name when it has no host)"+envHint("advertise"))
 	fs.StringVar(&c.NodeID, "node-id", envString("node-id", c.NodeID),
@@ -50,11 +50,13 @@ func (c *Cluster) RegisterFlags(fs *pflag.FlagSet) {
 		"how often the node reports to the cluster"+envHint("heartbeat-interval-ms"))
 }
 
-// Validate checks values that flags cannot type-check.
+// Validate checks values that flags cannot type-check, and reads the
+// DSN from --database-url-file when given.
 func (c *Cluster) Validate() error {
+	if err := c.Database.resolve(); err != nil {
+		return err
+	}
 	switch {
-	case c.DatabaseURL == "":
-		return fmt.Errorf("--database-url is required (a PostgreSQL DSN)")
 	case c.MaxSandboxes < 0:
 		return fmt.Errorf("--max-sandboxes must not be negative")
 	case c.MaxMemoryPercent < 1:
@@ -67,10 +69,14 @@ func (c *Cluster) Validate() error {
 	return nil
 }
 
+// Warnings are what the node's log should say about its configuration.
+func (c *Cluster) Warnings() []string { return c.Database.warning() }
+
 // Gateway is the configuration of `aenv gateway`.
 type Gateway struct {
-	Listen        string
-	DatabaseURL   string
+	Listen string
+	// Database is the DSN (Validate reads it from its file when given).
+	Database      Database
 	APIKey        string
 	ClusterSecret string
 	Domain        string
@@ -88,6 +94,9 @@ func DefaultGateway() Gateway {
 		NodeTimeoutMS: 5000, MaxJSONBodyMB: 128, IdleTimeoutSecs: 90}
 }
 
+// Warnings are what the gateway's log should say about its configuration.
+func (c *Gateway) Warnings() []string { return c.Database.warning() }
+
 // RegisterFlags adds the flags of `aenv gateway` to fs.
 func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 	str := func(p *string, name, usage string) {
@@ -97,7 +106,7 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 		fs.IntVar(p, name, envInt(name, *p), usage+envHint(name))
 	}
 	str(&c.Listen, "listen", "address of the API, envd traffic and exposed ports")
-	str(&c.DatabaseURL, "database-url", "PostgreSQL DSN of the cluster's shared state (required)")
+	c.Database.register(fs)
 	str(&c.APIKey, "api-key", "an API key to accept (added to the cluster's keys); without one, the first gateway makes a key if the cluster has none")
 	str(&c.ClusterSecret, "cluster-secret", "secret to call nodes with (default: the one kept in the database)")
 	str(&c.Domain, "domain", "domain of exposed ports, as the nodes' --domain (empty: off)")
@@ -108,11 +117,13 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.IdleTimeoutSecs, "idle-timeout-secs", "close keep-alive connections idle this long")
 }
 
-// Validate checks values that flags cannot type-check.
+// Validate checks values that flags cannot type-check, and reads the
+// DSN from --database-url-file when given.
 func (c *Gateway) Validate() error {
+	if err := c.Database.resolve(); err != nil {
+		return err
+	}
 	switch {
-	case c.DatabaseURL == "":
-		return fmt.Errorf("--database-url is required (a PostgreSQL DSN)")
 	case c.NodeTimeoutMS < 100:
 		return fmt.Errorf("--node-timeout-ms must be at least 100")
 	case c.MaxJSONBodyMB < 1:

@@ -12,6 +12,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -72,11 +75,11 @@ type Gateway struct {
 	// list's refreshes count in refreshes (a fixed rate, whatever the load).
 	queries, refreshes atomic.Int64
 
-	// tokens are the running sandboxes' envd tokens as last read, for
-	// signed file URLs (which name no sandbox); guarded by tokensMu.
-	tokensMu sync.Mutex
-	tokens   []postgres.SandboxToken
-	requests *prometheus.CounterVec
+	// tokens finds the sandbox of a signed file URL (which names none).
+	tokens *tokenSet
+	// authFails slows down guessing keys and signatures, per address.
+	authFails *api.AuthLimiter
+	requests  *prometheus.CounterVec
 
 	stop func()
 	done sync.WaitGroup
@@ -89,7 +92,8 @@ func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logge
 		cfg.Refresh = max(cfg.NodeTimeout/5, 50*time.Millisecond)
 	}
 	g := &Gateway{cfg: cfg, db: db, logger: logger, routes: newRouteCache(1 << 20),
-		keys: newKeyCache(db, 30*time.Second), templates: newTTLCache[[]*store.Template](10 * time.Second),
+		keys: newKeyCache(db, 30*time.Second), tokens: newTokenSet(db, tokenReadGap),
+		authFails: api.NewAuthLimiter(), templates: newTTLCache[[]*store.Template](10 * time.Second),
 		builds: newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
 	transport := newTransport()
@@ -242,8 +246,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.forwardNode(w, r, r.URL.Query().Get("node"), "", false)
 		return
 	}
-	if !g.authorized(r) {
-		api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
+	if !g.authorize(w, r) {
 		return
 	}
 	g.mux.ServeHTTP(w, r)
@@ -251,67 +254,51 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (g *Gateway) count(route string) { g.requests.WithLabelValues(route).Inc() }
 
-func (g *Gateway) authorized(r *http.Request) bool {
-	key := api.RequestKey(r)
-	if key == "" {
-		return false
-	}
-	if g.cfg.APIKey != "" && subtle.ConstantTimeCompare([]byte(key), []byte(g.cfg.APIKey)) == 1 {
-		return true
-	}
-	ok, queried, err := g.keys.valid(r.Context(), key)
-	if queried {
-		g.queries.Add(1)
-	}
-	if err != nil {
-		g.logger.WarnContext(r.Context(), "cannot check an API key", "err", err)
-	}
-	return ok
-}
-
 // envd routes envd traffic: by E2b-Sandbox-Id, or for a signed file URL
 // by the sandbox whose token made the signature.
 func (g *Gateway) envd(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get(api.HeaderSandboxID)
 	if id == "" {
-		var err error
-		if id, err = g.signer(r); err != nil {
-			g.databaseDown(w, r, err)
-			return
-		}
-		if id == "" {
-			api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid or expired signature")
+		var ok bool
+		if id, ok = g.signer(w, r); !ok {
 			return
 		}
 	}
 	g.forwardSandbox(w, r, id, false)
 }
 
-// signer finds the running sandbox whose envd token signed r's file URL:
-// among the tokens read last, else among the running sandboxes' tokens
-// read afresh (a sandbox made a moment ago must be found). Valid
-// signatures of known sandboxes cost no database round trip.
-func (g *Gateway) signer(r *http.Request) (string, error) {
-	g.tokensMu.Lock()
-	defer g.tokensMu.Unlock()
-	match := func() string {
-		for _, t := range g.tokens {
-			if api.SignedBy(r, t.Token) {
-				return t.ID
-			}
-		}
-		return ""
+// signer finds the running sandbox whose envd token signed r's file URL,
+// or answers r: 401 for a signature no running sandbox made (or one that
+// cannot be valid: malformed, expired), 429 once its address has sent too
+// many. Valid signatures of known sandboxes cost no database round trip.
+func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) {
+	refuse := func() (string, bool) {
+		g.authFails.Failed(r)
+		api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid or expired signature")
+		return "", false
 	}
-	if id := match(); id != "" {
-		return id, nil
+	if !api.SignaturePlausible(r, time.Now()) {
+		return refuse()
 	}
-	g.queries.Add(1)
-	tokens, err := g.db.RunningTokens(r.Context())
+	if id := g.tokens.match(r); id != "" {
+		return id, true
+	}
+	if retry, blocked := g.authFails.Blocked(r); blocked {
+		api.WriteTooManyAuthFailures(w, retry)
+		return "", false
+	}
+	id, queried, err := g.tokens.signer(r)
+	if queried {
+		g.queries.Add(1)
+	}
 	if err != nil {
-		return "", err
+		g.databaseDown(w, r, err)
+		return "", false
 	}
-	g.tokens = tokens
-	return match(), nil
+	if id == "" {
+		return refuse()
+	}
+	return id, true
 }
 
 // bySandbox forwards a control-plane call to the node holding the
@@ -417,7 +404,36 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	if t.controlPlane {
 		pr.Out.Header.Del("Authorization")
 		pr.Out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
+		return
 	}
+	// Envd traffic and exposed ports end in a sandbox: no key of the
+	// cluster's goes there (the node strips its own again).
+	port := node.EnvdPort
+	if _, p, ok := api.ExposedPort(pr.In.Host, g.cfg.Domain); ok {
+		port = p
+	} else if v := pr.In.Header.Get(api.HeaderSandboxPort); v != "" {
+		port, _ = strconv.Atoi(v)
+	}
+	api.StripCredentials(pr.Out.Header, port, g.isKey)
+}
+
+// isKey tells whether key is one of the cluster's credentials as far as
+// the gateway knows without asking the database: its --api-key, the
+// cluster secret, or a key confirmed lately.
+func (g *Gateway) isKey(key string) bool {
+	if key == "" || len(key) > api.MaxKeyBytes {
+		return false
+	}
+	for _, k := range []string{g.cfg.APIKey, g.cfg.ClusterSecret} {
+		if k != "" && subtle.ConstantTimeCompare([]byte(key), []byte(k)) == 1 {
+			return true
+		}
+	}
+	if g.keys == nil {
+		return false
+	}
+	_, seen := g.keys.valid.Get(sha256.Sum256([]byte(key)))
+	return seen
 }
 
 // upstreamError answers a forwarded request its node did not take.
@@ -476,60 +492,12 @@ func (c *routeCache) forget(id string) {
 	c.mu.Unlock()
 }
 
-// keyCache remembers API key checks for a while, so that steady traffic
-// costs the database nothing; a revoked key stops working within ttl.
-type keyCache struct {
-	db  *postgres.Store
-	ttl time.Duration
-	mu  sync.Mutex
-	m   map[string]keyEntry
-}
-
-type keyEntry struct {
-	ok      bool
-	expires time.Time
-}
-
-func newKeyCache(db *postgres.Store, ttl time.Duration) *keyCache {
-	return &keyCache{db: db, ttl: ttl, m: map[string]keyEntry{}}
-}
-
-// valid reports whether key is one of the cluster's, and whether the
-// database was asked.
-func (c *keyCache) valid(ctx context.Context, key string) (ok, queried bool, err error) {
-	now := time.Now()
-	c.mu.Lock()
-	e, hit := c.m[key]
-	c.mu.Unlock()
-	if hit && now.Before(e.expires) {
-		return e.ok, false, nil
-	}
-	ok, err = c.db.APIKeyValid(ctx, key)
-	if err != nil {
-		// The database is away: a key seen valid before stays valid.
-		return hit && e.ok, true, err
-	}
-	ttl := c.ttl
-	if !ok {
-		ttl = 2 * time.Second // a new key works as soon as it is added
-	}
-	c.mu.Lock()
-	if len(c.m) > 100000 {
-		clear(c.m)
-	}
-	c.m[key] = keyEntry{ok: ok, expires: now.Add(ttl)}
-	c.mu.Unlock()
-	return ok, true, nil
-}
-
 // RequireKey lets through only requests carrying one of the cluster's API
 // keys.
 func (g *Gateway) RequireKey(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.authorized(r) {
-			api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
-			return
+		if g.authorize(w, r) {
+			h.ServeHTTP(w, r)
 		}
-		h.ServeHTTP(w, r)
 	})
 }

@@ -25,7 +25,10 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL)
+	for _, w := range cfg.Warnings() {
+		logger.WarnContext(ctx, w)
+	}
+	db, err := postgres.Open(ctx, cfg.Database.URL)
 	if err != nil {
 		return err
 	}

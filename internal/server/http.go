@@ -15,6 +15,11 @@ import (
 // streams and terminals legitimately last for hours.
 const readHeaderTimeout = 30 * time.Second
 
+// maxHeaderBytes bounds a request's header block (Go's default is 1 MiB):
+// E2B's clients send well under 4 KiB, and every byte of a header may end
+// up held (a key looked up, a route parsed) before the request is refused.
+const maxHeaderBytes = 64 << 10
+
 // httpServer is one listener and the server answering on it.
 type httpServer struct {
 	what     string
@@ -63,6 +68,7 @@ func newHTTPServer(what, addr string, h http.Handler, maxConns int, idle time.Du
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		IdleTimeout:       idle,
 		ConnState:         limited.ConnState,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),

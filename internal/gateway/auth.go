@@ -1,0 +1,259 @@
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/hashicorp/golang-lru/v2/expirable"
+
+	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/store/postgres"
+)
+
+// Bounds of what anonymous clients can make the gateway remember: keys
+// and signatures are remembered by their sha256, in bounded LRUs.
+const (
+	validKeys    = 4096
+	invalidKeys  = 4096
+	invalidSigs  = 4096
+	invalidTTL   = 2 * time.Second // a key or sandbox added works this soon
+	tokenReadGap = 250 * time.Millisecond
+)
+
+// keyStore is what the gateway asks about API keys (the cluster's
+// database).
+type keyStore interface {
+	APIKeyValid(ctx context.Context, key string) (bool, error)
+}
+
+// tokenStore is where the gateway reads running sandboxes' envd tokens.
+type tokenStore interface {
+	RunningTokens(ctx context.Context) ([]postgres.SandboxToken, error)
+}
+
+// keyCache remembers API key checks for a while, so that steady traffic
+// costs the database nothing; a revoked key stops working within ttl.
+// Keys are remembered by digest, valid and invalid ones apart, so that
+// random keys can neither grow the gateway nor push out the valid ones.
+type keyCache struct {
+	db  keyStore
+	ttl time.Duration
+	// valid holds when each key was last confirmed: past ttl it is asked
+	// about again, but stays valid while the database is away.
+	valid *lru.Cache[[sha256.Size]byte, time.Time]
+	// invalid entries expire after invalidTTL, so that a key just added
+	// works soon.
+	invalid *expirable.LRU[[sha256.Size]byte, struct{}]
+}
+
+func newKeyCache(db keyStore, ttl time.Duration) *keyCache {
+	valid, err := lru.New[[sha256.Size]byte, time.Time](validKeys)
+	if err != nil {
+		panic(fmt.Sprintf("cache of %d valid keys: %v", validKeys, err)) // only for a size < 1
+	}
+	return &keyCache{db: db, ttl: ttl, valid: valid,
+		invalid: expirable.NewLRU[[sha256.Size]byte, struct{}](invalidKeys, nil, invalidTTL)}
+}
+
+// cached reports what is remembered of key: known is false when nothing
+// is, or its confirmation is older than ttl.
+func (c *keyCache) cached(digest [sha256.Size]byte) (ok, known bool) {
+	if at, hit := c.valid.Get(digest); hit && time.Since(at) < c.ttl {
+		return true, true
+	}
+	if _, hit := c.invalid.Get(digest); hit {
+		return false, true
+	}
+	return false, false
+}
+
+// check asks the database about key and remembers the answer.
+func (c *keyCache) check(ctx context.Context, key string, digest [sha256.Size]byte) (bool, error) {
+	ok, err := c.db.APIKeyValid(ctx, key)
+	switch {
+	case err != nil:
+		// The database is away: a key seen valid before stays valid.
+		_, seen := c.valid.Get(digest)
+		return seen, err
+	case ok:
+		c.valid.Add(digest, time.Now())
+	default:
+		c.invalid.Add(digest, struct{}{})
+	}
+	return ok, nil
+}
+
+// authorize lets r through when it carries one of the cluster's keys, and
+// otherwise answers it: 401, or 429 once its address has failed too
+// often. A valid key remembered passes even then; an address over its
+// limit costs no database query.
+func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) bool {
+	key := api.RequestKey(r)
+	if key == "" {
+		api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
+		return false
+	}
+	if g.cfg.APIKey != "" && len(key) <= api.MaxKeyBytes &&
+		subtle.ConstantTimeCompare([]byte(key), []byte(g.cfg.APIKey)) == 1 {
+		return true
+	}
+	var digest [sha256.Size]byte
+	ok, known := false, false
+	if len(key) <= api.MaxKeyBytes {
+		digest = sha256.Sum256([]byte(key))
+		ok, known = g.keys.cached(digest)
+	}
+	if ok {
+		return true
+	}
+	if retry, blocked := g.authFails.Blocked(r); blocked {
+		api.WriteTooManyAuthFailures(w, retry)
+		return false
+	}
+	if len(key) > api.MaxKeyBytes {
+		g.authFails.Failed(r)
+		api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid API key: longer than any key (X-API-Key header)")
+		return false
+	}
+	if !known {
+		g.queries.Add(1)
+		var err error
+		if ok, err = g.keys.check(r.Context(), key, digest); err != nil {
+			g.logger.WarnContext(r.Context(), "cannot check an API key", "err", err)
+			if !ok {
+				api.WriteErrorJSON(w, http.StatusServiceUnavailable, "the cluster's database is unavailable; try again")
+				return false
+			}
+		}
+	}
+	if !ok {
+		g.authFails.Failed(r)
+		api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
+		return false
+	}
+	return true
+}
+
+// tokenSet finds which running sandbox's envd token signed a file URL:
+// among the tokens read last, else among tokens read afresh (a sandbox
+// made a moment ago must be found). Reads are shared by the requests
+// waiting for them and at least tokenReadGap apart, and no lock is held
+// during one; a signature found by no sandbox is remembered (by digest,
+// bounded) for invalidTTL. So random signatures cost the database at most
+// one read per gap, whoever sends them.
+type tokenSet struct {
+	db  tokenStore
+	gap time.Duration
+
+	mu      sync.Mutex
+	tokens  []postgres.SandboxToken
+	readAt  time.Time     // when the read that gave tokens began
+	reading chan struct{} // closed when the read in flight ends; nil if none
+	// misses are signatures no sandbox made, forgotten after invalidTTL.
+	misses *expirable.LRU[[sha256.Size]byte, struct{}]
+}
+
+func newTokenSet(db tokenStore, gap time.Duration) *tokenSet {
+	return &tokenSet{db: db, gap: gap,
+		misses: expirable.NewLRU[[sha256.Size]byte, struct{}](invalidSigs, nil, invalidTTL)}
+}
+
+// signer returns the sandbox whose token signed r ("" for none); queried
+// tells whether this call read the database.
+func (s *tokenSet) signer(r *http.Request) (id string, queried bool, err error) {
+	arrived := time.Now()
+	if id := s.match(r); id != "" {
+		return id, false, nil
+	}
+	q := r.URL.Query()
+	miss := sha256.Sum256([]byte(r.Method + "\x00" + q.Get("path") + "\x00" + q.Get("username") + "\x00" +
+		q.Get("signature_expiration") + "\x00" + q.Get("signature")))
+	if _, hit := s.misses.Get(miss); hit {
+		return "", false, nil
+	}
+	queried, err = s.readSince(r.Context(), arrived)
+	if err != nil {
+		return "", queried, err
+	}
+	if id := s.match(r); id != "" {
+		return id, queried, nil
+	}
+	s.misses.Add(miss, struct{}{})
+	return "", queried, nil
+}
+
+func (s *tokenSet) match(r *http.Request) string {
+	s.mu.Lock()
+	tokens := s.tokens
+	s.mu.Unlock()
+	for _, t := range tokens {
+		if api.SignedBy(r, t.Token) {
+			return t.ID
+		}
+	}
+	return ""
+}
+
+// readSince makes sure the tokens held were read by a read begun at or
+// after since: it waits for the read in flight, or makes one once the gap
+// since the last has passed.
+func (s *tokenSet) readSince(ctx context.Context, since time.Time) (queried bool, err error) {
+	for {
+		s.mu.Lock()
+		if !s.readAt.Before(since) {
+			s.mu.Unlock()
+			return queried, nil
+		}
+		if s.reading != nil {
+			done := s.reading
+			s.mu.Unlock()
+			select {
+			case <-done:
+				continue
+			case <-ctx.Done():
+				return queried, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		s.reading = done
+		wait := s.gap - time.Since(s.readAt)
+		s.mu.Unlock()
+
+		queried = true
+		err := s.read(ctx, wait)
+		s.mu.Lock()
+		s.reading = nil
+		close(done)
+		s.mu.Unlock()
+		if err != nil {
+			return queried, err
+		}
+	}
+}
+
+func (s *tokenSet) read(ctx context.Context, wait time.Duration) error {
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	start := time.Now()
+	tokens, err := s.db.RunningTokens(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.tokens, s.readAt = tokens, start
+	s.mu.Unlock()
+	return nil
+}
