@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	mrand "math/rand/v2"
 	"net/http"
 	"os"
@@ -212,6 +213,22 @@ func TestEnvdInGVisor(t *testing.T) {
 	res, err = c.Run(ctx, client.RunRequest{Command: "sleep 30", Timeout: time.Second})
 	if err != nil || !res.TimedOut {
 		t.Fatalf("timeout in sandbox: %+v %v", res, err)
+	}
+
+	// gVisor's procfs refuses the seek that learns a file's size: such a
+	// file is streamed (the E2B Python SDK reads boot IDs this way).
+	res, err = c.Run(ctx, client.RunRequest{Command: "cat /proc/sys/kernel/random/boot_id"})
+	if err != nil || len(res.Stdout) == 0 {
+		t.Fatalf("cat boot_id: %+v %v", res, err)
+	}
+	rc, _, err := c.ReadFile(ctx, "/proc/sys/kernel/random/boot_id", "")
+	if err != nil {
+		t.Fatalf("read boot_id through /files: %v", err)
+	}
+	bootID, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || string(bootID) != string(res.Stdout) {
+		t.Fatalf("boot_id through /files %q (%v), want %q", bootID, err, res.Stdout)
 	}
 	if _, err := os.Stat(filepath.Join(rootfs, "tmp/hello.txt")); err == nil {
 		t.Fatal("the shared rootfs was written to")

@@ -44,6 +44,8 @@ type Config struct {
 	// sandbox records carry it, and build upload links name it so that a
 	// gateway routes the upload here.
 	NodeID string
+	// NodeInfo, when set, reports the node's capacity and use (GET /node).
+	NodeInfo func() NodeInfo
 	// Authorize, when set, decides which requests carry a valid API key
 	// instead of comparing with APIKey (a gateway checks the cluster's
 	// keys).
@@ -60,13 +62,15 @@ type Server struct {
 	proxy     *envdProxy
 	requests  *prometheus.HistogramVec
 	idem      *idempotency
+	// authFails slows down guessing the key, per client address.
+	authFails *AuthLimiter
 }
 
 // New builds the handler. reg receives the API's metrics.
 func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	reg prometheus.Registerer, metrics http.Handler) *Server {
 	s := newServer(cfg, sandboxes, logger, reg)
-	s.proxy = newEnvdProxy(sandboxes, logger)
+	s.proxy = newEnvdProxy(sandboxes, s.isKey, logger)
 
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -100,6 +104,9 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.route("POST /templates", s.createTemplate)
 	s.route("DELETE /templates/{id}", s.deleteTemplate)
 	s.routeBuilds()
+	if cfg.NodeInfo != nil {
+		s.route("GET /node", s.getNode)
+	}
 
 	s.routeUnknown()
 	return s
@@ -118,7 +125,7 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 
 func newServer(cfg Config, sandboxes node.Node, logger *slog.Logger, reg prometheus.Registerer) *Server {
 	s := &Server{cfg: cfg, sandboxes: sandboxes, catalog: sandboxes, logger: logger, mux: http.NewServeMux(),
-		idem: newIdempotency()}
+		idem: newIdempotency(), authFails: NewAuthLimiter()}
 	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "aenv_api_request_duration_seconds",
 		Help:    "Control-plane request latency by route and status.",
@@ -159,12 +166,19 @@ func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request
 // requireKey lets through only requests carrying the API key.
 func (s *Server) requireKey(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			writeJSON(w, http.StatusUnauthorized, errorBody{Code: http.StatusUnauthorized,
-				Message: "missing or invalid API key (X-API-Key header)"})
+		if s.authorized(r) {
+			h.ServeHTTP(w, r)
 			return
 		}
-		h.ServeHTTP(w, r)
+		if retry, blocked := s.authFails.Blocked(r); blocked {
+			WriteTooManyAuthFailures(w, retry)
+			return
+		}
+		if RequestKey(r) != "" {
+			s.authFails.Failed(r) // a request without a key guesses nothing
+		}
+		writeJSON(w, http.StatusUnauthorized, errorBody{Code: http.StatusUnauthorized,
+			Message: "missing or invalid API key (X-API-Key header)"})
 	})
 }
 
@@ -174,8 +188,13 @@ func (s *Server) authorized(r *http.Request) bool {
 	if s.cfg.Authorize != nil {
 		return s.cfg.Authorize(r)
 	}
-	key := RequestKey(r)
-	return key != "" && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
+	return s.isKey(RequestKey(r))
+}
+
+// isKey tells whether key is the node's API key (or, on a node of a
+// cluster, the cluster secret).
+func (s *Server) isKey(key string) bool {
+	return key != "" && len(key) <= MaxKeyBytes && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
 }
 
 // RequestKey is the API key a request carries: X-API-Key (E2B's SDKs) or

@@ -80,11 +80,10 @@ func (s *Server) resumeBody(w http.ResponseWriter, r *http.Request) (time.Durati
 		return 0, false, err
 	}
 	reboot := req.Memory != nil && !*req.Memory
+	// E2B's minimum is 0; 0, like an absent timeout, resumes with the
+	// sandbox's own lifetime and never shortens a running one's.
 	if req.Timeout == nil {
 		return 0, reboot, nil
-	}
-	if *req.Timeout <= 0 {
-		return 0, false, badRequest("timeout must be a positive number of seconds")
 	}
 	timeout, err := sandboxTimeout(*req.Timeout, s.cfg.MaxSandboxTimeout)
 	return timeout, reboot, err

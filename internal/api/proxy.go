@@ -12,6 +12,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -20,7 +21,7 @@ import (
 const (
 	// HeaderSandboxID marks envd traffic and names its sandbox.
 	HeaderSandboxID   = "E2b-Sandbox-Id"
-	headerSandboxPort = "E2b-Sandbox-Port"
+	HeaderSandboxPort = "E2b-Sandbox-Port"
 )
 
 // IsEnvdTraffic tells envd requests from control-plane ones: the E2B SDK
@@ -36,8 +37,11 @@ func IsEnvdTraffic(r *http.Request) bool {
 
 type envdProxy struct {
 	sandboxes node.Node
-	logger    *slog.Logger
-	proxy     *httputil.ReverseProxy
+	// isKey tells the node's own credential (its API key, or a node's
+	// cluster secret) from anything else a client sends.
+	isKey  func(string) bool
+	logger *slog.Logger
+	proxy  *httputil.ReverseProxy
 }
 
 // proxyTarget is where a proxied request goes, and which sandbox port it
@@ -60,12 +64,14 @@ func targetOf(ctx context.Context) proxyTarget {
 	return t
 }
 
-func newEnvdProxy(sandboxes node.Node, logger *slog.Logger) *envdProxy {
-	p := &envdProxy{sandboxes: sandboxes, logger: logger}
+func newEnvdProxy(sandboxes node.Node, isKey func(string) bool, logger *slog.Logger) *envdProxy {
+	p := &envdProxy{sandboxes: sandboxes, isKey: isKey, logger: logger}
 	p.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = targetOf(pr.In.Context()).hostport
+			t := targetOf(pr.In.Context())
+			pr.Out.URL.Host = t.hostport
+			StripCredentials(pr.Out.Header, t.port, p.isKey)
 			pr.Out.Host = pr.In.Host // what the client asked for
 			if masked, ok := pr.In.Context().Value(maskedHostKey{}).(string); ok {
 				pr.Out.Header.Set("X-Forwarded-Host", pr.In.Host)
@@ -80,6 +86,28 @@ func newEnvdProxy(sandboxes node.Node, logger *slog.Logger) *envdProxy {
 	return p
 }
 
+// StripCredentials removes aenv's credentials from a request about to
+// enter a sandbox, whose code may be hostile: X-API-Key always (the user's
+// key, or on a node the cluster secret a gateway put there), and an
+// Authorization that isKey says is one of aenv's keys. envd's port keeps
+// only the Basic scheme (the user E2B's SDK names) and its own
+// X-Access-Token; other ports keep every other Authorization and all
+// cookies, which belong to the services running there.
+func StripCredentials(h http.Header, port int, isKey func(string) bool) {
+	h.Del("X-API-Key")
+	auth := h.Get("Authorization")
+	if auth == "" {
+		return
+	}
+	scheme, value, _ := strings.Cut(auth, " ")
+	switch {
+	case port == node.EnvdPort && !strings.EqualFold(scheme, "Basic"):
+		h.Del("Authorization")
+	case strings.EqualFold(scheme, "Bearer") && isKey != nil && isKey(strings.TrimSpace(value)):
+		h.Del("Authorization")
+	}
+}
+
 // upstreamError answers a request the sandbox did not take: E2B's "port is
 // not open" while the sandbox still runs, else its "sandbox not found".
 func (p *envdProxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
@@ -87,6 +115,10 @@ func (p *envdProxy) upstreamError(w http.ResponseWriter, r *http.Request, err er
 	p.logger.DebugContext(r.Context(), "envd proxy error", "sandbox", t.sandboxID, "port", t.port, "err", err)
 	if errors.Is(context.Cause(r.Context()), node.ErrStopped) {
 		WriteSandboxGone(w, t.sandboxID) // it stopped before answering
+		return
+	}
+	if cause := context.Cause(r.Context()); errors.Is(cause, node.ErrUnavailable) {
+		WriteErrorJSON(w, http.StatusServiceUnavailable, cause.Error()) // it stopped answering
 		return
 	}
 	if r.Context().Err() != nil {
@@ -111,11 +143,11 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	port := node.EnvdPort
-	if v := r.Header.Get(headerSandboxPort); v != "" {
+	if v := r.Header.Get(HeaderSandboxPort); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 65535 {
 			writeJSON(w, http.StatusBadRequest, map[string]any{"sandboxId": id, "code": http.StatusBadRequest,
-				"message": "invalid " + headerSandboxPort})
+				"message": "invalid " + HeaderSandboxPort})
 			return
 		}
 		port = n
@@ -209,8 +241,12 @@ func (p *envdProxy) sandboxForSignature(r *http.Request) (string, bool) {
 
 // SignedBy reports whether a signed file URL's signature was made with
 // this envd access token (a signed URL names no sandbox; a gateway finds
-// it among the cluster's tokens).
+// it among the cluster's tokens). A sandbox without a token (secure: false)
+// has no signed URLs: any signature "made" with no token would match it.
 func SignedBy(r *http.Request, token string) bool {
+	if token == "" {
+		return false
+	}
 	q := r.URL.Query()
 	op := "read"
 	if r.Method == http.MethodPost {
@@ -243,4 +279,30 @@ func writePortClosed(w http.ResponseWriter, id string, port int) {
 		"sandboxId": id, "message": "The sandbox is running but port is not open", "port": port,
 		"code": http.StatusBadGateway,
 	})
+}
+
+// signatureLen is the length of what fileSignature makes: "v1_" and the
+// unpadded base64 of a sha256.
+var signatureLen = len("v1_") + base64.RawStdEncoding.EncodedLen(sha256.Size)
+
+// SignaturePlausible reports whether a signed file URL can be valid at all,
+// from the URL alone: a signature of fileSignature's shape and an expiry,
+// if any, that is a number not yet past. A gateway refuses the rest
+// without looking for their signer in the database.
+func SignaturePlausible(r *http.Request, now time.Time) bool {
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if len(sig) != signatureLen || !strings.HasPrefix(sig, "v1_") {
+		return false
+	}
+	if _, err := base64.RawStdEncoding.DecodeString(sig[len("v1_"):]); err != nil {
+		return false
+	}
+	if exp := q.Get("signature_expiration"); exp != "" {
+		n, err := strconv.ParseInt(exp, 10, 64)
+		if err != nil || n < now.Unix() {
+			return false
+		}
+	}
+	return true
 }

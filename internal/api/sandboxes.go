@@ -31,6 +31,9 @@ type newSandboxRequest struct {
 	AutoResume *struct {
 		Enabled bool `json:"enabled"`
 	} `json:"autoResume"`
+	// Secure false (E2B's v1 create only; v2 always secures) leaves envd
+	// without an access token. Unlike E2B's v1, an absent field secures.
+	Secure *bool `json:"secure"`
 
 	// Egress policy, in E2B's spelling...
 	AllowInternetAccessE2B *bool        `json:"allow_internet_access"`
@@ -82,7 +85,7 @@ type sandboxJSON struct {
 	Alias              string  `json:"alias,omitempty"`
 	ClientID           string  `json:"clientID"`
 	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken"`
+	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"` // absent for secure: false
 	Domain             *string `json:"domain"`
 	TrafficAccessToken *string `json:"trafficAccessToken"`
 }
@@ -110,7 +113,7 @@ type listedSandboxJSON struct {
 // sandboxDetailJSON is E2B's SandboxDetail.
 type sandboxDetailJSON struct {
 	listedSandboxJSON
-	EnvdAccessToken     string        `json:"envdAccessToken"`
+	EnvdAccessToken     string        `json:"envdAccessToken,omitempty"`
 	AllowInternetAccess *bool         `json:"allowInternetAccess"`
 	Network             networkJSON   `json:"network"`
 	Domain              *string       `json:"domain"`
@@ -191,11 +194,15 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("autoPauseMemory applies only with autoPause")
 	}
 	private := req.Network != nil && req.Network.AllowPublicTraffic != nil && !*req.Network.AllowPublicTraffic
+	insecure := req.Secure != nil && !*req.Secure && !strings.HasPrefix(r.URL.Path, "/v2/")
+	if insecure && private {
+		return badRequest("a sandbox without public traffic (allowPublicTraffic false) needs secure envd access: drop secure: false")
+	}
 	sb, err := s.sandboxes.Create(r.Context(), node.CreateRequest{
 		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
 		AutoPauseDropMemory: dropMemory, AutoResume: autoResume,
-		Network: req.policy(), Private: private,
+		Network: req.policy(), Private: private, Insecure: insecure,
 	})
 	if err != nil {
 		return err
@@ -393,6 +400,9 @@ func parseTimeQuery(q url.Values, name string) (time.Time, error) {
 		return t, nil
 	}
 	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if n < 0 { // E2B's minimum is 0
+			return time.Time{}, badRequest(fmt.Sprintf("%s must not be negative Unix seconds", name))
+		}
 		return time.Unix(n, 0), nil
 	}
 	return time.Time{}, badRequest(fmt.Sprintf("%s must be an RFC 3339 timestamp or Unix seconds", name))

@@ -40,6 +40,12 @@ func runProcess(ctx context.Context, envd *envdclient.Client, spec envdclient.Pr
 		return 130, nil
 	}
 	if err != nil {
+		// At the process's deadline envd kills it and ends the stream
+		// with deadline_exceeded (as E2B's does), without an exit status:
+		// report the SIGKILL it was, as a shell would (128+9).
+		if connect.CodeOf(err) == connect.CodeDeadlineExceeded && spec.Timeout > 0 {
+			return 137, nil
+		}
 		return 0, envdError(err)
 	}
 	return exit.ShellCode(), nil

@@ -12,8 +12,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // fileEntry is the OpenAPI EntryInfo that POST /files returns.
@@ -61,7 +64,9 @@ func writeFilesError(w http.ResponseWriter, err error) {
 }
 
 // handleFilesGet serves GET /files: the raw bytes with an exact
-// Content-Length (0 for an empty file, which the SDK relies on).
+// Content-Length (0 for an empty file, which the SDK relies on), gzipped
+// when the client asks for it, and streamed without a length when the file's
+// size is unknown until read (procfs and sysfs files).
 func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 	if err := s.authorizeFiles(r, "read"); err != nil {
 		writeJSONError(w, http.StatusUnauthorized, err.Error())
@@ -93,15 +98,110 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s is a directory", path))
 		return
 	}
-	// ServeContent learns the size by seeking to the end, which some /proc
-	// and device files refuse; that is the request's problem, not a 500.
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
-		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s cannot be read as a file: %w", path, err))
+	sized := sizeKnown(f, info)
+	// ServeContent learns the size by seeking to the end, which some device
+	// files refuse; that is the request's problem, not a 500.
+	if !sized && !info.Mode().IsRegular() {
+		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s cannot be read as a file: it is not a regular file", path))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
-	http.ServeContent(w, r, "", info.ModTime(), f)
+	w.Header().Set("Vary", "Accept-Encoding")
+	// Ranges and conditional requests keep ServeContent's identity answers
+	// (206, 304): an encoding is only ever offered, never required.
+	conditional := r.Header.Get("Range") != "" || r.Header.Get("If-Range") != "" ||
+		r.Header.Get("If-Modified-Since") != "" || r.Header.Get("If-None-Match") != ""
+	switch {
+	case acceptsGzip(r.Header.Get("Accept-Encoding")) && !conditional:
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodHead {
+			return
+		}
+		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+		if _, err := io.Copy(gz, f); err != nil {
+			// The status is sent; a cut gzip stream tells the client.
+			s.log.Warn("file read cut short", "path", path, "err", err)
+			return
+		}
+		if err := gz.Close(); err != nil {
+			s.log.Warn("file read cut short", "path", path, "err", err)
+		}
+	case sized:
+		http.ServeContent(w, r, "", info.ModTime(), f)
+	default:
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodHead {
+			return
+		}
+		if _, err := io.Copy(w, f); err != nil {
+			s.log.Warn("file read cut short", "path", path, "err", err)
+		}
+	}
+}
+
+// sizeKnown reports whether stat's size is f's content length. procfs and
+// sysfs generate a file's content on read and report 0 or a page size for
+// it (gVisor's procfs also refuses to seek), so such files are streamed.
+func sizeKnown(f *os.File, info fs.FileInfo) bool {
+	if info.Mode().IsRegular() && generatedOnRead(f) {
+		return false
+	}
+	if _, err := f.Seek(0, io.SeekEnd); err != nil {
+		return false
+	}
+	_, err := f.Seek(0, io.SeekStart)
+	return err == nil
+}
+
+// generatedOnRead reports whether f lives on procfs or sysfs.
+func generatedOnRead(f *os.File) bool {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var st unix.Statfs_t
+	var statErr error
+	if err := rc.Control(func(fd uintptr) { statErr = unix.Fstatfs(int(fd), &st) }); err != nil || statErr != nil {
+		return false
+	}
+	return st.Type == unix.PROC_SUPER_MAGIC || st.Type == unix.SYSFS_MAGIC
+}
+
+// acceptsGzip reports whether an Accept-Encoding header prefers gzip to the
+// identity encoding: gzip (or "*") with a non-zero quality at least
+// identity's. Without the header, or with an unknown coding only, the
+// answer is identity.
+func acceptsGzip(header string) bool {
+	gzipQ, identityQ, anyQ := -1.0, -1.0, -1.0
+	for part := range strings.SplitSeq(header, ",") {
+		coding, params, _ := strings.Cut(part, ";")
+		q := 1.0
+		for param := range strings.SplitSeq(params, ";") {
+			if v, ok := strings.CutPrefix(strings.ToLower(strings.TrimSpace(param)), "q="); ok {
+				if parsed, err := strconv.ParseFloat(v, 64); err == nil {
+					q = parsed
+				}
+			}
+		}
+		switch strings.ToLower(strings.TrimSpace(coding)) {
+		case "gzip", "x-gzip":
+			gzipQ = q
+		case "identity":
+			identityQ = q
+		case "*":
+			anyQ = q
+		}
+	}
+	if gzipQ < 0 {
+		// "*" stands for gzip only when identity is refused outright.
+		if identityQ != 0 {
+			return false
+		}
+		gzipQ = anyQ
+	}
+	return gzipQ > 0 && gzipQ >= identityQ
 }
 
 // handleFilesPost serves POST /files, multipart or raw octet-stream.

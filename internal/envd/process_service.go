@@ -20,10 +20,6 @@ import (
 // defaultKeepalive applies when a stream has no Keepalive-Ping-Interval.
 const defaultKeepalive = 90 * time.Second
 
-// deadlineGrace bounds how long Start waits for the end event after its
-// deadline: the process is being killed at that same moment.
-const deadlineGrace = 5 * time.Second
-
 // processService implements process.Process.
 type processService struct {
 	processconnect.UnimplementedProcessHandler
@@ -61,7 +57,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	if err := send(start); err != nil {
 		return err
 	}
-	return streamEvents(ctx, sub, keepaliveInterval(req.Header().Get("Keepalive-Ping-Interval")), true, send)
+	return streamEvents(ctx, sub, keepaliveInterval(req.Header().Get("Keepalive-Ping-Interval")), send)
 }
 
 // Connect attaches to a running process. Earlier output is not replayed.
@@ -80,7 +76,7 @@ func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.C
 	if err := send(start); err != nil {
 		return err
 	}
-	return streamEvents(ctx, sub, keepaliveInterval(req.Header().Get("Keepalive-Ping-Interval")), false, send)
+	return streamEvents(ctx, sub, keepaliveInterval(req.Header().Get("Keepalive-Ping-Interval")), send)
 }
 
 // track registers p, arms its deadline kill, and reaps it in the background.
@@ -131,14 +127,13 @@ func (ps *processService) track(p *process, ctx context.Context) {
 }
 
 // streamEvents forwards a subscriber's events with keepalives until the end
-// event. When the call's deadline passes and waitOnDeadline is set (Start,
-// whose process is killed at that deadline), it still waits briefly for the
-// end event so the client learns how the process ended.
-func streamEvents(ctx context.Context, sub *subscriber, keepalive time.Duration, waitOnDeadline bool, send func(*pb.ProcessEvent) error) error {
+// event. When the call's deadline passes first it ends the stream with
+// Connect's deadline_exceeded, as E2B's envd does: the SDKs raise their
+// timeout error on that code, never on an end event. (For Start the
+// process is being killed at that same deadline; see track.)
+func streamEvents(ctx context.Context, sub *subscriber, keepalive time.Duration, send func(*pb.ProcessEvent) error) error {
 	ticker := time.NewTicker(keepalive)
 	defer ticker.Stop()
-	done := ctx.Done()
-	var grace <-chan time.Time
 	for {
 		select {
 		case ev := <-sub.events:
@@ -152,14 +147,11 @@ func streamEvents(ctx context.Context, sub *subscriber, keepalive time.Duration,
 			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}); err != nil {
 				return err
 			}
-		case <-done:
-			if !waitOnDeadline || !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return ctx.Err()
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the call's deadline passed"))
 			}
-			done = nil
-			grace = time.After(deadlineGrace)
-		case <-grace:
-			return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+			return ctx.Err()
 		}
 	}
 }

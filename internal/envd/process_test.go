@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,7 +117,9 @@ func TestStartFlushesAndKeepsAlive(t *testing.T) {
 }
 
 // TestConnectTimeoutKills checks Connect-Timeout-Ms is the process deadline
-// and the kill is reported like upstream's signal kill.
+// and that, as in E2B's envd, the stream then ends with Connect's
+// deadline_exceeded error rather than an end event: the Python SDK raises
+// its TimeoutException on that code only.
 func TestConnectTimeoutKills(t *testing.T) {
 	env := newTestEnv(t)
 	marker := filepath.Join(t.TempDir(), "survived")
@@ -126,24 +129,72 @@ func TestConnectTimeoutKills(t *testing.T) {
 		map[string]string{"Connect-Timeout-Ms": "500"})
 	frames := readAllFrames(t, resp.Body, 10*time.Second)
 	if elapsed := time.Since(began); elapsed > 2500*time.Millisecond {
-		t.Fatalf("stream took %v, want the kill at 500ms", elapsed)
+		t.Fatalf("stream took %v, want its end at 500ms", elapsed)
 	}
-	if len(frames) < 3 || frames[len(frames)-1].flags != 2 {
-		t.Fatalf("frames %v: want start, end, end-stream", frames)
+	if len(frames) < 2 {
+		t.Fatalf("frames %v: want start and end-stream", frames)
 	}
-	end := decodeEvent(t, frames[len(frames)-2]).Event.End
-	want := map[string]any{"exitCode": -1.0, "status": "signal: killed", "error": "signal: killed"}
-	for k, v := range want {
-		if end[k] != v {
-			t.Fatalf("end %v, want %v", end, want)
+	pid := decodeEvent(t, frames[0]).Event.Start.Pid
+	for _, f := range frames[1 : len(frames)-1] {
+		if decodeEvent(t, f).Event.End != nil {
+			t.Fatalf("frame %q: want no end event after the deadline", f.data)
 		}
 	}
-	if end["exited"] == true {
-		t.Fatalf("end %v: exited must be false", end)
-	}
-	time.Sleep(3 * time.Second)
+	wantDeadlineExceeded(t, frames[len(frames)-1])
+	waitGroupGone(t, pid, 10*time.Second)
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("the process group survived its deadline")
+	}
+}
+
+// TestConnectStreamDeadline checks a Connect stream whose own deadline
+// passes ends with deadline_exceeded and leaves the process running: only
+// Start's deadline is the process's.
+func TestConnectStreamDeadline(t *testing.T) {
+	env := newTestEnv(t)
+	_, pid := startAndCollect(t, env, connect.NewRequest(&pb.StartRequest{
+		Process: &pb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "sleep 60"}},
+	}))
+	t.Cleanup(func() { _ = syscall.Kill(-int(pid), syscall.SIGKILL) })
+	body := fmt.Sprintf(`{"process":{"pid":%d}}`, pid)
+	resp := rawStream(t, context.Background(), env.ts.URL+"/process.Process/Connect", body,
+		map[string]string{"Connect-Timeout-Ms": "500"})
+	frames := readAllFrames(t, resp.Body, 10*time.Second)
+	if len(frames) < 2 || decodeEvent(t, frames[0]).Event.Start == nil {
+		t.Fatalf("frames %v: want start and end-stream", frames)
+	}
+	wantDeadlineExceeded(t, frames[len(frames)-1])
+	if err := syscall.Kill(int(pid), 0); err != nil {
+		t.Fatalf("the process did not outlive the Connect stream's deadline: %v", err)
+	}
+}
+
+// wantDeadlineExceeded fails unless f is a Connect end-stream frame
+// carrying the deadline_exceeded error.
+func wantDeadlineExceeded(t *testing.T, f frame) {
+	t.Helper()
+	var end struct {
+		Error *struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(f.data, &end); err != nil || f.flags != 2 {
+		t.Fatalf("last frame flags %d data %q: want an end-stream frame", f.flags, f.data)
+	}
+	if end.Error == nil || end.Error.Code != "deadline_exceeded" {
+		t.Fatalf("end-stream frame %q: want error deadline_exceeded", f.data)
+	}
+}
+
+// waitGroupGone waits until process group pgid has no member left.
+func waitGroupGone(t *testing.T, pgid int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for syscall.Kill(-pgid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("process group %d still alive after %v", pgid, within)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

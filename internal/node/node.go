@@ -124,6 +124,9 @@ type CreateRequest struct {
 	Network    *store.NetworkPolicy // nil: default policy
 	// Private makes exposed ports require the traffic access token.
 	Private bool
+	// Insecure is E2B's secure: false: the sandbox gets no envd access
+	// token and its envd requires none.
+	Insecure bool
 }
 
 // PauseOptions change how a sandbox is paused.

@@ -75,6 +75,9 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 			if src.private {
 				child.TrafficToken = newAccessToken()
 			}
+			if src.tpl.EnvdToken == "" {
+				child.AccessToken = "" // the children of an insecure sandbox are insecure too
+			}
 			e, err := m.launch(ctx, child, src.tpl, image{dir: src.tpl.ImageDir, token: src.tpl.EnvdToken}, true)
 			if err != nil {
 				results[i].Err = err

@@ -107,25 +107,36 @@ func (c *Client) Health(ctx context.Context) error {
 
 // InitRequest is the body of POST /init.
 type InitRequest struct {
-	AccessToken    string
-	EnvVars        map[string]string
-	DefaultUser    string
-	DefaultWorkdir string
-	Nameservers    []string // written to /etc/resolv.conf when set
-	KillProcesses  bool     // end every process but envd (resume without memory)
+	AccessToken string
+	// ClearAccessToken removes envd's token (AccessToken is then
+	// ignored): envd requires none from then on.
+	ClearAccessToken bool
+	EnvVars          map[string]string
+	DefaultUser      string
+	DefaultWorkdir   string
+	Nameservers      []string // written to /etc/resolv.conf when set
+	KillProcesses    bool     // end every process but envd (resume without memory)
 }
 
 // Init configures envd, authenticating with the client's current token.
 // When req sets a new token, the client uses it from then on.
 func (c *Client) Init(ctx context.Context, req InitRequest) error {
+	// A token that is absent is kept; an empty one is removed.
+	var token *string
+	switch {
+	case req.ClearAccessToken:
+		token = new(string)
+	case req.AccessToken != "":
+		token = &req.AccessToken
+	}
 	body := struct {
-		AccessToken    string            `json:"accessToken,omitempty"`
+		AccessToken    *string           `json:"accessToken,omitempty"`
 		EnvVars        map[string]string `json:"envVars,omitempty"`
 		DefaultUser    string            `json:"defaultUser,omitempty"`
 		DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
 		Nameservers    []string          `json:"nameservers,omitempty"`
 		KillProcesses  bool              `json:"killProcesses,omitempty"`
-	}{req.AccessToken, req.EnvVars, req.DefaultUser, req.DefaultWorkdir, req.Nameservers, req.KillProcesses}
+	}{token, req.EnvVars, req.DefaultUser, req.DefaultWorkdir, req.Nameservers, req.KillProcesses}
 	data, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("envd init: %w", err)
@@ -136,9 +147,9 @@ func (c *Client) Init(ctx context.Context, req InitRequest) error {
 		return fmt.Errorf("envd init: %w", err)
 	}
 	resp.Body.Close()
-	if req.AccessToken != "" {
+	if token != nil {
 		c.mu.Lock()
-		c.token = req.AccessToken
+		c.token = *token
 		c.mu.Unlock()
 	}
 	return nil

@@ -75,6 +75,7 @@ func TestRun(t *testing.T) {
 		{name: "cwd", req: client.RunRequest{Command: "pwd", Cwd: dir}, stdout: dir + "\n"},
 		{name: "missing command", req: client.RunRequest{Command: "definitely-not-a-command-xyz"}, wantCode: 127},
 		{name: "timeout", req: client.RunRequest{Command: "sleep 20", Timeout: 500 * time.Millisecond}, wantCode: -1, timedOut: true},
+		{name: "timeout keeps earlier output", req: client.RunRequest{Command: "echo before; sleep 20", Timeout: 1500 * time.Millisecond}, wantCode: -1, stdout: "before\n", timedOut: true},
 		{name: "truncated", req: client.RunRequest{Command: "head -c 5000 /dev/zero | tr '\\0' a", MaxOutputBytes: 1000}, stdout: strings.Repeat("a", 1000), trunc: true},
 	}
 	for _, tt := range tests {
@@ -143,6 +144,18 @@ func TestInitRekeyAndErrors(t *testing.T) {
 	}
 	if _, err := forked.Run(ctx, client.RunRequest{Command: "true", Cwd: "/no/such/dir"}); !errors.Is(err, client.ErrInvalidArgument) {
 		t.Fatalf("missing cwd: %v", err)
+	}
+	// Clearing the token (a secure: false sandbox restored from a secure
+	// one's image) leaves envd open to calls without one.
+	if err := forked.Init(ctx, client.InitRequest{ClearAccessToken: true}); err != nil {
+		t.Fatal(err)
+	}
+	anyone := client.New(ts.URL, ts.Client(), "")
+	if _, err := anyone.Run(ctx, client.RunRequest{Command: "true"}); err != nil {
+		t.Fatalf("run without a token after clearing it: %v", err)
+	}
+	if _, err := forked.Run(ctx, client.RunRequest{Command: "true"}); err != nil {
+		t.Fatalf("run by the clearing client: %v", err)
 	}
 }
 
