@@ -9,6 +9,7 @@ import (
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
 // errorBody is the control plane's error shape everywhere; the E2B SDK
@@ -50,6 +51,9 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, err.Error()
 	case errors.Is(err, node.ErrUnavailable):
 		return http.StatusServiceUnavailable, err.Error()
+	case errors.Is(err, store.ErrUnavailable):
+		// The database's own text names hosts and sockets: not for clients.
+		return http.StatusServiceUnavailable, "the database is unavailable; try again shortly"
 	case errors.Is(err, node.ErrInsufficientStorage):
 		return http.StatusInsufficientStorage, err.Error()
 	case errors.Is(err, node.ErrNotSupported):

@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -151,7 +154,9 @@ func (a *app) clusterStatusCommand() *cobra.Command {
 		Short: "Show the nodes of a cluster, their capacity, use and health",
 		Long: `List the nodes behind a gateway: ID, address, state (ready, draining or
 unreachable), sandboxes held and starting against the node's limit, memory
-given to sandboxes against its budget, and the age of its last heartbeat.`,
+given to sandboxes against its budget, and the age of its last heartbeat.
+Against a single server (or one node), it says so and shows that server's
+own capacity and use.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			asJSON, err := out.json()
@@ -163,6 +168,9 @@ given to sandboxes against its budget, and the age of its last heartbeat.`,
 				return err
 			}
 			nodes, err := c.ClusterNodes(cmd.Context())
+			if notGateway(err) {
+				nodes, err = a.thisNode(cmd.Context(), c)
+			}
 			if err != nil {
 				return err
 			}
@@ -185,4 +193,27 @@ given to sandboxes against its budget, and the age of its last heartbeat.`,
 	addServerFlags(cmd, &f)
 	addOutputFlag(cmd, &out)
 	return cmd
+}
+
+// notGateway reports whether err is the answer of a server that is not a
+// gateway to GET /cluster/nodes: it has no such endpoint.
+func notGateway(err error) bool {
+	var apiErr *client.APIError
+	return errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound
+}
+
+// thisNode is the status of a single server (or of one node, asked
+// directly): said on stderr, so that -o json stays a list of nodes.
+func (a *app) thisNode(ctx context.Context, c *client.Client) ([]client.Node, error) {
+	n, err := c.ThisNode(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a cluster gateway (no GET /cluster/nodes) and does not report its own capacity: %w",
+			c.URL(), err)
+	}
+	what := "a single aenv server"
+	if n.Cluster {
+		what = "one node of a cluster"
+	}
+	fmt.Fprintf(a.stderr, "%s is %s, not a cluster gateway; showing its own capacity and use\n", c.URL(), what)
+	return []client.Node{n}, nil
 }

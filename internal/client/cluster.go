@@ -25,7 +25,10 @@ type Node struct {
 		Starting  int `json:"starting"`
 		MemoryMB  int `json:"memoryMB"`
 	} `json:"use"`
-	Raw json.RawMessage `json:"-"`
+	// Cluster is set by GET /node on a node of a cluster (false on a
+	// single server).
+	Cluster bool            `json:"cluster"`
+	Raw     json.RawMessage `json:"-"`
 }
 
 // ClusterNodes lists the nodes of the cluster behind a gateway.
@@ -61,4 +64,19 @@ func (c *Client) DrainNode(ctx context.Context, id string, drain bool) error {
 	}
 	_, err := c.DoJSON(ctx, http.MethodPost, "/cluster/nodes/"+url.PathEscape(id)+"/"+verb, nil, nil, nil)
 	return err
+}
+
+// ThisNode describes the server at the client's URL itself (GET /node):
+// a single server or one node of a cluster, in the shape of a Node.
+func (c *Client) ThisNode(ctx context.Context) (Node, error) {
+	var raw json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodGet, "/node", nil, nil, &raw); err != nil {
+		return Node{}, err
+	}
+	var n Node
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return Node{}, err
+	}
+	n.Raw = raw
+	return n, nil
 }

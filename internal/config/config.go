@@ -144,7 +144,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.EnvdPath, "envd", "path of the static envd binary (default: next to aenv, else $PATH)")
 	str(&c.Platform, "platform", "gVisor platform: auto (kvm if it works here, else systrap), systrap or kvm")
 	boolean(&c.RunscDebug, "runsc-debug", "keep runsc debug logs per sandbox")
-	str(&c.SandboxCIDR, "sandbox-cidr", "address range of sandbox network slots (a /30 each)")
+	str(&c.SandboxCIDR, "sandbox-cidr", "address range of sandbox network slots (a /30 each); refused at start if it overlaps an address or route of the host or another aenv server's range")
 	str(&c.NetPrefix, "net-prefix", "name prefix of the network namespaces, veths and firewall table the server owns")
 	num(&c.WarmSlots, "warm-slots", "network slots kept ready ahead of demand")
 	num(&c.DefaultTimeoutSecs, "default-timeout-secs", "sandbox lifetime when create gives none")

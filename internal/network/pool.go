@@ -98,6 +98,11 @@ func (p *Pool) Start(ctx context.Context, inUse []int) error {
 	if err != nil {
 		return fmt.Errorf("start network pool: %w", err)
 	}
+	// After our own leftovers are gone, so that only the slots kept for adopted
+	// sandboxes remain of ours, and before the firewall claims the range.
+	if err := checkHostRange(p.cfg); err != nil {
+		return fmt.Errorf("start network pool: %w", err)
+	}
 	if err := p.setUpHost(ctx, keep); err != nil {
 		return fmt.Errorf("start network pool: %w", err)
 	}

@@ -48,8 +48,10 @@ func testPrefix(t *testing.T) string {
 	return string(b)
 }
 
-// nextTestSubnet walks the /20s of 10.200.0.0/13 from a random start, so tests in one
-// run never share addresses.
+// nextTestSubnet walks the /20s of 10.64.0.0/13 from a random start, so tests in one
+// run never share addresses. The range is one no other tier uses (integration
+// servers take 10.200-249, the E2B and Python suites 10.100-249), so that a
+// pool here is never refused for overlapping a server running beside it.
 var nextTestSubnet atomic.Int64
 
 func init() {
@@ -60,10 +62,10 @@ func init() {
 	nextTestSubnet.Store(r.Int64())
 }
 
-// testCIDR returns a fresh prefix of the given size (at most a /20) inside 10.200.0.0/13.
+// testCIDR returns a fresh prefix of the given size (at most a /20) inside 10.64.0.0/13.
 func testCIDR(bits int) netip.Prefix {
 	n := nextTestSubnet.Add(1) % 128 // 128 /20s in a /13
-	base := uint32(10)<<24 | uint32(200)<<16 + uint32(n)<<12
+	base := uint32(10)<<24 | uint32(64)<<16 + uint32(n)<<12
 	return netip.PrefixFrom(addrFromUint32(base), bits)
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/node"
 )
 
@@ -46,4 +47,16 @@ func diskFull(err error) bool {
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "no space left on device") || strings.Contains(msg, "disk is full")
+}
+
+// envdRefusedServer wraps a failed call the server makes to envd on its own
+// behalf (init, re-keying): envd refusing the server's credentials is a
+// fault of the server or the host, most likely another server's sandbox at
+// this address (overlapping --sandbox-cidr), never the client's. The
+// unauthenticated kind is dropped so that the API answers 500, not 401.
+func envdRefusedServer(what string, err error) error {
+	if errors.Is(err, envdclient.ErrUnauthenticated) {
+		return fmt.Errorf("%s: envd refused this server's own credentials (another server's sandbox at this address?): %v", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }

@@ -111,14 +111,49 @@ func (m *Manager) Pause(ctx context.Context, id string, opts node.PauseOptions) 
 	defer e.mu.Unlock()
 	opCtx, done := e.opContext(ctx)
 	defer done()
+	before := e.view().sb
 	if err := m.pauseLocked(opCtx, e, "was paused"); err != nil {
 		return err
 	}
 	if opts.ToDisk || opts.DropMemory {
-		// On failure the sandbox stays paused in memory, whole.
-		return m.spillLocked(opCtx, e, opts.DropMemory)
+		if err := m.spillLocked(opCtx, e, opts.DropMemory); err != nil {
+			// One outcome for a failed call: the sandbox as it was.
+			return m.unpauseLocked(opCtx, e, before, err)
+		}
 	}
 	return nil
+}
+
+// unpauseLocked puts e, paused in memory by a pause to disk that then failed
+// with cause, back to running with its record as before, and returns cause
+// saying where the sandbox is: running, or (should that fail too) paused in
+// memory, whole and resumable.
+func (m *Manager) unpauseLocked(ctx context.Context, e *entry, before *store.Sandbox, cause error) error {
+	// The call may have been cut; the sandbox must still be put back.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundOpTimeout)
+	defer cancel()
+	v := e.view()
+	if v.phase != phasePaused {
+		return fmt.Errorf("%w; the sandbox is %s", cause, v.phase)
+	}
+	if err := m.driver.Resume(ctx, e.id); err != nil {
+		m.logger.ErrorContext(ctx, "resume after failed pause to disk", "sandbox", e.id, "err", err)
+		return fmt.Errorf("%w; the sandbox stays paused in memory (resume it to continue)", cause)
+	}
+	restored := cloneSandbox(before)
+	restored.UpdatedAt = time.Now().UTC()
+	if err := m.store.UpdateSandbox(ctx, restored); err != nil {
+		// The record says paused: pause the instance again so they agree.
+		m.logger.ErrorContext(ctx, "record running after failed pause to disk", "sandbox", e.id, "err", err)
+		if err := m.driver.Pause(ctx, e.id); err != nil {
+			m.logger.ErrorContext(ctx, "pause again after failed record", "sandbox", e.id, "err", err)
+		}
+		return fmt.Errorf("%w; the sandbox stays paused in memory (resume it to continue)", cause)
+	}
+	e.publish(&view{sb: restored, phase: phaseRunning, slot: v.slot, envd: v.envd, run: newRunScope()}, nil)
+	m.armTimer(e)
+	m.logger.InfoContext(ctx, "sandbox running again after failed pause to disk", "sandbox", e.id, "err", cause)
+	return fmt.Errorf("%w; the sandbox was not paused and is still running", cause)
 }
 
 func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
@@ -206,7 +241,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 		updated.RebootOnResume = false // booted afresh: nothing to end
 	} else if reboot || v.sb.RebootOnResume {
 		if err := envd.Init(opCtx, envdclient.InitRequest{KillProcesses: true}); err != nil {
-			return nil, false, fmt.Errorf("resume %s without memory: %w", id, err)
+			return nil, false, envdRefusedServer("resume "+id+" without memory", err)
 		}
 		updated.RebootOnResume = false
 	}
@@ -225,6 +260,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 	}
 	e.publish(&view{sb: updated, phase: phaseRunning, slot: slot, envd: envd, run: newRunScope()}, nil)
 	m.armTimer(e)
+	m.watch(e)
 	m.logger.InfoContext(ctx, "sandbox resumed", "sandbox", id)
 	return cloneSandbox(updated), true, nil
 }

@@ -18,6 +18,11 @@ var ErrNotFound = errors.New("not found")
 // ErrConflict is returned when a record with the same key or name exists.
 var ErrConflict = errors.New("already exists")
 
+// ErrUnavailable is returned when the database cannot be reached (refused or
+// broken connections, timeouts): the call may succeed later, and clients are
+// told to retry rather than that the server failed.
+var ErrUnavailable = errors.New("database unavailable")
+
 // SandboxState is the lifecycle state of a sandbox record.
 type SandboxState string
 

@@ -473,6 +473,22 @@ func TestClusterGatewayAndDatabaseFailure(t *testing.T) {
 	c.pg.Stop(t)
 	// Routed calls need no database: the route is cached.
 	g2.echo(t, id, "database-down")
+	// Calls that read or write a record answer 503 saying why, never 500:
+	// the gateway's own reads, and a node's pause (routed from the cache).
+	for _, call := range []struct{ method, path string }{
+		{http.MethodGet, "/sandboxes/" + id},
+		{http.MethodGet, "/v2/sandboxes"},
+		{http.MethodGet, "/sandboxes"},
+		{http.MethodPost, "/sandboxes/" + id + "/pause"},
+	} {
+		r := g2.doNoFail(call.method, call.path, nil)
+		if r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "database is unavailable") {
+			t.Errorf("%s %s with the database down: %d %s, want 503 saying the database is unavailable",
+				call.method, call.path, r.status, truncate(r.body))
+		}
+	}
+	// The failed pause left the sandbox as it was: running.
+	g2.echo(t, id, "pause-refused")
 	c.pg.Start(t)
 	var second string
 	waitFor(t, time.Minute, "creates work again after the database restart", func() bool {

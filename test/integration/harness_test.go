@@ -115,9 +115,7 @@ func newServer(t testing.TB, extra ...string) *server {
 		prefix:  "it" + randomLetters(3),
 		extra:   extra,
 	}
-	b := make([]byte, 1)
-	rand.Read(b)
-	s.cidr = fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, int(b[0]))
+	s.cidr = randomCIDR()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +131,35 @@ func newServer(t testing.TB, extra ...string) *server {
 	return s
 }
 
+// randomCIDR picks one of 12,800 /24s in 10.200.0.0-10.249.255.0 for a
+// server's sandboxes; start picks again should it overlap another's.
+func randomCIDR() string {
+	b := make([]byte, 2)
+	rand.Read(b)
+	return fmt.Sprintf("10.%d.%d.0/24", 200+int(b[0])%50, int(b[1]))
+}
+
+// rangeConflict is how a server refuses a --sandbox-cidr that overlaps
+// another server's range or the host's addresses (network.ErrRangeConflict).
+const rangeConflict = "sandbox range conflicts with the host's network"
+
+// start launches the server and waits until it is healthy. Should its
+// random range collide with a concurrent server's (which it refuses,
+// naming the conflict), it starts again on another range.
 func (s *server) start() {
+	s.t.Helper()
+	for attempt := 1; ; attempt++ {
+		if s.startOnce(attempt < 5) {
+			return
+		}
+		s.t.Logf("sandbox range %s is taken on this host; trying another", s.cidr)
+		s.cidr = randomCIDR()
+	}
+}
+
+// startOnce launches the server; with retryConflict it returns false,
+// instead of failing the test, when the server refuses its range.
+func (s *server) startOnce(retryConflict bool) bool {
 	s.t.Helper()
 	args := []string{"server", "--api-key", apiKey}
 	if s.cluster != nil {
@@ -164,6 +190,10 @@ func (s *server) start() {
 	for time.Now().Before(deadline) {
 		select {
 		case <-exited:
+			if retryConflict && strings.Contains(s.logs.String(), rangeConflict) {
+				s.cmd = nil
+				return false
+			}
 			s.t.Fatalf("server exited during start:\n%s", s.logs.String())
 		default:
 		}
@@ -172,12 +202,13 @@ func (s *server) start() {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				s.cmd.Process.Signal(syscall.Signal(0))
-				return
+				return true
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	s.t.Fatalf("server did not become healthy:\n%s", s.logs.String())
+	return false
 }
 
 // stop ends the server with sig and waits for it.

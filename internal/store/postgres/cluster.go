@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -67,7 +66,7 @@ func (s *Store) RegisterNode(ctx context.Context, n Node) error {
 		n.ID, n.Address, n.Version, n.StartedAt.UnixNano(), n.Capacity.MaxSandboxes, n.Capacity.MemoryMB,
 		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB, n.SharedImages)
 	if err != nil {
-		return fmt.Errorf("register node %s: %w", n.ID, err)
+		return dbError("register node %s: %w", n.ID, err)
 	}
 	return nil
 }
@@ -80,10 +79,10 @@ func (s *Store) Heartbeat(ctx context.Context, id string, use NodeUse) (draining
 		memory_used_mb = $4 WHERE id = $1 RETURNING draining`,
 		id, use.Sandboxes, use.Starting, use.MemoryUsedMB).Scan(&draining)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, fmt.Errorf("heartbeat of node %s: %w", id, store.ErrNotFound)
+		return false, dbError("heartbeat of node %s: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return false, fmt.Errorf("heartbeat of node %s: %w", id, err)
+		return false, dbError("heartbeat of node %s: %w", id, err)
 	}
 	return draining, nil
 }
@@ -95,7 +94,7 @@ const nodeColumns = `id, address, draining, version, started_at, ` + dbNow + ` -
 func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, dbError("list nodes: %w", err)
 	}
 	defer rows.Close()
 	var out []Node
@@ -105,14 +104,14 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 		if err := rows.Scan(&n.ID, &n.Address, &n.Draining, &n.Version, &started, &age,
 			&n.Capacity.MaxSandboxes, &n.Capacity.MemoryMB, &n.Capacity.VCPUs,
 			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB, &n.SharedImages); err != nil {
-			return nil, fmt.Errorf("list nodes: %w", err)
+			return nil, dbError("list nodes: %w", err)
 		}
 		n.StartedAt = time.Unix(0, started).UTC()
 		n.HeartbeatAge = time.Duration(age)
 		out = append(out, n)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, dbError("list nodes: %w", err)
 	}
 	return out, nil
 }
@@ -121,7 +120,7 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 func (s *Store) SetDraining(ctx context.Context, id string, draining bool) error {
 	tag, err := s.pool.Exec(ctx, `UPDATE nodes SET draining = $2 WHERE id = $1`, id, draining)
 	if err != nil {
-		return fmt.Errorf("drain node %s: %w", id, err)
+		return dbError("drain node %s: %w", id, err)
 	}
 	return expectOneRow(tag, "drain node "+id)
 }
@@ -132,17 +131,21 @@ func (s *Store) SetDraining(ctx context.Context, id string, draining bool) error
 // and every other node can still use them.
 func (s *Store) RemoveNode(ctx context.Context, id string) error {
 	if id == "" {
-		return fmt.Errorf("remove node: %w", store.ErrNotFound)
+		return dbError("remove node: %w", store.ErrNotFound)
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		for _, q := range []string{`DELETE FROM sandboxes WHERE node_id = $1`,
 			`DELETE FROM templates WHERE node_id = $1 AND upload_state <> 'uploaded'`, `DELETE FROM nodes WHERE id = $1`} {
 			if _, err := tx.Exec(ctx, q, id); err != nil {
-				return fmt.Errorf("remove node %s: %w", id, err)
+				return err // wrapped below
 			}
 		}
 		return nil
 	})
+	if err != nil {
+		return dbError("remove node %s: %w", id, err)
+	}
+	return nil
 }
 
 // SandboxNode returns the node holding sandbox id: what a gateway routes
@@ -151,10 +154,10 @@ func (s *Store) SandboxNode(ctx context.Context, id string) (string, error) {
 	var node string
 	err := s.pool.QueryRow(ctx, `SELECT node_id FROM sandboxes WHERE id = $1`, id).Scan(&node)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+		return "", dbError("sandbox %s: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return "", fmt.Errorf("sandbox %s: %w", id, err)
+		return "", dbError("sandbox %s: %w", id, err)
 	}
 	return node, nil
 }
@@ -165,19 +168,19 @@ func (s *Store) TemplateCopies(ctx context.Context, idOrName string) ([]*store.T
 	rows, err := s.pool.Query(ctx, `SELECT `+templateColumns+` FROM templates WHERE id = $1 OR name = $1
 		ORDER BY created_at, id`, idOrName)
 	if err != nil {
-		return nil, fmt.Errorf("template %s: %w", idOrName, err)
+		return nil, dbError("template %s: %w", idOrName, err)
 	}
 	defer rows.Close()
 	var out []*store.Template
 	for rows.Next() {
 		t, err := scanTemplate(rows)
 		if err != nil {
-			return nil, fmt.Errorf("template %s: %w", idOrName, err)
+			return nil, dbError("template %s: %w", idOrName, err)
 		}
 		out = append(out, t)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("template %s: %w", idOrName, err)
+		return nil, dbError("template %s: %w", idOrName, err)
 	}
 	return out, nil
 }
@@ -187,7 +190,7 @@ func (s *Store) AddAPIKey(ctx context.Context, key string) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (key_sha256, created_at) VALUES ($1, $2)
 		ON CONFLICT (key_sha256) DO NOTHING`, keyDigest(key), time.Now().UnixNano())
 	if err != nil {
-		return fmt.Errorf("add API key: %w", err)
+		return dbError("add API key: %w", err)
 	}
 	return nil
 }
@@ -200,7 +203,7 @@ func (s *Store) APIKeyValid(ctx context.Context, key string) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("check API key: %w", err)
+		return false, dbError("check API key: %w", err)
 	}
 	return true, nil
 }
@@ -209,7 +212,7 @@ func (s *Store) APIKeyValid(ctx context.Context, key string) (bool, error) {
 func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
 	var n int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM api_keys`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count API keys: %w", err)
+		return 0, dbError("count API keys: %w", err)
 	}
 	return n, nil
 }
@@ -232,18 +235,18 @@ func (s *Store) ClusterSecret(ctx context.Context, want string) (string, error) 
 	if proposed == "" {
 		buf := make([]byte, 32)
 		if _, err := rand.Read(buf); err != nil {
-			return "", fmt.Errorf("cluster secret: %w", err)
+			return "", dbError("cluster secret: %w", err)
 		}
 		proposed = "aenv_cluster_" + hex.EncodeToString(buf)
 	}
 	if _, err := s.pool.Exec(ctx, `INSERT INTO cluster_settings (name, value) VALUES ('cluster_secret', $1)
 		ON CONFLICT (name) DO NOTHING`, proposed); err != nil {
-		return "", fmt.Errorf("cluster secret: %w", err)
+		return "", dbError("cluster secret: %w", err)
 	}
 	var secret string
 	if err := s.pool.QueryRow(ctx, `SELECT value FROM cluster_settings WHERE name = 'cluster_secret'`).
 		Scan(&secret); err != nil {
-		return "", fmt.Errorf("cluster secret: %w", err)
+		return "", dbError("cluster secret: %w", err)
 	}
 	if want != "" && secret != want {
 		return "", ErrSecretMismatch
@@ -261,7 +264,7 @@ func (s *Store) MoveBuildNode(ctx context.Context, name, node string) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO build_routes (template_name, node_id) VALUES ($1, $2)
 		ON CONFLICT (template_name) DO UPDATE SET node_id = excluded.node_id`, name, node)
 	if err != nil {
-		return fmt.Errorf("build route of %s: %w", name, err)
+		return dbError("build route of %s: %w", name, err)
 	}
 	return nil
 }
@@ -272,10 +275,10 @@ func (s *Store) BuildNode(ctx context.Context, name string) (string, error) {
 	var node string
 	err := s.pool.QueryRow(ctx, `SELECT node_id FROM build_routes WHERE template_name = $1`, name).Scan(&node)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("build of template %s: %w", name, store.ErrNotFound)
+		return "", dbError("build of template %s: %w", name, store.ErrNotFound)
 	}
 	if err != nil {
-		return "", fmt.Errorf("build of template %s: %w", name, err)
+		return "", dbError("build of template %s: %w", name, err)
 	}
 	return node, nil
 }
@@ -291,7 +294,7 @@ func (s *Store) RunningTokens(ctx context.Context) ([]SandboxToken, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, access_token FROM sandboxes WHERE state = $1`,
 		string(store.StateRunning))
 	if err != nil {
-		return nil, fmt.Errorf("sandbox tokens: %w", err)
+		return nil, dbError("sandbox tokens: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SandboxToken, error) {
 		var t SandboxToken
@@ -299,7 +302,7 @@ func (s *Store) RunningTokens(ctx context.Context) ([]SandboxToken, error) {
 		return t, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("sandbox tokens: %w", err)
+		return nil, dbError("sandbox tokens: %w", err)
 	}
 	return out, nil
 }
@@ -323,10 +326,10 @@ func (s *Store) OrphanSandbox(ctx context.Context, id string, silentFor time.Dur
 	sb, err := scanSandbox(s.pool.QueryRow(ctx, `SELECT `+sandboxSelect+` FROM sandboxes WHERE `+orphanWhere,
 		id, s.node, silentFor.Nanoseconds()))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("sandbox %s paused to disk on a silent node: %w", id, store.ErrNotFound)
+		return nil, dbError("sandbox %s paused to disk on a silent node: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
+		return nil, dbError("sandbox %s: %w", id, err)
 	}
 	return sb, nil
 }
@@ -337,10 +340,10 @@ func (s *Store) ClaimSandbox(ctx context.Context, id, imageDir string, silentFor
 	sb, err := scanSandbox(s.pool.QueryRow(ctx, `UPDATE sandboxes SET node_id = $2, image_dir = $4, slot_index = -1
 		WHERE `+orphanWhere+` RETURNING `+sandboxSelect, id, s.node, silentFor.Nanoseconds(), imageDir))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("claim sandbox %s: %w", id, store.ErrNotFound)
+		return nil, dbError("claim sandbox %s: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("claim sandbox %s: %w", id, err)
+		return nil, dbError("claim sandbox %s: %w", id, err)
 	}
 	return sb, nil
 }

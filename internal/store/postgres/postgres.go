@@ -11,7 +11,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -47,16 +46,16 @@ func Open(ctx context.Context, connString string) (*Store, error) {
 func OpenNode(ctx context.Context, connString, nodeID string) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
+		return nil, dbError("postgres: %w", err)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
+		return nil, dbError("postgres: %w", err)
 	}
 	s := &Store{pool: pool, node: nodeID}
 	if err := s.migrate(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("postgres: %w", err)
+		return nil, dbError("postgres: %w", err)
 	}
 	return s, nil
 }
@@ -85,9 +84,9 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		$18::jsonb, $19, $20, $21, $22, $23)`, append(args, s.node)...)
 	if err != nil {
 		if isUniqueViolation(err) {
-			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
+			return dbError("create sandbox %s: %w", sb.ID, store.ErrConflict)
 		}
-		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+		return dbError("create sandbox %s: %w", sb.ID, err)
 	}
 	return nil
 }
@@ -106,7 +105,7 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		WHERE id = $1 AND ($23 = '' OR node_id = $23)`,
 		append(args, s.node)...)
 	if err != nil {
-		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+		return dbError("update sandbox %s: %w", sb.ID, err)
 	}
 	return expectOneRow(tag, "update sandbox "+sb.ID)
 }
@@ -115,7 +114,7 @@ func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.Upl
 	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET image_upload = $2
 		WHERE id = $1 AND image_dir <> '' AND ($3 = '' OR node_id = $3)`, id, string(state), s.node)
 	if err != nil {
-		return fmt.Errorf("record image upload of sandbox %s: %w", id, err)
+		return dbError("record image upload of sandbox %s: %w", id, err)
 	}
 	return expectOneRow(tag, "record image upload of sandbox "+id)
 }
@@ -125,10 +124,10 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, erro
 		id, s.node)
 	sb, err := scanSandbox(row)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+		return nil, dbError("sandbox %s: %w", id, store.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+		return nil, dbError("get sandbox %s: %w", id, err)
 	}
 	return sb, nil
 }
@@ -156,7 +155,7 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 		// Containment of a flat object of strings: every pair matches.
 		md, err := json.Marshal(f.Metadata)
 		if err != nil {
-			return nil, fmt.Errorf("list sandboxes: metadata filter: %w", err)
+			return nil, dbError("list sandboxes: metadata filter: %w", err)
 		}
 		where = append(where, "metadata @> "+arg(string(md))+"::jsonb")
 	}
@@ -174,19 +173,19 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 	query += " ORDER BY started_at DESC, id"
 	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
+		return nil, dbError("list sandboxes: %w", err)
 	}
 	defer rows.Close()
 	var out []*store.Sandbox
 	for rows.Next() {
 		sb, err := scanSandbox(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list sandboxes: %w", err)
+			return nil, dbError("list sandboxes: %w", err)
 		}
 		out = append(out, sb)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
+		return nil, dbError("list sandboxes: %w", err)
 	}
 	return out, nil
 }
@@ -194,7 +193,7 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	tag, err := s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
 	if err != nil {
-		return fmt.Errorf("delete sandbox %s: %w", id, err)
+		return dbError("delete sandbox %s: %w", id, err)
 	}
 	return expectOneRow(tag, "delete sandbox "+id)
 }
@@ -205,11 +204,11 @@ const templateColumns = `id, name, rootfs_path, default_user, default_workdir, e
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
 	if err != nil {
-		return fmt.Errorf("put template %s: %w", t.ID, err)
+		return dbError("put template %s: %w", t.ID, err)
 	}
 	envVars, err := json.Marshal(nonNil(t.EnvVars))
 	if err != nil {
-		return fmt.Errorf("put template %s: %w", t.ID, err)
+		return dbError("put template %s: %w", t.ID, err)
 	}
 	kind := t.Kind
 	if kind == "" {
@@ -229,9 +228,9 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		t.RootfsID, string(t.Upload), t.UploadError)
 	if err != nil {
 		if isUniqueViolation(err) {
-			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
+			return dbError("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
 		}
-		return fmt.Errorf("put template %s: %w", t.ID, err)
+		return dbError("put template %s: %w", t.ID, err)
 	}
 	return nil
 }
@@ -240,7 +239,7 @@ func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.Up
 	tag, err := s.pool.Exec(ctx, `UPDATE templates SET upload_state = $2, upload_error = $3
 		WHERE id = $1 AND ($4 = '' OR node_id = $4)`, id, string(state), msg, s.node)
 	if err != nil {
-		return fmt.Errorf("record upload of template %s: %w", id, err)
+		return dbError("record upload of template %s: %w", id, err)
 	}
 	return expectOneRow(tag, "record upload of template "+id)
 }
@@ -254,10 +253,10 @@ func (s *Store) SharedTemplate(ctx context.Context, idOrName string) (*store.Tem
 		ORDER BY id = $1 DESC, created_at DESC, id LIMIT 1`, idOrName, string(store.UploadUploaded))
 	t, err := scanTemplate(row)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("shared template %s: %w", idOrName, store.ErrNotFound)
+		return nil, dbError("shared template %s: %w", idOrName, store.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("shared template %s: %w", idOrName, err)
+		return nil, dbError("shared template %s: %w", idOrName, err)
 	}
 	return t, nil
 }
@@ -270,10 +269,10 @@ func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Templa
 		ORDER BY id = $1 DESC, created_at, id LIMIT 1`, idOrName, s.node)
 	t, err := scanTemplate(row)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("template %s: %w", idOrName, store.ErrNotFound)
+		return nil, dbError("template %s: %w", idOrName, store.ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("get template %s: %w", idOrName, err)
+		return nil, dbError("get template %s: %w", idOrName, err)
 	}
 	return t, nil
 }
@@ -287,19 +286,19 @@ func (s *Store) listTemplates(ctx context.Context, node string) ([]*store.Templa
 	rows, err := s.pool.Query(ctx, `SELECT `+templateColumns+` FROM templates WHERE ($1 = '' OR node_id = $1)
 		ORDER BY created_at, id`, node)
 	if err != nil {
-		return nil, fmt.Errorf("list templates: %w", err)
+		return nil, dbError("list templates: %w", err)
 	}
 	defer rows.Close()
 	var out []*store.Template
 	for rows.Next() {
 		t, err := scanTemplate(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list templates: %w", err)
+			return nil, dbError("list templates: %w", err)
 		}
 		out = append(out, t)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list templates: %w", err)
+		return nil, dbError("list templates: %w", err)
 	}
 	return out, nil
 }
@@ -307,7 +306,7 @@ func (s *Store) listTemplates(ctx context.Context, node string) ([]*store.Templa
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
 	tag, err := s.pool.Exec(ctx, `DELETE FROM templates WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
 	if err != nil {
-		return fmt.Errorf("delete template %s: %w", id, err)
+		return dbError("delete template %s: %w", id, err)
 	}
 	return expectOneRow(tag, "delete template "+id)
 }
@@ -319,17 +318,17 @@ func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
 func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 	metadata, err := json.Marshal(nonNil(sb.Metadata))
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+		return nil, dbError("sandbox %s metadata: %w", sb.ID, err)
 	}
 	env, err := json.Marshal(nonNil(sb.EnvVars))
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
+		return nil, dbError("sandbox %s env: %w", sb.ID, err)
 	}
 	var network *string // NULL: the default policy
 	if sb.Network != nil {
 		b, err := json.Marshal(sb.Network)
 		if err != nil {
-			return nil, fmt.Errorf("sandbox %s network: %w", sb.ID, err)
+			return nil, dbError("sandbox %s network: %w", sb.ID, err)
 		}
 		n := string(b)
 		network = &n
@@ -358,15 +357,15 @@ func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 	sb.EndAt = time.Unix(0, end).UTC()
 	sb.UpdatedAt = time.Unix(0, updated).UTC()
 	if err := json.Unmarshal(metadata, &sb.Metadata); err != nil {
-		return nil, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
+		return nil, dbError("sandbox %s metadata: %w", sb.ID, err)
 	}
 	if err := json.Unmarshal(env, &sb.EnvVars); err != nil {
-		return nil, fmt.Errorf("sandbox %s env: %w", sb.ID, err)
+		return nil, dbError("sandbox %s env: %w", sb.ID, err)
 	}
 	if network != nil {
 		sb.Network = &store.NetworkPolicy{}
 		if err := json.Unmarshal(network, sb.Network); err != nil {
-			return nil, fmt.Errorf("sandbox %s network: %w", sb.ID, err)
+			return nil, dbError("sandbox %s network: %w", sb.ID, err)
 		}
 	}
 	return &sb, nil
@@ -386,10 +385,10 @@ func scanTemplate(r pgx.Row) (*store.Template, error) {
 	t.Kind = store.TemplateKind(kind)
 	t.Upload = store.UploadState(upload)
 	if err := json.Unmarshal(env, &t.Env); err != nil {
-		return nil, fmt.Errorf("template %s env: %w", t.ID, err)
+		return nil, dbError("template %s env: %w", t.ID, err)
 	}
 	if err := json.Unmarshal(envVars, &t.EnvVars); err != nil {
-		return nil, fmt.Errorf("template %s env vars: %w", t.ID, err)
+		return nil, dbError("template %s env vars: %w", t.ID, err)
 	}
 	return &t, nil
 }
@@ -403,7 +402,7 @@ func nonNil(m map[string]string) map[string]string {
 
 func expectOneRow(tag pgconn.CommandTag, op string) error {
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%s: %w", op, store.ErrNotFound)
+		return dbError("%s: %w", op, store.ErrNotFound)
 	}
 	return nil
 }

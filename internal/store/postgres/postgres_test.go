@@ -184,6 +184,29 @@ func TestRecovers(t *testing.T) {
 				!strings.HasPrefix(err.Error(), "create sandbox sb2: ") {
 				t.Errorf("create while the server is down: %v", err)
 			}
+			// Every kind of call says the database is away (the API
+			// answers 503), not that it failed.
+			for what, err := range map[string]error{
+				"get":    err,
+				"create": s.CreateSandbox(ctx, &store.Sandbox{ID: "sb2"}),
+				"update": s.UpdateSandbox(ctx, &store.Sandbox{ID: "sb1", State: store.StatePaused}),
+				"list": func() error {
+					_, err := s.ListSandboxes(ctx, store.SandboxFilter{})
+					return err
+				}(),
+				"route": func() error {
+					_, err := s.SandboxNode(ctx, "sb1")
+					return err
+				}(),
+				"heartbeat": func() error {
+					_, err := s.Heartbeat(ctx, "node-1", NodeUse{})
+					return err
+				}(),
+			} {
+				if !errors.Is(err, store.ErrUnavailable) {
+					t.Errorf("%s while the server is down: %v, want store.ErrUnavailable", what, err)
+				}
+			}
 			srv.Start(t)
 		}},
 		{"backend terminated", func(t *testing.T, srv *pgtest.Server, s *Store) {
@@ -228,6 +251,9 @@ func TestRecovers(t *testing.T) {
 				}
 				if errors.Is(err, store.ErrNotFound) {
 					t.Fatalf("get after the drop: %v", err)
+				}
+				if !errors.Is(err, store.ErrUnavailable) {
+					t.Errorf("get after the drop: %v, want store.ErrUnavailable", err)
 				}
 				failures = append(failures, err)
 				if time.Since(start) > bound {

@@ -1,0 +1,45 @@
+package server
+
+import (
+	goruntime "runtime"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/cluster"
+	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/meminfo"
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/sandbox"
+)
+
+// nodeInfo reports the node's capacity and use for GET /node. A single
+// server has no limits of its own: its capacity is the machine's memory
+// and CPUs, with no bound on the count.
+func nodeInfo(cfg config.Server, member *clusterMember, sandboxes *sandbox.Manager, served node.Node) func() api.NodeInfo {
+	started := time.Now().UTC()
+	memMB := 0
+	if total, err := meminfo.Read("MemTotal"); err == nil {
+		memMB = int(total >> 20)
+	}
+	info := api.NodeInfo{ID: member.nodeID(), Address: cfg.Listen, StartedAt: started,
+		Capacity: api.NodeCapacity{MemoryMB: memMB, VCPUs: goruntime.NumCPU()}}
+	if member != nil {
+		info.Cluster = true
+		info.Version = member.cfg.Version
+		info.Capacity.MaxSandboxes = member.cfg.MaxSandboxes
+		info.Capacity.MemoryMB = memMB * member.cfg.MaxMemoryPercent / 100
+		if addr, err := advertiseAddress(member.cfg.Advertise, cfg.Listen); err == nil {
+			info.Address = addr
+		}
+	}
+	return func() api.NodeInfo {
+		out := info
+		out.State = "ready"
+		if a, ok := served.(*cluster.Admission); ok && a.Draining() {
+			out.State = "draining"
+		}
+		u := sandboxes.Use()
+		out.Use = api.NodeUse{Sandboxes: u.Sandboxes, Starting: u.Starting, MemoryMB: u.MemoryMB}
+		return out
+	}
+}
