@@ -227,9 +227,10 @@ func (s *Server) reachEnvd(r *http.Request) (*node.Target, error) {
 }
 
 // callError is err, or the reason the call was cut when its sandbox
-// stopped meanwhile (killed, paused, expired or died).
+// stopped meanwhile (killed, paused, expired or died) or stopped
+// answering.
 func callError(target *node.Target, err error) error {
-	if cause := context.Cause(target.Ctx); errors.Is(cause, node.ErrStopped) {
+	if cause := context.Cause(target.Ctx); errors.Is(cause, node.ErrStopped) || errors.Is(cause, node.ErrUnavailable) {
 		return cause
 	}
 	return err

@@ -291,6 +291,25 @@ type Preparer interface {
 	Foreground(ctx context.Context, id string) error
 }
 
+// Unfreezer is implemented by drivers whose pause can be cut short
+// between stopping the sandbox and recording it (a kill of the runtime's
+// command at that moment), leaving a sandbox recorded running whose
+// processes are all stopped.
+type Unfreezer interface {
+	// Unfreeze resumes sandbox id if it is recorded running while stopped,
+	// and reports whether it did. It never disturbs a sandbox that runs.
+	Unfreeze(ctx context.Context, id string) (bool, error)
+}
+
+// Watcher is implemented by drivers that can tell at once that a
+// sandbox's process ended, so that calls into a sandbox that dies on its
+// own end without waiting for a poll.
+type Watcher interface {
+	// Exited returns a channel closed when the process holding sandbox id
+	// ends, or when ctx ends. ErrNotFound when there is no such process.
+	Exited(ctx context.Context, id string) (<-chan struct{}, error)
+}
+
 // ValidateID checks that id is a sandbox ID: 20 characters of [a-z0-9].
 // Drivers use IDs in file and cgroup names, so they must check them.
 func ValidateID(id string) error {

@@ -94,9 +94,18 @@ type instance struct {
 	prepared bool
 	// background: made with Spec.Background and not yet given Foreground.
 	background bool
+	// frozen: recorded running, but nothing in it runs (a pause cut
+	// short): envd never answers until Unfreeze.
+	frozen bool
+	// exited is closed when the instance stops or is killed, for Exited.
+	exited chan struct{}
 }
 
-var _ runtime.Preparer = (*fakeDriver)(nil)
+var (
+	_ runtime.Preparer  = (*fakeDriver)(nil)
+	_ runtime.Unfreezer = (*fakeDriver)(nil)
+	_ runtime.Watcher   = (*fakeDriver)(nil)
+)
 
 // fakeDriver is a runtime.Driver in memory. Checkpoint writes the envd
 // token into the image so that Restore continues with it, as a real
@@ -147,8 +156,47 @@ func (d *fakeDriver) Kill(ctx context.Context, id string) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if in, ok := d.inst[id]; ok && in.exited != nil {
+		close(in.exited)
+	}
 	delete(d.inst, id)
 	return nil
+}
+
+// Exited closes its channel when instance id dies (die) or is killed.
+func (d *fakeDriver) Exited(ctx context.Context, id string) (<-chan struct{}, error) {
+	d.mu.Lock()
+	in, ok := d.inst[id]
+	if !ok || in.state == runtime.StateStopped {
+		d.mu.Unlock()
+		return nil, runtime.ErrNotFound
+	}
+	if in.exited == nil {
+		in.exited = make(chan struct{})
+	}
+	ch := in.exited
+	d.mu.Unlock()
+	out := make(chan struct{})
+	go func() {
+		defer close(out)
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	}()
+	return out, nil
+}
+
+// die stops instance id on its own, as an out-of-memory kill would.
+func (d *fakeDriver) die(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := d.inst[id]
+	in.state = runtime.StateStopped
+	if in.exited != nil {
+		close(in.exited)
+		in.exited = nil
+	}
 }
 
 func (d *fakeDriver) State(ctx context.Context, id string) (runtime.State, error) {
@@ -357,6 +405,28 @@ func (d *fakeDriver) state(id string) runtime.State {
 	return ""
 }
 
+// Unfreeze resumes a frozen instance.
+func (d *fakeDriver) Unfreeze(ctx context.Context, id string) (bool, error) {
+	if err := d.faults.check(ctx, "unfreeze", id); err != nil {
+		return false, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in, ok := d.inst[id]
+	if !ok || !in.frozen {
+		return false, nil
+	}
+	in.frozen = false
+	return true, nil
+}
+
+// freeze makes instance id frozen (see instance.frozen).
+func (d *fakeDriver) freeze(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.inst[id].frozen = true
+}
+
 // serveEnvd answers envd's /health and /init for instance id, as the real
 // envd does: /init needs the current token once one is set.
 func (d *fakeDriver) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
@@ -365,6 +435,15 @@ func (d *fakeDriver) serveEnvd(w http.ResponseWriter, r *http.Request, id string
 	d.mu.Unlock()
 	if !ok || in.state != runtime.StateRunning {
 		http.Error(w, "no route to host", http.StatusBadGateway)
+		return
+	}
+	d.mu.Lock()
+	frozen := in.frozen
+	d.mu.Unlock()
+	if frozen {
+		// No answer until the caller gives up.
+		<-r.Context().Done()
+		http.Error(w, "no answer", http.StatusGatewayTimeout)
 		return
 	}
 	switch r.URL.Path {
@@ -388,11 +467,11 @@ func (d *fakeDriver) serveEnvd(w http.ResponseWriter, r *http.Request, id string
 			return
 		}
 		var body struct {
-			AccessToken string `json:"accessToken"`
+			AccessToken *string `json:"accessToken"` // "" removes the token
 		}
 		json.NewDecoder(r.Body).Decode(&body)
-		if body.AccessToken != "" {
-			in.token = body.AccessToken
+		if body.AccessToken != nil {
+			in.token = *body.AccessToken
 		}
 		in.inits++
 		w.WriteHeader(http.StatusNoContent)
@@ -667,14 +746,20 @@ func (w *world) stop() {
 	w.m = nil
 }
 
-// crash drops the manager without a shutdown, as kill -9 would (its
-// goroutines are cancelled but nothing is cleaned up), and starts anew.
-func (w *world) crash() {
+// halt stops the manager's goroutines (monitor, watches, timers) as
+// the first moment of a kill -9 does; crash completes it.
+func (w *world) halt() {
 	w.m.mu.Lock()
 	w.m.closed = true
 	w.m.mu.Unlock()
 	w.m.cancel()
 	w.m.owned.Wait()
+}
+
+// crash drops the manager without a shutdown, as kill -9 would (its
+// goroutines are cancelled but nothing is cleaned up), and starts anew.
+func (w *world) crash() {
+	w.halt()
 	w.m = nil
 	w.slots.mu.Lock()
 	w.slots.held = map[int]bool{} // the kernel's slots outlive the process; Start is told which are in use

@@ -281,13 +281,14 @@ func TestPauseWithoutMemory(t *testing.T) {
 	if imgs := w.images(); len(imgs) != 0 {
 		t.Fatalf("image kept after resume: %v", imgs)
 	}
-	// A failed export leaves it paused in memory, whole.
+	// A failed export leaves it as it was: running (see
+	// TestFailedPauseToDiskLeavesSandboxRunning).
 	sb2 := w.create()
 	w.faults.set("export", errInjected)
 	if err := w.m.Pause(ctx, sb2.ID, node.PauseOptions{DropMemory: true}); !errors.Is(err, errInjected) {
 		t.Fatalf("pause with a failing export: %v", err)
 	}
-	if w.driver.state(sb2.ID) != runtime.StatePaused || w.record(sb2.ID).ImageDir != "" {
+	if w.driver.state(sb2.ID) != runtime.StateRunning || w.record(sb2.ID).ImageDir != "" {
 		t.Fatalf("after a failed export: instance %s, record %+v", w.driver.state(sb2.ID), w.record(sb2.ID))
 	}
 }
@@ -772,6 +773,41 @@ func TestDeadline(t *testing.T) {
 			t.Fatalf("resume: %v %v %+v", err, was, got)
 		}
 	})
+	// E2B's setTimeout accepts 0: the deadline is now, and the sandbox
+	// meets it as it would any other (killed, or paused with autoPause).
+	t.Run("timeout 0 kills at once", func(t *testing.T) {
+		w := newWorld(t)
+		sb, err := w.m.Create(context.Background(), node.CreateRequest{Timeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.m.SetTimeout(context.Background(), sb.ID, 0); err != nil {
+			t.Fatalf("set timeout 0: %v", err)
+		}
+		waitFor(t, func() bool { return w.m.LiveCount() == 0 && w.record(sb.ID) == nil })
+	})
+	t.Run("timeout 0 pauses at once with autopause", func(t *testing.T) {
+		w := newWorld(t)
+		sb, err := w.m.Create(context.Background(), node.CreateRequest{Timeout: time.Hour, AutoPause: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.m.SetTimeout(context.Background(), sb.ID, 0); err != nil {
+			t.Fatalf("set timeout 0: %v", err)
+		}
+		waitFor(t, func() bool { return w.record(sb.ID).State == store.StatePaused })
+		// The lifetime a resume without a timeout gets is kept.
+		if got := w.record(sb.ID).TimeoutSecs; got != 3600 {
+			t.Fatalf("TimeoutSecs %d after timeout 0, want 3600 kept", got)
+		}
+	})
+	t.Run("negative timeout is refused", func(t *testing.T) {
+		w := newWorld(t)
+		sb := w.create()
+		if err := w.m.SetTimeout(context.Background(), sb.ID, -time.Second); !errors.Is(err, node.ErrInvalid) {
+			t.Fatalf("set timeout -1s: %v, want ErrInvalid", err)
+		}
+	})
 	t.Run("failing kill backs off", func(t *testing.T) {
 		w := newWorld(t)
 		sb := w.create()
@@ -837,7 +873,9 @@ func TestReconcile(t *testing.T) {
 	spilled := w.create()
 	pause(w, spilled.ID)
 	// The spill's checkpoint completed, the instance was stopped, and the
-	// process died before the record said so.
+	// process died before the record said so (and before its monitor saw
+	// the instance exit).
+	w.halt()
 	if err := w.m.checkpoint(ctx, spilled.ID, w.m.pauseImageDir(spilled.ID), false); err != nil {
 		t.Fatal(err)
 	}
@@ -876,5 +914,61 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 10 s")
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestInsecureSandbox checks E2B's secure: false: no token in the record,
+// none in envd, even when restored from a secure sandbox's snapshot, and
+// none in its fork children; a secure sandbox from an insecure one's
+// snapshot gets one.
+func TestInsecureSandbox(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	envdToken := func(id string) string {
+		w.driver.mu.Lock()
+		defer w.driver.mu.Unlock()
+		return w.driver.inst[id].token
+	}
+	secure := w.create()
+	if secure.AccessToken == "" || envdToken(secure.ID) != secure.AccessToken {
+		t.Fatalf("secure sandbox: record token %q, envd token %q", secure.AccessToken, envdToken(secure.ID))
+	}
+	snap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: secure.ID, Kind: store.KindSnapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tpl := range []string{"", snap.ID} {
+		sb, err := w.m.Create(ctx, node.CreateRequest{Template: tpl, Timeout: time.Minute, Insecure: true})
+		if err != nil {
+			t.Fatalf("create insecure from %q: %v", tpl, err)
+		}
+		if sb.AccessToken != "" || envdToken(sb.ID) != "" {
+			t.Fatalf("insecure sandbox from %q: record token %q, envd token %q", tpl, sb.AccessToken, envdToken(sb.ID))
+		}
+		if id, ok := w.m.SandboxByToken(func(token string) bool { return token == "" }); ok && id == sb.ID {
+			t.Fatalf("a signed URL routed to insecure sandbox %s", sb.ID)
+		}
+	}
+	insecure, err := w.m.Create(ctx, node.CreateRequest{Timeout: time.Minute, Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	results, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: insecure.ID, Count: 1})
+	if err != nil || len(results) != 1 || results[0].Err != nil {
+		t.Fatalf("fork: %v %+v", err, results)
+	}
+	if child := results[0].Sandbox; child.AccessToken != "" || envdToken(child.ID) != "" {
+		t.Fatalf("child of an insecure sandbox: record token %q, envd token %q", child.AccessToken, envdToken(child.ID))
+	}
+	insecureSnap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: insecure.ID, Kind: store.KindSnapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := w.m.Create(ctx, node.CreateRequest{Template: insecureSnap.ID, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.AccessToken == "" || envdToken(sb.ID) != sb.AccessToken {
+		t.Fatalf("secure sandbox from an insecure snapshot: record token %q, envd token %q", sb.AccessToken, envdToken(sb.ID))
 	}
 }

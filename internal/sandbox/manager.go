@@ -375,6 +375,9 @@ func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sa
 		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
 		TimeoutSecs: int(req.Timeout.Seconds()), Network: req.Network,
 	}
+	if req.Insecure {
+		sb.AccessToken = ""
+	}
 	if req.Private {
 		sb.TrafficToken = newAccessToken()
 	}
@@ -515,6 +518,7 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 		e.mu.Lock()
 		m.armTimer(e)
 		e.mu.Unlock()
+		m.watch(e)
 	}
 	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", img.dir != "",
 		"prepared", ps != nil, "took", time.Since(start).Round(time.Millisecond))
@@ -537,6 +541,7 @@ func (m *Manager) finish(ctx context.Context, e *entry) error {
 	}
 	e.publish(&view{sb: sb, phase: phaseRunning, slot: v.slot, envd: v.envd, run: newRunScope()}, nil)
 	m.armTimer(e)
+	m.watch(e)
 	return nil
 }
 
@@ -579,12 +584,15 @@ func (m *Manager) hidden(id string) bool {
 // vars, default user and resolvers.
 func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *store.Sandbox, tpl *store.Template) error {
 	err := envd.Init(ctx, envdclient.InitRequest{
-		AccessToken: sb.AccessToken, EnvVars: mergeEnv(tpl.Env, sb.EnvVars),
+		// An insecure sandbox restored from a secure one's image must
+		// drop the token that image's envd still holds.
+		AccessToken: sb.AccessToken, ClearAccessToken: sb.AccessToken == "",
+		EnvVars:     mergeEnv(tpl.Env, sb.EnvVars),
 		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
 		Nameservers: m.nameservers(),
 	})
 	if err != nil {
-		return fmt.Errorf("init envd: %w", err)
+		return envdRefusedServer("init envd", err)
 	}
 	return nil
 }
@@ -803,6 +811,11 @@ func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 // markDead records that a sandbox ended on its own and frees what it held;
 // e.mu must be held.
 func (m *Manager) markDead(ctx context.Context, e *entry, reason string) {
+	// Its calls in flight learn it at once, not after the removal of its
+	// remains (hundreds of milliseconds of runsc).
+	if run := e.view().run; run != nil {
+		run.stop(stoppedError(e.id, "died: "+reason))
+	}
 	if err := m.release(ctx, e, "died: "+reason); err != nil {
 		m.logger.ErrorContext(ctx, "release dead sandbox", "sandbox", e.id, "err", err)
 		return
@@ -819,10 +832,12 @@ func (m *Manager) markDead(ctx context.Context, e *entry, reason string) {
 	m.logger.WarnContext(ctx, "sandbox died", "sandbox", e.id, "reason", reason)
 }
 
-// SetTimeout moves a sandbox's deadline to now+d (it may shorten it).
+// SetTimeout moves a sandbox's deadline to now+d (it may shorten it). As
+// in E2B, d = 0 is a deadline of now: the sandbox is killed, or paused with
+// autoPause, at once.
 func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) error {
-	if d <= 0 || d > m.cfg.MaxTimeout {
-		return fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
+	if d < 0 || d > m.cfg.MaxTimeout {
+		return fmt.Errorf("%w: timeout must be between 0 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
 	}
 	e, err := m.lock(ctx, id, opSetTimeout)
 	if err != nil {
@@ -832,7 +847,10 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	v := e.view()
 	updated := cloneSandbox(v.sb)
 	updated.EndAt = time.Now().UTC().Add(d)
-	updated.TimeoutSecs = int(d.Seconds())
+	if d > 0 {
+		// A deadline of now is no lifetime for a later resume to reuse.
+		updated.TimeoutSecs = int(d.Seconds())
+	}
 	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
 		return storeError("record timeout", err)
@@ -861,8 +879,13 @@ func (m *Manager) Reach(ctx context.Context, id string, port int) (*node.Target,
 	default:
 		return nil, fmt.Errorf("%w: sandbox %s is %s", node.ErrConflict, id, v.phase)
 	}
+	if silent := e.silent.Load(); silent != nil {
+		return nil, *silent
+	}
 	callCtx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(v.run.ctx, func() { cancel(context.Cause(v.run.ctx)) })
+	stopRun := context.AfterFunc(v.run.ctx, func() { cancel(context.Cause(v.run.ctx)) })
+	forget := e.calls.add(cancel)
+	stop := func() { stopRun(); forget() }
 	mask := ""
 	if v.sb.Network != nil {
 		mask = v.sb.Network.MaskRequestHost
@@ -879,7 +902,9 @@ func (m *Manager) Reach(ctx context.Context, id string, port int) (*node.Target,
 // sandbox ID.
 func (m *Manager) SandboxByToken(check func(token string) bool) (string, bool) {
 	for _, e := range m.entries() {
-		if v := e.view(); v.phase == phaseRunning && check(v.sb.AccessToken) {
+		// A sandbox without a token (secure: false) has no signed URLs:
+		// every signature would match it, and they name no sandbox.
+		if v := e.view(); v.phase == phaseRunning && v.sb.AccessToken != "" && check(v.sb.AccessToken) {
 			return e.id, true
 		}
 	}

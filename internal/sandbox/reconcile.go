@@ -72,6 +72,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.collectImages(ctx, keepImages); err != nil {
 		return fmt.Errorf("reconcile: images: %w", err)
 	}
+	var entries []*entry
 	for _, sb := range adopted {
 		v := &view{sb: sb, phase: phaseOnDisk}
 		if sb.ImageDir == "" {
@@ -87,10 +88,14 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 		}
 		e := newEntry(v)
+		entries = append(entries, e)
 		m.register(e)
 		e.mu.Lock()
 		m.armTimer(e)
 		e.mu.Unlock()
+		if v.slot != nil {
+			m.watch(e)
+		}
 		m.logger.InfoContext(ctx, "reconcile: adopted sandbox", "sandbox", sb.ID, "state", sb.State,
 			"on_disk", sb.ImageDir != "", "endAt", sb.EndAt)
 		if sb.ImageDir != "" && sb.ImageUpload != store.UploadUploaded {
@@ -99,6 +104,8 @@ func (m *Manager) Start(ctx context.Context) error {
 			m.uploadPaused(ctx, sb)
 		}
 	}
+
+	m.checkAdopted(ctx, entries)
 
 	m.monitorDone = make(chan struct{})
 	if !m.goOwned(m.monitor) {
@@ -152,6 +159,79 @@ func (m *Manager) reconcileRecord(ctx context.Context, sb *store.Sandbox, instan
 	}
 	m.logger.WarnContext(ctx, "reconcile: sandbox gone", "sandbox", sb.ID)
 	return false, nil
+}
+
+// adoptProbeTimeout bounds the first look at the envd of a sandbox
+// adopted as running. A healthy one answers in milliseconds; one that does
+// not is only examined further (see checkRunning), so the bound need not
+// allow for the slowest machine.
+const adoptProbeTimeout = 2 * time.Second
+
+// adoptCheckParallel is how many adopted sandboxes are checked at once.
+const adoptCheckParallel = 8
+
+// checkAdopted makes sure that every sandbox adopted as running runs: a
+// kill -9 can cut the runtime's pause between stopping the sandbox and
+// recording it, leaving one recorded running in which every call would
+// wait. It returns once each is answering, repaired or marked dead.
+func (m *Manager) checkAdopted(ctx context.Context, entries []*entry) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, adoptCheckParallel)
+	for _, e := range entries {
+		if e.view().phase != phaseRunning {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			m.checkRunning(ctx, e)
+		})
+	}
+	wg.Wait()
+}
+
+// checkRunning probes the envd of adopted sandbox e; if it does not
+// answer, the runtime is asked to resume a sandbox stopped behind its back
+// (runtime.Unfreezer). One the runtime finds running is kept (a slow
+// machine, not a frozen sandbox); one that stays silent after all is
+// marked dead and removed, so that its state is told, not a hang.
+func (m *Manager) checkRunning(ctx context.Context, e *entry) {
+	v := e.view()
+	err := m.probe(ctx, v.envd, adoptProbeTimeout)
+	if err == nil {
+		return
+	}
+	m.logger.WarnContext(ctx, "reconcile: adopted sandbox does not answer", "sandbox", e.id, "err", err)
+	reason := "sandbox did not answer after a server restart"
+	if u, ok := m.driver.(runtime.Unfreezer); ok {
+		resumed, err := u.Unfreeze(ctx, e.id)
+		switch {
+		case err != nil:
+			m.logger.ErrorContext(ctx, "reconcile: unfreeze", "sandbox", e.id, "err", err)
+		case !resumed:
+			m.logger.WarnContext(ctx, "reconcile: the runtime says the sandbox runs; keeping it", "sandbox", e.id)
+			return
+		default:
+			if err := m.probe(ctx, v.envd, m.cfg.ReadyTimeout); err == nil {
+				m.logger.WarnContext(ctx, "reconcile: resumed a sandbox left stopped by a pause cut short", "sandbox", e.id)
+				return
+			}
+			reason = "sandbox was left stopped by a pause cut short and did not answer once resumed"
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if v := e.view(); v.phase != phaseRunning {
+		return
+	}
+	m.markDead(ctx, e, reason)
+}
+
+// probe waits, within timeout, for envd to answer its health check.
+func (m *Manager) probe(ctx context.Context, envd *envdclient.Client, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return m.waitReady(ctx, envd)
 }
 
 // collectImages removes checkpoint images no template or sandbox refers
@@ -213,6 +293,12 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	for _, e := range m.entries() {
 		if v := e.view(); v.slot != nil && (v.phase == phaseRunning || v.phase == phasePaused) {
 			watched = append(watched, e)
+			// Sandboxes that came up since the last tick (or whose
+			// instance the runtime could not watch then).
+			m.watch(e)
+			if v.phase == phaseRunning {
+				m.checkAnswers(e)
+			}
 		}
 	}
 	if len(watched) == 0 {
@@ -240,6 +326,37 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	// lock a long operation holds, does not delay the others' verdicts.
 	for _, e := range suspects {
 		m.goOwned(func(ctx context.Context) { m.checkOne(ctx, e) })
+	}
+}
+
+// watch checks sandbox e the moment its instance exits, when the runtime
+// can tell (runtime.Watcher), so that calls in flight into a sandbox that
+// dies on its own end at once rather than at the monitor's next poll,
+// which remains the fallback. At most one watch per sandbox runs; it ends
+// with the instance, and the monitor starts one for the next instance.
+func (m *Manager) watch(e *entry) {
+	w, ok := m.driver.(runtime.Watcher)
+	if !ok || !e.watching.CompareAndSwap(false, true) {
+		return
+	}
+	if !m.goOwned(func(ctx context.Context) {
+		defer e.watching.Store(false)
+		exited, err := w.Exited(ctx, e.id)
+		if errors.Is(err, runtime.ErrNotFound) {
+			// Gone before it could be watched.
+			m.checkOne(ctx, e)
+			return
+		}
+		if err != nil {
+			m.logger.DebugContext(ctx, "monitor: cannot watch sandbox; polling it", "sandbox", e.id, "err", err)
+			return
+		}
+		<-exited
+		if ctx.Err() == nil {
+			m.checkOne(ctx, e)
+		}
+	}) {
+		e.watching.Store(false)
 	}
 }
 

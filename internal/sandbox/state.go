@@ -135,6 +135,15 @@ type entry struct {
 	retry time.Duration
 	// checking is set while the monitor asks the runtime about it.
 	checking atomic.Bool
+	// watching is set while a goroutine waits for its instance to exit
+	// (see Manager.watch).
+	watching atomic.Bool
+	// calls are the calls in flight into the sandbox (Reach); silent is
+	// set, with the reason, while its envd does not answer (see
+	// Manager.checkAnswers), and probing while that is being checked.
+	calls   callSet
+	silent  atomic.Pointer[error]
+	probing atomic.Bool
 
 	// ops ends the runtime calls of operations in progress, so that a kill
 	// need not wait for a hung one. Replaced after each kill attempt.

@@ -51,6 +51,9 @@ func RunNode(ctx context.Context, cfg config.Server, cl config.Cluster, logger *
 	if err := cl.Validate(); err != nil {
 		return err
 	}
+	for _, w := range cl.Warnings() {
+		logger.WarnContext(ctx, w)
+	}
 	if cfg.APIKey != "" {
 		return errors.New("aenv node takes no --api-key: nodes accept only the cluster secret (--cluster-secret), " +
 			"and users' API keys live in the cluster's database, where gateways check them (aenv gateway --api-key)")
@@ -232,6 +235,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Usage:              usageHistory,
 		Builds:             builds,
 		NodeID:             member.nodeID(),
+		NodeInfo:           nodeInfo(cfg, member, sandboxes, served),
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, handler, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), logger)

@@ -10,7 +10,9 @@
 //
 //	runsc/             runsc --root: per sandbox <id>_sandbox:<id>.state and
 //	                   .lock, runsc-<id>.sock; the shared null-netns mount
-//	sandboxes/<id>/    OCI bundle: config.json, runsc.log, console.log, debug/
+//	sandboxes/<id>/    OCI bundle: config.json, runsc.log, console.log, debug/;
+//	                   runsc-state.json, the driver's copy of runsc's state
+//	                   file, to rebuild it from when a killed runsc cut it
 //	kvm-probe/         only while New probes the kvm platform (Platform "auto")
 //
 // and each sandbox has the cgroup <CgroupParent>/<id> in every hierarchy,
@@ -72,7 +74,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Driver, error) {
 		return nil, fmt.Errorf("new gvisor driver: %w", err)
 	}
 	d.cgroups = cg
-	d.killStrayCommands(ctx)
+	d.endStrayCommands(ctx, strayCommandWait)
+	d.repairStates(ctx)
 	if d.platform, err = d.choosePlatform(ctx); err != nil {
 		return nil, fmt.Errorf("new gvisor driver: %w", err)
 	}

@@ -31,6 +31,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 		d.removeAfterFailure(ctx, spec.ID)
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
+	d.saveStateBackup(ctx, spec.ID)
 	return nil
 }
 
@@ -54,6 +55,7 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 		d.removeAfterFailure(ctx, spec.ID)
 		return fmt.Errorf("restore %s: %w", spec.ID, err)
 	}
+	d.saveStateBackup(ctx, spec.ID)
 	return nil
 }
 
@@ -74,6 +76,7 @@ func (d *Driver) Prepare(ctx context.Context, spec runtime.Spec) error {
 		d.removeAfterFailure(ctx, spec.ID)
 		return fmt.Errorf("prepare %s: %w", spec.ID, err)
 	}
+	d.saveStateBackup(ctx, spec.ID)
 	return nil
 }
 
@@ -88,6 +91,7 @@ func (d *Driver) RestorePrepared(ctx context.Context, id, imageDir string) error
 		d.removeAfterFailure(ctx, id)
 		return fmt.Errorf("restore %s: %w", id, err)
 	}
+	d.saveStateBackup(ctx, id)
 	return nil
 }
 
@@ -101,6 +105,7 @@ func (d *Driver) StartPrepared(ctx context.Context, id string) error {
 		d.removeAfterFailure(ctx, id)
 		return fmt.Errorf("start %s: %w", id, err)
 	}
+	d.saveStateBackup(ctx, id)
 	return nil
 }
 
@@ -212,14 +217,33 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 	return errors.Join(errs...)
 }
 
-// Pause freezes every process in the sandbox.
+// Pause freezes every process in the sandbox. A pause that fails leaves
+// the sandbox running: a runsc killed (by its bound) after stopping the
+// kernel and before recording it would leave it stopped while recorded
+// running, or its state file cut short; both are mended here.
 func (d *Driver) Pause(ctx context.Context, id string) error {
-	return d.simpleCommand(ctx, boundControl, "pause", id, "pause", id)
+	if err := d.simpleCommand(ctx, boundControl, "pause", id, "pause", id); err != nil {
+		mendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), boundStacks.timeout+boundControl.timeout)
+		defer cancel()
+		if rerr := d.repairState(id); rerr != nil {
+			d.log.WarnContext(ctx, "after a failed pause", "sandbox_id", id, "err", rerr)
+		}
+		if _, uerr := d.Unfreeze(mendCtx, id); uerr != nil {
+			d.log.WarnContext(ctx, "after a failed pause", "sandbox_id", id, "err", uerr)
+		}
+		return err
+	}
+	d.saveStateBackup(ctx, id)
+	return nil
 }
 
 // Resume continues a paused sandbox.
 func (d *Driver) Resume(ctx context.Context, id string) error {
-	return d.simpleCommand(ctx, boundControl, "resume", id, "resume", id)
+	if err := d.simpleCommand(ctx, boundControl, "resume", id, "resume", id); err != nil {
+		return err
+	}
+	d.saveStateBackup(ctx, id)
+	return nil
 }
 
 // Checkpoint saves the sandbox's memory and in-memory root filesystem to
@@ -235,7 +259,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	// The bound grows with the memory to save; without figures, assume
 	// the memory is small.
 	stats, _ := d.cgroups.stats(d.cgroupPath(id))
-	return d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...)
+	if err := d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...); err != nil {
+		return err
+	}
+	if leaveRunning {
+		d.saveStateBackup(ctx, id)
+	}
+	return nil
 }
 
 // ExportRootfs writes the sandbox's root filesystem changes (the in-memory

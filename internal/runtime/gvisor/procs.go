@@ -96,15 +96,25 @@ func parseProcStat(line string) (pid, ppid int, ok bool) {
 	return pid, ppid, err1 == nil && err2 == nil
 }
 
-// killStrayCommands ends runsc commands (pause, checkpoint, delete, ...) on
+// strayCommandWait bounds the wait for the runsc commands a previous
+// process of the driver left running: a pause or resume takes
+// milliseconds, a checkpoint of a small sandbox about a second.
+const strayCommandWait = 30 * time.Second
+
+// endStrayCommands ends runsc commands (pause, checkpoint, delete, ...) on
 // this state dir that an earlier process of the driver started and never
-// saw finish (it was killed). Left alone they would act on sandboxes after
-// this process reconciled them: a pause landing on a sandbox just adopted
-// as running, a delete on one adopted as paused. The sandboxes' own
-// processes (runsc-sandbox, runsc-gofer) are kept. Only one driver uses a
-// state dir at a time (the data dir is locked), so every such command is
-// stray.
-func (d *Driver) killStrayCommands(ctx context.Context) {
+// saw finish (it was killed). Left running they would act on sandboxes
+// after this process reconciled them: a pause landing on a sandbox just
+// adopted as running, a delete on one adopted as paused. Killed at once
+// they would be cut at any point: between a pause's stop of the kernel
+// and its record of it (a sandbox recorded running whose kernel is
+// stopped), or while rewriting a state file (an empty state file). So
+// they are let finish, within strayCommandWait, and only those past it
+// are killed (repairStates and Unfreeze then mend what they cut). The
+// sandboxes' own processes (runsc-sandbox, runsc-gofer) are kept. Only one
+// driver uses a state dir at a time (the data dir is locked), so every
+// such command is stray.
+func (d *Driver) endStrayCommands(ctx context.Context, wait time.Duration) {
 	root := []byte("--root=" + d.runscRoot())
 	stray := func() []int {
 		return processesMatching(func(cmdline []byte) bool {
@@ -116,7 +126,25 @@ func (d *Driver) killStrayCommands(ctx context.Context) {
 			return name != "runsc-sandbox" && name != "runsc-gofer"
 		})
 	}
+	alive := func(pids []int) []int {
+		var out []int
+		for _, pid := range pids {
+			if processAlive(pid) {
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
 	pids := stray()
+	if len(pids) == 0 {
+		return
+	}
+	d.log.WarnContext(ctx, "waiting for runsc commands a previous server left running", "pids", pids, "bound", wait)
+	deadline := time.Now().Add(wait)
+	for len(pids) > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+		pids = alive(pids)
+	}
 	if len(pids) == 0 {
 		return
 	}
@@ -126,8 +154,8 @@ func (d *Driver) killStrayCommands(ctx context.Context) {
 	}
 	// Wait (briefly) until they are gone, so that nothing they do lands
 	// after reconcile.
-	deadline := time.Now().Add(5 * time.Second)
-	for len(stray()) > 0 && time.Now().Before(deadline) {
+	deadline = time.Now().Add(processExitWait)
+	for len(alive(pids)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }

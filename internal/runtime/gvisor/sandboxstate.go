@@ -95,9 +95,10 @@ func (st runscStateFile) sandboxPid() int {
 // sandbox process lives: when init exits, or the kernel kills the sandbox
 // (out of memory), the process is gone and the sandbox is stopped.
 //
-// A state file runsc cannot read either (truncated by a runsc killed while
-// writing it) makes the sandbox stopped too: no runsc command can manage
-// it any more, and Kill removes it.
+// A state file runsc cannot read (truncated by a runsc killed while
+// writing it) is no evidence of death: the sandbox process answers for
+// itself, with the status of the driver's copy of the state (see
+// saveStateBackup). repairState makes runsc able to manage it again.
 func (d *Driver) instance(id string) runtime.Instance {
 	inst := runtime.Instance{ID: id, State: runtime.StateStopped}
 	st, err := d.readRunscState(id)
@@ -106,7 +107,17 @@ func (d *Driver) instance(id string) runtime.Instance {
 		return inst
 	}
 	if err != nil {
-		d.log.Warn("unreadable runsc state: sandbox reported stopped", "sandbox_id", id, "err", err)
+		backup, _ := d.readStateBackup(id)
+		pid := d.sentryPid(id, backup.sandboxPid())
+		if pid == 0 {
+			d.log.Warn("unreadable runsc state and no sandbox process: sandbox reported stopped", "sandbox_id", id, "err", err)
+			return inst
+		}
+		inst.Pid, inst.State = pid, runtime.StateRunning
+		if backup.Status != "" {
+			inst.State = stateFromRunsc(backup.Status)
+		}
+		d.log.Warn("unreadable runsc state: the sandbox process lives", "sandbox_id", id, "state", inst.State, "err", err)
 		return inst
 	}
 	pid := st.sandboxPid()
