@@ -61,6 +61,8 @@ func TestProxyStripsCredentials(t *testing.T) {
 			gone:    []string{"X-Api-Key"}, kept: []string{"Cookie", "X-App"}},
 		{name: "port route with the key as a bearer token", host: "8080-" + id + ".example.test",
 			headers: map[string]string{"Authorization": "Bearer " + testKey}, gone: []string{"Authorization"}},
+		{name: "port route with the app's own key", host: "8080-" + id + ".example.test",
+			headers: map[string]string{"X-API-Key": "app-key"}, kept: []string{"X-Api-Key"}},
 		{name: "port route with the app's own bearer token", host: "8080-" + id + ".example.test",
 			headers: map[string]string{"Authorization": "Bearer app-token"}, kept: []string{"Authorization"}},
 		{name: "header route to a port", host: "anything",

@@ -87,14 +87,18 @@ func newEnvdProxy(sandboxes node.Node, isKey func(string) bool, logger *slog.Log
 }
 
 // StripCredentials removes aenv's credentials from a request about to
-// enter a sandbox, whose code may be hostile: X-API-Key always (the user's
-// key, or on a node the cluster secret a gateway put there), and an
-// Authorization that isKey says is one of aenv's keys. envd's port keeps
-// only the Basic scheme (the user E2B's SDK names) and its own
-// X-Access-Token; other ports keep every other Authorization and all
-// cookies, which belong to the services running there.
+// enter a sandbox, whose code may be hostile: an X-API-Key or a bearer
+// Authorization that isKey says is one of aenv's keys (the user's key, or
+// on a node the cluster secret a gateway put there). envd's port keeps no
+// X-API-Key, only the Basic scheme of Authorization (the user E2B's SDK
+// names) and its own X-Access-Token; other ports keep every other
+// X-API-Key and Authorization and all cookies, which belong to the
+// services running there (an X-API-Key guarding a sandbox's own service is
+// common).
 func StripCredentials(h http.Header, port int, isKey func(string) bool) {
-	h.Del("X-API-Key")
+	if port == node.EnvdPort || isKey != nil && isKey(strings.TrimSpace(h.Get("X-API-Key"))) {
+		h.Del("X-API-Key")
+	}
 	auth := h.Get("Authorization")
 	if auth == "" {
 		return

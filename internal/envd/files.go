@@ -98,7 +98,7 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s is a directory", path))
 		return
 	}
-	sized := sizeKnown(f, info)
+	size, sized := sizeKnown(f, info)
 	// ServeContent learns the size by seeking to the end, which some device
 	// files refuse; that is the request's problem, not a 500.
 	if !sized && !info.Mode().IsRegular() {
@@ -119,8 +119,14 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodHead {
 			return
 		}
+		// A file of known size is sent up to that size, as without gzip: a
+		// device such as /dev/urandom seeks to 0 and would never end.
+		var src io.Reader = f
+		if sized {
+			src = io.LimitReader(f, size)
+		}
 		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
-		if _, err := io.Copy(gz, f); err != nil {
+		if _, err := io.Copy(gz, src); err != nil {
 			// The status is sent; a cut gzip stream tells the client.
 			s.log.Warn("file read cut short", "path", path, "err", err)
 			return
@@ -144,15 +150,17 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 // sizeKnown reports whether stat's size is f's content length. procfs and
 // sysfs generate a file's content on read and report 0 or a page size for
 // it (gVisor's procfs also refuses to seek), so such files are streamed.
-func sizeKnown(f *os.File, info fs.FileInfo) bool {
+// The size is where a seek to the end lands, as ServeContent finds it.
+func sizeKnown(f *os.File, info fs.FileInfo) (size int64, known bool) {
 	if info.Mode().IsRegular() && generatedOnRead(f) {
-		return false
+		return 0, false
 	}
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
-		return false
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return 0, false
 	}
-	_, err := f.Seek(0, io.SeekStart)
-	return err == nil
+	_, err = f.Seek(0, io.SeekStart)
+	return size, err == nil
 }
 
 // generatedOnRead reports whether f lives on procfs or sysfs.

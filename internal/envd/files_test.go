@@ -272,6 +272,10 @@ func TestGetFiles(t *testing.T) {
 		{"range stays identity", url.Values{"path": {filepath.Join(dir, "full")}}, map[string]string{"Accept-Encoding": "gzip", "Range": "bytes=6-"}, 206, "world", "5", false},
 		{"procfs file streams", url.Values{"path": {bootID}}, identity, 200, string(wantBootID), "", false},
 		{"procfs file gzipped", url.Values{"path": {bootID}}, gzipped, 200, string(wantBootID), "", true},
+		// A device seeks to 0: its answer is empty with or without gzip,
+		// never an endless stream.
+		{"device", url.Values{"path": {"/dev/zero"}}, identity, 200, "", "0", false},
+		{"device gzipped", url.Values{"path": {"/dev/zero"}}, gzipped, 200, "", "", true},
 		{"missing", url.Values{"path": {filepath.Join(dir, "nope")}}, nil, 404, "", "", false},
 		{"directory", url.Values{"path": {dir}}, nil, 400, "", "", false},
 		{"unknown user", url.Values{"path": {filepath.Join(dir, "full")}, "username": {"no-such-user-x"}}, nil, 401, "", "", false},

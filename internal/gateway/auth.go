@@ -84,9 +84,20 @@ func (c *keyCache) check(ctx context.Context, key string, digest [sha256.Size]by
 	case ok:
 		c.valid.Add(digest, time.Now())
 	default:
+		// Revoked: not even a database outage brings it back.
+		c.valid.Remove(digest)
 		c.invalid.Add(digest, struct{}{})
 	}
 	return ok, nil
+}
+
+// seenValid reports whether key was confirmed valid at some time and not
+// refused since: such a key is asked about again even from an address
+// over its failure limit, so that one client's bad key cannot lock out
+// the good ones behind the same address (a NAT, a proxy, a trainer's
+// host).
+func (c *keyCache) seenValid(digest [sha256.Size]byte) bool {
+	return c.valid.Contains(digest)
 }
 
 // authorize lets r through when it carries one of the cluster's keys, and
@@ -112,7 +123,7 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) bool {
 	if ok {
 		return true
 	}
-	if retry, blocked := g.authFails.Blocked(r); blocked {
+	if retry, blocked := g.authFails.Blocked(r); blocked && (len(key) > api.MaxKeyBytes || !g.keys.seenValid(digest)) {
 		api.WriteTooManyAuthFailures(w, retry)
 		return false
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 type fakeDB struct {
 	keys       map[string]bool
 	keyQueries atomic.Int64
+	down       atomic.Bool // key checks fail as in a database outage
 
 	mu          sync.Mutex
 	tokens      []postgres.SandboxToken
@@ -35,6 +37,9 @@ type fakeDB struct {
 
 func (f *fakeDB) APIKeyValid(ctx context.Context, key string) (bool, error) {
 	f.keyQueries.Add(1)
+	if f.down.Load() {
+		return false, errors.New("connection refused")
+	}
 	return f.keys[key], nil
 }
 
@@ -166,6 +171,45 @@ func TestAuthorizeLimitsFailuresPerAddress(t *testing.T) {
 	}
 	if w := authorizeFrom(g, "192.0.2.2", randomKey(40)); w.Code != http.StatusUnauthorized {
 		t.Errorf("another address: status %d, want 401", w.Code)
+	}
+}
+
+// TestAuthorizeStaleValidKeyFromLimitedAddress: a key confirmed valid
+// before is asked about again from an address over its limit even once its
+// confirmation is stale (one client's bad key must not lock out the good
+// ones behind the same address), and a key found revoked is not let in
+// again by a database outage.
+func TestAuthorizeStaleValidKeyFromLimitedAddress(t *testing.T) {
+	const valid = "e2b_valid"
+	db := &fakeDB{keys: map[string]bool{valid: true}}
+	g := authGateway(db)
+	g.keys.ttl = 0 // every confirmation is stale at once
+	if w := authorizeFrom(g, "192.0.2.1", valid); w.Code != http.StatusNoContent {
+		t.Fatalf("valid key: %d", w.Code)
+	}
+	for range 200 {
+		if authorizeFrom(g, "192.0.2.1", randomKey(40)).Code == http.StatusTooManyRequests {
+			break
+		}
+	}
+	if w := authorizeFrom(g, "192.0.2.1", randomKey(40)); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("address not limited: %d", w.Code)
+	}
+	queries := db.keyQueries.Load()
+	if w := authorizeFrom(g, "192.0.2.1", valid); w.Code != http.StatusNoContent {
+		t.Errorf("valid key with a stale confirmation from a limited address: status %d, want through", w.Code)
+	}
+	if db.keyQueries.Load() == queries {
+		t.Error("a stale confirmation was not checked again")
+	}
+	db.keys[valid] = false // revoked
+	if w := authorizeFrom(g, "192.0.2.3", valid); w.Code != http.StatusUnauthorized {
+		t.Errorf("revoked key: status %d, want 401", w.Code)
+	}
+	db.down.Store(true)
+	g.keys.invalid.Purge() // as after invalidTTL
+	if w := authorizeFrom(g, "192.0.2.3", valid); w.Code == http.StatusNoContent {
+		t.Error("a revoked key passed during a database outage")
 	}
 }
 
@@ -308,6 +352,8 @@ func TestForwardStripsCredentials(t *testing.T) {
 			headers: map[string]string{"X-API-Key": userKey, "Authorization": "Bearer " + userKey}},
 		{name: "port route, the app's own bearer token", host: "8080-" + id + ".example.test",
 			headers: map[string]string{"Authorization": "Bearer app"}, wantAuthzn: "Bearer app"},
+		{name: "port route, the app's own key", host: "8080-" + id + ".example.test",
+			headers: map[string]string{"X-API-Key": "app-key"}, wantKey: "app-key"},
 		{name: "port route, the cluster secret", host: "8080-" + id + ".example.test",
 			headers: map[string]string{"X-API-Key": "cluster-secret", "Authorization": "Bearer cluster-secret"}},
 		{name: "envd", host: "gw", headers: map[string]string{api.HeaderSandboxID: id, "X-API-Key": "gw-key",

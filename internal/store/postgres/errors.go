@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -37,10 +38,14 @@ func unavailable(err error) bool {
 	switch {
 	case errors.As(err, &pgErr):
 		return serverUnavailable(pgErr.Code)
-	case errors.As(err, &connectErr), errors.As(err, &netErr):
+	case errors.As(err, &connectErr):
 		return true
-	case pgconn.Timeout(err):
-		// A context deadline pgconn hit while waiting on the server.
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// The caller's own deadline or cancellation (a slow query, a row
+		// lock waited on), not the database's absence: context errors
+		// satisfy net.Error too, so this comes before that case.
+		return false
+	case errors.As(err, &netErr):
 		return true
 	case errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 
@@ -33,6 +34,9 @@ func TestDBErrorMarksUnavailable(t *testing.T) {
 		{"syntax error", &pgconn.PgError{Code: "42601"}, false},
 		{"not found", store.ErrNotFound, false},
 		{"canceled by the caller", context.Canceled, false},
+		{"the caller's deadline", context.DeadlineExceeded, false},
+		{"a connect that timed out", &pgconn.ConnectError{}, true},
+		{"a read that timed out", &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, true},
 		{"other", errors.New("boom"), false},
 	}
 	for _, tt := range tests {
