@@ -29,6 +29,9 @@ type Config struct {
 	// DefaultExecTimeout applies to /execute without a timeout.
 	DefaultExecTimeout time.Duration
 	MaxExecTimeout     time.Duration
+	// ExecOutputBudget bounds the command output all /execute calls hold
+	// at once, in bytes (0: DefaultExecOutputBudget); calls past it wait.
+	ExecOutputBudget int64
 	// MaxSandboxTimeout bounds the lifetime a request may ask for; larger
 	// values are refused before any arithmetic can overflow.
 	MaxSandboxTimeout time.Duration
@@ -64,6 +67,8 @@ type Server struct {
 	idem      *idempotency
 	// authFails slows down guessing the key, per client address.
 	authFails *AuthLimiter
+	// execOutput is what /execute calls may hold of their output.
+	execOutput *outputBudget
 }
 
 // New builds the handler. reg receives the API's metrics.
@@ -125,7 +130,7 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 
 func newServer(cfg Config, sandboxes node.Node, logger *slog.Logger, reg prometheus.Registerer) *Server {
 	s := &Server{cfg: cfg, sandboxes: sandboxes, catalog: sandboxes, logger: logger, mux: http.NewServeMux(),
-		idem: newIdempotency(), authFails: NewAuthLimiter()}
+		idem: newIdempotency(), authFails: NewAuthLimiter(), execOutput: newOutputBudget(cfg.ExecOutputBudget)}
 	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "aenv_api_request_duration_seconds",
 		Help:    "Control-plane request latency by route and status.",

@@ -85,6 +85,7 @@ func TestStatusOf(t *testing.T) {
 		{fmt.Errorf("x: %w", node.ErrConflict), 409},
 		{fmt.Errorf("x: %w", node.ErrUnavailable), 503},
 		{fmt.Errorf("x: %w", node.ErrInsufficientStorage), 507},
+		{fmt.Errorf("x: %w", node.ErrBadGateway), 502},
 		{fmt.Errorf("x: %w", node.ErrStopped), 410},
 		{fmt.Errorf("x: %w", envdclient.ErrUnauthenticated), 401},
 		{fmt.Errorf("x: %w", envdclient.ErrPermission), 403},

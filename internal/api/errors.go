@@ -54,6 +54,8 @@ func statusOf(err error) (int, string) {
 	case errors.Is(err, store.ErrUnavailable):
 		// The database's own text names hosts and sockets: not for clients.
 		return http.StatusServiceUnavailable, "the database is unavailable; try again shortly"
+	case errors.Is(err, node.ErrBadGateway):
+		return http.StatusBadGateway, err.Error()
 	case errors.Is(err, node.ErrInsufficientStorage):
 		return http.StatusInsufficientStorage, err.Error()
 	case errors.Is(err, node.ErrNotSupported):

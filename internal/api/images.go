@@ -67,8 +67,15 @@ func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, ref,
 // client-safe messages.
 func imageErrorStatus(err error) (int, string) {
 	switch {
-	case errors.Is(err, image.ErrInvalidReference), errors.Is(err, image.ErrNoPlatform), errors.Is(err, image.ErrUnsafePath):
+	case errors.Is(err, image.ErrInvalidReference), errors.Is(err, image.ErrNoPlatform), errors.Is(err, image.ErrUnsafePath),
+		errors.Is(err, image.ErrInvalidLayer):
 		return http.StatusBadRequest, err.Error()
+	case errors.Is(err, image.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge, err.Error()
+	case errors.Is(err, image.ErrCorruptLayer):
+		// The node's disk damaged a layer it had stored; it is gone now,
+		// so a retry fetches it again.
+		return http.StatusServiceUnavailable, err.Error()
 	case errors.Is(err, image.ErrNotFound):
 		return http.StatusNotFound, err.Error()
 	case errors.Is(err, image.ErrUnauthorized), errors.Is(err, image.ErrRefusedAddress):

@@ -22,6 +22,10 @@ type jsonStream struct {
 	w      *bufio.Writer
 	fields int
 	err    error
+	// pending holds the start of a UTF-8 sequence split between the
+	// parts of a string (see stringPart).
+	pending  [utf8.UTFMax]byte
+	npending int
 }
 
 // startJSON sends the status line and opens the object.
@@ -51,8 +55,50 @@ func (s *jsonStream) key(name string) {
 // String writes a string field from bytes of any content: invalid UTF-8
 // becomes U+FFFD, as encoding/json does.
 func (s *jsonStream) String(name string, b []byte) {
+	s.openString(name)
+	s.stringPart(b)
+	s.closeString()
+}
+
+// openString starts a string field whose content follows in parts
+// (stringPart), so that it can be written from pieces never joined in
+// memory; closeString ends it.
+func (s *jsonStream) openString(name string) {
 	s.key(name)
 	s.raw(`"`)
+	s.npending = 0
+}
+
+// stringPart writes the next bytes of an open string. A UTF-8 sequence
+// split between parts is held back (at most 3 bytes) until the next part
+// completes it, so the result is the same as one String of the whole.
+func (s *jsonStream) stringPart(b []byte) {
+	for s.npending > 0 && len(b) > 0 {
+		s.pending[s.npending] = b[0]
+		s.npending++
+		b = b[1:]
+		n := s.text(s.pending[:s.npending], false)
+		s.npending = copy(s.pending[:], s.pending[n:s.npending])
+	}
+	if s.npending > 0 { // b ran out before the sequence was complete
+		return
+	}
+	n := s.text(b, false)
+	s.npending = copy(s.pending[:], b[n:])
+}
+
+// closeString ends an open string; bytes still held back are an
+// incomplete sequence and become U+FFFD.
+func (s *jsonStream) closeString() {
+	s.text(s.pending[:s.npending], true)
+	s.npending = 0
+	s.raw(`"`)
+}
+
+// text writes b escaped and returns how much of it was written: all of it
+// when final, else all but an incomplete UTF-8 sequence at its end, which
+// the next bytes may complete.
+func (s *jsonStream) text(b []byte, final bool) int {
 	start := 0
 	for i := 0; i < len(b); {
 		c := b[i]
@@ -66,6 +112,10 @@ func (s *jsonStream) String(name string, b []byte) {
 			i++
 			start = i
 			continue
+		}
+		if !final && !utf8.FullRune(b[i:]) {
+			s.bytes(b[start:i])
+			return i
 		}
 		r, size := utf8.DecodeRune(b[i:])
 		if r == utf8.RuneError && size == 1 {
@@ -86,7 +136,7 @@ func (s *jsonStream) String(name string, b []byte) {
 		i += size
 	}
 	s.bytes(b[start:])
-	s.raw(`"`)
+	return len(b)
 }
 
 // Base64 writes a string field holding b in standard base64.

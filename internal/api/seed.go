@@ -47,8 +47,17 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer target.Release()
+	// The output is kept in chunks reserved from the node's budget until
+	// the answer has been written: many calls at once wait for each other
+	// instead of holding gigabytes (see outputBudget).
+	share := s.execOutput.call()
+	defer share.done()
+	var truncated bool
+	stdout := &outputBuffer{ctx: target.Ctx, call: share, max: s.execOutput.streamLimit(), truncated: &truncated}
+	stderr := &outputBuffer{ctx: target.Ctx, call: share, max: s.execOutput.streamLimit(), truncated: &truncated}
 	res, err := target.Envd.Run(target.Ctx, envdclient.RunRequest{
 		Command: req.Command, Cwd: req.Cwd, Envs: req.Envs, User: req.User, Timeout: timeout,
+		Stdout: stdout, Stderr: stderr,
 	})
 	if err != nil {
 		return callError(target, err)
@@ -57,12 +66,12 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	// streamed: the output is the one part that can be large.
 	out := startJSON(w, http.StatusOK)
 	out.Int("exitCode", res.ExitCode)
-	out.String("stdout", res.Stdout)
-	out.String("stderr", res.Stderr)
+	stdout.writeString(out, "stdout")
+	stderr.writeString(out, "stderr")
 	if res.TimedOut {
 		out.Bool("timedOut", true)
 	}
-	if res.Truncated {
+	if truncated {
 		out.Bool("truncated", true)
 	}
 	if res.TimedOut {

@@ -44,6 +44,7 @@ type Server struct {
 	DefaultTimeoutSecs     int
 	MaxTimeoutSecs         int
 	DefaultExecTimeoutSecs int
+	ExecOutputBudgetMB     int
 	DefaultVCPU            int
 	MaxVCPU                int
 	DefaultMemoryMB        int
@@ -52,6 +53,7 @@ type Server struct {
 	PidsLimit              int
 	MaxJSONBodyMB          int
 	MaxFileUploadMB        int
+	MaxImageUnpackedMB     int
 
 	TemplateCacheDir       string
 	DebianMirror           string
@@ -94,6 +96,7 @@ func Default() Server {
 		DefaultTimeoutSecs:     300,
 		MaxTimeoutSecs:         24 * 3600,
 		DefaultExecTimeoutSecs: 300,
+		ExecOutputBudgetMB:     512,
 		DefaultVCPU:            2,
 		MaxVCPU:                8,
 		DefaultMemoryMB:        1024,
@@ -102,6 +105,7 @@ func Default() Server {
 		PidsLimit:              4096,
 		MaxJSONBodyMB:          128,
 		MaxFileUploadMB:        4096,
+		MaxImageUnpackedMB:     16384,
 		DebianMirror:           "http://deb.debian.org/debian",
 		PauseToDiskAfterSecs:   600,
 		MaxForkCount:           100,
@@ -150,6 +154,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.DefaultTimeoutSecs, "default-timeout-secs", "sandbox lifetime when create gives none")
 	num(&c.MaxTimeoutSecs, "max-timeout-secs", "longest sandbox lifetime a request may ask for")
 	num(&c.DefaultExecTimeoutSecs, "default-exec-timeout-secs", "command timeout of /execute when the request gives none")
+	num(&c.ExecOutputBudgetMB, "exec-output-budget-mb", "command output all /execute calls may hold at once; calls past it wait (their commands block in write) rather than fail. One call keeps up to a quarter of it per stream, at most 64 MiB")
 	num(&c.DefaultVCPU, "default-vcpu", "vCPUs when neither request nor template says")
 	num(&c.MaxVCPU, "max-vcpu", "most vCPUs a sandbox may ask for")
 	num(&c.DefaultMemoryMB, "default-memory-mb", "memory limit when neither request nor template says")
@@ -158,6 +163,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.PidsLimit, "pids-limit", "most processes in one sandbox")
 	num(&c.MaxJSONBodyMB, "max-json-body-mb", "largest JSON request body")
 	num(&c.MaxFileUploadMB, "max-file-upload-mb", "largest raw file upload")
+	num(&c.MaxImageUnpackedMB, "max-image-unpacked-mb", "largest root filesystem an image may unpack to (its files, plus 512 bytes per entry); each layer may also expand to at most 100 times its compressed size or 64 MiB, whichever is more; a larger image is refused (413)")
 	str(&c.TemplateCacheDir, "template-cache-dir", "where built template root filesystems are cached (default: <data-dir>/cache)")
 	str(&c.DebianMirror, "debian-mirror", "Debian mirror for building the base template")
 	boolean(&c.AllowPrivateRegistries, "allow-private-registries", "let image pulls reach registries on this host, link-local addresses and the sandbox range (refused by default: a pull fetches on a client's behalf)")
@@ -207,6 +213,7 @@ func (c *Server) Validate() error {
 	}{
 		{"--default-timeout-secs", c.DefaultTimeoutSecs > 0 && c.DefaultTimeoutSecs <= c.MaxTimeoutSecs},
 		{"--default-exec-timeout-secs", c.DefaultExecTimeoutSecs > 0},
+		{"--exec-output-budget-mb", c.ExecOutputBudgetMB >= 1},
 		{"--default-vcpu", c.DefaultVCPU >= 1 && c.DefaultVCPU <= c.MaxVCPU},
 		{"--default-memory-mb", c.DefaultMemoryMB >= c.MinMemoryMB && c.DefaultMemoryMB <= c.MaxMemoryMB},
 		{"--min-memory-mb", c.MinMemoryMB >= 64},
@@ -214,6 +221,7 @@ func (c *Server) Validate() error {
 		{"--warm-slots", c.WarmSlots >= 0},
 		{"--max-json-body-mb", c.MaxJSONBodyMB > 0},
 		{"--max-file-upload-mb", c.MaxFileUploadMB > 0},
+		{"--max-image-unpacked-mb", c.MaxImageUnpackedMB > 0},
 		{"--pause-to-disk-after-secs", c.PauseToDiskAfterSecs >= 0},
 		{"--max-fork-count", c.MaxForkCount >= 1},
 		{"--fork-parallelism", c.ForkParallelism >= 1},

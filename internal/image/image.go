@@ -22,6 +22,15 @@ var (
 	ErrUnreachable      = errors.New("registry unreachable")
 	ErrNoPlatform       = errors.New("image has no variant for the platform")
 	ErrUnsafePath       = errors.New("layer entry escapes the root filesystem")
+	// ErrInvalidLayer is a layer the image's author got wrong: not a
+	// tar stream, or a hard link to nothing the layers made before it.
+	ErrInvalidLayer = errors.New("invalid image layer")
+	// ErrTooLarge is a layer that unpacks beyond the Limits.
+	ErrTooLarge = errors.New("image too large to unpack")
+	// ErrCorruptLayer is a stored layer whose content no longer has its
+	// digest (the disk's fault, not the image's). The blob is removed, so
+	// that pulling again fetches it anew.
+	ErrCorruptLayer = errors.New("stored layer is corrupt")
 )
 
 // DefaultPlatform is the platform pulled when PullOptions.Platform is empty.
@@ -63,6 +72,29 @@ type PullOptions struct {
 	Progress func(Progress)
 	// Jobs is how many layers download at once; 0 means 3.
 	Jobs int
+}
+
+// Limits bound what unpacking an image writes: a few megabytes of gzip can
+// hold gigabytes of zeros, and a root filesystem is written to the
+// server's disk.
+type Limits struct {
+	// MaxBytes bounds the image's unpacked size, all layers together:
+	// the size of each file plus a tar block (512 bytes) per entry, so
+	// that millions of empty files count too. 0 means no bound.
+	MaxBytes int64
+	// MaxRatio bounds each layer's unpacked size (counted as for
+	// MaxBytes) to MaxRatio times its stored, compressed size, but never
+	// below RatioFloor, so that small layers are never refused for their
+	// ratio. 0 means no bound.
+	MaxRatio   int64
+	RatioFloor int64
+}
+
+// DefaultLimits are the Limits a server uses unless its operator says
+// otherwise: ordinary layers expand 2 to 10 times; 100 times is a layer
+// built to fill the disk.
+func DefaultLimits() Limits {
+	return Limits{MaxBytes: 16 << 30, MaxRatio: 100, RatioFloor: 64 << 20}
 }
 
 // Image is a pulled image: its layers are in the store at LayerDir.

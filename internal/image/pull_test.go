@@ -83,7 +83,7 @@ func TestPullStoresLayersOnceAndReportsProgress(t *testing.T) {
 
 	root := t.TempDir()
 	var unpacked []string
-	if err := imgB.UnpackWithProgress(context.Background(), root, func(i, n int, l Layer) {
+	if err := imgB.UnpackWithProgress(context.Background(), root, DefaultLimits(), func(i, n int, l Layer) {
 		if n != 2 {
 			t.Errorf("layer count %d, want 2", n)
 		}
@@ -145,7 +145,7 @@ func TestPullSelectsPlatform(t *testing.T) {
 				t.Fatal(err)
 			}
 			root := t.TempDir()
-			if err := img.Unpack(context.Background(), root); err != nil {
+			if err := img.Unpack(context.Background(), root, DefaultLimits()); err != nil {
 				t.Fatal(err)
 			}
 			assertFile(t, root, "arch", tt.want)

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -25,30 +27,35 @@ const (
 )
 
 // Unpack applies the image's layers, base first, to dir (created if
-// missing). dir should be empty: Unpack builds a root filesystem, it does not
-// update one.
-func (img *Image) Unpack(ctx context.Context, dir string) error {
-	return img.UnpackWithProgress(ctx, dir, nil)
+// missing), within limits. dir should be empty: Unpack builds a root
+// filesystem, it does not update one. On failure dir holds part of the
+// image; the caller removes it.
+func (img *Image) Unpack(ctx context.Context, dir string, limits Limits) error {
+	return img.UnpackWithProgress(ctx, dir, limits, nil)
 }
 
 // UnpackWithProgress is Unpack calling progress (if not nil) before each
 // layer with its index (from 0), the layer count and the layer.
-func (img *Image) UnpackWithProgress(ctx context.Context, dir string, progress func(i, n int, l Layer)) error {
+func (img *Image) UnpackWithProgress(ctx context.Context, dir string, limits Limits, progress func(i, n int, l Layer)) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("unpack %s: %w", img.Reference, err)
 	}
+	b := &budget{limits: limits}
 	for i, l := range img.Layers {
 		if progress != nil {
 			progress(i, len(img.Layers), l)
 		}
-		if err := unpackStored(ctx, img.LayerDir, l.Digest, dir); err != nil {
+		if err := unpackStored(ctx, img.LayerDir, l.Digest, dir, b); err != nil {
 			return fmt.Errorf("unpack %s: %w", img.Reference, err)
 		}
 	}
 	return nil
 }
 
-func unpackStored(ctx context.Context, layerDir, digest, dir string) error {
+// unpackStored applies the stored layer digest to dir, hashing the blob
+// as it is read: a blob that fails to unpack, or unpacks, with another
+// digest was damaged on this disk, which is not the image's fault.
+func unpackStored(ctx context.Context, layerDir, digest, dir string, b *budget) error {
 	p, err := layerPath(layerDir, digest)
 	if err != nil {
 		return err
@@ -58,18 +65,80 @@ func unpackStored(ctx context.Context, layerDir, digest, dir string) error {
 		return fmt.Errorf("layer %s: %w", digest, err)
 	}
 	defer f.Close()
-	if err := UnpackLayer(ctx, f, dir); err != nil {
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("layer %s: %w", digest, err)
+	}
+	b.startLayer(fi.Size())
+	sum := sha256.New()
+	err = unpackLayer(ctx, io.TeeReader(f, sum), dir, b)
+	if err != nil && !errors.Is(err, ErrInvalidLayer) {
+		return fmt.Errorf("layer %s: %w", digest, err)
+	}
+	// The tar stream may end before the blob does (padding, a
+	// compressor's trailer): the rest is hashed too.
+	if _, herr := io.Copy(sum, f); herr != nil {
+		return fmt.Errorf("layer %s: %w", digest, herr)
+	}
+	if got := "sha256:" + hex.EncodeToString(sum.Sum(nil)); got != digest {
+		if rerr := os.Remove(p); rerr != nil {
+			return fmt.Errorf("layer %s: %w (content has digest %s); removing it: %w", digest, ErrCorruptLayer, got, rerr)
+		}
+		return fmt.Errorf("layer %s: %w (content has digest %s); it was removed: pull the image again", digest, ErrCorruptLayer, got)
+	}
+	if err != nil {
 		return fmt.Errorf("layer %s: %w", digest, err)
 	}
 	return nil
 }
 
+// tarBlock is the size of a tar header, charged for every entry.
+const tarBlock = 512
+
+// budget counts what an image's layers write against its Limits.
+type budget struct {
+	limits    Limits
+	used      int64 // all layers so far
+	layerUsed int64
+	layerMax  int64 // 0: no ratio bound
+}
+
+// startLayer begins a layer whose stored (compressed) size is stored.
+func (b *budget) startLayer(stored int64) {
+	b.layerUsed, b.layerMax = 0, 0
+	if b.limits.MaxRatio > 0 {
+		b.layerMax = max(b.limits.RatioFloor, stored*b.limits.MaxRatio)
+	}
+}
+
+// charge counts hdr's entry, before anything of it is written. Contents
+// of entries that are skipped count too: they are decompressed all the same.
+func (b *budget) charge(hdr *tar.Header) error {
+	n := tarBlock + max(hdr.Size, 0)
+	b.used += n
+	b.layerUsed += n
+	if b.limits.MaxBytes > 0 && b.used > b.limits.MaxBytes {
+		return fmt.Errorf("%w: with entry %q the image unpacks to more than %d MiB, the server's limit",
+			ErrTooLarge, hdr.Name, b.limits.MaxBytes>>20)
+	}
+	if b.layerMax > 0 && b.layerUsed > b.layerMax {
+		return fmt.Errorf("%w: with entry %q the layer unpacks to more than %d MiB, over %d times its compressed size",
+			ErrTooLarge, hdr.Name, b.layerMax>>20, b.limits.MaxRatio)
+	}
+	return nil
+}
+
 // UnpackLayer applies one layer tar (plain, gzip or zstd) to the root
-// filesystem at dir, honouring whiteouts. Entry names that climb out of dir
-// are refused with an error wrapping ErrUnsafePath; symlinks resolve inside
-// dir as they would in the sandbox, so nothing outside dir is ever
-// touched. Device nodes are skipped: gVisor provides the sandbox's /dev.
+// filesystem at dir, honouring whiteouts, with no bound on its size.
+// Entry names that climb out of dir are refused with an error wrapping
+// ErrUnsafePath; symlinks resolve inside dir as they would in the sandbox,
+// so nothing outside dir is ever touched. Device nodes are skipped: gVisor
+// provides the sandbox's /dev.
 func UnpackLayer(ctx context.Context, r io.Reader, dir string) error {
+	return unpackLayer(ctx, r, dir, &budget{})
+}
+
+func unpackLayer(ctx context.Context, r io.Reader, dir string, b *budget) error {
 	tr, closeFn, err := tarReader(r)
 	if err != nil {
 		return err
@@ -91,7 +160,10 @@ func UnpackLayer(ctx context.Context, r io.Reader, dir string) error {
 			break
 		}
 		if err != nil {
-			return fmt.Errorf("read layer: %w", err)
+			return fmt.Errorf("%w: read layer: %w", ErrInvalidLayer, err)
+		}
+		if err := b.charge(hdr); err != nil {
+			return err
 		}
 		if err := u.apply(hdr, tr); err != nil {
 			return err
@@ -108,13 +180,13 @@ func tarReader(r io.Reader) (*tar.Reader, func(), error) {
 	case bytes.HasPrefix(magic, []byte{0x1f, 0x8b}):
 		gz, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, nil, fmt.Errorf("read layer: %w", err)
+			return nil, nil, fmt.Errorf("%w: read layer: %w", ErrInvalidLayer, err)
 		}
 		return tar.NewReader(gz), func() { gz.Close() }, nil
 	case bytes.Equal(magic, []byte{0x28, 0xb5, 0x2f, 0xfd}):
 		zr, err := zstd.NewReader(br)
 		if err != nil {
-			return nil, nil, fmt.Errorf("read layer: %w", err)
+			return nil, nil, fmt.Errorf("%w: read layer: %w", ErrInvalidLayer, err)
 		}
 		return tar.NewReader(zr), zr.Close, nil
 	}
@@ -158,6 +230,9 @@ func (u *unpacker) apply(hdr *tar.Header, r io.Reader) error {
 		return u.whiteout(parentRel, base)
 	}
 	parent, err := u.root.openDir(parentRel, true)
+	if isLayerPathError(err) {
+		return fmt.Errorf("%w: entry %s: parent directory: %v", ErrInvalidLayer, hdr.Name, errnoOf(err))
+	}
 	if err != nil {
 		return fmt.Errorf("entry %s: %w", hdr.Name, err)
 	}
@@ -235,24 +310,57 @@ func writeFile(dir *os.File, name string, r io.Reader) error {
 	return f.Close()
 }
 
+// hardlink makes name in dir a hard link to an entry unpacked before it
+// (in this layer or a lower one), found inside the rootfs as the sandbox
+// would find it. A link to nothing, or to a directory, is the layer's
+// error; the link never reaches outside the rootfs.
 func (u *unpacker) hardlink(hdr *tar.Header, dir *os.File, name string) error {
 	linkRel, err := cleanName(hdr.Linkname)
 	if err != nil {
 		return fmt.Errorf("entry %s: %w", hdr.Name, err)
 	}
 	if linkRel == "" {
-		return fmt.Errorf("entry %s: hard link to the root", hdr.Name)
+		return fmt.Errorf("%w: entry %s: hard link to the root", ErrInvalidLayer, hdr.Name)
 	}
 	src, err := u.root.openDir(parentOf(linkRel), false)
+	if isLayerPathError(err) {
+		return fmt.Errorf("%w: entry %s: hard link to %s, which no earlier entry made: %v", ErrInvalidLayer, hdr.Name, hdr.Linkname, errnoOf(err))
+	}
 	if err != nil {
 		return fmt.Errorf("entry %s: link target: %w", hdr.Name, err)
 	}
 	defer src.Close()
+	st, ok, err := lstatAt(src, path.Base(linkRel))
+	switch {
+	case err != nil:
+		return fmt.Errorf("entry %s: link target: %w", hdr.Name, err)
+	case !ok:
+		return fmt.Errorf("%w: entry %s: hard link to %s, which no earlier entry made", ErrInvalidLayer, hdr.Name, hdr.Linkname)
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		return fmt.Errorf("%w: entry %s: hard link to %s, a directory", ErrInvalidLayer, hdr.Name, hdr.Linkname)
+	}
 	// Without AT_SYMLINK_FOLLOW a symlink target is linked itself.
 	if err := unix.Linkat(int(src.Fd()), path.Base(linkRel), int(dir.Fd()), name, 0); err != nil {
 		return fmt.Errorf("entry %s: link to %s: %w", hdr.Name, hdr.Linkname, err)
 	}
 	return nil
+}
+
+// isLayerPathError reports whether err, from resolving a path inside the
+// rootfs, comes from what the layers made: a missing component, a file
+// where a directory should be, a symlink loop.
+func isLayerPathError(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)
+}
+
+// errnoOf is the system error in err without the host path that a
+// *os.PathError names: messages about a layer go back to the client.
+func errnoOf(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // setMetadata applies ownership, mode, xattrs and times to name in dir

@@ -39,6 +39,10 @@ var (
 	ErrNotSupported = errors.New("not supported by this runtime")
 	// ErrInsufficientStorage: the disk is full; nothing partial is kept.
 	ErrInsufficientStorage = errors.New("insufficient storage")
+	// ErrBadGateway: a service the node depends on answered wrongly: an
+	// object in the object store missing, or not matching the digest
+	// recorded at its upload (corrupt or altered).
+	ErrBadGateway = errors.New("bad gateway")
 	// ErrStopped: the sandbox stopped running while a call to it was in
 	// flight (killed, paused, expired or died); the wrapping error says
 	// which.

@@ -21,9 +21,9 @@ import (
 )
 
 // Fetcher downloads an image into dst (which it creates, complete or not at
-// all). *Store is one.
+// all), checked against digest (see Store.Get). *Store is one.
 type Fetcher interface {
-	Get(ctx context.Context, key, dst string) (Manifest, error)
+	Get(ctx context.Context, key, digest, dst string) (Manifest, error)
 }
 
 // Cache keeps fetched images in a local directory within a byte budget.
@@ -56,6 +56,7 @@ type Cache struct {
 
 type cacheEntry struct {
 	key     string
+	digest  string // what the image was checked against when fetched
 	name    string
 	size    int64 // bytes on disk
 	refs    int
@@ -64,8 +65,9 @@ type cacheEntry struct {
 }
 
 type entryMeta struct {
-	Key  string `json:"key"`
-	Size int64  `json:"size"`
+	Key    string `json:"key"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
 }
 
 const (
@@ -116,7 +118,7 @@ func (c *Cache) load() error {
 			}
 			continue
 		}
-		all = append(all, found{&cacheEntry{key: meta.Key, name: de.Name(), size: meta.Size}, used})
+		all = append(all, found{&cacheEntry{key: meta.Key, digest: meta.Digest, name: de.Name(), size: meta.Size}, used})
 	}
 	// Oldest first, each pushed to the front: the newest ends at the front.
 	slices.SortFunc(all, func(a, b found) int { return a.used.Compare(b.used) })
@@ -183,20 +185,23 @@ func (h *Handle) Release() {
 	h.once.Do(func() { h.c.release(h.e) })
 }
 
-// Acquire returns the image key, downloading it first if it is not cached.
-// Concurrent calls for one key share one download; a caller whose ctx ends
-// stops waiting, while the download goes on for the others.
-func (c *Cache) Acquire(ctx context.Context, key string) (*Handle, error) {
+// Acquire returns the image key whose digest is digest (recorded at its
+// upload), downloading it first if it is not cached. A cached copy checked
+// against another digest (one fetched before digests were recorded, or of
+// an upload since replaced) is not used. Concurrent calls for one key share
+// one download; a caller whose ctx ends stops waiting, while the download
+// goes on for the others.
+func (c *Cache) Acquire(ctx context.Context, key, digest string) (*Handle, error) {
 	if err := ValidKey(key); err != nil {
 		return nil, err
 	}
 	// Bounded: an entry can be evicted between its download and our taking
 	// a reference only under heavy churn.
 	for range 3 {
-		if h := c.take(key); h != nil {
+		if h := c.take(key, digest); h != nil {
 			return h, nil
 		}
-		ch := c.group.DoChan(key, func() (any, error) { return nil, c.download(key) })
+		ch := c.group.DoChan(key+"@"+digest, func() (any, error) { return nil, c.download(key, digest) })
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("cache %s: %w", key, ctx.Err())
@@ -209,11 +214,15 @@ func (c *Cache) Acquire(ctx context.Context, key string) (*Handle, error) {
 	return nil, fmt.Errorf("cache %s: evicted as soon as fetched; the cache limit is too small for the images in use", key)
 }
 
-func (c *Cache) take(key string) *Handle {
+func (c *Cache) take(key, digest string) *Handle {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entries[key]
 	if e == nil {
+		return nil
+	}
+	if e.digest != digest {
+		c.forgetLocked(e)
 		return nil
 	}
 	e.refs++
@@ -225,9 +234,13 @@ func (c *Cache) take(key string) *Handle {
 	return &Handle{c: c, e: e}
 }
 
-func (c *Cache) download(key string) error {
+func (c *Cache) download(key, digest string) error {
 	c.mu.Lock()
-	_, ok := c.entries[key]
+	e, ok := c.entries[key]
+	if ok && e.digest != digest {
+		c.forgetLocked(e)
+		ok = false
+	}
 	c.mu.Unlock()
 	if ok {
 		return nil // fetched by a flight that ended just before ours began
@@ -237,21 +250,21 @@ func (c *Cache) download(key string) error {
 		return err
 	}
 	defer os.RemoveAll(tmp) // a no-op once renamed
-	if _, err := c.fetch.Get(c.ctx, key, filepath.Join(tmp, entryImage)); err != nil {
+	if _, err := c.fetch.Get(c.ctx, key, digest, filepath.Join(tmp, entryImage)); err != nil {
 		return err
 	}
 	size, err := diskUsage(filepath.Join(tmp, entryImage))
 	if err != nil {
 		return err
 	}
-	b, err := json.Marshal(entryMeta{Key: key, Size: size})
+	b, err := json.Marshal(entryMeta{Key: key, Digest: digest, Size: size})
 	if err != nil {
 		return err
 	}
 	if err := writeFileSync(filepath.Join(tmp, entryMetaF), b); err != nil {
 		return err
 	}
-	e := &cacheEntry{key: key, name: fmt.Sprintf("%s-%d", entryName(key), time.Now().UnixNano()), size: size}
+	e = &cacheEntry{key: key, digest: digest, name: fmt.Sprintf("%s-%d", entryName(key), time.Now().UnixNano()), size: size}
 	if err := os.Rename(tmp, filepath.Join(c.dir, e.name)); err != nil {
 		return err
 	}
@@ -313,15 +326,20 @@ func (c *Cache) Purge(key string) error {
 	if e == nil {
 		return nil
 	}
+	if err := c.forgetLocked(e); err != nil {
+		return fmt.Errorf("purge %s: %w", key, err)
+	}
+	return nil
+}
+
+// forgetLocked drops e: removed now if unused, else at its last release.
+func (c *Cache) forgetLocked(e *cacheEntry) error {
 	c.dropLocked(e)
 	if e.refs > 0 {
 		e.removed = true
 		return nil
 	}
-	if err := os.RemoveAll(filepath.Join(c.dir, e.name)); err != nil {
-		return fmt.Errorf("purge %s: %w", key, err)
-	}
-	return nil
+	return os.RemoveAll(filepath.Join(c.dir, e.name))
 }
 
 // Size returns the bytes the cached entries occupy.

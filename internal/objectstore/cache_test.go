@@ -13,23 +13,24 @@ import (
 )
 
 // putImages stores n images of size bytes of random data each, as
-// images/0..n-1, and returns their source directories.
-func putImages(t *testing.T, store *Store, n int, size int64) []string {
+// images/0..n-1, and returns their source directories and digests.
+func putImages(t *testing.T, store *Store, n int, size int64) (dirs, digests []string) {
 	t.Helper()
 	ctx := testCtx(t)
-	var dirs []string
 	for i := range n {
 		dir := filepath.Join(t.TempDir(), fmt.Sprint(i))
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
 		writeRandom(t, filepath.Join(dir, "mem"), size, uint64(i+1))
-		if _, err := store.Put(ctx, fmt.Sprintf("images/%d", i), dir); err != nil {
+		m, err := store.Put(ctx, fmt.Sprintf("images/%d", i), dir)
+		if err != nil {
 			t.Fatal(err)
 		}
 		dirs = append(dirs, dir)
+		digests = append(digests, m.Digest)
 	}
-	return dirs
+	return dirs, digests
 }
 
 func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
@@ -38,7 +39,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	store := openStore(t, testConfig(srv, "cache-evict"))
 	ctx := testCtx(t)
 	const size = 1 << 20
-	srcs := putImages(t, store, 5, size)
+	srcs, digests := putImages(t, store, 5, size)
 	dir := t.TempDir()
 	// Room for two and a half images.
 	cache, err := OpenCache(dir, 5*size/2, store)
@@ -47,12 +48,12 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	}
 	defer cache.Close()
 
-	held, err := cache.Acquire(ctx, "images/0")
+	held, err := cache.Acquire(ctx, "images/0", digests[0])
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i < 5; i++ {
-		h, err := cache.Acquire(ctx, fmt.Sprintf("images/%d", i))
+		h, err := cache.Acquire(ctx, fmt.Sprintf("images/%d", i), digests[i])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +70,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	}
 	// Released, the held image is the least recently used and goes next.
 	held.Release()
-	h, err := cache.Acquire(ctx, "images/1")
+	h, err := cache.Acquire(ctx, "images/1", digests[1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cache3.Close()
-	h, err = cache3.Acquire(ctx, "images/4")
+	h, err = cache3.Acquire(ctx, "images/4", digests[4])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestCacheConcurrentColdAcquireDownloadsOnce(t *testing.T) {
 	cfg := testConfig(srv, "cache-once")
 	cfg.HTTPClient = &http.Client{Transport: counter}
 	store := openStore(t, cfg)
-	srcs := putImages(t, store, 1, 8<<20)
+	srcs, digests := putImages(t, store, 1, 8<<20)
 	ctx := testCtx(t)
 	cache, err := OpenCache(t.TempDir(), 1<<30, store)
 	if err != nil {
@@ -137,7 +138,7 @@ func TestCacheConcurrentColdAcquireDownloadsOnce(t *testing.T) {
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			handles[i], errs[i] = cache.Acquire(ctx, "images/0")
+			handles[i], errs[i] = cache.Acquire(ctx, "images/0", digests[0])
 		})
 	}
 	close(start)
@@ -164,14 +165,14 @@ func TestCachePurgeWaitsForRelease(t *testing.T) {
 	cfg := testConfig(srv, "cache-purge")
 	cfg.HTTPClient = &http.Client{Transport: counter}
 	store := openStore(t, cfg)
-	srcs := putImages(t, store, 1, 1<<20)
+	srcs, digests := putImages(t, store, 1, 1<<20)
 	ctx := testCtx(t)
 	cache, err := OpenCache(t.TempDir(), 1<<30, store)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cache.Close()
-	h, err := cache.Acquire(ctx, "images/0")
+	h, err := cache.Acquire(ctx, "images/0", digests[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +185,7 @@ func TestCachePurgeWaitsForRelease(t *testing.T) {
 		t.Fatalf("purged key still cached: %v", keys)
 	}
 	// A new acquire fetches again, beside the old copy.
-	h2, err := cache.Acquire(ctx, "images/0")
+	h2, err := cache.Acquire(ctx, "images/0", digests[0])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,8 @@ type Manifest struct {
 	Key    string `json:"key"`
 	Format string `json:"format"`
 	// Digest ("sha256:<hex>") and Size are those of the data object's bytes
-	// as stored; Get verifies both before an image is used.
+	// as stored. Put's caller records Digest outside the bucket, and Get
+	// verifies the data against that record, never against this copy.
 	Digest string `json:"digest"`
 	Size   int64  `json:"size"`
 	// Files and Bytes describe the unpacked tree (Bytes counts holes).

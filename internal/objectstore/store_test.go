@@ -181,7 +181,7 @@ func TestRoundTrip(t *testing.T) {
 				t.Fatalf("Stat = %+v, %v; want %+v", st, err, m)
 			}
 			dst := filepath.Join(t.TempDir(), "dst")
-			if _, err := store.Get(ctx, key, dst); err != nil {
+			if _, err := store.Get(ctx, key, m.Digest, dst); err != nil {
 				t.Fatal(err)
 			}
 			compareTrees(t, want, snapshotTree(t, dst))
@@ -198,7 +198,7 @@ func TestRoundTrip(t *testing.T) {
 				}
 			}
 			// A second Get into an existing path is refused.
-			if _, err := store.Get(ctx, key, dst); err == nil {
+			if _, err := store.Get(ctx, key, m.Digest, dst); err == nil {
 				t.Fatal("Get over an existing directory succeeded")
 			}
 		})
@@ -244,7 +244,8 @@ func TestCorruptObjectRefused(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			key := "snapshots/" + tt.name
-			if _, err := store.Put(ctx, key, src); err != nil {
+			m, err := store.Put(ctx, key, src)
+			if err != nil {
 				t.Fatal(err)
 			}
 			name := aws.String(store.dataKey(key))
@@ -270,7 +271,7 @@ func TestCorruptObjectRefused(t *testing.T) {
 			}
 			parent := t.TempDir()
 			dst := filepath.Join(parent, "dst")
-			_, err := store.Get(ctx, key, dst)
+			_, err = store.Get(ctx, key, m.Digest, dst)
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("Get of a damaged object: %v, want ErrCorrupt", err)
 			}
@@ -321,7 +322,7 @@ func TestListDelete(t *testing.T) {
 	if got, want := keys(""), []string{"snapshots/a/child", "snapshots/b", "templates/t"}; !slices.Equal(got, want) {
 		t.Fatalf("List after Delete = %v, want %v", got, want)
 	}
-	if _, err := store.Get(ctx, "snapshots/a", filepath.Join(t.TempDir(), "x")); !errors.Is(err, ErrNotFound) {
+	if _, err := store.Get(ctx, "snapshots/a", "sha256:"+strings.Repeat("0", 64), filepath.Join(t.TempDir(), "x")); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Get of a deleted image: %v, want ErrNotFound", err)
 	}
 }
@@ -376,5 +377,111 @@ func TestGC(t *testing.T) {
 	}
 	if _, err := raw.ListParts(ctx, &s3.ListPartsInput{Bucket: aws.String("gc-test"), Key: aws.String(store.dataKey("inflight/1")), UploadId: up.UploadId}); err == nil {
 		t.Fatal("old multipart upload not aborted")
+	}
+}
+
+// Whoever can write the bucket can replace an image together with its
+// manifest, consistently. Get checks the data against the digest recorded
+// at the upload (outside the bucket), so the replacement is refused, by
+// Get and by the cache, and nothing of it is left on disk.
+func TestRewrittenImageRefused(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	store := openStore(t, testConfig(srv, "rewritten"))
+	// The bucket writer: its own client, the same bucket and prefix.
+	writer := openStore(t, testConfig(srv, "rewritten"))
+	ctx := testCtx(t)
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeRandom(t, filepath.Join(src, "pages.img"), 1<<20, 1)
+	injected := filepath.Join(t.TempDir(), "injected")
+	if err := os.Mkdir(injected, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeRandom(t, filepath.Join(injected, "pages.img"), 1<<20, 2)
+
+	const key = "templates/snap"
+	m, err := store.Put(ctx, key, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged, err := writer.Put(ctx, key, injected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := store.Stat(ctx, key); err != nil || st.Digest != forged.Digest {
+		t.Fatalf("the bucket's manifest is not the forged one: %+v %v", st, err)
+	}
+
+	parent := t.TempDir()
+	_, err = store.Get(ctx, key, m.Digest, filepath.Join(parent, "dst"))
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), key) {
+		t.Fatalf("Get of a rewritten image: %v, want ErrCorrupt naming %s", err, key)
+	}
+	if left, _ := os.ReadDir(parent); len(left) != 0 {
+		t.Fatalf("Get left %v behind", left)
+	}
+	if _, err := store.Get(ctx, key, "", filepath.Join(parent, "dst")); !errors.Is(err, ErrNoDigest) {
+		t.Fatalf("Get without a digest: %v, want ErrNoDigest", err)
+	}
+
+	// The data alone replaced, the manifest left as uploaded.
+	m2, err := store.Put(ctx, key, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forgedData := filepath.Join(t.TempDir(), "data")
+	if _, err := writer.Put(ctx, "templates/other", injected); err != nil {
+		t.Fatal(err)
+	}
+	raw := srv.Client()
+	out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("rewritten"),
+		Key: aws.String(store.dataKey("templates/other"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(out.Body)
+	out.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String("rewritten"),
+		Key: aws.String(store.dataKey(key)), Body: bytes.NewReader(data),
+		ContentLength: aws.Int64(int64(len(data)))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Get(ctx, key, m2.Digest, forgedData); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Get of replaced data under the uploaded manifest: %v, want ErrCorrupt", err)
+	}
+
+	// A cached copy is used only for the digest it was checked against.
+	cache, err := OpenCache(t.TempDir(), 1<<30, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	m3, err := store.Put(ctx, key, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := cache.Acquire(ctx, key, m3.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(h.Path(), "pages.img"))
+	h.Release()
+	again, err := writer.Put(ctx, key, injected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err = cache.Acquire(ctx, key, again.Digest)
+	if err != nil {
+		t.Fatalf("a new upload's digest: %v", err)
+	}
+	h.Release()
+	if _, err := cache.Acquire(ctx, key, m3.Digest); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("cache acquire of a rewritten image: %v, want ErrCorrupt", err)
 	}
 }

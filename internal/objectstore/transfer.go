@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -23,9 +24,24 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// ErrCorrupt is returned by Get when the downloaded bytes do not match the
-// manifest (truncated, altered or unreadable); nothing is left at dst.
-var ErrCorrupt = errors.New("image in object store is corrupt")
+// ErrCorrupt is returned by Get when the object does not match the digest
+// recorded at its upload (truncated, altered, replaced or unreadable);
+// nothing is left at dst.
+var ErrCorrupt = errors.New("object in the object store does not match the digest recorded at its upload (corrupt or altered)")
+
+// ErrNoDigest is returned by Get when the caller has no digest to check
+// the image against (a record written before digests were kept).
+var ErrNoDigest = errors.New("no digest recorded for the image, so it cannot be verified")
+
+// validDigest reports whether d has the form of Manifest.Digest.
+func validDigest(d string) bool {
+	hexPart, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(hexPart) != 2*sha256.Size {
+		return false
+	}
+	_, err := hex.DecodeString(hexPart)
+	return err == nil
+}
 
 // Put uploads the directory tree dir as the image key, replacing any image of
 // that key. The tree is streamed (tar, zstd) through a multipart upload, never
@@ -170,8 +186,9 @@ func (s *Store) upload(ctx context.Context, name string, r io.Reader) (int64, er
 
 // unsignedPayload leaves data bodies out of the request signature. Signing
 // them costs a second SHA-256 pass over every byte, which halves upload
-// throughput on a small node; the image digest in the (signed) manifest
-// checks the same bytes end to end, and TLS protects them in transit.
+// throughput on a small node; the image digest, recorded outside the
+// bucket, checks the same bytes end to end, and TLS protects them in
+// transit.
 func unsignedPayload(o *s3.Options) {
 	o.APIOptions = append(o.APIOptions, v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
 }
@@ -247,13 +264,27 @@ func (s *Store) uploadParts(ctx context.Context, name string, uploadID *string, 
 }
 
 // Get downloads the image key into dst, which must not exist (its parent
-// must). The image is unpacked into a temporary sibling of dst and renamed to
-// dst only after its size and digest match the manifest, so a truncated or
-// corrupt object never appears at dst.
-func (s *Store) Get(ctx context.Context, key, dst string) (Manifest, error) {
+// must), and checks it against digest: the Manifest.Digest that Put
+// returned, as a record outside the bucket (the database) kept it. The
+// image is unpacked into a temporary sibling of dst and renamed to dst only
+// after its bytes match digest, so a truncated, corrupt or altered object
+// never appears at dst.
+//
+// The manifest in the bucket only says that the upload completed: whoever
+// can write the bucket can rewrite the manifest along with the data, so its
+// digest is never what the data is checked against.
+func (s *Store) Get(ctx context.Context, key, digest, dst string) (Manifest, error) {
+	if !validDigest(digest) {
+		return Manifest{}, fmt.Errorf("get %s: %w", key, ErrNoDigest)
+	}
 	m, err := s.Stat(ctx, key)
 	if err != nil {
 		return Manifest{}, err
+	}
+	if m.Digest != digest {
+		// Rewritten (or another upload's): refused before any download.
+		return Manifest{}, fmt.Errorf("get %s: %w: its manifest says %s, recorded at upload %s",
+			key, ErrCorrupt, m.Digest, digest)
 	}
 	if _, err := os.Lstat(dst); err == nil {
 		return Manifest{}, fmt.Errorf("get %s: %s exists", key, dst)
@@ -268,7 +299,7 @@ func (s *Store) Get(ctx context.Context, key, dst string) (Manifest, error) {
 			os.RemoveAll(tmp)
 		}
 	}()
-	if err := s.fetch(ctx, m, tmp); err != nil {
+	if err := s.fetch(ctx, m, digest, tmp); err != nil {
 		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {
@@ -281,7 +312,9 @@ func (s *Store) Get(ctx context.Context, key, dst string) (Manifest, error) {
 	return m, nil
 }
 
-func (s *Store) fetch(ctx context.Context, m Manifest, dir string) error {
+// fetch unpacks the data object of m into dir and checks its bytes against
+// digest. m.Size only bounds the read: it comes from the bucket.
+func (s *Store) fetch(ctx context.Context, m Manifest, digest, dir string) error {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.dataKey(m.Key))})
 	if err != nil {
 		if isNotFound(err) {
@@ -315,8 +348,8 @@ func (s *Store) fetch(ctx context.Context, m Manifest, dir string) error {
 	if body.n != m.Size {
 		return fmt.Errorf("%w: read %d bytes, manifest says %d", ErrCorrupt, body.n, m.Size)
 	}
-	if got := "sha256:" + hex.EncodeToString(body.h.Sum(nil)); got != m.Digest {
-		return fmt.Errorf("%w: digest %s, manifest says %s", ErrCorrupt, got, m.Digest)
+	if got := "sha256:" + hex.EncodeToString(body.h.Sum(nil)); got != digest {
+		return fmt.Errorf("%w: digest %s, recorded at upload %s", ErrCorrupt, got, digest)
 	}
 	if unpackErr != nil {
 		// The bytes are the ones written, so this is a local failure

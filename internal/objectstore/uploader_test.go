@@ -105,7 +105,7 @@ func TestUploaderRetriesWhileStoreDown(t *testing.T) {
 		t.Fatal("uploader not idle after the upload")
 	}
 	dst := filepath.Join(t.TempDir(), "restored")
-	if _, err := store.Get(testCtx(t), "snapshots/s1", dst); err != nil {
+	if _, err := store.Get(testCtx(t), "snapshots/s1", done1.Manifest.Digest, dst); err != nil {
 		t.Fatal(err)
 	}
 	compareTrees(t, snapshotTree(t, src), snapshotTree(t, dst))

@@ -105,7 +105,7 @@ func TestSharedPausedSandbox(t *testing.T) {
 	if _, uploads, _ := f.seen(); len(uploads) != 3 || uploads[2] != sb.ID {
 		t.Fatalf("an upload cut by a restart is not queued again: %v", uploads)
 	}
-	if err := w.store.Store.SetSandboxUpload(ctx, sb.ID, store.UploadUploaded); err != nil {
+	if err := w.store.Store.SetSandboxUpload(ctx, sb.ID, store.UploadUploaded, "sha256:0"); err != nil {
 		t.Fatal(err)
 	}
 	w.stop()

@@ -118,6 +118,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		LayersDir:    filepath.Join(cfg.DataDir, "layers"),
 		Registries: image.RegistryPolicy{AllowPrivate: cfg.AllowPrivateRegistries,
 			Denied: []netip.Prefix{netip.MustParsePrefix(cfg.SandboxCIDR)}},
+		ImageLimits: imageLimits(cfg.MaxImageUnpackedMB),
 	}, logger.With("component", "template"))
 	if _, err := templates.EnsureBase(ctx, sandbox.NewID); err != nil {
 		return fmt.Errorf("base template: %w", err)
@@ -229,6 +230,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		MaxJSONBytes:       int64(cfg.MaxJSONBodyMB) << 20,
 		MaxFileBytes:       int64(cfg.MaxFileUploadMB) << 20,
 		DefaultExecTimeout: config.Seconds(cfg.DefaultExecTimeoutSecs),
+		ExecOutputBudget:   int64(cfg.ExecOutputBudgetMB) << 20,
 		MaxExecTimeout:     config.Seconds(cfg.MaxTimeoutSecs),
 		MaxSandboxTimeout:  config.Seconds(cfg.MaxTimeoutSecs),
 		Domain:             cfg.Domain,
@@ -373,4 +375,12 @@ func newBuilds(cfg config.Server, n node.Node, logger *slog.Logger) (*build.Serv
 		return nil, err
 	}
 	return build.New(build.Config{}, n, uploads, filepath.Join(cfg.DataDir, "builds"), logger.With("component", "build"))
+}
+
+// imageLimits are the default unpack limits with the operator's bound on
+// an image's unpacked size (--max-image-unpacked-mb).
+func imageLimits(maxMB int) image.Limits {
+	l := image.DefaultLimits()
+	l.MaxBytes = int64(maxMB) << 20
+	return l
 }

@@ -17,6 +17,12 @@
 // filesystem are uploaded; its record says "uploaded" only then. So is a
 // sandbox paused to disk: when its node is gone, another node takes its
 // record over (TakeOver) and resumes it from the store.
+//
+// Integrity: the record says "uploaded" together with the digests of what
+// was uploaded (the image's and the root filesystem's), and every fetch
+// is checked against those, never against the manifests in the bucket. A
+// bucket writer can delete or damage objects (fetches then fail, with
+// node.ErrBadGateway) but cannot change what a node restores.
 package shared
 
 import (
@@ -32,6 +38,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	aenvnode "github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/objectstore"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
@@ -40,8 +47,8 @@ import (
 // Records is what the package needs of the node's store.
 type Records interface {
 	ListTemplates(ctx context.Context) ([]*store.Template, error)
-	SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string) error
-	SetSandboxUpload(ctx context.Context, id string, state store.UploadState) error
+	SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string, digests store.UploadDigests) error
+	SetSandboxUpload(ctx context.Context, id string, state store.UploadState, digest string) error
 }
 
 // Config wires Images.
@@ -90,8 +97,11 @@ type Images struct {
 	forgotten map[string]bool
 	// background counts deletes started by ForgetSandbox; Run waits.
 	background sync.WaitGroup
-	// rootfsLocks serialise the uploads of one rootfs.
+	// rootfsLocks serialise the uploads of one rootfs; rootfsPut holds
+	// the digest of each this process uploaded (trusted before any record
+	// pins it).
 	rootfsLocks map[string]*sync.Mutex
+	rootfsPut   map[string]string
 	// localIDs caches the rootfs ID of local root filesystems by path,
 	// rootfsPaths the path of those found for an ID.
 	localIDs    map[string]string
@@ -107,6 +117,9 @@ type job struct {
 	kind       store.TemplateKind
 	rootfsPath string
 	rootfsID   string
+	// rootfsDigest is set by Put once the root filesystem is in the
+	// store: the digest recorded with the upload.
+	rootfsDigest string
 }
 
 // Open prepares the cache directories; Run starts the uploads.
@@ -118,7 +131,7 @@ func Open(cfg Config) (*Images, error) {
 		return nil, fmt.Errorf("shared images: %w", err)
 	}
 	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{},
-		rootfsLocks: map[string]*sync.Mutex{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
+		rootfsLocks: map[string]*sync.Mutex{}, rootfsPut: map[string]string{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
 	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store)
 	if err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
@@ -155,7 +168,10 @@ func (im *Images) Run(ctx context.Context) {
 		im.cfg.Logger.WarnContext(ctx, "shared images: list templates to resume uploads", "err", err)
 	} else {
 		for _, t := range templates {
-			if t.Upload != store.UploadNone && t.Upload != store.UploadUploaded {
+			// Uploaded before digests were recorded: uploaded again, so
+			// that other nodes can verify what they fetch.
+			unpinned := t.Upload == store.UploadUploaded && t.RootfsDigest == ""
+			if t.Upload != store.UploadNone && t.Upload != store.UploadUploaded || unpinned {
 				im.enqueue(t)
 			}
 		}
@@ -262,33 +278,76 @@ func (im *Images) Put(ctx context.Context, key, dir string) (objectstore.Manifes
 	if err != nil {
 		return objectstore.Manifest{}, err
 	}
+	im.mu.Lock()
+	if cur, ok := im.jobs[key]; ok {
+		cur.rootfsDigest = m.Digest
+		im.jobs[key] = cur
+	}
+	im.mu.Unlock()
 	if j.sandboxID == "" && (j.kind == store.KindRootfs || j.kind == "") {
 		return m, nil // a rootfs template is its root filesystem
 	}
 	return im.cfg.Store.Put(ctx, key, dir)
 }
 
-// putRootfs makes sure the store has the root filesystem id.
+// putRootfs makes sure the store has the root filesystem id, and returns
+// the manifest whose digest the caller records. One already in the store is
+// taken only when a record pins its manifest's digest for id (an upload of
+// ours): the bucket's word alone would let its writer choose the digest.
 func (im *Images) putRootfs(ctx context.Context, id, path string) (objectstore.Manifest, error) {
 	lock := im.rootfsLock(id)
 	lock.Lock()
 	defer lock.Unlock()
 	key := rootfsKey(id)
 	m, err := im.cfg.Store.Stat(ctx, key)
-	if err == nil {
+	if err != nil && !errors.Is(err, objectstore.ErrNotFound) {
+		return m, fmt.Errorf("rootfs %s: %w", id, err)
+	}
+	im.mu.Lock()
+	ours := im.rootfsPut[id]
+	im.mu.Unlock()
+	if err == nil && ours != "" && m.Digest == ours {
 		return m, nil
 	}
-	if !errors.Is(err, objectstore.ErrNotFound) {
-		return m, fmt.Errorf("rootfs %s: %w", id, err)
+	if err == nil {
+		pinned, err := im.rootfsPinned(ctx, id, m.Digest)
+		if err != nil {
+			return objectstore.Manifest{}, fmt.Errorf("rootfs %s: %w", id, err)
+		}
+		if pinned {
+			return m, nil
+		}
 	}
 	start := time.Now()
 	m, err = im.cfg.Store.Put(ctx, key, path)
 	if err != nil {
 		return m, fmt.Errorf("upload rootfs %s: %w", id, err)
 	}
+	im.mu.Lock()
+	im.rootfsPut[id] = m.Digest
+	im.mu.Unlock()
 	im.cfg.Logger.InfoContext(ctx, "shared images: root filesystem uploaded", "rootfs", id,
 		"bytes", m.Size, "took", time.Since(start).Round(time.Millisecond))
 	return m, nil
+}
+
+// rootfsPinned reports whether a template record (any node's) pins digest
+// for the root filesystem id.
+func (im *Images) rootfsPinned(ctx context.Context, id, digest string) (bool, error) {
+	list := im.cfg.Records.ListTemplates
+	if im.cfg.AllTemplates != nil {
+		list = im.cfg.AllTemplates
+	}
+	templates, err := list(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, t := range templates {
+		if t.RootfsID == id && t.RootfsDigest != "" && t.RootfsDigest == digest {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // recordUpload writes an upload's state on its template's record. A
@@ -326,7 +385,14 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 		im.recordSandboxUpload(ctx, j, st)
 		return
 	}
-	err := im.cfg.Records.SetTemplateUpload(ctx, j.templateID, store.UploadState(st.State), msg)
+	var digests store.UploadDigests
+	if st.State == objectstore.UploadUploaded {
+		digests.Rootfs = j.rootfsDigest
+		if j.kind != store.KindRootfs && j.kind != "" {
+			digests.Image = st.Manifest.Digest
+		}
+	}
+	err := im.cfg.Records.SetTemplateUpload(ctx, j.templateID, store.UploadState(st.State), msg, digests)
 	switch {
 	case errors.Is(err, store.ErrNotFound) && st.State == objectstore.UploadUploaded:
 		if err := im.cfg.Store.Delete(ctx, st.Key); err != nil {
@@ -346,7 +412,11 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 // recordSandboxUpload is recordUpload for a sandbox's image. One whose
 // record holds no image any more (resumed meanwhile) has it deleted.
 func (im *Images) recordSandboxUpload(ctx context.Context, j job, st objectstore.UploadStatus) {
-	err := im.cfg.Records.SetSandboxUpload(ctx, j.sandboxID, store.UploadState(st.State))
+	digest := ""
+	if st.State == objectstore.UploadUploaded {
+		digest = st.Manifest.Digest
+	}
+	err := im.cfg.Records.SetSandboxUpload(ctx, j.sandboxID, store.UploadState(st.State), digest)
 	if st.State != objectstore.UploadUploaded {
 		if st.Err != nil {
 			im.cfg.Logger.Warn("shared images: upload of a sandbox's image failed", "sandbox", j.sandboxID,
@@ -381,8 +451,8 @@ func (im *Images) TakeOver(ctx context.Context, id, dir string) (*store.Sandbox,
 		return nil, err
 	}
 	start := time.Now()
-	if _, err := im.cfg.Store.Get(ctx, sandboxKey(id), dir); err != nil {
-		return nil, fmt.Errorf("fetch the image of sandbox %s: %w", id, err)
+	if _, err := im.cfg.Store.Get(ctx, sandboxKey(id), sb.ImageDigest, dir); err != nil {
+		return nil, fmt.Errorf("fetch the image of sandbox %s: %w", id, fetchError(err))
 	}
 	claimed, err := im.cfg.Claim(ctx, id, dir, im.cfg.SilentFor)
 	if err != nil {
@@ -406,7 +476,12 @@ func (im *Images) Find(ctx context.Context, idOrName string) (*store.Template, e
 	if err != nil {
 		return nil, err
 	}
-	path, err := im.Rootfs(ctx, tpl.RootfsID)
+	if tpl.RootfsDigest == "" {
+		// Uploaded before digests were recorded: not usable here until
+		// its node uploads it again (at its next start).
+		return nil, fmt.Errorf("template %s: uploaded without a recorded digest: %w", idOrName, store.ErrNotFound)
+	}
+	path, err := im.Rootfs(ctx, tpl.RootfsID, tpl.RootfsDigest)
 	if err != nil {
 		return nil, fmt.Errorf("template %s: %w", tpl.Name, err)
 	}
@@ -415,8 +490,9 @@ func (im *Images) Find(ctx context.Context, idOrName string) (*store.Template, e
 }
 
 // Rootfs returns the local path of the root filesystem id: one of the
-// node's own templates', one fetched before, or fetched now.
-func (im *Images) Rootfs(ctx context.Context, id string) (string, error) {
+// node's own templates', one fetched before, or fetched now and checked
+// against digest (recorded at its upload).
+func (im *Images) Rootfs(ctx context.Context, id, digest string) (string, error) {
 	if id == "" {
 		return "", errors.New("no root filesystem identity recorded")
 	}
@@ -426,7 +502,7 @@ func (im *Images) Rootfs(ctx context.Context, id string) (string, error) {
 	ch := im.fetches.DoChan(id, func() (any, error) {
 		fctx, cancel := context.WithTimeout(context.Background(), rootfsFetchTimeout)
 		defer cancel()
-		return im.rootfs(fctx, id)
+		return im.rootfs(fctx, id, digest)
 	})
 	select {
 	case <-ctx.Done():
@@ -443,7 +519,7 @@ func (im *Images) Rootfs(ctx context.Context, id string) (string, error) {
 const rootfsFetchTimeout = 30 * time.Minute
 
 // rootfs is Rootfs's work, one at a time per ID (the singleflight).
-func (im *Images) rootfs(ctx context.Context, id string) (string, error) {
+func (im *Images) rootfs(ctx context.Context, id, digest string) (string, error) {
 	fetched := filepath.Join(im.cfg.Dir, "rootfs", id, "rootfs")
 	if _, err := os.Stat(fetched); err == nil {
 		return fetched, nil
@@ -470,9 +546,9 @@ func (im *Images) rootfs(ctx context.Context, id string) (string, error) {
 	start := time.Now()
 	// Get unpacks beside fetched and renames it into place only whole and
 	// verified, so a rootfs directory that exists is complete.
-	m, err := im.cfg.Store.Get(ctx, rootfsKey(id), fetched)
+	m, err := im.cfg.Store.Get(ctx, rootfsKey(id), digest, fetched)
 	if err != nil {
-		return "", fmt.Errorf("fetch rootfs %s: %w", id, err)
+		return "", fmt.Errorf("fetch rootfs %s: %w", id, fetchError(err))
 	}
 	if err := template.SetRootfsID(fetched, id); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", err
@@ -534,9 +610,9 @@ func (im *Images) rootfsLock(id string) *sync.Mutex {
 // once the restore has read it.
 func (im *Images) Image(ctx context.Context, tpl *store.Template) (dir string, release func(), err error) {
 	start := time.Now()
-	h, err := im.cache.Acquire(ctx, imageKey(tpl.ID))
+	h, err := im.cache.Acquire(ctx, imageKey(tpl.ID), tpl.ImageDigest)
 	if err != nil {
-		return "", nil, fmt.Errorf("fetch image of %s: %w", tpl.Name, err)
+		return "", nil, fmt.Errorf("fetch image of %s: %w", tpl.Name, fetchError(err))
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {
 		im.cfg.Logger.InfoContext(ctx, "shared images: image fetched", "template", tpl.ID,
@@ -593,6 +669,16 @@ func LiveKeys(templates []*store.Template, sandboxes []*store.Sandbox) func(key 
 		}
 	}
 	return func(key string) bool { return live[key] }
+}
+
+// fetchError classifies a failed fetch of an object a record says is
+// uploaded: missing, or not matching the digest recorded at its upload,
+// the object store failed us (502), not the client or this node.
+func fetchError(err error) error {
+	if errors.Is(err, objectstore.ErrCorrupt) || errors.Is(err, objectstore.ErrNotFound) {
+		return fmt.Errorf("%w: %w", aenvnode.ErrBadGateway, err)
+	}
+	return err
 }
 
 func imageKey(templateID string) string { return "templates/" + templateID }

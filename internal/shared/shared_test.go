@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	aenvnode "github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/objectstore"
 	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -27,7 +28,8 @@ type node struct {
 	dir    string
 }
 
-func newNode(t *testing.T, srv *s3test.Server, id string, find func(ctx context.Context, idOrName string) (*store.Template, error)) *node {
+func newNode(t *testing.T, srv *s3test.Server, id string, find func(ctx context.Context, idOrName string) (*store.Template, error),
+	opts ...func(*Config)) *node {
 	t.Helper()
 	dir := t.TempDir()
 	db, err := sqlite.Open(context.Background(), filepath.Join(dir, "aenv.db"))
@@ -42,9 +44,13 @@ func newNode(t *testing.T, srv *s3test.Server, id string, find func(ctx context.
 	if err != nil {
 		t.Fatal(err)
 	}
-	im, err := Open(Config{Store: objects, Dir: filepath.Join(dir, "shared"), CacheBytes: 1 << 30, NodeID: id,
+	cfg := Config{Store: objects, Dir: filepath.Join(dir, "shared"), CacheBytes: 1 << 30, NodeID: id,
 		Records: db, Find: find, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Uploads: objectstore.UploaderOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}})
+		Uploads: objectstore.UploaderOptions{MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	im, err := Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +171,7 @@ func TestShareFindFetchDelete(t *testing.T) {
 	release()
 
 	// A node with the same root filesystem (same name) uses its own.
-	if path, err := a.images.Rootfs(ctx, tpl.RootfsID); err != nil || path != rootfs {
+	if path, err := a.images.Rootfs(ctx, tpl.RootfsID, found.RootfsDigest); err != nil || path != rootfs {
 		t.Errorf("node a's own rootfs: %q %v", path, err)
 	}
 
@@ -191,5 +197,147 @@ func TestLiveKeys(t *testing.T) {
 		if got := live(key); got != want {
 			t.Errorf("live(%s) = %v, want %v", key, got, want)
 		}
+	}
+}
+
+// findUploaded finds node a's uploaded templates, as a cluster's database
+// does for the other nodes.
+func findUploaded(a *node) func(ctx context.Context, idOrName string) (*store.Template, error) {
+	return func(ctx context.Context, idOrName string) (*store.Template, error) {
+		tpl, err := a.db.GetTemplate(ctx, idOrName)
+		if err != nil {
+			return nil, err
+		}
+		if tpl.Upload != store.UploadUploaded {
+			return nil, store.ErrNotFound
+		}
+		tpl.NodeID = "a"
+		return tpl, nil
+	}
+}
+
+// waitFor polls cond (a record's state) for a minute.
+func waitFor(t *testing.T, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A bucket writer replaces a snapshot's image, its root filesystem and
+// the image of a sandbox paused to disk, each with a manifest that matches
+// the replacement. The records pinned the digests of what was uploaded, so
+// another node refuses every fetch with a bad-gateway error naming the
+// object, and nothing injected reaches its disk.
+func TestRewrittenObjectsRefused(t *testing.T) {
+	srv := s3test.Start(t)
+	a := newNode(t, srv, "a", nil)
+	ctx := context.Background()
+
+	rootfs := filepath.Join(a.dir, "templates", "img", "rootfs")
+	writeFile(t, filepath.Join(rootfs, "etc", "os-release"), []byte("ID=test\n"))
+	memory := make([]byte, 1<<20)
+	rand.Read(memory)
+	image := filepath.Join(a.dir, "images", "snap1")
+	writeFile(t, filepath.Join(image, "pages.img"), memory)
+	tpl := &store.Template{ID: "snap1", Name: "warm", Kind: store.KindSnapshot, RootfsPath: rootfs,
+		ImageDir: image, CreatedAt: time.Now()}
+	if err := a.images.Share(tpl); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.db.PutTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	a.images.Upload(tpl)
+	var uploaded *store.Template
+	waitFor(t, "template uploaded", func() (bool, error) {
+		got, err := a.db.GetTemplate(ctx, "snap1")
+		uploaded = got
+		return err == nil && got.Upload == store.UploadUploaded, err
+	})
+	if !strings.HasPrefix(uploaded.ImageDigest, "sha256:") || !strings.HasPrefix(uploaded.RootfsDigest, "sha256:") {
+		t.Fatalf("digests not pinned at upload: %+v", uploaded)
+	}
+
+	sbImage := filepath.Join(a.dir, "images", "pause-sb1")
+	writeFile(t, filepath.Join(sbImage, "pages.img"), memory)
+	sb := &store.Sandbox{ID: "sb1", TemplateID: "snap1", State: store.StatePaused, ImageDir: sbImage,
+		SlotIndex: -1, StartedAt: time.Now()}
+	if err := a.db.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	a.images.UploadSandbox(sb, rootfs, tpl.RootfsID)
+	waitFor(t, "sandbox image uploaded", func() (bool, error) {
+		got, err := a.db.GetSandbox(ctx, "sb1")
+		if err == nil && got.ImageUpload == store.UploadUploaded && !strings.HasPrefix(got.ImageDigest, "sha256:") {
+			t.Fatalf("sandbox image digest not pinned at upload: %+v", got)
+		}
+		return err == nil && got.ImageUpload == store.UploadUploaded, err
+	})
+
+	// The bucket writer: its own client on the same bucket and prefix.
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	writer, err := objectstore.Open(wctx, objectstore.Config{Bucket: "shared-test", Prefix: "c",
+		Endpoint: srv.Endpoint, AccessKeyID: s3test.AccessKeyID, SecretAccessKey: s3test.SecretAccessKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := t.TempDir()
+	writeFile(t, filepath.Join(evil, "image", "pages.img"), []byte("injected memory"))
+	writeFile(t, filepath.Join(evil, "rootfs", "etc", "os-release"), []byte("ID=injected\n"))
+	for key, dir := range map[string]string{imageKey("snap1"): "image", sandboxKey("sb1"): "image",
+		rootfsKey(tpl.RootfsID): "rootfs"} {
+		if _, err := writer.Put(wctx, key, filepath.Join(evil, dir)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	b := newNode(t, srv, "b", findUploaded(a), func(c *Config) {
+		c.Orphan = func(ctx context.Context, id string, _ time.Duration) (*store.Sandbox, error) {
+			return a.db.GetSandbox(ctx, id)
+		}
+		c.Claim = func(ctx context.Context, id, _ string, _ time.Duration) (*store.Sandbox, error) {
+			return nil, errors.New("claimed a sandbox whose image was refused")
+		}
+	})
+	refused := func(what string, err error, key string) {
+		t.Helper()
+		if err == nil {
+			t.Fatalf("%s: a rewritten %s was accepted", what, key)
+		}
+		if !errors.Is(err, aenvnode.ErrBadGateway) || !errors.Is(err, objectstore.ErrCorrupt) ||
+			!strings.Contains(err.Error(), key) {
+			t.Fatalf("%s: %v; want a bad-gateway error naming %s", what, err, key)
+		}
+	}
+	_, err = b.images.Find(ctx, "warm")
+	refused("find", err, rootfsKey(tpl.RootfsID))
+	if _, err := os.Stat(filepath.Join(b.dir, "shared", "rootfs", tpl.RootfsID)); err == nil {
+		entries, _ := os.ReadDir(filepath.Join(b.dir, "shared", "rootfs", tpl.RootfsID))
+		for _, e := range entries {
+			if e.Name() == "rootfs" {
+				t.Fatal("the injected root filesystem was put in place")
+			}
+		}
+	}
+	_, _, err = b.images.Image(ctx, uploaded)
+	refused("image", err, imageKey("snap1"))
+	dst := filepath.Join(b.dir, "pause-sb1")
+	_, err = b.images.TakeOver(ctx, "sb1", dst)
+	refused("take over", err, sandboxKey("sb1"))
+	if _, err := os.Stat(dst); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the injected sandbox image was put in place: %v", err)
 	}
 }

@@ -82,9 +82,12 @@ type Sandbox struct {
 	// write their own ID whatever this says.
 	NodeID string
 	// ImageUpload is where the upload of the image of a sandbox paused to
-	// disk stands. Only SetSandboxUpload writes it; it is cleared when
-	// the image is (ImageDir empty).
+	// disk stands, and ImageDigest the digest of what was uploaded
+	// ("sha256:<hex>"), which a node taking the sandbox over checks the
+	// fetched image against. Only SetSandboxUpload writes them; they are
+	// cleared when the image is (ImageDir empty).
 	ImageUpload UploadState
+	ImageDigest string
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the
@@ -145,6 +148,18 @@ type Template struct {
 	// UploadError says why the last attempt failed.
 	Upload      UploadState
 	UploadError string
+	// ImageDigest and RootfsDigest ("sha256:<hex>") are those of the
+	// checkpoint image (snapshot kinds) and the root filesystem as
+	// uploaded: a node fetching them checks the bytes against these, never
+	// against what the bucket says. Set with Upload = UploadUploaded.
+	ImageDigest  string
+	RootfsDigest string
+}
+
+// UploadDigests are what SetTemplateUpload pins of an upload.
+type UploadDigests struct {
+	Image  string // the checkpoint image's; "" for a root filesystem template
+	Rootfs string
 }
 
 // UploadState is where a template's files stand in the cluster's object
@@ -178,9 +193,10 @@ type Store interface {
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]*Sandbox, error)
 	DeleteSandbox(ctx context.Context, id string) error
 	// SetSandboxUpload records where the upload of a sandbox's image to
-	// the object store stands; ErrNotFound if the record is gone or holds
-	// no image.
-	SetSandboxUpload(ctx context.Context, id string, state UploadState) error
+	// the object store stands and the digest of what was uploaded (""
+	// unless uploaded); ErrNotFound if the record is gone or holds no
+	// image.
+	SetSandboxUpload(ctx context.Context, id string, state UploadState, digest string) error
 
 	PutTemplate(ctx context.Context, t *Template) error
 	// GetTemplate finds a template by ID or by name.
@@ -188,8 +204,9 @@ type Store interface {
 	ListTemplates(ctx context.Context) ([]*Template, error)
 	DeleteTemplate(ctx context.Context, id string) error
 	// SetTemplateUpload records where the template's upload stands
-	// (msg: why it failed); ErrNotFound if the template is gone.
-	SetTemplateUpload(ctx context.Context, id string, state UploadState, msg string) error
+	// (msg: why it failed) and the digests of what was uploaded (zero
+	// unless uploaded); ErrNotFound if the template is gone.
+	SetTemplateUpload(ctx context.Context, id string, state UploadState, msg string, digests UploadDigests) error
 
 	Close() error
 }

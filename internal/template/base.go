@@ -66,6 +66,8 @@ type Dirs struct {
 	TemplatesDir string
 	LayersDir    string
 	Registries   image.RegistryPolicy
+	// ImageLimits bound what unpacking an image may write (zero: no bound).
+	ImageLimits image.Limits
 }
 
 // Manager finds and builds templates.

@@ -65,11 +65,11 @@ func (m *Manager) BuildFromImage(ctx context.Context, req ImageRequest, newID fu
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return fail(fmt.Errorf("template %s: %w", req.Name, err))
 	}
-	err = img.UnpackWithProgress(ctx, rootfs, func(i, n int, l image.Layer) {
+	err = img.UnpackWithProgress(ctx, rootfs, m.dirs.ImageLimits, func(i, n int, l image.Layer) {
 		report(image.Progress{Phase: "unpacking", Layer: l.Digest, Current: int64(i), Total: int64(n)})
 	})
 	if err != nil {
-		return fail(fmt.Errorf("unpack %s: %w", img.Reference, err))
+		return fail(err) // it names the image and the layer
 	}
 	if err := runtime.PrepareRootfs(rootfs); err != nil {
 		return fail(err)

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"connectrpc.com/connect"
@@ -23,6 +24,11 @@ type RunRequest struct {
 	User           string        // "" = envd's default user
 	Timeout        time.Duration // 0 = none; at expiry envd kills the process
 	MaxOutputBytes int           // per stream; 0 = 64 MiB. Beyond it output is dropped.
+	// Stdout and Stderr, when set, receive that stream as it arrives
+	// instead of the result keeping it (MaxOutputBytes then does not
+	// apply to it): a writer that blocks paces the command, and one that
+	// fails ends the run with its error.
+	Stdout, Stderr io.Writer
 }
 
 // RunResult is how a command ended and what it printed.
@@ -50,7 +56,14 @@ func (c *Client) Run(ctx context.Context, req RunRequest) (RunResult, error) {
 	var truncated bool
 	stdout := &cappedBuffer{max: maxOut, truncated: &truncated}
 	stderr := &cappedBuffer{max: maxOut, truncated: &truncated}
-	exit, err := p.Wait(Output{Stdout: stdout, Stderr: stderr})
+	out := Output{Stdout: stdout, Stderr: stderr}
+	if req.Stdout != nil {
+		out.Stdout = req.Stdout
+	}
+	if req.Stderr != nil {
+		out.Stderr = req.Stderr
+	}
+	exit, err := p.Wait(out)
 	res := RunResult{Stdout: stdout.buf, Stderr: stderr.buf, Truncated: truncated}
 	if err != nil {
 		return runFailed(ctx, req, res, err)

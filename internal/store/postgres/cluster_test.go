@@ -128,10 +128,10 @@ func TestSharedTemplate(t *testing.T) {
 	if got, err := b.SharedTemplate(ctx, "warm"); err != nil || got.ID != "snap-old" {
 		t.Errorf("by name while the newer one uploads: %+v %v", got, err)
 	}
-	if err := a.SetTemplateUpload(ctx, "snap-1", store.UploadUploaded, ""); err != nil {
+	if err := a.SetTemplateUpload(ctx, "snap-1", store.UploadUploaded, "", store.UploadDigests{Rootfs: "sha256:2"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.SetTemplateUpload(ctx, "snap-1", store.UploadFailed, "x"); !errors.Is(err, store.ErrNotFound) {
+	if err := b.SetTemplateUpload(ctx, "snap-1", store.UploadFailed, "x", store.UploadDigests{}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("node b changed node a's template: %v", err)
 	}
 	for _, key := range []string{"snap-1", "warm"} {
@@ -271,7 +271,7 @@ func TestTakeOverSandbox(t *testing.T) {
 	if _, err := b.OrphanSandbox(ctx, "sb1", 0); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("an image not uploaded was offered: %v", err)
 	}
-	if err := a.SetSandboxUpload(ctx, "sb1", store.UploadUploaded); err != nil {
+	if err := a.SetSandboxUpload(ctx, "sb1", store.UploadUploaded, "sha256:1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.OrphanSandbox(ctx, "sb1", time.Hour); !errors.Is(err, store.ErrNotFound) {
@@ -291,7 +291,8 @@ func TestTakeOverSandbox(t *testing.T) {
 		t.Fatalf("orphan: %+v %v", got, err)
 	}
 	got, err := b.ClaimSandbox(ctx, "sb1", "/b/pause-sb1", time.Minute)
-	if err != nil || got.NodeID != "b" || got.ImageDir != "/b/pause-sb1" || got.ImageUpload != store.UploadUploaded {
+	if err != nil || got.NodeID != "b" || got.ImageDir != "/b/pause-sb1" || got.ImageUpload != store.UploadUploaded ||
+		got.ImageDigest != "sha256:1" {
 		t.Fatalf("claim: %+v %v", got, err)
 	}
 	if _, err := c.ClaimSandbox(ctx, "sb1", "/c/pause-sb1", time.Minute); !errors.Is(err, store.ErrNotFound) {

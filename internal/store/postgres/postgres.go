@@ -71,8 +71,8 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 	network, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume, node_id`
 
 // sandboxSelect is what a read returns: the written columns and the
-// upload state, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload`
+// upload state and digest, which only SetSandboxUpload writes.
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -101,7 +101,8 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		auto_pause = $11, started_at = $12, end_at = $13, ended_reason = $14, updated_at = $15, image_dir = $16,
 		timeout_secs = $17, network = $18::jsonb, traffic_token = $19, reboot_on_resume = $20,
 		auto_pause_drop_memory = $21, auto_resume = $22,
-		image_upload = CASE WHEN $16 = '' THEN '' ELSE image_upload END
+		image_upload = CASE WHEN $16 = '' THEN '' ELSE image_upload END,
+		image_digest = CASE WHEN $16 = '' THEN '' ELSE image_digest END
 		WHERE id = $1 AND ($23 = '' OR node_id = $23)`,
 		append(args, s.node)...)
 	if err != nil {
@@ -110,9 +111,9 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return expectOneRow(tag, "update sandbox "+sb.ID)
 }
 
-func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET image_upload = $2
-		WHERE id = $1 AND image_dir <> '' AND ($3 = '' OR node_id = $3)`, id, string(state), s.node)
+func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState, digest string) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET image_upload = $2, image_digest = $4
+		WHERE id = $1 AND image_dir <> '' AND ($3 = '' OR node_id = $3)`, id, string(state), s.node, digest)
 	if err != nil {
 		return dbError("record image upload of sandbox %s: %w", id, err)
 	}
@@ -199,7 +200,8 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 }
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
-	kind, image_dir, source_sandbox, envd_token, env_vars, node_id, rootfs_id, upload_state, upload_error`
+	kind, image_dir, source_sandbox, envd_token, env_vars, node_id, rootfs_id, upload_state, upload_error,
+	image_digest, rootfs_digest`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -216,16 +218,18 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	}
 	// created_at is kept from the first put, as in the SQLite store.
 	_, err = s.pool.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17, $18)
+		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17, $18,
+		$19, $20)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env = excluded.env, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
 		envd_token = excluded.envd_token, env_vars = excluded.env_vars, rootfs_id = excluded.rootfs_id,
-		upload_state = excluded.upload_state, upload_error = excluded.upload_error`,
+		upload_state = excluded.upload_state, upload_error = excluded.upload_error,
+		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars), s.node,
-		t.RootfsID, string(t.Upload), t.UploadError)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return dbError("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
@@ -235,9 +239,11 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	return nil
 }
 
-func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE templates SET upload_state = $2, upload_error = $3
-		WHERE id = $1 AND ($4 = '' OR node_id = $4)`, id, string(state), msg, s.node)
+func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
+	digests store.UploadDigests) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE templates SET upload_state = $2, upload_error = $3, image_digest = $5,
+		rootfs_digest = $6 WHERE id = $1 AND ($4 = '' OR node_id = $4)`,
+		id, string(state), msg, s.node, digests.Image, digests.Rootfs)
 	if err != nil {
 		return dbError("record upload of template %s: %w", id, err)
 	}
@@ -347,7 +353,7 @@ func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
 		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume,
-		&sb.NodeID, &upload)
+		&sb.NodeID, &upload, &sb.ImageDigest)
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +384,7 @@ func scanTemplate(r pgx.Row) (*store.Template, error) {
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID,
-		&t.RootfsID, &upload, &t.UploadError); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()

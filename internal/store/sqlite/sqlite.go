@@ -132,8 +132,8 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 	network_json, traffic_token, reboot_on_resume, auto_pause_drop_memory, auto_resume`
 
 // sandboxSelect is what a read returns: the written columns and the
-// upload state, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload`
+// upload state and digest, which only SetSandboxUpload writes.
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -160,18 +160,19 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
 		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ?,
 		network_json = ?, traffic_token = ?, reboot_on_resume = ?, auto_pause_drop_memory = ?, auto_resume = ?,
-		image_upload = CASE WHEN ? = '' THEN '' ELSE image_upload END
+		image_upload = CASE WHEN ? = '' THEN '' ELSE image_upload END,
+		image_digest = CASE WHEN ? = '' THEN '' ELSE image_digest END
 		WHERE id = ?`,
-		append(args[1:], sb.ImageDir, sb.ID)...)
+		append(args[1:], sb.ImageDir, sb.ImageDir, sb.ID)...)
 	if err != nil {
 		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
 	}
 	return expectOneRow(res, "update sandbox "+sb.ID)
 }
 
-func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET image_upload = ? WHERE id = ? AND image_dir <> ''`,
-		string(state), id)
+func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState, digest string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET image_upload = ?, image_digest = ?
+		WHERE id = ? AND image_dir <> ''`, string(state), digest, id)
 	if err != nil {
 		return fmt.Errorf("record image upload of sandbox %s: %w", id, err)
 	}
@@ -238,7 +239,8 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 }
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at,
-	kind, image_dir, source_sandbox, envd_token, env_vars_json, rootfs_id, upload_state, upload_error`
+	kind, image_dir, source_sandbox, envd_token, env_vars_json, rootfs_id, upload_state, upload_error,
+	image_digest, rootfs_digest`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -254,16 +256,17 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		kind = store.KindRootfs
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
 		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json,
-		rootfs_id = excluded.rootfs_id, upload_state = excluded.upload_state, upload_error = excluded.upload_error`,
+		rootfs_id = excluded.rootfs_id, upload_state = excluded.upload_state, upload_error = excluded.upload_error,
+		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars),
-		t.RootfsID, string(t.Upload), t.UploadError)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
@@ -273,9 +276,10 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	return nil
 }
 
-func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE templates SET upload_state = ?, upload_error = ? WHERE id = ?`,
-		string(state), msg, id)
+func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
+	digests store.UploadDigests) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE templates SET upload_state = ?, upload_error = ?, image_digest = ?,
+		rootfs_digest = ? WHERE id = ?`, string(state), msg, digests.Image, digests.Rootfs, id)
 	if err != nil {
 		return fmt.Errorf("record upload of template %s: %w", id, err)
 	}
@@ -332,7 +336,7 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
-		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume, &upload)
+		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume, &upload, &sb.ImageDigest)
 	if err != nil {
 		return nil, err
 	}
@@ -398,7 +402,7 @@ func scanTemplate(r scanner) (*store.Template, error) {
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars,
-		&t.RootfsID, &upload, &t.UploadError); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()

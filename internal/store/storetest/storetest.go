@@ -73,31 +73,33 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 	if err := s.UpdateSandbox(ctx, again); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetSandboxUpload(ctx, "sb1", store.UploadPending); !errors.Is(err, store.ErrNotFound) {
+	if err := s.SetSandboxUpload(ctx, "sb1", store.UploadPending, ""); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("upload state without an image: %v", err)
 	}
 	again.State, again.ImageDir = store.StatePaused, "/img/pause-sb1"
 	if err := s.UpdateSandbox(ctx, again); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetSandboxUpload(ctx, "sb1", store.UploadUploaded); err != nil {
+	const digest = "sha256:0123"
+	if err := s.SetSandboxUpload(ctx, "sb1", store.UploadUploaded, digest); err != nil {
 		t.Fatal(err)
 	}
 	again.EndAt = again.EndAt.Add(time.Hour) // a stale copy, written again
 	if err := s.UpdateSandbox(ctx, again); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.GetSandbox(ctx, "sb1"); err != nil || got.ImageUpload != store.UploadUploaded {
+	if got, err := s.GetSandbox(ctx, "sb1"); err != nil || got.ImageUpload != store.UploadUploaded ||
+		got.ImageDigest != digest {
 		t.Fatalf("upload state after an update: %+v %v", got, err)
 	}
 	again.ImageDir = ""
 	if err := s.UpdateSandbox(ctx, again); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.GetSandbox(ctx, "sb1"); err != nil || got.ImageUpload != store.UploadNone {
+	if got, err := s.GetSandbox(ctx, "sb1"); err != nil || got.ImageUpload != store.UploadNone || got.ImageDigest != "" {
 		t.Fatalf("upload state after the image went: %+v %v", got, err)
 	}
-	if err := s.SetSandboxUpload(ctx, "nope", store.UploadPending); !errors.Is(err, store.ErrNotFound) {
+	if err := s.SetSandboxUpload(ctx, "nope", store.UploadPending, ""); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("upload state of a missing sandbox: %v", err)
 	}
 	if err := s.DeleteSandbox(ctx, "sb1"); err != nil {
@@ -208,20 +210,31 @@ func testTemplates(t *testing.T, s store.Store) {
 	if err := s.PutTemplate(ctx, snap); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetTemplateUpload(ctx, "s1", store.UploadFailed, "store down"); err != nil {
+	if err := s.SetTemplateUpload(ctx, "s1", store.UploadFailed, "store down", store.UploadDigests{}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := s.GetTemplate(ctx, "s1"); err != nil || got.RootfsID != "rootfs-1" ||
 		got.Upload != store.UploadFailed || got.UploadError != "store down" || got.ImageDir != "/img/s1" {
 		t.Fatalf("upload state: %+v %v", got, err)
 	}
-	if err := s.SetTemplateUpload(ctx, "s1", store.UploadUploaded, ""); err != nil {
+	// The digests of what was uploaded are pinned with the state, and
+	// kept through a read and write of the whole record.
+	pins := store.UploadDigests{Image: "sha256:1111", Rootfs: "sha256:2222"}
+	if err := s.SetTemplateUpload(ctx, "s1", store.UploadUploaded, "", pins); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.GetTemplate(ctx, "s1"); err != nil || got.Upload != store.UploadUploaded || got.UploadError != "" {
+	got, err := s.GetTemplate(ctx, "s1")
+	if err != nil || got.Upload != store.UploadUploaded || got.UploadError != "" ||
+		got.ImageDigest != pins.Image || got.RootfsDigest != pins.Rootfs {
 		t.Fatalf("uploaded: %+v %v", got, err)
 	}
-	if err := s.SetTemplateUpload(ctx, "nope", store.UploadUploaded, ""); !errors.Is(err, store.ErrNotFound) {
+	if err := s.PutTemplate(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.GetTemplate(ctx, "s1"); err != nil || again.ImageDigest != pins.Image || again.RootfsDigest != pins.Rootfs {
+		t.Fatalf("digests after a put of the read record: %+v %v", again, err)
+	}
+	if err := s.SetTemplateUpload(ctx, "nope", store.UploadUploaded, "", pins); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("upload state of a missing template: %v", err)
 	}
 	if err := s.DeleteTemplate(ctx, "s1"); err != nil {
