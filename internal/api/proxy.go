@@ -166,6 +166,12 @@ func (p *envdProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // created with allowPublicTraffic false needs its traffic access token.
 func (p *envdProxy) servePort(w http.ResponseWriter, r *http.Request, id string, port int) {
 	target, err := p.reach(r.Context(), id, port)
+	if errors.Is(err, node.ErrUnavailable) {
+		// It runs but does not answer: not E2B's "not found", which SDKs
+		// take as the sandbox's end.
+		WriteErrorJSON(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
 	if err != nil {
 		WriteSandboxGone(w, id)
 		return

@@ -12,61 +12,79 @@ import (
 
 // A sandbox can stop answering while its process lives (a stopped or
 // wedged sentry): calls into it would wait for as long as their callers
-// do. The monitor probes the envd of each sandbox with calls in flight
-// and, when it does not answer within answerTimeout, ends those calls
-// and refuses new ones with node.ErrUnavailable (503) until it answers
-// again.
+// do. The monitor probes the envd of each sandbox with a call open longer
+// than answerTimeout and, when it misses answerMisses health checks in a
+// row, ends its calls and refuses new ones with node.ErrUnavailable (503)
+// until it answers again.
 
-// answerTimeout bounds envd's answer to a health check of a sandbox that
-// has calls in flight. envd answers in milliseconds even while commands
+// defaultAnswerTimeout bounds envd's answer to a health check (see
+// Config.AnswerTimeout). envd answers in milliseconds even while commands
 // run; a loaded machine may take seconds.
-const answerTimeout = 5 * time.Second
+const defaultAnswerTimeout = 5 * time.Second
+
+// answerMisses is how many health checks in a row a sandbox must miss
+// before its calls are ended: a busy sandbox on a loaded node (make -j on
+// two cores) misses one now and then, and ending its long exec streams
+// and websockets for that would be worse than the wait.
+const answerMisses = 3
 
 // callSet is the calls in flight into one sandbox.
 type callSet struct {
-	mu     sync.Mutex
-	next   uint64
-	cancel map[uint64]context.CancelCauseFunc
+	mu    sync.Mutex
+	next  uint64
+	calls map[uint64]call
+}
+
+type call struct {
+	cancel context.CancelCauseFunc
+	since  time.Time
 }
 
 // add registers a call; forget unregisters it.
 func (c *callSet) add(cancel context.CancelCauseFunc) (forget func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cancel == nil {
-		c.cancel = map[uint64]context.CancelCauseFunc{}
+	if c.calls == nil {
+		c.calls = map[uint64]call{}
 	}
 	c.next++
 	key := c.next
-	c.cancel[key] = cancel
+	c.calls[key] = call{cancel: cancel, since: time.Now()}
 	return func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		delete(c.cancel, key)
+		delete(c.calls, key)
 	}
 }
 
-// len is how many calls are in flight.
-func (c *callSet) len() int {
+// oldest is when the oldest call in flight began; false if there is none.
+func (c *callSet) oldest() (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.cancel)
+	var first time.Time
+	for _, cl := range c.calls {
+		if first.IsZero() || cl.since.Before(first) {
+			first = cl.since
+		}
+	}
+	return first, !first.IsZero()
 }
 
 // endAll ends every call in flight with cause.
 func (c *callSet) endAll(cause error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, cancel := range c.cancel {
-		cancel(cause)
+	for _, cl := range c.calls {
+		cl.cancel(cause)
 	}
 }
 
 // checkAnswers probes, in the background, the envd of running sandbox e
-// if calls are in flight into it or it was found silent; one probe per
-// sandbox at a time.
+// if wantsProbe says so; one probe per sandbox at a time.
 func (m *Manager) checkAnswers(e *entry) {
-	if e.calls.len() == 0 && e.silent.Load() == nil {
+	if !m.wantsProbe(e, time.Now()) {
+		// No call waits on it: misses before are no longer in a row.
+		e.misses.Store(0)
 		return
 	}
 	if !e.probing.CompareAndSwap(false, true) {
@@ -80,20 +98,35 @@ func (m *Manager) checkAnswers(e *entry) {
 	}
 }
 
-// probeAnswers asks e's envd for its health within answerTimeout and
-// marks e silent or answering accordingly.
+// wantsProbe says whether e's envd is to be probed at now: when it was
+// found silent (to see it answer again), or when a call into it has been
+// open longer than a health check may take. A call that young could not
+// have been cut for silence anyway, and most calls are short: with
+// thousands of sandboxes holding streams open, probing all of them each
+// tick would cost more than the hangs it finds.
+func (m *Manager) wantsProbe(e *entry, now time.Time) bool {
+	if e.silent.Load() != nil {
+		return true
+	}
+	oldest, ok := e.calls.oldest()
+	return ok && now.Sub(oldest) > m.cfg.AnswerTimeout
+}
+
+// probeAnswers asks e's envd for its health within the answer timeout
+// and marks e silent after answerMisses misses in a row, or answering.
 func (m *Manager) probeAnswers(ctx context.Context, e *entry) {
 	v := e.view()
 	if v.phase != phaseRunning || v.envd == nil {
 		return
 	}
-	pctx, cancel := context.WithTimeout(ctx, answerTimeout)
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.AnswerTimeout)
 	err := v.envd.Health(pctx)
 	cancel()
 	if ctx.Err() != nil {
 		return
 	}
 	if err == nil {
+		e.misses.Store(0)
 		if e.silent.Swap(nil) != nil {
 			m.logger.InfoContext(ctx, "monitor: sandbox answers again", "sandbox", e.id)
 		}
@@ -111,10 +144,43 @@ func (m *Manager) probeAnswers(ctx context.Context, e *entry) {
 		m.checkOne(ctx, e)
 		return
 	}
-	silent := fmt.Errorf("%w: sandbox %s is not answering (no answer to a health check within %v); it may be overloaded or hung",
-		node.ErrUnavailable, e.id, answerTimeout)
+	if misses := e.misses.Add(1); misses < answerMisses && e.silent.Load() == nil {
+		m.logger.DebugContext(ctx, "monitor: sandbox missed a health check", "sandbox", e.id, "misses", misses, "err", err)
+		return
+	}
+	silent := fmt.Errorf("%w: sandbox %s is not answering (%d health checks in a row unanswered within %v); it may be overloaded or hung",
+		node.ErrUnavailable, e.id, answerMisses, m.cfg.AnswerTimeout)
 	if e.silent.Swap(&silent) == nil {
 		m.logger.WarnContext(ctx, "monitor: sandbox not answering; ending its calls", "sandbox", e.id, "err", err)
 	}
 	e.calls.endAll(silent)
+	m.unfreezeSilent(ctx, e, v)
+}
+
+// unfreezeSilent asks the runtime to resume silent sandbox e if its
+// kernel was left stopped behind the runtime's back (a pause cut short by
+// its bound while the kernel was still stopping; see runtime.Unfreezer).
+// It runs under the lifecycle lock, so that no pause or resume of the
+// sandbox runs beside it, and only for silent sandboxes, whose cost it is.
+func (m *Manager) unfreezeSilent(ctx context.Context, e *entry, v *view) {
+	u, ok := m.driver.(runtime.Unfreezer)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now := e.view(); now.phase != phaseRunning || now.run != v.run {
+		return // paused, resumed or gone meanwhile
+	}
+	ctx, cancel := e.opContext(ctx)
+	defer cancel()
+	resumed, err := u.Unfreeze(ctx, e.id)
+	switch {
+	case err != nil:
+		// A sentry stopped on the host, or a runtime too slow to tell:
+		// it stays silent, and the next probe looks again.
+		m.logger.DebugContext(ctx, "monitor: unfreeze silent sandbox", "sandbox", e.id, "err", err)
+	case resumed:
+		m.logger.WarnContext(ctx, "monitor: resumed a silent sandbox left stopped by a pause cut short", "sandbox", e.id)
+	}
 }

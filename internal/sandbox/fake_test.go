@@ -97,6 +97,9 @@ type instance struct {
 	// frozen: recorded running, but nothing in it runs (a pause cut
 	// short): envd never answers until Unfreeze.
 	frozen bool
+	// slowHealth: that many next health checks get no answer (a sandbox
+	// too busy to answer in time), then they are answered again.
+	slowHealth int
 	// exited is closed when the instance stops or is killed, for Exited.
 	exited chan struct{}
 }
@@ -115,6 +118,8 @@ type fakeDriver struct {
 	mu     sync.Mutex
 	inst   map[string]*instance
 	onInit func(id string) // called at each /init, before its fault check
+	// onUnfreeze is called at each Unfreeze, before its fault check.
+	onUnfreeze func(id string)
 }
 
 func (d *fakeDriver) Name() string { return "fake" }
@@ -407,6 +412,12 @@ func (d *fakeDriver) state(id string) runtime.State {
 
 // Unfreeze resumes a frozen instance.
 func (d *fakeDriver) Unfreeze(ctx context.Context, id string) (bool, error) {
+	d.mu.Lock()
+	hook := d.onUnfreeze
+	d.mu.Unlock()
+	if hook != nil {
+		hook(id)
+	}
 	if err := d.faults.check(ctx, "unfreeze", id); err != nil {
 		return false, err
 	}
@@ -430,6 +441,9 @@ func (d *fakeDriver) freeze(id string) {
 // serveEnvd answers envd's /health and /init for instance id, as the real
 // envd does: /init needs the current token once one is set.
 func (d *fakeDriver) serveEnvd(w http.ResponseWriter, r *http.Request, id string) {
+	if r.URL.Path == "/health" {
+		d.faults.check(r.Context(), "health", id) // counted, answered or not
+	}
 	d.mu.Lock()
 	in, ok := d.inst[id]
 	d.mu.Unlock()
@@ -448,6 +462,17 @@ func (d *fakeDriver) serveEnvd(w http.ResponseWriter, r *http.Request, id string
 	}
 	switch r.URL.Path {
 	case "/health":
+		d.mu.Lock()
+		slow := in.slowHealth > 0
+		if slow {
+			in.slowHealth--
+		}
+		d.mu.Unlock()
+		if slow {
+			<-r.Context().Done()
+			http.Error(w, "no answer", http.StatusGatewayTimeout)
+			return
+		}
 		w.WriteHeader(http.StatusNoContent)
 	case "/init":
 		d.mu.Lock()

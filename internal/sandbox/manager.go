@@ -81,6 +81,9 @@ type Config struct {
 	// MonitorTimeout bounds each runtime query of the monitor; a runtime
 	// that hangs on its listing is then asked sandbox by sandbox. 0: 10 s.
 	MonitorTimeout time.Duration
+	// AnswerTimeout bounds envd's answer to a health check of a sandbox
+	// with a call open longer than that (see answers.go). 0: 5 s.
+	AnswerTimeout time.Duration
 	// DeadRetention is how long records of dead sandboxes are kept.
 	DeadRetention time.Duration
 	// Transport reaches sandboxes' ports; nil dials their addresses (tests
@@ -194,6 +197,9 @@ func NewManager(cfg Config, st store.Store, driver runtime.Driver, slots SlotPoo
 	}
 	if cfg.MonitorTimeout <= 0 {
 		cfg.MonitorTimeout = 10 * time.Second
+	}
+	if cfg.AnswerTimeout <= 0 {
+		cfg.AnswerTimeout = defaultAnswerTimeout
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{

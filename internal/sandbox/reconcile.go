@@ -10,6 +10,7 @@ import (
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 )
@@ -90,9 +91,6 @@ func (m *Manager) Start(ctx context.Context) error {
 		e := newEntry(v)
 		entries = append(entries, e)
 		m.register(e)
-		e.mu.Lock()
-		m.armTimer(e)
-		e.mu.Unlock()
 		if v.slot != nil {
 			m.watch(e)
 		}
@@ -106,6 +104,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 
 	m.checkAdopted(ctx, entries)
+	// Deadlines are armed once the runtime's repairs are done: a pause or
+	// kill beside one would undo it (a second stop of a stopped kernel).
+	for _, e := range entries {
+		e.mu.Lock()
+		m.armTimer(e)
+		e.mu.Unlock()
+	}
 
 	m.monitorDone = make(chan struct{})
 	if !m.goOwned(m.monitor) {
@@ -193,8 +198,12 @@ func (m *Manager) checkAdopted(ctx context.Context, entries []*entry) {
 // checkRunning probes the envd of adopted sandbox e; if it does not
 // answer, the runtime is asked to resume a sandbox stopped behind its back
 // (runtime.Unfreezer). One the runtime finds running is kept (a slow
-// machine, not a frozen sandbox); one that stays silent after all is
-// marked dead and removed, so that its state is told, not a hang.
+// machine, not a frozen sandbox), and so is one the runtime could not
+// examine (a runtime slow under load, a sentry stopped on the host): it
+// is marked silent, so that calls into it are answered 503 until it
+// answers, and the monitor keeps trying. One resumed that stays silent,
+// or whose instance is gone, is marked dead and removed, so that its
+// state is told, not a hang.
 func (m *Manager) checkRunning(ctx context.Context, e *entry) {
 	v := e.view()
 	err := m.probe(ctx, v.envd, adoptProbeTimeout)
@@ -202,12 +211,33 @@ func (m *Manager) checkRunning(ctx context.Context, e *entry) {
 		return
 	}
 	m.logger.WarnContext(ctx, "reconcile: adopted sandbox does not answer", "sandbox", e.id, "err", err)
+	// The lifecycle lock keeps a pause, resume or kill from running
+	// beside the runtime's repair.
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now := e.view(); now.phase != phaseRunning || now.run != v.run {
+		return // paused, killed or expired meanwhile
+	}
 	reason := "sandbox did not answer after a server restart"
 	if u, ok := m.driver.(runtime.Unfreezer); ok {
+		ctx, cancel := e.opContext(ctx)
+		defer cancel()
 		resumed, err := u.Unfreeze(ctx, e.id)
 		switch {
 		case err != nil:
-			m.logger.ErrorContext(ctx, "reconcile: unfreeze", "sandbox", e.id, "err", err)
+			sctx, cancel := context.WithTimeout(ctx, m.cfg.MonitorTimeout)
+			state, serr := m.driver.State(sctx, e.id)
+			cancel()
+			if errors.Is(serr, runtime.ErrNotFound) || (serr == nil && state == runtime.StateStopped) {
+				reason = "sandbox was gone after a server restart"
+				break
+			}
+			m.logger.ErrorContext(ctx, "reconcile: unfreeze failed; keeping the sandbox, answering 503 until it answers",
+				"sandbox", e.id, "err", err)
+			silent := fmt.Errorf("%w: sandbox %s is not answering since the server restarted; it may be overloaded or hung",
+				node.ErrUnavailable, e.id)
+			e.silent.Store(&silent)
+			return
 		case !resumed:
 			m.logger.WarnContext(ctx, "reconcile: the runtime says the sandbox runs; keeping it", "sandbox", e.id)
 			return
@@ -218,11 +248,6 @@ func (m *Manager) checkRunning(ctx context.Context, e *entry) {
 			}
 			reason = "sandbox was left stopped by a pause cut short and did not answer once resumed"
 		}
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if v := e.view(); v.phase != phaseRunning {
-		return
 	}
 	m.markDead(ctx, e, reason)
 }

@@ -140,10 +140,12 @@ type entry struct {
 	watching atomic.Bool
 	// calls are the calls in flight into the sandbox (Reach); silent is
 	// set, with the reason, while its envd does not answer (see
-	// Manager.checkAnswers), and probing while that is being checked.
+	// Manager.checkAnswers), probing while that is being checked, and
+	// misses counts the health checks it missed in a row.
 	calls   callSet
 	silent  atomic.Pointer[error]
 	probing atomic.Bool
+	misses  atomic.Int32
 
 	// ops ends the runtime calls of operations in progress, so that a kill
 	// need not wait for a hung one. Replaced after each kill attempt.
@@ -172,6 +174,12 @@ func (e *entry) publish(v *view, cause error) {
 	old := e.swap(v)
 	if old != nil && old.run != nil && old.run != v.run {
 		old.run.stop(cause)
+	}
+	if old == nil || old.run != v.run {
+		// A new running stretch (or none): whether the last one answered
+		// says nothing of it; the monitor judges it afresh.
+		e.silent.Store(nil)
+		e.misses.Store(0)
 	}
 }
 

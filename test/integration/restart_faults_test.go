@@ -290,11 +290,13 @@ func TestHungSandboxAnswered(t *testing.T) {
 	}
 	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
 	stopped := time.Now()
+	// Three health checks in a row must go unanswered (5 s each, a probe
+	// every 2 s) once the call has been open 5 s: about 20-25 s.
 	var r response
 	select {
 	case r = <-answered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("execute into a hung sandbox unanswered after 30 s")
+	case <-time.After(60 * time.Second):
+		t.Fatal("execute into a hung sandbox unanswered after 60 s")
 	}
 	if r.status != 503 || !strings.Contains(string(r.body), "not answering") {
 		t.Fatalf("answer %d %s; want 503 saying it is not answering", r.status, r.body)

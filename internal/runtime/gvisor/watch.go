@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 
@@ -55,7 +54,10 @@ func (d *Driver) Exited(ctx context.Context, id string) (<-chan struct{}, error)
 			n, err := unix.Poll(fds, 0)
 			return err != nil || n > 0
 		})
-		if err != nil && !errors.Is(err, os.ErrClosed) {
+		// A watch ended by ctx closed the pidfd under the read, which then
+		// fails (with poll's own "use of closed file", not os.ErrClosed):
+		// that is no failure to report.
+		if err != nil && ctx.Err() == nil {
 			d.log.Warn("watch sandbox process", "sandbox_id", id, "err", err)
 		}
 		f.Close()
