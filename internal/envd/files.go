@@ -1,6 +1,7 @@
 package envd
 
 import (
+	"bufio"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -105,6 +106,22 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 		writeFilesError(w, statusErr(http.StatusBadRequest, "path %s cannot be read as a file: it is not a regular file", path))
 		return
 	}
+	// A file streamed without a known size is read once before the answer
+	// starts, so that one that cannot be read at all (/proc/1/mem,
+	// /proc/sysrq-trigger) gets a 400 saying so rather than an empty 200.
+	var src io.Reader = f
+	if sized {
+		// Up to the known size, gzipped or not: a device such as
+		// /dev/urandom seeks to 0 and would never end.
+		src = io.LimitReader(f, size)
+	} else {
+		br := bufio.NewReaderSize(f, 32<<10)
+		if _, err := br.Peek(1); err != nil && !errors.Is(err, io.EOF) {
+			writeFilesError(w, statusErr(http.StatusBadRequest, "path %s cannot be read: %v", path, err))
+			return
+		}
+		src = br
+	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
 	w.Header().Set("Vary", "Accept-Encoding")
@@ -118,12 +135,6 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		if r.Method == http.MethodHead {
 			return
-		}
-		// A file of known size is sent up to that size, as without gzip: a
-		// device such as /dev/urandom seeks to 0 and would never end.
-		var src io.Reader = f
-		if sized {
-			src = io.LimitReader(f, size)
 		}
 		gz, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 		if _, err := io.Copy(gz, src); err != nil {
@@ -141,7 +152,7 @@ func (s *Server) handleFilesGet(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodHead {
 			return
 		}
-		if _, err := io.Copy(w, f); err != nil {
+		if _, err := io.Copy(w, src); err != nil {
 			s.log.Warn("file read cut short", "path", path, "err", err)
 		}
 	}

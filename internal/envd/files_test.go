@@ -276,6 +276,9 @@ func TestGetFiles(t *testing.T) {
 		// never an endless stream.
 		{"device", url.Values{"path": {"/dev/zero"}}, identity, 200, "", "0", false},
 		{"device gzipped", url.Values{"path": {"/dev/zero"}}, gzipped, 200, "", "", true},
+		// Nothing of it can be read (offset 0 is not mapped): a clear 400,
+		// not an empty 200.
+		{"unreadable procfs file", url.Values{"path": {"/proc/self/mem"}}, identity, 400, "", "", false},
 		{"missing", url.Values{"path": {filepath.Join(dir, "nope")}}, nil, 404, "", "", false},
 		{"directory", url.Values{"path": {dir}}, nil, 400, "", "", false},
 		{"unknown user", url.Values{"path": {filepath.Join(dir, "full")}, "username": {"no-such-user-x"}}, nil, 401, "", "", false},
