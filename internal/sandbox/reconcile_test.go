@@ -133,6 +133,26 @@ func TestDeathEndsCallsAtOnce(t *testing.T) {
 	}
 }
 
+// TestDeathOfAPooledSandboxEndsCallsAtOnce: a sandbox handed out by the
+// warm pool is watched from the moment it is claimed, as a launched one
+// is, not from the monitor's next poll (an hour away here).
+func TestDeathOfAPooledSandboxEndsCallsAtOnce(t *testing.T) {
+	w := newWorld(t, func(c *Config) { c.WarmSandboxes = 1 })
+	waitFor(t, func() bool { return w.m.WarmPool().Ready == 1 })
+	sb := w.create()
+	tgt, err := w.m.Reach(context.Background(), sb.ID, node.EnvdPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Release()
+	w.driver.die(sb.ID)
+	select {
+	case <-tgt.Ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("call still running 5 s after a sandbox from the warm pool died")
+	}
+}
+
 // TestSilentSandboxAnswered: calls into a sandbox that stops answering (a
 // sentry stopped on the host, which the runtime cannot resume) end with
 // ErrUnavailable once its envd misses answerMisses health checks in a row,

@@ -365,6 +365,9 @@ func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Templ
 	e.mu.Lock()
 	m.armTimer(e)
 	e.mu.Unlock()
+	// Watched from the start, as a launched one is: a death in its first
+	// seconds is seen at once, not at the monitor's next poll.
+	m.watch(e)
 	m.logger.InfoContext(ctx, what, "sandbox", sb.ID, "template", tpl.Name,
 		"took", time.Since(start).Round(time.Millisecond))
 	return e, nil

@@ -104,15 +104,25 @@ func TestWarmSnapshots(t *testing.T) {
 	first := s.create(map[string]any{"templateID": "warm"})
 	live := []string{src, first.SandboxID}
 	var pooled []string
-	waitFor(t, 2*time.Minute, "a sandbox restored from the snapshot", func() bool {
+	// Paused on disk and ready in the server's own view: one restored and
+	// paused but not yet handed to the pool cannot be claimed (on a busy
+	// machine a create came in that window and restored anew).
+	waitFor(t, 2*time.Minute, "a sandbox restored from the snapshot, ready in the pool", func() bool {
 		pooled = nil
+		others := 0
 		for _, id := range s.runtimeDirs() {
+			if slices.Contains(live, id) {
+				continue
+			}
+			others++
 			state, _ := os.ReadFile(filepath.Join(s.dataDir, "runtime", "runsc", id+"_sandbox:"+id+".state"))
-			if !slices.Contains(live, id) && strings.Contains(string(state), `"status":"paused"`) {
+			if strings.Contains(string(state), `"status":"paused"`) {
 				pooled = append(pooled, id)
 			}
 		}
-		return len(pooled) == 1
+		m, err := s.api.ServerMetrics(t.Context())
+		return err == nil && len(pooled) == 1 && m["aenv_prepared_pool_ready"] == float64(others) &&
+			others == len(s.runtimeDirs())-len(live)
 	})
 	second := s.create(map[string]any{"templateID": "warm"})
 	if second.SandboxID != pooled[0] {
