@@ -135,8 +135,12 @@ describe('sandbox control plane', () => {
       await eventually(async () => {
         assert.equal(await sbx.isRunning(), false)
       }, { timeoutMs: 20_000, intervalMs: 500 })
-      const listed = await Sandbox.list({ query: { metadata: { run: runTag } } }).nextItems()
-      assert.ok(!listed.some((s) => s.sandboxId === sbx.sandboxId), 'expired sandbox still listed')
+      // A gateway lists from the cluster's database, whose record the node
+      // removes just after the sandbox stops answering as running.
+      await eventually(async () => {
+        const listed = await Sandbox.list({ query: { metadata: { run: runTag } } }).nextItems()
+        assert.ok(!listed.some((s) => s.sandboxId === sbx.sandboxId), 'expired sandbox still listed')
+      }, { timeoutMs: 10_000, intervalMs: 250 })
       assert.equal(await Sandbox.kill(sbx.sandboxId), false)
     })
   })

@@ -297,9 +297,9 @@ var signatureLen = len("v1_") + base64.RawStdEncoding.EncodedLen(sha256.Size)
 
 // SignaturePlausible reports whether a signed file URL can be valid at all,
 // from the URL alone: a signature of fileSignature's shape and an expiry,
-// if any, that is a number not yet past. A gateway refuses the rest
-// without looking for their signer in the database.
-func SignaturePlausible(r *http.Request, now time.Time) bool {
+// if any, that is a number. A gateway refuses the rest, and expired ones
+// (SignatureExpired), without looking for their signer in the database.
+func SignaturePlausible(r *http.Request) bool {
 	q := r.URL.Query()
 	sig := q.Get("signature")
 	if len(sig) != signatureLen || !strings.HasPrefix(sig, "v1_") {
@@ -309,10 +309,20 @@ func SignaturePlausible(r *http.Request, now time.Time) bool {
 		return false
 	}
 	if exp := q.Get("signature_expiration"); exp != "" {
-		n, err := strconv.ParseInt(exp, 10, 64)
-		if err != nil || n < now.Unix() {
+		if _, err := strconv.ParseInt(exp, 10, 64); err != nil {
 			return false
 		}
 	}
 	return true
 }
+
+// SignatureExpired reports whether r's file URL signature carries an
+// expiry that has passed. The answer to it is envd's own (E2B's SDKs and
+// tests match the text), whoever gives it.
+func SignatureExpired(r *http.Request, now time.Time) bool {
+	n, err := strconv.ParseInt(r.URL.Query().Get("signature_expiration"), 10, 64)
+	return err == nil && n < now.Unix()
+}
+
+// ExpiredSignatureMessage is what envd answers an expired signature.
+const ExpiredSignatureMessage = "signature is already expired"

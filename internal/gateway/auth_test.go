@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -210,6 +211,27 @@ func TestAuthorizeStaleValidKeyFromLimitedAddress(t *testing.T) {
 	g.keys.invalid.Purge() // as after invalidTTL
 	if w := authorizeFrom(g, "192.0.2.3", valid); w.Code == http.StatusNoContent {
 		t.Error("a revoked key passed during a database outage")
+	}
+}
+
+// TestSignerExpiredInEnvdsWords: an expired signature is refused without
+// a lookup, with envd's own message (E2B's SDK tests match it, and a
+// single server answers it so).
+func TestSignerExpiredInEnvdsWords(t *testing.T) {
+	db := &fakeDB{}
+	g := authGateway(db)
+	past := strconv.FormatInt(time.Now().Add(-time.Minute).Unix(), 10)
+	r := httptest.NewRequest(http.MethodGet, signedURL("/f", "token")+"&signature_expiration="+past, nil)
+	r.RemoteAddr = "192.0.2.9:1"
+	w := httptest.NewRecorder()
+	if _, ok := g.signer(w, r); ok {
+		t.Fatal("an expired signature was taken")
+	}
+	if w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), "signature is already expired") {
+		t.Errorf("answer %d %s; want 401 saying the signature is already expired", w.Code, w.Body)
+	}
+	if n := db.tokenReads.Load(); n != 0 {
+		t.Errorf("an expired signature cost %d reads", n)
 	}
 }
 

@@ -277,8 +277,14 @@ func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) 
 		api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid or expired signature")
 		return "", false
 	}
-	if !api.SignaturePlausible(r, time.Now()) {
+	if !api.SignaturePlausible(r) {
 		return refuse()
+	}
+	if api.SignatureExpired(r, time.Now()) {
+		// Refused without a lookup, in envd's words.
+		g.authFails.Failed(r)
+		api.WriteErrorJSON(w, http.StatusUnauthorized, api.ExpiredSignatureMessage)
+		return "", false
 	}
 	if id := g.tokens.match(r); id != "" {
 		return id, true
