@@ -7,6 +7,11 @@ GO        ?= go
 BIN       := $(CURDIR)/bin
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X github.com/aenv-dev/aenv/internal/cli.Version=$(VERSION)
+# The tests' server, nodes and gateways run under the race detector: a cgo
+# build, for tests only (users get the static one). It sits in its own dir
+# next to links to the static envd and runsc, because the server looks for
+# its helpers next to itself, and those run inside sandboxes: static.
+RACE_BIN  := $(BIN)/race
 DATA_DIR  ?= /var/lib/aenv
 GOTEST    ?= $(GO) test
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.6.1
@@ -33,6 +38,11 @@ $(BIN)/aenv-chart: FORCE
 $(BIN)/envd: FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/envd
 
+$(RACE_BIN)/aenv: $(BIN)/envd $(BIN)/runsc FORCE
+	mkdir -p $(RACE_BIN)
+	CGO_ENABLED=1 $(GO) build -race -ldflags '-X github.com/aenv-dev/aenv/internal/cli.Version=$(VERSION)' -o $@ ./cmd/aenv
+	ln -f $(BIN)/envd $(BIN)/runsc $(RACE_BIN)/
+
 # runsc is pinned by the tool line in go.mod. It must be static: a cgo build
 # fails at sandbox start (its re-exec needs a loader the chroot lacks). Its
 # seccomp filters are precompiled into it (tools/runsc-seccomp), as gVisor's
@@ -54,8 +64,9 @@ server: deps build ## Set up and run the server on its defaults (root; port 8000
 	$(BIN)/aenv server --data-dir $(DATA_DIR)
 
 .PHONY: generate
-generate: ## Regenerate the envd protocol code from api/envd/*.proto
+generate: ## Regenerate the envd protocol code (api/envd/*.proto) and the control plane's types (api/openapi/aenv.yaml)
 	api/envd/generate.sh
+	cd internal/wire && $(GO) generate .
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
@@ -67,29 +78,31 @@ lint: ## gofmt, go vet and staticcheck
 TEST_CACHE := /var/cache/aenv-test
 
 .PHONY: test-prepare
-test-prepare: build $(BIN)/weed
+test-prepare: build $(BIN)/weed $(RACE_BIN)/aenv
 	d=$$(mktemp -d /tmp/aenv-prepare.XXXXXX); \
 	$(BIN)/aenv server --prepare-only --api-key prepare --data-dir $$d --template-cache-dir $(TEST_CACHE); \
 	rm -rf $$d
 
+# The tiers that start servers run the race-enabled one (RACE_BIN) and fail
+# on any race it reports; the CLI's client commands run the static aenv.
 .PHONY: test
 test: test-prepare ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end, alone and through a gateway (root; nothing is skipped)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -race -count=1 -timeout 40m ./...
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(BIN)/aenv sdk/python/run-tests.sh
-	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
-	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 60m ./...
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(RACE_BIN)/aenv sdk/python/run-tests.sh
+	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
+	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
 
 .PHONY: test-go
 test-go: test-prepare ## Run the Go tests only (root)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -race -count=1 -timeout 40m ./...
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 60m ./...
 
 .PHONY: test-e2e
 test-e2e: test-prepare ## Run the E2B SDK end-to-end suite (root)
-	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
+	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
 
 .PHONY: test-e2e-cluster
 test-e2e-cluster: test-prepare ## Run the E2B SDK suite through a gateway over three nodes and a throwaway PostgreSQL (root)
-	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(BIN) e2e/run.sh
+	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need neither root nor sandboxes

@@ -42,6 +42,31 @@ async function freePort() {
   })
 }
 
+// raceEnv is the environment of an aenv process: a race-enabled one (make
+// test's) writes its race reports to files in dir (race.<pid>) rather than
+// among its logs, and goes on after one, so that raceReports finds them all
+// when it stops. A static aenv ignores it.
+function raceEnv(dir) {
+  return { ...process.env, GORACE: `log_path=${path.join(dir, 'race')} halt_on_error=0` }
+}
+
+// raceReports returns the race reports that a stopped process (what) left
+// in dir, one entry per report file.
+function raceReports(what, dir) {
+  const found = []
+  let names = []
+  try {
+    names = fs.readdirSync(dir)
+  } catch {
+    // no dir: no reports
+  }
+  for (const name of names.filter((n) => n.startsWith('race.')).sort()) {
+    const text = fs.readFileSync(path.join(dir, name), 'utf8')
+    if (text.trim()) found.push(`${what}: the race detector reported (${name}):\n${text}`)
+  }
+  return found
+}
+
 function requireSetup() {
   if (process.getuid?.() !== 0) {
     throw new Error('the e2e suite needs root (aenv server runs gVisor sandboxes)')
@@ -65,6 +90,8 @@ export class AenvServer {
     this.cidr = `10.${randomInt(100, 200)}.${randomInt(0, 256)}.0/24`
     this.apiKey = 'e2e_' + randomBytes(12).toString('hex')
     this.logPath = path.join(this.dataDir, 'server.log')
+    // Beside the data dir, which the server owns.
+    this.raceDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-race-'))
     this.proc = null
     this.exited = null
     this.cleanups = []
@@ -98,7 +125,7 @@ export class AenvServer {
       '--log-level', process.env.AENV_E2E_LOG_LEVEL || 'debug',
     ]
     const log = fs.openSync(this.logPath, 'a')
-    this.proc = spawn(path.join(binDir, 'aenv'), args, { stdio: ['ignore', log, log] })
+    this.proc = spawn(path.join(binDir, 'aenv'), args, { stdio: ['ignore', log, log], env: raceEnv(this.raceDir) })
     fs.closeSync(log)
     this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve({ code, signal })))
     let exitedEarly = null
@@ -147,9 +174,13 @@ export class AenvServer {
   }
 
   // stop ends the server with SIGTERM (--kill-on-exit kills its sandboxes)
-  // and returns the list of things it left behind (empty when clean).
+  // and returns the list of things it left behind and of its race reports
+  // (empty when clean).
   async stop() {
-    if (!this.proc) return []
+    if (!this.proc) {
+      fs.rmSync(this.raceDir, { recursive: true, force: true })
+      return []
+    }
     this.tracer?.close()
     const proc = this.proc
     this.proc = null
@@ -165,6 +196,8 @@ export class AenvServer {
       leaks.push('server did not stop within 90 s of SIGTERM')
     }
     leaks.push(...this.leftovers())
+    leaks.push(...raceReports(`aenv server ${this.url}`, this.raceDir))
+    fs.rmSync(this.raceDir, { recursive: true, force: true })
     this.saveLogs()
     if (leaks.length === 0 && process.env.AENV_E2E_KEEP !== '1') {
       fs.rmSync(this.dataDir, { recursive: true, force: true })
@@ -246,7 +279,7 @@ export class AenvCluster {
       'gateway', '--database-url', this.databaseUrl, '--listen', `127.0.0.1:${this.port}`,
       '--api-key', this.apiKey, '--node-timeout-ms', '2000',
       '--log-level', process.env.AENV_E2E_LOG_LEVEL || 'debug',
-    ], { stdio: ['ignore', log, log] })
+    ], { stdio: ['ignore', log, log], env: raceEnv(this.dataDir) })
     fs.closeSync(log)
     this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve({ code, signal })))
     let exitedEarly = null
@@ -283,7 +316,8 @@ export class AenvCluster {
   }
 
   // stop ends the gateway, then the nodes (each killing its sandboxes and
-  // leaving the cluster), and returns what any of them left behind.
+  // leaving the cluster), and returns what any of them left behind or the
+  // race detector reported.
   async stop() {
     const leaks = []
     if (this.proc) {
@@ -297,6 +331,7 @@ export class AenvCluster {
         leaks.push('gateway did not stop within 30 s of SIGTERM')
       }
       clearTimeout(timer)
+      leaks.push(...raceReports(`aenv gateway ${this.url}`, this.dataDir))
     }
     for (const n of this.nodes) leaks.push(...await n.stop())
     const dir = process.env.AENV_E2E_LOG_DIR || path.join(os.tmpdir(), 'aenv-e2e-logs')
@@ -372,7 +407,7 @@ export function useServer({ before, after }) {
     }
     const leaks = await server.stop()
     if (leaks.length > 0) {
-      throw new Error('aenv server left things behind:\n' + leaks.join('\n'))
+      throw new Error('aenv server left things behind or raced:\n' + leaks.join('\n'))
     }
   }, { timeout: 120_000 })
   return server

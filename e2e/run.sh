@@ -2,6 +2,8 @@
 # End-to-end suite: the official E2B JavaScript SDK (e2b@2.51.0, pinned in
 # package-lock.json) against real `aenv server`s with real gVisor sandboxes.
 # Needs root and a built bin/ (make build); AENV_BIN_DIR overrides ../bin.
+# With a race-enabled aenv there (make test's bin/race), a race the
+# detector reports in a server or gateway fails the suite.
 #
 #   e2e/run.sh                          # the suite
 #   AENV_E2E_LIFECYCLE=1 e2e/run.sh     # plus pause/resume, snapshots, fork
@@ -11,7 +13,9 @@
 # In cluster mode the suite runs unchanged against `aenv gateway` in front
 # of three `aenv node`s, sharing a throwaway PostgreSQL that this script
 # starts (Debian's postgresql package) unless AENV_E2E_DATABASE_URL names
-# one.
+# one. With the database it starts, every node and gateway is given one
+# secrets key (AENV_SECRETS_KEY_FILE); with AENV_E2E_DATABASE_URL, give
+# the database's own key there, if it has one.
 #
 # AENV_E2E_TRACE=1 logs all SDK traffic to <data dir>/traffic.log and
 # AENV_E2E_KEEP=1 keeps the data dirs (server.log) for inspection.
@@ -66,6 +70,13 @@ stop_postgres() {
 }
 if [[ "${AENV_E2E_CLUSTER:-}" == 1 && -z "${AENV_E2E_DATABASE_URL:-}" ]]; then
   start_postgres
+  # The nodes and the gateway keep the cluster's secrets encrypted with
+  # one key (the harness passes the environment on); it goes with the
+  # throwaway database.
+  if [[ -z "${AENV_SECRETS_KEY_FILE:-}" ]]; then
+    (umask 077 && head -c 32 /dev/urandom | base64 >"$pgdir/secrets-key")
+    export AENV_SECRETS_KEY_FILE="$pgdir/secrets-key"
+  fi
 fi
 
 # One file at a time: each starts its own server, and the machine is small.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -31,6 +32,7 @@ const (
 	nodeName       = "aenv-node"
 	gatewayName    = "aenv-gateway"
 	databaseSecret = "aenv-database"
+	secretsKey     = "aenv-secrets-key"
 	nameLabel      = "app.kubernetes.io/name"
 )
 
@@ -418,6 +420,12 @@ func TestManifests(t *testing.T) {
 		{"gateway reads the database URL from its secret", func() error {
 			return fromSecret(gatewayPod, "AENV_DATABASE_URL", databaseSecret, "url")
 		}},
+		{"node reads the secrets key file from its secret", func() error {
+			return secretFile(nodePod, "AENV_SECRETS_KEY_FILE", secretsKey, "key")
+		}},
+		{"gateway reads the secrets key file from its secret", func() error {
+			return secretFile(gatewayPod, "AENV_SECRETS_KEY_FILE", secretsKey, "key")
+		}},
 		{"gateway has a disruption budget", func() error {
 			for _, p := range m.pdbs {
 				if p.Spec.Selector != nil && selects(p.Spec.Selector.MatchLabels, gateway.Spec.Template.Labels) {
@@ -532,6 +540,41 @@ func fromSecret(pod corev1.PodSpec, name, secret, key string) error {
 	}
 	return want(ref != nil && ref.Name == secret && ref.Key == key && !isTrue(ref.Optional),
 		"%s: want the required key %s of secret %s, got %+v", name, key, secret, e.ValueFrom)
+}
+
+// secretFile: env var name is the path of key of secret, mounted
+// read-only from a required secret volume that the pod's user can read.
+func secretFile(pod corev1.PodSpec, name, secret, key string) error {
+	e, _, err := env(pod, name)
+	if err != nil {
+		return err
+	}
+	for _, m := range container(pod).VolumeMounts {
+		if path.Join(m.MountPath, key) != e.Value {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name != m.Name || v.Secret == nil {
+				continue
+			}
+			mode := int32(0o644) // Kubernetes' default
+			if v.Secret.DefaultMode != nil {
+				mode = *v.Secret.DefaultMode
+			}
+			readable := mode&0o004 != 0 || (mode&0o040 != 0 && pod.SecurityContext != nil &&
+				pod.SecurityContext.FSGroup != nil) || isRoot(pod)
+			return want(v.Secret.SecretName == secret && !isTrue(v.Secret.Optional) && m.ReadOnly && readable,
+				"%s: volume %s is secret %q (optional %v, read-only %v, mode %o), want required %q readable by the pod",
+				name, v.Name, v.Secret.SecretName, isTrue(v.Secret.Optional), m.ReadOnly, mode, secret)
+		}
+	}
+	return fmt.Errorf("%s=%q is in no secret volume mount", name, e.Value)
+}
+
+// isRoot: the pod's container runs as root.
+func isRoot(pod corev1.PodSpec) bool {
+	sc := container(pod).SecurityContext
+	return sc != nil && sc.RunAsUser != nil && *sc.RunAsUser == 0
 }
 
 func fromField(pod corev1.PodSpec, name, field string) error {

@@ -9,15 +9,8 @@ import (
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
-
-// templateAliasJSON is E2B's TemplateAliasResponse.
-type templateAliasJSON struct {
-	TemplateID string `json:"templateID"`
-	// Public says whether every team may use the template; on a node
-	// only the base template is shared by nature.
-	Public bool `json:"public"`
-}
 
 // getTemplateAlias is E2B's alias check (Template.exists and aliasExists):
 // 200 with the template when a template, image template or snapshot goes
@@ -31,7 +24,9 @@ func (s *Server) getTemplateAlias(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, templateAliasJSON{TemplateID: tpl.ID, Public: tpl.Name == template.BaseName})
+	// Public says whether every team may use the template; on a node only
+	// the base template is shared by nature.
+	writeJSON(w, http.StatusOK, wire.TemplateAlias{TemplateID: tpl.ID, Public: tpl.Name == template.BaseName})
 	return nil
 }
 

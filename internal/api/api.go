@@ -12,9 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aenv-dev/aenv/api/openapi"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/usage"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // EnvdVersion is the envd protocol level aenv's envd implements, reported
@@ -53,6 +55,9 @@ type Config struct {
 	// instead of comparing with APIKey (a gateway checks the cluster's
 	// keys).
 	Authorize func(r *http.Request) bool
+	// Idempotency keeps the answers of creates and forks that carried an
+	// Idempotency-Key; nil keeps them in this process's memory.
+	Idempotency IdempotencyStore
 }
 
 // Server is the HTTP handler of a node.
@@ -64,7 +69,7 @@ type Server struct {
 	mux       *http.ServeMux
 	proxy     *envdProxy
 	requests  *prometheus.HistogramVec
-	idem      *idempotency
+	idem      IdempotencyStore
 	// authFails slows down guessing the key, per client address.
 	authFails *AuthLimiter
 	// execOutput is what /execute calls may hold of their output.
@@ -78,7 +83,13 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.proxy = newEnvdProxy(sandboxes, s.isKey, logger)
 
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, http.StatusOK, wire.Health{Status: wire.HealthStatusOk})
+	})
+	// The API's own description, for generating clients; public, as the
+	// E2B SDK's own copy of it is.
+	s.mux.HandleFunc("GET /openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.Write(openapi.Document)
 	})
 	// Metrics label every live sandbox by ID: the key guards them here
 	// (Prometheus sends it as a bearer token); operators who want an
@@ -130,7 +141,10 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 
 func newServer(cfg Config, sandboxes node.Node, logger *slog.Logger, reg prometheus.Registerer) *Server {
 	s := &Server{cfg: cfg, sandboxes: sandboxes, catalog: sandboxes, logger: logger, mux: http.NewServeMux(),
-		idem: newIdempotency(), authFails: NewAuthLimiter(), execOutput: newOutputBudget(cfg.ExecOutputBudget)}
+		idem: cfg.Idempotency, authFails: NewAuthLimiter(), execOutput: newOutputBudget(cfg.ExecOutputBudget)}
+	if s.idem == nil {
+		s.idem = newIdempotency()
+	}
 	s.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "aenv_api_request_duration_seconds",
 		Help:    "Control-plane request latency by route and status.",

@@ -12,6 +12,7 @@ import (
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 func TestCheckSandboxPath(t *testing.T) {
@@ -167,20 +168,20 @@ func TestNetworkPolicyFromRequest(t *testing.T) {
 	f, tr := false, true
 	for _, tc := range []struct {
 		name string
-		req  newSandboxRequest
+		req  wire.NewSandbox
 		want *store.NetworkPolicy
 	}{
-		{"nothing said", newSandboxRequest{}, nil},
-		{"seed", newSandboxRequest{AllowInternetAccess: &f, AlwaysAllowedCIDRs: []string{"1.1.1.1/32"}},
+		{"nothing said", wire.NewSandbox{}, nil},
+		{"seed", wire.NewSandbox{AllowInternetAccess: &f, AlwaysAllowedCIDRs: []string{"1.1.1.1/32"}},
 			&store.NetworkPolicy{AllowInternet: false, AllowOut: []string{"1.1.1.1/32"}}},
-		{"e2b", newSandboxRequest{AllowInternetAccessE2B: &f, Network: &networkJSON{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}},
+		{"e2b", wire.NewSandbox{AllowInternetAccessE2B: &f, Network: &wire.NetworkConfig{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}},
 			&store.NetworkPolicy{AllowInternet: false, AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}}},
-		{"deny only keeps internet", newSandboxRequest{AlwaysDeniedCIDRs: []string{"10.0.0.0/8"}},
+		{"deny only keeps internet", wire.NewSandbox{AlwaysDeniedCIDRs: []string{"10.0.0.0/8"}},
 			&store.NetworkPolicy{AllowInternet: true, DenyOut: []string{"10.0.0.0/8"}}},
-		{"seed spelling wins", newSandboxRequest{AllowInternetAccess: &tr, AllowInternetAccessE2B: &f},
+		{"seed spelling wins", wire.NewSandbox{AllowInternetAccess: &tr, AllowInternetAccessE2B: &f},
 			&store.NetworkPolicy{AllowInternet: true}},
 	} {
-		got := tc.req.policy()
+		got := policyOf(&tc.req)
 		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s: got %+v, want %+v", tc.name, got, tc.want)
 		}

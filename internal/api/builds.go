@@ -4,7 +4,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // E2B's template builds (docs/e2b-compat.md has the wire): request a
@@ -36,32 +36,11 @@ func (s *Server) routeBuilds() {
 	}))
 }
 
-// buildErrorStatus maps the build service's errors.
-func buildError(err error) error {
-	switch {
-	case errors.Is(err, build.ErrInvalid):
-		return badRequest(err.Error())
-	case errors.Is(err, build.ErrNotFound):
-		return &apiError{http.StatusNotFound, err.Error()}
-	case errors.Is(err, build.ErrConflict):
-		return &apiError{http.StatusConflict, err.Error()}
-	case errors.Is(err, build.ErrTooLarge):
-		return &apiError{http.StatusRequestEntityTooLarge, err.Error()}
-	}
-	return err
-}
-
 // requestBuild is E2B's POST /v3/templates: 202 with the template's ID
 // (its name) and a new build's ID. A tag in the name ("name:tag") is
 // accepted; aenv keeps one version of each template.
 func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Name     string   `json:"name"`
-		Alias    string   `json:"alias"`
-		Tags     []string `json:"tags"`
-		CPUCount int      `json:"cpuCount"`
-		MemoryMB int      `json:"memoryMB"`
-	}
+	var req wire.NewTemplateBuild
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -76,17 +55,15 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	if base, tag, ok := cutTag(name); ok {
 		name, tags = base, append(tags, tag)
 	}
-	if req.CPUCount < 0 || req.MemoryMB < 0 {
+	if req.CpuCount < 0 || req.MemoryMB < 0 {
 		return badRequest("cpuCount and memoryMB must not be negative")
 	}
-	buildID, err := s.cfg.Builds.Request(name, req.CPUCount, req.MemoryMB)
+	buildID, err := s.cfg.Builds.Request(name, req.CpuCount, req.MemoryMB)
 	if err != nil {
-		return buildError(err)
+		return err
 	}
-	writeJSON(w, http.StatusAccepted, map[string]any{
-		"templateID": name, "buildID": buildID, "names": []string{name}, "aliases": []string{name},
-		"tags": tags, "public": false,
-	})
+	writeJSON(w, http.StatusAccepted, wire.TemplateBuildRef{TemplateID: name, BuildID: buildID,
+		Names: []string{name}, Aliases: []string{name}, Tags: tags, Public: false})
 	return nil
 }
 
@@ -121,8 +98,8 @@ func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
 	link := url.URL{Scheme: scheme, Host: r.Host, Path: "/build-uploads/" + hash, RawQuery: query.Encode()}
 	// The SDK uploads whenever it gets a link and forces the upload, so
 	// the link is given even when the files are present.
-	writeJSON(w, http.StatusCreated, map[string]any{
-		"present": s.cfg.Builds.Uploads().Present(templateID, hash), "url": link.String(),
+	writeJSON(w, http.StatusCreated, wire.TemplateFilesUpload{
+		Present: s.cfg.Builds.Uploads().Present(templateID, hash), URL: link.String(),
 	})
 	return nil
 }
@@ -149,7 +126,7 @@ func (s *Server) putBuildUpload(w http.ResponseWriter, r *http.Request) error {
 		return &apiError{http.StatusForbidden, "invalid upload link"}
 	}
 	if err := s.cfg.Builds.Uploads().Put(r.Context(), templateID, hash, r.Body); err != nil {
-		return buildError(err)
+		return err
 	}
 	w.WriteHeader(http.StatusOK)
 	return nil
@@ -175,20 +152,10 @@ func (s *Server) startBuild(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.cfg.Builds.Start(r.PathValue("templateID"), r.PathValue("buildID"), spec); err != nil {
-		return buildError(err)
+		return err
 	}
 	w.WriteHeader(http.StatusAccepted)
 	return nil
-}
-
-// buildStatusJSON is E2B's TemplateBuildInfo.
-type buildStatusJSON struct {
-	TemplateID string           `json:"templateID"`
-	BuildID    string           `json:"buildID"`
-	Status     string           `json:"status"`
-	LogEntries []build.LogEntry `json:"logEntries"`
-	Logs       []string         `json:"logs"`
-	Reason     *build.Reason    `json:"reason,omitempty"`
 }
 
 // maxBuildLogsLimit is E2B's largest (and default) page of build logs.
@@ -211,18 +178,37 @@ func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) error {
 	}
 	info, err := s.cfg.Builds.Status(r.PathValue("templateID"), r.PathValue("buildID"), offset, limit)
 	if err != nil {
-		return buildError(err)
+		return err
 	}
-	out := buildStatusJSON{TemplateID: info.TemplateID, BuildID: info.BuildID, Status: info.Status,
-		LogEntries: info.Logs, Logs: []string{}, Reason: info.Reason}
-	if out.LogEntries == nil {
-		out.LogEntries = []build.LogEntry{}
-	}
+	logs := info.Logs
 	if level := q.Get("level"); level != "" {
-		out.LogEntries = filterLevel(out.LogEntries, level)
+		logs = filterLevel(logs, level)
+	}
+	out := wire.TemplateBuildInfo{TemplateID: info.TemplateID, BuildID: info.BuildID,
+		Status: wire.TemplateBuildInfoStatus(info.Status), LogEntries: wireLogEntries(logs), Logs: []string{}}
+	if info.Reason != nil {
+		out.Reason = wireReason(info.Reason)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// wireReason converts why a build failed. A reason without log entries
+// (a build canceled before it ran) has an empty list: E2B's schema has no
+// null there.
+func wireReason(r *build.Reason) *wire.BuildStatusReason {
+	return &wire.BuildStatusReason{Message: r.Message, Step: r.Step, LogEntries: wireLogEntries(r.LogEntries)}
+}
+
+// wireLogEntries converts build log entries; none is an empty list, never
+// null.
+func wireLogEntries(entries []build.LogEntry) []wire.BuildLogEntry {
+	out := make([]wire.BuildLogEntry, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, wire.BuildLogEntry{Timestamp: e.Timestamp, Level: wire.LogLevel(e.Level),
+			Message: e.Message, Step: e.Step})
+	}
+	return out
 }
 
 func queryInt(q url.Values, name string) (int, error) {

@@ -8,7 +8,13 @@ import (
 	"net/http"
 	"path"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
 )
+
+// errEmptyBody answers a request whose JSON body is missing; endpoints
+// whose body is optional accept it.
+var errEmptyBody = errdefs.New(errdefs.ErrInvalidArgument, "request body must be a JSON object")
 
 // decodeJSON reads one JSON value of at most limit bytes into v. Unknown
 // fields are accepted (the E2B SDK sends fields we do not use yet), but a
@@ -24,7 +30,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 		case errors.As(err, &maxBytes):
 			return err
 		case errors.Is(err, io.EOF):
-			return badRequest("request body must be a JSON object")
+			return errEmptyBody
 		case errors.As(err, &typeErr):
 			return badRequest(fmt.Sprintf("field %q must be of type %s", typeErr.Field, typeErr.Type))
 		case errors.As(err, &syntaxErr), errors.Is(err, io.ErrUnexpectedEOF):
@@ -45,8 +51,7 @@ func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, v a
 		return nil
 	}
 	err := decodeJSON(w, r, limit, v)
-	var ae *apiError
-	if errors.As(err, &ae) && ae.message == "request body must be a JSON object" {
+	if errors.Is(err, errEmptyBody) {
 		return nil // chunked empty body
 	}
 	return err

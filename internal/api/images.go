@@ -64,24 +64,10 @@ func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, ref,
 }
 
 // imageErrorStatus maps pull and unpack failures to statuses and
-// client-safe messages.
+// client-safe messages: the image package's errors carry their kinds, so
+// only the messages of two cases differ from statusOf's.
 func imageErrorStatus(err error) (int, string) {
 	switch {
-	case errors.Is(err, image.ErrInvalidReference), errors.Is(err, image.ErrNoPlatform), errors.Is(err, image.ErrUnsafePath),
-		errors.Is(err, image.ErrInvalidLayer):
-		return http.StatusBadRequest, err.Error()
-	case errors.Is(err, image.ErrTooLarge):
-		return http.StatusRequestEntityTooLarge, err.Error()
-	case errors.Is(err, image.ErrCorruptLayer):
-		// The node's disk damaged a layer it had stored; it is gone now,
-		// so a retry fetches it again.
-		return http.StatusServiceUnavailable, err.Error()
-	case errors.Is(err, image.ErrNotFound):
-		return http.StatusNotFound, err.Error()
-	case errors.Is(err, image.ErrUnauthorized), errors.Is(err, image.ErrRefusedAddress):
-		return http.StatusForbidden, err.Error()
-	case errors.Is(err, image.ErrUnreachable):
-		return http.StatusBadGateway, err.Error()
 	case errors.Is(err, syscall.ENOSPC):
 		return http.StatusInsufficientStorage, "disk full while unpacking the image"
 	case errors.Is(err, store.ErrConflict):

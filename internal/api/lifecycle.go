@@ -8,13 +8,11 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Memory *bool `json:"memory"` // E2B: false drops the processes
-		ToDisk bool  `json:"toDisk"` // aenv: release the memory now, keep the state
-	}
+	var req wire.PauseRequest
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -72,10 +70,7 @@ func (s *Server) connectSandbox(w http.ResponseWriter, r *http.Request) error {
 // resumeBody reads {"timeout"?, "memory"?} of resume and connect; memory
 // false (E2B's onResume: 'reboot') resumes without the processes.
 func (s *Server) resumeBody(w http.ResponseWriter, r *http.Request) (time.Duration, bool, error) {
-	var req struct {
-		Timeout *int  `json:"timeout"`
-		Memory  *bool `json:"memory"`
-	}
+	var req wire.ResumeRequest
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return 0, false, err
 	}
@@ -89,36 +84,17 @@ func (s *Server) resumeBody(w http.ResponseWriter, r *http.Request) (time.Durati
 	return timeout, reboot, err
 }
 
-// snapshotJSON is E2B's snapshot, plus where and when it was taken.
-type snapshotJSON struct {
-	SnapshotID string    `json:"snapshotID"`
-	Names      []string  `json:"names"`
-	SandboxID  string    `json:"sandboxID,omitempty"`
-	CreatedAt  time.Time `json:"createdAt"`
-	uploadJSON
-}
-
-// uploadJSON is where a template's upload to the object store stands
-// (pending, uploading, uploaded or failed); absent without an object
-// store.
-type uploadJSON struct {
-	Upload      string `json:"upload,omitempty"`
-	UploadError string `json:"uploadError,omitempty"`
-}
-
-func toSnapshotJSON(t *store.Template) snapshotJSON {
+func toSnapshotJSON(t *store.Template) wire.Snapshot {
 	names := []string{}
 	if t.Named() {
 		names = append(names, t.Name)
 	}
-	return snapshotJSON{SnapshotID: t.ID, Names: names, SandboxID: t.SourceSandbox, CreatedAt: t.CreatedAt,
-		uploadJSON: uploadJSON{string(t.Upload), t.UploadError}}
+	return wire.Snapshot{SnapshotID: t.ID, Names: names, SandboxID: t.SourceSandbox, CreatedAt: t.CreatedAt,
+		Upload: wire.UploadState(t.Upload), UploadError: t.UploadError}
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Name string `json:"name"`
-	}
+	var req wire.NewSnapshot
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -163,7 +139,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]snapshotJSON, 0, len(snaps))
+	out := make([]wire.Snapshot, 0, len(snaps))
 	for _, t := range snaps {
 		out = append(out, toSnapshotJSON(t))
 	}
@@ -171,26 +147,12 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type templateJSON struct {
-	TemplateID string    `json:"templateID"`
-	Name       string    `json:"name,omitempty"`
-	Aliases    []string  `json:"aliases"`
-	Kind       string    `json:"kind"`
-	CPUCount   int       `json:"cpuCount"`
-	MemoryMB   int       `json:"memoryMB"`
-	CreatedAt  time.Time `json:"createdAt"`
-	Source     string    `json:"sourceSandboxID,omitempty"`
-	// BuildStatus is E2B's: the state of the template's newest build on
-	// this server (waiting, building, ready or error); absent when it was
-	// not built here.
-	BuildStatus string `json:"buildStatus,omitempty"`
-	uploadJSON
-}
-
-func toTemplateJSON(t *store.Template) templateJSON {
-	out := templateJSON{TemplateID: t.ID, Aliases: []string{}, Kind: string(t.Kind), CPUCount: t.VCPU,
-		MemoryMB: t.MemoryMB, CreatedAt: t.CreatedAt, Source: t.SourceSandbox,
-		uploadJSON: uploadJSON{string(t.Upload), t.UploadError}}
+// toTemplateJSON is a template as the API shows it. BuildStatus, E2B's
+// state of the template's newest build here, is the caller's to fill.
+func toTemplateJSON(t *store.Template) wire.Template {
+	out := wire.Template{TemplateID: t.ID, Aliases: []string{}, Kind: wire.TemplateKind(t.Kind), CpuCount: t.VCPU,
+		MemoryMB: t.MemoryMB, CreatedAt: t.CreatedAt, SourceSandboxID: t.SourceSandbox,
+		Upload: wire.UploadState(t.Upload), UploadError: t.UploadError}
 	if t.Named() {
 		out.Name = t.Name
 		out.Aliases = []string{t.Name}
@@ -203,11 +165,11 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]templateJSON, 0, len(all))
+	out := make([]wire.Template, 0, len(all))
 	for _, t := range all {
 		j := toTemplateJSON(t)
 		if s.cfg.Builds != nil && t.Named() {
-			j.BuildStatus = s.cfg.Builds.BuildStatus(t.Name)
+			j.BuildStatus = wire.TemplateBuildStatus(s.cfg.Builds.BuildStatus(t.Name))
 		}
 		out = append(out, j)
 	}
@@ -231,12 +193,7 @@ func (s *Server) getTemplate(w http.ResponseWriter, r *http.Request) error {
 // createTemplate is the seed's template-from-sandbox: POST /templates
 // {"sandboxID", "name"} → 201 {"templateID"}.
 func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		SandboxID string `json:"sandboxID"`
-		Name      string `json:"name"`
-		Image     string `json:"image"`
-		Platform  string `json:"platform"`
-	}
+	var req wire.NewTemplate
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -254,7 +211,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"templateID": tpl.ID, "name": tpl.Name})
+	writeJSON(w, http.StatusCreated, wire.TemplateRef{TemplateID: tpl.ID, Name: tpl.Name})
 	return nil
 }
 
@@ -274,11 +231,6 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type forkItemJSON struct {
-	Sandbox *sandboxJSON `json:"sandbox,omitempty"`
-	Error   *errorBody   `json:"error,omitempty"`
-}
-
 // forkSandbox is E2B's fork: 201 with one {sandbox} or {error} per child.
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	return s.fork(w, r, node.ForkRequest{SandboxID: r.PathValue("id")})
@@ -290,10 +242,7 @@ func (s *Server) forkSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkRequest) error {
-	var body struct {
-		Count   *int `json:"count"`
-		Timeout *int `json:"timeout"`
-	}
+	var body wire.ForkRequest
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &body); err != nil {
 		return err
 	}
@@ -315,14 +264,14 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkReque
 	if err != nil {
 		return err
 	}
-	out := make([]forkItemJSON, len(results))
+	out := make([]wire.ForkResult, len(results))
 	for i, res := range results {
 		if res.Err != nil {
 			status, msg := statusOf(res.Err)
 			if status >= 500 {
 				s.logger.ErrorContext(r.Context(), "fork child failed", "err", res.Err)
 			}
-			out[i].Error = &errorBody{Code: status, Message: msg}
+			out[i].Error = &wire.Error{Code: status, Message: msg}
 			continue
 		}
 		sb := s.toSandboxJSON(res.Sandbox)

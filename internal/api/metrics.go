@@ -7,26 +7,16 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/usage"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
-// metricJSON is E2B's SandboxMetric. Disk figures are not measured (the
-// root filesystem is an in-memory overlay counted in memUsed).
-type metricJSON struct {
-	Timestamp     string  `json:"timestamp"`
-	TimestampUnix int64   `json:"timestampUnix"`
-	CPUUsedPct    float64 `json:"cpuUsedPct"`
-	CPUCount      int     `json:"cpuCount"`
-	MemUsed       uint64  `json:"memUsed"`
-	MemTotal      uint64  `json:"memTotal"`
-	MemCache      uint64  `json:"memCache"`
-	DiskUsed      uint64  `json:"diskUsed"`
-	DiskTotal     uint64  `json:"diskTotal"`
-}
-
-func toMetricJSON(s usage.Sample) metricJSON {
-	at := s.At.UTC()
-	return metricJSON{Timestamp: at.Format(time.RFC3339), TimestampUnix: at.Unix(), CPUUsedPct: s.CPUUsedPct,
-		CPUCount: s.CPUCount, MemUsed: s.MemUsed, MemTotal: s.MemTotal}
+// toMetric is E2B's SandboxMetric of a sample. Disk figures are not
+// measured (the root filesystem is an in-memory overlay counted in
+// memUsed). The timestamp is whole seconds, as timestampUnix.
+func toMetric(s usage.Sample) wire.SandboxMetric {
+	at := s.At.UTC().Truncate(time.Second)
+	return wire.SandboxMetric{Timestamp: at, TimestampUnix: at.Unix(), CPUUsedPct: s.CPUUsedPct,
+		CpuCount: s.CPUCount, MemUsed: int64(s.MemUsed), MemTotal: int64(s.MemTotal)}
 }
 
 // metricsRange reads E2B's start and end (Unix seconds, as the SDK sends
@@ -60,10 +50,10 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []metricJSON{}
+	out := []wire.SandboxMetric{}
 	if s.cfg.Usage != nil {
 		for _, sample := range s.cfg.Usage.Range(sb.ID, start, end) {
-			out = append(out, toMetricJSON(sample))
+			out = append(out, toMetric(sample))
 		}
 	}
 	// Without history yet (a sandbox younger than one sampling period, or
@@ -73,7 +63,7 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		out = append(out, toMetricJSON(sample))
+		out = append(out, toMetric(sample))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 func TestParseSandboxListQuery(t *testing.T) {
@@ -89,8 +90,8 @@ func TestMaskRequestHost(t *testing.T) {
 }
 
 func TestNetworkPolicyKeepsMask(t *testing.T) {
-	req := newSandboxRequest{Network: &networkJSON{MaskRequestHost: "localhost:${PORT}"}}
-	got := req.policy()
+	req := wire.NewSandbox{Network: &wire.NetworkConfig{MaskRequestHost: "localhost:${PORT}"}}
+	got := policyOf(&req)
 	if got == nil || !got.AllowInternet || got.MaskRequestHost != "localhost:${PORT}" {
 		t.Fatalf("a mask alone must give a default egress policy carrying it: %+v", got)
 	}

@@ -12,49 +12,15 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
-// newSandboxRequest is E2B's NewSandbox plus the seed's vcpu/memoryMB.
-type newSandboxRequest struct {
-	TemplateID string            `json:"templateID"`
-	Timeout    *int              `json:"timeout"` // seconds
-	VCPU       int               `json:"vcpu"`
-	CPUCount   int               `json:"cpuCount"`
-	MemoryMB   int               `json:"memoryMB"`
-	Metadata   map[string]string `json:"metadata"`
-	EnvVars    map[string]string `json:"envVars"`
-	AutoPause  bool              `json:"autoPause"`
-	// AutoPauseMemory false: the pause at the deadline keeps the files but
-	// not the processes (E2B's onTimeout {action: 'pause', keepMemory}).
-	AutoPauseMemory *bool `json:"autoPauseMemory"`
-	// AutoResume: traffic to the paused sandbox resumes it.
-	AutoResume *struct {
-		Enabled bool `json:"enabled"`
-	} `json:"autoResume"`
-	// Secure false (E2B's v1 create only; v2 always secures) leaves envd
-	// without an access token. Unlike E2B's v1, an absent field secures.
-	Secure *bool `json:"secure"`
-
-	// Egress policy, in E2B's spelling...
-	AllowInternetAccessE2B *bool        `json:"allow_internet_access"`
-	Network                *networkJSON `json:"network"`
-	// ...and in the seed's.
-	AllowInternetAccess *bool    `json:"allowInternetAccess"`
-	AlwaysDeniedCIDRs   []string `json:"alwaysDeniedCIDRs"`
-	AlwaysAllowedCIDRs  []string `json:"alwaysAllowedCIDRs"`
-}
-
-// networkJSON is E2B's network object (the parts aenv implements).
-type networkJSON struct {
-	AllowOut           []string `json:"allowOut,omitempty"`
-	DenyOut            []string `json:"denyOut,omitempty"`
-	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
-	MaskRequestHost    string   `json:"maskRequestHost,omitempty"`
-}
+// The shapes of this file are E2B's, declared once in the OpenAPI document
+// (api/openapi/aenv.yaml) and generated into internal/wire.
 
 // policy merges both spellings into one policy; nil when the request
 // says nothing about egress.
-func (r *newSandboxRequest) policy() *store.NetworkPolicy {
+func policyOf(r *wire.NewSandbox) *store.NetworkPolicy {
 	allowInternet := r.AllowInternetAccess
 	if allowInternet == nil {
 		allowInternet = r.AllowInternetAccessE2B
@@ -78,58 +44,10 @@ func (r *newSandboxRequest) policy() *store.NetworkPolicy {
 	return p
 }
 
-// sandboxJSON is E2B's Sandbox: the answer to create and connect.
-type sandboxJSON struct {
-	SandboxID          string  `json:"sandboxID"`
-	TemplateID         string  `json:"templateID"`
-	Alias              string  `json:"alias,omitempty"`
-	ClientID           string  `json:"clientID"`
-	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken,omitempty"` // absent for secure: false
-	Domain             *string `json:"domain"`
-	TrafficAccessToken *string `json:"trafficAccessToken"`
-}
-
-// listedSandboxJSON is E2B's ListedSandbox.
-type listedSandboxJSON struct {
-	SandboxID    string            `json:"sandboxID"`
-	TemplateID   string            `json:"templateID"`
-	Alias        string            `json:"alias,omitempty"`
-	ClientID     string            `json:"clientID"`
-	StartedAt    time.Time         `json:"startedAt"`
-	EndAt        time.Time         `json:"endAt"`
-	CPUCount     int               `json:"cpuCount"`
-	MemoryMB     int               `json:"memoryMB"`
-	DiskSizeMB   int               `json:"diskSizeMB"`
-	Metadata     map[string]string `json:"metadata"`
-	State        string            `json:"state"`
-	EnvdVersion  string            `json:"envdVersion"`
-	VolumeMounts []any             `json:"volumeMounts"`
-	// NodeID names the cluster node holding the sandbox (absent on a
-	// single server).
-	NodeID string `json:"nodeID,omitempty"`
-}
-
-// sandboxDetailJSON is E2B's SandboxDetail.
-type sandboxDetailJSON struct {
-	listedSandboxJSON
-	EnvdAccessToken     string        `json:"envdAccessToken,omitempty"`
-	AllowInternetAccess *bool         `json:"allowInternetAccess"`
-	Network             networkJSON   `json:"network"`
-	Domain              *string       `json:"domain"`
-	Lifecycle           lifecycleJSON `json:"lifecycle"`
-	EndedReason         string        `json:"endedReason,omitempty"`
-}
-
-type lifecycleJSON struct {
-	OnTimeout  string `json:"onTimeout"`
-	AutoResume bool   `json:"autoResume"`
-}
-
 const clientID = "aenv"
 
-func (s *Server) toSandboxJSON(sb *store.Sandbox) sandboxJSON {
-	out := sandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
+func (s *Server) toSandboxJSON(sb *store.Sandbox) wire.Sandbox {
+	out := wire.Sandbox{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
 		EnvdVersion: EnvdVersion, EnvdAccessToken: sb.AccessToken, Domain: s.domain()}
 	if sb.TrafficToken != "" {
 		out.TrafficAccessToken = &sb.TrafficToken
@@ -145,18 +63,23 @@ func (s *Server) domain() *string {
 	return &d
 }
 
-func toListed(sb *store.Sandbox) listedSandboxJSON {
+func toListed(sb *store.Sandbox) wire.ListedSandbox {
+	unresponsive := ""
+	if sb.State == store.StateRunning {
+		unresponsive = sb.Unresponsive
+	}
 	md := sb.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	return listedSandboxJSON{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
-		StartedAt: sb.StartedAt, EndAt: sb.EndAt, CPUCount: sb.VCPU, MemoryMB: sb.MemoryMB, Metadata: md,
-		State: string(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []any{}, NodeID: sb.NodeID}
+	return wire.ListedSandbox{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
+		StartedAt: sb.StartedAt, EndAt: sb.EndAt, CpuCount: sb.VCPU, MemoryMB: sb.MemoryMB, Metadata: md,
+		State: wire.SandboxState(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []any{}, NodeID: sb.NodeID,
+		Unresponsive: unresponsive}
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
-	var req newSandboxRequest
+	var req wire.NewSandbox
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -179,9 +102,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	req.TemplateID = s.untagged(r, req.TemplateID)
-	vcpu := req.VCPU
+	vcpu := req.Vcpu
 	if vcpu == 0 {
-		vcpu = req.CPUCount
+		vcpu = req.CpuCount
 	}
 	dropMemory := req.AutoPauseMemory != nil && !*req.AutoPauseMemory
 	autoResume := req.AutoResume != nil && req.AutoResume.Enabled
@@ -202,7 +125,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
 		AutoPauseDropMemory: dropMemory, AutoResume: autoResume,
-		Network: req.policy(), Private: private, Insecure: insecure,
+		Network: policyOf(&req), Private: private, Insecure: insecure,
 	})
 	if err != nil {
 		return err
@@ -216,12 +139,12 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	onTimeout := "kill"
+	onTimeout := wire.LifecycleOnTimeoutKill
 	if sb.AutoPause {
-		onTimeout = "pause"
+		onTimeout = wire.LifecycleOnTimeoutPause
 	}
 	allowInternet := true
-	net := networkJSON{}
+	net := wire.NetworkConfig{}
 	if sb.Network != nil {
 		allowInternet = sb.Network.AllowInternet
 		net.AllowOut, net.DenyOut = sb.Network.AllowOut, sb.Network.DenyOut
@@ -229,28 +152,28 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	public := sb.TrafficToken == ""
 	net.AllowPublicTraffic = &public
-	writeJSON(w, http.StatusOK, sandboxDetailJSON{
-		listedSandboxJSON: toListed(sb), EnvdAccessToken: sb.AccessToken,
-		AllowInternetAccess: &allowInternet, Network: net, Domain: s.domain(),
-		Lifecycle: lifecycleJSON{OnTimeout: onTimeout, AutoResume: sb.AutoResume}, EndedReason: sb.EndedReason,
+	l := toListed(sb)
+	writeJSON(w, http.StatusOK, wire.SandboxDetail{
+		SandboxID: l.SandboxID, TemplateID: l.TemplateID, Alias: l.Alias, ClientID: l.ClientID,
+		StartedAt: l.StartedAt, EndAt: l.EndAt, CpuCount: l.CpuCount, MemoryMB: l.MemoryMB,
+		DiskSizeMB: l.DiskSizeMB, Metadata: l.Metadata, State: l.State, EnvdVersion: l.EnvdVersion,
+		VolumeMounts: l.VolumeMounts, NodeID: l.NodeID, Unresponsive: l.Unresponsive,
+		EnvdAccessToken: sb.AccessToken, AllowInternetAccess: &allowInternet, Network: net, Domain: s.domain(),
+		Lifecycle:   wire.Lifecycle{OnTimeout: onTimeout, AutoResume: sb.AutoResume},
+		EndedReason: sb.EndedReason,
 	})
 	return nil
 }
 
 // updateNetwork is E2B's updateNetwork: the whole policy is replaced.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		AllowOut               []string `json:"allowOut"`
-		DenyOut                []string `json:"denyOut"`
-		AllowInternetAccessE2B *bool    `json:"allow_internet_access"`
-		AllowInternetAccess    *bool    `json:"allowInternetAccess"`
-	}
+	var req wire.NetworkUpdate
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
-	p := &newSandboxRequest{AllowInternetAccess: req.AllowInternetAccess, AllowInternetAccessE2B: req.AllowInternetAccessE2B,
-		Network: &networkJSON{AllowOut: req.AllowOut, DenyOut: req.DenyOut}}
-	policy := p.policy()
+	policy := policyOf(&wire.NewSandbox{AllowInternetAccess: req.AllowInternetAccess,
+		AllowInternetAccessE2B: req.AllowInternetAccessE2B,
+		Network:                &wire.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut}})
 	if policy == nil {
 		policy = &store.NetworkPolicy{AllowInternet: true}
 	}
@@ -381,7 +304,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]listedSandboxJSON, 0, len(all))
+	out := make([]wire.ListedSandbox, 0, len(all))
 	for _, sb := range all {
 		out = append(out, toListed(sb))
 	}

@@ -13,19 +13,11 @@ import (
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
-// executeRequest is the seed's exec body.
-type executeRequest struct {
-	Command string            `json:"command"`
-	Cwd     string            `json:"cwd"`
-	Envs    map[string]string `json:"envs"`
-	Timeout *float64          `json:"timeout"` // seconds
-	User    string            `json:"user"`
-}
-
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
-	var req executeRequest
+	var req wire.ExecuteRequest
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -62,8 +54,8 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return callError(target, err)
 	}
-	// {"exitCode","stdout","stderr","timedOut"?,"truncated"?,"error"?},
-	// streamed: the output is the one part that can be large.
+	// wire.ExecuteResult, streamed: the output is the one part that can
+	// be large.
 	out := startJSON(w, http.StatusOK)
 	out.Int("exitCode", res.ExitCode)
 	stdout.writeString(out, "stdout")
@@ -83,17 +75,10 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// writeFileRequest is the seed's file write body; encoding "base64" makes
-// it binary-safe.
-type writeFileRequest struct {
-	Path     string `json:"path"`
-	Content  string `json:"content"`
-	Encoding string `json:"encoding"`
-	User     string `json:"user"`
-}
-
+// writeFileJSON writes the seed's file body; encoding "base64" makes it
+// binary-safe.
 func (s *Server) writeFileJSON(w http.ResponseWriter, r *http.Request) error {
-	var req writeFileRequest
+	var req wire.WriteFileRequest
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -135,7 +120,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request, path, user st
 	if err := target.Envd.WriteFile(target.Ctx, path, counted, user); err != nil {
 		return callError(target, err)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"path": path, "size": counted.n})
+	writeJSON(w, http.StatusOK, wire.WrittenFile{Path: path, Size: counted.n})
 	return nil
 }
 
@@ -159,8 +144,9 @@ func (s *Server) readFileJSON(w http.ResponseWriter, r *http.Request) error {
 		return callError(target, err)
 	}
 	defer rc.Close()
-	// The raw bytes are held (text must be checked for UTF-8 before the
-	// answer starts) but never a second, encoded copy: see jsonStream.
+	// The answer is a wire.FileContent. The raw bytes are held (text must
+	// be checked for UTF-8 before the answer starts) but never a second,
+	// encoded copy: see jsonStream.
 	if size > s.cfg.MaxJSONBytes {
 		return fileTooLargeForJSON()
 	}

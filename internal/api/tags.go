@@ -3,8 +3,8 @@ package api
 import (
 	"net/http"
 
-	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // E2B's template tags. aenv keeps one version of each template, so a tag
@@ -29,10 +29,7 @@ func (s *Server) routeTags() {
 // assignTags is E2B's POST /templates/tags {"target": "name[:tag]",
 // "tags"}: 201 {"buildID", "tags"}.
 func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Target string   `json:"target"`
-		Tags   []string `json:"tags"`
-	}
+	var req wire.AssignTemplateTags
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -45,18 +42,15 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) error {
 	}
 	buildID, err := s.cfg.Builds.AssignTags(tpl, req.Tags)
 	if err != nil {
-		return buildError(err)
+		return err
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"buildID": buildID, "tags": req.Tags})
+	writeJSON(w, http.StatusCreated, wire.AssignedTemplateTags{BuildID: buildID, Tags: req.Tags})
 	return nil
 }
 
 // removeTags is E2B's DELETE /templates/tags {"name", "tags"}: 204.
 func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) error {
-	var req struct {
-		Name string   `json:"name"`
-		Tags []string `json:"tags"`
-	}
+	var req wire.DeleteTemplateTags
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
@@ -68,7 +62,7 @@ func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if err := s.cfg.Builds.RemoveTags(tpl.Name, req.Tags); err != nil {
-		return buildError(err)
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -87,11 +81,12 @@ func (s *Server) listTags(w http.ResponseWriter, r *http.Request) error {
 	}
 	tags, err := s.cfg.Builds.Tags(tpl.Name)
 	if err != nil {
-		return buildError(err)
+		return err
 	}
-	if tags == nil {
-		tags = []build.Tag{}
+	out := make([]wire.TemplateTag, 0, len(tags))
+	for _, t := range tags {
+		out = append(out, wire.TemplateTag{Tag: t.Tag, BuildID: t.BuildID, CreatedAt: t.CreatedAt})
 	}
-	writeJSON(w, http.StatusOK, tags)
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -74,6 +74,9 @@ func (s *Service) run(b *build, spec Spec, base Base) {
 			msg = "build timed out"
 		case errors.Is(err, context.Canceled):
 			msg = "build canceled: the server is stopping"
+		case errors.Is(err, store.ErrUnavailable):
+			// The database's own text names hosts and sockets.
+			msg = "the database is unavailable"
 		case errors.Is(err, node.ErrUnavailable), errors.Is(err, node.ErrInsufficientStorage):
 			msg = err.Error()
 		}

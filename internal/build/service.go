@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,15 +12,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/template"
 )
 
-// Error kinds; the API maps them to statuses.
+// Errors of the build service, each of a kind (internal/errdefs) that the
+// API maps to a status.
 var (
-	ErrInvalid  = errors.New("invalid build")
-	ErrNotFound = errors.New("no such build")
-	ErrConflict = errors.New("build conflict")
+	ErrInvalid  = errdefs.New(errdefs.ErrInvalidArgument, "invalid build")
+	ErrNotFound = errdefs.New(errdefs.ErrNotFound, "no such build")
+	ErrConflict = errdefs.New(errdefs.ErrConflict, "build conflict")
 )
 
 // Status of a build, E2B's words.

@@ -1,6 +1,7 @@
 package build
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
 )
@@ -203,43 +205,11 @@ func (s *Service) writeTags(name string, byTag map[string]Tag) error {
 	if err != nil {
 		return fmt.Errorf("write tags of %s: %w", name, err)
 	}
-	if err := writeFileAtomic(path, data); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("write tags of %s: %w", name, err)
+	}
+	if err := atomicfile.WriteDurable(path, bytes.NewReader(data), 0o600); err != nil {
 		return fmt.Errorf("write tags of %s: %w", name, err)
 	}
 	return nil
-}
-
-// writeFileAtomic writes data to a temporary file beside path, syncs it
-// and renames it over path.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // a no-op once renamed
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	// The rename lasts only once the directory is synced.
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

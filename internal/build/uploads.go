@@ -13,11 +13,12 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/template"
 )
 
 // ErrTooLarge: an upload is bigger than the store allows.
-var ErrTooLarge = errors.New("upload too large")
+var ErrTooLarge = errdefs.New(errdefs.ErrTooLarge, "upload too large")
 
 // Uploads keeps the archives of COPY steps on disk, per template, under
 // the hash the SDK names them by, so an unchanged directory is uploaded

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 	"github.com/aenv-dev/aenv/internal/client"
 )
 
@@ -113,29 +114,8 @@ func (a *app) download(ctx context.Context, c *client.Client, src copySide, loca
 	if fi, err := os.Stat(local); (err == nil && fi.IsDir()) || strings.HasSuffix(local, "/") {
 		local = filepath.Join(local, path.Base(src.path))
 	}
-	return writeFileAtomic(local, content)
-}
-
-// writeFileAtomic writes r to dst through a temporary file, so a failed
-// copy leaves no partial file.
-func writeFileAtomic(dst string, r io.Reader) error {
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".aenv-*")
-	if err != nil {
-		return fmt.Errorf("cp: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := io.Copy(tmp, r); err != nil {
-		tmp.Close()
-		return fmt.Errorf("cp: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return fmt.Errorf("cp: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("cp: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
+	// A failed copy leaves the local file as it was.
+	if err := atomicfile.Write(local, content, 0o644); err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
 	return nil

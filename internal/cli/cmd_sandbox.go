@@ -48,7 +48,11 @@ the deadline (when the server kills or pauses it), vCPUs and memory.
 			now := a.now()
 			t := newTable(a.stdout, "SANDBOX ID", "TEMPLATE", "STATE", "AGE", "DEADLINE", "CPU", "MEMORY")
 			for _, sb := range sbs {
-				t.row(sb.SandboxID, firstNonEmpty(sb.Alias, sb.TemplateID), sb.State, age(now, sb.StartedAt),
+				state := sb.State
+				if sb.Unresponsive != "" {
+					state += " (not answering)"
+				}
+				t.row(sb.SandboxID, firstNonEmpty(sb.Alias, sb.TemplateID), state, age(now, sb.StartedAt),
 					deadline(now, sb.EndAt), strconv.Itoa(sb.CPUCount), fmt.Sprintf("%dMiB", sb.MemoryMB))
 			}
 			return t.flush()

@@ -122,9 +122,9 @@ func (a *app) templateLsCommand() *cobra.Command {
 				return writeJSON(a.stdout, raws(templates, func(t client.Template) json.RawMessage { return t.Raw }))
 			}
 			now := a.now()
-			t := newTable(a.stdout, "TEMPLATE ID", "NAME", "IMAGE", "CPU", "MEMORY", "CREATED", "BUILD", "UPLOAD")
+			t := newTable(a.stdout, "TEMPLATE ID", "NAME", "KIND", "CPU", "MEMORY", "CREATED", "BUILD", "UPLOAD")
 			for _, tp := range templates {
-				t.row(tp.TemplateID, firstNonEmpty(tp.Name, strings.Join(tp.Aliases, ","), "-"), firstNonEmpty(tp.Image, "-"),
+				t.row(tp.TemplateID, firstNonEmpty(tp.Name, strings.Join(tp.Aliases, ","), "-"), firstNonEmpty(tp.Kind, "-"),
 					countOrDash(tp.CPUCount, ""), countOrDash(tp.MemoryMB, "MiB"), ageOf(now, tp.CreatedAt),
 					firstNonEmpty(tp.BuildStatus, "-"), firstNonEmpty(tp.Upload, "-"))
 			}

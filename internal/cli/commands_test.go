@@ -148,16 +148,16 @@ func TestTemplates(t *testing.T) {
 	srv := newFakeServer(t)
 	env := newCLIEnv(t, srv)
 	srv.templates = append(srv.templates, map[string]any{"templateID": "tpl-py", "name": "python312",
-		"image": "index.docker.io/library/python:3.12", "createdAt": srv.now.Add(-3 * 24 * 3600e9).Format("2006-01-02T15:04:05Z07:00"),
+		"kind": "snapshot", "createdAt": srv.now.Add(-3 * 24 * 3600e9).Format("2006-01-02T15:04:05Z07:00"),
 		"upload": "uploaded"})
 	out := env.mustRun("template", "ls")
-	for _, want := range []string{"TEMPLATE ID", "tpl-base", "base", "1024MiB", "tpl-py", "python312", "python:3.12", "3d", "UPLOAD", "uploaded"} {
+	for _, want := range []string{"TEMPLATE ID", "tpl-base", "base", "1024MiB", "tpl-py", "python312", "KIND", "snapshot", "3d", "UPLOAD", "uploaded"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("template ls lacks %q:\n%s", want, out)
 		}
 	}
 	var list []map[string]any
-	if err := json.Unmarshal([]byte(env.mustRun("template", "ls", "-o", "json")), &list); err != nil || len(list) != 2 || list[1]["image"] == nil {
+	if err := json.Unmarshal([]byte(env.mustRun("template", "ls", "-o", "json")), &list); err != nil || len(list) != 2 || list[1]["kind"] != "snapshot" {
 		t.Errorf("template ls -o json: %v %v", list, err)
 	}
 	env.mustRun("template", "rm", "python312")

@@ -3,10 +3,10 @@ package cli
 import (
 	"context"
 	"errors"
-	"net/http"
 	"strings"
 
 	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 )
 
 // Exit codes of client commands, beside ExitOK, ExitError and ExitUsage.
@@ -35,7 +35,6 @@ func exitCodeOf(err error) int {
 	var ae authError
 	var unreachable *client.UnreachableError
 	var status exitStatus
-	var apiErr *client.APIError
 	switch {
 	case err == nil:
 		return ExitOK
@@ -47,13 +46,10 @@ func exitCodeOf(err error) int {
 		return ExitAuth
 	case errors.As(err, &unreachable):
 		return ExitUnreachable
-	case errors.As(err, &apiErr):
-		switch apiErr.Status {
-		case http.StatusNotFound:
-			return ExitNotFound
-		case http.StatusUnauthorized, http.StatusForbidden:
-			return ExitAuth
-		}
+	case errors.Is(err, errdefs.ErrNotFound):
+		return ExitNotFound
+	case errors.Is(err, errdefs.ErrUnauthenticated), errors.Is(err, errdefs.ErrPermissionDenied):
+		return ExitAuth
 	}
 	return ExitError
 }

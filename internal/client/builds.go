@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // E2B's template build API, as its SDK uses it: request a build, upload
@@ -90,10 +92,7 @@ func (c *Client) RequestTemplateBuild(ctx context.Context, req TemplateBuildRequ
 // hash unless the server has it; it reports whether it uploaded. size is
 // the archive's length.
 func (c *Client) UploadTemplateFiles(ctx context.Context, templateID, hash string, archive io.Reader, size int64) (bool, error) {
-	var link struct {
-		Present bool   `json:"present"`
-		URL     string `json:"url"`
-	}
+	var link wire.TemplateFilesUpload
 	p := "/templates/" + url.PathEscape(templateID) + "/files/" + url.PathEscape(hash)
 	if _, err := c.DoJSON(ctx, http.MethodGet, p, nil, nil, &link); err != nil {
 		return false, err

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 )
 
 // Config says which server to talk to and how.
@@ -97,6 +98,11 @@ func (e *APIError) Error() string {
 	}
 	return e.Message
 }
+
+// Unwrap gives the error's kind (internal/errdefs) from its status, so
+// that callers test errors.Is(err, errdefs.ErrNotFound) whatever the
+// server's words.
+func (e *APIError) Unwrap() error { return errdefs.FromHTTPStatus(e.Status) }
 
 // StatusOf is the HTTP status of an API error in err's chain, or 0.
 func StatusOf(err error) int {

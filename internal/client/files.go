@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // PutFile streams r into path inside the sandbox (raw bytes; PUT
@@ -43,9 +45,7 @@ func (c *Client) WriteText(ctx context.Context, id, path, content string) error 
 
 // ReadText reads a text file through the seed's JSON endpoint.
 func (c *Client) ReadText(ctx context.Context, id, path string) (string, error) {
-	var out struct {
-		Content string `json:"content"`
-	}
+	var out wire.FileContent
 	if _, err := c.DoJSON(ctx, http.MethodGet, sandboxPath(id, "files", "read"), url.Values{"path": {path}}, nil, &out); err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}

@@ -23,6 +23,9 @@ type Sandbox struct {
 	MemoryMB        int               `json:"memoryMB"`
 	State           string            `json:"state"`
 	Metadata        map[string]string `json:"metadata"`
+	// Unresponsive says why a running sandbox is not answering; "" while
+	// it answers.
+	Unresponsive string `json:"unresponsive"`
 
 	// Raw is the object as the server sent it.
 	Raw json.RawMessage `json:"-"`

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // Template is one entry of GET /templates: a base, an image or a
@@ -17,8 +19,7 @@ type Template struct {
 	TemplateID string   `json:"templateID"`
 	Name       string   `json:"name"`
 	Aliases    []string `json:"aliases"`
-	Kind       string   `json:"kind"`
-	Image      string   `json:"image"`
+	Kind       string   `json:"kind"` // rootfs, snapshot or sandbox
 	CPUCount   int      `json:"cpuCount"`
 	MemoryMB   int      `json:"memoryMB"`
 	CreatedAt  string   `json:"createdAt"` // RFC 3339
@@ -48,10 +49,8 @@ func (c *Client) DeleteTemplate(ctx context.Context, ref string) error {
 // CreateTemplate makes a template named name of a sandbox's files (the
 // seed's POST /templates) and returns its ID.
 func (c *Client) CreateTemplate(ctx context.Context, sandboxID, name string) (string, error) {
-	var out struct {
-		TemplateID string `json:"templateID"`
-	}
-	body := map[string]string{"sandboxID": sandboxID, "name": name}
+	var out wire.TemplateRef
+	body := wire.NewTemplate{SandboxID: sandboxID, Name: name}
 	if _, err := c.DoJSON(ctx, http.MethodPost, "/templates", nil, body, &out); err != nil {
 		return "", err
 	}

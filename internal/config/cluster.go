@@ -11,6 +11,7 @@ import (
 type Cluster struct {
 	// Database is the DSN (Validate reads it from its file when given).
 	Database      Database
+	SecretsKey    SecretsKey
 	Advertise     string
 	NodeID        string
 	ClusterSecret string
@@ -34,6 +35,7 @@ func DefaultCluster() Cluster {
 // RegisterFlags adds the cluster flags of `aenv node` to fs.
 func (c *Cluster) RegisterFlags(fs *pflag.FlagSet) {
 	c.Database.register(fs)
+	c.SecretsKey.register(fs)
 	fs.StringVar(&c.Advertise, "advertise", envString("advertise", c.Advertise),
 		"host:port gateways reach this node at (default: the --listen address, with this host's name when it has no host)"+envHint("advertise"))
 	fs.StringVar(&c.NodeID, "node-id", envString("node-id", c.NodeID),
@@ -51,9 +53,13 @@ func (c *Cluster) RegisterFlags(fs *pflag.FlagSet) {
 }
 
 // Validate checks values that flags cannot type-check, and reads the
-// DSN from --database-url-file when given.
+// DSN from --database-url-file and the key from --secrets-key-file when
+// given.
 func (c *Cluster) Validate() error {
 	if err := c.Database.resolve(); err != nil {
+		return err
+	}
+	if err := c.SecretsKey.resolve(); err != nil {
 		return err
 	}
 	switch {
@@ -70,13 +76,16 @@ func (c *Cluster) Validate() error {
 }
 
 // Warnings are what the node's log should say about its configuration.
-func (c *Cluster) Warnings() []string { return c.Database.warning() }
+func (c *Cluster) Warnings() []string {
+	return append(c.Database.warning(), c.SecretsKey.warning()...)
+}
 
 // Gateway is the configuration of `aenv gateway`.
 type Gateway struct {
 	Listen string
 	// Database is the DSN (Validate reads it from its file when given).
 	Database      Database
+	SecretsKey    SecretsKey
 	APIKey        string
 	ClusterSecret string
 	Domain        string
@@ -95,7 +104,9 @@ func DefaultGateway() Gateway {
 }
 
 // Warnings are what the gateway's log should say about its configuration.
-func (c *Gateway) Warnings() []string { return c.Database.warning() }
+func (c *Gateway) Warnings() []string {
+	return append(c.Database.warning(), c.SecretsKey.warning()...)
+}
 
 // RegisterFlags adds the flags of `aenv gateway` to fs.
 func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
@@ -107,6 +118,7 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 	}
 	str(&c.Listen, "listen", "address of the API, envd traffic and exposed ports")
 	c.Database.register(fs)
+	c.SecretsKey.register(fs)
 	str(&c.APIKey, "api-key", "an API key to accept (added to the cluster's keys); without one, the first gateway makes a key if the cluster has none")
 	str(&c.ClusterSecret, "cluster-secret", "secret to call nodes with (default: the one kept in the database)")
 	str(&c.Domain, "domain", "domain of exposed ports, as the nodes' --domain (empty: off)")
@@ -118,9 +130,13 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 }
 
 // Validate checks values that flags cannot type-check, and reads the
-// DSN from --database-url-file when given.
+// DSN from --database-url-file and the key from --secrets-key-file when
+// given.
 func (c *Gateway) Validate() error {
 	if err := c.Database.resolve(); err != nil {
+		return err
+	}
+	if err := c.SecretsKey.resolve(); err != nil {
 		return err
 	}
 	switch {

@@ -19,6 +19,10 @@ func TestDatabaseURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	const withPassword = "postgres://aenv:s3cret@db/aenv"
+	keyFile := filepath.Join(dir, "key")
+	if err := os.WriteFile(keyFile, make([]byte, 32), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		env     map[string]string
@@ -47,6 +51,8 @@ func TestDatabaseURL(t *testing.T) {
 			for _, k := range []string{"AENV_DATABASE_URL", "AENV_DATABASE_URL_FILE"} {
 				t.Setenv(k, tc.env[k])
 			}
+			// A secrets key, so that only the DSN is warned about here.
+			t.Setenv("AENV_SECRETS_KEY_FILE", keyFile)
 			for _, kind := range []string{"node", "gateway"} {
 				fs := pflag.NewFlagSet(kind, pflag.ContinueOnError)
 				var validate func() error

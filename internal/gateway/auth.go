@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -107,7 +108,7 @@ func (c *keyCache) seenValid(digest [sha256.Size]byte) bool {
 func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) bool {
 	key := api.RequestKey(r)
 	if key == "" {
-		api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
+		g.refuse(w, r, errdefs.ErrUnauthenticated, "missing or invalid API key (X-API-Key header)")
 		return false
 	}
 	if g.cfg.APIKey != "" && len(key) <= api.MaxKeyBytes &&
@@ -129,7 +130,7 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if len(key) > api.MaxKeyBytes {
 		g.authFails.Failed(r)
-		api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid API key: longer than any key (X-API-Key header)")
+		g.refuse(w, r, errdefs.ErrUnauthenticated, "invalid API key: longer than any key (X-API-Key header)")
 		return false
 	}
 	if !known {
@@ -138,14 +139,14 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) bool {
 		if ok, err = g.keys.check(r.Context(), key, digest); err != nil {
 			g.logger.WarnContext(r.Context(), "cannot check an API key", "err", err)
 			if !ok {
-				api.WriteErrorJSON(w, http.StatusServiceUnavailable, "the cluster's database is unavailable; try again")
+				g.refuse(w, r, errdefs.ErrUnavailable, "the cluster's database is unavailable; try again")
 				return false
 			}
 		}
 	}
 	if !ok {
 		g.authFails.Failed(r)
-		api.WriteErrorJSON(w, http.StatusUnauthorized, "missing or invalid API key (X-API-Key header)")
+		g.refuse(w, r, errdefs.ErrUnauthenticated, "missing or invalid API key (X-API-Key header)")
 		return false
 	}
 	return true

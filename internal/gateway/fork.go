@@ -8,8 +8,9 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // forkSnapshot routes POST /snapshots/{id}/fork. A snapshot in the object
@@ -18,7 +19,26 @@ import (
 // share in parallel with the others) and the answers are joined in one
 // list, as one node would give it. A snapshot only its own node has, or a
 // fork of one child, goes to that node as is.
+//
+// With an Idempotency-Key, the key is noted as a fork's before anything
+// is sent: a gateway taking it over (this one died before the answer was
+// kept) cannot tell which nodes made which children, so it answers that
+// the outcome is unknown until the key expires, never forking again.
 func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
+	run := heldRun(r)
+	if run != nil {
+		if run.Prior() != "" {
+			g.unknownOutcome(r, run)
+			g.refuse(w, r, errdefs.ErrUnavailable, "an earlier attempt of this fork stopped before its answer "+
+				"was kept, and which children it made is not known: use another Idempotency-Key to fork again")
+			return
+		}
+		if err := run.Note(r.Context(), "fork"); err != nil {
+			g.forget(r, run)
+			g.databaseDown(w, r, err)
+			return
+		}
+	}
 	body, ok := g.readBody(w, r)
 	if !ok {
 		return
@@ -60,7 +80,7 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 	for round := 0; left > 0 && round < maxCreateAttempts && len(candidates) > 0; round++ {
 		shares := g.nodes.split(candidates, copies[0].MemoryMB, left)
 		if len(shares) == 0 && round == 0 {
-			api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf(
+			g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
 				"no node can take a fork of snapshot %q now (%s); try again later", id, why))
 			return
 		}
@@ -142,9 +162,7 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 	}
 	var items []json.RawMessage
 	if resp.StatusCode != http.StatusCreated || json.Unmarshal(raw, &items) != nil || len(items) != sh.count {
-		var e struct {
-			Message string `json:"message"`
-		}
+		var e wire.Error
 		msg := string(raw)
 		if json.Unmarshal(raw, &e) == nil && e.Message != "" {
 			msg = e.Message
@@ -156,11 +174,7 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 		return fail(status, msg)
 	}
 	for _, item := range items {
-		var child struct {
-			Sandbox *struct {
-				SandboxID string `json:"sandboxID"`
-			} `json:"sandbox"`
-		}
+		var child wire.ForkResult
 		if json.Unmarshal(item, &child) == nil && child.Sandbox != nil && child.Sandbox.SandboxID != "" {
 			g.routes.put(child.Sandbox.SandboxID, sh.node.ID)
 		}
@@ -170,6 +184,6 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 
 // forkError is a fork answer's item for a child that was not made.
 func forkError(status int, msg string) json.RawMessage {
-	raw, _ := json.Marshal(map[string]any{"error": map[string]any{"code": status, "message": msg}})
+	raw, _ := json.Marshal(wire.ForkResult{Error: &wire.Error{Code: status, Message: msg}})
 	return raw
 }

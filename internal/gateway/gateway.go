@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,9 +29,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
-	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
 // Config of a gateway.
@@ -55,7 +56,7 @@ type Config struct {
 // Gateway is the HTTP handler of a gateway.
 type Gateway struct {
 	cfg    Config
-	db     *postgres.Store
+	db     Store
 	logger *slog.Logger
 	nodes  *nodes
 	routes *routeCache
@@ -65,8 +66,11 @@ type Gateway struct {
 	templates *ttlCache[[]*store.Template]
 	builds    *ttlCache[string]
 	catalog   http.Handler // the read routes, over the cluster's records
-	mux       *http.ServeMux
-	proxy     *httputil.ReverseProxy
+	// idem keeps the answers of creates and forks with an Idempotency-Key
+	// in the database, for every gateway.
+	idem  *sharedIdempotency
+	mux   *http.ServeMux
+	proxy *httputil.ReverseProxy
 	// client makes the calls the gateway reads the answer of (creates,
 	// which it may retry on another node).
 	client *http.Client
@@ -87,7 +91,7 @@ type Gateway struct {
 
 // New builds a gateway over the cluster's database and starts its node
 // refresh; Close stops it. reg receives its metrics.
-func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
+func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg prometheus.Registerer) (*Gateway, error) {
 	if cfg.Refresh == 0 {
 		cfg.Refresh = max(cfg.NodeTimeout/5, 50*time.Millisecond)
 	}
@@ -96,6 +100,7 @@ func New(ctx context.Context, cfg Config, db *postgres.Store, logger *slog.Logge
 		authFails: api.NewAuthLimiter(), templates: newTTLCache[[]*store.Template](10 * time.Second),
 		builds: newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
+	g.idem = &sharedIdempotency{db: db, logger: logger, queries: &g.queries, lease: idempotencyLease}
 	transport := newTransport()
 	g.client = &http.Client{Transport: transport,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -170,11 +175,16 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 	t := time.NewTicker(g.cfg.Refresh)
 	defer t.Stop()
 	var failing bool
+	lastClean := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if time.Since(lastClean) >= cleanEvery {
+			lastClean = time.Now()
+			g.cleanIdempotency(ctx)
 		}
 		rctx, cancel := context.WithTimeout(ctx, g.cfg.NodeTimeout)
 		err := g.nodes.refresh(rctx)
@@ -196,14 +206,14 @@ func (g *Gateway) routeMux() {
 	g.mux.HandleFunc("POST /cluster/nodes/{id}/undrain", func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, false) })
 	g.mux.HandleFunc("DELETE /cluster/nodes/{id}", g.removeNode)
 
-	g.mux.HandleFunc("POST /sandboxes", g.create)
-	g.mux.HandleFunc("POST /v2/sandboxes", g.create)
+	g.mux.Handle("POST /sandboxes", g.idempotent(g.create))
+	g.mux.Handle("POST /v2/sandboxes", g.idempotent(g.create))
 	g.mux.HandleFunc("/sandboxes/{id}/{rest...}", g.bySandbox)
 	g.mux.HandleFunc("DELETE /sandboxes/{id}", g.bySandbox)
 	// Named, or the mux would redirect it to the subtree above.
 	g.mux.Handle("GET /sandboxes/{id}", g.catalog)
 	g.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", g.bySandbox)
-	g.mux.HandleFunc("POST /snapshots/{id}/fork", g.forkSnapshot)
+	g.mux.Handle("POST /snapshots/{id}/fork", g.idempotent(g.forkSnapshot))
 	g.mux.HandleFunc("POST /templates", g.createTemplate)
 	g.mux.HandleFunc("DELETE /templates/{id}", g.deleteTemplate)
 
@@ -274,7 +284,7 @@ func (g *Gateway) envd(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) {
 	refuse := func() (string, bool) {
 		g.authFails.Failed(r)
-		api.WriteErrorJSON(w, http.StatusUnauthorized, "invalid or expired signature")
+		g.refuse(w, r, errdefs.ErrUnauthenticated, "invalid or expired signature")
 		return "", false
 	}
 	if !api.SignaturePlausible(r) {
@@ -283,7 +293,7 @@ func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) 
 	if api.SignatureExpired(r, time.Now()) {
 		// Refused without a lookup, in envd's words.
 		g.authFails.Failed(r)
-		api.WriteErrorJSON(w, http.StatusUnauthorized, api.ExpiredSignatureMessage)
+		g.refuse(w, r, errdefs.ErrUnauthenticated, api.ExpiredSignatureMessage)
 		return "", false
 	}
 	if id := g.tokens.match(r); id != "" {
@@ -311,6 +321,14 @@ func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) 
 // sandbox its path names.
 func (g *Gateway) bySandbox(w http.ResponseWriter, r *http.Request) {
 	g.count("sandbox")
+	if k := r.Header.Get(api.HeaderIdempotencyKey); k != "" && len(k) <= 256 {
+		// A fork of a sandbox is made by the one node holding it, which
+		// keeps its answer: it is sent a key of this caller's only, so
+		// that two callers' keys never meet there (a key too long is
+		// left for the node to refuse).
+		scope := api.IdempotencyScope(r)
+		r.Header.Set(api.HeaderIdempotencyKey, hex.EncodeToString(scope[:]))
+	}
 	g.forwardSandbox(w, r, r.PathValue("id"), true)
 }
 
@@ -320,7 +338,7 @@ func (g *Gateway) forwardSandbox(w http.ResponseWriter, r *http.Request, id stri
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		if controlPlane {
-			api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+			g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("sandbox %q not found", id))
 		} else {
 			api.WriteSandboxGone(w, id)
 		}
@@ -372,9 +390,12 @@ type target struct {
 // with the cluster secret in place of the user's key).
 func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sandboxID string, controlPlane bool) {
 	n, ok := g.nodes.current().get(nodeID)
+	if !ok || !n.reachable {
+		n, ok = g.nodes.recheck(r.Context()).get(nodeID)
+	}
 	switch {
 	case !ok:
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %q is not part of the cluster", nodeID))
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("node %q is not part of the cluster", nodeID))
 		return
 	case !n.reachable:
 		msg := fmt.Sprintf("node %s is unreachable (no heartbeat for %s)", nodeID, n.HeartbeatAge.Round(time.Second))
@@ -382,7 +403,7 @@ func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sa
 			msg = fmt.Sprintf("sandbox %s is on node %s, which is unreachable (no heartbeat for %s)",
 				sandboxID, nodeID, n.HeartbeatAge.Round(time.Second))
 		}
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, msg)
+		g.refuse(w, r, errdefs.ErrUnavailable, msg)
 		return
 	}
 	// Full duplex, for every call: by default Go's HTTP/1 server reads
@@ -453,7 +474,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	if t.sandbox != "" {
 		msg = fmt.Sprintf("sandbox %s is on node %s, which did not answer: %v", t.sandbox, t.node, err)
 	}
-	api.WriteErrorJSON(w, http.StatusServiceUnavailable, msg)
+	g.refuse(w, r, errdefs.ErrUnavailable, msg)
 }
 
 func (g *Gateway) databaseDown(w http.ResponseWriter, r *http.Request, err error) {
@@ -461,7 +482,7 @@ func (g *Gateway) databaseDown(w http.ResponseWriter, r *http.Request, err error
 		return
 	}
 	g.logger.WarnContext(r.Context(), "cluster database unavailable", "err", err)
-	api.WriteErrorJSON(w, http.StatusServiceUnavailable, "the cluster's database is unavailable; try again")
+	g.refuse(w, r, errdefs.ErrUnavailable, "the cluster's database is unavailable; try again")
 }
 
 // routeCache maps sandbox IDs to nodes. Bounded: when full it starts
@@ -506,4 +527,10 @@ func (g *Gateway) RequireKey(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 		}
 	})
+}
+
+// refuse answers a request the gateway itself does not take, with the
+// status of kind (the API's one mapper) and msg as the message.
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, kind error, msg string) {
+	api.WriteError(w, r, g.logger, errdefs.Errorf(kind, "%s", msg))
 }

@@ -34,8 +34,9 @@ func (n *nodeState) state() string {
 // nodeView is the cluster's nodes as of one read of the database,
 // published whole (readers never lock).
 type nodeView struct {
-	byID map[string]*nodeState
-	list []*nodeState // by ID
+	byID   map[string]*nodeState
+	list   []*nodeState // by ID
+	readAt time.Time    // when the database was read
 }
 
 func (v *nodeView) get(id string) (*nodeState, bool) {
@@ -46,7 +47,7 @@ func (v *nodeView) get(id string) (*nodeState, bool) {
 // nodes keeps the gateway's view of the cluster's nodes fresh: one query
 // every interval, whatever the traffic, so that routing reads no database.
 type nodes struct {
-	db      *postgres.Store
+	db      nodeStore
 	timeout time.Duration // a heartbeat older than this: unreachable
 	view    atomic.Pointer[nodeView]
 	queries *atomic.Int64 // database round trips, for metrics
@@ -56,9 +57,11 @@ type nodes struct {
 	// on the node that looked emptiest.
 	mu   sync.Mutex
 	sent map[string]int
+
+	rechecking sync.Mutex // held by the one recheck reading the database
 }
 
-func newNodes(db *postgres.Store, timeout time.Duration, queries *atomic.Int64) *nodes {
+func newNodes(db nodeStore, timeout time.Duration, queries *atomic.Int64) *nodes {
 	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}}
 	n.view.Store(&nodeView{byID: map[string]*nodeState{}})
 	return n
@@ -72,7 +75,7 @@ func (n *nodes) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	v := &nodeView{byID: make(map[string]*nodeState, len(list))}
+	v := &nodeView{byID: make(map[string]*nodeState, len(list)), readAt: time.Now()}
 	for _, rec := range list {
 		s := &nodeState{Node: rec, reachable: rec.HeartbeatAge <= n.timeout}
 		v.byID[rec.ID] = s
@@ -86,6 +89,25 @@ func (n *nodes) refresh(ctx context.Context) error {
 }
 
 func (n *nodes) current() *nodeView { return n.view.Load() }
+
+// recheckAge is how old a view may be before a refusal it would cause (a
+// node unknown or unreachable) is checked against the database again: a
+// node whose heartbeat resumed a moment after the last refresh is not
+// refused for the rest of the interval. It also bounds these extra reads
+// to a few a second while a node really is down.
+const recheckAge = 250 * time.Millisecond
+
+// recheck is the view, read again first if it is older than recheckAge;
+// one caller reads, the others use what is there.
+func (n *nodes) recheck(ctx context.Context) *nodeView {
+	if time.Since(n.current().readAt) > recheckAge && n.rechecking.TryLock() {
+		defer n.rechecking.Unlock()
+		if time.Since(n.current().readAt) > recheckAge {
+			n.refresh(ctx) // on failure the view stays as it was
+		}
+	}
+	return n.current()
+}
 
 // noteSent counts a sandbox placed on node id since the last refresh.
 func (n *nodes) noteSent(id string, count int) {

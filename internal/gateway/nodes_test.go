@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -142,5 +145,53 @@ func TestSplit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// heartbeats is a nodeStore whose one node's heartbeat age the test sets.
+type heartbeats struct {
+	mu    sync.Mutex
+	age   time.Duration
+	reads int
+}
+
+func (h *heartbeats) ListNodes(context.Context) ([]postgres.Node, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reads++
+	return []postgres.Node{{ID: "node-a", HeartbeatAge: h.age}}, nil
+}
+
+// A node refused as unreachable by a view read just before its heartbeat
+// resumed is looked up again (a refusal costs a read, bounded in rate),
+// rather than refused until the next periodic refresh.
+func TestRecheckBeforeRefusing(t *testing.T) {
+	ctx := context.Background()
+	db := &heartbeats{age: 5 * time.Second}
+	var queries atomic.Int64
+	n := newNodes(db, 1500*time.Millisecond, &queries)
+	if err := n.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := n.current().get("node-a"); s.reachable {
+		t.Fatal("a node with a 5 s old heartbeat is reachable")
+	}
+	db.mu.Lock()
+	db.age = 100 * time.Millisecond // its heartbeat resumed
+	db.mu.Unlock()
+
+	// A view younger than recheckAge is trusted: no read.
+	if s, _ := n.recheck(ctx).get("node-a"); s.reachable || db.reads != 1 {
+		t.Fatalf("fresh view read again: reachable %v, %d reads", s.reachable, db.reads)
+	}
+	// An older one is read again, once.
+	old := *n.current()
+	old.readAt = time.Now().Add(-time.Second)
+	n.view.Store(&old)
+	if s, _ := n.recheck(ctx).get("node-a"); !s.reachable {
+		t.Fatal("node still unreachable after its heartbeat resumed")
+	}
+	if db.reads != 2 {
+		t.Fatalf("%d reads, want 2", db.reads)
 	}
 }

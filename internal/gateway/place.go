@@ -16,8 +16,10 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // maxCreateAttempts bounds the nodes one create is offered to.
@@ -30,10 +32,10 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			api.WriteErrorJSON(w, http.StatusRequestEntityTooLarge,
+			g.refuse(w, r, errdefs.ErrTooLarge,
 				fmt.Sprintf("request body is larger than %d bytes", g.cfg.MaxJSONBytes))
 		} else {
-			api.WriteErrorJSON(w, http.StatusBadRequest, "cannot read the request body: "+err.Error())
+			g.refuse(w, r, errdefs.ErrInvalidArgument, "cannot read the request body: "+err.Error())
 		}
 		return nil, false
 	}
@@ -50,16 +52,23 @@ func withBody(r *http.Request, body []byte) *http.Request {
 // create places a new sandbox: on a ready node that holds its template
 // and has room (best of two), trying the next one should a node refuse
 // for lack of room or fail to connect.
+//
+// With an Idempotency-Key, the node about to be sent the create is noted
+// on the key first: should this gateway die before the answer, the
+// gateway taking the key over resends to that node, under the same node
+// key, and the node answers with what it made (see resumeCreate).
 func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	g.count("create")
+	run := heldRun(r)
 	body, ok := g.readBody(w, r)
 	if !ok {
+		g.forget(r, run)
 		return
 	}
-	var req struct {
-		TemplateID string `json:"templateID"`
-		MemoryMB   int    `json:"memoryMB"`
+	if run != nil && run.Prior() != "" && g.resumeCreate(w, r, run, body) {
+		return
 	}
+	var req wire.NewSandbox
 	if err := json.Unmarshal(body, &req); err != nil {
 		// Any node answers a malformed request as every node would.
 		g.forwardAny(w, withBody(r, body))
@@ -71,11 +80,13 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	copies, err := g.templateCopies(r.Context(), tpl, false)
 	if err != nil {
+		g.forget(r, run)
 		g.databaseDown(w, r, err)
 		return
 	}
 	if len(copies) == 0 {
-		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("template %q not found", tpl))
+		g.forget(r, run)
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", tpl))
 		return
 	}
 	candidates, why := g.holders(copies)
@@ -85,34 +96,102 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	order := g.nodes.place(candidates, memory)
 	if len(order) == 0 {
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf(
+		g.forget(r, run)
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
 			"no node can take a sandbox of template %q now (%s); try again later", tpl, why))
 		return
 	}
-	resp, n, last, err := g.sendFirst(r, order, body, http.StatusServiceUnavailable, http.StatusTooManyRequests)
+	var before func(*nodeState) error
+	if run != nil {
+		before = func(n *nodeState) error { return run.Note(r.Context(), noteNode+n.ID) }
+	}
+	resp, n, last, err := g.sendFirst(r, order, body, before, http.StatusServiceUnavailable, http.StatusTooManyRequests)
 	switch {
+	case errors.Is(err, errNotNoted):
+		// Nothing was sent to the node that could not be noted.
+		g.forget(r, run)
+		g.databaseDown(w, r, err)
 	case err != nil:
+		// The node may have made the sandbox: a retry asks it again.
+		g.unknownOutcome(r, run)
 		if r.Context().Err() == nil {
-			api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %s failed during the create: %v", n.ID, err))
+			g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("node %s failed during the create: %v", n.ID, err))
 		}
 	case resp == nil:
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node could take the sandbox; last: "+last)
+		g.forget(r, run)
+		g.refuse(w, r, errdefs.ErrUnavailable, "no node could take the sandbox; last: "+last)
 	default:
-		g.relay(w, resp, n.ID)
+		if !g.relay(w, r, resp, n.ID) {
+			g.unknownOutcome(r, run) // the answer was cut: ask the node again
+		}
 	}
 }
+
+// noteNode prefixes the note of a create sent to a node.
+const noteNode = "node:"
+
+// resumeCreate takes over a create whose first gateway stopped before its
+// answer was kept, and reports whether it answered. The create is sent
+// again to the node the first gateway sent it to, with the same node key:
+// a node that made the sandbox answers with it, one whose create undid
+// itself makes it now. A node that has left the cluster took whatever it
+// made with it, and one that refuses made nothing: the create is placed
+// afresh. A node unreachable now may hold the sandbox: the key stays
+// held, and the client is told to try again, never given a second one.
+func (g *Gateway) resumeCreate(w http.ResponseWriter, r *http.Request, run *sharedRun, body []byte) bool {
+	id, ok := strings.CutPrefix(run.Prior(), noteNode)
+	n, known := g.nodes.current().get(id)
+	if ok && !known {
+		return false
+	}
+	unknown := func(why string) bool {
+		g.unknownOutcome(r, run)
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
+			"an earlier attempt of this request went to node %s, which %s; whether it made the sandbox is not known yet: try again later",
+			id, why))
+		return true
+	}
+	if !ok {
+		return unknown("is unknown") // not a create's note
+	}
+	if !n.reachable {
+		return unknown("is unreachable")
+	}
+	resp, err := g.send(r, n, body)
+	if err != nil {
+		return unknown(fmt.Sprintf("did not answer (%v)", err))
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
+		resp.Body.Close()
+		return false
+	}
+	if !g.relay(w, r, resp, n.ID) {
+		g.unknownOutcome(r, run)
+	}
+	return true
+}
+
+// errNotNoted: the node about to be sent a create could not be noted on
+// its idempotency key.
+var errNotNoted = errors.New("cannot note the create's node on its idempotency key")
 
 // sendFirst offers body to the nodes in order, up to maxCreateAttempts:
 // a node it cannot reach, or one answering one of the refused statuses,
 // passes it on to the next. It returns the first other answer and its
 // node; when every node passed, resp is nil and last says what the last
 // one did. err is a send that failed after reaching node n: not safe to
-// offer elsewhere.
-func (g *Gateway) sendFirst(r *http.Request, order []*nodeState, body []byte, refused ...int) (
+// offer elsewhere. before, when set, runs before each send; its failure
+// stops the sends (errNotNoted).
+func (g *Gateway) sendFirst(r *http.Request, order []*nodeState, body []byte, before func(*nodeState) error, refused ...int) (
 	resp *http.Response, n *nodeState, last string, err error) {
 	for i, n := range order {
 		if i == maxCreateAttempts {
 			break
+		}
+		if before != nil {
+			if err := before(n); err != nil {
+				return nil, n, last, fmt.Errorf("%w: %w", errNotNoted, err)
+			}
 		}
 		resp, err := g.send(r, n, body)
 		if err != nil {
@@ -141,18 +220,17 @@ func neverReached(err error) bool {
 }
 
 // relay copies a node's answer (read whole) to the client; when it is a
-// sandbox just created, its route is noted.
-func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, nodeID string) {
+// sandbox just created, its route is noted. false: the answer could not
+// be read (the client was told).
+func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, nodeID string) bool {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		api.WriteErrorJSON(w, http.StatusBadGateway, fmt.Sprintf("node %s: reading its answer: %v", nodeID, err))
-		return
+		g.refuse(w, r, errdefs.ErrBadGateway, fmt.Sprintf("node %s: reading its answer: %v", nodeID, err))
+		return false
 	}
 	if resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusOK {
-		var created struct {
-			SandboxID string `json:"sandboxID"`
-		}
+		var created wire.Sandbox
 		if json.Unmarshal(body, &created) == nil && created.SandboxID != "" {
 			g.routes.put(created.SandboxID, nodeID)
 			g.nodes.noteSent(nodeID, 1)
@@ -161,6 +239,7 @@ func (g *Gateway) relay(w http.ResponseWriter, resp *http.Response, nodeID strin
 	copyHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	w.Write(body)
+	return true
 }
 
 // send makes r's call on node n with body, as the gateway (the cluster
@@ -249,7 +328,7 @@ func (g *Gateway) forwardAny(w http.ResponseWriter, r *http.Request) {
 	}
 	order := g.nodes.place(ready, 0)
 	if len(order) == 0 {
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node of the cluster is ready")
+		g.refuse(w, r, errdefs.ErrUnavailable, "no node of the cluster is ready")
 		return
 	}
 	g.forwardNode(w, r, order[0].ID, "", true)
@@ -293,7 +372,7 @@ func (g *Gateway) byTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(copies) == 0 {
-		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("snapshot %q not found", id))
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("snapshot %q not found", id))
 		return
 	}
 	nodeID := copies[0].NodeID
@@ -316,10 +395,7 @@ func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r = withBody(r, body)
-	var req struct {
-		SandboxID string `json:"sandboxID"`
-		Name      string `json:"name"`
-	}
+	var req wire.NewTemplate
 	if json.Unmarshal(body, &req) != nil {
 		g.forwardAny(w, r)
 		return
@@ -345,7 +421,12 @@ func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request) {
 	g.forwardAny(w, r)
 }
 
-// deleteTemplate deletes every node's copy of a template.
+// deleteTemplate deletes every node's copy of a template. Every holder
+// must be reachable before any copy is deleted: a holder down leaves the
+// template whole (503, try again), never half deleted. A holder failing
+// or refusing once deletes have begun is answered with the copies
+// already deleted; the records go with each copy, so a retry deletes the
+// rest.
 func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	g.count("template")
 	id := r.PathValue("id")
@@ -357,41 +438,76 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(copies) == 0 {
-		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("template %q not found", id))
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", id))
 		return
 	}
+	type step struct {
+		t *store.Template
+		n *nodeState // nil: only the record is left to delete
+	}
+	var steps []step
+	var down []string
 	view := g.nodes.current()
 	for _, t := range copies {
 		n, ok := view.get(t.NodeID)
-		if !ok && t.Upload == store.UploadUploaded {
+		switch {
+		case !ok && t.Upload == store.UploadUploaded:
 			// Kept in the object store after its node was removed: only
 			// the record is left to delete here; the collector removes
 			// the objects nothing refers to any more.
+			steps = append(steps, step{t: t})
+		case !ok || !n.reachable:
+			down = append(down, t.NodeID)
+		default:
+			steps = append(steps, step{t: t, n: n})
+		}
+	}
+	if len(down) > 0 {
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
+			"template %q has a copy on node(s) %s, which are unreachable: nothing was deleted; try again once they are back",
+			id, strings.Join(down, ", ")))
+		return
+	}
+	var deleted []string
+	failed := func(status int, msg string) {
+		if len(deleted) > 0 {
+			msg += fmt.Sprintf("; the copies on %s were already deleted (deleting it again deletes the rest)",
+				strings.Join(deleted, ", "))
+		}
+		api.WriteErrorJSON(w, status, msg)
+	}
+	for _, st := range steps {
+		if st.n == nil {
 			g.queries.Add(1)
-			if err := g.db.DeleteTemplate(r.Context(), t.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
-				g.databaseDown(w, r, err)
+			if err := g.db.DeleteTemplate(r.Context(), st.t.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+				g.logger.WarnContext(r.Context(), "cluster database unavailable", "err", err)
+				failed(http.StatusServiceUnavailable, "the cluster's database is unavailable; try again")
 				return
 			}
+			deleted = append(deleted, st.t.NodeID)
 			continue
 		}
-		if !ok || !n.reachable {
-			api.WriteErrorJSON(w, http.StatusServiceUnavailable,
-				fmt.Sprintf("template %q has a copy on node %s, which is unreachable", id, t.NodeID))
-			return
-		}
 		del := r.Clone(r.Context())
-		del.URL.Path = "/templates/" + t.ID
+		del.URL.Path = "/templates/" + st.t.ID
 		del.URL.RawPath = ""
-		resp, err := g.send(del, n, nil)
+		resp, err := g.send(del, st.n, nil)
 		if err != nil {
-			api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf("node %s did not answer: %v", n.ID, err))
+			failed(http.StatusServiceUnavailable, fmt.Sprintf("node %s did not answer: %v", st.n.ID, err))
 			return
 		}
-		if resp.StatusCode/100 != 2 {
-			g.relay(w, resp, n.ID)
-			return
-		}
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
+		// 404: the node has no such copy any more (a delete before this
+		// one ended there).
+		if resp.StatusCode/100 != 2 && resp.StatusCode != http.StatusNotFound {
+			var e wire.Error
+			if json.Unmarshal(msg, &e) != nil || e.Message == "" {
+				e.Message = string(bytes.TrimSpace(msg))
+			}
+			failed(resp.StatusCode, fmt.Sprintf("node %s: %s", st.n.ID, e.Message))
+			return
+		}
+		deleted = append(deleted, st.n.ID)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
@@ -440,7 +556,7 @@ func (g *Gateway) requestBuild(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if chosen == nil {
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, "no node of the cluster can run a build now")
+		g.refuse(w, r, errdefs.ErrUnavailable, "no node of the cluster can run a build now")
 		return
 	}
 	g.queries.Add(1)
@@ -458,7 +574,7 @@ func (g *Gateway) byBuild(w http.ResponseWriter, r *http.Request) {
 	name := untagged(r.PathValue("templateID"))
 	nodeID, err := g.buildNode(r.Context(), name)
 	if errors.Is(err, store.ErrNotFound) {
-		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("no build of template %q", name))
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("no build of template %q", name))
 		return
 	}
 	if err != nil {
@@ -517,7 +633,7 @@ func (g *Gateway) tags(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if len(copies) == 0 {
-			api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("template %q not found", name))
+			g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", name))
 			return
 		}
 		nodeID = copies[0].NodeID
@@ -533,26 +649,6 @@ func untagged(name string) string {
 	return name
 }
 
-// nodeJSON is one node in GET /cluster/nodes.
-type nodeJSON struct {
-	ID             string    `json:"id"`
-	Address        string    `json:"address"`
-	State          string    `json:"state"`
-	Version        string    `json:"version"`
-	StartedAt      time.Time `json:"startedAt"`
-	HeartbeatAgeMS int64     `json:"heartbeatAgeMs"`
-	Capacity       struct {
-		MaxSandboxes int `json:"maxSandboxes"`
-		MemoryMB     int `json:"memoryMB"`
-		VCPUs        int `json:"vcpus"`
-	} `json:"capacity"`
-	Use struct {
-		Sandboxes int `json:"sandboxes"`
-		Starting  int `json:"starting"`
-		MemoryMB  int `json:"memoryMB"`
-	} `json:"use"`
-}
-
 // listNodes is GET /cluster/nodes, read fresh from the database.
 func (g *Gateway) listNodes(w http.ResponseWriter, r *http.Request) {
 	g.count("cluster")
@@ -561,13 +657,14 @@ func (g *Gateway) listNodes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	view := g.nodes.current()
-	out := make([]nodeJSON, 0, len(view.list))
+	out := make([]wire.ClusterNode, 0, len(view.list))
 	for _, n := range view.list {
-		j := nodeJSON{ID: n.ID, Address: n.Address, State: n.state(), Version: n.Version,
-			StartedAt: n.StartedAt, HeartbeatAgeMS: n.HeartbeatAge.Milliseconds()}
-		j.Capacity.MaxSandboxes, j.Capacity.MemoryMB, j.Capacity.VCPUs = n.Capacity.MaxSandboxes, n.Capacity.MemoryMB, n.Capacity.VCPUs
-		j.Use.Sandboxes, j.Use.Starting, j.Use.MemoryMB = n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB
-		out = append(out, j)
+		out = append(out, wire.ClusterNode{ID: n.ID, Address: n.Address, State: wire.ClusterNodeState(n.state()),
+			Version: n.Version, StartedAt: n.StartedAt, HeartbeatAgeMS: n.HeartbeatAge.Milliseconds(),
+			Capacity: wire.NodeCapacity{MaxSandboxes: n.Capacity.MaxSandboxes, MemoryMB: n.Capacity.MemoryMB,
+				VCPUs: n.Capacity.VCPUs},
+			Use: wire.NodeUse{Sandboxes: n.Use.Sandboxes, Starting: n.Use.Starting, MemoryMB: n.Use.MemoryUsedMB},
+		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	w.Header().Set("Content-Type", "application/json")
@@ -583,7 +680,7 @@ func (g *Gateway) drain(w http.ResponseWriter, r *http.Request, draining bool) {
 	g.queries.Add(1)
 	err := g.db.SetDraining(r.Context(), id, draining)
 	if errors.Is(err, store.ErrNotFound) {
-		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("node %q is not part of the cluster", id))
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("node %q is not part of the cluster", id))
 		return
 	}
 	if err != nil {
@@ -611,10 +708,10 @@ func (g *Gateway) removeNode(w http.ResponseWriter, r *http.Request) {
 	n, ok := g.nodes.current().get(id)
 	switch {
 	case !ok:
-		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("node %q is not part of the cluster", id))
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("node %q is not part of the cluster", id))
 		return
 	case n.reachable:
-		api.WriteErrorJSON(w, http.StatusConflict, fmt.Sprintf(
+		g.refuse(w, r, errdefs.ErrConflict, fmt.Sprintf(
 			"node %s is alive (heartbeat %s ago): drain it and stop it before removing it", id, n.HeartbeatAge.Round(time.Millisecond)))
 		return
 	}

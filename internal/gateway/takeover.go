@@ -6,7 +6,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -24,7 +24,7 @@ func resumesSandbox(r *http.Request) bool {
 // answers that the node is unreachable.
 func (g *Gateway) takeOver(w http.ResponseWriter, r *http.Request, id, from string) {
 	unreachable := func(why string) {
-		api.WriteErrorJSON(w, http.StatusServiceUnavailable, fmt.Sprintf(
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
 			"sandbox %s is on node %s, which is unreachable%s", id, from, why))
 	}
 	g.queries.Add(1)
@@ -32,7 +32,7 @@ func (g *Gateway) takeOver(w http.ResponseWriter, r *http.Request, id, from stri
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		g.routes.forget(id)
-		api.WriteErrorJSON(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("sandbox %q not found", id))
 		return
 	case err != nil:
 		g.databaseDown(w, r, err)
@@ -65,7 +65,7 @@ func (g *Gateway) takeOver(w http.ResponseWriter, r *http.Request, id, from stri
 	}
 	// 404: the node may not take it yet (the old node has not been silent
 	// for long enough by the database's clock); the next may.
-	resp, n, last, err := g.sendFirst(r, order, body,
+	resp, n, last, err := g.sendFirst(r, order, body, nil,
 		http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusNotFound)
 	switch {
 	case err != nil:
@@ -78,6 +78,6 @@ func (g *Gateway) takeOver(w http.ResponseWriter, r *http.Request, id, from stri
 		if resp.StatusCode < 300 {
 			g.routes.put(id, n.ID)
 		}
-		g.relay(w, resp, n.ID)
+		g.relay(w, r, resp, n.ID)
 	}
 }

@@ -2,7 +2,6 @@ package image
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,12 +11,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // ErrRefusedAddress is returned (wrapped) by Pull when the registry, or a
 // redirect from it, is at an address pulls may not reach.
-var ErrRefusedAddress = errors.New("registry address refused")
+var ErrRefusedAddress = errdefs.New(errdefs.ErrPermissionDenied, "registry address refused")
 
 // RegistryPolicy says which addresses pulls may connect to. A pull is made
 // on a client's behalf, so by default it may not reach what only the

@@ -8,29 +8,30 @@
 package image
 
 import (
-	"errors"
 	"net/http"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/google/go-containerregistry/pkg/authn"
 )
 
-// Errors returned (wrapped) by Pull, for callers that map them to statuses.
+// Errors returned (wrapped) by Pull, each of a kind (internal/errdefs) that
+// the API maps to a status.
 var (
-	ErrInvalidReference = errors.New("invalid image reference")
-	ErrNotFound         = errors.New("image not found")
-	ErrUnauthorized     = errors.New("registry denied access")
-	ErrUnreachable      = errors.New("registry unreachable")
-	ErrNoPlatform       = errors.New("image has no variant for the platform")
-	ErrUnsafePath       = errors.New("layer entry escapes the root filesystem")
+	ErrInvalidReference = errdefs.New(errdefs.ErrInvalidArgument, "invalid image reference")
+	ErrNotFound         = errdefs.New(errdefs.ErrNotFound, "image not found")
+	ErrUnauthorized     = errdefs.New(errdefs.ErrPermissionDenied, "registry denied access")
+	ErrUnreachable      = errdefs.New(errdefs.ErrBadGateway, "registry unreachable")
+	ErrNoPlatform       = errdefs.New(errdefs.ErrInvalidArgument, "image has no variant for the platform")
+	ErrUnsafePath       = errdefs.New(errdefs.ErrInvalidArgument, "layer entry escapes the root filesystem")
 	// ErrInvalidLayer is a layer the image's author got wrong: not a
 	// tar stream, or a hard link to nothing the layers made before it.
-	ErrInvalidLayer = errors.New("invalid image layer")
+	ErrInvalidLayer = errdefs.New(errdefs.ErrInvalidArgument, "invalid image layer")
 	// ErrTooLarge is a layer that unpacks beyond the Limits.
-	ErrTooLarge = errors.New("image too large to unpack")
+	ErrTooLarge = errdefs.New(errdefs.ErrTooLarge, "image too large to unpack")
 	// ErrCorruptLayer is a stored layer whose content no longer has its
 	// digest (the disk's fault, not the image's). The blob is removed, so
 	// that pulling again fetches it anew.
-	ErrCorruptLayer = errors.New("stored layer is corrupt")
+	ErrCorruptLayer = errdefs.New(errdefs.ErrUnavailable, "stored layer is corrupt")
 )
 
 // DefaultPlatform is the platform pulled when PullOptions.Platform is empty.

@@ -1,12 +1,13 @@
 package network
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
 )
 
 // netnsDir is where named network namespaces are pinned; `ip netns` uses the same place,
@@ -187,7 +188,7 @@ func (c Config) parseIndex(s string) (int, bool) {
 }
 
 // ErrExhausted means every slot of the CIDR is taken.
-var ErrExhausted = errors.New("network slots exhausted")
+var ErrExhausted = errdefs.New(errdefs.ErrUnavailable, "network slots exhausted")
 
 // ErrClosed means the pool was closed or destroyed.
-var ErrClosed = errors.New("network pool closed")
+var ErrClosed = errdefs.New(errdefs.ErrUnavailable, "network pool closed")

@@ -9,11 +9,11 @@ package node
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -23,30 +23,30 @@ import (
 // EnvdPort is the port envd listens on inside every sandbox.
 const EnvdPort = 49983
 
-// Error kinds. The API translates them to HTTP statuses in one place;
-// wrap them with %w to add context.
+// Error kinds of the node, from the one vocabulary (internal/errdefs) that
+// the API maps to HTTP statuses; wrap them with %w to add context.
 var (
 	// ErrNotFound: no such sandbox, template or snapshot.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = errdefs.ErrNotFound
 	// ErrInvalid: the request is malformed or out of bounds.
-	ErrInvalid = errors.New("invalid request")
+	ErrInvalid = errdefs.New(errdefs.ErrInvalidArgument, "invalid request")
 	// ErrConflict: the sandbox is not in a state that allows the
 	// operation, or the thing is still in use.
-	ErrConflict = errors.New("conflict")
+	ErrConflict = errdefs.ErrConflict
 	// ErrUnavailable: the node lacks capacity (network slots, memory).
-	ErrUnavailable = errors.New("unavailable")
+	ErrUnavailable = errdefs.ErrUnavailable
 	// ErrNotSupported: the runtime driver cannot do this.
-	ErrNotSupported = errors.New("not supported by this runtime")
+	ErrNotSupported = errdefs.New(errdefs.ErrNotImplemented, "not supported by this runtime")
 	// ErrInsufficientStorage: the disk is full; nothing partial is kept.
-	ErrInsufficientStorage = errors.New("insufficient storage")
+	ErrInsufficientStorage = errdefs.ErrInsufficientStorage
 	// ErrBadGateway: a service the node depends on answered wrongly: an
 	// object in the object store missing, or not matching the digest
 	// recorded at its upload (corrupt or altered).
-	ErrBadGateway = errors.New("bad gateway")
+	ErrBadGateway = errdefs.ErrBadGateway
 	// ErrStopped: the sandbox stopped running while a call to it was in
 	// flight (killed, paused, expired or died); the wrapping error says
 	// which.
-	ErrStopped = errors.New("sandbox stopped")
+	ErrStopped = errdefs.New(errdefs.ErrGone, "sandbox stopped")
 )
 
 // Catalog is the read side of a Node: the records of its sandboxes and

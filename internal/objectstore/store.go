@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
@@ -16,7 +17,7 @@ import (
 )
 
 // ErrNotFound is returned for a key with no complete image in the store.
-var ErrNotFound = errors.New("image not found in object store")
+var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "image not found in object store")
 
 // Object names inside Prefix/images/<key>/. The '@' cannot occur in a key, so
 // these never collide with the images of a longer key.

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -27,11 +28,11 @@ import (
 // ErrCorrupt is returned by Get when the object does not match the digest
 // recorded at its upload (truncated, altered, replaced or unreadable);
 // nothing is left at dst.
-var ErrCorrupt = errors.New("object in the object store does not match the digest recorded at its upload (corrupt or altered)")
+var ErrCorrupt = errdefs.New(errdefs.ErrBadGateway, "object in the object store does not match the digest recorded at its upload (corrupt or altered)")
 
 // ErrNoDigest is returned by Get when the caller has no digest to check
 // the image against (a record written before digests were kept).
-var ErrNoDigest = errors.New("no digest recorded for the image, so it cannot be verified")
+var ErrNoDigest = errdefs.New(errdefs.ErrBadGateway, "no digest recorded for the image, so it cannot be verified")
 
 // validDigest reports whether d has the form of Manifest.Digest.
 func validDigest(d string) bool {

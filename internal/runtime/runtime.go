@@ -17,10 +17,12 @@ import (
 	"path"
 	"strings"
 	"syscall"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
 )
 
 // ErrNotFound is returned for a sandbox ID the driver does not know.
-var ErrNotFound = errors.New("sandbox not found")
+var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")
 
 // Spec describes one sandbox to start or restore.
 type Spec struct {

@@ -2,12 +2,14 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
 // A sandbox can stop answering while its process lives (a stopped or
@@ -129,6 +131,7 @@ func (m *Manager) probeAnswers(ctx context.Context, e *entry) {
 		e.misses.Store(0)
 		if e.silent.Swap(nil) != nil {
 			m.logger.InfoContext(ctx, "monitor: sandbox answers again", "sandbox", e.id)
+			m.recordUnresponsive(ctx, e.id, "")
 		}
 		return
 	}
@@ -148,10 +151,12 @@ func (m *Manager) probeAnswers(ctx context.Context, e *entry) {
 		m.logger.DebugContext(ctx, "monitor: sandbox missed a health check", "sandbox", e.id, "misses", misses, "err", err)
 		return
 	}
-	silent := fmt.Errorf("%w: sandbox %s is not answering (%d health checks in a row unanswered within %v); it may be overloaded or hung",
-		node.ErrUnavailable, e.id, answerMisses, m.cfg.AnswerTimeout)
+	reason := fmt.Sprintf("sandbox %s is not answering (%d health checks in a row unanswered within %v); it may be overloaded or hung",
+		e.id, answerMisses, m.cfg.AnswerTimeout)
+	silent := fmt.Errorf("%w: %s", node.ErrUnavailable, reason)
 	if e.silent.Swap(&silent) == nil {
 		m.logger.WarnContext(ctx, "monitor: sandbox not answering; ending its calls", "sandbox", e.id, "err", err)
+		m.recordUnresponsive(ctx, e.id, reason)
 	}
 	e.calls.endAll(silent)
 	m.unfreezeSilent(ctx, e, v)
@@ -182,5 +187,15 @@ func (m *Manager) unfreezeSilent(ctx context.Context, e *entry, v *view) {
 		m.logger.DebugContext(ctx, "monitor: unfreeze silent sandbox", "sandbox", e.id, "err", err)
 	case resumed:
 		m.logger.WarnContext(ctx, "monitor: resumed a silent sandbox left stopped by a pause cut short", "sandbox", e.id)
+	}
+}
+
+// recordUnresponsive writes into e's record why it does not answer ("":
+// it answers again), so that GET and lists say so, through a gateway too.
+// The record is only what clients read: a failed write is logged, and the
+// calls into the sandbox are answered from memory either way.
+func (m *Manager) recordUnresponsive(ctx context.Context, id, reason string) {
+	if err := m.store.SetSandboxUnresponsive(ctx, id, reason); err != nil && !errors.Is(err, store.ErrNotFound) {
+		m.logger.WarnContext(ctx, "monitor: record whether the sandbox answers", "sandbox", id, "err", err)
 	}
 }

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"syscall"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -20,12 +19,14 @@ func requireCapability(has bool, driver, what string) error {
 }
 
 // classifyRuntimeError tags runtime failures whose cause a client can act
-// on; runsc reports them only as text.
+// on: a full disk becomes ErrInsufficientStorage (507). Kinds only: runsc
+// says why it failed in text, which its adapter (gvisor.runscError) has
+// already read into ENOSPC.
 func classifyRuntimeError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if diskFull(err) {
+	if diskFull(err) && !errors.Is(err, node.ErrInsufficientStorage) {
 		return fmt.Errorf("%w: %v", node.ErrInsufficientStorage, err)
 	}
 	return err
@@ -40,13 +41,10 @@ func storeError(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// diskFull recognises ENOSPC and the texts runsc and SQLite use for it.
+// diskFull recognises a full disk by kind: ENOSPC from the kernel (or
+// read from runsc's text by its adapter), or the store's ErrFull.
 func diskFull(err error) bool {
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, node.ErrInsufficientStorage) {
-		return true
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "no space left on device") || strings.Contains(msg, "disk is full")
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, node.ErrInsufficientStorage)
 }
 
 // envdRefusedServer wraps a failed call the server makes to envd on its own

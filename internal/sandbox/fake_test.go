@@ -102,6 +102,8 @@ type instance struct {
 	slowHealth int
 	// exited is closed when the instance stops or is killed, for Exited.
 	exited chan struct{}
+	// rootfs is the root filesystem it was made from.
+	rootfs string
 }
 
 var (
@@ -120,6 +122,45 @@ type fakeDriver struct {
 	onInit func(id string) // called at each /init, before its fault check
 	// onUnfreeze is called at each Unfreeze, before its fault check.
 	onUnfreeze func(id string)
+	// checkRootfs: an instance made from a root filesystem that is not
+	// there is recorded in noRootfs (a template deleted under a create).
+	checkRootfs bool
+	noRootfs    []string
+}
+
+// made notes that instance id is being made from spec's root filesystem;
+// d.mu is held.
+func (d *fakeDriver) made(spec runtime.Spec) {
+	if !d.checkRootfs || spec.RootfsPath == "" {
+		return
+	}
+	if _, err := os.Stat(spec.RootfsPath); err != nil {
+		d.noRootfs = append(d.noRootfs, spec.ID+" on "+spec.RootfsPath)
+	}
+}
+
+// on lists the instances made from root filesystem rootfs.
+func (d *fakeDriver) on(rootfs string) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for id, in := range d.inst {
+		if in.rootfs == rootfs {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// rootfsOf maps each instance to the root filesystem it was made from.
+func (d *fakeDriver) rootfsOf() map[string]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]string{}
+	for id, in := range d.inst {
+		out[id] = in.rootfs
+	}
+	return out
 }
 
 func (d *fakeDriver) Name() string { return "fake" }
@@ -151,7 +192,8 @@ func (d *fakeDriver) Start(ctx context.Context, spec runtime.Spec) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.inst[spec.ID] = &instance{state: runtime.StateRunning, background: spec.Background}
+	d.made(spec)
+	d.inst[spec.ID] = &instance{state: runtime.StateRunning, background: spec.Background, rootfs: spec.RootfsPath}
 	return nil
 }
 
@@ -291,7 +333,9 @@ func (d *fakeDriver) Restore(ctx context.Context, spec runtime.Spec, imageDir st
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.inst[spec.ID] = &instance{state: runtime.StateRunning, token: string(token), background: spec.Background}
+	d.made(spec)
+	d.inst[spec.ID] = &instance{state: runtime.StateRunning, token: string(token), background: spec.Background,
+		rootfs: spec.RootfsPath}
 	return nil
 }
 
@@ -306,7 +350,9 @@ func (d *fakeDriver) Prepare(ctx context.Context, spec runtime.Spec) error {
 	if _, ok := d.inst[spec.ID]; ok {
 		return fmt.Errorf("sandbox %s already exists", spec.ID)
 	}
-	d.inst[spec.ID] = &instance{state: runtime.StateStopped, prepared: true, background: spec.Background}
+	d.made(spec)
+	d.inst[spec.ID] = &instance{state: runtime.StateStopped, prepared: true, background: spec.Background,
+		rootfs: spec.RootfsPath}
 	return nil
 }
 
@@ -624,6 +670,10 @@ type faultyStore struct {
 	mu     sync.Mutex
 	closed bool
 	late   int
+	// beforeCreate, when set, runs as a sandbox record is about to be
+	// written: what a concurrent request does between a create's read of
+	// its template and its record.
+	beforeCreate func()
 }
 
 func (s *faultyStore) write(ctx context.Context, op string) error {
@@ -639,7 +689,20 @@ func (s *faultyStore) CreateSandbox(ctx context.Context, sb *store.Sandbox) erro
 	if err := s.write(ctx, "store.create"); err != nil {
 		return err
 	}
+	if s.beforeCreate != nil {
+		s.beforeCreate()
+	}
 	return s.Store.CreateSandbox(ctx, sb)
+}
+
+func (s *faultyStore) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, rootfs string) error {
+	if err := s.write(ctx, "store.create"); err != nil {
+		return err
+	}
+	if s.beforeCreate != nil {
+		s.beforeCreate()
+	}
+	return s.Store.CreateSandboxHolding(ctx, sb, rootfs)
 }
 
 func (s *faultyStore) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
@@ -664,6 +727,13 @@ func (s *faultyStore) PutTemplate(ctx context.Context, t *store.Template) error 
 		return err
 	}
 	return s.Store.PutTemplate(ctx, t)
+}
+
+func (s *faultyStore) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.Template, error) {
+	if err := s.write(ctx, "store.putTemplate"); err != nil {
+		return nil, err
+	}
+	return s.Store.ReplaceTemplate(ctx, t)
 }
 
 func (s *faultyStore) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
@@ -703,8 +773,9 @@ type world struct {
 
 var errInjected = errors.New("injected failure")
 
-// errDiskFull is how SQLite reports a full disk.
-var errDiskFull = errors.New("database or disk is full (13)")
+// errDiskFull is how the SQLite store reports a full disk: SQLite's text,
+// and the store's kind for it.
+var errDiskFull = fmt.Errorf("database or disk is full (13): %w", store.ErrFull)
 
 func newWorld(t *testing.T, tune ...func(*Config)) *world {
 	t.Helper()

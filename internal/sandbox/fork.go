@@ -47,7 +47,8 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 		return nil, err
 	}
 
-	m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.tpl.VCPU, memoryMB: src.tpl.MemoryMB}, req.Count)
+	m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.tpl.VCPU, memoryMB: src.tpl.MemoryMB,
+		unheld: !m.local(src.tpl)}, req.Count)
 	start := time.Now()
 	results := make([]node.ForkResult, req.Count)
 	children := make([]*entry, req.Count)

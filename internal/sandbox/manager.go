@@ -437,11 +437,14 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 		}
 	}
 	if img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
-		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token}
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token,
+			unheld: !m.local(tpl)}
 		ps := m.prep.begin(k)
 		defer m.prep.end(k)
 		if ps != nil {
 			e, err := m.launchRestored(ctx, sb, tpl, ps)
+			// Claimed: its record (if any) now holds the root filesystem.
+			m.releasePrepared(ctx, ps)
 			if err == nil || ctx.Err() != nil {
 				return e, err
 			}
@@ -450,7 +453,7 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 		}
 	}
 	if img.rootfsUpper == "" && m.prep != nil {
-		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB}
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl)}
 		ps := m.prep.begin(k)
 		defer m.prep.end(k)
 		if _, err := os.Stat(k.rootfs); ps != nil && err != nil {
@@ -460,6 +463,7 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 		}
 		if ps != nil {
 			e, err := m.launchIn(ctx, sb, tpl, img, pending, ps)
+			m.releasePrepared(ctx, ps)
 			if err == nil || ctx.Err() != nil || !errors.Is(err, errNotPrepared) {
 				return e, err
 			}
@@ -493,9 +497,10 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 		return nil, err
 	}
 	// The starting record is durable first, so a crash mid-create is
-	// cleaned up by reconcile.
-	if err := m.store.CreateSandbox(ctx, sb); err != nil {
-		return nil, storeError("record sandbox", err)
+	// cleaned up by reconcile; with it the sandbox holds its template's
+	// root filesystem before booting from it.
+	if err := m.recordSandbox(ctx, sb, tpl); err != nil {
+		return nil, err
 	}
 	undo.Add(func() { m.deleteRecord(ctx, sb.ID) })
 	envd, err := m.bringUp(ctx, sb, tpl, slot, img)
@@ -529,6 +534,34 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", img.dir != "",
 		"prepared", ps != nil, "took", time.Since(start).Round(time.Millisecond))
 	return e, nil
+}
+
+// recordSandbox writes sb's record and, in the same transaction, its
+// reference to tpl's root filesystem: a template deleted since it was read
+// fails the create (not found) rather than leaving it files being removed,
+// and a delete that comes later sees the sandbox.
+func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *store.Template) error {
+	if !m.local(tpl) {
+		// Another node's template: the shared cache keeps its files.
+		if err := m.store.CreateSandbox(ctx, sb); err != nil {
+			return storeError("record sandbox", err)
+		}
+		return nil
+	}
+	err := m.store.CreateSandboxHolding(ctx, sb, tpl.RootfsPath)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: template %q was deleted", node.ErrNotFound, tpl.Name)
+	}
+	if err != nil {
+		return storeError("record sandbox", err)
+	}
+	return nil
+}
+
+// local reports whether tpl is this node's, its root filesystem held by
+// references in this node's records.
+func (m *Manager) local(tpl *store.Template) bool {
+	return m.cfg.Shared == nil || !m.cfg.Shared.Remote(tpl)
 }
 
 // finish turns a pending sandbox (a fork child) into a running one.

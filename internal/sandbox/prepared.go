@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -53,12 +54,15 @@ type prepKey struct {
 	memoryMB int
 	image    string
 	token    string // envd's access token inside the image
+	// unheld: rootfs is another node's template's, in the shared cache;
+	// the sandboxes take no reference to it (see Manager.local).
+	unheld bool
 }
 
 // shape is the key of the plain prepared sandboxes a restored one of k is
 // made from.
 func (k prepKey) shape() prepKey {
-	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB}
+	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB, unheld: k.unheld}
 }
 
 type preparedSandbox struct {
@@ -86,6 +90,11 @@ type preparedPool struct {
 	perSandbox uint64
 	wake       chan struct{}
 	done       chan struct{}
+	// making counts, per root filesystem, the sandboxes the filler is
+	// making (each holds a reference to it); made is closed, and
+	// replaced, whenever one is done.
+	making map[string]int
+	made   chan struct{}
 }
 
 // startPreparedPool starts the filler, unless the pool is off or the
@@ -100,6 +109,7 @@ func (m *Manager) startPreparedPool() {
 		maxRestored: m.cfg.SnapshotPool,
 		ready:       map[prepKey][]*preparedSandbox{}, want: map[prepKey]int{},
 		lastUse: map[prepKey]time.Time{}, active: map[prepKey]int{},
+		made: make(chan struct{}),
 		wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	m.prep = p
@@ -247,6 +257,30 @@ func (p *preparedPool) forgetImage(image string) []*preparedSandbox {
 	return out
 }
 
+// forgetRootfs stops keeping sandboxes made from rootfs (its template is
+// being deleted, or was) and returns those to remove.
+func (p *preparedPool) forgetRootfs(rootfs string) []*preparedSandbox {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*preparedSandbox
+	for k, r := range p.ready {
+		if k.rootfs == rootfs {
+			out = append(out, r...)
+			delete(p.ready, k)
+		}
+	}
+	for k := range p.want {
+		if k.rootfs == rootfs {
+			delete(p.want, k)
+			delete(p.lastUse, k)
+		}
+	}
+	return out
+}
+
 // takeShape removes a ready plain prepared sandbox of shape k, if any,
 // for the filler to restore an image into.
 func (p *preparedPool) takeShape(k prepKey) *preparedSandbox {
@@ -331,7 +365,50 @@ func (p *preparedPool) next(now time.Time) (k prepKey, ok bool, surplus []*prepa
 			k, deficit = key, d
 		}
 	}
+	if deficit > 0 {
+		// Counted here, under the lock that forgetRootfs takes: a delete
+		// that forgot the shape then waits for this one (waitMade).
+		if p.making == nil {
+			p.making = map[string]int{}
+		}
+		p.making[k.rootfs]++
+	}
 	return k, deficit > 0, surplus
+}
+
+// doneMaking ends what next counted for a sandbox of rootfs.
+func (p *preparedPool) doneMaking(rootfs string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.making[rootfs]--; p.making[rootfs] <= 0 {
+		delete(p.making, rootfs)
+	}
+	if p.made != nil {
+		close(p.made)
+	}
+	p.made = make(chan struct{})
+}
+
+// waitMade waits until the filler makes no sandbox from rootfs: once its
+// shapes are forgotten, what is being made is discarded when done, and
+// its reference dropped.
+func (p *preparedPool) waitMade(ctx context.Context, rootfs string) error {
+	if p == nil {
+		return nil
+	}
+	for {
+		p.mu.Lock()
+		n, made := p.making[rootfs], p.made
+		p.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-made:
+		}
+	}
 }
 
 // fillPrepared keeps the pool at its targets until ctx ends.
@@ -352,7 +429,9 @@ func (m *Manager) fillPrepared(ctx context.Context) {
 			m.discardPrepared(ctx, ps)
 		}
 		if ok {
-			if err := m.prepareOne(ctx, k); err != nil {
+			err := m.prepareOne(ctx, k)
+			p.doneMaking(k.rootfs)
+			if err != nil {
 				if ctx.Err() != nil {
 					return
 				}
@@ -384,10 +463,15 @@ func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
 		return err
 	}
 	id := NewID()
+	if gone, err := m.holdForPrepared(ctx, k, id); err != nil || gone {
+		m.releaseSlot(ctx, slot.Index, id)
+		return err
+	}
 	spec := m.spec(id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB)
 	spec.Background = true
 	if err := p.driver.Prepare(ctx, spec); err != nil {
 		m.releaseSlot(ctx, slot.Index, id)
+		m.releasePrepared(ctx, &preparedSandbox{id: id})
 		return err
 	}
 	ps := &preparedSandbox{id: id, slot: slot}
@@ -435,12 +519,17 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 			return aerr
 		}
 		ps = &preparedSandbox{id: NewID(), slot: slot}
+		if gone, herr := m.holdForPrepared(ctx, k, ps.id); herr != nil || gone {
+			m.releaseSlot(ctx, slot.Index, ps.id)
+			return herr
+		}
 		spec := m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB)
 		spec.Background = true
 		err = m.driver.Restore(ctx, spec, k.image)
 	}
 	if err != nil {
 		m.releaseSlot(ctx, ps.slot.Index, ps.id)
+		m.releasePrepared(ctx, ps)
 		return err
 	}
 	ps.envd = envdclient.New(envdURL(ps.id, ps.slot.SandboxIP), m.http, k.token)
@@ -497,6 +586,37 @@ func (m *Manager) foreground(ctx context.Context, id string) error {
 func (m *Manager) discardPrepared(ctx context.Context, ps *preparedSandbox) {
 	m.killInstance(ctx, ps.id)
 	m.releaseSlot(ctx, ps.slot.Index, ps.id)
+	m.releasePrepared(ctx, ps)
+}
+
+// holdForPrepared takes the reference of prepared sandbox id to k's root
+// filesystem before the runtime uses it. gone: the template was deleted,
+// and the pool stops keeping sandboxes of it.
+func (m *Manager) holdForPrepared(ctx context.Context, k prepKey, id string) (gone bool, err error) {
+	if k.unheld {
+		return false, nil
+	}
+	err = m.store.HoldRootfs(ctx, store.RefPrepared, id, k.rootfs)
+	if errors.Is(err, store.ErrNotFound) {
+		for _, ps := range m.prep.forgetRootfs(k.rootfs) {
+			m.discardPrepared(ctx, ps)
+		}
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("prepared sandbox %s: %w", id, err)
+	}
+	return false, nil
+}
+
+// releasePrepared drops the reference of prepared sandbox ps: it was
+// removed, or claimed by a sandbox whose record holds its own. One left
+// by a store failure keeps the template from deletion until the next
+// start, which drops them all.
+func (m *Manager) releasePrepared(ctx context.Context, ps *preparedSandbox) {
+	if err := m.store.ReleaseRefs(context.WithoutCancel(ctx), store.RefPrepared, ps.id); err != nil {
+		m.logger.WarnContext(ctx, "release prepared sandbox's reference", "sandbox", ps.id, "err", err)
+	}
 }
 
 // evictPrepared frees the slot of one prepared sandbox for a launch that

@@ -23,6 +23,11 @@ import (
 //   - records of half-created sandboxes are removed with their instance;
 //   - instances, network slots, mounts and cgroups no record owns are removed.
 func (m *Manager) Start(ctx context.Context) error {
+	// Prepared sandboxes do not outlive the server (what is left of them
+	// is debris), and neither do their references.
+	if err := m.store.ReleaseRefs(ctx, store.RefPrepared, ""); err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
 	records, err := m.store.ListSandboxes(ctx, store.SandboxFilter{})
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
@@ -234,9 +239,10 @@ func (m *Manager) checkRunning(ctx context.Context, e *entry) {
 			}
 			m.logger.ErrorContext(ctx, "reconcile: unfreeze failed; keeping the sandbox, answering 503 until it answers",
 				"sandbox", e.id, "err", err)
-			silent := fmt.Errorf("%w: sandbox %s is not answering since the server restarted; it may be overloaded or hung",
-				node.ErrUnavailable, e.id)
+			reason := fmt.Sprintf("sandbox %s is not answering since the server restarted; it may be overloaded or hung", e.id)
+			silent := fmt.Errorf("%w: %s", node.ErrUnavailable, reason)
 			e.silent.Store(&silent)
+			m.recordUnresponsive(ctx, e.id, reason)
 			return
 		case !resumed:
 			m.logger.WarnContext(ctx, "reconcile: the runtime says the sandbox runs; keeping it", "sandbox", e.id)

@@ -35,8 +35,11 @@ func TestClassifyRuntimeError(t *testing.T) {
 		err  error
 		full bool
 	}{
-		{errors.New("checkpoint: write pages: no space left on device"), true},
+		// Text is read only by the runsc adapter, which adds ENOSPC.
+		{errors.New("checkpoint: write pages: no space left on device"), false},
+		{errors.Join(errors.New("runsc checkpoint: exit status 1"), syscall.ENOSPC), true},
 		{fmt.Errorf("write: %w", syscall.ENOSPC), true},
+		{fmt.Errorf("put template: %w", store.ErrFull), true},
 		{errors.New("runsc: container not found"), false},
 	} {
 		if got := errors.Is(classifyRuntimeError(tc.err), node.ErrInsufficientStorage); got != tc.full {

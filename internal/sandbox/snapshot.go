@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -29,8 +28,9 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 			return nil, fmt.Errorf("%w: %v", node.ErrInvalid, err)
 		}
 	}
-	old, err := m.replaced(ctx, req)
-	if err != nil {
+	// Checked first so that a taken name fails before the checkpoint;
+	// the store checks again when it writes.
+	if _, err := m.replaced(ctx, req); err != nil {
 		return nil, err
 	}
 	e, err := m.lock(ctx, req.SandboxID, opSnapshot)
@@ -67,20 +67,25 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 			return nil, fmt.Errorf("snapshot %s: %w", req.SandboxID, err)
 		}
 	}
-	// The name is free only once the new image exists: a failed
-	// checkpoint leaves the old template in place.
-	if old != nil {
-		if err := m.DeleteTemplate(ctx, old.ID); err != nil && !errors.Is(err, node.ErrNotFound) {
-			m.removeImage(ctx, dir)
-			return nil, fmt.Errorf("replace %s: %w", old.Name, err)
-		}
+	// The new record takes the name from the old in one transaction,
+	// once the new image exists: a failed checkpoint or write leaves the
+	// old template in place, and no create finds the name missing.
+	var old *store.Template
+	if req.Replace && req.Name != "" {
+		old, err = m.store.ReplaceTemplate(ctx, tpl)
+	} else {
+		err = m.store.PutTemplate(ctx, tpl)
 	}
-	if err := m.store.PutTemplate(ctx, tpl); err != nil {
+	if err != nil {
 		m.removeImage(ctx, dir)
 		if errors.Is(err, store.ErrConflict) {
 			return nil, fmt.Errorf("%w: a template named %q exists", node.ErrConflict, req.Name)
 		}
 		return nil, storeError("record snapshot", err)
+	}
+	if old != nil {
+		m.removeTemplateFiles(ctx, old)
+		m.logger.InfoContext(ctx, "template replaced", "template", old.ID, "name", old.Name, "by", tpl.ID)
 	}
 	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
@@ -122,10 +127,9 @@ func (m *Manager) imageOf(ctx context.Context, e *entry, dir string) error {
 				node.ErrConflict, e.id)
 		}
 		// Paused on disk: its image is the state; share it by hard links.
-		out, err := exec.CommandContext(ctx, "cp", "-al", v.sb.ImageDir, dir).CombinedOutput()
-		if err != nil {
+		if err := linkTree(ctx, v.sb.ImageDir, dir); err != nil {
 			m.removeImage(ctx, dir)
-			return classifyRuntimeError(fmt.Errorf("copy image of %s: %w: %s", e.id, err, out))
+			return classifyRuntimeError(fmt.Errorf("copy image of %s: %w", e.id, err))
 		}
 		return nil
 	}
@@ -214,61 +218,73 @@ func (m *Manager) DeleteTemplate(ctx context.Context, idOrName string) error {
 		return fmt.Errorf("%w: template %s is node %s's; delete it there or through a gateway",
 			node.ErrConflict, tpl.Name, tpl.NodeID)
 	}
-	ownsRootfs := tpl.ImageDir == ""
-	if ownsRootfs {
-		users, err := m.rootfsUsers(ctx, tpl)
-		if err != nil {
-			return err
+	if tpl.ImageDir == "" {
+		// The pool's sandboxes made from it are not users: it stops
+		// keeping them, which drops their references, and the one being
+		// made is discarded when done.
+		for _, ps := range m.prep.forgetRootfs(tpl.RootfsPath) {
+			m.discardPrepared(context.WithoutCancel(ctx), ps)
 		}
-		if len(users) > 0 {
-			return fmt.Errorf("%w: template %s is in use by %s; delete those first",
-				node.ErrConflict, tpl.Name, strings.Join(users, ", "))
+		if err := m.prep.waitMade(ctx, tpl.RootfsPath); err != nil {
+			return fmt.Errorf("delete template %s: %w", tpl.Name, err)
 		}
 	}
-	if err := m.store.DeleteTemplate(ctx, tpl.ID); err != nil {
+	// The check of the references and the delete are one transaction: a
+	// create that has read the template either holds its root filesystem
+	// already (and is named here) or fails to take it.
+	refs, err := m.store.DeleteTemplateUnreferenced(ctx, tpl.ID)
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return fmt.Errorf("%w: template %s is in use by %s; delete those first",
+			node.ErrConflict, tpl.Name, strings.Join(m.describeRefs(ctx, refs), ", "))
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
+	case err != nil:
 		return storeError("delete template", err)
 	}
+	m.removeTemplateFiles(ctx, tpl)
+	m.logger.InfoContext(ctx, "template deleted", "template", tpl.ID, "name", tpl.Name)
+	return nil
+}
+
+// removeTemplateFiles removes what tpl, whose record and references were
+// just deleted, owned: its checkpoint image (once the restores reading it
+// are done), its copy in the object store, and a root filesystem of its
+// own, which nothing refers to any more.
+func (m *Manager) removeTemplateFiles(ctx context.Context, tpl *store.Template) {
 	if tpl.ImageDir != "" {
 		m.dropImageOf(ctx, tpl.ImageDir)
 	}
 	if m.cfg.Shared != nil {
 		m.cfg.Shared.Delete(ctx, tpl)
 	}
-	if ownsRootfs {
+	if tpl.ImageDir == "" {
 		if err := m.templates.RemoveRootfs(tpl); err != nil {
 			m.logger.WarnContext(ctx, "remove template rootfs", "template", tpl.ID, "err", err)
 		}
 	}
-	m.logger.InfoContext(ctx, "template deleted", "template", tpl.ID, "name", tpl.Name)
-	return nil
 }
 
-// rootfsUsers names what else uses tpl's root filesystem: other templates
-// and snapshots, and sandboxes that are not dead.
-func (m *Manager) rootfsUsers(ctx context.Context, tpl *store.Template) ([]string, error) {
-	templates, err := m.store.ListTemplates(ctx)
-	if err != nil {
-		return nil, err
-	}
-	sharing := map[string]bool{tpl.ID: true}
-	var users []string
-	for _, t := range templates {
-		if t.ID != tpl.ID && t.RootfsPath == tpl.RootfsPath {
-			sharing[t.ID] = true
-			users = append(users, fmt.Sprintf("%s %s", kindWord(t), t.Name))
-		}
-	}
-	sandboxes, err := m.store.ListSandboxes(ctx, store.SandboxFilter{})
-	if err != nil {
-		return nil, err
-	}
-	for _, sb := range sandboxes {
-		if sb.State != store.StateDead && sharing[sb.TemplateID] {
-			users = append(users, "sandbox "+sb.ID)
+// describeRefs names the holders of refs for a message: templates and
+// snapshots by name, sandboxes by ID.
+func (m *Manager) describeRefs(ctx context.Context, refs []store.Ref) []string {
+	users := make([]string, 0, len(refs))
+	for _, r := range refs {
+		switch r.HolderKind {
+		case store.RefTemplate:
+			if t, err := m.store.GetTemplate(ctx, r.HolderID); err == nil {
+				users = append(users, fmt.Sprintf("%s %s", kindWord(t), t.Name))
+			} else {
+				users = append(users, "template "+r.HolderID)
+			}
+		case store.RefPrepared:
+			users = append(users, "sandbox "+r.HolderID+" (being made)")
+		default:
+			users = append(users, string(r.HolderKind)+" "+r.HolderID)
 		}
 	}
 	sort.Strings(users)
-	return users, nil
+	return users
 }
 
 func kindWord(t *store.Template) string {

@@ -351,9 +351,7 @@ func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Templ
 	}
 	if err == nil {
 		sb.UpdatedAt = time.Now().UTC()
-		if err = m.store.CreateSandbox(ctx, sb); err != nil {
-			err = storeError("record sandbox", err)
-		}
+		err = m.recordSandbox(ctx, sb, tpl)
 	}
 	if err != nil {
 		discard(context.WithoutCancel(ctx))

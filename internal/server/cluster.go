@@ -38,7 +38,7 @@ func openCluster(ctx context.Context, srv config.Server, cfg config.Cluster, log
 	if err != nil {
 		return nil, err
 	}
-	db, err := postgres.OpenNode(ctx, cfg.Database.URL, id)
+	db, err := postgres.OpenWith(ctx, cfg.Database.URL, id, postgres.Options{SecretsKey: cfg.SecretsKey.Key})
 	if err != nil {
 		return nil, err
 	}

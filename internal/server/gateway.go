@@ -28,7 +28,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	for _, w := range cfg.Warnings() {
 		logger.WarnContext(ctx, w)
 	}
-	db, err := postgres.Open(ctx, cfg.Database.URL)
+	db, err := postgres.OpenWith(ctx, cfg.Database.URL, "", postgres.Options{SecretsKey: cfg.SecretsKey.Key})
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/meminfo"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // nodeInfo reports the node's capacity and use for GET /node. A single
@@ -34,9 +35,9 @@ func nodeInfo(cfg config.Server, member *clusterMember, sandboxes *sandbox.Manag
 	}
 	return func() api.NodeInfo {
 		out := info
-		out.State = "ready"
+		out.State = wire.ClusterNodeStateReady
 		if a, ok := served.(*cluster.Admission); ok && a.Draining() {
-			out.State = "draining"
+			out.State = wire.ClusterNodeStateDraining
 		}
 		u := sandboxes.Use()
 		out.Use = api.NodeUse{Sandboxes: u.Sandboxes, Starting: u.Starting, MemoryMB: u.MemoryMB}

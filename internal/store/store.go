@@ -8,20 +8,25 @@ package store
 
 import (
 	"context"
-	"errors"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
 )
 
 // ErrNotFound is returned when a record does not exist.
-var ErrNotFound = errors.New("not found")
+var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "not found")
 
 // ErrConflict is returned when a record with the same key or name exists.
-var ErrConflict = errors.New("already exists")
+var ErrConflict = errdefs.New(errdefs.ErrConflict, "already exists")
 
 // ErrUnavailable is returned when the database cannot be reached (refused or
 // broken connections, timeouts): the call may succeed later, and clients are
 // told to retry rather than that the server failed.
-var ErrUnavailable = errors.New("database unavailable")
+var ErrUnavailable = errdefs.New(errdefs.ErrUnavailable, "database unavailable")
+
+// ErrFull is returned when the database cannot write because its disk is
+// full.
+var ErrFull = errdefs.New(errdefs.ErrInsufficientStorage, "database disk full")
 
 // SandboxState is the lifecycle state of a sandbox record.
 type SandboxState string
@@ -88,6 +93,11 @@ type Sandbox struct {
 	// cleared when the image is (ImageDir empty).
 	ImageUpload UploadState
 	ImageDigest string
+	// Unresponsive says why a running sandbox is not answering (its envd
+	// missed health checks in a row; it may be hung or overloaded), as its
+	// node found; "" while it answers. Only SetSandboxUnresponsive writes
+	// it, and a write of any state but running clears it.
+	Unresponsive string
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the
@@ -178,6 +188,33 @@ const (
 // their ID as name).
 func (t *Template) Named() bool { return t.Name != t.ID }
 
+// RefKind is what holds, or is held by, a reference.
+type RefKind string
+
+const (
+	// RefSandbox: a sandbox that is not dead (holder).
+	RefSandbox RefKind = "sandbox"
+	// RefTemplate: a template or snapshot record (holder).
+	RefTemplate RefKind = "template"
+	// RefPrepared: an instance of the prepared pool, made from a root
+	// filesystem ahead of demand (holder; it has no other record, and a
+	// restart drops these).
+	RefPrepared RefKind = "prepared"
+	// RefRootfs: a root filesystem, by path (target).
+	RefRootfs RefKind = "rootfs"
+)
+
+// Ref says that a holder needs a target: the target's files are removed
+// only once no reference names it. References are taken and dropped in
+// the transaction that writes the holder's record, so deletion follows
+// them instead of scanning records that may be about to change.
+type Ref struct {
+	HolderKind RefKind
+	HolderID   string
+	TargetKind RefKind
+	TargetID   string
+}
+
 // SandboxFilter selects sandboxes in ListSandboxes. Zero values match all.
 type SandboxFilter struct {
 	States   []SandboxState
@@ -197,6 +234,10 @@ type Store interface {
 	// unless uploaded); ErrNotFound if the record is gone or holds no
 	// image.
 	SetSandboxUpload(ctx context.Context, id string, state UploadState, digest string) error
+	// SetSandboxUnresponsive records why a running sandbox is not
+	// answering, or "" once it answers again; ErrNotFound if the record
+	// is gone.
+	SetSandboxUnresponsive(ctx context.Context, id, reason string) error
 
 	PutTemplate(ctx context.Context, t *Template) error
 	// GetTemplate finds a template by ID or by name.
@@ -207,6 +248,40 @@ type Store interface {
 	// (msg: why it failed) and the digests of what was uploaded (zero
 	// unless uploaded); ErrNotFound if the template is gone.
 	SetTemplateUpload(ctx context.Context, id string, state UploadState, msg string, digests UploadDigests) error
+
+	// References (see Ref). PutTemplate writes a template's reference to
+	// its root filesystem and DeleteTemplate drops it; an UpdateSandbox to
+	// StateDead and DeleteSandbox drop the sandbox's, each in the
+	// transaction that writes the record.
+
+	// CreateSandboxHolding is CreateSandbox that, in the same transaction,
+	// takes the sandbox's reference to the root filesystem at rootfs:
+	// ErrNotFound when no template holds that any more (its template was
+	// deleted), and then no record is written.
+	CreateSandboxHolding(ctx context.Context, s *Sandbox, rootfs string) error
+	// HoldRootfs records that holder (kind, id) needs the root filesystem
+	// at rootfs; ErrNotFound when no template holds it.
+	HoldRootfs(ctx context.Context, kind RefKind, id, rootfs string) error
+	// ReleaseRefs drops the references holder (kind, id) holds; id ""
+	// drops those of every holder of the kind.
+	ReleaseRefs(ctx context.Context, kind RefKind, id string) error
+	// ListRefs returns every reference, ordered by target then holder.
+	ListRefs(ctx context.Context) ([]Ref, error)
+	// DeleteTemplateUnreferenced deletes template id and the references
+	// it holds, unless it owns its root filesystem (it has no checkpoint
+	// image) and something else refers to that: then nothing is deleted
+	// and it returns the referrers with ErrConflict. The check and the
+	// delete are one transaction, so a concurrent CreateSandboxHolding or
+	// HoldRootfs of the root filesystem either is among the referrers or
+	// fails with ErrNotFound.
+	DeleteTemplateUnreferenced(ctx context.Context, id string) ([]Ref, error)
+	// ReplaceTemplate is PutTemplate of t that, in the same transaction,
+	// deletes the checkpoint template (snapshot kinds) holding t's name,
+	// if any, and returns it: the name passes from one to the other with
+	// no moment without either, and the root filesystem they share stays
+	// referenced. ErrConflict when the name is a template's that owns its
+	// root filesystem.
+	ReplaceTemplate(ctx context.Context, t *Template) (*Template, error)
 
 	Close() error
 }

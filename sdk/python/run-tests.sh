@@ -8,6 +8,8 @@
 #
 # Env: AENV_BIN (default <repo>/bin/aenv), AENV_TEMPLATE_CACHE_DIR (default
 # /var/cache/aenv-test, shared so the base template is built only once).
+# A race-enabled AENV_BIN (make test's) writes its race reports to files
+# that fail the run.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -26,6 +28,8 @@ fi
 
 data_dir="$(mktemp -d /tmp/aenv-pytest.XXXXXX)"
 log="$data_dir/server.log"
+# Outside the data dir, which stop_server removes before the check.
+race_dir="$(mktemp -d /tmp/aenv-pytest-race.XXXXXX)"
 server_pid=""
 
 stop_server() {
@@ -51,12 +55,22 @@ stop_server() {
     leaked=1
   fi
   rm -rf "$data_dir" || echo "run-tests.sh: could not remove $data_dir" >&2
+  # A race-enabled server writes a file per process that raced (race.<pid>).
+  for f in "$race_dir"/race.*; do
+    if [[ -s "$f" ]]; then
+      echo "run-tests.sh: RACE: the race detector reported ($f):" >&2
+      cat "$f" >&2
+      raced=1
+    fi
+  done
+  rm -rf "$race_dir"
 }
 leaked=0
+raced=0
 on_exit() {
   local status=$?
   stop_server
-  if [[ $leaked == 1 && $status == 0 ]]; then
+  if [[ ($leaked == 1 || $raced == 1) && $status == 0 ]]; then
     exit 1
   fi
   exit "$status"
@@ -69,7 +83,7 @@ api_key="pytest-$(tr -dc 'a-z0-9' </dev/urandom | head -c 16 || true)"
 cidr="10.$((RANDOM % 150 + 100)).$((RANDOM % 250)).0/24"
 
 mkdir -p "$cache_dir"
-"$aenv_bin" server --data-dir "$data_dir" --listen "127.0.0.1:$port" --api-key "$api_key" \
+GORACE="log_path=$race_dir/race halt_on_error=0" "$aenv_bin" server --data-dir "$data_dir" --listen "127.0.0.1:$port" --api-key "$api_key" \
   --template-cache-dir "$cache_dir" --net-prefix "py$suffix" --sandbox-cidr "$cidr" \
   --kill-on-exit >"$log" 2>&1 &
 server_pid=$!

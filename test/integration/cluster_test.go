@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -19,6 +22,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/client"
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
+	"github.com/aenv-dev/aenv/internal/wire/wiretest"
 )
 
 // A cluster on this one machine: a throwaway PostgreSQL, `aenv node`s
@@ -32,19 +36,28 @@ const nodeTimeout = 1500 * time.Millisecond
 // nodeOf makes a server an `aenv node` of a cluster.
 type nodeOf struct {
 	dsn, id string
+	key     []byte // the cluster's secrets key
 }
 
 type cluster struct {
 	t        testing.TB
 	pg       *pgtest.Server
 	dsn      string
+	key      []byte
+	keyFile  string // key's file: --secrets-key-file of every node and gateway
 	nodes    []*server
 	gateways []*gateway
 }
 
 func newCluster(t testing.TB) *cluster {
 	pg := pgtest.New(t)
-	return &cluster{t: t, pg: pg, dsn: pg.NewDatabase(t)}
+	// The cluster's secrets are kept encrypted, with one key for all.
+	key := bytes.Repeat([]byte{7}, 32)
+	keyFile := filepath.Join(t.TempDir(), "secrets-key")
+	if err := os.WriteFile(keyFile, []byte(base64.StdEncoding.EncodeToString(key)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &cluster{t: t, pg: pg, dsn: pg.NewDatabase(t), key: key, keyFile: keyFile}
 }
 
 // addNode starts a node named id; extra are more flags.
@@ -53,7 +66,8 @@ func (c *cluster) addNode(id string, extra ...string) *server {
 	// The test's limits are about counts: the machine's memory must not be
 	// the bound (sandboxes are given 1 GiB each, and few use it).
 	s := newServer(c.t, append([]string{"--max-memory-percent", "1000"}, extra...)...)
-	s.cluster = &nodeOf{dsn: c.dsn, id: id}
+	s.cluster = &nodeOf{dsn: c.dsn, id: id, key: c.key}
+	s.env = append(s.env, "AENV_SECRETS_KEY_FILE="+c.keyFile)
 	s.start()
 	c.nodes = append(c.nodes, s)
 	return s
@@ -61,14 +75,17 @@ func (c *cluster) addNode(id string, extra ...string) *server {
 
 // gateway is one `aenv gateway` process.
 type gateway struct {
-	t      testing.TB
-	addr   string
-	url    string
-	cmd    *exec.Cmd
-	exited chan struct{}
-	logs   *syncBuffer
-	dsn    string
-	api    *client.Client
+	t    testing.TB
+	addr string
+	url  string
+	// raceDir receives a race-enabled gateway's reports (see raceEnv).
+	raceDir string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	logs    *syncBuffer
+	dsn     string
+	keyFile string
+	api     *client.Client
 }
 
 func (c *cluster) addGateway() *gateway {
@@ -77,10 +94,12 @@ func (c *cluster) addGateway() *gateway {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	g := &gateway{t: c.t, addr: l.Addr().String(), dsn: c.dsn}
+	g := &gateway{t: c.t, addr: l.Addr().String(), dsn: c.dsn, keyFile: c.keyFile, raceDir: c.t.TempDir()}
 	l.Close()
 	g.url = "http://" + g.addr
-	g.api = client.New(client.Config{URL: g.url, APIKey: apiKey})
+	// The gateway's answers are checked against the OpenAPI document too.
+	g.api = client.New(client.Config{URL: g.url, APIKey: apiKey,
+		HTTP: &http.Client{Transport: wiretest.Transport(c.t, client.NewHTTPClient(4).Transport)}})
 	g.start()
 	c.t.Cleanup(func() { g.stop(syscall.SIGTERM) })
 	c.gateways = append(c.gateways, g)
@@ -90,8 +109,9 @@ func (c *cluster) addGateway() *gateway {
 func (g *gateway) start() {
 	g.t.Helper()
 	g.logs = &syncBuffer{}
-	g.cmd = exec.Command(filepath.Join(binDir, "aenv"), "gateway", "--database-url", g.dsn, "--listen", g.addr,
+	g.cmd = exec.Command(serverBin, "gateway", "--database-url", g.dsn, "--secrets-key-file", g.keyFile, "--listen", g.addr,
 		"--api-key", apiKey, "--node-timeout-ms", fmt.Sprint(nodeTimeout.Milliseconds()), "--log-level", "debug")
+	g.cmd.Env = append(os.Environ(), raceEnv(g.raceDir))
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
 	if err := g.cmd.Start(); err != nil {
 		g.t.Fatal(err)
@@ -116,6 +136,8 @@ func (g *gateway) start() {
 
 func (g *gateway) stop(sig syscall.Signal) {
 	if g.cmd == nil {
+		// Not running, or ended by the test: what it reported still counts.
+		checkRaces(g.t, "gateway "+g.addr, g.raceDir)
 		return
 	}
 	g.cmd.Process.Signal(sig)
@@ -125,6 +147,7 @@ func (g *gateway) stop(sig syscall.Signal) {
 		g.cmd.Process.Kill()
 		g.t.Errorf("gateway did not stop within 30s on %v", sig)
 	}
+	checkRaces(g.t, "gateway "+g.addr, g.raceDir)
 	if g.t.Failed() {
 		g.t.Logf("gateway %s logs:\n%s", g.addr, tail(g.logs.String(), 100))
 	}

@@ -26,12 +26,18 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/wire/wiretest"
 )
 
 const apiKey = "aenv_test_key"
 
 // binDir holds aenv, envd and runsc, built by `make build`.
 var binDir string
+
+// serverBin is the aenv that runs the tests' servers, nodes and gateways:
+// $AENV_SERVER_BIN (make test's race-enabled build, whose reports fail the
+// test), else binDir's. The CLI's client commands run binDir's.
+var serverBin string
 
 // templateCache is shared by every server of the suite (and across runs),
 // so the base template is built once per machine.
@@ -67,6 +73,13 @@ func requirements() string {
 			return fmt.Sprintf("%s missing in %s (run `make build`)", name, binDir)
 		}
 	}
+	serverBin = os.Getenv("AENV_SERVER_BIN")
+	if serverBin == "" {
+		serverBin = filepath.Join(binDir, "aenv")
+	}
+	if _, err := os.Stat(serverBin); err != nil {
+		return fmt.Sprintf("server binary: %v", err)
+	}
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		return "debootstrap not installed (run `make deps`)"
 	}
@@ -77,6 +90,9 @@ func requirements() string {
 type server struct {
 	t       testing.TB
 	dataDir string
+	// raceDir receives the race detector's reports of a race-enabled
+	// server (see raceEnv).
+	raceDir string
 	prefix  string
 	cidr    string
 	addr    string
@@ -93,6 +109,9 @@ type server struct {
 	// api is the shared client, for what a test does rather than checks;
 	// do sends requests whose wire details (status, headers) a test checks.
 	api *client.Client
+	// checked sends do's requests; every answer is checked against the
+	// OpenAPI document (nil: http.DefaultClient, unchecked).
+	checked *http.Client
 }
 
 func randomLetters(n int) string {
@@ -112,6 +131,7 @@ func newServer(t testing.TB, extra ...string) *server {
 	s := &server{
 		t:       t,
 		dataDir: t.TempDir(),
+		raceDir: t.TempDir(),
 		prefix:  "it" + randomLetters(3),
 		extra:   extra,
 	}
@@ -123,7 +143,9 @@ func newServer(t testing.TB, extra ...string) *server {
 	s.addr = l.Addr().String()
 	l.Close()
 	s.url = "http://" + s.addr
-	s.api = client.New(client.Config{URL: s.url, APIKey: apiKey})
+	// Every answer the tests get is checked against the OpenAPI document.
+	s.checked = &http.Client{Transport: wiretest.Transport(t, client.NewHTTPClient(4).Transport)}
+	s.api = client.New(client.Config{URL: s.url, APIKey: apiKey, HTTP: s.checked})
 	t.Cleanup(func() {
 		s.stop(syscall.SIGTERM)
 		s.checkNoLeaks()
@@ -175,8 +197,8 @@ func (s *server) startOnce(retryConflict bool) bool {
 		"--allow-private-registries", // tests serve images from registries on loopback
 	), s.extra...)
 	s.logs = &syncBuffer{}
-	s.cmd = exec.Command(filepath.Join(binDir, "aenv"), args...)
-	s.cmd.Env = append(os.Environ(), s.env...)
+	s.cmd = exec.Command(serverBin, args...)
+	s.cmd.Env = append(append(os.Environ(), s.env...), raceEnv(s.raceDir))
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
 	if err := s.cmd.Start(); err != nil {
@@ -214,6 +236,8 @@ func (s *server) startOnce(retryConflict bool) bool {
 // stop ends the server with sig and waits for it.
 func (s *server) stop(sig syscall.Signal) {
 	if s.cmd == nil || s.cmd.Process == nil {
+		// Not running, or ended by the test: what it reported still counts.
+		checkRaces(s.t, "server "+s.addr, s.raceDir)
 		return
 	}
 	s.cmd.Process.Signal(sig)
@@ -223,10 +247,55 @@ func (s *server) stop(sig syscall.Signal) {
 		s.cmd.Process.Kill()
 		s.t.Errorf("server did not stop within 90s on %v", sig)
 	}
+	checkRaces(s.t, "server "+s.addr, s.raceDir)
 	if s.t.Failed() {
 		s.t.Logf("server logs:\n%s", tail(s.logs.String(), 200))
 	}
 	s.cmd = nil
+}
+
+// raceEnv is the environment entry that makes a race-enabled aenv write
+// its reports to files in dir (race.<pid>) instead of among its logs, and
+// go on after one, so that checkRaces finds them all when it stops. A
+// static aenv ignores it.
+func raceEnv(dir string) string {
+	return "GORACE=log_path=" + filepath.Join(dir, "race") + " halt_on_error=0"
+}
+
+// checkRaces fails t with the race reports that a process (what) left in
+// dir, and removes them so that a restarted process's are told apart.
+func checkRaces(t testing.TB, what, dir string) {
+	t.Helper()
+	report, err := raceReports(dir)
+	if err != nil {
+		t.Errorf("%s: %v", what, err)
+	}
+	if report != "" {
+		t.Errorf("%s: the race detector reported:\n%s", what, report)
+	}
+}
+
+// raceReports reads and removes the race reports in dir: the non-empty
+// race.* files, concatenated, or "" when there are none.
+func raceReports(dir string) (string, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "race.*"))
+	if err != nil {
+		return "", fmt.Errorf("race reports: %w", err)
+	}
+	var all strings.Builder
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return all.String(), fmt.Errorf("race report: %w", err)
+		}
+		if len(bytes.TrimSpace(data)) > 0 {
+			fmt.Fprintf(&all, "%s:\n%s\n", filepath.Base(p), data)
+		}
+		if err := os.Remove(p); err != nil {
+			return all.String(), fmt.Errorf("race report: %w", err)
+		}
+	}
+	return all.String(), nil
 }
 
 // syncBuffer collects a process's output while tests read it.
@@ -304,7 +373,11 @@ func (s *server) do(method, path string, body any, headers ...string) response {
 			req.Header.Set(headers[i], headers[i+1])
 		}
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc := s.checked
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		s.t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -419,4 +492,72 @@ func (s *server) checkNoLeaks() {
 func runscProcesses(id string) int {
 	out, _ := exec.Command("pgrep", "-f", "runsc.*"+id).Output()
 	return len(strings.Fields(string(out)))
+}
+
+// TestRaceReports checks that the harness finds what a race-enabled
+// server's detector writes (synthetic reports here), so that a race fails
+// the test that ran into it.
+func TestRaceReports(t *testing.T) {
+	const report = "==================\nWARNING: DATA RACE\nWrite at 0x00c000 by goroutine 7:\n==================\n"
+	cases := []struct {
+		name  string
+		files map[string]string
+		want  []string // substrings of the result; none means ""
+	}{
+		{"none", nil, nil},
+		{"other files only", map[string]string{"server.log": "WARNING: DATA RACE"}, nil},
+		{"empty report file", map[string]string{"race.12": ""}, nil},
+		{"one", map[string]string{"race.12": report}, []string{"race.12:", "WARNING: DATA RACE"}},
+		{"two processes", map[string]string{"race.12": report, "race.34": report}, []string{"race.12:", "race.34:"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, text := range c.files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := raceReports(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.want) == 0 && got != "" {
+				t.Fatalf("got a report, want none:\n%s", got)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(got, w) {
+					t.Fatalf("report lacks %q:\n%s", w, got)
+				}
+			}
+			// Read reports are removed, so that a restarted server's own
+			// are told apart from its predecessor's.
+			if again, err := raceReports(dir); err != nil || again != "" {
+				t.Fatalf("second read = %q, %v; want nothing", again, err)
+			}
+		})
+	}
+	t.Run("checkRaces fails the test", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "race.12"), []byte(report), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rec := &recordingTB{TB: t}
+		checkRaces(rec, "server", dir)
+		if len(rec.errors) != 1 || !strings.Contains(rec.errors[0], "WARNING: DATA RACE") {
+			t.Fatalf("errors = %q, want one with the report", rec.errors)
+		}
+	})
+}
+
+// recordingTB records a test's failures instead of failing it.
+type recordingTB struct {
+	testing.TB
+	errors []string
+}
+
+func (r *recordingTB) Helper() {}
+
+func (r *recordingTB) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
 }

@@ -307,10 +307,34 @@ func TestHungSandboxAnswered(t *testing.T) {
 	if r.status != 503 || time.Since(start) > 5*time.Second {
 		t.Fatalf("new call into a hung sandbox: %d %s after %v; want 503 at once", r.status, r.body, time.Since(start))
 	}
+	// Its state is told honestly: running, and not answering, in GET and
+	// in the list.
+	var detail struct {
+		State        string `json:"state"`
+		Unresponsive string `json:"unresponsive"`
+	}
+	s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(t, &detail)
+	if detail.State != "running" || !strings.Contains(detail.Unresponsive, "not answering") {
+		t.Fatalf("GET of a hung sandbox: state %q, unresponsive %q", detail.State, detail.Unresponsive)
+	}
+	var listed []struct {
+		SandboxID    string `json:"sandboxID"`
+		Unresponsive string `json:"unresponsive"`
+	}
+	s.expect(s.do("GET", "/v2/sandboxes", nil), 200, "list").json(t, &listed)
+	if len(listed) != 1 || listed[0].SandboxID != id || listed[0].Unresponsive == "" {
+		t.Fatalf("list with a hung sandbox: %+v", listed)
+	}
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "sandbox answers again", func() bool {
 		return s.doNoFail("POST", "/sandboxes/"+id+"/execute", client.ExecuteRequest{Command: "true"}).status == 200
+	})
+	waitFor(t, 30*time.Second, "GET says it answers again", func() bool {
+		var again map[string]any
+		s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get").json(t, &again)
+		_, has := again["unresponsive"]
+		return !has
 	})
 }

@@ -52,8 +52,9 @@ func (c *cluster) sharedNode(id string, srv *s3test.Server, extra ...string) *se
 	c.t.Helper()
 	s := newServer(c.t, append([]string{"--max-memory-percent", "1000",
 		"--object-store", "s3://" + sharedBucket + "/cluster", "--object-store-endpoint", srv.Endpoint}, extra...)...)
-	s.env = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKeyID, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretAccessKey}
-	s.cluster = &nodeOf{dsn: c.dsn, id: id}
+	s.env = []string{"AWS_ACCESS_KEY_ID=" + s3test.AccessKeyID, "AWS_SECRET_ACCESS_KEY=" + s3test.SecretAccessKey,
+		"AENV_SECRETS_KEY_FILE=" + c.keyFile}
+	s.cluster = &nodeOf{dsn: c.dsn, id: id, key: c.key}
 	s.start()
 	c.nodes = append(c.nodes, s)
 	return s
@@ -410,7 +411,7 @@ func TestClusterSharedResumeElsewhere(t *testing.T) {
 // does).
 func (s *server) sandboxUpload(t testing.TB, id string) string {
 	t.Helper()
-	db, err := postgres.Open(context.Background(), s.cluster.dsn)
+	db, err := postgres.OpenWith(context.Background(), s.cluster.dsn, "", postgres.Options{SecretsKey: s.cluster.key})
 	if err != nil {
 		t.Fatalf("open the cluster database: %v", err)
 	}

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,15 +17,17 @@ import (
 	"sync"
 
 	"github.com/aenv-dev/aenv/api/envd/process/processconnect"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 )
 
-// Sentinel errors the API maps to HTTP statuses; returned errors wrap them.
+// Errors of envd's answers, each of a kind (internal/errdefs) that the API
+// maps to a status; returned errors wrap them.
 var (
-	ErrNotFound        = errors.New("not found")
-	ErrInvalidArgument = errors.New("invalid argument")
-	ErrUnauthenticated = errors.New("unauthenticated")
-	ErrPermission      = errors.New("permission denied")
-	ErrNoSpace         = errors.New("not enough space")
+	ErrNotFound        = errdefs.New(errdefs.ErrNotFound, "not found")
+	ErrInvalidArgument = errdefs.New(errdefs.ErrInvalidArgument, "invalid argument")
+	ErrUnauthenticated = errdefs.New(errdefs.ErrUnauthenticated, "unauthenticated")
+	ErrPermission      = errdefs.New(errdefs.ErrPermissionDenied, "permission denied")
+	ErrNoSpace         = errdefs.New(errdefs.ErrInsufficientStorage, "not enough space")
 )
 
 // HeaderSandboxID marks a request for the envd of one sandbox; a server

@@ -184,15 +184,21 @@ func (b bound) context(ctx context.Context) (context.Context, context.CancelFunc
 	return runCtx, cancel
 }
 
-// runscError wraps a failed runsc run with what it printed. runsc's
-// "does not exist" for an unknown container becomes ErrNotFound.
+// runscError wraps a failed runsc run with what it printed. runsc reports
+// its causes only as text, so this is the one place that reads them, into
+// error kinds: "does not exist" for an unknown container becomes
+// runtime.ErrNotFound, and a full disk (its own or the gofer's writes)
+// syscall.ENOSPC, which the API answers 507.
 func runscError(sub string, err error, output string) error {
 	output = strings.TrimSpace(output)
-	if len(output) > maxErrorText {
-		output = output[len(output)-maxErrorText:]
-	}
 	if strings.Contains(output, "loading container: file does not exist") {
 		err = errors.Join(err, runtime.ErrNotFound)
+	}
+	if strings.Contains(output, "no space left on device") {
+		err = errors.Join(err, syscall.ENOSPC)
+	}
+	if len(output) > maxErrorText {
+		output = output[len(output)-maxErrorText:]
 	}
 	if output == "" {
 		return fmt.Errorf("runsc %s: %w", sub, err)

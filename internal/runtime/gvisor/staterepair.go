@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 )
 
 // runsc rewrites a sandbox's state file in place (truncate, then write),
@@ -39,7 +41,7 @@ func (d *Driver) saveStateBackup(ctx context.Context, id string) {
 		err = json.Unmarshal(b, &runscStateFile{})
 	}
 	if err == nil {
-		err = writeFileAtomic(d.stateBackupPath(id), b)
+		err = atomicfile.Write(d.stateBackupPath(id), bytes.NewReader(b), 0o640)
 	}
 	if err != nil {
 		d.log.WarnContext(ctx, "save copy of runsc state", "sandbox_id", id, "err", err)
@@ -127,7 +129,7 @@ func (d *Driver) repairState(id string) error {
 		return err
 	}
 	defer unlock()
-	if err := writeFileAtomic(d.runscStatePath(id), b); err != nil {
+	if err := atomicfile.Write(d.runscStatePath(id), bytes.NewReader(b), 0o640); err != nil {
 		return fmt.Errorf("rewrite runsc state: %w", err)
 	}
 	d.log.Warn("rebuilt an unreadable runsc state file from the driver's copy", "sandbox_id", id, "status", backup.Status)
@@ -156,7 +158,7 @@ func (d *Driver) setRunscStatus(id, status string) error {
 	if b, err = json.Marshal(fields); err != nil {
 		return fmt.Errorf("set runsc status: %w", err)
 	}
-	if err := writeFileAtomic(d.runscStatePath(id), b); err != nil {
+	if err := atomicfile.Write(d.runscStatePath(id), bytes.NewReader(b), 0o640); err != nil {
 		return fmt.Errorf("set runsc status: %w", err)
 	}
 	return nil
@@ -184,26 +186,4 @@ func (d *Driver) lockRunscState(id string) (unlock func(), err error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// writeFileAtomic replaces path with data: a reader sees the old file or
-// the new one, never a part.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o640); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -134,8 +134,12 @@ func (s *Store) RemoveNode(ctx context.Context, id string) error {
 		return dbError("remove node: %w", store.ErrNotFound)
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// The node's references go with their holders; those of its
+		// uploaded templates, which stay, are kept with them.
 		for _, q := range []string{`DELETE FROM sandboxes WHERE node_id = $1`,
-			`DELETE FROM templates WHERE node_id = $1 AND upload_state <> 'uploaded'`, `DELETE FROM nodes WHERE id = $1`} {
+			`DELETE FROM templates WHERE node_id = $1 AND upload_state <> 'uploaded'`,
+			`DELETE FROM refs WHERE node_id = $1 AND (holder_kind <> 'template' OR holder_id NOT IN (SELECT id FROM templates))`,
+			`DELETE FROM nodes WHERE id = $1`} {
 			if _, err := tx.Exec(ctx, q, id); err != nil {
 				return err // wrapped below
 			}
@@ -173,7 +177,7 @@ func (s *Store) TemplateCopies(ctx context.Context, idOrName string) ([]*store.T
 	defer rows.Close()
 	var out []*store.Template
 	for rows.Next() {
-		t, err := scanTemplate(rows)
+		t, err := scanTemplate(s.box, rows)
 		if err != nil {
 			return nil, dbError("template %s: %w", idOrName, err)
 		}
@@ -239,13 +243,21 @@ func (s *Store) ClusterSecret(ctx context.Context, want string) (string, error) 
 		}
 		proposed = "aenv_cluster_" + hex.EncodeToString(buf)
 	}
+	// Gateways call nodes with it, so it is kept encrypted, not hashed.
+	sealed, err := s.box.seal(colClusterSecret, "", proposed)
+	if err != nil {
+		return "", dbError("cluster secret: %w", err)
+	}
 	if _, err := s.pool.Exec(ctx, `INSERT INTO cluster_settings (name, value) VALUES ('cluster_secret', $1)
-		ON CONFLICT (name) DO NOTHING`, proposed); err != nil {
+		ON CONFLICT (name) DO NOTHING`, sealed); err != nil {
 		return "", dbError("cluster secret: %w", err)
 	}
 	var secret string
 	if err := s.pool.QueryRow(ctx, `SELECT value FROM cluster_settings WHERE name = 'cluster_secret'`).
 		Scan(&secret); err != nil {
+		return "", dbError("cluster secret: %w", err)
+	}
+	if secret, err = s.box.open(colClusterSecret, "", secret); err != nil {
 		return "", dbError("cluster secret: %w", err)
 	}
 	if want != "" && secret != want {
@@ -298,7 +310,11 @@ func (s *Store) RunningTokens(ctx context.Context) ([]SandboxToken, error) {
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SandboxToken, error) {
 		var t SandboxToken
-		err := r.Scan(&t.ID, &t.Token)
+		if err := r.Scan(&t.ID, &t.Token); err != nil {
+			return t, err
+		}
+		var err error
+		t.Token, err = s.box.open(colAccessToken, t.ID, t.Token)
 		return t, err
 	})
 	if err != nil {
@@ -323,7 +339,7 @@ const orphanWhere = `id = $1 AND node_id <> $2 AND state = 'paused' AND image_di
 // OrphanSandbox returns sandbox id if this node may take it over (see
 // orphanWhere); ErrNotFound otherwise.
 func (s *Store) OrphanSandbox(ctx context.Context, id string, silentFor time.Duration) (*store.Sandbox, error) {
-	sb, err := scanSandbox(s.pool.QueryRow(ctx, `SELECT `+sandboxSelect+` FROM sandboxes WHERE `+orphanWhere,
+	sb, err := scanSandbox(s.box, s.pool.QueryRow(ctx, `SELECT `+sandboxSelect+` FROM sandboxes WHERE `+orphanWhere,
 		id, s.node, silentFor.Nanoseconds()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, dbError("sandbox %s paused to disk on a silent node: %w", id, store.ErrNotFound)
@@ -337,7 +353,7 @@ func (s *Store) OrphanSandbox(ctx context.Context, id string, silentFor time.Dur
 // ClaimSandbox makes sandbox id this node's, its image now at imageDir,
 // if it still may (see orphanWhere): of nodes claiming at once, one wins.
 func (s *Store) ClaimSandbox(ctx context.Context, id, imageDir string, silentFor time.Duration) (*store.Sandbox, error) {
-	sb, err := scanSandbox(s.pool.QueryRow(ctx, `UPDATE sandboxes SET node_id = $2, image_dir = $4, slot_index = -1
+	sb, err := scanSandbox(s.box, s.pool.QueryRow(ctx, `UPDATE sandboxes SET node_id = $2, image_dir = $4, slot_index = -1
 		WHERE `+orphanWhere+` RETURNING `+sandboxSelect, id, s.node, silentFor.Nanoseconds(), imageDir))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, dbError("claim sandbox %s: %w", id, store.ErrNotFound)

@@ -16,14 +16,22 @@ import (
 
 // dbError is fmt.Errorf that also marks errors of an unreachable database
 // with store.ErrUnavailable, so that callers answer "try again" (503)
-// rather than "internal error".
+// rather than "internal error", and those of a full disk with
+// store.ErrFull (507).
 func dbError(format string, args ...any) error {
 	err := fmt.Errorf(format, args...)
 	if !errors.Is(err, store.ErrUnavailable) && unavailable(err) {
 		return fmt.Errorf("%w (%w)", err, store.ErrUnavailable)
 	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlstateDiskFull && !errors.Is(err, store.ErrFull) {
+		return fmt.Errorf("%w (%w)", err, store.ErrFull)
+	}
 	return err
 }
+
+// sqlstateDiskFull is PostgreSQL's disk_full condition.
+const sqlstateDiskFull = "53100"
 
 // unavailable reports whether err says the database could not be reached or
 // the connection broke, as opposed to a refusal of the statement itself.

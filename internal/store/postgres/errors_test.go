@@ -55,3 +55,17 @@ func TestDBErrorMarksUnavailable(t *testing.T) {
 		})
 	}
 }
+
+// PostgreSQL's disk_full is the store's ErrFull (507), by SQLSTATE.
+func TestDBErrorMarksDiskFull(t *testing.T) {
+	full := dbError("put template t1: %w", &pgconn.PgError{Code: "53100", Message: "could not extend file"})
+	if !errors.Is(full, store.ErrFull) || errors.Is(full, store.ErrUnavailable) {
+		t.Errorf("disk_full: %v: want ErrFull only", full)
+	}
+	if again := dbError("outer: %w", full); again.Error() != "outer: "+full.Error() {
+		t.Errorf("wrapped again: %q", again)
+	}
+	if other := dbError("x: %w", &pgconn.PgError{Code: "23505"}); errors.Is(other, store.ErrFull) {
+		t.Errorf("unique violation taken for a full disk: %v", other)
+	}
+}

@@ -29,7 +29,8 @@ import (
 // (what a gateway reads) and writes records of no node.
 type Store struct {
 	pool *pgxpool.Pool
-	node string // "" : not scoped to a node
+	node string     // "" : not scoped to a node
+	box  *secretBox // seals the secrets (see secrets.go)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -44,6 +45,17 @@ func Open(ctx context.Context, connString string) (*Store, error) {
 
 // OpenNode is Open scoped to the records of one node of a cluster.
 func OpenNode(ctx context.Context, connString, nodeID string) (*Store, error) {
+	return OpenWith(ctx, connString, nodeID, Options{})
+}
+
+// OpenWith is OpenNode (Open for nodeID "") with options. It fails with
+// ErrSecretsKey when the database's secrets were encrypted with another
+// key than opts.SecretsKey, or with a key and opts has none.
+func OpenWith(ctx context.Context, connString, nodeID string, opts Options) (*Store, error) {
+	box, err := newSecretBox(opts.SecretsKey)
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		return nil, dbError("postgres: %w", err)
@@ -52,8 +64,12 @@ func OpenNode(ctx context.Context, connString, nodeID string) (*Store, error) {
 	if err != nil {
 		return nil, dbError("postgres: %w", err)
 	}
-	s := &Store{pool: pool, node: nodeID}
+	s := &Store{pool: pool, node: nodeID, box: box}
 	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, dbError("postgres: %w", err)
+	}
+	if err := s.checkSecretsKey(ctx); err != nil {
 		pool.Close()
 		return nil, dbError("postgres: %w", err)
 	}
@@ -72,10 +88,10 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 
 // sandboxSelect is what a read returns: the written columns and the
 // upload state and digest, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload, image_digest`
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	args, err := sandboxArgs(sb)
+	args, err := sandboxArgs(s.box, sb)
 	if err != nil {
 		return err
 	}
@@ -92,23 +108,46 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 }
 
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
-	args, err := sandboxArgs(sb)
+	args, err := sandboxArgs(s.box, sb)
 	if err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET template_id = $2, alias = $3, state = $4, vcpu = $5,
+	return s.inTx(ctx, "update sandbox "+sb.ID, func(tx pgx.Tx) error {
+		return updateSandbox(ctx, tx, sb, append(args, s.node))
+	})
+}
+
+// updateSandbox writes sb's record; a dead sandbox's references are
+// dropped with it, as it needs nothing any more.
+func updateSandbox(ctx context.Context, tx pgx.Tx, sb *store.Sandbox, args []any) error {
+	tag, err := tx.Exec(ctx, `UPDATE sandboxes SET template_id = $2, alias = $3, state = $4, vcpu = $5,
 		memory_mb = $6, metadata = $7::jsonb, env = $8::jsonb, access_token = $9, slot_index = $10,
 		auto_pause = $11, started_at = $12, end_at = $13, ended_reason = $14, updated_at = $15, image_dir = $16,
 		timeout_secs = $17, network = $18::jsonb, traffic_token = $19, reboot_on_resume = $20,
 		auto_pause_drop_memory = $21, auto_resume = $22,
 		image_upload = CASE WHEN $16 = '' THEN '' ELSE image_upload END,
-		image_digest = CASE WHEN $16 = '' THEN '' ELSE image_digest END
-		WHERE id = $1 AND ($23 = '' OR node_id = $23)`,
-		append(args, s.node)...)
+		image_digest = CASE WHEN $16 = '' THEN '' ELSE image_digest END,
+		unresponsive = CASE WHEN $4 = 'running' THEN unresponsive ELSE '' END
+		WHERE id = $1 AND ($23 = '' OR node_id = $23)`, args...)
 	if err != nil {
-		return dbError("update sandbox %s: %w", sb.ID, err)
+		return err
 	}
-	return expectOneRow(tag, "update sandbox "+sb.ID)
+	if tag.RowsAffected() == 0 {
+		return store.ErrNotFound
+	}
+	if sb.State == store.StateDead {
+		return releaseRefs(ctx, tx, store.RefSandbox, sb.ID)
+	}
+	return nil
+}
+
+func (s *Store) SetSandboxUnresponsive(ctx context.Context, id, reason string) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET unresponsive = $2 WHERE id = $1 AND ($3 = '' OR node_id = $3)`,
+		id, reason, s.node)
+	if err != nil {
+		return dbError("record sandbox %s unresponsive: %w", id, err)
+	}
+	return expectOneRow(tag, "record sandbox "+id+" unresponsive")
 }
 
 func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState, digest string) error {
@@ -123,7 +162,7 @@ func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.Upl
 func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
 	row := s.pool.QueryRow(ctx, `SELECT `+sandboxSelect+` FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`,
 		id, s.node)
-	sb, err := scanSandbox(row)
+	sb, err := scanSandbox(s.box, row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, dbError("sandbox %s: %w", id, store.ErrNotFound)
 	}
@@ -179,7 +218,7 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 	defer rows.Close()
 	var out []*store.Sandbox
 	for rows.Next() {
-		sb, err := scanSandbox(rows)
+		sb, err := scanSandbox(s.box, rows)
 		if err != nil {
 			return nil, dbError("list sandboxes: %w", err)
 		}
@@ -192,11 +231,16 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 }
 
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
-	if err != nil {
-		return dbError("delete sandbox %s: %w", id, err)
-	}
-	return expectOneRow(tag, "delete sandbox "+id)
+	return s.inTx(ctx, "delete sandbox "+id, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM sandboxes WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return store.ErrNotFound
+		}
+		return releaseRefs(ctx, tx, store.RefSandbox, id)
+	})
 }
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
@@ -217,7 +261,36 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		kind = store.KindRootfs
 	}
 	// created_at is kept from the first put, as in the SQLite store.
-	_, err = s.pool.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
+	err = s.inTx(ctx, "put template "+t.ID, func(tx pgx.Tx) error {
+		if err := lockRootfs(ctx, tx, s.node, t.RootfsPath); err != nil {
+			return err
+		}
+		if err := putTemplate(ctx, tx, s.box, t, kind, string(env), string(envVars), s.node); err != nil {
+			return err
+		}
+		// The template holds its root filesystem: its own, or for a
+		// checkpoint the one of the template it was taken from.
+		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
+			return err
+		}
+		return insertRef(ctx, tx, s.node, store.RefTemplate, t.ID, t.RootfsPath)
+	})
+	if err != nil {
+		if isUniqueViolation(err) {
+			return dbError("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
+		}
+		return err
+	}
+	return nil
+}
+
+func putTemplate(ctx context.Context, tx pgx.Tx, box *secretBox, t *store.Template, kind store.TemplateKind,
+	env, envVars, node string) error {
+	envdToken, err := box.seal(colEnvdToken, t.ID, t.EnvdToken)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17, $18,
 		$19, $20)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
@@ -227,16 +300,68 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		envd_token = excluded.envd_token, env_vars = excluded.env_vars, rootfs_id = excluded.rootfs_id,
 		upload_state = excluded.upload_state, upload_error = excluded.upload_error,
 		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest`,
-		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
-		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars), s.node,
+		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
+		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, envdToken, envVars, node,
 		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest)
+	return err
+}
+
+func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.Template, error) {
+	env, err := json.Marshal(nonNil(t.Env))
 	if err != nil {
-		if isUniqueViolation(err) {
-			return dbError("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
-		}
-		return dbError("put template %s: %w", t.ID, err)
+		return nil, dbError("put template %s: %w", t.ID, err)
 	}
-	return nil
+	envVars, err := json.Marshal(nonNil(t.EnvVars))
+	if err != nil {
+		return nil, dbError("put template %s: %w", t.ID, err)
+	}
+	kind := t.Kind
+	if kind == "" {
+		kind = store.KindRootfs
+	}
+	var old *store.Template
+	err = s.inTx(ctx, "replace template "+t.Name, func(tx pgx.Tx) error {
+		// Replaces of one name run one after the other, each seeing what
+		// the one before put.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
+			"template name\n"+s.node+"\n"+t.Name); err != nil {
+			return err
+		}
+		if err := lockRootfs(ctx, tx, s.node, t.RootfsPath); err != nil {
+			return err
+		}
+		prev, err := scanTemplate(s.box, tx.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates
+			WHERE name = $1 AND id <> $2 AND node_id = $3`, t.Name, t.ID, s.node))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return err
+		case prev.ImageDir == "":
+			return store.ErrConflict
+		default:
+			if _, err := tx.Exec(ctx, `DELETE FROM templates WHERE id = $1`, prev.ID); err != nil {
+				return err
+			}
+			if err := releaseRefs(ctx, tx, store.RefTemplate, prev.ID); err != nil {
+				return err
+			}
+			old = prev
+		}
+		if err := putTemplate(ctx, tx, s.box, t, kind, string(env), string(envVars), s.node); err != nil {
+			return err
+		}
+		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
+			return err
+		}
+		return insertRef(ctx, tx, s.node, store.RefTemplate, t.ID, t.RootfsPath)
+	})
+	if err != nil {
+		if isUniqueViolation(err) && !errors.Is(err, store.ErrConflict) {
+			return nil, dbError("replace template %s: %w", t.Name, store.ErrConflict)
+		}
+		return nil, err
+	}
+	return old, nil
 }
 
 func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
@@ -257,7 +382,7 @@ func (s *Store) SharedTemplate(ctx context.Context, idOrName string) (*store.Tem
 	row := s.pool.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates
 		WHERE (id = $1 OR name = $1) AND upload_state = $2
 		ORDER BY id = $1 DESC, created_at DESC, id LIMIT 1`, idOrName, string(store.UploadUploaded))
-	t, err := scanTemplate(row)
+	t, err := scanTemplate(s.box, row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, dbError("shared template %s: %w", idOrName, store.ErrNotFound)
 	}
@@ -273,7 +398,7 @@ func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Templa
 	row := s.pool.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates
 		WHERE (id = $1 OR name = $1) AND ($2 = '' OR node_id = $2)
 		ORDER BY id = $1 DESC, created_at, id LIMIT 1`, idOrName, s.node)
-	t, err := scanTemplate(row)
+	t, err := scanTemplate(s.box, row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, dbError("template %s: %w", idOrName, store.ErrNotFound)
 	}
@@ -297,7 +422,7 @@ func (s *Store) listTemplates(ctx context.Context, node string) ([]*store.Templa
 	defer rows.Close()
 	var out []*store.Template
 	for rows.Next() {
-		t, err := scanTemplate(rows)
+		t, err := scanTemplate(s.box, rows)
 		if err != nil {
 			return nil, dbError("list templates: %w", err)
 		}
@@ -310,18 +435,31 @@ func (s *Store) listTemplates(ctx context.Context, node string) ([]*store.Templa
 }
 
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM templates WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
-	if err != nil {
-		return dbError("delete template %s: %w", id, err)
-	}
-	return expectOneRow(tag, "delete template "+id)
+	return s.inTx(ctx, "delete template "+id, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM templates WHERE id = $1 AND ($2 = '' OR node_id = $2)`, id, s.node)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return store.ErrNotFound
+		}
+		return releaseRefs(ctx, tx, store.RefTemplate, id)
+	})
 }
 
 // sandboxArgs are a sandbox's column values in sandboxColumns order. Maps
 // are sent as JSON text with explicit casts rather than left to pgx's type
 // mapping, so the statements also work through the simple protocol (as
 // with a transaction-pooling proxy).
-func sandboxArgs(sb *store.Sandbox) ([]any, error) {
+func sandboxArgs(box *secretBox, sb *store.Sandbox) ([]any, error) {
+	access, err := box.seal(colAccessToken, sb.ID, sb.AccessToken)
+	if err != nil {
+		return nil, err
+	}
+	traffic, err := box.seal(colTrafficToken, sb.ID, sb.TrafficToken)
+	if err != nil {
+		return nil, err
+	}
 	metadata, err := json.Marshal(nonNil(sb.Metadata))
 	if err != nil {
 		return nil, dbError("sandbox %s metadata: %w", sb.ID, err)
@@ -340,12 +478,12 @@ func sandboxArgs(sb *store.Sandbox) ([]any, error) {
 		network = &n
 	}
 	return []any{sb.ID, sb.TemplateID, sb.Alias, string(sb.State), sb.VCPU, sb.MemoryMB, string(metadata),
-		string(env), sb.AccessToken, sb.SlotIndex, sb.AutoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
-		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs, network, sb.TrafficToken,
+		string(env), access, sb.SlotIndex, sb.AutoPause, sb.StartedAt.UnixNano(), sb.EndAt.UnixNano(),
+		sb.EndedReason, sb.UpdatedAt.UnixNano(), sb.ImageDir, sb.TimeoutSecs, network, traffic,
 		sb.RebootOnResume, sb.AutoPauseDropMemory, sb.AutoResume}, nil
 }
 
-func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
+func scanSandbox(box *secretBox, r pgx.Row) (*store.Sandbox, error) {
 	var sb store.Sandbox
 	var state, upload string
 	var metadata, env, network []byte
@@ -353,8 +491,14 @@ func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
 		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume,
-		&sb.NodeID, &upload, &sb.ImageDigest)
+		&sb.NodeID, &upload, &sb.ImageDigest, &sb.Unresponsive)
 	if err != nil {
+		return nil, err
+	}
+	if sb.AccessToken, err = box.open(colAccessToken, sb.ID, sb.AccessToken); err != nil {
+		return nil, err
+	}
+	if sb.TrafficToken, err = box.open(colTrafficToken, sb.ID, sb.TrafficToken); err != nil {
 		return nil, err
 	}
 	sb.State = store.SandboxState(state)
@@ -377,7 +521,7 @@ func scanSandbox(r pgx.Row) (*store.Sandbox, error) {
 	return &sb, nil
 }
 
-func scanTemplate(r pgx.Row) (*store.Template, error) {
+func scanTemplate(box *secretBox, r pgx.Row) (*store.Template, error) {
 	var t store.Template
 	var kind, upload string
 	var env, envVars []byte
@@ -385,6 +529,10 @@ func scanTemplate(r pgx.Row) (*store.Template, error) {
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID,
 		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest); err != nil {
+		return nil, err
+	}
+	var err error
+	if t.EnvdToken, err = box.open(colEnvdToken, t.ID, t.EnvdToken); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()

@@ -32,6 +32,22 @@ func TestStore(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, srv.NewDatabase(t)) })
 }
 
+// A database made before references gets them from its records.
+func TestRefsBackfill(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewDatabase(t)
+	s, err := Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.Backfill(t, s, func() {
+		if _, err := s.pool.Exec(ctx, `DROP TABLE refs; DELETE FROM schema_migrations WHERE version = 7`); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}, func() store.Store { return open(t, dsn) })
+}
+
 // Reopening keeps what was committed and does not re-apply migrations.
 func TestReopen(t *testing.T) {
 	ctx := context.Background()

@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
-	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -133,7 +132,7 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 
 // sandboxSelect is what a read returns: the written columns and the
 // upload state and digest, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload, image_digest`
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -146,7 +145,142 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
 		}
-		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, classify(err))
+	}
+	return nil
+}
+
+func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, rootfs string) error {
+	args, err := sandboxArgs(sb)
+	if err != nil {
+		return err
+	}
+	return s.inTx(ctx, "create sandbox "+sb.ID, func(tx *sql.Tx) error {
+		if err := holdRootfs(ctx, tx, store.RefSandbox, sb.ID, rootfs); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		if err != nil && isUniqueViolation(err) {
+			return store.ErrConflict
+		}
+		return err
+	})
+}
+
+func (s *Store) HoldRootfs(ctx context.Context, kind store.RefKind, id, rootfs string) error {
+	return s.inTx(ctx, fmt.Sprintf("hold %s for %s %s", rootfs, kind, id), func(tx *sql.Tx) error {
+		return holdRootfs(ctx, tx, kind, id, rootfs)
+	})
+}
+
+// holdRootfs takes holder's reference to rootfs, which a template must
+// hold (else ErrNotFound).
+func holdRootfs(ctx context.Context, tx *sql.Tx, kind store.RefKind, id, rootfs string) error {
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM refs WHERE holder_kind = ? AND target_kind = ?
+		AND target_id = ?`, string(store.RefTemplate), string(store.RefRootfs), rootfs).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("root filesystem %s: %w", rootfs, store.ErrNotFound)
+	}
+	_, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO refs (holder_kind, holder_id, target_kind, target_id)
+		VALUES (?, ?, ?, ?)`, string(kind), id, string(store.RefRootfs), rootfs)
+	return err
+}
+
+func (s *Store) ReleaseRefs(ctx context.Context, kind store.RefKind, id string) error {
+	_, err := s.db.ExecContext(ctx, `DELETE FROM refs WHERE holder_kind = ? AND (? = '' OR holder_id = ?)`,
+		string(kind), id, id)
+	if err != nil {
+		return fmt.Errorf("release references of %s %s: %w", kind, id, classify(err))
+	}
+	return nil
+}
+
+// releaseRefs drops the references holder holds, in tx.
+func releaseRefs(ctx context.Context, tx *sql.Tx, kind store.RefKind, id string) error {
+	_, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE holder_kind = ? AND holder_id = ?`, string(kind), id)
+	return err
+}
+
+func (s *Store) ListRefs(ctx context.Context) ([]store.Ref, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
+		ORDER BY target_kind, target_id, holder_kind, holder_id`)
+	if err != nil {
+		return nil, fmt.Errorf("list references: %w", err)
+	}
+	defer rows.Close()
+	return scanRefs(rows)
+}
+
+func scanRefs(rows *sql.Rows) ([]store.Ref, error) {
+	var out []store.Ref
+	for rows.Next() {
+		var r store.Ref
+		var hk, tk string
+		if err := rows.Scan(&hk, &r.HolderID, &tk, &r.TargetID); err != nil {
+			return nil, fmt.Errorf("list references: %w", err)
+		}
+		r.HolderKind, r.TargetKind = store.RefKind(hk), store.RefKind(tk)
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list references: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) DeleteTemplateUnreferenced(ctx context.Context, id string) ([]store.Ref, error) {
+	var users []store.Ref
+	err := s.inTx(ctx, "delete template "+id, func(tx *sql.Tx) error {
+		var rootfs, imageDir string
+		err := tx.QueryRowContext(ctx, `SELECT rootfs_path, image_dir FROM templates WHERE id = ?`, id).
+			Scan(&rootfs, &imageDir)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		if imageDir == "" {
+			rows, err := tx.QueryContext(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
+				WHERE target_kind = ? AND target_id = ? AND NOT (holder_kind = ? AND holder_id = ?)
+				ORDER BY holder_kind, holder_id`, string(store.RefRootfs), rootfs, string(store.RefTemplate), id)
+			if err != nil {
+				return err
+			}
+			users, err = scanRefs(rows)
+			rows.Close()
+			if err != nil {
+				return err
+			}
+			if len(users) > 0 {
+				return store.ErrConflict
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, id); err != nil {
+			return err
+		}
+		return releaseRefs(ctx, tx, store.RefTemplate, id)
+	})
+	return users, err
+}
+
+// inTx runs fn in a transaction, committed when fn returns nil; errors
+// are wrapped with op.
+func (s *Store) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, classify(err))
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return fmt.Errorf("%s: %w", op, classify(err))
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("%s: %w", op, classify(err))
 	}
 	return nil
 }
@@ -156,27 +290,45 @@ func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET template_id = ?, alias = ?, state = ?, vcpu = ?,
-		memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
-		started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ?,
-		network_json = ?, traffic_token = ?, reboot_on_resume = ?, auto_pause_drop_memory = ?, auto_resume = ?,
-		image_upload = CASE WHEN ? = '' THEN '' ELSE image_upload END,
-		image_digest = CASE WHEN ? = '' THEN '' ELSE image_digest END
-		WHERE id = ?`,
-		append(args[1:], sb.ImageDir, sb.ImageDir, sb.ID)...)
-	if err != nil {
-		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
-	}
-	return expectOneRow(res, "update sandbox "+sb.ID)
+	return s.inTx(ctx, "update sandbox "+sb.ID, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET template_id = ?, alias = ?, state = ?, vcpu = ?,
+			memory_mb = ?, metadata_json = ?, env_json = ?, access_token = ?, slot_index = ?, auto_pause = ?,
+			started_at = ?, end_at = ?, ended_reason = ?, updated_at = ?, image_dir = ?, timeout_secs = ?,
+			network_json = ?, traffic_token = ?, reboot_on_resume = ?, auto_pause_drop_memory = ?, auto_resume = ?,
+			image_upload = CASE WHEN ? = '' THEN '' ELSE image_upload END,
+			image_digest = CASE WHEN ? = '' THEN '' ELSE image_digest END,
+			unresponsive = CASE WHEN ? = 'running' THEN unresponsive ELSE '' END
+			WHERE id = ?`,
+			append(args[1:], sb.ImageDir, sb.ImageDir, string(sb.State), sb.ID)...)
+		if err != nil {
+			return err
+		}
+		if err := expectOneRow(res, "update"); err != nil {
+			return err
+		}
+		// A dead sandbox needs nothing any more.
+		if sb.State == store.StateDead {
+			return releaseRefs(ctx, tx, store.RefSandbox, sb.ID)
+		}
+		return nil
+	})
 }
 
 func (s *Store) SetSandboxUpload(ctx context.Context, id string, state store.UploadState, digest string) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET image_upload = ?, image_digest = ?
 		WHERE id = ? AND image_dir <> ''`, string(state), digest, id)
 	if err != nil {
-		return fmt.Errorf("record image upload of sandbox %s: %w", id, err)
+		return fmt.Errorf("record image upload of sandbox %s: %w", id, classify(err))
 	}
 	return expectOneRow(res, "record image upload of sandbox "+id)
+}
+
+func (s *Store) SetSandboxUnresponsive(ctx context.Context, id, reason string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET unresponsive = ? WHERE id = ?`, reason, id)
+	if err != nil {
+		return fmt.Errorf("record sandbox %s unresponsive: %w", id, classify(err))
+	}
+	return expectOneRow(res, "record sandbox "+id+" unresponsive")
 }
 
 func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, error) {
@@ -231,11 +383,16 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 }
 
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
-	if err != nil {
-		return fmt.Errorf("delete sandbox %s: %w", id, err)
-	}
-	return expectOneRow(res, "delete sandbox "+id)
+	return s.inTx(ctx, "delete sandbox "+id, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE id = ?`, id)
+		if err != nil {
+			return err
+		}
+		if err := expectOneRow(res, "delete"); err != nil {
+			return err
+		}
+		return releaseRefs(ctx, tx, store.RefSandbox, id)
+	})
 }
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at,
@@ -255,7 +412,30 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	if kind == "" {
 		kind = store.KindRootfs
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
+	err = s.inTx(ctx, "put template "+t.ID, func(tx *sql.Tx) error {
+		if err := putTemplate(ctx, tx, t, kind, string(env), string(envVars)); err != nil {
+			return err
+		}
+		// The template holds its root filesystem: its own, or for a
+		// checkpoint the one of the template it was taken from.
+		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO refs (holder_kind, holder_id, target_kind, target_id)
+			VALUES (?, ?, ?, ?)`, string(store.RefTemplate), t.ID, string(store.RefRootfs), t.RootfsPath)
+		return err
+	})
+	if err != nil {
+		if isUniqueViolation(err) {
+			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
+		}
+		return err
+	}
+	return nil
+}
+
+func putTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind, env, envVars string) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
@@ -264,16 +444,61 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json,
 		rootfs_id = excluded.rootfs_id, upload_state = excluded.upload_state, upload_error = excluded.upload_error,
 		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest`,
-		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, string(env), t.VCPU, t.MemoryMB,
-		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, string(envVars),
+		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
+		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, envVars,
 		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest)
+	return err
+}
+
+func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.Template, error) {
+	env, err := json.Marshal(nonNil(t.Env))
 	if err != nil {
-		if isUniqueViolation(err) {
-			return fmt.Errorf("put template %s (%s): %w", t.ID, t.Name, store.ErrConflict)
-		}
-		return fmt.Errorf("put template %s: %w", t.ID, err)
+		return nil, fmt.Errorf("put template %s: %w", t.ID, err)
 	}
-	return nil
+	envVars, err := json.Marshal(nonNil(t.EnvVars))
+	if err != nil {
+		return nil, fmt.Errorf("put template %s: %w", t.ID, err)
+	}
+	kind := t.Kind
+	if kind == "" {
+		kind = store.KindRootfs
+	}
+	var old *store.Template
+	err = s.inTx(ctx, "replace template "+t.Name, func(tx *sql.Tx) error {
+		prev, err := scanTemplate(tx.QueryRowContext(ctx, `SELECT `+templateColumns+` FROM templates
+			WHERE name = ? AND id <> ?`, t.Name, t.ID))
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return err
+		case prev.ImageDir == "":
+			return store.ErrConflict
+		default:
+			if _, err := tx.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, prev.ID); err != nil {
+				return err
+			}
+			if err := releaseRefs(ctx, tx, store.RefTemplate, prev.ID); err != nil {
+				return err
+			}
+			old = prev
+		}
+		if err := putTemplate(ctx, tx, t, kind, string(env), string(envVars)); err != nil {
+			return err
+		}
+		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO refs (holder_kind, holder_id, target_kind, target_id)
+			VALUES (?, ?, ?, ?)`, string(store.RefTemplate), t.ID, string(store.RefRootfs), t.RootfsPath)
+		return err
+	})
+	if err != nil {
+		if isUniqueViolation(err) && !errors.Is(err, store.ErrConflict) {
+			return nil, fmt.Errorf("replace template %s: %w", t.Name, store.ErrConflict)
+		}
+		return nil, err
+	}
+	return old, nil
 }
 
 func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
@@ -281,7 +506,7 @@ func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.Up
 	res, err := s.db.ExecContext(ctx, `UPDATE templates SET upload_state = ?, upload_error = ?, image_digest = ?,
 		rootfs_digest = ? WHERE id = ?`, string(state), msg, digests.Image, digests.Rootfs, id)
 	if err != nil {
-		return fmt.Errorf("record upload of template %s: %w", id, err)
+		return fmt.Errorf("record upload of template %s: %w", id, classify(err))
 	}
 	return expectOneRow(res, "record upload of template "+id)
 }
@@ -320,11 +545,16 @@ func (s *Store) ListTemplates(ctx context.Context) ([]*store.Template, error) {
 }
 
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, id)
-	if err != nil {
-		return fmt.Errorf("delete template %s: %w", id, err)
-	}
-	return expectOneRow(res, "delete template "+id)
+	return s.inTx(ctx, "delete template "+id, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, id)
+		if err != nil {
+			return err
+		}
+		if err := expectOneRow(res, "delete"); err != nil {
+			return err
+		}
+		return releaseRefs(ctx, tx, store.RefTemplate, id)
+	})
 }
 
 type scanner interface{ Scan(dest ...any) error }
@@ -336,7 +566,8 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
-		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume, &upload, &sb.ImageDigest)
+		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume, &upload, &sb.ImageDigest,
+		&sb.Unresponsive)
 	if err != nil {
 		return nil, err
 	}
@@ -442,11 +673,4 @@ func expectOneRow(res sql.Result, op string) error {
 		return fmt.Errorf("%s: %w", op, store.ErrNotFound)
 	}
 	return nil
-}
-
-func isUniqueViolation(err error) bool {
-	msg := err.Error()
-	return slices.ContainsFunc([]string{"UNIQUE constraint failed", "PRIMARY KEY"}, func(s string) bool {
-		return strings.Contains(msg, s)
-	})
 }

@@ -21,6 +21,30 @@ func TestStore(t *testing.T) {
 	})
 }
 
+// A database made before references gets them from its records.
+func TestRefsBackfill(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "aenv.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.Backfill(t, s, func() {
+		if _, err := s.db.ExecContext(ctx, `DROP TABLE refs;
+			DELETE FROM schema_migrations WHERE name = 'migrations/0007_refs.sql'`); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}, func() store.Store {
+		s, err := Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
 // Reopening the same file must keep what was committed and not re-apply
 // migrations.
 func TestReopen(t *testing.T) {

@@ -5,6 +5,9 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +20,9 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("SandboxFilters", func(t *testing.T) { testSandboxFilters(t, newStore(t)) })
 	t.Run("SandboxNotFound", func(t *testing.T) { testSandboxNotFound(t, newStore(t)) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, newStore(t)) })
+	t.Run("Unresponsive", func(t *testing.T) { testUnresponsive(t, newStore(t)) })
+	t.Run("Refs", func(t *testing.T) { testRefs(t, newStore(t)) })
+	t.Run("RefsRace", func(t *testing.T) { testRefsRace(t, newStore(t)) })
 }
 
 func sandbox(id string, state store.SandboxState, started time.Time, md map[string]string) *store.Sandbox {
@@ -258,5 +264,251 @@ func testTemplates(t *testing.T, s store.Store) {
 	}
 	if err := s.DeleteTemplate(ctx, "t1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("delete twice: %v", err)
+	}
+}
+
+func ref(hk store.RefKind, hid, rootfs string) store.Ref {
+	return store.Ref{HolderKind: hk, HolderID: hid, TargetKind: store.RefRootfs, TargetID: rootfs}
+}
+
+func wantRefs(t *testing.T, s store.Store, want ...store.Ref) {
+	t.Helper()
+	got, err := s.ListRefs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("refs\n got %v\nwant %v", got, want)
+	}
+}
+
+// References are taken and dropped with the records that hold them, and a
+// template that owns its root filesystem is deleted only when nothing else
+// refers to that.
+func testRefs(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	tpl := &store.Template{ID: "t1", Name: "app", RootfsPath: "/r/t1/rootfs", CreatedAt: now}
+	snap := &store.Template{ID: "s1", Name: "s1", RootfsPath: tpl.RootfsPath, CreatedAt: now,
+		Kind: store.KindSnapshot, ImageDir: "/img/s1"}
+	for _, x := range []*store.Template{tpl, snap} {
+		if err := s.PutTemplate(ctx, x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A put again replaces the template's reference, not adds one.
+	if err := s.PutTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	wantRefs(t, s, ref(store.RefTemplate, "s1", tpl.RootfsPath), ref(store.RefTemplate, "t1", tpl.RootfsPath))
+
+	sb1 := sandbox("sb1", store.StateRunning, now, nil)
+	if err := s.CreateSandboxHolding(ctx, sb1, tpl.RootfsPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateSandboxHolding(ctx, sb1, tpl.RootfsPath); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("duplicate create: %v", err)
+	}
+	if err := s.CreateSandboxHolding(ctx, sandbox("sb2", store.StateRunning, now, nil), "/r/gone"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("create holding a root filesystem no template holds: %v", err)
+	}
+	if _, err := s.GetSandbox(ctx, "sb2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a create that could not take its reference left a record: %v", err)
+	}
+	if err := s.HoldRootfs(ctx, store.RefPrepared, "p1", tpl.RootfsPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.HoldRootfs(ctx, store.RefPrepared, "p2", "/r/gone"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("hold of a root filesystem no template holds: %v", err)
+	}
+
+	users, err := s.DeleteTemplateUnreferenced(ctx, "t1")
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("delete of a template in use: %v", err)
+	}
+	if want := []store.Ref{ref(store.RefPrepared, "p1", tpl.RootfsPath), ref(store.RefSandbox, "sb1", tpl.RootfsPath),
+		ref(store.RefTemplate, "s1", tpl.RootfsPath)}; !slices.Equal(users, want) {
+		t.Fatalf("users %v, want %v", users, want)
+	}
+	if _, err := s.GetTemplate(ctx, "t1"); err != nil {
+		t.Fatalf("a refused delete removed the template: %v", err)
+	}
+	// A snapshot owns no root filesystem: it goes whoever uses it.
+	if _, err := s.DeleteTemplateUnreferenced(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseRefs(ctx, store.RefPrepared, ""); err != nil {
+		t.Fatal(err)
+	}
+	// A sandbox paused keeps its reference; a dead one drops it.
+	sb1.State = store.StatePaused
+	if err := s.UpdateSandbox(ctx, sb1); err != nil {
+		t.Fatal(err)
+	}
+	wantRefs(t, s, ref(store.RefSandbox, "sb1", tpl.RootfsPath), ref(store.RefTemplate, "t1", tpl.RootfsPath))
+	sb1.State = store.StateDead
+	if err := s.UpdateSandbox(ctx, sb1); err != nil {
+		t.Fatal(err)
+	}
+	wantRefs(t, s, ref(store.RefTemplate, "t1", tpl.RootfsPath))
+	sb3 := sandbox("sb3", store.StateRunning, now, nil)
+	if err := s.CreateSandboxHolding(ctx, sb3, tpl.RootfsPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSandbox(ctx, "sb3"); err != nil {
+		t.Fatal(err)
+	}
+	if users, err := s.DeleteTemplateUnreferenced(ctx, "t1"); err != nil || len(users) != 0 {
+		t.Fatalf("delete of an unused template: %v %v", users, err)
+	}
+	wantRefs(t, s)
+	if _, err := s.GetTemplate(ctx, "t1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("deleted template: %v", err)
+	}
+	if _, err := s.DeleteTemplateUnreferenced(ctx, "t1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("delete twice: %v", err)
+	}
+	if err := s.HoldRootfs(ctx, store.RefPrepared, "p3", tpl.RootfsPath); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("hold of a deleted template's root filesystem: %v", err)
+	}
+	// DeleteTemplate drops the template's reference too.
+	if err := s.PutTemplate(ctx, tpl); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTemplate(ctx, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	wantRefs(t, s)
+}
+
+// A create holding a template's root filesystem and the template's delete,
+// run at once, never both succeed: the delete either sees the sandbox or
+// the create fails.
+func testRefsRace(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	for i := range 20 {
+		id := fmt.Sprintf("t%d", i)
+		tpl := &store.Template{ID: id, Name: id, RootfsPath: "/r/" + id, CreatedAt: now}
+		if err := s.PutTemplate(ctx, tpl); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var createErr, deleteErr error
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			createErr = s.CreateSandboxHolding(ctx, sandbox("sb-"+id, store.StateRunning, now, nil), tpl.RootfsPath)
+		}()
+		go func() {
+			defer wg.Done()
+			_, deleteErr = s.DeleteTemplateUnreferenced(ctx, id)
+		}()
+		wg.Wait()
+		switch {
+		case createErr == nil && deleteErr == nil:
+			t.Fatalf("round %d: both the create and the delete succeeded", i)
+		case createErr == nil && !errors.Is(deleteErr, store.ErrConflict):
+			t.Fatalf("round %d: delete: %v", i, deleteErr)
+		case deleteErr == nil && !errors.Is(createErr, store.ErrNotFound):
+			t.Fatalf("round %d: create: %v", i, createErr)
+		case createErr != nil && deleteErr != nil:
+			t.Fatalf("round %d: neither succeeded: %v; %v", i, createErr, deleteErr)
+		}
+	}
+}
+
+// Backfill checks the upgrade of a database made before references: s gets
+// records, downgrade takes it back to before the references' migration
+// (dropping them), and reopen opens it again, migrating. The references
+// must then protect what the scan of records protected: every template's
+// root filesystem, and that of the template of every sandbox not dead.
+func Backfill(t *testing.T, s store.Store, downgrade func(), reopen func() store.Store) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	for _, tpl := range []*store.Template{
+		{ID: "t1", Name: "app", RootfsPath: "/r/t1", CreatedAt: now},
+		{ID: "s1", Name: "s1", RootfsPath: "/r/t1", CreatedAt: now, Kind: store.KindSnapshot, ImageDir: "/img/s1"},
+		{ID: "t2", Name: "other", RootfsPath: "/r/t2", CreatedAt: now},
+	} {
+		if err := s.PutTemplate(ctx, tpl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, sb := range []struct {
+		id, tpl string
+		state   store.SandboxState
+	}{
+		{"sb-run", "s1", store.StateRunning},
+		{"sb-paused", "t1", store.StatePaused},
+		{"sb-dead", "t1", store.StateDead},
+		{"sb-orphan", "gone", store.StateRunning},
+	} {
+		rec := sandbox(sb.id, sb.state, now, nil)
+		rec.TemplateID = sb.tpl
+		if err := s.CreateSandbox(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	downgrade()
+	s = reopen()
+	wantRefs(t, s, ref(store.RefSandbox, "sb-paused", "/r/t1"), ref(store.RefSandbox, "sb-run", "/r/t1"),
+		ref(store.RefTemplate, "s1", "/r/t1"), ref(store.RefTemplate, "t1", "/r/t1"),
+		ref(store.RefTemplate, "t2", "/r/t2"))
+	if users, err := s.DeleteTemplateUnreferenced(ctx, "t1"); !errors.Is(err, store.ErrConflict) || len(users) != 3 {
+		t.Fatalf("delete of an upgraded template in use: %v %v", users, err)
+	}
+	if _, err := s.DeleteTemplateUnreferenced(ctx, "t2"); err != nil {
+		t.Fatalf("delete of an upgraded template nothing uses: %v", err)
+	}
+}
+
+// A running sandbox's unresponsiveness is kept through other writes while
+// it runs (a timeout change), cleared by SetSandboxUnresponsive(""), and by
+// any write of another state (paused, dead): a resumed sandbox starts
+// answering.
+func testUnresponsive(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	sb := sandbox("sb1", store.StateRunning, time.Unix(1700000000, 0).UTC(), nil)
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	get := func() *store.Sandbox {
+		t.Helper()
+		got, err := s.GetSandbox(ctx, "sb1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	const why = "sandbox sb1 is not answering"
+	if err := s.SetSandboxUnresponsive(ctx, "sb1", why); err != nil {
+		t.Fatal(err)
+	}
+	sb.EndAt = sb.EndAt.Add(time.Minute) // a timeout change: still running
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(); got.Unresponsive != why {
+		t.Fatalf("after a running update: %q", got.Unresponsive)
+	}
+	if err := s.SetSandboxUnresponsive(ctx, "sb1", ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(); got.Unresponsive != "" {
+		t.Fatalf("after it answers: %q", got.Unresponsive)
+	}
+	if err := s.SetSandboxUnresponsive(ctx, "sb1", why); err != nil {
+		t.Fatal(err)
+	}
+	sb.State = store.StatePaused
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(); got.Unresponsive != "" {
+		t.Fatalf("after a pause: %q", got.Unresponsive)
+	}
+	if err := s.SetSandboxUnresponsive(ctx, "nope", why); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing sandbox: %v", err)
 	}
 }
