@@ -128,6 +128,9 @@ func TestAnswersMatchOpenAPI(t *testing.T) {
 			{ID: "sbx2", TemplateID: "base", State: store.StatePaused, AutoPause: true, AutoResume: true,
 				TrafficToken: "traffic", Network: &store.NetworkPolicy{AllowOut: []string{"1.1.1.1"}, DenyOut: []string{"0.0.0.0/0"}},
 				StartedAt: now, EndAt: now.Add(time.Minute)},
+			// As a gateway lists a sandbox whose node misses heartbeats.
+			{ID: "sbx3", TemplateID: "base", State: "unreachable", NodeID: "node-b", StartedAt: now,
+				EndAt: now.Add(time.Minute)},
 		},
 		templates: []*store.Template{
 			{ID: "base", Name: "base", Kind: store.KindRootfs, VCPU: 1, MemoryMB: 512, CreatedAt: now},
@@ -192,6 +195,7 @@ func TestAnswersMatchOpenAPI(t *testing.T) {
 		{"GET", "/v2/sandboxes?limit=0", ``, 400, ""},
 		{"GET", "/sandboxes/sbx1", ``, 200, ""},
 		{"GET", "/sandboxes/sbx2", ``, 200, ""},
+		{"GET", "/sandboxes/sbx3", ``, 200, ""},
 		{"GET", "/sandboxes/nope", ``, 404, ""},
 		{"DELETE", "/sandboxes/sbx1", ``, 204, ""},
 		{"DELETE", "/sandboxes/nope", ``, 404, ""},

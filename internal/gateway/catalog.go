@@ -7,11 +7,12 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // StateUnreachable is the state of a sandbox whose node has stopped
 // heartbeating: it may well still run, but nobody can reach it now.
-const StateUnreachable store.SandboxState = "unreachable"
+const StateUnreachable = store.SandboxState(wire.SandboxStateUnreachable)
 
 // catalog is the cluster's records as one node.Catalog: the API's read
 // routes (list, get, templates, snapshots) served from the database.

@@ -102,10 +102,11 @@ func (e LogLevel) Valid() bool {
 
 // Defines values for SandboxState.
 const (
-	SandboxStateDead     SandboxState = "dead"
-	SandboxStatePaused   SandboxState = "paused"
-	SandboxStateRunning  SandboxState = "running"
-	SandboxStateStarting SandboxState = "starting"
+	SandboxStateDead        SandboxState = "dead"
+	SandboxStatePaused      SandboxState = "paused"
+	SandboxStateRunning     SandboxState = "running"
+	SandboxStateStarting    SandboxState = "starting"
+	SandboxStateUnreachable SandboxState = "unreachable"
 )
 
 // Valid indicates whether the value is a known member of the SandboxState enum.
@@ -118,6 +119,8 @@ func (e SandboxState) Valid() bool {
 	case SandboxStateRunning:
 		return true
 	case SandboxStateStarting:
+		return true
+	case SandboxStateUnreachable:
 		return true
 	default:
 		return false
@@ -430,9 +433,11 @@ type ListedSandbox struct {
 	Metadata    map[string]string `json:"metadata"`
 
 	// NodeID The cluster node holding the sandbox; absent on a single server.
-	NodeID     string       `json:"nodeID,omitempty"`
-	SandboxID  string       `json:"sandboxID"`
-	StartedAt  time.Time    `json:"startedAt"`
+	NodeID    string    `json:"nodeID,omitempty"`
+	SandboxID string    `json:"sandboxID"`
+	StartedAt time.Time `json:"startedAt"`
+
+	// State E2B's running and paused, and aenv's starting and dead; through a gateway, unreachable while the node holding the sandbox misses its heartbeats.
 	State      SandboxState `json:"state"`
 	TemplateID string       `json:"templateID"`
 
@@ -577,9 +582,11 @@ type SandboxDetail struct {
 	Network NetworkConfig `json:"network"`
 
 	// NodeID The cluster node holding the sandbox; absent on a single server.
-	NodeID     string       `json:"nodeID,omitempty"`
-	SandboxID  string       `json:"sandboxID"`
-	StartedAt  time.Time    `json:"startedAt"`
+	NodeID    string    `json:"nodeID,omitempty"`
+	SandboxID string    `json:"sandboxID"`
+	StartedAt time.Time `json:"startedAt"`
+
+	// State E2B's running and paused, and aenv's starting and dead; through a gateway, unreachable while the node holding the sandbox misses its heartbeats.
 	State      SandboxState `json:"state"`
 	TemplateID string       `json:"templateID"`
 
@@ -605,7 +612,7 @@ type SandboxMetric struct {
 	TimestampUnix int64     `json:"timestampUnix"`
 }
 
-// SandboxState defines model for SandboxState.
+// SandboxState E2B's running and paused, and aenv's starting and dead; through a gateway, unreachable while the node holding the sandbox misses its heartbeats.
 type SandboxState string
 
 // Snapshot defines model for Snapshot.
