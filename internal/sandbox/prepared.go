@@ -236,30 +236,18 @@ func (m *Manager) PreparedPool() PreparedPoolStatus {
 // forgetImage stops keeping sandboxes restored from image (its template
 // was deleted) and returns those to remove.
 func (p *preparedPool) forgetImage(image string) []*preparedSandbox {
-	if p == nil {
-		return nil
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []*preparedSandbox
-	for k, r := range p.ready {
-		if k.image == image {
-			out = append(out, r...)
-			delete(p.ready, k)
-		}
-	}
-	for k := range p.want {
-		if k.image == image {
-			delete(p.want, k)
-			delete(p.lastUse, k)
-		}
-	}
-	return out
+	return p.forget(func(k prepKey) bool { return k.image == image })
 }
 
 // forgetRootfs stops keeping sandboxes made from rootfs (its template is
 // being deleted, or was) and returns those to remove.
 func (p *preparedPool) forgetRootfs(rootfs string) []*preparedSandbox {
+	return p.forget(func(k prepKey) bool { return k.rootfs == rootfs })
+}
+
+// forget drops the ready sandboxes and the wants of the keys match picks,
+// and returns those sandboxes to remove.
+func (p *preparedPool) forget(match func(prepKey) bool) []*preparedSandbox {
 	if p == nil {
 		return nil
 	}
@@ -267,13 +255,13 @@ func (p *preparedPool) forgetRootfs(rootfs string) []*preparedSandbox {
 	defer p.mu.Unlock()
 	var out []*preparedSandbox
 	for k, r := range p.ready {
-		if k.rootfs == rootfs {
+		if match(k) {
 			out = append(out, r...)
 			delete(p.ready, k)
 		}
 	}
 	for k := range p.want {
-		if k.rootfs == rootfs {
+		if match(k) {
 			delete(p.want, k)
 			delete(p.lastUse, k)
 		}

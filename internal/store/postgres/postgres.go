@@ -265,15 +265,7 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		if err := lockRootfs(ctx, tx, s.node, t.RootfsPath); err != nil {
 			return err
 		}
-		if err := putTemplate(ctx, tx, s.box, t, kind, string(env), string(envVars), s.node); err != nil {
-			return err
-		}
-		// The template holds its root filesystem: its own, or for a
-		// checkpoint the one of the template it was taken from.
-		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
-			return err
-		}
-		return insertRef(ctx, tx, s.node, store.RefTemplate, t.ID, t.RootfsPath)
+		return s.putTemplateHolding(ctx, tx, t, kind, string(env), string(envVars))
 	})
 	if err != nil {
 		if isUniqueViolation(err) {
@@ -282,6 +274,20 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		return err
 	}
 	return nil
+}
+
+// putTemplateHolding writes t's record and its reference to its root
+// filesystem (its own, or for a checkpoint the one of the template it was
+// taken from), replacing the reference it held, in tx.
+func (s *Store) putTemplateHolding(ctx context.Context, tx pgx.Tx, t *store.Template, kind store.TemplateKind,
+	env, envVars string) error {
+	if err := putTemplate(ctx, tx, s.box, t, kind, env, envVars, s.node); err != nil {
+		return err
+	}
+	if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
+		return err
+	}
+	return insertRef(ctx, tx, s.node, store.RefTemplate, t.ID, t.RootfsPath)
 }
 
 func putTemplate(ctx context.Context, tx pgx.Tx, box *secretBox, t *store.Template, kind store.TemplateKind,
@@ -347,13 +353,7 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 			}
 			old = prev
 		}
-		if err := putTemplate(ctx, tx, s.box, t, kind, string(env), string(envVars), s.node); err != nil {
-			return err
-		}
-		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
-			return err
-		}
-		return insertRef(ctx, tx, s.node, store.RefTemplate, t.ID, t.RootfsPath)
+		return s.putTemplateHolding(ctx, tx, t, kind, string(env), string(envVars))
 	})
 	if err != nil {
 		if isUniqueViolation(err) && !errors.Is(err, store.ErrConflict) {

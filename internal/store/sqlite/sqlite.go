@@ -413,17 +413,7 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		kind = store.KindRootfs
 	}
 	err = s.inTx(ctx, "put template "+t.ID, func(tx *sql.Tx) error {
-		if err := putTemplate(ctx, tx, t, kind, string(env), string(envVars)); err != nil {
-			return err
-		}
-		// The template holds its root filesystem: its own, or for a
-		// checkpoint the one of the template it was taken from.
-		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO refs (holder_kind, holder_id, target_kind, target_id)
-			VALUES (?, ?, ?, ?)`, string(store.RefTemplate), t.ID, string(store.RefRootfs), t.RootfsPath)
-		return err
+		return putTemplateHolding(ctx, tx, t, kind, string(env), string(envVars))
 	})
 	if err != nil {
 		if isUniqueViolation(err) {
@@ -432,6 +422,22 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		return err
 	}
 	return nil
+}
+
+// putTemplateHolding writes t's record and its reference to its root
+// filesystem (its own, or for a checkpoint the one of the template it was
+// taken from), replacing the reference it held, in tx.
+func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind,
+	env, envVars string) error {
+	if err := putTemplate(ctx, tx, t, kind, env, envVars); err != nil {
+		return err
+	}
+	if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO refs (holder_kind, holder_id, target_kind, target_id)
+		VALUES (?, ?, ?, ?)`, string(store.RefTemplate), t.ID, string(store.RefRootfs), t.RootfsPath)
+	return err
 }
 
 func putTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind, env, envVars string) error {
@@ -482,15 +488,7 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 			}
 			old = prev
 		}
-		if err := putTemplate(ctx, tx, t, kind, string(env), string(envVars)); err != nil {
-			return err
-		}
-		if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO refs (holder_kind, holder_id, target_kind, target_id)
-			VALUES (?, ?, ?, ?)`, string(store.RefTemplate), t.ID, string(store.RefRootfs), t.RootfsPath)
-		return err
+		return putTemplateHolding(ctx, tx, t, kind, string(env), string(envVars))
 	})
 	if err != nil {
 		if isUniqueViolation(err) && !errors.Is(err, store.ErrConflict) {
