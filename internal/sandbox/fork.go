@@ -66,7 +66,7 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 			}
 			now := time.Now().UTC()
 			child := &store.Sandbox{
-				ID: NewID(), TemplateID: src.tpl.ID, Alias: src.tpl.Name,
+				TemplateID: src.tpl.ID, Alias: src.tpl.Name,
 				VCPU: src.tpl.VCPU, MemoryMB: src.tpl.MemoryMB, Metadata: src.metadata,
 				EnvVars: src.tpl.EnvVars, AccessToken: newAccessToken(), AutoPause: src.autoPause,
 				AutoPauseDropMemory: src.autoPauseDropMemory, AutoResume: src.autoResume,

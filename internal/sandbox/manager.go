@@ -373,7 +373,7 @@ func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sa
 	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
-		ID: NewID(), TemplateID: tpl.ID, Alias: tpl.Name, State: store.StateStarting,
+		TemplateID: tpl.ID, Alias: tpl.Name, State: store.StateStarting,
 		VCPU: req.VCPU, MemoryMB: req.MemoryMB, Metadata: req.Metadata,
 		EnvVars:     mergeEnv(tpl.EnvVars, req.EnvVars),
 		AccessToken: newAccessToken(), AutoPause: req.AutoPause,
@@ -418,60 +418,131 @@ type image struct {
 // and arms its deadline. A pending sandbox stays starting until finish; a
 // crash before that removes it. On failure nothing it made is left.
 //
-// A boot the warm pool cannot serve, and every restore of a new sandbox,
-// use a prepared sandbox of their shape when there is one; one that fails
-// is replaced by an ordinary launch.
+// Where the instance comes from is plan's choice: a pooled one when a
+// pool has one ready (the quickest first), else a new one. Each try works
+// on its own copy of sb, with the ID of the instance it lands in; a pooled
+// instance that fails is removed and the next choice tried, the last being
+// a new instance, whose failure is the launch's.
 func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
-	if img.dir == "" && !pending {
-		ws, counted := m.warm.begin(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB})
-		if counted {
-			defer m.warm.end()
+	var tried source
+	for {
+		p := m.plan(ctx, sb, tpl, img, pending, tried)
+		defer p.end()
+		try := cloneSandbox(sb)
+		try.ID = p.id
+		var e *entry
+		var err error
+		switch p.source {
+		case fromWarm:
+			e, err = m.launchWarm(ctx, try, tpl, p.warm)
+		case fromRestored:
+			e, err = m.launchRestored(ctx, try, tpl, p.prepared)
+		case fromPrepared:
+			e, err = m.launchIn(ctx, try, tpl, img, pending, p.prepared)
+		default:
+			return m.launchIn(ctx, try, tpl, img, pending, nil)
 		}
-		if ws != nil {
-			e, err := m.launchWarm(ctx, sb, tpl, ws)
-			if err == nil {
-				return e, nil
-			}
-			m.logger.WarnContext(ctx, "warm sandbox unusable; booting one", "err", err)
-			sb.ID = NewID()
+		if p.prepared != nil {
+			// Claimed: its record (if any) now holds the root filesystem.
+			m.releasePrepared(ctx, p.prepared)
+		}
+		retry := err != nil && ctx.Err() == nil
+		if p.source == fromPrepared {
+			// Only a failure of the pool's sandbox, not of the launch.
+			retry = retry && errors.Is(err, errNotPrepared)
+		}
+		if !retry {
+			return e, err
+		}
+		m.logger.WarnContext(ctx, "pooled sandbox unusable; trying the next way", "from", p.source, "sandbox", p.id, "err", err)
+		tried |= p.source
+	}
+}
+
+// source is where a launch's instance comes from, quickest first; a set
+// of them is their bits.
+type source uint8
+
+const (
+	fromWarm     source = 1 << iota // the warm pool: booted, envd answering
+	fromRestored                    // the prepared pool: restored from the image, paused
+	fromPrepared                    // the prepared pool: made, not started
+	fromNew                         // a new instance in a new slot
+)
+
+func (s source) String() string {
+	switch s {
+	case fromWarm:
+		return "warm pool"
+	case fromRestored:
+		return "restored pool"
+	case fromPrepared:
+		return "prepared pool"
+	case fromNew:
+		return "new instance"
+	}
+	return fmt.Sprintf("source(%d)", uint8(s))
+}
+
+// launchPlan is plan's choice for one try of a launch.
+type launchPlan struct {
+	source   source
+	id       string // the sandbox's ID: the pooled instance's, or a new one
+	warm     *warmSandbox
+	prepared *preparedSandbox
+	// end ends the pools' count of this launch (they size themselves by
+	// the launches in progress, served or not); deferred by launch.
+	end func()
+}
+
+// plan chooses where the next try of a launch of sb from tpl gets its
+// instance, skipping the sources tried: a boot the warm pool can serve
+// claims a warm sandbox, a restore of a new sandbox one restored ahead,
+// and both, failing that, a prepared one of their shape; else a new one.
+// Each pool asked counts the launch, served or not, until end.
+func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool, tried source) launchPlan {
+	var ends []func()
+	p := launchPlan{source: fromNew, id: NewID()}
+	p.end = func() {
+		for _, end := range ends {
+			end()
 		}
 	}
-	if img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
+	if tried&fromWarm == 0 && img.dir == "" && !pending {
+		ws, counted := m.warm.begin(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB})
+		if counted {
+			ends = append(ends, m.warm.end)
+		}
+		if ws != nil {
+			p.source, p.id, p.warm = fromWarm, ws.id, ws
+			return p
+		}
+	}
+	if tried&fromRestored == 0 && img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token,
 			unheld: !m.local(tpl)}
 		ps := m.prep.begin(k)
-		defer m.prep.end(k)
+		ends = append(ends, func() { m.prep.end(k) })
 		if ps != nil {
-			e, err := m.launchRestored(ctx, sb, tpl, ps)
-			// Claimed: its record (if any) now holds the root filesystem.
-			m.releasePrepared(ctx, ps)
-			if err == nil || ctx.Err() != nil {
-				return e, err
-			}
-			m.logger.WarnContext(ctx, "restored sandbox unusable; restoring anew", "sandbox", sb.ID, "err", err)
-			sb.ID = NewID()
+			p.source, p.id, p.prepared = fromRestored, ps.id, ps
+			return p
 		}
 	}
-	if img.rootfsUpper == "" && m.prep != nil {
+	if tried&fromPrepared == 0 && img.rootfsUpper == "" && m.prep != nil {
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl)}
 		ps := m.prep.begin(k)
-		defer m.prep.end(k)
+		ends = append(ends, func() { m.prep.end(k) })
 		if _, err := os.Stat(k.rootfs); ps != nil && err != nil {
 			// The template's rootfs was removed since ps was made.
 			m.discardPrepared(context.WithoutCancel(ctx), ps)
 			ps = nil
 		}
 		if ps != nil {
-			e, err := m.launchIn(ctx, sb, tpl, img, pending, ps)
-			m.releasePrepared(ctx, ps)
-			if err == nil || ctx.Err() != nil || !errors.Is(err, errNotPrepared) {
-				return e, err
-			}
-			m.logger.WarnContext(ctx, "prepared sandbox unusable; launching anew", "sandbox", sb.ID, "err", err)
-			sb.ID = NewID()
+			p.source, p.id, p.prepared = fromPrepared, ps.id, ps
+			return p
 		}
 	}
-	return m.launchIn(ctx, sb, tpl, img, pending, nil)
+	return p
 }
 
 // launchIn is launch in a fresh slot, or in the prepared sandbox ps.
@@ -482,7 +553,7 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 
 	var slot *network.Slot
 	if ps != nil {
-		sb.ID, slot, img.prepared = ps.id, ps.slot, true
+		slot, img.prepared = ps.slot, true
 	} else {
 		var err error
 		if slot, err = m.acquireSlot(ctx); err != nil {
@@ -492,7 +563,7 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 	log := m.logger.With("sandbox", sb.ID)
 	undo.Add(func() { m.releaseSlot(ctx, slot.Index, sb.ID) })
 	sb.SlotIndex = slot.Index
-	sb.State = store.StateStarting
+	sb.State = phaseStarting.stored()
 	if err := m.applyNetwork(ctx, sb, slot); err != nil {
 		return nil, err
 	}
@@ -511,19 +582,15 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 	undo.Add(func() { m.killInstance(ctx, sb.ID) })
 	phase := phaseStarting
 	if !pending {
-		sb.State = store.StateRunning
+		phase = phaseRunning
+		sb.State = phase.stored()
 		sb.UpdatedAt = time.Now().UTC()
 		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 			return nil, storeError("record running sandbox", err)
 		}
-		phase = phaseRunning
 	}
 	undo.Release()
-	v := &view{sb: sb, phase: phase, slot: slot, envd: envd}
-	if phase == phaseRunning {
-		v.run = newRunScope()
-	}
-	e := newEntry(v)
+	e := newEntry(newView(phase, sb, slot, envd))
 	m.register(e)
 	if phase == phaseRunning {
 		e.mu.Lock()
@@ -572,13 +639,14 @@ func (m *Manager) finish(ctx context.Context, e *entry) error {
 	if err := allowed(opFinish, e.id, v.phase); err != nil {
 		return err
 	}
-	sb := cloneSandbox(v.sb)
-	sb.State = store.StateRunning
-	sb.UpdatedAt = time.Now().UTC()
+	sb, err := e.next(phaseRunning)
+	if err != nil {
+		return err
+	}
 	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
 		return storeError("record running sandbox", err)
 	}
-	e.publish(&view{sb: sb, phase: phaseRunning, slot: v.slot, envd: v.envd, run: newRunScope()}, nil)
+	e.transition(phaseRunning, sb, v.slot, v.envd, nil)
 	m.armTimer(e)
 	m.watch(e)
 	return nil
@@ -842,7 +910,7 @@ func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 		m.removeImage(ctx, v.sb.ImageDir)
 		m.forgetUploaded(v.sb)
 	}
-	e.publish(&view{sb: v.sb, phase: phaseGone}, stoppedError(e.id, why))
+	e.transition(phaseGone, v.sb, nil, nil, stoppedError(e.id, why))
 	m.unregister(e.id)
 	return nil
 }
@@ -860,7 +928,7 @@ func (m *Manager) markDead(ctx context.Context, e *entry, reason string) {
 		return
 	}
 	sb := cloneSandbox(e.view().sb)
-	sb.State = store.StateDead
+	sb.State = phaseGone.stored()
 	sb.EndedReason = reason
 	sb.SlotIndex = -1
 	sb.ImageDir = ""
@@ -884,17 +952,19 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 	}
 	defer e.mu.Unlock()
 	v := e.view()
-	updated := cloneSandbox(v.sb)
-	updated.EndAt = time.Now().UTC().Add(d)
+	updated, err := e.next(v.phase)
+	if err != nil {
+		return err
+	}
+	updated.EndAt = updated.UpdatedAt.Add(d)
 	if d > 0 {
 		// A deadline of now is no lifetime for a later resume to reuse.
 		updated.TimeoutSecs = int(d.Seconds())
 	}
-	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
 		return storeError("record timeout", err)
 	}
-	e.publish(&view{sb: updated, phase: v.phase, slot: v.slot, envd: v.envd, run: v.run}, nil)
+	e.transition(v.phase, updated, v.slot, v.envd, nil)
 	m.armTimer(e)
 	return nil
 }

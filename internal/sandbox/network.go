@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
@@ -58,9 +57,11 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p *store.Network
 	}
 	defer e.mu.Unlock()
 	v := e.view()
-	updated := cloneSandbox(v.sb)
+	updated, err := e.next(v.phase)
+	if err != nil {
+		return err
+	}
 	updated.Network = p
-	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
 		return storeError("record network policy", err)
 	}
@@ -74,7 +75,7 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p *store.Network
 			return fmt.Errorf("egress policy of %s: %w", id, err)
 		}
 	}
-	e.publish(&view{sb: updated, phase: v.phase, slot: v.slot, envd: v.envd, run: v.run}, nil)
+	e.transition(v.phase, updated, v.slot, v.envd, nil)
 	m.logger.InfoContext(ctx, "egress policy changed", "sandbox", id, "policy", pol.String())
 	return nil
 }

@@ -141,6 +141,7 @@ func (m *Manager) unpauseLocked(ctx context.Context, e *entry, before *store.San
 		return fmt.Errorf("%w; the sandbox stays paused in memory (resume it to continue)", cause)
 	}
 	restored := cloneSandbox(before)
+	restored.State = phaseRunning.stored()
 	restored.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, restored); err != nil {
 		// The record says paused: pause the instance again so they agree.
@@ -150,7 +151,7 @@ func (m *Manager) unpauseLocked(ctx context.Context, e *entry, before *store.San
 		}
 		return fmt.Errorf("%w; the sandbox stays paused in memory (resume it to continue)", cause)
 	}
-	e.publish(&view{sb: restored, phase: phaseRunning, slot: v.slot, envd: v.envd, run: newRunScope()}, nil)
+	e.transition(phaseRunning, restored, v.slot, v.envd, nil)
 	m.armTimer(e)
 	m.logger.InfoContext(ctx, "sandbox running again after failed pause to disk", "sandbox", e.id, "err", cause)
 	return fmt.Errorf("%w; the sandbox was not paused and is still running", cause)
@@ -158,6 +159,10 @@ func (m *Manager) unpauseLocked(ctx context.Context, e *entry, before *store.San
 
 func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
 	v := e.view()
+	updated, err := e.next(phasePaused)
+	if err != nil {
+		return err
+	}
 	var undo cleanup.Cleanup
 	defer undo.Clean()
 	if err := m.driver.Pause(ctx, e.id); err != nil {
@@ -169,14 +174,11 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
 			m.logger.ErrorContext(ctx, "resume after failed pause record", "sandbox", e.id, "err", err)
 		}
 	})
-	updated := cloneSandbox(v.sb)
-	updated.State = store.StatePaused
-	updated.UpdatedAt = time.Now().UTC()
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
 		return storeError("record paused sandbox", err)
 	}
 	undo.Release()
-	e.publish(&view{sb: updated, phase: phasePaused, slot: v.slot, envd: v.envd}, stoppedError(e.id, why))
+	e.transition(phasePaused, updated, v.slot, v.envd, stoppedError(e.id, why))
 	m.armTimer(e)
 	m.logger.InfoContext(ctx, "sandbox paused", "sandbox", e.id)
 	return nil
@@ -218,9 +220,12 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 	opCtx, done := e.opContext(ctx)
 	defer done()
 
+	updated, err := e.next(phaseRunning)
+	if err != nil {
+		return nil, false, err
+	}
 	var undo cleanup.Cleanup
 	defer undo.Clean()
-	updated := cloneSandbox(v.sb)
 	slot, envd := v.slot, v.envd
 	if v.phase == phasePaused {
 		if err := m.driver.Resume(opCtx, id); err != nil {
@@ -246,7 +251,6 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 		updated.RebootOnResume = false
 	}
 	now := time.Now().UTC()
-	updated.State = store.StateRunning
 	updated.EndAt = now.Add(timeout)
 	updated.TimeoutSecs = int(timeout.Seconds())
 	updated.UpdatedAt = now
@@ -258,7 +262,7 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 		m.removeImage(ctx, v.sb.ImageDir)
 		m.forgetUploaded(v.sb)
 	}
-	e.publish(&view{sb: updated, phase: phaseRunning, slot: slot, envd: envd, run: newRunScope()}, nil)
+	e.transition(phaseRunning, updated, slot, envd, nil)
 	m.armTimer(e)
 	m.watch(e)
 	m.logger.InfoContext(ctx, "sandbox resumed", "sandbox", id)
@@ -337,7 +341,11 @@ func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) er
 	if err != nil {
 		return err
 	}
-	updated := cloneSandbox(v.sb)
+	updated, err := e.next(phaseOnDisk)
+	if err != nil {
+		m.removeImage(ctx, dir)
+		return err
+	}
 	updated.ImageDir = dir
 	updated.SlotIndex = -1
 	updated.RebootOnResume = updated.RebootOnResume || dropMemory
@@ -345,7 +353,7 @@ func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) er
 		m.removeImage(ctx, dir)
 		return storeError("record sandbox paused to disk", err)
 	}
-	e.publish(&view{sb: updated, phase: phaseOnDisk}, nil)
+	e.transition(phaseOnDisk, updated, nil, nil, nil)
 	// The image is the state now. An instance that will not die is
 	// removed by the next reconcile (no record keeps it).
 	if err := m.killInstance(ctx, e.id); err == nil {
@@ -510,7 +518,7 @@ func (m *Manager) takeOver(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	e := newEntry(&view{sb: sb, phase: phaseOnDisk})
+	e := newEntry(newView(phaseOnDisk, sb, nil, nil))
 	m.register(e)
 	e.mu.Lock()
 	m.armTimer(e)

@@ -545,7 +545,7 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 // sb: resume, egress policy, envd identity, then the record, written once
 // everything works, as for a warm sandbox.
 func (m *Manager) launchRestored(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ps *preparedSandbox) (*entry, error) {
-	return m.adopt(ctx, sb, tpl, ps.id, ps.slot, ps.envd,
+	return m.adopt(ctx, sb, tpl, ps.slot, ps.envd,
 		func(ctx context.Context) error { return m.driver.Resume(ctx, ps.id) },
 		func(ctx context.Context) { m.discardPrepared(ctx, ps) }, "sandbox started from a restored one")
 }

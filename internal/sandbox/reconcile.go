@@ -80,14 +80,15 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	var entries []*entry
 	for _, sb := range adopted {
-		v := &view{sb: sb, phase: phaseOnDisk}
+		v := newView(phaseOnDisk, sb, nil, nil)
 		if sb.ImageDir == "" {
-			v.slot = m.slots.Slot(sb.SlotIndex)
-			v.envd = envdclient.New(envdURL(sb.ID, v.slot.SandboxIP), m.http, sb.AccessToken)
-			v.phase = phasePaused
+			slot := m.slots.Slot(sb.SlotIndex)
+			envd := envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, sb.AccessToken)
+			p := phasePaused
 			if sb.State == store.StateRunning {
-				v.phase, v.run = phaseRunning, newRunScope()
+				p = phaseRunning
 			}
+			v = newView(p, sb, slot, envd)
 			// The policy is the record's, whatever the firewall kept.
 			if err := m.applyNetwork(ctx, sb, v.slot); err != nil {
 				m.logger.ErrorContext(ctx, "reconcile: egress policy", "sandbox", sb.ID, "err", err)

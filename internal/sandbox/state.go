@@ -98,6 +98,91 @@ func allowed(o op, id string, p phase) error {
 	return fmt.Errorf("%w: cannot %s sandbox %s: it is %s%s", node.ErrConflict, o, id, p, hint)
 }
 
+// moves is the table of phase changes: for each phase, the phases a
+// sandbox in it may move to. A move to the phase it is in changes its
+// record alone (a timeout, a network policy). Every change of a live
+// sandbox goes through transition, which holds it to this table.
+var moves = map[phase][]phase{
+	phaseStarting: {phaseRunning, phaseGone},
+	phaseRunning:  {phaseRunning, phasePaused, phaseGone},
+	phasePaused:   {phasePaused, phaseRunning, phaseOnDisk, phaseGone},
+	phaseOnDisk:   {phaseOnDisk, phaseRunning, phaseGone},
+}
+
+// canMove says whether the table has the move from → to.
+func canMove(from, to phase) bool {
+	for _, p := range moves[from] {
+		if p == to {
+			return true
+		}
+	}
+	return false
+}
+
+// stored is the state a record keeps for a sandbox in phase p: the store
+// does not tell a sandbox paused in memory from one paused on disk (its
+// image directory does), nor one killed from one that died (the first has
+// no record left).
+func (p phase) stored() store.SandboxState {
+	switch p {
+	case phaseStarting:
+		return store.StateStarting
+	case phaseRunning:
+		return store.StateRunning
+	case phasePaused, phaseOnDisk:
+		return store.StatePaused
+	}
+	return store.StateDead
+}
+
+// next returns a copy of e's record for its move to phase to, with the
+// state that phase is stored as, for the caller to change and write before
+// transition publishes it. It refuses a move the table lacks, before any
+// work is done; e.mu is held.
+func (e *entry) next(to phase) (*store.Sandbox, error) {
+	from := e.view().phase
+	if !canMove(from, to) {
+		return nil, fmt.Errorf("%w: sandbox %s cannot go from %s to %s", node.ErrConflict, e.id, from, to)
+	}
+	sb := cloneSandbox(e.view().sb)
+	sb.State = to.stored()
+	sb.UpdatedAt = time.Now().UTC()
+	return sb, nil
+}
+
+// newView is the picture of a sandbox in phase p with record sb and what
+// its instance holds (none paused on disk or gone). A running one gets a
+// new running stretch.
+func newView(p phase, sb *store.Sandbox, slot *network.Slot, envd *envdclient.Client) *view {
+	v := &view{sb: sb, phase: p, slot: slot, envd: envd}
+	if p == phaseRunning {
+		v.run = newRunScope()
+	}
+	return v
+}
+
+// transition publishes e in phase to, with record sb (written already, its
+// state the phase's), network slot and envd client. A move within running
+// keeps the running stretch and the calls bound to it; a move out of
+// running ends them with cause. e.mu is held, so the move next allowed
+// is still allowed: a move the table lacks, or a record in another state,
+// is a defect in this package, and panics rather than letting the record
+// and the instance part.
+func (e *entry) transition(to phase, sb *store.Sandbox, slot *network.Slot, envd *envdclient.Client, cause error) {
+	cur := e.view()
+	if !canMove(cur.phase, to) {
+		panic(fmt.Sprintf("sandbox %s: no move from %s to %s", e.id, cur.phase, to))
+	}
+	if to != phaseGone && sb.State != to.stored() {
+		panic(fmt.Sprintf("sandbox %s: a record in state %s for phase %s", e.id, sb.State, to))
+	}
+	v := newView(to, sb, slot, envd)
+	if to == phaseRunning && cur.phase == phaseRunning {
+		v.run = cur.run
+	}
+	e.publish(v, cause)
+}
+
 // view is an immutable picture of a sandbox, published atomically so that
 // readers (the proxy, token lookup, stats, counters, the monitor) never
 // wait on the lifecycle lock. A transition builds a new view and publishes

@@ -326,20 +326,20 @@ func (m *Manager) stopWarmPool(ctx context.Context) {
 // launchWarm turns a pre-booted sandbox into sb: egress policy, envd
 // identity, then the record, written once everything works.
 func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ws *warmSandbox) (*entry, error) {
-	return m.adopt(ctx, sb, tpl, ws.id, ws.slot, ws.envd, nil, func(ctx context.Context) { m.discardWarm(ctx, ws) },
+	return m.adopt(ctx, sb, tpl, ws.slot, ws.envd, nil, func(ctx context.Context) { m.discardWarm(ctx, ws) },
 		"sandbox started from the warm pool")
 }
 
-// adopt turns a running instance made ahead (id, in slot, envd answering)
-// into sb: it gets the request's CPU priority (pools make theirs in the
+// adopt turns a running instance made ahead (with sb's ID, in slot, envd
+// answering) into sb: it gets the request's CPU priority (pools make theirs in the
 // background), first (if any) wakes it, then egress policy, envd
 // identity, and the record, written once everything works; on failure
 // discard removes the instance.
-func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Template, id string, slot *network.Slot,
+func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot,
 	envd *envdclient.Client, first func(context.Context) error, discard func(context.Context), what string) (*entry, error) {
 	start := time.Now()
-	sb.ID, sb.SlotIndex, sb.State = id, slot.Index, store.StateRunning
-	err := m.foreground(ctx, id)
+	sb.SlotIndex, sb.State = slot.Index, phaseRunning.stored()
+	err := m.foreground(ctx, sb.ID)
 	if err == nil && first != nil {
 		err = first(ctx)
 	}
@@ -358,7 +358,7 @@ func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Templ
 		return nil, err
 	}
 	// identify re-keyed the client to sb's token.
-	e := newEntry(&view{sb: sb, phase: phaseRunning, slot: slot, envd: envd, run: newRunScope()})
+	e := newEntry(newView(phaseRunning, sb, slot, envd))
 	m.register(e)
 	e.mu.Lock()
 	m.armTimer(e)

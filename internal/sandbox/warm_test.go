@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
 func TestWarmPoolAdapts(t *testing.T) {
@@ -169,4 +171,55 @@ func TestWarmSandboxesGiveUpSlots(t *testing.T) {
 	if _, err := w.m.Create(ctx, req); !errors.Is(err, node.ErrUnavailable) {
 		t.Errorf("create with every slot taken: %v, want unavailable", err)
 	}
+}
+
+// TestLaunchTriesEachWayInTurn: a launch whose warm sandbox fails to be
+// claimed, and then its prepared one, ends in a new instance; the sandbox
+// has one ID throughout its record, driver and answer (the new
+// instance's), and the two pooled ones are gone, with no record.
+func TestLaunchTriesEachWayInTurn(t *testing.T) {
+	w := newWorld(t, withPrepared(4), func(c *Config) { c.WarmSandboxes, c.WarmMax = 1, 1 })
+	ctx := context.Background()
+	waitFor(t, func() bool { return w.m.WarmPool().Ready == 1 })
+	w.m.prep.demand(prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 512}, 2)
+	w.waitPrepared(2)
+	pooled := w.driver.background()
+	if len(pooled) != 3 {
+		t.Fatalf("%d pooled instances, want 1 warm and 2 prepared", len(pooled))
+	}
+
+	// Claiming a pooled instance starts by giving it the foreground;
+	// a new one never asks.
+	w.faults.set("foreground", errInjected)
+	sb := w.create()
+	w.faults.set("foreground", nil)
+	if pooled[sb.ID] {
+		t.Fatalf("sandbox %s is a pooled instance whose claim failed", sb.ID)
+	}
+	if got := w.faults.count("foreground"); got != 2 {
+		t.Errorf("%d claims tried, want the warm one and a prepared one", got)
+	}
+	if rec := w.record(sb.ID); rec == nil || rec.State != store.StateRunning {
+		t.Fatalf("record of %s: %+v", sb.ID, rec)
+	}
+	if w.driver.state(sb.ID) != runtime.StateRunning {
+		t.Errorf("instance of %s: %s", sb.ID, w.driver.state(sb.ID))
+	}
+	gone := 0
+	for id := range pooled {
+		if w.record(id) != nil {
+			t.Errorf("pooled instance %s has a record", id)
+		}
+		if w.driver.state(id) == "" {
+			gone++
+		}
+	}
+	if gone != 2 {
+		t.Errorf("%d of the pooled instances removed, want the 2 whose claim failed", gone)
+	}
+	if err := w.m.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	w.stop()
+	w.stoppedEmpty()
 }
