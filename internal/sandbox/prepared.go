@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -72,29 +71,81 @@ type preparedSandbox struct {
 }
 
 type preparedPool struct {
-	driver   runtime.Preparer
-	max      int    // most prepared sandboxes, all shapes together
-	memBytes uint64 // host memory they may hold together
+	driver runtime.Preparer
 	// maxRestored bounds the restored sandboxes kept per snapshot image:
 	// they hold the image's memory, so few are kept (0: none).
 	maxRestored int
+	pool        *pool[prepKey, *preparedSandbox]
 
-	mu      sync.Mutex
-	ready   map[prepKey][]*preparedSandbox
-	want    map[prepKey]int
-	lastUse map[prepKey]time.Time
-	active  map[prepKey]int // launches of the shape in progress
-	busy    int             // launches in progress, all shapes
-	// perSandbox is the most host memory one prepared sandbox was seen to
-	// hold; 0 until one was measured.
-	perSandbox uint64
-	wake       chan struct{}
-	done       chan struct{}
 	// making counts, per root filesystem, the sandboxes the filler is
 	// making (each holds a reference to it); made is closed, and
-	// replaced, whenever one is done.
+	// replaced, whenever one is done. Both are guarded by pool.mu.
 	making map[string]int
 	made   chan struct{}
+}
+
+// preparedPolicy keeps, per shape in use, minPrepared plain sandboxes at
+// least (restored ones hold an image's memory each, so only as many as
+// were asked for at once), and none once idle; max over all shapes,
+// memBytes of host memory for the plain ones, maxRestored per image.
+type preparedPolicy struct {
+	p           *preparedPool
+	max         int
+	memBytes    uint64
+	maxRestored int
+}
+
+func (pp preparedPolicy) floor(k prepKey) int {
+	if k.image != "" {
+		return 0
+	}
+	return minPrepared
+}
+
+func (pp preparedPolicy) keep(prepKey) int { return 0 }
+
+func (pp preparedPolicy) limit(k prepKey, _ uint64) int {
+	if k.image != "" {
+		return pp.maxRestored
+	}
+	return pp.max
+}
+
+// pick prefers restored sandboxes (they save the most), then the shape
+// furthest from its target, within the count and memory budgets; it
+// counts the one chosen as being made (see waitMade).
+func (pp preparedPolicy) pick(shapes map[prepKey]*poolShape[*preparedSandbox], perItem uint64) (k prepKey, ok bool) {
+	total := 0
+	for _, s := range shapes {
+		total += len(s.ready)
+	}
+	if total >= pp.max {
+		return k, false
+	}
+	limit := pp.max
+	if perItem > 0 {
+		limit = min(limit, int(pp.memBytes/perItem))
+	}
+	deficit := 0
+	for key, s := range shapes {
+		if key.image == "" && total >= limit {
+			continue
+		}
+		d := s.want - len(s.ready)
+		if key.image != "" && d > 0 {
+			d += pp.max
+		}
+		if d > deficit {
+			k, deficit = key, d
+		}
+	}
+	if deficit == 0 {
+		return k, false
+	}
+	// Counted under the lock that forget takes: a delete that forgot
+	// the shape then waits for this one (waitMade).
+	pp.p.making[k.rootfs]++
+	return k, true
 }
 
 // startPreparedPool starts the filler, unless the pool is off or the
@@ -104,55 +155,26 @@ func (m *Manager) startPreparedPool() {
 	if !ok || m.cfg.PreparedMax <= 0 {
 		return
 	}
-	p := &preparedPool{
-		driver: prep, max: m.cfg.PreparedMax, memBytes: uint64(m.cfg.PreparedMemMB) << 20,
-		maxRestored: m.cfg.SnapshotPool,
-		ready:       map[prepKey][]*preparedSandbox{}, want: map[prepKey]int{},
-		lastUse: map[prepKey]time.Time{}, active: map[prepKey]int{},
-		made: make(chan struct{}),
-		wake: make(chan struct{}, 1), done: make(chan struct{}),
-	}
+	p := &preparedPool{driver: prep, maxRestored: m.cfg.SnapshotPool, making: map[string]int{}, made: make(chan struct{})}
+	p.pool = newPool(poolPolicy[prepKey, *preparedSandbox](preparedPolicy{p: p, max: m.cfg.PreparedMax,
+		memBytes: uint64(m.cfg.PreparedMemMB) << 20, maxRestored: m.cfg.SnapshotPool}), preparedIdle)
 	m.prep = p
-	if !m.goOwned(m.fillPrepared) {
-		close(p.done)
+	f := filler[prepKey, *preparedSandbox]{
+		what:    "prepared pool",
+		make:    m.prepareOne,
+		done:    func(k prepKey) { p.doneMaking(k.rootfs) },
+		discard: m.discardPrepared,
 	}
-}
-
-func (p *preparedPool) poke() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
+	if !m.goOwned(func(ctx context.Context) { p.pool.fill(ctx, f, m.logger) }) {
+		close(p.pool.done)
 	}
 }
 
 // demand says that n launches of shape k are wanted at once.
 func (p *preparedPool) demand(k prepKey, n int) {
-	if p == nil {
-		return
+	if p != nil {
+		p.pool.demand(k, n)
 	}
-	p.mu.Lock()
-	p.want[k] = min(p.limit(k), max(p.want[k], n, p.floor(k)))
-	p.lastUse[k] = time.Now()
-	p.mu.Unlock()
-	p.poke()
-}
-
-// floor is the least target of a shape in use: minPrepared for plain
-// shapes; restored ones hold an image's memory each, so only as many as
-// were asked for at once.
-func (p *preparedPool) floor(k prepKey) int {
-	if k.image != "" {
-		return 0
-	}
-	return minPrepared
-}
-
-// limit is the most sandboxes of k the pool keeps; p.mu is held.
-func (p *preparedPool) limit(k prepKey) int {
-	if k.image != "" {
-		return p.maxRestored
-	}
-	return p.max
 }
 
 // begin counts a launch of shape k in progress and returns a prepared
@@ -161,41 +183,19 @@ func (p *preparedPool) begin(k prepKey) *preparedSandbox {
 	if p == nil {
 		return nil
 	}
-	p.mu.Lock()
-	p.busy++
-	p.active[k]++
-	p.want[k] = min(p.limit(k), max(p.want[k], p.active[k], p.floor(k)))
-	p.lastUse[k] = time.Now()
-	var ps *preparedSandbox
-	if r := p.ready[k]; len(r) > 0 {
-		ps, p.ready[k] = r[0], r[1:]
-	}
-	p.mu.Unlock()
+	ps, _ := p.pool.begin(k)
 	return ps
 }
 
 func (p *preparedPool) end(k prepKey) {
-	if p == nil {
-		return
+	if p != nil {
+		p.pool.end(k)
 	}
-	p.mu.Lock()
-	p.busy--
-	p.active[k]--
-	if p.active[k] == 0 {
-		delete(p.active, k)
-	}
-	p.mu.Unlock()
-	p.poke()
 }
 
 // idle says whether no launch that uses the pool is in progress.
 func (p *preparedPool) idle() bool {
-	if p == nil {
-		return true
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.busy == 0
+	return p == nil || p.pool.idleNow()
 }
 
 // count is how many prepared sandboxes are ready.
@@ -203,13 +203,8 @@ func (p *preparedPool) count() int {
 	if p == nil {
 		return 0
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, r := range p.ready {
-		n += len(r)
-	}
-	return n
+	ready, _ := p.pool.counts()
+	return ready
 }
 
 // PreparedPoolStatus is the prepared pool's size, for metrics.
@@ -220,160 +215,39 @@ type PreparedPoolStatus struct {
 
 // PreparedPool reports the prepared pool's size; zero when it is off.
 func (m *Manager) PreparedPool() PreparedPoolStatus {
-	p := m.prep
-	if p == nil {
+	if m.prep == nil {
 		return PreparedPoolStatus{}
 	}
-	st := PreparedPoolStatus{Ready: p.count()}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, w := range p.want {
-		st.Target += w
-	}
-	return st
+	ready, target := m.prep.pool.counts()
+	return PreparedPoolStatus{Ready: ready, Target: target}
 }
 
 // forgetImage stops keeping sandboxes restored from image (its template
 // was deleted) and returns those to remove.
 func (p *preparedPool) forgetImage(image string) []*preparedSandbox {
-	return p.forget(func(k prepKey) bool { return k.image == image })
+	if p == nil {
+		return nil
+	}
+	return p.pool.forget(func(k prepKey) bool { return k.image == image })
 }
 
 // forgetRootfs stops keeping sandboxes made from rootfs (its template is
 // being deleted, or was) and returns those to remove.
 func (p *preparedPool) forgetRootfs(rootfs string) []*preparedSandbox {
-	return p.forget(func(k prepKey) bool { return k.rootfs == rootfs })
-}
-
-// forget drops the ready sandboxes and the wants of the keys match picks,
-// and returns those sandboxes to remove.
-func (p *preparedPool) forget(match func(prepKey) bool) []*preparedSandbox {
 	if p == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []*preparedSandbox
-	for k, r := range p.ready {
-		if match(k) {
-			out = append(out, r...)
-			delete(p.ready, k)
-		}
-	}
-	for k := range p.want {
-		if match(k) {
-			delete(p.want, k)
-			delete(p.lastUse, k)
-		}
-	}
-	return out
+	return p.pool.forget(func(k prepKey) bool { return k.rootfs == rootfs })
 }
 
-// takeShape removes a ready plain prepared sandbox of shape k, if any,
-// for the filler to restore an image into.
-func (p *preparedPool) takeShape(k prepKey) *preparedSandbox {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	r := p.ready[k]
-	if len(r) == 0 {
-		return nil
-	}
-	ps := r[len(r)-1]
-	p.ready[k] = r[:len(r)-1]
-	return ps
-}
-
-// takeAny removes a ready sandbox of any shape, the most plentiful first.
-func (p *preparedPool) takeAny() *preparedSandbox {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var best prepKey
-	n := 0
-	for k, r := range p.ready {
-		if len(r) > n {
-			best, n = k, len(r)
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	r := p.ready[best]
-	ps := r[len(r)-1]
-	p.ready[best] = r[:len(r)-1]
-	return ps
-}
-
-// next decides what the filler does: the shape to prepare one of (ok),
-// and the surplus to remove (shapes idle long enough shrink).
-func (p *preparedPool) next(now time.Time) (k prepKey, ok bool, surplus []*preparedSandbox) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	total := 0
-	for key, r := range p.ready {
-		if p.active[key] == 0 && now.Sub(p.lastUse[key]) >= preparedIdle {
-			p.want[key] /= 2
-			p.lastUse[key] = now
-		}
-		if extra := len(r) - p.want[key]; extra > 0 {
-			surplus = append(surplus, r[len(r)-extra:]...)
-			p.ready[key] = r[:len(r)-extra]
-		}
-		if p.want[key] == 0 && len(p.ready[key]) == 0 && p.active[key] == 0 {
-			delete(p.ready, key)
-			delete(p.want, key)
-			delete(p.lastUse, key)
-		}
-		total += len(p.ready[key])
-	}
-	for key, w := range p.want {
-		if w == 0 && p.active[key] == 0 && now.Sub(p.lastUse[key]) >= preparedIdle {
-			delete(p.want, key)
-			delete(p.lastUse, key)
-		}
-	}
-	limit := p.max
-	if p.perSandbox > 0 {
-		limit = min(limit, int(p.memBytes/p.perSandbox))
-	}
-	if p.busy > 0 || total >= p.max {
-		return k, false, surplus
-	}
-	// Restored sandboxes first: they save the most. They are bounded per
-	// image and by the count, plain ones by the memory budget as well.
-	deficit := 0
-	for key, w := range p.want {
-		if key.image == "" && total >= limit {
-			continue
-		}
-		d := w - len(p.ready[key])
-		if key.image != "" && d > 0 {
-			d += p.max
-		}
-		if d > deficit {
-			k, deficit = key, d
-		}
-	}
-	if deficit > 0 {
-		// Counted here, under the lock that forgetRootfs takes: a delete
-		// that forgot the shape then waits for this one (waitMade).
-		if p.making == nil {
-			p.making = map[string]int{}
-		}
-		p.making[k.rootfs]++
-	}
-	return k, deficit > 0, surplus
-}
-
-// doneMaking ends what next counted for a sandbox of rootfs.
+// doneMaking ends what pick counted for a sandbox of rootfs.
 func (p *preparedPool) doneMaking(rootfs string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
 	if p.making[rootfs]--; p.making[rootfs] <= 0 {
 		delete(p.making, rootfs)
 	}
-	if p.made != nil {
-		close(p.made)
-	}
+	close(p.made)
 	p.made = make(chan struct{})
 }
 
@@ -385,9 +259,9 @@ func (p *preparedPool) waitMade(ctx context.Context, rootfs string) error {
 		return nil
 	}
 	for {
-		p.mu.Lock()
+		p.pool.mu.Lock()
 		n, made := p.making[rootfs], p.made
-		p.mu.Unlock()
+		p.pool.mu.Unlock()
 		if n == 0 {
 			return nil
 		}
@@ -395,48 +269,6 @@ func (p *preparedPool) waitMade(ctx context.Context, rootfs string) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-made:
-		}
-	}
-}
-
-// fillPrepared keeps the pool at its targets until ctx ends.
-func (m *Manager) fillPrepared(ctx context.Context) {
-	p := m.prep
-	defer close(p.done)
-	// The ticker shrinks idle shapes and retries while launches run.
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		// Nothing new is started once shutdown began: what the pool
-		// holds is removed by its stop, and a start would only race it.
-		if ctx.Err() != nil {
-			return
-		}
-		k, ok, surplus := p.next(time.Now())
-		for _, ps := range surplus {
-			m.discardPrepared(ctx, ps)
-		}
-		if ok {
-			err := m.prepareOne(ctx, k)
-			p.doneMaking(k.rootfs)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				m.logger.WarnContext(ctx, "prepared pool: prepare failed", "err", err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(5 * time.Second):
-				}
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-p.wake:
-		case <-tick.C:
 		}
 	}
 }
@@ -463,15 +295,7 @@ func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
 		return err
 	}
 	ps := &preparedSandbox{id: id, slot: slot}
-	mem := m.memoryOf(ctx, id)
-	p.mu.Lock()
-	p.perSandbox = max(p.perSandbox, mem)
-	keep := len(p.ready[k]) < p.want[k]
-	if keep {
-		p.ready[k] = append(p.ready[k], ps)
-	}
-	p.mu.Unlock()
-	if !keep {
+	if !p.pool.add(k, ps, m.memoryOf(ctx, id)) {
 		m.discardPrepared(ctx, ps)
 	}
 	return nil
@@ -497,7 +321,7 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 		}
 		return nil
 	}
-	ps := p.takeShape(k.shape())
+	ps, _ := p.pool.take(k.shape())
 	var err error
 	if ps != nil {
 		err = p.driver.RestorePrepared(ctx, ps.id, k.image)
@@ -529,13 +353,8 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 		m.discardPrepared(ctx, ps)
 		return err
 	}
-	p.mu.Lock()
-	keep := len(p.ready[k]) < p.want[k]
-	if keep {
-		p.ready[k] = append(p.ready[k], ps)
-	}
-	p.mu.Unlock()
-	if !keep {
+	// Its memory is the image's, not a plain sandbox's: not measured.
+	if !p.pool.add(k, ps, 0) {
 		m.discardPrepared(ctx, ps)
 	}
 	return nil
@@ -607,14 +426,16 @@ func (m *Manager) releasePrepared(ctx context.Context, ps *preparedSandbox) {
 	}
 }
 
-// evictPrepared frees the slot of one prepared sandbox for a launch that
-// found none free; false when there was none to take.
+// evictPrepared frees the slot of one prepared sandbox (of the shape with
+// the most ready) for a launch that found none free, and holds that
+// shape's target at what is left for preparedIdle, so that the filler
+// does not take the slot back; false when there was none to take.
 func (m *Manager) evictPrepared(ctx context.Context) bool {
 	if m.prep == nil {
 		return false
 	}
-	ps := m.prep.takeAny()
-	if ps == nil {
+	ps, ok := m.prep.pool.evict(time.Now())
+	if !ok {
 		return false
 	}
 	m.discardPrepared(context.WithoutCancel(ctx), ps)
@@ -628,8 +449,8 @@ func (m *Manager) stopPreparedPool(ctx context.Context) {
 	if p == nil {
 		return
 	}
-	<-p.done
-	for ps := p.takeAny(); ps != nil; ps = p.takeAny() {
+	<-p.pool.done
+	for _, ps := range p.pool.drain() {
 		m.discardPrepared(ctx, ps)
 	}
 }

@@ -229,27 +229,30 @@ func TestPreparedPoolAdapts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := &preparedPool{max: tt.max, memBytes: uint64(tt.memMB) << 20, perSandbox: tt.perSandbox,
-				ready: map[prepKey][]*preparedSandbox{}, want: tt.want, lastUse: map[prepKey]time.Time{},
-				active: map[prepKey]int{}, busy: tt.busy}
-			for k, n := range tt.ready {
-				for range n {
-					p.ready[k] = append(p.ready[k], &preparedSandbox{id: NewID()})
+			pp := &preparedPool{making: map[string]int{}, made: make(chan struct{})}
+			p := newPool(poolPolicy[prepKey, *preparedSandbox](preparedPolicy{p: pp, max: tt.max,
+				memBytes: uint64(tt.memMB) << 20}), preparedIdle)
+			p.perItem, p.busy = tt.perSandbox, tt.busy
+			for k, n := range tt.want {
+				s := p.shape(k)
+				s.want, s.lastUse = n, tt.lastUse
+				for range tt.ready[k] {
+					s.ready = append(s.ready, &preparedSandbox{id: NewID()})
 				}
 			}
-			for k := range tt.want {
-				p.lastUse[k] = tt.lastUse
-			}
-			k, ok, surplus := p.next(now)
+			surplus, k, ok := p.next(now)
 			if ok != tt.wantNext || (ok && k != tt.wantKey) {
 				t.Errorf("next: %v %v, want %v %v", k, ok, tt.wantKey, tt.wantNext)
+			}
+			if ok && pp.making[k.rootfs] != 1 {
+				t.Errorf("the sandbox next chose is not counted as being made: %v", pp.making)
 			}
 			if len(surplus) != tt.wantSurplus {
 				t.Errorf("surplus: %d, want %d", len(surplus), tt.wantSurplus)
 			}
 			got := map[prepKey]int{}
-			for k, n := range p.want {
-				got[k] = n
+			for k, s := range p.shapes {
+				got[k] = s.want
 			}
 			if len(got) != len(tt.wantTarget) {
 				t.Errorf("targets: %v, want %v", got, tt.wantTarget)
@@ -266,40 +269,45 @@ func TestPreparedPoolAdapts(t *testing.T) {
 // TestPreparedDemandIsBounded: a burst raises a shape's target to its
 // size, never past the pool's maximum.
 func TestPreparedDemandIsBounded(t *testing.T) {
-	p := &preparedPool{max: 5, ready: map[prepKey][]*preparedSandbox{}, want: map[prepKey]int{},
-		lastUse: map[prepKey]time.Time{}, active: map[prepKey]int{}, wake: make(chan struct{}, 1)}
+	p := newPool(poolPolicy[prepKey, *preparedSandbox](preparedPolicy{max: 5}), preparedIdle)
+	want := func(k prepKey) int {
+		if s := p.shapes[k]; s != nil {
+			return s.want
+		}
+		return 0
+	}
 	k := prepKey{rootfs: "/a", vcpu: 1, memoryMB: 512}
 	p.demand(k, 3)
-	if p.want[k] != 3 {
-		t.Errorf("target after a burst of 3: %d", p.want[k])
+	if want(k) != 3 {
+		t.Errorf("target after a burst of 3: %d", want(k))
 	}
 	p.demand(k, 1)
-	if p.want[k] != 3 {
-		t.Errorf("a smaller burst lowered the target to %d", p.want[k])
+	if want(k) != 3 {
+		t.Errorf("a smaller burst lowered the target to %d", want(k))
 	}
 	p.demand(k, 50)
-	if p.want[k] != 5 {
-		t.Errorf("target after a burst of 50: %d, want the maximum 5", p.want[k])
+	if want(k) != 5 {
+		t.Errorf("target after a burst of 50: %d, want the maximum 5", want(k))
 	}
 	// One launch at a time still keeps two, so that back-to-back launches
 	// find one ready while the next is made.
 	single := prepKey{rootfs: "/b", vcpu: 1, memoryMB: 512}
 	p.begin(single)
 	p.end(single)
-	if p.want[single] != minPrepared {
-		t.Errorf("target of a shape used once: %d, want %d", p.want[single], minPrepared)
+	if want(single) != minPrepared {
+		t.Errorf("target of a shape used once: %d, want %d", want(single), minPrepared)
 	}
 	for range 4 {
 		p.begin(k)
 	}
-	if p.busy != 4 || p.active[k] != 4 {
-		t.Errorf("launches counted: busy %d, active %d", p.busy, p.active[k])
+	if p.busy != 4 || p.shapes[k].active != 4 {
+		t.Errorf("launches counted: busy %d, active %d", p.busy, p.shapes[k].active)
 	}
 	for range 4 {
 		p.end(k)
 	}
-	if p.busy != 0 || len(p.active) != 0 {
-		t.Errorf("launches left counted: busy %d, active %v", p.busy, p.active)
+	if p.busy != 0 || p.shapes[k].active != 0 || p.shapes[single].active != 0 {
+		t.Errorf("launches left counted: busy %d", p.busy)
 	}
 }
 
@@ -424,9 +432,10 @@ func TestPooledSandboxesRunInTheBackground(t *testing.T) {
 	small := prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 256}
 	w.m.prep.demand(small, 2)
 	waitFor(t, func() bool {
-		w.m.prep.mu.Lock()
-		defer w.m.prep.mu.Unlock()
-		return len(w.m.prep.ready[small]) == 2
+		w.m.prep.pool.mu.Lock()
+		defer w.m.prep.pool.mu.Unlock()
+		s := w.m.prep.pool.shapes[small]
+		return s != nil && len(s.ready) == 2
 	})
 	if n := check("pools filled"); n < 3 {
 		t.Errorf("%d pooled sandboxes in the background, want the restored and the prepared ones (3 or more)", n)

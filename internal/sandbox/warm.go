@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -49,29 +48,35 @@ type warmSandbox struct {
 	envd *envdclient.Client // no token yet: the first /init sets one
 }
 
+// warmPool is the pool of one shape, the base template's default.
 type warmPool struct {
-	floor    int    // the target never goes below
-	max      int    // nor above
-	memBytes uint64 // host memory the pool may hold
-	key      warmKey
-	tpl      *store.Template
+	key  warmKey
+	tpl  *store.Template
+	pool *pool[warmKey, *warmSandbox]
+}
 
-	mu    sync.Mutex
-	ready []*warmSandbox
-	// want is the target, floor <= want <= limit().
-	want int
-	// active counts creates of the pool's shape in progress, served by it
-	// or not; lastUse is when one last began.
-	active  int
-	lastUse time.Time
-	// lastEvict is when a launch short of network slots last took one of
-	// the pool's: the floor applies again warmIdle after it.
-	lastEvict time.Time
-	// perSandbox is the most host memory one pooled sandbox was seen to
-	// hold; 0 until one was measured.
-	perSandbox uint64
-	wake       chan struct{}
-	done       chan struct{}
+// warmPolicy keeps at least floor sandboxes, busy or idle, and at most
+// max, or what memBytes of host memory holds, whichever is less.
+type warmPolicy struct {
+	key        warmKey
+	least, max int
+	memBytes   uint64
+}
+
+func (w warmPolicy) floor(warmKey) int { return 0 }
+func (w warmPolicy) keep(warmKey) int  { return w.least }
+
+func (w warmPolicy) limit(_ warmKey, perItem uint64) int {
+	n := w.max
+	if perItem > 0 && w.memBytes > 0 {
+		n = min(n, int(w.memBytes/perItem))
+	}
+	return max(n, w.least)
+}
+
+func (w warmPolicy) pick(shapes map[warmKey]*poolShape[*warmSandbox], _ uint64) (warmKey, bool) {
+	s := shapes[w.key]
+	return w.key, s != nil && len(s.ready) < s.want
 }
 
 // WarmPoolStatus is the warm pool's size, for metrics.
@@ -82,13 +87,11 @@ type WarmPoolStatus struct {
 
 // WarmPool reports the warm pool's size; zero when it is off.
 func (m *Manager) WarmPool() WarmPoolStatus {
-	w := m.warm
-	if w == nil {
+	if m.warm == nil {
 		return WarmPoolStatus{}
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return WarmPoolStatus{Ready: len(w.ready), Target: w.want}
+	ready, target := m.warm.pool.counts()
+	return WarmPoolStatus{Ready: ready, Target: target}
 }
 
 // startWarmPool boots the pool in the background until ctx ends.
@@ -102,29 +105,30 @@ func (m *Manager) startWarmPool(ctx context.Context) error {
 	}
 	key := warmKey{tpl.ID, firstPositive(tpl.VCPU, m.cfg.DefaultVCPU), firstPositive(tpl.MemoryMB, m.cfg.DefaultMemoryMB)}
 	floor := m.cfg.WarmSandboxes
-	m.warm = &warmPool{floor: floor, max: max(floor, m.cfg.WarmMax), memBytes: uint64(m.cfg.WarmMemMB) << 20,
-		key: key, tpl: tpl, want: floor, lastUse: time.Now(),
-		wake: make(chan struct{}, 1), done: make(chan struct{})}
-	if !m.goOwned(m.fillWarmPool) {
-		close(m.warm.done)
+	policy := warmPolicy{key: key, least: floor, max: max(floor, m.cfg.WarmMax), memBytes: uint64(m.cfg.WarmMemMB) << 20}
+	w := &warmPool{key: key, tpl: tpl, pool: newPool(poolPolicy[warmKey, *warmSandbox](policy), warmIdle)}
+	w.pool.demand(key, floor)
+	m.warm = w
+	f := filler[warmKey, *warmSandbox]{
+		what: "warm pool",
+		// Restores and boots from the prepared pool are requests too.
+		gate: m.prep.idle,
+		make: func(ctx context.Context, k warmKey) error {
+			ws, err := m.bootWarm(ctx, w)
+			if err != nil {
+				return err
+			}
+			if !w.pool.add(k, ws, m.memoryOf(ctx, ws.id)) { // the target dropped while it booted
+				m.discardWarm(ctx, ws)
+			}
+			return nil
+		},
+		discard: m.discardWarm,
+	}
+	if !m.goOwned(func(ctx context.Context) { w.pool.fill(ctx, f, m.logger) }) {
+		close(w.pool.done)
 	}
 	return nil
-}
-
-func (w *warmPool) poke() {
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
-// limit is the most sandboxes the pool may hold; w.mu is held.
-func (w *warmPool) limit() int {
-	n := w.max
-	if w.perSandbox > 0 && w.memBytes > 0 {
-		n = min(n, int(w.memBytes/w.perSandbox))
-	}
-	return max(n, w.floor)
 }
 
 // begin counts a create of key in progress and returns a pre-booted
@@ -133,96 +137,11 @@ func (w *warmPool) begin(key warmKey) (ws *warmSandbox, counted bool) {
 	if w == nil || key != w.key {
 		return nil, false
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.active++
-	w.want = min(w.limit(), max(w.want, w.active))
-	w.lastUse = time.Now()
-	if len(w.ready) > 0 {
-		ws, w.ready = w.ready[0], w.ready[1:]
-	}
+	ws, _ = w.pool.begin(key)
 	return ws, true
 }
 
-func (w *warmPool) end() {
-	w.mu.Lock()
-	w.active--
-	w.mu.Unlock()
-	w.poke()
-}
-
-// next decides what the filler does: whether to boot one more (only when
-// no create of the shape is in progress), and the surplus to remove.
-// An idle minute halves the target.
-func (w *warmPool) next(now time.Time) (boot bool, surplus []*warmSandbox) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.active == 0 && now.Sub(w.lastUse) >= warmIdle && w.want > w.floor {
-		w.want = max(w.floor, w.want/2)
-		w.lastUse = now
-	}
-	if w.want < w.floor && now.Sub(w.lastEvict) >= warmIdle {
-		w.want = w.floor
-	}
-	w.want = min(w.want, w.limit())
-	if extra := len(w.ready) - w.want; extra > 0 {
-		surplus = append(surplus, w.ready[len(w.ready)-extra:]...)
-		w.ready = w.ready[:len(w.ready)-extra]
-	}
-	return w.active == 0 && len(w.ready) < w.want, surplus
-}
-
-func (m *Manager) fillWarmPool(ctx context.Context) {
-	w := m.warm
-	defer close(w.done)
-	// The ticker shrinks an idle pool and retries while launches run.
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		// Nothing new is started once shutdown began: what the pool
-		// holds is removed by its stop, and a start would only race it.
-		if ctx.Err() != nil {
-			return
-		}
-		boot, surplus := w.next(time.Now())
-		for _, ws := range surplus {
-			m.discardWarm(ctx, ws)
-		}
-		if boot && m.prep.idle() {
-			ws, err := m.bootWarm(ctx, w)
-			if err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				m.logger.WarnContext(ctx, "warm pool: boot failed", "err", err)
-				select {
-				case <-ctx.Done():
-					return
-				case <-time.After(5 * time.Second):
-				}
-				continue
-			}
-			mem := m.memoryOf(ctx, ws.id)
-			w.mu.Lock()
-			w.perSandbox = max(w.perSandbox, mem)
-			keep := len(w.ready) < w.want
-			if keep {
-				w.ready = append(w.ready, ws)
-			}
-			w.mu.Unlock()
-			if !keep { // the target dropped while it booted
-				m.discardWarm(ctx, ws)
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-w.wake:
-		case <-tick.C:
-		}
-	}
-}
+func (w *warmPool) end() { w.pool.end(w.key) }
 
 func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, error) {
 	// A fill takes no slot from anyone (acquireSlot would evict pooled
@@ -282,20 +201,13 @@ func warmUp(ctx context.Context, envd *envdclient.Client, tpl *store.Template) e
 // floor if need be) for warmIdle, so that the filler does not take the
 // slot back; false when there was none to take.
 func (m *Manager) evictWarm(ctx context.Context) bool {
-	w := m.warm
-	if w == nil {
+	if m.warm == nil {
 		return false
 	}
-	w.mu.Lock()
-	if len(w.ready) == 0 {
-		w.mu.Unlock()
+	ws, ok := m.warm.pool.evict(time.Now())
+	if !ok {
 		return false
 	}
-	ws := w.ready[len(w.ready)-1]
-	w.ready = w.ready[:len(w.ready)-1]
-	w.want = len(w.ready)
-	w.lastEvict = time.Now()
-	w.mu.Unlock()
 	m.discardWarm(context.WithoutCancel(ctx), ws)
 	return true
 }
@@ -313,12 +225,8 @@ func (m *Manager) stopWarmPool(ctx context.Context) {
 	if w == nil {
 		return
 	}
-	<-w.done
-	w.mu.Lock()
-	ready := w.ready
-	w.ready = nil
-	w.mu.Unlock()
-	for _, ws := range ready {
+	<-w.pool.done
+	for _, ws := range w.pool.drain() {
 		m.discardWarm(ctx, ws)
 	}
 }

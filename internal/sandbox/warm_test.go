@@ -45,20 +45,30 @@ func TestWarmPoolAdapts(t *testing.T) {
 		{name: "floor again a while after", floor: 2, max: 16, want: 0, lastUse: now, lastEvict: now.Add(-2 * warmIdle),
 			wantBoot: true, wantTarget: 2},
 	}
+	key := warmKey{templateID: "base", vcpu: 1, memoryMB: 512}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			w := &warmPool{floor: tt.floor, max: tt.max, memBytes: uint64(tt.memMB) << 20, perSandbox: tt.perSandbox,
-				want: tt.want, active: tt.active, lastUse: tt.lastUse, lastEvict: tt.lastEvict}
+			policy := warmPolicy{key: key, least: tt.floor, max: tt.max, memBytes: uint64(tt.memMB) << 20}
+			p := newPool(poolPolicy[warmKey, *warmSandbox](policy), warmIdle)
+			p.perItem, p.busy = tt.perSandbox, tt.active
+			s := p.shape(key)
+			s.want, s.active, s.lastUse, s.lastEvict = tt.want, tt.active, tt.lastUse, tt.lastEvict
 			for range tt.ready {
-				w.ready = append(w.ready, &warmSandbox{id: NewID()})
+				s.ready = append(s.ready, &warmSandbox{id: NewID()})
 			}
-			boot, surplus := w.next(now)
-			if boot != tt.wantBoot || len(surplus) != tt.wantSurplus || w.want != tt.wantTarget {
+			surplus, k, boot := p.next(now)
+			if boot && k != key {
+				t.Errorf("next: boot of %v, not the pool's shape", k)
+			}
+			if boot != tt.wantBoot || len(surplus) != tt.wantSurplus || s.want != tt.wantTarget {
 				t.Errorf("next: boot %v, surplus %d, target %d; want %v, %d, %d",
-					boot, len(surplus), w.want, tt.wantBoot, tt.wantSurplus, tt.wantTarget)
+					boot, len(surplus), s.want, tt.wantBoot, tt.wantSurplus, tt.wantTarget)
 			}
-			if len(w.ready)+len(surplus) != tt.ready {
-				t.Errorf("%d ready + %d surplus, had %d", len(w.ready), len(surplus), tt.ready)
+			if len(s.ready)+len(surplus) != tt.ready {
+				t.Errorf("%d ready + %d surplus, had %d", len(s.ready), len(surplus), tt.ready)
+			}
+			if p.shapes[key] != s {
+				t.Error("the warm shape was forgotten: its floor would never come back")
 			}
 		})
 	}
@@ -136,9 +146,7 @@ func TestWarmPoolServesTheNextBurst(t *testing.T) {
 func TestWarmSandboxesGiveUpSlots(t *testing.T) {
 	w := newWorld(t, func(c *Config) { c.WarmSandboxes, c.WarmMax, c.MaxForkCount = 1, 12, 16 })
 	ctx := context.Background()
-	w.m.warm.mu.Lock()
-	w.m.warm.want = 12
-	w.m.warm.mu.Unlock()
+	w.m.warm.pool.demand(w.m.warm.key, 12)
 	waitFor(t, func() bool { return w.m.WarmPool().Ready == 12 })
 	// 4 of the 16 slots are free; 6 sandboxes of another shape need 2 more.
 	req := createReq()
