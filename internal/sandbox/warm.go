@@ -3,12 +3,10 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/network"
-	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
 )
@@ -236,55 +234,4 @@ func (m *Manager) stopWarmPool(ctx context.Context) {
 func (m *Manager) launchWarm(ctx context.Context, sb *store.Sandbox, tpl *store.Template, ws *warmSandbox) (*entry, error) {
 	return m.adopt(ctx, sb, tpl, ws.slot, ws.envd, nil, func(ctx context.Context) { m.discardWarm(ctx, ws) },
 		"sandbox started from the warm pool")
-}
-
-// adopt turns a running instance made ahead (with sb's ID, in slot, envd
-// answering) into sb: it gets the request's CPU priority (pools make theirs in the
-// background), first (if any) wakes it, then egress policy, envd
-// identity, and the record, written once everything works; on failure
-// discard removes the instance.
-func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot,
-	envd *envdclient.Client, first func(context.Context) error, discard func(context.Context), what string) (*entry, error) {
-	start := time.Now()
-	sb.SlotIndex, sb.State = slot.Index, phaseRunning.stored()
-	err := m.foreground(ctx, sb.ID)
-	if err == nil && first != nil {
-		err = first(ctx)
-	}
-	if err == nil {
-		err = m.applyNetwork(ctx, sb, slot)
-	}
-	if err == nil {
-		err = m.identify(ctx, envd, sb, tpl)
-	}
-	if err == nil {
-		sb.UpdatedAt = time.Now().UTC()
-		err = m.recordSandbox(ctx, sb, tpl)
-	}
-	if err != nil {
-		discard(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	// identify re-keyed the client to sb's token.
-	e := newEntry(newView(phaseRunning, sb, slot, envd))
-	m.register(e)
-	e.mu.Lock()
-	m.armTimer(e)
-	e.mu.Unlock()
-	// Watched from the start, as a launched one is: a death in its first
-	// seconds is seen at once, not at the monitor's next poll.
-	m.watch(e)
-	m.logger.InfoContext(ctx, what, "sandbox", sb.ID, "template", tpl.Name,
-		"took", time.Since(start).Round(time.Millisecond))
-	return e, nil
-}
-
-// spec is the runtime spec of sandbox id from tpl in slot.
-func (m *Manager) spec(id string, tpl *store.Template, slot *network.Slot, vcpu, memoryMB int) runtime.Spec {
-	return runtime.Spec{
-		ID: id, RootfsPath: tpl.RootfsPath, EnvdPath: m.cfg.EnvdPath,
-		EnvdArgs:  []string{"--port", strconv.Itoa(EnvdPort)},
-		NetnsPath: slot.NetnsPath, VCPU: vcpu, MemoryMB: memoryMB, PidsLimit: m.cfg.PidsLimit,
-		Hostname: "sandbox", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-	}
 }

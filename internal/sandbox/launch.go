@@ -1,0 +1,493 @@
+package sandbox
+
+// A create, from request to running sandbox, in the order it happens:
+// Create checks the request and builds the record; launch asks plan
+// where the instance comes from (a pool's, or a new one) and tries each
+// way in turn; a pooled instance is adopted, a new one brought up by
+// launchIn and bringUp; either way the record and its reference to the
+// root filesystem are written before the sandbox is published, and envd is
+// given the sandbox's identity. Fork children take the same path, pending
+// until finish.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/cleanup"
+
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
+	"github.com/aenv-dev/aenv/internal/network"
+	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/template"
+)
+
+// Create starts a sandbox and returns once envd in it answers. A rootfs
+// template boots; a snapshot template is restored, memory and all.
+func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sandbox, error) {
+	if req.Template == "" {
+		req.Template = template.BaseName
+	}
+	tpl, err := m.GetTemplate(ctx, req.Template)
+	if err != nil {
+		return nil, err
+	}
+	if tpl.Kind != store.KindRootfs && tpl.Kind != "" {
+		// A restored sandbox keeps the machine shape it was checkpointed
+		// with; requested sizes are not applied.
+		req.VCPU, req.MemoryMB = tpl.VCPU, tpl.MemoryMB
+	}
+	if err := m.validate(&req, tpl); err != nil {
+		return nil, err
+	}
+	if _, err := ParseNetwork(req.Network); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	sb := &store.Sandbox{
+		TemplateID: tpl.ID, Alias: tpl.Name, State: store.StateStarting,
+		VCPU: req.VCPU, MemoryMB: req.MemoryMB, Metadata: req.Metadata,
+		EnvVars:     mergeEnv(tpl.EnvVars, req.EnvVars),
+		AccessToken: newAccessToken(), AutoPause: req.AutoPause,
+		AutoPauseDropMemory: req.AutoPauseDropMemory, AutoResume: req.AutoResume,
+		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
+		TimeoutSecs: int(req.Timeout.Seconds()), Network: req.Network,
+	}
+	if req.Insecure {
+		sb.AccessToken = ""
+	}
+	if req.Private {
+		sb.TrafficToken = newAccessToken()
+	}
+	if tpl.ImageDir != "" {
+		held, release, err := m.holdTemplateImage(ctx, tpl)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		tpl = held
+	}
+	e, err := m.launch(ctx, sb, tpl, image{dir: tpl.ImageDir, token: tpl.EnvdToken}, false)
+	if err != nil {
+		return nil, err
+	}
+	return cloneSandbox(e.view().sb), nil
+}
+
+func (m *Manager) validate(req *node.CreateRequest, tpl *store.Template) error {
+	if req.VCPU == 0 {
+		req.VCPU = firstPositive(tpl.VCPU, m.cfg.DefaultVCPU)
+	}
+	if req.MemoryMB == 0 {
+		req.MemoryMB = firstPositive(tpl.MemoryMB, m.cfg.DefaultMemoryMB)
+	}
+	if req.VCPU < 1 || req.VCPU > m.cfg.MaxVCPU {
+		return fmt.Errorf("%w: vcpu must be between 1 and %d, got %d", node.ErrInvalid, m.cfg.MaxVCPU, req.VCPU)
+	}
+	if req.MemoryMB < m.cfg.MinMemoryMB || req.MemoryMB > m.cfg.MaxMemoryMB {
+		return fmt.Errorf("%w: memoryMB must be between %d and %d, got %d",
+			node.ErrInvalid, m.cfg.MinMemoryMB, m.cfg.MaxMemoryMB, req.MemoryMB)
+	}
+	timeout, err := m.checkTimeout(req.Timeout)
+	if err != nil {
+		return err
+	}
+	req.Timeout = timeout
+	return nil
+}
+
+func (m *Manager) checkTimeout(d time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return m.cfg.DefaultTimeout, nil
+	case d < 0 || d > m.cfg.MaxTimeout:
+		return 0, fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
+	}
+	return d, nil
+}
+
+// image is a checkpoint to restore from; the zero value means boot.
+type image struct {
+	dir   string
+	token string // envd access token inside the image
+	// rootfsUpper, instead, is a saved filesystem to boot afresh over.
+	rootfsUpper string
+	// prepared: the instance was made ahead by the driver's Prepare with
+	// this sandbox's spec; only the boot or the restore is left.
+	prepared bool
+}
+
+// launch records sb as starting, brings its instance up in a fresh network
+// slot (booting, or restoring img), and unless pending records it running
+// and arms its deadline. A pending sandbox stays starting until finish; a
+// crash before that removes it. On failure nothing it made is left.
+//
+// Where the instance comes from is plan's choice: a pooled one when a
+// pool has one ready (the quickest first), else a new one. Each try works
+// on its own copy of sb, with the ID of the instance it lands in; a pooled
+// instance that fails is removed and the next choice tried, the last being
+// a new instance, whose failure is the launch's.
+func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
+	var tried source
+	for {
+		p := m.plan(ctx, sb, tpl, img, pending, tried)
+		defer p.end()
+		try := cloneSandbox(sb)
+		try.ID = p.id
+		var e *entry
+		var err error
+		switch p.source {
+		case fromWarm:
+			e, err = m.launchWarm(ctx, try, tpl, p.warm)
+		case fromRestored:
+			e, err = m.launchRestored(ctx, try, tpl, p.prepared)
+		case fromPrepared:
+			e, err = m.launchIn(ctx, try, tpl, img, pending, p.prepared)
+		default:
+			return m.launchIn(ctx, try, tpl, img, pending, nil)
+		}
+		if p.prepared != nil {
+			// Claimed: its record (if any) now holds the root filesystem.
+			m.releasePrepared(ctx, p.prepared)
+		}
+		retry := err != nil && ctx.Err() == nil
+		if p.source == fromPrepared {
+			// Only a failure of the pool's sandbox, not of the launch.
+			retry = retry && errors.Is(err, errNotPrepared)
+		}
+		if !retry {
+			return e, err
+		}
+		m.logger.WarnContext(ctx, "pooled sandbox unusable; trying the next way", "from", p.source, "sandbox", p.id, "err", err)
+		tried |= p.source
+	}
+}
+
+// source is where a launch's instance comes from, quickest first; a set
+// of them is their bits.
+type source uint8
+
+const (
+	fromWarm     source = 1 << iota // the warm pool: booted, envd answering
+	fromRestored                    // the prepared pool: restored from the image, paused
+	fromPrepared                    // the prepared pool: made, not started
+	fromNew                         // a new instance in a new slot
+)
+
+func (s source) String() string {
+	switch s {
+	case fromWarm:
+		return "warm pool"
+	case fromRestored:
+		return "restored pool"
+	case fromPrepared:
+		return "prepared pool"
+	case fromNew:
+		return "new instance"
+	}
+	return fmt.Sprintf("source(%d)", uint8(s))
+}
+
+// launchPlan is plan's choice for one try of a launch.
+type launchPlan struct {
+	source   source
+	id       string // the sandbox's ID: the pooled instance's, or a new one
+	warm     *warmSandbox
+	prepared *preparedSandbox
+	// end ends the pools' count of this launch (they size themselves by
+	// the launches in progress, served or not); deferred by launch.
+	end func()
+}
+
+// plan chooses where the next try of a launch of sb from tpl gets its
+// instance, skipping the sources tried: a boot the warm pool can serve
+// claims a warm sandbox, a restore of a new sandbox one restored ahead,
+// and both, failing that, a prepared one of their shape; else a new one.
+// Each pool asked counts the launch, served or not, until end.
+func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool, tried source) launchPlan {
+	var ends []func()
+	p := launchPlan{source: fromNew, id: NewID()}
+	p.end = func() {
+		for _, end := range ends {
+			end()
+		}
+	}
+	if tried&fromWarm == 0 && img.dir == "" && !pending {
+		ws, counted := m.warm.begin(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB})
+		if counted {
+			ends = append(ends, m.warm.end)
+		}
+		if ws != nil {
+			p.source, p.id, p.warm = fromWarm, ws.id, ws
+			return p
+		}
+	}
+	if tried&fromRestored == 0 && img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token,
+			unheld: !m.local(tpl)}
+		ps := m.prep.begin(k)
+		ends = append(ends, func() { m.prep.end(k) })
+		if ps != nil {
+			p.source, p.id, p.prepared = fromRestored, ps.id, ps
+			return p
+		}
+	}
+	if tried&fromPrepared == 0 && img.rootfsUpper == "" && m.prep != nil {
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl)}
+		ps := m.prep.begin(k)
+		ends = append(ends, func() { m.prep.end(k) })
+		if _, err := os.Stat(k.rootfs); ps != nil && err != nil {
+			// The template's rootfs was removed since ps was made.
+			m.discardPrepared(context.WithoutCancel(ctx), ps)
+			ps = nil
+		}
+		if ps != nil {
+			p.source, p.id, p.prepared = fromPrepared, ps.id, ps
+			return p
+		}
+	}
+	return p
+}
+
+// adopt turns a running instance made ahead (with sb's ID, in slot, envd
+// answering) into sb: it gets the request's CPU priority (pools make theirs in the
+// background), first (if any) wakes it, then egress policy, envd
+// identity, and the record, written once everything works; on failure
+// discard removes the instance.
+func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot,
+	envd *envdclient.Client, first func(context.Context) error, discard func(context.Context), what string) (*entry, error) {
+	start := time.Now()
+	sb.SlotIndex, sb.State = slot.Index, phaseRunning.stored()
+	err := m.foreground(ctx, sb.ID)
+	if err == nil && first != nil {
+		err = first(ctx)
+	}
+	if err == nil {
+		err = m.applyNetwork(ctx, sb, slot)
+	}
+	if err == nil {
+		err = m.identify(ctx, envd, sb, tpl)
+	}
+	if err == nil {
+		sb.UpdatedAt = time.Now().UTC()
+		err = m.recordSandbox(ctx, sb, tpl)
+	}
+	if err != nil {
+		discard(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	// identify re-keyed the client to sb's token.
+	e := newEntry(newView(phaseRunning, sb, slot, envd))
+	m.register(e)
+	e.mu.Lock()
+	m.armTimer(e)
+	e.mu.Unlock()
+	// Watched from the start, as a launched one is: a death in its first
+	// seconds is seen at once, not at the monitor's next poll.
+	m.watch(e)
+	m.logger.InfoContext(ctx, what, "sandbox", sb.ID, "template", tpl.Name,
+		"took", time.Since(start).Round(time.Millisecond))
+	return e, nil
+}
+
+// launchIn is launch in a fresh slot, or in the prepared sandbox ps.
+func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool, ps *preparedSandbox) (*entry, error) {
+	start := time.Now()
+	var undo cleanup.Cleanup
+	defer undo.Clean()
+
+	var slot *network.Slot
+	if ps != nil {
+		slot, img.prepared = ps.slot, true
+	} else {
+		var err error
+		if slot, err = m.acquireSlot(ctx); err != nil {
+			return nil, err
+		}
+	}
+	log := m.logger.With("sandbox", sb.ID)
+	undo.Add(func() { m.releaseSlot(ctx, slot.Index, sb.ID) })
+	sb.SlotIndex = slot.Index
+	sb.State = phaseStarting.stored()
+	if err := m.applyNetwork(ctx, sb, slot); err != nil {
+		return nil, err
+	}
+	// The starting record is durable first, so a crash mid-create is
+	// cleaned up by reconcile; with it the sandbox holds its template's
+	// root filesystem before booting from it.
+	if err := m.recordSandbox(ctx, sb, tpl); err != nil {
+		return nil, err
+	}
+	undo.Add(func() { m.deleteRecord(ctx, sb.ID) })
+	envd, err := m.bringUp(ctx, sb, tpl, slot, img)
+	if err != nil {
+		log.WarnContext(ctx, "create failed", "err", err)
+		return nil, err
+	}
+	undo.Add(func() { m.killInstance(ctx, sb.ID) })
+	phase := phaseStarting
+	if !pending {
+		phase = phaseRunning
+		sb.State = phase.stored()
+		sb.UpdatedAt = time.Now().UTC()
+		if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+			return nil, storeError("record running sandbox", err)
+		}
+	}
+	undo.Release()
+	e := newEntry(newView(phase, sb, slot, envd))
+	m.register(e)
+	if phase == phaseRunning {
+		e.mu.Lock()
+		m.armTimer(e)
+		e.mu.Unlock()
+		m.watch(e)
+	}
+	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", img.dir != "",
+		"prepared", ps != nil, "took", time.Since(start).Round(time.Millisecond))
+	return e, nil
+}
+
+// recordSandbox writes sb's record and, in the same transaction, its
+// reference to tpl's root filesystem: a template deleted since it was read
+// fails the create (not found) rather than leaving it files being removed,
+// and a delete that comes later sees the sandbox.
+func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *store.Template) error {
+	if !m.local(tpl) {
+		// Another node's template: the shared cache keeps its files.
+		if err := m.store.CreateSandbox(ctx, sb); err != nil {
+			return storeError("record sandbox", err)
+		}
+		return nil
+	}
+	err := m.store.CreateSandboxHolding(ctx, sb, tpl.RootfsPath)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: template %q was deleted", node.ErrNotFound, tpl.Name)
+	}
+	if err != nil {
+		return storeError("record sandbox", err)
+	}
+	return nil
+}
+
+// local reports whether tpl is this node's, its root filesystem held by
+// references in this node's records.
+func (m *Manager) local(tpl *store.Template) bool {
+	return m.cfg.Shared == nil || !m.cfg.Shared.Remote(tpl)
+}
+
+// bringUp starts (or restores img into) the instance of sb in slot, waits
+// for its envd and gives it sb's identity: access token, env vars, default
+// user. It returns the client, which now holds sb's token. On failure the
+// instance is gone.
+func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
+	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
+	spec.RootfsUpper = img.rootfsUpper
+	var err error
+	switch prep, _ := m.driver.(runtime.Preparer); {
+	case img.prepared:
+		// Made in the background: this request's priority first.
+		if err = prep.Foreground(ctx, sb.ID); err != nil {
+			m.killInstance(ctx, sb.ID)
+		} else if img.dir == "" {
+			err = prep.StartPrepared(ctx, sb.ID)
+		} else {
+			err = prep.RestorePrepared(ctx, sb.ID, img.dir)
+		}
+		if err != nil {
+			err = fmt.Errorf("%w: %w", errNotPrepared, err)
+		}
+	case img.dir == "":
+		err = m.driver.Start(ctx, spec)
+	default:
+		err = m.driver.Restore(ctx, spec, img.dir)
+	}
+	if err != nil {
+		return nil, classifyRuntimeError(fmt.Errorf("start sandbox: %w", err))
+	}
+	envd := envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, img.token)
+	err = m.waitReady(ctx, envd)
+	if err == nil {
+		err = m.identify(ctx, envd, sb, tpl)
+	} else {
+		err = fmt.Errorf("sandbox did not become ready: %w", err)
+	}
+	if err != nil {
+		m.killInstance(ctx, sb.ID)
+		return nil, err
+	}
+	return envd, nil // Init switched it to sb's token
+}
+
+func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
+	defer cancel()
+	delay := 2 * time.Millisecond
+	for {
+		attempt, cancelAttempt := context.WithTimeout(ctx, time.Second)
+		err := envd.Health(attempt)
+		cancelAttempt()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("envd health: %w (last error: %v)", ctx.Err(), err)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 50*time.Millisecond)
+	}
+}
+
+// identify gives envd the sandbox's identity: its access token, env
+// vars, default user and resolvers.
+func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *store.Sandbox, tpl *store.Template) error {
+	err := envd.Init(ctx, envdclient.InitRequest{
+		// An insecure sandbox restored from a secure one's image must
+		// drop the token that image's envd still holds.
+		AccessToken: sb.AccessToken, ClearAccessToken: sb.AccessToken == "",
+		EnvVars:     mergeEnv(tpl.Env, sb.EnvVars),
+		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
+		Nameservers: m.nameservers(),
+	})
+	if err != nil {
+		return envdRefusedServer("init envd", err)
+	}
+	return nil
+}
+
+// spec is the runtime spec of sandbox id from tpl in slot.
+func (m *Manager) spec(id string, tpl *store.Template, slot *network.Slot, vcpu, memoryMB int) runtime.Spec {
+	return runtime.Spec{
+		ID: id, RootfsPath: tpl.RootfsPath, EnvdPath: m.cfg.EnvdPath,
+		EnvdArgs:  []string{"--port", strconv.Itoa(EnvdPort)},
+		NetnsPath: slot.NetnsPath, VCPU: vcpu, MemoryMB: memoryMB, PidsLimit: m.cfg.PidsLimit,
+		Hostname: "sandbox", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+	}
+}
+
+// finish turns a pending sandbox (a fork child) into a running one.
+func (m *Manager) finish(ctx context.Context, e *entry) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	v := e.view()
+	if err := allowed(opFinish, e.id, v.phase); err != nil {
+		return err
+	}
+	sb, err := e.next(phaseRunning)
+	if err != nil {
+		return err
+	}
+	if err := m.store.UpdateSandbox(ctx, sb); err != nil {
+		return storeError("record running sandbox", err)
+	}
+	e.transition(phaseRunning, sb, v.slot, v.envd, nil)
+	m.armTimer(e)
+	m.watch(e)
+	return nil
+}
