@@ -105,10 +105,14 @@ func PrepareRootfs(rootfs string) error {
 // files when they are paused without their memory (ExportRootfs).
 const TmpKeepFile = "/tmp/.aenv-keep"
 
-// keepTmpInRootfs makes sure /tmp is a non-empty directory, unless the
-// image made it something else (a symlink is left as it is).
+// keepTmpInRootfs makes sure /tmp is a non-empty directory. An image's
+// /tmp symlink is kept, as Docker keeps it, and what it leads to gets the
+// same treatment inside the rootfs: made when missing (gVisor cannot mount
+// its tmpfs over a link to nowhere, and would fail every sandbox), given
+// the keep file when an empty directory. A link to a file is left alone.
 func keepTmpInRootfs(root *os.Root) error {
 	tmp := path.Dir(strings.TrimPrefix(TmpKeepFile, "/"))
+	keep := path.Base(TmpKeepFile)
 	info, err := root.Lstat(tmp)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -120,6 +124,10 @@ func keepTmpInRootfs(root *os.Root) error {
 		}
 	case err != nil:
 		return err
+	case info.Mode()&fs.ModeSymlink != 0:
+		if tmp, err = tmpTarget(root, tmp, true); err != nil || tmp == "" {
+			return err
+		}
 	case !info.IsDir():
 		return nil
 	}
@@ -132,7 +140,7 @@ func keepTmpInRootfs(root *os.Root) error {
 	if len(names) > 0 || (err != nil && !errors.Is(err, io.EOF)) {
 		return err
 	}
-	return createEmpty(root, strings.TrimPrefix(TmpKeepFile, "/"), 0o644)
+	return createEmpty(root, path.Join(tmp, keep), 0o644)
 }
 
 // createEmpty creates an empty file at name inside root, never following a
@@ -198,6 +206,13 @@ func CheckRootfs(rootfs string) error {
 	}
 	if !info.Mode().IsRegular() {
 		return fmt.Errorf("rootfs %s: %s is not a regular file", rootfs, EnvdMountPath)
+	}
+	// A template prepared before PrepareRootfs made the targets of /tmp
+	// links may still have one that leads nowhere.
+	if info, err := root.Lstat("tmp"); err == nil && info.Mode()&fs.ModeSymlink != 0 {
+		if _, err := tmpTarget(root, "tmp", false); err != nil {
+			return fmt.Errorf("template rootfs: %w", err)
+		}
 	}
 	return nil
 }
