@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/build"
@@ -84,10 +85,6 @@ func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
 	if !validHash(hash) {
 		return badRequest("hash must be 64 lower-case hex digits")
 	}
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
 	expires := strconv.FormatInt(time.Now().Add(uploadLinkTTL).Unix(), 10)
 	query := url.Values{"template": {templateID}, "expires": {expires},
 		"signature": {s.uploadSignature(templateID, hash, expires)}}
@@ -95,13 +92,32 @@ func (s *Server) buildUploadLink(w http.ResponseWriter, r *http.Request) error {
 		// A gateway routes the upload to this node by it.
 		query.Set("node", s.cfg.NodeID)
 	}
-	link := url.URL{Scheme: scheme, Host: r.Host, Path: "/build-uploads/" + hash, RawQuery: query.Encode()}
+	link := url.URL{Scheme: RequestScheme(r), Host: r.Host, Path: "/build-uploads/" + hash, RawQuery: query.Encode()}
 	// The SDK uploads whenever it gets a link and forces the upload, so
 	// the link is given even when the files are present.
 	writeJSON(w, http.StatusCreated, wire.TemplateFilesUpload{
 		Present: s.cfg.Builds.Uploads().Present(templateID, hash), URL: link.String(),
 	})
 	return nil
+}
+
+// HeaderForwardedProto is the scheme a client used to reach a proxy in
+// front of the server: a gateway, or an operator's TLS terminator.
+const HeaderForwardedProto = "X-Forwarded-Proto"
+
+// RequestScheme is the scheme the client used: https when the request
+// came over TLS here, or a proxy in front says it did. The header is
+// trusted because only links handed back to the same caller are made from
+// it: a caller who lies about it gets a link that does not work for
+// itself, nothing more.
+func RequestScheme(r *http.Request) string {
+	if r.TLS != nil {
+		return "https"
+	}
+	if p := strings.ToLower(r.Header.Get(HeaderForwardedProto)); p == "https" || p == "http" {
+		return p
+	}
+	return "http"
 }
 
 // uploadSignature authorises one upload link: an HMAC, keyed by the API

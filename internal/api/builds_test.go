@@ -125,6 +125,23 @@ func TestBuildRoutes(t *testing.T) {
 	if !strings.HasPrefix(link, srv.URL+"/build-uploads/"+testHash+"?") || !strings.Contains(link, "signature=") {
 		t.Fatalf("link %q", link)
 	}
+	// Behind a TLS proxy (a gateway over https), the link is https.
+	req, err := http.NewRequest("GET", srv.URL+"/templates/my-app/files/"+testHash, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", "key")
+	req.Header.Set(HeaderForwardedProto, "https")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var forwarded map[string]any
+	json.NewDecoder(resp.Body).Decode(&forwarded)
+	resp.Body.Close()
+	if fl, _ := forwarded["url"].(string); !strings.HasPrefix(fl, "https://"+strings.TrimPrefix(srv.URL, "http://")+"/build-uploads/") {
+		t.Fatalf("link behind a TLS proxy: %q", fl)
+	}
 	if got, _ := call(t, "PUT", srv.URL+"/build-uploads/"+testHash+"?signature=00", "tar", false); got != 403 {
 		t.Fatalf("unsigned upload: %d", got)
 	}

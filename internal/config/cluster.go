@@ -95,6 +95,8 @@ type Gateway struct {
 	NodeTimeoutMS   int
 	MaxJSONBodyMB   int
 	IdleTimeoutSecs int
+	// TLS is the HTTPS listener beside Listen (off unless TLS.Listen).
+	TLS TLS
 }
 
 // DefaultGateway returns the embedded defaults of a gateway.
@@ -127,6 +129,7 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.NodeTimeoutMS, "node-timeout-ms", "a node whose last heartbeat is older than this is unreachable")
 	num(&c.MaxJSONBodyMB, "max-json-body-mb", "largest JSON request body")
 	num(&c.IdleTimeoutSecs, "idle-timeout-secs", "close keep-alive connections idle this long")
+	c.TLS.register(fs, false)
 }
 
 // Validate checks values that flags cannot type-check, and reads the
@@ -147,5 +150,5 @@ func (c *Gateway) Validate() error {
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return fmt.Errorf("--log-format must be text or json, got %q", c.LogFormat)
 	}
-	return nil
+	return c.TLS.validate("", c.Domain)
 }

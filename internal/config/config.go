@@ -79,6 +79,9 @@ type Server struct {
 	ObjectStoreGCSecs   int
 
 	Domain string
+
+	// TLS is the HTTPS listener beside Listen (off unless TLS.Listen).
+	TLS TLS
 }
 
 // Default returns the embedded defaults.
@@ -182,12 +185,16 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.ImageCacheMB, "image-cache-mb", "disk the cache of images fetched from the object store may use; least recently used ones are evicted")
 	num(&c.ObjectStoreGCSecs, "object-store-gc-secs", "how often objects no template refers to (and older than this) are removed from the object store (0: never)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
+	c.TLS.register(fs, true)
 }
 
 // Validate checks values that flags cannot type-check.
 func (c *Server) Validate() error {
 	if c.DataDir == "" {
 		return fmt.Errorf("--data-dir must not be empty")
+	}
+	if err := c.TLS.validate(c.DataDir, c.Domain); err != nil {
+		return err
 	}
 	if _, err := netip.ParsePrefix(c.SandboxCIDR); err != nil {
 		return fmt.Errorf("--sandbox-cidr: %w", err)

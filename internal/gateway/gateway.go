@@ -428,6 +428,9 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	// Exposed ports are named by the Host, and upload links are made from
 	// it: the node sees what the client asked for.
 	pr.Out.Host = pr.In.Host
+	// Links the node hands back (upload links) keep the scheme the client
+	// used here; a client's own header is replaced, never passed on.
+	pr.Out.Header.Set(api.HeaderForwardedProto, api.RequestScheme(pr.In))
 	if t.controlPlane {
 		pr.Out.Header.Del("Authorization")
 		pr.Out.Header.Set("X-API-Key", g.cfg.ClusterSecret)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"container/list"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -129,8 +130,35 @@ func (l *connLimiter) release(c *limitedConn) {
 	l.freed = make(chan struct{})
 }
 
+// share makes another listener (the HTTPS one beside the plain one) draw
+// on l's slots: the limit is on the server's connections in all, whichever
+// listener took them. Closing it closes other only.
+func (l *connLimiter) share(other net.Listener) net.Listener {
+	return &sharedLimiter{Listener: other, l: l}
+}
+
+type sharedLimiter struct {
+	net.Listener
+	l *connLimiter
+}
+
+func (s *sharedLimiter) Accept() (net.Conn, error) {
+	c, err := s.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.l.acquire(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &limitedConn{Conn: c, l: s.l}, nil
+}
+
 // ConnState tracks which connections are idle, i.e. may be evicted.
 func (l *connLimiter) ConnState(nc net.Conn, state http.ConnState) {
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
 	c, ok := nc.(*limitedConn)
 	if !ok {
 		return

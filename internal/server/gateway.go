@@ -28,6 +28,10 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	for _, w := range cfg.Warnings() {
 		logger.WarnContext(ctx, w)
 	}
+	tlsSrc, err := newTLSSource(cfg.TLS, cfg.Domain, logger)
+	if err != nil {
+		return err
+	}
 	db, err := postgres.OpenWith(ctx, cfg.Database.URL, "", postgres.Options{SecretsKey: cfg.SecretsKey.Key})
 	if err != nil {
 		return err
@@ -60,22 +64,32 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	if err != nil {
 		return err
 	}
-	hs, err := newHTTPServer("gateway", cfg.Listen, mux, maxConns, config.Seconds(cfg.IdleTimeoutSecs), logger)
+	servers, err := apiListeners("gateway", cfg.Listen, cfg.TLS.Listen, tlsSrc, mux, maxConns,
+		config.Seconds(cfg.IdleTimeoutSecs), logger)
 	if err != nil {
 		return err
 	}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- hs.serve() }()
-	logger.InfoContext(ctx, "aenv gateway listening", "addr", hs.listener.Addr().String(), "max_connections", maxConns)
+	serveErr := make(chan error, len(servers))
+	for _, hs := range servers {
+		go func() { serveErr <- hs.serve() }()
+		logger.InfoContext(ctx, "aenv gateway listening", "addr", hs.listener.Addr().String(), "serves", hs.what,
+			"max_connections", maxConns)
+	}
+	var served error
 	select {
 	case <-ctx.Done():
 	case err := <-serveErr:
-		return fmt.Errorf("http server: %w", err)
+		served = fmt.Errorf("http server: %w", err)
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if err := hs.srv.Shutdown(shutdownCtx); err != nil {
-		hs.srv.Close()
+	for _, hs := range servers {
+		if err := hs.srv.Shutdown(shutdownCtx); err != nil {
+			hs.srv.Close()
+		}
+	}
+	if served != nil {
+		return served
 	}
 	logger.Info("stopped")
 	return nil

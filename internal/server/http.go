@@ -1,13 +1,17 @@
 package server
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/tlscert"
 )
 
 // readHeaderTimeout bounds how long a client may take to send a request's
@@ -30,9 +34,10 @@ type httpServer struct {
 
 func (h *httpServer) serve() error { return h.srv.Serve(h.listener) }
 
-// listen opens the API listener and, when configured, the unauthenticated
-// metrics listener, each with its connection limit.
-func listen(cfg config.Server, api, metrics http.Handler, logger *slog.Logger) ([]*httpServer, error) {
+// listen opens the API listener (and its HTTPS twin with tlsSrc) and, when
+// configured, the unauthenticated metrics listener, each with its
+// connection limit.
+func listen(cfg config.Server, api, metrics http.Handler, tlsSrc *tlscert.Source, logger *slog.Logger) ([]*httpServer, error) {
 	maxConns := cfg.MaxConnections
 	if maxConns == 0 {
 		var err error
@@ -40,18 +45,18 @@ func listen(cfg config.Server, api, metrics http.Handler, logger *slog.Logger) (
 			return nil, err
 		}
 	}
-	apiSrv, err := newHTTPServer("api", cfg.Listen, api, maxConns, config.Seconds(cfg.IdleTimeoutSecs), logger)
+	servers, err := apiListeners("api", cfg.Listen, cfg.TLS.Listen, tlsSrc, api, maxConns,
+		config.Seconds(cfg.IdleTimeoutSecs), logger)
 	if err != nil {
 		return nil, err
 	}
-	servers := []*httpServer{apiSrv}
 	if cfg.MetricsListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", metrics)
 		// A scraper needs a handful of connections; the rest stay with the API.
 		m, err := newHTTPServer("metrics", cfg.MetricsListen, mux, 64, config.Seconds(cfg.IdleTimeoutSecs), logger)
 		if err != nil {
-			apiSrv.listener.Close()
+			closeListeners(servers)
 			return nil, err
 		}
 		servers = append(servers, m)
@@ -74,4 +79,91 @@ func newHTTPServer(what, addr string, h http.Handler, maxConns int, idle time.Du
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 	}
 	return &httpServer{what: what, listener: limited, srv: srv, maxConns: maxConns}, nil
+}
+
+// newTLSSource prepares the HTTPS listener's certificates (nil when
+// there is no HTTPS listener). It runs first thing at start: a bad
+// certificate is refused before anything else is set up.
+func newTLSSource(t config.TLS, domain string, logger *slog.Logger) (*tlscert.Source, error) {
+	if !t.Enabled() {
+		return nil, nil
+	}
+	src, err := tlscert.New(tlscert.Config{
+		Domain: domain, CertFile: t.CertFile, KeyFile: t.KeyFile, CADir: t.CADir,
+		ACMEDirectory: t.ACMEDirectory, ACMEEmail: t.ACMEEmail, ACMECAFile: t.ACMECAFile, ACMECacheDir: t.ACMECacheDir,
+		IsSandboxHost: func(host string) bool { _, _, ok := api.ExposedPort(host, domain); return ok },
+	}, logger.With("component", "tls"))
+	if err != nil {
+		return nil, fmt.Errorf("TLS: %w", err)
+	}
+	logTLS(src, domain, logger)
+	return src, nil
+}
+
+// apiListeners opens the plain HTTP listener at addr and, with src, the
+// HTTPS one at tlsAddr beside it: one handler, one set of timeouts, and
+// one budget of maxConns connections drawn on by both.
+func apiListeners(what, addr, tlsAddr string, src *tlscert.Source, h http.Handler, maxConns int, idle time.Duration,
+	logger *slog.Logger) ([]*httpServer, error) {
+	if src == nil {
+		hs, err := newHTTPServer(what, addr, h, maxConns, idle, logger)
+		if err != nil {
+			return nil, err
+		}
+		return []*httpServer{hs}, nil
+	}
+	plain, err := newHTTPServer(what, addr, src.HTTPHandler(h), maxConns, idle, logger)
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", tlsAddr)
+	if err != nil {
+		plain.listener.Close()
+		return nil, fmt.Errorf("listen %s (TLS) on %s: %w", what, tlsAddr, err)
+	}
+	limiter := plain.listener.(*connLimiter)
+	tc := src.TLSConfig()
+	srv := &http.Server{
+		Handler:           h,
+		TLSConfig:         tc,
+		ReadHeaderTimeout: readHeaderTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		IdleTimeout:       idle,
+		ConnState:         limiter.ConnState,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	secure := &httpServer{what: what + " (TLS, " + src.Mode + ")", listener: tls.NewListener(limiter.share(l), tc),
+		srv: srv, maxConns: maxConns}
+	return []*httpServer{plain, secure}, nil
+}
+
+// logTLS says where the HTTPS listener's certificates come from, and
+// warns of names clients will ask for that a fixed certificate misses.
+func logTLS(src *tlscert.Source, domain string, logger *slog.Logger) {
+	attrs := []any{"mode", src.Mode}
+	if src.CAFile != "" {
+		attrs = append(attrs, "ca", src.CAFile)
+	}
+	if src.Leaf != nil {
+		attrs = append(attrs, "names", src.Leaf.DNSNames, "not_after", src.Leaf.NotAfter)
+		if time.Now().After(src.Leaf.NotAfter) {
+			logger.Warn("the TLS certificate has expired", "not_after", src.Leaf.NotAfter)
+		}
+	}
+	logger.Info("TLS certificates", attrs...)
+	if src.Mode != tlscert.ModeACME && domain != "" && !strings.Contains(domain, ".") {
+		// Go accepts *.localhost; Node's and OpenSSL's checks (E2B's SDKs,
+		// curl, Python) refuse a wildcard over a single label.
+		logger.Warn("--domain has one label: Node, curl and Python refuse a wildcard certificate for *."+domain+
+			", so https://<port>-<id>."+domain+" fails for them; use a domain of two labels, e.g. aenv."+domain, "domain", domain)
+	}
+	if missing := src.Uncovered(domain); len(missing) > 0 {
+		logger.Warn("the TLS certificate does not cover names E2B's SDKs use with this --domain", "missing", missing)
+	}
+}
+
+func closeListeners(servers []*httpServer) {
+	for _, hs := range servers {
+		hs.listener.Close()
+	}
 }

@@ -76,6 +76,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return err
 	}
 	defer unlock()
+	tlsSrc, err := newTLSSource(cfg.TLSSettings(), cfg.Domain, logger)
+	if err != nil {
+		return err
+	}
 
 	runscPath, err := findBinary(cfg.RunscPath, "runsc")
 	if err != nil {
@@ -240,7 +244,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		NodeInfo:           nodeInfo(cfg, member, sandboxes, served),
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
-	servers, err := listen(cfg, handler, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), logger)
+	servers, err := listen(cfg, handler, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
 	if err != nil {
 		usageHistory.Stop()
 		member.stop()

@@ -86,15 +86,18 @@ type gateway struct {
 	dsn     string
 	keyFile string
 	api     *client.Client
+	// extra are more flags of the gateway.
+	extra []string
 }
 
-func (c *cluster) addGateway() *gateway {
+// addGateway starts a gateway; extra are more flags.
+func (c *cluster) addGateway(extra ...string) *gateway {
 	c.t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	g := &gateway{t: c.t, addr: l.Addr().String(), dsn: c.dsn, keyFile: c.keyFile, raceDir: c.t.TempDir()}
+	g := &gateway{t: c.t, addr: l.Addr().String(), dsn: c.dsn, keyFile: c.keyFile, raceDir: c.t.TempDir(), extra: extra}
 	l.Close()
 	g.url = "http://" + g.addr
 	// The gateway's answers are checked against the OpenAPI document too.
@@ -109,8 +112,9 @@ func (c *cluster) addGateway() *gateway {
 func (g *gateway) start() {
 	g.t.Helper()
 	g.logs = &syncBuffer{}
-	g.cmd = exec.Command(serverBin, "gateway", "--database-url", g.dsn, "--secrets-key-file", g.keyFile, "--listen", g.addr,
-		"--api-key", apiKey, "--node-timeout-ms", fmt.Sprint(nodeTimeout.Milliseconds()), "--log-level", "debug")
+	g.cmd = exec.Command(serverBin, append([]string{"gateway", "--database-url", g.dsn, "--secrets-key-file", g.keyFile,
+		"--listen", g.addr, "--api-key", apiKey, "--node-timeout-ms", fmt.Sprint(nodeTimeout.Milliseconds()),
+		"--log-level", "debug"}, g.extra...)...)
 	g.cmd.Env = append(os.Environ(), raceEnv(g.raceDir))
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
 	if err := g.cmd.Start(); err != nil {
