@@ -182,6 +182,9 @@ func (d *fakeDriver) ExportRootfs(ctx context.Context, id, file string) error {
 }
 
 func (d *fakeDriver) Start(ctx context.Context, spec runtime.Spec) error {
+	if err := runtime.ValidateID(spec.ID); err != nil {
+		return err
+	}
 	if err := d.faults.check(ctx, "start", spec.ID); err != nil {
 		return err
 	}
@@ -273,7 +276,15 @@ func (d *fakeDriver) List(ctx context.Context) ([]runtime.Instance, error) {
 }
 
 func (d *fakeDriver) Stats(ctx context.Context, id string) (runtime.Stats, error) {
-	return runtime.Stats{MemoryBytes: 1 << 20}, d.faults.check(ctx, "stats", id)
+	if err := d.faults.check(ctx, "stats", id); err != nil {
+		return runtime.Stats{}, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.inst[id]; !ok {
+		return runtime.Stats{}, runtime.ErrNotFound
+	}
+	return runtime.Stats{MemoryBytes: 1 << 20}, nil
 }
 
 func (d *fakeDriver) setState(ctx context.Context, op, id string, from, to runtime.State) error {
@@ -324,6 +335,9 @@ func (d *fakeDriver) Checkpoint(ctx context.Context, id, imageDir string, leaveR
 }
 
 func (d *fakeDriver) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
+	if err := runtime.ValidateID(spec.ID); err != nil {
+		return err
+	}
 	if err := d.faults.check(ctx, "restore", spec.ID); err != nil {
 		return err
 	}
@@ -342,6 +356,9 @@ func (d *fakeDriver) Restore(ctx context.Context, spec runtime.Spec, imageDir st
 // Prepare makes an instance that runs nothing yet, as `runsc create`
 // does: it shows as stopped until RestorePrepared or StartPrepared.
 func (d *fakeDriver) Prepare(ctx context.Context, spec runtime.Spec) error {
+	if err := runtime.ValidateID(spec.ID); err != nil {
+		return err
+	}
 	if err := d.faults.check(ctx, "prepare", spec.ID); err != nil {
 		return err
 	}
@@ -368,6 +385,7 @@ func (d *fakeDriver) takePrepared(ctx context.Context, op, id, token string) err
 		delete(d.inst, id)
 		return err
 	case !ok || !in.prepared || in.state != runtime.StateStopped:
+		delete(d.inst, id)
 		return fmt.Errorf("%s %s: not a prepared sandbox", op, id)
 	}
 	in.prepared, in.state, in.token = false, runtime.StateRunning, token

@@ -259,14 +259,35 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	// The bound grows with the memory to save; without figures, assume
 	// the memory is small.
 	stats, _ := d.cgroups.stats(d.cgroupPath(id))
+	var exited <-chan struct{}
+	if !leaveRunning {
+		// runsc returns before the sandbox's process has ended; the
+		// caller is promised a stopped sandbox. Watched before, so that
+		// an exit during the checkpoint is not missed.
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		exited, _ = d.Exited(wctx, id)
+	}
 	if err := d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...); err != nil {
 		return err
 	}
 	if leaveRunning {
 		d.saveStateBackup(ctx, id)
+		return nil
+	}
+	if exited != nil {
+		select {
+		case <-exited:
+		case <-time.After(checkpointExitWait):
+			d.log.Warn("sandbox process still there after its checkpoint; Kill removes it", "sandbox_id", id)
+		}
 	}
 	return nil
 }
+
+// checkpointExitWait bounds the wait for a checkpointed sandbox's process
+// to end: it exits within milliseconds of runsc's return.
+const checkpointExitWait = 10 * time.Second
 
 // ExportRootfs writes the sandbox's root filesystem changes (the in-memory
 // overlay's upper layer, deletions as whiteouts) into file as a tar.

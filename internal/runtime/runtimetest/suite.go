@@ -62,6 +62,9 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver, env TestEnv)
 	t.Run("FailedStartLeavesNothing", h.testFailedStart)
 	t.Run("KillIsIdempotent", h.testKillIdempotent)
 	t.Run("Prepared", h.testPrepared)
+	t.Run("Contract", func(t *testing.T) {
+		Contract(t, h.driver, func(t *testing.T) runtime.Spec { return h.spec(t, NewNetns(t)) })
+	})
 	t.Run("Cleanup", h.testCleanup)
 
 	if changes := treeChanges(rootfsBefore, treeListing(t, env.RootfsPath)); len(changes) > 0 {
