@@ -1,8 +1,10 @@
 package runtime
 
 import (
+	"archive/tar"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -16,6 +18,13 @@ import (
 // with ELOOP, as in Linux and gVisor.
 const maxSymlinks = 40
 
+// tree is what a path walk reads of a filesystem: an *os.Root, or a
+// sandbox's files over its template (layered).
+type tree interface {
+	Lstat(name string) (fs.FileInfo, error)
+	Readlink(name string) (string, error)
+}
+
 // resolveInRoot resolves name inside root the way the sandbox's kernel
 // will: absolute links start from the root, ".." stops at it, and at most
 // maxSymlinks links are followed. Nothing outside the root is ever read.
@@ -24,6 +33,25 @@ const maxSymlinks = 40
 // ("." for the root itself). Errors wrap ELOOP, ENOTDIR (a non-directory
 // on the way) or, without create, ENOENT.
 func resolveInRoot(root *os.Root, name string, create bool, last fs.FileMode) (string, error) {
+	if !create {
+		return resolveIn(root, name, nil)
+	}
+	return resolveIn(root, name, func(next string, lastOne bool) error {
+		mode := fs.FileMode(0o755)
+		if lastOne {
+			mode = last
+		}
+		if err := root.Mkdir(next, mode.Perm()); err != nil {
+			return err
+		}
+		return root.Chmod(next, mode)
+	})
+}
+
+// resolveIn is resolveInRoot over any tree; mkdir, if not nil, makes a
+// missing directory (lastOne: the walk's last), and a directory made
+// meanwhile by someone else (fs.ErrExist) is looked at again.
+func resolveIn(root tree, name string, mkdir func(next string, lastOne bool) error) (string, error) {
 	rest := strings.Split(name, "/")
 	var cur []string
 	links := 0
@@ -42,21 +70,14 @@ func resolveInRoot(root *os.Root, name string, create bool, last fs.FileMode) (s
 		next := path.Join(append(cur, c)...)
 		info, err := root.Lstat(next)
 		switch {
-		case errors.Is(err, fs.ErrNotExist) && create:
-			mode := fs.FileMode(0o755)
-			if onlyDots(rest) {
-				mode = last
-			}
-			err := root.Mkdir(next, mode.Perm())
+		case errors.Is(err, fs.ErrNotExist) && mkdir != nil:
+			err := mkdir(next, onlyDots(rest))
 			if errors.Is(err, fs.ErrExist) {
 				// Made meanwhile by another preparer: look again.
 				rest = append([]string{c}, rest...)
 				continue
 			}
 			if err != nil {
-				return "", err
-			}
-			if err := root.Chmod(next, mode); err != nil {
 				return "", err
 			}
 			cur = append(cur, c)
@@ -128,4 +149,125 @@ func tmpTarget(root *os.Root, tmp string, create bool) (string, error) {
 		return "", nil
 	}
 	return resolved, nil
+}
+
+// CheckTmpOver says whether a sandbox can boot over upper, the tar of a
+// sandbox's file changes (ExportRootfs; deletions as ".wh." whiteouts) on
+// the template rootfs: a sandbox that replaced /tmp with a link that
+// leads nowhere, or loops, cannot, since gVisor mounts a tmpfs at /tmp
+// at every start. Such a sandbox must not be paused without its memory:
+// no resume could boot it. The error is a conflict naming the link.
+func CheckTmpOver(rootfs, upper string) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return fmt.Errorf("template rootfs: %w", err)
+	}
+	defer root.Close()
+	files, err := readLayer(upper)
+	if err != nil {
+		return err
+	}
+	t := layered{upper: files, lower: root}
+	info, err := t.Lstat("tmp")
+	if err != nil || info.Mode()&fs.ModeSymlink == 0 {
+		return nil // no /tmp (gVisor makes it) or a directory: fine
+	}
+	_, err = resolveIn(t, "tmp", nil)
+	if errors.Is(err, syscall.ELOOP) || errors.Is(err, fs.ErrNotExist) {
+		target, _ := t.Readlink("tmp")
+		why := "does not exist"
+		if errors.Is(err, syscall.ELOOP) {
+			why = "loops"
+		}
+		return fmt.Errorf("%w: /tmp is a symbolic link to %q, which %s; a sandbox cannot boot over that "+
+			"(gVisor mounts a tmpfs at /tmp), so it cannot be paused without its memory: restore /tmp, or keep the memory",
+			errdefs.ErrConflict, target, why)
+	}
+	if err != nil && !errors.Is(err, syscall.ENOTDIR) {
+		return fmt.Errorf("/tmp: %w", err)
+	}
+	return nil
+}
+
+// layerFiles is a layer's tar read into what a walk needs: each entry's
+// header by cleaned path, and the paths it deletes from the layers below.
+type layerFiles struct {
+	entries map[string]*tar.Header
+	deleted map[string]bool // whited out
+	opaque  map[string]bool // directories hiding what is below them
+}
+
+func readLayer(file string) (*layerFiles, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("read saved files: %w", err)
+	}
+	defer f.Close()
+	l := &layerFiles{entries: map[string]*tar.Header{}, deleted: map[string]bool{}, opaque: map[string]bool{}}
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			// A directory with entries under it exists, listed or not.
+			for name := range l.entries {
+				for p := path.Dir(name); p != "." && l.entries[p] == nil; p = path.Dir(p) {
+					l.entries[p] = &tar.Header{Name: p, Typeflag: tar.TypeDir, Mode: 0o755}
+				}
+			}
+			return l, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read saved files %s: %w", file, err)
+		}
+		name := strings.TrimPrefix(path.Clean("/"+h.Name), "/")
+		dir, base := path.Split(name)
+		switch {
+		case base == ".wh..wh..opq":
+			l.opaque[path.Clean(dir)] = true
+		case strings.HasPrefix(base, ".wh."):
+			l.deleted[path.Join(dir, strings.TrimPrefix(base, ".wh."))] = true
+		default:
+			l.entries[name] = h
+		}
+	}
+}
+
+// layered is a sandbox's files: a layer over the template rootfs.
+type layered struct {
+	upper *layerFiles
+	lower *os.Root
+}
+
+// hidden says whether the layer hides name in the rootfs below: it, or a
+// directory above it, is whited out, or a directory above it is opaque.
+func (t layered) hidden(name string) bool {
+	for p := name; p != "." && p != "/" && p != ""; p = path.Dir(p) {
+		if t.upper.deleted[p] || (p != name && t.upper.opaque[p]) {
+			return true
+		}
+	}
+	return false
+}
+
+func (t layered) Lstat(name string) (fs.FileInfo, error) {
+	if h, ok := t.upper.entries[name]; ok {
+		return h.FileInfo(), nil
+	}
+	if t.hidden(name) {
+		return nil, &fs.PathError{Op: "lstat", Path: name, Err: fs.ErrNotExist}
+	}
+	return t.lower.Lstat(name)
+}
+
+func (t layered) Readlink(name string) (string, error) {
+	if h, ok := t.upper.entries[name]; ok {
+		if h.Typeflag != tar.TypeSymlink {
+			return "", &fs.PathError{Op: "readlink", Path: name, Err: syscall.EINVAL}
+		}
+		return h.Linkname, nil
+	}
+	if t.hidden(name) {
+		return "", &fs.PathError{Op: "readlink", Path: name, Err: fs.ErrNotExist}
+	}
+	return t.lower.Readlink(name)
 }

@@ -6,6 +6,8 @@ package sandbox
 // failure path left nothing behind, and fails on demand at any step.
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -178,7 +180,19 @@ func (d *fakeDriver) ExportRootfs(ctx context.Context, id, file string) error {
 	if !ok {
 		return runtime.ErrNotFound
 	}
-	return os.WriteFile(file, []byte("files of "+id), 0o600)
+	// A tar, as runsc writes: one file, named after the sandbox.
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	content := []byte("files of " + id)
+	if err := tw.WriteHeader(&tar.Header{Name: "./files-of-" + id, Typeflag: tar.TypeReg, Mode: 0o644,
+		Size: int64(len(content))}); err != nil {
+		return err
+	}
+	tw.Write(content)
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return os.WriteFile(file, buf.Bytes(), 0o600)
 }
 
 func (d *fakeDriver) Start(ctx context.Context, spec runtime.Spec) error {

@@ -14,6 +14,7 @@ import (
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -335,6 +336,11 @@ func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) er
 	if dropMemory && m.driver.Capabilities().FilesystemSnapshot {
 		// Only the files are wanted: the resume boots afresh over them.
 		err = m.exportFilesystem(ctx, e.id, dir)
+		if err == nil {
+			if err = m.checkBootable(ctx, v.sb, dir); err != nil {
+				m.removeImage(ctx, dir)
+			}
+		}
 	} else {
 		err = m.checkpoint(ctx, e.id, dir, true)
 	}
@@ -396,6 +402,20 @@ func (m *Manager) exportFilesystem(ctx context.Context, id, dir string) error {
 		}
 		return m.driver.ExportRootfs(ctx, id, filepath.Join(partial, rootfsUpperFile))
 	})
+}
+
+// checkBootable refuses files a sandbox could not boot over (a /tmp the
+// sandbox made a link to nowhere): paused without its memory, it could
+// then never be resumed.
+func (m *Manager) checkBootable(ctx context.Context, sb *store.Sandbox, dir string) error {
+	tpl, err := m.GetTemplate(ctx, sb.TemplateID)
+	if err != nil {
+		return fmt.Errorf("pause %s without memory: template %s: %w", sb.ID, sb.TemplateID, err)
+	}
+	if err := runtime.CheckTmpOver(tpl.RootfsPath, filepath.Join(dir, rootfsUpperFile)); err != nil {
+		return fmt.Errorf("pause %s without memory: %w", sb.ID, err)
+	}
+	return nil
 }
 
 // filesystemOnly reports whether an image holds files without memory.
