@@ -38,10 +38,10 @@ $(BIN)/aenv-chart: FORCE
 $(BIN)/envd: FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/envd
 
-$(RACE_BIN)/aenv: $(BIN)/envd $(BIN)/runsc FORCE
+$(RACE_BIN)/aenv: $(BIN)/envd $(BIN)/runsc $(BIN)/dnsstub FORCE
 	mkdir -p $(RACE_BIN)
 	CGO_ENABLED=1 $(GO) build -race -ldflags '-X github.com/aenv-dev/aenv/internal/cli.Version=$(VERSION)' -o $@ ./cmd/aenv
-	ln -f $(BIN)/envd $(BIN)/runsc $(RACE_BIN)/
+	ln -f $(BIN)/envd $(BIN)/runsc $(BIN)/dnsstub $(RACE_BIN)/
 
 # runsc is pinned by the tool line in go.mod. It must be static: a cgo build
 # fails at sandbox start (its re-exec needs a loader the chroot lacks). Its
@@ -58,6 +58,16 @@ $(BIN)/weed: tools/weed/go.mod tools/weed/go.sum
 
 .PHONY: weed
 weed: $(BIN)/weed ## Build the S3 server the object store tests use into bin/ (SeaweedFS)
+
+# The ACME server the certificate tests get certificates from (Let's
+# Encrypt's pebble), pinned in its own module as weed is.
+$(BIN)/pebble: tools/pebble/go.mod tools/pebble/go.sum
+	$(GO) build -C tools/pebble -o $@ github.com/letsencrypt/pebble/v2/cmd/pebble
+
+# The tests' DNS server: the E2B SDK suite resolves its https host names
+# through it (e2e/hosts.test.mjs).
+$(BIN)/dnsstub: FORCE
+	CGO_ENABLED=0 $(GO) build -o $@ ./test/dnsstub/cmd/dnsstub
 
 .PHONY: server
 server: deps build ## Set up and run the server on its defaults (root; port 8000, data in /var/lib/aenv)
@@ -78,7 +88,7 @@ lint: ## gofmt, go vet and staticcheck
 TEST_CACHE := /var/cache/aenv-test
 
 .PHONY: test-prepare
-test-prepare: build $(BIN)/weed $(RACE_BIN)/aenv
+test-prepare: build $(BIN)/weed $(BIN)/pebble $(BIN)/dnsstub $(RACE_BIN)/aenv
 	d=$$(mktemp -d /tmp/aenv-prepare.XXXXXX); \
 	$(BIN)/aenv server --prepare-only --api-key prepare --data-dir $$d --template-cache-dir $(TEST_CACHE); \
 	rm -rf $$d

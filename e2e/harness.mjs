@@ -78,12 +78,46 @@ function requireSetup() {
   }
 }
 
+// randomLoopback is an address in 127.0.0.0/8 outside 127.0.0.0/16, where
+// a run can listen on a fixed port (443, 53) that concurrent runs, on
+// addresses of their own, also use.
+export function randomLoopback() {
+  return `127.${randomInt(1, 255)}.${randomInt(0, 256)}.${randomInt(1, 255)}`
+}
+
+// newTLS is the HTTPS setup of a server or gateway as a deployment has it:
+// a domain of its own (E2B_DOMAIN), under which api.<domain> and every
+// <port>-<id>.<domain> are served on port 443 of one address, with a lab
+// CA's certificate. Clients resolve the names through a resolver of the
+// test's (hosts.test.mjs) and trust the CA through caFile.
+function newTLS() {
+  return { domain: `${randomName(10)}.aenv.test`, ip: randomLoopback(), caFile: null }
+}
+
+// exportCA writes what `aenv ca export` prints (the lab CA clients trust)
+// to a file of the harness's and returns its path.
+function exportCA(args) {
+  const pem = execFileSync(path.join(binDir, 'aenv'), ['ca', 'export', ...args], { encoding: 'utf8' })
+  if (!pem.includes('BEGIN CERTIFICATE')) throw new Error(`aenv ca export ${args.join(' ')} printed no certificate: ${pem}`)
+  const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-ca-')), 'ca.pem')
+  fs.writeFileSync(file, pem)
+  return file
+}
+
+function removeCA(tls) {
+  if (tls?.caFile) fs.rmSync(path.dirname(tls.caFile), { recursive: true, force: true })
+}
+
 // A running `aenv server` and what the tests need to reach it.
 export class AenvServer {
   // cluster, when given ({ databaseUrl, nodeId }), makes this an `aenv
-  // node` of that cluster instead of a single server.
-  constructor({ cluster } = {}) {
+  // node` of that cluster instead of a single server. tls (a single
+  // server's) adds an HTTPS listener on a domain of its own (newTLS);
+  // domain (a node's) is its cluster's domain.
+  constructor({ cluster, tls, domain } = {}) {
     this.cluster = cluster
+    this.tls = tls
+    this.domain = tls?.domain || domain
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-'))
     // The server wants the prefix to start and end with a letter.
     this.prefix = 'e2' + randomName(3) + 'abcdefghijklmnopqrstuvwxyz'[randomInt(26)]
@@ -124,6 +158,9 @@ export class AenvServer {
       '--kill-on-exit',
       '--log-level', process.env.AENV_E2E_LOG_LEVEL || 'debug',
     ]
+    if (this.domain) args.push('--domain', this.domain)
+    // Lab CA mode: the CA is made in <data-dir>/tls at the first start.
+    if (this.tls) args.push('--tls-listen', `${this.tls.ip}:443`)
     const log = fs.openSync(this.logPath, 'a')
     this.proc = spawn(path.join(binDir, 'aenv'), args, { stdio: ['ignore', log, log], env: raceEnv(this.raceDir) })
     fs.closeSync(log)
@@ -148,6 +185,7 @@ export class AenvServer {
     }
     if (Date.now() >= deadline) throw new Error(`aenv server did not become healthy:\n${this.logTail()}`)
     if (this.cluster) return this // users reach it through a gateway
+    if (this.tls) this.tls.caFile = exportCA(['--data-dir', this.dataDir])
 
     // Point the unmodified SDK at this server, as the README tells users to.
     // With AENV_E2E_TRACE=1 it goes through a logging proxy instead.
@@ -182,6 +220,7 @@ export class AenvServer {
       return []
     }
     this.tracer?.close()
+    removeCA(this.tls)
     const proc = this.proc
     this.proc = null
     proc.kill('SIGTERM')
@@ -254,10 +293,13 @@ export class AenvServer {
 // PostgreSQL database at databaseUrl, with the SDK pointed at the gateway:
 // the suite then runs unchanged against a cluster (AENV_E2E_DATABASE_URL).
 export class AenvCluster {
-  constructor(databaseUrl) {
+  // tls puts the gateway's HTTPS listener on a domain of its own (newTLS),
+  // which the nodes are given as their --domain.
+  constructor(databaseUrl, { tls } = {}) {
     this.databaseUrl = databaseUrl
+    this.tls = tls
     const name = randomName(5)
-    this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` } }))
+    this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` }, domain: tls?.domain }))
     this.apiKey = 'e2e_' + randomBytes(12).toString('hex')
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-gateway-'))
     this.logPath = path.join(this.dataDir, 'gateway.log')
@@ -274,12 +316,16 @@ export class AenvCluster {
     await Promise.all(this.nodes.map((n) => n.start()))
     this.port = await freePort()
     this.url = `http://127.0.0.1:${this.port}`
-    const log = fs.openSync(this.logPath, 'a')
-    this.proc = spawn(path.join(binDir, 'aenv'), [
+    const args = [
       'gateway', '--database-url', this.databaseUrl, '--listen', `127.0.0.1:${this.port}`,
       '--api-key', this.apiKey, '--node-timeout-ms', '2000',
       '--log-level', process.env.AENV_E2E_LOG_LEVEL || 'debug',
-    ], { stdio: ['ignore', log, log], env: raceEnv(this.dataDir) })
+    ]
+    // The gateway has no data dir: its lab CA goes beside its log.
+    const caDir = path.join(this.dataDir, 'tls')
+    if (this.tls) args.push('--domain', this.tls.domain, '--tls-listen', `${this.tls.ip}:443`, '--tls-ca-dir', caDir)
+    const log = fs.openSync(this.logPath, 'a')
+    this.proc = spawn(path.join(binDir, 'aenv'), args, { stdio: ['ignore', log, log], env: raceEnv(this.dataDir) })
     fs.closeSync(log)
     this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve({ code, signal })))
     let exitedEarly = null
@@ -298,6 +344,7 @@ export class AenvCluster {
       }
       await sleep(100)
     }
+    if (this.tls) this.tls.caFile = exportCA(['--tls-ca-dir', caDir])
     this.sdkUrl = this.url
     process.env.E2B_API_URL = this.url
     process.env.E2B_SANDBOX_URL = this.url
@@ -320,6 +367,7 @@ export class AenvCluster {
   // race detector reported.
   async stop() {
     const leaks = []
+    removeCA(this.tls)
     if (this.proc) {
       const proc = this.proc
       this.proc = null
@@ -390,10 +438,14 @@ async function startTracer(port, logPath) {
 }
 
 // useServer starts a server for the calling test file: call it at module
-// top level with node:test's before/after.
-export function useServer({ before, after }) {
+// top level with node:test's before/after. With tls the server (or the
+// cluster's gateway) also serves HTTPS on a domain of its own: server.tls
+// has the domain, the address whose port 443 it listens on and the file
+// of the lab CA to trust.
+export function useServer({ before, after, tls = false }) {
   const databaseUrl = process.env.AENV_E2E_DATABASE_URL
-  const server = databaseUrl ? new AenvCluster(databaseUrl) : new AenvServer()
+  const opts = { tls: tls ? newTLS() : undefined }
+  const server = databaseUrl ? new AenvCluster(databaseUrl, opts) : new AenvServer(opts)
   before(async () => {
     await server.start()
   }, { timeout: 16 * 60_000 })

@@ -10,6 +10,10 @@
 #   e2e/run.sh files.test.mjs           # chosen files only
 #   AENV_E2E_CLUSTER=1 e2e/run.sh       # against a gateway over three nodes
 #
+# hosts.test.mjs reaches the server the way a deployment is reached (HTTPS
+# on port 443 of names under E2B_DOMAIN): it needs dnsstub beside aenv
+# (make test-prepare builds it) and util-linux's unshare.
+#
 # In cluster mode the suite runs unchanged against `aenv gateway` in front
 # of three `aenv node`s, sharing a throwaway PostgreSQL that this script
 # starts (Debian's postgresql package) unless AENV_E2E_DATABASE_URL names
@@ -40,7 +44,7 @@ npm ci --no-audit --no-fund --loglevel=error
 if [[ $# -gt 0 ]]; then
   files=("$@")
 else
-  files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs templates.test.mjs edges.test.mjs)
+  files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs templates.test.mjs edges.test.mjs hosts.test.mjs)
   if [[ "${AENV_E2E_LIFECYCLE:-}" == 1 ]]; then
     files+=(lifecycle.test.mjs resume.test.mjs fidelity.test.mjs)
   fi

@@ -6,8 +6,9 @@ set -euo pipefail
 # the tests to inspect what the server made; runc is the benchmarks' baseline;
 # postgresql gives the PostgreSQL store's tests their throwaway servers;
 # gcc and libc6-dev are cgo's, which the race detector needs (go test -race
-# and the race-enabled server the tests run).
-packages=(debootstrap iproute2 nftables procps runc ca-certificates git make postgresql gcc libc6-dev)
+# and the race-enabled server the tests run); util-linux's unshare and mount
+# give the SDK suite's https test a resolv.conf of its own.
+packages=(debootstrap iproute2 nftables procps runc ca-certificates git make postgresql gcc libc6-dev util-linux mount)
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

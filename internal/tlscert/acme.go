@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -73,6 +74,11 @@ func acmeHTTPClient(caFile string) (*http.Client, error) {
 func HostPolicy(domain string, isSandboxHost func(string) bool) autocert.HostPolicy {
 	domain = strings.ToLower(domain)
 	return func(_ context.Context, host string) error {
+		// An HTTP-01 challenge names the host as its request's Host,
+		// which may carry a port (some ACME servers send one).
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
 		host = strings.ToLower(host)
 		switch {
 		case domain == "":

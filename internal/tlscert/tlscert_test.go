@@ -142,6 +142,8 @@ func TestHostPolicy(t *testing.T) {
 		{"aenv.test", true},
 		{"api.aenv.test", true},
 		{"API.AENV.TEST", true},
+		{"api.aenv.test:80", true},
+		{"evil.test:80", false},
 		{"49983-" + id + ".aenv.test", true},
 		{"8080-" + id + ".aenv.test", true},
 		{"www.aenv.test", false},
