@@ -133,9 +133,10 @@ type image struct {
 // instance that fails is removed and the next choice tried, the last being
 // a new instance, whose failure is the launch's.
 func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
-	var tried source
+	var asked source
 	for {
-		p := m.plan(ctx, sb, tpl, img, pending, tried)
+		p := m.plan(ctx, sb, tpl, img, pending, asked)
+		asked |= p.asked
 		defer p.end()
 		try := cloneSandbox(sb)
 		try.ID = p.id
@@ -164,7 +165,6 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 			return e, err
 		}
 		m.logger.WarnContext(ctx, "pooled sandbox unusable; trying the next way", "from", p.source, "sandbox", p.id, "err", err)
-		tried |= p.source
 	}
 }
 
@@ -199,17 +199,19 @@ type launchPlan struct {
 	id       string // the sandbox's ID: the pooled instance's, or a new one
 	warm     *warmSandbox
 	prepared *preparedSandbox
-	// end ends the pools' count of this launch (they size themselves by
-	// the launches in progress, served or not); deferred by launch.
-	end func()
+	// asked are the pools this try asked, and end ends their count of
+	// this launch (they size themselves by the launches in progress,
+	// served or not); deferred by launch.
+	asked source
+	end   func()
 }
 
 // plan chooses where the next try of a launch of sb from tpl gets its
-// instance, skipping the sources tried: a boot the warm pool can serve
-// claims a warm sandbox, a restore of a new sandbox one restored ahead,
-// and both, failing that, a prepared one of their shape; else a new one.
-// Each pool asked counts the launch, served or not, until end.
-func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool, tried source) launchPlan {
+// instance, skipping the pools an earlier try asked: a boot the warm pool
+// can serve claims a warm sandbox, a restore of a new sandbox one restored
+// ahead, and both, failing that, a prepared one of their shape; else a new
+// one. Each pool asked counts the launch, served or not, once, until end.
+func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool, skip source) launchPlan {
 	var ends []func()
 	p := launchPlan{source: fromNew, id: NewID()}
 	p.end = func() {
@@ -217,30 +219,33 @@ func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Templa
 			end()
 		}
 	}
-	if tried&fromWarm == 0 && img.dir == "" && !pending {
+	if skip&fromWarm == 0 && img.dir == "" && !pending {
 		ws, counted := m.warm.begin(warmKey{tpl.ID, sb.VCPU, sb.MemoryMB})
 		if counted {
 			ends = append(ends, m.warm.end)
+			p.asked |= fromWarm
 		}
 		if ws != nil {
 			p.source, p.id, p.warm = fromWarm, ws.id, ws
 			return p
 		}
 	}
-	if tried&fromRestored == 0 && img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
+	if skip&fromRestored == 0 && img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token,
 			unheld: !m.local(tpl)}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
+		p.asked |= fromRestored
 		if ps != nil {
 			p.source, p.id, p.prepared = fromRestored, ps.id, ps
 			return p
 		}
 	}
-	if tried&fromPrepared == 0 && img.rootfsUpper == "" && m.prep != nil {
+	if skip&fromPrepared == 0 && img.rootfsUpper == "" && m.prep != nil {
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl)}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
+		p.asked |= fromPrepared
 		if _, err := os.Stat(k.rootfs); ps != nil && err != nil {
 			// The template's rootfs was removed since ps was made.
 			m.discardPrepared(context.WithoutCancel(ctx), ps)
@@ -312,6 +317,12 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 	}
 	log := m.logger.With("sandbox", sb.ID)
 	undo.Add(func() { m.releaseSlot(ctx, slot.Index, sb.ID) })
+	if ps != nil {
+		// The prepared instance exists already, in the slot: it goes
+		// before the slot does (bringUp removes it on its own failures,
+		// not on the steps before it).
+		undo.Add(func() { m.killInstance(ctx, sb.ID) })
+	}
 	sb.SlotIndex = slot.Index
 	sb.State = phaseStarting.stored()
 	if err := m.applyNetwork(ctx, sb, slot); err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -971,4 +972,51 @@ func TestInsecureSandbox(t *testing.T) {
 	if sb.AccessToken == "" || envdToken(sb.ID) != sb.AccessToken {
 		t.Fatalf("secure sandbox from an insecure snapshot: record token %q, envd token %q", sb.AccessToken, envdToken(sb.ID))
 	}
+}
+
+// TestForkChildKilledBeforeFinish: a fork child is listed (starting) as
+// soon as it is recorded, so it can be killed before its fork finishes
+// it; the fork then answers, without that child, and leaves nothing.
+func TestForkChildKilledBeforeFinish(t *testing.T) {
+	w := newWorld(t, func(c *Config) { c.ForkParallelism = 1 })
+	ctx := context.Background()
+	parent := w.create()
+	var mu sync.Mutex
+	var children []string
+	w.driver.mu.Lock()
+	w.driver.onInit = func(id string) {
+		mu.Lock()
+		children = append(children, id)
+		first, n := children[0], len(children)
+		mu.Unlock()
+		if n == 2 {
+			// The second child is coming up; the first waits for
+			// finish. Kill it now.
+			if err := w.m.Kill(ctx, first); err != nil {
+				t.Errorf("kill the first child: %v", err)
+			}
+		}
+	}
+	w.driver.mu.Unlock()
+	res, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: parent.ID, Count: 2})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	ok := 0
+	for _, r := range res {
+		if r.Err == nil {
+			ok++
+			if err := w.m.Kill(ctx, r.Sandbox.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if ok != 1 {
+		t.Errorf("%d children came through, want the one not killed: %+v", ok, res)
+	}
+	if err := w.m.Kill(ctx, parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	w.stop()
+	w.stoppedEmpty()
 }

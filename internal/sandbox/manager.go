@@ -475,6 +475,9 @@ func (m *Manager) killLocked(ctx context.Context, e *entry, why string) error {
 // held. On success the entry is gone from the live set and calls in
 // flight to it end with why.
 func (m *Manager) release(ctx context.Context, e *entry, why string) error {
+	if e.view().phase == phaseGone {
+		return nil // released already (a fork child killed before it finished)
+	}
 	if e.timer != nil {
 		e.timer.Stop()
 		e.timer = nil

@@ -409,6 +409,11 @@ func (m *Manager) exportFilesystem(ctx context.Context, id, dir string) error {
 // then never be resumed.
 func (m *Manager) checkBootable(ctx context.Context, sb *store.Sandbox, dir string) error {
 	tpl, err := m.GetTemplate(ctx, sb.TemplateID)
+	if errors.Is(err, node.ErrNotFound) {
+		// Its files alone could not be booted: the resume boots the
+		// template's root filesystem under them.
+		return fmt.Errorf("%w: cannot pause %s without its memory: its template %s is gone", node.ErrConflict, sb.ID, sb.TemplateID)
+	}
 	if err != nil {
 		return fmt.Errorf("pause %s without memory: template %s: %w", sb.ID, sb.TemplateID, err)
 	}

@@ -224,16 +224,22 @@ func (p *pool[K, T]) evict(now time.Time) (t T, ok bool) {
 }
 
 // forget drops the shapes match picks and returns their instances, for
-// removal.
+// removal. A shape with launches in progress keeps counting them (their
+// end balances their begin), with no target: it goes once idle.
 func (p *pool[K, T]) forget(match func(K) bool) []T {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []T
 	for k, s := range p.shapes {
-		if match(k) {
-			out = append(out, s.ready...)
-			delete(p.shapes, k)
+		if !match(k) {
+			continue
 		}
+		out = append(out, s.ready...)
+		if s.active > 0 {
+			s.ready, s.want = nil, 0
+			continue
+		}
+		delete(p.shapes, k)
 	}
 	return out
 }

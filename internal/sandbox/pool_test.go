@@ -34,12 +34,9 @@ func TestPoolEvictHoldsTheShape(t *testing.T) {
 	if p.shapes[a].want != 2 {
 		t.Errorf("target of the shape that gave a slot: %d, want 2", p.shapes[a].want)
 	}
-	// A launch of the shape asks for it again.
-	p.begin(a)
-	if p.shapes[a].want < 2 {
-		t.Errorf("target after a launch: %d", p.shapes[a].want)
+	if p.shapes[b].want != 1 || len(p.shapes[b].ready) != 1 {
+		t.Errorf("the shape that gave nothing: target %d, %d ready; want both 1", p.shapes[b].want, len(p.shapes[b].ready))
 	}
-	p.end(a)
 }
 
 // TestPoolIdleShapeNeverMadeShrinks: a shape whose target was raised but
@@ -66,5 +63,35 @@ func TestPoolIdleShapeNeverMadeShrinks(t *testing.T) {
 		if s == nil || s.want != want {
 			t.Fatalf("round %d: target %v, want %d", i, s, want)
 		}
+	}
+}
+
+// TestPoolForgetDuringLaunch: a shape forgotten (its template deleted)
+// while a launch of it is in progress keeps counting that launch, so that
+// its end balances it; the shape then shrinks away when idle.
+func TestPoolForgetDuringLaunch(t *testing.T) {
+	k := prepKey{rootfs: "/a", vcpu: 1, memoryMB: 512, image: "/img"}
+	pp := &preparedPool{making: map[string]int{}, made: make(chan struct{})}
+	p := newPool(poolPolicy[prepKey, *preparedSandbox](preparedPolicy{p: pp, max: 8, memBytes: 1 << 30, maxRestored: 2}), preparedIdle)
+	p.begin(k) // launch A
+	p.shapes[k].ready = []*preparedSandbox{{id: NewID()}}
+	if got := p.forget(func(prepKey) bool { return true }); len(got) != 1 {
+		t.Fatalf("forget returned %d sandboxes, want the ready one", len(got))
+	}
+	p.begin(k) // launch B, after the forget
+	p.end(k)
+	p.end(k)
+	if s := p.shapes[k]; s != nil && s.active != 0 {
+		t.Fatalf("launches in progress after both ended: %d", s.active)
+	}
+	now := time.Now()
+	for range 4 {
+		now = now.Add(preparedIdle)
+		p.busy = 1
+		p.next(now)
+		p.busy = 0
+	}
+	if s := p.shapes[k]; s != nil {
+		t.Errorf("an idle forgotten shape is kept: %+v", *s)
 	}
 }

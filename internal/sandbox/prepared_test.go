@@ -470,3 +470,36 @@ func TestPooledSandboxesRunInTheBackground(t *testing.T) {
 	w.stop()
 	w.stoppedEmpty()
 }
+
+// TestClaimedPreparedSandboxGoesOnEarlyFailure: a launch that claimed a
+// prepared sandbox and failed before booting it (here, its egress policy)
+// removes the instance with its slot: the slot is free for another
+// sandbox, and nothing is left in its network namespace.
+func TestClaimedPreparedSandboxGoesOnEarlyFailure(t *testing.T) {
+	w := newWorld(t, withPrepared(2))
+	w.m.prep.demand(prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 512}, 2)
+	ids := w.waitPrepared(2)
+	w.faults.set("policy", errInjected)
+	_, err := w.m.Create(context.Background(), createReq())
+	w.faults.set("policy", nil)
+	if err == nil {
+		t.Fatal("create succeeded despite the failing policy")
+	}
+	claimed := 0
+	for _, id := range ids {
+		if w.driver.state(id) == "" {
+			claimed++
+		}
+	}
+	ready := w.m.PreparedPool().Ready
+	if claimed+ready < 2 || claimed == 0 {
+		t.Errorf("after the failed create: %d prepared instances removed, %d still ready; want the claimed one removed", claimed, ready)
+	}
+	for _, id := range w.driver.ids() {
+		if !slices.Contains(ids, id) && w.record(id) == nil {
+			t.Errorf("instance %s left without a record", id)
+		}
+	}
+	w.stop()
+	w.stoppedEmpty()
+}

@@ -110,7 +110,7 @@ func (m *Manager) startWarmPool(ctx context.Context) error {
 	f := filler[warmKey, *warmSandbox]{
 		what: "warm pool",
 		// Restores and boots from the prepared pool are requests too.
-		gate: m.prep.idle,
+		gate: func() bool { return m.prep.idle() },
 		make: func(ctx context.Context, k warmKey) error {
 			ws, err := m.bootWarm(ctx, w)
 			if err != nil {

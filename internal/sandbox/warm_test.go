@@ -231,3 +231,43 @@ func TestLaunchTriesEachWayInTurn(t *testing.T) {
 	w.stop()
 	w.stoppedEmpty()
 }
+
+// TestPlanAsksEachPoolOnce: a launch that tries again after a pooled
+// sandbox failed does not ask the pools it asked before: each counts the
+// launch once, so one create cannot raise a pool's target to two.
+func TestPlanAsksEachPoolOnce(t *testing.T) {
+	w := newWorld(t, withPrepared(4), func(c *Config) { c.WarmSandboxes, c.WarmMax = 1, 4 })
+	ctx := context.Background()
+	waitFor(t, func() bool { return w.m.WarmPool().Ready == 1 })
+	w.m.prep.demand(prepKey{rootfs: w.base.RootfsPath, vcpu: 1, memoryMB: 512}, 2)
+	w.waitPrepared(2)
+	key := w.m.warm.key
+	ws, ok := w.m.warm.pool.take(key) // the warm pool is empty for this launch
+	if !ok {
+		t.Fatal("no warm sandbox to take")
+	}
+	defer w.m.discardWarm(ctx, ws)
+
+	tpl, err := w.m.GetTemplate(ctx, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := &store.Sandbox{VCPU: key.vcpu, MemoryMB: key.memoryMB}
+	first := w.m.plan(ctx, sb, tpl, image{}, false, 0)
+	if first.source != fromPrepared || first.asked != fromWarm|fromPrepared {
+		t.Fatalf("first try: from %s, asked %b; want the prepared pool, having asked warm and prepared", first.source, first.asked)
+	}
+	second := w.m.plan(ctx, sb, tpl, image{}, false, first.asked)
+	if second.source != fromNew || second.asked != 0 {
+		t.Errorf("second try: from %s, asked %b; want a new instance, asking no pool again", second.source, second.asked)
+	}
+	w.m.warm.pool.mu.Lock()
+	active := w.m.warm.pool.shapes[key].active
+	w.m.warm.pool.mu.Unlock()
+	if active != 1 {
+		t.Errorf("the warm pool counts %d launches for one create", active)
+	}
+	second.end()
+	first.end()
+	w.m.discardPrepared(ctx, first.prepared)
+}
