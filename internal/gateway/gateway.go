@@ -360,6 +360,13 @@ func (g *Gateway) forwardSandbox(w http.ResponseWriter, r *http.Request, id stri
 	g.forwardNode(w, r, nodeID, id, controlPlane)
 }
 
+// SandboxExists says whether the cluster has sandbox id (the ACME host
+// policy asks, before ordering a certificate for one of its hosts).
+func (g *Gateway) SandboxExists(ctx context.Context, id string) bool {
+	_, err := g.nodeOf(ctx, id)
+	return err == nil
+}
+
 // nodeOf returns the node holding sandbox id: from the cache, else from
 // the database. A sandbox moves only when its node is gone (a sandbox
 // paused to disk resumed elsewhere, see takeOver), so a cached route stays
@@ -429,7 +436,8 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	// it: the node sees what the client asked for.
 	pr.Out.Host = pr.In.Host
 	// Links the node hands back (upload links) keep the scheme the client
-	// used here; a client's own header is replaced, never passed on.
+	// used to reach this gateway (or, behind a proxy of the operator's,
+	// the one that proxy says; a client can only mislead itself with it).
 	pr.Out.Header.Set(api.HeaderForwardedProto, api.RequestScheme(pr.In))
 	if t.controlPlane {
 		pr.Out.Header.Del("Authorization")

@@ -28,7 +28,8 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	for _, w := range cfg.Warnings() {
 		logger.WarnContext(ctx, w)
 	}
-	tlsSrc, err := newTLSSource(cfg.TLS, cfg.Domain, logger)
+	hosts := &sandboxHosts{domain: cfg.Domain}
+	tlsSrc, err := newTLSSource(cfg.TLS, cfg.Domain, hosts, logger)
 	if err != nil {
 		return err
 	}
@@ -55,6 +56,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 		return err
 	}
 	defer g.Close()
+	hosts.set(g.SandboxExists)
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux.Handle("GET /metrics", g.RequireKey(metrics))

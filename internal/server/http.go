@@ -1,12 +1,14 @@
 package server
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
@@ -81,17 +83,39 @@ func newHTTPServer(what, addr string, h http.Handler, maxConns int, idle time.Du
 	return &httpServer{what: what, listener: limited, srv: srv, maxConns: maxConns}, nil
 }
 
+// sandboxHosts is the ACME host policy's view of sandboxes: a host
+// <port>-<id>.<domain> gets a certificate only while sandbox id exists,
+// so that random names in handshakes cannot spend the ACME server's rate
+// limits (one order each) nor fill the certificate cache. The lookup is
+// set once the sandboxes can be asked about: the certificates come first
+// at start, and until then no sandbox host is allowed.
+type sandboxHosts struct {
+	domain string
+	lookup atomic.Pointer[func(ctx context.Context, id string) bool]
+}
+
+func (h *sandboxHosts) set(exists func(ctx context.Context, id string) bool) { h.lookup.Store(&exists) }
+
+func (h *sandboxHosts) allow(ctx context.Context, host string) bool {
+	id, _, ok := api.ExposedPort(host, h.domain)
+	if !ok {
+		return false
+	}
+	exists := h.lookup.Load()
+	return exists != nil && (*exists)(ctx, id)
+}
+
 // newTLSSource prepares the HTTPS listener's certificates (nil when
 // there is no HTTPS listener). It runs first thing at start: a bad
 // certificate is refused before anything else is set up.
-func newTLSSource(t config.TLS, domain string, logger *slog.Logger) (*tlscert.Source, error) {
+func newTLSSource(t config.TLS, domain string, hosts *sandboxHosts, logger *slog.Logger) (*tlscert.Source, error) {
 	if !t.Enabled() {
 		return nil, nil
 	}
 	src, err := tlscert.New(tlscert.Config{
 		Domain: domain, CertFile: t.CertFile, KeyFile: t.KeyFile, CADir: t.CADir,
 		ACMEDirectory: t.ACMEDirectory, ACMEEmail: t.ACMEEmail, ACMECAFile: t.ACMECAFile, ACMECacheDir: t.ACMECacheDir,
-		IsSandboxHost: func(host string) bool { _, _, ok := api.ExposedPort(host, domain); return ok },
+		IsSandboxHost: hosts.allow,
 	}, logger.With("component", "tls"))
 	if err != nil {
 		return nil, fmt.Errorf("TLS: %w", err)

@@ -76,7 +76,8 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return err
 	}
 	defer unlock()
-	tlsSrc, err := newTLSSource(cfg.TLSSettings(), cfg.Domain, logger)
+	hosts := &sandboxHosts{domain: cfg.Domain}
+	tlsSrc, err := newTLSSource(cfg.TLSSettings(), cfg.Domain, hosts, logger)
 	if err != nil {
 		return err
 	}
@@ -192,6 +193,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// What the API and builds call: the manager, behind the node's limits
 	// in a cluster.
 	var served node.Node = sandboxes
+	hosts.set(func(ctx context.Context, id string) bool {
+		_, err := sandboxes.Get(ctx, id)
+		return err == nil
+	})
 	if member != nil {
 		if served, err = member.join(ctx, cfg, sandboxes, objects != nil); err != nil {
 			sandboxes.Shutdown(context.WithoutCancel(ctx), false)

@@ -89,3 +89,31 @@ func TestTLSListenerSharesConnectionLimit(t *testing.T) {
 		t.Fatalf("%d connections held over both listeners, limit %d", active, max)
 	}
 }
+
+// TestSandboxHostsAllowLiveSandboxesOnly: the ACME host policy orders a
+// certificate for a sandbox host only while that sandbox exists, and for
+// none before the sandboxes can be asked about.
+func TestSandboxHostsAllowLiveSandboxesOnly(t *testing.T) {
+	const domain = "aenv.test"
+	live, gone := "abcdefghij0123456789", "zzzzzzzzzz0123456789"
+	h := &sandboxHosts{domain: domain}
+	ctx := context.Background()
+	if h.allow(ctx, "8080-"+live+"."+domain) {
+		t.Error("a sandbox host was allowed before the lookup was set")
+	}
+	h.set(func(_ context.Context, id string) bool { return id == live })
+	for _, tc := range []struct {
+		host string
+		want bool
+	}{
+		{"8080-" + live + "." + domain, true},
+		{"49983-" + live + "." + domain, true},
+		{"8080-" + gone + "." + domain, false},
+		{"8080-" + live + ".other.test", false},
+		{"api." + domain, false},
+	} {
+		if got := h.allow(ctx, tc.host); got != tc.want {
+			t.Errorf("allow(%q) = %v, want %v", tc.host, got, tc.want)
+		}
+	}
+}

@@ -71,9 +71,9 @@ func acmeHTTPClient(caFile string) (*http.Client, error) {
 // HostPolicy allows certificates for the domain, its API name and hosts
 // of sandbox ports (isSandboxHost), nothing else: every other name a
 // client puts in its TLS handshake would otherwise cost an ACME order.
-func HostPolicy(domain string, isSandboxHost func(string) bool) autocert.HostPolicy {
+func HostPolicy(domain string, isSandboxHost func(context.Context, string) bool) autocert.HostPolicy {
 	domain = strings.ToLower(domain)
-	return func(_ context.Context, host string) error {
+	return func(ctx context.Context, host string) error {
 		// An HTTP-01 challenge names the host as its request's Host,
 		// which may carry a port (some ACME servers send one).
 		if h, _, err := net.SplitHostPort(host); err == nil {
@@ -84,7 +84,7 @@ func HostPolicy(domain string, isSandboxHost func(string) bool) autocert.HostPol
 		case domain == "":
 		case host == domain, host == "api."+domain:
 			return nil
-		case isSandboxHost != nil && isSandboxHost(host):
+		case isSandboxHost != nil && isSandboxHost(ctx, host):
 			return nil
 		}
 		return fmt.Errorf("acme/autocert: host %q is not served here", host)

@@ -5,6 +5,7 @@
 package tlscert
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -49,9 +50,10 @@ type Config struct {
 	// talking to the ACME server.
 	ACMECAFile   string
 	ACMECacheDir string
-	// IsSandboxHost says whether a host names a port of a sandbox
+	// IsSandboxHost says whether a host names a port of a sandbox that
+	// exists
 	// (<port>-<id>.<domain>, with a well-formed ID): the ACME host policy.
-	IsSandboxHost func(host string) bool
+	IsSandboxHost func(ctx context.Context, host string) bool
 }
 
 // Source is what the listeners need from a mode.

@@ -134,7 +134,7 @@ func TestLeafNames(t *testing.T) {
 func TestHostPolicy(t *testing.T) {
 	const domain = "aenv.test"
 	id := "abcdefghij0123456789"
-	policy := HostPolicy(domain, func(h string) bool { _, _, ok := api.ExposedPort(h, domain); return ok })
+	policy := HostPolicy(domain, func(_ context.Context, h string) bool { _, _, ok := api.ExposedPort(h, domain); return ok })
 	for _, tc := range []struct {
 		host string
 		ok   bool
