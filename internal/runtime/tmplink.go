@@ -10,6 +10,7 @@ import (
 	"path"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 )
@@ -163,6 +164,12 @@ func CheckTmpOver(rootfs, upper string) error {
 		return fmt.Errorf("template rootfs: %w", err)
 	}
 	defer root.Close()
+	// Most sandboxes leave /tmp a directory: one pass over the headers,
+	// keeping nothing, says so. Only a /tmp the sandbox made a link needs
+	// the layer's index to follow it.
+	if linked, err := tmpLinkedIn(upper); err != nil || !linked {
+		return err
+	}
 	files, err := readLayer(upper)
 	if err != nil {
 		return err
@@ -189,47 +196,110 @@ func CheckTmpOver(rootfs, upper string) error {
 	return nil
 }
 
-// layerFiles is a layer's tar read into what a walk needs: each entry's
-// header by cleaned path, and the paths it deletes from the layers below.
+// layerName is a tar entry's path, cleaned and relative to the root
+// ("../" and absolute names cannot leave it).
+func layerName(h *tar.Header) string { return strings.TrimPrefix(path.Clean("/"+h.Name), "/") }
+
+// eachHeader calls fn with each header of the tar file.
+func eachHeader(file string, fn func(h *tar.Header)) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return fmt.Errorf("read saved files: %w", err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read saved files %s: %w", file, err)
+		}
+		fn(h)
+	}
+}
+
+// tmpLinkedIn says whether the layer makes /tmp a symbolic link.
+func tmpLinkedIn(file string) (bool, error) {
+	linked := false
+	err := eachHeader(file, func(h *tar.Header) {
+		if layerName(h) == "tmp" {
+			linked = h.Typeflag == tar.TypeSymlink // the last entry of a name wins
+		}
+	})
+	return linked, err
+}
+
+// layerEntry is what a walk needs of one entry: its type, and a link's
+// target.
+type layerEntry struct {
+	typ  byte
+	link string
+}
+
+// layerFiles is a layer's tar read into what a walk needs: its entries by
+// path, and the paths it deletes from the layers below.
 type layerFiles struct {
-	entries map[string]*tar.Header
+	entries map[string]layerEntry
 	deleted map[string]bool // whited out
 	opaque  map[string]bool // directories hiding what is below them
 }
 
 func readLayer(file string) (*layerFiles, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, fmt.Errorf("read saved files: %w", err)
-	}
-	defer f.Close()
-	l := &layerFiles{entries: map[string]*tar.Header{}, deleted: map[string]bool{}, opaque: map[string]bool{}}
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			// A directory with entries under it exists, listed or not.
-			for name := range l.entries {
-				for p := path.Dir(name); p != "." && l.entries[p] == nil; p = path.Dir(p) {
-					l.entries[p] = &tar.Header{Name: p, Typeflag: tar.TypeDir, Mode: 0o755}
-				}
-			}
-			return l, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read saved files %s: %w", file, err)
-		}
-		name := strings.TrimPrefix(path.Clean("/"+h.Name), "/")
+	l := &layerFiles{entries: map[string]layerEntry{}, deleted: map[string]bool{}, opaque: map[string]bool{}}
+	err := eachHeader(file, func(h *tar.Header) {
+		name := layerName(h)
 		dir, base := path.Split(name)
 		switch {
 		case base == ".wh..wh..opq":
 			l.opaque[path.Clean(dir)] = true
 		case strings.HasPrefix(base, ".wh."):
 			l.deleted[path.Join(dir, strings.TrimPrefix(base, ".wh."))] = true
+		case h.Typeflag == tar.TypeSymlink:
+			l.entries[name] = layerEntry{typ: tar.TypeSymlink, link: h.Linkname}
 		default:
-			l.entries[name] = h
+			l.entries[name] = layerEntry{typ: h.Typeflag}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A directory with entries under it exists, listed or not.
+	var implied []string
+	for name := range l.entries {
+		for p := path.Dir(name); p != "."; p = path.Dir(p) {
+			if _, ok := l.entries[p]; ok {
+				break
+			}
+			implied = append(implied, p)
 		}
 	}
+	for _, p := range implied {
+		l.entries[p] = layerEntry{typ: tar.TypeDir}
+	}
+	return l, nil
+}
+
+// entryInfo is a layerEntry as the walk's fs.FileInfo.
+type entryInfo struct {
+	name string
+	e    layerEntry
+}
+
+func (i entryInfo) Name() string       { return path.Base(i.name) }
+func (i entryInfo) Size() int64        { return 0 }
+func (i entryInfo) ModTime() time.Time { return time.Time{} }
+func (i entryInfo) IsDir() bool        { return i.e.typ == tar.TypeDir }
+func (i entryInfo) Sys() any           { return nil }
+func (i entryInfo) Mode() fs.FileMode {
+	switch i.e.typ {
+	case tar.TypeDir:
+		return fs.ModeDir | 0o755
+	case tar.TypeSymlink:
+		return fs.ModeSymlink | 0o777
+	}
+	return 0o644
 }
 
 // layered is a sandbox's files: a layer over the template rootfs.
@@ -250,8 +320,8 @@ func (t layered) hidden(name string) bool {
 }
 
 func (t layered) Lstat(name string) (fs.FileInfo, error) {
-	if h, ok := t.upper.entries[name]; ok {
-		return h.FileInfo(), nil
+	if e, ok := t.upper.entries[name]; ok {
+		return entryInfo{name: name, e: e}, nil
 	}
 	if t.hidden(name) {
 		return nil, &fs.PathError{Op: "lstat", Path: name, Err: fs.ErrNotExist}
@@ -260,11 +330,11 @@ func (t layered) Lstat(name string) (fs.FileInfo, error) {
 }
 
 func (t layered) Readlink(name string) (string, error) {
-	if h, ok := t.upper.entries[name]; ok {
-		if h.Typeflag != tar.TypeSymlink {
+	if e, ok := t.upper.entries[name]; ok {
+		if e.typ != tar.TypeSymlink {
 			return "", &fs.PathError{Op: "readlink", Path: name, Err: syscall.EINVAL}
 		}
-		return h.Linkname, nil
+		return e.link, nil
 	}
 	if t.hidden(name) {
 		return "", &fs.PathError{Op: "readlink", Path: name, Err: fs.ErrNotExist}

@@ -278,6 +278,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	if exited != nil {
 		select {
 		case <-exited:
+		case <-ctx.Done():
 		case <-time.After(checkpointExitWait):
 			d.log.Warn("sandbox process still there after its checkpoint; Kill removes it", "sandbox_id", id)
 		}
