@@ -91,15 +91,18 @@ printed.`,
 
 func newCAInitCommand(stderr io.Writer) *cobra.Command {
 	var f caDirFlags
+	var domain string
 	cmd := &cobra.Command{
 		Use:   "init",
 		Short: "Make the lab CA ahead of the first start (kept if there is one)",
 		Long: `Make the lab CA in its directory ahead of a server's first start, e.g. one
-directory shared by several gateways (--tls-ca-dir). A CA already there is kept.`,
-		Example: `  aenv ca init --tls-ca-dir /etc/aenv/ca`,
+directory shared by several gateways (--tls-ca-dir). A CA already there is kept.
+The CA may sign names under --domain, localhost and loopback addresses only
+(X.509 name constraints): give the servers' --domain.`,
+		Example: `  aenv ca init --tls-ca-dir /etc/aenv/ca --domain sandboxes.example.com`,
 		Args:    args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ca, created, err := tlscert.LoadOrCreateCA(f.dir())
+			ca, created, err := tlscert.LoadOrCreateCA(f.dir(), domain)
 			if err != nil {
 				return err
 			}
@@ -107,11 +110,13 @@ directory shared by several gateways (--tls-ca-dir). A CA already there is kept.
 			if created {
 				what = "made a lab CA"
 			}
-			fmt.Fprintf(stderr, "%s in %s (%s, valid until %s)\n", what, f.dir(), ca.Cert.Subject.CommonName,
-				ca.Cert.NotAfter.Format("2006-01-02"))
+			fmt.Fprintf(stderr, "%s in %s (%s, valid until %s, for %v)\n", what, f.dir(), ca.Cert.Subject.CommonName,
+				ca.Cert.NotAfter.Format("2006-01-02"), ca.Cert.PermittedDNSDomains)
 			return nil
 		},
 	}
 	f.register(cmd)
+	cmd.Flags().StringVar(&domain, "domain", envOr("domain", config.Default().Domain),
+		"the servers' --domain: the CA signs names under it (env "+config.EnvName("domain")+")")
 	return cmd
 }

@@ -15,6 +15,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -48,7 +50,12 @@ type CA struct {
 // LoadOrCreateCA loads the CA kept in dir, making it (and dir) first when
 // there is none; created says which. Servers sharing dir (several
 // gateways) take a lock, so that they all end up with the same CA.
-func LoadOrCreateCA(dir string) (ca *CA, created bool, err error) {
+//
+// A CA it makes may sign names under domain, localhost and loopback
+// addresses only (X.509 name constraints, which clients enforce): a
+// client told to trust it trusts nothing else it might sign, should its
+// key leak. A CA made for another domain is refused.
+func LoadOrCreateCA(dir, domain string) (ca *CA, created bool, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, false, fmt.Errorf("lab CA dir: %w", err)
 	}
@@ -59,6 +66,10 @@ func LoadOrCreateCA(dir string) (ca *CA, created bool, err error) {
 	defer unlock()
 	ca, err = LoadCA(dir)
 	if err == nil {
+		if !ca.Permits(domain) {
+			return nil, false, fmt.Errorf("lab CA in %s signs names under %v only, not %q: give --tls-ca-dir another directory, "+
+				"or remove this CA (its clients must then trust the new one)", dir, ca.Cert.PermittedDNSDomains, domain)
+		}
 		return ca, false, nil
 	}
 	if !errors.Is(err, fs.ErrNotExist) {
@@ -69,7 +80,7 @@ func LoadOrCreateCA(dir string) (ca *CA, created bool, err error) {
 		// clients may trust.
 		return nil, false, fmt.Errorf("lab CA in %s: %s exists but %s does not", dir, CAKeyFile, CACertFile)
 	}
-	ca, err = newCA()
+	ca, err = newCA(domain)
 	if err != nil {
 		return nil, false, err
 	}
@@ -117,7 +128,40 @@ func ReadCACert(dir string) ([]byte, error) {
 	return b, nil
 }
 
-func newCA() (*CA, error) {
+// Permits says whether the CA may sign names under domain: always for a
+// CA without name constraints (made before they were added).
+func (ca *CA) Permits(domain string) bool {
+	permitted := ca.Cert.PermittedDNSDomains
+	if len(permitted) == 0 || domain == "" {
+		return true
+	}
+	domain = strings.ToLower(domain)
+	for _, p := range permitted {
+		p = strings.ToLower(p)
+		if domain == p || strings.HasSuffix(domain, "."+p) {
+			return true
+		}
+	}
+	return false
+}
+
+// constraints are the names a CA made for domain may sign: the domain and
+// every name under it, localhost, and loopback addresses.
+func constraints(domain string) (dns []string, ips []*net.IPNet) {
+	if domain != "" {
+		dns = append(dns, strings.ToLower(domain))
+	}
+	if !slices.Contains(dns, "localhost") {
+		dns = append(dns, "localhost")
+	}
+	for _, cidr := range []string{"127.0.0.0/8", "::1/128"} {
+		_, n, _ := net.ParseCIDR(cidr)
+		ips = append(ips, n)
+	}
+	return dns, ips
+}
+
+func newCA(domain string) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("lab CA key: %w", err)
@@ -137,6 +181,8 @@ func newCA() (*CA, error) {
 		IsCA:                  true,
 		MaxPathLenZero:        true,
 	}
+	tmpl.PermittedDNSDomainsCritical = true
+	tmpl.PermittedDNSDomains, tmpl.PermittedIPRanges = constraints(domain)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return nil, fmt.Errorf("lab CA certificate: %w", err)

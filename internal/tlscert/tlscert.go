@@ -115,7 +115,7 @@ func New(cfg Config, logger *slog.Logger) (*Source, error) {
 		if cfg.CADir == "" {
 			return nil, errors.New("lab CA mode needs a directory for the CA (--tls-ca-dir)")
 		}
-		ca, created, err := LoadOrCreateCA(cfg.CADir)
+		ca, created, err := LoadOrCreateCA(cfg.CADir, cfg.Domain)
 		if err != nil {
 			return nil, err
 		}

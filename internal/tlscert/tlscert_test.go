@@ -26,7 +26,7 @@ var discard = slog.New(slog.DiscardHandler)
 // ones (and concurrent ones sharing the directory) load that same CA.
 func TestCAIsMadeOnceAndKept(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "tls")
-	first, created, err := LoadOrCreateCA(dir)
+	first, created, err := LoadOrCreateCA(dir, "aenv.test")
 	if err != nil || !created {
 		t.Fatalf("first start: created %v, %v", created, err)
 	}
@@ -42,7 +42,7 @@ func TestCAIsMadeOnceAndKept(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
-			again, created, err := LoadOrCreateCA(dir)
+			again, created, err := LoadOrCreateCA(dir, "aenv.test")
 			if err != nil || created || !again.Cert.Equal(first.Cert) {
 				t.Errorf("later start: created %v, same CA %v, %v", created, err == nil && again.Cert.Equal(first.Cert), err)
 			}
@@ -63,7 +63,7 @@ func TestCAsSharedDirRace(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range cas {
 		wg.Go(func() {
-			ca, _, err := LoadOrCreateCA(dir)
+			ca, _, err := LoadOrCreateCA(dir, "aenv.test")
 			if err != nil {
 				t.Error(err)
 				return
@@ -84,7 +84,7 @@ func TestCAKeyWithoutCertificateRefused(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, CAKeyFile), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := LoadOrCreateCA(dir); err == nil || !strings.Contains(err.Error(), "does not") {
+	if _, _, err := LoadOrCreateCA(dir, "aenv.test"); err == nil || !strings.Contains(err.Error(), "does not") {
 		t.Fatalf("a key without its certificate: %v", err)
 	}
 	if _, err := ReadCACert(t.TempDir()); err == nil {
@@ -95,7 +95,7 @@ func TestCAKeyWithoutCertificateRefused(t *testing.T) {
 // TestLeafNames: the lab certificate verifies for every host E2B's SDKs
 // use with the domain, and for loopback; not for other names.
 func TestLeafNames(t *testing.T) {
-	ca, _, err := LoadOrCreateCA(t.TempDir())
+	ca, _, err := LoadOrCreateCA(t.TempDir(), "aenv.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func pairFiles(t *testing.T, ca *CA, dir, prefix string, names ...string) (certF
 }
 
 func TestBadPairsRefused(t *testing.T) {
-	ca, _, err := LoadOrCreateCA(t.TempDir())
+	ca, _, err := LoadOrCreateCA(t.TempDir(), "aenv.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func serialServed(t *testing.T, src *Source, roots *x509.CertPool, host string) 
 // next check on; a half-written one (new certificate, old key) is not,
 // and the current certificate goes on being served.
 func TestCertFilesReload(t *testing.T) {
-	ca, _, err := LoadOrCreateCA(t.TempDir())
+	ca, _, err := LoadOrCreateCA(t.TempDir(), "aenv.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,5 +323,55 @@ func TestACMEHTTPHandler(t *testing.T) {
 	}
 	if _, err := New(Config{Domain: "aenv.test", ACMEDirectory: "https://acme.invalid/directory"}, discard); err == nil {
 		t.Fatal("ACME without a cache dir")
+	}
+}
+
+// TestCANameConstraints: a lab CA signs, as far as its clients are
+// concerned, names under its domain, localhost and loopback only: a
+// certificate it issues for another name fails verification, so a leaked
+// CA key cannot impersonate other sites to them. A CA dir made for one
+// domain is refused for another.
+func TestCANameConstraints(t *testing.T) {
+	dir := t.TempDir()
+	ca, _, err := LoadOrCreateCA(dir, "aenv.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"api.aenv.test", true},
+		{"localhost", true},
+		{"bank.example", false},
+		{"aenv.test.evil", false},
+	} {
+		cert, err := ca.Issue([]string{tc.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = cert.Leaf.Verify(x509.VerifyOptions{DNSName: tc.name, Roots: roots})
+		if (err == nil) != tc.ok {
+			t.Errorf("a certificate for %s: verified %v, want %v (%v)", tc.name, err == nil, tc.ok, err)
+		}
+	}
+	cert, err := ca.Issue([]string{"10.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: roots}); err == nil {
+		t.Error("a certificate for a non-loopback address verified")
+	}
+
+	if _, _, err := LoadOrCreateCA(dir, "sub.aenv.test"); err != nil {
+		t.Errorf("a subdomain of the CA's domain: %v", err)
+	}
+	if _, _, err := LoadOrCreateCA(dir, "other.test"); err == nil || !strings.Contains(err.Error(), "other.test") {
+		t.Errorf("the CA of aenv.test loaded for other.test: %v", err)
+	}
+	if !(&CA{Cert: &x509.Certificate{}}).Permits("any.test") {
+		t.Error("a CA without constraints (made before them) refused a domain")
 	}
 }

@@ -287,7 +287,7 @@ func servedSerial(t testing.TB, addr, host string, roots *x509.CertPool) string 
 // get the new one without a restart. A key that is not the certificate's
 // is refused at start.
 func TestTLSCertFilesReload(t *testing.T) {
-	ca, _, err := tlscert.LoadOrCreateCA(t.TempDir())
+	ca, _, err := tlscert.LoadOrCreateCA(t.TempDir(), tlsDomain)
 	if err != nil {
 		t.Fatal(err)
 	}
