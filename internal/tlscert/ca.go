@@ -1,6 +1,7 @@
 package tlscert
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -19,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 )
 
 // Files of a lab CA, in its directory.
@@ -202,10 +205,10 @@ func (ca *CA) save(dir string) error {
 		return fmt.Errorf("lab CA key: %w", err)
 	}
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-	if err := writeFile(filepath.Join(dir, CAKeyFile), keyPEM, 0o600); err != nil {
+	if err := atomicfile.WriteDurable(filepath.Join(dir, CAKeyFile), bytes.NewReader(keyPEM), 0o600); err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(dir, CACertFile), ca.CertPEM, 0o644)
+	return atomicfile.WriteDurable(filepath.Join(dir, CACertFile), bytes.NewReader(ca.CertPEM), 0o644)
 }
 
 // Issue makes a server certificate for names (DNS names, or IP
@@ -272,35 +275,6 @@ func newSerial() (*big.Int, error) {
 		return nil, fmt.Errorf("certificate serial: %w", err)
 	}
 	return n.Add(n, big.NewInt(1)), nil
-}
-
-// writeFile writes through a temporary file and a rename, so that a
-// reader never sees half a file.
-func writeFile(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }
 
 func lockDir(dir string) (func(), error) {

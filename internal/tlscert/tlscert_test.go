@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 )
 
 var discard = slog.New(slog.DiscardHandler)
@@ -179,10 +180,10 @@ func pairFiles(t *testing.T, ca *CA, dir, prefix string, names ...string) (certF
 		t.Fatal(err)
 	}
 	certFile, keyFile = filepath.Join(dir, prefix+"cert.pem"), filepath.Join(dir, prefix+"key.pem")
-	if err := writeFile(certFile, chain.Bytes(), 0o644); err != nil {
+	if err := atomicfile.Write(certFile, bytes.NewReader(chain.Bytes()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+	if err := atomicfile.Write(keyFile, bytes.NewReader(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return certFile, keyFile, cert
@@ -266,7 +267,7 @@ func TestCertFilesReload(t *testing.T) {
 	// Half a renewal: the new certificate beside the old key.
 	otherCert, _, half := pairFiles(t, ca, dir, "other-", "*.aenv.test")
 	b, _ := os.ReadFile(otherCert)
-	if err := writeFile(certFile, b, 0o644); err != nil {
+	if err := atomicfile.Write(certFile, bytes.NewReader(b), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if got := serialServed(t, src, roots, host); got != first.Leaf.SerialNumber.String() {
