@@ -47,7 +47,7 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 		return nil, err
 	}
 
-	m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.tpl.VCPU, memoryMB: src.tpl.MemoryMB,
+	m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.vcpu, memoryMB: src.memoryMB,
 		unheld: !m.local(src.tpl)}, req.Count)
 	start := time.Now()
 	results := make([]node.ForkResult, req.Count)
@@ -67,8 +67,8 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 			now := time.Now().UTC()
 			child := &store.Sandbox{
 				TemplateID: src.tpl.ID, Alias: src.tpl.Name,
-				VCPU: src.tpl.VCPU, MemoryMB: src.tpl.MemoryMB, Metadata: src.metadata,
-				EnvVars: src.tpl.EnvVars, AccessToken: newAccessToken(), AutoPause: src.autoPause,
+				VCPU: src.vcpu, MemoryMB: src.memoryMB, Metadata: src.metadata,
+				EnvVars: src.envVars, AccessToken: newAccessToken(), AutoPause: src.autoPause,
 				AutoPauseDropMemory: src.autoPauseDropMemory, AutoResume: src.autoResume,
 				StartedAt: now, EndAt: now.Add(timeout), UpdatedAt: now, TimeoutSecs: int(timeout.Seconds()),
 				Network: src.network,
@@ -76,10 +76,10 @@ func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 			if src.private {
 				child.TrafficToken = newAccessToken()
 			}
-			if src.tpl.EnvdToken == "" {
+			if src.img.token == "" {
 				child.AccessToken = "" // the children of an insecure sandbox are insecure too
 			}
-			e, err := m.launch(ctx, child, src.tpl, image{dir: src.tpl.ImageDir, token: src.tpl.EnvdToken}, true)
+			e, err := m.launch(ctx, child, src.tpl, src.img, true)
 			if err != nil {
 				results[i].Err = err
 				return
@@ -124,11 +124,17 @@ func (m *Manager) discard(ctx context.Context, e *entry) {
 	m.deleteRecord(ctx, e.id)
 }
 
-// forkSource is what children are restored from: a template-shaped view
-// of the source (rootfs, defaults, image, envd token inside the image).
+// forkSource is what children are restored from: the record they come
+// from as it is stored (a snapshot, or the parent's template: its root
+// filesystem and defaults), the checkpoint image taken of it, and the
+// shape and settings the children inherit.
 type forkSource struct {
 	name      string
 	tpl       *store.Template
+	img       image
+	vcpu      int
+	memoryMB  int
+	envVars   map[string]string
 	metadata  map[string]string
 	autoPause bool
 	// autoPauseDropMemory and autoResume are the parent's lifecycle.
@@ -149,12 +155,13 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 		if tpl.ImageDir == "" {
 			return nil, fmt.Errorf("%w: template %q has no checkpoint to fork; create sandboxes from it instead", node.ErrInvalid, req.SnapshotID)
 		}
-		tpl, release, err := m.holdTemplateImage(ctx, tpl)
+		img, release, err := m.holdTemplateImage(ctx, tpl)
 		if err != nil {
 			return nil, err
 		}
-		return &forkSource{name: tpl.ID, tpl: tpl, memoryBytes: imageBytes(tpl.ImageDir),
-			timeout: m.cfg.DefaultTimeout, release: release}, nil
+		return &forkSource{name: tpl.ID, tpl: tpl, img: img, vcpu: tpl.VCPU, memoryMB: tpl.MemoryMB,
+			envVars: tpl.EnvVars, memoryBytes: imageBytes(img.dir), timeout: m.cfg.DefaultTimeout,
+			release: release}, nil
 	}
 	e, err := m.lock(ctx, req.SandboxID, opFork)
 	if err != nil {
@@ -182,13 +189,11 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 	if mem == 0 {
 		mem = imageBytes(dir)
 	}
-	// The children keep the parent's template ID and defaults; the image
-	// is the parent's state now.
-	tpl := *base
-	tpl.ImageDir, tpl.EnvdToken, tpl.EnvVars = dir, v.sb.AccessToken, v.sb.EnvVars
-	tpl.VCPU, tpl.MemoryMB = v.sb.VCPU, v.sb.MemoryMB
+	// The children keep the parent's template and its defaults; the image
+	// is the parent's state now, and its shape and variables theirs.
 	return &forkSource{
-		name: e.id, tpl: &tpl, metadata: v.sb.Metadata, autoPause: v.sb.AutoPause,
+		name: e.id, tpl: base, img: image{dir: dir, token: v.sb.AccessToken},
+		vcpu: v.sb.VCPU, memoryMB: v.sb.MemoryMB, envVars: v.sb.EnvVars, metadata: v.sb.Metadata, autoPause: v.sb.AutoPause,
 		autoPauseDropMemory: v.sb.AutoPauseDropMemory, autoResume: v.sb.AutoResume,
 		network: v.sb.Network, private: v.sb.TrafficToken != "",
 		timeout: time.Duration(v.sb.TimeoutSecs) * time.Second, memoryBytes: mem,

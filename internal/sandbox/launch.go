@@ -64,15 +64,16 @@ func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sa
 	if req.Private {
 		sb.TrafficToken = newAccessToken()
 	}
+	var img image
 	if tpl.ImageDir != "" {
 		held, release, err := m.holdTemplateImage(ctx, tpl)
 		if err != nil {
 			return nil, err
 		}
 		defer release()
-		tpl = held
+		img = held
 	}
-	e, err := m.launch(ctx, sb, tpl, image{dir: tpl.ImageDir, token: tpl.EnvdToken}, false)
+	e, err := m.launch(ctx, sb, tpl, img, false)
 	if err != nil {
 		return nil, err
 	}
@@ -289,12 +290,12 @@ func (m *Manager) adopt(ctx context.Context, sb *store.Sandbox, tpl *store.Templ
 	// identify re-keyed the client to sb's token.
 	e := newEntry(newView(phaseRunning, sb, slot, envd))
 	m.register(e)
+	// Its deadline armed and, as a launched one is, watched from the
+	// start: a death in its first seconds is seen at once, not at the
+	// monitor's next poll.
 	e.mu.Lock()
-	m.armTimer(e)
+	e.settle()
 	e.mu.Unlock()
-	// Watched from the start, as a launched one is: a death in its first
-	// seconds is seen at once, not at the monitor's next poll.
-	m.watch(e)
 	m.logger.InfoContext(ctx, what, "sandbox", sb.ID, "template", tpl.Name,
 		"took", time.Since(start).Round(time.Millisecond))
 	return e, nil
@@ -353,12 +354,9 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 	undo.Release()
 	e := newEntry(newView(phase, sb, slot, envd))
 	m.register(e)
-	if phase == phaseRunning {
-		e.mu.Lock()
-		m.armTimer(e)
-		e.mu.Unlock()
-		m.watch(e)
-	}
+	e.mu.Lock()
+	e.settle() // a pending one (starting) gets its deadline from finish
+	e.mu.Unlock()
 	log.InfoContext(ctx, "sandbox started", "template", tpl.Name, "restored", img.dir != "",
 		"prepared", ps != nil, "took", time.Since(start).Round(time.Millisecond))
 	return e, nil
@@ -498,7 +496,5 @@ func (m *Manager) finish(ctx context.Context, e *entry) error {
 		return storeError("record running sandbox", err)
 	}
 	e.transition(phaseRunning, sb, v.slot, v.envd, nil)
-	m.armTimer(e)
-	m.watch(e)
 	return nil
 }

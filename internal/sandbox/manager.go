@@ -264,7 +264,7 @@ func (m *Manager) entries() []*entry {
 }
 
 func (m *Manager) register(e *entry) {
-	e.tally = &m.tally
+	e.tally, e.owner = &m.tally, m
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if old := m.live[e.id]; old != nil {
@@ -478,10 +478,7 @@ func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 	if e.view().phase == phaseGone {
 		return nil // released already (a fork child killed before it finished)
 	}
-	if e.timer != nil {
-		e.timer.Stop()
-		e.timer = nil
-	}
+	e.stopTimer()
 	v := e.view()
 	if v.slot != nil || v.phase == phaseStarting {
 		if err := m.killInstance(ctx, e.id); err != nil {
@@ -550,7 +547,6 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) er
 		return storeError("record timeout", err)
 	}
 	e.transition(v.phase, updated, v.slot, v.envd, nil)
-	m.armTimer(e)
 	return nil
 }
 

@@ -18,24 +18,6 @@ import (
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
-// armTimer (re)starts the one timer of e for its phase: the deadline of a
-// running sandbox, or the spill to disk of one paused in memory. e.mu must
-// be held.
-func (m *Manager) armTimer(e *entry) {
-	if e.timer != nil {
-		e.timer.Stop()
-		e.timer = nil
-	}
-	v := e.view()
-	switch {
-	case v.phase == phaseRunning:
-		e.timer = m.afterFunc(time.Until(v.sb.EndAt), func(ctx context.Context) { m.expire(ctx, e) })
-	case v.phase == phasePaused && m.cfg.PauseToDiskAfter > 0 && m.driver.Capabilities().Checkpoint:
-		wait := m.cfg.PauseToDiskAfter - time.Since(v.sb.UpdatedAt)
-		e.timer = m.afterFunc(wait, func(ctx context.Context) { m.spill(ctx, e) })
-	}
-}
-
 // expire handles a deadline: the sandbox is paused when it asked for
 // autoPause, killed otherwise. A kill that fails is retried with a
 // growing delay, never in a tight loop.
@@ -49,7 +31,7 @@ func (m *Manager) expire(ctx context.Context, e *entry) {
 		return
 	}
 	if time.Until(v.sb.EndAt) > 0 { // extended meanwhile
-		m.armTimer(e)
+		e.settle()
 		return
 	}
 	if v.sb.AutoPause {
@@ -86,9 +68,7 @@ func (m *Manager) expire(ctx context.Context, e *entry) {
 func (m *Manager) retryExpiry(e *entry, what string, err error) {
 	e.retry = min(max(2*e.retry, time.Second), maxKillRetry)
 	m.logger.Error(what+"; retrying", "sandbox", e.id, "in", e.retry, "err", err)
-	if e.timer != nil {
-		e.timer.Stop()
-	}
+	e.stopTimer()
 	e.timer = m.afterFunc(e.retry, func(ctx context.Context) { m.expire(ctx, e) })
 }
 
@@ -153,7 +133,6 @@ func (m *Manager) unpauseLocked(ctx context.Context, e *entry, before *store.San
 		return fmt.Errorf("%w; the sandbox stays paused in memory (resume it to continue)", cause)
 	}
 	e.transition(phaseRunning, restored, v.slot, v.envd, nil)
-	m.armTimer(e)
 	m.logger.InfoContext(ctx, "sandbox running again after failed pause to disk", "sandbox", e.id, "err", cause)
 	return fmt.Errorf("%w; the sandbox was not paused and is still running", cause)
 }
@@ -180,7 +159,6 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
 	}
 	undo.Release()
 	e.transition(phasePaused, updated, v.slot, v.envd, stoppedError(e.id, why))
-	m.armTimer(e)
 	m.logger.InfoContext(ctx, "sandbox paused", "sandbox", e.id)
 	return nil
 }
@@ -264,8 +242,6 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, 
 		m.forgetUploaded(v.sb)
 	}
 	e.transition(phaseRunning, updated, slot, envd, nil)
-	m.armTimer(e)
-	m.watch(e)
 	m.logger.InfoContext(ctx, "sandbox resumed", "sandbox", id)
 	return cloneSandbox(updated), true, nil
 }
@@ -366,7 +342,6 @@ func (m *Manager) spillLocked(ctx context.Context, e *entry, dropMemory bool) er
 		m.releaseSlotLater(v.slot.Index, e.id)
 	}
 	m.uploadPaused(ctx, updated)
-	m.armTimer(e)
 	m.logger.InfoContext(ctx, "paused sandbox written to disk", "sandbox", e.id,
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
@@ -546,7 +521,7 @@ func (m *Manager) takeOver(ctx context.Context, id string) error {
 	e := newEntry(newView(phaseOnDisk, sb, nil, nil))
 	m.register(e)
 	e.mu.Lock()
-	m.armTimer(e)
+	e.settle()
 	e.mu.Unlock()
 	m.logger.InfoContext(ctx, "took over a sandbox paused to disk", "sandbox", id)
 	return nil

@@ -114,7 +114,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	// kill beside one would undo it (a second stop of a stopped kernel).
 	for _, e := range entries {
 		e.mu.Lock()
-		m.armTimer(e)
+		e.settle()
 		e.mu.Unlock()
 	}
 
@@ -361,37 +361,6 @@ func (m *Manager) checkLiveness(ctx context.Context) {
 	}
 }
 
-// watch checks sandbox e the moment its instance exits, when the runtime
-// can tell (runtime.Watcher), so that calls in flight into a sandbox that
-// dies on its own end at once rather than at the monitor's next poll,
-// which remains the fallback. At most one watch per sandbox runs; it ends
-// with the instance, and the monitor starts one for the next instance.
-func (m *Manager) watch(e *entry) {
-	w, ok := m.driver.(runtime.Watcher)
-	if !ok || !e.watching.CompareAndSwap(false, true) {
-		return
-	}
-	if !m.goOwned(func(ctx context.Context) {
-		defer e.watching.Store(false)
-		exited, err := w.Exited(ctx, e.id)
-		if errors.Is(err, runtime.ErrNotFound) {
-			// Gone before it could be watched.
-			m.checkOne(ctx, e)
-			return
-		}
-		if err != nil {
-			m.logger.DebugContext(ctx, "monitor: cannot watch sandbox; polling it", "sandbox", e.id, "err", err)
-			return
-		}
-		<-exited
-		if ctx.Err() == nil {
-			m.checkOne(ctx, e)
-		}
-	}) {
-		e.watching.Store(false)
-	}
-}
-
 // checkOne asks the runtime about one sandbox and, if it is gone, marks it
 // dead. Only one check per sandbox runs at a time.
 func (m *Manager) checkOne(ctx context.Context, e *entry) {
@@ -476,10 +445,7 @@ func (m *Manager) Shutdown(ctx context.Context, killAll bool) error {
 			defer func() { <-sem }()
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			if e.timer != nil {
-				e.timer.Stop()
-				e.timer = nil
-			}
+			e.stopTimer()
 			if !killAll || e.view().phase == phaseGone || ctx.Err() != nil {
 				return
 			}

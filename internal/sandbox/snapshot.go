@@ -151,24 +151,22 @@ func (m *Manager) GetTemplate(ctx context.Context, idOrName string) (*store.Temp
 	return tpl, err
 }
 
-// holdTemplateImage keeps tpl's checkpoint image on disk until release: a
-// copy of tpl is returned whose ImageDir is the local image (for another
-// node's template, fetched into the cache).
-func (m *Manager) holdTemplateImage(ctx context.Context, tpl *store.Template) (*store.Template, func(), error) {
+// holdTemplateImage keeps tpl's checkpoint image on disk until release,
+// and returns it: the local image, or for another node's template, the
+// copy fetched into the cache. tpl itself is left as it is stored.
+func (m *Manager) holdTemplateImage(ctx context.Context, tpl *store.Template) (image, func(), error) {
 	if m.cfg.Shared != nil && m.cfg.Shared.Remote(tpl) {
 		dir, release, err := m.cfg.Shared.Image(ctx, tpl)
 		if err != nil {
-			return nil, nil, classifyRuntimeError(err)
+			return image{}, nil, classifyRuntimeError(err)
 		}
-		held := *tpl
-		held.ImageDir = dir
-		return &held, release, nil
+		return image{dir: dir, token: tpl.EnvdToken}, release, nil
 	}
 	dir := tpl.ImageDir
 	if err := m.holdImage(dir); err != nil {
-		return nil, nil, fmt.Errorf("%w: template %q", node.ErrNotFound, tpl.Name)
+		return image{}, nil, fmt.Errorf("%w: template %q", node.ErrNotFound, tpl.Name)
 	}
-	return tpl, func() { m.dropImage(dir) }, nil
+	return image{dir: dir, token: tpl.EnvdToken}, func() { m.dropImage(dir) }, nil
 }
 
 // share uploads tpl, recorded now, to the object store if there is one.

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -181,6 +183,71 @@ func (e *entry) transition(to phase, sb *store.Sandbox, slot *network.Slot, envd
 		v.run = cur.run
 	}
 	e.publish(v, cause)
+	e.settle()
+}
+
+// settle makes e's timer and watch those of its phase, so that no move
+// can leave a sandbox without its deadline or with a stale one: a
+// running sandbox has its deadline armed, one paused in memory its spill
+// to disk (when the node spills), and other phases no timer; an instance
+// that holds a slot is watched for its exit. Every transition settles; a
+// new entry settles once registered. e.mu is held.
+func (e *entry) settle() {
+	m := e.owner
+	if m == nil {
+		return // not registered yet: register's caller settles it
+	}
+	e.stopTimer()
+	v := e.view()
+	switch {
+	case v.phase == phaseRunning:
+		e.timer = m.afterFunc(time.Until(v.sb.EndAt), func(ctx context.Context) { m.expire(ctx, e) })
+	case v.phase == phasePaused && m.cfg.PauseToDiskAfter > 0 && m.driver.Capabilities().Checkpoint:
+		wait := m.cfg.PauseToDiskAfter - time.Since(v.sb.UpdatedAt)
+		e.timer = m.afterFunc(wait, func(ctx context.Context) { m.spill(ctx, e) })
+	}
+	if v.slot != nil && (v.phase == phaseRunning || v.phase == phasePaused) {
+		m.watch(e)
+	}
+}
+
+// watch checks sandbox e the moment its instance exits, when the runtime
+// can tell (runtime.Watcher), so that calls in flight into a sandbox that
+// dies on its own end at once rather than at the monitor's next poll,
+// which remains the fallback. At most one watch per sandbox runs; it ends
+// with the instance, and the monitor starts one for the next instance.
+func (m *Manager) watch(e *entry) {
+	w, ok := m.driver.(runtime.Watcher)
+	if !ok || !e.watching.CompareAndSwap(false, true) {
+		return
+	}
+	if !m.goOwned(func(ctx context.Context) {
+		defer e.watching.Store(false)
+		exited, err := w.Exited(ctx, e.id)
+		if errors.Is(err, runtime.ErrNotFound) {
+			// Gone before it could be watched.
+			m.checkOne(ctx, e)
+			return
+		}
+		if err != nil {
+			m.logger.DebugContext(ctx, "monitor: cannot watch sandbox; polling it", "sandbox", e.id, "err", err)
+			return
+		}
+		<-exited
+		if ctx.Err() == nil {
+			m.checkOne(ctx, e)
+		}
+	}) {
+		e.watching.Store(false)
+	}
+}
+
+// stopTimer stops e's timer, if any; e.mu is held.
+func (e *entry) stopTimer() {
+	if e.timer != nil {
+		e.timer.Stop()
+		e.timer = nil
+	}
 }
 
 // view is an immutable picture of a sandbox, published atomically so that
@@ -213,9 +280,13 @@ type entry struct {
 	id  string
 	cur atomic.Pointer[view]
 
+	// owner is the manager that holds it, set by register: it runs the
+	// entry's timer and watches its instance (see settle).
+	owner *Manager
+
 	// mu serialises lifecycle operations on this sandbox; readers use cur.
 	mu    sync.Mutex
-	timer *time.Timer // deadline or spill; guarded by mu
+	timer *time.Timer // deadline or spill, as settle set it; guarded by mu
 	// retry is the back-off of a failing expiry kill; guarded by mu.
 	retry time.Duration
 	// checking is set while the monitor asks the runtime about it.

@@ -254,10 +254,12 @@ func TestBadInput(t *testing.T) {
 func TestDeadlineKills(t *testing.T) {
 	s := newServer(t)
 	s.start()
-	sb := s.create(map[string]any{"templateID": "base", "timeout": 2})
-	keep := s.create(map[string]any{"templateID": "base", "timeout": 2})
+	// The deadline counts from the create request, and a boot on a loaded
+	// machine takes seconds: a shorter timeout could end before the extend.
+	sb := s.create(map[string]any{"templateID": "base", "timeout": 8})
+	keep := s.create(map[string]any{"templateID": "base", "timeout": 8})
 	s.expect(s.do("POST", "/sandboxes/"+keep.SandboxID+"/timeout", map[string]int{"timeout": 120}), 204, "extend")
-	waitFor(t, 20*time.Second, "sandbox killed at its deadline", func() bool {
+	waitFor(t, 40*time.Second, "sandbox killed at its deadline", func() bool {
 		return s.do("GET", "/sandboxes/"+sb.SandboxID, nil).status == 404 && runscProcesses(sb.SandboxID) == 0
 	})
 	if res := s.exec(keep.SandboxID, client.ExecuteRequest{Command: "echo alive"}); res.Stdout != "alive\n" {

@@ -141,9 +141,11 @@ func TestPauseToDisk(t *testing.T) {
 func TestAutoPause(t *testing.T) {
 	s := newServer(t)
 	s.start()
-	sb := s.create(map[string]any{"templateID": "base", "timeout": 2, "autoPause": true})
+	// Long enough to start the counter on a loaded machine before the
+	// deadline, which counts from the create request.
+	sb := s.create(map[string]any{"templateID": "base", "timeout": 10, "autoPause": true})
 	s.startCounter(sb.SandboxID)
-	waitFor(t, 20*time.Second, "auto-pause at the deadline", func() bool { return s.state(sb.SandboxID) == "paused" })
+	waitFor(t, 40*time.Second, "auto-pause at the deadline", func() bool { return s.state(sb.SandboxID) == "paused" })
 	s.expect(s.do("POST", "/v2/sandboxes/"+sb.SandboxID+"/connect", map[string]int{"timeout": 120}), 201, "connect")
 	if n := s.count(sb.SandboxID); n == 0 {
 		t.Fatal("counter lost")
