@@ -67,7 +67,7 @@ API key (AENV_URL and AENV_API_KEY override them). Exit codes: 0 ok, 1 error,
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newServerCommand(stderr), newNodeCommand(a), newGatewayCommand(stderr), newVersionCommand(stdout))
-	root.AddCommand(newCACommand(stdout, stderr))
+	root.AddCommand(newCACommand(stdout, stderr), newAdminCommand(stdout, stderr))
 	root.AddCommand(a.clientCommands()...)
 	root.InitDefaultCompletionCmd() // now, not at Execute, so it writes to stdout and tests see it
 	return root

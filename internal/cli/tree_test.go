@@ -25,7 +25,7 @@ func testRoot() *cobra.Command {
 func isClientCommand(cmd *cobra.Command) bool {
 	for c := cmd; c != nil; c = c.Parent() {
 		switch c.Name() {
-		case "server", "gateway", "ca", "version", "completion", "help":
+		case "server", "gateway", "ca", "admin", "version", "completion", "help":
 			return false
 		}
 	}
