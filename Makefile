@@ -64,6 +64,15 @@ weed: $(BIN)/weed ## Build the S3 server the object store tests use into bin/ (S
 $(BIN)/pebble: tools/pebble/go.mod tools/pebble/go.sum
 	$(GO) build -C tools/pebble -o $@ github.com/letsencrypt/pebble/v2/cmd/pebble
 
+# The Helm CLI the chart's test lints and renders deploy/helm/aenv with,
+# pinned in its own module as weed is; the tests need it (test-prepare).
+$(BIN)/helm: tools/helm/go.mod tools/helm/go.sum
+	$(GO) build -C tools/helm -o $@ helm.sh/helm/v3/cmd/helm
+
+.PHONY: helm
+helm: $(BIN)/helm ## Build the Helm CLI the chart's test uses into bin/
+test-prepare: $(BIN)/helm
+
 # The tests' DNS server: the E2B SDK suite resolves its https host names
 # through it (e2e/hosts.test.mjs).
 $(BIN)/dnsstub: FORCE
@@ -72,6 +81,23 @@ $(BIN)/dnsstub: FORCE
 .PHONY: server
 server: deps build ## Set up and run the server on its defaults (root; port 8000, data in /var/lib/aenv)
 	$(BIN)/aenv server --data-dir $(DATA_DIR)
+
+# Installs as a systemd service (docs/install.md); DESTDIR stages instead,
+# for a package or an image, without root, packages or systemctl.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+.PHONY: install
+install: build ## Install aenv, envd, runsc, their Debian packages and systemd units (root; PREFIX=/usr/local, DESTDIR)
+	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' scripts/install.sh --bin-dir $(BIN)
+
+# The container images of a gateway and a node (docs/images.md), built from
+# bin/ without a container engine and dated at the commit, so that the same
+# commit gives the same digests. The node's Debian is made by debootstrap
+# (root) once, in /var/cache/aenv-images.
+.PHONY: images
+images: build ## Build the gateway and node container images into bin/images (OCI layout and tarballs; root)
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./cmd/aenv-images \
+		-o $(BIN)/images -bin $(BIN) -version $(VERSION) -debootstrap
 
 .PHONY: generate
 generate: ## Regenerate the envd protocol code (api/envd/*.proto) and the control plane's types (api/openapi/aenv.yaml)

@@ -1,23 +1,42 @@
 #!/usr/bin/env bash
 # Installs the Debian packages aenv and its tests need. Idempotent.
+# With --runtime, only those a machine that runs aenv needs (what
+# scripts/install.sh installs); without, those of development and the tests too.
 set -euo pipefail
 
-# debootstrap builds the base template; iproute2/nftables/procps are used by
-# the tests to inspect what the server made; runc is the benchmarks' baseline;
-# postgresql gives the PostgreSQL store's tests their throwaway servers;
-# gcc and libc6-dev are cgo's, which the race detector needs (go test -race
-# and the race-enabled server the tests run); util-linux's unshare and mount
-# give the SDK suite's https test a resolv.conf of its own.
-packages=(debootstrap iproute2 nftables procps runc ca-certificates git make postgresql gcc libc6-dev util-linux mount)
+# What aenv itself runs: debootstrap builds the base template (a Debian
+# bookworm, whose signatures debian-archive-keyring checks on an Ubuntu host
+# too); ca-certificates lets image pulls and the object store speak HTTPS.
+runtime=(debootstrap debian-archive-keyring ca-certificates)
+# iproute2/nftables/procps are used by the tests to inspect what the server
+# made; runc is the benchmarks' baseline; postgresql gives the PostgreSQL
+# store's tests their throwaway servers; gcc and libc6-dev are cgo's, which
+# the race detector needs (go test -race and the race-enabled server the tests
+# run); util-linux's unshare and mount give the SDK suite's https test a
+# resolv.conf of its own; systemd's systemd-analyze verifies the units in
+# deploy/systemd.
+development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container)
+
+packages=("${runtime[@]}")
+case "${1:-}" in
+--runtime) ;;
+"") packages+=("${development[@]}") ;;
+*)
+	echo "usage: $0 [--runtime]" >&2
+	exit 2
+	;;
+esac
 missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 # The Python client's tests and the E2B SDK suite need python3 and node/npm;
 # machines that already have them (from elsewhere than apt) keep theirs.
-command -v python3 >/dev/null || missing+=(python3)
-command -v node >/dev/null || missing+=(nodejs)
-command -v npm >/dev/null || missing+=(npm)
+if [ "${1:-}" != --runtime ]; then
+	command -v python3 >/dev/null || missing+=(python3)
+	command -v node >/dev/null || missing+=(nodejs)
+	command -v npm >/dev/null || missing+=(npm)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
 		echo "install-deps: need root to install: ${missing[*]}" >&2

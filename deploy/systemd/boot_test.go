@@ -1,0 +1,286 @@
+package systemd_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/aenv-dev/aenv/internal/roottest"
+)
+
+// The server the unit starts: its own port, sandbox range and names, as
+// every server of the tests has.
+const (
+	bootNetPrefix   = "aenvunit"
+	bootSandboxCIDR = "10.231.240.0/24"
+	testCache       = "/var/cache/aenv-test"
+)
+
+// TestAenvServiceUnderSystemd installs aenv with scripts/install.sh, for
+// real (no --destdir), into a container booted by systemd-nspawn whose root
+// is this machine's own (an overlay on a tmpfs, thrown away after), starts
+// aenv.service with systemctl and waits for /health and for its log in the
+// journal. The machines the tests run on have no systemd as PID 1; systemd
+// as the container's PID 1 is the real one.
+func TestAenvServiceUnderSystemd(t *testing.T) {
+	roottest.Require(t)
+	for _, tool := range []string{"systemd-nspawn", "nsenter", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			roottest.SkipOrFail(t, tool+" is missing (scripts/install-deps.sh installs it)")
+		}
+	}
+	if _, err := os.Stat("/lib/systemd/systemd"); err != nil {
+		roottest.SkipOrFail(t, "this machine has no systemd to boot a container with")
+	}
+	binDir := os.Getenv("AENV_BIN_DIR")
+	if binDir == "" {
+		roottest.SkipOrFail(t, "AENV_BIN_DIR (aenv, envd and runsc, as make build leaves them) is not set")
+	}
+	binDir, _ = filepath.Abs(binDir)
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The container's root: this machine's, with writes kept in a tmpfs.
+	dir := t.TempDir()
+	layers, merged := filepath.Join(dir, "layers"), filepath.Join(dir, "root")
+	for _, d := range []string{layers, merged} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Mount("tmpfs", layers, "tmpfs", 0, "size=1g"); err != nil {
+		t.Fatalf("mount tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(layers, unix.MNT_DETACH) })
+	for _, d := range []string{"upper", "work"} {
+		if err := os.Mkdir(filepath.Join(layers, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := "lowerdir=/,upperdir=" + layers + "/upper,workdir=" + layers + "/work"
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Fatalf("mount overlay: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(merged, unix.MNT_DETACH) })
+
+	args := []string{"-D", merged, "--boot", "--machine=aenv-unit-" + strconv.Itoa(os.Getpid()),
+		"--register=no", "--keep-unit", "--capability=all", "--tmpfs=/var/lib/aenv",
+		"--bind-ro=" + repo + ":/opt/aenv-src", "--bind-ro=" + binDir + ":/opt/aenv-bin"}
+	if _, err := os.Stat(testCache); err == nil {
+		args = append(args, "--bind="+testCache) // the base template, built once per machine
+	}
+	// nspawn mounts a cgroup v1 hierarchy read-only; runsc writes to each.
+	// They come in beside, and are mounted over the read-only ones once
+	// the container runs.
+	controllers := cgroupV1Controllers(t)
+	for _, c := range controllers {
+		args = append(args, "--bind=/sys/fs/cgroup/"+c+":/opt/aenv-host-cgroup/"+c)
+	}
+	// basic.target: none of this machine's own services (a database, ...).
+	args = append(args, "--", "--unit=basic.target")
+	// The console goes to a file, which nspawn writes itself: read at
+	// any time for a failure's message.
+	consolePath := filepath.Join(dir, "console")
+	console, err := os.Create(consolePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer console.Close()
+	nspawn := exec.Command("systemd-nspawn", args...)
+	// The server enables forwarding in /proc/sys, read-only in a container.
+	nspawn.Env = append(os.Environ(), "SYSTEMD_NSPAWN_API_VFS_WRITABLE=1")
+	nspawn.Stdout, nspawn.Stderr = console, console
+	nspawn.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := nspawn.Start(); err != nil {
+		t.Fatalf("systemd-nspawn: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = nspawn.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		// SIGTERM: the container shuts down (the server with it).
+		_ = nspawn.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = syscall.Kill(-nspawn.Process.Pid, syscall.SIGKILL)
+			<-exited
+		}
+		// Left only by a server that did not stop cleanly.
+		_ = exec.Command("nft", "delete", "table", "inet", bootNetPrefix).Run()
+	})
+
+	initPID := waitContainerInit(t, nspawn.Process.Pid, exited, consolePath)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	in := func(script string) string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(initPID), "-a", "bash", "-ec", script).CombinedOutput()
+		if err != nil {
+			ps, _ := exec.Command("ps", "-ef", "--forest").Output()
+			t.Fatalf("in the container (init %d): %s: %v\n%s\nconsole:\n%s\n%s", initPID, script, err, out, readConsole(consolePath), ps)
+		}
+		return string(out)
+	}
+	// Booted: "running", or "degraded" for a unit of this machine's that
+	// fails in a container; either way systemd serves. Until its socket is
+	// up, systemctl cannot connect: then again.
+	for {
+		out, _ := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(initPID), "-a",
+			"systemctl", "is-system-running", "--wait").CombinedOutput()
+		s := strings.TrimSpace(string(out))
+		if s == "running" || s == "degraded" {
+			break
+		}
+		if !strings.Contains(s, "Failed to connect to bus") || ctx.Err() != nil {
+			t.Fatalf("container's systemd: %q\n%s", s, readConsole(consolePath))
+		}
+		time.Sleep(100 * time.Millisecond) // its socket has no event to wait on from here
+	}
+
+	for _, c := range controllers {
+		in("mount --bind /opt/aenv-host-cgroup/" + c + " /sys/fs/cgroup/" + c)
+	}
+	port := freePort(t)
+	t.Log(in("/opt/aenv-src/scripts/install.sh --bin-dir /opt/aenv-bin"))
+	in(fmt.Sprintf(`cat >/etc/aenv/server.env <<EOF
+AENV_LISTEN=127.0.0.1:%d
+AENV_SANDBOX_CIDR=%s
+AENV_NET_PREFIX=%s
+AENV_TEMPLATE_CACHE_DIR=%s
+AENV_KILL_ON_EXIT=true
+AENV_WARM_SANDBOXES=0
+AENV_PREPARED_SANDBOXES=0
+AENV_WARM_SNAPSHOTS=0
+EOF`, port, bootSandboxCIDR, bootNetPrefix, testCache))
+	in("systemctl start aenv")
+
+	health := fmt.Sprintf("http://127.0.0.1:%d/health", port)
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		resp, err := http.Get(health)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer 200: %v\n%s", health, err, in("systemctl status aenv --no-pager || true; journalctl -u aenv --no-pager | tail -50"))
+		}
+		time.Sleep(200 * time.Millisecond) // polling a port: nothing to wait on
+	}
+	if got := in("systemctl is-active aenv"); strings.TrimSpace(got) != "active" {
+		t.Errorf("aenv.service is %q", got)
+	}
+	if log := in("journalctl -u aenv --no-pager"); !strings.Contains(log, "aenv server listening") {
+		t.Errorf("journalctl -u aenv does not show the server's log:\n%s", log)
+	}
+	in("systemctl stop aenv")
+}
+
+// cgroupV1Controllers lists the cgroup v1 controller hierarchies mounted
+// under /sys/fs/cgroup (none on a cgroup v2 machine).
+func cgroupV1Controllers(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []string
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		i := strings.Index(line, " - cgroup ")
+		if len(fields) < 5 || i < 0 || !strings.HasPrefix(fields[4], "/sys/fs/cgroup/") {
+			continue
+		}
+		name := strings.TrimPrefix(fields[4], "/sys/fs/cgroup/")
+		if name != "systemd" && !strings.Contains(name, "/") {
+			cs = append(cs, name)
+		}
+	}
+	return cs
+}
+
+// waitContainerInit returns the PID of the container's systemd.
+func waitContainerInit(t *testing.T, nspawnPID int, exited <-chan struct{}, consolePath string) int {
+	t.Helper()
+	children := func(pid int) []int {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		var pids []int
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, n)
+			}
+		}
+		return pids
+	}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			t.Fatalf("systemd-nspawn exited:\n%s", readConsole(consolePath))
+		default:
+		}
+		// nspawn's child, or its grandchild while an intermediate one
+		// lives: the process that is PID 1 in its own namespace.
+		for _, c := range children(nspawnPID) {
+			for _, p := range append([]int{c}, children(c)...) {
+				if isContainerInit(p) {
+					return p
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // process creation: nothing to wait on
+	}
+	t.Fatalf("no systemd in the container after a minute:\n%s", readConsole(consolePath))
+	return 0
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// readConsole returns the container's console output so far.
+func readConsole(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+// isContainerInit tells whether pid is systemd running as PID 1 of a PID
+// namespace of its own.
+func isContainerInit(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	var name, nspid string
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Name:"); ok {
+			name = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			nspid = strings.TrimSpace(v)
+		}
+	}
+	f := strings.Fields(nspid)
+	return name == "systemd" && len(f) > 1 && f[len(f)-1] == "1"
+}
