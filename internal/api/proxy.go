@@ -240,7 +240,9 @@ func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
 		p.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
-	p.proxy.ServeHTTP(w, r.WithContext(contextWithTarget(target.Ctx, t)))
+	r, end := GuardBody(r.WithContext(contextWithTarget(target.Ctx, t)))
+	defer end()
+	p.proxy.ServeHTTP(w, r)
 }
 
 // sandboxForSignature finds the sandbox whose envd access token produced a

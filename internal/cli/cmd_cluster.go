@@ -127,6 +127,7 @@ Every flag can also be set by its AENV_* environment variable; flags win.`,
 			if err != nil {
 				return usageError{err}
 			}
+			cfg.Version = Version
 			return server.RunGateway(cmd.Context(), cfg, logger)
 		},
 	}
@@ -187,7 +188,15 @@ own capacity and use.`,
 					fmt.Sprintf("%d/%d MiB", n.Use.MemoryMB, n.Capacity.MemoryMB),
 					fmt.Sprintf("%.1fs ago", float64(n.HeartbeatAgeMS)/1000))
 			}
-			return t.flush()
+			if err := t.flush(); err != nil {
+				return err
+			}
+			for _, n := range nodes {
+				if n.StateReason != "" {
+					fmt.Fprintf(a.stderr, "%s: %s\n", n.ID, n.StateReason)
+				}
+			}
+			return nil
 		},
 	}
 	addServerFlags(cmd, &f)

@@ -11,8 +11,10 @@ import (
 type Node struct {
 	ID             string `json:"id"`
 	Address        string `json:"address"`
-	State          string `json:"state"` // ready, draining or unreachable
+	State          string `json:"state"` // ready, draining, unreachable or incompatible
+	StateReason    string `json:"stateReason"`
 	Version        string `json:"version"`
+	Protocol       int    `json:"protocol"`
 	StartedAt      string `json:"startedAt"`
 	HeartbeatAgeMS int64  `json:"heartbeatAgeMs"`
 	Capacity       struct {

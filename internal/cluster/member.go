@@ -35,6 +35,7 @@ func Join(ctx context.Context, db *postgres.Store, self postgres.Node, admission
 	m := &Member{db: db, self: self, admission: admission, interval: interval, logger: logger,
 		done: make(chan struct{})}
 	m.self.Use = m.use()
+	m.self.Protocol = Protocol
 	if err := db.RegisterNode(ctx, m.self); err != nil {
 		return nil, err
 	}

@@ -82,7 +82,10 @@ func (c *Cluster) Warnings() []string {
 
 // Gateway is the configuration of `aenv gateway`.
 type Gateway struct {
-	Listen string
+	// Version of the binary, named when a node's is incompatible (not a
+	// flag).
+	Version string
+	Listen  string
 	// Database is the DSN (Validate reads it from its file when given).
 	Database      Database
 	SecretsKey    SecretsKey

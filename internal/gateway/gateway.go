@@ -31,6 +31,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/requestid"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -51,6 +52,9 @@ type Config struct {
 	// APIKey, when set, is accepted besides the cluster's keys in the
 	// database (and added to them at start).
 	APIKey string
+	// Version of this gateway's release, named when a node's cluster
+	// protocol is one it cannot work with.
+	Version string
 }
 
 // Gateway is the HTTP handler of a gateway.
@@ -100,6 +104,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		authFails: api.NewAuthLimiter(), templates: newTTLCache[[]*store.Template](10 * time.Second),
 		builds: newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
+	g.nodes.version, g.nodes.logger = cfg.Version, logger
 	g.idem = &sharedIdempotency{db: db, logger: logger, queries: &g.queries, lease: idempotencyLease}
 	transport := newTransport()
 	g.client = &http.Client{Transport: transport,
@@ -112,7 +117,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		Name: "aenv_gateway_database_queries_total", Help: "Round trips to the cluster's database made for requests.",
 	}, func() float64 { return float64(g.queries.Load()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "aenv_gateway_node_refreshes_total", Help: "Reads of the cluster's node list (one per refresh interval).",
-	}, func() float64 { return float64(g.refreshes.Load()) }))
+	}, func() float64 { return float64(g.refreshes.Load()) }), newNodesCollector(g.nodes))
 
 	if err := g.nodes.refresh(ctx); err != nil {
 		return nil, fmt.Errorf("gateway: read nodes: %w", err)
@@ -153,6 +158,11 @@ func (g *Gateway) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 		// another node while this route was cached) drops the route: the
 		// next call reads where it is now.
 		ModifyResponse: func(resp *http.Response) error {
+			// The answer already names the request's ID (the node echoes
+			// the same one): copied, it would be there twice.
+			if requestid.FromContext(resp.Request.Context()) != "" {
+				resp.Header.Del(requestid.Header)
+			}
 			t, _ := resp.Request.Context().Value(targetKey{}).(target)
 			if t.sandbox != "" && (resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusBadGateway) {
 				g.routes.forget(t.sandbox)
@@ -230,10 +240,21 @@ func (g *Gateway) routeMux() {
 	g.mux.Handle("/", g.catalog)
 }
 
-// ServeHTTP routes envd traffic and exposed ports by sandbox, answers
-// health checks, and sends the control plane (with a valid API key)
-// through the mux.
+// ServeHTTP gives the request its ID (see requestid), which the nodes it
+// is forwarded to log and answer with too, and serves it. Traffic to a
+// sandbox's exposed port is its application's: it passes untouched.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := api.ExposedPort(r.Host, g.cfg.Domain); ok {
+		g.serve(w, r)
+		return
+	}
+	requestid.Middleware(http.HandlerFunc(g.serve)).ServeHTTP(w, r)
+}
+
+// serve routes envd traffic and exposed ports by sandbox, answers health
+// checks, and sends the control plane (with a valid API key) through the
+// mux.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if id, _, ok := api.ExposedPort(r.Host, g.cfg.Domain); ok {
 		g.count("exposed-port")
 		g.forwardSandbox(w, r, id, false)
@@ -361,10 +382,14 @@ func (g *Gateway) forwardSandbox(w http.ResponseWriter, r *http.Request, id stri
 }
 
 // SandboxExists says whether the cluster has sandbox id (the ACME host
-// policy asks, before ordering a certificate for one of its hosts).
-func (g *Gateway) SandboxExists(ctx context.Context, id string) bool {
+// policy asks, before ordering a certificate for one of its hosts). An
+// error means it could not tell (the database is down).
+func (g *Gateway) SandboxExists(ctx context.Context, id string) (bool, error) {
 	_, err := g.nodeOf(ctx, id)
-	return err == nil
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // nodeOf returns the node holding sandbox id: from the cache, else from
@@ -425,7 +450,9 @@ func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sa
 		g.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
 	t := target{node: nodeID, addr: n.Address, sandbox: sandboxID, controlPlane: controlPlane}
-	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	r, end := api.GuardBody(r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	defer end()
+	g.proxy.ServeHTTP(w, r)
 }
 
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/requestid"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -156,6 +157,8 @@ func (r *sharedRun) Settle(ctx context.Context, a *api.IdempotentAnswer, keep bo
 	}
 	header := a.Header.Clone()
 	header.Del("Date")
+	// A replay answers another request, with its own ID.
+	header.Del(requestid.Header)
 	_, err := r.s.db.FinishIdempotency(ctx, r.key[:], r.owner, a.Status, header, a.Body, api.IdempotencyTTL)
 	return err
 }

@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -15,14 +17,19 @@ import (
 type nodeState struct {
 	postgres.Node
 	reachable bool
+	// incompatible says why this gateway cannot work with the node (its
+	// cluster protocol, see internal/cluster), or is "".
+	incompatible string
 }
 
 // ready reports whether the node takes new sandboxes.
-func (n *nodeState) ready() bool { return n.reachable && !n.Draining }
+func (n *nodeState) ready() bool { return n.reachable && !n.Draining && n.incompatible == "" }
 
 // state is the node's state as /cluster/nodes reports it.
 func (n *nodeState) state() string {
 	switch {
+	case n.incompatible != "":
+		return "incompatible"
 	case !n.reachable:
 		return "unreachable"
 	case n.Draining:
@@ -49,6 +56,11 @@ func (v *nodeView) get(id string) (*nodeState, bool) {
 type nodes struct {
 	db      nodeStore
 	timeout time.Duration // a heartbeat older than this: unreachable
+	// version is the gateway's release, for the reason a node is
+	// incompatible; logger, when set, tells of each such node once.
+	version string
+	logger  *slog.Logger
+	warned  map[string]int // node ID → the protocol it was logged with; guarded by mu
 	view    atomic.Pointer[nodeView]
 	queries *atomic.Int64 // database round trips, for metrics
 
@@ -62,7 +74,7 @@ type nodes struct {
 }
 
 func newNodes(db nodeStore, timeout time.Duration, queries *atomic.Int64) *nodes {
-	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}}
+	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}, warned: map[string]int{}}
 	n.view.Store(&nodeView{byID: map[string]*nodeState{}})
 	return n
 }
@@ -77,15 +89,36 @@ func (n *nodes) refresh(ctx context.Context) error {
 	}
 	v := &nodeView{byID: make(map[string]*nodeState, len(list)), readAt: time.Now()}
 	for _, rec := range list {
-		s := &nodeState{Node: rec, reachable: rec.HeartbeatAge <= n.timeout}
+		s := &nodeState{Node: rec, reachable: rec.HeartbeatAge <= n.timeout,
+			incompatible: cluster.IncompatibleReason(rec.Protocol, rec.Version, n.version)}
 		v.byID[rec.ID] = s
 		v.list = append(v.list, s)
 	}
 	n.mu.Lock()
 	n.view.Store(v)
 	clear(n.sent)
+	n.warnIncompatible(v)
 	n.mu.Unlock()
 	return nil
+}
+
+// warnIncompatible logs each node this gateway cannot work with, once per
+// protocol it shows: during a rolling upgrade the operator sees at once
+// which side to upgrade. n.mu is held.
+func (n *nodes) warnIncompatible(v *nodeView) {
+	for _, s := range v.list {
+		if s.incompatible == "" {
+			delete(n.warned, s.ID)
+			continue
+		}
+		if p, ok := n.warned[s.ID]; ok && p == s.Protocol {
+			continue
+		}
+		n.warned[s.ID] = s.Protocol
+		if n.logger != nil {
+			n.logger.Warn("node not used", "node", s.ID, "reason", s.incompatible)
+		}
+	}
 }
 
 func (n *nodes) current() *nodeView { return n.view.Load() }

@@ -275,7 +275,7 @@ func copyHeader(dst, src http.Header) {
 func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
 	view := g.nodes.current()
 	var out []*nodeState
-	var drained, unreachable []string
+	var drained, unreachable, incompatible []string
 	seen := map[string]bool{}
 	var candidates []*nodeState
 	uploaded := false
@@ -299,6 +299,8 @@ func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
 		}
 		seen[n.ID] = true
 		switch {
+		case n.incompatible != "":
+			incompatible = append(incompatible, n.ID+" ("+n.incompatible+")")
 		case !n.reachable:
 			unreachable = append(unreachable, n.ID)
 		case n.Draining:
@@ -308,6 +310,9 @@ func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
 		}
 	}
 	why := fmt.Sprintf("%d node(s) hold it, %d ready and all full", len(seen), len(out))
+	if len(incompatible) > 0 {
+		why += "; incompatible: " + strings.Join(incompatible, ", ")
+	}
 	if len(drained) > 0 {
 		why += "; drained: " + strings.Join(drained, ", ")
 	}
@@ -660,7 +665,7 @@ func (g *Gateway) listNodes(w http.ResponseWriter, r *http.Request) {
 	out := make([]wire.ClusterNode, 0, len(view.list))
 	for _, n := range view.list {
 		out = append(out, wire.ClusterNode{ID: n.ID, Address: n.Address, State: wire.ClusterNodeState(n.state()),
-			Version: n.Version, StartedAt: n.StartedAt, HeartbeatAgeMS: n.HeartbeatAge.Milliseconds(),
+			StateReason: n.incompatible, Version: n.Version, Protocol: n.Protocol, StartedAt: n.StartedAt, HeartbeatAgeMS: n.HeartbeatAge.Milliseconds(),
 			Capacity: wire.NodeCapacity{MaxSandboxes: n.Capacity.MaxSandboxes, MemoryMB: n.Capacity.MemoryMB,
 				VCPUs: n.Capacity.VCPUs},
 			Use: wire.NodeUse{Sandboxes: n.Use.Sandboxes, Starting: n.Use.Starting, MemoryMB: n.Use.MemoryUsedMB},

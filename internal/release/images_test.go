@@ -17,7 +17,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/spf13/pflag"
 
+	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
@@ -311,5 +313,29 @@ func TestGatewayImageRuns(t *testing.T) {
 	out, err := exec.Command("chroot", "--userspec=65532:65532", root, "/usr/local/bin/aenv", "gateway", "--help").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--database-url") {
 		t.Fatalf("aenv gateway --help in the image as nonroot: %v\n%s", err, out)
+	}
+}
+
+// The images' AENV_* settings are flags of the commands they run.
+func TestImageSettingsAreFlags(t *testing.T) {
+	in := fakeBins(t)
+	srv, cl, gw := config.Default(), config.DefaultCluster(), config.Gateway{}
+	node := pflag.NewFlagSet("node", pflag.ContinueOnError)
+	srv.RegisterFlags(node)
+	cl.RegisterFlags(node)
+	gateway := pflag.NewFlagSet("gateway", pflag.ContinueOnError)
+	gw.RegisterFlags(gateway)
+	for _, tc := range []struct {
+		spec  Spec
+		flags *pflag.FlagSet
+	}{{NodeSpec(in), node}, {GatewaySpec(in), gateway}} {
+		known := map[string]bool{}
+		tc.flags.VisitAll(func(f *pflag.Flag) { known[config.EnvName(f.Name)] = true })
+		for _, e := range tc.spec.Env {
+			k, _, _ := strings.Cut(e, "=")
+			if strings.HasPrefix(k, "AENV_") && !known[k] {
+				t.Errorf("the %s image sets %s, which is no flag of aenv %s", tc.flags.Name(), k, tc.flags.Name())
+			}
+		}
 	}
 }

@@ -22,13 +22,14 @@ import (
 // cluster's database, holds no state of its own, and may run anywhere
 // the nodes can be reached from (root not needed).
 func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) error {
+	logger = requestLogger(logger)
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	for _, w := range cfg.Warnings() {
 		logger.WarnContext(ctx, w)
 	}
-	hosts := &sandboxHosts{domain: cfg.Domain}
+	hosts := newSandboxHosts(cfg.Domain)
 	tlsSrc, err := newTLSSource(cfg.TLS, cfg.Domain, hosts, logger)
 	if err != nil {
 		return err
@@ -51,6 +52,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	g, err := gateway.New(ctx, gateway.Config{
 		Domain: cfg.Domain, NodeTimeout: time.Duration(cfg.NodeTimeoutMS) * time.Millisecond,
 		MaxJSONBytes: int64(cfg.MaxJSONBodyMB) << 20, ClusterSecret: secret, APIKey: cfg.APIKey,
+		Version: cfg.Version,
 	}, db, logger.With("component", "gateway"), reg)
 	if err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/golang-lru/v2/expirable"
+
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/tlscert"
@@ -89,12 +91,33 @@ func newHTTPServer(what, addr string, h http.Handler, maxConns int, idle time.Du
 // limits (one order each) nor fill the certificate cache. The lookup is
 // set once the sandboxes can be asked about: the certificates come first
 // at start, and until then no sandbox host is allowed.
+//
+// IDs found unknown are remembered for a while, so that a flood of
+// handshakes naming made-up sandboxes costs one lookup (a database read
+// on a gateway) per name, not one per handshake. A remembered miss cannot
+// hide a real sandbox: IDs are random and made by the server, so nobody
+// asks for one before its create answers.
 type sandboxHosts struct {
-	domain string
-	lookup atomic.Pointer[func(ctx context.Context, id string) bool]
+	domain  string
+	lookup  atomic.Pointer[func(ctx context.Context, id string) (bool, error)]
+	unknown *expirable.LRU[string, struct{}]
 }
 
-func (h *sandboxHosts) set(exists func(ctx context.Context, id string) bool) { h.lookup.Store(&exists) }
+// Bounds of the remembered misses: enough for a scan's worth of names,
+// small in memory (a few hundred KiB at most).
+const (
+	unknownHostsMax = 4096
+	unknownHostsTTL = time.Minute
+)
+
+func newSandboxHosts(domain string) *sandboxHosts {
+	return &sandboxHosts{domain: domain,
+		unknown: expirable.NewLRU[string, struct{}](unknownHostsMax, nil, unknownHostsTTL)}
+}
+
+func (h *sandboxHosts) set(exists func(ctx context.Context, id string) (bool, error)) {
+	h.lookup.Store(&exists)
+}
 
 func (h *sandboxHosts) allow(ctx context.Context, host string) bool {
 	id, _, ok := api.ExposedPort(host, h.domain)
@@ -102,7 +125,19 @@ func (h *sandboxHosts) allow(ctx context.Context, host string) bool {
 		return false
 	}
 	exists := h.lookup.Load()
-	return exists != nil && (*exists)(ctx, id)
+	if exists == nil {
+		return false
+	}
+	if _, miss := h.unknown.Get(id); miss {
+		return false
+	}
+	found, err := (*exists)(ctx, id)
+	if err == nil && !found {
+		// Only a sure miss is remembered: a lookup that failed (the
+		// database down, the handshake cut short) says nothing of it.
+		h.unknown.Add(id, struct{}{})
+	}
+	return found
 }
 
 // newTLSSource prepares the HTTPS listener's certificates (nil when

@@ -22,7 +22,7 @@ func nodeInfo(cfg config.Server, member *clusterMember, sandboxes *sandbox.Manag
 	if total, err := meminfo.Read("MemTotal"); err == nil {
 		memMB = int(total >> 20)
 	}
-	info := api.NodeInfo{ID: member.nodeID(), Address: cfg.Listen, StartedAt: started,
+	info := api.NodeInfo{ID: member.nodeID(), Address: cfg.Listen, StartedAt: started, Protocol: cluster.Protocol,
 		Capacity: api.NodeCapacity{MemoryMB: memMB, VCPUs: goruntime.NumCPU()}}
 	if member != nil {
 		info.Cluster = true

@@ -25,6 +25,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
@@ -62,6 +63,7 @@ func RunNode(ctx context.Context, cfg config.Server, cl config.Cluster, logger *
 }
 
 func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slog.Logger) error {
+	logger = requestLogger(logger)
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -76,7 +78,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return err
 	}
 	defer unlock()
-	hosts := &sandboxHosts{domain: cfg.Domain}
+	hosts := newSandboxHosts(cfg.Domain)
 	tlsSrc, err := newTLSSource(cfg.TLSSettings(), cfg.Domain, hosts, logger)
 	if err != nil {
 		return err
@@ -193,9 +195,12 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// What the API and builds call: the manager, behind the node's limits
 	// in a cluster.
 	var served node.Node = sandboxes
-	hosts.set(func(ctx context.Context, id string) bool {
+	hosts.set(func(ctx context.Context, id string) (bool, error) {
 		_, err := sandboxes.Get(ctx, id)
-		return err == nil
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return false, nil
+		}
+		return err == nil, err
 	})
 	if member != nil {
 		if served, err = member.join(ctx, cfg, sandboxes, objects != nil); err != nil {
@@ -234,6 +239,8 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	}
 	defer builds.Close()
 	reg.MustRegister(builds.Collectors()...)
+	info := nodeInfo(cfg, member, sandboxes, served)
+	reg.MustRegister(newCapacityCollector(info))
 	handler := api.New(api.Config{
 		APIKey:             apiKey,
 		MaxJSONBytes:       int64(cfg.MaxJSONBodyMB) << 20,
@@ -246,10 +253,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Usage:              usageHistory,
 		Builds:             builds,
 		NodeID:             member.nodeID(),
-		NodeInfo:           nodeInfo(cfg, member, sandboxes, served),
+		NodeInfo:           info,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
-	servers, err := listen(cfg, handler, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
+	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
 	if err != nil {
 		usageHistory.Stop()
 		member.stop()

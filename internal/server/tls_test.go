@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -96,12 +97,12 @@ func TestTLSListenerSharesConnectionLimit(t *testing.T) {
 func TestSandboxHostsAllowLiveSandboxesOnly(t *testing.T) {
 	const domain = "aenv.test"
 	live, gone := "abcdefghij0123456789", "zzzzzzzzzz0123456789"
-	h := &sandboxHosts{domain: domain}
+	h := newSandboxHosts(domain)
 	ctx := context.Background()
 	if h.allow(ctx, "8080-"+live+"."+domain) {
 		t.Error("a sandbox host was allowed before the lookup was set")
 	}
-	h.set(func(_ context.Context, id string) bool { return id == live })
+	h.set(func(_ context.Context, id string) (bool, error) { return id == live, nil })
 	for _, tc := range []struct {
 		host string
 		want bool
@@ -115,5 +116,36 @@ func TestSandboxHostsAllowLiveSandboxesOnly(t *testing.T) {
 		if got := h.allow(ctx, tc.host); got != tc.want {
 			t.Errorf("allow(%q) = %v, want %v", tc.host, got, tc.want)
 		}
+	}
+}
+
+// TestSandboxHostsRememberMisses: handshakes naming a made-up sandbox
+// cost one lookup per name, not one per handshake; a failed lookup is
+// not taken for a miss, and live sandboxes are asked about every time.
+func TestSandboxHostsRememberMisses(t *testing.T) {
+	const domain = "aenv.test"
+	live, unknown, flaky := "abcdefghij0123456789", "zzzzzzzzzz0123456789", "yyyyyyyyyy0123456789"
+	h := newSandboxHosts(domain)
+	lookups := map[string]int{}
+	down := true
+	h.set(func(_ context.Context, id string) (bool, error) {
+		lookups[id]++
+		if id == flaky && down {
+			return false, errors.New("database down")
+		}
+		return id == live || id == flaky, nil
+	})
+	ctx := context.Background()
+	for range 5 {
+		h.allow(ctx, "8080-"+unknown+"."+domain)
+		h.allow(ctx, "8080-"+live+"."+domain)
+		h.allow(ctx, "8080-"+flaky+"."+domain)
+	}
+	if lookups[unknown] != 1 || lookups[live] != 5 || lookups[flaky] != 5 {
+		t.Fatalf("lookups %v: want 1 for the unknown sandbox, 5 for the live one and for the failing lookups", lookups)
+	}
+	down = false // the database is back: the sandbox it could not see is allowed
+	if !h.allow(ctx, "8080-"+flaky+"."+domain) {
+		t.Fatal("a sandbox whose lookups had failed was refused once they worked")
 	}
 }

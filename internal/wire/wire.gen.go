@@ -9,15 +9,18 @@ import (
 
 // Defines values for ClusterNodeState.
 const (
-	ClusterNodeStateDraining    ClusterNodeState = "draining"
-	ClusterNodeStateReady       ClusterNodeState = "ready"
-	ClusterNodeStateUnreachable ClusterNodeState = "unreachable"
+	ClusterNodeStateDraining     ClusterNodeState = "draining"
+	ClusterNodeStateIncompatible ClusterNodeState = "incompatible"
+	ClusterNodeStateReady        ClusterNodeState = "ready"
+	ClusterNodeStateUnreachable  ClusterNodeState = "unreachable"
 )
 
 // Valid indicates whether the value is a known member of the ClusterNodeState enum.
 func (e ClusterNodeState) Valid() bool {
 	switch e {
 	case ClusterNodeStateDraining:
+		return true
+	case ClusterNodeStateIncompatible:
 		return true
 	case ClusterNodeStateReady:
 		return true
@@ -328,17 +331,25 @@ type ClusterNode struct {
 	Cluster bool `json:"cluster,omitempty"`
 
 	// HeartbeatAgeMS Age of the node's last heartbeat; 0 for a server answering for itself.
-	HeartbeatAgeMS int64            `json:"heartbeatAgeMs"`
-	ID             string           `json:"id"`
-	StartedAt      time.Time        `json:"startedAt"`
-	State          ClusterNodeState `json:"state"`
+	HeartbeatAgeMS int64  `json:"heartbeatAgeMs"`
+	ID             string `json:"id"`
+
+	// Protocol The cluster protocol the node speaks (a rolling upgrade runs neighbouring protocols side by side).
+	Protocol  int       `json:"protocol,omitempty"`
+	StartedAt time.Time `json:"startedAt"`
+
+	// State incompatible - the node speaks a cluster protocol this gateway cannot work with (see stateReason); it takes no new sandboxes from it.
+	State ClusterNodeState `json:"state"`
+
+	// StateReason Why the node is incompatible, naming both releases; absent otherwise.
+	StateReason string `json:"stateReason,omitempty"`
 
 	// Use What a node holds now.
 	Use     NodeUse `json:"use"`
 	Version string  `json:"version"`
 }
 
-// ClusterNodeState defines model for ClusterNode.State.
+// ClusterNodeState incompatible - the node speaks a cluster protocol this gateway cannot work with (see stateReason); it takes no new sandboxes from it.
 type ClusterNodeState string
 
 // DeleteTemplateTags defines model for DeleteTemplateTags.

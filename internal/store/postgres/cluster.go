@@ -23,6 +23,9 @@ type Node struct {
 	Address  string // host:port gateways reach it at
 	Draining bool   // takes no new sandboxes
 	Version  string
+	// Protocol is the cluster protocol the node speaks (see
+	// internal/cluster.Protocol).
+	Protocol int
 	// StartedAt is when the node process started.
 	StartedAt time.Time
 	// HeartbeatAge is how long ago the node last reported, by the
@@ -56,15 +59,16 @@ const dbNow = `(extract(epoch from clock_timestamp()) * 1000000000)::bigint`
 // drained node stays drained across restarts.
 func (s *Store) RegisterNode(ctx context.Context, n Node) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO nodes (id, address, version, started_at, heartbeat_at,
-		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images)
-		VALUES ($1, $2, $3, $4, `+dbNow+`, $5, $6, $7, $8, $9, $10, $11)
+		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images, protocol)
+		VALUES ($1, $2, $3, $4, `+dbNow+`, $5, $6, $7, $8, $9, $10, $11, $12)
 		ON CONFLICT (id) DO UPDATE SET address = excluded.address, version = excluded.version,
+		protocol = excluded.protocol,
 		started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
 		max_sandboxes = excluded.max_sandboxes, memory_mb = excluded.memory_mb, vcpus = excluded.vcpus,
 		sandboxes = excluded.sandboxes, starting = excluded.starting, memory_used_mb = excluded.memory_used_mb,
 		shared_images = excluded.shared_images`,
 		n.ID, n.Address, n.Version, n.StartedAt.UnixNano(), n.Capacity.MaxSandboxes, n.Capacity.MemoryMB,
-		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB, n.SharedImages)
+		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB, n.SharedImages, n.Protocol)
 	if err != nil {
 		return dbError("register node %s: %w", n.ID, err)
 	}
@@ -88,7 +92,7 @@ func (s *Store) Heartbeat(ctx context.Context, id string, use NodeUse) (draining
 }
 
 const nodeColumns = `id, address, draining, version, started_at, ` + dbNow + ` - heartbeat_at,
-	max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images`
+	max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images, protocol`
 
 // ListNodes returns every node, by ID.
 func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
@@ -103,7 +107,7 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 		var started, age int64
 		if err := rows.Scan(&n.ID, &n.Address, &n.Draining, &n.Version, &started, &age,
 			&n.Capacity.MaxSandboxes, &n.Capacity.MemoryMB, &n.Capacity.VCPUs,
-			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB, &n.SharedImages); err != nil {
+			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB, &n.SharedImages, &n.Protocol); err != nil {
 			return nil, dbError("list nodes: %w", err)
 		}
 		n.StartedAt = time.Unix(0, started).UTC()

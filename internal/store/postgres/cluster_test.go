@@ -162,7 +162,7 @@ func TestSharedTemplate(t *testing.T) {
 func TestNodesAndHeartbeats(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgtest.New(t).NewDatabase(t))
-	n := Node{ID: "n1", Address: "10.0.0.1:8000", Version: "v1", StartedAt: time.Now(),
+	n := Node{ID: "n1", Address: "10.0.0.1:8000", Version: "v1", Protocol: 7, StartedAt: time.Now(),
 		Capacity: NodeCapacity{MaxSandboxes: 10, MemoryMB: 4096, VCPUs: 2}, SharedImages: true}
 	if err := s.RegisterNode(ctx, n); err != nil {
 		t.Fatal(err)
@@ -178,7 +178,7 @@ func TestNodesAndHeartbeats(t *testing.T) {
 		t.Fatalf("nodes: %v %v", nodes, err)
 	}
 	got := nodes[0]
-	if got.Address != n.Address || got.Capacity != n.Capacity || got.Use != (NodeUse{3, 1, 300}) || !got.SharedImages ||
+	if got.Address != n.Address || got.Protocol != 7 || got.Capacity != n.Capacity || got.Use != (NodeUse{3, 1, 300}) || !got.SharedImages ||
 		got.HeartbeatAge < 0 || got.HeartbeatAge > time.Minute {
 		t.Errorf("node read back: %+v", got)
 	}
@@ -197,6 +197,17 @@ func TestNodesAndHeartbeats(t *testing.T) {
 	}
 	if err := s.SetDraining(ctx, "nope", true); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("drain of an unknown node: %v", err)
+	}
+	// A node from before protocols were recorded writes its row without
+	// one: it reads as protocol 1.
+	if _, err := s.pool.Exec(ctx, `INSERT INTO nodes (id, address, version, started_at, heartbeat_at,
+		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images)
+		VALUES ('old', 'h:1', 'v0', 0, 0, 0, 0, 0, 0, 0, 0, false)`); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err = s.ListNodes(ctx)
+	if err != nil || len(nodes) != 2 || nodes[1].ID != "old" || nodes[1].Protocol != 1 {
+		t.Fatalf("a row written without a protocol: %+v %v", nodes, err)
 	}
 }
 

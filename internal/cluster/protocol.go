@@ -1,0 +1,46 @@
+package cluster
+
+import "fmt"
+
+// The cluster protocol is what gateways and nodes say to each other: the
+// API a gateway forwards to a node, the rows of the cluster's database
+// both read, and what each expects the other to do with them. Releases
+// that keep it compatible keep its number, so that a rolling upgrade can
+// run gateways and nodes of neighbouring releases side by side.
+//
+// Bump Protocol when a change would break a peer of the previous number
+// (a gateway sending what an older node cannot serve, a row an older
+// peer would misread). Raise MinProtocol to the oldest number this
+// release still works with, and no higher than the previous release's
+// Protocol, or a roll would cut the cluster in two.
+const (
+	Protocol    = 1
+	MinProtocol = 1
+)
+
+// Compatible reports whether a peer speaking protocol p can work with
+// this one. Nodes from before protocols were recorded speak 1 (their rows
+// read 1, and a record without one, 0, is taken as theirs).
+func Compatible(p int) bool {
+	if p == 0 {
+		p = 1
+	}
+	return p >= MinProtocol && p <= Protocol
+}
+
+// IncompatibleReason says why a node is not used, naming both sides'
+// releases and protocols, or "" when it is compatible.
+func IncompatibleReason(nodeProtocol int, nodeVersion, ownVersion string) string {
+	if Compatible(nodeProtocol) {
+		return ""
+	}
+	return fmt.Sprintf("node runs aenv %s with cluster protocol %d; this gateway (aenv %s) speaks protocols %d to %d: upgrade the older of the two",
+		orUnknown(nodeVersion), nodeProtocol, orUnknown(ownVersion), MinProtocol, Protocol)
+}
+
+func orUnknown(v string) string {
+	if v == "" {
+		return "(unknown version)"
+	}
+	return v
+}
