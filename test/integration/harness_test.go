@@ -97,10 +97,13 @@ type server struct {
 	cidr    string
 	addr    string
 	url     string
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed when cmd has been waited for
-	logs    *syncBuffer
-	extra   []string
+	// bin, when set, is the aenv this server runs instead of serverBin
+	// (another release, for an upgrade).
+	bin    string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has been waited for
+	logs   *syncBuffer
+	extra  []string
 	// env is added to the process's environment (credentials).
 	env []string
 	// cluster, when set, makes this an `aenv node` of that cluster rather
@@ -197,7 +200,11 @@ func (s *server) startOnce(retryConflict bool) bool {
 		"--allow-private-registries", // tests serve images from registries on loopback
 	), s.extra...)
 	s.logs = &syncBuffer{}
-	s.cmd = exec.Command(serverBin, args...)
+	bin := serverBin
+	if s.bin != "" {
+		bin = s.bin
+	}
+	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = append(append(os.Environ(), s.env...), raceEnv(s.raceDir))
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
