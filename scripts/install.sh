@@ -106,23 +106,32 @@ if [ -z "$destdir" ] && [ -d /run/systemd/system ]; then
 	live=1
 fi
 
-data_dir=/var/lib/aenv
+data_dirs=(/var/lib/aenv)
 if [ "$purge" = 1 ]; then
-	# The data dir the units were given, if the environment file moved it.
-	if [ -r "$destdir$conf_dir/aenv.env" ]; then
-		d=$(sed -n 's/^[[:space:]]*AENV_DATA_DIR=["'\'']\{0,1\}\([^"'\'']*\)["'\'']\{0,1\}[[:space:]]*$/\1/p' "$destdir$conf_dir/aenv.env" | tail -n 1)
-		[ -n "$d" ] && data_dir=$d
-	fi
-	case "$data_dir" in
-	/?*) ;;
-	*) fail "refusing to purge the data dir '$data_dir': not an absolute path" ;;
-	esac
-	# Sandboxes left running hold mounts in the data dir; removing files
-	# under them would reach into the sandboxes.
-	if [ -d "$destdir$data_dir" ] && awk -v d="$(realpath -m "$destdir$data_dir")" \
-		'$5 == d || index($5, d "/") == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo; then
-		fail "sandboxes still hold mounts in $destdir$data_dir: kill them first (aenv ls; aenv kill ID..., or AENV_KILL_ON_EXIT=true and stop the service)"
-	fi
+	# The data dirs the units were given: any of their environment files
+	# may move it (aenv.env for all, server.env and node.env for one).
+	for f in aenv.env server.env node.env; do
+		[ -r "$destdir$conf_dir/$f" ] || continue
+		d=$(sed -n 's/^[[:space:]]*AENV_DATA_DIR=["'\'']\{0,1\}\([^"'\'']*\)["'\'']\{0,1\}[[:space:]]*$/\1/p' "$destdir$conf_dir/$f" | tail -n 1)
+		[ -n "$d" ] && [[ " ${data_dirs[*]} " != *" $d "* ]] && data_dirs+=("$d")
+	done
+	for d in "${data_dirs[@]}"; do
+		case "$d" in
+		/?*) ;;
+		*) fail "refusing to purge the data dir '$d': not an absolute path" ;;
+		esac
+		# Sandboxes left running hold mounts in the data dir; removing files
+		# under them would reach into the sandboxes.
+		if [ -d "$destdir$d" ] && awk -v d="$(realpath -m "$destdir$d")" \
+			'$5 == d || index($5, d "/") == 1 { found = 1 } END { exit !found }' /proc/self/mountinfo; then
+			fail "sandboxes still hold mounts in $destdir$d: kill them first (aenv ls; aenv kill ID..., or AENV_KILL_ON_EXIT=true and stop the service)"
+		fi
+		# Only a directory aenv made: a data dir set to /srv must not take
+		# /srv with it. aenv keeps its lock file in every data dir it ran on.
+		if [ -d "$destdir$d" ] && [ -n "$(ls -A "$destdir$d")" ] && [ ! -e "$destdir$d/lock" ] && [ ! -e "$destdir$d/aenv.db" ]; then
+			fail "refusing to purge $destdir$d: it holds no aenv lock file nor database, so it may not be aenv's alone; remove what you want by hand"
+		fi
+	done
 fi
 
 # --- changes ---------------------------------------------------------------
@@ -142,13 +151,15 @@ if [ "$uninstall" = 1 ]; then
 	if [ "$purge" = 1 ]; then
 		rm -rf "$destdir$conf_dir"
 		# --one-file-system: never across a mount, should one appear now.
-		rm -rf --one-file-system "$destdir$data_dir"
+		for d in "${data_dirs[@]}"; do
+			rm -rf --one-file-system "$destdir$d"
+		done
 		for d in "${gateway_state[@]}"; do
 			rm -rf --one-file-system "$destdir$d"
 		done
-		echo "install: removed aenv, its units, $conf_dir and $data_dir"
+		echo "install: removed aenv, its units, $conf_dir and ${data_dirs[*]}"
 	else
-		echo "install: removed aenv and its units; kept $conf_dir and $data_dir (--purge removes them)"
+		echo "install: removed aenv and its units; kept $conf_dir and the data (--purge removes them)"
 	fi
 	exit 0
 fi

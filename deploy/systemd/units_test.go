@@ -429,3 +429,55 @@ func TestPurgeRefusesWithMounts(t *testing.T) {
 		}
 	}
 }
+
+// TestPurgeDataDirs: a purge removes the data dir every unit's environment
+// file names, and refuses, before removing anything, one that aenv did
+// not make (a data dir set to a shared directory such as /srv).
+func TestPurgeDataDirs(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ours    bool // the node's data dir holds aenv's lock file
+		wantErr string
+	}{
+		{"node data dir elsewhere", true, ""},
+		{"data dir not aenv's", false, "refusing to purge"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			if out, err := runInstall(t, nil, "--destdir", root, "--bin-dir", fakeBinDir(t)); err != nil {
+				t.Fatalf("install: %v\n%s", err, out)
+			}
+			if err := os.WriteFile(filepath.Join(root, "etc/aenv/node.env"), []byte("AENV_DATA_DIR=/srv\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			srv := filepath.Join(root, "srv")
+			other := filepath.Join(srv, "someone-elses")
+			if err := os.MkdirAll(other, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if tc.ours {
+				if err := os.WriteFile(filepath.Join(srv, "lock"), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out, err := runInstall(t, nil, "--destdir", root, "--uninstall", "--purge")
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(out, tc.wantErr) || !strings.Contains(out, "nothing was changed") {
+					t.Fatalf("purge: %v\n%s", err, out)
+				}
+				for _, p := range []string{other, filepath.Join(root, "etc/aenv/aenv.env"), filepath.Join(root, "usr/local/bin/aenv")} {
+					if _, err := os.Stat(p); err != nil {
+						t.Errorf("refused purge removed %s", p)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("purge: %v\n%s", err, out)
+			}
+			if _, err := os.Stat(srv); !os.IsNotExist(err) {
+				t.Errorf("purge kept the node's data dir named in node.env: %v", err)
+			}
+		})
+	}
+}

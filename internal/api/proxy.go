@@ -115,6 +115,7 @@ func StripCredentials(h http.Header, port int, isKey func(string) bool) {
 // upstreamError answers a request the sandbox did not take: E2B's "port is
 // not open" while the sandbox still runs, else its "sandbox not found".
 func (p *envdProxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	defer EndBody(w, r)
 	t := targetOf(r.Context())
 	p.logger.DebugContext(r.Context(), "envd proxy error", "sandbox", t.sandboxID, "port", t.port, "err", err)
 	if errors.Is(context.Cause(r.Context()), node.ErrStopped) {
@@ -240,9 +241,7 @@ func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
 		p.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
-	r, end := GuardBody(r.WithContext(contextWithTarget(target.Ctx, t)))
-	defer end()
-	p.proxy.ServeHTTP(w, r)
+	p.proxy.ServeHTTP(w, KeepBody(r.WithContext(contextWithTarget(target.Ctx, t))))
 }
 
 // sandboxForSignature finds the sandbox whose envd access token produced a

@@ -1,76 +1,51 @@
 package api
 
 import (
-	"errors"
+	"context"
 	"io"
 	"net/http"
-	"sync"
+	"time"
 )
 
-// errCallEnded is what the transport reads from a request body once the
-// call it came with has been answered.
-var errCallEnded = errors.New("the call was answered; its body is no longer read")
+// endBodyWait bounds how long EndBody waits for the rest of a request body
+// that is still arriving.
+const endBodyWait = time.Second
 
-// callBody is a request body as the proxy's transport gets it. The
-// transport reads and closes bodies from goroutines of its own, and may
-// do so after the call has been answered; end makes such late reads fail
-// and closes do nothing, having waited for one in flight.
-//
-// end also reads what the transport left of the body (a dial to a dead
-// node reads none of it), up to leftoverBytes. With full duplex on, Go's
-// HTTP/1 server reads that rest itself after the handler returns, and
-// reaching the body's end there starts its watch on the connection beside
-// its read of the next request: the connection panics away, and the
-// client's next call on it fails. Read while the handler still runs, the
-// end of the body is reached where the server expects it. The bound is
-// the server's own: past it, it gives up the connection instead.
-type callBody struct {
-	mu    sync.Mutex
-	rc    io.ReadCloser
-	ended bool
-}
+type bodyKey struct{}
 
-// GuardBody gives r, about to be proxied with full duplex on, a body that
-// end (the returned func, to be called before the handler returns) cuts
-// off; r without a body is left as it is.
-func GuardBody(r *http.Request) (*http.Request, func()) {
+// KeepBody notes r's body in r's context for EndBody. A proxy calls it on
+// the request it forwards: httputil.ReverseProxy hands its error handler
+// a request whose body it wrapped so that closing it does nothing.
+func KeepBody(r *http.Request) *http.Request {
 	if r.Body == nil || r.Body == http.NoBody {
-		return r, func() {}
+		return r
 	}
-	b := &callBody{rc: r.Body}
-	r2 := *r
-	r2.Body = b
-	return &r2, b.end
+	return r.WithContext(context.WithValue(r.Context(), bodyKey{}, r.Body))
 }
 
-func (b *callBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ended {
-		return 0, errCallEnded
-	}
-	return b.rc.Read(p)
-}
-
-func (b *callBody) Close() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ended {
-		return nil // the server closes what is left of it
-	}
-	return b.rc.Close()
-}
-
-// leftoverBytes bounds what end reads of a body the call left unread, as
-// net/http's server bounds its own reading of it.
-const leftoverBytes = 256 << 10
-
-func (b *callBody) end() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.ended {
+// EndBody finishes the body KeepBody noted while the handler still runs: a
+// proxy's error handler calls it when its upstream failed (a sandbox or a
+// node that just died), after writing the error.
+//
+// Why: a failed call leaves the body unread, and ReverseProxy keeps the
+// transport from closing it. With full duplex on, Go's HTTP/1 server then
+// reads it to its end after the handler returns, and reaching the end there
+// starts its watch on the connection beside its read of the next request:
+// the connection panics away ("invalid concurrent Body.Read call") and the
+// client's next call on it fails. Closed here (which reads up to what the
+// server itself would, 256 KiB), the end is reached while the handler runs,
+// where the server expects it. A body still open and idle (a stream of
+// input) is waited for at most endBodyWait, the answer flushed first so
+// that the client has it meanwhile; what is left then costs the
+// connection, not a hang. Successful calls are not touched.
+func EndBody(w http.ResponseWriter, r *http.Request) {
+	body, _ := r.Context().Value(bodyKey{}).(io.ReadCloser)
+	if body == nil {
 		return
 	}
-	b.ended = true
-	io.CopyN(io.Discard, b.rc, leftoverBytes)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	rc.SetReadDeadline(time.Now().Add(endBodyWait))
+	body.Close()
+	rc.SetReadDeadline(time.Time{})
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -434,5 +435,49 @@ func TestBackupCacheInDataDir(t *testing.T) {
 	want := "aenv.db cache/ cache/base-new/ cache/base-new/rootfs/ cache/base-new/rootfs/bin/ cache/base-new/rootfs/bin/bash"
 	if got := strings.Join(tree(t, dst), " "); got != want {
 		t.Errorf("restored:\n got %s\nwant %s", got, want)
+	}
+}
+
+// An image deleted while the walk reads it (its sandbox resumed) goes into
+// the archive without its completion marker, so that a restored node
+// takes it for incomplete instead of restoring part of it; an image left
+// alone keeps its marker, written after its files.
+func TestBackupImageDeletedDuringWalk(t *testing.T) {
+	data := t.TempDir()
+	for _, img := range []string{"pause-gone", "pause-kept"} {
+		write(t, filepath.Join(data, "images", img, "aenv-complete"), "")
+		write(t, filepath.Join(data, "images", img, "pages.img"), "pages of "+img)
+	}
+	var buf bytes.Buffer
+	a := &archiver{tw: tar.NewWriter(&buf), links: map[fileID]string{}, imagesDir: filepath.Join(data, "images")}
+	choose := func(rel string) walkChoice {
+		if rel == "images/pause-gone/pages.img" {
+			os.RemoveAll(filepath.Join(data, "images", "pause-gone")) // resumed, mid-walk
+		}
+		return include
+	}
+	if err := a.writeTree(context.Background(), data, "data", choose, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.writeMarkers(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a.tw.Close()
+	var names []string
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		names = append(names, h.Name)
+	}
+	got := strings.Join(names, " ")
+	if strings.Contains(got, "pause-gone/aenv-complete") || strings.Contains(got, "pause-gone/pages.img") {
+		t.Errorf("the deleted image is in the archive as complete: %s", got)
+	}
+	kept := slices.Index(names, "data/images/pause-kept/aenv-complete")
+	if kept < 0 || kept < slices.Index(names, "data/images/pause-kept/pages.img") {
+		t.Errorf("the kept image's marker is missing or before its files: %s", got)
 	}
 }

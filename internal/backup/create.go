@@ -129,9 +129,14 @@ func Create(ctx context.Context, w io.Writer, opts Options) (Summary, error) {
 		}
 		return skip
 	}
+	a.imagesDir = filepath.Join(dataDir, "images")
 	if err := a.writeTree(ctx, dataDir, strings.TrimSuffix(dataPrefix, "/"), keep, false); err != nil {
 		return Summary{}, err
 	}
+	if err := a.writeMarkers(ctx); err != nil {
+		return Summary{}, err
+	}
+	a.imagesDir = ""
 	for i, root := range refs.external {
 		a.links = map[fileID]string{} // links never cross roots: a restore may skip one
 		if err := a.writeTree(ctx, root, extPrefix+strconv.Itoa(i), func(string) walkChoice { return include }, true); err != nil {
@@ -250,12 +255,60 @@ const (
 // fileID names a file across hard links.
 type fileID struct{ dev, ino uint64 }
 
+// imageCompleteMarker is the file the node writes last into a checkpoint
+// image: an image without it is incomplete (internal/sandbox).
+const imageCompleteMarker = "aenv-complete"
+
 // archiver writes entries and counts them for the trailer.
 type archiver struct {
 	tw      *tar.Writer
 	links   map[fileID]string
 	entries int
 	bytes   int64
+	// markers are the images' completion markers, written after the
+	// whole walk (see writeMarkers); vanished, the directories a file
+	// disappeared from while the walk read them.
+	markers  []marker
+	vanished map[string]bool
+	// imagesDir is where the data dir keeps checkpoint images: only
+	// there is a file named imageCompleteMarker a marker.
+	imagesDir string
+}
+
+type marker struct{ path, name string }
+
+// vanish notes that path disappeared while the walk read it, for every
+// directory above it.
+func (a *archiver) vanish(path string) {
+	if a.vanished == nil {
+		a.vanished = map[string]bool{}
+	}
+	for d := filepath.Dir(path); d != "/" && d != "."; d = filepath.Dir(d) {
+		a.vanished[d] = true
+	}
+}
+
+// writeMarkers archives the completion markers of the images whose files
+// were all archived: an image deleted (a sandbox resumed) while the walk
+// read it goes into the archive without its marker, so that the restored
+// node sees it incomplete rather than restoring a part of it.
+func (a *archiver) writeMarkers(ctx context.Context) error {
+	for _, m := range a.markers {
+		if a.vanished[filepath.Dir(m.path)] {
+			continue
+		}
+		info, err := os.Lstat(m.path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("backup: %w", err)
+		}
+		if _, err := a.writeEntry(ctx, m.path, m.name, info); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (a *archiver) writeBytes(name string, b []byte) error {
@@ -289,6 +342,7 @@ func (a *archiver) writeTree(ctx context.Context, root, prefix string, choose fu
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) && path != root {
+				a.vanish(path)
 				return nil
 			}
 			return fmt.Errorf("backup: %w", err)
@@ -313,8 +367,14 @@ func (a *archiver) writeTree(ctx context.Context, root, prefix string, choose fu
 			}
 			return nil
 		}
+		if d.Name() == imageCompleteMarker && !d.IsDir() && a.imagesDir != "" &&
+			strings.HasPrefix(path, a.imagesDir+string(filepath.Separator)) {
+			a.markers = append(a.markers, marker{path, name}) // last: see writeMarkers
+			return nil
+		}
 		info, err := d.Info()
 		if errors.Is(err, fs.ErrNotExist) {
+			a.vanish(path)
 			return nil
 		}
 		if err != nil {
@@ -341,6 +401,7 @@ func (a *archiver) writeEntry(ctx context.Context, path, name string, info fs.Fi
 	if info.Mode()&fs.ModeSymlink != 0 {
 		l, err := os.Readlink(path)
 		if errors.Is(err, fs.ErrNotExist) {
+			a.vanish(path)
 			return false, nil
 		}
 		if err != nil {
@@ -367,6 +428,7 @@ func (a *archiver) writeEntry(ctx context.Context, path, name string, info fs.Fi
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if errors.Is(err, fs.ErrNotExist) {
+		a.vanish(path)
 		return false, nil
 	}
 	if err != nil {

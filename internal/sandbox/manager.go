@@ -482,6 +482,7 @@ func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 	v := e.view()
 	if v.slot != nil || v.phase == phaseStarting {
 		if err := m.killInstance(ctx, e.id); err != nil {
+			e.settle() // still what it was: its deadline or spill back
 			return fmt.Errorf("kill sandbox %s: %w", e.id, err)
 		}
 		if v.slot != nil {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestTimersFollowPhase(t *testing.T) {
 				id := ids[rnd.IntN(len(ids))]
 				var what string
 				var err error
-				switch rnd.IntN(7) {
+				switch rnd.IntN(8) {
 				case 0:
 					what, err = "pause", w.m.Pause(ctx, id, node.PauseOptions{})
 				case 1:
@@ -60,6 +61,13 @@ func TestTimersFollowPhase(t *testing.T) {
 				case 6:
 					if len(ids) > 2 {
 						what, err = "kill", w.m.Kill(ctx, id)
+					}
+				case 7: // a kill the runtime refuses: the sandbox stays as it was
+					w.faults.set("kill", errors.New("runsc kill timed out"))
+					what, err = "failed kill", w.m.Kill(ctx, id)
+					w.faults.set("kill", nil)
+					if err != nil && !expected(err) {
+						err = nil // refused, as it should be
 					}
 				}
 				if err != nil && !expected(err) {
