@@ -15,6 +15,7 @@ import (
 	"github.com/aenv-dev/aenv/api/openapi"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/tracing"
 	"github.com/aenv-dev/aenv/internal/usage"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
@@ -58,6 +59,9 @@ type Config struct {
 	// Idempotency keeps the answers of creates and forks that carried an
 	// Idempotency-Key; nil keeps them in this process's memory.
 	Idempotency IdempotencyStore
+	// Tracer gives each control-plane request a span, continuing the
+	// caller's trace (a gateway's); nil: tracing off.
+	Tracer *tracing.Tracer
 }
 
 // Server is the HTTP handler of a node.
@@ -241,7 +245,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+	tracer := s.cfg.Tracer
+	if tracer != nil && !s.authorized(r) {
+		tracer = nil // a caller without the key leaves no traces
+	}
+	r, span := tracer.StartRequest(r)
 	s.mux.ServeHTTP(rec, r)
+	tracing.EndRequest(span, r.Pattern, rec.status)
 	route := r.Pattern
 	if route == "" {
 		route = "unmatched"

@@ -70,7 +70,7 @@ func TestEveryServiceFlagHasEnv(t *testing.T) {
 		for _, f := range fs {
 			env := config.EnvName(f.Name)
 			t.Run(cmdName+"/"+f.Name, func(t *testing.T) {
-				value := map[string]string{"bool": "true", "int": "7"}[f.Value.Type()]
+				value := map[string]string{"bool": "true", "int": "7", "float64": "0.5"}[f.Value.Type()]
 				if value == "" {
 					value = "from-env"
 				}

@@ -100,12 +100,14 @@ type Gateway struct {
 	IdleTimeoutSecs int
 	// TLS is the HTTPS listener beside Listen (off unless TLS.Listen).
 	TLS TLS
+	// Tracing sends traces to an OTLP collector (off by default).
+	Tracing Tracing
 }
 
 // DefaultGateway returns the embedded defaults of a gateway.
 func DefaultGateway() Gateway {
 	return Gateway{Listen: ":8000", Domain: "localhost", LogLevel: "info", LogFormat: "text",
-		NodeTimeoutMS: 5000, MaxJSONBodyMB: 128, IdleTimeoutSecs: 90}
+		NodeTimeoutMS: 5000, MaxJSONBodyMB: 128, IdleTimeoutSecs: 90, Tracing: DefaultTracing()}
 }
 
 // Warnings are what the gateway's log should say about its configuration.
@@ -133,6 +135,7 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.MaxJSONBodyMB, "max-json-body-mb", "largest JSON request body")
 	num(&c.IdleTimeoutSecs, "idle-timeout-secs", "close keep-alive connections idle this long")
 	c.TLS.register(fs, false)
+	c.Tracing.register(fs)
 }
 
 // Validate checks values that flags cannot type-check, and reads the
@@ -152,6 +155,9 @@ func (c *Gateway) Validate() error {
 		return fmt.Errorf("--max-json-body-mb must be at least 1")
 	case c.LogFormat != "text" && c.LogFormat != "json":
 		return fmt.Errorf("--log-format must be text or json, got %q", c.LogFormat)
+	}
+	if err := c.Tracing.validate(); err != nil {
+		return err
 	}
 	return c.TLS.validate("", c.Domain)
 }

@@ -82,6 +82,8 @@ type Server struct {
 
 	// TLS is the HTTPS listener beside Listen (off unless TLS.Listen).
 	TLS TLS
+	// Tracing sends traces to an OTLP collector (off by default).
+	Tracing Tracing
 }
 
 // Default returns the embedded defaults.
@@ -122,6 +124,7 @@ func Default() Server {
 		ImageCacheMB:           20480,
 		ObjectStoreGCSecs:      3600,
 		Domain:                 "localhost",
+		Tracing:                DefaultTracing(),
 	}
 }
 
@@ -186,6 +189,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.ObjectStoreGCSecs, "object-store-gc-secs", "how often objects no template refers to (and older than this) are removed from the object store (0: never)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 	c.TLS.register(fs, true)
+	c.Tracing.register(fs)
 }
 
 // Validate checks values that flags cannot type-check.
@@ -194,6 +198,9 @@ func (c *Server) Validate() error {
 		return fmt.Errorf("--data-dir must not be empty")
 	}
 	if err := c.TLS.validate(c.DataDir, c.Domain); err != nil {
+		return err
+	}
+	if err := c.Tracing.validate(); err != nil {
 		return err
 	}
 	if _, err := netip.ParsePrefix(c.SandboxCIDR); err != nil {
@@ -272,6 +279,15 @@ func envInt(flag string, def int) int {
 	if v, ok := os.LookupEnv(EnvName(flag)); ok {
 		if n, err := strconv.Atoi(v); err == nil {
 			return n
+		}
+	}
+	return def
+}
+
+func envFloat(flag string, def float64) float64 {
+	if v, ok := os.LookupEnv(EnvName(flag)); ok {
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			return f
 		}
 	}
 	return def

@@ -33,6 +33,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/requestid"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // Config of a gateway.
@@ -55,6 +56,9 @@ type Config struct {
 	// Version of this gateway's release, named when a node's cluster
 	// protocol is one it cannot work with.
 	Version string
+	// Tracer traces control-plane requests and passes their trace to the
+	// nodes (traceparent); nil: tracing off.
+	Tracer *tracing.Tracer
 }
 
 // Gateway is the HTTP handler of a gateway.
@@ -72,9 +76,11 @@ type Gateway struct {
 	catalog   http.Handler // the read routes, over the cluster's records
 	// idem keeps the answers of creates and forks with an Idempotency-Key
 	// in the database, for every gateway.
-	idem  *sharedIdempotency
-	mux   *http.ServeMux
-	proxy *httputil.ReverseProxy
+	idem *sharedIdempotency
+	mux  *http.ServeMux
+	// traced is mux, in a span per request when tracing is on.
+	traced http.Handler
+	proxy  *httputil.ReverseProxy
 	// client makes the calls the gateway reads the answer of (creates,
 	// which it may retry on another node).
 	client *http.Client
@@ -126,6 +132,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		Authorize: func(*http.Request) bool { return true }, // ServeHTTP checked the key
 	}, &catalog{g: g}, logger, reg)
 	g.routeMux()
+	g.traced = cfg.Tracer.Handler(g.mux)
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stop = cancel
@@ -280,7 +287,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	if !g.authorize(w, r) {
 		return
 	}
-	g.mux.ServeHTTP(w, r)
+	g.traced.ServeHTTP(w, r)
 }
 
 func (g *Gateway) count(route string) { g.requests.WithLabelValues(route).Inc() }
@@ -450,9 +457,10 @@ func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sa
 		g.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
 	t := target{node: nodeID, addr: n.Address, sandbox: sandboxID, controlPlane: controlPlane}
-	r, end := api.GuardBody(r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
-	defer end()
-	g.proxy.ServeHTTP(w, r)
+	ctx, span := tracing.ChildClient(r.Context(), "forward to node", tracing.NodeID.String(nodeID),
+		tracing.SandboxID.String(sandboxID))
+	defer span.End()
+	g.proxy.ServeHTTP(w, api.KeepBody(r.WithContext(context.WithValue(ctx, targetKey{}, t))))
 }
 
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
@@ -466,6 +474,9 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	// used to reach this gateway (or, behind a proxy of the operator's,
 	// the one that proxy says; a client can only mislead itself with it).
 	pr.Out.Header.Set(api.HeaderForwardedProto, api.RequestScheme(pr.In))
+	// The node's spans join this request's trace (a request not traced
+	// here keeps the caller's traceparent, if any).
+	g.cfg.Tracer.Inject(pr.In.Context(), pr.Out.Header)
 	if t.controlPlane {
 		pr.Out.Header.Del("Authorization")
 		pr.Out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
@@ -503,6 +514,7 @@ func (g *Gateway) isKey(key string) bool {
 
 // upstreamError answers a forwarded request its node did not take.
 func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	defer api.EndBody(w, r)
 	if r.Context().Err() != nil {
 		return // the client left
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/tracing"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
 
@@ -245,16 +246,22 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, resp *http.Respo
 // send makes r's call on node n with body, as the gateway (the cluster
 // secret in place of the user's key).
 func (g *Gateway) send(r *http.Request, n *nodeState, body []byte) (*http.Response, error) {
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+n.Address+r.URL.RequestURI(),
+	ctx, span := tracing.ChildClient(r.Context(), "send to node", tracing.NodeID.String(n.ID))
+	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+n.Address+r.URL.RequestURI(),
 		bytes.NewReader(body))
 	if err != nil {
+		tracing.End(span, err)
 		return nil, err
 	}
 	copyHeader(out.Header, r.Header)
 	out.Header.Del("Authorization")
 	out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
 	out.Host = r.Host
-	return g.client.Do(out)
+	// The node's spans are this call's children.
+	g.cfg.Tracer.Inject(ctx, out.Header)
+	resp, err := g.client.Do(out)
+	tracing.EndCall(span, resp, err)
+	return resp, err
 }
 
 // hopHeaders are a connection's own, never forwarded.

@@ -9,9 +9,12 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/aenv-dev/aenv/internal/meminfo"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // Fork makes Count children with the source's memory, processes and
@@ -22,6 +25,14 @@ import (
 // leaves none (reconcile removes starting sandboxes), and a cancelled
 // request takes its children down with it.
 func (m *Manager) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkResult, error) {
+	ctx, span := tracing.Child(ctx, "fork", attribute.String("aenv.fork.sandbox", req.SandboxID),
+		attribute.String("aenv.fork.snapshot", req.SnapshotID), attribute.Int("aenv.fork.count", req.Count))
+	results, err := m.fork(ctx, req)
+	tracing.End(span, err)
+	return results, err
+}
+
+func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkResult, error) {
 	if err := requireCapability(m.driver.Capabilities().Fork, m.driver.Name(), "fork"); err != nil {
 		return nil, err
 	}

@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"gvisor.dev/gvisor/pkg/cleanup"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -25,11 +27,27 @@ import (
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // Create starts a sandbox and returns once envd in it answers. A rootfs
 // template boots; a snapshot template is restored, memory and all.
 func (m *Manager) Create(ctx context.Context, req node.CreateRequest) (*store.Sandbox, error) {
+	ctx, span := tracing.Child(ctx, "create sandbox", attribute.String("aenv.template", req.Template))
+	sb, err := m.create(ctx, req)
+	endSpan(span, sb, err)
+	return sb, err
+}
+
+// endSpan ends the span of a step that made sandbox sb (nil on failure).
+func endSpan(span trace.Span, sb *store.Sandbox, err error) {
+	if sb != nil && span.IsRecording() {
+		span.SetAttributes(tracing.SandboxID.String(sb.ID))
+	}
+	tracing.End(span, err)
+}
+
+func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sandbox, error) {
 	if req.Template == "" {
 		req.Template = template.BaseName
 	}
@@ -141,18 +159,23 @@ func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Temp
 		defer p.end()
 		try := cloneSandbox(sb)
 		try.ID = p.id
+		tryCtx, span := tracing.Child(ctx, "launch", tracing.SandboxID.String(p.id),
+			attribute.String("aenv.launch.source", p.source.String()))
 		var e *entry
 		var err error
 		switch p.source {
 		case fromWarm:
-			e, err = m.launchWarm(ctx, try, tpl, p.warm)
+			e, err = m.launchWarm(tryCtx, try, tpl, p.warm)
 		case fromRestored:
-			e, err = m.launchRestored(ctx, try, tpl, p.prepared)
+			e, err = m.launchRestored(tryCtx, try, tpl, p.prepared)
 		case fromPrepared:
-			e, err = m.launchIn(ctx, try, tpl, img, pending, p.prepared)
+			e, err = m.launchIn(tryCtx, try, tpl, img, pending, p.prepared)
 		default:
-			return m.launchIn(ctx, try, tpl, img, pending, nil)
+			e, err = m.launchIn(tryCtx, try, tpl, img, pending, nil)
+			tracing.End(span, err)
+			return e, err
 		}
+		tracing.End(span, err)
 		if p.prepared != nil {
 			// Claimed: its record (if any) now holds the root filesystem.
 			m.releasePrepared(ctx, p.prepared)
@@ -398,34 +421,40 @@ func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Tem
 	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
 	spec.RootfsUpper = img.rootfsUpper
 	var err error
+	// The runtime's commands are this span's children.
+	rctx, span := tracing.Child(ctx, "runtime start", tracing.SandboxID.String(sb.ID),
+		attribute.Bool("aenv.restore", img.dir != ""), attribute.Bool("aenv.prepared", img.prepared))
 	switch prep, _ := m.driver.(runtime.Preparer); {
 	case img.prepared:
 		// Made in the background: this request's priority first.
-		if err = prep.Foreground(ctx, sb.ID); err != nil {
-			m.killInstance(ctx, sb.ID)
+		if err = prep.Foreground(rctx, sb.ID); err != nil {
+			m.killInstance(rctx, sb.ID)
 		} else if img.dir == "" {
-			err = prep.StartPrepared(ctx, sb.ID)
+			err = prep.StartPrepared(rctx, sb.ID)
 		} else {
-			err = prep.RestorePrepared(ctx, sb.ID, img.dir)
+			err = prep.RestorePrepared(rctx, sb.ID, img.dir)
 		}
 		if err != nil {
 			err = fmt.Errorf("%w: %w", errNotPrepared, err)
 		}
 	case img.dir == "":
-		err = m.driver.Start(ctx, spec)
+		err = m.driver.Start(rctx, spec)
 	default:
-		err = m.driver.Restore(ctx, spec, img.dir)
+		err = m.driver.Restore(rctx, spec, img.dir)
 	}
+	tracing.End(span, err)
 	if err != nil {
 		return nil, classifyRuntimeError(fmt.Errorf("start sandbox: %w", err))
 	}
 	envd := envdclient.New(envdURL(sb.ID, slot.SandboxIP), m.http, img.token)
+	_, span = tracing.Child(ctx, "envd ready", tracing.SandboxID.String(sb.ID))
 	err = m.waitReady(ctx, envd)
 	if err == nil {
 		err = m.identify(ctx, envd, sb, tpl)
 	} else {
 		err = fmt.Errorf("sandbox did not become ready: %w", err)
 	}
+	tracing.End(span, err)
 	if err != nil {
 		m.killInstance(ctx, sb.ID)
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"gvisor.dev/gvisor/pkg/cleanup"
 
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
@@ -16,6 +17,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // expire handles a deadline: the sandbox is paused when it asked for
@@ -169,6 +171,16 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, why string) error {
 // memory) its processes are ended and its files kept. It reports whether
 // the sandbox was paused. A failed resume leaves it paused as it was.
 func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration, reboot bool) (*store.Sandbox, bool, error) {
+	ctx, span := tracing.Child(ctx, "resume sandbox", tracing.SandboxID.String(id))
+	sb, paused, err := m.resume(ctx, id, timeout, reboot)
+	if span.IsRecording() {
+		span.SetAttributes(attribute.Bool("aenv.resume.was_paused", paused))
+	}
+	tracing.End(span, err)
+	return sb, paused, err
+}
+
+func (m *Manager) resume(ctx context.Context, id string, timeout time.Duration, reboot bool) (*store.Sandbox, bool, error) {
 	e, err := m.lockEntry(ctx, id, opResume)
 	if errors.Is(err, node.ErrNotFound) && m.cfg.Shared != nil {
 		// Another node's, paused to disk, that node gone: take it over.

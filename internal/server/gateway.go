@@ -29,6 +29,11 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	for _, w := range cfg.Warnings() {
 		logger.WarnContext(ctx, w)
 	}
+	tracer, err := startTracing(ctx, cfg.Tracing.Config("aenv-gateway", cfg.Version), logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(tracer, logger)
 	hosts := newSandboxHosts(cfg.Domain)
 	tlsSrc, err := newTLSSource(cfg.TLS, cfg.Domain, hosts, logger)
 	if err != nil {
@@ -52,7 +57,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	g, err := gateway.New(ctx, gateway.Config{
 		Domain: cfg.Domain, NodeTimeout: time.Duration(cfg.NodeTimeoutMS) * time.Millisecond,
 		MaxJSONBytes: int64(cfg.MaxJSONBodyMB) << 20, ClusterSecret: secret, APIKey: cfg.APIKey,
-		Version: cfg.Version,
+		Version: cfg.Version, Tracer: tracer,
 	}, db, logger.With("component", "gateway"), reg)
 	if err != nil {
 		return err

@@ -1,11 +1,14 @@
 package server
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/requestid"
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // withRequestID gives each request to the node's API an ID: the one a
@@ -24,8 +27,35 @@ func withRequestID(h http.Handler, domain string) http.Handler {
 	})
 }
 
-// requestLogger adds the request ID to the lines logged with a request's
-// context.
+// requestLogger adds the request ID, and the trace ID of a traced
+// request, to the lines logged with a request's context.
 func requestLogger(logger *slog.Logger) *slog.Logger {
-	return slog.New(requestid.LogHandler(logger.Handler()))
+	return slog.New(tracing.LogHandler(requestid.LogHandler(logger.Handler())))
+}
+
+// startTracing sets up the process's traces (nil: off).
+func startTracing(ctx context.Context, cfg tracing.Config, logger *slog.Logger) (*tracing.Tracer, error) {
+	tracer, err := tracing.Start(ctx, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	if tracer != nil {
+		endpoint := cfg.Endpoint
+		if endpoint == "" {
+			endpoint = "from OTEL_EXPORTER_OTLP_* variables"
+		}
+		logger.InfoContext(ctx, "sending traces", "service", cfg.Service, "endpoint", endpoint,
+			"sample_ratio", cfg.SampleRatio)
+	}
+	return tracer, nil
+}
+
+// stopTracing sends the spans not yet sent, within a bound: a collector
+// that is down must not hold the exit.
+func stopTracing(tracer *tracing.Tracer, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tracer.Shutdown(ctx); err != nil {
+		logger.Warn("traces not sent at exit", "err", err)
+	}
 }

@@ -67,6 +67,15 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	service, version := "aenv-server", ""
+	if cl != nil {
+		service, version = "aenv-node", cl.Version
+	}
+	tracer, err := startTracing(ctx, cfg.Tracing.Config(service, version), logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing(tracer, logger)
 	if os.Geteuid() != 0 {
 		return errors.New("aenv server must run as root (it creates network namespaces and gVisor sandboxes)")
 	}
@@ -254,6 +263,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Builds:             builds,
 		NodeID:             member.nodeID(),
 		NodeInfo:           info,
+		Tracer:             tracer,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)

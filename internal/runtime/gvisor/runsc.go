@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // maxErrorText bounds how much runsc output goes into an error.
@@ -85,10 +86,13 @@ func (d *Driver) runscDetached(ctx context.Context, b bound, id string, args ...
 // command overruns b.timeout, or b.grace after ctx is done: runsc's helpers
 // die with it, while the sandbox and gofer it starts are in sessions of
 // their own and are removed by Kill.
-func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []string, setup func(*exec.Cmd)) error {
+func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []string, setup func(*exec.Cmd)) (err error) {
 	if b.grace == 0 && ctx.Err() != nil {
 		return ctx.Err()
 	}
+	// A traced request's runsc commands are spans of its trace.
+	_, span := tracing.Child(ctx, "runsc "+args[0], tracing.SandboxID.String(id))
+	defer func() { tracing.End(span, err) }()
 	runCtx, cancel := b.context(ctx)
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, d.cfg.RunscPath, append(d.globalFlags(id), args...)...)
@@ -99,7 +103,7 @@ func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []stri
 	// keep Wait from returning.
 	cmd.WaitDelay = time.Second
 	start := time.Now()
-	err := cmd.Run()
+	err = cmd.Run()
 	took := time.Since(start)
 	d.log.DebugContext(ctx, "runsc", "args", args, "duration", took, "err", err)
 	if err != nil && runCtx.Err() != nil {
