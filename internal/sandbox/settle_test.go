@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
 // TestTimersFollowPhase drives sandboxes through random lifecycle
@@ -90,5 +91,46 @@ func checkTimer(t *testing.T, m *Manager, e *entry, after string) {
 	want := p == phaseRunning || (p == phasePaused && m.cfg.PauseToDiskAfter > 0)
 	if got := e.timer != nil; got != want {
 		t.Fatalf("after %s: sandbox %s %s has a timer: %v, want %v", after, e.id, p, got, want)
+	}
+}
+
+// Changes that keep a sandbox paused (its network policy) keep its
+// spill to disk where the pause put it: a policy updated every few minutes
+// must not postpone the spill for ever.
+func TestPausedChangesKeepSpill(t *testing.T) {
+	w := newWorld(t, func(c *Config) { c.PauseToDiskAfter = time.Hour })
+	ctx := context.Background()
+	sb, err := w.m.Create(ctx, node.CreateRequest{Template: "base", Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.m.Pause(ctx, sb.ID, node.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e := w.m.entry(sb.ID)
+	timerOf := func() *time.Timer {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.timer
+	}
+	spill := timerOf()
+	if spill == nil {
+		t.Fatal("paused without a spill timer")
+	}
+	if err := w.m.UpdateNetwork(ctx, sb.ID, &store.NetworkPolicy{DenyOut: []string{"10.0.0.0/8"}}); err != nil {
+		t.Fatal(err)
+	}
+	if timerOf() != spill {
+		t.Fatal("a change to a paused sandbox re-armed its spill")
+	}
+	// Resumed and paused again: a new pause, a new spill.
+	if _, _, err := w.m.Resume(ctx, sb.ID, time.Minute, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.m.Pause(ctx, sb.ID, node.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if timerOf() == spill || timerOf() == nil {
+		t.Fatal("a new pause kept the old spill")
 	}
 }

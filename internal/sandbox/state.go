@@ -197,8 +197,15 @@ func (e *entry) settle() {
 	if m == nil {
 		return // not registered yet: register's caller settles it
 	}
-	e.stopTimer()
 	v := e.view()
+	if v.phase == phasePaused && e.timerPhase == phasePaused && e.timer != nil {
+		// Still paused (its network policy changed): the spill stays
+		// where the pause put it, not postponed by every such change.
+		m.watchIfHeld(e, v)
+		return
+	}
+	e.stopTimer()
+	e.timerPhase = v.phase
 	switch {
 	case v.phase == phaseRunning:
 		e.timer = m.afterFunc(time.Until(v.sb.EndAt), func(ctx context.Context) { m.expire(ctx, e) })
@@ -206,6 +213,11 @@ func (e *entry) settle() {
 		wait := m.cfg.PauseToDiskAfter - time.Since(v.sb.UpdatedAt)
 		e.timer = m.afterFunc(wait, func(ctx context.Context) { m.spill(ctx, e) })
 	}
+	m.watchIfHeld(e, v)
+}
+
+// watchIfHeld watches e's instance while one holds a slot for it.
+func (m *Manager) watchIfHeld(e *entry, v *view) {
 	if v.slot != nil && (v.phase == phaseRunning || v.phase == phasePaused) {
 		m.watch(e)
 	}
@@ -287,6 +299,9 @@ type entry struct {
 	// mu serialises lifecycle operations on this sandbox; readers use cur.
 	mu    sync.Mutex
 	timer *time.Timer // deadline or spill, as settle set it; guarded by mu
+	// timerPhase is the phase settle last armed the timer for; guarded
+	// by mu.
+	timerPhase phase
 	// retry is the back-off of a failing expiry kill; guarded by mu.
 	retry time.Duration
 	// checking is set while the monitor asks the runtime about it.
