@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -479,5 +480,41 @@ func TestBackupImageDeletedDuringWalk(t *testing.T) {
 	kept := slices.Index(names, "data/images/pause-kept/aenv-complete")
 	if kept < 0 || kept < slices.Index(names, "data/images/pause-kept/pages.img") {
 		t.Errorf("the kept image's marker is missing or before its files: %s", got)
+	}
+}
+
+// An archive naming an external root that holds no template's root
+// filesystem (altered to put files somewhere else as root) is refused, and
+// nothing is written there.
+func TestRestoreRefusesUnknownExternalRoot(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := sqlite.Open(ctx, filepath.Join(dir, dbName)) // a real database, with no template
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	raw, err := os.ReadFile(filepath.Join(dir, dbName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "etc", "systemd", "system", "evil.service.d")
+	body, _ := json.Marshal(map[string]any{"format": 1, "dataDir": "/data/old", "external": []string{target}})
+	archive := handMade(t, []entry{
+		{name: headerName, body: string(body)},
+		{name: "data/aenv.db", body: string(raw)},
+		{name: "external/0", typ: tar.TypeDir},
+		{name: "external/0/override.conf", body: "[Service]\nExecStart=/bin/evil\n"},
+	})
+	parent := t.TempDir()
+	_, err = Restore(ctx, bytes.NewReader(archive), filepath.Join(parent, "d"))
+	if err == nil || !strings.Contains(err.Error(), "holds no template's root filesystem") {
+		t.Fatalf("restore: %v", err)
+	}
+	if _, err := os.Stat(filepath.Dir(target)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused restore made %s: %v", filepath.Dir(target), err)
+	}
+	if got := tree(t, parent); len(got) != 0 {
+		t.Errorf("left behind: %q", got)
 	}
 }

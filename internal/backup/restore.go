@@ -177,6 +177,9 @@ type unpacker struct {
 	euid, egid int
 	entries    int
 	bytes      int64
+	// rootfs are the root filesystems the archive's database names, read
+	// when the first external root comes: only those are put back.
+	rootfs []string
 }
 
 type dirMeta struct {
@@ -238,7 +241,7 @@ func (u *unpacker) unpack(ctx context.Context, tr *tar.Reader) (header, error) {
 			}
 			return hdr, nil
 		}
-		target, err := u.target(th.Name, hdr, roots)
+		target, err := u.target(ctx, th.Name, hdr, roots)
 		if err != nil {
 			return hdr, err
 		}
@@ -255,9 +258,32 @@ func (u *unpacker) unpack(ctx context.Context, tr *tar.Reader) (header, error) {
 	}
 }
 
+// checkRoot refuses an external root that holds no root filesystem the
+// archive's own database names: a restore runs as root, and an altered
+// archive must not put files anywhere it likes.
+func (u *unpacker) checkRoot(ctx context.Context, root string) error {
+	if u.rootfs == nil {
+		db, ok := u.files[dataPrefix+dbName]
+		if !ok {
+			return corrupt("external root %q comes before the database", root)
+		}
+		paths, err := sqlite.TemplateRootfsPaths(ctx, db)
+		if err != nil {
+			return corrupt("its database: %v", err)
+		}
+		u.rootfs = append(paths, "") // read: not again
+	}
+	for _, p := range u.rootfs {
+		if p != "" && (p == root || strings.HasPrefix(p, root+"/")) {
+			return nil
+		}
+	}
+	return corrupt("external root %q holds no template's root filesystem", root)
+}
+
 // target is where entry name goes: under the staging directory, or
 // beside an external root; "" when it is skipped.
-func (u *unpacker) target(name string, hdr header, roots map[int]string) (string, error) {
+func (u *unpacker) target(ctx context.Context, name string, hdr header, roots map[int]string) (string, error) {
 	if err := cleanName(name); err != nil {
 		return "", corrupt("%v", err)
 	}
@@ -281,6 +307,9 @@ func (u *unpacker) target(name string, hdr header, roots map[int]string) (string
 		root := filepath.Clean(hdr.External[n])
 		if !filepath.IsAbs(root) || root == "/" {
 			return "", corrupt("external root %q", hdr.External[n])
+		}
+		if err := u.checkRoot(ctx, root); err != nil {
+			return "", err
 		}
 		if _, err := os.Lstat(root); err == nil {
 			u.kept = append(u.kept, root)

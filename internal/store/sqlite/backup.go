@@ -136,3 +136,28 @@ func textColumns(ctx context.Context, tx *sql.Tx) ([]tableColumn, error) {
 func quoteIdent(name string) string {
 	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
 }
+
+// TemplateRootfsPaths returns the root filesystem paths the templates of
+// the database at path name (a restore checks an archive's external roots
+// against them), without applying migrations.
+func TemplateRootfsPaths(ctx context.Context, path string) ([]string, error) {
+	db, err := openRaw(path)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, `SELECT rootfs_path FROM templates`)
+	if err != nil {
+		return nil, fmt.Errorf("read templates of %s: %w", path, classify(err))
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			return nil, fmt.Errorf("read templates of %s: %w", path, err)
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
