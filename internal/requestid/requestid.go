@@ -81,17 +81,23 @@ func Middleware(next http.Handler) http.Handler {
 	})
 }
 
+// ContextAttr is an attribute a context may carry for the lines logged
+// with it (a trace ID), or false.
+type ContextAttr func(ctx context.Context) (slog.Attr, bool)
+
 // LogHandler wraps h so that a record logged with a context carrying a
-// request ID (logger.InfoContext(r.Context(), ...)) gets it as request_id.
-func LogHandler(h slog.Handler) slog.Handler {
+// request ID (logger.InfoContext(r.Context(), ...)) gets it as request_id,
+// and the attributes more find in that context too.
+func LogHandler(h slog.Handler, more ...ContextAttr) slog.Handler {
 	if _, ok := h.(*logHandler); ok {
 		return h
 	}
-	return &logHandler{next: h}
+	return &logHandler{next: h, more: more}
 }
 
 type logHandler struct {
 	next slog.Handler
+	more []ContextAttr
 }
 
 func (h *logHandler) Enabled(ctx context.Context, level slog.Level) bool {
@@ -99,17 +105,28 @@ func (h *logHandler) Enabled(ctx context.Context, level slog.Level) bool {
 }
 
 func (h *logHandler) Handle(ctx context.Context, rec slog.Record) error {
+	cloned := false
+	add := func(a slog.Attr) {
+		if !cloned {
+			rec, cloned = rec.Clone(), true
+		}
+		rec.AddAttrs(a)
+	}
 	if id := FromContext(ctx); id != "" {
-		rec = rec.Clone()
-		rec.AddAttrs(slog.String(LogKey, id))
+		add(slog.String(LogKey, id))
+	}
+	for _, attr := range h.more {
+		if a, ok := attr(ctx); ok {
+			add(a)
+		}
 	}
 	return h.next.Handle(ctx, rec)
 }
 
 func (h *logHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return &logHandler{next: h.next.WithAttrs(attrs)}
+	return &logHandler{next: h.next.WithAttrs(attrs), more: h.more}
 }
 
 func (h *logHandler) WithGroup(name string) slog.Handler {
-	return &logHandler{next: h.next.WithGroup(name)}
+	return &logHandler{next: h.next.WithGroup(name), more: h.more}
 }

@@ -30,7 +30,7 @@ func withRequestID(h http.Handler, domain string) http.Handler {
 // requestLogger adds the request ID, and the trace ID of a traced
 // request, to the lines logged with a request's context.
 func requestLogger(logger *slog.Logger) *slog.Logger {
-	return slog.New(tracing.LogHandler(requestid.LogHandler(logger.Handler())))
+	return slog.New(requestid.LogHandler(logger.Handler(), tracing.LogAttr))
 }
 
 // startTracing sets up the process's traces (nil: off).

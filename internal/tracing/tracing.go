@@ -278,36 +278,13 @@ func EndCall(span trace.Span, resp *http.Response, err error) {
 // LogKey is the attribute naming a request's trace in log lines.
 const LogKey = "trace_id"
 
-// LogHandler wraps h so that a record logged with the context of a traced
-// request gets its trace ID as trace_id: the way from a log line to the
-// trace, as request_id is the way from an answer to the log lines.
-func LogHandler(h slog.Handler) slog.Handler {
-	if _, ok := h.(*logHandler); ok {
-		return h
+// LogAttr is the trace ID of a traced request's context, as trace_id: the
+// way from a log line to the trace, as request_id is the way from an answer
+// to the log lines. It goes to requestid.LogHandler.
+func LogAttr(ctx context.Context) (slog.Attr, bool) {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() || !sc.IsSampled() {
+		return slog.Attr{}, false
 	}
-	return &logHandler{next: h}
-}
-
-type logHandler struct {
-	next slog.Handler
-}
-
-func (h *logHandler) Enabled(ctx context.Context, level slog.Level) bool {
-	return h.next.Enabled(ctx, level)
-}
-
-func (h *logHandler) Handle(ctx context.Context, rec slog.Record) error {
-	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && sc.IsSampled() {
-		rec = rec.Clone()
-		rec.AddAttrs(slog.String(LogKey, sc.TraceID().String()))
-	}
-	return h.next.Handle(ctx, rec)
-}
-
-func (h *logHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return &logHandler{next: h.next.WithAttrs(attrs)}
-}
-
-func (h *logHandler) WithGroup(name string) slog.Handler {
-	return &logHandler{next: h.next.WithGroup(name)}
+	return slog.String(LogKey, sc.TraceID().String()), true
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/requestid"
 	"github.com/aenv-dev/aenv/internal/tracing"
 	"github.com/aenv-dev/aenv/internal/tracing/tracingtest"
 )
@@ -112,7 +113,7 @@ func TestPropagation(t *testing.T) {
 				t.Fatal(err)
 			}
 			var logs bytes.Buffer
-			logger := slog.New(tracing.LogHandler(slog.NewTextHandler(&logs, nil)))
+			logger := slog.New(requestid.LogHandler(slog.NewTextHandler(&logs, nil), tracing.LogAttr))
 
 			nodeMux := http.NewServeMux()
 			nodeMux.HandleFunc("POST /sandboxes", func(w http.ResponseWriter, r *http.Request) {
