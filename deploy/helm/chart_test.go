@@ -23,6 +23,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 
+	"github.com/aenv-dev/aenv/deploy/kubernetes/kubedecode"
 	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
@@ -304,36 +305,14 @@ func consistent(r *rendered, external []string) error {
 		_, ok := c.Data[key]
 		return key == "" || ok
 	}
-	ref := func(w, kind, name, key string, optional *bool, found bool) {
-		if !found && (optional == nil || !*optional) {
-			fail("%s reads %s %s (key %q), which is neither rendered nor created by the operator", w, kind, name, key)
-		}
-	}
 	for _, w := range r.workloads() {
-		for _, c := range w.template.Spec.Containers {
-			for _, e := range c.Env {
-				if e.ValueFrom == nil {
-					continue
-				}
-				if s := e.ValueFrom.SecretKeyRef; s != nil {
-					ref(w.name, "Secret", s.Name, s.Key, s.Optional, secretHas(s.Name, s.Key))
-				}
-				if s := e.ValueFrom.ConfigMapKeyRef; s != nil {
-					ref(w.name, "ConfigMap", s.Name, s.Key, s.Optional, configMapHas(s.Name, s.Key))
-				}
+		for _, ref := range kubedecode.PodReferences(w.template.Spec) {
+			has := secretHas
+			if ref.Kind == "ConfigMap" {
+				has = configMapHas
 			}
-			for _, e := range c.EnvFrom {
-				if s := e.ConfigMapRef; s != nil {
-					ref(w.name, "ConfigMap", s.Name, "", s.Optional, configMapHas(s.Name, ""))
-				}
-				if s := e.SecretRef; s != nil {
-					ref(w.name, "Secret", s.Name, "", s.Optional, secretHas(s.Name, ""))
-				}
-			}
-		}
-		for _, v := range w.template.Spec.Volumes {
-			if s := v.Secret; s != nil {
-				ref(w.name, "Secret", s.SecretName, "", s.Optional, secretHas(s.SecretName, ""))
+			if !ref.Optional && !has(ref.Name, ref.Key) {
+				fail("%s reads %s %s (key %q), which is neither rendered nor created by the operator", w.name, ref.Kind, ref.Name, ref.Key)
 			}
 		}
 	}

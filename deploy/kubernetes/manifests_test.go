@@ -689,39 +689,14 @@ func (m *manifests) referencesResolve() error {
 		return key == "" || ok
 	}
 	var errs []error
-	check := func(w, kind, name, key string, optional *bool, found bool) {
-		if !found && !isTrue(optional) {
-			errs = append(errs, fmt.Errorf("%s reads %s %s (key %q), which is not in the folder", w, kind, name, key))
-		}
-	}
 	for _, w := range m.workloads() {
-		for _, c := range w.template.Spec.Containers {
-			for _, e := range c.Env {
-				if e.ValueFrom == nil {
-					continue
-				}
-				if r := e.ValueFrom.SecretKeyRef; r != nil {
-					check(w.name, "Secret", r.Name, r.Key, r.Optional, secretHas(r.Name, r.Key))
-				}
-				if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
-					check(w.name, "ConfigMap", r.Name, r.Key, r.Optional, configMapHas(r.Name, r.Key))
-				}
+		for _, ref := range kubedecode.PodReferences(w.template.Spec) {
+			has := secretHas
+			if ref.Kind == "ConfigMap" {
+				has = configMapHas
 			}
-			for _, e := range c.EnvFrom {
-				if r := e.SecretRef; r != nil {
-					check(w.name, "Secret", r.Name, "", r.Optional, secretHas(r.Name, ""))
-				}
-				if r := e.ConfigMapRef; r != nil {
-					check(w.name, "ConfigMap", r.Name, "", r.Optional, configMapHas(r.Name, ""))
-				}
-			}
-		}
-		for _, v := range w.template.Spec.Volumes {
-			if s := v.Secret; s != nil {
-				check(w.name, "Secret", s.SecretName, "", s.Optional, secretHas(s.SecretName, ""))
-			}
-			if c := v.ConfigMap; c != nil {
-				check(w.name, "ConfigMap", c.Name, "", c.Optional, configMapHas(c.Name, ""))
+			if !ref.Optional && !has(ref.Name, ref.Key) {
+				errs = append(errs, fmt.Errorf("%s reads %s %s (key %q), which is not in the folder", w.name, ref.Kind, ref.Name, ref.Key))
 			}
 		}
 	}

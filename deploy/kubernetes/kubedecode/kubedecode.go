@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"regexp"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -110,4 +111,50 @@ func contained(in, out any, path string) error {
 		}
 	}
 	return nil
+}
+
+// Reference is a Secret or ConfigMap a pod reads (Key "" for the whole of
+// it), and whether the pod starts without it.
+type Reference struct {
+	Kind, Name, Key string
+	Optional        bool
+}
+
+// PodReferences lists the Secrets and ConfigMaps a pod spec reads through
+// its containers' environment and its volumes.
+func PodReferences(spec corev1.PodSpec) []Reference {
+	var out []Reference
+	add := func(kind, name, key string, optional *bool) {
+		out = append(out, Reference{Kind: kind, Name: name, Key: key, Optional: optional != nil && *optional})
+	}
+	for _, c := range spec.Containers {
+		for _, e := range c.Env {
+			if e.ValueFrom == nil {
+				continue
+			}
+			if r := e.ValueFrom.SecretKeyRef; r != nil {
+				add("Secret", r.Name, r.Key, r.Optional)
+			}
+			if r := e.ValueFrom.ConfigMapKeyRef; r != nil {
+				add("ConfigMap", r.Name, r.Key, r.Optional)
+			}
+		}
+		for _, e := range c.EnvFrom {
+			if r := e.SecretRef; r != nil {
+				add("Secret", r.Name, "", r.Optional)
+			}
+			if r := e.ConfigMapRef; r != nil {
+				add("ConfigMap", r.Name, "", r.Optional)
+			}
+		}
+	}
+	for _, v := range spec.Volumes {
+		if s := v.Secret; s != nil {
+			add("Secret", s.SecretName, "", s.Optional)
+		}
+		if c := v.ConfigMap; c != nil {
+			add("ConfigMap", c.Name, "", c.Optional)
+		}
+	}
+	return out
 }
