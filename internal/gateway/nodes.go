@@ -106,6 +106,11 @@ func (n *nodes) refresh(ctx context.Context) error {
 // protocol it shows: during a rolling upgrade the operator sees at once
 // which side to upgrade. n.mu is held.
 func (n *nodes) warnIncompatible(v *nodeView) {
+	for id := range n.warned {
+		if _, ok := v.byID[id]; !ok {
+			delete(n.warned, id) // removed from the cluster
+		}
+	}
 	for _, s := range v.list {
 		if s.incompatible == "" {
 			delete(n.warned, s.ID)
