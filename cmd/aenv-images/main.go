@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"flag"
 	"fmt"
 	"os"
@@ -94,7 +95,8 @@ func run() error {
 // once per suite and mirror: minbase with debootstrap (the node builds
 // its base template with it), its keyring and CA certificates.
 func nodeBase(ctx context.Context, cacheDir, suite, mirror string) (string, error) {
-	dir := filepath.Join(cacheDir, "node-base-"+suite)
+	mirrorKey := sha256.Sum256([]byte(mirror))
+	dir := filepath.Join(cacheDir, fmt.Sprintf("node-base-%s-%x", suite, mirrorKey[:4]))
 	if _, err := os.Stat(filepath.Join(dir, "etc", "os-release")); err == nil {
 		return dir, nil
 	}
