@@ -79,8 +79,11 @@ func TestOutputBudgetNoDeadlock(t *testing.T) {
 	half := b.perCall / 2
 	proceed := make(chan struct{})
 	errs := make(chan error, calls)
+	var wg sync.WaitGroup
 	for range calls {
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			c := b.call()
 			defer c.done()
 			if err := c.reserve(ctx, half); err != nil {
@@ -98,6 +101,9 @@ func TestOutputBudgetNoDeadlock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A call sends its result before its deferred done gives its bytes
+	// back; the stats are only final once every call has returned.
+	wg.Wait()
 	if st := b.stats(); st.held != 0 || st.calls != 0 || st.peak > b.total {
 		t.Fatalf("after all calls: %+v (total %d)", st, b.total)
 	}
