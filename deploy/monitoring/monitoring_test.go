@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/auth"
 )
 
 const (
@@ -559,7 +560,7 @@ func metricsIn(fset *token.FileSet, f *ast.File) ([]metric, error) {
 // registered by the API's own constructor and observed by a request.
 func TestScanMatchesRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	h := api.NewCatalog(api.Config{Authorize: func(*http.Request) bool { return false }}, nil,
+	h := api.NewCatalog(api.Config{Authorize: func(*http.Request) (auth.Principal, bool) { return auth.Principal{}, false }}, nil,
 		slog.New(slog.DiscardHandler), reg)
 	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/no-such-path", nil))
 	families, err := reg.Gather()

@@ -41,6 +41,9 @@ func (s *Server) lookupAlias(r *http.Request, alias string) (*store.Template, er
 			tpl, err = s.catalog.GetTemplate(r.Context(), name)
 		}
 	}
+	if err == nil && !principal(r).Uses(tpl.TeamID) {
+		err = node.ErrNotFound // another team's: as if it did not exist
+	}
 	if errors.Is(err, node.ErrNotFound) {
 		return nil, fmt.Errorf("%w: template alias %q", node.ErrNotFound, alias)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/api/openapi"
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/tracing"
@@ -52,10 +53,13 @@ type Config struct {
 	NodeID string
 	// NodeInfo, when set, reports the node's capacity and use (GET /node).
 	NodeInfo func() NodeInfo
-	// Authorize, when set, decides which requests carry a valid API key
-	// instead of comparing with APIKey (a gateway checks the cluster's
-	// keys).
-	Authorize func(r *http.Request) bool
+	// Authorize, when set, decides which requests carry a valid API key,
+	// and who they are made by, instead of comparing with APIKey and
+	// looking in Teams (a gateway checks the cluster's keys).
+	Authorize func(r *http.Request) (auth.Principal, bool)
+	// Teams keeps teams and API keys (internal/auth); nil: APIKey is the
+	// only key and there are no team routes.
+	Teams auth.Store
 	// Idempotency keeps the answers of creates and forks that carried an
 	// Idempotency-Key; nil keeps them in this process's memory.
 	Idempotency IdempotencyStore
@@ -78,6 +82,8 @@ type Server struct {
 	authFails *AuthLimiter
 	// execOutput is what /execute calls may hold of their output.
 	execOutput *outputBudget
+	// keyUses says when a key's last-used time is due to be written.
+	keyUses *auth.UseRecorder
 }
 
 // New builds the handler. reg receives the API's metrics.
@@ -98,7 +104,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	// Metrics label every live sandbox by ID: the key guards them here
 	// (Prometheus sends it as a bearer token); operators who want an
 	// unauthenticated scrape bind --metrics-listen to a private address.
-	s.mux.Handle("GET /metrics", s.requireKey(metrics))
+	s.mux.Handle("GET /metrics", s.requireKey(s.adminOnly(metrics)))
 
 	for _, prefix := range []string{"", "/v2"} {
 		s.route("POST "+prefix+"/sandboxes", s.idempotent(s.createSandbox))
@@ -127,6 +133,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	if cfg.NodeInfo != nil {
 		s.route("GET /node", s.getNode)
 	}
+	s.routeTeams()
 
 	s.routeUnknown()
 	return s
@@ -139,13 +146,15 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 	s := newServer(cfg, nil, logger, reg)
 	s.catalog = catalog
 	s.routeCatalog()
+	s.routeTeams()
 	s.routeUnknown()
 	return s
 }
 
 func newServer(cfg Config, sandboxes node.Node, logger *slog.Logger, reg prometheus.Registerer) *Server {
 	s := &Server{cfg: cfg, sandboxes: sandboxes, catalog: sandboxes, logger: logger, mux: http.NewServeMux(),
-		idem: cfg.Idempotency, authFails: NewAuthLimiter(), execOutput: newOutputBudget(cfg.ExecOutputBudget)}
+		idem: cfg.Idempotency, authFails: NewAuthLimiter(), execOutput: newOutputBudget(cfg.ExecOutputBudget),
+		keyUses: auth.NewUseRecorder(time.Minute, 4096)}
 	if s.idem == nil {
 		s.idem = newIdempotency()
 	}
@@ -177,8 +186,10 @@ func (s *Server) routeUnknown() {
 	})
 }
 
-// route registers an authenticated control-plane handler.
+// route registers an authenticated control-plane handler; a route that
+// names an object by ID finds only the caller's team's (see scoped).
 func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+	h = s.scoped(pattern, h)
 	s.mux.Handle(pattern, s.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.logger, err)
@@ -186,11 +197,12 @@ func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request
 	})))
 }
 
-// requireKey lets through only requests carrying the API key.
+// requireKey lets through only requests carrying a valid API key, with
+// who made them in their context (auth.FromContext).
 func (s *Server) requireKey(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.authorized(r) {
-			h.ServeHTTP(w, r)
+		if p, ok := s.authorized(r); ok {
+			h.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
 			return
 		}
 		if retry, blocked := s.authFails.Blocked(r); blocked {
@@ -205,20 +217,45 @@ func (s *Server) requireKey(h http.Handler) http.Handler {
 	})
 }
 
-// authorized accepts the key as X-API-Key (E2B's SDKs) or as a bearer
-// token (what Prometheus and most HTTP tools send).
-func (s *Server) authorized(r *http.Request) bool {
+// adminOnly lets through only an admin's requests (what labels every
+// team's sandboxes, such as metrics, is the operator's).
+func (s *Server) adminOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !principal(r).Admin {
+			writeError(w, r, s.logger, errAdminOnly)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// authorized finds who r is made by from its key, X-API-Key (E2B's SDKs)
+// or a bearer token (what Prometheus and most HTTP tools send): the
+// operator for the node's own key, else the team of a stored key.
+func (s *Server) authorized(r *http.Request) (auth.Principal, bool) {
 	if s.cfg.Authorize != nil {
 		return s.cfg.Authorize(r)
 	}
-	return s.isKey(RequestKey(r))
+	key := RequestKey(r)
+	if s.isOperatorKey(key) {
+		return ActAs(r, auth.Operator()), true
+	}
+	if p, ok := s.keyPrincipal(r.Context(), key); ok {
+		return ActAs(r, p), true
+	}
+	return auth.Principal{}, false
 }
 
-// isKey tells whether key is the node's API key (or, on a node of a
-// cluster, the cluster secret).
-func (s *Server) isKey(key string) bool {
+// isOperatorKey tells whether key is the node's API key (or, on a node of
+// a cluster, the cluster secret).
+func (s *Server) isOperatorKey(key string) bool {
 	return key != "" && len(key) <= MaxKeyBytes && subtle.ConstantTimeCompare([]byte(key), []byte(s.cfg.APIKey)) == 1
 }
+
+// isKey tells whether key is a credential of the API's, for proxies to
+// strip on the way to a sandbox: the node's key, or anything shaped like
+// a key aenv makes (checked without asking the database).
+func (s *Server) isKey(key string) bool { return s.isOperatorKey(key) || LooksLikeKey(key) }
 
 // RequestKey is the API key a request carries: X-API-Key (E2B's SDKs) or
 // a bearer token (what Prometheus and most HTTP tools send).
@@ -246,7 +283,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	tracer := s.cfg.Tracer
-	if tracer != nil && !s.authorized(r) {
+	if _, ok := s.authorized(r); tracer != nil && !ok {
 		tracer = nil // a caller without the key leaves no traces
 	}
 	r, span := tracer.StartRequest(r)

@@ -48,7 +48,7 @@ func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, ref,
 	}
 	s.logger.InfoContext(r.Context(), "building template from image", "image", qualified, "name", name)
 	tpl, err := s.sandboxes.BuildTemplate(r.Context(), template.ImageRequest{
-		Reference: ref, Name: name, Platform: platform,
+		Reference: ref, Name: name, Platform: platform, TeamID: principal(r).TeamID,
 		Progress: func(p image.Progress) { emit(p) },
 	})
 	if err != nil {

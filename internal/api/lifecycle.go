@@ -98,6 +98,9 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
+	if err := s.nameFree(r.Context(), principal(r), req.Name); err != nil {
+		return err
+	}
 	tpl, err := s.sandboxes.Snapshot(r.Context(), node.SnapshotRequest{
 		SandboxID: r.PathValue("id"), Name: req.Name, Kind: store.KindSnapshot,
 	})
@@ -120,9 +123,10 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var snaps []*store.Template
+	p := principal(r)
 	for i := len(all) - 1; i >= 0; i-- { // newest first
 		t := all[i]
-		if t.Kind != store.KindSnapshot {
+		if t.Kind != store.KindSnapshot || !p.Uses(t.TeamID) {
 			continue
 		}
 		if v := q.Get("sandboxID"); v != "" && t.SourceSandbox != v {
@@ -166,7 +170,11 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := make([]wire.Template, 0, len(all))
+	p := principal(r)
 	for _, t := range all {
+		if !p.Uses(t.TeamID) {
+			continue
+		}
 		j := toTemplateJSON(t)
 		if s.cfg.Builds != nil && t.Named() {
 			j.BuildStatus = wire.TemplateBuildStatus(s.cfg.Builds.BuildStatus(t.Name))
@@ -201,9 +209,18 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	case req.SandboxID != "" && req.Image != "":
 		return badRequest("give either sandboxID or image, not both")
 	case req.Image != "":
+		if err := s.nameFree(r.Context(), principal(r), req.Name); err != nil {
+			return err
+		}
 		return s.buildImageTemplate(w, r, req.Image, req.Name, req.Platform)
 	case req.SandboxID == "":
 		return badRequest("sandboxID (or image) is required")
+	}
+	if err := s.checkSandboxID(r, req.SandboxID); err != nil {
+		return err
+	}
+	if err := s.nameFree(r.Context(), principal(r), req.Name); err != nil {
+		return err
 	}
 	tpl, err := s.sandboxes.Snapshot(r.Context(), node.SnapshotRequest{
 		SandboxID: req.SandboxID, Name: req.Name, Kind: store.KindSandboxTemplate,
@@ -238,7 +255,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 
 // forkSnapshot forks children from a named snapshot or template.
 func (s *Server) forkSnapshot(w http.ResponseWriter, r *http.Request) error {
-	return s.fork(w, r, node.ForkRequest{SnapshotID: r.PathValue("id")})
+	return s.fork(w, r, node.ForkRequest{SnapshotID: r.PathValue("id"), TeamID: principal(r).TeamID})
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkRequest) error {

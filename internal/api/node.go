@@ -20,6 +20,9 @@ type NodeUse = wire.NodeUse
 
 // getNode is GET /node.
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) error {
+	if !principal(r).Admin {
+		return errAdminOnly
+	}
 	writeJSON(w, http.StatusOK, s.cfg.NodeInfo())
 	return nil
 }

@@ -102,6 +102,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	req.TemplateID = s.untagged(r, req.TemplateID)
+	p := principal(r)
+	if err := s.usableTemplate(r.Context(), p, req.TemplateID); err != nil {
+		return err
+	}
 	vcpu := req.Vcpu
 	if vcpu == 0 {
 		vcpu = req.CpuCount
@@ -125,7 +129,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
 		AutoPauseDropMemory: dropMemory, AutoResume: autoResume,
-		Network: policyOf(&req), Private: private, Insecure: insecure,
+		Network: policyOf(&req), Private: private, Insecure: insecure, TeamID: p.TeamID,
 	})
 	if err != nil {
 		return err
@@ -286,6 +290,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	lq.filter.TeamID = teamFilter(principal(r))
 	all, err := s.catalog.List(r.Context(), lq.filter)
 	if err != nil {
 		return err

@@ -63,6 +63,8 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.forkCommand(),
 		a.snapshotCommand(),
 		a.clusterCommand(),
+		a.teamCommand(),
+		a.keyCommand(),
 		a.benchCommand(),
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/expirable"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -25,12 +28,17 @@ const (
 	invalidSigs  = 4096
 	invalidTTL   = 2 * time.Second // a key or sandbox added works this soon
 	tokenReadGap = 250 * time.Millisecond
+	// keyConfirmTTL is how long a key confirmed valid is trusted before
+	// it is asked about again: a revoked key stops working this soon on
+	// every gateway.
+	keyConfirmTTL = 500 * time.Millisecond
 )
 
 // keyStore is what the gateway asks about API keys (the cluster's
 // database).
 type keyStore interface {
-	APIKeyValid(ctx context.Context, key string) (bool, error)
+	KeyByDigest(ctx context.Context, digest string) (*auth.Key, error)
+	TouchKey(ctx context.Context, id string, at time.Time) error
 }
 
 // tokenStore is where the gateway reads running sandboxes' envd tokens.
@@ -39,57 +47,84 @@ type tokenStore interface {
 }
 
 // keyCache remembers API key checks for a while, so that steady traffic
-// costs the database nothing; a revoked key stops working within ttl.
-// Keys are remembered by digest, valid and invalid ones apart, so that
-// random keys can neither grow the gateway nor push out the valid ones.
+// costs the database one query per key per ttl; a revoked key stops
+// working within ttl. Keys are remembered by digest, valid and invalid
+// ones apart, so that random keys can neither grow the gateway nor push
+// out the valid ones.
 type keyCache struct {
 	db  keyStore
 	ttl time.Duration
-	// valid holds when each key was last confirmed: past ttl it is asked
-	// about again, but stays valid while the database is away.
-	valid *lru.Cache[[sha256.Size]byte, time.Time]
+	// valid holds each key's principal and when it was last confirmed:
+	// past ttl it is asked about again, but stays valid while the
+	// database is away.
+	valid *lru.Cache[[sha256.Size]byte, confirmedKey]
 	// invalid entries expire after invalidTTL, so that a key just added
 	// works soon.
 	invalid *expirable.LRU[[sha256.Size]byte, struct{}]
+	// used says when a key's last-used time is due to be written.
+	used *auth.UseRecorder
 }
 
+// confirmedKey is a key found valid, and when.
+type confirmedKey struct {
+	principal auth.Principal
+	expires   time.Time // zero: never
+	at        time.Time
+}
+
+// keyUseGap is how often a key's last-used time is written.
+const keyUseGap = time.Minute
+
 func newKeyCache(db keyStore, ttl time.Duration) *keyCache {
-	valid, err := lru.New[[sha256.Size]byte, time.Time](validKeys)
+	valid, err := lru.New[[sha256.Size]byte, confirmedKey](validKeys)
 	if err != nil {
 		panic(fmt.Sprintf("cache of %d valid keys: %v", validKeys, err)) // only for a size < 1
 	}
-	return &keyCache{db: db, ttl: ttl, valid: valid,
+	return &keyCache{db: db, ttl: ttl, valid: valid, used: auth.NewUseRecorder(keyUseGap, validKeys),
 		invalid: expirable.NewLRU[[sha256.Size]byte, struct{}](invalidKeys, nil, invalidTTL)}
 }
 
 // cached reports what is remembered of key: known is false when nothing
 // is, or its confirmation is older than ttl.
-func (c *keyCache) cached(digest [sha256.Size]byte) (ok, known bool) {
-	if at, hit := c.valid.Get(digest); hit && time.Since(at) < c.ttl {
-		return true, true
+func (c *keyCache) cached(digest [sha256.Size]byte) (p auth.Principal, ok, known bool) {
+	if k, hit := c.valid.Get(digest); hit && time.Since(k.at) < c.ttl && usableAt(k.expires, time.Now()) {
+		return k.principal, true, true
 	}
 	if _, hit := c.invalid.Get(digest); hit {
-		return false, true
+		return auth.Principal{}, false, true
 	}
-	return false, false
+	return auth.Principal{}, false, false
 }
 
+func usableAt(expires, now time.Time) bool { return expires.IsZero() || now.Before(expires) }
+
 // check asks the database about key and remembers the answer.
-func (c *keyCache) check(ctx context.Context, key string, digest [sha256.Size]byte) (bool, error) {
-	ok, err := c.db.APIKeyValid(ctx, key)
+func (c *keyCache) check(ctx context.Context, digest [sha256.Size]byte) (auth.Principal, bool, error) {
+	now := time.Now()
+	k, err := c.db.KeyByDigest(ctx, hex.EncodeToString(digest[:]))
 	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		k = nil
 	case err != nil:
-		// The database is away: a key seen valid before stays valid.
-		_, seen := c.valid.Get(digest)
-		return seen, err
-	case ok:
-		c.valid.Add(digest, time.Now())
-	default:
-		// Revoked: not even a database outage brings it back.
+		// The database is away: a key seen valid before stays valid
+		// until it expires.
+		seen, ok := c.valid.Get(digest)
+		return seen.principal, ok && usableAt(seen.expires, now), err
+	}
+	if k == nil || !k.Usable(now) {
+		// Revoked or expired: not even a database outage brings it back.
 		c.valid.Remove(digest)
 		c.invalid.Add(digest, struct{}{})
+		return auth.Principal{}, false, nil
 	}
-	return ok, nil
+	p := auth.Principal{TeamID: k.TeamID, KeyID: k.ID, KeyName: k.Name, Admin: k.Admin}
+	c.valid.Add(digest, confirmedKey{principal: p, expires: k.ExpiresAt, at: now})
+	if c.used.Due(k.ID, now) {
+		// Best effort: a key's last use is for people to read, and a
+		// failed write must not fail the request.
+		_ = c.db.TouchKey(ctx, k.ID, now)
+	}
+	return p, true, nil
 }
 
 // seenValid reports whether key was confirmed valid at some time and not
@@ -101,55 +136,56 @@ func (c *keyCache) seenValid(digest [sha256.Size]byte) bool {
 	return c.valid.Contains(digest)
 }
 
-// authorize lets r through when it carries one of the cluster's keys, and
-// otherwise answers it: 401, or 429 once its address has failed too
-// often. A valid key remembered passes even then; an address over its
+// authorize finds who r is made by when it carries one of the cluster's
+// keys, and otherwise answers it: 401, or 429 once its address has failed
+// too often. A valid key remembered passes even then; an address over its
 // limit costs no database query.
-func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) bool {
+func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
 	key := api.RequestKey(r)
 	if key == "" {
 		g.refuse(w, r, errdefs.ErrUnauthenticated, "missing or invalid API key (X-API-Key header)")
-		return false
+		return auth.Principal{}, false
 	}
 	if g.cfg.APIKey != "" && len(key) <= api.MaxKeyBytes &&
 		subtle.ConstantTimeCompare([]byte(key), []byte(g.cfg.APIKey)) == 1 {
-		return true
+		return api.ActAs(r, auth.Operator()), true
 	}
 	var digest [sha256.Size]byte
+	var p auth.Principal
 	ok, known := false, false
 	if len(key) <= api.MaxKeyBytes {
 		digest = sha256.Sum256([]byte(key))
-		ok, known = g.keys.cached(digest)
+		p, ok, known = g.keys.cached(digest)
 	}
 	if ok {
-		return true
+		return api.ActAs(r, p), true
 	}
 	if retry, blocked := g.authFails.Blocked(r); blocked && (len(key) > api.MaxKeyBytes || !g.keys.seenValid(digest)) {
 		api.WriteTooManyAuthFailures(w, retry)
-		return false
+		return auth.Principal{}, false
 	}
 	if len(key) > api.MaxKeyBytes {
 		g.authFails.Failed(r)
 		g.refuse(w, r, errdefs.ErrUnauthenticated, "invalid API key: longer than any key (X-API-Key header)")
-		return false
+		return auth.Principal{}, false
 	}
 	if !known {
 		g.queries.Add(1)
 		var err error
-		if ok, err = g.keys.check(r.Context(), key, digest); err != nil {
+		if p, ok, err = g.keys.check(r.Context(), digest); err != nil {
 			g.logger.WarnContext(r.Context(), "cannot check an API key", "err", err)
 			if !ok {
 				g.refuse(w, r, errdefs.ErrUnavailable, "the cluster's database is unavailable; try again")
-				return false
+				return auth.Principal{}, false
 			}
 		}
 	}
 	if !ok {
 		g.authFails.Failed(r)
 		g.refuse(w, r, errdefs.ErrUnauthenticated, "missing or invalid API key (X-API-Key header)")
-		return false
+		return auth.Principal{}, false
 	}
-	return true
+	return api.ActAs(r, p), true
 }
 
 // tokenSet finds which running sandbox's envd token signed a file URL:

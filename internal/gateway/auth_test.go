@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -36,13 +38,20 @@ type fakeDB struct {
 	blockTokens chan struct{} // when set, reads wait for it to close
 }
 
-func (f *fakeDB) APIKeyValid(ctx context.Context, key string) (bool, error) {
+func (f *fakeDB) KeyByDigest(ctx context.Context, digest string) (*auth.Key, error) {
 	f.keyQueries.Add(1)
 	if f.down.Load() {
-		return false, errors.New("connection refused")
+		return nil, errors.New("connection refused")
 	}
-	return f.keys[key], nil
+	for key, ok := range f.keys {
+		if ok && auth.Digest(key) == digest {
+			return &auth.Key{ID: digest[:16], TeamID: auth.DefaultTeam, Digest: digest}, nil
+		}
+	}
+	return nil, store.ErrNotFound
 }
+
+func (f *fakeDB) TouchKey(context.Context, string, time.Time) error { return nil }
 
 func (f *fakeDB) RunningTokens(ctx context.Context) ([]postgres.SandboxToken, error) {
 	f.tokenReads.Add(1)
@@ -67,7 +76,7 @@ func authorizeFrom(g *Gateway, addr, key string) *httptest.ResponseRecorder {
 	r.RemoteAddr = addr + ":1234"
 	r.Header.Set("X-API-Key", key)
 	w := httptest.NewRecorder()
-	if g.authorize(w, r) {
+	if _, ok := g.authorize(w, r); ok {
 		w.WriteHeader(http.StatusNoContent)
 	}
 	return w

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -53,9 +54,14 @@ func (f *fakeStore) ListNodes(context.Context) ([]postgres.Node, error) {
 	return append([]postgres.Node(nil), f.nodes...), nil
 }
 
-func (f *fakeStore) APIKeyValid(_ context.Context, key string) (bool, error) {
-	return key == otherKey, nil
+func (f *fakeStore) KeyByDigest(_ context.Context, digest string) (*auth.Key, error) {
+	if digest != auth.Digest(otherKey) {
+		return nil, store.ErrNotFound
+	}
+	return &auth.Key{ID: "other", TeamID: auth.DefaultTeam, Name: "other", Digest: digest}, nil
 }
+
+func (f *fakeStore) TouchKey(context.Context, string, time.Time) error { return nil }
 
 func (f *fakeStore) TemplateCopies(_ context.Context, idOrName string) ([]*store.Template, error) {
 	f.mu.Lock()

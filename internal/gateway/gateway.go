@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/requestid"
@@ -106,7 +107,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		cfg.Refresh = max(cfg.NodeTimeout/5, 50*time.Millisecond)
 	}
 	g := &Gateway{cfg: cfg, db: db, logger: logger, routes: newRouteCache(1 << 20),
-		keys: newKeyCache(db, 30*time.Second), tokens: newTokenSet(db, tokenReadGap),
+		keys: newKeyCache(db, keyConfirmTTL), tokens: newTokenSet(db, tokenReadGap),
 		authFails: api.NewAuthLimiter(), templates: newTTLCache[[]*store.Template](10 * time.Second),
 		builds: newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
@@ -129,7 +130,10 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		return nil, fmt.Errorf("gateway: read nodes: %w", err)
 	}
 	g.catalog = api.NewCatalog(api.Config{MaxJSONBytes: cfg.MaxJSONBytes, Domain: cfg.Domain,
-		Authorize: func(*http.Request) bool { return true }, // ServeHTTP checked the key
+		// ServeHTTP checked the key and put who made the request in its
+		// context.
+		Authorize: func(r *http.Request) (auth.Principal, bool) { return auth.FromContext(r.Context()) },
+		Teams:     db,
 	}, &catalog{g: g}, logger, reg)
 	g.routeMux()
 	g.traced = cfg.Tracer.Handler(g.mux)
@@ -218,10 +222,11 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 
 func (g *Gateway) routeMux() {
 	g.mux = http.NewServeMux()
-	g.mux.HandleFunc("GET /cluster/nodes", g.listNodes)
-	g.mux.HandleFunc("POST /cluster/nodes/{id}/drain", func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, true) })
-	g.mux.HandleFunc("POST /cluster/nodes/{id}/undrain", func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, false) })
-	g.mux.HandleFunc("DELETE /cluster/nodes/{id}", g.removeNode)
+	// The cluster's nodes are the operator's to see and manage.
+	g.mux.HandleFunc("GET /cluster/nodes", g.adminOnly(g.listNodes))
+	g.mux.HandleFunc("POST /cluster/nodes/{id}/drain", g.adminOnly(func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, true) }))
+	g.mux.HandleFunc("POST /cluster/nodes/{id}/undrain", g.adminOnly(func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, false) }))
+	g.mux.HandleFunc("DELETE /cluster/nodes/{id}", g.adminOnly(g.removeNode))
 
 	g.mux.Handle("POST /sandboxes", g.idempotent(g.create))
 	g.mux.Handle("POST /v2/sandboxes", g.idempotent(g.create))
@@ -284,10 +289,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 		g.forwardNode(w, r, r.URL.Query().Get("node"), "", false)
 		return
 	}
-	if !g.authorize(w, r) {
+	p, ok := g.authorize(w, r)
+	if !ok {
 		return
 	}
-	g.traced.ServeHTTP(w, r)
+	g.traced.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
 }
 
 func (g *Gateway) count(route string) { g.requests.WithLabelValues(route).Inc() }
@@ -480,6 +486,7 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	if t.controlPlane {
 		pr.Out.Header.Del("Authorization")
 		pr.Out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
+		g.actAs(pr.In, pr.Out.Header)
 		return
 	}
 	// Envd traffic and exposed ports end in a sandbox: no key of the
@@ -500,6 +507,9 @@ func (g *Gateway) isKey(key string) bool {
 	if key == "" || len(key) > api.MaxKeyBytes {
 		return false
 	}
+	if api.LooksLikeKey(key) {
+		return true
+	}
 	for _, k := range []string{g.cfg.APIKey, g.cfg.ClusterSecret} {
 		if k != "" && subtle.ConstantTimeCompare([]byte(key), []byte(k)) == 1 {
 			return true
@@ -510,6 +520,29 @@ func (g *Gateway) isKey(key string) bool {
 	}
 	_, seen := g.keys.valid.Get(sha256.Sum256([]byte(key)))
 	return seen
+}
+
+// adminOnly lets through only an admin's requests.
+func (g *Gateway) adminOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if p, _ := auth.FromContext(r.Context()); !p.Admin {
+			g.refuse(w, r, errdefs.ErrPermissionDenied, "only an admin key may do this")
+			return
+		}
+		h(w, r)
+	}
+}
+
+// actAs makes a call to a node, made with the cluster secret, act for the
+// team of the caller of in.
+func (g *Gateway) actAs(in *http.Request, h http.Header) {
+	p, ok := auth.FromContext(in.Context())
+	if !ok {
+		// Only authenticated requests reach the nodes' control plane;
+		// should one not have a caller, it gets no team's rights.
+		p = auth.Principal{TeamID: auth.DefaultTeam}
+	}
+	api.SetTeamHeaders(h, p)
 }
 
 // upstreamError answers a forwarded request its node did not take.
@@ -573,8 +606,8 @@ func (c *routeCache) forget(id string) {
 // keys.
 func (g *Gateway) RequireKey(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if g.authorize(w, r) {
-			h.ServeHTTP(w, r)
+		if p, ok := g.authorize(w, r); ok {
+			h.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
 		}
 	})
 }

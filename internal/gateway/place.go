@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -256,6 +257,7 @@ func (g *Gateway) send(r *http.Request, n *nodeState, body []byte) (*http.Respon
 	copyHeader(out.Header, r.Header)
 	out.Header.Del("Authorization")
 	out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
+	g.actAs(r, out.Header)
 	out.Host = r.Host
 	// The node's spans are this call's children.
 	g.cfg.Tracer.Inject(ctx, out.Header)
@@ -448,6 +450,15 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		g.databaseDown(w, r, err)
 		return
+	}
+	if p, _ := auth.FromContext(r.Context()); len(copies) > 0 && !p.Admin {
+		switch team := copies[0].TeamID; {
+		case !p.Uses(team):
+			copies = nil // another team's: as if it did not exist
+		case !p.Sees(team):
+			g.refuse(w, r, errdefs.ErrPermissionDenied, fmt.Sprintf("template %q is public: only an admin may change it", id))
+			return
+		}
 	}
 	if len(copies) == 0 {
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", id))

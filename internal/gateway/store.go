@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -11,6 +12,7 @@ import (
 // Store is what a gateway uses of the cluster's database: a
 // *postgres.Store, or a fake in tests.
 type Store interface {
+	auth.Store // teams and keys: the gateway serves their routes
 	keyStore
 	tokenStore
 	nodeStore

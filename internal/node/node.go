@@ -131,6 +131,8 @@ type CreateRequest struct {
 	// Insecure is E2B's secure: false: the sandbox gets no envd access
 	// token and its envd requires none.
 	Insecure bool
+	// TeamID is the team the sandbox belongs to (internal/auth).
+	TeamID string
 }
 
 // PauseOptions change how a sandbox is paused.
@@ -149,6 +151,9 @@ type ForkRequest struct {
 	SnapshotID string // ...or a snapshot/template (ID or name)
 	Count      int
 	Timeout    time.Duration // children's lifetime; 0 = the source's
+	// TeamID is the team of the children of a snapshot; children of a
+	// sandbox stay in its team.
+	TeamID string
 }
 
 // ForkResult is one child: a sandbox or why it could not be made.

@@ -82,7 +82,7 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 				EnvVars: src.envVars, AccessToken: newAccessToken(), AutoPause: src.autoPause,
 				AutoPauseDropMemory: src.autoPauseDropMemory, AutoResume: src.autoResume,
 				StartedAt: now, EndAt: now.Add(timeout), UpdatedAt: now, TimeoutSecs: int(timeout.Seconds()),
-				Network: src.network,
+				Network: src.network, TeamID: src.team,
 			}
 			if src.private {
 				child.TrafficToken = newAccessToken()
@@ -154,6 +154,7 @@ type forkSource struct {
 	memoryBytes                     uint64 // resident memory of the source, to size the fork
 	network                         *store.NetworkPolicy
 	private                         bool
+	team                            string // the children's
 	release                         func()
 }
 
@@ -172,7 +173,7 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 		}
 		return &forkSource{name: tpl.ID, tpl: tpl, img: img, vcpu: tpl.VCPU, memoryMB: tpl.MemoryMB,
 			envVars: tpl.EnvVars, memoryBytes: imageBytes(img.dir), timeout: m.cfg.DefaultTimeout,
-			release: release}, nil
+			team: req.TeamID, release: release}, nil
 	}
 	e, err := m.lock(ctx, req.SandboxID, opFork)
 	if err != nil {
@@ -206,7 +207,7 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 		name: e.id, tpl: base, img: image{dir: dir, token: v.sb.AccessToken},
 		vcpu: v.sb.VCPU, memoryMB: v.sb.MemoryMB, envVars: v.sb.EnvVars, metadata: v.sb.Metadata, autoPause: v.sb.AutoPause,
 		autoPauseDropMemory: v.sb.AutoPauseDropMemory, autoResume: v.sb.AutoResume,
-		network: v.sb.Network, private: v.sb.TrafficToken != "",
+		network: v.sb.Network, private: v.sb.TrafficToken != "", team: v.sb.TeamID,
 		timeout: time.Duration(v.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
 		// Restores load the image whole; it is not needed afterwards.
 		release: func() { m.removeImage(context.WithoutCancel(ctx), dir) },

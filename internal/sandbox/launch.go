@@ -74,7 +74,7 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 		AccessToken: newAccessToken(), AutoPause: req.AutoPause,
 		AutoPauseDropMemory: req.AutoPauseDropMemory, AutoResume: req.AutoResume,
 		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
-		TimeoutSecs: int(req.Timeout.Seconds()), Network: req.Network,
+		TimeoutSecs: int(req.Timeout.Seconds()), Network: req.Network, TeamID: req.TeamID,
 	}
 	if req.Insecure {
 		sb.AccessToken = ""

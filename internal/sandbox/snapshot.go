@@ -60,6 +60,7 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		DefaultWorkdir: firstSet(req.DefaultWorkdir, src.DefaultWorkdir), Env: src.Env, VCPU: v.sb.VCPU,
 		MemoryMB: v.sb.MemoryMB, CreatedAt: time.Now().UTC(), Kind: req.Kind, ImageDir: dir, SourceSandbox: e.id,
 		EnvdToken: v.sb.AccessToken, EnvVars: v.sb.EnvVars, RootfsID: src.RootfsID,
+		TeamID: v.sb.TeamID, // a snapshot belongs to its sandbox's team
 	}
 	if m.cfg.Shared != nil {
 		if err := m.cfg.Shared.Share(tpl); err != nil {

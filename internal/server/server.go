@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -105,6 +106,9 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	var st store.Store
 	var apiKey string
 	var member *clusterMember
+	// teams keeps a single server's teams and keys; a cluster's are the
+	// gateways' to serve (its nodes take only the cluster secret).
+	var teams auth.Store
 	if cl == nil {
 		if apiKey, err = loadAPIKey(cfg, logger); err != nil {
 			return err
@@ -114,7 +118,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 			return err
 		}
 		defer db.Close()
-		st = db
+		st, teams = db, db
 	} else {
 		if member, err = openCluster(ctx, cfg, *cl, logger); err != nil {
 			return err
@@ -264,6 +268,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		NodeID:             member.nodeID(),
 		NodeInfo:           info,
 		Tracer:             tracer,
+		Teams:              teams,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)

@@ -98,6 +98,9 @@ type Sandbox struct {
 	// node found; "" while it answers. Only SetSandboxUnresponsive writes
 	// it, and a write of any state but running clears it.
 	Unresponsive string
+	// TeamID is the team the sandbox belongs to (internal/auth): only that
+	// team's keys see it. Set at create; never changed by an update.
+	TeamID string
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the
@@ -164,6 +167,10 @@ type Template struct {
 	// against what the bucket says. Set with Upload = UploadUploaded.
 	ImageDigest  string
 	RootfsDigest string
+	// TeamID is the team the template belongs to; "" makes it public
+	// (built-in templates such as base, and those made before teams),
+	// usable by every team.
+	TeamID string
 }
 
 // UploadDigests are what SetTemplateUpload pins of an upload.
@@ -220,6 +227,7 @@ type SandboxFilter struct {
 	States   []SandboxState
 	Metadata map[string]string // every pair must match
 	Template string            // template ID or alias
+	TeamID   string            // only this team's; "" any team's
 }
 
 // Store is the node's durable state.

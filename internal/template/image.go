@@ -24,6 +24,7 @@ type ImageRequest struct {
 	Reference string // e.g. "ubuntu:22.04", "docker.io/library/python:3.12"
 	Name      string
 	Platform  string // "" = linux/amd64
+	TeamID    string // the template's team; "" public
 	// Progress receives pull and unpack progress; it may be nil.
 	Progress func(image.Progress)
 }
@@ -82,6 +83,7 @@ func (m *Manager) BuildFromImage(ctx context.Context, req ImageRequest, newID fu
 	tpl := &store.Template{
 		ID: id, Name: req.Name, RootfsPath: rootfs, DefaultUser: user, DefaultWorkdir: workdir,
 		Env: img.Defaults.Env, VCPU: 2, MemoryMB: 1024, CreatedAt: time.Now().UTC(), Kind: store.KindRootfs,
+		TeamID: req.TeamID,
 	}
 	if err := m.store.PutTemplate(ctx, tpl); err != nil {
 		return fail(err)

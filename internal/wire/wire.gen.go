@@ -286,6 +286,26 @@ func (e ListSandboxesParamsOrder) Valid() bool {
 	}
 }
 
+// APIKey defines model for APIKey.
+type APIKey struct {
+	// Admin Sees and manages every team.
+	Admin     bool      `json:"admin"`
+	CreatedAt time.Time `json:"createdAt"`
+
+	// ExpiresAt Absent when the key never expires.
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	Id        string     `json:"id"`
+
+	// LastUsed Absent until the key is used; written at most once a minute.
+	LastUsed *time.Time `json:"lastUsed,omitempty"`
+	Name     string     `json:"name"`
+
+	// Prefix The key's first characters, to tell keys apart.
+	Prefix    string     `json:"prefix"`
+	RevokedAt *time.Time `json:"revokedAt,omitempty"`
+	TeamID    string     `json:"teamID"`
+}
+
 // AssignTemplateTags defines model for AssignTemplateTags.
 type AssignTemplateTags struct {
 	Tags []string `json:"tags"`
@@ -352,10 +372,40 @@ type ClusterNode struct {
 // ClusterNodeState incompatible - the node speaks a cluster protocol this gateway cannot work with (see stateReason); it takes no new sandboxes from it.
 type ClusterNodeState string
 
+// CreatedAPIKey defines model for CreatedAPIKey.
+type CreatedAPIKey struct {
+	// Admin Sees and manages every team.
+	Admin     bool      `json:"admin"`
+	CreatedAt time.Time `json:"createdAt"`
+
+	// ExpiresAt Absent when the key never expires.
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	Id        string     `json:"id"`
+
+	// Key The key itself; it is never shown again.
+	Key string `json:"key"`
+
+	// LastUsed Absent until the key is used; written at most once a minute.
+	LastUsed *time.Time `json:"lastUsed,omitempty"`
+	Name     string     `json:"name"`
+
+	// Prefix The key's first characters, to tell keys apart.
+	Prefix    string     `json:"prefix"`
+	RevokedAt *time.Time `json:"revokedAt,omitempty"`
+	TeamID    string     `json:"teamID"`
+}
+
 // DeleteTemplateTags defines model for DeleteTemplateTags.
 type DeleteTemplateTags struct {
 	Name string   `json:"name"`
 	Tags []string `json:"tags"`
+}
+
+// DeletedTeam defines model for DeletedTeam.
+type DeletedTeam struct {
+	// Killed The sandboxes a forced delete killed.
+	Killed []string `json:"killed"`
+	TeamID string   `json:"teamID"`
 }
 
 // Error defines model for Error.
@@ -478,6 +528,19 @@ type NetworkUpdate struct {
 	DenyOut                []string `json:"denyOut,omitempty"`
 }
 
+// NewAPIKey defines model for NewAPIKey.
+type NewAPIKey struct {
+	// Admin An admin key (admin keys only).
+	Admin bool `json:"admin,omitempty"`
+
+	// ExpiresIn The key's lifetime in seconds; absent or 0, it never expires.
+	ExpiresIn int64  `json:"expiresIn,omitempty"`
+	Name      string `json:"name,omitempty"`
+
+	// TeamID The key's team; absent: the caller's.
+	TeamID string `json:"teamID,omitempty"`
+}
+
 // NewSandbox E2B's NewSandbox plus aenv's vcpu, memoryMB and the seed's egress fields.
 type NewSandbox struct {
 	AllowInternetAccess    *bool    `json:"allowInternetAccess,omitempty"`
@@ -509,6 +572,12 @@ type NewSandbox struct {
 // NewSnapshot defines model for NewSnapshot.
 type NewSnapshot struct {
 	Name string `json:"name,omitempty"`
+}
+
+// NewTeam defines model for NewTeam.
+type NewTeam struct {
+	// TeamID 1 to 63 lower-case letters, digits and dashes, starting with a letter or digit.
+	TeamID string `json:"teamID"`
 }
 
 // NewTemplate defines model for NewTemplate.
@@ -636,6 +705,12 @@ type Snapshot struct {
 	// Upload Where the upload to the object store stands; absent without one.
 	Upload      UploadState `json:"upload,omitempty"`
 	UploadError string      `json:"uploadError,omitempty"`
+}
+
+// Team defines model for Team.
+type Team struct {
+	CreatedAt time.Time `json:"createdAt"`
+	TeamID    string    `json:"teamID"`
 }
 
 // Template defines model for Template.
@@ -793,6 +868,11 @@ type ForkResults = []ForkResult
 // ListedSandboxes defines model for ListedSandboxes.
 type ListedSandboxes = []ListedSandbox
 
+// ListAPIKeysParams defines parameters for ListAPIKeys.
+type ListAPIKeysParams struct {
+	TeamID *string `form:"teamID,omitempty" json:"teamID,omitempty"`
+}
+
 // ListSandboxesV1Params defines parameters for ListSandboxesV1.
 type ListSandboxesV1Params struct {
 	// Metadata Metadata filter, E2B's encoding (k=v pairs, URL-encoded).
@@ -865,6 +945,11 @@ type ForkSnapshotParams struct {
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
+// DeleteTeamParams defines parameters for DeleteTeam.
+type DeleteTeamParams struct {
+	Force *bool `form:"force,omitempty" json:"force,omitempty"`
+}
+
 // GetTemplateBuildStatusParams defines parameters for GetTemplateBuildStatus.
 type GetTemplateBuildStatusParams struct {
 	LogsOffset *int      `form:"logsOffset,omitempty" json:"logsOffset,omitempty"`
@@ -895,6 +980,9 @@ type CreateSandboxV2Params struct {
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
+// CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
+type CreateAPIKeyJSONRequestBody = NewAPIKey
+
 // CreateSandboxJSONRequestBody defines body for CreateSandbox for application/json ContentType.
 type CreateSandboxJSONRequestBody = NewSandbox
 
@@ -924,6 +1012,9 @@ type SetSandboxTimeoutJSONRequestBody = TimeoutRequest
 
 // ForkSnapshotJSONRequestBody defines body for ForkSnapshot for application/json ContentType.
 type ForkSnapshotJSONRequestBody = ForkRequest
+
+// CreateTeamJSONRequestBody defines body for CreateTeam for application/json ContentType.
+type CreateTeamJSONRequestBody = NewTeam
 
 // CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
 type CreateTemplateJSONRequestBody = NewTemplate

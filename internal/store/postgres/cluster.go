@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -193,27 +194,27 @@ func (s *Store) TemplateCopies(ctx context.Context, idOrName string) ([]*store.T
 	return out, nil
 }
 
-// AddAPIKey lets key in (it is kept as a digest).
+// AddAPIKey lets key in as an admin key of the default team (the
+// operator's --api-key, or the one a first gateway made); it is kept as a
+// digest. Adding a key already there changes nothing.
 func (s *Store) AddAPIKey(ctx context.Context, key string) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (key_sha256, created_at) VALUES ($1, $2)
-		ON CONFLICT (key_sha256) DO NOTHING`, keyDigest(key), time.Now().UnixNano())
+	digest := keyDigest(key)
+	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (`+keyColumns+`)
+		VALUES ($1, $2, 'operator', $3, $4, TRUE, $5, 0, 0, 0) ON CONFLICT (key_sha256) DO NOTHING`,
+		digest[:16], auth.DefaultTeam, operatorPrefix(key), digest, time.Now().UnixNano())
 	if err != nil {
 		return dbError("add API key: %w", err)
 	}
 	return nil
 }
 
-// APIKeyValid reports whether key is one of the cluster's.
-func (s *Store) APIKeyValid(ctx context.Context, key string) (bool, error) {
-	var one int
-	err := s.pool.QueryRow(ctx, `SELECT 1 FROM api_keys WHERE key_sha256 = $1`, keyDigest(key)).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+// operatorPrefix is what lists show of an operator's key: its start, as
+// for the keys aenv makes, unless the key is too short to show any.
+func operatorPrefix(key string) string {
+	if len(key) < 24 {
+		return ""
 	}
-	if err != nil {
-		return false, dbError("check API key: %w", err)
-	}
-	return true, nil
+	return key[:8]
 }
 
 // CountAPIKeys returns how many API keys the cluster has.

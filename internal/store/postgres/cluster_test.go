@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
@@ -224,9 +225,17 @@ func TestAPIKeysAndSecret(t *testing.T) {
 		t.Fatalf("adding a key twice: %v", err)
 	}
 	for key, want := range map[string]bool{"e2b_abc": true, "e2b_abd": false, "": false} {
-		if ok, err := s.APIKeyValid(ctx, key); err != nil || ok != want {
-			t.Errorf("key %q: %v %v, want %v", key, ok, err, want)
+		k, err := s.KeyByDigest(ctx, keyDigest(key))
+		if ok := err == nil; ok != want || (err != nil && !errors.Is(err, store.ErrNotFound)) {
+			t.Errorf("key %q: %v, want found %v", key, err, want)
+			continue
 		}
+		if want && (!k.Admin || k.TeamID != auth.DefaultTeam || !k.Usable(time.Now())) {
+			t.Errorf("key %q: %+v, want a usable admin key of the default team", key, k)
+		}
+	}
+	if n, err := s.CountAPIKeys(ctx); err != nil || n != 1 {
+		t.Fatalf("keys after adding one twice: %d %v", n, err)
 	}
 	first, err := s.ClusterSecret(ctx, "")
 	if err != nil || first == "" {

@@ -88,16 +88,20 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 
 // sandboxSelect is what a read returns: the written columns and the
 // upload state and digest, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive`
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive, team_id`
+
+// sandboxInsert writes a new record: the written columns and the team,
+// which no update changes.
+const sandboxInsert = `INSERT INTO sandboxes (` + sandboxColumns + `, team_id)
+	VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+	$18::jsonb, $19, $20, $21, $22, $23, $24)`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(s.box, sb)
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-		$18::jsonb, $19, $20, $21, $22, $23)`, append(args, s.node)...)
+	_, err = s.pool.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID)...)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return dbError("create sandbox %s: %w", sb.ID, store.ErrConflict)
@@ -206,6 +210,9 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 	if node != "" {
 		where = append(where, "node_id = "+arg(node))
 	}
+	if f.TeamID != "" {
+		where = append(where, "team_id = "+arg(f.TeamID))
+	}
 	query := `SELECT ` + sandboxSelect + ` FROM sandboxes`
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
@@ -245,7 +252,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
 	kind, image_dir, source_sandbox, envd_token, env_vars, node_id, rootfs_id, upload_state, upload_error,
-	image_digest, rootfs_digest`
+	image_digest, rootfs_digest, team_id`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -298,17 +305,17 @@ func putTemplate(ctx context.Context, tx pgx.Tx, box *secretBox, t *store.Templa
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17, $18,
-		$19, $20)
+		$19, $20, $21)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env = excluded.env, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
 		envd_token = excluded.envd_token, env_vars = excluded.env_vars, rootfs_id = excluded.rootfs_id,
 		upload_state = excluded.upload_state, upload_error = excluded.upload_error,
-		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest`,
+		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, envdToken, envVars, node,
-		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID)
 	return err
 }
 
@@ -491,7 +498,7 @@ func scanSandbox(box *secretBox, r pgx.Row) (*store.Sandbox, error) {
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
 		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume,
-		&sb.NodeID, &upload, &sb.ImageDigest, &sb.Unresponsive)
+		&sb.NodeID, &upload, &sb.ImageDigest, &sb.Unresponsive, &sb.TeamID)
 	if err != nil {
 		return nil, err
 	}
@@ -528,7 +535,7 @@ func scanTemplate(box *secretBox, r pgx.Row) (*store.Template, error) {
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID,
-		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID); err != nil {
 		return nil, err
 	}
 	var err error

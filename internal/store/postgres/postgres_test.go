@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
@@ -30,6 +31,11 @@ func open(t *testing.T, connString string) *Store {
 func TestStore(t *testing.T) {
 	srv := pgtest.New(t)
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, srv.NewDatabase(t)) })
+}
+
+func TestTeams(t *testing.T) {
+	srv := pgtest.New(t)
+	storetest.RunTeams(t, func(t *testing.T) auth.Store { return open(t, srv.NewDatabase(t)) })
 }
 
 // A database made before references gets them from its records.

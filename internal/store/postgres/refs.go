@@ -22,9 +22,7 @@ func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, roo
 		if err := holdRootfs(ctx, tx, s.node, store.RefSandbox, sb.ID, rootfs); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-			$18::jsonb, $19, $20, $21, $22, $23)`, append(args, s.node)...)
+		_, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID)...)
 		if err != nil && isUniqueViolation(err) {
 			return store.ErrConflict
 		}

@@ -132,15 +132,19 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 
 // sandboxSelect is what a read returns: the written columns and the
 // upload state and digest, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive`
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive, team_id`
+
+// sandboxInsert writes a new record: the written columns and the team,
+// which no update changes.
+const sandboxInsert = `INSERT INTO sandboxes (` + sandboxColumns + `, team_id)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+	_, err = s.db.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID)...)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
@@ -159,8 +163,7 @@ func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, roo
 		if err := holdRootfs(ctx, tx, store.RefSandbox, sb.ID, rootfs); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		_, err := tx.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID)...)
 		if err != nil && isUniqueViolation(err) {
 			return store.ErrConflict
 		}
@@ -357,6 +360,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		where = append(where, "(template_id = ? OR alias = ?)")
 		args = append(args, f.Template, f.Template)
 	}
+	if f.TeamID != "" {
+		where = append(where, "team_id = ?")
+		args = append(args, f.TeamID)
+	}
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -397,7 +404,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at,
 	kind, image_dir, source_sandbox, envd_token, env_vars_json, rootfs_id, upload_state, upload_error,
-	image_digest, rootfs_digest`
+	image_digest, rootfs_digest, team_id`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -442,17 +449,17 @@ func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind
 
 func putTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind, env, envVars string) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
 		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json,
 		rootfs_id = excluded.rootfs_id, upload_state = excluded.upload_state, upload_error = excluded.upload_error,
-		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest`,
+		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, envVars,
-		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID)
 	return err
 }
 
@@ -565,7 +572,7 @@ func scanSandbox(r scanner) (*store.Sandbox, error) {
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
 		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume, &upload, &sb.ImageDigest,
-		&sb.Unresponsive)
+		&sb.Unresponsive, &sb.TeamID)
 	if err != nil {
 		return nil, err
 	}
@@ -631,7 +638,7 @@ func scanTemplate(r scanner) (*store.Template, error) {
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars,
-		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()

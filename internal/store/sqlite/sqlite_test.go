@@ -6,12 +6,24 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
 )
 
 func TestStore(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func TestTeams(t *testing.T) {
+	storetest.RunTeams(t, func(t *testing.T) auth.Store {
 		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
 		if err != nil {
 			t.Fatal(err)

@@ -31,7 +31,7 @@ func sandbox(id string, state store.SandboxState, started time.Time, md map[stri
 		Metadata: md, EnvVars: map[string]string{"A": "1"}, AccessToken: "tok-" + id, SlotIndex: 3,
 		AutoPause: true, StartedAt: started, EndAt: started.Add(time.Minute), UpdatedAt: started,
 		ImageDir: "/images/" + id, TimeoutSecs: 60, TrafficToken: "traffic-" + id, RebootOnResume: true,
-		AutoPauseDropMemory: true, AutoResume: true,
+		AutoPauseDropMemory: true, AutoResume: true, TeamID: "team-1",
 		Network: &store.NetworkPolicy{AllowInternet: false, AllowOut: []string{"1.1.1.1/32"}, DenyOut: []string{"0.0.0.0/0"}},
 	}
 }
@@ -54,7 +54,7 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 		got.SlotIndex != 3 || !got.AutoPause || !got.StartedAt.Equal(now) || !got.EndAt.Equal(want.EndAt) ||
 		got.Metadata["k"] != "v" || got.EnvVars["A"] != "1" || got.VCPU != 2 || got.MemoryMB != 512 ||
 		got.ImageDir != "/images/sb1" || got.TimeoutSecs != 60 || got.TrafficToken != "traffic-sb1" || !got.RebootOnResume ||
-		!got.AutoPauseDropMemory || !got.AutoResume ||
+		!got.AutoPauseDropMemory || !got.AutoResume || got.TeamID != "team-1" ||
 		got.Network == nil || got.Network.AllowInternet || len(got.Network.AllowOut) != 1 || got.Network.DenyOut[0] != "0.0.0.0/0" {
 		t.Fatalf("round trip: got %+v, want %+v", got, want)
 	}
@@ -62,6 +62,7 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 	got.Network = nil
 	got.EndedReason = "oom"
 	got.SlotIndex = -1
+	got.TeamID = "team-2" // an update never moves a sandbox to another team
 	if err := s.UpdateSandbox(ctx, got); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,8 @@ func testSandboxRoundTrip(t *testing.T, s store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.State != store.StateDead || again.EndedReason != "oom" || again.SlotIndex != -1 || again.Network != nil {
+	if again.State != store.StateDead || again.EndedReason != "oom" || again.SlotIndex != -1 || again.Network != nil ||
+		again.TeamID != "team-1" {
 		t.Fatalf("after update: %+v", again)
 	}
 	// The upload state of a paused-to-disk image: only an image can be
@@ -127,6 +129,9 @@ func testSandboxFilters(t *testing.T, s store.Store) {
 		if i == 2 {
 			sb.TemplateID, sb.Alias = "tpl2", "other"
 		}
+		if i == 1 {
+			sb.TeamID = "team-2"
+		}
 		if err := s.CreateSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
@@ -142,6 +147,9 @@ func testSandboxFilters(t *testing.T, s store.Store) {
 		{"metadata miss", store.SandboxFilter{Metadata: map[string]string{"team": "z"}}, nil},
 		{"template alias", store.SandboxFilter{Template: "other"}, []string{"c"}},
 		{"template id", store.SandboxFilter{Template: "tpl1"}, []string{"b", "a"}},
+		{"team", store.SandboxFilter{TeamID: "team-1"}, []string{"c", "a"}},
+		{"team and state", store.SandboxFilter{TeamID: "team-2", States: []store.SandboxState{store.StatePaused}}, []string{"b"}},
+		{"team miss", store.SandboxFilter{TeamID: "team-3"}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -195,16 +203,20 @@ func testTemplates(t *testing.T, s store.Store) {
 		}
 	}
 	snap := &store.Template{ID: "s1", Name: "s1", Kind: store.KindSnapshot, ImageDir: "/img/s1",
-		SourceSandbox: "sb1", EnvdToken: "tok", EnvVars: map[string]string{"X": "y"}, CreatedAt: time.Unix(2, 0).UTC()}
+		SourceSandbox: "sb1", EnvdToken: "tok", EnvVars: map[string]string{"X": "y"}, CreatedAt: time.Unix(2, 0).UTC(),
+		TeamID: "team-1"}
 	if err := s.PutTemplate(ctx, snap); err != nil {
 		t.Fatal(err)
+	}
+	if got, err := s.GetTemplate(ctx, "base"); err != nil || got.TeamID != "" {
+		t.Fatalf("a template of no team is public: %+v %v", got, err)
 	}
 	gotSnap, err := s.GetTemplate(ctx, "s1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if gotSnap.Kind != store.KindSnapshot || gotSnap.ImageDir != "/img/s1" || gotSnap.SourceSandbox != "sb1" ||
-		gotSnap.EnvdToken != "tok" || gotSnap.EnvVars["X"] != "y" || gotSnap.Named() {
+		gotSnap.EnvdToken != "tok" || gotSnap.EnvVars["X"] != "y" || gotSnap.Named() || gotSnap.TeamID != "team-1" {
 		t.Fatalf("snapshot round trip: %+v", gotSnap)
 	}
 	if gotSnap.Upload != store.UploadNone || gotSnap.RootfsID != "" {

@@ -1,0 +1,248 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/wire"
+)
+
+// routeTeams registers the team and key routes, over cfg.Teams.
+func (s *Server) routeTeams() {
+	if s.cfg.Teams == nil {
+		return
+	}
+	s.route("POST /teams", s.createTeam)
+	s.route("GET /teams", s.listTeams)
+	s.route("GET /teams/{team}", s.getTeam)
+	s.route("DELETE /teams/{team}", s.deleteTeam)
+	s.route("POST /api-keys", s.createKey)
+	s.route("GET /api-keys", s.listKeys)
+	s.route("DELETE /api-keys/{key}", s.revokeKey)
+}
+
+func toTeamJSON(t *auth.Team) wire.Team {
+	return wire.Team{TeamID: t.ID, CreatedAt: t.CreatedAt}
+}
+
+func toKeyJSON(k *auth.Key) wire.APIKey {
+	return wire.APIKey{Id: k.ID, TeamID: k.TeamID, Name: k.Name, Prefix: k.Prefix, Admin: k.Admin,
+		CreatedAt: k.CreatedAt, ExpiresAt: timeOrNil(k.ExpiresAt), LastUsed: timeOrNil(k.LastUsedAt),
+		RevokedAt: timeOrNil(k.RevokedAt)}
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+var errAdminOnly = errdefs.New(errdefs.ErrPermissionDenied, "only an admin key may do this")
+
+func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) error {
+	if !principal(r).Admin {
+		return errAdminOnly
+	}
+	var req wire.NewTeam
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	if err := auth.ValidTeamID(req.TeamID); err != nil {
+		return err
+	}
+	t := &auth.Team{ID: req.TeamID, CreatedAt: time.Now().UTC()}
+	if err := s.cfg.Teams.CreateTeam(r.Context(), t); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return errdefs.Errorf(errdefs.ErrConflict, "team %q already exists", req.TeamID)
+		}
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toTeamJSON(t))
+	return nil
+}
+
+func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	if !p.Admin {
+		t, err := s.cfg.Teams.GetTeam(r.Context(), p.TeamID)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, []wire.Team{toTeamJSON(t)})
+		return nil
+	}
+	teams, err := s.cfg.Teams.ListTeams(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]wire.Team, 0, len(teams))
+	for _, t := range teams {
+		out = append(out, toTeamJSON(t))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) getTeam(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("team")
+	if !principal(r).Sees(id) {
+		return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", id)
+	}
+	t, err := s.cfg.Teams.GetTeam(r.Context(), id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", id)
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toTeamJSON(t))
+	return nil
+}
+
+// liveStates are those of sandboxes that hold resources.
+var liveStates = []store.SandboxState{store.StateStarting, store.StateRunning, store.StatePaused}
+
+// deleteTeam deletes a team and its keys. A team with sandboxes is kept
+// (409) unless force=true, which kills them first (on a node; a gateway
+// asks for them to be killed). Its templates and snapshots stay, seen by
+// admins only.
+func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
+	if !principal(r).Admin {
+		return errAdminOnly
+	}
+	id := r.PathValue("team")
+	if id == auth.DefaultTeam {
+		return errdefs.Errorf(errdefs.ErrConflict, "the %s team cannot be deleted", auth.DefaultTeam)
+	}
+	if _, err := s.cfg.Teams.GetTeam(r.Context(), id); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", id)
+		}
+		return err
+	}
+	live, err := s.catalog.List(r.Context(), store.SandboxFilter{TeamID: id, States: liveStates})
+	if err != nil {
+		return err
+	}
+	force := r.URL.Query().Get("force") == "true"
+	out := wire.DeletedTeam{TeamID: id, Killed: []string{}}
+	if len(live) > 0 {
+		if !force {
+			return errdefs.Errorf(errdefs.ErrConflict,
+				"team %q has %d sandboxes; kill them first, or delete with force=true to kill them", id, len(live))
+		}
+		if s.sandboxes == nil {
+			return errdefs.Errorf(errdefs.ErrConflict,
+				"team %q has %d sandboxes; kill them first (a gateway does not kill them for a forced delete)", id, len(live))
+		}
+		for _, sb := range live {
+			if err := s.sandboxes.Kill(r.Context(), sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("kill sandbox %s of team %s: %w", sb.ID, id, err)
+			}
+			out.Killed = append(out.Killed, sb.ID)
+		}
+	}
+	if err := s.cfg.Teams.DeleteTeam(r.Context(), id); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	var req wire.NewAPIKey
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	if req.TeamID == "" {
+		req.TeamID = p.TeamID
+	}
+	switch {
+	case !p.Admin && req.Admin:
+		return errAdminOnly
+	case !p.Sees(req.TeamID):
+		return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", req.TeamID)
+	case req.ExpiresIn < 0 || req.ExpiresIn > int64(MaxKeyLifetime/time.Second):
+		return badRequest(fmt.Sprintf("expiresIn must be between 0 (never) and %d seconds", int64(MaxKeyLifetime/time.Second)))
+	}
+	if _, err := s.cfg.Teams.GetTeam(r.Context(), req.TeamID); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", req.TeamID)
+		}
+		return err
+	}
+	value, k, err := auth.NewKey(req.TeamID, req.Name, req.Admin, time.Now(), time.Duration(req.ExpiresIn)*time.Second)
+	if err != nil {
+		return err
+	}
+	if err := s.cfg.Teams.CreateKey(r.Context(), k); err != nil {
+		return err
+	}
+	j := toKeyJSON(k)
+	writeJSON(w, http.StatusCreated, wire.CreatedAPIKey{Id: j.Id, TeamID: j.TeamID, Name: j.Name, Prefix: j.Prefix,
+		Admin: j.Admin, CreatedAt: j.CreatedAt, ExpiresAt: j.ExpiresAt, Key: value})
+	return nil
+}
+
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	team := r.URL.Query().Get("teamID")
+	if !p.Admin {
+		if team != "" && team != p.TeamID {
+			return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", team)
+		}
+		team = p.TeamID
+	}
+	keys, err := s.cfg.Teams.ListKeys(r.Context(), team)
+	if err != nil {
+		return err
+	}
+	out := make([]wire.APIKey, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, toKeyJSON(k))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// revokeKey revokes a key: every gateway and node refuses it within a
+// second (they confirm keys at least that often).
+func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	id := r.PathValue("key")
+	keys, err := s.cfg.Teams.ListKeys(r.Context(), teamFilter(p))
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, k := range keys {
+		if k.ID == id {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return errdefs.Errorf(errdefs.ErrNotFound, "API key %q not found", id)
+	}
+	if err := s.cfg.Teams.RevokeKey(r.Context(), id, time.Now()); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// teamFilter is the team whose objects p lists: every team's ("") for an
+// admin.
+func teamFilter(p auth.Principal) string {
+	if p.Admin {
+		return ""
+	}
+	return p.TeamID
+}

@@ -1,0 +1,194 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/node"
+)
+
+// Headers with which an admin acts as one team: a gateway sends them with
+// the cluster secret so that the node acts for the caller's team, and an
+// operator may send them to act as a team themselves.
+const (
+	HeaderTeam  = "Aenv-Team"
+	HeaderAdmin = "Aenv-Admin" // "1": the caller is an admin too
+)
+
+// MaxKeyLifetime bounds the lifetime a key may be given (ten years).
+const MaxKeyLifetime = 10 * 365 * 24 * time.Hour
+
+// ActAs is who r is made by when its key is p's: an admin naming a team
+// in HeaderTeam acts as that team, an admin only if HeaderAdmin says so
+// (what a gateway sends for an admin caller).
+func ActAs(r *http.Request, p auth.Principal) auth.Principal {
+	team := r.Header.Get(HeaderTeam)
+	if !p.Admin || team == "" || auth.ValidTeamID(team) != nil {
+		return p
+	}
+	return auth.Principal{TeamID: team, KeyID: p.KeyID, KeyName: p.KeyName, Admin: r.Header.Get(HeaderAdmin) == "1"}
+}
+
+// SetTeamHeaders makes h carry who p is, for a node that trusts the
+// sender (the cluster secret goes with it).
+func SetTeamHeaders(h http.Header, p auth.Principal) {
+	h.Set(HeaderTeam, p.TeamID)
+	if p.Admin {
+		h.Set(HeaderAdmin, "1")
+	} else {
+		h.Del(HeaderAdmin)
+	}
+}
+
+// principal is who r is made by. Routes are authenticated before their
+// handler runs, so every request a handler sees has one; an internal call
+// without one acts as the operator.
+func principal(r *http.Request) auth.Principal {
+	if p, ok := auth.FromContext(r.Context()); ok {
+		return p
+	}
+	return auth.Operator()
+}
+
+// LooksLikeKey says whether s has the shape of a key aenv made, so that
+// proxies strip such keys on their way to a sandbox without asking the
+// database.
+func LooksLikeKey(s string) bool {
+	return strings.HasPrefix(s, auth.KeyPrefix) && len(s) == len(auth.KeyPrefix)+40
+}
+
+// keyPrincipal finds who key acts for among the stored keys (a single
+// server's; a gateway checks its cluster's itself).
+func (s *Server) keyPrincipal(ctx context.Context, key string) (auth.Principal, bool) {
+	if s.cfg.Teams == nil || !LooksLikeKey(key) {
+		return auth.Principal{}, false
+	}
+	k, err := s.cfg.Teams.KeyByDigest(ctx, auth.Digest(key))
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			s.logger.WarnContext(ctx, "cannot check an API key", "err", err)
+		}
+		return auth.Principal{}, false
+	}
+	now := time.Now()
+	if !k.Usable(now) {
+		return auth.Principal{}, false
+	}
+	if s.keyUses.Due(k.ID, now) {
+		// Best effort: a key's last use is for people to read.
+		if err := s.cfg.Teams.TouchKey(ctx, k.ID, now); err != nil {
+			s.logger.DebugContext(ctx, "cannot record a key's use", "err", err)
+		}
+	}
+	return auth.Principal{TeamID: k.TeamID, KeyID: k.ID, KeyName: k.Name, Admin: k.Admin}, true
+}
+
+// scoped wraps the handler of a route that names an object by ID so that
+// a caller of another team finds nothing there: 404, the answer for an ID
+// that does not exist, so that IDs leak nothing.
+func (s *Server) scoped(pattern string, h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	var check func(r *http.Request, p auth.Principal) error
+	switch {
+	case strings.Contains(pattern, "/sandboxes/{id}"):
+		check = s.checkSandbox
+	case strings.Contains(pattern, "/snapshots/{id}"):
+		check = func(r *http.Request, p auth.Principal) error { return s.checkTemplate(r, p, false) }
+	case strings.Contains(pattern, "/templates/{id}"):
+		check = func(r *http.Request, p auth.Principal) error {
+			return s.checkTemplate(r, p, r.Method == http.MethodDelete)
+		}
+	default:
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if p := principal(r); !p.Admin {
+			if err := check(r, p); err != nil {
+				return err
+			}
+		}
+		return h(w, r)
+	}
+}
+
+func (s *Server) checkSandbox(r *http.Request, p auth.Principal) error {
+	return s.checkSandboxID(r, r.PathValue("id"))
+}
+
+// checkSandboxID finds sandbox id only if it is the caller's team's.
+func (s *Server) checkSandboxID(r *http.Request, id string) error {
+	p := principal(r)
+	if p.Admin {
+		return nil
+	}
+	sb, err := s.catalog.Get(r.Context(), id)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil // the handler says so, in its words
+	case err != nil:
+		return err
+	case !p.Sees(sb.TeamID):
+		return errdefs.Errorf(errdefs.ErrNotFound, "sandbox %q not found", id)
+	}
+	return nil
+}
+
+// checkTemplate lets p use template (or snapshot) id when it is its
+// team's or public; change (delete) only its team's.
+func (s *Server) checkTemplate(r *http.Request, p auth.Principal, change bool) error {
+	id := r.PathValue("id")
+	t, err := s.catalog.GetTemplate(r.Context(), id)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case !p.Uses(t.TeamID):
+		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
+	case change && !p.Sees(t.TeamID):
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "template %q is public: only an admin may change it", id)
+	}
+	return nil
+}
+
+// usableTemplate refuses a create from a template p may not use, as if it
+// did not exist; one it cannot find is left for the node to answer.
+func (s *Server) usableTemplate(ctx context.Context, p auth.Principal, idOrName string) error {
+	if p.Admin || idOrName == "" {
+		return nil
+	}
+	t, err := s.catalog.GetTemplate(ctx, idOrName)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case !p.Uses(t.TeamID):
+		return fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
+	}
+	return nil
+}
+
+// nameFree refuses a name for a new template or snapshot when another
+// team's template has it: names are one namespace per node, and a name
+// must not let one team replace or learn of another's template.
+func (s *Server) nameFree(ctx context.Context, p auth.Principal, name string) error {
+	if p.Admin || name == "" {
+		return nil
+	}
+	t, err := s.catalog.GetTemplate(ctx, name)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case !p.Sees(t.TeamID):
+		return errdefs.Errorf(errdefs.ErrConflict, "template name %q is taken", name)
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+// Package auth holds who may do what: teams, the API keys that act for
+// them, and the principal a request is made by.
+//
+// Every sandbox and template belongs to a team. A key acts for one team
+// and sees only that team's objects (and public templates); an admin key
+// (the operator's: the server's --api-key, or a key made with --admin)
+// sees every team's and manages teams and keys. Keys are kept as SHA-256
+// digests: one is shown once, when it is made, and cannot be recovered.
+package auth
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
+)
+
+// DefaultTeam is the team of the operator's key and of everything made
+// before teams existed. It cannot be deleted.
+const DefaultTeam = "default"
+
+// KeyPrefix starts every key aenv makes, so that a leaked one is easy to
+// recognise (secret scanners, logs).
+const KeyPrefix = "aenv_"
+
+// shownPrefix is how many characters of a key lists show.
+const shownPrefix = len(KeyPrefix) + 8
+
+// Team is a group of users sharing sandboxes, templates and limits.
+type Team struct {
+	ID        string
+	CreatedAt time.Time
+	// MaxSandboxes bounds the team's live sandboxes (running or paused
+	// in memory); 0: no limit beyond the node's.
+	MaxSandboxes int
+}
+
+// Key is the record of an API key; the key itself is not kept.
+type Key struct {
+	ID     string
+	TeamID string
+	Name   string
+	// Prefix is the key's first characters, shown to tell keys apart.
+	Prefix string
+	// Digest is the key's SHA-256, hex.
+	Digest     string
+	Admin      bool
+	CreatedAt  time.Time
+	ExpiresAt  time.Time // zero: never
+	LastUsedAt time.Time // zero: never used
+	RevokedAt  time.Time // zero: not revoked
+}
+
+// Usable reports whether the key may be used at now.
+func (k *Key) Usable(now time.Time) bool {
+	return k.RevokedAt.IsZero() && (k.ExpiresAt.IsZero() || now.Before(k.ExpiresAt))
+}
+
+// Store keeps teams and keys: the node's SQLite, or the cluster's
+// PostgreSQL that every gateway and node share.
+type Store interface {
+	// CreateTeam: ErrConflict if the ID is taken.
+	CreateTeam(ctx context.Context, t *Team) error
+	GetTeam(ctx context.Context, id string) (*Team, error)
+	ListTeams(ctx context.Context) ([]*Team, error)
+	// SetTeamLimits writes t's limits; ErrNotFound if it is gone.
+	SetTeamLimits(ctx context.Context, t *Team) error
+	// DeleteTeam deletes team id and its keys; ErrNotFound if gone.
+	DeleteTeam(ctx context.Context, id string) error
+
+	CreateKey(ctx context.Context, k *Key) error
+	// KeyByDigest finds a key by its SHA-256 (hex), revoked or not.
+	KeyByDigest(ctx context.Context, digest string) (*Key, error)
+	// ListKeys lists team's keys, every team's for "".
+	ListKeys(ctx context.Context, team string) ([]*Key, error)
+	// RevokeKey revokes key id at at; ErrNotFound if it does not exist
+	// (revoking a revoked key changes nothing and succeeds).
+	RevokeKey(ctx context.Context, id string, at time.Time) error
+	// TouchKey records that key id was used at at.
+	TouchKey(ctx context.Context, id string, at time.Time) error
+}
+
+// Principal is who a request is made by.
+type Principal struct {
+	TeamID  string
+	KeyID   string // "" for the operator's configured key
+	KeyName string
+	// Admin: sees and manages every team's objects, teams and keys.
+	Admin bool
+}
+
+// Operator is the principal of the server's own --api-key (and of the
+// cluster secret gateways call nodes with).
+func Operator() Principal { return Principal{TeamID: DefaultTeam, KeyName: "operator", Admin: true} }
+
+// Sees reports whether p may see an object of team: its own team's, or
+// any for an admin.
+func (p Principal) Sees(team string) bool { return p.Admin || team == p.TeamID }
+
+// Uses reports whether p may use a template of team: public ones ("")
+// too.
+func (p Principal) Uses(team string) bool { return team == "" || p.Sees(team) }
+
+type principalKey struct{}
+
+// WithPrincipal returns ctx carrying p.
+func WithPrincipal(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// FromContext returns the principal ctx carries; ok is false when there
+// is none (a request not authenticated, or an internal call).
+func FromContext(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(Principal)
+	return p, ok
+}
+
+// teamID is what team IDs look like: short, lower case, URL- and
+// header-safe.
+var teamID = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidTeamID says why id cannot name a team, or nil.
+func ValidTeamID(id string) error {
+	if !teamID.MatchString(id) {
+		return errdefs.Errorf(errdefs.ErrInvalidArgument,
+			"team ID %q: use 1 to 63 lower-case letters, digits and dashes, starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// MaxTeamSandboxes bounds the sandbox limit a team may be given, so that
+// an absurd value is refused rather than stored.
+const MaxTeamSandboxes = 1_000_000
+
+// ValidLimits says why t's limits cannot be stored, or nil.
+func ValidLimits(t *Team) error {
+	if t.MaxSandboxes < 0 || t.MaxSandboxes > MaxTeamSandboxes {
+		return errdefs.Errorf(errdefs.ErrInvalidArgument,
+			"maxSandboxes %d: must be between 0 (no limit) and %d", t.MaxSandboxes, MaxTeamSandboxes)
+	}
+	return nil
+}
+
+// MaxKeyName bounds a key's name.
+const MaxKeyName = 128
+
+// NewKey makes a key for team: the secret to hand to the user once, and
+// the record to store.
+func NewKey(team, name string, admin bool, now time.Time, ttl time.Duration) (string, *Key, error) {
+	if len(name) > MaxKeyName || strings.ContainsFunc(name, isControl) {
+		return "", nil, errdefs.Errorf(errdefs.ErrInvalidArgument,
+			"key name: at most %d characters, no control characters", MaxKeyName)
+	}
+	if ttl < 0 {
+		return "", nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "key lifetime %s: must not be negative", ttl)
+	}
+	var secret, id [20]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return "", nil, fmt.Errorf("make key: %w", err)
+	}
+	if _, err := rand.Read(id[:8]); err != nil {
+		return "", nil, fmt.Errorf("make key: %w", err)
+	}
+	key := KeyPrefix + hex.EncodeToString(secret[:])
+	k := &Key{ID: hex.EncodeToString(id[:8]), TeamID: team, Name: name, Prefix: key[:shownPrefix],
+		Digest: Digest(key), Admin: admin, CreatedAt: now.UTC()}
+	if ttl > 0 {
+		k.ExpiresAt = now.Add(ttl).UTC()
+	}
+	return key, k, nil
+}
+
+// Digest is how a key is kept and looked up: its SHA-256, hex.
+func Digest(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// UseRecorder says when a key's last-used time is due to be written: at
+// most once per gap per key, so that a busy key costs one write a minute
+// rather than one per request. It remembers a bounded number of keys.
+type UseRecorder struct {
+	gap  time.Duration
+	last *lru.Cache[string, time.Time]
+}
+
+// NewUseRecorder remembers up to size keys.
+func NewUseRecorder(gap time.Duration, size int) *UseRecorder {
+	last, err := lru.New[string, time.Time](size)
+	if err != nil {
+		panic(fmt.Sprintf("key use cache of %d: %v", size, err)) // only for a size < 1
+	}
+	return &UseRecorder{gap: gap, last: last}
+}
+
+// Due reports whether key id's use at now should be written, and if so
+// counts it as written.
+func (u *UseRecorder) Due(id string, now time.Time) bool {
+	if at, ok := u.last.Get(id); ok && now.Sub(at) < u.gap {
+		return false
+	}
+	u.last.Add(id, now)
+	return true
+}

@@ -1,0 +1,140 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Team is a team, as GET /teams reports it.
+type Team struct {
+	TeamID    string          `json:"teamID"`
+	CreatedAt time.Time       `json:"createdAt"`
+	Raw       json.RawMessage `json:"-"`
+}
+
+// APIKey is an API key's record; Key holds the key itself only in the
+// answer to its creation.
+type APIKey struct {
+	ID        string          `json:"id"`
+	TeamID    string          `json:"teamID"`
+	Name      string          `json:"name"`
+	Prefix    string          `json:"prefix"`
+	Admin     bool            `json:"admin"`
+	CreatedAt time.Time       `json:"createdAt"`
+	ExpiresAt time.Time       `json:"expiresAt"`
+	LastUsed  time.Time       `json:"lastUsed"`
+	RevokedAt time.Time       `json:"revokedAt"`
+	Key       string          `json:"key,omitempty"`
+	Raw       json.RawMessage `json:"-"`
+}
+
+// NewAPIKey asks for a key: of TeamID ("" the caller's), valid for
+// ExpiresIn (0: forever).
+type NewAPIKey struct {
+	Name      string
+	TeamID    string
+	Admin     bool
+	ExpiresIn time.Duration
+}
+
+// DeletedTeam answers a team's deletion.
+type DeletedTeam struct {
+	TeamID string   `json:"teamID"`
+	Killed []string `json:"killed"`
+}
+
+// CreateTeam makes a team (admin keys only).
+func (c *Client) CreateTeam(ctx context.Context, id string) (Team, error) {
+	var raw json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodPost, "/teams", nil, map[string]string{"teamID": id}, &raw); err != nil {
+		return Team{}, err
+	}
+	return decodeRaw[Team](raw, func(t *Team, raw json.RawMessage) { t.Raw = raw })
+}
+
+// ListTeams lists the teams the key sees: all for an admin, else its own.
+func (c *Client) ListTeams(ctx context.Context) ([]Team, error) {
+	var raws []json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodGet, "/teams", nil, nil, &raws); err != nil {
+		return nil, err
+	}
+	return decodeRaws(raws, func(t *Team, raw json.RawMessage) { t.Raw = raw })
+}
+
+// DeleteTeam deletes a team and its keys; force kills its sandboxes first.
+func (c *Client) DeleteTeam(ctx context.Context, id string, force bool) (DeletedTeam, error) {
+	var q url.Values
+	if force {
+		q = url.Values{"force": {"true"}}
+	}
+	var out DeletedTeam
+	_, err := c.DoJSON(ctx, http.MethodDelete, "/teams/"+url.PathEscape(id), q, nil, &out)
+	return out, err
+}
+
+// CreateAPIKey makes a key; the answer holds the key, shown this once.
+func (c *Client) CreateAPIKey(ctx context.Context, req NewAPIKey) (APIKey, error) {
+	body := map[string]any{"name": req.Name}
+	if req.TeamID != "" {
+		body["teamID"] = req.TeamID
+	}
+	if req.Admin {
+		body["admin"] = true
+	}
+	if req.ExpiresIn > 0 {
+		body["expiresIn"] = int64(req.ExpiresIn / time.Second)
+	}
+	var raw json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodPost, "/api-keys", nil, body, &raw); err != nil {
+		return APIKey{}, err
+	}
+	k, err := decodeRaw[APIKey](raw, func(k *APIKey, raw json.RawMessage) { k.Raw = raw })
+	if err == nil && k.Key == "" {
+		err = fmt.Errorf("create API key: the answer has no key")
+	}
+	return k, err
+}
+
+// ListAPIKeys lists keys: of team ("" every team's the caller sees).
+func (c *Client) ListAPIKeys(ctx context.Context, team string) ([]APIKey, error) {
+	var q url.Values
+	if team != "" {
+		q = url.Values{"teamID": {team}}
+	}
+	var raws []json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodGet, "/api-keys", q, nil, &raws); err != nil {
+		return nil, err
+	}
+	return decodeRaws(raws, func(k *APIKey, raw json.RawMessage) { k.Raw = raw })
+}
+
+// RevokeAPIKey revokes a key by ID.
+func (c *Client) RevokeAPIKey(ctx context.Context, id string) error {
+	_, err := c.DoJSON(ctx, http.MethodDelete, "/api-keys/"+url.PathEscape(id), nil, nil, nil)
+	return err
+}
+
+func decodeRaw[T any](raw json.RawMessage, keep func(*T, json.RawMessage)) (T, error) {
+	var v T
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return v, fmt.Errorf("decode answer: %w", err)
+	}
+	keep(&v, raw)
+	return v, nil
+}
+
+func decodeRaws[T any](raws []json.RawMessage, keep func(*T, json.RawMessage)) ([]T, error) {
+	out := make([]T, 0, len(raws))
+	for _, raw := range raws {
+		v, err := decodeRaw(raw, keep)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}

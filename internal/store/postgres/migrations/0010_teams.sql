@@ -1,0 +1,31 @@
+-- Teams (internal/auth): every sandbox and template belongs to one, and
+-- API keys act for one. Sandboxes from before teams were made with the
+-- cluster's keys, all of them the operator's: they belong to the default
+-- team, and those keys become its admin keys. Templates from before stay
+-- public ('': every team may use them), as they were to every key.
+CREATE TABLE teams (
+    id            TEXT COLLATE "C" PRIMARY KEY,
+    created_at    BIGINT NOT NULL,
+    max_sandboxes BIGINT NOT NULL DEFAULT 0 -- 0: no limit
+);
+INSERT INTO teams (id, created_at) VALUES ('default', 0);
+
+ALTER TABLE api_keys ADD COLUMN id TEXT COLLATE "C";
+UPDATE api_keys SET id = substr(key_sha256, 1, 16);
+ALTER TABLE api_keys ALTER COLUMN id SET NOT NULL;
+CREATE UNIQUE INDEX api_keys_id ON api_keys (id);
+ALTER TABLE api_keys ADD COLUMN team_id TEXT COLLATE "C" NOT NULL DEFAULT 'default' REFERENCES teams (id);
+ALTER TABLE api_keys ALTER COLUMN team_id DROP DEFAULT;
+ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN prefix TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN admin BOOLEAN NOT NULL DEFAULT FALSE;
+UPDATE api_keys SET admin = TRUE, name = 'operator';
+ALTER TABLE api_keys ADD COLUMN expires_at BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE api_keys ADD COLUMN last_used_at BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE api_keys ADD COLUMN revoked_at BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX api_keys_team ON api_keys (team_id);
+
+ALTER TABLE sandboxes ADD COLUMN team_id TEXT COLLATE "C" NOT NULL DEFAULT '';
+UPDATE sandboxes SET team_id = 'default';
+CREATE INDEX sandboxes_team ON sandboxes (team_id);
+ALTER TABLE templates ADD COLUMN team_id TEXT COLLATE "C" NOT NULL DEFAULT '';

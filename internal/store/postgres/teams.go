@@ -1,0 +1,178 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// The cluster's database keeps teams and API keys too (auth.Store): every
+// gateway and node reads the same ones.
+var _ auth.Store = (*Store)(nil)
+
+func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams (id, created_at, max_sandboxes) VALUES ($1, $2, $3)`,
+		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes)
+	if err != nil {
+		if isUniqueViolation(err) {
+			return dbError("create team %s: %w", t.ID, store.ErrConflict)
+		}
+		return dbError("create team %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+func (s *Store) GetTeam(ctx context.Context, id string) (*auth.Team, error) {
+	t, err := scanTeam(s.pool.QueryRow(ctx, `SELECT id, created_at, max_sandboxes FROM teams WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, dbError("team %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, dbError("get team %s: %w", id, err)
+	}
+	return t, nil
+}
+
+func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, created_at, max_sandboxes FROM teams ORDER BY id`)
+	if err != nil {
+		return nil, dbError("list teams: %w", err)
+	}
+	defer rows.Close()
+	var out []*auth.Team
+	for rows.Next() {
+		t, err := scanTeam(rows)
+		if err != nil {
+			return nil, dbError("list teams: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbError("list teams: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = $2 WHERE id = $1`, t.ID, t.MaxSandboxes)
+	if err != nil {
+		return dbError("set limits of team %s: %w", t.ID, err)
+	}
+	return expectOneRow(tag, "set limits of team "+t.ID)
+}
+
+func (s *Store) DeleteTeam(ctx context.Context, id string) error {
+	return s.inTx(ctx, "delete team "+id, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `DELETE FROM api_keys WHERE team_id = $1`, id); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM teams WHERE id = $1`, id)
+		if err != nil {
+			return err
+		}
+		return expectOneRow(tag, "delete team "+id)
+	})
+}
+
+const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
+
+func (s *Store) CreateKey(ctx context.Context, k *auth.Key) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (`+keyColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		k.ID, k.TeamID, k.Name, k.Prefix, k.Digest, k.Admin, nanos(k.CreatedAt), nanos(k.ExpiresAt),
+		nanos(k.LastUsedAt), nanos(k.RevokedAt))
+	if err != nil {
+		if isUniqueViolation(err) {
+			return dbError("create key %s: %w", k.ID, store.ErrConflict)
+		}
+		return dbError("create key %s: %w", k.ID, err)
+	}
+	return nil
+}
+
+func (s *Store) KeyByDigest(ctx context.Context, digest string) (*auth.Key, error) {
+	k, err := scanKey(s.pool.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE key_sha256 = $1`, digest))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, dbError("API key: %w", store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, dbError("look up API key: %w", err)
+	}
+	return k, nil
+}
+
+func (s *Store) ListKeys(ctx context.Context, team string) ([]*auth.Key, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE $1 = '' OR team_id = $1
+		ORDER BY created_at, id`, team)
+	if err != nil {
+		return nil, dbError("list keys: %w", err)
+	}
+	defer rows.Close()
+	var out []*auth.Key
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, dbError("list keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbError("list keys: %w", err)
+	}
+	return out, nil
+}
+
+func (s *Store) RevokeKey(ctx context.Context, id string, at time.Time) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = CASE WHEN revoked_at = 0 THEN $2 ELSE revoked_at END
+		WHERE id = $1`, id, at.UnixNano())
+	if err != nil {
+		return dbError("revoke key %s: %w", id, err)
+	}
+	return expectOneRow(tag, "revoke key "+id)
+}
+
+func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE api_keys SET last_used_at = $2 WHERE id = $1`, id, at.UnixNano()); err != nil {
+		return dbError("record use of key %s: %w", id, err)
+	}
+	return nil
+}
+
+func scanTeam(r pgx.Row) (*auth.Team, error) {
+	var t auth.Team
+	var created int64
+	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes); err != nil {
+		return nil, err
+	}
+	t.CreatedAt = fromNanos(created)
+	return &t, nil
+}
+
+func scanKey(r pgx.Row) (*auth.Key, error) {
+	var k auth.Key
+	var created, expires, used, revoked int64
+	if err := r.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Digest, &k.Admin, &created, &expires, &used, &revoked); err != nil {
+		return nil, err
+	}
+	k.CreatedAt, k.ExpiresAt, k.LastUsedAt, k.RevokedAt = fromNanos(created), fromNanos(expires), fromNanos(used), fromNanos(revoked)
+	return &k, nil
+}
+
+// nanos and fromNanos keep times as Unix nanoseconds, 0 for none.
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}

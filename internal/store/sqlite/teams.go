@@ -1,0 +1,173 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// The store keeps teams and API keys too (auth.Store).
+var _ auth.Store = (*Store)(nil)
+
+func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (id, created_at, max_sandboxes) VALUES (?, ?, ?)`,
+		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes)
+	if err != nil {
+		if isUniqueViolation(err) {
+			return fmt.Errorf("create team %s: %w", t.ID, store.ErrConflict)
+		}
+		return fmt.Errorf("create team %s: %w", t.ID, classify(err))
+	}
+	return nil
+}
+
+func (s *Store) GetTeam(ctx context.Context, id string) (*auth.Team, error) {
+	t, err := scanTeam(s.db.QueryRowContext(ctx, `SELECT id, created_at, max_sandboxes FROM teams WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("team %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get team %s: %w", id, classify(err))
+	}
+	return t, nil
+}
+
+func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, created_at, max_sandboxes FROM teams ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list teams: %w", classify(err))
+	}
+	defer rows.Close()
+	var out []*auth.Team
+	for rows.Next() {
+		t, err := scanTeam(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list teams: %w", err)
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = ? WHERE id = ?`, t.MaxSandboxes, t.ID)
+	if err != nil {
+		return fmt.Errorf("set limits of team %s: %w", t.ID, classify(err))
+	}
+	return expectOneRow(res, "set limits of team "+t.ID)
+}
+
+func (s *Store) DeleteTeam(ctx context.Context, id string) error {
+	return s.inTx(ctx, "delete team "+id, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE team_id = ?`, id); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM teams WHERE id = ?`, id)
+		if err != nil {
+			return err
+		}
+		return expectOneRow(res, "delete team "+id)
+	})
+}
+
+const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
+
+func (s *Store) CreateKey(ctx context.Context, k *auth.Key) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys (`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		k.ID, k.TeamID, k.Name, k.Prefix, k.Digest, boolInt(k.Admin), nanos(k.CreatedAt), nanos(k.ExpiresAt),
+		nanos(k.LastUsedAt), nanos(k.RevokedAt))
+	if err != nil {
+		if isUniqueViolation(err) {
+			return fmt.Errorf("create key %s: %w", k.ID, store.ErrConflict)
+		}
+		return fmt.Errorf("create key %s: %w", k.ID, classify(err))
+	}
+	return nil
+}
+
+func (s *Store) KeyByDigest(ctx context.Context, digest string) (*auth.Key, error) {
+	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE key_sha256 = ?`, digest))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("API key: %w", store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up API key: %w", classify(err))
+	}
+	return k, nil
+}
+
+func (s *Store) ListKeys(ctx context.Context, team string) ([]*auth.Key, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE ? = '' OR team_id = ?
+		ORDER BY created_at, id`, team, team)
+	if err != nil {
+		return nil, fmt.Errorf("list keys: %w", classify(err))
+	}
+	defer rows.Close()
+	var out []*auth.Key
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+func (s *Store) RevokeKey(ctx context.Context, id string, at time.Time) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at = CASE WHEN revoked_at = 0 THEN ? ELSE revoked_at END
+		WHERE id = ?`, at.UnixNano(), id)
+	if err != nil {
+		return fmt.Errorf("revoke key %s: %w", id, classify(err))
+	}
+	return expectOneRow(res, "revoke key "+id)
+}
+
+func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
+	if _, err := s.db.ExecContext(ctx, `UPDATE api_keys SET last_used_at = ? WHERE id = ?`, at.UnixNano(), id); err != nil {
+		return fmt.Errorf("record use of key %s: %w", id, classify(err))
+	}
+	return nil
+}
+
+func scanTeam(r scanner) (*auth.Team, error) {
+	var t auth.Team
+	var created int64
+	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes); err != nil {
+		return nil, err
+	}
+	t.CreatedAt = fromNanos(created)
+	return &t, nil
+}
+
+func scanKey(r scanner) (*auth.Key, error) {
+	var k auth.Key
+	var admin int
+	var created, expires, used, revoked int64
+	if err := r.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Digest, &admin, &created, &expires, &used, &revoked); err != nil {
+		return nil, err
+	}
+	k.Admin = admin != 0
+	k.CreatedAt, k.ExpiresAt, k.LastUsedAt, k.RevokedAt = fromNanos(created), fromNanos(expires), fromNanos(used), fromNanos(revoked)
+	return &k, nil
+}
+
+// nanos and fromNanos keep times as Unix nanoseconds, 0 for none.
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}

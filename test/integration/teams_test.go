@@ -1,0 +1,333 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/wire/wiretest"
+)
+
+// endpoint is a server or gateway URL that tests call with any key, every
+// answer checked against the OpenAPI document.
+type endpoint struct {
+	t   testing.TB
+	url string
+	hc  *http.Client
+}
+
+func newEndpoint(t testing.TB, url string) endpoint {
+	return endpoint{t: t, url: url, hc: &http.Client{Transport: wiretest.Transport(t, client.NewHTTPClient(4).Transport)}}
+}
+
+// call sends a request with key (and no key for ""); body may be nil or a
+// value to encode as JSON.
+func (e endpoint) call(key, method, path string, body any) response {
+	e.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		enc, err := json.Marshal(body)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(enc)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, e.url+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := e.hc.Do(req)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: data}
+}
+
+// want calls and fails the test unless the answer has status.
+func (e endpoint) want(status int, key, method, path string, body any) response {
+	e.t.Helper()
+	r := e.call(key, method, path, body)
+	if r.status != status {
+		e.t.Fatalf("%s %s: status %d, want %d; body %s", method, path, r.status, status, truncate(r.body))
+	}
+	return r
+}
+
+// makeTeam creates a team with the operator's key and a key of it.
+func (e endpoint) makeTeam(team string) (key, keyID string) {
+	e.t.Helper()
+	e.want(201, apiKey, "POST", "/teams", map[string]any{"teamID": team})
+	var k struct {
+		ID     string `json:"id"`
+		Key    string `json:"key"`
+		TeamID string `json:"teamID"`
+	}
+	e.want(201, apiKey, "POST", "/api-keys", map[string]any{"teamID": team, "name": team + "-trainer"}).json(e.t, &k)
+	if k.Key == "" || k.TeamID != team {
+		e.t.Fatalf("key of %s: %+v", team, k)
+	}
+	return k.Key, k.ID
+}
+
+// ids lists the sandbox (or snapshot or template) IDs of a list answer.
+func ids(t testing.TB, r response, field string) []string {
+	t.Helper()
+	var items []map[string]any
+	r.json(t, &items)
+	var out []string
+	for _, it := range items {
+		out = append(out, fmt.Sprint(it[field]))
+	}
+	return out
+}
+
+// checkTeamIsolation makes two teams on e and checks that team B reaches
+// none of team A's objects through any route, that A loses nothing, and
+// that the operator sees both.
+func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
+	keyA, _ = e.makeTeam("team-a")
+	keyB, keyBID = e.makeTeam("team-b")
+
+	var sbA, sbB client.Sandbox
+	e.want(201, keyA, "POST", "/sandboxes", map[string]any{"templateID": "base", "metadata": map[string]string{"who": "a"}}).json(t, &sbA)
+	e.want(201, keyB, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, &sbB)
+	var snapA struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	e.want(201, keyA, "POST", "/sandboxes/"+sbA.SandboxID+"/snapshots", map[string]any{"name": "snap-a"}).json(t, &snapA)
+
+	a, snap := "/sandboxes/"+sbA.SandboxID, "/snapshots/"+snapA.SnapshotID
+	file := url.Values{"path": {"/tmp/f"}}.Encode()
+	// Every route that names one of A's objects answers B as if it did
+	// not exist.
+	for _, rt := range []struct {
+		method, path string
+		body         any
+	}{
+		{"GET", a, nil},
+		{"POST", a + "/timeout", map[string]any{"timeout": 60}},
+		{"GET", a + "/metrics", nil},
+		{"POST", a + "/execute", map[string]any{"command": "echo hi"}},
+		{"POST", a + "/files/write", map[string]any{"path": "/tmp/f", "content": "x"}},
+		{"GET", a + "/files/read?" + file, nil},
+		{"GET", a + "/files?" + file, nil},
+		{"PUT", a + "/network", map[string]any{"allowInternet": false}},
+		{"POST", a + "/pause", nil},
+		{"POST", a + "/resume", nil},
+		{"POST", a + "/connect", map[string]any{"timeout": 60}},
+		{"POST", "/v2" + a + "/connect", map[string]any{"timeout": 60}},
+		{"POST", a + "/fork", map[string]any{"count": 1}},
+		{"POST", a + "/snapshots", map[string]any{"name": "stolen"}},
+		{"POST", snap + "/fork", map[string]any{"count": 1}},
+		{"POST", "/snapshots/snap-a/fork", map[string]any{"count": 1}},
+		{"GET", "/templates/" + snapA.SnapshotID, nil},
+		{"GET", "/templates/aliases/snap-a", nil},
+		{"DELETE", "/templates/snap-a", nil},
+		{"POST", "/sandboxes", map[string]any{"templateID": "snap-a"}},
+		{"POST", "/templates", map[string]any{"sandboxID": sbA.SandboxID, "name": "stolen-tpl"}},
+		{"DELETE", a, nil},
+	} {
+		if r := e.call(keyB, rt.method, rt.path, rt.body); r.status != 404 {
+			t.Errorf("team B: %s %s: status %d, want 404; body %s", rt.method, rt.path, r.status, truncate(r.body))
+		}
+	}
+	// A name of A's cannot be taken over by B.
+	if r := e.call(keyB, "POST", "/sandboxes/"+sbB.SandboxID+"/snapshots", map[string]any{"name": "snap-a"}); r.status != 409 {
+		t.Errorf("team B snapshots under A's name: status %d, want 409; body %s", r.status, truncate(r.body))
+	}
+
+	// Lists show each team its own; public templates show to both.
+	for _, list := range []string{"/sandboxes", "/v2/sandboxes"} {
+		if got := ids(t, e.want(200, keyB, "GET", list, nil), "sandboxID"); !slices.Equal(got, []string{sbB.SandboxID}) {
+			t.Errorf("team B lists %s: %v, want only %s", list, got, sbB.SandboxID)
+		}
+	}
+	if got := ids(t, e.want(200, keyA, "GET", "/sandboxes", nil), "sandboxID"); !slices.Equal(got, []string{sbA.SandboxID}) {
+		t.Errorf("team A lists: %v, want only %s", got, sbA.SandboxID)
+	}
+	if got := ids(t, e.want(200, keyB, "GET", "/snapshots", nil), "snapshotID"); len(got) != 0 {
+		t.Errorf("team B lists snapshots %v, want none", got)
+	}
+	if got := ids(t, e.want(200, keyA, "GET", "/snapshots", nil), "snapshotID"); !slices.Equal(got, []string{snapA.SnapshotID}) {
+		t.Errorf("team A lists snapshots %v, want %s", got, snapA.SnapshotID)
+	}
+	templatesB := ids(t, e.want(200, keyB, "GET", "/templates", nil), "templateID")
+	if slices.Contains(templatesB, snapA.SnapshotID) {
+		t.Errorf("team B lists A's snapshot among templates: %v", templatesB)
+	}
+	e.want(200, keyB, "GET", "/templates/aliases/base", nil)
+	all := ids(t, e.want(200, apiKey, "GET", "/sandboxes", nil), "sandboxID")
+	if !slices.Contains(all, sbA.SandboxID) || !slices.Contains(all, sbB.SandboxID) {
+		t.Errorf("the operator lists %v, want both teams' sandboxes", all)
+	}
+
+	// Team A lost nothing: its sandbox answers, its snapshot forks into
+	// its team.
+	var res client.ExecuteResult
+	e.want(200, keyA, "POST", a+"/execute", map[string]any{"command": "echo still-here"}).json(t, &res)
+	if strings.TrimSpace(res.Stdout) != "still-here" {
+		t.Errorf("team A's sandbox after B's attempts: %+v", res)
+	}
+	var forked []struct {
+		Sandbox *client.Sandbox `json:"sandbox"`
+	}
+	e.want(201, keyA, "POST", "/snapshots/snap-a/fork", map[string]any{"count": 1}).json(t, &forked)
+	if len(forked) != 1 || forked[0].Sandbox == nil {
+		t.Fatalf("team A forks its snapshot: %+v", forked)
+	}
+	child := forked[0].Sandbox.SandboxID
+	if got := ids(t, e.want(200, keyA, "GET", "/sandboxes", nil), "sandboxID"); !slices.Contains(got, child) {
+		t.Errorf("team A's fork %s is not in its list %v", child, got)
+	}
+	e.want(404, keyB, "GET", "/sandboxes/"+child, nil)
+
+	// Teams and keys: a team's key sees its own, admins' routes are not
+	// its to use.
+	var teams []struct {
+		TeamID string `json:"teamID"`
+	}
+	e.want(200, keyB, "GET", "/teams", nil).json(t, &teams)
+	if len(teams) != 1 || teams[0].TeamID != "team-b" {
+		t.Errorf("team B lists teams %+v, want only its own", teams)
+	}
+	e.want(404, keyB, "GET", "/teams/team-a", nil)
+	e.want(403, keyB, "POST", "/teams", map[string]any{"teamID": "team-c"})
+	e.want(403, keyB, "POST", "/api-keys", map[string]any{"admin": true})
+	e.want(404, keyB, "POST", "/api-keys", map[string]any{"teamID": "team-a"})
+	e.want(403, keyB, "DELETE", "/teams/team-a", nil)
+	for _, k := range ids(t, e.want(200, keyB, "GET", "/api-keys", nil), "teamID") {
+		if k != "team-b" {
+			t.Errorf("team B lists a key of team %s", k)
+		}
+	}
+	var keysA []struct {
+		ID string `json:"id"`
+	}
+	e.want(200, apiKey, "GET", "/api-keys?teamID=team-a", nil).json(t, &keysA)
+	if len(keysA) != 1 {
+		t.Fatalf("team A's keys: %+v", keysA)
+	}
+	e.want(404, keyB, "DELETE", "/api-keys/"+keysA[0].ID, nil)
+	e.want(200, keyA, "POST", a+"/execute", map[string]any{"command": "true"})
+	return keyA, keyB, keyBID
+}
+
+// Two teams on one server: neither reaches the other's sandboxes,
+// snapshots, keys or team, through any route; bad input is refused with
+// clear errors; revoked, expired and deleted teams' keys stop at once.
+func TestTeamsSingleServer(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	e := newEndpoint(t, s.url)
+	keyA, keyB, keyBID := checkTeamIsolation(t, e)
+
+	// The operator's routes.
+	e.want(403, keyB, "GET", "/metrics", nil)
+	e.want(403, keyB, "GET", "/node", nil)
+	e.want(200, apiKey, "GET", "/node", nil)
+
+	// Bad input.
+	e.want(400, apiKey, "POST", "/teams", map[string]any{"teamID": "Team A"})
+	e.want(400, apiKey, "POST", "/teams", "not an object")
+	e.want(409, apiKey, "POST", "/teams", map[string]any{"teamID": "team-a"})
+	e.want(400, apiKey, "POST", "/api-keys", map[string]any{"teamID": "team-a", "expiresIn": -1})
+	e.want(400, apiKey, "POST", "/api-keys", map[string]any{"teamID": "team-a", "name": strings.Repeat("n", 200)})
+	e.want(404, apiKey, "POST", "/api-keys", map[string]any{"teamID": "no-such-team"})
+	e.want(409, apiKey, "DELETE", "/teams/default", nil)
+	e.want(404, apiKey, "DELETE", "/teams/no-such-team", nil)
+	e.want(404, apiKey, "DELETE", "/api-keys/no-such-key", nil)
+	for _, bad := range []string{"aenv_" + strings.Repeat("0", 40), "aenv_short", keyB + "x"} {
+		e.want(401, bad, "GET", "/sandboxes", nil)
+	}
+
+	// A revoked key is refused at once; the team's other keys go on.
+	e.want(204, apiKey, "DELETE", "/api-keys/"+keyBID, nil)
+	e.want(401, keyB, "GET", "/sandboxes", nil)
+	e.want(204, apiKey, "DELETE", "/api-keys/"+keyBID, nil) // again: nothing changes
+
+	// A key that expires stops when it does.
+	var short struct {
+		Key       string    `json:"key"`
+		ExpiresAt time.Time `json:"expiresAt"`
+	}
+	e.want(201, keyA, "POST", "/api-keys", map[string]any{"name": "brief", "expiresIn": 2}).json(t, &short)
+	e.want(200, short.Key, "GET", "/sandboxes", nil)
+	waitFor(t, 30*time.Second, "the key to expire", func() bool {
+		return e.call(short.Key, "GET", "/sandboxes", nil).status == 401
+	})
+	if time.Now().Before(short.ExpiresAt) {
+		t.Errorf("the key stopped before %v, its expiry", short.ExpiresAt)
+	}
+
+	// A team with sandboxes is kept unless forced; forced, its sandboxes
+	// are killed and its keys stop.
+	r := e.want(409, apiKey, "DELETE", "/teams/team-a", nil)
+	if !strings.Contains(string(r.body), "force") {
+		t.Errorf("the refusal does not say how to delete anyway: %s", r.body)
+	}
+	var deleted struct {
+		Killed []string `json:"killed"`
+	}
+	e.want(200, apiKey, "DELETE", "/teams/team-a?force=true", nil).json(t, &deleted)
+	if len(deleted.Killed) != 2 {
+		t.Errorf("forced delete killed %v, want team A's sandbox and its fork", deleted.Killed)
+	}
+	e.want(401, keyA, "GET", "/sandboxes", nil)
+	for _, id := range deleted.Killed {
+		e.want(404, apiKey, "GET", "/sandboxes/"+id, nil)
+	}
+	// Team B's sandbox survived all of it.
+	if got := ids(t, e.want(200, apiKey, "GET", "/sandboxes", nil), "sandboxID"); len(got) != 1 {
+		t.Errorf("after team A went: %v, want team B's sandbox alone", got)
+	}
+}
+
+// Teams through two gateways over a node: the same isolation, and a key
+// revoked through one gateway is refused by the other within a second.
+func TestTeamsThroughGateways(t *testing.T) {
+	c := newCluster(t)
+	c.addNode("node-a")
+	g1, g2 := c.addGateway(), c.addGateway()
+	g1.waitReady(t, "node-a")
+	e1, e2 := newEndpoint(t, g1.url), newEndpoint(t, g2.url)
+	_, keyB, keyBID := checkTeamIsolation(t, e1)
+
+	// Team B is confirmed on the second gateway, then revoked through the
+	// first.
+	e2.want(200, keyB, "GET", "/sandboxes", nil)
+	e2.want(403, keyB, "GET", "/cluster/nodes", nil)
+	e1.want(204, apiKey, "DELETE", "/api-keys/"+keyBID, nil)
+	revoked := time.Now()
+	waitFor(t, 30*time.Second, "the revoked key refused by the other gateway", func() bool {
+		return e2.call(keyB, "GET", "/sandboxes", nil).status == 401
+	})
+	took := time.Since(revoked)
+	t.Logf("a key revoked through one gateway was refused by the other after %s", took.Round(time.Millisecond))
+	// The gateways trust a confirmed key for 0.5 s; the rest of the bound
+	// is for a loaded machine.
+	if took > 3*time.Second {
+		t.Errorf("the revoked key worked for %s on the other gateway, want about a second", took)
+	}
+}
