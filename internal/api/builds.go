@@ -59,7 +59,11 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	if req.CpuCount < 0 || req.MemoryMB < 0 {
 		return badRequest("cpuCount and memoryMB must not be negative")
 	}
-	buildID, err := s.cfg.Builds.Request(name, req.CpuCount, req.MemoryMB)
+	p := principal(r)
+	if err := s.nameFree(r.Context(), p, name); err != nil {
+		return err
+	}
+	buildID, err := s.cfg.Builds.Request(name, p.TeamID, req.CpuCount, req.MemoryMB)
 	if err != nil {
 		return err
 	}

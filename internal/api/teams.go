@@ -99,6 +99,8 @@ func (s *Server) scoped(pattern string, h func(http.ResponseWriter, *http.Reques
 		check = s.checkSandbox
 	case strings.Contains(pattern, "/snapshots/{id}"):
 		check = func(r *http.Request, p auth.Principal) error { return s.checkTemplate(r, p, false) }
+	case strings.Contains(pattern, "/templates/{templateID}"):
+		check = s.checkBuildTemplate
 	case strings.Contains(pattern, "/templates/{id}"):
 		check = func(r *http.Request, p auth.Principal) error {
 			return s.checkTemplate(r, p, r.Method == http.MethodDelete)
@@ -152,6 +154,30 @@ func (s *Server) checkTemplate(r *http.Request, p auth.Principal, change bool) e
 		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
 	case change && !p.Sees(t.TeamID):
 		return errdefs.Errorf(errdefs.ErrPermissionDenied, "template %q is public: only an admin may change it", id)
+	}
+	return nil
+}
+
+// checkBuildTemplate lets p reach the builds of a template (by its name,
+// E2B's template ID) only when the template, or while it has no record its
+// newest build, is p's team's.
+func (s *Server) checkBuildTemplate(r *http.Request, p auth.Principal) error {
+	id := r.PathValue("templateID")
+	t, err := s.catalog.GetTemplate(r.Context(), id)
+	switch {
+	case err == nil:
+		if !p.Uses(t.TeamID) {
+			return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
+		}
+		return nil
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return err
+	}
+	if s.cfg.Builds == nil {
+		return nil
+	}
+	if team, ok := s.cfg.Builds.TeamOf(id); ok && !p.Sees(team) {
+		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
 	}
 	return nil
 }

@@ -156,7 +156,8 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 		from = snap.ID
 	}
 	sb, err := s.node.Create(ctx, node.CreateRequest{Template: from, VCPU: b.vcpu, MemoryMB: b.memoryMB,
-		Timeout: s.cfg.BuildTimeout, Metadata: map[string]string{"aenv.build": b.id, "aenv.template": b.templateID}})
+		Timeout: s.cfg.BuildTimeout, Metadata: map[string]string{"aenv.build": b.id, "aenv.template": b.templateID},
+		TeamID: b.team})
 	if err != nil {
 		if errors.Is(err, node.ErrInvalid) {
 			return failStep(stepBase, "build sandbox: %v", err)

@@ -120,6 +120,9 @@ type build struct {
 	started    bool
 	vcpu       int
 	memoryMB   int
+	// team is the team that asked for the build: its sandbox, and so the
+	// template, are that team's.
+	team string
 }
 
 // New returns a service running builds on n, with COPY archives in
@@ -189,20 +192,25 @@ func (s *Service) Close() {
 // Uploads is where COPY archives are kept.
 func (s *Service) Uploads() *Uploads { return s.uploads }
 
-// Request registers a new build of the template name (E2B's POST
-// /v3/templates) and returns its build ID. The template's ID is its name.
-func (s *Service) Request(name string, vcpu, memoryMB int) (string, error) {
+// Request registers a new build of the template name for team (E2B's
+// POST /v3/templates) and returns its build ID. The template's ID is its
+// name; while this service remembers a build of the name by another team,
+// the name is taken.
+func (s *Service) Request(name, team string, vcpu, memoryMB int) (string, error) {
 	if err := template.CheckName(name); err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if name == template.BaseName {
 		return "", fmt.Errorf("%w: the base template cannot be rebuilt", ErrConflict)
 	}
-	b := &build{templateID: name, id: newBuildID(), status: StatusWaiting, vcpu: vcpu, memoryMB: memoryMB}
+	b := &build{templateID: name, id: newBuildID(), status: StatusWaiting, vcpu: vcpu, memoryMB: memoryMB, team: team}
 	b.logs.budget = s.logBudget
 	b.logs.reclaim = s.reclaimLogs
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if owner, ok := s.teamOfLocked(name); ok && owner != team {
+		return "", fmt.Errorf("%w: template name %q is taken", ErrConflict, name)
+	}
 	s.evictLocked()
 	s.builds[b.id] = b
 	s.order = append(s.order, b.id)
@@ -226,6 +234,23 @@ func (s *Service) evictLocked() {
 		delete(s.builds, s.order[i])
 		s.order = append(s.order[:i], s.order[i+1:]...)
 	}
+}
+
+// TeamOf returns the team of the newest build of templateID that this
+// service remembers; ok is false when it remembers none.
+func (s *Service) TeamOf(templateID string) (team string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.teamOfLocked(templateID)
+}
+
+func (s *Service) teamOfLocked(templateID string) (string, bool) {
+	for i := len(s.order) - 1; i >= 0; i-- {
+		if b := s.builds[s.order[i]]; b != nil && b.templateID == templateID {
+			return b.team, true
+		}
+	}
+	return "", false
 }
 
 func (s *Service) get(templateID, buildID string) (*build, error) {

@@ -153,6 +153,18 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 			t.Errorf("team B: %s %s: status %d, want 404; body %s", rt.method, rt.path, r.status, truncate(r.body))
 		}
 	}
+	// A's template build: B neither reads it nor builds over its name.
+	var buildA struct {
+		TemplateID string `json:"templateID"`
+		BuildID    string `json:"buildID"`
+	}
+	e.want(202, keyA, "POST", "/v3/templates", map[string]any{"name": "app-a"}).json(t, &buildA)
+	status := "/templates/app-a/builds/" + buildA.BuildID + "/status"
+	e.want(200, keyA, "GET", status, nil)
+	e.want(404, keyB, "GET", status, nil)
+	e.want(404, keyB, "GET", "/templates/app-a/files/"+strings.Repeat("ab", 32), nil)
+	e.want(409, keyB, "POST", "/v3/templates", map[string]any{"name": "app-a"})
+
 	// A name of A's cannot be taken over by B.
 	if r := e.call(keyB, "POST", "/sandboxes/"+sbB.SandboxID+"/snapshots", map[string]any{"name": "snap-a"}); r.status != 409 {
 		t.Errorf("team B snapshots under A's name: status %d, want 409; body %s", r.status, truncate(r.body))
