@@ -44,7 +44,7 @@ npm ci --no-audit --no-fund --loglevel=error
 if [[ $# -gt 0 ]]; then
   files=("$@")
 else
-  files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs templates.test.mjs edges.test.mjs hosts.test.mjs)
+  files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs templates.test.mjs edges.test.mjs hosts.test.mjs teams.test.mjs)
   if [[ "${AENV_E2E_LIFECYCLE:-}" == 1 ]]; then
     files+=(lifecycle.test.mjs resume.test.mjs fidelity.test.mjs)
   fi
