@@ -253,6 +253,7 @@ func TestTeamsSingleServer(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	e := newEndpoint(t, s.url)
+	checkTeamCLI(t, s)
 	keyA, keyB, keyBID := checkTeamIsolation(t, e)
 
 	// The operator's routes.
@@ -313,6 +314,49 @@ func TestTeamsSingleServer(t *testing.T) {
 	// Team B's sandbox survived all of it.
 	if got := ids(t, e.want(200, apiKey, "GET", "/sandboxes", nil), "sandboxID"); len(got) != 1 {
 		t.Errorf("after team A went: %v, want team B's sandbox alone", got)
+	}
+}
+
+// checkTeamCLI drives teams and keys through the real CLI: JSON for
+// scripts, exit codes that say what went wrong.
+func checkTeamCLI(t *testing.T, s *server) {
+	var team struct {
+		TeamID string `json:"teamID"`
+	}
+	if err := json.Unmarshal([]byte(s.cliOK("team", "create", "cli-team", "-o", "json")), &team); err != nil || team.TeamID != "cli-team" {
+		t.Fatalf("team create -o json: %+v %v", team, err)
+	}
+	var key struct {
+		ID, Key, Prefix string
+	}
+	out := s.cliOK("key", "create", "--team", "cli-team", "--name", "from-cli", "--expires", "1d", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &key); err != nil || !strings.HasPrefix(key.Key, key.Prefix) || key.Prefix == "" {
+		t.Fatalf("key create -o json: %s (%v)", out, err)
+	}
+	if out := s.cliOK("key", "ls", "--team", "cli-team"); !strings.Contains(out, key.Prefix) || strings.Contains(out, key.Key) ||
+		!strings.Contains(out, "from-cli") {
+		t.Fatalf("key ls shows the key itself or not its prefix and name:\n%s", out)
+	}
+	s.cliOK("ls", "--api-key", key.Key)
+	if out := s.cliOK("team", "ls", "--api-key", key.Key); !strings.Contains(out, "cli-team") || strings.Contains(out, "default") {
+		t.Fatalf("team ls with the team's key:\n%s", out)
+	}
+	if out, code := s.cli("team", "create", "other", "--api-key", key.Key); code == 0 || !strings.Contains(out, "admin") {
+		t.Fatalf("a team's key made a team: exit %d\n%s", code, out)
+	}
+	if out, code := s.cli("key", "create", "--expires", "soon"); code != 2 {
+		t.Fatalf("a bad --expires: exit %d, want 2 (usage)\n%s", code, out)
+	}
+	s.cliOK("key", "revoke", key.ID)
+	if out, code := s.cli("ls", "--api-key", key.Key); code != 4 {
+		t.Fatalf("a revoked key: exit %d, want 4 (authentication)\n%s", code, out)
+	}
+	if out := s.cliOK("key", "ls", "--team", "cli-team"); !strings.Contains(out, "revoked") {
+		t.Fatalf("key ls does not show the key revoked:\n%s", out)
+	}
+	s.cliOK("team", "rm", "cli-team")
+	if out, code := s.cli("team", "rm", "cli-team"); code != 3 {
+		t.Fatalf("removing a team twice: exit %d, want 3 (not found)\n%s", code, out)
 	}
 }
 
