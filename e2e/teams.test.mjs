@@ -4,7 +4,7 @@
 
 import { before, after, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, NotFoundError, AuthenticationError } from 'e2b'
+import { Sandbox, NotFoundError, AuthenticationError, RateLimitError } from 'e2b'
 import { useServer, eventually, rejectsWith } from './harness.mjs'
 
 describe('teams', () => {
@@ -22,8 +22,8 @@ describe('teams', () => {
     return text ? JSON.parse(text) : undefined
   }
 
-  async function team(name) {
-    await admin('POST', '/teams', { teamID: name })
+  async function team(name, maxSandboxes = 0) {
+    await admin('POST', '/teams', { teamID: name, maxSandboxes })
     return admin('POST', '/api-keys', { teamID: name, name: `${name}-sdk` })
   }
 
@@ -56,5 +56,17 @@ describe('teams', () => {
     await admin('DELETE', `/api-keys/${b.id}`)
     await eventually(() => rejectsWith(Sandbox.create('base', { apiKey: b.key }), AuthenticationError, 'revoked key'), { timeoutMs: 5_000 })
     assert.deepEqual(await listIds(a.key), [sbxA.sandboxId])
+  })
+
+  test("a team at its limit gets RateLimitError until it makes room", async () => {
+    const c = await team('sdk-capped', 1)
+    const first = await Sandbox.create('base', { apiKey: c.key, timeoutMs: 120_000 })
+    server.defer(() => first.kill().catch(() => {}))
+    const err = await rejectsWith(Sandbox.create('base', { apiKey: c.key }), RateLimitError, 'create over the limit')
+    assert.match(err.message, /limit of 1/)
+    await first.kill()
+    const second = await Sandbox.create('base', { apiKey: c.key, timeoutMs: 120_000 })
+    server.defer(() => second.kill().catch(() => {}))
+    assert.equal((await second.commands.run('echo room')).stdout, 'room\n')
   })
 })

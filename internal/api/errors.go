@@ -58,8 +58,21 @@ func statusOf(err error) (int, string) {
 	}
 }
 
+// HeaderLimit marks a refusal for a team's limit (429), which holds on
+// every node of a cluster: a gateway passes it to the client instead of
+// offering the request to another node.
+const HeaderLimit = "Aenv-Limit"
+
 func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	status, msg := statusOf(err)
+	if status == http.StatusTooManyRequests && w.Header().Get("Retry-After") == "" {
+		// A limit, not a failure: the client may try again (E2B's SDKs
+		// raise RateLimitError).
+		w.Header().Set("Retry-After", "1")
+	}
+	if errors.Is(err, store.ErrLimit) {
+		w.Header().Set(HeaderLimit, "team")
+	}
 	if status >= 500 {
 		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	} else {

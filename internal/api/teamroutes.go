@@ -20,6 +20,7 @@ func (s *Server) routeTeams() {
 	s.route("POST /teams", s.createTeam)
 	s.route("GET /teams", s.listTeams)
 	s.route("GET /teams/{team}", s.getTeam)
+	s.route("PATCH /teams/{team}", s.setTeamLimits)
 	s.route("DELETE /teams/{team}", s.deleteTeam)
 	s.route("POST /api-keys", s.createKey)
 	s.route("GET /api-keys", s.listKeys)
@@ -27,7 +28,7 @@ func (s *Server) routeTeams() {
 }
 
 func toTeamJSON(t *auth.Team) wire.Team {
-	return wire.Team{TeamID: t.ID, CreatedAt: t.CreatedAt}
+	return wire.Team{TeamID: t.ID, CreatedAt: t.CreatedAt, MaxSandboxes: t.MaxSandboxes}
 }
 
 func toKeyJSON(k *auth.Key) wire.APIKey {
@@ -56,7 +57,10 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) error {
 	if err := auth.ValidTeamID(req.TeamID); err != nil {
 		return err
 	}
-	t := &auth.Team{ID: req.TeamID, CreatedAt: time.Now().UTC()}
+	t := &auth.Team{ID: req.TeamID, CreatedAt: time.Now().UTC(), MaxSandboxes: req.MaxSandboxes}
+	if err := auth.ValidLimits(t); err != nil {
+		return err
+	}
 	if err := s.cfg.Teams.CreateTeam(r.Context(), t); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return errdefs.Errorf(errdefs.ErrConflict, "team %q already exists", req.TeamID)
@@ -103,6 +107,29 @@ func (s *Server) getTeam(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, toTeamJSON(t))
 	return nil
+}
+
+// setTeamLimits is PATCH /teams/{team}: a new limit applies to creates
+// from then on; sandboxes over it are not killed.
+func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
+	if !principal(r).Admin {
+		return errAdminOnly
+	}
+	var req wire.TeamLimits
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	t := &auth.Team{ID: r.PathValue("team"), MaxSandboxes: req.MaxSandboxes}
+	if err := auth.ValidLimits(t); err != nil {
+		return err
+	}
+	if err := s.cfg.Teams.SetTeamLimits(r.Context(), t); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", t.ID)
+		}
+		return err
+	}
+	return s.getTeam(w, r)
 }
 
 // liveStates are those of sandboxes that hold resources.

@@ -38,8 +38,9 @@ const shownPrefix = len(KeyPrefix) + 8
 type Team struct {
 	ID        string
 	CreatedAt time.Time
-	// MaxSandboxes bounds the team's live sandboxes (running or paused
-	// in memory); 0: no limit beyond the node's.
+	// MaxSandboxes bounds the team's sandboxes that exist at once (any
+	// state but dead: paused ones count too, so that a resume never
+	// passes it), cluster-wide; 0: no limit beyond the nodes'.
 	MaxSandboxes int
 }
 

@@ -25,18 +25,21 @@ team's. Creating and removing teams takes an admin key.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.teamCreateCommand(), a.teamLsCommand(), a.teamRmCommand())
+	cmd.AddCommand(a.teamCreateCommand(), a.teamLsCommand(), a.teamSetCommand(), a.teamRmCommand())
 	return cmd
 }
 
 func (a *app) teamCreateCommand() *cobra.Command {
 	var f serverFlags
 	var out outputFlag
+	var maxSandboxes int
 	cmd := &cobra.Command{
-		Use:     "create NAME",
-		Short:   "Create a team",
-		Long:    `Create a team named NAME (lower-case letters, digits and dashes). Then make it a key: aenv key create --team NAME.`,
-		Example: "  aenv team create lab-a\n  aenv key create --team lab-a --name trainer",
+		Use:   "create NAME",
+		Short: "Create a team",
+		Long: `Create a team named NAME (lower-case letters, digits and dashes). Then make it a key: aenv key create --team NAME.
+--max-sandboxes bounds the team's sandboxes that exist at once (paused ones count), on every node of a
+cluster together; a create past it is refused with 429.`,
+		Example: "  aenv team create lab-a --max-sandboxes 200\n  aenv key create --team lab-a --name trainer",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			asJSON, err := out.json()
@@ -47,7 +50,7 @@ func (a *app) teamCreateCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			t, err := c.CreateTeam(cmd.Context(), argv[0])
+			t, err := c.CreateTeam(cmd.Context(), argv[0], maxSandboxes)
 			if err != nil {
 				return err
 			}
@@ -60,7 +63,47 @@ func (a *app) teamCreateCommand() *cobra.Command {
 	}
 	addServerFlags(cmd, &f)
 	addOutputFlag(cmd, &out)
+	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes the team may have at once (0: no limit)")
 	return cmd
+}
+
+func (a *app) teamSetCommand() *cobra.Command {
+	var f serverFlags
+	var maxSandboxes int
+	cmd := &cobra.Command{
+		Use:   "set NAME --max-sandboxes N",
+		Short: "Change a team's limits",
+		Long: `Change a team's limits. A lower limit refuses creates from then on; sandboxes already over it are
+not killed. 0 lifts the limit.`,
+		Example: "  aenv team set lab-a --max-sandboxes 500",
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			if !cmd.Flags().Changed("max-sandboxes") {
+				return usageError{errors.New("give --max-sandboxes")}
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			t, err := c.SetTeamLimits(cmd.Context(), argv[0], maxSandboxes)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\n", t.TeamID, limitOrNone(t.MaxSandboxes))
+			return nil
+		},
+	}
+	addServerFlags(cmd, &f)
+	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes the team may have at once (0: no limit)")
+	return cmd
+}
+
+// limitOrNone shows a limit, "none" for 0.
+func limitOrNone(n int) string {
+	if n == 0 {
+		return "none"
+	}
+	return strconv.Itoa(n)
 }
 
 func (a *app) teamLsCommand() *cobra.Command {
@@ -89,9 +132,9 @@ func (a *app) teamLsCommand() *cobra.Command {
 				return writeJSON(a.stdout, raws(teams, func(t client.Team) json.RawMessage { return t.Raw }))
 			}
 			now := a.now()
-			t := newTable(a.stdout, "TEAM", "CREATED")
+			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "CREATED")
 			for _, team := range teams {
-				t.row(team.TeamID, timeAgo(now, team.CreatedAt))
+				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), timeAgo(now, team.CreatedAt))
 			}
 			return t.flush()
 		},

@@ -11,9 +11,10 @@ import (
 
 // Team is a team, as GET /teams reports it.
 type Team struct {
-	TeamID    string          `json:"teamID"`
-	CreatedAt time.Time       `json:"createdAt"`
-	Raw       json.RawMessage `json:"-"`
+	TeamID       string          `json:"teamID"`
+	CreatedAt    time.Time       `json:"createdAt"`
+	MaxSandboxes int             `json:"maxSandboxes"` // 0: no limit
+	Raw          json.RawMessage `json:"-"`
 }
 
 // APIKey is an API key's record; Key holds the key itself only in the
@@ -47,10 +48,22 @@ type DeletedTeam struct {
 	Killed []string `json:"killed"`
 }
 
-// CreateTeam makes a team (admin keys only).
-func (c *Client) CreateTeam(ctx context.Context, id string) (Team, error) {
+// CreateTeam makes a team (admin keys only) with at most maxSandboxes
+// sandboxes at once (0: no limit).
+func (c *Client) CreateTeam(ctx context.Context, id string, maxSandboxes int) (Team, error) {
 	var raw json.RawMessage
-	if _, err := c.DoJSON(ctx, http.MethodPost, "/teams", nil, map[string]string{"teamID": id}, &raw); err != nil {
+	body := map[string]any{"teamID": id, "maxSandboxes": maxSandboxes}
+	if _, err := c.DoJSON(ctx, http.MethodPost, "/teams", nil, body, &raw); err != nil {
+		return Team{}, err
+	}
+	return decodeRaw[Team](raw, func(t *Team, raw json.RawMessage) { t.Raw = raw })
+}
+
+// SetTeamLimits changes a team's limits (admin keys only).
+func (c *Client) SetTeamLimits(ctx context.Context, id string, maxSandboxes int) (Team, error) {
+	var raw json.RawMessage
+	body := map[string]any{"maxSandboxes": maxSandboxes}
+	if _, err := c.DoJSON(ctx, http.MethodPatch, "/teams/"+url.PathEscape(id), nil, body, &raw); err != nil {
 		return Team{}, err
 	}
 	return decodeRaw[Team](raw, func(t *Team, raw json.RawMessage) { t.Raw = raw })

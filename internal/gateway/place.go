@@ -163,7 +163,8 @@ func (g *Gateway) resumeCreate(w http.ResponseWriter, r *http.Request, run *shar
 	if err != nil {
 		return unknown(fmt.Sprintf("did not answer (%v)", err))
 	}
-	if resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests {
+	if (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) &&
+		resp.Header.Get(api.HeaderLimit) == "" {
 		resp.Body.Close()
 		return false
 	}
@@ -203,7 +204,10 @@ func (g *Gateway) sendFirst(r *http.Request, order []*nodeState, body []byte, be
 			}
 			return nil, n, last, err
 		}
-		if slices.Contains(refused, resp.StatusCode) {
+		// A team at its limit is at it on every node (the limit is the
+		// cluster's): that answer is the client's, not a reason to try
+		// another node.
+		if slices.Contains(refused, resp.StatusCode) && resp.Header.Get(api.HeaderLimit) == "" {
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
 			last = fmt.Sprintf("node %s: %s", n.ID, bytes.TrimSpace(msg))

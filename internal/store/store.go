@@ -24,6 +24,10 @@ var ErrConflict = errdefs.New(errdefs.ErrConflict, "already exists")
 // told to retry rather than that the server failed.
 var ErrUnavailable = errdefs.New(errdefs.ErrUnavailable, "database unavailable")
 
+// ErrLimit is returned when a write would take a team past one of its
+// limits (auth.Team): the caller is told to retry once it has made room.
+var ErrLimit = errdefs.New(errdefs.ErrResourceExhausted, "limit reached")
+
 // ErrFull is returned when the database cannot write because its disk is
 // full.
 var ErrFull = errdefs.New(errdefs.ErrInsufficientStorage, "database disk full")
@@ -261,6 +265,11 @@ type Store interface {
 	// its root filesystem and DeleteTemplate drops it; an UpdateSandbox to
 	// StateDead and DeleteSandbox drop the sandbox's, each in the
 	// transaction that writes the record.
+
+	// CreateSandbox and CreateSandboxHolding refuse, with ErrLimit, a
+	// sandbox whose team already has as many sandboxes that are not dead
+	// as its limit allows; the count and the insert are one transaction,
+	// serialized per team, so concurrent creates never pass it together.
 
 	// CreateSandboxHolding is CreateSandbox that, in the same transaction,
 	// takes the sandbox's reference to the root filesystem at rootfs:

@@ -576,6 +576,8 @@ type NewSnapshot struct {
 
 // NewTeam defines model for NewTeam.
 type NewTeam struct {
+	MaxSandboxes int `json:"maxSandboxes,omitempty"`
+
 	// TeamID 1 to 63 lower-case letters, digits and dashes, starting with a letter or digit.
 	TeamID string `json:"teamID"`
 }
@@ -710,7 +712,16 @@ type Snapshot struct {
 // Team defines model for Team.
 type Team struct {
 	CreatedAt time.Time `json:"createdAt"`
-	TeamID    string    `json:"teamID"`
+
+	// MaxSandboxes Sandboxes of the team that may exist at once (not killed), cluster-wide; 0: no limit.
+	MaxSandboxes int    `json:"maxSandboxes"`
+	TeamID       string `json:"teamID"`
+}
+
+// TeamLimits defines model for TeamLimits.
+type TeamLimits struct {
+	// MaxSandboxes 0: no limit.
+	MaxSandboxes int `json:"maxSandboxes"`
 }
 
 // Template defines model for Template.
@@ -1015,6 +1026,9 @@ type ForkSnapshotJSONRequestBody = ForkRequest
 
 // CreateTeamJSONRequestBody defines body for CreateTeam for application/json ContentType.
 type CreateTeamJSONRequestBody = NewTeam
+
+// SetTeamLimitsJSONRequestBody defines body for SetTeamLimits for application/json ContentType.
+type SetTeamLimitsJSONRequestBody = TeamLimits
 
 // CreateTemplateJSONRequestBody defines body for CreateTemplate for application/json ContentType.
 type CreateTemplateJSONRequestBody = NewTemplate

@@ -387,3 +387,67 @@ func TestTeamsThroughGateways(t *testing.T) {
 		t.Errorf("the revoked key worked for %s on the other gateway, want about a second", took)
 	}
 }
+
+// A team's limit holds cluster-wide: a burst of creates through two
+// gateways over two nodes makes exactly the limit's worth of sandboxes,
+// the rest refused with 429 (E2B's RateLimitError) and Retry-After, never
+// offered to another node; a killed sandbox makes room.
+func TestTeamLimitThroughGateways(t *testing.T) {
+	c := newCluster(t)
+	c.addNode("node-a")
+	c.addNode("node-b")
+	g1, g2 := c.addGateway(), c.addGateway()
+	g1.waitReady(t, "node-a", "node-b")
+	e1, e2 := newEndpoint(t, g1.url), newEndpoint(t, g2.url)
+	const limit, burst = 4, 16
+	e1.want(201, apiKey, "POST", "/teams", map[string]any{"teamID": "capped", "maxSandboxes": limit})
+	var k struct {
+		Key string `json:"key"`
+	}
+	e1.want(201, apiKey, "POST", "/api-keys", map[string]any{"teamID": "capped"}).json(t, &k)
+
+	type result struct {
+		r  response
+		at string
+	}
+	results := make(chan result, burst)
+	for i := range burst {
+		e := []endpoint{e1, e2}[i%2]
+		go func() {
+			results <- result{e.call(k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 300}), e.url}
+		}()
+	}
+	var made []string
+	for range burst {
+		res := <-results
+		switch res.r.status {
+		case 201:
+			var sb client.Sandbox
+			res.r.json(t, &sb)
+			made = append(made, sb.SandboxID)
+		case 429:
+			if res.r.header.Get("Retry-After") == "" || !strings.Contains(string(res.r.body), "limit of 4") {
+				t.Errorf("refusal through %s: headers %v, body %s; want Retry-After and the limit named", res.at, res.r.header, res.r.body)
+			}
+		default:
+			t.Errorf("create through %s: status %d, want 201 or 429; body %s", res.at, res.r.status, truncate(res.r.body))
+		}
+	}
+	if len(made) != limit {
+		t.Fatalf("a burst of %d creates made %d sandboxes of a team limited to %d", burst, len(made), limit)
+	}
+	if got := ids(t, e2.want(200, k.Key, "GET", "/sandboxes", nil), "sandboxID"); len(got) != limit {
+		t.Fatalf("the team lists %v, want its %d sandboxes", got, limit)
+	}
+	// Paused sandboxes count: a pause makes no room.
+	e1.want(204, k.Key, "POST", "/sandboxes/"+made[0]+"/pause", nil)
+	e2.want(429, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
+	e1.want(204, k.Key, "DELETE", "/sandboxes/"+made[0], nil)
+	e2.want(201, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
+	// A raised limit applies at once, on every gateway.
+	e1.want(200, apiKey, "PATCH", "/teams/capped", map[string]any{"maxSandboxes": limit + 1})
+	e2.want(201, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
+	e1.want(429, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
+	e1.want(400, apiKey, "PATCH", "/teams/capped", map[string]any{"maxSandboxes": -1})
+	e1.want(404, apiKey, "PATCH", "/teams/no-such-team", map[string]any{"maxSandboxes": 1})
+}

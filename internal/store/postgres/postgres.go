@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -101,12 +102,41 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID)...)
-	if err != nil {
-		if isUniqueViolation(err) {
-			return dbError("create sandbox %s: %w", sb.ID, store.ErrConflict)
+	return s.inTx(ctx, "create sandbox "+sb.ID, func(tx pgx.Tx) error {
+		if err := checkTeamLimit(ctx, tx, sb.TeamID); err != nil {
+			return err
 		}
-		return dbError("create sandbox %s: %w", sb.ID, err)
+		_, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID)...)
+		if err != nil && isUniqueViolation(err) {
+			return store.ErrConflict
+		}
+		return err
+	})
+}
+
+// checkTeamLimit refuses one more sandbox of team when it has as many as
+// its limit allows, cluster-wide. The team's row is locked until tx ends,
+// so the creates of one team, on any node, count and insert one at a
+// time; other teams' do not wait.
+func checkTeamLimit(ctx context.Context, tx pgx.Tx, team string) error {
+	if team == "" {
+		return nil
+	}
+	var max int64
+	err := tx.QueryRow(ctx, `SELECT max_sandboxes FROM teams WHERE id = $1 FOR UPDATE`, team).Scan(&max)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && max == 0) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM sandboxes WHERE team_id = $1 AND state <> 'dead'`,
+		team).Scan(&n); err != nil {
+		return err
+	}
+	if n >= max {
+		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, max, store.ErrLimit)
 	}
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
@@ -35,7 +34,7 @@ func TestStore(t *testing.T) {
 
 func TestTeams(t *testing.T) {
 	srv := pgtest.New(t)
-	storetest.RunTeams(t, func(t *testing.T) auth.Store { return open(t, srv.NewDatabase(t)) })
+	storetest.RunTeams(t, func(t *testing.T) storetest.TeamStore { return open(t, srv.NewDatabase(t)) })
 }
 
 // A database made before references gets them from its records.

@@ -144,12 +144,41 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID)...)
-	if err != nil {
-		if isUniqueViolation(err) {
-			return fmt.Errorf("create sandbox %s: %w", sb.ID, store.ErrConflict)
+	err = s.inTx(ctx, "create sandbox "+sb.ID, func(tx *sql.Tx) error {
+		if err := checkTeamLimit(ctx, tx, sb.TeamID); err != nil {
+			return err
 		}
-		return fmt.Errorf("create sandbox %s: %w", sb.ID, classify(err))
+		_, err := tx.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID)...)
+		if err != nil && isUniqueViolation(err) {
+			return store.ErrConflict
+		}
+		return err
+	})
+	return err
+}
+
+// checkTeamLimit refuses one more sandbox of team when it has as many as
+// its limit allows. The store has one connection, so transactions, and
+// with them counts and inserts, run one at a time.
+func checkTeamLimit(ctx context.Context, tx *sql.Tx, team string) error {
+	if team == "" {
+		return nil
+	}
+	var max int
+	err := tx.QueryRowContext(ctx, `SELECT max_sandboxes FROM teams WHERE id = ?`, team).Scan(&max)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && max == 0) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE team_id = ? AND state <> 'dead'`,
+		team).Scan(&n); err != nil {
+		return err
+	}
+	if n >= max {
+		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, max, store.ErrLimit)
 	}
 	return nil
 }
@@ -160,6 +189,9 @@ func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, roo
 		return err
 	}
 	return s.inTx(ctx, "create sandbox "+sb.ID, func(tx *sql.Tx) error {
+		if err := checkTeamLimit(ctx, tx, sb.TeamID); err != nil {
+			return err
+		}
 		if err := holdRootfs(ctx, tx, store.RefSandbox, sb.ID, rootfs); err != nil {
 			return err
 		}

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
 )
@@ -23,7 +22,7 @@ func TestStore(t *testing.T) {
 }
 
 func TestTeams(t *testing.T) {
-	storetest.RunTeams(t, func(t *testing.T) auth.Store {
+	storetest.RunTeams(t, func(t *testing.T) storetest.TeamStore {
 		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
 		if err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,11 +11,113 @@ import (
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
-// RunTeams runs the shared suite of teams and API keys; newStore returns
-// a fresh store.
-func RunTeams(t *testing.T, newStore func(t *testing.T) auth.Store) {
+// TeamStore keeps sandboxes, and teams with their keys and limits.
+type TeamStore interface {
+	store.Store
+	auth.Store
+}
+
+// RunTeams runs the shared suite of teams, API keys and limits; newStore
+// returns a fresh store.
+func RunTeams(t *testing.T, newStore func(t *testing.T) TeamStore) {
 	t.Run("Teams", func(t *testing.T) { testTeams(t, newStore(t)) })
 	t.Run("Keys", func(t *testing.T) { testKeys(t, newStore(t)) })
+	t.Run("Limit", func(t *testing.T) { testTeamLimit(t, newStore(t)) })
+	t.Run("LimitRace", func(t *testing.T) { testTeamLimitRace(t, newStore(t)) })
+}
+
+// A team's limit counts its sandboxes that are not dead; another team's,
+// and sandboxes of no team, are not counted against it.
+func testTeamLimit(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	for _, id := range []string{"lim", "free"} {
+		if err := s.CreateTeam(ctx, &auth.Team{ID: id, CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "lim", MaxSandboxes: 2}); err != nil {
+		t.Fatal(err)
+	}
+	create := func(id, team string, holding bool) error {
+		sb := sandbox(id, store.StateRunning, now, nil)
+		sb.TeamID = team
+		if holding {
+			return s.CreateSandboxHolding(ctx, sb, "/r")
+		}
+		return s.CreateSandbox(ctx, sb)
+	}
+	if err := s.PutTemplate(ctx, &store.Template{ID: "t1", Name: "t1", RootfsPath: "/r", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := create("l1", "lim", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := create("l2", "lim", true); err != nil {
+		t.Fatal(err)
+	}
+	for _, holding := range []bool{false, true} {
+		if err := create("l3", "lim", holding); !errors.Is(err, store.ErrLimit) {
+			t.Fatalf("a third sandbox over a limit of 2 (holding %v): %v, want ErrLimit", holding, err)
+		}
+	}
+	for i, team := range []string{"free", "free", "free", "", "no-such-team"} {
+		if err := create("o"+string(rune('a'+i)), team, false); err != nil {
+			t.Fatalf("a sandbox of team %q: %v", team, err)
+		}
+	}
+	// A dead sandbox makes room.
+	l1, err := s.GetSandbox(ctx, "l1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1.State = store.StateDead
+	if err := s.UpdateSandbox(ctx, l1); err != nil {
+		t.Fatal(err)
+	}
+	if err := create("l3", "lim", true); err != nil {
+		t.Fatalf("after one died: %v", err)
+	}
+	// 0 lifts the limit.
+	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "lim"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := create("l4", "lim", false); err != nil {
+		t.Fatalf("without a limit: %v", err)
+	}
+}
+
+// Concurrent creates of one team never pass its limit together.
+func testTeamLimitRace(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	const limit, tries = 5, 24
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "burst", CreatedAt: now, MaxSandboxes: limit}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "burst", MaxSandboxes: limit}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, tries)
+	for i := range tries {
+		go func() {
+			sb := sandbox(fmt.Sprintf("b%02d", i), store.StateStarting, now, nil)
+			sb.TeamID = "burst"
+			errs <- s.CreateSandbox(ctx, sb)
+		}()
+	}
+	created := 0
+	for range tries {
+		switch err := <-errs; {
+		case err == nil:
+			created++
+		case !errors.Is(err, store.ErrLimit):
+			t.Errorf("create: %v, want nil or ErrLimit", err)
+		}
+	}
+	if created != limit {
+		t.Fatalf("%d of %d concurrent creates passed a limit of %d", created, tries, limit)
+	}
 }
 
 func testTeams(t *testing.T, s auth.Store) {

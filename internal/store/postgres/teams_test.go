@@ -1,0 +1,86 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
+)
+
+// A create that counts a team's sandboxes while another create of the
+// team is between its count and its commit waits for it, and then counts
+// its sandbox: the limit holds across nodes (each with its own
+// connections), not only for creates that happen not to overlap.
+func TestTeamLimitWaitsForConcurrentCreate(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgtest.New(t).NewDatabase(t))
+	now := time.Unix(1700000000, 0).UTC()
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "one", CreatedAt: now, MaxSandboxes: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "one", MaxSandboxes: 1}); err != nil {
+		t.Fatal(err)
+	}
+	newSandbox := func(id string) *store.Sandbox {
+		return &store.Sandbox{ID: id, TemplateID: "t", State: store.StateStarting, StartedAt: now, UpdatedAt: now,
+			EndAt: now, SlotIndex: -1, TeamID: "one"}
+	}
+
+	// The first create, held open between its check and its commit.
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if err := checkTeamLimit(ctx, tx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	args, err := sandboxArgs(s.box, newSandbox("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, "one")...); err != nil {
+		t.Fatal(err)
+	}
+
+	second := make(chan error, 1)
+	go func() { second <- s.CreateSandbox(ctx, newSandbox("second")) }()
+	// The second either waits for the first's lock or (the defect) has
+	// already passed its check.
+	var done error
+	finished := false
+	deadline := time.Now().Add(30 * time.Second)
+	for !finished {
+		select {
+		case done = <-second:
+			finished = true
+			continue
+		default:
+		}
+		var waiting int
+		if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second create neither finished nor waited in 30 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if finished {
+		t.Fatalf("the second create finished (%v) while the first was uncommitted: both passed the limit of 1", done)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("the second create after the first committed: %v, want ErrLimit", err)
+	}
+}
