@@ -25,6 +25,9 @@ func (downCatalog) err(what string) error {
 func (c downCatalog) Get(context.Context, string) (*store.Sandbox, error) {
 	return nil, c.err("get sandbox")
 }
+func (c downCatalog) SandboxTeam(context.Context, string) (string, error) {
+	return "", c.err("get sandbox")
+}
 func (c downCatalog) List(context.Context, store.SandboxFilter) ([]*store.Sandbox, error) {
 	return nil, c.err("list sandboxes")
 }

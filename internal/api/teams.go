@@ -128,13 +128,13 @@ func (s *Server) checkSandboxID(r *http.Request, id string) error {
 	if p.Admin {
 		return nil
 	}
-	sb, err := s.catalog.Get(r.Context(), id)
+	team, err := s.catalog.SandboxTeam(r.Context(), id)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
 		return nil // the handler says so, in its words
 	case err != nil:
 		return err
-	case !p.Sees(sb.TeamID):
+	case !p.Sees(team):
 		return errdefs.Errorf(errdefs.ErrNotFound, "sandbox %q not found", id)
 	}
 	return nil

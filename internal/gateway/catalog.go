@@ -43,6 +43,14 @@ func (c *catalog) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	return sb, nil
 }
 
+func (c *catalog) SandboxTeam(ctx context.Context, id string) (string, error) {
+	sb, err := c.Get(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return sb.TeamID, nil
+}
+
 func (c *catalog) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
 	c.g.queries.Add(1)
 	all, err := c.g.db.ListSandboxes(ctx, f)

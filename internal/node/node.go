@@ -54,6 +54,10 @@ var (
 // database.
 type Catalog interface {
 	Get(ctx context.Context, id string) (*store.Sandbox, error)
+	// SandboxTeam returns the team of sandbox id. A sandbox's team never
+	// changes, so a node answers from memory for the sandboxes it holds:
+	// the team check of every call costs no database round trip.
+	SandboxTeam(ctx context.Context, id string) (string, error)
 	List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	GetTemplate(ctx context.Context, idOrName string) (*store.Template, error)
 	ListTemplates(ctx context.Context) ([]*store.Template, error)

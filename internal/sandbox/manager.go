@@ -410,6 +410,24 @@ func (m *Manager) Get(ctx context.Context, id string) (*store.Sandbox, error) {
 	return sb, err
 }
 
+// SandboxTeam returns the team of sandbox id: from its entry while the
+// node holds it, else from its record.
+func (m *Manager) SandboxTeam(ctx context.Context, id string) (string, error) {
+	if m.hidden(id) {
+		return "", fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
+	}
+	if e := m.entry(id); e != nil {
+		if v := e.view(); v != nil && v.sb != nil {
+			return v.sb.TeamID, nil
+		}
+	}
+	sb, err := m.Get(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return sb.TeamID, nil
+}
+
 // List returns sandbox records matching f.
 func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
 	all, err := m.store.ListSandboxes(ctx, f)

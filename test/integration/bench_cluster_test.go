@@ -177,3 +177,55 @@ func BenchmarkGatewayCreateRate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTeamKeyExec: what teams cost a call. /execute of `true`
+// through a gateway, made with the operator's key and with a team's key
+// (looked up in the cluster's database, at most every 0.5 s, and checked
+// against the sandbox's team on the node), alternately on the same
+// sandbox.
+func BenchmarkTeamKeyExec(b *testing.B) {
+	c := newCluster(b)
+	c.addNode("node-a")
+	g := c.addGateway()
+	g.waitReady(b, "node-a")
+	ctx := context.Background()
+	if _, err := g.api.DoJSON(ctx, http.MethodPost, "/teams", nil, map[string]any{"teamID": "bench"}, nil); err != nil {
+		b.Fatal(err)
+	}
+	var k struct {
+		Key string `json:"key"`
+	}
+	if _, err := g.api.DoJSON(ctx, http.MethodPost, "/api-keys", nil, map[string]any{"teamID": "bench"}, &k); err != nil {
+		b.Fatal(err)
+	}
+	team := client.New(client.Config{URL: g.url, APIKey: k.Key})
+	sb, err := team.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: "base"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	exec := func(api *client.Client) time.Duration {
+		start := time.Now()
+		if _, err := api.Execute(ctx, sb.SandboxID, client.ExecuteRequest{Command: "true"}); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	for range 3 {
+		exec(g.api)
+		exec(team)
+	}
+	var operator, teamKey []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		operator = append(operator, exec(g.api))
+		teamKey = append(teamKey, exec(team))
+	}
+	b.StopTimer()
+	o50, o99 := percentiles(operator)
+	t50, t99 := percentiles(teamKey)
+	b.ReportMetric(o50, "operator-p50-ms")
+	b.ReportMetric(o99, "operator-p99-ms")
+	b.ReportMetric(t50, "team-p50-ms")
+	b.ReportMetric(t99, "team-p99-ms")
+	b.ReportMetric(t50-o50, "added-p50-ms")
+}
