@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end suite: the official E2B JavaScript SDK (e2b@2.51.0, pinned in
-# package-lock.json) against real `aenv server`s with real gVisor sandboxes.
+# package-lock.json), and its Code Interpreter SDK (@e2b/code-interpreter),
+# against real `aenv server`s with real gVisor sandboxes.
 # Needs root and a built bin/ (make build); AENV_BIN_DIR overrides ../bin.
 # With a race-enabled aenv there (make test's bin/race), a race the
 # detector reports in a server or gateway fails the suite.
@@ -44,7 +45,8 @@ npm ci --no-audit --no-fund --loglevel=error
 if [[ $# -gt 0 ]]; then
   files=("$@")
 else
-  files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs templates.test.mjs edges.test.mjs hosts.test.mjs teams.test.mjs)
+  files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs templates.test.mjs edges.test.mjs hosts.test.mjs
+    teams.test.mjs code-interpreter.test.mjs)
   if [[ "${AENV_E2E_LIFECYCLE:-}" == 1 ]]; then
     files+=(lifecycle.test.mjs resume.test.mjs fidelity.test.mjs)
   fi

@@ -15,7 +15,7 @@ runtime=(debootstrap debian-archive-keyring ca-certificates)
 # run); util-linux's unshare and mount give the SDK suite's https test a
 # resolv.conf of its own; systemd's systemd-analyze verifies the units in
 # deploy/systemd.
-development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container)
+development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython)
 
 packages=("${runtime[@]}")
 case "${1:-}" in

@@ -8,10 +8,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/codeinterp"
 	"github.com/aenv-dev/aenv/internal/envd"
 )
 
@@ -37,8 +39,39 @@ func runServe(ctx context.Context, opts options, log *slog.Logger) error {
 		cfg.State = &state
 		cfg.HandOver = conn.send
 	}
+	// The code interpreter is served where the template asks for it; its
+	// default kernel starts at /init, once the user and env vars are known.
+	var ci *codeinterp.Service
+	_, markerErr := os.Stat(codeinterp.MarkerFile)
+	if markerErr == nil {
+		cfg.OnInit = func() { ci.Warm() }
+	}
 	srv := envd.New(cfg)
 	defer srv.Close()
+	if markerErr == nil {
+		ci = codeinterp.New(codeinterp.Config{
+			Logger: log.With("component", "code-interpreter"),
+			Prepare: func(cmd *exec.Cmd, cwd string) error {
+				return srv.PrepareKernel(cmd, cwd, nil)
+			},
+			Token: srv.AccessToken,
+		})
+		defer ci.Close()
+		ciAddr := net.JoinHostPort(opts.listenAddr, strconv.Itoa(codeinterp.Port))
+		var lc net.ListenConfig
+		ciLn, err := lc.Listen(ctx, "tcp", ciAddr)
+		if err != nil {
+			return fmt.Errorf("code interpreter: listen %s: %w", ciAddr, err)
+		}
+		ciSrv := &http.Server{Handler: ci.Handler(), ReadHeaderTimeout: 30 * time.Second}
+		defer ciSrv.Close()
+		go func() {
+			if err := ciSrv.Serve(ciLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("code interpreter stopped serving", "err", err)
+			}
+		}()
+		log.Info("code interpreter serving", "addr", ciAddr)
+	}
 	ln, addr, err := serveListener(ctx, opts)
 	if err != nil {
 		return err

@@ -141,5 +141,8 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.log.Info("initialized", "defaultUser", next.DefaultUser, "envVars", len(req.EnvVars), "tokenSet", req.AccessToken != nil)
+	if s.onInit != nil {
+		s.onInit()
+	}
 	w.WriteHeader(http.StatusNoContent)
 }

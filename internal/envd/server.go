@@ -36,6 +36,10 @@ type Config struct {
 	// before the change takes effect; if it fails, /init fails and changes
 	// nothing. The supervisor keeps it for the next envd it starts.
 	HandOver func(State) error
+	// OnInit, when set, is called after each successful /init: the code
+	// interpreter starts its default kernel once the sandbox's user and
+	// env vars are known.
+	OnInit func()
 }
 
 // Server holds envd's state. Its zero value is not usable; call New.
@@ -48,6 +52,7 @@ type Server struct {
 	cpu      *cpuSampler
 	resolv   string // resolv.conf path /init rewrites
 	handOver func(State) error
+	onInit   func()
 	// initMu orders /init calls: each checks the token, hands the new
 	// State over and applies it as one step.
 	initMu sync.Mutex
@@ -69,6 +74,7 @@ func New(cfg Config) *Server {
 		cpu:      &cpuSampler{},
 		resolv:   cfg.ResolvConfPath,
 		handOver: cfg.HandOver,
+		onInit:   cfg.OnInit,
 	}
 	s.procs = newProcessService(s)
 	s.fs = newFilesystemService(s)

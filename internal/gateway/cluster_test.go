@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,86 @@ func TestCreateAcrossNodes(t *testing.T) {
 			}
 			if n := b.count("POST /sandboxes"); n != tc.secondCalls {
 				t.Errorf("second node asked %d times, want %d", n, tc.secondCalls)
+			}
+		})
+	}
+}
+
+// The code interpreter template (by name or alias) is built on a node's
+// first use: with no copy anywhere a create still goes to a node (the
+// first ready one with room, by ID, so that a retry finds the build going
+// on there), a node holding a copy is offered it first, and the node
+// builds it when every holder is full. Other templates no node holds are
+// not found.
+func TestCreateBuiltOnFirstUse(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		template   string
+		holders    []string // nodes with a copy of code-interpreter-v1
+		full       []string // nodes with no room
+		down       []string // nodes without a heartbeat
+		wantStatus int
+		wantCalls  []string // in order
+	}{
+		{name: "no copy: the first node by ID builds it", template: "code-interpreter-v1",
+			wantStatus: 201, wantCalls: []string{"a"}},
+		{name: "the alias is the same template", template: "code-interpreter",
+			wantStatus: 201, wantCalls: []string{"a"}},
+		{name: "no copy, first node down", template: "code-interpreter", down: []string{"a"},
+			wantStatus: 201, wantCalls: []string{"b"}},
+		{name: "no copy, first node full", template: "code-interpreter-v1", full: []string{"a"},
+			wantStatus: 201, wantCalls: []string{"b"}},
+		{name: "the holder is offered it first", template: "code-interpreter", holders: []string{"c"},
+			wantStatus: 201, wantCalls: []string{"c"}},
+		{name: "the holder full: another builds it", template: "code-interpreter-v1", holders: []string{"c"},
+			full: []string{"c"}, wantStatus: 201, wantCalls: []string{"a"}},
+		{name: "an unknown template is not found", template: "no-such-template", wantStatus: 404},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var calls []string
+			var got []string // template IDs the nodes were sent
+			handler := func(id string) http.HandlerFunc {
+				return func(w http.ResponseWriter, r *http.Request) {
+					var req struct {
+						TemplateID string `json:"templateID"`
+					}
+					json.NewDecoder(r.Body).Decode(&req)
+					mu.Lock()
+					calls = append(calls, id)
+					got = append(got, req.TemplateID)
+					mu.Unlock()
+					writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": "sb-" + id})
+				}
+			}
+			db := newFakeStore()
+			for _, id := range []string{"a", "b", "c"} {
+				n := newFakeNode(t, id, handler(id))
+				used := 0
+				if slices.Contains(tc.full, id) {
+					used = 10
+				}
+				db.nodes = append(db.nodes, nodeRecord(n, 10, used, slices.Contains(tc.down, id)))
+			}
+			for _, id := range tc.holders {
+				db.templates = append(db.templates, &store.Template{ID: "tpl-" + id, Name: "code-interpreter-v1", NodeID: id,
+					MemoryMB: 1024})
+			}
+			g := newTestGateway(t, db)
+			w := call(t, g, context.Background(), http.MethodPost, "/sandboxes", "", map[string]string{"templateID": tc.template})
+			if w.Code != tc.wantStatus {
+				t.Fatalf("status %d (%s), want %d", w.Code, w.Body, tc.wantStatus)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(calls, tc.wantCalls) {
+				t.Errorf("nodes asked %v, want %v", calls, tc.wantCalls)
+			}
+			for _, id := range got {
+				// The node resolves the name as the client gave it.
+				if id != tc.template {
+					t.Errorf("node sent template %q, want %q", id, tc.template)
+				}
 			}
 		})
 	}

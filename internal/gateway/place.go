@@ -20,6 +20,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/template"
 	"github.com/aenv-dev/aenv/internal/tracing"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
@@ -80,23 +81,40 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	if tpl == "" {
 		tpl = "base"
 	}
-	copies, err := g.templateCopies(r.Context(), tpl, false)
+	// The code interpreter template is built-in but, unlike base, built
+	// on a node's first use of it: until then no node has a copy.
+	builtIn := template.IsCodeInterpreter(tpl)
+	lookup := tpl
+	if builtIn {
+		lookup = template.CodeInterpreterName // its records bear this name, never the alias
+	}
+	copies, err := g.templateCopies(r.Context(), lookup, false)
 	if err != nil {
 		g.forget(r, run)
 		g.databaseDown(w, r, err)
 		return
 	}
-	if len(copies) == 0 {
+	if len(copies) == 0 && !builtIn {
 		g.forget(r, run)
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", tpl))
 		return
 	}
 	candidates, why := g.holders(copies)
 	memory := req.MemoryMB
-	if memory <= 0 {
+	switch {
+	case memory > 0:
+	case len(copies) > 0:
 		memory = copies[0].MemoryMB // the template's size
+	default:
+		memory = template.CodeInterpreterMemoryMB
 	}
 	order := g.nodes.place(candidates, memory)
+	if builtIn {
+		// Nodes that have built it first; then the others, which build it
+		// for this create.
+		order = append(order, g.builders(copies, memory)...)
+		why += "; no other ready node has room to build it"
+	}
 	if len(order) == 0 {
 		g.forget(r, run)
 		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
@@ -333,6 +351,25 @@ func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
 		why += "; unreachable: " + strings.Join(unreachable, ", ")
 	}
 	return out, why
+}
+
+// builders orders the ready nodes with room that hold none of copies, for
+// a create of the code interpreter template, which such a node builds
+// first (minutes). They are in ID order, not by room: a client retrying a
+// create that timed out during the build reaches the node building it,
+// and builds gather on one node rather than each node making its own.
+func (g *Gateway) builders(copies []*store.Template, memoryMB int) []*nodeState {
+	held := map[string]bool{}
+	for _, t := range copies {
+		held[t.NodeID] = true
+	}
+	var out []*nodeState
+	for _, n := range g.nodes.current().list {
+		if n.ready() && !held[n.ID] && g.nodes.free(n, memoryMB) > 0 {
+			out = append(out, n)
+		}
+	}
+	return out // the view lists nodes by ID
 }
 
 // forwardAny forwards r to some ready node (for requests any node answers

@@ -76,6 +76,7 @@ type Manager struct {
 	base   BaseConfig
 	dirs   Dirs
 	logger *slog.Logger
+	ci     ciState
 }
 
 // NewManager returns a Manager over st.
@@ -83,9 +84,14 @@ func NewManager(st store.Store, base BaseConfig, dirs Dirs, logger *slog.Logger)
 	return &Manager{store: st, base: base, dirs: dirs, logger: logger}
 }
 
-// Get finds a template by ID or name.
+// Get finds a template by ID or name. The code interpreter template
+// (CodeInterpreterName or CodeInterpreterAlias) is built on its first use.
 func (m *Manager) Get(ctx context.Context, idOrName string) (*store.Template, error) {
-	return m.store.GetTemplate(ctx, idOrName)
+	tpl, err := m.store.GetTemplate(ctx, idOrName)
+	if errors.Is(err, store.ErrNotFound) && IsCodeInterpreter(idOrName) {
+		return m.ensureCodeInterpreter(ctx)
+	}
+	return tpl, err
 }
 
 // EnsureBase returns the base template, building its rootfs first if the
@@ -120,17 +126,25 @@ func (m *Manager) EnsureBase(ctx context.Context, newID func() string) (*store.T
 }
 
 // buildBaseRootfs builds (or finds in the cache) the base root filesystem
-// and returns its path. Builds are serialised across processes with a lock
-// file, and a build is only visible once complete (rename).
+// and returns its path.
 func (m *Manager) buildBaseRootfs(ctx context.Context) (string, error) {
-	dir := filepath.Join(m.base.CacheDir, "base-"+m.base.key())
+	return m.buildRootfs(ctx, "base", m.base, m.customise)
+}
+
+// buildRootfs builds (or finds in the cache) a debootstrap root filesystem
+// of cfg named name, finished by customise, and returns its path. Builds are
+// serialised across processes with a lock file, and a build is only visible
+// once complete (rename).
+func (m *Manager) buildRootfs(ctx context.Context, name string, cfg BaseConfig,
+	customise func(context.Context, string) error) (string, error) {
+	dir := filepath.Join(cfg.CacheDir, name+"-"+cfg.key())
 	rootfs := filepath.Join(dir, "rootfs")
-	if err := os.MkdirAll(m.base.CacheDir, 0o755); err != nil {
-		return "", fmt.Errorf("build base: %w", err)
+	if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
+		return "", fmt.Errorf("build %s: %w", name, err)
 	}
 	unlock, err := lockFile(ctx, dir+".lock")
 	if err != nil {
-		return "", fmt.Errorf("build base: %w", err)
+		return "", fmt.Errorf("build %s: %w", name, err)
 	}
 	defer unlock()
 	if _, err := os.Stat(filepath.Join(rootfs, "bin", "bash")); err == nil {
@@ -139,29 +153,29 @@ func (m *Manager) buildBaseRootfs(ctx context.Context) (string, error) {
 	}
 	tmp := dir + ".partial"
 	if err := os.RemoveAll(tmp); err != nil {
-		return "", fmt.Errorf("build base: clear %s: %w", tmp, err)
+		return "", fmt.Errorf("build %s: clear %s: %w", name, tmp, err)
 	}
 	start := time.Now()
-	m.logger.InfoContext(ctx, "building base template with debootstrap (first start only)",
-		"suite", m.base.Suite, "mirror", m.base.Mirror, "into", dir)
+	m.logger.InfoContext(ctx, "building "+name+" template with debootstrap (first use only)",
+		"suite", cfg.Suite, "mirror", cfg.Mirror, "into", dir)
 	tmpRootfs := filepath.Join(tmp, "rootfs")
-	args := []string{"--variant=minbase", "--include=" + strings.Join(m.base.Packages, ","),
-		m.base.Suite, tmpRootfs, m.base.Mirror}
+	args := []string{"--variant=minbase", "--include=" + strings.Join(cfg.Packages, ","),
+		cfg.Suite, tmpRootfs, cfg.Mirror}
 	if err := m.run(ctx, "debootstrap", args...); err != nil {
 		os.RemoveAll(tmp)
-		return "", fmt.Errorf("build base: debootstrap: %w", err)
+		return "", fmt.Errorf("build %s: debootstrap: %w", name, err)
 	}
-	if err := m.customise(ctx, tmpRootfs); err != nil {
+	if err := customise(ctx, tmpRootfs); err != nil {
 		os.RemoveAll(tmp)
-		return "", fmt.Errorf("build base: %w", err)
+		return "", fmt.Errorf("build %s: %w", name, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
-		return "", fmt.Errorf("build base: %w", err)
+		return "", fmt.Errorf("build %s: %w", name, err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
-		return "", fmt.Errorf("build base: %w", err)
+		return "", fmt.Errorf("build %s: %w", name, err)
 	}
-	m.logger.InfoContext(ctx, "base template built", "rootfs", rootfs, "took", time.Since(start).Round(time.Second))
+	m.logger.InfoContext(ctx, name+" template built", "rootfs", rootfs, "took", time.Since(start).Round(time.Second))
 	return rootfs, nil
 }
 

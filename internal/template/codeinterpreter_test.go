@@ -1,0 +1,77 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/store/sqlite"
+)
+
+func TestCodeInterpreterConfig(t *testing.T) {
+	base := DefaultBaseConfig("/c")
+	before := slices.Clone(base.Packages)
+	ci := codeInterpreterConfig(base)
+	if !slices.Equal(base.Packages, before) {
+		t.Errorf("base packages changed to %v", base.Packages)
+	}
+	if ci.key() == base.key() {
+		t.Error("the code interpreter must not share base's cache entry")
+	}
+	for _, p := range append(before, "python3-ipython", "python3-matplotlib", "python3-pandas") {
+		if !slices.Contains(ci.Packages, p) {
+			t.Errorf("code interpreter packages lack %s", p)
+		}
+	}
+	if codeInterpreterMarker != "etc/aenv/code-interpreter" {
+		t.Errorf("marker %q is not where envd looks", codeInterpreterMarker)
+	}
+	for name, want := range map[string]bool{"code-interpreter-v1": true, "code-interpreter": true, "base": false, "code-interpreter-v2": false} {
+		if got := IsCodeInterpreter(name); got != want {
+			t.Errorf("IsCodeInterpreter(%q) = %v", name, got)
+		}
+	}
+}
+
+// Get builds the code interpreter template on its first use, under either
+// name, and records it once; other unknown names stay unknown. The build
+// here finds its rootfs in the cache (as every build after a machine's
+// first does), so no debootstrap runs.
+func TestGetMakesCodeInterpreter(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := t.TempDir()
+	base := DefaultBaseConfig(cache)
+	rootfs := filepath.Join(cache, "code-interpreter-"+codeInterpreterConfig(base).key(), "rootfs")
+	for _, f := range []string{"bin/bash", codeInterpreterMarker} {
+		os.MkdirAll(filepath.Dir(filepath.Join(rootfs, f)), 0o755)
+		os.WriteFile(filepath.Join(rootfs, f), nil, 0o644)
+	}
+	m := NewManager(st, base, Dirs{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	if _, err := m.Get(ctx, "no-such-template"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Get(unknown) = %v, want not found", err)
+	}
+	first, err := m.Get(ctx, CodeInterpreterAlias)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Name != CodeInterpreterName || first.RootfsPath != rootfs || first.DefaultUser != DefaultUser {
+		t.Errorf("template %+v", first)
+	}
+	for _, name := range []string{CodeInterpreterName, CodeInterpreterAlias, first.ID} {
+		again, err := m.Get(ctx, name)
+		if err != nil || again.ID != first.ID {
+			t.Errorf("Get(%q) = %v, %v; want the template made first (%s)", name, again, err, first.ID)
+		}
+	}
+}
