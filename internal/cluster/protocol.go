@@ -13,10 +13,23 @@ import "fmt"
 // peer would misread). Raise MinProtocol to the oldest number this
 // release still works with, and no higher than the previous release's
 // Protocol, or a roll would cut the cluster in two.
+//
+// History:
+//  1. The first recorded protocol.
+//  2. Teams: a node creates a gateway's sandboxes in the team its
+//     Aenv-Team header names (protocol 1 nodes ignore it).
 const (
-	Protocol    = 1
+	Protocol    = 2
 	MinProtocol = 1
 )
+
+// TeamsProtocol is the first protocol whose nodes keep sandboxes in
+// teams: a gateway places a team's sandboxes only on such nodes.
+const TeamsProtocol = 2
+
+// SpeaksTeams reports whether a node of protocol p keeps sandboxes in the
+// team a gateway names.
+func SpeaksTeams(p int) bool { return p >= TeamsProtocol }
 
 // Compatible reports whether a peer speaking protocol p can work with
 // this one. Nodes from before protocols were recorded speak 1 (their rows

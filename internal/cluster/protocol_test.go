@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -27,7 +28,7 @@ func TestIncompatibleReasonNamesBothSides(t *testing.T) {
 		t.Fatalf("a compatible node has a reason: %q", r)
 	}
 	r := IncompatibleReason(Protocol+1, "v9.0.0", "v1.2.1")
-	for _, want := range []string{"v9.0.0", "v1.2.1", "protocol 2", "upgrade"} {
+	for _, want := range []string{"v9.0.0", "v1.2.1", fmt.Sprintf("protocol %d", Protocol+1), "upgrade"} {
 		if !strings.Contains(r, want) {
 			t.Errorf("reason %q does not say %q", r, want)
 		}

@@ -84,6 +84,53 @@ func TestCreateAcrossNodes(t *testing.T) {
 	}
 }
 
+// A team's sandbox goes only to a node that keeps sandboxes in teams
+// (cluster protocol 2 and later): a node of an older release would make
+// it in no team, out of its team's sight. The operator's creates may go
+// anywhere, as before.
+func TestTeamCreatesSkipOldNodes(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		key         string
+		newNode     bool // b is of this release; a, with the more room, is old
+		wantStatus  int
+		wantID      string
+		wantMessage string
+	}{
+		{name: "a team's create goes to the new node", key: otherKey, newNode: true, wantStatus: 201, wantID: "sb-b"},
+		{name: "the operator's may go to the old one", key: testKey, newNode: true, wantStatus: 201, wantID: "sb-a"},
+		{name: "a team's create with old nodes only", key: otherKey, wantStatus: 503,
+			wantMessage: "too old to keep a team's sandboxes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newFakeNode(t, "a", answer(201, "sb-a")), newFakeNode(t, "b", answer(201, "sb-b"))
+			old := nodeRecord(a, 10, 0, false)
+			old.Protocol = 1
+			other := nodeRecord(b, 10, 5, false)
+			if !tc.newNode {
+				other.Protocol = 1
+			}
+			db := newFakeStore()
+			db.nodes = []postgres.Node{old, other}
+			db.templates = []*store.Template{{ID: "tpl-a", Name: "base", NodeID: "a", Upload: store.UploadUploaded}}
+			g := newTestGateway(t, db)
+			r := httptest.NewRequest(http.MethodPost, "/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+			r.Header.Set("X-API-Key", tc.key)
+			w := httptest.NewRecorder()
+			g.ServeHTTP(w, r)
+			if w.Code != tc.wantStatus {
+				t.Fatalf("status %d (%s), want %d", w.Code, w.Body, tc.wantStatus)
+			}
+			if tc.wantID != "" && sandboxOf(t, w) != tc.wantID {
+				t.Errorf("sandbox %s, want %s", sandboxOf(t, w), tc.wantID)
+			}
+			if !strings.Contains(errorMessage(w), tc.wantMessage) {
+				t.Errorf("message %q, want it to say %q", errorMessage(w), tc.wantMessage)
+			}
+		})
+	}
+}
+
 // The code interpreter template (by name or alias) is built on a node's
 // first use: with no copy anywhere a create still goes to a node (the
 // first ready one with room, by ID, so that a retry finds the build going

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -215,7 +216,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // nodeRecord is a node's row: reachable (fresh heartbeat) unless down,
 // with room for max sandboxes of which used are taken.
 func nodeRecord(n *fakeNode, max, used int, down bool) postgres.Node {
-	rec := postgres.Node{ID: n.id, Address: n.addr(), SharedImages: true}
+	// A node registers with its release's protocol.
+	rec := postgres.Node{ID: n.id, Address: n.addr(), SharedImages: true, Protocol: cluster.Protocol}
 	rec.Capacity.MaxSandboxes = max
 	rec.Use.Sandboxes = used
 	if down {

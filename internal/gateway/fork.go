@@ -71,7 +71,7 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.count("template")
-	candidates, why := g.holders(copies)
+	candidates, why := g.holders(r, copies)
 	out := make([]json.RawMessage, 0, count)
 	left := count
 	// A node that refuses its share (full, drained since the gateway last

@@ -17,6 +17,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -99,7 +100,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", tpl))
 		return
 	}
-	candidates, why := g.holders(copies)
+	candidates, why := g.holders(r, copies)
 	memory := req.MemoryMB
 	switch {
 	case memory > 0:
@@ -112,7 +113,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	if builtIn {
 		// Nodes that have built it first; then the others, which build it
 		// for this create.
-		order = append(order, g.builders(copies, memory)...)
+		order = append(order, g.builders(r, copies, memory)...)
 		why += "; no other ready node has room to build it"
 	}
 	if len(order) == 0 {
@@ -301,12 +302,14 @@ func copyHeader(dst, src http.Header) {
 }
 
 // holders returns the ready nodes among those holding copies (every node
-// with the object store, once a copy is uploaded there), and why the
-// others cannot take a sandbox (for the answer when none can).
-func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
+// with the object store, once a copy is uploaded there) that can take a
+// sandbox of r's caller, and why the others cannot (for the answer when
+// none can).
+func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeState, string) {
 	view := g.nodes.current()
 	var out []*nodeState
-	var drained, unreachable, incompatible []string
+	var drained, unreachable, incompatible, teamless []string
+	p, _ := auth.FromContext(r.Context())
 	seen := map[string]bool{}
 	var candidates []*nodeState
 	uploaded := false
@@ -336,11 +339,17 @@ func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
 			unreachable = append(unreachable, n.ID)
 		case n.Draining:
 			drained = append(drained, n.ID)
+		case !p.Admin && !cluster.SpeaksTeams(n.Protocol):
+			teamless = append(teamless, n.ID)
 		default:
 			out = append(out, n)
 		}
 	}
 	why := fmt.Sprintf("%d node(s) hold it, %d ready and all full", len(seen), len(out))
+	if len(teamless) > 0 {
+		why += fmt.Sprintf("; too old to keep a team's sandboxes (cluster protocol below %d, upgrade them): %s",
+			cluster.TeamsProtocol, strings.Join(teamless, ", "))
+	}
 	if len(incompatible) > 0 {
 		why += "; incompatible: " + strings.Join(incompatible, ", ")
 	}
@@ -358,14 +367,15 @@ func (g *Gateway) holders(copies []*store.Template) ([]*nodeState, string) {
 // first (minutes). They are in ID order, not by room: a client retrying a
 // create that timed out during the build reaches the node building it,
 // and builds gather on one node rather than each node making its own.
-func (g *Gateway) builders(copies []*store.Template, memoryMB int) []*nodeState {
+func (g *Gateway) builders(r *http.Request, copies []*store.Template, memoryMB int) []*nodeState {
+	p, _ := auth.FromContext(r.Context())
 	held := map[string]bool{}
 	for _, t := range copies {
 		held[t.NodeID] = true
 	}
 	var out []*nodeState
 	for _, n := range g.nodes.current().list {
-		if n.ready() && !held[n.ID] && g.nodes.free(n, memoryMB) > 0 {
+		if n.ready() && !held[n.ID] && g.nodes.free(n, memoryMB) > 0 && (p.Admin || cluster.SpeaksTeams(n.Protocol)) {
 			out = append(out, n)
 		}
 	}

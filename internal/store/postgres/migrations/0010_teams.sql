@@ -10,16 +10,17 @@ CREATE TABLE teams (
 );
 INSERT INTO teams (id, created_at) VALUES ('default', 0);
 
+-- The defaults are for gateways of the previous release during a rolling
+-- upgrade: they add only the operator's key, with (key_sha256, created_at).
 ALTER TABLE api_keys ADD COLUMN id TEXT COLLATE "C";
 UPDATE api_keys SET id = substr(key_sha256, 1, 16);
+ALTER TABLE api_keys ALTER COLUMN id SET DEFAULT substr(md5(random()::text), 1, 16);
 ALTER TABLE api_keys ALTER COLUMN id SET NOT NULL;
 CREATE UNIQUE INDEX api_keys_id ON api_keys (id);
 ALTER TABLE api_keys ADD COLUMN team_id TEXT COLLATE "C" NOT NULL DEFAULT 'default' REFERENCES teams (id);
-ALTER TABLE api_keys ALTER COLUMN team_id DROP DEFAULT;
-ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT '';
+ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT 'operator';
 ALTER TABLE api_keys ADD COLUMN prefix TEXT NOT NULL DEFAULT '';
-ALTER TABLE api_keys ADD COLUMN admin BOOLEAN NOT NULL DEFAULT FALSE;
-UPDATE api_keys SET admin = TRUE, name = 'operator';
+ALTER TABLE api_keys ADD COLUMN admin BOOLEAN NOT NULL DEFAULT TRUE;
 ALTER TABLE api_keys ADD COLUMN expires_at BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE api_keys ADD COLUMN last_used_at BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE api_keys ADD COLUMN revoked_at BIGINT NOT NULL DEFAULT 0;
