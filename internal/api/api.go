@@ -201,7 +201,12 @@ func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request
 // who made them in their context (auth.FromContext).
 func (s *Server) requireKey(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p, ok := s.authorized(r); ok {
+		p, ok, err := s.authorized(r)
+		if err != nil {
+			writeError(w, r, s.logger, badRequest(err.Error()))
+			return
+		}
+		if ok {
 			h.ServeHTTP(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
 			return
 		}
@@ -231,19 +236,23 @@ func (s *Server) adminOnly(h http.Handler) http.Handler {
 
 // authorized finds who r is made by from its key, X-API-Key (E2B's SDKs)
 // or a bearer token (what Prometheus and most HTTP tools send): the
-// operator for the node's own key, else the team of a stored key.
-func (s *Server) authorized(r *http.Request) (auth.Principal, bool) {
+// operator for the node's own key, else the team of a stored key. err is
+// a malformed request (an admin's Aenv-Team header).
+func (s *Server) authorized(r *http.Request) (auth.Principal, bool, error) {
 	if s.cfg.Authorize != nil {
-		return s.cfg.Authorize(r)
+		p, ok := s.cfg.Authorize(r)
+		return p, ok, nil
 	}
 	key := RequestKey(r)
-	if s.isOperatorKey(key) {
-		return ActAs(r, auth.Operator()), true
+	p, ok := auth.Operator(), s.isOperatorKey(key)
+	if !ok {
+		p, ok = s.keyPrincipal(r.Context(), key)
 	}
-	if p, ok := s.keyPrincipal(r.Context(), key); ok {
-		return ActAs(r, p), true
+	if !ok {
+		return auth.Principal{}, false, nil
 	}
-	return auth.Principal{}, false
+	p, err := ActAs(r, p)
+	return p, err == nil, err
 }
 
 // isOperatorKey tells whether key is the node's API key (or, on a node of
@@ -283,8 +292,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 	tracer := s.cfg.Tracer
-	if _, ok := s.authorized(r); tracer != nil && !ok {
-		tracer = nil // a caller without the key leaves no traces
+	if tracer != nil {
+		if _, ok, _ := s.authorized(r); !ok {
+			tracer = nil // a caller without the key leaves no traces
+		}
 	}
 	r, span := tracer.StartRequest(r)
 	s.mux.ServeHTTP(rec, r)

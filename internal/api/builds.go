@@ -63,7 +63,7 @@ func (s *Server) requestBuild(w http.ResponseWriter, r *http.Request) error {
 	if err := s.nameFree(r.Context(), p, name); err != nil {
 		return err
 	}
-	buildID, err := s.cfg.Builds.Request(name, p.TeamID, req.CpuCount, req.MemoryMB)
+	buildID, err := s.cfg.Builds.Request(name, p.TeamID, p.Admin, req.CpuCount, req.MemoryMB)
 	if err != nil {
 		return err
 	}

@@ -216,7 +216,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) error {
 	case req.SandboxID == "":
 		return badRequest("sandboxID (or image) is required")
 	}
-	if err := s.checkSandboxID(r, req.SandboxID); err != nil {
+	if err := s.checkSandboxID(r, principal(r), req.SandboxID); err != nil {
 		return err
 	}
 	if err := s.nameFree(r.Context(), principal(r), req.Name); err != nil {

@@ -40,6 +40,9 @@ func (s *Server) assignTags(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := ownsTemplate(principal(r), tpl); err != nil {
+		return err
+	}
 	buildID, err := s.cfg.Builds.AssignTags(tpl, req.Tags)
 	if err != nil {
 		return err
@@ -59,6 +62,9 @@ func (s *Server) removeTags(w http.ResponseWriter, r *http.Request) error {
 	}
 	tpl, err := s.lookupAlias(r, req.Name)
 	if err != nil {
+		return err
+	}
+	if err := ownsTemplate(principal(r), tpl); err != nil {
 		return err
 	}
 	if err := s.cfg.Builds.RemoveTags(tpl.Name, req.Tags); err != nil {

@@ -61,6 +61,12 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) error {
 	if err := auth.ValidLimits(t); err != nil {
 		return err
 	}
+	if _, err := s.cfg.Teams.GetTeam(r.Context(), t.ID); err == nil {
+		return errdefs.Errorf(errdefs.ErrConflict, "team %q already exists", t.ID)
+	}
+	if err := s.leftovers(r, t.ID); err != nil {
+		return err
+	}
 	if err := s.cfg.Teams.CreateTeam(r.Context(), t); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return errdefs.Errorf(errdefs.ErrConflict, "team %q already exists", req.TeamID)
@@ -106,6 +112,32 @@ func (s *Server) getTeam(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, toTeamJSON(t))
+	return nil
+}
+
+// leftovers refuses a team ID that objects of a deleted team of that ID
+// still carry: a new team must not inherit another's snapshots and
+// templates.
+func (s *Server) leftovers(r *http.Request, id string) error {
+	sandboxes, err := s.catalog.List(r.Context(), store.SandboxFilter{TeamID: id, States: liveStates})
+	if err != nil {
+		return err
+	}
+	templates, err := s.catalog.ListTemplates(r.Context())
+	if err != nil {
+		return err
+	}
+	owned := 0
+	for _, t := range templates {
+		if t.TeamID == id {
+			owned++
+		}
+	}
+	if len(sandboxes) > 0 || owned > 0 {
+		return errdefs.Errorf(errdefs.ErrConflict,
+			"a deleted team %q left %d sandboxes and %d templates or snapshots: delete them first, or choose another ID",
+			id, len(sandboxes), owned)
+	}
 	return nil
 }
 
@@ -205,7 +237,23 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	value, k, err := auth.NewKey(req.TeamID, req.Name, req.Admin, time.Now(), time.Duration(req.ExpiresIn)*time.Second)
+	now := time.Now()
+	ttl := time.Duration(req.ExpiresIn) * time.Second
+	if !p.Admin {
+		// A team's key makes no key that outlives it: revoking or
+		// letting a leaked key expire must not leave a longer one behind.
+		until, err := s.keyExpiry(r, p)
+		if err != nil {
+			return err
+		}
+		if !until.IsZero() && (ttl == 0 || now.Add(ttl).After(until)) {
+			ttl = until.Sub(now)
+			if ttl <= 0 {
+				return errdefs.Errorf(errdefs.ErrUnauthenticated, "this key has expired")
+			}
+		}
+	}
+	value, k, err := auth.NewKey(req.TeamID, req.Name, req.Admin, now, ttl)
 	if err != nil {
 		return err
 	}
@@ -216,6 +264,20 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusCreated, wire.CreatedAPIKey{Id: j.Id, TeamID: j.TeamID, Name: j.Name, Prefix: j.Prefix,
 		Admin: j.Admin, CreatedAt: j.CreatedAt, ExpiresAt: j.ExpiresAt, Key: value})
 	return nil
+}
+
+// keyExpiry is when the key r is made with expires (zero: never).
+func (s *Server) keyExpiry(r *http.Request, p auth.Principal) (time.Time, error) {
+	keys, err := s.cfg.Teams.ListKeys(r.Context(), p.TeamID)
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, k := range keys {
+		if k.ID == p.KeyID {
+			return k.ExpiresAt, nil
+		}
+	}
+	return time.Time{}, errdefs.Errorf(errdefs.ErrUnauthenticated, "this key no longer exists")
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
@@ -233,6 +295,9 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]wire.APIKey, 0, len(keys))
 	for _, k := range keys {
+		if k.Admin && !p.Admin {
+			continue // the operator's keys are not a team's to see
+		}
 		out = append(out, toKeyJSON(k))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -250,7 +315,8 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	}
 	found := false
 	for _, k := range keys {
-		if k.ID == id {
+		// A team's key revokes its team's keys, never an admin's.
+		if k.ID == id && (p.Admin || !k.Admin) {
 			found = true
 			break
 		}

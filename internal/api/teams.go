@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
 // Headers with which an admin acts as one team: a gateway sends them with
@@ -26,13 +28,18 @@ const MaxKeyLifetime = 10 * 365 * 24 * time.Hour
 
 // ActAs is who r is made by when its key is p's: an admin naming a team
 // in HeaderTeam acts as that team, an admin only if HeaderAdmin says so
-// (what a gateway sends for an admin caller).
-func ActAs(r *http.Request, p auth.Principal) auth.Principal {
+// (what a gateway sends for an admin caller). A team's key's headers are
+// ignored; an admin's malformed team is an error, never a silent fall
+// back to acting as the admin.
+func ActAs(r *http.Request, p auth.Principal) (auth.Principal, error) {
 	team := r.Header.Get(HeaderTeam)
-	if !p.Admin || team == "" || auth.ValidTeamID(team) != nil {
-		return p
+	if !p.Admin || team == "" {
+		return p, nil
 	}
-	return auth.Principal{TeamID: team, KeyID: p.KeyID, KeyName: p.KeyName, Admin: r.Header.Get(HeaderAdmin) == "1"}
+	if err := auth.ValidTeamID(team); err != nil {
+		return auth.Principal{}, fmt.Errorf("%s header: %w", HeaderTeam, err)
+	}
+	return auth.Principal{TeamID: team, KeyID: p.KeyID, KeyName: p.KeyName, Admin: r.Header.Get(HeaderAdmin) == "1"}, nil
 }
 
 // SetTeamHeaders makes h carry who p is, for a node that trusts the
@@ -119,12 +126,11 @@ func (s *Server) scoped(pattern string, h func(http.ResponseWriter, *http.Reques
 }
 
 func (s *Server) checkSandbox(r *http.Request, p auth.Principal) error {
-	return s.checkSandboxID(r, r.PathValue("id"))
+	return s.checkSandboxID(r, p, r.PathValue("id"))
 }
 
-// checkSandboxID finds sandbox id only if it is the caller's team's.
-func (s *Server) checkSandboxID(r *http.Request, id string) error {
-	p := principal(r)
+// checkSandboxID finds sandbox id only if it is p's team's.
+func (s *Server) checkSandboxID(r *http.Request, p auth.Principal, id string) error {
 	if p.Admin {
 		return nil
 	}
@@ -152,8 +158,17 @@ func (s *Server) checkTemplate(r *http.Request, p auth.Principal, change bool) e
 		return err
 	case !p.Uses(t.TeamID):
 		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
-	case change && !p.Sees(t.TeamID):
-		return errdefs.Errorf(errdefs.ErrPermissionDenied, "template %q is public: only an admin may change it", id)
+	case change:
+		return ownsTemplate(p, t)
+	}
+	return nil
+}
+
+// ownsTemplate lets p change template t (delete it, tag it) when it is
+// p's team's; a public one only an admin may change.
+func ownsTemplate(p auth.Principal, t *store.Template) error {
+	if !p.Sees(t.TeamID) {
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "template %q is public: only an admin may change it", t.Name)
 	}
 	return nil
 }
@@ -201,11 +216,23 @@ func (s *Server) usableTemplate(ctx context.Context, p auth.Principal, idOrName 
 }
 
 // nameFree refuses a name for a new template or snapshot when another
-// team's template has it: names are one namespace per node, and a name
-// must not let one team replace or learn of another's template.
+// team's template or build has it: names are one namespace per node, and
+// a name must not let one team replace or learn of another's template.
+// The build service's own names are no one else's (build.ReservedName).
 func (s *Server) nameFree(ctx context.Context, p auth.Principal, name string) error {
-	if p.Admin || name == "" {
+	if name == "" {
 		return nil
+	}
+	if build.ReservedName(name) {
+		return badRequest(fmt.Sprintf("%q is a name the build service keeps for its own templates (pulled images, cached steps)", name))
+	}
+	if p.Admin {
+		return nil
+	}
+	if s.cfg.Builds != nil {
+		if team, ok := s.cfg.Builds.TeamOf(name); ok && !p.Sees(team) {
+			return errdefs.Errorf(errdefs.ErrConflict, "template name %q is taken", name)
+		}
 	}
 	t, err := s.catalog.GetTemplate(ctx, name)
 	switch {

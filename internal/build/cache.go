@@ -54,7 +54,9 @@ func (s *Service) worthCaching(step Step, took time.Duration) bool {
 // cachedPrefix finds the longest run of leading steps a snapshot holds:
 // it returns how many steps it covers and the snapshot (nil: none). A
 // forced step, and every step after it, runs again.
-func (s *Service) cachedPrefix(ctx context.Context, templateID string, spec Spec, keys []string) (int, *store.Template) {
+// Only the build's own team's cached steps count: another team's, under
+// the same name, are not its to start from.
+func (s *Service) cachedPrefix(ctx context.Context, b *build, spec Spec, keys []string) (int, *store.Template) {
 	if spec.Force {
 		return 0, nil
 	}
@@ -66,11 +68,11 @@ func (s *Service) cachedPrefix(ctx context.Context, templateID string, spec Spec
 		}
 	}
 	for i := usable - 1; i >= 0; i-- {
-		name := stepCacheName(templateID, keys[i])
+		name := stepCacheName(b.templateID, keys[i])
 		if name == "" {
 			return 0, nil
 		}
-		if tpl, err := s.node.GetTemplate(ctx, name); err == nil && tpl.Kind == store.KindSnapshot {
+		if tpl, err := s.node.GetTemplate(ctx, name); err == nil && tpl.Kind == store.KindSnapshot && tpl.TeamID == b.team {
 			return i + 1, tpl
 		}
 	}

@@ -237,10 +237,13 @@ func nonEmpty(s []string) []string {
 
 // ImageTemplateName is the name of the template an image base is pulled
 // into; later builds from the same image reuse it.
+// imageTemplatePrefix starts the names of pulled images' templates.
+const imageTemplatePrefix = "image."
+
 func ImageTemplateName(ref string) string {
-	name := "image." + strings.NewReplacer("/", "_", "@", "_").Replace(ref)
+	name := imageTemplatePrefix + strings.NewReplacer("/", "_", "@", "_").Replace(ref)
 	if len(name) > 128 || template.CheckName(name) != nil {
-		return "image." + digest(ref)[:32]
+		return imageTemplatePrefix + digest(ref)[:32]
 	}
 	return name
 }

@@ -27,7 +27,7 @@ func newTestService(t *testing.T) *Service {
 // every kept entry once, ending with the note that lines were dropped.
 func TestBuildLogBoundedAndPaged(t *testing.T) {
 	s := newTestService(t)
-	id, err := s.Request("app", "", 0, 0)
+	id, err := s.Request("app", "", false, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestBuildLogsTotalBound(t *testing.T) {
 	}
 	var builds []*build
 	for i := range 6 {
-		id, _ := s.Request("app"+strconv.Itoa(i), "", 0, 0)
+		id, _ := s.Request("app"+strconv.Itoa(i), "", false, 0, 0)
 		b, _ := s.get("app"+strconv.Itoa(i), id)
 		builds = append(builds, b)
 		if i == 0 {

@@ -137,7 +137,9 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 		baseName = name
 	}
 	tpl, err := s.node.GetTemplate(ctx, baseName)
-	if errors.Is(err, node.ErrNotFound) {
+	if errors.Is(err, node.ErrNotFound) || (err == nil && !b.mayUse(tpl.TeamID)) {
+		// Another team's template is, to this build, one that does not
+		// exist.
 		return failStep(stepBase, "base template %q does not exist", baseName)
 	} else if err != nil {
 		return err
@@ -151,7 +153,7 @@ func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) e
 	}
 	b.log("info", stepBase, "FROM "+baseName)
 	from := baseName
-	reused, snap := s.cachedPrefix(ctx, b.templateID, spec, stepKeys)
+	reused, snap := s.cachedPrefix(ctx, b, spec, stepKeys)
 	if snap != nil {
 		from = snap.ID
 	}
@@ -233,7 +235,7 @@ func (s *Service) reuse(ctx context.Context, b *build, spec Spec, key string) bo
 		return false
 	}
 	cur, err := s.node.GetTemplate(ctx, b.templateID)
-	if err != nil || cur.ID != c.templateID {
+	if err != nil || cur.ID != c.templateID || !b.mayReplace(cur.TeamID) {
 		return false
 	}
 	b.log("info", stepBase, "CACHED FROM template "+cur.ID)
@@ -250,7 +252,12 @@ func (s *Service) reuse(ctx context.Context, b *build, spec Spec, key string) bo
 // unless forced) and returns its name.
 func (s *Service) pullBase(ctx context.Context, b *build, ref string, force bool) (string, error) {
 	name := ImageTemplateName(ref)
-	if _, err := s.node.GetTemplate(ctx, name); err == nil {
+	if tpl, err := s.node.GetTemplate(ctx, name); err == nil {
+		if tpl.TeamID != "" {
+			// The build service makes these public; no one else may
+			// take the name (ReservedName).
+			return "", failStep(stepBase, "template %q is not the build service's pull of %s", name, ref)
+		}
 		if !force {
 			b.log("info", stepBase, fmt.Sprintf("Using image %s pulled earlier", ref))
 			return name, nil
@@ -473,6 +480,9 @@ func (s *Service) replace(ctx context.Context, b *build, sandboxID string, st *s
 	old, err := s.node.GetTemplate(ctx, b.templateID)
 	if err != nil && !errors.Is(err, node.ErrNotFound) {
 		return nil, err
+	}
+	if old != nil && !b.mayReplace(old.TeamID) {
+		return nil, failStep(stepFinalize, "template name %q is taken", b.templateID)
 	}
 	if old != nil && old.Kind != store.KindSandboxTemplate {
 		return nil, failStep(stepFinalize, "%q names a %s template that builds do not replace", b.templateID, old.Kind)

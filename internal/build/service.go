@@ -121,8 +121,24 @@ type build struct {
 	vcpu       int
 	memoryMB   int
 	// team is the team that asked for the build: its sandbox, and so the
-	// template, are that team's.
-	team string
+	// template, are that team's. admin: it was asked by an admin, who may
+	// build from any team's template.
+	team  string
+	admin bool
+}
+
+// mayUse says whether the build may start from a template of team: a
+// public one, its own team's, or any for an admin's build.
+func (b *build) mayUse(team string) bool { return b.admin || team == "" || team == b.team }
+
+// mayReplace says whether the build may replace a template of team.
+func (b *build) mayReplace(team string) bool { return b.admin || team == b.team }
+
+// ReservedName says whether name is one the build service gives its own
+// templates (pulled images, cached steps), which no one else may take: a
+// template under such a name would be taken for the build service's.
+func ReservedName(name string) bool {
+	return strings.HasPrefix(name, imageTemplatePrefix) || strings.Contains(name, stepCacheInfix)
 }
 
 // New returns a service running builds on n, with COPY archives in
@@ -193,17 +209,21 @@ func (s *Service) Close() {
 func (s *Service) Uploads() *Uploads { return s.uploads }
 
 // Request registers a new build of the template name for team (E2B's
-// POST /v3/templates) and returns its build ID. The template's ID is its
-// name; while this service remembers a build of the name by another team,
-// the name is taken.
-func (s *Service) Request(name, team string, vcpu, memoryMB int) (string, error) {
+// POST /v3/templates; admin: asked by an admin) and returns its build ID.
+// The template's ID is its name; while this service remembers a build of
+// the name by another team, the name is taken.
+func (s *Service) Request(name, team string, admin bool, vcpu, memoryMB int) (string, error) {
 	if err := template.CheckName(name); err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if ReservedName(name) {
+		return "", fmt.Errorf("%w: %q is a name the build service keeps for its own templates", ErrInvalid, name)
 	}
 	if name == template.BaseName {
 		return "", fmt.Errorf("%w: the base template cannot be rebuilt", ErrConflict)
 	}
-	b := &build{templateID: name, id: newBuildID(), status: StatusWaiting, vcpu: vcpu, memoryMB: memoryMB, team: team}
+	b := &build{templateID: name, id: newBuildID(), status: StatusWaiting, vcpu: vcpu, memoryMB: memoryMB,
+		team: team, admin: admin}
 	b.logs.budget = s.logBudget
 	b.logs.reclaim = s.reclaimLogs
 	s.mu.Lock()

@@ -47,7 +47,7 @@ func TestRequestAndStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	id, err := s.Request("my-app", "", 0, 0)
+	id, err := s.Request("my-app", "", false, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,25 +63,25 @@ func TestRequestAndStatus(t *testing.T) {
 			t.Errorf("offset %d limit %d: %d entries (%v), want %d", tc.offset, tc.limit, len(info.Logs), err, tc.want)
 		}
 	}
-	if _, err := s.Request("base", "", 0, 0); !errors.Is(err, ErrConflict) {
+	if _, err := s.Request("base", "", false, 0, 0); !errors.Is(err, ErrConflict) {
 		t.Fatalf("rebuilding base: %v", err)
 	}
 	// A name one team builds is not another's to build over.
-	if _, err := s.Request("team-app", "lab-a", 0, 0); err != nil {
+	if _, err := s.Request("team-app", "lab-a", false, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Request("team-app", "lab-b", 0, 0); !errors.Is(err, ErrConflict) {
+	if _, err := s.Request("team-app", "lab-b", false, 0, 0); !errors.Is(err, ErrConflict) {
 		t.Fatalf("another team's build of the name: %v, want ErrConflict", err)
 	}
 	if team, ok := s.TeamOf("team-app"); !ok || team != "lab-a" {
 		t.Fatalf("team of the build: %q %v", team, ok)
 	}
-	if _, err := s.Request("team-app", "lab-a", 0, 0); err != nil {
+	if _, err := s.Request("team-app", "lab-a", false, 0, 0); err != nil {
 		t.Fatalf("the same team builds again: %v", err)
 	}
 	// Old requests are forgotten beyond the bound.
 	for i := 0; i < maxBuilds+10; i++ {
-		if _, err := s.Request("other", "", 0, 0); err != nil {
+		if _, err := s.Request("other", "", false, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -101,13 +101,13 @@ func TestBuildStatus(t *testing.T) {
 	if got := s.BuildStatus("app"); got != "" {
 		t.Fatalf("no build yet: %q", got)
 	}
-	first, _ := s.Request("app", "", 0, 0)
+	first, _ := s.Request("app", "", false, 0, 0)
 	b, _ := s.get("app", first)
 	b.setStatus(StatusError, &Reason{Message: "failed"})
 	if got := s.BuildStatus("app"); got != StatusError {
 		t.Errorf("after a failed build: %q", got)
 	}
-	second, _ := s.Request("app", "", 0, 0)
+	second, _ := s.Request("app", "", false, 0, 0)
 	if got := s.BuildStatus("app"); got != StatusWaiting {
 		t.Errorf("a new build requested: %q, want waiting", got)
 	}

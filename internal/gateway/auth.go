@@ -148,7 +148,7 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) (auth.Princi
 	}
 	if g.cfg.APIKey != "" && len(key) <= api.MaxKeyBytes &&
 		subtle.ConstantTimeCompare([]byte(key), []byte(g.cfg.APIKey)) == 1 {
-		return api.ActAs(r, auth.Operator()), true
+		return g.actAsChecked(w, r, auth.Operator())
 	}
 	var digest [sha256.Size]byte
 	var p auth.Principal
@@ -158,7 +158,7 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) (auth.Princi
 		p, ok, known = g.keys.cached(digest)
 	}
 	if ok {
-		return api.ActAs(r, p), true
+		return g.actAsChecked(w, r, p)
 	}
 	if retry, blocked := g.authFails.Blocked(r); blocked && (len(key) > api.MaxKeyBytes || !g.keys.seenValid(digest)) {
 		api.WriteTooManyAuthFailures(w, retry)
@@ -185,7 +185,18 @@ func (g *Gateway) authorize(w http.ResponseWriter, r *http.Request) (auth.Princi
 		g.refuse(w, r, errdefs.ErrUnauthenticated, "missing or invalid API key (X-API-Key header)")
 		return auth.Principal{}, false
 	}
-	return api.ActAs(r, p), true
+	return g.actAsChecked(w, r, p)
+}
+
+// actAsChecked is api.ActAs, answering r itself when its team header is
+// malformed.
+func (g *Gateway) actAsChecked(w http.ResponseWriter, r *http.Request, p auth.Principal) (auth.Principal, bool) {
+	p, err := api.ActAs(r, p)
+	if err != nil {
+		g.refuse(w, r, errdefs.ErrInvalidArgument, err.Error())
+		return auth.Principal{}, false
+	}
+	return p, true
 }
 
 // tokenSet finds which running sandbox's envd token signed a file URL:

@@ -30,6 +30,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/requestid"
@@ -443,12 +444,19 @@ func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sa
 		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("node %q is not part of the cluster", nodeID))
 		return
 	case !n.reachable:
+		if controlPlane && sandboxID != "" && g.hidden(r, sandboxID) {
+			g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("sandbox %q not found", sandboxID))
+			return
+		}
 		msg := fmt.Sprintf("node %s is unreachable (no heartbeat for %s)", nodeID, n.HeartbeatAge.Round(time.Second))
 		if sandboxID != "" {
 			msg = fmt.Sprintf("sandbox %s is on node %s, which is unreachable (no heartbeat for %s)",
 				sandboxID, nodeID, n.HeartbeatAge.Round(time.Second))
 		}
 		g.refuse(w, r, errdefs.ErrUnavailable, msg)
+		return
+	case controlPlane && !g.keepsTeams(r, n):
+		g.refuse(w, r, errdefs.ErrUnavailable, tooOldForTeams(n))
 		return
 	}
 	// Full duplex, for every call: by default Go's HTTP/1 server reads
@@ -522,10 +530,36 @@ func (g *Gateway) isKey(key string) bool {
 	return seen
 }
 
+// hidden reports whether sandbox id is another team's than r's caller's
+// (or gone): the node that would say so cannot be asked, so the gateway
+// reads the record itself rather than tell the caller the sandbox exists.
+func (g *Gateway) hidden(r *http.Request, id string) bool {
+	p := callerOf(r)
+	if p.Admin {
+		return false
+	}
+	g.queries.Add(1)
+	sb, err := g.db.GetSandbox(r.Context(), id)
+	return err == nil && !p.Sees(sb.TeamID) || errors.Is(err, store.ErrNotFound)
+}
+
+// keepsTeams reports whether node n may serve r's caller: an admin's
+// calls go anywhere, a team's only to nodes that keep sandboxes in teams
+// (an older node would act for it as the operator).
+func (g *Gateway) keepsTeams(r *http.Request, n *nodeState) bool {
+	p := callerOf(r)
+	return p.Admin || cluster.SpeaksTeams(n.Protocol)
+}
+
+func tooOldForTeams(n *nodeState) string {
+	return fmt.Sprintf("node %s runs aenv %s (cluster protocol %d), which does not keep teams apart: a team's key cannot use it until it is upgraded",
+		n.ID, n.Version, n.Protocol)
+}
+
 // adminOnly lets through only an admin's requests.
 func (g *Gateway) adminOnly(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if p, _ := auth.FromContext(r.Context()); !p.Admin {
+		if p := callerOf(r); !p.Admin {
 			g.refuse(w, r, errdefs.ErrPermissionDenied, "only an admin key may do this")
 			return
 		}
@@ -536,13 +570,17 @@ func (g *Gateway) adminOnly(h http.HandlerFunc) http.HandlerFunc {
 // actAs makes a call to a node, made with the cluster secret, act for the
 // team of the caller of in.
 func (g *Gateway) actAs(in *http.Request, h http.Header) {
-	p, ok := auth.FromContext(in.Context())
-	if !ok {
-		// Only authenticated requests reach the nodes' control plane;
-		// should one not have a caller, it gets no team's rights.
-		p = auth.Principal{TeamID: auth.DefaultTeam}
+	api.SetTeamHeaders(h, callerOf(in))
+}
+
+// callerOf is who r is made by: every request the gateway serves passed
+// authorize, which put its caller in its context; one without (the
+// gateway's own calls) is the operator's.
+func callerOf(r *http.Request) auth.Principal {
+	if p, ok := auth.FromContext(r.Context()); ok {
+		return p
 	}
-	api.SetTeamHeaders(h, p)
+	return auth.Operator()
 }
 
 // upstreamError answers a forwarded request its node did not take.

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
-	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
@@ -270,6 +269,9 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, resp *http.Respo
 // send makes r's call on node n with body, as the gateway (the cluster
 // secret in place of the user's key).
 func (g *Gateway) send(r *http.Request, n *nodeState, body []byte) (*http.Response, error) {
+	if !g.keepsTeams(r, n) {
+		return nil, errors.New(tooOldForTeams(n))
+	}
 	ctx, span := tracing.ChildClient(r.Context(), "send to node", tracing.NodeID.String(n.ID))
 	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+n.Address+r.URL.RequestURI(),
 		bytes.NewReader(body))
@@ -309,7 +311,7 @@ func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeSta
 	view := g.nodes.current()
 	var out []*nodeState
 	var drained, unreachable, incompatible, teamless []string
-	p, _ := auth.FromContext(r.Context())
+	p := callerOf(r)
 	seen := map[string]bool{}
 	var candidates []*nodeState
 	uploaded := false
@@ -368,7 +370,7 @@ func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeSta
 // create that timed out during the build reaches the node building it,
 // and builds gather on one node rather than each node making its own.
 func (g *Gateway) builders(r *http.Request, copies []*store.Template, memoryMB int) []*nodeState {
-	p, _ := auth.FromContext(r.Context())
+	p := callerOf(r)
 	held := map[string]bool{}
 	for _, t := range copies {
 		held[t.NodeID] = true
@@ -502,7 +504,7 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		g.databaseDown(w, r, err)
 		return
 	}
-	if p, _ := auth.FromContext(r.Context()); len(copies) > 0 && !p.Admin {
+	if p := callerOf(r); len(copies) > 0 && !p.Admin {
 		switch team := copies[0].TeamID; {
 		case !p.Uses(team):
 			copies = nil // another team's: as if it did not exist

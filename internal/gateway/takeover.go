@@ -38,6 +38,10 @@ func (g *Gateway) takeOver(w http.ResponseWriter, r *http.Request, id, from stri
 		g.databaseDown(w, r, err)
 		return
 	}
+	if p := callerOf(r); !p.Sees(sb.TeamID) {
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("sandbox %q not found", id))
+		return
+	}
 	if sb.NodeID != from {
 		// Moved already (through another gateway): follow it.
 		g.routes.put(id, sb.NodeID)

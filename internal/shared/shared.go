@@ -38,6 +38,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	aenvnode "github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/objectstore"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -449,6 +450,11 @@ func (im *Images) TakeOver(ctx context.Context, id, dir string) (*store.Sandbox,
 	sb, err := im.cfg.Orphan(ctx, id, im.cfg.SilentFor)
 	if err != nil {
 		return nil, err
+	}
+	if p, ok := auth.FromContext(ctx); ok && !p.Sees(sb.TeamID) {
+		// Another team's sandbox is, to this caller, one that does not
+		// exist: its node being gone changes nothing.
+		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
 	}
 	start := time.Now()
 	if _, err := im.cfg.Store.Get(ctx, sandboxKey(id), sb.ImageDigest, dir); err != nil {

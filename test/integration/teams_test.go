@@ -30,8 +30,8 @@ func newEndpoint(t testing.TB, url string) endpoint {
 }
 
 // call sends a request with key (and no key for ""); body may be nil or a
-// value to encode as JSON.
-func (e endpoint) call(key, method, path string, body any) response {
+// value to encode as JSON; headers are name, value pairs.
+func (e endpoint) call(key, method, path string, body any, headers ...string) response {
 	e.t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -53,6 +53,9 @@ func (e endpoint) call(key, method, path string, body any) response {
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	resp, err := e.hc.Do(req)
 	if err != nil {
 		e.t.Fatalf("%s %s: %v", method, path, err)
@@ -66,9 +69,9 @@ func (e endpoint) call(key, method, path string, body any) response {
 }
 
 // want calls and fails the test unless the answer has status.
-func (e endpoint) want(status int, key, method, path string, body any) response {
+func (e endpoint) want(status int, key, method, path string, body any, headers ...string) response {
 	e.t.Helper()
-	r := e.call(key, method, path, body)
+	r := e.call(key, method, path, body, headers...)
 	if r.status != status {
 		e.t.Fatalf("%s %s: status %d, want %d; body %s", method, path, r.status, status, truncate(r.body))
 	}
@@ -165,6 +168,34 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 	e.want(404, keyB, "GET", "/templates/app-a/files/"+strings.Repeat("ab", 32), nil)
 	e.want(409, keyB, "POST", "/v3/templates", map[string]any{"name": "app-a"})
 
+	// B cannot build from A's template: to B's build it does not exist.
+	e.want(201, keyA, "POST", "/templates", map[string]any{"sandboxID": sbA.SandboxID, "name": "tpl-a"})
+	var buildB struct {
+		BuildID string `json:"buildID"`
+	}
+	e.want(202, keyB, "POST", "/v3/templates", map[string]any{"name": "app-b"}).json(t, &buildB)
+	e.want(202, keyB, "POST", "/v2/templates/app-b/builds/"+buildB.BuildID, map[string]any{
+		"fromTemplate": "tpl-a", "steps": []map[string]any{{"type": "RUN", "args": []string{"cat /etc/hostname"}}}})
+	var st struct {
+		Status string `json:"status"`
+		Reason *struct {
+			Message string `json:"message"`
+		} `json:"reason"`
+	}
+	waitFor(t, 2*time.Minute, "team B's build from A's template to end", func() bool {
+		e.want(200, keyB, "GET", "/templates/app-b/builds/"+buildB.BuildID+"/status", nil).json(t, &st)
+		return st.Status == "error" || st.Status == "ready"
+	})
+	if st.Status != "error" || st.Reason == nil || !strings.Contains(st.Reason.Message, "does not exist") {
+		t.Errorf("team B built from A's template: status %s, reason %+v", st.Status, st.Reason)
+	}
+	// The build service's names are no one's to take; public templates
+	// are no team's to tag.
+	for _, name := range []string{"image.python:3.12", "app-a.step-0123456789abcdef0123"} {
+		e.want(400, keyB, "POST", "/sandboxes/"+sbB.SandboxID+"/snapshots", map[string]any{"name": name})
+	}
+	e.want(403, keyB, "POST", "/templates/tags", map[string]any{"target": "base", "tags": []string{"mine"}})
+
 	// A name of A's cannot be taken over by B.
 	if r := e.call(keyB, "POST", "/sandboxes/"+sbB.SandboxID+"/snapshots", map[string]any{"name": "snap-a"}); r.status != 409 {
 		t.Errorf("team B snapshots under A's name: status %d, want 409; body %s", r.status, truncate(r.body))
@@ -256,6 +287,35 @@ func TestTeamsSingleServer(t *testing.T) {
 	checkTeamCLI(t, s)
 	keyA, keyB, keyBID := checkTeamIsolation(t, e)
 
+	// A key of the default team that is not an admin's neither sees nor
+	// revokes the operator's keys, and makes no key that outlives it.
+	var adminKey, plain struct {
+		ID        string    `json:"id"`
+		Key       string    `json:"key"`
+		ExpiresAt time.Time `json:"expiresAt"`
+	}
+	e.want(201, apiKey, "POST", "/api-keys", map[string]any{"name": "ops", "admin": true}).json(t, &adminKey)
+	e.want(201, apiKey, "POST", "/api-keys", map[string]any{"name": "plain", "expiresIn": 3600}).json(t, &plain)
+	for _, k := range ids(t, e.want(200, plain.Key, "GET", "/api-keys", nil), "id") {
+		if k == adminKey.ID {
+			t.Errorf("a plain key lists the admin key %s", k)
+		}
+	}
+	e.want(404, plain.Key, "DELETE", "/api-keys/"+adminKey.ID, nil)
+	e.want(200, adminKey.Key, "GET", "/node", nil)
+	var child struct {
+		ExpiresAt *time.Time `json:"expiresAt"`
+	}
+	e.want(201, plain.Key, "POST", "/api-keys", map[string]any{"name": "forever"}).json(t, &child)
+	if child.ExpiresAt == nil || child.ExpiresAt.After(plain.ExpiresAt) {
+		t.Errorf("a key that expires at %v made one that expires at %v", plain.ExpiresAt, child.ExpiresAt)
+	}
+	// An admin acting as a team names it well, or is refused.
+	e.want(400, apiKey, "GET", "/sandboxes", nil, "Aenv-Team", "Team A")
+	if got := ids(t, e.want(200, apiKey, "GET", "/sandboxes", nil, "Aenv-Team", "team-b"), "sandboxID"); len(got) != 1 {
+		t.Errorf("the operator acting as team B lists %v, want B's sandbox alone", got)
+	}
+
 	// The operator's routes.
 	e.want(403, keyB, "GET", "/metrics", nil)
 	e.want(403, keyB, "GET", "/node", nil)
@@ -311,6 +371,8 @@ func TestTeamsSingleServer(t *testing.T) {
 	for _, id := range deleted.Killed {
 		e.want(404, apiKey, "GET", "/sandboxes/"+id, nil)
 	}
+	// A new team of the deleted one's ID does not inherit its snapshots.
+	e.want(409, apiKey, "POST", "/teams", map[string]any{"teamID": "team-a"})
 	// Team B's sandbox survived all of it.
 	if got := ids(t, e.want(200, apiKey, "GET", "/sandboxes", nil), "sandboxID"); len(got) != 1 {
 		t.Errorf("after team A went: %v, want team B's sandbox alone", got)

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -198,23 +199,19 @@ func (s *Store) TemplateCopies(ctx context.Context, idOrName string) ([]*store.T
 // operator's --api-key, or the one a first gateway made); it is kept as a
 // digest. Adding a key already there changes nothing.
 func (s *Store) AddAPIKey(ctx context.Context, key string) error {
-	digest := keyDigest(key)
+	// The record shows nothing of the key: neither its first characters
+	// nor its digest's, which could help check guesses of a weak key.
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return fmt.Errorf("add API key: %w", err)
+	}
 	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (`+keyColumns+`)
-		VALUES ($1, $2, 'operator', $3, $4, TRUE, $5, 0, 0, 0) ON CONFLICT (key_sha256) DO NOTHING`,
-		digest[:16], auth.DefaultTeam, operatorPrefix(key), digest, time.Now().UnixNano())
+		VALUES ($1, $2, 'operator', '', $3, TRUE, $4, 0, 0, 0) ON CONFLICT (key_sha256) DO NOTHING`,
+		hex.EncodeToString(id[:]), auth.DefaultTeam, keyDigest(key), time.Now().UnixNano())
 	if err != nil {
 		return dbError("add API key: %w", err)
 	}
 	return nil
-}
-
-// operatorPrefix is what lists show of an operator's key: its start, as
-// for the keys aenv makes, unless the key is too short to show any.
-func operatorPrefix(key string) string {
-	if len(key) < 24 {
-		return ""
-	}
-	return key[:8]
 }
 
 // CountAPIKeys returns how many API keys the cluster has.

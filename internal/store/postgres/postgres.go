@@ -115,16 +115,25 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 }
 
 // checkTeamLimit refuses one more sandbox of team when it has as many as
-// its limit allows, cluster-wide. The team's row is locked until tx ends,
-// so the creates of one team, on any node, count and insert one at a
-// time; other teams' do not wait.
+// its limit allows, cluster-wide. The row of a team with a limit is
+// locked until tx ends, so the creates of one team, on any node, count and
+// insert one at a time; other teams' do not wait.
 func checkTeamLimit(ctx context.Context, tx pgx.Tx, team string) error {
 	if team == "" {
 		return nil
 	}
-	var max int64
-	err := tx.QueryRow(ctx, `SELECT max_sandboxes FROM teams WHERE id = $1 FOR UPDATE`, team).Scan(&max)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && max == 0) {
+	// A team without a limit takes no lock: its creates never wait for
+	// each other. A limit set meanwhile applies from the next create.
+	var limit int64
+	err := tx.QueryRow(ctx, `SELECT max_sandboxes FROM teams WHERE id = $1`, team).Scan(&limit)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && limit == 0) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	err = tx.QueryRow(ctx, `SELECT max_sandboxes FROM teams WHERE id = $1 FOR UPDATE`, team).Scan(&limit)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && limit == 0) {
 		return nil
 	}
 	if err != nil {
@@ -135,8 +144,8 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, team string) error {
 		team).Scan(&n); err != nil {
 		return err
 	}
-	if n >= max {
-		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, max, store.ErrLimit)
+	if n >= limit {
+		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, limit, store.ErrLimit)
 	}
 	return nil
 }

@@ -164,9 +164,9 @@ func checkTeamLimit(ctx context.Context, tx *sql.Tx, team string) error {
 	if team == "" {
 		return nil
 	}
-	var max int
-	err := tx.QueryRowContext(ctx, `SELECT max_sandboxes FROM teams WHERE id = ?`, team).Scan(&max)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && max == 0) {
+	var limit int
+	err := tx.QueryRowContext(ctx, `SELECT max_sandboxes FROM teams WHERE id = ?`, team).Scan(&limit)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && limit == 0) {
 		return nil
 	}
 	if err != nil {
@@ -177,8 +177,8 @@ func checkTeamLimit(ctx context.Context, tx *sql.Tx, team string) error {
 		team).Scan(&n); err != nil {
 		return err
 	}
-	if n >= max {
-		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, max, store.ErrLimit)
+	if n >= limit {
+		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, limit, store.ErrLimit)
 	}
 	return nil
 }

@@ -1,8 +1,7 @@
 -- Teams (internal/auth): every sandbox and template belongs to one, and
--- API keys act for one. Sandboxes from before teams were made with the
--- server's one key, the operator's: they belong to the default team.
--- Templates from before stay public ('': every team may use them), as
--- they were to every key.
+-- API keys act for one. Sandboxes, templates and snapshots from before
+-- teams were made with the server's one key, the operator's: they belong
+-- to the default team.
 CREATE TABLE teams (
     id            TEXT PRIMARY KEY,
     created_at    INTEGER NOT NULL,
@@ -30,3 +29,8 @@ ALTER TABLE sandboxes ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
 UPDATE sandboxes SET team_id = 'default';
 CREATE INDEX sandboxes_team ON sandboxes (team_id);
 ALTER TABLE templates ADD COLUMN team_id TEXT NOT NULL DEFAULT '';
+-- Templates and snapshots made before teams were the operator's: they
+-- belong to the default team, but for the built-in ones and the build
+-- service's pulls of public images, which every team may use.
+UPDATE templates SET team_id = 'default'
+    WHERE name NOT IN ('base', 'code-interpreter-v1') AND name NOT LIKE 'image.%';
