@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/cluster"
+	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -308,6 +312,69 @@ func TestRouteForgottenOnNotFound(t *testing.T) {
 			}
 			if _, ok := g.routes.get("sb1"); ok != tc.kept {
 				t.Errorf("route kept: %v, want %v", ok, tc.kept)
+			}
+		})
+	}
+}
+
+// oneSandboxDB is a cluster database that holds one sandbox record and
+// one node, silent for an hour.
+type oneSandboxDB struct {
+	Store
+	sb   *store.Sandbox
+	node postgres.Node
+}
+
+func (d oneSandboxDB) ListNodes(context.Context) ([]postgres.Node, error) {
+	n := d.node
+	n.HeartbeatAge = time.Hour
+	return []postgres.Node{n}, nil
+}
+
+func (d oneSandboxDB) GetSandbox(_ context.Context, id string) (*store.Sandbox, error) {
+	if id != d.sb.ID {
+		return nil, store.ErrNotFound
+	}
+	c := *d.sb
+	return &c, nil
+}
+
+// When the node of another team's sandbox is unreachable, a caller learns
+// nothing: not that the sandbox exists (an unreachable node's 503 would
+// say so), nor can it resume it elsewhere (a takeover). Its own team and
+// the operator are told the node is unreachable.
+func TestUnreachableNodeHidesOtherTeams(t *testing.T) {
+	sb := &store.Sandbox{ID: "sb1", NodeID: "n1", TeamID: "team-x", State: store.StatePaused, ImageDir: "/img",
+		ImageUpload: store.UploadUploaded}
+	db := oneSandboxDB{sb: sb, node: postgres.Node{ID: "n1", Address: "127.0.0.1:1", Protocol: cluster.Protocol}}
+	g := &Gateway{logger: slog.New(slog.DiscardHandler), nodes: newNodes(db, time.Minute, new(atomic.Int64)),
+		routes: newRouteCache(16), db: db, cfg: Config{MaxJSONBytes: 1 << 20}}
+	if err := g.nodes.refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g.routes.put("sb1", "n1")
+	for _, tc := range []struct {
+		name   string
+		caller auth.Principal
+		path   string
+		want   int
+	}{
+		{"another team's call", auth.Principal{TeamID: "team-y"}, "/sandboxes/sb1/metrics", http.StatusNotFound},
+		{"another team's resume", auth.Principal{TeamID: "team-y"}, "/sandboxes/sb1/connect", http.StatusNotFound},
+		{"its team's call", auth.Principal{TeamID: "team-x"}, "/sandboxes/sb1/metrics", http.StatusServiceUnavailable},
+		{"its team's resume", auth.Principal{TeamID: "team-x"}, "/sandboxes/sb1/connect", http.StatusServiceUnavailable},
+		{"the operator's call", auth.Operator(), "/sandboxes/sb1/metrics", http.StatusServiceUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader("{}"))
+			r = r.WithContext(auth.WithPrincipal(r.Context(), tc.caller))
+			rec := httptest.NewRecorder()
+			g.forwardSandbox(rec, r, "sb1", true)
+			if rec.Code != tc.want {
+				t.Fatalf("status %d (%s), want %d", rec.Code, rec.Body, tc.want)
+			}
+			if tc.want == http.StatusNotFound && strings.Contains(rec.Body.String(), "n1") {
+				t.Errorf("the answer names the sandbox's node: %s", rec.Body)
 			}
 		})
 	}
