@@ -174,6 +174,9 @@ func (p *envdProxy) servePort(w http.ResponseWriter, r *http.Request, id string,
 		return
 	}
 	if err != nil {
+		// Why is worth a line: "not found" is also what a sandbox that
+		// could not be reached or resumed gets.
+		p.logger.DebugContext(r.Context(), "sandbox port unreachable", "sandbox", id, "port", port, "err", err)
 		WriteSandboxGone(w, id)
 		return
 	}
