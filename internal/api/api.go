@@ -264,7 +264,7 @@ func (s *Server) isOperatorKey(key string) bool {
 // isKey tells whether key is a credential of the API's, for proxies to
 // strip on the way to a sandbox: the node's key, or anything shaped like
 // a key aenv makes (checked without asking the database).
-func (s *Server) isKey(key string) bool { return s.isOperatorKey(key) || LooksLikeKey(key) }
+func (s *Server) isKey(key string) bool { return s.isOperatorKey(key) || auth.LooksLikeKey(key) }
 
 // RequestKey is the API key a request carries: X-API-Key (E2B's SDKs) or
 // a bearer token (what Prometheus and most HTTP tools send).

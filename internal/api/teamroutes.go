@@ -253,6 +253,9 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
+	if err := s.roomForKey(r, req.TeamID, now); err != nil {
+		return err
+	}
 	value, k, err := auth.NewKey(req.TeamID, req.Name, req.Admin, now, ttl)
 	if err != nil {
 		return err
@@ -268,16 +271,33 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 
 // keyExpiry is when the key r is made with expires (zero: never).
 func (s *Server) keyExpiry(r *http.Request, p auth.Principal) (time.Time, error) {
-	keys, err := s.cfg.Teams.ListKeys(r.Context(), p.TeamID)
+	k, err := s.cfg.Teams.GetKey(r.Context(), p.KeyID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return time.Time{}, errdefs.Errorf(errdefs.ErrUnauthenticated, "this key no longer exists")
+	}
 	if err != nil {
 		return time.Time{}, err
 	}
+	return k.ExpiresAt, nil
+}
+
+// roomForKey refuses a key past MaxTeamKeys usable keys of team.
+func (s *Server) roomForKey(r *http.Request, team string, now time.Time) error {
+	keys, err := s.cfg.Teams.ListKeys(r.Context(), team)
+	if err != nil {
+		return err
+	}
+	usable := 0
 	for _, k := range keys {
-		if k.ID == p.KeyID {
-			return k.ExpiresAt, nil
+		if k.Usable(now) {
+			usable++
 		}
 	}
-	return time.Time{}, errdefs.Errorf(errdefs.ErrUnauthenticated, "this key no longer exists")
+	if usable >= auth.MaxTeamKeys {
+		return errdefs.Errorf(errdefs.ErrResourceExhausted,
+			"team %q has %d usable keys, its limit: revoke some first", team, usable)
+	}
+	return nil
 }
 
 func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
@@ -309,19 +329,12 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	p := principal(r)
 	id := r.PathValue("key")
-	keys, err := s.cfg.Teams.ListKeys(r.Context(), teamFilter(p))
-	if err != nil {
+	k, err := s.cfg.Teams.GetKey(r.Context(), id)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
-	found := false
-	for _, k := range keys {
-		// A team's key revokes its team's keys, never an admin's.
-		if k.ID == id && (p.Admin || !k.Admin) {
-			found = true
-			break
-		}
-	}
-	if !found {
+	// A team's key revokes its team's keys, never an admin's.
+	if err != nil || !p.Sees(k.TeamID) || (k.Admin && !p.Admin) {
 		return errdefs.Errorf(errdefs.ErrNotFound, "API key %q not found", id)
 	}
 	if err := s.cfg.Teams.RevokeKey(r.Context(), id, time.Now()); err != nil {

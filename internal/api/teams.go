@@ -63,17 +63,10 @@ func principal(r *http.Request) auth.Principal {
 	return auth.Operator()
 }
 
-// LooksLikeKey says whether s has the shape of a key aenv made, so that
-// proxies strip such keys on their way to a sandbox without asking the
-// database.
-func LooksLikeKey(s string) bool {
-	return strings.HasPrefix(s, auth.KeyPrefix) && len(s) == len(auth.KeyPrefix)+40
-}
-
 // keyPrincipal finds who key acts for among the stored keys (a single
 // server's; a gateway checks its cluster's itself).
 func (s *Server) keyPrincipal(ctx context.Context, key string) (auth.Principal, bool) {
-	if s.cfg.Teams == nil || !LooksLikeKey(key) {
+	if s.cfg.Teams == nil || !auth.LooksLikeKey(key) {
 		return auth.Principal{}, false
 	}
 	k, err := s.cfg.Teams.KeyByDigest(ctx, auth.Digest(key))
@@ -146,22 +139,29 @@ func (s *Server) checkSandboxID(r *http.Request, p auth.Principal, id string) er
 	return nil
 }
 
+// visibleTemplate finds template idOrName as p may see it: nil (and no
+// error) when there is none, a not-found error when it is another team's.
+func (s *Server) visibleTemplate(ctx context.Context, p auth.Principal, idOrName string) (*store.Template, error) {
+	t, err := s.catalog.GetTemplate(ctx, idOrName)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case !p.Uses(t.TeamID):
+		return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
+	}
+	return t, nil
+}
+
 // checkTemplate lets p use template (or snapshot) id when it is its
 // team's or public; change (delete) only its team's.
 func (s *Server) checkTemplate(r *http.Request, p auth.Principal, change bool) error {
-	id := r.PathValue("id")
-	t, err := s.catalog.GetTemplate(r.Context(), id)
-	switch {
-	case errors.Is(err, errdefs.ErrNotFound):
-		return nil
-	case err != nil:
+	t, err := s.visibleTemplate(r.Context(), p, r.PathValue("id"))
+	if err != nil || t == nil || !change {
 		return err
-	case !p.Uses(t.TeamID):
-		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
-	case change:
-		return ownsTemplate(p, t)
 	}
-	return nil
+	return ownsTemplate(p, t)
 }
 
 // ownsTemplate lets p change template t (delete it, tag it) when it is
@@ -178,18 +178,9 @@ func ownsTemplate(p auth.Principal, t *store.Template) error {
 // newest build, is p's team's.
 func (s *Server) checkBuildTemplate(r *http.Request, p auth.Principal) error {
 	id := r.PathValue("templateID")
-	t, err := s.catalog.GetTemplate(r.Context(), id)
-	switch {
-	case err == nil:
-		if !p.Uses(t.TeamID) {
-			return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
-		}
-		return nil
-	case !errors.Is(err, errdefs.ErrNotFound):
+	t, err := s.visibleTemplate(r.Context(), p, id)
+	if err != nil || t != nil || s.cfg.Builds == nil {
 		return err
-	}
-	if s.cfg.Builds == nil {
-		return nil
 	}
 	if team, ok := s.cfg.Builds.TeamOf(id); ok && !p.Sees(team) {
 		return fmt.Errorf("%w: template %q", node.ErrNotFound, id)
@@ -203,16 +194,8 @@ func (s *Server) usableTemplate(ctx context.Context, p auth.Principal, idOrName 
 	if p.Admin || idOrName == "" {
 		return nil
 	}
-	t, err := s.catalog.GetTemplate(ctx, idOrName)
-	switch {
-	case errors.Is(err, errdefs.ErrNotFound):
-		return nil
-	case err != nil:
-		return err
-	case !p.Uses(t.TeamID):
-		return fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
-	}
-	return nil
+	_, err := s.visibleTemplate(ctx, p, idOrName)
+	return err
 }
 
 // nameFree refuses a name for a new template or snapshot when another

@@ -31,8 +31,19 @@ const DefaultTeam = "default"
 // recognise (secret scanners, logs).
 const KeyPrefix = "aenv_"
 
-// shownPrefix is how many characters of a key lists show.
-const shownPrefix = len(KeyPrefix) + 8
+// secretBytes is how much randomness a key carries (hex-encoded after
+// KeyPrefix), and shownPrefix how many of its characters lists show.
+const (
+	secretBytes = 20
+	shownPrefix = len(KeyPrefix) + 8
+)
+
+// LooksLikeKey says whether s has the shape of a key aenv makes, so that
+// proxies strip such keys on their way to a sandbox without asking the
+// database.
+func LooksLikeKey(s string) bool {
+	return strings.HasPrefix(s, KeyPrefix) && len(s) == len(KeyPrefix)+2*secretBytes
+}
 
 // Team is a group of users sharing sandboxes, templates and limits.
 type Team struct {
@@ -80,6 +91,8 @@ type Store interface {
 	CreateKey(ctx context.Context, k *Key) error
 	// KeyByDigest finds a key by its SHA-256 (hex), revoked or not.
 	KeyByDigest(ctx context.Context, digest string) (*Key, error)
+	// GetKey finds a key by its ID, revoked or not.
+	GetKey(ctx context.Context, id string) (*Key, error)
 	// ListKeys lists team's keys, every team's for "".
 	ListKeys(ctx context.Context, team string) ([]*Key, error)
 	// RevokeKey revokes key id at at; ErrNotFound if it does not exist
@@ -153,6 +166,10 @@ func ValidLimits(t *Team) error {
 // MaxKeyName bounds a key's name.
 const MaxKeyName = 128
 
+// MaxTeamKeys bounds the usable keys of a team, so that no key can make
+// keys without end.
+const MaxTeamKeys = 1000
+
 // NewKey makes a key for team: the secret to hand to the user once, and
 // the record to store.
 func NewKey(team, name string, admin bool, now time.Time, ttl time.Duration) (string, *Key, error) {
@@ -163,15 +180,16 @@ func NewKey(team, name string, admin bool, now time.Time, ttl time.Duration) (st
 	if ttl < 0 {
 		return "", nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "key lifetime %s: must not be negative", ttl)
 	}
-	var secret, id [20]byte
+	var secret [secretBytes]byte
+	var id [8]byte
 	if _, err := rand.Read(secret[:]); err != nil {
 		return "", nil, fmt.Errorf("make key: %w", err)
 	}
-	if _, err := rand.Read(id[:8]); err != nil {
+	if _, err := rand.Read(id[:]); err != nil {
 		return "", nil, fmt.Errorf("make key: %w", err)
 	}
 	key := KeyPrefix + hex.EncodeToString(secret[:])
-	k := &Key{ID: hex.EncodeToString(id[:8]), TeamID: team, Name: name, Prefix: key[:shownPrefix],
+	k := &Key{ID: hex.EncodeToString(id[:]), TeamID: team, Name: name, Prefix: key[:shownPrefix],
 		Digest: Digest(key), Admin: admin, CreatedAt: now.UTC()}
 	if ttl > 0 {
 		k.ExpiresAt = now.Add(ttl).UTC()

@@ -515,7 +515,7 @@ func (g *Gateway) isKey(key string) bool {
 	if key == "" || len(key) > api.MaxKeyBytes {
 		return false
 	}
-	if api.LooksLikeKey(key) {
+	if auth.LooksLikeKey(key) {
 		return true
 	}
 	for _, k := range []string{g.cfg.APIKey, g.cfg.ClusterSecret} {
@@ -540,7 +540,7 @@ func (g *Gateway) hidden(r *http.Request, id string) bool {
 	}
 	g.queries.Add(1)
 	sb, err := g.db.GetSandbox(r.Context(), id)
-	return err == nil && !p.Sees(sb.TeamID) || errors.Is(err, store.ErrNotFound)
+	return errors.Is(err, store.ErrNotFound) || (err == nil && !p.Sees(sb.TeamID))
 }
 
 // keepsTeams reports whether node n may serve r's caller: an admin's

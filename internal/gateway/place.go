@@ -238,10 +238,15 @@ func (g *Gateway) sendFirst(r *http.Request, order []*nodeState, body []byte, be
 
 // neverReached reports whether a send failed before reaching the node
 // (its connection was refused), so the request is safe to offer elsewhere.
+// A node too old for the caller's team is never sent the request at all.
 func neverReached(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	return errors.As(err, &op) && op.Op == "dial" || errors.Is(err, errTooOldForTeams)
 }
+
+// errTooOldForTeams: send refused to call a node that would act for a
+// team's caller as the operator.
+var errTooOldForTeams = errors.New("node too old for teams")
 
 // relay copies a node's answer (read whole) to the client; when it is a
 // sandbox just created, its route is noted. false: the answer could not
@@ -270,7 +275,7 @@ func (g *Gateway) relay(w http.ResponseWriter, r *http.Request, resp *http.Respo
 // secret in place of the user's key).
 func (g *Gateway) send(r *http.Request, n *nodeState, body []byte) (*http.Response, error) {
 	if !g.keepsTeams(r, n) {
-		return nil, errors.New(tooOldForTeams(n))
+		return nil, fmt.Errorf("%w: %s", errTooOldForTeams, tooOldForTeams(n))
 	}
 	ctx, span := tracing.ChildClient(r.Context(), "send to node", tracing.NodeID.String(n.ID))
 	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+n.Address+r.URL.RequestURI(),
@@ -311,7 +316,6 @@ func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeSta
 	view := g.nodes.current()
 	var out []*nodeState
 	var drained, unreachable, incompatible, teamless []string
-	p := callerOf(r)
 	seen := map[string]bool{}
 	var candidates []*nodeState
 	uploaded := false
@@ -341,7 +345,7 @@ func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeSta
 			unreachable = append(unreachable, n.ID)
 		case n.Draining:
 			drained = append(drained, n.ID)
-		case !p.Admin && !cluster.SpeaksTeams(n.Protocol):
+		case !g.keepsTeams(r, n):
 			teamless = append(teamless, n.ID)
 		default:
 			out = append(out, n)
@@ -370,14 +374,13 @@ func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeSta
 // create that timed out during the build reaches the node building it,
 // and builds gather on one node rather than each node making its own.
 func (g *Gateway) builders(r *http.Request, copies []*store.Template, memoryMB int) []*nodeState {
-	p := callerOf(r)
 	held := map[string]bool{}
 	for _, t := range copies {
 		held[t.NodeID] = true
 	}
 	var out []*nodeState
 	for _, n := range g.nodes.current().list {
-		if n.ready() && !held[n.ID] && g.nodes.free(n, memoryMB) > 0 && (p.Admin || cluster.SpeaksTeams(n.Protocol)) {
+		if n.ready() && !held[n.ID] && g.nodes.free(n, memoryMB) > 0 && g.keepsTeams(r, n) {
 			out = append(out, n)
 		}
 	}

@@ -32,6 +32,23 @@ var ErrLimit = errdefs.New(errdefs.ErrResourceExhausted, "limit reached")
 // full.
 var ErrFull = errdefs.New(errdefs.ErrInsufficientStorage, "database disk full")
 
+// UnixNanos is how stores keep an optional time: Unix nanoseconds, 0 for
+// the zero time (none); FromUnixNanos reads it back, in UTC.
+func UnixNanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// FromUnixNanos is the time UnixNanos kept; 0 is the zero time.
+func FromUnixNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
 // SandboxState is the lifecycle state of a sandbox record.
 type SandboxState string
 

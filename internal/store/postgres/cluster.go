@@ -3,7 +3,6 @@ package postgres
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -207,7 +206,7 @@ func (s *Store) AddAPIKey(ctx context.Context, key string) error {
 	}
 	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (`+keyColumns+`)
 		VALUES ($1, $2, 'operator', '', $3, TRUE, $4, 0, 0, 0) ON CONFLICT (key_sha256) DO NOTHING`,
-		hex.EncodeToString(id[:]), auth.DefaultTeam, keyDigest(key), time.Now().UnixNano())
+		hex.EncodeToString(id[:]), auth.DefaultTeam, auth.Digest(key), time.Now().UnixNano())
 	if err != nil {
 		return dbError("add API key: %w", err)
 	}
@@ -221,11 +220,6 @@ func (s *Store) CountAPIKeys(ctx context.Context) (int, error) {
 		return 0, dbError("count API keys: %w", err)
 	}
 	return n, nil
-}
-
-func keyDigest(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:])
 }
 
 // ErrSecretMismatch: a process was given a cluster secret other than the

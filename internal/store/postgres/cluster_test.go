@@ -225,7 +225,7 @@ func TestAPIKeysAndSecret(t *testing.T) {
 		t.Fatalf("adding a key twice: %v", err)
 	}
 	for key, want := range map[string]bool{"e2b_abc": true, "e2b_abd": false, "": false} {
-		k, err := s.KeyByDigest(ctx, keyDigest(key))
+		k, err := s.KeyByDigest(ctx, auth.Digest(key))
 		if ok := err == nil; ok != want || (err != nil && !errors.Is(err, store.ErrNotFound)) {
 			t.Errorf("key %q: %v, want found %v", key, err, want)
 			continue

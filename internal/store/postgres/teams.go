@@ -83,8 +83,8 @@ const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, ex
 
 func (s *Store) CreateKey(ctx context.Context, k *auth.Key) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO api_keys (`+keyColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		k.ID, k.TeamID, k.Name, k.Prefix, k.Digest, k.Admin, nanos(k.CreatedAt), nanos(k.ExpiresAt),
-		nanos(k.LastUsedAt), nanos(k.RevokedAt))
+		k.ID, k.TeamID, k.Name, k.Prefix, k.Digest, k.Admin, store.UnixNanos(k.CreatedAt), store.UnixNanos(k.ExpiresAt),
+		store.UnixNanos(k.LastUsedAt), store.UnixNanos(k.RevokedAt))
 	if err != nil {
 		if isUniqueViolation(err) {
 			return dbError("create key %s: %w", k.ID, store.ErrConflict)
@@ -101,6 +101,17 @@ func (s *Store) KeyByDigest(ctx context.Context, digest string) (*auth.Key, erro
 	}
 	if err != nil {
 		return nil, dbError("look up API key: %w", err)
+	}
+	return k, nil
+}
+
+func (s *Store) GetKey(ctx context.Context, id string) (*auth.Key, error) {
+	k, err := scanKey(s.pool.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, dbError("API key %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, dbError("get API key %s: %w", id, err)
 	}
 	return k, nil
 }
@@ -148,7 +159,7 @@ func scanTeam(r pgx.Row) (*auth.Team, error) {
 	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes); err != nil {
 		return nil, err
 	}
-	t.CreatedAt = fromNanos(created)
+	t.CreatedAt = store.FromUnixNanos(created)
 	return &t, nil
 }
 
@@ -158,21 +169,6 @@ func scanKey(r pgx.Row) (*auth.Key, error) {
 	if err := r.Scan(&k.ID, &k.TeamID, &k.Name, &k.Prefix, &k.Digest, &k.Admin, &created, &expires, &used, &revoked); err != nil {
 		return nil, err
 	}
-	k.CreatedAt, k.ExpiresAt, k.LastUsedAt, k.RevokedAt = fromNanos(created), fromNanos(expires), fromNanos(used), fromNanos(revoked)
+	k.CreatedAt, k.ExpiresAt, k.LastUsedAt, k.RevokedAt = store.FromUnixNanos(created), store.FromUnixNanos(expires), store.FromUnixNanos(used), store.FromUnixNanos(revoked)
 	return &k, nil
-}
-
-// nanos and fromNanos keep times as Unix nanoseconds, 0 for none.
-func nanos(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func fromNanos(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
 }

@@ -92,10 +92,10 @@ func TestOldGatewayAddsOperatorKey(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, pgtest.New(t).NewDatabase(t))
 	if _, err := s.pool.Exec(ctx, `INSERT INTO api_keys (key_sha256, created_at) VALUES ($1, $2)`,
-		keyDigest("old-operator-key"), time.Now().UnixNano()); err != nil {
+		auth.Digest("old-operator-key"), time.Now().UnixNano()); err != nil {
 		t.Fatalf("the previous release's insert: %v", err)
 	}
-	k, err := s.KeyByDigest(ctx, keyDigest("old-operator-key"))
+	k, err := s.KeyByDigest(ctx, auth.Digest("old-operator-key"))
 	if err != nil || !k.Admin || k.TeamID != auth.DefaultTeam || k.ID == "" || !k.Usable(time.Now()) {
 		t.Fatalf("the old gateway's key: %+v %v, want a usable admin key of the default team", k, err)
 	}

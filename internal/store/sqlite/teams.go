@@ -79,8 +79,8 @@ const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, ex
 
 func (s *Store) CreateKey(ctx context.Context, k *auth.Key) error {
 	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys (`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		k.ID, k.TeamID, k.Name, k.Prefix, k.Digest, boolInt(k.Admin), nanos(k.CreatedAt), nanos(k.ExpiresAt),
-		nanos(k.LastUsedAt), nanos(k.RevokedAt))
+		k.ID, k.TeamID, k.Name, k.Prefix, k.Digest, boolInt(k.Admin), store.UnixNanos(k.CreatedAt), store.UnixNanos(k.ExpiresAt),
+		store.UnixNanos(k.LastUsedAt), store.UnixNanos(k.RevokedAt))
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create key %s: %w", k.ID, store.ErrConflict)
@@ -97,6 +97,17 @@ func (s *Store) KeyByDigest(ctx context.Context, digest string) (*auth.Key, erro
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up API key: %w", classify(err))
+	}
+	return k, nil
+}
+
+func (s *Store) GetKey(ctx context.Context, id string) (*auth.Key, error) {
+	k, err := scanKey(s.db.QueryRowContext(ctx, `SELECT `+keyColumns+` FROM api_keys WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("API key %s: %w", id, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get API key %s: %w", id, classify(err))
 	}
 	return k, nil
 }
@@ -141,7 +152,7 @@ func scanTeam(r scanner) (*auth.Team, error) {
 	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes); err != nil {
 		return nil, err
 	}
-	t.CreatedAt = fromNanos(created)
+	t.CreatedAt = store.FromUnixNanos(created)
 	return &t, nil
 }
 
@@ -153,21 +164,6 @@ func scanKey(r scanner) (*auth.Key, error) {
 		return nil, err
 	}
 	k.Admin = admin != 0
-	k.CreatedAt, k.ExpiresAt, k.LastUsedAt, k.RevokedAt = fromNanos(created), fromNanos(expires), fromNanos(used), fromNanos(revoked)
+	k.CreatedAt, k.ExpiresAt, k.LastUsedAt, k.RevokedAt = store.FromUnixNanos(created), store.FromUnixNanos(expires), store.FromUnixNanos(used), store.FromUnixNanos(revoked)
 	return &k, nil
-}
-
-// nanos and fromNanos keep times as Unix nanoseconds, 0 for none.
-func nanos(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixNano()
-}
-
-func fromNanos(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
 }

@@ -207,6 +207,12 @@ func testKeys(t *testing.T, s auth.Store) {
 	if _, err := s.KeyByDigest(ctx, auth.Digest(secret+"x")); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("unknown key: %v", err)
 	}
+	if byID, err := s.GetKey(ctx, k.ID); err != nil || byID.Digest != k.Digest || byID.TeamID != "lab-b" {
+		t.Fatalf("key by ID: %+v %v", byID, err)
+	}
+	if _, err := s.GetKey(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown key ID: %v", err)
+	}
 
 	if err := s.TouchKey(ctx, k.ID, now.Add(time.Minute)); err != nil {
 		t.Fatal(err)
