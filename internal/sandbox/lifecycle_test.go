@@ -1020,3 +1020,27 @@ func TestForkChildKilledBeforeFinish(t *testing.T) {
 	w.stop()
 	w.stoppedEmpty()
 }
+
+// A timer callback that fired before its timer was stopped, and waited for
+// the lock meanwhile, finds itself stale: a failing kill re-arming the
+// deadline and then its back-off must not run two kills.
+func TestStaleTimerCallbackDoesNothing(t *testing.T) {
+	w := newWorld(t)
+	sb := w.create()
+	e := w.m.entry(sb.ID)
+	fired := make(chan struct{})
+	current := make(chan bool, 1)
+	e.mu.Lock()
+	e.arm(0, func(ctx context.Context, e *entry, seq uint64) {
+		close(fired)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		current <- e.armed(seq)
+	})
+	<-fired // fired, now waiting for the lock
+	e.arm(time.Hour, func(context.Context, *entry, uint64) {})
+	e.mu.Unlock()
+	if <-current {
+		t.Fatal("a replaced timer's callback still counted as armed")
+	}
+}

@@ -23,11 +23,14 @@ import (
 // expire handles a deadline: the sandbox is paused when it asked for
 // autoPause, killed otherwise. A kill that fails is retried with a
 // growing delay, never in a tight loop.
-func (m *Manager) expire(ctx context.Context, e *entry) {
+func (m *Manager) expire(ctx context.Context, e *entry, seq uint64) {
 	ctx, cancel := context.WithTimeout(ctx, backgroundOpTimeout)
 	defer cancel()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if !e.armed(seq) {
+		return // stopped or replaced after it fired
+	}
 	v := e.view()
 	if v.phase != phaseRunning {
 		return
@@ -70,8 +73,7 @@ func (m *Manager) expire(ctx context.Context, e *entry) {
 func (m *Manager) retryExpiry(e *entry, what string, err error) {
 	e.retry = min(max(2*e.retry, time.Second), maxKillRetry)
 	m.logger.Error(what+"; retrying", "sandbox", e.id, "in", e.retry, "err", err)
-	e.stopTimer()
-	e.timer = m.afterFunc(e.retry, func(ctx context.Context) { m.expire(ctx, e) })
+	e.arm(e.retry, m.expire)
 }
 
 // Pause freezes a running sandbox in memory. It uses no CPU while paused;
@@ -291,11 +293,14 @@ func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, up
 
 // spill writes a sandbox paused in memory to disk and releases its
 // memory, CPU and network slot.
-func (m *Manager) spill(ctx context.Context, e *entry) {
+func (m *Manager) spill(ctx context.Context, e *entry, seq uint64) {
 	ctx, cancel := context.WithTimeout(ctx, backgroundOpTimeout)
 	defer cancel()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if !e.armed(seq) {
+		return // stopped or replaced after it fired
+	}
 	if e.view().phase != phasePaused {
 		return
 	}

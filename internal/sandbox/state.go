@@ -208,10 +208,10 @@ func (e *entry) settle() {
 	e.timerPhase = v.phase
 	switch {
 	case v.phase == phaseRunning:
-		e.timer = m.afterFunc(time.Until(v.sb.EndAt), func(ctx context.Context) { m.expire(ctx, e) })
+		e.arm(time.Until(v.sb.EndAt), m.expire)
 	case v.phase == phasePaused && m.cfg.PauseToDiskAfter > 0 && m.driver.Capabilities().Checkpoint:
 		wait := m.cfg.PauseToDiskAfter - time.Since(v.sb.UpdatedAt)
-		e.timer = m.afterFunc(wait, func(ctx context.Context) { m.spill(ctx, e) })
+		e.arm(wait, m.spill)
 	}
 	m.watchIfHeld(e, v)
 }
@@ -256,10 +256,27 @@ func (m *Manager) watch(e *entry) {
 
 // stopTimer stops e's timer, if any; e.mu is held.
 func (e *entry) stopTimer() {
+	e.timerSeq++
 	if e.timer != nil {
 		e.timer.Stop()
 		e.timer = nil
 	}
+}
+
+// arm sets e's timer to call fn after d, in place of any earlier one; fn
+// gets the timer's sequence number and must, once it holds e.mu, do
+// nothing unless e.armed(seq): Stop does not cancel a callback already
+// fired and waiting for the lock. e.mu held.
+func (e *entry) arm(d time.Duration, fn func(ctx context.Context, e *entry, seq uint64)) {
+	e.stopTimer()
+	seq := e.timerSeq
+	e.timer = e.owner.afterFunc(d, func(ctx context.Context) { fn(ctx, e, seq) })
+}
+
+// armed reports whether seq is the timer armed last and not stopped since.
+// e.mu held.
+func (e *entry) armed(seq uint64) bool {
+	return e.timerSeq == seq
 }
 
 // view is an immutable picture of a sandbox, published atomically so that
@@ -299,6 +316,10 @@ type entry struct {
 	// mu serialises lifecycle operations on this sandbox; readers use cur.
 	mu    sync.Mutex
 	timer *time.Timer // deadline or spill, as settle set it; guarded by mu
+	// timerSeq names the timer armed last; a callback of an earlier one,
+	// fired before Stop could cancel it, finds it changed and does
+	// nothing. Guarded by mu.
+	timerSeq uint64
 	// timerPhase is the phase settle last armed the timer for; guarded
 	// by mu.
 	timerPhase phase
