@@ -69,4 +69,21 @@ describe('teams', () => {
     server.defer(() => second.kill().catch(() => {}))
     assert.equal((await second.commands.run('echo room')).stdout, 'room\n')
   })
+
+  test("a team's memory limit sums its sandboxes' memory", async () => {
+    const m = await team('sdk-memory')
+    const first = await Sandbox.create('base', { apiKey: m.key, timeoutMs: 120_000 })
+    server.defer(() => first.kill().catch(() => {}))
+    const { memoryMB, cpuCount } = await Sandbox.getInfo(first.sandboxId, { apiKey: m.key })
+    assert.ok(memoryMB > 0 && cpuCount > 0, `memoryMB ${memoryMB}, cpuCount ${cpuCount}`)
+    // Room for exactly the one it has.
+    const limits = await admin('PATCH', '/teams/sdk-memory', { maxMemoryMB: memoryMB })
+    assert.equal(limits.maxMemoryMB, memoryMB)
+    const err = await rejectsWith(Sandbox.create('base', { apiKey: m.key }), RateLimitError, 'create over the memory limit')
+    assert.match(err.message, /MiB of sandbox memory/)
+    await admin('PATCH', '/teams/sdk-memory', { maxMemoryMB: 2 * memoryMB })
+    const second = await Sandbox.create('base', { apiKey: m.key, timeoutMs: 120_000 })
+    server.defer(() => second.kill().catch(() => {}))
+    assert.equal((await second.commands.run('echo fits')).stdout, 'fits\n')
+  })
 })

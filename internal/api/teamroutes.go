@@ -28,7 +28,8 @@ func (s *Server) routeTeams() {
 }
 
 func toTeamJSON(t *auth.Team) wire.Team {
-	return wire.Team{TeamID: t.ID, CreatedAt: t.CreatedAt, MaxSandboxes: t.MaxSandboxes}
+	return wire.Team{TeamID: t.ID, CreatedAt: t.CreatedAt, MaxSandboxes: t.MaxSandboxes,
+		MaxMemoryMB: t.MaxMemoryMB, MaxVCPUs: t.MaxVCPUs}
 }
 
 func toKeyJSON(k *auth.Key) wire.APIKey {
@@ -57,7 +58,8 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) error {
 	if err := auth.ValidTeamID(req.TeamID); err != nil {
 		return err
 	}
-	t := &auth.Team{ID: req.TeamID, CreatedAt: time.Now().UTC(), MaxSandboxes: req.MaxSandboxes}
+	t := &auth.Team{ID: req.TeamID, CreatedAt: time.Now().UTC(), MaxSandboxes: req.MaxSandboxes,
+		MaxMemoryMB: req.MaxMemoryMB, MaxVCPUs: req.MaxVCPUs}
 	if err := auth.ValidLimits(t); err != nil {
 		return err
 	}
@@ -141,8 +143,9 @@ func (s *Server) leftovers(r *http.Request, id string) error {
 	return nil
 }
 
-// setTeamLimits is PATCH /teams/{team}: a new limit applies to creates
-// from then on; sandboxes over it are not killed.
+// setTeamLimits is PATCH /teams/{team}: the limits given change, the
+// others keep their values. A new limit applies to creates from then on;
+// sandboxes over it are not killed.
 func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
 	if !principal(r).Admin {
 		return errAdminOnly
@@ -151,7 +154,22 @@ func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
-	t := &auth.Team{ID: r.PathValue("team"), MaxSandboxes: req.MaxSandboxes}
+	id := r.PathValue("team")
+	t, err := s.cfg.Teams.GetTeam(r.Context(), id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", id)
+	}
+	if err != nil {
+		return err
+	}
+	for _, l := range []struct {
+		to   *int
+		from *int
+	}{{&t.MaxSandboxes, req.MaxSandboxes}, {&t.MaxMemoryMB, req.MaxMemoryMB}, {&t.MaxVCPUs, req.MaxVCPUs}} {
+		if l.from != nil {
+			*l.to = *l.from
+		}
+	}
 	if err := auth.ValidLimits(t); err != nil {
 		return err
 	}

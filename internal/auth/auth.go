@@ -53,6 +53,36 @@ type Team struct {
 	// state but dead: paused ones count too, so that a resume never
 	// passes it), cluster-wide; 0: no limit beyond the nodes'.
 	MaxSandboxes int
+	// MaxMemoryMB and MaxVCPUs bound the memory and vCPUs its sandboxes
+	// are given, summed over the same sandboxes; 0: no limit.
+	MaxMemoryMB int
+	MaxVCPUs    int
+}
+
+// Limited says whether t has any limit on its sandboxes.
+func (t *Team) Limited() bool {
+	return t.MaxSandboxes > 0 || t.MaxMemoryMB > 0 || t.MaxVCPUs > 0
+}
+
+// Usage is what a team's sandboxes that count toward its limits hold.
+type Usage struct {
+	Sandboxes, MemoryMB, VCPUs int
+}
+
+// Admit says which of t's limits one more sandbox of memoryMB and vcpus
+// would pass, with used already held, or nil when it fits.
+func (t *Team) Admit(used Usage, memoryMB, vcpus int) error {
+	switch {
+	case t.MaxSandboxes > 0 && used.Sandboxes+1 > t.MaxSandboxes:
+		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room)", t.ID, t.MaxSandboxes)
+	case t.MaxMemoryMB > 0 && used.MemoryMB+memoryMB > t.MaxMemoryMB:
+		return fmt.Errorf("team %s would pass its limit of %d MiB of sandbox memory (%d held, %d asked)",
+			t.ID, t.MaxMemoryMB, used.MemoryMB, memoryMB)
+	case t.MaxVCPUs > 0 && used.VCPUs+vcpus > t.MaxVCPUs:
+		return fmt.Errorf("team %s would pass its limit of %d vCPUs (%d held, %d asked)",
+			t.ID, t.MaxVCPUs, used.VCPUs, vcpus)
+	}
+	return nil
 }
 
 // Key is the record of an API key; the key itself is not kept.
@@ -150,15 +180,29 @@ func ValidTeamID(id string) error {
 	return nil
 }
 
-// MaxTeamSandboxes bounds the sandbox limit a team may be given, so that
-// an absurd value is refused rather than stored.
-const MaxTeamSandboxes = 1_000_000
+// The largest limits a team may be given, so that an absurd value is
+// refused rather than stored: a million sandboxes, a petabyte of memory
+// (in MiB), a million vCPUs.
+const (
+	MaxTeamSandboxes = 1_000_000
+	MaxTeamMemoryMB  = 1 << 30
+	MaxTeamVCPUs     = 1_000_000
+)
 
 // ValidLimits says why t's limits cannot be stored, or nil.
 func ValidLimits(t *Team) error {
-	if t.MaxSandboxes < 0 || t.MaxSandboxes > MaxTeamSandboxes {
-		return errdefs.Errorf(errdefs.ErrInvalidArgument,
-			"maxSandboxes %d: must be between 0 (no limit) and %d", t.MaxSandboxes, MaxTeamSandboxes)
+	for _, l := range []struct {
+		name       string
+		value, max int
+	}{
+		{"maxSandboxes", t.MaxSandboxes, MaxTeamSandboxes},
+		{"maxMemoryMB", t.MaxMemoryMB, MaxTeamMemoryMB},
+		{"maxVCPUs", t.MaxVCPUs, MaxTeamVCPUs},
+	} {
+		if l.value < 0 || l.value > l.max {
+			return errdefs.Errorf(errdefs.ErrInvalidArgument,
+				"%s %d: must be between 0 (no limit) and %d", l.name, l.value, l.max)
+		}
 	}
 	return nil
 }

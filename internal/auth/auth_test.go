@@ -106,3 +106,51 @@ func TestUseRecorder(t *testing.T) {
 		t.Fatal("another key's first use is written")
 	}
 }
+
+func TestTeamAdmit(t *testing.T) {
+	team := &Team{ID: "lab", MaxSandboxes: 3, MaxMemoryMB: 2048, MaxVCPUs: 4}
+	for _, tc := range []struct {
+		name         string
+		used         Usage
+		memory, vcpu int
+		want         string // part of the refusal; "" admits
+	}{
+		{"empty", Usage{}, 512, 1, ""},
+		{"exactly at every limit", Usage{2, 1536, 3}, 512, 1, ""},
+		{"one sandbox too many", Usage{3, 0, 0}, 512, 1, "limit of 3 sandboxes"},
+		{"memory past", Usage{1, 1600, 1}, 512, 1, "2048 MiB of sandbox memory (1600 held, 512 asked)"},
+		{"vcpus past", Usage{1, 512, 3}, 512, 2, "limit of 4 vCPUs (3 held, 2 asked)"},
+		{"one bigger than the whole limit", Usage{}, 4096, 1, "MiB of sandbox memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := team.Admit(tc.used, tc.memory, tc.vcpu)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want a refusal naming %q", err, tc.want)
+			}
+		})
+	}
+	if err := (&Team{ID: "free"}).Admit(Usage{1 << 20, 1 << 30, 1 << 20}, 1 << 20, 64); err != nil {
+		t.Fatalf("a team without limits refused: %v", err)
+	}
+}
+
+func TestValidLimits(t *testing.T) {
+	for _, tc := range []struct {
+		team Team
+		ok   bool
+	}{
+		{Team{}, true},
+		{Team{MaxSandboxes: MaxTeamSandboxes, MaxMemoryMB: MaxTeamMemoryMB, MaxVCPUs: MaxTeamVCPUs}, true},
+		{Team{MaxSandboxes: -1}, false},
+		{Team{MaxMemoryMB: -1}, false},
+		{Team{MaxVCPUs: MaxTeamVCPUs + 1}, false},
+		{Team{MaxMemoryMB: MaxTeamMemoryMB + 1}, false},
+	} {
+		if err := ValidLimits(&tc.team); (err == nil) != tc.ok {
+			t.Errorf("ValidLimits(%+v) = %v, want ok %v", tc.team, err, tc.ok)
+		}
+	}
+}

@@ -32,17 +32,20 @@ team's. Creating and removing teams takes an admin key.`,
 func (a *app) teamCreateCommand() *cobra.Command {
 	var f serverFlags
 	var out outputFlag
-	var maxSandboxes int
+	var limits teamLimitFlags
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a team",
 		Long: `Create a team named NAME (lower-case letters, digits and dashes). Then make it a key: aenv key create --team NAME.
---max-sandboxes bounds the team's sandboxes that exist at once (paused ones count), on every node of a
-cluster together; a create past it is refused with 429.`,
-		Example: "  aenv team create lab-a --max-sandboxes 200\n  aenv key create --team lab-a --name trainer",
+` + teamLimitsHelp,
+		Example: "  aenv team create lab-a --max-sandboxes 200 --max-memory 409600 --max-vcpus 400\n  aenv key create --team lab-a --name trainer",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			given, err := limits.given(cmd)
 			if err != nil {
 				return err
 			}
@@ -50,7 +53,7 @@ cluster together; a create past it is refused with 429.`,
 			if err != nil {
 				return err
 			}
-			t, err := c.CreateTeam(cmd.Context(), argv[0], maxSandboxes)
+			t, err := c.CreateTeam(cmd.Context(), argv[0], given)
 			if err != nil {
 				return err
 			}
@@ -63,39 +66,93 @@ cluster together; a create past it is refused with 429.`,
 	}
 	addServerFlags(cmd, &f)
 	addOutputFlag(cmd, &out)
-	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes the team may have at once (0: no limit)")
+	limits.add(cmd)
 	return cmd
+}
+
+// teamLimitsHelp explains the limit flags of team create and set.
+const teamLimitsHelp = `The limits count the team's sandboxes that exist (paused ones too, so that a resume never
+passes them), on every node of a cluster together; a create or fork past one is refused with 429.
+--max-sandboxes bounds how many; --max-memory (MiB) and --max-vcpus bound the memory and vCPUs
+they were given, summed. 0 is no limit.`
+
+// teamLimitFlags are the limit flags of team create and set.
+type teamLimitFlags struct {
+	sandboxes, memoryMB, vcpus int
+}
+
+func (l *teamLimitFlags) add(cmd *cobra.Command) {
+	cmd.Flags().IntVar(&l.sandboxes, "max-sandboxes", 0, "sandboxes the team may have at once (0: no limit)")
+	cmd.Flags().IntVar(&l.memoryMB, "max-memory", 0, "MiB of memory its sandboxes may be given in all (0: no limit)")
+	cmd.Flags().IntVar(&l.vcpus, "max-vcpus", 0, "vCPUs its sandboxes may be given in all (0: no limit)")
+}
+
+// given returns the limits set on the command line; the others are nil.
+func (l *teamLimitFlags) given(cmd *cobra.Command) (client.TeamLimits, error) {
+	var out client.TeamLimits
+	for _, f := range []struct {
+		name  string
+		value *int
+		to    **int
+	}{
+		{"max-sandboxes", &l.sandboxes, &out.MaxSandboxes},
+		{"max-memory", &l.memoryMB, &out.MaxMemoryMB},
+		{"max-vcpus", &l.vcpus, &out.MaxVCPUs},
+	} {
+		if !cmd.Flags().Changed(f.name) {
+			continue
+		}
+		if *f.value < 0 {
+			return out, usageError{fmt.Errorf("--%s %d: a limit is 0 (none) or more", f.name, *f.value)}
+		}
+		*f.to = f.value
+	}
+	return out, nil
 }
 
 func (a *app) teamSetCommand() *cobra.Command {
 	var f serverFlags
-	var maxSandboxes int
+	var limits teamLimitFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME --max-sandboxes N",
+		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N]",
 		Short: "Change a team's limits",
-		Long: `Change a team's limits. A lower limit refuses creates from then on; sandboxes already over it are
-not killed. 0 lifts the limit.`,
-		Example: "  aenv team set lab-a --max-sandboxes 500",
+		Long: `Change the limits given of a team; the others keep their values. A lower limit refuses creates
+from then on; sandboxes already over it are not killed.
+` + teamLimitsHelp,
+		Example: "  aenv team set lab-a --max-sandboxes 500\n  aenv team set lab-a --max-memory 0",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			if !cmd.Flags().Changed("max-sandboxes") {
-				return usageError{errors.New("give --max-sandboxes")}
+			given, err := limits.given(cmd)
+			if err != nil {
+				return err
+			}
+			if given == (client.TeamLimits{}) {
+				return usageError{errors.New("give --max-sandboxes, --max-memory or --max-vcpus")}
 			}
 			c, err := a.client(f)
 			if err != nil {
 				return err
 			}
-			t, err := c.SetTeamLimits(cmd.Context(), argv[0], maxSandboxes)
+			t, err := c.SetTeamLimits(cmd.Context(), argv[0], given)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\n", t.TeamID, limitOrNone(t.MaxSandboxes))
+			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\n", t.TeamID,
+				limitOrNone(t.MaxSandboxes), memoryLimit(t.MaxMemoryMB), limitOrNone(t.MaxVCPUs))
 			return nil
 		},
 	}
 	addServerFlags(cmd, &f)
-	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes the team may have at once (0: no limit)")
+	limits.add(cmd)
 	return cmd
+}
+
+// memoryLimit shows a memory limit in MiB, "none" for 0.
+func memoryLimit(mb int) string {
+	if mb == 0 {
+		return "none"
+	}
+	return strconv.Itoa(mb) + " MiB"
 }
 
 // limitOrNone shows a limit, "none" for 0.
@@ -132,9 +189,10 @@ func (a *app) teamLsCommand() *cobra.Command {
 				return writeJSON(a.stdout, raws(teams, func(t client.Team) json.RawMessage { return t.Raw }))
 			}
 			now := a.now()
-			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "CREATED")
+			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "CREATED")
 			for _, team := range teams {
-				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), timeAgo(now, team.CreatedAt))
+				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), memoryLimit(team.MaxMemoryMB),
+					limitOrNone(team.MaxVCPUs), timeAgo(now, team.CreatedAt))
 			}
 			return t.flush()
 		},

@@ -14,7 +14,17 @@ type Team struct {
 	TeamID       string          `json:"teamID"`
 	CreatedAt    time.Time       `json:"createdAt"`
 	MaxSandboxes int             `json:"maxSandboxes"` // 0: no limit
+	MaxMemoryMB  int             `json:"maxMemoryMB"`  // 0: no limit
+	MaxVCPUs     int             `json:"maxVCPUs"`     // 0: no limit
 	Raw          json.RawMessage `json:"-"`
+}
+
+// TeamLimits are limits to give a team; 0 is none. A nil one is left
+// out: unlimited for a new team, unchanged for SetTeamLimits.
+type TeamLimits struct {
+	MaxSandboxes *int `json:"maxSandboxes,omitempty"`
+	MaxMemoryMB  *int `json:"maxMemoryMB,omitempty"`
+	MaxVCPUs     *int `json:"maxVCPUs,omitempty"`
 }
 
 // APIKey is an API key's record; Key holds the key itself only in the
@@ -48,22 +58,23 @@ type DeletedTeam struct {
 	Killed []string `json:"killed"`
 }
 
-// CreateTeam makes a team (admin keys only) with at most maxSandboxes
-// sandboxes at once (0: no limit).
-func (c *Client) CreateTeam(ctx context.Context, id string, maxSandboxes int) (Team, error) {
+// CreateTeam makes a team (admin keys only) with limits.
+func (c *Client) CreateTeam(ctx context.Context, id string, limits TeamLimits) (Team, error) {
 	var raw json.RawMessage
-	body := map[string]any{"teamID": id, "maxSandboxes": maxSandboxes}
+	body := struct {
+		TeamID string `json:"teamID"`
+		TeamLimits
+	}{id, limits}
 	if _, err := c.DoJSON(ctx, http.MethodPost, "/teams", nil, body, &raw); err != nil {
 		return Team{}, err
 	}
 	return decodeRaw[Team](raw, func(t *Team, raw json.RawMessage) { t.Raw = raw })
 }
 
-// SetTeamLimits changes a team's limits (admin keys only).
-func (c *Client) SetTeamLimits(ctx context.Context, id string, maxSandboxes int) (Team, error) {
+// SetTeamLimits changes the limits given of a team (admin keys only).
+func (c *Client) SetTeamLimits(ctx context.Context, id string, limits TeamLimits) (Team, error) {
 	var raw json.RawMessage
-	body := map[string]any{"maxSandboxes": maxSandboxes}
-	if _, err := c.DoJSON(ctx, http.MethodPatch, "/teams/"+url.PathEscape(id), nil, body, &raw); err != nil {
+	if _, err := c.DoJSON(ctx, http.MethodPatch, "/teams/"+url.PathEscape(id), nil, limits, &raw); err != nil {
 		return Team{}, err
 	}
 	return decodeRaw[Team](raw, func(t *Team, raw json.RawMessage) { t.Raw = raw })

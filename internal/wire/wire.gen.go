@@ -576,7 +576,9 @@ type NewSnapshot struct {
 
 // NewTeam defines model for NewTeam.
 type NewTeam struct {
+	MaxMemoryMB  int `json:"maxMemoryMB,omitempty"`
 	MaxSandboxes int `json:"maxSandboxes,omitempty"`
+	MaxVCPUs     int `json:"maxVCPUs,omitempty"`
 
 	// TeamID 1 to 63 lower-case letters, digits and dashes, starting with a letter or digit.
 	TeamID string `json:"teamID"`
@@ -713,15 +715,27 @@ type Snapshot struct {
 type Team struct {
 	CreatedAt time.Time `json:"createdAt"`
 
+	// MaxMemoryMB MiB of memory its sandboxes that are not killed may be given in all, cluster-wide; 0: no limit.
+	MaxMemoryMB int `json:"maxMemoryMB"`
+
 	// MaxSandboxes Sandboxes of the team that may exist at once (not killed), cluster-wide; 0: no limit.
-	MaxSandboxes int    `json:"maxSandboxes"`
-	TeamID       string `json:"teamID"`
+	MaxSandboxes int `json:"maxSandboxes"`
+
+	// MaxVCPUs vCPUs its sandboxes that are not killed may be given in all, cluster-wide; 0: no limit.
+	MaxVCPUs int    `json:"maxVCPUs"`
+	TeamID   string `json:"teamID"`
 }
 
-// TeamLimits defines model for TeamLimits.
+// TeamLimits The limits to change; those left out keep their values.
 type TeamLimits struct {
+	// MaxMemoryMB 0: no limit.
+	MaxMemoryMB *int `json:"maxMemoryMB,omitempty"`
+
 	// MaxSandboxes 0: no limit.
-	MaxSandboxes int `json:"maxSandboxes"`
+	MaxSandboxes *int `json:"maxSandboxes,omitempty"`
+
+	// MaxVCPUs 0: no limit.
+	MaxVCPUs *int `json:"maxVCPUs,omitempty"`
 }
 
 // Template defines model for Template.

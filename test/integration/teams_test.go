@@ -406,6 +406,18 @@ func checkTeamCLI(t *testing.T, s *server) {
 	if out, code := s.cli("team", "create", "other", "--api-key", key.Key); code == 0 || !strings.Contains(out, "admin") {
 		t.Fatalf("a team's key made a team: exit %d\n%s", code, out)
 	}
+	// Limits by flag; set changes only those given.
+	s.cliOK("team", "set", "cli-team", "--max-memory", "4096", "--max-vcpus", "8")
+	out = s.cliOK("team", "set", "cli-team", "--max-sandboxes", "3")
+	if !strings.Contains(out, "max sandboxes 3") || !strings.Contains(out, "max memory 4096 MiB") || !strings.Contains(out, "max vcpus 8") {
+		t.Fatalf("team set --max-sandboxes after --max-memory and --max-vcpus:\n%s", out)
+	}
+	if out, code := s.cli("team", "set", "cli-team"); code != 2 {
+		t.Fatalf("team set without a limit: exit %d, want 2 (usage)\n%s", code, out)
+	}
+	if out, code := s.cli("team", "set", "cli-team", "--max-vcpus", "-1"); code != 2 || !strings.Contains(out, "--max-vcpus") {
+		t.Fatalf("team set --max-vcpus -1: exit %d, want 2 naming the limit\n%s", code, out)
+	}
 	if out, code := s.cli("key", "create", "--expires", "soon"); code != 2 {
 		t.Fatalf("a bad --expires: exit %d, want 2 (usage)\n%s", code, out)
 	}
@@ -512,4 +524,29 @@ func TestTeamLimitThroughGateways(t *testing.T) {
 	e1.want(429, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
 	e1.want(400, apiKey, "PATCH", "/teams/capped", map[string]any{"maxSandboxes": -1})
 	e1.want(404, apiKey, "PATCH", "/teams/no-such-team", map[string]any{"maxSandboxes": 1})
+
+	// Memory and vCPUs are limits too, summed over the team's sandboxes;
+	// a PATCH changes only the limits it names.
+	var team client.Team
+	e2.want(200, apiKey, "PATCH", "/teams/capped", map[string]any{"maxSandboxes": 0, "maxMemoryMB": 1}).json(t, &team)
+	if team.MaxSandboxes != 0 || team.MaxMemoryMB != 1 || team.MaxVCPUs != 0 {
+		t.Fatalf("limits after a PATCH: %+v", team)
+	}
+	r := e1.want(429, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
+	if !strings.Contains(string(r.body), "MiB of sandbox memory") {
+		t.Errorf("a create past the memory limit: %s, want the limit named", r.body)
+	}
+	e1.want(200, apiKey, "PATCH", "/teams/capped", map[string]any{"maxVCPUs": 1})
+	e2.want(200, apiKey, "GET", "/teams/capped", nil).json(t, &team)
+	if team.MaxMemoryMB != 1 || team.MaxVCPUs != 1 {
+		t.Fatalf("a PATCH of maxVCPUs changed the others: %+v", team)
+	}
+	e1.want(200, apiKey, "PATCH", "/teams/capped", map[string]any{"maxMemoryMB": 0})
+	r = e2.want(429, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
+	if !strings.Contains(string(r.body), "vCPUs") {
+		t.Errorf("a create past the vCPU limit: %s, want the limit named", r.body)
+	}
+	e1.want(200, apiKey, "PATCH", "/teams/capped", map[string]any{"maxVCPUs": 0})
+	e1.want(201, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
+	e1.want(400, apiKey, "PATCH", "/teams/capped", map[string]any{"maxMemoryMB": -5})
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -103,7 +104,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	return s.inTx(ctx, "create sandbox "+sb.ID, func(tx pgx.Tx) error {
-		if err := checkTeamLimit(ctx, tx, sb.TeamID); err != nil {
+		if err := checkTeamLimit(ctx, tx, sb); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID)...)
@@ -114,38 +115,40 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	})
 }
 
-// checkTeamLimit refuses one more sandbox of team when it has as many as
-// its limit allows, cluster-wide. The row of a team with a limit is
-// locked until tx ends, so the creates of one team, on any node, count and
-// insert one at a time; other teams' do not wait.
-func checkTeamLimit(ctx context.Context, tx pgx.Tx, team string) error {
-	if team == "" {
+// checkTeamLimit refuses sb when one more sandbox of its team, of its
+// memory and vCPUs, would pass one of the team's limits, cluster-wide. The
+// row of a team with limits is locked until tx ends, so the creates of one
+// team, on any node, count and insert one at a time; other teams' do not
+// wait.
+func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
+	if sb.TeamID == "" {
 		return nil
 	}
-	// A team without a limit takes no lock: its creates never wait for
+	// A team without limits takes no lock: its creates never wait for
 	// each other. A limit set meanwhile applies from the next create.
-	var limit int64
-	err := tx.QueryRow(ctx, `SELECT max_sandboxes FROM teams WHERE id = $1`, team).Scan(&limit)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && limit == 0) {
+	const team = `SELECT ` + teamColumns + ` FROM teams WHERE id = $1`
+	t, err := scanTeam(tx.QueryRow(ctx, team, sb.TeamID))
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !t.Limited()) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	err = tx.QueryRow(ctx, `SELECT max_sandboxes FROM teams WHERE id = $1 FOR UPDATE`, team).Scan(&limit)
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && limit == 0) {
+	t, err = scanTeam(tx.QueryRow(ctx, team+` FOR UPDATE`, sb.TeamID))
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !t.Limited()) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	var n int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM sandboxes WHERE team_id = $1 AND state <> 'dead'`,
-		team).Scan(&n); err != nil {
+	var used auth.Usage
+	if err := tx.QueryRow(ctx, `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0)
+		FROM sandboxes WHERE team_id = $1 AND state <> 'dead'`, sb.TeamID).Scan(
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs); err != nil {
 		return err
 	}
-	if n >= limit {
-		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, limit, store.ErrLimit)
+	if err := t.Admit(used, sb.MemoryMB, sb.VCPU); err != nil {
+		return fmt.Errorf("%v: %w", err, store.ErrLimit)
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, roo
 		return err
 	}
 	return s.inTx(ctx, "create sandbox "+sb.ID, func(tx pgx.Tx) error {
-		if err := checkTeamLimit(ctx, tx, sb.TeamID); err != nil {
+		if err := checkTeamLimit(ctx, tx, sb); err != nil {
 			return err
 		}
 		if err := holdRootfs(ctx, tx, s.node, store.RefSandbox, sb.ID, rootfs); err != nil {

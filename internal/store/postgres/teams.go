@@ -16,8 +16,8 @@ import (
 var _ auth.Store = (*Store)(nil)
 
 func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO teams (id, created_at, max_sandboxes) VALUES ($1, $2, $3)`,
-		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes)
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4, $5)`,
+		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return dbError("create team %s: %w", t.ID, store.ErrConflict)
@@ -28,7 +28,7 @@ func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
 }
 
 func (s *Store) GetTeam(ctx context.Context, id string) (*auth.Team, error) {
-	t, err := scanTeam(s.pool.QueryRow(ctx, `SELECT id, created_at, max_sandboxes FROM teams WHERE id = $1`, id))
+	t, err := scanTeam(s.pool.QueryRow(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, dbError("team %s: %w", id, store.ErrNotFound)
 	}
@@ -39,7 +39,7 @@ func (s *Store) GetTeam(ctx context.Context, id string) (*auth.Team, error) {
 }
 
 func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, created_at, max_sandboxes FROM teams ORDER BY id`)
+	rows, err := s.pool.Query(ctx, `SELECT `+teamColumns+` FROM teams ORDER BY id`)
 	if err != nil {
 		return nil, dbError("list teams: %w", err)
 	}
@@ -59,7 +59,8 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 }
 
 func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = $2 WHERE id = $1`, t.ID, t.MaxSandboxes)
+	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = $2, max_memory_mb = $3, max_vcpus = $4 WHERE id = $1`,
+		t.ID, t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs)
 	if err != nil {
 		return dbError("set limits of team %s: %w", t.ID, err)
 	}
@@ -78,6 +79,9 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 		return expectOneRow(tag, "delete team "+id)
 	})
 }
+
+// teamColumns are scanned by scanTeam.
+const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus`
 
 const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
 
@@ -156,7 +160,7 @@ func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
 func scanTeam(r pgx.Row) (*auth.Team, error) {
 	var t auth.Team
 	var created int64
-	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes); err != nil {
+	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = store.FromUnixNanos(created)

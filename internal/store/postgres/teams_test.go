@@ -36,10 +36,11 @@ func TestTeamLimitWaitsForConcurrentCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if err := checkTeamLimit(ctx, tx, "one"); err != nil {
+	first := newSandbox("first")
+	if err := checkTeamLimit(ctx, tx, first); err != nil {
 		t.Fatal(err)
 	}
-	args, err := sandboxArgs(s.box, newSandbox("first"))
+	args, err := sandboxArgs(s.box, first)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -145,7 +146,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	err = s.inTx(ctx, "create sandbox "+sb.ID, func(tx *sql.Tx) error {
-		if err := checkTeamLimit(ctx, tx, sb.TeamID); err != nil {
+		if err := checkTeamLimit(ctx, tx, sb); err != nil {
 			return err
 		}
 		_, err := tx.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID)...)
@@ -157,28 +158,29 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	return err
 }
 
-// checkTeamLimit refuses one more sandbox of team when it has as many as
-// its limit allows. The store has one connection, so transactions, and
-// with them counts and inserts, run one at a time.
-func checkTeamLimit(ctx context.Context, tx *sql.Tx, team string) error {
-	if team == "" {
+// checkTeamLimit refuses sb when one more sandbox of its team, of its
+// memory and vCPUs, would pass one of the team's limits. The store has one
+// connection, so transactions, and with them counts and inserts, run one
+// at a time.
+func checkTeamLimit(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
+	if sb.TeamID == "" {
 		return nil
 	}
-	var limit int
-	err := tx.QueryRowContext(ctx, `SELECT max_sandboxes FROM teams WHERE id = ?`, team).Scan(&limit)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && limit == 0) {
+	t, err := scanTeam(tx.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, sb.TeamID))
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !t.Limited()) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM sandboxes WHERE team_id = ? AND state <> 'dead'`,
-		team).Scan(&n); err != nil {
+	var used auth.Usage
+	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0)
+		FROM sandboxes WHERE team_id = ? AND state <> 'dead'`, sb.TeamID).Scan(
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs); err != nil {
 		return err
 	}
-	if n >= limit {
-		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room): %w", team, limit, store.ErrLimit)
+	if err := t.Admit(used, sb.MemoryMB, sb.VCPU); err != nil {
+		return fmt.Errorf("%v: %w", err, store.ErrLimit)
 	}
 	return nil
 }
@@ -189,7 +191,7 @@ func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, roo
 		return err
 	}
 	return s.inTx(ctx, "create sandbox "+sb.ID, func(tx *sql.Tx) error {
-		if err := checkTeamLimit(ctx, tx, sb.TeamID); err != nil {
+		if err := checkTeamLimit(ctx, tx, sb); err != nil {
 			return err
 		}
 		if err := holdRootfs(ctx, tx, store.RefSandbox, sb.ID, rootfs); err != nil {

@@ -15,8 +15,8 @@ import (
 var _ auth.Store = (*Store)(nil)
 
 func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (id, created_at, max_sandboxes) VALUES (?, ?, ?)`,
-		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES (?, ?, ?, ?, ?)`,
+		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create team %s: %w", t.ID, store.ErrConflict)
@@ -27,7 +27,7 @@ func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
 }
 
 func (s *Store) GetTeam(ctx context.Context, id string) (*auth.Team, error) {
-	t, err := scanTeam(s.db.QueryRowContext(ctx, `SELECT id, created_at, max_sandboxes FROM teams WHERE id = ?`, id))
+	t, err := scanTeam(s.db.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("team %s: %w", id, store.ErrNotFound)
 	}
@@ -38,7 +38,7 @@ func (s *Store) GetTeam(ctx context.Context, id string) (*auth.Team, error) {
 }
 
 func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, created_at, max_sandboxes FROM teams ORDER BY id`)
+	rows, err := s.db.QueryContext(ctx, `SELECT `+teamColumns+` FROM teams ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list teams: %w", classify(err))
 	}
@@ -55,7 +55,8 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 }
 
 func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = ? WHERE id = ?`, t.MaxSandboxes, t.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = ?, max_memory_mb = ?, max_vcpus = ? WHERE id = ?`,
+		t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.ID)
 	if err != nil {
 		return fmt.Errorf("set limits of team %s: %w", t.ID, classify(err))
 	}
@@ -74,6 +75,9 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 		return expectOneRow(res, "delete team "+id)
 	})
 }
+
+// teamColumns are scanned by scanTeam.
+const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus`
 
 const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
 
@@ -149,7 +153,7 @@ func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
 func scanTeam(r scanner) (*auth.Team, error) {
 	var t auth.Team
 	var created int64
-	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes); err != nil {
+	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = store.FromUnixNanos(created)

@@ -24,6 +24,7 @@ func RunTeams(t *testing.T, newStore func(t *testing.T) TeamStore) {
 	t.Run("Keys", func(t *testing.T) { testKeys(t, newStore(t)) })
 	t.Run("Limit", func(t *testing.T) { testTeamLimit(t, newStore(t)) })
 	t.Run("LimitRace", func(t *testing.T) { testTeamLimitRace(t, newStore(t)) })
+	t.Run("ResourceLimits", func(t *testing.T) { testTeamResourceLimits(t, newStore(t)) })
 }
 
 // A team's limit counts its sandboxes that are not dead; another team's,
@@ -87,6 +88,46 @@ func testTeamLimit(t *testing.T, s TeamStore) {
 	}
 }
 
+// A team's memory and vCPU limits sum what its sandboxes that are not
+// dead were given; one sandbox asking more than is left is refused even
+// when the count would allow it.
+func testTeamResourceLimits(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "res", CreatedAt: now, MaxMemoryMB: 1024, MaxVCPUs: 3}); err != nil {
+		t.Fatal(err)
+	}
+	create := func(id string, memoryMB, vcpu int) error {
+		sb := sandbox(id, store.StatePaused, now, nil)
+		sb.TeamID, sb.MemoryMB, sb.VCPU = "res", memoryMB, vcpu
+		return s.CreateSandbox(ctx, sb)
+	}
+	if err := create("r1", 512, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := create("r2", 768, 1); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("512+768 MiB against 1024: %v, want ErrLimit", err)
+	}
+	if err := create("r2", 512, 3); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("1+3 vCPUs against 3: %v, want ErrLimit", err)
+	}
+	if err := create("r2", 512, 2); err != nil {
+		t.Fatalf("exactly at both limits: %v", err)
+	}
+	// A dead one gives back what it held.
+	r1, err := s.GetSandbox(ctx, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1.State = store.StateDead
+	if err := s.UpdateSandbox(ctx, r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := create("r3", 512, 1); err != nil {
+		t.Fatalf("after one died: %v", err)
+	}
+}
+
 // Concurrent creates of one team never pass its limit together.
 func testTeamLimitRace(t *testing.T, s TeamStore) {
 	ctx := context.Background()
@@ -138,10 +179,11 @@ func testTeams(t *testing.T, s auth.Store) {
 	if err != nil || got.ID != "lab-a" || !got.CreatedAt.Equal(now) || got.MaxSandboxes != 0 {
 		t.Fatalf("get team: %+v %v", got, err)
 	}
-	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "lab-a", MaxSandboxes: 7}); err != nil {
+	limits := auth.Team{ID: "lab-a", MaxSandboxes: 7, MaxMemoryMB: 8192, MaxVCPUs: 16}
+	if err := s.SetTeamLimits(ctx, &limits); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := s.GetTeam(ctx, "lab-a"); got.MaxSandboxes != 7 {
+	if got, _ := s.GetTeam(ctx, "lab-a"); got.MaxSandboxes != 7 || got.MaxMemoryMB != 8192 || got.MaxVCPUs != 16 {
 		t.Fatalf("limits: %+v", got)
 	}
 	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "nope"}); !errors.Is(err, store.ErrNotFound) {
