@@ -132,7 +132,7 @@ func TestTeamAdmit(t *testing.T) {
 			}
 		})
 	}
-	if err := (&Team{ID: "free"}).Admit(Usage{1 << 20, 1 << 30, 1 << 20}, 1 << 20, 64); err != nil {
+	if err := (&Team{ID: "free"}).Admit(Usage{1 << 20, 1 << 30, 1 << 20}, 1<<20, 64); err != nil {
 		t.Fatalf("a team without limits refused: %v", err)
 	}
 }
