@@ -29,7 +29,7 @@ func (s *Server) routeTeams() {
 
 func toTeamJSON(t *auth.Team) wire.Team {
 	return wire.Team{TeamID: t.ID, CreatedAt: t.CreatedAt, MaxSandboxes: t.MaxSandboxes,
-		MaxMemoryMB: t.MaxMemoryMB, MaxVCPUs: t.MaxVCPUs}
+		MaxMemoryMB: t.MaxMemoryMB, MaxVCPUs: t.MaxVCPUs, MaxStarting: t.MaxStarting, CreatesPerSecond: t.CreatesPerSecond}
 }
 
 func toKeyJSON(k *auth.Key) wire.APIKey {
@@ -59,7 +59,8 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	t := &auth.Team{ID: req.TeamID, CreatedAt: time.Now().UTC(), MaxSandboxes: req.MaxSandboxes,
-		MaxMemoryMB: req.MaxMemoryMB, MaxVCPUs: req.MaxVCPUs}
+		MaxMemoryMB: req.MaxMemoryMB, MaxVCPUs: req.MaxVCPUs, MaxStarting: req.MaxStarting,
+		CreatesPerSecond: req.CreatesPerSecond}
 	if err := auth.ValidLimits(t); err != nil {
 		return err
 	}
@@ -165,7 +166,10 @@ func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
 	for _, l := range []struct {
 		to   *int
 		from *int
-	}{{&t.MaxSandboxes, req.MaxSandboxes}, {&t.MaxMemoryMB, req.MaxMemoryMB}, {&t.MaxVCPUs, req.MaxVCPUs}} {
+	}{
+		{&t.MaxSandboxes, req.MaxSandboxes}, {&t.MaxMemoryMB, req.MaxMemoryMB}, {&t.MaxVCPUs, req.MaxVCPUs},
+		{&t.MaxStarting, req.MaxStarting}, {&t.CreatesPerSecond, req.CreatesPerSecond},
+	} {
 		if l.from != nil {
 			*l.to = *l.from
 		}

@@ -57,21 +57,39 @@ type Team struct {
 	// are given, summed over the same sandboxes; 0: no limit.
 	MaxMemoryMB int
 	MaxVCPUs    int
+	// MaxStarting bounds its sandboxes starting at once (created, forked
+	// or restored, not yet running); 0: no limit.
+	MaxStarting int
+	// CreatesPerSecond bounds its creates (fork children included) by a
+	// token bucket as deep as one second's worth; 0: no limit.
+	CreatesPerSecond int
+	// Bucket is the state of that bucket, kept by the stores with each
+	// create; not a limit, and not changed by SetTeamLimits.
+	Bucket Bucket
+}
+
+// Bucket is a token bucket: Tokens left at At.
+type Bucket struct {
+	Tokens float64
+	At     time.Time
 }
 
 // Limited says whether t has any limit on its sandboxes.
 func (t *Team) Limited() bool {
-	return t.MaxSandboxes > 0 || t.MaxMemoryMB > 0 || t.MaxVCPUs > 0
+	return t.MaxSandboxes > 0 || t.MaxMemoryMB > 0 || t.MaxVCPUs > 0 || t.MaxStarting > 0 || t.CreatesPerSecond > 0
 }
 
 // Usage is what a team's sandboxes that count toward its limits hold.
 type Usage struct {
 	Sandboxes, MemoryMB, VCPUs int
+	Starting                   int
 }
 
 // Admit says which of t's limits one more sandbox of memoryMB and vcpus
-// would pass, with used already held, or nil when it fits.
-func (t *Team) Admit(used Usage, memoryMB, vcpus int) error {
+// would pass, with used already held, or nil when it fits. When it fits
+// and t has a rate, it takes a token from t.Bucket, which the caller
+// stores with the sandbox.
+func (t *Team) Admit(used Usage, memoryMB, vcpus int, now time.Time) error {
 	switch {
 	case t.MaxSandboxes > 0 && used.Sandboxes+1 > t.MaxSandboxes:
 		return fmt.Errorf("team %s is at its limit of %d sandboxes (kill some to make room)", t.ID, t.MaxSandboxes)
@@ -81,6 +99,21 @@ func (t *Team) Admit(used Usage, memoryMB, vcpus int) error {
 	case t.MaxVCPUs > 0 && used.VCPUs+vcpus > t.MaxVCPUs:
 		return fmt.Errorf("team %s would pass its limit of %d vCPUs (%d held, %d asked)",
 			t.ID, t.MaxVCPUs, used.VCPUs, vcpus)
+	case t.MaxStarting > 0 && used.Starting+1 > t.MaxStarting:
+		return fmt.Errorf("team %s is at its limit of %d sandboxes starting at once", t.ID, t.MaxStarting)
+	}
+	if t.CreatesPerSecond > 0 {
+		rate := float64(t.CreatesPerSecond)
+		tokens := rate // a bucket never used is full
+		if !t.Bucket.At.IsZero() {
+			// A clock behind the last create's (another node's) adds nothing.
+			elapsed := max(now.Sub(t.Bucket.At).Seconds(), 0)
+			tokens = min(rate, t.Bucket.Tokens+elapsed*rate)
+		}
+		if tokens < 1 {
+			return fmt.Errorf("team %s is at its limit of %d creates per second", t.ID, t.CreatesPerSecond)
+		}
+		t.Bucket = Bucket{Tokens: tokens - 1, At: now}
 	}
 	return nil
 }
@@ -181,8 +214,8 @@ func ValidTeamID(id string) error {
 }
 
 // The largest limits a team may be given, so that an absurd value is
-// refused rather than stored: a million sandboxes, a petabyte of memory
-// (in MiB), a million vCPUs.
+// refused rather than stored: a million sandboxes (or starting, or
+// created per second), a petabyte of memory (in MiB), a million vCPUs.
 const (
 	MaxTeamSandboxes = 1_000_000
 	MaxTeamMemoryMB  = 1 << 30
@@ -198,6 +231,8 @@ func ValidLimits(t *Team) error {
 		{"maxSandboxes", t.MaxSandboxes, MaxTeamSandboxes},
 		{"maxMemoryMB", t.MaxMemoryMB, MaxTeamMemoryMB},
 		{"maxVCPUs", t.MaxVCPUs, MaxTeamVCPUs},
+		{"maxStarting", t.MaxStarting, MaxTeamSandboxes},
+		{"createsPerSecond", t.CreatesPerSecond, MaxTeamSandboxes},
 	} {
 		if l.value < 0 || l.value > l.max {
 			return errdefs.Errorf(errdefs.ErrInvalidArgument,

@@ -108,7 +108,7 @@ func TestUseRecorder(t *testing.T) {
 }
 
 func TestTeamAdmit(t *testing.T) {
-	team := &Team{ID: "lab", MaxSandboxes: 3, MaxMemoryMB: 2048, MaxVCPUs: 4}
+	team := &Team{ID: "lab", MaxSandboxes: 3, MaxMemoryMB: 2048, MaxVCPUs: 4, MaxStarting: 2}
 	for _, tc := range []struct {
 		name         string
 		used         Usage
@@ -116,14 +116,15 @@ func TestTeamAdmit(t *testing.T) {
 		want         string // part of the refusal; "" admits
 	}{
 		{"empty", Usage{}, 512, 1, ""},
-		{"exactly at every limit", Usage{2, 1536, 3}, 512, 1, ""},
-		{"one sandbox too many", Usage{3, 0, 0}, 512, 1, "limit of 3 sandboxes"},
-		{"memory past", Usage{1, 1600, 1}, 512, 1, "2048 MiB of sandbox memory (1600 held, 512 asked)"},
-		{"vcpus past", Usage{1, 512, 3}, 512, 2, "limit of 4 vCPUs (3 held, 2 asked)"},
+		{"exactly at every limit", Usage{2, 1536, 3, 1}, 512, 1, ""},
+		{"one sandbox too many", Usage{3, 0, 0, 0}, 512, 1, "limit of 3 sandboxes"},
+		{"memory past", Usage{1, 1600, 1, 0}, 512, 1, "2048 MiB of sandbox memory (1600 held, 512 asked)"},
+		{"vcpus past", Usage{1, 512, 3, 0}, 512, 2, "limit of 4 vCPUs (3 held, 2 asked)"},
+		{"two starting", Usage{2, 0, 0, 2}, 512, 1, "limit of 2 sandboxes starting at once"},
 		{"one bigger than the whole limit", Usage{}, 4096, 1, "MiB of sandbox memory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := team.Admit(tc.used, tc.memory, tc.vcpu)
+			err := team.Admit(tc.used, tc.memory, tc.vcpu, time.Now())
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -132,7 +133,7 @@ func TestTeamAdmit(t *testing.T) {
 			}
 		})
 	}
-	if err := (&Team{ID: "free"}).Admit(Usage{1 << 20, 1 << 30, 1 << 20}, 1<<20, 64); err != nil {
+	if err := (&Team{ID: "free"}).Admit(Usage{1 << 20, 1 << 30, 1 << 20, 1 << 20}, 1<<20, 64, time.Now()); err != nil {
 		t.Fatalf("a team without limits refused: %v", err)
 	}
 }
@@ -148,9 +149,50 @@ func TestValidLimits(t *testing.T) {
 		{Team{MaxMemoryMB: -1}, false},
 		{Team{MaxVCPUs: MaxTeamVCPUs + 1}, false},
 		{Team{MaxMemoryMB: MaxTeamMemoryMB + 1}, false},
+		{Team{MaxStarting: -1}, false},
+		{Team{CreatesPerSecond: MaxTeamSandboxes + 1}, false},
 	} {
 		if err := ValidLimits(&tc.team); (err == nil) != tc.ok {
 			t.Errorf("ValidLimits(%+v) = %v, want ok %v", tc.team, err, tc.ok)
 		}
+	}
+}
+
+// The create rate is a bucket one second deep: a full one admits a burst
+// of the rate, then one more per 1/rate seconds; a clock behind the last
+// create's adds nothing; a refusal takes nothing.
+func TestTeamCreateRate(t *testing.T) {
+	team := &Team{ID: "lab", CreatesPerSecond: 4}
+	t0 := time.Unix(1700000000, 0)
+	admitted := func(at time.Time) bool { return team.Admit(Usage{}, 0, 0, at) == nil }
+	for i := range 4 {
+		if !admitted(t0) {
+			t.Fatalf("create %d of a burst of 4 refused", i+1)
+		}
+	}
+	if admitted(t0) {
+		t.Fatal("a fifth create in the same instant admitted")
+	}
+	if admitted(t0.Add(200 * time.Millisecond)) {
+		t.Fatal("admitted after 0.2 s, before a token (0.25 s) came back")
+	}
+	if !admitted(t0.Add(250 * time.Millisecond)) {
+		t.Fatal("refused after 0.25 s, when one token came back")
+	}
+	if admitted(t0.Add(-time.Hour)) {
+		t.Fatal("a clock an hour behind filled the bucket")
+	}
+	// An idle hour fills it to one second's worth, no more.
+	later := t0.Add(time.Hour)
+	n := 0
+	for admitted(later) {
+		n++
+	}
+	if n != 4 {
+		t.Fatalf("after an idle hour a burst made %d, want 4", n)
+	}
+	err := team.Admit(Usage{}, 0, 0, later)
+	if err == nil || !strings.Contains(err.Error(), "limit of 4 creates per second") {
+		t.Fatalf("refusal: %v", err)
 	}
 }

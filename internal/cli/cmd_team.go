@@ -74,17 +74,20 @@ func (a *app) teamCreateCommand() *cobra.Command {
 const teamLimitsHelp = `The limits count the team's sandboxes that exist (paused ones too, so that a resume never
 passes them), on every node of a cluster together; a create or fork past one is refused with 429.
 --max-sandboxes bounds how many; --max-memory (MiB) and --max-vcpus bound the memory and vCPUs
-they were given, summed. 0 is no limit.`
+they were given, summed; --max-starting bounds those starting at once; --creates-per-second bounds
+creates and fork children, with bursts of as many. 0 is no limit.`
 
 // teamLimitFlags are the limit flags of team create and set.
 type teamLimitFlags struct {
-	sandboxes, memoryMB, vcpus int
+	sandboxes, memoryMB, vcpus, starting, rate int
 }
 
 func (l *teamLimitFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.sandboxes, "max-sandboxes", 0, "sandboxes the team may have at once (0: no limit)")
 	cmd.Flags().IntVar(&l.memoryMB, "max-memory", 0, "MiB of memory its sandboxes may be given in all (0: no limit)")
 	cmd.Flags().IntVar(&l.vcpus, "max-vcpus", 0, "vCPUs its sandboxes may be given in all (0: no limit)")
+	cmd.Flags().IntVar(&l.starting, "max-starting", 0, "sandboxes it may have starting at once (0: no limit)")
+	cmd.Flags().IntVar(&l.rate, "creates-per-second", 0, "creates and fork children per second, in bursts of as many (0: no limit)")
 }
 
 // given returns the limits set on the command line; the others are nil.
@@ -98,6 +101,8 @@ func (l *teamLimitFlags) given(cmd *cobra.Command) (client.TeamLimits, error) {
 		{"max-sandboxes", &l.sandboxes, &out.MaxSandboxes},
 		{"max-memory", &l.memoryMB, &out.MaxMemoryMB},
 		{"max-vcpus", &l.vcpus, &out.MaxVCPUs},
+		{"max-starting", &l.starting, &out.MaxStarting},
+		{"creates-per-second", &l.rate, &out.CreatesPerSecond},
 	} {
 		if !cmd.Flags().Changed(f.name) {
 			continue
@@ -114,7 +119,7 @@ func (a *app) teamSetCommand() *cobra.Command {
 	var f serverFlags
 	var limits teamLimitFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N]",
+		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N] [--max-starting N] [--creates-per-second N]",
 		Short: "Change a team's limits",
 		Long: `Change the limits given of a team; the others keep their values. A lower limit refuses creates
 from then on; sandboxes already over it are not killed.
@@ -127,7 +132,7 @@ from then on; sandboxes already over it are not killed.
 				return err
 			}
 			if given == (client.TeamLimits{}) {
-				return usageError{errors.New("give --max-sandboxes, --max-memory or --max-vcpus")}
+				return usageError{errors.New("give one or more of --max-sandboxes, --max-memory, --max-vcpus, --max-starting, --creates-per-second")}
 			}
 			c, err := a.client(f)
 			if err != nil {
@@ -137,8 +142,9 @@ from then on; sandboxes already over it are not killed.
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\n", t.TeamID,
-				limitOrNone(t.MaxSandboxes), memoryLimit(t.MaxMemoryMB), limitOrNone(t.MaxVCPUs))
+			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\tmax starting %s\tcreates per second %s\n",
+				t.TeamID, limitOrNone(t.MaxSandboxes), memoryLimit(t.MaxMemoryMB), limitOrNone(t.MaxVCPUs),
+				limitOrNone(t.MaxStarting), limitOrNone(t.CreatesPerSecond))
 			return nil
 		},
 	}
@@ -189,10 +195,11 @@ func (a *app) teamLsCommand() *cobra.Command {
 				return writeJSON(a.stdout, raws(teams, func(t client.Team) json.RawMessage { return t.Raw }))
 			}
 			now := a.now()
-			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "CREATED")
+			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX STARTING", "CREATES/S", "CREATED")
 			for _, team := range teams {
 				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), memoryLimit(team.MaxMemoryMB),
-					limitOrNone(team.MaxVCPUs), timeAgo(now, team.CreatedAt))
+					limitOrNone(team.MaxVCPUs), limitOrNone(team.MaxStarting), limitOrNone(team.CreatesPerSecond),
+					timeAgo(now, team.CreatedAt))
 			}
 			return t.flush()
 		},

@@ -11,12 +11,15 @@ import (
 
 // Team is a team, as GET /teams reports it.
 type Team struct {
-	TeamID       string          `json:"teamID"`
-	CreatedAt    time.Time       `json:"createdAt"`
-	MaxSandboxes int             `json:"maxSandboxes"` // 0: no limit
-	MaxMemoryMB  int             `json:"maxMemoryMB"`  // 0: no limit
-	MaxVCPUs     int             `json:"maxVCPUs"`     // 0: no limit
-	Raw          json.RawMessage `json:"-"`
+	TeamID       string    `json:"teamID"`
+	CreatedAt    time.Time `json:"createdAt"`
+	MaxSandboxes int       `json:"maxSandboxes"` // 0: no limit
+	MaxMemoryMB  int       `json:"maxMemoryMB"`  // 0: no limit
+	MaxVCPUs     int       `json:"maxVCPUs"`     // 0: no limit
+	MaxStarting  int       `json:"maxStarting"`  // 0: no limit
+	// CreatesPerSecond bounds creates, fork children included; 0: no limit.
+	CreatesPerSecond int             `json:"createsPerSecond"`
+	Raw              json.RawMessage `json:"-"`
 }
 
 // TeamLimits are limits to give a team; 0 is none. A nil one is left
@@ -25,6 +28,9 @@ type TeamLimits struct {
 	MaxSandboxes *int `json:"maxSandboxes,omitempty"`
 	MaxMemoryMB  *int `json:"maxMemoryMB,omitempty"`
 	MaxVCPUs     *int `json:"maxVCPUs,omitempty"`
+	MaxStarting  *int `json:"maxStarting,omitempty"`
+	// CreatesPerSecond bounds creates, fork children included.
+	CreatesPerSecond *int `json:"createsPerSecond,omitempty"`
 }
 
 // APIKey is an API key's record; Key holds the key itself only in the

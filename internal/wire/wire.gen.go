@@ -576,9 +576,11 @@ type NewSnapshot struct {
 
 // NewTeam defines model for NewTeam.
 type NewTeam struct {
-	MaxMemoryMB  int `json:"maxMemoryMB,omitempty"`
-	MaxSandboxes int `json:"maxSandboxes,omitempty"`
-	MaxVCPUs     int `json:"maxVCPUs,omitempty"`
+	CreatesPerSecond int `json:"createsPerSecond,omitempty"`
+	MaxMemoryMB      int `json:"maxMemoryMB,omitempty"`
+	MaxSandboxes     int `json:"maxSandboxes,omitempty"`
+	MaxStarting      int `json:"maxStarting,omitempty"`
+	MaxVCPUs         int `json:"maxVCPUs,omitempty"`
 
 	// TeamID 1 to 63 lower-case letters, digits and dashes, starting with a letter or digit.
 	TeamID string `json:"teamID"`
@@ -715,11 +717,17 @@ type Snapshot struct {
 type Team struct {
 	CreatedAt time.Time `json:"createdAt"`
 
+	// CreatesPerSecond Creates (fork children included) per second, cluster-wide, with bursts of as many; 0: no limit.
+	CreatesPerSecond int `json:"createsPerSecond"`
+
 	// MaxMemoryMB MiB of memory its sandboxes that are not killed may be given in all, cluster-wide; 0: no limit.
 	MaxMemoryMB int `json:"maxMemoryMB"`
 
 	// MaxSandboxes Sandboxes of the team that may exist at once (not killed), cluster-wide; 0: no limit.
 	MaxSandboxes int `json:"maxSandboxes"`
+
+	// MaxStarting Sandboxes of the team that may be starting at once, cluster-wide; 0: no limit.
+	MaxStarting int `json:"maxStarting"`
 
 	// MaxVCPUs vCPUs its sandboxes that are not killed may be given in all, cluster-wide; 0: no limit.
 	MaxVCPUs int    `json:"maxVCPUs"`
@@ -728,11 +736,17 @@ type Team struct {
 
 // TeamLimits The limits to change; those left out keep their values.
 type TeamLimits struct {
+	// CreatesPerSecond 0: no limit.
+	CreatesPerSecond *int `json:"createsPerSecond,omitempty"`
+
 	// MaxMemoryMB 0: no limit.
 	MaxMemoryMB *int `json:"maxMemoryMB,omitempty"`
 
 	// MaxSandboxes 0: no limit.
 	MaxSandboxes *int `json:"maxSandboxes,omitempty"`
+
+	// MaxStarting 0: no limit.
+	MaxStarting *int `json:"maxStarting,omitempty"`
 
 	// MaxVCPUs 0: no limit.
 	MaxVCPUs *int `json:"maxVCPUs,omitempty"`

@@ -407,10 +407,12 @@ func checkTeamCLI(t *testing.T, s *server) {
 		t.Fatalf("a team's key made a team: exit %d\n%s", code, out)
 	}
 	// Limits by flag; set changes only those given.
-	s.cliOK("team", "set", "cli-team", "--max-memory", "4096", "--max-vcpus", "8")
+	s.cliOK("team", "set", "cli-team", "--max-memory", "4096", "--max-vcpus", "8", "--max-starting", "2", "--creates-per-second", "5")
 	out = s.cliOK("team", "set", "cli-team", "--max-sandboxes", "3")
-	if !strings.Contains(out, "max sandboxes 3") || !strings.Contains(out, "max memory 4096 MiB") || !strings.Contains(out, "max vcpus 8") {
-		t.Fatalf("team set --max-sandboxes after --max-memory and --max-vcpus:\n%s", out)
+	for _, want := range []string{"max sandboxes 3", "max memory 4096 MiB", "max vcpus 8", "max starting 2", "creates per second 5"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("team set --max-sandboxes after the other limits: no %q in\n%s", want, out)
+		}
 	}
 	if out, code := s.cli("team", "set", "cli-team"); code != 2 {
 		t.Fatalf("team set without a limit: exit %d, want 2 (usage)\n%s", code, out)
@@ -549,4 +551,34 @@ func TestTeamLimitThroughGateways(t *testing.T) {
 	e1.want(200, apiKey, "PATCH", "/teams/capped", map[string]any{"maxVCPUs": 0})
 	e1.want(201, k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"})
 	e1.want(400, apiKey, "PATCH", "/teams/capped", map[string]any{"maxMemoryMB": -5})
+
+	// The create rate holds across both gateways and nodes: a burst
+	// makes one sandbox, and one more per second it lasts at most.
+	e1.want(200, apiKey, "PATCH", "/teams/capped", map[string]any{"createsPerSecond": 1})
+	const rateBurst = 8
+	start := time.Now()
+	rated := make(chan response, rateBurst)
+	for i := range rateBurst {
+		e := []endpoint{e1, e2}[i%2]
+		go func() { rated <- e.call(k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base"}) }()
+	}
+	madeRated := 0
+	for range rateBurst {
+		switch r := <-rated; r.status {
+		case 201:
+			madeRated++
+		case 429:
+			if !strings.Contains(string(r.body), "creates per second") {
+				t.Errorf("a refusal of the rate: %s, want the limit named", r.body)
+			}
+		default:
+			t.Errorf("create at 1 per second: status %d, body %s", r.status, truncate(r.body))
+		}
+	}
+	lasted := time.Since(start)
+	if allowed := 1 + int(lasted.Seconds()); madeRated < 1 || madeRated > allowed {
+		t.Fatalf("a burst of %d at 1 create per second, lasting %s, made %d sandboxes; want 1 to %d",
+			rateBurst, lasted.Round(time.Millisecond), madeRated, allowed)
+	}
+	t.Logf("a burst of %d creates at 1 per second through two gateways made %d in %s", rateBurst, madeRated, lasted.Round(time.Millisecond))
 }

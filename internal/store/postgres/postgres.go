@@ -142,16 +142,25 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 		return err
 	}
 	var used auth.Usage
-	if err := tx.QueryRow(ctx, `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0)
-		FROM sandboxes WHERE team_id = $1 AND state <> 'dead'`, sb.TeamID).Scan(
-		&used.Sandboxes, &used.MemoryMB, &used.VCPUs); err != nil {
+	if err := tx.QueryRow(ctx, teamUsage+` WHERE team_id = $1 AND state <> 'dead'`, sb.TeamID).Scan(
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting); err != nil {
 		return err
 	}
-	if err := t.Admit(used, sb.MemoryMB, sb.VCPU); err != nil {
+	if err := t.Admit(used, sb.MemoryMB, sb.VCPU, time.Now()); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
+	}
+	if t.CreatesPerSecond > 0 {
+		if _, err := tx.Exec(ctx, `UPDATE teams SET bucket_tokens = $2, bucket_at = $3 WHERE id = $1`,
+			t.ID, t.Bucket.Tokens, store.UnixNanos(t.Bucket.At)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+// teamUsage sums what a team's sandboxes hold, as auth.Usage.
+const teamUsage = `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0),
+	coalesce(sum(CASE WHEN state = 'starting' THEN 1 ELSE 0 END), 0) FROM sandboxes`
 
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(s.box, sb)

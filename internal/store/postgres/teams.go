@@ -16,8 +16,9 @@ import (
 var _ auth.Store = (*Store)(nil)
 
 func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4, $5)`,
-		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs)
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond,
+		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At))
 	if err != nil {
 		if isUniqueViolation(err) {
 			return dbError("create team %s: %w", t.ID, store.ErrConflict)
@@ -59,8 +60,9 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 }
 
 func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = $2, max_memory_mb = $3, max_vcpus = $4 WHERE id = $1`,
-		t.ID, t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs)
+	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = $2, max_memory_mb = $3, max_vcpus = $4,
+		max_starting = $5, creates_per_second = $6 WHERE id = $1`,
+		t.ID, t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond)
 	if err != nil {
 		return dbError("set limits of team %s: %w", t.ID, err)
 	}
@@ -81,7 +83,8 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 }
 
 // teamColumns are scanned by scanTeam.
-const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus`
+const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus, max_starting, creates_per_second,
+	bucket_tokens, bucket_at`
 
 const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
 
@@ -159,11 +162,13 @@ func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
 
 func scanTeam(r pgx.Row) (*auth.Team, error) {
 	var t auth.Team
-	var created int64
-	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs); err != nil {
+	var created, bucketAt int64
+	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs, &t.MaxStarting, &t.CreatesPerSecond,
+		&t.Bucket.Tokens, &bucketAt); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = store.FromUnixNanos(created)
+	t.Bucket.At = store.FromUnixNanos(bucketAt)
 	return &t, nil
 }
 

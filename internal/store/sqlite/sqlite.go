@@ -174,13 +174,20 @@ func checkTeamLimit(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
 		return err
 	}
 	var used auth.Usage
-	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0)
+	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0),
+		coalesce(sum(CASE WHEN state = 'starting' THEN 1 ELSE 0 END), 0)
 		FROM sandboxes WHERE team_id = ? AND state <> 'dead'`, sb.TeamID).Scan(
-		&used.Sandboxes, &used.MemoryMB, &used.VCPUs); err != nil {
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting); err != nil {
 		return err
 	}
-	if err := t.Admit(used, sb.MemoryMB, sb.VCPU); err != nil {
+	if err := t.Admit(used, sb.MemoryMB, sb.VCPU, time.Now()); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
+	}
+	if t.CreatesPerSecond > 0 {
+		if _, err := tx.ExecContext(ctx, `UPDATE teams SET bucket_tokens = ?, bucket_at = ? WHERE id = ?`,
+			t.Bucket.Tokens, store.UnixNanos(t.Bucket.At), t.ID); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -15,8 +15,9 @@ import (
 var _ auth.Store = (*Store)(nil)
 
 func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES (?, ?, ?, ?, ?)`,
-		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond,
+		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At))
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create team %s: %w", t.ID, store.ErrConflict)
@@ -55,8 +56,9 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 }
 
 func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = ?, max_memory_mb = ?, max_vcpus = ? WHERE id = ?`,
-		t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.ID)
+	res, err := s.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = ?, max_memory_mb = ?, max_vcpus = ?,
+		max_starting = ?, creates_per_second = ? WHERE id = ?`,
+		t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond, t.ID)
 	if err != nil {
 		return fmt.Errorf("set limits of team %s: %w", t.ID, classify(err))
 	}
@@ -77,7 +79,8 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 }
 
 // teamColumns are scanned by scanTeam.
-const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus`
+const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus, max_starting, creates_per_second,
+	bucket_tokens, bucket_at`
 
 const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
 
@@ -152,11 +155,13 @@ func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
 
 func scanTeam(r scanner) (*auth.Team, error) {
 	var t auth.Team
-	var created int64
-	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs); err != nil {
+	var created, bucketAt int64
+	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs, &t.MaxStarting, &t.CreatesPerSecond,
+		&t.Bucket.Tokens, &bucketAt); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = store.FromUnixNanos(created)
+	t.Bucket.At = store.FromUnixNanos(bucketAt)
 	return &t, nil
 }
 

@@ -102,6 +102,9 @@ func testTeamResourceLimits(t *testing.T, s TeamStore) {
 		sb.TeamID, sb.MemoryMB, sb.VCPU = "res", memoryMB, vcpu
 		return s.CreateSandbox(ctx, sb)
 	}
+	if err := s.PutTemplate(ctx, &store.Template{ID: "tr", Name: "tr", RootfsPath: "/r", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
 	if err := create("r1", 512, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +128,56 @@ func testTeamResourceLimits(t *testing.T, s TeamStore) {
 	}
 	if err := create("r3", 512, 1); err != nil {
 		t.Fatalf("after one died: %v", err)
+	}
+
+	// Sandboxes starting count against maxStarting; running ones do not.
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "slow", CreatedAt: now, MaxStarting: 1}); err != nil {
+		t.Fatal(err)
+	}
+	starting := func(id string, state store.SandboxState) error {
+		sb := sandbox(id, state, now, nil)
+		sb.TeamID = "slow"
+		return s.CreateSandbox(ctx, sb)
+	}
+	if err := starting("s1", store.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	if err := starting("s2", store.StateStarting); err != nil {
+		t.Fatalf("the first starting: %v", err)
+	}
+	if err := starting("s3", store.StateStarting); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("a second starting against maxStarting 1: %v, want ErrLimit", err)
+	}
+
+	// The create rate's bucket is kept in the store, for both ways of
+	// creating: at 1 per second, a create within a second of the first
+	// is refused.
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "rate", CreatedAt: now, CreatesPerSecond: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rated := func(id string) *store.Sandbox {
+		sb := sandbox(id, store.StateRunning, now, nil)
+		sb.TeamID = "rate"
+		return sb
+	}
+	first := time.Now()
+	if err := s.CreateSandbox(ctx, rated("q1")); err != nil {
+		t.Fatalf("the first create at 1 per second: %v", err)
+	}
+	err = s.CreateSandboxHolding(ctx, rated("q2"), "/r")
+	if took := time.Since(first); took < time.Second && !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("a second create %s after the first, at 1 per second: %v, want ErrLimit", took, err)
+	}
+	got, err := s.GetTeam(ctx, "rate")
+	if err != nil || got.Bucket.At.Before(first) || got.Bucket.Tokens >= 1 {
+		t.Fatalf("the bucket after a burst: %+v %v", got, err)
+	}
+	// SetTeamLimits leaves the bucket alone.
+	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "rate", CreatesPerSecond: 3, MaxStarting: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := s.GetTeam(ctx, "rate"); !again.Bucket.At.Equal(got.Bucket.At) || again.MaxStarting != 9 {
+		t.Fatalf("after SetTeamLimits: %+v, bucket was %+v", again, got.Bucket)
 	}
 }
 
