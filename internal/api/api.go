@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/api/openapi"
+	"github.com/aenv-dev/aenv/internal/audit"
 	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
@@ -66,6 +67,9 @@ type Config struct {
 	// Tracer gives each control-plane request a span, continuing the
 	// caller's trace (a gateway's); nil: tracing off.
 	Tracer *tracing.Tracer
+	// Audit records the changes asked through the routes and serves GET
+	// /audit; nil: no audit log.
+	Audit *audit.Log
 }
 
 // Server is the HTTP handler of a node.
@@ -134,6 +138,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 		s.route("GET /node", s.getNode)
 	}
 	s.routeTeams()
+	s.routeAudit()
 
 	s.routeUnknown()
 	return s
@@ -147,6 +152,7 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 	s.catalog = catalog
 	s.routeCatalog()
 	s.routeTeams()
+	s.routeAudit()
 	s.routeUnknown()
 	return s
 }
@@ -190,7 +196,16 @@ func (s *Server) routeUnknown() {
 // names an object by ID finds only the caller's team's (see scoped).
 func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 	h = s.scoped(pattern, h)
+	action := audit.Action(pattern)
 	s.mux.Handle(pattern, s.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Audit != nil && audit.Recorded(r.Method, action) {
+			aw, at := audit.NewWriter(w), time.Now()
+			defer func() {
+				s.cfg.Audit.Record(aw.Event(r, principal(r), audit.WithMethod(action, r.Method),
+					audit.PathObject(pattern, r.URL.Path), at))
+			}()
+			w = aw
+		}
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.logger, err)
 		}

@@ -65,6 +65,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.clusterCommand(),
 		a.teamCommand(),
 		a.keyCommand(),
+		a.auditCommand(),
 		a.benchCommand(),
 	}
 }

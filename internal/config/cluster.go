@@ -102,12 +102,15 @@ type Gateway struct {
 	TLS TLS
 	// Tracing sends traces to an OTLP collector (off by default).
 	Tracing Tracing
+	// Audit is the audit log of the requests the gateway serves.
+	Audit Audit
 }
 
 // DefaultGateway returns the embedded defaults of a gateway.
 func DefaultGateway() Gateway {
 	return Gateway{Listen: ":8000", Domain: "localhost", LogLevel: "info", LogFormat: "text",
-		NodeTimeoutMS: 5000, MaxJSONBodyMB: 128, IdleTimeoutSecs: 90, Tracing: DefaultTracing()}
+		NodeTimeoutMS: 5000, MaxJSONBodyMB: 128, IdleTimeoutSecs: 90, Tracing: DefaultTracing(),
+		Audit: DefaultAudit()}
 }
 
 // Warnings are what the gateway's log should say about its configuration.
@@ -136,6 +139,7 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.IdleTimeoutSecs, "idle-timeout-secs", "close keep-alive connections idle this long")
 	c.TLS.register(fs, false)
 	c.Tracing.register(fs)
+	c.Audit.register(fs)
 }
 
 // Validate checks values that flags cannot type-check, and reads the
@@ -157,6 +161,9 @@ func (c *Gateway) Validate() error {
 		return fmt.Errorf("--log-format must be text or json, got %q", c.LogFormat)
 	}
 	if err := c.Tracing.validate(); err != nil {
+		return err
+	}
+	if err := c.Audit.validate(); err != nil {
 		return err
 	}
 	return c.TLS.validate("", c.Domain)

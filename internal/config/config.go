@@ -84,6 +84,9 @@ type Server struct {
 	TLS TLS
 	// Tracing sends traces to an OTLP collector (off by default).
 	Tracing Tracing
+	// Audit is the audit log of a single server (a cluster's nodes keep
+	// none: their gateways do).
+	Audit Audit
 }
 
 // Default returns the embedded defaults.
@@ -125,6 +128,7 @@ func Default() Server {
 		ObjectStoreGCSecs:      3600,
 		Domain:                 "localhost",
 		Tracing:                DefaultTracing(),
+		Audit:                  DefaultAudit(),
 	}
 }
 
@@ -190,6 +194,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 	c.TLS.register(fs, true)
 	c.Tracing.register(fs)
+	c.Audit.register(fs)
 }
 
 // Validate checks values that flags cannot type-check.
@@ -201,6 +206,9 @@ func (c *Server) Validate() error {
 		return err
 	}
 	if err := c.Tracing.validate(); err != nil {
+		return err
+	}
+	if err := c.Audit.validate(); err != nil {
 		return err
 	}
 	if _, err := netip.ParsePrefix(c.SandboxCIDR); err != nil {

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/audit"
 	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -61,6 +63,9 @@ type Config struct {
 	// Tracer traces control-plane requests and passes their trace to the
 	// nodes (traceparent); nil: tracing off.
 	Tracer *tracing.Tracer
+	// Audit records the changes asked through the gateway and serves GET
+	// /audit; nil: no audit log.
+	Audit *audit.Log
 }
 
 // Gateway is the HTTP handler of a gateway.
@@ -135,6 +140,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		// context.
 		Authorize: func(r *http.Request) (auth.Principal, bool) { return auth.FromContext(r.Context()) },
 		Teams:     db,
+		Audit:     cfg.Audit,
 	}, &catalog{g: g}, logger, reg)
 	g.routeMux()
 	g.traced = cfg.Tracer.Handler(g.mux)
@@ -224,33 +230,66 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 func (g *Gateway) routeMux() {
 	g.mux = http.NewServeMux()
 	// The cluster's nodes are the operator's to see and manage.
-	g.mux.HandleFunc("GET /cluster/nodes", g.adminOnly(g.listNodes))
-	g.mux.HandleFunc("POST /cluster/nodes/{id}/drain", g.adminOnly(func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, true) }))
-	g.mux.HandleFunc("POST /cluster/nodes/{id}/undrain", g.adminOnly(func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, false) }))
-	g.mux.HandleFunc("DELETE /cluster/nodes/{id}", g.adminOnly(g.removeNode))
+	g.handle("GET /cluster/nodes", g.adminOnly(g.listNodes))
+	g.handle("POST /cluster/nodes/{id}/drain", g.adminOnly(func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, true) }))
+	g.handle("POST /cluster/nodes/{id}/undrain", g.adminOnly(func(w http.ResponseWriter, r *http.Request) { g.drain(w, r, false) }))
+	g.handle("DELETE /cluster/nodes/{id}", g.adminOnly(g.removeNode))
 
-	g.mux.Handle("POST /sandboxes", g.idempotent(g.create))
-	g.mux.Handle("POST /v2/sandboxes", g.idempotent(g.create))
-	g.mux.HandleFunc("/sandboxes/{id}/{rest...}", g.bySandbox)
-	g.mux.HandleFunc("DELETE /sandboxes/{id}", g.bySandbox)
+	g.handle("POST /sandboxes", g.idempotent(g.create))
+	g.handle("POST /v2/sandboxes", g.idempotent(g.create))
+	g.handle("/sandboxes/{id}/{rest...}", g.bySandbox)
+	g.handle("DELETE /sandboxes/{id}", g.bySandbox)
 	// Named, or the mux would redirect it to the subtree above.
-	g.mux.Handle("GET /sandboxes/{id}", g.catalog)
-	g.mux.HandleFunc("POST /v2/sandboxes/{id}/connect", g.bySandbox)
-	g.mux.Handle("POST /snapshots/{id}/fork", g.idempotent(g.forkSnapshot))
-	g.mux.HandleFunc("POST /templates", g.createTemplate)
-	g.mux.HandleFunc("DELETE /templates/{id}", g.deleteTemplate)
+	g.handle("GET /sandboxes/{id}", g.catalog)
+	g.handle("POST /v2/sandboxes/{id}/connect", g.bySandbox)
+	g.handle("POST /snapshots/{id}/fork", g.idempotent(g.forkSnapshot))
+	g.handle("POST /templates", g.createTemplate)
+	g.handle("DELETE /templates/{id}", g.deleteTemplate)
 
-	g.mux.HandleFunc("POST /v3/templates", g.requestBuild)
-	g.mux.HandleFunc("GET /templates/{templateID}/files/{hash}", g.byBuild)
-	g.mux.HandleFunc("POST /v2/templates/{templateID}/builds/{buildID}", g.byBuild)
-	g.mux.HandleFunc("GET /templates/{templateID}/builds/{buildID}/status", g.byBuild)
-	g.mux.HandleFunc("POST /templates/tags", g.tags)
-	g.mux.HandleFunc("DELETE /templates/tags", g.tags)
-	g.mux.HandleFunc("GET /templates/{templateID}/tags", g.tags)
+	g.handle("POST /v3/templates", g.requestBuild)
+	g.handle("GET /templates/{templateID}/files/{hash}", g.byBuild)
+	g.handle("POST /v2/templates/{templateID}/builds/{buildID}", g.byBuild)
+	g.handle("GET /templates/{templateID}/builds/{buildID}/status", g.byBuild)
+	g.handle("POST /templates/tags", g.tags)
+	g.handle("DELETE /templates/tags", g.tags)
+	g.handle("GET /templates/{templateID}/tags", g.tags)
 
 	// Everything else reads records: the catalog serves it (and answers
 	// unknown paths with the API's 404).
 	g.mux.Handle("/", g.catalog)
+}
+
+// handle registers a route of the gateway's own. A change through it is
+// recorded in the audit log here; the catalog's routes record their own.
+func (g *Gateway) handle(pattern string, h any) {
+	var handler http.Handler
+	switch h := h.(type) {
+	case http.Handler:
+		handler = h
+	case func(http.ResponseWriter, *http.Request):
+		handler = http.HandlerFunc(h)
+	default:
+		panic(fmt.Sprintf("gateway route %s: handler of type %T", pattern, h))
+	}
+	if g.cfg.Audit == nil {
+		g.mux.Handle(pattern, handler)
+		return
+	}
+	g.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The subtree of a sandbox's routes records each by its name, as
+		// a node's API does ("POST /sandboxes/{id}/pause").
+		action := audit.Action(strings.Replace(pattern, "{rest...}", r.PathValue("rest"), 1))
+		if !audit.Recorded(r.Method, action) {
+			handler.ServeHTTP(w, r)
+			return
+		}
+		aw, at := audit.NewWriter(w), time.Now()
+		defer func() {
+			g.cfg.Audit.Record(aw.Event(r, callerOf(r), audit.WithMethod(action, r.Method),
+				audit.PathObject(pattern, r.URL.Path), at))
+		}()
+		handler.ServeHTTP(aw, r)
+	}))
 }
 
 // ServeHTTP gives the request its ID (see requestid), which the nodes it

@@ -52,12 +52,18 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 		return err
 	}
 
+	auditLog, closeAudit, err := openAudit(cfg.Audit, db, logger)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	g, err := gateway.New(ctx, gateway.Config{
 		Domain: cfg.Domain, NodeTimeout: time.Duration(cfg.NodeTimeoutMS) * time.Millisecond,
 		MaxJSONBytes: int64(cfg.MaxJSONBodyMB) << 20, ClusterSecret: secret, APIKey: cfg.APIKey,
-		Version: cfg.Version, Tracer: tracer,
+		Version: cfg.Version, Tracer: tracer, Audit: auditLog,
 	}, db, logger.With("component", "gateway"), reg)
 	if err != nil {
 		return err

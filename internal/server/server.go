@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/audit"
 	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/config"
@@ -109,6 +110,9 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// teams keeps a single server's teams and keys; a cluster's are the
 	// gateways' to serve (its nodes take only the cluster secret).
 	var teams auth.Store
+	// auditLog records a single server's changes; a cluster's gateways
+	// record theirs.
+	var auditLog *audit.Log
 	if cl == nil {
 		if apiKey, err = loadAPIKey(cfg, logger); err != nil {
 			return err
@@ -119,6 +123,13 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		}
 		defer db.Close()
 		st, teams = db, db
+		var closeAudit func()
+		if auditLog, closeAudit, err = openAudit(cfg.Audit, db, logger); err != nil {
+			return err
+		}
+		// Deferred after db.Close, so run before it: the last events
+		// are written.
+		defer closeAudit()
 	} else {
 		if member, err = openCluster(ctx, cfg, *cl, logger); err != nil {
 			return err
@@ -269,6 +280,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		NodeInfo:           info,
 		Tracer:             tracer,
 		Teams:              teams,
+		Audit:              auditLog,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)

@@ -320,6 +320,32 @@ type AssignedTemplateTags struct {
 	Tags    []string `json:"tags"`
 }
 
+// AuditEvent defines model for AuditEvent.
+type AuditEvent struct {
+	// Action The route: method and path pattern.
+	Action string    `json:"action"`
+	Admin  bool      `json:"admin"`
+	At     time.Time `json:"at"`
+
+	// KeyID The key's ID; empty for the server's own key.
+	KeyID   string `json:"keyID"`
+	KeyName string `json:"keyName"`
+
+	// Object The ID changed: the path's, or the one a create's answer names.
+	Object string `json:"object"`
+
+	// Remote The caller's address as the server saw it.
+	Remote    string `json:"remote"`
+	RequestID string `json:"requestID"`
+	Seq       int64  `json:"seq"`
+
+	// Status The HTTP status of the answer.
+	Status int `json:"status"`
+
+	// TeamID The team the caller acted for.
+	TeamID string `json:"teamID"`
+}
+
 // AutoResume defines model for AutoResume.
 type AutoResume struct {
 	Enabled bool `json:"enabled"`
@@ -910,6 +936,21 @@ type ListedSandboxes = []ListedSandbox
 // ListAPIKeysParams defines parameters for ListAPIKeys.
 type ListAPIKeysParams struct {
 	TeamID *string `form:"teamID,omitempty" json:"teamID,omitempty"`
+}
+
+// ListAuditEventsParams defines parameters for ListAuditEvents.
+type ListAuditEventsParams struct {
+	Team *string `form:"team,omitempty" json:"team,omitempty"`
+
+	// Action A route, such as 'POST /sandboxes/{id}/pause'.
+	Action *string `form:"action,omitempty" json:"action,omitempty"`
+
+	// Object A sandbox, template, snapshot, team or key ID.
+	Object *string    `form:"object,omitempty" json:"object,omitempty"`
+	Since  *time.Time `form:"since,omitempty" json:"since,omitempty"`
+	Until  *time.Time `form:"until,omitempty" json:"until,omitempty"`
+	Before *int64     `form:"before,omitempty" json:"before,omitempty"`
+	Limit  *int       `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
 // ListSandboxesV1Params defines parameters for ListSandboxesV1.

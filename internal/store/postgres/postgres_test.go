@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/aenv-dev/aenv/internal/audit"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
@@ -35,6 +36,11 @@ func TestStore(t *testing.T) {
 func TestTeams(t *testing.T) {
 	srv := pgtest.New(t)
 	storetest.RunTeams(t, func(t *testing.T) storetest.TeamStore { return open(t, srv.NewDatabase(t)) })
+}
+
+func TestAudit(t *testing.T) {
+	srv := pgtest.New(t)
+	storetest.RunAudit(t, func(t *testing.T) audit.Store { return open(t, srv.NewDatabase(t)) })
 }
 
 // A database made before references gets them from its records.

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/aenv-dev/aenv/internal/audit"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
 )
@@ -23,6 +24,17 @@ func TestStore(t *testing.T) {
 
 func TestTeams(t *testing.T) {
 	storetest.RunTeams(t, func(t *testing.T) storetest.TeamStore {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func TestAudit(t *testing.T) {
+	storetest.RunAudit(t, func(t *testing.T) audit.Store {
 		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
 		if err != nil {
 			t.Fatal(err)
