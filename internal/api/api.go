@@ -70,6 +70,9 @@ type Config struct {
 	// Audit records the changes asked through the routes and serves GET
 	// /audit; nil: no audit log.
 	Audit *audit.Log
+	// Ledger keeps the teams' use by day, which GET /usage serves; nil:
+	// no such route.
+	Ledger usage.Ledger
 }
 
 // Server is the HTTP handler of a node.
@@ -139,6 +142,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	}
 	s.routeTeams()
 	s.routeAudit()
+	s.routeUsage()
 
 	s.routeUnknown()
 	return s
@@ -153,6 +157,7 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 	s.routeCatalog()
 	s.routeTeams()
 	s.routeAudit()
+	s.routeUsage()
 	s.routeUnknown()
 	return s
 }

@@ -66,6 +66,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.teamCommand(),
 		a.keyCommand(),
 		a.auditCommand(),
+		a.usageCommand(),
 		a.benchCommand(),
 	}
 }

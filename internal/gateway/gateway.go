@@ -38,6 +38,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/requestid"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/tracing"
+	"github.com/aenv-dev/aenv/internal/usage"
 )
 
 // Config of a gateway.
@@ -135,12 +136,16 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 	if err := g.nodes.refresh(ctx); err != nil {
 		return nil, fmt.Errorf("gateway: read nodes: %w", err)
 	}
+	// The teams' use by day, which the nodes write to the cluster's
+	// database.
+	ledger, _ := db.(usage.Ledger)
 	g.catalog = api.NewCatalog(api.Config{MaxJSONBytes: cfg.MaxJSONBytes, Domain: cfg.Domain,
 		// ServeHTTP checked the key and put who made the request in its
 		// context.
 		Authorize: func(r *http.Request) (auth.Principal, bool) { return auth.FromContext(r.Context()) },
 		Teams:     db,
 		Audit:     cfg.Audit,
+		Ledger:    ledger,
 	}, &catalog{g: g}, logger, reg)
 	g.routeMux()
 	g.traced = cfg.Tracer.Handler(g.mux)

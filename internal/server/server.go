@@ -252,7 +252,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aenv_prepared_pool_target", Help: "What the prepared pool fills to, all shapes: grown by forks and concurrent launches, halved per idle minute.",
 	}, func() float64 { return float64(sandboxes.PreparedPool().Target) }))
-	usageHistory := usage.Start(ctx, sandboxes, usage.Config{}, logger.With("component", "usage"))
+	// The teams' use by day goes to the node's database: a cluster's
+	// shared one, where every node adds its own sandboxes'.
+	ledger, _ := st.(usage.Ledger)
+	usageHistory := usage.Start(ctx, sandboxes, usage.Config{Ledger: ledger}, logger.With("component", "usage"))
 	builds, err := newBuilds(cfg, served, logger)
 	if err != nil {
 		usageHistory.Stop()
@@ -281,6 +284,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Tracer:             tracer,
 		Teams:              teams,
 		Audit:              auditLog,
+		Ledger:             ledger,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)

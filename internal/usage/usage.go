@@ -1,6 +1,8 @@
 // Package usage keeps a short history of each sandbox's resource use, as
 // E2B's metrics endpoint serves it: a sample every few seconds per running
 // sandbox, kept in a bounded ring and dropped when the sandbox is gone.
+// The same samples add up each team's use by day, written to a Ledger
+// (see TeamDay).
 package usage
 
 import (
@@ -33,7 +35,14 @@ type Source interface {
 type Config struct {
 	Interval time.Duration // between two samples of a sandbox
 	Capacity int           // samples kept per sandbox
+	// Ledger receives the teams' use by day, every FlushEvery; nil: not
+	// accounted.
+	Ledger     Ledger
+	FlushEvery time.Duration
 }
+
+// DefaultFlushEvery is how often the teams' use is written by default.
+const DefaultFlushEvery = 10 * time.Second
 
 // Sample is one measurement of a sandbox.
 type Sample struct {
@@ -50,8 +59,12 @@ type History struct {
 	cfg    Config
 	logger *slog.Logger
 
-	mu     sync.Mutex
-	series map[string]*series
+	mu      sync.Mutex
+	series  map[string]*series
+	pending map[teamDay]*TeamDay // accounted, not yet written
+	// flushMu makes flushes one at a time, so that a failed one puts
+	// its days back before the next takes them.
+	flushMu sync.Mutex
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -83,9 +96,12 @@ func Start(ctx context.Context, src Source, cfg Config, logger *slog.Logger) *Hi
 	if cfg.Capacity <= 0 {
 		cfg.Capacity = DefaultCapacity
 	}
+	if cfg.FlushEvery <= 0 {
+		cfg.FlushEvery = DefaultFlushEvery
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	h := &History{src: src, cfg: cfg, logger: logger, series: map[string]*series{},
-		cancel: cancel, done: make(chan struct{})}
+		pending: map[teamDay]*TeamDay{}, cancel: cancel, done: make(chan struct{})}
 	go h.run(ctx)
 	return h
 }
@@ -100,13 +116,32 @@ func (h *History) run(ctx context.Context) {
 	defer close(h.done)
 	ticker := time.NewTicker(h.cfg.Interval)
 	defer ticker.Stop()
+	lastFlush := time.Now()
 	for {
 		h.sampleAll(ctx)
+		if time.Since(lastFlush) >= h.cfg.FlushEvery {
+			lastFlush = time.Now()
+			h.flushLogged(ctx)
+		}
 		select {
 		case <-ctx.Done():
+			// What was accounted since the last flush is written on the
+			// way out.
+			h.flushLogged(context.WithoutCancel(ctx))
 			return
 		case <-ticker.C:
 		}
+	}
+}
+
+// flushTimeout bounds one write of the teams' use.
+const flushTimeout = 10 * time.Second
+
+func (h *History) flushLogged(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
+	defer cancel()
+	if err := h.Flush(ctx); err != nil {
+		h.logger.WarnContext(ctx, "team usage kept for the next flush", "err", err)
 	}
 }
 
@@ -162,6 +197,17 @@ func (h *History) record(sb *store.Sandbox, st runtime.Stats, now time.Time) {
 		s.memTotal = st.MemoryLimitBytes
 	}
 	p := point{at: now.UnixNano(), cpuPct: s.cpuPct(st.CPUUsageNanos, now), mem: min(st.MemoryBytes, s.memTotal)}
+	// The sample stands for the time since the last one; after a gap
+	// (a pause, a slow round, a restart of this server) for one interval.
+	counted := now.Sub(s.lastAt)
+	if counted <= 0 || counted > 2*h.cfg.Interval {
+		counted = h.cfg.Interval
+	}
+	cpu := time.Duration(st.CPUUsageNanos)
+	if st.CPUUsageNanos >= s.lastCPU {
+		cpu = time.Duration(st.CPUUsageNanos - s.lastCPU)
+	}
+	h.account(sb.TeamID, sb.MemoryMB, sb.VCPU, now, counted, min(cpu, counted*time.Duration(max(sb.VCPU, 1))))
 	s.lastCPU, s.lastAt = st.CPUUsageNanos, now
 	if len(s.points) < h.cfg.Capacity {
 		s.points = append(s.points, p)

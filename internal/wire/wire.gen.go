@@ -268,6 +268,24 @@ func (e ReadFileJSONParamsEncoding) Valid() bool {
 	}
 }
 
+// Defines values for ListTeamUsageParamsFormat.
+const (
+	ListTeamUsageParamsFormatCsv  ListTeamUsageParamsFormat = "csv"
+	ListTeamUsageParamsFormatJson ListTeamUsageParamsFormat = "json"
+)
+
+// Valid indicates whether the value is a known member of the ListTeamUsageParamsFormat enum.
+func (e ListTeamUsageParamsFormat) Valid() bool {
+	switch e {
+	case ListTeamUsageParamsFormatCsv:
+		return true
+	case ListTeamUsageParamsFormatJson:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ListSandboxesParamsOrder.
 const (
 	ListSandboxesParamsOrderAsc  ListSandboxesParamsOrder = "asc"
@@ -778,6 +796,25 @@ type TeamLimits struct {
 	MaxVCPUs *int `json:"maxVCPUs,omitempty"`
 }
 
+// TeamUsage defines model for TeamUsage.
+type TeamUsage struct {
+	// CpuSeconds CPU time they used.
+	CpuSeconds float32 `json:"cpuSeconds"`
+
+	// Day YYYY-MM-DD, UTC.
+	Day string `json:"day"`
+
+	// MemoryMBSeconds That time weighed by the memory (MiB) each was given.
+	MemoryMBSeconds float32 `json:"memoryMBSeconds"`
+
+	// SandboxSeconds Time the team's sandboxes ran (paused ones do not).
+	SandboxSeconds float32 `json:"sandboxSeconds"`
+	TeamID         string  `json:"teamID"`
+
+	// VcpuSeconds That time weighed by the vCPUs each was given.
+	VcpuSeconds float32 `json:"vcpuSeconds"`
+}
+
 // Template defines model for Template.
 type Template struct {
 	Aliases         []string            `json:"aliases"`
@@ -1036,6 +1073,22 @@ type GetTemplateBuildStatusParams struct {
 	Limit      *int      `form:"limit,omitempty" json:"limit,omitempty"`
 	Level      *LogLevel `form:"level,omitempty" json:"level,omitempty"`
 }
+
+// ListTeamUsageParams defines parameters for ListTeamUsage.
+type ListTeamUsageParams struct {
+	// Team Admin keys: one team's (default: every team's).
+	Team *string `form:"team,omitempty" json:"team,omitempty"`
+
+	// From First day, such as 2026-12-01.
+	From *string `form:"from,omitempty" json:"from,omitempty"`
+
+	// To Last day, included.
+	To     *string                    `form:"to,omitempty" json:"to,omitempty"`
+	Format *ListTeamUsageParamsFormat `form:"format,omitempty" json:"format,omitempty"`
+}
+
+// ListTeamUsageParamsFormat defines parameters for ListTeamUsage.
+type ListTeamUsageParamsFormat string
 
 // ListSandboxesParams defines parameters for ListSandboxes.
 type ListSandboxesParams struct {

@@ -17,13 +17,14 @@ import (
 // TestAuditLog: a single server records every change asked of it (who,
 // what, which object, the answer) and no read; admins read the log with
 // filters and pages, teams' keys cannot; --audit-file gets the same
-// events as JSON lines.
+// events as JSON lines. It adds up each team's use by day too.
 func TestAuditLog(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "audit.jsonl")
 	s := newServer(t, "--audit-file", file)
 	s.start()
 	e := newEndpoint(t, s.url)
 	sandboxID, keyID := checkAudit(t, e, e)
+	checkUsage(t, e, e)
 
 	// Pages, newest first.
 	var page1, page2 []audit.Event
@@ -82,13 +83,15 @@ func TestAuditLog(t *testing.T) {
 
 // TestAuditLogThroughGateways: each gateway records what it serves, once
 // (the nodes it forwards to record nothing), into the cluster's database:
-// another gateway reads it.
+// another gateway reads it. The nodes add their sandboxes' use there too.
 func TestAuditLogThroughGateways(t *testing.T) {
 	c := newCluster(t)
 	c.addNode("node-a")
 	g1, g2 := c.addGateway(), c.addGateway()
 	g1.waitReady(t, "node-a")
-	checkAudit(t, newEndpoint(t, g1.url), newEndpoint(t, g2.url))
+	e1, e2 := newEndpoint(t, g1.url), newEndpoint(t, g2.url)
+	checkAudit(t, e1, e2)
+	checkUsage(t, e1, e2)
 }
 
 // checkAudit makes changes through by as a team's key and the operator's,

@@ -15,6 +15,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
+	"github.com/aenv-dev/aenv/internal/usage"
 )
 
 func open(t *testing.T, connString string) *Store {
@@ -36,6 +37,11 @@ func TestStore(t *testing.T) {
 func TestTeams(t *testing.T) {
 	srv := pgtest.New(t)
 	storetest.RunTeams(t, func(t *testing.T) storetest.TeamStore { return open(t, srv.NewDatabase(t)) })
+}
+
+func TestLedger(t *testing.T) {
+	srv := pgtest.New(t)
+	storetest.RunLedger(t, func(t *testing.T) usage.Ledger { return open(t, srv.NewDatabase(t)) })
 }
 
 func TestAudit(t *testing.T) {

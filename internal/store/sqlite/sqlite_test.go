@@ -9,6 +9,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/audit"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
+	"github.com/aenv-dev/aenv/internal/usage"
 )
 
 func TestStore(t *testing.T) {
@@ -24,6 +25,17 @@ func TestStore(t *testing.T) {
 
 func TestTeams(t *testing.T) {
 	storetest.RunTeams(t, func(t *testing.T) storetest.TeamStore {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func TestLedger(t *testing.T) {
+	storetest.RunLedger(t, func(t *testing.T) usage.Ledger {
 		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
 		if err != nil {
 			t.Fatal(err)

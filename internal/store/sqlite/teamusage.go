@@ -1,0 +1,63 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+
+	"github.com/aenv-dev/aenv/internal/usage"
+)
+
+// The store keeps the teams' usage by day too (usage.Ledger).
+var _ usage.Ledger = (*Store)(nil)
+
+func (s *Store) AddTeamUsage(ctx context.Context, days []usage.TeamDay) error {
+	return s.inTx(ctx, "add team usage", func(tx *sql.Tx) error {
+		for _, d := range days {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO team_usage
+				(team_id, day, sandbox_seconds, memory_mb_seconds, vcpu_seconds, cpu_seconds) VALUES (?, ?, ?, ?, ?, ?)
+				ON CONFLICT (team_id, day) DO UPDATE SET
+				sandbox_seconds = sandbox_seconds + excluded.sandbox_seconds,
+				memory_mb_seconds = memory_mb_seconds + excluded.memory_mb_seconds,
+				vcpu_seconds = vcpu_seconds + excluded.vcpu_seconds,
+				cpu_seconds = cpu_seconds + excluded.cpu_seconds`,
+				d.TeamID, d.Day, d.SandboxSeconds, d.MemoryMBSeconds, d.VCPUSeconds, d.CPUSeconds); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (s *Store) ListTeamUsage(ctx context.Context, f usage.LedgerFilter) ([]usage.TeamDay, error) {
+	var where []string
+	var args []any
+	for _, c := range []struct {
+		cond string
+		v    string
+	}{{"team_id = ?", f.TeamID}, {"day >= ?", f.From}, {"day <= ?", f.To}} {
+		if c.v != "" {
+			where = append(where, c.cond)
+			args = append(args, c.v)
+		}
+	}
+	q := `SELECT team_id, day, sandbox_seconds, memory_mb_seconds, vcpu_seconds, cpu_seconds FROM team_usage`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	rows, err := s.db.QueryContext(ctx, q+` ORDER BY day, team_id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list team usage: %w", classify(err))
+	}
+	defer rows.Close()
+	out := []usage.TeamDay{}
+	for rows.Next() {
+		var d usage.TeamDay
+		if err := rows.Scan(&d.TeamID, &d.Day, &d.SandboxSeconds, &d.MemoryMBSeconds, &d.VCPUSeconds, &d.CPUSeconds); err != nil {
+			return nil, fmt.Errorf("list team usage: %w", err)
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,120 @@
+package usage
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// TeamDay is what one team's sandboxes were given and used on one day
+// (UTC), summed over the nodes that ran them.
+type TeamDay struct {
+	TeamID string `json:"teamID"`
+	Day    string `json:"day"` // YYYY-MM-DD, UTC
+	// SandboxSeconds is the time its sandboxes ran (paused ones do not
+	// run); MemoryMBSeconds and VCPUSeconds weigh it by the memory and
+	// vCPUs each was given; CPUSeconds is the CPU time they used.
+	SandboxSeconds  float64 `json:"sandboxSeconds"`
+	MemoryMBSeconds float64 `json:"memoryMBSeconds"`
+	VCPUSeconds     float64 `json:"vcpuSeconds"`
+	CPUSeconds      float64 `json:"cpuSeconds"`
+}
+
+// DayLayout is how TeamDay.Day is written.
+const DayLayout = time.DateOnly
+
+// LedgerFilter selects days: of TeamID ("" every team), From to To
+// inclusive ("" unbounded).
+type LedgerFilter struct {
+	TeamID, From, To string
+}
+
+// Ledger keeps the teams' usage by day.
+type Ledger interface {
+	// AddTeamUsage adds days to what is kept (the same team and day
+	// from two nodes, or two flushes, add up).
+	AddTeamUsage(ctx context.Context, days []TeamDay) error
+	// ListTeamUsage returns the days f selects, by day then team.
+	ListTeamUsage(ctx context.Context, f LedgerFilter) ([]TeamDay, error)
+}
+
+// CheckDays says why from or to is not a day (YYYY-MM-DD), or nil.
+func CheckDays(from, to string) error {
+	for _, d := range []struct{ name, v string }{{"from", from}, {"to", to}} {
+		if d.v == "" {
+			continue
+		}
+		if _, err := time.Parse(DayLayout, d.v); err != nil {
+			return fmt.Errorf("%s %q: want a day, such as 2026-12-01", d.name, d.v)
+		}
+	}
+	return nil
+}
+
+// teamDay keys the usage not yet written.
+type teamDay struct{ team, day string }
+
+// account adds one sample's worth of sb's use to the totals not yet
+// written; h.mu held. counted is the time the sample stands for, cpu the
+// CPU time used in it.
+func (h *History) account(team string, memoryMB, vcpu int, at time.Time, counted, cpu time.Duration) {
+	if h.cfg.Ledger == nil {
+		return
+	}
+	k := teamDay{team, at.UTC().Format(DayLayout)}
+	d := h.pending[k]
+	if d == nil {
+		d = &TeamDay{TeamID: team, Day: k.day}
+		h.pending[k] = d
+	}
+	secs := counted.Seconds()
+	d.SandboxSeconds += secs
+	d.MemoryMBSeconds += secs * float64(memoryMB)
+	d.VCPUSeconds += secs * float64(vcpu)
+	d.CPUSeconds += cpu.Seconds()
+}
+
+// maxPending bounds the team-days kept while the ledger cannot be written.
+const maxPending = 100_000
+
+// Flush writes the usage accounted so far to the ledger. What cannot be
+// written is kept for the next flush.
+func (h *History) Flush(ctx context.Context) error {
+	if h.cfg.Ledger == nil {
+		return nil
+	}
+	h.flushMu.Lock()
+	defer h.flushMu.Unlock()
+	h.mu.Lock()
+	pending := h.pending
+	h.pending = map[teamDay]*TeamDay{}
+	h.mu.Unlock()
+	if len(pending) == 0 {
+		return nil
+	}
+	days := make([]TeamDay, 0, len(pending))
+	for _, d := range pending {
+		days = append(days, *d)
+	}
+	err := h.cfg.Ledger.AddTeamUsage(ctx, days)
+	if err == nil {
+		return nil
+	}
+	// Put it back, under what was accounted meanwhile.
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k, d := range pending {
+		if len(h.pending) >= maxPending {
+			break
+		}
+		if now := h.pending[k]; now != nil {
+			now.SandboxSeconds += d.SandboxSeconds
+			now.MemoryMBSeconds += d.MemoryMBSeconds
+			now.VCPUSeconds += d.VCPUSeconds
+			now.CPUSeconds += d.CPUSeconds
+			continue
+		}
+		h.pending[k] = d
+	}
+	return fmt.Errorf("write team usage: %w", err)
+}

@@ -1,0 +1,107 @@
+package usage
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// memLedger is a Ledger in memory; failing makes its adds fail.
+type memLedger struct {
+	mu      sync.Mutex
+	days    map[teamDay]TeamDay
+	failing bool
+}
+
+func (l *memLedger) AddTeamUsage(ctx context.Context, days []TeamDay) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.failing {
+		return errors.New("database away")
+	}
+	for _, d := range days {
+		k := teamDay{d.TeamID, d.Day}
+		cur := l.days[k]
+		cur.TeamID, cur.Day = d.TeamID, d.Day
+		cur.SandboxSeconds += d.SandboxSeconds
+		cur.MemoryMBSeconds += d.MemoryMBSeconds
+		cur.VCPUSeconds += d.VCPUSeconds
+		cur.CPUSeconds += d.CPUSeconds
+		l.days[k] = cur
+	}
+	return nil
+}
+
+func (l *memLedger) ListTeamUsage(ctx context.Context, f LedgerFilter) ([]TeamDay, error) {
+	return nil, nil
+}
+
+func (l *memLedger) get(team string, at time.Time) TeamDay {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.days[teamDay{team, at.UTC().Format(DayLayout)}]
+}
+
+// Each running sandbox's samples add the time they stand for to its
+// team's day, weighed by what it was given, with the CPU it used; paused
+// sandboxes add nothing; a gap counts one interval; a failed write is
+// kept and written by the next flush.
+func TestTeamUsage(t *testing.T) {
+	ledger := &memLedger{days: map[teamDay]TeamDay{}}
+	src := &fakeSource{}
+	h := newHistory(src, 10)
+	h.cfg.Ledger, h.pending = ledger, map[teamDay]*TeamDay{}
+	t0 := time.Now().Add(-time.Hour)
+	a := &store.Sandbox{ID: "a", TeamID: "lab-a", State: store.StateRunning, VCPU: 2, MemoryMB: 1024, StartedAt: t0}
+	b := &store.Sandbox{ID: "b", TeamID: "lab-b", State: store.StateRunning, VCPU: 1, MemoryMB: 512, StartedAt: t0}
+
+	// The first sample of a sandbox running long before stands for one
+	// interval (1 s); the next ones for the time since the last.
+	h.record(a, runtime.Stats{CPUUsageNanos: uint64(400 * time.Millisecond)}, t0.Add(time.Hour))
+	h.record(a, runtime.Stats{CPUUsageNanos: uint64(900 * time.Millisecond)}, t0.Add(time.Hour+time.Second))
+	h.record(b, runtime.Stats{}, t0.Add(time.Hour))
+	// A gap of a minute (a pause) stands for one interval.
+	h.record(b, runtime.Stats{}, t0.Add(time.Hour+time.Minute))
+	if err := h.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	at := t0.Add(time.Hour)
+	gotA, gotB := ledger.get("lab-a", at), ledger.get("lab-b", at)
+	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9 }
+	if !near(gotA.SandboxSeconds, 2) || !near(gotA.MemoryMBSeconds, 2048) || !near(gotA.VCPUSeconds, 4) || !near(gotA.CPUSeconds, 0.9) {
+		t.Errorf("lab-a: %+v, want 2 s, 2048 MiB·s, 4 vCPU·s, 0.9 CPU s", gotA)
+	}
+	if !near(gotB.SandboxSeconds, 2) || !near(gotB.MemoryMBSeconds, 1024) {
+		t.Errorf("lab-b: %+v, want 2 s (the gap counts one interval), 1024 MiB·s", gotB)
+	}
+
+	// A failed write keeps what it had; the next flush writes it with
+	// what came meanwhile.
+	ledger.failing = true
+	h.record(a, runtime.Stats{CPUUsageNanos: uint64(900 * time.Millisecond)}, t0.Add(time.Hour+2*time.Second))
+	if err := h.Flush(context.Background()); err == nil {
+		t.Fatal("a failed write reported no error")
+	}
+	h.record(a, runtime.Stats{CPUUsageNanos: uint64(900 * time.Millisecond)}, t0.Add(time.Hour+3*time.Second))
+	ledger.failing = false
+	if err := h.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := ledger.get("lab-a", at); !near(got.SandboxSeconds, 4) {
+		t.Errorf("lab-a after a failed flush and a good one: %v s, want 4", got.SandboxSeconds)
+	}
+
+	// sampleAll skips paused sandboxes.
+	b.State = store.StatePaused
+	src.set([]*store.Sandbox{b}, map[string]runtime.Stats{})
+	h.sampleAll(context.Background())
+	if len(h.pending) != 0 {
+		t.Errorf("a paused sandbox was accounted: %v", h.pending)
+	}
+}
