@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -186,13 +187,19 @@ func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
 	return s.getTeam(w, r)
 }
 
+// sandboxKiller kills sandboxes: a node, or a gateway's catalog, which
+// asks the nodes holding them.
+type sandboxKiller interface {
+	Kill(ctx context.Context, id string) error
+}
+
 // liveStates are those of sandboxes that hold resources.
 var liveStates = []store.SandboxState{store.StateStarting, store.StateRunning, store.StatePaused}
 
 // deleteTeam deletes a team and its keys. A team with sandboxes is kept
-// (409) unless force=true, which kills them first (on a node; a gateway
-// asks for them to be killed). Its templates and snapshots stay, seen by
-// admins only.
+// (409) unless force=true, which kills them first (a gateway asks the
+// nodes holding them). Its templates and snapshots stay, seen by admins
+// only.
 func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
 	if !principal(r).Admin {
 		return errAdminOnly
@@ -218,13 +225,17 @@ func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.Errorf(errdefs.ErrConflict,
 				"team %q has %d sandboxes; kill them first, or delete with force=true to kill them", id, len(live))
 		}
+		var killer sandboxKiller = s.sandboxes
 		if s.sandboxes == nil {
-			return errdefs.Errorf(errdefs.ErrConflict,
-				"team %q has %d sandboxes; kill them first (a gateway does not kill them for a forced delete)", id, len(live))
+			k, ok := s.catalog.(sandboxKiller)
+			if !ok {
+				return errdefs.Errorf(errdefs.ErrConflict, "team %q has %d sandboxes; kill them first", id, len(live))
+			}
+			killer = k
 		}
 		for _, sb := range live {
-			if err := s.sandboxes.Kill(r.Context(), sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				return fmt.Errorf("kill sandbox %s of team %s: %w", sb.ID, id, err)
+			if err := killer.Kill(r.Context(), sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("kill sandbox %s of team %s (killed before it: %v): %w", sb.ID, id, out.Killed, err)
 			}
 			out.Killed = append(out.Killed, sb.ID)
 		}

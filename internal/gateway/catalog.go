@@ -1,10 +1,15 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/wire"
@@ -103,4 +108,36 @@ func (c *catalog) ListTemplates(ctx context.Context) ([]*store.Template, error) 
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// Kill kills sandbox id on the node holding it, for the caller in ctx (a
+// team's forced deletion). A sandbox already gone is not found.
+func (c *catalog) Kill(ctx context.Context, id string) error {
+	g := c.g
+	nodeID, err := g.nodeOf(ctx, id)
+	if err != nil {
+		return err
+	}
+	n, ok := g.nodes.current().get(nodeID)
+	if !ok || !n.reachable {
+		return fmt.Errorf("%w: sandbox %s is on node %s, which is unreachable", errdefs.ErrUnavailable, id, nodeID)
+	}
+	r, err := http.NewRequestWithContext(ctx, http.MethodDelete, "/sandboxes/"+url.PathEscape(id), nil)
+	if err != nil {
+		return err
+	}
+	defer g.routes.forget(id)
+	resp, err := g.send(r, n, nil)
+	if err != nil {
+		return fmt.Errorf("kill sandbox %s on node %s: %w", id, nodeID, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	switch resp.StatusCode {
+	case http.StatusNoContent, http.StatusOK:
+		return nil
+	case http.StatusNotFound:
+		return fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
+	}
+	return fmt.Errorf("kill sandbox %s on node %s: %s: %s", id, nodeID, resp.Status, bytes.TrimSpace(body))
 }

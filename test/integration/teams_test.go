@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/client"
 	"github.com/aenv-dev/aenv/internal/wire/wiretest"
 )
@@ -462,6 +463,27 @@ func TestTeamsThroughGateways(t *testing.T) {
 	if took > 3*time.Second {
 		t.Errorf("the revoked key worked for %s on the other gateway, want about a second", took)
 	}
+
+	// A forced delete through a gateway kills the team's sandboxes on
+	// their nodes; without force the team is kept.
+	teamA := ids(t, e1.want(200, apiKey, "GET", "/sandboxes", nil, api.HeaderTeam, "team-a"), "sandboxID")
+	if len(teamA) == 0 {
+		t.Fatal("team A has no sandboxes to kill")
+	}
+	e2.want(409, apiKey, "DELETE", "/teams/team-a", nil)
+	var deleted struct {
+		Killed []string `json:"killed"`
+	}
+	e2.want(200, apiKey, "DELETE", "/teams/team-a?force=true", nil).json(t, &deleted)
+	slices.Sort(teamA)
+	slices.Sort(deleted.Killed)
+	if !slices.Equal(deleted.Killed, teamA) {
+		t.Errorf("a forced delete through a gateway killed %v, want team A's %v", deleted.Killed, teamA)
+	}
+	for _, id := range teamA {
+		e1.want(404, apiKey, "GET", "/sandboxes/"+id, nil)
+	}
+	e1.want(404, apiKey, "GET", "/teams/team-a", nil)
 }
 
 // A team's limit holds cluster-wide: a burst of creates through two
