@@ -177,3 +177,21 @@ func TestCheckFilter(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRecordRequest is what recording adds to one request: wrapping
+// its writer, building its event and queueing it (the store's write is
+// batched off the request's path).
+func BenchmarkRecordRequest(b *testing.B) {
+	l := New(&memStore{}, Options{Queue: 1 << 20}, discard())
+	defer l.Close()
+	r := httptest.NewRequest(http.MethodPost, "/sandboxes/sb1/pause", nil)
+	p := auth.Principal{TeamID: "lab", KeyID: "k", KeyName: "trainer"}
+	body := []byte(`{"sandboxID":"sb1"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		w := NewWriter(httptest.NewRecorder())
+		w.WriteHeader(http.StatusCreated)
+		w.Write(body)
+		l.Record(w.Event(r, p, "POST /sandboxes/{id}/pause", PathObject("POST /sandboxes/{id}/pause", r.URL.Path), time.Now()))
+	}
+}
