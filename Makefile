@@ -150,7 +150,11 @@ bench: build ## The benchmark suite against the running server (AENV_URL, AENV_A
 
 .PHONY: bench-go
 bench-go: build ## Go benchmarks of single operations, next to raw runsc and runc (starts its own servers)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared' -benchtime 20x -timeout 30m ./test/integration/
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared|TeamLimitBurst' -benchtime 20x -timeout 30m ./test/integration/
+
+.PHONY: bench-team-burst
+bench-team-burst: build ## 500 concurrent creates of one team through two gateways against its limit of 8 (a minute or two per run)
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench TeamLimitBurst -benchtime 1x -timeout 30m ./test/integration/
 
 .PHONY: bench-shared
 bench-shared: build $(BIN)/weed ## The object store in a cluster of three nodes: 300 MB upload, cold and warm create, fork of 64 over three nodes and one (minutes per run)

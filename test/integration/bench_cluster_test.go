@@ -229,3 +229,71 @@ func BenchmarkTeamKeyExec(b *testing.B) {
 	b.ReportMetric(t99, "team-p99-ms")
 	b.ReportMetric(t50-o50, "added-p50-ms")
 }
+
+// BenchmarkTeamLimitBurst: 500 concurrent creates of one team, through two
+// gateways over two nodes, against a limit of 8 sandboxes: exactly 8 are
+// made; the others are refused, with 429 by the team's limit or, while
+// the nodes' admission is full of creates in flight (each reserves its
+// memory until its record, and with it the team's check, is written),
+// with 503. It reports both counts, the burst's length and the 429s'
+// latency.
+func BenchmarkTeamLimitBurst(b *testing.B) {
+	const limit, burst = 8, 500
+	c := newCluster(b)
+	c.addNode("node-a")
+	c.addNode("node-b")
+	g1, g2 := c.addGateway(), c.addGateway()
+	g1.waitReady(b, "node-a", "node-b")
+	e1, e2 := newEndpoint(b, g1.url), newEndpoint(b, g2.url)
+	var lasted, refused []time.Duration
+	full := 0
+	for i := range b.N {
+		team := fmt.Sprintf("burst-%d", i)
+		e1.want(201, apiKey, "POST", "/teams", map[string]any{"teamID": team, "maxSandboxes": limit})
+		var k struct {
+			Key string `json:"key"`
+		}
+		e1.want(201, apiKey, "POST", "/api-keys", map[string]any{"teamID": team}).json(b, &k)
+		type result struct {
+			status int
+			took   time.Duration
+		}
+		results := make(chan result, burst)
+		start := time.Now()
+		for j := range burst {
+			e := []endpoint{e1, e2}[j%2]
+			go func() {
+				t0 := time.Now()
+				r := e.call(k.Key, "POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 120})
+				results <- result{r.status, time.Since(t0)}
+			}()
+		}
+		made := 0
+		for range burst {
+			switch r := <-results; r.status {
+			case 201:
+				made++
+			case 429:
+				refused = append(refused, r.took)
+			case 503:
+				full++
+			default:
+				b.Errorf("create in a burst: status %d", r.status)
+			}
+		}
+		lasted = append(lasted, time.Since(start))
+		if made != limit {
+			b.Fatalf("a burst of %d creates against a limit of %d made %d", burst, limit, made)
+		}
+		e1.want(200, apiKey, "DELETE", "/teams/"+team+"?force=true", nil)
+	}
+	r50, r99 := percentiles(refused)
+	b.ReportMetric(float64(burst), "creates")
+	b.ReportMetric(float64(limit), "made")
+	b.ReportMetric(float64(len(refused))/float64(b.N), "refused-429")
+	b.ReportMetric(float64(full)/float64(b.N), "node-full-503")
+	b.ReportMetric(r50, "refusal-p50-ms")
+	b.ReportMetric(r99, "refusal-p99-ms")
+	l50, _ := percentiles(lasted)
+	b.ReportMetric(l50, "burst-ms")
+}
