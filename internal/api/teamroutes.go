@@ -187,6 +187,23 @@ func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
 	return s.getTeam(w, r)
 }
 
+// revokeTeamKeys revokes every usable key of team.
+func (s *Server) revokeTeamKeys(ctx context.Context, team string) error {
+	keys, err := s.cfg.Teams.ListKeys(ctx, team)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, k := range keys {
+		if k.RevokedAt.IsZero() {
+			if err := s.cfg.Teams.RevokeKey(ctx, k.ID, now); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				return fmt.Errorf("revoke key %s of team %s: %w", k.ID, team, err)
+			}
+		}
+	}
+	return nil
+}
+
 // sandboxKiller kills sandboxes: a node, or a gateway's catalog, which
 // asks the nodes holding them.
 type sandboxKiller interface {
@@ -224,6 +241,11 @@ func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
 		if !force {
 			return errdefs.Errorf(errdefs.ErrConflict,
 				"team %q has %d sandboxes; kill them first, or delete with force=true to kill them", id, len(live))
+		}
+		// Its keys stop first, so that none makes a sandbox while the
+		// others are killed (one by one, over the network on a gateway).
+		if err := s.revokeTeamKeys(r.Context(), id); err != nil {
+			return err
 		}
 		var killer sandboxKiller = s.sandboxes
 		if s.sandboxes == nil {

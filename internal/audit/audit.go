@@ -33,8 +33,8 @@ type Event struct {
 	// Action is the route: method and path pattern, such as
 	// "POST /sandboxes/{id}/pause".
 	Action string `json:"action"`
-	// Object is the ID the change was made to: the path's, or for a
-	// create the one its answer names.
+	// Object is the ID the change was made to: the path's (a fork's
+	// source), or for a create the one its answer names.
 	Object string `json:"object"`
 	// Status is the HTTP status of the answer.
 	Status    int    `json:"status"`
@@ -143,21 +143,15 @@ func (l *Log) run() {
 	defer l.done.Done()
 	tick := time.NewTicker(batchEvery)
 	defer tick.Stop()
-	var batch []Event
+	// pending are the events taken from the queue and not yet stored; a
+	// failed write keeps them for the next tick, up to the queue's size.
+	var pending []Event
 	lastPurge := time.Time{}
-	write := func() {
-		for len(batch) > 0 {
-			n := min(len(batch), maxBatch)
-			l.write(batch[:n])
-			batch = batch[n:]
-		}
-		batch = batch[:0]
-	}
 	take := func() {
 		for {
 			select {
 			case e := <-l.queue:
-				batch = append(batch, e)
+				pending = append(pending, e)
 			default:
 				return
 			}
@@ -166,23 +160,25 @@ func (l *Log) run() {
 	for {
 		select {
 		case e := <-l.queue:
-			batch = append(batch, e)
-			if len(batch) >= maxBatch {
-				write()
+			pending = append(pending, e)
+			if len(pending) >= maxBatch {
+				pending = l.write(pending)
 			}
 		case <-tick.C:
-			write()
+			pending = l.write(pending)
 			if l.retention > 0 && time.Since(lastPurge) > time.Hour {
 				lastPurge = time.Now()
 				l.purge()
 			}
 		case done := <-l.flush:
 			take()
-			write()
+			pending = l.write(pending)
 			close(done)
 		case <-l.stop:
 			take()
-			write()
+			if pending = l.write(pending); len(pending) > 0 {
+				l.logger.Error("audit events not stored at stop", "events", len(pending))
+			}
 			return
 		}
 	}
@@ -191,21 +187,45 @@ func (l *Log) run() {
 // writeTimeout bounds one batch's write to the store.
 const writeTimeout = 10 * time.Second
 
-func (l *Log) write(events []Event) {
+// write copies the events not copied yet to the file and stores events
+// in batches; it returns those the store did not take (it failed), which
+// the next write tries again, the oldest dropped past the queue's size.
+func (l *Log) write(events []Event) []Event {
 	if l.file != nil {
-		for _, e := range events {
-			line, _ := json.Marshal(e)
+		for i := range events {
+			if events[i].Seq != 0 {
+				continue // copied on an earlier, failed write
+			}
+			events[i].Seq = -1 // copied; the store assigns the real one
+			line, _ := json.Marshal(withoutSeq(events[i]))
 			if _, err := l.file.Write(append(line, '\n')); err != nil {
 				l.logger.Warn("write audit file", "err", err)
 				break
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
-	defer cancel()
-	if err := l.store.AppendAudit(ctx, events); err != nil {
-		l.logger.Error("write audit events", "events", len(events), "err", err)
+	for len(events) > 0 {
+		n := min(len(events), maxBatch)
+		ctx, cancel := context.WithTimeout(context.Background(), writeTimeout)
+		err := l.store.AppendAudit(ctx, events[:n])
+		cancel()
+		if err != nil {
+			l.logger.Error("write audit events; kept to try again", "events", len(events), "err", err)
+			if over := len(events) - cap(l.queue); over > 0 {
+				l.dropped.Add(int64(over))
+				events = events[over:]
+			}
+			return events
+		}
+		events = events[n:]
 	}
+	return nil
+}
+
+// withoutSeq is e as the file gets it: the store's Seq is not known yet.
+func withoutSeq(e Event) Event {
+	e.Seq = 0
+	return e
 }
 
 func (l *Log) purge() {

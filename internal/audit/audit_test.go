@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -23,6 +24,7 @@ type memStore struct {
 	events  []Event
 	appends int
 	block   chan struct{} // when set, appends wait for it
+	failing bool
 }
 
 func (m *memStore) AppendAudit(ctx context.Context, events []Event) error {
@@ -31,6 +33,9 @@ func (m *memStore) AppendAudit(ctx context.Context, events []Event) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.failing {
+		return errors.New("database away")
+	}
 	m.appends++
 	for _, e := range events {
 		e.Seq = int64(len(m.events) + 1)
@@ -75,6 +80,29 @@ func TestLogListReadsOwnWrites(t *testing.T) {
 	}
 }
 
+// A failed write loses nothing: the events are stored by the next one,
+// and copied to the file once.
+func TestLogKeepsEventsAFailedWriteDidNotStore(t *testing.T) {
+	st := &memStore{failing: true}
+	var file bytes.Buffer
+	l := New(st, Options{File: &file}, discard())
+	defer l.Close()
+	for i := range 3 {
+		l.Record(Event{Action: "POST /sandboxes", Object: string(rune('a' + i))})
+	}
+	l.Flush(context.Background())
+	st.mu.Lock()
+	st.failing = false
+	st.mu.Unlock()
+	got, err := l.List(context.Background(), Filter{Limit: 10})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("after the database came back: %+v %v", got, err)
+	}
+	if lines := strings.Count(file.String(), "\n"); lines != 3 {
+		t.Fatalf("the file has %d lines, want 3:\n%s", lines, file.String())
+	}
+}
+
 // A store that does not keep up never slows a request: past the queue's
 // bound events are dropped and counted; Close writes what was queued.
 func TestLogDropsPastItsQueue(t *testing.T) {
@@ -115,6 +143,16 @@ func TestPathObject(t *testing.T) {
 		if got := PathObject(tc.pattern, tc.path); got != tc.want {
 			t.Errorf("PathObject(%q, %q) = %q, want %q", tc.pattern, tc.path, got, tc.want)
 		}
+	}
+}
+
+// A caller's long path is clipped, not stored whole.
+func TestEventClipsLongValues(t *testing.T) {
+	long := strings.Repeat("x", 10_000)
+	r := httptest.NewRequest(http.MethodPost, "/sandboxes/"+long+"/pause", nil)
+	e := NewWriter(httptest.NewRecorder()).Event(r, auth.Principal{}, "POST /sandboxes/{id}/"+long, long, time.Now())
+	if len(e.Action) > maxField || len(e.Object) > maxField {
+		t.Fatalf("kept %d and %d bytes", len(e.Action), len(e.Object))
 	}
 }
 

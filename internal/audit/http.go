@@ -87,8 +87,19 @@ func (w *Writer) Event(r *http.Request, p auth.Principal, pattern, object string
 		remote = r.RemoteAddr
 	}
 	return Event{At: at.UTC(), TeamID: p.TeamID, KeyID: p.KeyID, KeyName: p.KeyName, Admin: p.Admin,
-		Action: pattern, Object: object, Status: w.Status(), Remote: remote,
-		RequestID: requestid.FromContext(r.Context())}
+		Action: clip(pattern), Object: clip(object), Status: w.Status(), Remote: remote,
+		RequestID: clip(requestid.FromContext(r.Context()))}
+}
+
+// maxField bounds what an event keeps of a value a caller chose (a path,
+// an ID), so that no request stores more than a line.
+const maxField = 256
+
+func clip(s string) string {
+	if len(s) > maxField {
+		return s[:maxField]
+	}
+	return s
 }
 
 // pathObjects are the path values that name a route's object, in order.
@@ -119,7 +130,7 @@ func PathObject(pattern, path string) string {
 }
 
 // createdID finds the ID a create's answer names: a sandbox, template,
-// snapshot, team or key (the first of a list: a fork's children).
+// snapshot, team or key (in a list, the first).
 func createdID(body []byte) string {
 	body = bytes.TrimSpace(body)
 	if len(body) > 0 && body[0] == '[' {

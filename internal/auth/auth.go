@@ -79,6 +79,13 @@ func (t *Team) Limited() bool {
 	return t.MaxSandboxes > 0 || t.MaxMemoryMB > 0 || t.MaxVCPUs > 0 || t.MaxStarting > 0 || t.CreatesPerSecond > 0
 }
 
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // Usage is what a team's sandboxes that count toward its limits hold.
 type Usage struct {
 	Sandboxes, MemoryMB, VCPUs int
@@ -113,7 +120,9 @@ func (t *Team) Admit(used Usage, memoryMB, vcpus int, now time.Time) error {
 		if tokens < 1 {
 			return fmt.Errorf("team %s is at its limit of %d creates per second", t.ID, t.CreatesPerSecond)
 		}
-		t.Bucket = Bucket{Tokens: tokens - 1, At: now}
+		// Stored, the bucket's time never goes back: a node whose clock
+		// is behind would otherwise hand the next one elapsed time.
+		t.Bucket = Bucket{Tokens: tokens - 1, At: maxTime(now, t.Bucket.At)}
 	}
 	return nil
 }

@@ -182,6 +182,23 @@ func TestTeamCreateRate(t *testing.T) {
 	if admitted(t0.Add(-time.Hour)) {
 		t.Fatal("a clock an hour behind filled the bucket")
 	}
+	// Nor does a clock behind, once it admits, move the bucket back for
+	// the next node: creates alternating between a node 10 s behind and
+	// one on time stay at the rate (a burst of 5, then 5 a second).
+	skew := &Team{ID: "skew", CreatesPerSecond: 5}
+	made := 0
+	for i := range 40 {
+		now := t0.Add(time.Duration(i) * 50 * time.Millisecond) // 2 s in all
+		if i%2 == 1 {
+			now = now.Add(-10 * time.Second)
+		}
+		if skew.Admit(Usage{}, 0, 0, now) == nil {
+			made++
+		}
+	}
+	if made > 5+2*5+1 {
+		t.Fatalf("40 creates over 2 s at 5 per second, half from a clock 10 s behind, made %d", made)
+	}
 	// An idle hour fills it to one second's worth, no more.
 	later := t0.Add(time.Hour)
 	n := 0

@@ -129,7 +129,7 @@ func (c *catalog) Kill(ctx context.Context, id string) error {
 	defer g.routes.forget(id)
 	resp, err := g.send(r, n, nil)
 	if err != nil {
-		return fmt.Errorf("kill sandbox %s on node %s: %w", id, nodeID, err)
+		return fmt.Errorf("%w: kill sandbox %s on node %s: %v", errdefs.ErrBadGateway, id, nodeID, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
@@ -139,5 +139,12 @@ func (c *catalog) Kill(ctx context.Context, id string) error {
 	case http.StatusNotFound:
 		return fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
 	}
-	return fmt.Errorf("kill sandbox %s on node %s: %s: %s", id, nodeID, resp.Status, bytes.TrimSpace(body))
+	kind := errdefs.ErrBadGateway
+	switch resp.StatusCode {
+	case http.StatusConflict:
+		kind = errdefs.ErrConflict
+	case http.StatusServiceUnavailable:
+		kind = errdefs.ErrUnavailable
+	}
+	return fmt.Errorf("%w: kill sandbox %s on node %s: %s: %s", kind, id, nodeID, resp.Status, bytes.TrimSpace(body))
 }

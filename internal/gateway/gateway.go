@@ -282,8 +282,10 @@ func (g *Gateway) handle(pattern string, h any) {
 	}
 	g.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The subtree of a sandbox's routes records each by its name, as
-		// a node's API does ("POST /sandboxes/{id}/pause").
-		action := audit.Action(strings.Replace(pattern, "{rest...}", r.PathValue("rest"), 1))
+		// a node's API does ("POST /sandboxes/{id}/pause"): the first
+		// segment, never the rest of a caller's path.
+		name, _, _ := strings.Cut(r.PathValue("rest"), "/")
+		action := audit.Action(strings.Replace(pattern, "{rest...}", name, 1))
 		if !audit.Recorded(r.Method, action) {
 			handler.ServeHTTP(w, r)
 			return

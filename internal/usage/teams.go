@@ -1,8 +1,11 @@
 package usage
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -31,8 +34,8 @@ type LedgerFilter struct {
 
 // Ledger keeps the teams' usage by day.
 type Ledger interface {
-	// AddTeamUsage adds days to what is kept (the same team and day
-	// from two nodes, or two flushes, add up).
+	// AddTeamUsage adds days, sorted by team then day, to what is kept
+	// (the same team and day from two nodes, or two flushes, add up).
 	AddTeamUsage(ctx context.Context, days []TeamDay) error
 	// ListTeamUsage returns the days f selects, by day then team.
 	ListTeamUsage(ctx context.Context, f LedgerFilter) ([]TeamDay, error)
@@ -96,6 +99,11 @@ func (h *History) Flush(ctx context.Context) error {
 	for _, d := range pending {
 		days = append(days, *d)
 	}
+	// In one order on every node, so that two nodes' upserts of the
+	// same rows take their locks in the same order and never deadlock.
+	slices.SortFunc(days, func(a, b TeamDay) int {
+		return cmp.Or(strings.Compare(a.TeamID, b.TeamID), strings.Compare(a.Day, b.Day))
+	})
 	err := h.cfg.Ledger.AddTeamUsage(ctx, days)
 	if err == nil {
 		return nil
@@ -105,6 +113,7 @@ func (h *History) Flush(ctx context.Context) error {
 	defer h.mu.Unlock()
 	for k, d := range pending {
 		if len(h.pending) >= maxPending {
+			h.logger.WarnContext(ctx, "team usage dropped: too much kept unwritten", "kept", len(h.pending))
 			break
 		}
 		if now := h.pending[k]; now != nil {

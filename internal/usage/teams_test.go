@@ -57,7 +57,7 @@ func TestTeamUsage(t *testing.T) {
 	src := &fakeSource{}
 	h := newHistory(src, 10)
 	h.cfg.Ledger, h.pending = ledger, map[teamDay]*TeamDay{}
-	t0 := time.Now().Add(-time.Hour)
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	a := &store.Sandbox{ID: "a", TeamID: "lab-a", State: store.StateRunning, VCPU: 2, MemoryMB: 1024, StartedAt: t0}
 	b := &store.Sandbox{ID: "b", TeamID: "lab-b", State: store.StateRunning, VCPU: 1, MemoryMB: 512, StartedAt: t0}
 
@@ -98,10 +98,17 @@ func TestTeamUsage(t *testing.T) {
 	}
 
 	// sampleAll skips paused sandboxes.
+	// (Its stats answer, as a paused instance's would: only its state
+	// keeps it out.)
 	b.State = store.StatePaused
-	src.set([]*store.Sandbox{b}, map[string]runtime.Stats{})
+	src.set([]*store.Sandbox{b}, map[string]runtime.Stats{"b": {CPUUsageNanos: 1}})
 	h.sampleAll(context.Background())
 	if len(h.pending) != 0 {
 		t.Errorf("a paused sandbox was accounted: %v", h.pending)
+	}
+	b.State = store.StateRunning
+	h.sampleAll(context.Background())
+	if len(h.pending) != 1 {
+		t.Errorf("the same sandbox running was not accounted: %v", h.pending)
 	}
 }

@@ -799,20 +799,20 @@ type TeamLimits struct {
 // TeamUsage defines model for TeamUsage.
 type TeamUsage struct {
 	// CpuSeconds CPU time they used.
-	CpuSeconds float32 `json:"cpuSeconds"`
+	CpuSeconds float64 `json:"cpuSeconds"`
 
 	// Day YYYY-MM-DD, UTC.
 	Day string `json:"day"`
 
 	// MemoryMBSeconds That time weighed by the memory (MiB) each was given.
-	MemoryMBSeconds float32 `json:"memoryMBSeconds"`
+	MemoryMBSeconds float64 `json:"memoryMBSeconds"`
 
 	// SandboxSeconds Time the team's sandboxes ran (paused ones do not).
-	SandboxSeconds float32 `json:"sandboxSeconds"`
+	SandboxSeconds float64 `json:"sandboxSeconds"`
 	TeamID         string  `json:"teamID"`
 
 	// VcpuSeconds That time weighed by the vCPUs each was given.
-	VcpuSeconds float32 `json:"vcpuSeconds"`
+	VcpuSeconds float64 `json:"vcpuSeconds"`
 }
 
 // Template defines model for Template.
