@@ -371,3 +371,33 @@ go_memstats_alloc_bytes 1.5e+06
 		}
 	}
 }
+
+// A server of the release before the newer team limits answers teams
+// with maxSandboxes alone; it would read a PATCH of another limit as
+// maxSandboxes 0. The client refuses before sending one.
+func TestTeamLimitsRefusedByAnOlderServer(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		team  string // the team as the server answers it
+		patch bool   // whether the PATCH is to be sent
+	}{
+		{"older", `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5}`, false},
+		{"current", `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			patched := false
+			c := serve(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.Method == http.MethodPatch {
+					patched = true
+				}
+				w.Header().Set("Content-Type", "application/json")
+				w.Write([]byte(tc.team))
+			})
+			mem := 4096
+			_, err := c.SetTeamLimits(context.Background(), "lab", client.TeamLimits{MaxMemoryMB: &mem})
+			if patched != tc.patch || (err == nil) != tc.patch {
+				t.Fatalf("PATCH sent %v, err %v; want sent %v", patched, err, tc.patch)
+			}
+		})
+	}
+}

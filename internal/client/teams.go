@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -64,8 +65,49 @@ type DeletedTeam struct {
 	Killed []string `json:"killed"`
 }
 
+// newerLimits says whether l sets a limit that servers before them
+// ignore (they know only maxSandboxes).
+func (l TeamLimits) newerLimits() bool {
+	return l.MaxMemoryMB != nil || l.MaxVCPUs != nil || l.MaxStarting != nil || l.CreatesPerSecond != nil
+}
+
+// checkKnowsLimits refuses limits the server would ignore: a server of the
+// release before them reads only maxSandboxes, and a PATCH of another
+// limit would set that one to 0. It asks for team id (any team the key
+// sees when "") and looks for the newer fields in the answer.
+func (c *Client) checkKnowsLimits(ctx context.Context, id string) error {
+	var raw json.RawMessage
+	if id != "" {
+		if _, err := c.DoJSON(ctx, http.MethodGet, "/teams/"+url.PathEscape(id), nil, nil, &raw); err != nil {
+			return err
+		}
+	} else {
+		var raws []json.RawMessage
+		if _, err := c.DoJSON(ctx, http.MethodGet, "/teams", nil, nil, &raws); err != nil {
+			return err
+		}
+		if len(raws) == 0 {
+			return nil
+		}
+		raw = raws[0]
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return fmt.Errorf("read team: %w", err)
+	}
+	if _, ok := fields["createsPerSecond"]; !ok {
+		return errors.New("the server knows only maxSandboxes among team limits: upgrade it (or every gateway) before setting the others")
+	}
+	return nil
+}
+
 // CreateTeam makes a team (admin keys only) with limits.
 func (c *Client) CreateTeam(ctx context.Context, id string, limits TeamLimits) (Team, error) {
+	if limits.newerLimits() {
+		if err := c.checkKnowsLimits(ctx, ""); err != nil {
+			return Team{}, err
+		}
+	}
 	var raw json.RawMessage
 	body := struct {
 		TeamID string `json:"teamID"`
@@ -79,6 +121,11 @@ func (c *Client) CreateTeam(ctx context.Context, id string, limits TeamLimits) (
 
 // SetTeamLimits changes the limits given of a team (admin keys only).
 func (c *Client) SetTeamLimits(ctx context.Context, id string, limits TeamLimits) (Team, error) {
+	if limits.newerLimits() {
+		if err := c.checkKnowsLimits(ctx, id); err != nil {
+			return Team{}, err
+		}
+	}
 	var raw json.RawMessage
 	if _, err := c.DoJSON(ctx, http.MethodPatch, "/teams/"+url.PathEscape(id), nil, limits, &raw); err != nil {
 		return Team{}, err
