@@ -146,6 +146,7 @@ func (l *Log) run() {
 	// pending are the events taken from the queue and not yet stored; a
 	// failed write keeps them for the next tick, up to the queue's size.
 	var pending []Event
+	failing := false
 	lastPurge := time.Time{}
 	take := func() {
 		for {
@@ -161,11 +162,15 @@ func (l *Log) run() {
 		select {
 		case e := <-l.queue:
 			pending = append(pending, e)
-			if len(pending) >= maxBatch {
+			// A full batch is written at once, unless the last write
+			// failed: then the tick retries, not every new event.
+			if len(pending) >= maxBatch && !failing {
 				pending = l.write(pending)
+				failing = len(pending) > 0
 			}
 		case <-tick.C:
 			pending = l.write(pending)
+			failing = len(pending) > 0
 			if l.retention > 0 && time.Since(lastPurge) > time.Hour {
 				lastPurge = time.Now()
 				l.purge()
@@ -173,6 +178,7 @@ func (l *Log) run() {
 		case done := <-l.flush:
 			take()
 			pending = l.write(pending)
+			failing = len(pending) > 0
 			close(done)
 		case <-l.stop:
 			take()
