@@ -19,6 +19,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Event is one change asked of the control plane.
@@ -116,8 +118,18 @@ func (l *Log) Record(e Event) {
 	}
 }
 
-// Dropped counts the events dropped for a full queue.
+// Dropped counts the events dropped: past a full queue, or past the
+// queue's size while the store could not take them.
 func (l *Log) Dropped() int64 { return l.dropped.Load() }
+
+// Collector is the Prometheus counter of the events dropped, for an
+// alert: the audit log has holes.
+func (l *Log) Collector() prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "aenv_audit_events_dropped_total",
+		Help: "Audit events dropped because the database could not take them in time.",
+	}, func() float64 { return float64(l.Dropped()) })
+}
 
 // Flush returns once the events queued before it are written.
 func (l *Log) Flush(ctx context.Context) {

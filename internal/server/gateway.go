@@ -60,6 +60,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(auditLog.Collector())
 	g, err := gateway.New(ctx, gateway.Config{
 		Domain: cfg.Domain, NodeTimeout: time.Duration(cfg.NodeTimeoutMS) * time.Millisecond,
 		MaxJSONBytes: int64(cfg.MaxJSONBodyMB) << 20, ClusterSecret: secret, APIKey: cfg.APIKey,

@@ -266,6 +266,9 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	}
 	defer builds.Close()
 	reg.MustRegister(builds.Collectors()...)
+	if auditLog != nil {
+		reg.MustRegister(auditLog.Collector())
+	}
 	info := nodeInfo(cfg, member, sandboxes, served)
 	reg.MustRegister(newCapacityCollector(info))
 	handler := api.New(api.Config{

@@ -45,6 +45,10 @@ func TestAuditLog(t *testing.T) {
 	for _, bad := range []string{"limit=0x", "limit=5000", "since=yesterday", "before=-1"} {
 		e.want(400, apiKey, "GET", "/audit?"+bad, nil)
 	}
+	// Holes in the log would show on the metrics.
+	if m := string(e.want(200, apiKey, "GET", "/metrics", nil).body); !strings.Contains(m, "aenv_audit_events_dropped_total 0") {
+		t.Errorf("metrics lack aenv_audit_events_dropped_total 0")
+	}
 
 	// The CLI reads it too.
 	var fromCLI []audit.Event
