@@ -201,20 +201,11 @@ func (s *Server) routeUnknown() {
 // names an object by ID finds only the caller's team's (see scoped).
 func (s *Server) route(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 	h = s.scoped(pattern, h)
-	action := audit.Action(pattern)
-	s.mux.Handle(pattern, s.requireKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.Audit != nil && audit.Recorded(r.Method, action) {
-			aw, at := audit.NewWriter(w), time.Now()
-			defer func() {
-				s.cfg.Audit.Record(aw.Event(r, principal(r), audit.WithMethod(action, r.Method),
-					audit.PathObject(pattern, r.URL.Path), at))
-			}()
-			w = aw
-		}
+	s.mux.Handle(pattern, s.requireKey(s.cfg.Audit.Middleware(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
 			writeError(w, r, s.logger, err)
 		}
-	})))
+	}))))
 }
 
 // requireKey lets through only requests carrying a valid API key, with

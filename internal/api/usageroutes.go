@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/csv"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -39,9 +40,15 @@ func (s *Server) teamUsage(w http.ResponseWriter, r *http.Request) error {
 			s.logger.WarnContext(r.Context(), "team usage not written before a read", "err", err)
 		}
 	}
+	// The answer is built whole: it is bounded, and a caller past the
+	// bound is told to narrow it.
+	f.Limit = usage.MaxRows + 1
 	days, err := s.cfg.Ledger.ListTeamUsage(r.Context(), f)
 	if err != nil {
 		return err
+	}
+	if len(days) > usage.MaxRows {
+		return badRequest(fmt.Sprintf("more than %d rows: narrow with team, from or to", usage.MaxRows))
 	}
 	if format != "csv" {
 		writeJSON(w, http.StatusOK, days)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -130,6 +131,8 @@ func TestLogDropsPastItsQueue(t *testing.T) {
 	}
 }
 
+// The object is the route's first naming path value, as the mux that
+// routed the request found it.
 func TestPathObject(t *testing.T) {
 	for _, tc := range []struct{ pattern, path, want string }{
 		{"POST /sandboxes/{id}/pause", "/sandboxes/sb1/pause", "sb1"},
@@ -140,9 +143,48 @@ func TestPathObject(t *testing.T) {
 		{"POST /sandboxes", "/sandboxes", ""},
 		{"POST /cluster/nodes/{id}/drain", "/cluster/nodes/node-a/drain", "node-a"},
 	} {
-		if got := PathObject(tc.pattern, tc.path); got != tc.want {
-			t.Errorf("PathObject(%q, %q) = %q, want %q", tc.pattern, tc.path, got, tc.want)
+		mux := http.NewServeMux()
+		got := "(not routed)"
+		mux.HandleFunc(tc.pattern, func(w http.ResponseWriter, r *http.Request) { got = pathObject(r) })
+		method, _, ok := strings.Cut(tc.pattern, " ")
+		if !ok {
+			method = http.MethodPost
 		}
+		mux.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(method, tc.path, nil))
+		if got != tc.want {
+			t.Errorf("pattern %q, path %q: object %q, want %q", tc.pattern, tc.path, got, tc.want)
+		}
+	}
+}
+
+// The middleware records a change with who made it (from the request's
+// context), by its route's name; a subtree by its first segment; not what
+// works inside a sandbox; and a nil Log adds nothing.
+func TestMiddleware(t *testing.T) {
+	st := &memStore{}
+	l := New(st, Options{}, discard())
+	defer l.Close()
+	const pattern = "/sandboxes/{id}/{rest...}"
+	mux := http.NewServeMux()
+	mux.Handle(pattern, l.Middleware(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})))
+	p := auth.Principal{TeamID: "lab", KeyID: "k1", KeyName: "trainer"}
+	for _, path := range []string{"/sandboxes/sb9/pause/anything/else", "/sandboxes/sb9/execute", "/sandboxes/sb9/files/write"} {
+		r := httptest.NewRequest(http.MethodPost, path, nil)
+		mux.ServeHTTP(httptest.NewRecorder(), r.WithContext(auth.WithPrincipal(r.Context(), p)))
+	}
+	got, err := l.List(context.Background(), Filter{Limit: 10})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("recorded %+v (%v), want the pause alone", got, err)
+	}
+	if e := got[0]; e.Action != "POST /sandboxes/{id}/pause" || e.Object != "sb9" || e.KeyName != "trainer" ||
+		e.TeamID != "lab" || e.Status != http.StatusNoContent {
+		t.Fatalf("event %+v", e)
+	}
+	next := http.NotFoundHandler()
+	if h := (*Log)(nil).Middleware(pattern, next); fmt.Sprint(h) != fmt.Sprint(next) {
+		t.Fatal("a nil Log wrapped the handler")
 	}
 }
 
@@ -167,6 +209,11 @@ func TestRecorded(t *testing.T) {
 		{"POST", "POST /sandboxes/{id}/refreshes", false},
 		{"POST", "", false},
 		{"PATCH", "PATCH /teams/{team}", true},
+		{"POST", "POST /sandboxes/{id}/execute", false},
+		{"PUT", "PUT /sandboxes/{id}/files", false},
+		{"POST", "POST /sandboxes/{id}/files/write", false},
+		{"PUT", "PUT /build-uploads/{id}", false},
+		{"POST", "POST /sandboxes/{id}/fork", true},
 	} {
 		if got := Recorded(tc.method, tc.action); got != tc.want {
 			t.Errorf("Recorded(%s, %q) = %v", tc.method, tc.action, got)
@@ -216,20 +263,23 @@ func TestCheckFilter(t *testing.T) {
 	}
 }
 
-// BenchmarkRecordRequest is what recording adds to one request: wrapping
-// its writer, building its event and queueing it (the store's write is
-// batched off the request's path).
+// BenchmarkRecordRequest is a request through the middleware: routing,
+// wrapping its writer, building its event and queueing it (the store's
+// write is batched off the request's path).
 func BenchmarkRecordRequest(b *testing.B) {
 	l := New(&memStore{}, Options{Queue: 1 << 20}, discard())
 	defer l.Close()
-	r := httptest.NewRequest(http.MethodPost, "/sandboxes/sb1/pause", nil)
-	p := auth.Principal{TeamID: "lab", KeyID: "k", KeyName: "trainer"}
+	const pattern = "POST /sandboxes/{id}/pause"
+	mux := http.NewServeMux()
 	body := []byte(`{"sandboxID":"sb1"}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		w := NewWriter(httptest.NewRecorder())
+	mux.Handle(pattern, l.Middleware(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		w.Write(body)
-		l.Record(w.Event(r, p, "POST /sandboxes/{id}/pause", PathObject("POST /sandboxes/{id}/pause", r.URL.Path), time.Now()))
+	})))
+	r := httptest.NewRequest(http.MethodPost, "/sandboxes/sb1/pause", nil)
+	r = r.WithContext(auth.WithPrincipal(r.Context(), auth.Principal{TeamID: "lab", KeyID: "k", KeyName: "trainer"}))
+	b.ReportAllocs()
+	for b.Loop() {
+		mux.ServeHTTP(httptest.NewRecorder(), r)
 	}
 }

@@ -12,15 +12,71 @@ import (
 	"github.com/aenv-dev/aenv/internal/requestid"
 )
 
-// Recorded says whether a request of method to the route pattern is a
-// change to record: reads are not, nor keep-alives (E2B's SDKs refresh a
-// sandbox's timeout in a loop) nor build-context uploads.
-func Recorded(method, pattern string) bool {
+// Recorded says whether a request of method to action (a route pattern
+// with its method, see actionOf) is a change to record. Reads are not,
+// nor what works inside a sandbox rather than on it, which runs at the
+// rate of an agent's steps: keep-alives (E2B's SDKs refresh a sandbox's
+// timeout in a loop), commands and file transfers (as through envd, which
+// is not recorded either). Nor build-context uploads.
+func Recorded(method, action string) bool {
 	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions:
 		return false
 	}
-	return pattern != "" && !strings.HasSuffix(pattern, "/refreshes") && !strings.HasPrefix(pattern, "PUT /build-uploads")
+	_, path, _ := strings.Cut(action, " ")
+	if rest, ok := strings.CutPrefix(path, "/sandboxes/{id}/"); ok {
+		name, _, _ := strings.Cut(rest, "/")
+		switch name {
+		case "refreshes", "execute", "files":
+			return false
+		}
+	}
+	return action != "" && !strings.HasPrefix(path, "/build-uploads")
+}
+
+// Middleware records the changes asked through route pattern (see
+// Recorded) once next has answered. Who asked is the principal that
+// authentication put in the request's context, else the operator (a
+// server's own calls). A nil Log records nothing.
+func (l *Log) Middleware(pattern string, next http.Handler) http.Handler {
+	if l == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		action := actionOf(pattern, r)
+		if !Recorded(r.Method, action) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		aw, at := NewWriter(w), time.Now()
+		defer func() {
+			p, ok := auth.FromContext(r.Context())
+			if !ok {
+				p = auth.Operator()
+			}
+			l.Record(aw.Event(r, p, action, pathObject(r), at))
+		}()
+		next.ServeHTTP(aw, r)
+	})
+}
+
+// actionOf is what r to route pattern is recorded as: the pattern, with
+// the request's method when the pattern names none. A subtree's
+// {rest...} is named by its first segment, as a node's own route names
+// it ("POST /sandboxes/{id}/pause"), never by the rest of a caller's
+// path. The catch-all "/" (unknown paths) is "".
+func actionOf(pattern string, r *http.Request) string {
+	if pattern == "/" {
+		return ""
+	}
+	if strings.Contains(pattern, "{rest...}") {
+		name, _, _ := strings.Cut(r.PathValue("rest"), "/")
+		pattern = strings.Replace(pattern, "{rest...}", name, 1)
+	}
+	if !strings.Contains(pattern, " ") {
+		pattern = r.Method + " " + pattern
+	}
+	return pattern
 }
 
 // Writer captures the status of an answer, and the start of a created
@@ -105,24 +161,11 @@ func clip(s string) string {
 // pathObjects are the path values that name a route's object, in order.
 var pathObjects = []string{"id", "sandboxID", "templateID", "team", "key", "buildID", "node"}
 
-// PathObject is the object r's path names under pattern, for a request
-// the mux that matched pattern has not seen (a gateway records before its
-// mux routes): the value of pattern's first wildcard among pathObjects.
-func PathObject(pattern, path string) string {
-	_, pat, _ := strings.Cut(pattern, " ")
-	if pat == "" {
-		pat = pattern
-	}
-	ps, vs := strings.Split(strings.Trim(pat, "/"), "/"), strings.Split(strings.Trim(path, "/"), "/")
-	values := map[string]string{}
-	for i, seg := range ps {
-		if i >= len(vs) || !strings.HasPrefix(seg, "{") {
-			continue
-		}
-		values[strings.TrimSuffix(strings.Trim(seg, "{}"), "...")] = vs[i]
-	}
+// pathObject is the object r's path names: the first of pathObjects its
+// route has.
+func pathObject(r *http.Request) string {
 	for _, name := range pathObjects {
-		if v := values[name]; v != "" {
+		if v := r.PathValue(name); v != "" {
 			return v
 		}
 	}
@@ -134,19 +177,13 @@ func PathObject(pattern, path string) string {
 func createdID(body []byte) string {
 	body = bytes.TrimSpace(body)
 	if len(body) > 0 && body[0] == '[' {
-		var list []json.RawMessage
 		// A list cut at maxHead does not parse; its first element may.
 		dec := json.NewDecoder(bytes.NewReader(body))
-		if _, err := dec.Token(); err == nil && dec.More() {
-			var first json.RawMessage
-			if dec.Decode(&first) == nil {
-				list = append(list, first)
-			}
-		}
-		if len(list) == 0 {
+		var first json.RawMessage
+		if _, err := dec.Token(); err != nil || !dec.More() || dec.Decode(&first) != nil {
 			return ""
 		}
-		body = list[0]
+		body = first
 	}
 	var ids struct {
 		SandboxID  string `json:"sandboxID"`
@@ -164,21 +201,4 @@ func createdID(body []byte) string {
 		}
 	}
 	return ""
-}
-
-// Action is the action a route pattern records: the pattern itself, but
-// "" for the catch-all of unknown paths.
-func Action(pattern string) string {
-	if pattern == "/" {
-		return ""
-	}
-	return pattern
-}
-
-// WithMethod names the method in action when its pattern matches any.
-func WithMethod(action, method string) string {
-	if strings.Contains(action, " ") {
-		return action
-	}
-	return method + " " + action
 }

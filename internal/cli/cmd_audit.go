@@ -21,8 +21,8 @@ func (a *app) auditCommand() *cobra.Command {
 		Short: "Show the audit log (admin)",
 		Long: `Show who changed what, newest first: the time, the team and key that asked, the route, the object
 (sandbox, template, snapshot, team or key ID), the answer's HTTP status and the caller's address.
-Every create, kill, pause, resume, fork, snapshot, build, timeout, file write, exec, team and key
-change is recorded; reads are not. A cluster's gateways record what they serve. Reading the log
+Every create, kill, pause, resume, fork, snapshot, build, timeout, network, team and key change
+is recorded; reads are not, nor commands and file transfers inside a sandbox. A cluster's gateways record what they serve. Reading the log
 takes an admin key.`,
 		Example: "  aenv audit --team lab-a --since 1h\n  aenv audit --object sbx123 -o json",
 		Args:    args(cobra.NoArgs),

@@ -35,6 +35,11 @@ func TestClientTypesReadWireFields(t *testing.T) {
 		{ExecuteResult{}, []any{wire.ExecuteResult{}}},
 		{Metric{}, []any{wire.SandboxMetric{}}},
 		{NetworkPolicy{}, []any{wire.NetworkUpdate{}}},
+		{Team{}, []any{wire.Team{}}},
+		{TeamLimits{}, []any{wire.TeamLimits{}, wire.NewTeam{}}},
+		{APIKey{}, []any{wire.APIKey{}, wire.CreatedAPIKey{}}},
+		{AuditEvent{}, []any{wire.AuditEvent{}}},
+		{TeamUsage{}, []any{wire.TeamUsage{}}},
 	}
 	for _, tt := range tests {
 		name := reflect.TypeOf(tt.client).Name()

@@ -139,12 +139,11 @@ func (c *catalog) Kill(ctx context.Context, id string) error {
 	case http.StatusNotFound:
 		return fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
 	}
-	kind := errdefs.ErrBadGateway
-	switch resp.StatusCode {
-	case http.StatusConflict:
-		kind = errdefs.ErrConflict
-	case http.StatusServiceUnavailable:
-		kind = errdefs.ErrUnavailable
+	// The node's refusal keeps its kind; an answer of none is the
+	// node's fault.
+	kind := errdefs.FromHTTPStatus(resp.StatusCode)
+	if kind == nil {
+		kind = errdefs.ErrBadGateway
 	}
 	return fmt.Errorf("%w: kill sandbox %s on node %s: %s: %s", kind, id, nodeID, resp.Status, bytes.TrimSpace(body))
 }

@@ -22,7 +22,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -242,22 +241,22 @@ func (g *Gateway) routeMux() {
 
 	g.handle("POST /sandboxes", g.idempotent(g.create))
 	g.handle("POST /v2/sandboxes", g.idempotent(g.create))
-	g.handle("/sandboxes/{id}/{rest...}", g.bySandbox)
-	g.handle("DELETE /sandboxes/{id}", g.bySandbox)
+	g.handle("/sandboxes/{id}/{rest...}", http.HandlerFunc(g.bySandbox))
+	g.handle("DELETE /sandboxes/{id}", http.HandlerFunc(g.bySandbox))
 	// Named, or the mux would redirect it to the subtree above.
 	g.handle("GET /sandboxes/{id}", g.catalog)
-	g.handle("POST /v2/sandboxes/{id}/connect", g.bySandbox)
+	g.handle("POST /v2/sandboxes/{id}/connect", http.HandlerFunc(g.bySandbox))
 	g.handle("POST /snapshots/{id}/fork", g.idempotent(g.forkSnapshot))
-	g.handle("POST /templates", g.createTemplate)
-	g.handle("DELETE /templates/{id}", g.deleteTemplate)
+	g.handle("POST /templates", http.HandlerFunc(g.createTemplate))
+	g.handle("DELETE /templates/{id}", http.HandlerFunc(g.deleteTemplate))
 
-	g.handle("POST /v3/templates", g.requestBuild)
-	g.handle("GET /templates/{templateID}/files/{hash}", g.byBuild)
-	g.handle("POST /v2/templates/{templateID}/builds/{buildID}", g.byBuild)
-	g.handle("GET /templates/{templateID}/builds/{buildID}/status", g.byBuild)
-	g.handle("POST /templates/tags", g.tags)
-	g.handle("DELETE /templates/tags", g.tags)
-	g.handle("GET /templates/{templateID}/tags", g.tags)
+	g.handle("POST /v3/templates", http.HandlerFunc(g.requestBuild))
+	g.handle("GET /templates/{templateID}/files/{hash}", http.HandlerFunc(g.byBuild))
+	g.handle("POST /v2/templates/{templateID}/builds/{buildID}", http.HandlerFunc(g.byBuild))
+	g.handle("GET /templates/{templateID}/builds/{buildID}/status", http.HandlerFunc(g.byBuild))
+	g.handle("POST /templates/tags", http.HandlerFunc(g.tags))
+	g.handle("DELETE /templates/tags", http.HandlerFunc(g.tags))
+	g.handle("GET /templates/{templateID}/tags", http.HandlerFunc(g.tags))
 
 	// Everything else reads records: the catalog serves it (and answers
 	// unknown paths with the API's 404).
@@ -266,37 +265,8 @@ func (g *Gateway) routeMux() {
 
 // handle registers a route of the gateway's own. A change through it is
 // recorded in the audit log here; the catalog's routes record their own.
-func (g *Gateway) handle(pattern string, h any) {
-	var handler http.Handler
-	switch h := h.(type) {
-	case http.Handler:
-		handler = h
-	case func(http.ResponseWriter, *http.Request):
-		handler = http.HandlerFunc(h)
-	default:
-		panic(fmt.Sprintf("gateway route %s: handler of type %T", pattern, h))
-	}
-	if g.cfg.Audit == nil {
-		g.mux.Handle(pattern, handler)
-		return
-	}
-	g.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// The subtree of a sandbox's routes records each by its name, as
-		// a node's API does ("POST /sandboxes/{id}/pause"): the first
-		// segment, never the rest of a caller's path.
-		name, _, _ := strings.Cut(r.PathValue("rest"), "/")
-		action := audit.Action(strings.Replace(pattern, "{rest...}", name, 1))
-		if !audit.Recorded(r.Method, action) {
-			handler.ServeHTTP(w, r)
-			return
-		}
-		aw, at := audit.NewWriter(w), time.Now()
-		defer func() {
-			g.cfg.Audit.Record(aw.Event(r, callerOf(r), audit.WithMethod(action, r.Method),
-				audit.PathObject(pattern, r.URL.Path), at))
-		}()
-		handler.ServeHTTP(aw, r)
-	}))
+func (g *Gateway) handle(pattern string, h http.Handler) {
+	g.mux.Handle(pattern, g.cfg.Audit.Middleware(pattern, h))
 }
 
 // ServeHTTP gives the request its ID (see requestid), which the nodes it

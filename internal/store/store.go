@@ -32,6 +32,11 @@ var ErrLimit = errdefs.New(errdefs.ErrResourceExhausted, "limit reached")
 // full.
 var ErrFull = errdefs.New(errdefs.ErrInsufficientStorage, "database disk full")
 
+// TeamUseQuery sums what the sandboxes it selects hold, as auth.Usage's
+// fields in order; each store adds its WHERE (a team's, not dead).
+const TeamUseQuery = `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0),
+	coalesce(sum(CASE WHEN state = 'starting' THEN 1 ELSE 0 END), 0) FROM sandboxes`
+
 // UnixNanos is how stores keep an optional time: Unix nanoseconds, 0 for
 // the zero time (none); FromUnixNanos reads it back, in UTC.
 func UnixNanos(t time.Time) int64 {

@@ -27,10 +27,14 @@ type TeamDay struct {
 const DayLayout = time.DateOnly
 
 // LedgerFilter selects days: of TeamID ("" every team), From to To
-// inclusive ("" unbounded).
+// inclusive ("" unbounded), at most Limit rows (0: all).
 type LedgerFilter struct {
 	TeamID, From, To string
+	Limit            int
 }
+
+// MaxRows bounds the rows one read of the ledger answers with.
+const MaxRows = 10_000
 
 // Ledger keeps the teams' usage by day.
 type Ledger interface {
@@ -71,10 +75,16 @@ func (h *History) account(team string, memoryMB, vcpu int, at time.Time, counted
 		h.pending[k] = d
 	}
 	secs := counted.Seconds()
-	d.SandboxSeconds += secs
-	d.MemoryMBSeconds += secs * float64(memoryMB)
-	d.VCPUSeconds += secs * float64(vcpu)
-	d.CPUSeconds += cpu.Seconds()
+	d.add(TeamDay{SandboxSeconds: secs, MemoryMBSeconds: secs * float64(memoryMB),
+		VCPUSeconds: secs * float64(vcpu), CPUSeconds: cpu.Seconds()})
+}
+
+// add adds o's figures to d's.
+func (d *TeamDay) add(o TeamDay) {
+	d.SandboxSeconds += o.SandboxSeconds
+	d.MemoryMBSeconds += o.MemoryMBSeconds
+	d.VCPUSeconds += o.VCPUSeconds
+	d.CPUSeconds += o.CPUSeconds
 }
 
 // maxPending bounds the team-days kept while the ledger cannot be written.
@@ -117,10 +127,7 @@ func (h *History) Flush(ctx context.Context) error {
 			break
 		}
 		if now := h.pending[k]; now != nil {
-			now.SandboxSeconds += d.SandboxSeconds
-			now.MemoryMBSeconds += d.MemoryMBSeconds
-			now.VCPUSeconds += d.VCPUSeconds
-			now.CPUSeconds += d.CPUSeconds
+			now.add(*d)
 			continue
 		}
 		h.pending[k] = d

@@ -29,10 +29,7 @@ func (l *memLedger) AddTeamUsage(ctx context.Context, days []TeamDay) error {
 		k := teamDay{d.TeamID, d.Day}
 		cur := l.days[k]
 		cur.TeamID, cur.Day = d.TeamID, d.Day
-		cur.SandboxSeconds += d.SandboxSeconds
-		cur.MemoryMBSeconds += d.MemoryMBSeconds
-		cur.VCPUSeconds += d.VCPUSeconds
-		cur.CPUSeconds += d.CPUSeconds
+		cur.add(d)
 		l.days[k] = cur
 	}
 	return nil

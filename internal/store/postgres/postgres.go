@@ -142,7 +142,7 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 		return err
 	}
 	var used auth.Usage
-	if err := tx.QueryRow(ctx, teamUsage+` WHERE team_id = $1 AND state <> 'dead'`, sb.TeamID).Scan(
+	if err := tx.QueryRow(ctx, store.TeamUseQuery+` WHERE team_id = $1 AND state <> 'dead'`, sb.TeamID).Scan(
 		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting); err != nil {
 		return err
 	}
@@ -157,10 +157,6 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 	}
 	return nil
 }
-
-// teamUsage sums what a team's sandboxes hold, as auth.Usage.
-const teamUsage = `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0),
-	coalesce(sum(CASE WHEN state = 'starting' THEN 1 ELSE 0 END), 0) FROM sandboxes`
 
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(s.box, sb)

@@ -48,7 +48,12 @@ func (s *Store) ListTeamUsage(ctx context.Context, f usage.LedgerFilter) ([]usag
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, " AND ")
 	}
-	rows, err := s.pool.Query(ctx, q+` ORDER BY day, team_id`, args...)
+	q += ` ORDER BY day, team_id`
+	if f.Limit > 0 {
+		args = append(args, f.Limit)
+		q += fmt.Sprintf(` LIMIT $%d`, len(args))
+	}
+	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, dbError("list team usage: %w", err)
 	}

@@ -174,9 +174,7 @@ func checkTeamLimit(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
 		return err
 	}
 	var used auth.Usage
-	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0),
-		coalesce(sum(CASE WHEN state = 'starting' THEN 1 ELSE 0 END), 0)
-		FROM sandboxes WHERE team_id = ? AND state <> 'dead'`, sb.TeamID).Scan(
+	if err := tx.QueryRowContext(ctx, store.TeamUseQuery+` WHERE team_id = ? AND state <> 'dead'`, sb.TeamID).Scan(
 		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting); err != nil {
 		return err
 	}

@@ -46,7 +46,12 @@ func (s *Store) ListTeamUsage(ctx context.Context, f usage.LedgerFilter) ([]usag
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, " AND ")
 	}
-	rows, err := s.db.QueryContext(ctx, q+` ORDER BY day, team_id`, args...)
+	q += ` ORDER BY day, team_id`
+	if f.Limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, f.Limit)
+	}
+	rows, err := s.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list team usage: %w", classify(err))
 	}

@@ -43,6 +43,7 @@ func RunLedger(t *testing.T, newStore func(t *testing.T) usage.Ledger) {
 		{usage.LedgerFilter{From: "2026-12-01"}, 1},
 		{usage.LedgerFilter{To: "2026-11-30"}, 2},
 		{usage.LedgerFilter{TeamID: "lab-b", From: "2026-12-01"}, 0},
+		{usage.LedgerFilter{Limit: 2}, 2},
 	} {
 		got, err := s.ListTeamUsage(ctx, tc.f)
 		if err != nil || len(got) != tc.want {
