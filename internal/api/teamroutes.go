@@ -157,30 +157,20 @@ func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := r.PathValue("team")
-	t, err := s.cfg.Teams.GetTeam(r.Context(), id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", id)
-	}
-	if err != nil {
+	patch := auth.LimitsPatch{MaxSandboxes: req.MaxSandboxes, MaxMemoryMB: req.MaxMemoryMB, MaxVCPUs: req.MaxVCPUs,
+		MaxStarting: req.MaxStarting, CreatesPerSecond: req.CreatesPerSecond}
+	// The limits are independent: the values given are checked alone
+	// (those not given keep theirs, valid when written).
+	var given auth.Team
+	patch.Apply(&given)
+	if err := auth.ValidLimits(&given); err != nil {
 		return err
 	}
-	for _, l := range []struct {
-		to   *int
-		from *int
-	}{
-		{&t.MaxSandboxes, req.MaxSandboxes}, {&t.MaxMemoryMB, req.MaxMemoryMB}, {&t.MaxVCPUs, req.MaxVCPUs},
-		{&t.MaxStarting, req.MaxStarting}, {&t.CreatesPerSecond, req.CreatesPerSecond},
-	} {
-		if l.from != nil {
-			*l.to = *l.from
-		}
-	}
-	if err := auth.ValidLimits(t); err != nil {
-		return err
-	}
-	if err := s.cfg.Teams.SetTeamLimits(r.Context(), t); err != nil {
+	// One write of the limits named, not a read and a write back of all
+	// five: two admins changing different limits at once both hold.
+	if err := s.cfg.Teams.SetTeamLimits(r.Context(), id, patch); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
-			return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", t.ID)
+			return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", id)
 		}
 		return err
 	}

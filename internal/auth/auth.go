@@ -127,6 +127,38 @@ func (t *Team) Admit(used Usage, memoryMB, vcpus int, now time.Time) error {
 	return nil
 }
 
+// Room says, as Admit does, which of t's limits one more sandbox of
+// memoryMB and vcpus would pass with used held, but takes no token from
+// the bucket: it is the early refusal (before a create waits for room on a
+// node), not the check that counts, which Admit is.
+func (t Team) Room(used Usage, memoryMB, vcpus int, now time.Time) error {
+	return t.Admit(used, memoryMB, vcpus, now) // on a copy: t.Bucket is left as it was
+}
+
+// LimitsPatch names the limits of a team to change; nil leaves one as it
+// is.
+type LimitsPatch struct {
+	MaxSandboxes, MaxMemoryMB, MaxVCPUs, MaxStarting, CreatesPerSecond *int
+}
+
+// AllLimits is the patch that sets every limit to t's.
+func AllLimits(t *Team) LimitsPatch {
+	return LimitsPatch{MaxSandboxes: &t.MaxSandboxes, MaxMemoryMB: &t.MaxMemoryMB, MaxVCPUs: &t.MaxVCPUs,
+		MaxStarting: &t.MaxStarting, CreatesPerSecond: &t.CreatesPerSecond}
+}
+
+// Apply sets the limits p names on t.
+func (p LimitsPatch) Apply(t *Team) {
+	for _, l := range []struct{ to, from *int }{
+		{&t.MaxSandboxes, p.MaxSandboxes}, {&t.MaxMemoryMB, p.MaxMemoryMB}, {&t.MaxVCPUs, p.MaxVCPUs},
+		{&t.MaxStarting, p.MaxStarting}, {&t.CreatesPerSecond, p.CreatesPerSecond},
+	} {
+		if l.from != nil {
+			*l.to = *l.from
+		}
+	}
+}
+
 // Key is the record of an API key; the key itself is not kept.
 type Key struct {
 	ID     string
@@ -155,8 +187,13 @@ type Store interface {
 	CreateTeam(ctx context.Context, t *Team) error
 	GetTeam(ctx context.Context, id string) (*Team, error)
 	ListTeams(ctx context.Context) ([]*Team, error)
-	// SetTeamLimits writes t's limits; ErrNotFound if it is gone.
-	SetTeamLimits(ctx context.Context, t *Team) error
+	// TeamUse is what team id's sandboxes that are not dead hold, as
+	// its limits count them.
+	TeamUse(ctx context.Context, id string) (Usage, error)
+	// SetTeamLimits changes the limits p names of team id, in one write
+	// (two concurrent changes of different limits both hold); ErrNotFound
+	// if the team is gone.
+	SetTeamLimits(ctx context.Context, id string, p LimitsPatch) error
 	// DeleteTeam deletes team id and its keys; ErrNotFound if gone.
 	DeleteTeam(ctx context.Context, id string) error
 

@@ -36,7 +36,7 @@ func runProcess(ctx context.Context, envd *envdclient.Client, spec envdclient.Pr
 		go proc.FollowResizes(pumpCtx, resizes)
 	}
 	exit, err := proc.Wait(out)
-	if interrupted(ctx) {
+	if interrupted(ctx) || ctxDeadlineSeenFirst(ctx, err, spec) {
 		return 130, nil
 	}
 	if err != nil {
@@ -60,6 +60,16 @@ func interrupted(ctx context.Context) bool {
 	}
 	d, ok := ctx.Deadline()
 	return ok && !time.Now().Before(d)
+}
+
+// ctxDeadlineSeenFirst reports whether err is ctx's deadline, ended by
+// the sandbox a moment before the local timer: Connect sends the time left
+// in whole milliseconds, rounded down, so the sandbox's copy of the
+// deadline can fire first. Without a process timeout of its own
+// (spec.Timeout), deadline_exceeded can be no other deadline's.
+func ctxDeadlineSeenFirst(ctx context.Context, err error, spec envdclient.ProcessSpec) bool {
+	_, ok := ctx.Deadline()
+	return ok && spec.Timeout == 0 && connect.CodeOf(err) == connect.CodeDeadlineExceeded
 }
 
 // envdError gives an envd failure this CLI's exit codes.

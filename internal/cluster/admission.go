@@ -6,10 +6,13 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -36,9 +39,9 @@ type Holder interface {
 	node.Node
 	// Use reports what the node holds.
 	Use() sandbox.Use
-	// SandboxMemoryMB is the memory given to a sandbox the node holds;
+	// SandboxSize is the size and team of a sandbox the node holds;
 	// false when it holds none by that ID.
-	SandboxMemoryMB(id string) (int, bool)
+	SandboxSize(id string) (sandbox.Size, bool)
 }
 
 // Admission is a node.Node that refuses new sandboxes beyond the node's
@@ -55,6 +58,25 @@ type Admission struct {
 	// reserved counts admitted sandboxes not yet in use (their create is
 	// in flight), so that a burst is judged as a whole.
 	reserved, reservedMB int
+
+	// teams, when set, is read for an early refusal of a create or fork
+	// past its team's limits: on arrival, and while it waits for a turn
+	// (teamSeen, refreshed at most every teamRecheck, shared by the
+	// waiters of a team so that a queue of them costs one read per
+	// interval, not one each).
+	teams       store.TeamReader
+	teamRecheck time.Duration
+	teamMu      sync.Mutex
+	teamSeen    map[string]teamSeen
+}
+
+// teamSeen is a team and what its sandboxes held, read at at (zero:
+// never read yet).
+type teamSeen struct {
+	at      time.Time
+	team    *auth.Team // nil: gone, or without limits
+	used    auth.Usage
+	reading bool // a waiter is reading it afresh
 }
 
 // NewAdmission wraps n.
@@ -64,6 +86,18 @@ func NewAdmission(n Holder, limits Limits) *Admission {
 		a.starting = make(chan struct{}, limits.MaxStarting)
 	}
 	return a
+}
+
+// CheckTeams has creates and forks refused early, with store.ErrLimit,
+// when their team is at one of its limits (store.CheckTeamRoom against
+// teams): on arrival, before the node reserves room for them, and every
+// recheck while they wait for a turn to start. Without it a create past
+// its team's limit still fails, but only once it has had its turn and
+// its record is written, behind every start queued before it. The check
+// in the store's transaction stays the one that holds; these take nothing.
+func (a *Admission) CheckTeams(teams store.TeamReader, recheck time.Duration) {
+	a.teams, a.teamRecheck = teams, recheck
+	a.teamSeen = map[string]teamSeen{}
 }
 
 // SetDraining drains the node (it takes no new sandboxes) or undrains it.
@@ -110,23 +144,119 @@ func (a *Admission) admit(n, memoryMB int) (int, func(), error) {
 	}, nil
 }
 
-// enter admits up to n sandboxes of memoryMB each and waits for a turn to
-// start them; it returns how many fit and the release of both.
-func (a *Admission) enter(ctx context.Context, n, memoryMB int) (int, func(), error) {
-	fit, release, err := a.admit(n, memoryMB)
+// asked is what a create or fork asks of admission: up to n sandboxes,
+// each of memoryMB (node room) and, for its team's limits, of teamMB and
+// vcpus (0: not known yet, counted as none).
+type asked struct {
+	n, memoryMB   int
+	team          string
+	teamMB, vcpus int
+}
+
+// enter checks the team's room, admits up to n sandboxes and waits for a
+// turn to start them; it returns how many fit and the release of both.
+func (a *Admission) enter(ctx context.Context, q asked) (int, func(), error) {
+	if err := a.teamRoom(ctx, q, false); err != nil {
+		return 0, nil, err
+	}
+	fit, release, err := a.admit(q.n, q.memoryMB)
 	if err != nil {
 		return 0, nil, err
 	}
 	if a.starting == nil {
 		return fit, release, nil
 	}
-	select {
-	case a.starting <- struct{}{}:
-		return fit, func() { <-a.starting; release() }, nil
-	case <-ctx.Done():
-		release()
-		return 0, nil, fmt.Errorf("waiting for a turn to start: %w", context.Cause(ctx))
+	var recheck <-chan time.Time
+	if a.teams != nil && q.team != "" {
+		t := time.NewTicker(a.teamRecheck)
+		defer t.Stop()
+		recheck = t.C
 	}
+	for {
+		select {
+		case a.starting <- struct{}{}:
+			return fit, func() { <-a.starting; release() }, nil
+		case <-ctx.Done():
+			release()
+			return 0, nil, fmt.Errorf("waiting for a turn to start: %w", context.Cause(ctx))
+		case <-recheck:
+			if err := a.teamRoom(ctx, q, true); err != nil {
+				release()
+				return 0, nil, err
+			}
+		}
+	}
+}
+
+// teamRoom refuses q, with store.ErrLimit, when its team has no room for
+// one more sandbox. On arrival (waiting false) it reads the team afresh
+// and checks every limit. While q waits for a turn it checks only the
+// limits on what the team holds (sandboxes, memory, vCPUs), from a read
+// at most teamRecheck old: starts and creates per second are the team's
+// rate, which a create already in line has passed. A failed read refuses
+// nothing: the store's check at the create decides then.
+func (a *Admission) teamRoom(ctx context.Context, q asked, waiting bool) error {
+	if a.teams == nil || q.team == "" {
+		return nil
+	}
+	seen, ok := a.teamView(ctx, q.team, waiting)
+	if !ok || seen.team == nil {
+		return nil
+	}
+	t := *seen.team
+	if waiting {
+		t.MaxStarting, t.CreatesPerSecond = 0, 0
+	}
+	if err := t.Room(seen.used, q.teamMB, q.vcpus, time.Now()); err != nil {
+		return fmt.Errorf("%v: %w", err, store.ErrLimit)
+	}
+	return nil
+}
+
+// teamView is team id as last read: afresh unless cached, when the read
+// kept may be up to teamRecheck old (or older, while another waiter reads
+// it: the waiters of a team read it once per interval, not once each).
+func (a *Admission) teamView(ctx context.Context, id string, cached bool) (teamSeen, bool) {
+	if cached {
+		a.teamMu.Lock()
+		seen, ok := a.teamSeen[id]
+		if ok && (seen.reading || time.Since(seen.at) <= a.teamRecheck) {
+			a.teamMu.Unlock()
+			return seen, !seen.at.IsZero()
+		}
+		seen.reading = true
+		a.teamSeen[id] = seen
+		a.teamMu.Unlock()
+	}
+	seen, ok := a.readTeam(ctx, id)
+	a.teamMu.Lock()
+	defer a.teamMu.Unlock()
+	if !ok {
+		prior := a.teamSeen[id]
+		prior.reading = false
+		a.teamSeen[id] = prior
+		return teamSeen{}, false
+	}
+	a.teamSeen[id] = seen
+	return seen, true
+}
+
+// readTeam reads team id and what its sandboxes hold.
+func (a *Admission) readTeam(ctx context.Context, id string) (teamSeen, bool) {
+	seen := teamSeen{at: time.Now()}
+	t, err := a.teams.GetTeam(ctx, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound) || (err == nil && !t.Limited()):
+	case err != nil:
+		return teamSeen{}, false
+	default:
+		used, err := a.teams.TeamUse(ctx, id)
+		if err != nil {
+			return teamSeen{}, false
+		}
+		seen.team, seen.used = t, used
+	}
+	return seen, true
 }
 
 func (a *Admission) Create(ctx context.Context, req node.CreateRequest) (*store.Sandbox, error) {
@@ -134,7 +264,7 @@ func (a *Admission) Create(ctx context.Context, req node.CreateRequest) (*store.
 	if mem == 0 {
 		mem = a.limits.DefaultMemoryMB
 	}
-	_, leave, err := a.enter(ctx, 1, mem)
+	_, leave, err := a.enter(ctx, asked{n: 1, memoryMB: mem, team: req.TeamID, teamMB: req.MemoryMB, vcpus: req.VCPU})
 	if err != nil {
 		return nil, err
 	}
@@ -146,16 +276,20 @@ func (a *Admission) Create(ctx context.Context, req node.CreateRequest) (*store.
 // rest with why not, child by child. Children have the source's memory
 // size; a source the node does not hold is the inner Fork's to refuse.
 func (a *Admission) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkResult, error) {
-	mem := a.limits.DefaultMemoryMB
-	if req.SandboxID != "" {
-		if mb, ok := a.holder.SandboxMemoryMB(req.SandboxID); ok && mb > 0 {
-			mem = mb
-		}
-	} else if tpl, err := a.Node.GetTemplate(ctx, req.SnapshotID); err == nil && tpl.MemoryMB > 0 {
-		mem = tpl.MemoryMB
-	}
 	count := req.Count
-	fit, leave, err := a.enter(ctx, max(count, 1), mem)
+	q := asked{n: max(count, 1), team: req.TeamID}
+	if req.SandboxID != "" {
+		if size, ok := a.holder.SandboxSize(req.SandboxID); ok {
+			q.teamMB, q.vcpus, q.team = size.MemoryMB, size.VCPUs, size.TeamID
+		}
+	} else if tpl, err := a.Node.GetTemplate(ctx, req.SnapshotID); err == nil {
+		q.teamMB, q.vcpus = tpl.MemoryMB, tpl.VCPU
+	}
+	q.memoryMB = q.teamMB
+	if q.memoryMB <= 0 {
+		q.memoryMB = a.limits.DefaultMemoryMB
+	}
+	fit, leave, err := a.enter(ctx, q)
 	if err != nil {
 		return nil, err
 	}

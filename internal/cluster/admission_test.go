@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -23,6 +24,7 @@ type fakeNode struct {
 	made     atomic.Int64
 	memoryMB int
 	forked   atomic.Int64 // children asked of the inner Fork
+	team     string       // the team of the sandboxes it forks
 }
 
 func (f *fakeNode) Create(ctx context.Context, req node.CreateRequest) (*store.Sandbox, error) {
@@ -45,7 +47,9 @@ func (f *fakeNode) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkR
 	return out, nil
 }
 
-func (f *fakeNode) SandboxMemoryMB(id string) (int, bool) { return f.memoryMB, true }
+func (f *fakeNode) SandboxSize(id string) (sandbox.Size, bool) {
+	return sandbox.Size{MemoryMB: f.memoryMB, VCPUs: 1, TeamID: f.team}, true
+}
 
 func (f *fakeNode) Use() sandbox.Use {
 	n := int(f.made.Load())
@@ -184,5 +188,134 @@ func waitUntil(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 10s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// fakeTeams is the store's teams and what their sandboxes hold.
+type fakeTeams struct {
+	mu    sync.Mutex
+	teams map[string]auth.Team
+	use   map[string]auth.Usage
+	reads atomic.Int64
+}
+
+func (f *fakeTeams) GetTeam(_ context.Context, id string) (*auth.Team, error) {
+	f.reads.Add(1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.teams[id]
+	if !ok {
+		return nil, store.ErrNotFound
+	}
+	return &t, nil
+}
+
+func (f *fakeTeams) TeamUse(_ context.Context, id string) (auth.Usage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.use[id], nil
+}
+
+func (f *fakeTeams) set(id string, u auth.Usage) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.use[id] = u
+}
+
+// A create or fork of a team at one of its limits is refused on arrival,
+// before the node reserves room or the inner node is asked; other teams'
+// and unlimited ones go on.
+func TestAdmissionTeamAtLimitRefusedOnArrival(t *testing.T) {
+	teams := &fakeTeams{
+		teams: map[string]auth.Team{
+			"full":  {ID: "full", MaxSandboxes: 2},
+			"mem":   {ID: "mem", MaxMemoryMB: 1024},
+			"rate":  {ID: "rate", CreatesPerSecond: 1, Bucket: auth.Bucket{Tokens: 0, At: time.Now().Add(time.Hour)}},
+			"free":  {ID: "free"},
+			"roomy": {ID: "roomy", MaxSandboxes: 10},
+		},
+		use: map[string]auth.Usage{"full": {Sandboxes: 2}, "mem": {Sandboxes: 1, MemoryMB: 768}, "roomy": {Sandboxes: 9}},
+	}
+	for _, tc := range []struct {
+		team     string
+		memoryMB int
+		refused  bool
+	}{
+		{team: "full", refused: true},
+		{team: "mem", memoryMB: 512, refused: true},
+		{team: "mem", memoryMB: 256},
+		{team: "mem"}, // size not known yet: the store's check decides
+		{team: "rate", refused: true},
+		{team: "free"},
+		{team: "roomy"},
+		{team: "gone"},
+		{team: ""},
+	} {
+		f := newFake(100)
+		close(f.release)
+		a := NewAdmission(f, Limits{MaxStarting: 1, MaxSandboxes: 100})
+		a.CheckTeams(teams, time.Hour)
+		_, err := a.Create(context.Background(), node.CreateRequest{TeamID: tc.team, MemoryMB: tc.memoryMB})
+		if refused := errors.Is(err, store.ErrLimit); refused != tc.refused || (!refused && err != nil) {
+			t.Errorf("create of team %q (%d MiB): %v, want refused %v", tc.team, tc.memoryMB, err, tc.refused)
+		}
+		if tc.refused && (f.made.Load() != 0 || a.reserved != 0 || len(a.starting) != 0) {
+			t.Errorf("team %q: a refused create reached the node or kept a reservation", tc.team)
+		}
+		f.team = tc.team
+		_, err = a.Fork(context.Background(), node.ForkRequest{SandboxID: "p", Count: 2})
+		if refused := errors.Is(err, store.ErrLimit); tc.memoryMB == 0 && (refused != tc.refused || (!refused && err != nil)) {
+			t.Errorf("fork of a sandbox of team %q: %v, want refused %v", tc.team, err, tc.refused)
+		}
+	}
+}
+
+// A create waiting for a turn is refused once its team fills up (read
+// at most recheck late), and waits on while its team has room; the
+// team's rate limits (starting, creates per second) are not held against
+// a create already in line.
+func TestAdmissionTeamFillsWhileWaiting(t *testing.T) {
+	teams := &fakeTeams{
+		teams: map[string]auth.Team{"a": {ID: "a", MaxSandboxes: 2, MaxStarting: 1}, "b": {ID: "b", MaxSandboxes: 2}},
+		use:   map[string]auth.Usage{},
+	}
+	f := newFake(100)
+	a := NewAdmission(f, Limits{MaxStarting: 1})
+	a.CheckTeams(teams, 5*time.Millisecond)
+	first := make(chan error, 1)
+	go func() { _, err := a.Create(context.Background(), node.CreateRequest{}); first <- err }()
+	waitUntil(t, func() bool { return len(a.starting) == 1 })
+
+	waiting := make(chan error, 2)
+	for _, team := range []string{"a", "b"} {
+		go func() { _, err := a.Create(context.Background(), node.CreateRequest{TeamID: team}); waiting <- err }()
+	}
+	waitUntil(t, func() bool { a.mu.Lock(); defer a.mu.Unlock(); return a.reserved == 3 })
+	// Team a now has one starting (its limit): no refusal for that.
+	teams.set("a", auth.Usage{Sandboxes: 1, Starting: 1})
+	reads := teams.reads.Load()
+	waitUntil(t, func() bool { return teams.reads.Load() >= reads+6 })
+	select {
+	case err := <-waiting:
+		t.Fatalf("a create in line was ended while its team had room: %v", err)
+	default:
+	}
+	teams.set("a", auth.Usage{Sandboxes: 2})
+	select {
+	case err := <-waiting:
+		if !errors.Is(err, store.ErrLimit) {
+			t.Fatalf("the waiting create of the full team: %v, want ErrLimit", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting create of a full team was not refused")
+	}
+	close(f.release)
+	for _, c := range []chan error{first, waiting} {
+		if err := <-c; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.reserved != 0 || len(a.starting) != 0 {
+		t.Errorf("left reserved %d, starting %d", a.reserved, len(a.starting))
 	}
 }

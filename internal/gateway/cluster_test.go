@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -621,5 +623,68 @@ func TestIdempotentForkAcrossGateways(t *testing.T) {
 	w := call(t, g2, context.Background(), http.MethodPost, "/snapshots/snap/fork", "f2", body)
 	if w.Code != http.StatusServiceUnavailable || forks() != 2 {
 		t.Errorf("taken over: %d %s, %d node calls; want 503 and no fork", w.Code, w.Body, forks())
+	}
+}
+
+// A create or a snapshot's fork by a team at one of its limits is refused
+// by the gateway, as the node would (429, Aenv-Limit: team), without being
+// sent to a node to wait there for room; with room it goes on.
+func TestTeamAtLimitRefusedByGateway(t *testing.T) {
+	a := newFakeNode(t, "a", answer(201, "sb-a"))
+	db := newFakeStore()
+	db.nodes = []postgres.Node{nodeRecord(a, 10, 0, false)}
+	db.templates = []*store.Template{
+		{ID: "tpl-a", Name: "base", NodeID: "a", Upload: store.UploadUploaded, MemoryMB: 512, VCPU: 1, Kind: store.KindRootfs},
+	}
+	db.teams = map[string]*auth.Team{auth.DefaultTeam: {ID: auth.DefaultTeam, MaxSandboxes: 2, MaxMemoryMB: 2048}}
+	db.teamUse = map[string]auth.Usage{auth.DefaultTeam: {Sandboxes: 2, MemoryMB: 1024, VCPUs: 2}}
+	g := newTestGateway(t, db)
+	send := func(path string, body any) *httptest.ResponseRecorder {
+		raw, _ := json.Marshal(body)
+		r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(raw))
+		r.Header.Set("X-API-Key", otherKey)
+		w := httptest.NewRecorder()
+		g.ServeHTTP(w, r)
+		return w
+	}
+	for _, tc := range []struct {
+		name    string
+		use     auth.Usage
+		path    string
+		body    any
+		want    int
+		message string
+	}{
+		{name: "create at the sandbox limit", use: auth.Usage{Sandboxes: 2}, path: "/sandboxes",
+			body: map[string]string{"templateID": "base"}, want: 429, message: "limit of 2 sandboxes"},
+		{name: "create past the memory limit at the template's size", use: auth.Usage{Sandboxes: 1, MemoryMB: 1600},
+			path: "/sandboxes", body: map[string]string{"templateID": "base"}, want: 429, message: "2048 MiB"},
+		{name: "fork of a snapshot at the limit", use: auth.Usage{Sandboxes: 2}, path: "/snapshots/base/fork",
+			body: map[string]int{"count": 2}, want: 429, message: "limit of 2 sandboxes"},
+		{name: "create with room", use: auth.Usage{Sandboxes: 1, MemoryMB: 512}, path: "/sandboxes",
+			body: map[string]string{"templateID": "base"}, want: 201},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db.mu.Lock()
+			db.teamUse[auth.DefaultTeam] = tc.use
+			db.mu.Unlock()
+			before := a.count("POST /sandboxes") + a.count("POST /snapshots/base/fork")
+			w := send(tc.path, tc.body)
+			if w.Code != tc.want {
+				t.Fatalf("status %d (%s), want %d", w.Code, w.Body, tc.want)
+			}
+			sent := a.count("POST /sandboxes") + a.count("POST /snapshots/base/fork") - before
+			if tc.want == 429 {
+				if !strings.Contains(errorMessage(w), tc.message) || w.Header().Get("Aenv-Limit") != "team" ||
+					w.Header().Get("Retry-After") == "" {
+					t.Errorf("refusal %q, headers %v", errorMessage(w), w.Header())
+				}
+				if sent != 0 {
+					t.Errorf("a refused request was sent to the node %d times", sent)
+				}
+			} else if sent != 1 {
+				t.Errorf("sent to the node %d times, want 1", sent)
+			}
+		})
 	}
 }

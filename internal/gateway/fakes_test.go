@@ -37,6 +37,8 @@ type fakeStore struct {
 	templates []*store.Template
 	idem      map[string]*fakeIdem
 	now       func() time.Time
+	teams     map[string]*auth.Team
+	teamUse   map[string]auth.Usage
 }
 
 type fakeIdem struct {
@@ -63,6 +65,22 @@ func (f *fakeStore) KeyByDigest(_ context.Context, digest string) (*auth.Key, er
 }
 
 func (f *fakeStore) TouchKey(context.Context, string, time.Time) error { return nil }
+
+func (f *fakeStore) GetTeam(_ context.Context, id string) (*auth.Team, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t, ok := f.teams[id]; ok {
+		c := *t
+		return &c, nil
+	}
+	return nil, store.ErrNotFound
+}
+
+func (f *fakeStore) TeamUse(_ context.Context, id string) (auth.Usage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.teamUse[id], nil
+}
 
 func (f *fakeStore) TemplateCopies(_ context.Context, idOrName string) ([]*store.Template, error) {
 	f.mu.Lock()

@@ -62,6 +62,10 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 		g.databaseDown(w, r, err)
 		return
 	}
+	if len(copies) > 0 && !g.teamRoom(w, r, copies[0].MemoryMB, copies[0].VCPU) {
+		g.forget(r, run)
+		return
+	}
 	uploaded := false
 	for _, t := range copies {
 		uploaded = uploaded || t.Upload == store.UploadUploaded

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -99,6 +100,10 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", tpl))
 		return
 	}
+	if teamMB, vcpus := sizeOf(&req, copies); !g.teamRoom(w, r, teamMB, vcpus) {
+		g.forget(r, run)
+		return
+	}
 	candidates, why := g.holders(r, copies)
 	memory := req.MemoryMB
 	switch {
@@ -145,6 +150,38 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 			g.unknownOutcome(r, run) // the answer was cut: ask the node again
 		}
 	}
+}
+
+// sizeOf is the memory and vCPUs a node gives the sandbox req asks for,
+// as far as the gateway can tell (0: the node's default): a snapshot's
+// own, else what req names, else its template's.
+func sizeOf(req *wire.NewSandbox, copies []*store.Template) (memoryMB, vcpus int) {
+	memoryMB, vcpus = req.MemoryMB, cmp.Or(req.Vcpu, req.CpuCount)
+	if len(copies) == 0 {
+		return memoryMB, vcpus
+	}
+	tpl := copies[0]
+	if tpl.Kind != store.KindRootfs && tpl.Kind != "" {
+		return tpl.MemoryMB, tpl.VCPU
+	}
+	return cmp.Or(memoryMB, tpl.MemoryMB), cmp.Or(vcpus, tpl.VCPU)
+}
+
+// teamRoom answers 429, and reports false, when the caller's team is at
+// one of its limits already: a create past it is refused here rather than
+// after waiting for room and a turn on a node. The node's record write
+// still makes the check that holds (store.CheckTeamRoom takes nothing); a
+// failed read refuses nothing.
+func (g *Gateway) teamRoom(w http.ResponseWriter, r *http.Request, memoryMB, vcpus int) bool {
+	err := store.CheckTeamRoom(r.Context(), g.db, callerOf(r).TeamID, memoryMB, vcpus)
+	switch {
+	case errors.Is(err, store.ErrLimit):
+		api.WriteError(w, r, g.logger, err)
+		return false
+	case err != nil:
+		g.logger.DebugContext(r.Context(), "cannot read the team's limits; the node will check them", "err", err)
+	}
+	return true
 }
 
 // noteNode prefixes the note of a create sent to a node.

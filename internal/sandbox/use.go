@@ -83,17 +83,23 @@ func (m *Manager) count(e *entry, add bool) {
 	}
 }
 
-// SandboxMemoryMB is the memory given to a sandbox this node holds, in
-// any phase (paused to disk too), read from its entry rather than the
-// store: false when the node holds no such sandbox.
-func (m *Manager) SandboxMemoryMB(id string) (int, bool) {
+// Size is what a sandbox was given, and its team.
+type Size struct {
+	MemoryMB, VCPUs int
+	TeamID          string
+}
+
+// SandboxSize is the size and team of a sandbox this node holds, in any
+// phase (paused to disk too), read from its entry rather than the store:
+// false when the node holds no such sandbox.
+func (m *Manager) SandboxSize(id string) (Size, bool) {
 	e := m.entry(id)
 	if e == nil {
-		return 0, false
+		return Size{}, false
 	}
 	v := e.view()
 	if v.phase == phaseGone {
-		return 0, false
+		return Size{}, false
 	}
-	return v.sb.MemoryMB, true
+	return Size{MemoryMB: v.sb.MemoryMB, VCPUs: v.sb.VCPU, TeamID: v.sb.TeamID}, true
 }

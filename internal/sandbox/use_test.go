@@ -57,8 +57,8 @@ func TestUseKeptUpToDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("a pause to disk", Use{1, 0, 512})
-	if mb, ok := w.m.SandboxMemoryMB(b.ID); mb != 1024 || !ok {
-		t.Fatalf("memory of a sandbox on disk: %d %v", mb, ok)
+	if size, ok := w.m.SandboxSize(b.ID); size.MemoryMB != 1024 || size.VCPUs < 1 || !ok {
+		t.Fatalf("size of a sandbox on disk: %+v %v", size, ok)
 	}
 	forkOne(a.ID)
 	check("a fork of a paused sandbox", Use{2, 0, 1024})
@@ -78,8 +78,8 @@ func TestUseKeptUpToDate(t *testing.T) {
 		}
 	}
 	check("kills", Use{2, 0, 1536})
-	if _, ok := w.m.SandboxMemoryMB(a.ID); ok {
-		t.Fatal("memory of a killed sandbox reported")
+	if _, ok := w.m.SandboxSize(a.ID); ok {
+		t.Fatal("size of a killed sandbox reported")
 	}
 	// Admission asks at every create: Use must not walk (or copy) the
 	// live set.

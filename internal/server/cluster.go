@@ -61,6 +61,9 @@ func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.
 		MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, MaxStarting: c.cfg.MaxStarting,
 		DefaultMemoryMB: srv.DefaultMemoryMB,
 	})
+	// Creates past their team's limits are refused before they wait for
+	// room and a turn here, and while they wait (every quarter second).
+	admission.CheckTeams(c.db, 250*time.Millisecond)
 	addr, err := advertiseAddress(c.cfg.Advertise, srv.Listen)
 	if err != nil {
 		return nil, err

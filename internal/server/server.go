@@ -255,7 +255,9 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// The teams' use by day goes to the node's database: a cluster's
 	// shared one, where every node adds its own sandboxes'.
 	ledger, _ := st.(usage.Ledger)
-	usageHistory := usage.Start(ctx, sandboxes, usage.Config{Ledger: ledger}, logger.With("component", "usage"))
+	// Sampled until the API has stopped (not when ctx ends): requests in
+	// their grace period still use sandboxes, and that is counted.
+	usageHistory := usage.Start(context.WithoutCancel(ctx), sandboxes, usage.Config{Ledger: ledger}, logger.With("component", "usage"))
 	builds, err := newBuilds(cfg, served, logger)
 	if err != nil {
 		usageHistory.Stop()
@@ -310,17 +312,17 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	case err := <-serveErr:
 		logger.ErrorContext(ctx, "http server stopped", "err", err)
 	}
-	usageHistory.Stop()
 	// Builds end first: their sandboxes go with them.
 	builds.Close()
-	err = shutdown(servers, sandboxes, pool, cfg.KillOnExit, logger)
+	err = shutdown(servers, usageHistory, sandboxes, pool, cfg.KillOnExit, logger)
 	// A node killing everything on exit leaves the cluster with nothing
 	// behind; one leaving its sandboxes running stays registered, and
 	// gateways see it unreachable until it starts again.
 	return errors.Join(err, member.leave(cfg.KillOnExit, logger))
 }
 
-func shutdown(servers []*httpServer, sandboxes *sandbox.Manager, pool *network.Pool, killAll bool, logger *slog.Logger) error {
+func shutdown(servers []*httpServer, usageHistory *usage.History, sandboxes *sandbox.Manager, pool *network.Pool,
+	killAll bool, logger *slog.Logger) error {
 	logger.Info("shutting down", "kill_sandboxes", killAll)
 	var errs []error
 	// In-flight requests get a grace period; streams that outlive it
@@ -333,6 +335,9 @@ func shutdown(servers []*httpServer, sandboxes *sandbox.Manager, pool *network.P
 			hs.srv.Close()
 		}
 	}
+	// The last samples are written before the sandboxes stop (or are
+	// left running, counted again from the next start).
+	usageHistory.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := sandboxes.Shutdown(ctx, killAll); err != nil {

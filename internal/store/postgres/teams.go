@@ -59,14 +59,26 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 	return out, nil
 }
 
-func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = $2, max_memory_mb = $3, max_vcpus = $4,
-		max_starting = $5, creates_per_second = $6 WHERE id = $1`,
-		t.ID, t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond)
+func (s *Store) TeamUse(ctx context.Context, id string) (auth.Usage, error) {
+	var used auth.Usage
+	err := s.pool.QueryRow(ctx, store.TeamUseQuery+` WHERE team_id = $1 AND state <> 'dead'`, id).Scan(
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting)
 	if err != nil {
-		return dbError("set limits of team %s: %w", t.ID, err)
+		return auth.Usage{}, dbError("use of team %s: %w", id, err)
 	}
-	return expectOneRow(tag, "set limits of team "+t.ID)
+	return used, nil
+}
+
+func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch) error {
+	// A limit not named keeps its value: COALESCE(NULL, column).
+	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = COALESCE($2, max_sandboxes),
+		max_memory_mb = COALESCE($3, max_memory_mb), max_vcpus = COALESCE($4, max_vcpus),
+		max_starting = COALESCE($5, max_starting), creates_per_second = COALESCE($6, creates_per_second) WHERE id = $1`,
+		id, p.MaxSandboxes, p.MaxMemoryMB, p.MaxVCPUs, p.MaxStarting, p.CreatesPerSecond)
+	if err != nil {
+		return dbError("set limits of team %s: %w", id, err)
+	}
+	return expectOneRow(tag, "set limits of team "+id)
 }
 
 func (s *Store) DeleteTeam(ctx context.Context, id string) error {

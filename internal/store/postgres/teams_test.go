@@ -22,9 +22,6 @@ func TestTeamLimitWaitsForConcurrentCreate(t *testing.T) {
 	if err := s.CreateTeam(ctx, &auth.Team{ID: "one", CreatedAt: now, MaxSandboxes: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "one", MaxSandboxes: 1}); err != nil {
-		t.Fatal(err)
-	}
 	newSandbox := func(id string) *store.Sandbox {
 		return &store.Sandbox{ID: id, TemplateID: "t", State: store.StateStarting, StartedAt: now, UpdatedAt: now,
 			EndAt: now, SlotIndex: -1, TeamID: "one"}

@@ -55,14 +55,26 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 	return out, rows.Err()
 }
 
-func (s *Store) SetTeamLimits(ctx context.Context, t *auth.Team) error {
-	res, err := s.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = ?, max_memory_mb = ?, max_vcpus = ?,
-		max_starting = ?, creates_per_second = ? WHERE id = ?`,
-		t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond, t.ID)
+func (s *Store) TeamUse(ctx context.Context, id string) (auth.Usage, error) {
+	var used auth.Usage
+	err := s.db.QueryRowContext(ctx, store.TeamUseQuery+` WHERE team_id = ? AND state <> 'dead'`, id).Scan(
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting)
 	if err != nil {
-		return fmt.Errorf("set limits of team %s: %w", t.ID, classify(err))
+		return auth.Usage{}, fmt.Errorf("use of team %s: %w", id, classify(err))
 	}
-	return expectOneRow(res, "set limits of team "+t.ID)
+	return used, nil
+}
+
+func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch) error {
+	// A limit not named keeps its value: COALESCE(NULL, column).
+	res, err := s.db.ExecContext(ctx, `UPDATE teams SET max_sandboxes = COALESCE(?, max_sandboxes),
+		max_memory_mb = COALESCE(?, max_memory_mb), max_vcpus = COALESCE(?, max_vcpus),
+		max_starting = COALESCE(?, max_starting), creates_per_second = COALESCE(?, creates_per_second) WHERE id = ?`,
+		p.MaxSandboxes, p.MaxMemoryMB, p.MaxVCPUs, p.MaxStarting, p.CreatesPerSecond, id)
+	if err != nil {
+		return fmt.Errorf("set limits of team %s: %w", id, classify(err))
+	}
+	return expectOneRow(res, "set limits of team "+id)
 }
 
 func (s *Store) DeleteTeam(ctx context.Context, id string) error {

@@ -37,7 +37,7 @@ func testTeamLimit(t *testing.T, s TeamStore) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "lim", MaxSandboxes: 2}); err != nil {
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxSandboxes: ptr(2)}); err != nil {
 		t.Fatal(err)
 	}
 	create := func(id, team string, holding bool) error {
@@ -80,7 +80,7 @@ func testTeamLimit(t *testing.T, s TeamStore) {
 		t.Fatalf("after one died: %v", err)
 	}
 	// 0 lifts the limit.
-	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "lim"}); err != nil {
+	if err := s.SetTeamLimits(ctx, "lim", auth.AllLimits(&auth.Team{})); err != nil {
 		t.Fatal(err)
 	}
 	if err := create("l4", "lim", false); err != nil {
@@ -129,6 +129,20 @@ func testTeamResourceLimits(t *testing.T, s TeamStore) {
 	if err := create("r3", 512, 1); err != nil {
 		t.Fatalf("after one died: %v", err)
 	}
+	// TeamUse counts as the limits do, and CheckTeamRoom judges by it
+	// without taking anything.
+	if used, err := s.TeamUse(ctx, "res"); err != nil || used != (auth.Usage{Sandboxes: 2, MemoryMB: 1024, VCPUs: 3}) {
+		t.Fatalf("use of team res: %+v, %v", used, err)
+	}
+	if err := store.CheckTeamRoom(ctx, s, "res", 0, 0); err != nil {
+		t.Fatalf("room for a sandbox of no size yet at both limits: %v", err)
+	}
+	if err := store.CheckTeamRoom(ctx, s, "res", 1, 0); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("room for 1 MiB more at the memory limit: %v, want ErrLimit", err)
+	}
+	if err := store.CheckTeamRoom(ctx, s, "nobody", 1, 0); err != nil {
+		t.Fatalf("room of a team that does not exist: %v", err)
+	}
 
 	// Sandboxes starting count against maxStarting; running ones do not.
 	if err := s.CreateTeam(ctx, &auth.Team{ID: "slow", CreatedAt: now, MaxStarting: 1}); err != nil {
@@ -173,7 +187,7 @@ func testTeamResourceLimits(t *testing.T, s TeamStore) {
 		t.Fatalf("the bucket after a burst: %+v %v", got, err)
 	}
 	// SetTeamLimits leaves the bucket alone.
-	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "rate", CreatesPerSecond: 3, MaxStarting: 9}); err != nil {
+	if err := s.SetTeamLimits(ctx, "rate", auth.LimitsPatch{CreatesPerSecond: ptr(3), MaxStarting: ptr(9)}); err != nil {
 		t.Fatal(err)
 	}
 	if again, _ := s.GetTeam(ctx, "rate"); !again.Bucket.At.Equal(got.Bucket.At) || again.MaxStarting != 9 {
@@ -189,7 +203,7 @@ func testTeamLimitRace(t *testing.T, s TeamStore) {
 	if err := s.CreateTeam(ctx, &auth.Team{ID: "burst", CreatedAt: now, MaxSandboxes: limit}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "burst", MaxSandboxes: limit}); err != nil {
+	if err := s.SetTeamLimits(ctx, "burst", auth.LimitsPatch{MaxSandboxes: ptr(limit)}); err != nil {
 		t.Fatal(err)
 	}
 	errs := make(chan error, tries)
@@ -232,14 +246,27 @@ func testTeams(t *testing.T, s auth.Store) {
 	if err != nil || got.ID != "lab-a" || !got.CreatedAt.Equal(now) || got.MaxSandboxes != 0 {
 		t.Fatalf("get team: %+v %v", got, err)
 	}
-	limits := auth.Team{ID: "lab-a", MaxSandboxes: 7, MaxMemoryMB: 8192, MaxVCPUs: 16}
-	if err := s.SetTeamLimits(ctx, &limits); err != nil {
+	limits := auth.Team{MaxSandboxes: 7, MaxMemoryMB: 8192, MaxVCPUs: 16}
+	if err := s.SetTeamLimits(ctx, "lab-a", auth.AllLimits(&limits)); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := s.GetTeam(ctx, "lab-a"); got.MaxSandboxes != 7 || got.MaxMemoryMB != 8192 || got.MaxVCPUs != 16 {
 		t.Fatalf("limits: %+v", got)
 	}
-	if err := s.SetTeamLimits(ctx, &auth.Team{ID: "nope"}); !errors.Is(err, store.ErrNotFound) {
+	// Two changes of different limits, each naming only its own, both
+	// hold: neither writes back the other's old value.
+	if err := s.SetTeamLimits(ctx, "lab-a", auth.LimitsPatch{MaxVCPUs: ptr(4)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetTeamLimits(ctx, "lab-a", auth.LimitsPatch{MaxStarting: ptr(2), MaxSandboxes: ptr(0)}); err != nil {
+		t.Fatal(err)
+	}
+	want := auth.Team{MaxSandboxes: 0, MaxMemoryMB: 8192, MaxVCPUs: 4, MaxStarting: 2}
+	if got, _ := s.GetTeam(ctx, "lab-a"); got.MaxSandboxes != want.MaxSandboxes || got.MaxMemoryMB != want.MaxMemoryMB ||
+		got.MaxVCPUs != want.MaxVCPUs || got.MaxStarting != want.MaxStarting || got.CreatesPerSecond != 0 {
+		t.Fatalf("limits after two partial changes: %+v, want %+v", got, want)
+	}
+	if err := s.SetTeamLimits(ctx, "nope", auth.LimitsPatch{}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("limits of a missing team: %v", err)
 	}
 	teams, err := s.ListTeams(ctx)
@@ -339,3 +366,5 @@ func testKeys(t *testing.T, s auth.Store) {
 		t.Fatalf("revoke a missing key: %v", err)
 	}
 }
+
+func ptr(v int) *int { return &v }
