@@ -5,6 +5,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/sandbox"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/template"
 )
 
 // Limits are what a node may hold.
@@ -89,8 +91,8 @@ func NewAdmission(n Holder, limits Limits) *Admission {
 }
 
 // CheckTeams has creates and forks refused early, with store.ErrLimit,
-// when their team is at one of its limits (store.CheckTeamRoom against
-// teams): on arrival, before the node reserves room for them, and every
+// when their team is at one of its limits (as store.CheckTeamRoom judges,
+// from teams): on arrival, before the node reserves room for them, and every
 // recheck while they wait for a turn to start. Without it a create past
 // its team's limit still fails, but only once it has had its turn and
 // its record is written, behind every start queued before it. The check
@@ -217,6 +219,7 @@ func (a *Admission) teamRoom(ctx context.Context, q asked, waiting bool) error {
 // kept may be up to teamRecheck old (or older, while another waiter reads
 // it: the waiters of a team read it once per interval, not once each).
 func (a *Admission) teamView(ctx context.Context, id string, cached bool) (teamSeen, bool) {
+	claimed := false // this call set reading, and clears it
 	if cached {
 		a.teamMu.Lock()
 		seen, ok := a.teamSeen[id]
@@ -224,21 +227,24 @@ func (a *Admission) teamView(ctx context.Context, id string, cached bool) (teamS
 			a.teamMu.Unlock()
 			return seen, !seen.at.IsZero()
 		}
-		seen.reading = true
+		seen.reading, claimed = true, true
 		a.teamSeen[id] = seen
 		a.teamMu.Unlock()
 	}
-	seen, ok := a.readTeam(ctx, id)
+	fresh, ok := a.readTeam(ctx, id)
 	a.teamMu.Lock()
 	defer a.teamMu.Unlock()
-	if !ok {
-		prior := a.teamSeen[id]
-		prior.reading = false
-		a.teamSeen[id] = prior
-		return teamSeen{}, false
+	kept := a.teamSeen[id]
+	if claimed {
+		kept.reading = false
 	}
-	a.teamSeen[id] = seen
-	return seen, true
+	if ok && fresh.at.After(kept.at) {
+		// A read that started later (an arrival's) may have finished
+		// first: the newest is kept.
+		kept.at, kept.team, kept.used = fresh.at, fresh.team, fresh.used
+	}
+	a.teamSeen[id] = kept
+	return fresh, ok
 }
 
 // readTeam reads team id and what its sandboxes hold.
@@ -264,7 +270,17 @@ func (a *Admission) Create(ctx context.Context, req node.CreateRequest) (*store.
 	if mem == 0 {
 		mem = a.limits.DefaultMemoryMB
 	}
-	_, leave, err := a.enter(ctx, asked{n: 1, memoryMB: mem, team: req.TeamID, teamMB: req.MemoryMB, vcpus: req.VCPU})
+	q := asked{n: 1, memoryMB: mem, team: req.TeamID, teamMB: req.MemoryMB, vcpus: req.VCPU}
+	if a.teams != nil && q.team != "" {
+		// A snapshot's sandbox has the snapshot's size, whatever is asked.
+		name := cmp.Or(req.Template, template.BaseName)
+		if tpl, err := a.Node.GetTemplate(ctx, name); err == nil {
+			q.teamMB, q.vcpus = tpl.SizeFor(req.MemoryMB, req.VCPU)
+		} else {
+			q.teamMB, q.vcpus = 0, 0 // not known: the store's check decides
+		}
+	}
+	_, leave, err := a.enter(ctx, q)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +289,8 @@ func (a *Admission) Create(ctx context.Context, req node.CreateRequest) (*store.
 }
 
 // Fork makes as many children as the node has room for and answers the
-// rest with why not, child by child. Children have the source's memory
+// rest with why not, child by child; a team at one of its limits has the
+// whole fork refused. Children have the source's memory
 // size; a source the node does not hold is the inner Fork's to refuse.
 func (a *Admission) Fork(ctx context.Context, req node.ForkRequest) ([]node.ForkResult, error) {
 	count := req.Count

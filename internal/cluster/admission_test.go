@@ -51,6 +51,18 @@ func (f *fakeNode) SandboxSize(id string) (sandbox.Size, bool) {
 	return sandbox.Size{MemoryMB: f.memoryMB, VCPUs: 1, TeamID: f.team}, true
 }
 
+// GetTemplate knows base (no size of its own) and snap, a snapshot of
+// 256 MiB and 1 vCPU.
+func (f *fakeNode) GetTemplate(_ context.Context, name string) (*store.Template, error) {
+	switch name {
+	case "base":
+		return &store.Template{ID: "base", Name: "base", Kind: store.KindRootfs}, nil
+	case "snap":
+		return &store.Template{ID: "snap", Name: "snap", Kind: store.KindSnapshot, MemoryMB: 256, VCPU: 1}, nil
+	}
+	return nil, store.ErrNotFound
+}
+
 func (f *fakeNode) Use() sandbox.Use {
 	n := int(f.made.Load())
 	return sandbox.Use{Sandboxes: n, MemoryMB: n * f.memoryMB}
@@ -238,12 +250,15 @@ func TestAdmissionTeamAtLimitRefusedOnArrival(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		team     string
+		template string
 		memoryMB int
 		refused  bool
 	}{
 		{team: "full", refused: true},
 		{team: "mem", memoryMB: 512, refused: true},
 		{team: "mem", memoryMB: 256},
+		// A snapshot restores at its own size (256 MiB), whatever is asked.
+		{team: "mem", template: "snap", memoryMB: 1024},
 		{team: "mem"}, // size not known yet: the store's check decides
 		{team: "rate", refused: true},
 		{team: "free"},
@@ -255,9 +270,9 @@ func TestAdmissionTeamAtLimitRefusedOnArrival(t *testing.T) {
 		close(f.release)
 		a := NewAdmission(f, Limits{MaxStarting: 1, MaxSandboxes: 100})
 		a.CheckTeams(teams, time.Hour)
-		_, err := a.Create(context.Background(), node.CreateRequest{TeamID: tc.team, MemoryMB: tc.memoryMB})
+		_, err := a.Create(context.Background(), node.CreateRequest{TeamID: tc.team, Template: tc.template, MemoryMB: tc.memoryMB})
 		if refused := errors.Is(err, store.ErrLimit); refused != tc.refused || (!refused && err != nil) {
-			t.Errorf("create of team %q (%d MiB): %v, want refused %v", tc.team, tc.memoryMB, err, tc.refused)
+			t.Errorf("create of team %q from %q (%d MiB): %v, want refused %v", tc.team, tc.template, tc.memoryMB, err, tc.refused)
 		}
 		if tc.refused && (f.made.Load() != 0 || a.reserved != 0 || len(a.starting) != 0) {
 			t.Errorf("team %q: a refused create reached the node or kept a reservation", tc.team)

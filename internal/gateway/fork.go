@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/wire"
@@ -62,7 +63,7 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 		g.databaseDown(w, r, err)
 		return
 	}
-	if len(copies) > 0 && !g.teamRoom(w, r, copies[0].MemoryMB, copies[0].VCPU) {
+	if len(copies) > 0 && callerOf(r).Uses(copies[0].TeamID) && !g.teamRoom(w, r, copies[0].MemoryMB, copies[0].VCPU) {
 		g.forget(r, run)
 		return
 	}
@@ -175,7 +176,12 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 		if status < 400 {
 			status = http.StatusBadGateway
 		}
-		return fail(status, msg)
+		res := fail(status, msg)
+		if resp.Header.Get(api.HeaderLimit) != "" {
+			// The team's limit: every node would answer the same.
+			res.retry = ""
+		}
+		return res
 	}
 	for _, item := range items {
 		var child wire.ForkResult

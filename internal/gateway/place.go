@@ -100,7 +100,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", tpl))
 		return
 	}
-	if teamMB, vcpus := sizeOf(&req, copies); !g.teamRoom(w, r, teamMB, vcpus) {
+	if teamMB, vcpus := sizeOf(r, &req, copies); !g.teamRoom(w, r, teamMB, vcpus) {
 		g.forget(r, run)
 		return
 	}
@@ -153,18 +153,18 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 }
 
 // sizeOf is the memory and vCPUs a node gives the sandbox req asks for,
-// as far as the gateway can tell (0: the node's default): a snapshot's
-// own, else what req names, else its template's.
-func sizeOf(req *wire.NewSandbox, copies []*store.Template) (memoryMB, vcpus int) {
-	memoryMB, vcpus = req.MemoryMB, cmp.Or(req.Vcpu, req.CpuCount)
-	if len(copies) == 0 {
-		return memoryMB, vcpus
+// as far as the gateway can tell (0: not known). A template the caller may
+// not use is not looked at: the node refuses it, and a refusal for the
+// team's limit must not tell its size.
+func sizeOf(r *http.Request, req *wire.NewSandbox, copies []*store.Template) (memoryMB, vcpus int) {
+	var tpl *store.Template
+	if len(copies) > 0 {
+		if !callerOf(r).Uses(copies[0].TeamID) {
+			return 0, 0
+		}
+		tpl = copies[0]
 	}
-	tpl := copies[0]
-	if tpl.Kind != store.KindRootfs && tpl.Kind != "" {
-		return tpl.MemoryMB, tpl.VCPU
-	}
-	return cmp.Or(memoryMB, tpl.MemoryMB), cmp.Or(vcpus, tpl.VCPU)
+	return tpl.SizeFor(req.MemoryMB, cmp.Or(req.Vcpu, req.CpuCount))
 }
 
 // teamRoom answers 429, and reports false, when the caller's team is at

@@ -7,6 +7,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"time"
 
@@ -31,6 +32,21 @@ var ErrLimit = errdefs.New(errdefs.ErrResourceExhausted, "limit reached")
 // ErrFull is returned when the database cannot write because its disk is
 // full.
 var ErrFull = errdefs.New(errdefs.ErrInsufficientStorage, "database disk full")
+
+// SizeFor is the memory and vCPUs a sandbox of t gets when its create asks
+// for memoryMB and vcpus (0: the default): a snapshot's own, whatever is
+// asked (it restores the machine it was made on); else what is asked,
+// else t's. 0 is left when neither says: the node's default, not known to
+// the caller. t may be nil (not known either).
+func (t *Template) SizeFor(memoryMB, vcpus int) (int, int) {
+	switch {
+	case t == nil:
+		return memoryMB, vcpus
+	case t.Kind != KindRootfs && t.Kind != "":
+		return t.MemoryMB, t.VCPU
+	}
+	return cmp.Or(memoryMB, t.MemoryMB), cmp.Or(vcpus, t.VCPU)
+}
 
 // TeamUseQuery sums what the sandboxes it selects hold, as auth.Usage's
 // fields in order; each store adds its WHERE (a team's, not dead).
