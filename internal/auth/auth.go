@@ -14,6 +14,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"time"
@@ -209,6 +210,31 @@ type Store interface {
 	RevokeKey(ctx context.Context, id string, at time.Time) error
 	// TouchKey records that key id was used at at.
 	TouchKey(ctx context.Context, id string, at time.Time) error
+	// PurgeKeys deletes the keys revoked, or expired, before before and
+	// returns how many.
+	PurgeKeys(ctx context.Context, before time.Time) (int64, error)
+}
+
+// KeyRetention is how long the record of a revoked or expired key is kept
+// (listed, with its name and prefix, so that a leaked key can still be
+// told apart), before PurgeKeys deletes it: a team that makes and revokes
+// keys in a loop does not grow its rows without end. The audit log keeps
+// the key's ID and name with every change it made, for its own retention.
+const KeyRetention = 30 * 24 * time.Hour
+
+// PurgeEvery is how often servers and gateways purge old keys.
+const PurgeEvery = time.Hour
+
+// PurgeOldKeys deletes the keys revoked or expired over KeyRetention ago;
+// a failure is logged, and the next purge tries again.
+func PurgeOldKeys(ctx context.Context, s Store, now time.Time, logger *slog.Logger) {
+	n, err := s.PurgeKeys(ctx, now.Add(-KeyRetention))
+	switch {
+	case err != nil && ctx.Err() == nil:
+		logger.WarnContext(ctx, "cannot purge old API keys", "err", err)
+	case n > 0:
+		logger.InfoContext(ctx, "purged revoked and expired API keys", "keys", n, "retention", KeyRetention)
+	}
 }
 
 // Principal is who a request is made by.

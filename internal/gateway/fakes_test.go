@@ -66,6 +66,8 @@ func (f *fakeStore) KeyByDigest(_ context.Context, digest string) (*auth.Key, er
 
 func (f *fakeStore) TouchKey(context.Context, string, time.Time) error { return nil }
 
+func (f *fakeStore) PurgeKeys(context.Context, time.Time) (int64, error) { return 0, nil }
+
 func (f *fakeStore) GetTeam(_ context.Context, id string) (*auth.Team, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -208,6 +208,7 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 	defer t.Stop()
 	var failing bool
 	lastClean := time.Now()
+	lastPurge := time.Time{} // keys are purged at the first tick, then hourly
 	for {
 		select {
 		case <-ctx.Done():
@@ -217,6 +218,12 @@ func (g *Gateway) refreshLoop(ctx context.Context) {
 		if time.Since(lastClean) >= cleanEvery {
 			lastClean = time.Now()
 			g.cleanIdempotency(ctx)
+		}
+		if time.Since(lastPurge) >= auth.PurgeEvery {
+			lastPurge = time.Now()
+			pctx, cancel := context.WithTimeout(ctx, g.cfg.NodeTimeout)
+			auth.PurgeOldKeys(pctx, g.db, lastPurge, g.logger)
+			cancel()
 		}
 		rctx, cancel := context.WithTimeout(ctx, g.cfg.NodeTimeout)
 		err := g.nodes.refresh(rctx)

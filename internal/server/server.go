@@ -123,6 +123,8 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		}
 		defer db.Close()
 		st, teams = db, db
+		// Deferred after db.Close, so run before it.
+		defer purgeKeys(ctx, db, logger.With("component", "auth"))()
 		var closeAudit func()
 		if auditLog, closeAudit, err = openAudit(cfg.Audit, db, logger); err != nil {
 			return err
@@ -319,6 +321,30 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// behind; one leaving its sandboxes running stays registered, and
 	// gateways see it unreachable until it starts again.
 	return errors.Join(err, member.leave(cfg.KillOnExit, logger))
+}
+
+// purgeKeys purges old revoked and expired keys now and every
+// auth.PurgeEvery until ctx ends or the returned stop is called; stop
+// waits for the purging to end.
+func purgeKeys(ctx context.Context, teams auth.Store, logger *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(auth.PurgeEvery)
+		defer t.Stop()
+		for {
+			pctx, cancel := context.WithTimeout(ctx, time.Minute)
+			auth.PurgeOldKeys(pctx, teams, time.Now(), logger)
+			cancel()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 func shutdown(servers []*httpServer, usageHistory *usage.History, sandboxes *sandbox.Manager, pool *network.Pool,

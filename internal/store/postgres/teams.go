@@ -165,6 +165,15 @@ func (s *Store) RevokeKey(ctx context.Context, id string, at time.Time) error {
 	return expectOneRow(tag, "revoke key "+id)
 }
 
+func (s *Store) PurgeKeys(ctx context.Context, before time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM api_keys WHERE (revoked_at <> 0 AND revoked_at < $1)
+		OR (expires_at <> 0 AND expires_at < $1)`, before.UnixNano())
+	if err != nil {
+		return 0, dbError("purge old keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
 	if _, err := s.pool.Exec(ctx, `UPDATE api_keys SET last_used_at = $2 WHERE id = $1`, id, at.UnixNano()); err != nil {
 		return dbError("record use of key %s: %w", id, err)

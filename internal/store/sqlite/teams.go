@@ -158,6 +158,15 @@ func (s *Store) RevokeKey(ctx context.Context, id string, at time.Time) error {
 	return expectOneRow(res, "revoke key "+id)
 }
 
+func (s *Store) PurgeKeys(ctx context.Context, before time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM api_keys WHERE (revoked_at <> 0 AND revoked_at < ?)
+		OR (expires_at <> 0 AND expires_at < ?)`, before.UnixNano(), before.UnixNano())
+	if err != nil {
+		return 0, fmt.Errorf("purge old keys: %w", classify(err))
+	}
+	return res.RowsAffected()
+}
+
 func (s *Store) TouchKey(ctx context.Context, id string, at time.Time) error {
 	if _, err := s.db.ExecContext(ctx, `UPDATE api_keys SET last_used_at = ? WHERE id = ?`, at.UnixNano(), id); err != nil {
 		return fmt.Errorf("record use of key %s: %w", id, classify(err))

@@ -365,6 +365,29 @@ func testKeys(t *testing.T, s auth.Store) {
 	if err := s.RevokeKey(ctx, "nope", now); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("revoke a missing key: %v", err)
 	}
+
+	// Purged: keys revoked, or expired, before the time given; usable
+	// ones and keys that never expire stay, whatever their age.
+	_, expired, _ := auth.NewKey("lab-b", "old", false, now.Add(-2*time.Hour), time.Hour) // expired at now-1h
+	_, lasting, _ := auth.NewKey("lab-b", "ci", false, now.Add(-48*time.Hour), 0)
+	for _, key := range []*auth.Key{expired, lasting} {
+		if err := s.CreateKey(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := s.PurgeKeys(ctx, now.Add(-90*time.Minute)); err != nil || n != 0 {
+		t.Fatalf("purge before any revocation or expiry: %d, %v; want none", n, err)
+	}
+	if n, err := s.PurgeKeys(ctx, now); err != nil || n != 1 {
+		t.Fatalf("purge at now: %d, %v; want the expired key", n, err)
+	}
+	if n, err := s.PurgeKeys(ctx, revoked.Add(time.Second)); err != nil || n != 1 {
+		t.Fatalf("purge after the revocation: %d, %v; want the revoked key", n, err)
+	}
+	keys, err := s.ListKeys(ctx, "")
+	if err != nil || len(keys) != 2 || keys[0].ID != lasting.ID || keys[1].ID != admin.ID {
+		t.Fatalf("keys left after the purges: %v %v; want the lasting and the admin key", keys, err)
+	}
 }
 
 func ptr(v int) *int { return &v }
