@@ -197,6 +197,7 @@ export class AenvServer {
     this.sdkUrl = sdkUrl
     process.env.E2B_API_URL = sdkUrl
     process.env.E2B_SANDBOX_URL = sdkUrl
+    process.env.E2B_VOLUME_API_URL = sdkUrl
     process.env.E2B_API_KEY = this.apiKey
     delete process.env.E2B_DEBUG
     delete process.env.E2B_DOMAIN
@@ -348,6 +349,7 @@ export class AenvCluster {
     this.sdkUrl = this.url
     process.env.E2B_API_URL = this.url
     process.env.E2B_SANDBOX_URL = this.url
+    process.env.E2B_VOLUME_API_URL = this.url
     process.env.E2B_API_KEY = this.apiKey
     delete process.env.E2B_DEBUG
     delete process.env.E2B_DOMAIN

@@ -3,6 +3,7 @@
 package api
 
 import (
+	"context"
 	"crypto/subtle"
 	"log/slog"
 	"net/http"
@@ -17,8 +18,10 @@ import (
 	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/tracing"
 	"github.com/aenv-dev/aenv/internal/usage"
+	"github.com/aenv-dev/aenv/internal/volume"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
 
@@ -73,6 +76,17 @@ type Config struct {
 	// Ledger keeps the teams' use by day, which GET /usage serves; nil:
 	// no such route.
 	Ledger usage.Ledger
+	// Volumes keeps the node's volumes (E2B's /volumes and content API);
+	// nil: no such routes.
+	Volumes *volume.Service
+	// VolumeRecords lists volumes' records, for the team routes (a
+	// gateway's, which serves no volume itself); nil: none.
+	VolumeRecords VolumeLister
+}
+
+// VolumeLister lists team's volumes, every team's for "".
+type VolumeLister interface {
+	ListVolumes(ctx context.Context, team string) ([]*store.Volume, error)
 }
 
 // Server is the HTTP handler of a node.
@@ -143,6 +157,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.routeTeams()
 	s.routeAudit()
 	s.routeUsage()
+	s.routeVolumes()
 
 	s.routeUnknown()
 	return s

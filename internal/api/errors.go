@@ -92,6 +92,9 @@ func WriteErrorJSON(w http.ResponseWriter, status int, message string) {
 	writeJSON(w, status, errorBody{Code: status, Message: message})
 }
 
+// WriteJSON answers v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -95,6 +95,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
+	if len(req.VolumeMounts) > 0 {
+		// Refused rather than ignored: a sandbox that silently lacks the
+		// volume its code expects fails later and far from the cause.
+		return &apiError{http.StatusNotImplemented, "volumeMounts: mounting volumes into sandboxes is not served yet " +
+			"(volumes and their content API are: /volumes, Volume.create, volume.writeFile); create without them"}
+	}
 	if err := checkMetadata(req.Metadata); err != nil {
 		return err
 	}

@@ -137,12 +137,25 @@ func (s *Server) leftovers(r *http.Request, id string) error {
 			owned++
 		}
 	}
-	if len(sandboxes) > 0 || owned > 0 {
+	volumes, err := s.teamVolumes(r, id)
+	if err != nil {
+		return err
+	}
+	if len(sandboxes) > 0 || owned > 0 || volumes > 0 {
 		return errdefs.Errorf(errdefs.ErrConflict,
-			"a deleted team %q left %d sandboxes and %d templates or snapshots: delete them first, or choose another ID",
-			id, len(sandboxes), owned)
+			"a deleted team %q left %d sandboxes, %d templates or snapshots and %d volumes: delete them first, or choose another ID",
+			id, len(sandboxes), owned, volumes)
 	}
 	return nil
+}
+
+// teamVolumes counts team's volumes.
+func (s *Server) teamVolumes(r *http.Request, team string) (int, error) {
+	if s.cfg.VolumeRecords == nil {
+		return 0, nil
+	}
+	vs, err := s.cfg.VolumeRecords.ListVolumes(r.Context(), team)
+	return len(vs), err
 }
 
 // setTeamLimits is PATCH /teams/{team}: the limits given change, the
@@ -220,6 +233,13 @@ func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.Errorf(errdefs.ErrNotFound, "team %q not found", id)
 		}
 		return err
+	}
+	// Volumes hold data and a token of their own each: they are deleted
+	// one by one, never by a team's delete, force or not.
+	if n, err := s.teamVolumes(r, id); err != nil {
+		return err
+	} else if n > 0 {
+		return errdefs.Errorf(errdefs.ErrConflict, "team %q has %d volumes; delete them first (their data goes with them)", id, n)
 	}
 	live, err := s.catalog.List(r.Context(), store.SandboxFilter{TeamID: id, States: liveStates})
 	if err != nil {

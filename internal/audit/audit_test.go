@@ -139,6 +139,7 @@ func TestPathObject(t *testing.T) {
 		{"DELETE /api-keys/{key}", "/api-keys/k9", "k9"},
 		{"PATCH /teams/{team}", "/teams/lab-a", "lab-a"},
 		{"POST /v2/templates/{templateID}/builds/{buildID}", "/v2/templates/t1/builds/b2", "t1"},
+		{"DELETE /volumes/{volumeID}", "/volumes/vol-9", "vol-9"},
 		{"/sandboxes/{id}/{rest...}", "/sandboxes/sb2/files/a/b", "sb2"},
 		{"POST /sandboxes", "/sandboxes", ""},
 		{"POST /cluster/nodes/{id}/drain", "/cluster/nodes/node-a/drain", "node-a"},
@@ -230,6 +231,7 @@ func TestWriterEvent(t *testing.T) {
 		want   string
 	}{
 		{"sandbox", 201, `{"sandboxID":"sb1","templateID":"base"}`, "sb1"},
+		{"volume", 201, `{"volumeID":"vol-1","name":"data","token":"vtok_x"}`, "vol-1"},
 		{"fork children", 201, `[{"sandboxID":"c1"},{"sandboxID":"c2"}]`, "c1"},
 		{"key", 201, `{"id":"k1","teamID":"lab"}`, "k1"},
 		{"team", 201, `{"teamID":"lab"}`, "lab"},

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,10 +142,11 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 	g.catalog = api.NewCatalog(api.Config{MaxJSONBytes: cfg.MaxJSONBytes, Domain: cfg.Domain,
 		// ServeHTTP checked the key and put who made the request in its
 		// context.
-		Authorize: func(r *http.Request) (auth.Principal, bool) { return auth.FromContext(r.Context()) },
-		Teams:     db,
-		Audit:     cfg.Audit,
-		Ledger:    ledger,
+		Authorize:     func(r *http.Request) (auth.Principal, bool) { return auth.FromContext(r.Context()) },
+		Teams:         db,
+		Audit:         cfg.Audit,
+		Ledger:        ledger,
+		VolumeRecords: db,
 	}, &catalog{g: g}, logger, reg)
 	g.routeMux()
 	g.traced = cfg.Tracer.Handler(g.mux)
@@ -265,6 +267,11 @@ func (g *Gateway) routeMux() {
 	g.handle("DELETE /templates/tags", http.HandlerFunc(g.tags))
 	g.handle("GET /templates/{templateID}/tags", http.HandlerFunc(g.tags))
 
+	g.handle("GET /volumes", http.HandlerFunc(g.listVolumes))
+	g.handle("POST /volumes", http.HandlerFunc(g.forwardAny))
+	g.handle("GET /volumes/{volumeID}", http.HandlerFunc(g.byVolume))
+	g.handle("DELETE /volumes/{volumeID}", http.HandlerFunc(g.byVolume))
+
 	// Everything else reads records: the catalog serves it (and answers
 	// unknown paths with the API's 404).
 	g.mux.Handle("/", g.catalog)
@@ -305,6 +312,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodGet && r.URL.Path == "/health":
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{"status":"ok"}` + "\n"))
+		return
+	case strings.HasPrefix(r.URL.Path, "/volumecontent/"):
+		// Its calls bear the volume's token, not an API key.
+		g.count("volume-content")
+		g.volumeContent(w, r)
 		return
 	case r.Method == http.MethodPut && len(r.URL.Path) > len("/build-uploads/") &&
 		r.URL.Path[:len("/build-uploads/")] == "/build-uploads/":
@@ -523,7 +535,11 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	// Envd traffic and exposed ports end in a sandbox: no key of the
 	// cluster's goes there (the node strips its own again).
 	port := node.EnvdPort
-	if _, p, ok := api.ExposedPort(pr.In.Host, g.cfg.Domain); ok {
+	if t.sandbox == "" {
+		// The node's own (a volume's content, a build's upload): only
+		// the cluster's keys are kept from it; a volume's token goes on.
+		port = 0
+	} else if _, p, ok := api.ExposedPort(pr.In.Host, g.cfg.Domain); ok {
 		port = p
 	} else if v := pr.In.Header.Get(api.HeaderSandboxPort); v != "" {
 		port, _ = strconv.Atoi(v)

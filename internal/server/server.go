@@ -37,6 +37,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
 	"github.com/aenv-dev/aenv/internal/template"
 	"github.com/aenv-dev/aenv/internal/usage"
+	"github.com/aenv-dev/aenv/internal/volume"
 )
 
 // Run starts a node and serves until ctx ends, then shuts down gracefully:
@@ -160,6 +161,17 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if cfg.PrepareOnly {
 		logger.InfoContext(ctx, "prepared; not serving (--prepare-only)", "data_dir", cfg.DataDir)
 		return nil
+	}
+
+	// Volumes are this node's directories; their records are in st (a
+	// cluster's shared database, which gateways route by).
+	var volumes *volume.Service
+	if vs, ok := st.(store.VolumeStore); ok {
+		volumes, err = volume.NewService(ctx, vs, filepath.Join(cfg.DataDir, "volumes"), member.nodeID(),
+			logger.With("component", "volume"))
+		if err != nil {
+			return err
+		}
 	}
 
 	driver, err := gvisor.New(ctx, gvisor.Config{
@@ -292,6 +304,8 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Teams:              teams,
 		Audit:              auditLog,
 		Ledger:             ledger,
+		Volumes:            volumes,
+		VolumeRecords:      volumeRecords(st),
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
@@ -321,6 +335,14 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// behind; one leaving its sandboxes running stays registered, and
 	// gateways see it unreachable until it starts again.
 	return errors.Join(err, member.leave(cfg.KillOnExit, logger))
+}
+
+// volumeRecords is st as an api.VolumeLister, or nil.
+func volumeRecords(st store.Store) api.VolumeLister {
+	if vs, ok := st.(store.VolumeStore); ok {
+		return vs
+	}
+	return nil
 }
 
 // purgeKeys purges old revoked and expired keys now and every

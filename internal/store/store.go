@@ -48,6 +48,31 @@ func (t *Template) SizeFor(memoryMB, vcpus int) (int, int) {
 	return cmp.Or(memoryMB, t.MemoryMB), cmp.Or(vcpus, t.VCPU)
 }
 
+// Volume is the record of a persistent volume: a directory on the node
+// that made it, which outlives the sandboxes that use it.
+type Volume struct {
+	ID     string
+	Name   string // unique within its team
+	TeamID string
+	// Token is the bearer token of the volume's content API (E2B's).
+	Token     string
+	NodeID    string // the node holding it; "" on a single server
+	CreatedAt time.Time
+}
+
+// VolumeStore keeps volumes' records.
+type VolumeStore interface {
+	// CreateVolume: ErrConflict when the team has a volume of that name.
+	CreateVolume(ctx context.Context, v *Volume) error
+	// GetVolume finds a volume by ID (of any team: the caller decides
+	// who may see it), else by name within team.
+	GetVolume(ctx context.Context, team, idOrName string) (*Volume, error)
+	// ListVolumes lists team's volumes, every team's for "", by name.
+	ListVolumes(ctx context.Context, team string) ([]*Volume, error)
+	// DeleteVolume: ErrNotFound when it is gone.
+	DeleteVolume(ctx context.Context, id string) error
+}
+
 // TeamUseQuery sums what the sandboxes it selects hold, as auth.Usage's
 // fields in order; each store adds its WHERE (a team's, not dead).
 const TeamUseQuery = `SELECT count(*), coalesce(sum(memory_mb), 0), coalesce(sum(vcpu), 0),

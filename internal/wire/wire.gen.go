@@ -250,6 +250,30 @@ func (e UploadState) Valid() bool {
 	}
 }
 
+// Defines values for VolumeEntryStatType.
+const (
+	VolumeEntryStatTypeDirectory VolumeEntryStatType = "directory"
+	VolumeEntryStatTypeFile      VolumeEntryStatType = "file"
+	VolumeEntryStatTypeSymlink   VolumeEntryStatType = "symlink"
+	VolumeEntryStatTypeUnknown   VolumeEntryStatType = "unknown"
+)
+
+// Valid indicates whether the value is a known member of the VolumeEntryStatType enum.
+func (e VolumeEntryStatType) Valid() bool {
+	switch e {
+	case VolumeEntryStatTypeDirectory:
+		return true
+	case VolumeEntryStatTypeFile:
+		return true
+	case VolumeEntryStatTypeSymlink:
+		return true
+	case VolumeEntryStatTypeUnknown:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for ReadFileJSONParamsEncoding.
 const (
 	ReadFileJSONParamsEncodingBase64 ReadFileJSONParamsEncoding = "base64"
@@ -611,6 +635,9 @@ type NewSandbox struct {
 	// Timeout Lifetime in seconds; the server default when absent.
 	Timeout *int `json:"timeout,omitempty"`
 	Vcpu    int  `json:"vcpu,omitempty"`
+
+	// VolumeMounts Volumes to mount (E2B's); not served yet, so a create naming any is refused.
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
 // NewSnapshot defines model for NewSnapshot.
@@ -646,6 +673,12 @@ type NewTemplateBuild struct {
 	MemoryMB int      `json:"memoryMB,omitempty"`
 	Name     string   `json:"name,omitempty"`
 	Tags     []string `json:"tags,omitempty"`
+}
+
+// NewVolume defines model for NewVolume.
+type NewVolume struct {
+	// Name Unique within the team: letters, digits, '-', '_' and '.', at most 63.
+	Name string `json:"name"`
 }
 
 // NodeCapacity What a node may hold; 0 means no bound.
@@ -744,6 +777,15 @@ type SandboxMetric struct {
 
 // SandboxState E2B's running and paused, and aenv's starting and dead; through a gateway, unreachable while the node holding the sandbox misses its heartbeats.
 type SandboxState string
+
+// SandboxVolumeMount defines model for SandboxVolumeMount.
+type SandboxVolumeMount struct {
+	// Name The volume's name.
+	Name string `json:"name"`
+
+	// Path Where it is mounted in the sandbox.
+	Path string `json:"path"`
+}
 
 // Snapshot defines model for Snapshot.
 type Snapshot struct {
@@ -924,6 +966,50 @@ type TimeoutRequest struct {
 
 // UploadState Where the upload to the object store stands; absent without one.
 type UploadState string
+
+// Volume defines model for Volume.
+type Volume struct {
+	Name     string `json:"name"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeAndToken defines model for VolumeAndToken.
+type VolumeAndToken struct {
+	// Domain Where the content API is, when not the API's own host.
+	Domain *string `json:"domain,omitempty"`
+	Name   string  `json:"name"`
+
+	// Token The bearer token of the volume's content API.
+	Token    string `json:"token"`
+	VolumeID string `json:"volumeID"`
+}
+
+// VolumeEntryStat defines model for VolumeEntryStat.
+type VolumeEntryStat struct {
+	Atime time.Time `json:"atime"`
+	Ctime time.Time `json:"ctime"`
+	Gid   uint32    `json:"gid"`
+	Mode  uint32    `json:"mode"`
+	Mtime time.Time `json:"mtime"`
+	Name  string    `json:"name"`
+	Path  string    `json:"path"`
+	Size  int64     `json:"size"`
+
+	// Target A symbolic link's target.
+	Target string              `json:"target,omitempty"`
+	Type   VolumeEntryStatType `json:"type"`
+	Uid    uint32              `json:"uid"`
+}
+
+// VolumeEntryStatType defines model for VolumeEntryStat.Type.
+type VolumeEntryStatType string
+
+// VolumeMetadata defines model for VolumeMetadata.
+type VolumeMetadata struct {
+	Gid  *uint32 `json:"gid,omitempty"`
+	Mode *uint32 `json:"mode,omitempty"`
+	Uid  *uint32 `json:"uid,omitempty"`
+}
 
 // WriteFileRequest defines model for WriteFileRequest.
 type WriteFileRequest struct {
@@ -1113,6 +1199,54 @@ type CreateSandboxV2Params struct {
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
+// ListVolumeDirParams defines parameters for ListVolumeDir.
+type ListVolumeDirParams struct {
+	Depth *int   `form:"depth,omitempty" json:"depth,omitempty"`
+	Path  string `form:"path" json:"path"`
+}
+
+// MakeVolumeDirParams defines parameters for MakeVolumeDir.
+type MakeVolumeDirParams struct {
+	Uid  *uint32 `form:"uid,omitempty" json:"uid,omitempty"`
+	Gid  *uint32 `form:"gid,omitempty" json:"gid,omitempty"`
+	Mode *uint32 `form:"mode,omitempty" json:"mode,omitempty"`
+
+	// Force Make missing parents; an existing directory is no error.
+	Force *bool  `form:"force,omitempty" json:"force,omitempty"`
+	Path  string `form:"path" json:"path"`
+}
+
+// ReadVolumeFileParams defines parameters for ReadVolumeFile.
+type ReadVolumeFileParams struct {
+	Path string `form:"path" json:"path"`
+}
+
+// WriteVolumeFileParams defines parameters for WriteVolumeFile.
+type WriteVolumeFileParams struct {
+	Uid  *uint32 `form:"uid,omitempty" json:"uid,omitempty"`
+	Gid  *uint32 `form:"gid,omitempty" json:"gid,omitempty"`
+	Mode *uint32 `form:"mode,omitempty" json:"mode,omitempty"`
+
+	// Force Make missing parent directories.
+	Force *bool  `form:"force,omitempty" json:"force,omitempty"`
+	Path  string `form:"path" json:"path"`
+}
+
+// RemoveVolumePathParams defines parameters for RemoveVolumePath.
+type RemoveVolumePathParams struct {
+	Path string `form:"path" json:"path"`
+}
+
+// StatVolumePathParams defines parameters for StatVolumePath.
+type StatVolumePathParams struct {
+	Path string `form:"path" json:"path"`
+}
+
+// UpdateVolumePathParams defines parameters for UpdateVolumePath.
+type UpdateVolumePathParams struct {
+	Path string `form:"path" json:"path"`
+}
+
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
 
@@ -1172,3 +1306,9 @@ type StartTemplateBuildJSONRequestBody = TemplateBuildStart
 
 // RequestTemplateBuildJSONRequestBody defines body for RequestTemplateBuild for application/json ContentType.
 type RequestTemplateBuildJSONRequestBody = NewTemplateBuild
+
+// UpdateVolumePathJSONRequestBody defines body for UpdateVolumePath for application/json ContentType.
+type UpdateVolumePathJSONRequestBody = VolumeMetadata
+
+// CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
+type CreateVolumeJSONRequestBody = NewVolume

@@ -49,6 +49,11 @@ func TestAudit(t *testing.T) {
 	storetest.RunAudit(t, func(t *testing.T) audit.Store { return open(t, srv.NewDatabase(t)) })
 }
 
+func TestVolumes(t *testing.T) {
+	srv := pgtest.New(t)
+	storetest.RunVolumes(t, func(t *testing.T) store.VolumeStore { return open(t, srv.NewDatabase(t)) })
+}
+
 // A database made before references gets them from its records.
 func TestRefsBackfill(t *testing.T) {
 	ctx := context.Background()

@@ -56,6 +56,17 @@ func TestAudit(t *testing.T) {
 	})
 }
 
+func TestVolumes(t *testing.T) {
+	storetest.RunVolumes(t, func(t *testing.T) store.VolumeStore {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
 // A database made before references gets them from its records.
 func TestRefsBackfill(t *testing.T) {
 	ctx := context.Background()

@@ -1,0 +1,113 @@
+// Volumes through the unmodified E2B SDK (e2b@2.51): Volume.create, list,
+// getInfo, destroy, and the content API without a sandbox (read, write,
+// list, makeDir, stat, metadata, remove), scoped by team. Alone and
+// through a gateway (E2B_VOLUME_API_URL points at either).
+
+import { before, after, describe, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, SandboxError, Volume, VolumeFileType, VolumeNotFoundError, VolumePathNotFoundError, VolumeError, AuthenticationError } from 'e2b'
+import { useServer, rejectsWith } from './harness.mjs'
+
+describe('volumes', () => {
+  const server = useServer({ before, after })
+
+  async function admin(method, path, body) {
+    const res = await fetch(server.url + path, {
+      method,
+      headers: { 'X-API-Key': server.apiKey, 'Content-Type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    })
+    const text = await res.text()
+    if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${text}`)
+    return text ? JSON.parse(text) : undefined
+  }
+
+  test('a volume is made, filled, read and destroyed without a sandbox', async () => {
+    const vol = await Volume.create('e2e-data')
+    server.defer(() => Volume.destroy(vol.volumeId).catch(() => {}))
+    assert.match(vol.volumeId, /^vol-/)
+    assert.equal(vol.name, 'e2e-data')
+
+    const listed = await Volume.list()
+    assert.ok(listed.some((v) => v.volumeId === vol.volumeId && v.name === 'e2e-data'), JSON.stringify(listed))
+    const info = await Volume.getInfo(vol.volumeId)
+    assert.equal(info.name, 'e2e-data')
+    assert.equal(info.token, vol.token)
+    // A second volume of the same name in the team is refused.
+    await rejectsWith(Volume.create('e2e-data'), VolumeError, 'a taken name')
+
+    const written = await vol.writeFile('/dir/hello.txt', 'hello volume\n', { force: true, mode: 0o640 })
+    assert.equal(written.type, VolumeFileType.FILE)
+    assert.equal(written.path, '/dir/hello.txt')
+    assert.equal(written.size, 13)
+    assert.equal(written.mode & 0o777, 0o640)
+    assert.equal(await vol.readFile('/dir/hello.txt'), 'hello volume\n')
+    const bytes = new Uint8Array(256 * 1024).map((_, i) => i % 251)
+    await vol.writeFile('/dir/blob.bin', bytes)
+    assert.deepEqual(await vol.readFile('/dir/blob.bin', { format: 'bytes' }), bytes)
+
+    const made = await vol.makeDir('/dir/sub')
+    assert.equal(made.type, VolumeFileType.DIRECTORY)
+    const entries = await vol.list('/dir')
+    assert.deepEqual(entries.map((e) => e.name), ['blob.bin', 'hello.txt', 'sub'])
+    assert.ok(entries[0].mtime instanceof Date && !isNaN(entries[0].mtime))
+    const deep = await vol.list('/', { depth: 2 })
+    assert.ok(deep.some((e) => e.path === '/dir/sub'), JSON.stringify(deep.map((e) => e.path)))
+
+    const changed = await vol.updateMetadata('/dir/hello.txt', { mode: 0o600, uid: 1000, gid: 1000 })
+    assert.equal(changed.mode & 0o777, 0o600)
+    assert.equal(changed.uid, 1000)
+    assert.equal((await vol.getInfo('/dir/hello.txt')).gid, 1000)
+    assert.equal(await vol.exists('/dir/nope'), false)
+
+    await rejectsWith(vol.readFile('/dir/nope'), VolumePathNotFoundError, 'a missing file')
+    await rejectsWith(vol.writeFile('/missing/parent.txt', 'x'), VolumePathNotFoundError, 'a missing parent without force')
+    // Paths stay inside the volume.
+    await rejectsWith(vol.readFile('/../../../etc/passwd'), VolumeError, 'a path out of the volume')
+
+    await vol.remove('/dir')
+    assert.equal(await vol.exists('/dir'), false)
+
+    // Mounting is not served yet: a create naming a volume is refused,
+    // never made without it.
+    const before = (await Sandbox.list().nextItems()).length
+    const err = await rejectsWith(Sandbox.create('base', { volumeMounts: { '/mnt/data': vol } }), SandboxError, 'a create with a volume mount')
+    assert.match(err.message, /not served yet/)
+    assert.equal((await Sandbox.list().nextItems()).length, before)
+
+    assert.equal(await Volume.destroy(vol.volumeId), true)
+    assert.equal(await Volume.destroy(vol.volumeId), false)
+    await rejectsWith(Volume.getInfo(vol.volumeId), VolumeNotFoundError, 'a destroyed volume')
+    // Its token is no longer good.
+    await rejectsWith(vol.readFile('/anything'), AuthenticationError, "a destroyed volume's content")
+  })
+
+  test("a team sees only its volumes, and a wrong token reads nothing", async () => {
+    await admin('POST', '/teams', { teamID: 'vol-team-a' })
+    await admin('POST', '/teams', { teamID: 'vol-team-b' })
+    const a = await admin('POST', '/api-keys', { teamID: 'vol-team-a' })
+    const b = await admin('POST', '/api-keys', { teamID: 'vol-team-b' })
+    const va = await Volume.create('shared-name', { apiKey: a.key })
+    server.defer(() => Volume.destroy(va.volumeId, { apiKey: a.key }).catch(() => {}))
+    // Names are per team.
+    const vb = await Volume.create('shared-name', { apiKey: b.key })
+    server.defer(() => Volume.destroy(vb.volumeId, { apiKey: b.key }).catch(() => {}))
+    await va.writeFile('/secret.txt', 'team a only')
+
+    assert.deepEqual((await Volume.list({ apiKey: b.key })).map((v) => v.volumeId), [vb.volumeId])
+    await rejectsWith(Volume.getInfo(va.volumeId, { apiKey: b.key }), VolumeNotFoundError, "another team's volume")
+    assert.equal(await Volume.destroy(va.volumeId, { apiKey: b.key }), false)
+
+    // B's token does not open A's volume.
+    const forged = new Volume(va.volumeId, va.name, vb.token)
+    await rejectsWith(forged.readFile('/secret.txt'), AuthenticationError, "another volume's token")
+    assert.equal(await va.readFile('/secret.txt'), 'team a only')
+
+    // A team with volumes is not deleted, force or not: its volumes (and
+    // their tokens) go first, one by one.
+    const res = await fetch(server.url + '/teams/vol-team-b?force=true', { method: 'DELETE', headers: { 'X-API-Key': server.apiKey } })
+    assert.equal(res.status, 409, await res.text())
+    assert.equal(await Volume.destroy(vb.volumeId, { apiKey: b.key }), true)
+    await admin('DELETE', '/teams/vol-team-b')
+  })
+})

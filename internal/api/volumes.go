@@ -1,0 +1,284 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/volume"
+	"github.com/aenv-dev/aenv/internal/wire"
+)
+
+// routeVolumes registers E2B's volume routes: the records under the API
+// key, and the content API, whose calls bear the volume's own token.
+func (s *Server) routeVolumes() {
+	if s.cfg.Volumes == nil {
+		return
+	}
+	s.route("GET /volumes", s.listVolumes)
+	s.route("POST /volumes", s.createVolume)
+	s.route("GET /volumes/{volumeID}", s.getVolume)
+	s.route("DELETE /volumes/{volumeID}", s.deleteVolume)
+	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request, *volume.Dir) error{
+		"GET /volumecontent/{volumeID}/file":    s.readVolumeFile,
+		"PUT /volumecontent/{volumeID}/file":    s.writeVolumeFile,
+		"GET /volumecontent/{volumeID}/dir":     s.listVolumeDir,
+		"POST /volumecontent/{volumeID}/dir":    s.makeVolumeDir,
+		"GET /volumecontent/{volumeID}/path":    s.statVolumePath,
+		"PATCH /volumecontent/{volumeID}/path":  s.updateVolumePath,
+		"DELETE /volumecontent/{volumeID}/path": s.removeVolumePath,
+	} {
+		s.mux.Handle(pattern, s.volumeContent(h))
+	}
+}
+
+func toVolumeAndToken(v *store.Volume) wire.VolumeAndToken {
+	return wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token}
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
+	vs, err := s.cfg.Volumes.List(r.Context(), teamFilter(principal(r)))
+	if err != nil {
+		return err
+	}
+	out := make([]wire.Volume, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, wire.Volume{VolumeID: v.ID, Name: v.Name})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
+	var req wire.NewVolume
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	v, err := s.cfg.Volumes.Create(r.Context(), principal(r).TeamID, req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toVolumeAndToken(v))
+	return nil
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	v, err := s.cfg.Volumes.Get(r.Context(), p.TeamID, p.Admin, r.PathValue("volumeID"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toVolumeAndToken(v))
+	return nil
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	v, err := s.cfg.Volumes.Get(r.Context(), p.TeamID, p.Admin, r.PathValue("volumeID"))
+	if err != nil {
+		return err
+	}
+	if err := s.cfg.Volumes.Delete(r.Context(), v); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// volumeContent authenticates a content API call by the volume's token
+// (Authorization: Bearer), opens the volume and runs h on it. Failed
+// tokens count toward the address's failures, as bad keys do.
+func (s *Server) volumeContent(h func(http.ResponseWriter, *http.Request, *volume.Dir) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := s.serveVolumeContent(w, r, h); err != nil {
+			writeError(w, r, s.logger, contentError(err))
+		}
+	})
+}
+
+func (s *Server) serveVolumeContent(w http.ResponseWriter, r *http.Request, h func(http.ResponseWriter, *http.Request, *volume.Dir) error) error {
+	if retry, blocked := s.authFails.Blocked(r); blocked {
+		WriteTooManyAuthFailures(w, retry)
+		return nil
+	}
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	v, err := s.cfg.Volumes.Authorize(r.Context(), r.PathValue("volumeID"), strings.TrimSpace(token))
+	if err != nil {
+		if errors.Is(err, errdefs.ErrUnauthenticated) && token != "" {
+			s.authFails.Failed(r)
+		}
+		return err
+	}
+	if !r.URL.Query().Has("path") {
+		return badRequest("query parameter path is required")
+	}
+	d, err := s.cfg.Volumes.Open(v)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return h(w, r, d)
+}
+
+// contentError gives the content API's errors the API's kinds: a missing
+// path is 404 (the E2B SDK's VolumePathNotFoundError), a full volume 507.
+func contentError(err error) error {
+	for _, m := range []struct {
+		from error
+		kind error
+	}{
+		{volume.ErrNotFound, errdefs.ErrNotFound},
+		{volume.ErrExists, errdefs.ErrConflict},
+		{volume.ErrIsDir, errdefs.ErrInvalidArgument},
+		{volume.ErrNotDir, errdefs.ErrInvalidArgument},
+		{volume.ErrNotRegular, errdefs.ErrInvalidArgument},
+		{volume.ErrInvalid, errdefs.ErrInvalidArgument},
+		{volume.ErrNoSpace, errdefs.ErrInsufficientStorage},
+	} {
+		if errors.Is(err, m.from) {
+			return fmt.Errorf("%w: %w", m.kind, err)
+		}
+	}
+	return err
+}
+
+func toEntryStat(e volume.Entry) wire.VolumeEntryStat {
+	return wire.VolumeEntryStat{Name: e.Name, Path: e.Path, Type: wire.VolumeEntryStatType(e.Type), Size: e.Size,
+		Mode: e.Mode, Uid: e.UID, Gid: e.GID, Atime: e.Atime, Mtime: e.Mtime, Ctime: e.Ctime, Target: e.Target}
+}
+
+// contentOptions reads uid, gid, mode and force from the query.
+func contentOptions(r *http.Request) (volume.Options, error) {
+	q := r.URL.Query()
+	var o volume.Options
+	for _, f := range []struct {
+		name string
+		to   **uint32
+	}{{"uid", &o.UID}, {"gid", &o.GID}, {"mode", &o.Mode}} {
+		if !q.Has(f.name) || q.Get(f.name) == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(q.Get(f.name), 10, 32)
+		if err != nil {
+			return o, badRequest(fmt.Sprintf("query parameter %s must be an unsigned 32-bit integer", f.name))
+		}
+		v := uint32(n)
+		*f.to = &v
+	}
+	if o.Mode != nil && *o.Mode > 0o7777 {
+		return o, badRequest(fmt.Sprintf("mode %o: permission bits only (at most 07777)", *o.Mode))
+	}
+	if v := q.Get("force"); v != "" {
+		force, err := strconv.ParseBool(v)
+		if err != nil {
+			return o, badRequest("query parameter force must be true or false")
+		}
+		o.Force = force
+	}
+	return o, nil
+}
+
+func (s *Server) readVolumeFile(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
+	f, e, err := d.ReadFile(r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(e.Size, 10))
+	w.WriteHeader(http.StatusOK)
+	io.Copy(w, f)
+	return nil
+}
+
+func (s *Server) writeVolumeFile(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
+	o, err := contentOptions(r)
+	if err != nil {
+		return err
+	}
+	body := io.Reader(http.NoBody)
+	if r.Body != nil {
+		body = http.MaxBytesReader(w, r.Body, s.cfg.MaxFileBytes)
+	}
+	e, err := d.WriteFile(r.URL.Query().Get("path"), body, o)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toEntryStat(e))
+	return nil
+}
+
+func (s *Server) listVolumeDir(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
+	depth := 1
+	if v := r.URL.Query().Get("depth"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListDepth {
+			return badRequest(fmt.Sprintf("depth must be between 1 and %d", maxListDepth))
+		}
+		depth = n
+	}
+	entries, err := d.List(r.URL.Query().Get("path"), depth)
+	if err != nil {
+		return err
+	}
+	out := make([]wire.VolumeEntryStat, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, toEntryStat(e))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// maxListDepth bounds a listing's recursion.
+const maxListDepth = 32
+
+func (s *Server) makeVolumeDir(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
+	o, err := contentOptions(r)
+	if err != nil {
+		return err
+	}
+	e, err := d.MakeDir(r.URL.Query().Get("path"), o)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, toEntryStat(e))
+	return nil
+}
+
+func (s *Server) statVolumePath(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
+	e, err := d.Stat(r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toEntryStat(e))
+	return nil
+}
+
+func (s *Server) updateVolumePath(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
+	var req wire.VolumeMetadata
+	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
+		return err
+	}
+	if req.Mode != nil && *req.Mode > 0o7777 {
+		return badRequest(fmt.Sprintf("mode %o: permission bits only (at most 07777)", *req.Mode))
+	}
+	e, err := d.UpdateMetadata(r.URL.Query().Get("path"), volume.Metadata{UID: req.Uid, GID: req.Gid, Mode: req.Mode})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toEntryStat(e))
+	return nil
+}
+
+func (s *Server) removeVolumePath(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
+	if err := d.Remove(r.URL.Query().Get("path")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

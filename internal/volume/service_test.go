@@ -1,0 +1,152 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/store/sqlite"
+)
+
+func newTestService(t *testing.T) (*Service, *sqlite.Store, string) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "aenv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	dir := filepath.Join(t.TempDir(), "volumes")
+	s, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, db, dir
+}
+
+func TestServiceCreateNames(t *testing.T) {
+	s, _, _ := newTestService(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		want error // nil: made
+	}{
+		{"data", nil},
+		{"model-cache_v1.2", nil},
+		{"data", errdefs.ErrConflict}, // taken in the team
+		{"", errdefs.ErrInvalidArgument},
+		{"-leading-dash", errdefs.ErrInvalidArgument},
+		{"has space", errdefs.ErrInvalidArgument},
+		{"a/b", errdefs.ErrInvalidArgument},
+		{"..", errdefs.ErrInvalidArgument},
+		{"vol-looks-like-an-id", errdefs.ErrInvalidArgument},
+		{string(make([]byte, 64)), errdefs.ErrInvalidArgument},
+	} {
+		_, err := s.Create(ctx, "lab", tc.name)
+		if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("create %q: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	// Another team may use a name this one has.
+	if _, err := s.Create(ctx, "other", "data"); err != nil {
+		t.Errorf("the same name in another team: %v", err)
+	}
+}
+
+func TestServiceScopingAndTokens(t *testing.T) {
+	s, _, dir := newTestService(t)
+	ctx := context.Background()
+	v, err := s.Create(ctx, "lab", "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, v.ID, "data")); err != nil || !st.IsDir() {
+		t.Fatalf("the volume's directory: %v", err)
+	}
+	for _, tc := range []struct {
+		team     string
+		admin    bool
+		idOrName string
+		found    bool
+	}{
+		{"lab", false, v.ID, true},
+		{"lab", false, "data", true},
+		{"other", false, v.ID, false},
+		{"other", false, "data", false},
+		{"other", true, v.ID, true}, // an admin sees every team's by ID
+	} {
+		got, err := s.Get(ctx, tc.team, tc.admin, tc.idOrName)
+		if tc.found != (err == nil) || (err != nil && !errors.Is(err, errdefs.ErrNotFound)) || (err == nil && got.ID != v.ID) {
+			t.Errorf("get %q as %s (admin %v): %v, want found %v", tc.idOrName, tc.team, tc.admin, err, tc.found)
+		}
+	}
+	for _, tc := range []struct {
+		id, token string
+		ok        bool
+	}{
+		{v.ID, v.Token, true},
+		{v.ID, v.Token + "x", false},
+		{v.ID, "", false},
+		{"data", v.Token, false}, // the content API takes IDs, not names
+		{"vol-nope", v.Token, false},
+	} {
+		_, err := s.Authorize(ctx, tc.id, tc.token)
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, errdefs.ErrUnauthenticated)) {
+			t.Errorf("authorize %q with token %.10q…: %v, want ok %v", tc.id, tc.token, err, tc.ok)
+		}
+	}
+
+	if err := s.Delete(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, v.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a deleted volume's files: %v", err)
+	}
+	if err := s.Delete(ctx, v); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("delete twice: %v", err)
+	}
+	if _, err := s.Authorize(ctx, v.ID, v.Token); err == nil {
+		t.Error("a deleted volume's token still opens it")
+	}
+}
+
+// A restart removes files without a record (a delete or create cut short)
+// and gives a record whose files are gone an empty directory.
+func TestServiceReconcile(t *testing.T) {
+	s, db, dir := newTestService(t)
+	ctx := context.Background()
+	kept, err := s.Create(ctx, "lab", "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, err := s.Create(ctx, "lab", "lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, kept.ID, "data", "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	orphan := filepath.Join(dir, "vol-orphan", "data")
+	if err := os.MkdirAll(orphan, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, lost.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(orphan)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("files without a record: %v, want removed", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, kept.ID, "data", "f")); err != nil || string(b) != "x" {
+		t.Errorf("a kept volume's file: %q %v", b, err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, lost.ID, "data")); err != nil || !st.IsDir() {
+		t.Errorf("a record whose files were lost: %v, want an empty directory", err)
+	}
+}
