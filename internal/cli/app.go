@@ -64,6 +64,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.snapshotCommand(),
 		a.clusterCommand(),
 		a.teamCommand(),
+		a.volumeCommand(),
 		a.keyCommand(),
 		a.auditCommand(),
 		a.usageCommand(),

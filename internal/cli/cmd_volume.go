@@ -1,0 +1,162 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/aenv-dev/aenv/internal/client"
+)
+
+func (a *app) volumeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "volume",
+		Aliases: []string{"volumes", "vol"},
+		Short:   "Create, list, inspect and remove volumes",
+		Long: `A volume is a directory kept on the node that made it, apart from any
+sandbox: it outlives them all. Its content is read and written without a
+sandbox through E2B's volume content API (the E2B SDK's Volume class), with
+the token 'aenv volume inspect' shows. Volumes belong to the key's team;
+names are unique within it. Mounting volumes into sandboxes is not served
+yet.`,
+		Args: args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(a.volumeCreateCommand(), a.volumeLsCommand(), a.volumeInspectCommand(), a.volumeRmCommand())
+	return cmd
+}
+
+func (a *app) volumeCreateCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create an empty volume",
+		Long: `Create an empty volume named NAME (1 to 63 letters, digits, '.', '_' or '-',
+starting with a letter or digit). It prints the volume's ID; -o json prints
+the ID, the name and the token of its content API.`,
+		Example: "  aenv volume create datasets\n  aenv volume create repo -o json | jq -r .token",
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			v, err := c.CreateVolume(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, v.Raw)
+			}
+			fmt.Fprintln(a.stdout, v.VolumeID)
+			return nil
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	return cmd
+}
+
+func (a *app) volumeLsCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List volumes",
+		Long:    `List the volumes the key sees, by name: its team's, or every team's for an admin key.`,
+		Args:    args(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			vs, err := c.ListVolumes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, raws(vs, func(v client.Volume) json.RawMessage { return v.Raw }))
+			}
+			t := newTable(a.stdout, "VOLUME ID", "NAME")
+			for _, v := range vs {
+				t.row(v.VolumeID, v.Name)
+			}
+			return t.flush()
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	return cmd
+}
+
+func (a *app) volumeInspectCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:   "inspect ID|NAME",
+		Short: "Show a volume and the token of its content API",
+		Long: `Show a volume, by ID or name, and the bearer token of its content API (what
+the E2B SDK's Volume.connect reads).`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			v, err := c.GetVolume(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, v.Raw)
+			}
+			t := newTable(a.stdout, "VOLUME ID", "NAME", "TOKEN")
+			t.row(v.VolumeID, v.Name, v.Token)
+			return t.flush()
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	return cmd
+}
+
+func (a *app) volumeRmCommand() *cobra.Command {
+	var f serverFlags
+	cmd := &cobra.Command{
+		Use:     "rm ID|NAME...",
+		Aliases: []string{"delete"},
+		Short:   "Remove volumes and their content",
+		Long:    `Remove volumes, by ID or name, with everything they hold. It cannot be undone.`,
+		Args:    args(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			for _, id := range argv {
+				if err := c.DeleteVolume(cmd.Context(), id); err != nil {
+					return err
+				}
+				fmt.Fprintln(a.stdout, id)
+			}
+			return nil
+		},
+	}
+	addServerFlags(cmd, &f)
+	return cmd
+}
