@@ -109,7 +109,10 @@ func (s *Server) serveVolumeContent(w http.ResponseWriter, r *http.Request, h fu
 	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	v, err := s.cfg.Volumes.Authorize(r.Context(), r.PathValue("volumeID"), strings.TrimSpace(token))
 	if err != nil {
-		if errors.Is(err, errdefs.ErrUnauthenticated) && token != "" {
+		// Behind gateways (Authorize set) every call comes from one:
+		// they count their clients' failures themselves, and counted here
+		// one client's would block every other's.
+		if errors.Is(err, errdefs.ErrUnauthenticated) && token != "" && s.cfg.Authorize == nil {
 			s.authFails.Failed(r)
 		}
 		return err
@@ -128,10 +131,20 @@ func (s *Server) serveVolumeContent(w http.ResponseWriter, r *http.Request, h fu
 // contentError gives the content API's errors the API's kinds: a missing
 // path is 404 (the E2B SDK's VolumePathNotFoundError), a full volume 507.
 func contentError(err error) error {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return err // 413
+	}
+	if volume.IsUploadReadError(err) {
+		// The client's body ended early or broke: its fault, not the
+		// volume's (the old file is intact).
+		return badRequest("the upload ended before its content did: " + err.Error())
+	}
 	for _, m := range []struct {
 		from error
 		kind error
 	}{
+		{volume.ErrTooMany, errdefs.ErrInvalidArgument},
 		{volume.ErrNotFound, errdefs.ErrNotFound},
 		{volume.ErrExists, errdefs.ErrConflict},
 		{volume.ErrIsDir, errdefs.ErrInvalidArgument},
@@ -192,7 +205,8 @@ func (s *Server) readVolumeFile(w http.ResponseWriter, r *http.Request, d *volum
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.FormatInt(e.Size, 10))
 	w.WriteHeader(http.StatusOK)
-	io.Copy(w, f)
+	// Content-Length said Size: a file grown since is cut there.
+	io.CopyN(w, f, e.Size)
 	return nil
 }
 
@@ -200,6 +214,10 @@ func (s *Server) writeVolumeFile(w http.ResponseWriter, r *http.Request, d *volu
 	o, err := contentOptions(r)
 	if err != nil {
 		return err
+	}
+	if r.ContentLength > s.cfg.MaxFileBytes {
+		// Refused before a byte is written.
+		return &http.MaxBytesError{Limit: s.cfg.MaxFileBytes}
 	}
 	body := io.Reader(http.NoBody)
 	if r.Body != nil {

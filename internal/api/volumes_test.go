@@ -60,6 +60,7 @@ func TestContentErrorStatus(t *testing.T) {
 		{volume.ErrInvalid, 400},
 		{volume.ErrNotRegular, 400},
 		{volume.ErrNoSpace, 507},
+		{volume.ErrTooMany, 400},
 	} {
 		if got, _ := statusOf(contentError(tc.err)); got != tc.want {
 			t.Errorf("%v: status %d, want %d", tc.err, got, tc.want)

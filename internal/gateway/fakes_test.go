@@ -39,6 +39,8 @@ type fakeStore struct {
 	now       func() time.Time
 	teams     map[string]*auth.Team
 	teamUse   map[string]auth.Usage
+	volumes   map[string]*store.Volume
+	reads     int // volume reads
 }
 
 type fakeIdem struct {
@@ -65,6 +67,29 @@ func (f *fakeStore) KeyByDigest(_ context.Context, digest string) (*auth.Key, er
 }
 
 func (f *fakeStore) TouchKey(context.Context, string, time.Time) error { return nil }
+
+func (f *fakeStore) GetVolume(_ context.Context, team, idOrName string) (*store.Volume, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	for _, v := range f.volumes {
+		if v.ID == idOrName || (v.TeamID == team && v.Name == idOrName) {
+			c := *v
+			return &c, nil
+		}
+	}
+	return nil, store.ErrNotFound
+}
+
+func (f *fakeStore) DeleteVolume(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.volumes[id]; !ok {
+		return store.ErrNotFound
+	}
+	delete(f.volumes, id)
+	return nil
+}
 
 func (f *fakeStore) PurgeKeys(context.Context, time.Time) (int64, error) { return 0, nil }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/volume"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
 
@@ -47,10 +48,31 @@ func (g *Gateway) byVolume(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("volume %q not found", id))
 	case err != nil:
 		g.databaseDown(w, r, err)
+	case r.Method == http.MethodDelete && g.nodeGone(r, v.NodeID):
+		// Its node has left the cluster, and its files with it: the
+		// record is all there is to delete.
+		if err := g.db.DeleteVolume(r.Context(), v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			g.databaseDown(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
 	default:
 		g.forwardNode(w, r, v.NodeID, "", true)
 	}
 }
+
+// nodeGone reports whether node id is not part of the cluster (removed,
+// not merely unreachable), after a fresh read of the nodes.
+func (g *Gateway) nodeGone(r *http.Request, id string) bool {
+	if _, ok := g.nodes.current().get(id); ok {
+		return false
+	}
+	_, ok := g.nodes.recheck(r.Context()).get(id)
+	return !ok
+}
+
+// contentRoutes are the volume content API's routes under a volume.
+var contentRoutes = map[string]bool{"file": true, "dir": true, "path": true}
 
 // volumeContent sends a call of the volume content API to the volume's
 // node. The gateway checks the volume's token itself, so that failures
@@ -60,9 +82,24 @@ func (g *Gateway) volumeContent(w http.ResponseWriter, r *http.Request) {
 		api.WriteTooManyAuthFailures(w, retry)
 		return
 	}
-	id, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/volumecontent/"), "/")
+	// The path is read as the node's router reads it: an escaped one
+	// (%2F in the ID) could name one volume here and another there.
+	id, rest, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/volumecontent/"), "/")
+	if r.URL.RawPath != "" || !contentRoutes[rest] {
+		g.refuse(w, r, errdefs.ErrNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+		return
+	}
 	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	token = strings.TrimSpace(token)
+	if !volume.ValidID(id) || token == "" {
+		// Refused without a database read.
+		if token != "" {
+			g.authFails.Failed(r)
+		}
+		g.refuse(w, r, errdefs.ErrUnauthenticated,
+			fmt.Sprintf("invalid token for volume %q (Authorization: Bearer <the volume's token>)", id))
+		return
+	}
 	v, err := g.db.GetVolume(r.Context(), "", id)
 	switch {
 	case err != nil && !errors.Is(err, store.ErrNotFound):

@@ -172,6 +172,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		if err != nil {
 			return err
 		}
+		defer volumes.Close()
 	}
 
 	driver, err := gvisor.New(ctx, gvisor.Config{

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -25,6 +26,21 @@ const IDPrefix = "vol-"
 // so that proxies pass it on rather than strip it as one.
 const TokenPrefix = "vtok_"
 
+// validID is a volume's ID: IDPrefix and 20 characters of lower-case
+// base32.
+var validID = regexp.MustCompile(`^vol-[a-z2-7]{20}$`)
+
+// ValidID reports whether id is shaped like a volume's ID: callers check
+// it before asking the database.
+func ValidID(id string) bool { return validID.MatchString(id) }
+
+// pendingMarker, in a volume's directory beside its data, says that the
+// volume is being made or removed: files that have it and no record are a
+// create or delete cut short, and are removed at the next start. Files
+// without it and without a record are kept (a node started with another
+// ID or database must not erase volumes it does not know).
+const pendingMarker = "pending"
+
 // validName is a volume's name: what fits in a path segment and a DNS
 // label, as E2B's names do.
 var validName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
@@ -36,6 +52,8 @@ type Service struct {
 	dir     string
 	nodeID  string // "" on a single server
 	logger  *slog.Logger
+	stop    context.CancelFunc // ends the background sweep
+	sweeps  sync.WaitGroup
 }
 
 // NewService opens the volumes kept under dir, and removes the
@@ -45,8 +63,10 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("volumes: %w", err)
 	}
-	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger}
+	ctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop}
 	if err := s.reconcile(ctx); err != nil {
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -68,13 +88,19 @@ func (s *Service) reconcile(ctx context.Context) error {
 		return fmt.Errorf("volumes: %w", err)
 	}
 	for _, e := range entries {
-		if kept[e.Name()] {
+		id := e.Name()
+		if kept[id] || !ValidID(id) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(s.dir, e.Name())); err != nil {
-			return fmt.Errorf("volumes: remove %s, which has no record: %w", e.Name(), err)
+		if _, err := os.Stat(filepath.Join(s.dir, id, pendingMarker)); err != nil {
+			s.logger.WarnContext(ctx, "kept a volume's files that have no record here: another node's or "+
+				"another database's? remove them by hand if they are nobody's", "dir", filepath.Join(s.dir, id))
+			continue
 		}
-		s.logger.InfoContext(ctx, "removed a volume's files left without its record", "volume", e.Name())
+		if err := os.RemoveAll(filepath.Join(s.dir, id)); err != nil {
+			return fmt.Errorf("volumes: remove %s, made or removed only in part: %w", id, err)
+		}
+		s.logger.InfoContext(ctx, "removed a volume made or removed only in part", "volume", id)
 	}
 	for id := range kept {
 		// A record whose files are gone (a data dir restored without
@@ -82,11 +108,50 @@ func (s *Service) reconcile(ctx context.Context) error {
 		if err := os.MkdirAll(s.dataDir(id), 0o755); err != nil {
 			return fmt.Errorf("volumes: %w", err)
 		}
+		// A create cut short after its record: it is whole now.
+		os.Remove(filepath.Join(s.dir, id, pendingMarker))
 	}
+	s.sweeps.Add(1)
+	go s.sweepUploads(ctx, kept, time.Now())
 	return nil
 }
 
+// sweepUploads removes the temporary files of uploads a previous process
+// left, in the background (it walks every volume).
+func (s *Service) sweepUploads(ctx context.Context, ids map[string]bool, before time.Time) {
+	defer s.sweeps.Done()
+	for id := range ids {
+		d, err := Open(s.dataDir(id))
+		if err != nil {
+			continue
+		}
+		n, err := d.SweepUploads(ctx, before)
+		d.Close()
+		if err != nil && ctx.Err() == nil {
+			s.logger.WarnContext(ctx, "sweeping unfinished uploads", "volume", id, "err", err)
+		}
+		if n > 0 {
+			s.logger.InfoContext(ctx, "removed unfinished uploads", "volume", id, "files", n)
+		}
+	}
+}
+
+// Close stops the background sweep and waits for it.
+func (s *Service) Close() {
+	s.stop()
+	s.sweeps.Wait()
+}
+
 func (s *Service) dataDir(id string) string { return filepath.Join(s.dir, id, "data") }
+
+// makePending makes volume id's directory, if need be, and marks it
+// pending.
+func (s *Service) makePending(id string) error {
+	if err := os.MkdirAll(filepath.Join(s.dir, id), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(s.dir, id, pendingMarker), nil, 0o600)
+}
 
 // Create makes an empty volume named name for team.
 func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume, error) {
@@ -97,9 +162,13 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 	}
 	v := &store.Volume{ID: IDPrefix + strings.ToLower(rand.Text()[:20]), Name: name, TeamID: team,
 		Token: TokenPrefix + rand.Text() + rand.Text(), NodeID: s.nodeID, CreatedAt: time.Now().UTC()}
-	// The files first: a record is never without them, and files
-	// without a record are removed at the next start.
+	// The files first, marked pending: a record is never without them,
+	// and pending files without a record are removed at the next start.
+	if err := s.makePending(v.ID); err != nil {
+		return nil, fmt.Errorf("create volume %s: %w", name, err)
+	}
 	if err := os.MkdirAll(s.dataDir(v.ID), 0o755); err != nil {
+		os.RemoveAll(filepath.Join(s.dir, v.ID))
 		return nil, fmt.Errorf("create volume %s: %w", name, err)
 	}
 	if err := s.records.CreateVolume(ctx, v); err != nil {
@@ -108,6 +177,9 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 			return nil, errdefs.Errorf(errdefs.ErrConflict, "team %s has a volume named %q already", team, name)
 		}
 		return nil, err
+	}
+	if err := os.Remove(filepath.Join(s.dir, v.ID, pendingMarker)); err != nil {
+		s.logger.WarnContext(ctx, "volume made; its pending mark stays until the next start", "volume", v.ID, "err", err)
 	}
 	return v, nil
 }
@@ -130,10 +202,18 @@ func (s *Service) List(ctx context.Context, team string) ([]*store.Volume, error
 	return s.records.ListVolumes(ctx, team)
 }
 
-// Delete deletes v and its files: the record first, so that a crash in
-// between leaves files without a record, which the next start removes.
+// Delete deletes v and its files: marked pending, then the record, then
+// the files, so that a crash in between leaves pending files without a
+// record, which the next start removes.
 func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
+	if !s.Local(v) {
+		return errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is on node %s, not this one", v.ID, v.NodeID)
+	}
+	if err := s.makePending(v.ID); err != nil {
+		return fmt.Errorf("delete volume %s: %w", v.ID, err)
+	}
 	if err := s.records.DeleteVolume(ctx, v.ID); err != nil {
+		os.Remove(filepath.Join(s.dir, v.ID, pendingMarker))
 		if errors.Is(err, store.ErrNotFound) {
 			return errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", v.ID)
 		}
@@ -150,7 +230,7 @@ func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 // neither tells whether the volume exists.
 func (s *Service) Authorize(ctx context.Context, id, token string) (*store.Volume, error) {
 	notFound := errdefs.Errorf(errdefs.ErrUnauthenticated, "invalid token for volume %q (Authorization: Bearer <the volume's token>)", id)
-	if !strings.HasPrefix(id, IDPrefix) || token == "" {
+	if !ValidID(id) || token == "" {
 		return nil, notFound
 	}
 	v, err := s.records.GetVolume(ctx, "", id)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
@@ -25,6 +26,7 @@ func newTestService(t *testing.T) (*Service, *sqlite.Store, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(s.Close)
 	return s, db, dir
 }
 
@@ -114,8 +116,10 @@ func TestServiceScopingAndTokens(t *testing.T) {
 	}
 }
 
-// A restart removes files without a record (a delete or create cut short)
-// and gives a record whose files are gone an empty directory.
+// A restart removes the files of a create or delete cut short (marked
+// pending, no record), keeps files it cannot tell are nobody's (another
+// node's or database's), gives a record whose files are gone an empty
+// directory, and sweeps uploads a previous process left.
 func TestServiceReconcile(t *testing.T) {
 	s, db, dir := newTestService(t)
 	ctx := context.Background()
@@ -127,26 +131,74 @@ func TestServiceReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(filepath.Join(dir, kept.ID, pendingMarker)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a volume made whole keeps its pending mark: %v", err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, kept.ID, "data", "f"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	orphan := filepath.Join(dir, "vol-orphan", "data")
-	if err := os.MkdirAll(orphan, 0o755); err != nil {
+	// An upload a killed process left, and one that is not old.
+	stale := filepath.Join(dir, kept.ID, "data", tempPrefix+"old")
+	if err := os.WriteFile(stale, []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(stale, past, past); err != nil {
+		t.Fatal(err)
+	}
+	cutShort := filepath.Join(dir, "vol-aaaaaaaaaaaaaaaaaaaa")
+	unknown := filepath.Join(dir, "vol-bbbbbbbbbbbbbbbbbbbb")
+	other := filepath.Join(dir, "lost+found")
+	for _, d := range []string{cutShort, unknown, other} {
+		if err := os.MkdirAll(filepath.Join(d, "data"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cutShort, pendingMarker), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(filepath.Join(dir, lost.ID)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler)); err != nil {
+	again, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Dir(orphan)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("files without a record: %v, want removed", err)
+	t.Cleanup(again.Close)
+	// The sweep runs in the background.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(stale); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("an upload left by a killed process was not swept in 10 s")
+		}
+	}
+	if _, err := os.Stat(cutShort); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pending files without a record: %v, want removed", err)
+	}
+	for _, d := range []string{unknown, other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("files without a record or a pending mark (%s): %v, want kept", filepath.Base(d), err)
+		}
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, kept.ID, "data", "f")); err != nil || string(b) != "x" {
 		t.Errorf("a kept volume's file: %q %v", b, err)
 	}
 	if st, err := os.Stat(filepath.Join(dir, lost.ID, "data")); err != nil || !st.IsDir() {
 		t.Errorf("a record whose files were lost: %v, want an empty directory", err)
+	}
+}
+
+// A node deletes only its own volumes: another's files are not here.
+func TestServiceDeleteElsewhere(t *testing.T) {
+	s, _, _ := newTestService(t)
+	v, err := s.Create(context.Background(), "lab", "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.NodeID = "another-node"
+	if err := s.Delete(context.Background(), v); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("delete another node's volume: %v, want unavailable", err)
 	}
 }

@@ -11,6 +11,7 @@
 package volume
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -56,6 +57,19 @@ const (
 	// ELOOP limit does for its own.
 	maxSymlinks = 40
 )
+
+// MaxListEntries bounds one listing's answer, which is built whole.
+const MaxListEntries = 100_000
+
+// ErrTooMany is a listing past MaxListEntries.
+var ErrTooMany = errors.New("too many entries")
+
+// IsUploadReadError reports whether err is the upload's reader failing
+// (the client's body cut short), not the volume.
+func IsUploadReadError(err error) bool {
+	var re *readError
+	return errors.As(err, &re)
+}
 
 // Dir is one volume's content: the directory root, opened as an *os.Root so
 // that no path, symlink or ".." can reach outside it. It is safe for
@@ -146,6 +160,9 @@ func (d *Dir) List(p string, depth int) ([]Entry, error) {
 	if err := d.list(rel, display, depth, &entries); err != nil {
 		return nil, opErr("list", p, err)
 	}
+	if len(entries) > MaxListEntries {
+		return nil, opErr("list", p, fmt.Errorf("%w: more than %d entries; list a smaller depth or a deeper path", ErrTooMany, MaxListEntries))
+	}
 	slices.SortFunc(entries, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
 	return entries, nil
 }
@@ -173,6 +190,9 @@ func (d *Dir) list(rel, display string, depth int, out *[]Entry) error {
 			}
 		}
 		*out = append(*out, e)
+		if len(*out) > MaxListEntries {
+			return nil // List refuses it; no need to read the rest
+		}
 		if depth > 1 && e.Type == TypeDirectory {
 			err := d.list(childRel, childDisplay, depth-1, out)
 			// A directory removed or replaced while we listed is not an error
@@ -857,4 +877,25 @@ func bareCause(err error) error {
 		return le.Err
 	}
 	return err
+}
+
+// SweepUploads removes the temporary files of uploads last written before
+// before (cut short by a process that died mid-upload) anywhere in the
+// volume, and returns how many. It walks through the volume's root and never
+// follows a symbolic link.
+func (d *Dir) SweepUploads(ctx context.Context, before time.Time) (int, error) {
+	n := 0
+	err := fs.WalkDir(d.root.FS(), ".", func(p string, de fs.DirEntry, err error) error {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil || !de.Type().IsRegular() || !strings.HasPrefix(de.Name(), tempPrefix) {
+			return nil // an entry removed while we walked is no error
+		}
+		if fi, err := de.Info(); err == nil && fi.ModTime().Before(before) && d.root.Remove(p) == nil {
+			n++
+		}
+		return nil
+	})
+	return n, err
 }
