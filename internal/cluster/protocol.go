@@ -18,10 +18,19 @@ import "fmt"
 //  1. The first recorded protocol.
 //  2. Teams: a node creates a gateway's sandboxes in the team its
 //     Aenv-Team header names (protocol 1 nodes ignore it).
+//  3. Volumes: a node serves /volumes and /volumecontent (older nodes
+//     answer them 404).
 const (
-	Protocol    = 2
+	Protocol    = 3
 	MinProtocol = 1
 )
+
+// VolumesProtocol is the first protocol whose nodes keep volumes: a
+// gateway makes volumes only on such nodes.
+const VolumesProtocol = 3
+
+// SpeaksVolumes reports whether a node of protocol p keeps volumes.
+func SpeaksVolumes(p int) bool { return p >= VolumesProtocol }
 
 // TeamsProtocol is the first protocol whose nodes keep sandboxes in
 // teams: a gateway places a team's sandboxes only on such nodes.

@@ -268,7 +268,7 @@ func (g *Gateway) routeMux() {
 	g.handle("GET /templates/{templateID}/tags", http.HandlerFunc(g.tags))
 
 	g.handle("GET /volumes", http.HandlerFunc(g.listVolumes))
-	g.handle("POST /volumes", http.HandlerFunc(g.forwardAny))
+	g.handle("POST /volumes", http.HandlerFunc(g.createVolume))
 	g.handle("GET /volumes/{volumeID}", http.HandlerFunc(g.byVolume))
 	g.handle("DELETE /volumes/{volumeID}", http.HandlerFunc(g.byVolume))
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/volume"
@@ -35,6 +36,24 @@ func (g *Gateway) listVolumes(w http.ResponseWriter, r *http.Request) {
 		out = append(out, wire.Volume{VolumeID: v.ID, Name: v.Name})
 	}
 	api.WriteJSON(w, http.StatusOK, out)
+}
+
+// createVolume makes a volume on the readiest node that keeps volumes
+// (a node of an older release would answer 404).
+func (g *Gateway) createVolume(w http.ResponseWriter, r *http.Request) {
+	var ready []*nodeState
+	for _, n := range g.nodes.current().list {
+		if n.ready() && cluster.SpeaksVolumes(n.Protocol) {
+			ready = append(ready, n)
+		}
+	}
+	order := g.nodes.place(ready, 0)
+	if len(order) == 0 {
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
+			"no ready node of the cluster keeps volumes (cluster protocol %d or later: upgrade the nodes)", cluster.VolumesProtocol))
+		return
+	}
+	g.forwardNode(w, r, order[0].ID, "", true)
 }
 
 // byVolume sends a call about the volume its path names to the volume's

@@ -3,9 +3,11 @@ package gateway
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -101,5 +103,29 @@ func TestVolumeRecordsThroughGateway(t *testing.T) {
 	}
 	if _, ok := db.volumes["vol-orphan"]; ok {
 		t.Error("the record of a volume whose node left is still there")
+	}
+}
+
+// Volumes are made only on nodes whose release keeps them; with none
+// ready, the create is refused saying why.
+func TestVolumeCreatePlacedByProtocol(t *testing.T) {
+	answered := func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }
+	old, current := newFakeNode(t, "old", answered), newFakeNode(t, "new", answered)
+	db := newFakeStore()
+	oldRec := nodeRecord(old, 100, 0, false) // the more room
+	oldRec.Protocol = cluster.VolumesProtocol - 1
+	db.nodes = []postgres.Node{oldRec, nodeRecord(current, 10, 5, false)}
+	g := newTestGateway(t, db)
+	if w := call(t, g, t.Context(), http.MethodPost, "/volumes", "", map[string]string{"name": "data"}); w.Code != 201 ||
+		current.count("POST /volumes") != 1 || old.count("POST /volumes") != 0 {
+		t.Fatalf("create: %d; the new node asked %d times, the old %d", w.Code, current.count("POST /volumes"), old.count("POST /volumes"))
+	}
+
+	db = newFakeStore()
+	db.nodes = []postgres.Node{oldRec}
+	g = newTestGateway(t, db)
+	w := call(t, g, t.Context(), http.MethodPost, "/volumes", "", map[string]string{"name": "data"})
+	if w.Code != 503 || !strings.Contains(errorMessage(w), "upgrade the nodes") {
+		t.Fatalf("create with only an old node: %d %s", w.Code, w.Body)
 	}
 }
