@@ -173,6 +173,9 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 	s.routeTeams()
 	s.routeAudit()
 	s.routeUsage()
+	if cfg.VolumeRecords != nil {
+		s.route("GET /volumes", s.listVolumes)
+	}
 	s.routeUnknown()
 	return s
 }
@@ -295,13 +298,19 @@ func (s *Server) isKey(key string) bool { return s.isOperatorKey(key) || auth.Lo
 // RequestKey is the API key a request carries: X-API-Key (E2B's SDKs) or
 // a bearer token (what Prometheus and most HTTP tools send).
 func RequestKey(r *http.Request) string {
-	key := r.Header.Get("X-API-Key")
-	if key == "" {
-		if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
-			key = strings.TrimSpace(v)
-		}
+	if key := r.Header.Get("X-API-Key"); key != "" {
+		return key
 	}
-	return key
+	return BearerToken(r)
+}
+
+// BearerToken is the token of r's Authorization: Bearer header, or "".
+func BearerToken(r *http.Request) string {
+	v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return ""
+	}
+	return strings.TrimSpace(v)
 }
 
 // ServeHTTP routes envd traffic (marked by E2b-Sandbox-Id, or a signed file

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -20,7 +19,9 @@ func (s *Server) routeVolumes() {
 	if s.cfg.Volumes == nil {
 		return
 	}
-	s.route("GET /volumes", s.listVolumes)
+	if s.cfg.VolumeRecords != nil {
+		s.route("GET /volumes", s.listVolumes)
+	}
 	s.route("POST /volumes", s.createVolume)
 	s.route("GET /volumes/{volumeID}", s.getVolume)
 	s.route("DELETE /volumes/{volumeID}", s.deleteVolume)
@@ -41,8 +42,10 @@ func toVolumeAndToken(v *store.Volume) wire.VolumeAndToken {
 	return wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token}
 }
 
+// listVolumes is GET /volumes, from the records: a node's, or a
+// gateway's (the cluster's, every node's volumes).
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
-	vs, err := s.cfg.Volumes.List(r.Context(), teamFilter(principal(r)))
+	vs, err := s.cfg.VolumeRecords.ListVolumes(r.Context(), teamFilter(principal(r)))
 	if err != nil {
 		return err
 	}
@@ -106,8 +109,8 @@ func (s *Server) serveVolumeContent(w http.ResponseWriter, r *http.Request, h fu
 		WriteTooManyAuthFailures(w, retry)
 		return nil
 	}
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	v, err := s.cfg.Volumes.Authorize(r.Context(), r.PathValue("volumeID"), strings.TrimSpace(token))
+	token := BearerToken(r)
+	v, err := s.cfg.Volumes.Authorize(r.Context(), r.PathValue("volumeID"), token)
 	if err != nil {
 		// Behind gateways (Authorize set) every call comes from one:
 		// they count their clients' failures themselves, and counted here

@@ -7,7 +7,6 @@ package cluster
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -71,6 +70,10 @@ type Admission struct {
 	teamMu      sync.Mutex
 	teamSeen    map[string]teamSeen
 }
+
+// unlimitedTTL is how long a team read without limits is taken as such
+// on a create's arrival.
+const unlimitedTTL = time.Second
 
 // teamSeen is a team and what its sandboxes held, read at at (zero:
 // never read yet).
@@ -209,10 +212,7 @@ func (a *Admission) teamRoom(ctx context.Context, q asked, waiting bool) error {
 	if waiting {
 		t.MaxStarting, t.CreatesPerSecond = 0, 0
 	}
-	if err := t.Room(seen.used, q.teamMB, q.vcpus, time.Now()); err != nil {
-		return fmt.Errorf("%v: %w", err, store.ErrLimit)
-	}
-	return nil
+	return store.TeamRoom(&t, seen.used, q.teamMB, q.vcpus)
 }
 
 // teamView is team id as last read: afresh unless cached, when the read
@@ -220,7 +220,16 @@ func (a *Admission) teamRoom(ctx context.Context, q asked, waiting bool) error {
 // it: the waiters of a team read it once per interval, not once each).
 func (a *Admission) teamView(ctx context.Context, id string, cached bool) (teamSeen, bool) {
 	claimed := false // this call set reading, and clears it
-	if cached {
+	if !cached {
+		// A team without limits (most are) costs a create no read for a
+		// second: a limit set meanwhile is the store's to apply.
+		a.teamMu.Lock()
+		seen, ok := a.teamSeen[id]
+		a.teamMu.Unlock()
+		if ok && !seen.at.IsZero() && seen.team == nil && time.Since(seen.at) <= unlimitedTTL {
+			return seen, true
+		}
+	} else {
 		a.teamMu.Lock()
 		seen, ok := a.teamSeen[id]
 		if ok && (seen.reading || time.Since(seen.at) <= a.teamRecheck) {
@@ -250,12 +259,11 @@ func (a *Admission) teamView(ctx context.Context, id string, cached bool) (teamS
 // readTeam reads team id and what its sandboxes hold.
 func (a *Admission) readTeam(ctx context.Context, id string) (teamSeen, bool) {
 	seen := teamSeen{at: time.Now()}
-	t, err := a.teams.GetTeam(ctx, id)
-	switch {
-	case errors.Is(err, store.ErrNotFound) || (err == nil && !t.Limited()):
-	case err != nil:
+	t, err := store.LimitedTeam(ctx, a.teams, id)
+	if err != nil {
 		return teamSeen{}, false
-	default:
+	}
+	if t != nil {
 		used, err := a.teams.TeamUse(ctx, id)
 		if err != nil {
 			return teamSeen{}, false

@@ -80,6 +80,9 @@ type Gateway struct {
 	// templates remembers template copies for a moment; builds, the node
 	// running each template's builds.
 	templates *ttlCache[[]*store.Template]
+	// unlimited remembers, for a second, the teams read without limits,
+	// so that their creates cost the early check no read.
+	unlimited *ttlCache[bool]
 	builds    *ttlCache[string]
 	catalog   http.Handler // the read routes, over the cluster's records
 	// idem keeps the answers of creates and forks with an Idempotency-Key
@@ -116,7 +119,8 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 	g := &Gateway{cfg: cfg, db: db, logger: logger, routes: newRouteCache(1 << 20),
 		keys: newKeyCache(db, keyConfirmTTL), tokens: newTokenSet(db, tokenReadGap),
 		authFails: api.NewAuthLimiter(), templates: newTTLCache[[]*store.Template](10 * time.Second),
-		builds: newTTLCache[string](5 * time.Second)}
+		unlimited: newTTLCache[bool](time.Second),
+		builds:    newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
 	g.nodes.version, g.nodes.logger = cfg.Version, logger
 	g.idem = &sharedIdempotency{db: db, logger: logger, queries: &g.queries, lease: idempotencyLease}
@@ -267,7 +271,6 @@ func (g *Gateway) routeMux() {
 	g.handle("DELETE /templates/tags", http.HandlerFunc(g.tags))
 	g.handle("GET /templates/{templateID}/tags", http.HandlerFunc(g.tags))
 
-	g.handle("GET /volumes", http.HandlerFunc(g.listVolumes))
 	g.handle("POST /volumes", http.HandlerFunc(g.createVolume))
 	g.handle("GET /volumes/{volumeID}", http.HandlerFunc(g.byVolume))
 	g.handle("DELETE /volumes/{volumeID}", http.HandlerFunc(g.byVolume))

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,31 +11,11 @@ import (
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/volume"
-	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // A volume is a directory on the node that made it: the gateway lists
 // volumes from the cluster's records and sends every other call about one
 // to its node. New volumes go to the readiest node.
-
-// listVolumes answers GET /volumes from the cluster's records.
-func (g *Gateway) listVolumes(w http.ResponseWriter, r *http.Request) {
-	p := callerOf(r)
-	team := p.TeamID
-	if p.Admin {
-		team = ""
-	}
-	vs, err := g.db.ListVolumes(r.Context(), team)
-	if err != nil {
-		g.databaseDown(w, r, err)
-		return
-	}
-	out := make([]wire.Volume, 0, len(vs))
-	for _, v := range vs {
-		out = append(out, wire.Volume{VolumeID: v.ID, Name: v.Name})
-	}
-	api.WriteJSON(w, http.StatusOK, out)
-}
 
 // createVolume makes a volume on the readiest node that keeps volumes
 // (a node of an older release would answer 404).
@@ -108,27 +87,23 @@ func (g *Gateway) volumeContent(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, errdefs.ErrNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 		return
 	}
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	token = strings.TrimSpace(token)
-	if !volume.ValidID(id) || token == "" {
-		// Refused without a database read.
+	token := api.BearerToken(r)
+	refuse := func() {
 		if token != "" {
 			g.authFails.Failed(r)
 		}
-		g.refuse(w, r, errdefs.ErrUnauthenticated,
-			fmt.Sprintf("invalid token for volume %q (Authorization: Bearer <the volume's token>)", id))
+		api.WriteError(w, r, g.logger, volume.UnauthorizedError(id))
+	}
+	if !volume.ValidID(id) || token == "" {
+		refuse() // without a database read
 		return
 	}
 	v, err := g.db.GetVolume(r.Context(), "", id)
 	switch {
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		g.databaseDown(w, r, err)
-	case err != nil || v.ID != id || token == "" || subtle.ConstantTimeCompare([]byte(v.Token), []byte(token)) != 1:
-		if token != "" {
-			g.authFails.Failed(r)
-		}
-		g.refuse(w, r, errdefs.ErrUnauthenticated,
-			fmt.Sprintf("invalid token for volume %q (Authorization: Bearer <the volume's token>)", id))
+	case err != nil || !volume.TokenOpens(v, id, token):
+		refuse()
 	default:
 		g.forwardNode(w, r, v.NodeID, "", false)
 	}

@@ -166,8 +166,9 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// Volumes are this node's directories; their records are in st (a
 	// cluster's shared database, which gateways route by).
 	var volumes *volume.Service
-	if vs, ok := st.(store.VolumeStore); ok {
-		volumes, err = volume.NewService(ctx, vs, filepath.Join(cfg.DataDir, "volumes"), member.nodeID(),
+	volumeRecords, _ := st.(store.VolumeStore)
+	if volumeRecords != nil {
+		volumes, err = volume.NewService(ctx, volumeRecords, filepath.Join(cfg.DataDir, "volumes"), member.nodeID(),
 			logger.With("component", "volume"))
 		if err != nil {
 			return err
@@ -306,7 +307,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Audit:              auditLog,
 		Ledger:             ledger,
 		Volumes:            volumes,
-		VolumeRecords:      volumeRecords(st),
+		VolumeRecords:      volumeRecords,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
@@ -336,14 +337,6 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// behind; one leaving its sandboxes running stays registered, and
 	// gateways see it unreachable until it starts again.
 	return errors.Join(err, member.leave(cfg.KillOnExit, logger))
-}
-
-// volumeRecords is st as an api.VolumeLister, or nil.
-func volumeRecords(st store.Store) api.VolumeLister {
-	if vs, ok := st.(store.VolumeStore); ok {
-		return vs
-	}
-	return nil
 }
 
 // purgeKeys purges old revoked and expired keys now and every

@@ -26,6 +26,9 @@ const IDPrefix = "vol-"
 // so that proxies pass it on rather than strip it as one.
 const TokenPrefix = "vtok_"
 
+// MaxTeamVolumes bounds a team's volumes.
+const MaxTeamVolumes = 1000
+
 // validID is a volume's ID: IDPrefix and 20 characters of lower-case
 // base32.
 var validID = regexp.MustCompile(`^vol-[a-z2-7]{20}$`)
@@ -53,7 +56,9 @@ type Service struct {
 	nodeID  string // "" on a single server
 	logger  *slog.Logger
 	stop    context.CancelFunc // ends the background sweep
-	sweeps  sync.WaitGroup
+	// maxPerTeam bounds a team's volumes: MaxTeamVolumes.
+	maxPerTeam int
+	sweeps     sync.WaitGroup
 }
 
 // NewService opens the volumes kept under dir, and removes the
@@ -64,7 +69,7 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 		return nil, fmt.Errorf("volumes: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop}
+	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop, maxPerTeam: MaxTeamVolumes}
 	if err := s.reconcile(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -160,6 +165,15 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 			"volume name %q: 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit, and not with %q",
 			name, IDPrefix)
 	}
+
+	// A team's volumes are bounded: each is a directory and a record,
+	// and a key must not make them without end.
+	if own, err := s.records.ListVolumes(ctx, team); err != nil {
+		return nil, err
+	} else if len(own) >= s.maxPerTeam {
+		return nil, errdefs.Errorf(errdefs.ErrResourceExhausted,
+			"team %s has %d volumes, the most a team may have: delete some first", team, len(own))
+	}
 	v := &store.Volume{ID: IDPrefix + strings.ToLower(rand.Text()[:20]), Name: name, TeamID: team,
 		Token: TokenPrefix + rand.Text() + rand.Text(), NodeID: s.nodeID, CreatedAt: time.Now().UTC()}
 	// The files first, marked pending: a record is never without them,
@@ -197,11 +211,6 @@ func (s *Service) Get(ctx context.Context, team string, admin bool, idOrName str
 	return v, err
 }
 
-// List lists team's volumes, every team's for "".
-func (s *Service) List(ctx context.Context, team string) ([]*store.Volume, error) {
-	return s.records.ListVolumes(ctx, team)
-}
-
 // Delete deletes v and its files: marked pending, then the record, then
 // the files, so that a crash in between leaves pending files without a
 // record, which the next start removes.
@@ -229,7 +238,7 @@ func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 // unknown volume and a wrong token get the same answer (401), so that
 // neither tells whether the volume exists.
 func (s *Service) Authorize(ctx context.Context, id, token string) (*store.Volume, error) {
-	notFound := errdefs.Errorf(errdefs.ErrUnauthenticated, "invalid token for volume %q (Authorization: Bearer <the volume's token>)", id)
+	notFound := UnauthorizedError(id)
 	if !ValidID(id) || token == "" {
 		return nil, notFound
 	}
@@ -240,10 +249,22 @@ func (s *Service) Authorize(ctx context.Context, id, token string) (*store.Volum
 	if err != nil {
 		return nil, err
 	}
-	if v.ID != id || subtle.ConstantTimeCompare([]byte(v.Token), []byte(token)) != 1 {
+	if !TokenOpens(v, id, token) {
 		return nil, notFound
 	}
 	return v, nil
+}
+
+// TokenOpens reports whether token opens the content of volume id, whose
+// record (found by ID) is v.
+func TokenOpens(v *store.Volume, id, token string) bool {
+	return v.ID == id && token != "" && subtle.ConstantTimeCompare([]byte(v.Token), []byte(token)) == 1
+}
+
+// UnauthorizedError is the answer to a content call whose token does not
+// open volume id, or whose volume does not exist: the same for both.
+func UnauthorizedError(id string) error {
+	return errdefs.Errorf(errdefs.ErrUnauthenticated, "invalid token for volume %q (Authorization: Bearer <the volume's token>)", id)
 }
 
 // Local reports whether v's files are on this node.

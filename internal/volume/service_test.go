@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -200,5 +201,23 @@ func TestServiceDeleteElsewhere(t *testing.T) {
 	v.NodeID = "another-node"
 	if err := s.Delete(context.Background(), v); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("delete another node's volume: %v, want unavailable", err)
+	}
+}
+
+// A team's volumes are bounded; another team is not held by it.
+func TestServiceTeamVolumeBound(t *testing.T) {
+	s, _, _ := newTestService(t)
+	s.maxPerTeam = 3 // MaxTeamVolumes, made small
+	ctx := context.Background()
+	for i := range s.maxPerTeam {
+		if _, err := s.Create(ctx, "lab", fmt.Sprintf("v%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Create(ctx, "lab", "one-more"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a volume past the team's bound: %v, want resource exhausted", err)
+	}
+	if _, err := s.Create(ctx, "other", "first"); err != nil {
+		t.Fatalf("another team's first volume: %v", err)
 	}
 }

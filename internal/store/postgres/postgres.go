@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -141,9 +140,8 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	var used auth.Usage
-	if err := tx.QueryRow(ctx, store.TeamUseQuery+` WHERE team_id = $1 AND state <> 'dead'`, sb.TeamID).Scan(
-		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting); err != nil {
+	used, err := teamUse(ctx, tx, sb.TeamID)
+	if err != nil {
 		return err
 	}
 	if err := t.Admit(used, sb.MemoryMB, sb.VCPU, time.Now()); err != nil {

@@ -60,13 +60,22 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 }
 
 func (s *Store) TeamUse(ctx context.Context, id string) (auth.Usage, error) {
-	var used auth.Usage
-	err := s.pool.QueryRow(ctx, store.TeamUseQuery+` WHERE team_id = $1 AND state <> 'dead'`, id).Scan(
-		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting)
+	used, err := teamUse(ctx, s.pool, id)
 	if err != nil {
 		return auth.Usage{}, dbError("use of team %s: %w", id, err)
 	}
 	return used, nil
+}
+
+// teamUse sums what team id's sandboxes that are not dead hold, in q (the
+// pool, or a transaction).
+func teamUse(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, id string) (auth.Usage, error) {
+	var used auth.Usage
+	err := q.QueryRow(ctx, store.TeamUseQuery+` WHERE team_id = $1 AND state <> 'dead'`, id).Scan(
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting)
+	return used, err
 }
 
 func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch) error {

@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -173,9 +172,8 @@ func checkTeamLimit(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	var used auth.Usage
-	if err := tx.QueryRowContext(ctx, store.TeamUseQuery+` WHERE team_id = ? AND state <> 'dead'`, sb.TeamID).Scan(
-		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting); err != nil {
+	used, err := teamUse(ctx, tx, sb.TeamID)
+	if err != nil {
 		return err
 	}
 	if err := t.Admit(used, sb.MemoryMB, sb.VCPU, time.Now()); err != nil {

@@ -56,13 +56,22 @@ func (s *Store) ListTeams(ctx context.Context) ([]*auth.Team, error) {
 }
 
 func (s *Store) TeamUse(ctx context.Context, id string) (auth.Usage, error) {
-	var used auth.Usage
-	err := s.db.QueryRowContext(ctx, store.TeamUseQuery+` WHERE team_id = ? AND state <> 'dead'`, id).Scan(
-		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting)
+	used, err := teamUse(ctx, s.db, id)
 	if err != nil {
 		return auth.Usage{}, fmt.Errorf("use of team %s: %w", id, classify(err))
 	}
 	return used, nil
+}
+
+// teamUse sums what team id's sandboxes that are not dead hold, in q (the
+// store, or a transaction).
+func teamUse(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}, id string) (auth.Usage, error) {
+	var used auth.Usage
+	err := q.QueryRowContext(ctx, store.TeamUseQuery+` WHERE team_id = ? AND state <> 'dead'`, id).Scan(
+		&used.Sandboxes, &used.MemoryMB, &used.VCPUs, &used.Starting)
+	return used, err
 }
 
 func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch) error {

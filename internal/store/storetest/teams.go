@@ -134,14 +134,18 @@ func testTeamResourceLimits(t *testing.T, s TeamStore) {
 	if used, err := s.TeamUse(ctx, "res"); err != nil || used != (auth.Usage{Sandboxes: 2, MemoryMB: 1024, VCPUs: 3}) {
 		t.Fatalf("use of team res: %+v, %v", used, err)
 	}
-	if err := store.CheckTeamRoom(ctx, s, "res", 0, 0); err != nil {
+	res, err := store.LimitedTeam(ctx, s, "res")
+	if err != nil || res == nil || res.MaxMemoryMB != 1024 {
+		t.Fatalf("limited team res: %+v %v", res, err)
+	}
+	if err := store.CheckTeamRoom(ctx, s, res, 0, 0); err != nil {
 		t.Fatalf("room for a sandbox of no size yet at both limits: %v", err)
 	}
-	if err := store.CheckTeamRoom(ctx, s, "res", 1, 0); !errors.Is(err, store.ErrLimit) {
+	if err := store.CheckTeamRoom(ctx, s, res, 1, 0); !errors.Is(err, store.ErrLimit) {
 		t.Fatalf("room for 1 MiB more at the memory limit: %v, want ErrLimit", err)
 	}
-	if err := store.CheckTeamRoom(ctx, s, "nobody", 1, 0); err != nil {
-		t.Fatalf("room of a team that does not exist: %v", err)
+	if nobody, err := store.LimitedTeam(ctx, s, "nobody"); nobody != nil || err != nil {
+		t.Fatalf("a team that does not exist: %+v %v, want none (no limits)", nobody, err)
 	}
 
 	// Sandboxes starting count against maxStarting; running ones do not.
