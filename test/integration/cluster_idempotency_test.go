@@ -240,8 +240,11 @@ func TestClusterIdempotency(t *testing.T) {
 		defer db.Close(ctx)
 		first := make(chan error, 1)
 		go func() { _, _, err := idemCreate(ctx, g3.url, "killed-1", "cold-killed"); first <- err }()
-		// Killed once it has noted the node it sends the create to.
-		waitFor(t, time.Minute, "the create's node noted", func() bool {
+		// Killed once it has noted the node it sends the create to. The
+		// note is pending only while the node creates (a cold create:
+		// 100 ms or so on an idle machine), so it is looked for far more
+		// often than waitFor's 200 ms.
+		waitForEvery(t, time.Minute, 5*time.Millisecond, "the create's node noted", func() bool {
 			var n int
 			err := db.QueryRow(ctx, `SELECT count(*) FROM idempotency WHERE note LIKE 'node:%' AND state = 'pending'`).Scan(&n)
 			return err == nil && n == 1

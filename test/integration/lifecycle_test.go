@@ -316,12 +316,19 @@ func oneSandboxRoundTrip(s *server, i int) error {
 
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	waitForEvery(t, timeout, 200*time.Millisecond, what, cond)
+}
+
+// waitForEvery is waitFor, asking cond every interval: for a condition
+// that holds only for a moment.
+func waitForEvery(t testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if cond() {
 			return
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(interval)
 	}
 	t.Fatalf("timed out after %s waiting for: %s", timeout, what)
 }
