@@ -68,18 +68,58 @@ describe('volumes', () => {
     await vol.remove('/dir')
     assert.equal(await vol.exists('/dir'), false)
 
-    // Mounting is not served yet: a create naming a volume is refused,
-    // never made without it.
-    const before = (await Sandbox.list().nextItems()).length
-    const err = await rejectsWith(Sandbox.create('base', { volumeMounts: { '/mnt/data': vol } }), SandboxError, 'a create with a volume mount')
-    assert.match(err.message, /not served yet/)
-    assert.equal((await Sandbox.list().nextItems()).length, before)
-
     assert.equal(await Volume.destroy(vol.volumeId), true)
     assert.equal(await Volume.destroy(vol.volumeId), false)
     await rejectsWith(Volume.getInfo(vol.volumeId), VolumeNotFoundError, 'a destroyed volume')
     // Its token is no longer good.
     await rejectsWith(vol.readFile('/anything'), AuthenticationError, "a destroyed volume's content")
+  })
+
+  test('two sandboxes mount one volume, one read-only; a mounted volume is not destroyed', async () => {
+    const vol = await Volume.create('e2e-mounted')
+    server.defer(() => Volume.destroy(vol.volumeId).catch(() => {}))
+    await vol.writeFile('/seed.txt', 'seeded')
+
+    // An unknown volume is refused before anything is made.
+    const before = (await Sandbox.list().nextItems()).length
+    await rejectsWith(Sandbox.create('base', { volumeMounts: { '/mnt/x': 'no-such-volume' } }), SandboxError, 'an unknown volume')
+    assert.equal((await Sandbox.list().nextItems()).length, before)
+
+    const writer = await Sandbox.create('base', { volumeMounts: { '/mnt/data': vol } })
+    server.defer(() => writer.kill().catch(() => {}))
+    const reader = await Sandbox.create('base', { volumeMounts: { '/mnt/ro': 'e2e-mounted' } })
+    server.defer(() => reader.kill().catch(() => {}))
+    assert.deepEqual((await writer.getInfo()).volumeMounts, [{ name: 'e2e-mounted', path: '/mnt/data' }])
+
+    assert.equal((await writer.commands.run('cat /mnt/data/seed.txt')).stdout, 'seeded')
+    await writer.files.write('/mnt/data/from-writer.txt', 'written inside')
+    assert.equal(await vol.readFile('/from-writer.txt'), 'written inside')
+    assert.equal(await reader.files.read('/mnt/ro/from-writer.txt'), 'written inside')
+
+    // The volume outlives the sandbox; while mounted it is not destroyed.
+    const res = await fetch(server.url + '/volumes/' + vol.volumeId, { method: 'DELETE', headers: { 'X-API-Key': server.apiKey } })
+    assert.equal(res.status, 409)
+    assert.match(await res.text(), new RegExp(writer.sandboxId))
+    await writer.kill()
+    await reader.kill()
+    assert.equal(await vol.readFile('/from-writer.txt'), 'written inside')
+    assert.equal(await Volume.destroy(vol.volumeId), true)
+  })
+
+  test('a read-only mount refuses writes, whoever writes', async () => {
+    const vol = await Volume.create('e2e-readonly')
+    server.defer(() => Volume.destroy(vol.volumeId).catch(() => {}))
+    const res = await fetch(server.url + '/sandboxes', {
+      method: 'POST',
+      headers: { 'X-API-Key': server.apiKey, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base', volumeMounts: [{ name: 'e2e-readonly', path: '/ro', readOnly: true }] }),
+    })
+    assert.equal(res.status, 201)
+    const sbx = await Sandbox.connect((await res.json()).sandboxID)
+    server.defer(() => sbx.kill().catch(() => {}))
+    const out = await sbx.commands.run('touch /ro/x 2>&1; echo $?', { user: 'root' })
+    assert.match(out.stdout, /Read-only file system/)
+    await sbx.kill()
   })
 
   test("a team sees only its volumes, and a wrong token reads nothing", async () => {

@@ -10,8 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/volume"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
 
@@ -74,7 +76,7 @@ func toListed(sb *store.Sandbox) wire.ListedSandbox {
 	}
 	return wire.ListedSandbox{SandboxID: sb.ID, TemplateID: sb.TemplateID, Alias: sb.Alias, ClientID: clientID,
 		StartedAt: sb.StartedAt, EndAt: sb.EndAt, CpuCount: sb.VCPU, MemoryMB: sb.MemoryMB, Metadata: md,
-		State: wire.SandboxState(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []any{}, NodeID: sb.NodeID,
+		State: wire.SandboxState(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: toVolumeMounts(sb.VolumeMounts), NodeID: sb.NodeID,
 		Unresponsive: unresponsive}
 }
 
@@ -95,12 +97,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	if len(req.VolumeMounts) > 0 {
-		// Refused rather than ignored: a sandbox that silently lacks the
-		// volume its code expects fails later and far from the cause.
-		return &apiError{http.StatusNotImplemented, "volumeMounts: mounting volumes into sandboxes is not served yet " +
-			"(volumes and their content API are: /volumes, Volume.create, volume.writeFile); create without them"}
-	}
 	if err := checkMetadata(req.Metadata); err != nil {
 		return err
 	}
@@ -109,6 +105,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	req.TemplateID = s.untagged(r, req.TemplateID)
 	p := principal(r)
+	mounts, err := s.volumeMounts(r, req.VolumeMounts)
+	if err != nil {
+		return err
+	}
 	if err := s.usableTemplate(r.Context(), p, req.TemplateID); err != nil {
 		return err
 	}
@@ -136,6 +136,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
 		AutoPauseDropMemory: dropMemory, AutoResume: autoResume,
 		Network: policyOf(&req), Private: private, Insecure: insecure, TeamID: p.TeamID,
+		VolumeMounts: mounts,
 	})
 	if err != nil {
 		return err
@@ -395,4 +396,52 @@ func parsePageToken(tok string) (time.Time, string, error) {
 		return time.Time{}, "", badRequest("invalid nextToken")
 	}
 	return time.Unix(0, n).UTC(), id, nil
+}
+
+// toVolumeMounts is the wire's list of a sandbox's mounts: by name, as
+// E2B shows them.
+func toVolumeMounts(mounts []store.VolumeMount) []wire.SandboxVolumeMount {
+	out := make([]wire.SandboxVolumeMount, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, wire.SandboxVolumeMount{Name: m.Name, Path: m.Path, ReadOnly: m.ReadOnly})
+	}
+	return out
+}
+
+// volumeMounts checks a create's volume mounts and finds their volumes,
+// by name in the caller's team or by ID, before anything is made: an
+// unknown volume is not found, one kept by another node a conflict (a
+// gateway places such a create on the volume's node).
+func (s *Server) volumeMounts(r *http.Request, asked []wire.SandboxVolumeMount) ([]store.VolumeMount, error) {
+	if len(asked) == 0 {
+		return nil, nil
+	}
+	if s.cfg.Volumes == nil {
+		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "volumeMounts: this server keeps no volumes")
+	}
+	paths := make([]string, len(asked))
+	for i, m := range asked {
+		paths[i] = m.Path
+	}
+	paths, err := volume.CheckMountPaths(paths)
+	if err != nil {
+		return nil, badRequest("volumeMounts: " + err.Error())
+	}
+	p := principal(r)
+	out := make([]store.VolumeMount, 0, len(asked))
+	for i, m := range asked {
+		if m.Name == "" {
+			return nil, badRequest(fmt.Sprintf("volumeMounts: the mount at %s names no volume", paths[i]))
+		}
+		v, err := s.cfg.Volumes.Get(r.Context(), p.TeamID, p.Admin, m.Name)
+		if err != nil {
+			return nil, err
+		}
+		if !s.cfg.Volumes.Local(v) {
+			return nil, errdefs.Errorf(errdefs.ErrConflict,
+				"volume %s is kept by node %s: create the sandbox there (through a gateway, which places it)", v.Name, v.NodeID)
+		}
+		out = append(out, store.VolumeMount{VolumeID: v.ID, Name: v.Name, Path: paths[i], ReadOnly: m.ReadOnly})
+	}
+	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -21,6 +22,7 @@ type startFlags struct {
 	memoryMB    int
 	env         []string
 	metadata    []string
+	volumes     []string
 }
 
 func (a *app) startCommand() *cobra.Command {
@@ -34,10 +36,14 @@ window resizes work. Leaving the shell ends the session; the sandbox keeps
 running until its timeout unless --rm is given.
 
 --detach prints the new sandbox's ID (or, with -o json, the server's answer)
-and returns at once.`,
+and returns at once.
+
+-v VOLUME:/path mounts a volume (aenv volume create) at /path; add :ro to
+mount it read-only. The volume outlives the sandbox.`,
 		Example: `  aenv start ubuntu
   aenv start ubuntu --detach
-  aenv start python312 -d --timeout 3600 --cpus 4 --memory 4096 -e KEY=value`,
+  aenv start python312 -d --timeout 3600 --cpus 4 --memory 4096 -e KEY=value
+  aenv start base -d -v datasets:/mnt/data:ro -v work:/home/user/work`,
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			return a.runStart(cmd.Context(), f, argv[0])
@@ -53,6 +59,7 @@ and returns at once.`,
 	flags.IntVar(&f.memoryMB, "memory", 0, "memory in MiB (default: the template's)")
 	flags.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE for all processes (repeatable)")
 	flags.StringArrayVar(&f.metadata, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+	flags.StringArrayVarP(&f.volumes, "volume", "v", nil, "mount volume NAME at an absolute PATH: NAME:PATH[:ro] (repeatable)")
 	return cmd
 }
 
@@ -75,12 +82,16 @@ func (a *app) runStart(ctx context.Context, f startFlags, templateID string) err
 	if err != nil {
 		return err
 	}
+	mounts, err := parseVolumeMounts(f.volumes)
+	if err != nil {
+		return err
+	}
 	c, err := a.client(f.server)
 	if err != nil {
 		return err
 	}
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: templateID, VCPU: f.cpus,
-		MemoryMB: f.memoryMB, Timeout: f.timeoutSecs, Metadata: metadata, EnvVars: envs})
+		MemoryMB: f.memoryMB, Timeout: f.timeoutSecs, Metadata: metadata, EnvVars: envs, VolumeMounts: mounts})
 	if err != nil {
 		return templateContext(templateID, err)
 	}
@@ -108,4 +119,27 @@ func (a *app) runStart(ctx context.Context, f startFlags, templateID string) err
 		return exitStatus{code}
 	}
 	return nil
+}
+
+// parseVolumeMounts reads -v flags: NAME:PATH or NAME:PATH:ro.
+func parseVolumeMounts(flags []string) ([]client.VolumeMount, error) {
+	var out []client.VolumeMount
+	for _, f := range flags {
+		parts := strings.Split(f, ":")
+		m := client.VolumeMount{}
+		switch {
+		case len(parts) == 2:
+		case len(parts) == 3 && parts[2] == "ro":
+			m.ReadOnly = true
+		case len(parts) == 3 && parts[2] == "rw":
+		default:
+			return nil, usageError{fmt.Errorf("-v %q: want VOLUME:/path or VOLUME:/path:ro", f)}
+		}
+		m.Name, m.Path = parts[0], parts[1]
+		if m.Name == "" || !strings.HasPrefix(m.Path, "/") {
+			return nil, usageError{fmt.Errorf("-v %q: want a volume name and an absolute path, VOLUME:/path[:ro]", f)}
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }

@@ -26,6 +26,8 @@ type Sandbox struct {
 	// Unresponsive says why a running sandbox is not answering; "" while
 	// it answers.
 	Unresponsive string `json:"unresponsive"`
+	// VolumeMounts are the volumes the sandbox mounts (get and list).
+	VolumeMounts []VolumeMount `json:"volumeMounts"`
 
 	// Raw is the object as the server sent it.
 	Raw json.RawMessage `json:"-"`
@@ -40,6 +42,16 @@ type CreateSandboxRequest struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	EnvVars    map[string]string `json:"envVars,omitempty"`
 	AutoPause  bool              `json:"autoPause,omitempty"` // pause instead of kill at the deadline
+	// VolumeMounts are the volumes to mount, by name or ID.
+	VolumeMounts []VolumeMount `json:"volumeMounts,omitempty"`
+}
+
+// VolumeMount mounts a volume into a sandbox (E2B's shape; ReadOnly is
+// aenv's).
+type VolumeMount struct {
+	Name     string `json:"name"` // the volume's name or ID
+	Path     string `json:"path"` // absolute, inside the sandbox
+	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
 // CreateSandbox creates a sandbox; it answers once envd in it answers.

@@ -81,14 +81,14 @@ func (f *fakeStore) GetVolume(_ context.Context, team, idOrName string) (*store.
 	return nil, store.ErrNotFound
 }
 
-func (f *fakeStore) DeleteVolume(_ context.Context, id string) error {
+func (f *fakeStore) DeleteVolume(_ context.Context, id string) ([]store.Ref, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.volumes[id]; !ok {
-		return store.ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	delete(f.volumes, id)
-	return nil
+	return nil, nil
 }
 
 func (f *fakeStore) PurgeKeys(context.Context, time.Time) (int64, error) { return 0, nil }

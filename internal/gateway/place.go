@@ -120,6 +120,17 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		order = append(order, g.builders(r, copies, memory)...)
 		why += "; no other ready node has room to build it"
 	}
+	if len(req.VolumeMounts) > 0 {
+		// Volumes are their node's directories: the sandbox goes there.
+		keeper, err := g.volumesNode(r, req.VolumeMounts)
+		if err != nil {
+			g.forget(r, run)
+			api.WriteError(w, r, g.logger, err)
+			return
+		}
+		order = slices.DeleteFunc(order, func(n *nodeState) bool { return n.ID != keeper })
+		why = fmt.Sprintf("its volumes are on node %s, which cannot take it now (%s)", keeper, why)
+	}
 	if len(order) == 0 {
 		g.forget(r, run)
 		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
@@ -900,3 +911,28 @@ func (c *ttlCache[V]) forget(k string) {
 }
 
 var _ node.Catalog = (*catalog)(nil)
+
+// volumesNode is the node that keeps the volumes mounts name (by name in
+// the caller's team, or by ID): all must be on one node, since a sandbox
+// mounts only what its node keeps.
+func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount) (string, error) {
+	p := callerOf(r)
+	keeper := ""
+	for _, m := range mounts {
+		v, err := g.db.GetVolume(r.Context(), p.TeamID, m.Name)
+		if errors.Is(err, store.ErrNotFound) || (err == nil && !p.Sees(v.TeamID)) {
+			return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", m.Name)
+		}
+		if err != nil {
+			return "", errdefs.Errorf(errdefs.ErrUnavailable, "the cluster database: %v", err)
+		}
+		switch {
+		case keeper == "":
+			keeper = v.NodeID
+		case keeper != v.NodeID:
+			return "", errdefs.Errorf(errdefs.ErrConflict,
+				"volumes %q and others are kept by different nodes (%s, %s): one sandbox mounts volumes of one node", m.Name, keeper, v.NodeID)
+		}
+	}
+	return keeper, nil
+}

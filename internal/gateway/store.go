@@ -20,7 +20,7 @@ type Store interface {
 	SandboxNode(ctx context.Context, id string) (string, error)
 	GetVolume(ctx context.Context, team, idOrName string) (*store.Volume, error)
 	ListVolumes(ctx context.Context, team string) ([]*store.Volume, error)
-	DeleteVolume(ctx context.Context, id string) error
+	DeleteVolume(ctx context.Context, id string) ([]store.Ref, error)
 	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 	ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	TemplateCopies(ctx context.Context, idOrName string) ([]*store.Template, error)

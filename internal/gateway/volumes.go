@@ -49,7 +49,12 @@ func (g *Gateway) byVolume(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodDelete && g.nodeGone(r, v.NodeID):
 		// Its node has left the cluster, and its files with it: the
 		// record is all there is to delete.
-		if err := g.db.DeleteVolume(r.Context(), v.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+		holders, err := g.db.DeleteVolume(r.Context(), v.ID)
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			api.WriteError(w, r, g.logger, volume.MountedError(v, holders))
+			return
+		case err != nil && !errors.Is(err, store.ErrNotFound):
 			g.databaseDown(w, r, err)
 			return
 		}

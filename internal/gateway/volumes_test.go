@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -127,5 +130,59 @@ func TestVolumeCreatePlacedByProtocol(t *testing.T) {
 	w := call(t, g, t.Context(), http.MethodPost, "/volumes", "", map[string]string{"name": "data"})
 	if w.Code != 503 || !strings.Contains(errorMessage(w), "upgrade the nodes") {
 		t.Fatalf("create with only an old node: %d %s", w.Code, w.Body)
+	}
+}
+
+// A create that mounts volumes goes to the node keeping them, however
+// much more room another has; volumes of two nodes, or unknown ones, are
+// refused without asking any node.
+func TestCreateWithVolumesPlacedOnTheirNode(t *testing.T) {
+	answered := func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"sandboxID":"sb"}`))
+	}
+	roomy, keeper := newFakeNode(t, "roomy", answered), newFakeNode(t, "keeper", answered)
+	db := newFakeStore()
+	db.nodes = []postgres.Node{nodeRecord(roomy, 100, 0, false), nodeRecord(keeper, 10, 5, false)}
+	db.templates = []*store.Template{
+		{ID: "tpl-r", Name: "base", NodeID: "roomy", Upload: store.UploadUploaded},
+		{ID: "tpl-k", Name: "base", NodeID: "keeper", Upload: store.UploadUploaded},
+	}
+	db.volumes = map[string]*store.Volume{
+		"vol-k":     {ID: "vol-k", Name: "data", TeamID: auth.DefaultTeam, Token: "t1", NodeID: "keeper"},
+		"vol-r":     {ID: "vol-r", Name: "other", TeamID: auth.DefaultTeam, Token: "t2", NodeID: "roomy"},
+		"vol-their": {ID: "vol-their", Name: "theirs", TeamID: "another-team", Token: "t3", NodeID: "keeper"},
+	}
+	g := newTestGateway(t, db)
+	create := func(names ...string) *httptest.ResponseRecorder {
+		var mounts []map[string]string
+		for i, n := range names {
+			mounts = append(mounts, map[string]string{"name": n, "path": fmt.Sprintf("/mnt/%d", i)})
+		}
+		raw, _ := json.Marshal(map[string]any{"templateID": "base", "volumeMounts": mounts})
+		r := httptest.NewRequest(http.MethodPost, "/sandboxes", bytes.NewReader(raw))
+		r.Header.Set("X-API-Key", otherKey) // the default team's, not an admin
+		w := httptest.NewRecorder()
+		g.ServeHTTP(w, r)
+		return w
+	}
+	if w := create("data"); w.Code != 201 || keeper.count("POST /sandboxes") != 1 || roomy.count("POST /sandboxes") != 0 {
+		t.Fatalf("create mounting data: %d %s; keeper asked %d times, roomy %d", w.Code, w.Body,
+			keeper.count("POST /sandboxes"), roomy.count("POST /sandboxes"))
+	}
+	for _, tc := range []struct {
+		names []string
+		want  int
+	}{
+		{[]string{"data", "other"}, 409},
+		{[]string{"nope"}, 404},
+		{[]string{"vol-their"}, 404},
+	} {
+		if w := create(tc.names...); w.Code != tc.want {
+			t.Errorf("create mounting %v: %d %s, want %d", tc.names, w.Code, w.Body, tc.want)
+		}
+	}
+	if n := keeper.count("POST /sandboxes") + roomy.count("POST /sandboxes"); n != 1 {
+		t.Errorf("refused creates reached the nodes: %d creates in all, want 1", n)
 	}
 }

@@ -137,6 +137,9 @@ type CreateRequest struct {
 	Insecure bool
 	// TeamID is the team the sandbox belongs to (internal/auth).
 	TeamID string
+	// VolumeMounts are the volumes to mount, already found (the API
+	// checks the caller may use them, and the paths).
+	VolumeMounts []store.VolumeMount
 }
 
 // PauseOptions change how a sandbox is paused.

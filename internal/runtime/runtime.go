@@ -47,12 +47,23 @@ type Spec struct {
 	// ExportRootfs: the sandbox boots with them over RootfsPath (a fresh
 	// kernel over a saved filesystem).
 	RootfsUpper string
+	// Mounts are host directories bound into the sandbox (volumes), in
+	// order. Writes to them reach the host directory, not the sandbox's
+	// memory, and a restore must be given the same destinations.
+	Mounts []Mount
 	// Background makes the sandbox for a pool filled ahead of demand: it
 	// gets host CPU only when nothing else wants it, from its creation
 	// until Preparer.Foreground, so that filling a pool takes idle time
 	// rather than time from the requests it serves. Drivers that do not
 	// implement Preparer ignore it.
 	Background bool
+}
+
+// Mount is a host directory bound into a sandbox.
+type Mount struct {
+	Source      string // host directory
+	Destination string // absolute path inside the sandbox
+	ReadOnly    bool   // writes inside the sandbox fail with EROFS
 }
 
 // EnvdMountPath is where envd appears inside every sandbox.

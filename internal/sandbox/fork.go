@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -83,6 +84,8 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 				AutoPauseDropMemory: src.autoPauseDropMemory, AutoResume: src.autoResume,
 				StartedAt: now, EndAt: now.Add(timeout), UpdatedAt: now, TimeoutSecs: int(timeout.Seconds()),
 				Network: src.network, TeamID: src.team,
+				// Shared: the children mount the parent's volumes.
+				VolumeMounts: slices.Clone(src.volumeMounts),
 			}
 			if src.private {
 				child.TrafficToken = newAccessToken()
@@ -155,6 +158,7 @@ type forkSource struct {
 	network                         *store.NetworkPolicy
 	private                         bool
 	team                            string // the children's
+	volumeMounts                    []store.VolumeMount
 	release                         func()
 }
 
@@ -207,7 +211,7 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 		name: e.id, tpl: base, img: image{dir: dir, token: v.sb.AccessToken},
 		vcpu: v.sb.VCPU, memoryMB: v.sb.MemoryMB, envVars: v.sb.EnvVars, metadata: v.sb.Metadata, autoPause: v.sb.AutoPause,
 		autoPauseDropMemory: v.sb.AutoPauseDropMemory, autoResume: v.sb.AutoResume,
-		network: v.sb.Network, private: v.sb.TrafficToken != "", team: v.sb.TeamID,
+		network: v.sb.Network, private: v.sb.TrafficToken != "", team: v.sb.TeamID, volumeMounts: v.sb.VolumeMounts,
 		timeout: time.Duration(v.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
 		// Restores load the image whole; it is not needed afterwards.
 		release: func() { m.removeImage(context.WithoutCancel(ctx), dir) },

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -75,6 +76,7 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 		AutoPauseDropMemory: req.AutoPauseDropMemory, AutoResume: req.AutoResume,
 		StartedAt: now, EndAt: now.Add(req.Timeout), UpdatedAt: now,
 		TimeoutSecs: int(req.Timeout.Seconds()), Network: req.Network, TeamID: req.TeamID,
+		VolumeMounts: slices.Clone(req.VolumeMounts),
 	}
 	if req.Insecure {
 		sb.AccessToken = ""
@@ -238,6 +240,11 @@ type launchPlan struct {
 func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool, skip source) launchPlan {
 	var ends []func()
 	p := launchPlan{source: fromNew, id: NewID()}
+	if len(sb.VolumeMounts) > 0 {
+		// Pools make their instances without mounts, which a sandbox
+		// cannot gain once made.
+		skip |= fromWarm | fromRestored | fromPrepared
+	}
 	p.end = func() {
 		for _, end := range ends {
 			end()
@@ -420,7 +427,11 @@ func (m *Manager) local(tpl *store.Template) bool {
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
 	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
 	spec.RootfsUpper = img.rootfsUpper
-	var err error
+	mounts, err := m.hostMounts(sb.VolumeMounts)
+	if err != nil {
+		return nil, err
+	}
+	spec.Mounts = mounts
 	// The runtime's commands are this span's children.
 	rctx, span := tracing.Child(ctx, "runtime start", tracing.SandboxID.String(sb.ID),
 		attribute.Bool("aenv.restore", img.dir != ""), attribute.Bool("aenv.prepared", img.prepared))
@@ -497,6 +508,26 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 		return envdRefusedServer("init envd", err)
 	}
 	return nil
+}
+
+// hostMounts are the runtime's mounts of a sandbox's volumes: where each
+// is on this node.
+func (m *Manager) hostMounts(volumes []store.VolumeMount) ([]runtime.Mount, error) {
+	if len(volumes) == 0 {
+		return nil, nil
+	}
+	if m.cfg.Volumes == nil {
+		return nil, fmt.Errorf("%w: this node keeps no volumes", node.ErrInvalid)
+	}
+	mounts := make([]runtime.Mount, 0, len(volumes))
+	for _, v := range volumes {
+		dir, err := m.cfg.Volumes.HostPath(v.VolumeID)
+		if err != nil {
+			return nil, fmt.Errorf("mount volume %s at %s: %w", v.Name, v.Path, err)
+		}
+		mounts = append(mounts, runtime.Mount{Source: dir, Destination: v.Path, ReadOnly: v.ReadOnly})
+	}
+	return mounts, nil
 }
 
 // spec is the runtime spec of sandbox id from tpl in slot.

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,6 +90,16 @@ type Config struct {
 	// made here are uploaded to it, and those of other nodes are fetched
 	// from it. nil keeps every template on this node's disk alone.
 	Shared SharedImages
+	// Volumes finds the host directories of the volumes sandboxes mount;
+	// nil refuses every create that mounts one.
+	Volumes VolumePaths
+}
+
+// VolumePaths is what the manager needs of the volumes (package volume).
+type VolumePaths interface {
+	// HostPath is where volume id's files are on this node: an error of
+	// kind errdefs.ErrNotFound when this node does not keep it.
+	HostPath(id string) (string, error)
 }
 
 // SharedImages is what the manager needs of the object store.
@@ -688,6 +699,7 @@ func cloneSandbox(sb *store.Sandbox) *store.Sandbox {
 		n := *sb.Network
 		c.Network = &n
 	}
+	c.VolumeMounts = slices.Clone(sb.VolumeMounts)
 	return &c
 }
 

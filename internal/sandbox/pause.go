@@ -486,7 +486,9 @@ func (m *Manager) removeImage(ctx context.Context, dir string) {
 // it should this one be gone. Its template is shared with it: the root
 // filesystem must be in the store too.
 func (m *Manager) uploadPaused(ctx context.Context, sb *store.Sandbox) {
-	if m.cfg.Shared == nil {
+	if m.cfg.Shared == nil || len(sb.VolumeMounts) > 0 {
+		// A sandbox that mounts volumes resumes only where they are:
+		// another node could not take it over.
 		return
 	}
 	tpl, err := m.GetTemplate(ctx, sb.TemplateID)

@@ -39,6 +39,13 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	defer e.mu.Unlock()
 	v := e.view()
+	if len(v.sb.VolumeMounts) > 0 {
+		// A snapshot would have to record the mounts and hold the
+		// volumes; until it does, it is refused rather than made into
+		// one that cannot be restored.
+		return nil, fmt.Errorf("%w: sandbox %s mounts volumes, and snapshots of sandboxes with volumes are not supported yet; fork it instead",
+			node.ErrConflict, e.id)
+	}
 	src, err := m.GetTemplate(ctx, v.sb.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: template %s: %w", req.SandboxID, v.sb.TemplateID, err)

@@ -202,6 +202,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if objects != nil {
 		sharedImages = objects.images
 	}
+	var volumePaths sandbox.VolumePaths
+	if volumes != nil {
+		volumePaths = volumes
+	}
 
 	sandboxes := sandbox.NewManager(sandbox.Config{
 		EnvdPath:         envdPath,
@@ -227,6 +231,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		MonitorInterval:  2 * time.Second,
 		DeadRetention:    time.Hour,
 		Shared:           sharedImages,
+		Volumes:          volumePaths,
 	}, st, driver, pool, templates, logger.With("component", "sandbox"))
 	if err := sandboxes.Start(ctx); err != nil {
 		pool.Close(context.WithoutCancel(ctx))

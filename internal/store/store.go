@@ -9,6 +9,8 @@ package store
 import (
 	"cmp"
 	"context"
+	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -69,8 +71,20 @@ type VolumeStore interface {
 	GetVolume(ctx context.Context, team, idOrName string) (*Volume, error)
 	// ListVolumes lists team's volumes, every team's for "", by name.
 	ListVolumes(ctx context.Context, team string) ([]*Volume, error)
-	// DeleteVolume: ErrNotFound when it is gone.
-	DeleteVolume(ctx context.Context, id string) error
+	// DeleteVolume deletes volume id's record unless something holds it
+	// (a sandbox that mounts it): then it answers ErrConflict and the
+	// holders. ErrNotFound when it is gone.
+	DeleteVolume(ctx context.Context, id string) ([]Ref, error)
+}
+
+// VolumeMount is a volume mounted into a sandbox, fixed at create.
+type VolumeMount struct {
+	VolumeID string `json:"volumeID"`
+	// Name is the volume's name when the sandbox was made (E2B's wire
+	// shows mounts by name).
+	Name     string `json:"name"`
+	Path     string `json:"path"` // absolute, inside the sandbox
+	ReadOnly bool   `json:"readOnly,omitempty"`
 }
 
 // TeamUseQuery sums what the sandboxes it selects hold, as auth.Usage's
@@ -168,6 +182,10 @@ type Sandbox struct {
 	// TeamID is the team the sandbox belongs to (internal/auth): only that
 	// team's keys see it. Set at create; never changed by an update.
 	TeamID string
+	// VolumeMounts are the volumes mounted into the sandbox, in order.
+	// Set at create (the record then holds a reference to each volume);
+	// never changed by an update.
+	VolumeMounts []VolumeMount
 }
 
 // NetworkPolicy is a sandbox's egress policy as the user gave it (the
@@ -276,6 +294,9 @@ const (
 	RefPrepared RefKind = "prepared"
 	// RefRootfs: a root filesystem, by path (target).
 	RefRootfs RefKind = "rootfs"
+	// RefVolume: a volume, by ID (target), held by the sandboxes that
+	// mount it; it cannot be deleted while held.
+	RefVolume RefKind = "volume"
 )
 
 // Ref says that a holder needs a target: the target's files are removed
@@ -364,4 +385,29 @@ type Store interface {
 	ReplaceTemplate(ctx context.Context, t *Template) (*Template, error)
 
 	Close() error
+}
+
+// MarshalVolumeMounts is how stores keep a sandbox's mounts: JSON, or ""
+// for none.
+func MarshalVolumeMounts(mounts []VolumeMount) (string, error) {
+	if len(mounts) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(mounts)
+	if err != nil {
+		return "", fmt.Errorf("volume mounts: %w", err)
+	}
+	return string(b), nil
+}
+
+// UnmarshalVolumeMounts reads what MarshalVolumeMounts wrote.
+func UnmarshalVolumeMounts(b []byte) ([]VolumeMount, error) {
+	if len(b) == 0 || string(b) == "null" {
+		return nil, nil
+	}
+	var mounts []VolumeMount
+	if err := json.Unmarshal(b, &mounts); err != nil {
+		return nil, fmt.Errorf("volume mounts: %w", err)
+	}
+	return mounts, nil
 }

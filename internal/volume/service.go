@@ -149,6 +149,40 @@ func (s *Service) Close() {
 
 func (s *Service) dataDir(id string) string { return filepath.Join(s.dir, id, "data") }
 
+// HostPath is where volume id's files are on this node, for a sandbox to
+// mount: ErrNotFound (a conflict's kin: the volume is elsewhere or gone)
+// when this node does not keep it.
+func (s *Service) HostPath(id string) (string, error) {
+	if !ValidID(id) {
+		return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", id)
+	}
+	dir := s.dataDir(id)
+	info, err := os.Stat(dir)
+	if err != nil || !info.IsDir() {
+		return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %s has no files on this node", id)
+	}
+	if _, err := os.Stat(filepath.Join(s.dir, id, pendingMarker)); err == nil {
+		return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %s is being made or deleted", id)
+	}
+	return dir, nil
+}
+
+// MountedError is the answer to deleting volume v while holders (the
+// sandboxes that mount it) hold it: a conflict that names them.
+func MountedError(v *store.Volume, holders []store.Ref) error {
+	ids := make([]string, 0, len(holders))
+	for _, h := range holders {
+		ids = append(ids, h.HolderID)
+	}
+	const shown = 10
+	list := strings.Join(ids[:min(len(ids), shown)], ", ")
+	if len(ids) > shown {
+		list += fmt.Sprintf(" and %d more", len(ids)-shown)
+	}
+	return errdefs.Errorf(errdefs.ErrConflict,
+		"volume %s is mounted by sandbox(es) %s: kill them (or wait for them to end) first", v.Name, list)
+}
+
 // makePending makes volume id's directory, if need be, and marks it
 // pending.
 func (s *Service) makePending(id string) error {
@@ -181,7 +215,15 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 	if err := s.makePending(v.ID); err != nil {
 		return nil, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	if err := os.MkdirAll(s.dataDir(v.ID), 0o755); err != nil {
+	// The volume's top directory is open to every user of the
+	// sandboxes that mount it (images run as different users: E2B's
+	// templates as uid 1000); the directory above it keeps everyone else
+	// on the host out.
+	err := os.MkdirAll(s.dataDir(v.ID), 0o755)
+	if err == nil {
+		err = os.Chmod(s.dataDir(v.ID), 0o777)
+	}
+	if err != nil {
 		os.RemoveAll(filepath.Join(s.dir, v.ID))
 		return nil, fmt.Errorf("create volume %s: %w", name, err)
 	}
@@ -221,10 +263,14 @@ func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 	if err := s.makePending(v.ID); err != nil {
 		return fmt.Errorf("delete volume %s: %w", v.ID, err)
 	}
-	if err := s.records.DeleteVolume(ctx, v.ID); err != nil {
+	holders, err := s.records.DeleteVolume(ctx, v.ID)
+	if err != nil {
 		os.Remove(filepath.Join(s.dir, v.ID, pendingMarker))
-		if errors.Is(err, store.ErrNotFound) {
+		switch {
+		case errors.Is(err, store.ErrNotFound):
 			return errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", v.ID)
+		case errors.Is(err, store.ErrConflict):
+			return MountedError(v, holders)
 		}
 		return err
 	}

@@ -46,6 +46,24 @@ func (e FileContentEncoding) Valid() bool {
 	}
 }
 
+// Defines values for ForkRequestVolumes.
+const (
+	ForkRequestVolumesCopy   ForkRequestVolumes = "copy"
+	ForkRequestVolumesShared ForkRequestVolumes = "shared"
+)
+
+// Valid indicates whether the value is a known member of the ForkRequestVolumes enum.
+func (e ForkRequestVolumes) Valid() bool {
+	switch e {
+	case ForkRequestVolumesCopy:
+		return true
+	case ForkRequestVolumesShared:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for HealthStatus.
 const (
 	HealthStatusOk HealthStatus = "ok"
@@ -523,7 +541,13 @@ type FileContentEncoding string
 type ForkRequest struct {
 	Count   *int `json:"count,omitempty"`
 	Timeout *int `json:"timeout,omitempty"`
+
+	// Volumes Per mount path of the parent: shared (the children mount the parent's volume; the default) or copy (each child gets its own copy-on-write clone; not served yet).
+	Volumes map[string]ForkRequestVolumes `json:"volumes,omitempty"`
 }
+
+// ForkRequestVolumes defines model for ForkRequest.Volumes.
+type ForkRequestVolumes string
 
 // ForkResult defines model for ForkResult.
 type ForkResult struct {
@@ -571,8 +595,8 @@ type ListedSandbox struct {
 	TemplateID string       `json:"templateID"`
 
 	// Unresponsive aenv: why a running sandbox is not answering (its envd missed health checks in a row; calls into it are answered 503 meanwhile); absent while it answers.
-	Unresponsive string        `json:"unresponsive,omitempty"`
-	VolumeMounts []interface{} `json:"volumeMounts"`
+	Unresponsive string               `json:"unresponsive,omitempty"`
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts"`
 }
 
 // LogLevel defines model for LogLevel.
@@ -636,7 +660,7 @@ type NewSandbox struct {
 	Timeout *int `json:"timeout,omitempty"`
 	Vcpu    int  `json:"vcpu,omitempty"`
 
-	// VolumeMounts Volumes to mount (E2B's); not served yet, so a create naming any is refused.
+	// VolumeMounts Volumes to mount (E2B's), by name or ID: each at an absolute path, none over a system path (/, /proc, /dev, /sys, /etc, /.aenv) or inside another. readOnly is aenv's addition.
 	VolumeMounts []SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
@@ -754,8 +778,8 @@ type SandboxDetail struct {
 	TemplateID string       `json:"templateID"`
 
 	// Unresponsive aenv: why a running sandbox is not answering (its envd missed health checks in a row; calls into it are answered 503 meanwhile); absent while it answers.
-	Unresponsive string        `json:"unresponsive,omitempty"`
-	VolumeMounts []interface{} `json:"volumeMounts"`
+	Unresponsive string               `json:"unresponsive,omitempty"`
+	VolumeMounts []SandboxVolumeMount `json:"volumeMounts"`
 }
 
 // SandboxMetric E2B's SandboxMetric. Disk figures are not measured (the root filesystem is in memory, counted in memUsed).
@@ -785,6 +809,9 @@ type SandboxVolumeMount struct {
 
 	// Path Where it is mounted in the sandbox.
 	Path string `json:"path"`
+
+	// ReadOnly aenv's addition: writes inside the sandbox fail (EROFS).
+	ReadOnly bool `json:"readOnly,omitempty"`
 }
 
 // Snapshot defines model for Snapshot.

@@ -134,5 +134,13 @@ func validateSpec(spec runtime.Spec) error {
 	if spec.VCPU < 0 || spec.MemoryMB < 0 || spec.PidsLimit < 0 {
 		return errors.New("negative resource limit")
 	}
+	for _, m := range spec.Mounts {
+		if !path.IsAbs(m.Destination) || path.Clean(m.Destination) != m.Destination || m.Destination == "/" {
+			return fmt.Errorf("mount destination %q is not a clean absolute path below /", m.Destination)
+		}
+		if info, err := os.Stat(m.Source); err != nil || !info.IsDir() || !filepath.IsAbs(m.Source) {
+			return fmt.Errorf("mount source %q is not a directory", m.Source)
+		}
+	}
 	return runtime.CheckRootfs(spec.RootfsPath)
 }

@@ -57,7 +57,7 @@ func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
 		},
 		Root:     &specs.Root{Path: spec.RootfsPath, Readonly: false},
 		Hostname: spec.Hostname,
-		Mounts:   ociMounts(spec.EnvdPath),
+		Mounts:   ociMounts(spec.EnvdPath, spec.Mounts),
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
@@ -72,8 +72,12 @@ func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
 	}
 }
 
-func ociMounts(envdPath string) []specs.Mount {
-	return []specs.Mount{
+// ociMounts are the sandbox's file systems: the usual ones, envd, and
+// the volumes. Volumes are bind mounts served by the gofer; the memory
+// overlay covers only the root (--overlay2=root:memory), so writes reach
+// the volume's directory.
+func ociMounts(envdPath string, volumes []runtime.Mount) []specs.Mount {
+	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
@@ -81,6 +85,15 @@ func ociMounts(envdPath string) []specs.Mount {
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		{Destination: runtime.EnvdMountPath, Type: "bind", Source: envdPath, Options: []string{"rbind", "ro"}},
 	}
+	for _, v := range volumes {
+		mode := "rw"
+		if v.ReadOnly {
+			mode = "ro"
+		}
+		mounts = append(mounts, specs.Mount{Destination: v.Destination, Type: "bind", Source: v.Source,
+			Options: []string{"rbind", mode}})
+	}
+	return mounts
 }
 
 // ociResources turns the sandbox's limits into cgroup settings. A zero

@@ -27,6 +27,14 @@ func TestOCISpecGolden(t *testing.T) {
 			ID: "zzzzzzzzzz0000000000", RootfsPath: "/rootfs", EnvdPath: "/envd",
 			NetnsPath: "/var/run/netns/n", Hostname: "h",
 		}},
+		{"volumes", runtime.Spec{
+			ID: "vvvvvvvvvv0000000000", RootfsPath: "/rootfs", EnvdPath: "/envd",
+			NetnsPath: "/var/run/netns/n", Hostname: "h",
+			Mounts: []runtime.Mount{
+				{Source: "/var/lib/aenv/volumes/vol-a/data", Destination: "/mnt/data"},
+				{Source: "/var/lib/aenv/volumes/vol-b/data", Destination: "/home/user/ref", ReadOnly: true},
+			},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

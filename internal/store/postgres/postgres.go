@@ -89,13 +89,13 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 
 // sandboxSelect is what a read returns: the written columns and the
 // upload state and digest, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive, team_id`
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive, team_id, volume_mounts`
 
-// sandboxInsert writes a new record: the written columns and the team,
-// which no update changes.
-const sandboxInsert = `INSERT INTO sandboxes (` + sandboxColumns + `, team_id)
+// sandboxInsert writes a new record: the written columns, the team and
+// the volume mounts, which no update changes.
+const sandboxInsert = `INSERT INTO sandboxes (` + sandboxColumns + `, team_id, volume_mounts)
 	VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-	$18::jsonb, $19, $20, $21, $22, $23, $24)`
+	$18::jsonb, $19, $20, $21, $22, $23, $24, NULLIF($25, '')::jsonb)`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(s.box, sb)
@@ -106,12 +106,25 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		if err := checkTeamLimit(ctx, tx, sb); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID)...)
-		if err != nil && isUniqueViolation(err) {
-			return store.ErrConflict
-		}
-		return err
+		return s.insertSandbox(ctx, tx, sb, args)
 	})
+}
+
+// insertSandbox writes sb's new record, whose written columns are args,
+// with its references to the volumes it mounts.
+func (s *Store) insertSandbox(ctx context.Context, tx pgx.Tx, sb *store.Sandbox, args []any) error {
+	mounts, err := store.MarshalVolumeMounts(sb.VolumeMounts)
+	if err != nil {
+		return err
+	}
+	if err := holdVolumes(ctx, tx, s.node, sb); err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID, mounts)...)
+	if err != nil && isUniqueViolation(err) {
+		return store.ErrConflict
+	}
+	return err
 }
 
 // checkTeamLimit refuses sb when one more sandbox of its team, of its
@@ -538,14 +551,17 @@ func sandboxArgs(box *secretBox, sb *store.Sandbox) ([]any, error) {
 func scanSandbox(box *secretBox, r pgx.Row) (*store.Sandbox, error) {
 	var sb store.Sandbox
 	var state, upload string
-	var metadata, env, network []byte
+	var metadata, env, network, mounts []byte
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &sb.AutoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
 		&sb.TimeoutSecs, &network, &sb.TrafficToken, &sb.RebootOnResume, &sb.AutoPauseDropMemory, &sb.AutoResume,
-		&sb.NodeID, &upload, &sb.ImageDigest, &sb.Unresponsive, &sb.TeamID)
+		&sb.NodeID, &upload, &sb.ImageDigest, &sb.Unresponsive, &sb.TeamID, &mounts)
 	if err != nil {
 		return nil, err
+	}
+	if sb.VolumeMounts, err = store.UnmarshalVolumeMounts(mounts); err != nil {
+		return nil, dbError("sandbox %s: %w", sb.ID, err)
 	}
 	if sb.AccessToken, err = box.open(colAccessToken, sb.ID, sb.AccessToken); err != nil {
 		return nil, err

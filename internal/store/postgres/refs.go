@@ -25,12 +25,40 @@ func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, roo
 		if err := holdRootfs(ctx, tx, s.node, store.RefSandbox, sb.ID, rootfs); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID)...)
-		if err != nil && isUniqueViolation(err) {
-			return store.ErrConflict
-		}
-		return err
+		return s.insertSandbox(ctx, tx, sb, args)
 	})
+}
+
+// lockVolume serialises, until tx ends, the transactions that take or
+// check references to volume id, as lockRootfs does for root filesystems.
+func lockVolume(ctx context.Context, tx pgx.Tx, id string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "volume\n"+id)
+	return err
+}
+
+// holdVolumes takes sb's references (as node's) to the volumes it mounts,
+// which must exist (else ErrNotFound: deleted since the create looked
+// them up).
+func holdVolumes(ctx context.Context, tx pgx.Tx, node string, sb *store.Sandbox) error {
+	for _, m := range sb.VolumeMounts {
+		if err := lockVolume(ctx, tx, m.VolumeID); err != nil {
+			return err
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM volumes WHERE id = $1)`, m.VolumeID).
+			Scan(&exists); err != nil {
+			return err
+		}
+		if !exists {
+			return fmt.Errorf("volume %s: %w", m.VolumeID, store.ErrNotFound)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO refs (node_id, holder_kind, holder_id, target_kind, target_id)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
+			node, string(store.RefSandbox), sb.ID, string(store.RefVolume), m.VolumeID); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *Store) HoldRootfs(ctx context.Context, kind store.RefKind, id, rootfs string) error {

@@ -61,12 +61,30 @@ func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, 
 	return out, nil
 }
 
-func (s *Store) DeleteVolume(ctx context.Context, id string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM volumes WHERE id = $1`, id)
-	if err != nil {
-		return dbError("delete volume %s: %w", id, err)
-	}
-	return expectOneRow(tag, "delete volume "+id)
+func (s *Store) DeleteVolume(ctx context.Context, id string) ([]store.Ref, error) {
+	var holders []store.Ref
+	err := s.inTx(ctx, "delete volume "+id, func(tx pgx.Tx) error {
+		if err := lockVolume(ctx, tx, id); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
+			WHERE target_kind = $1 AND target_id = $2 ORDER BY holder_kind, holder_id`, string(store.RefVolume), id)
+		if err != nil {
+			return err
+		}
+		if holders, err = collectRefs(rows); err != nil {
+			return err
+		}
+		if len(holders) > 0 {
+			return store.ErrConflict
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM volumes WHERE id = $1`, id)
+		if err != nil {
+			return err
+		}
+		return expectOneRow(tag, "delete")
+	})
+	return holders, err
 }
 
 func scanVolume(r pgx.Row) (*store.Volume, error) {

@@ -132,12 +132,12 @@ const sandboxColumns = `id, template_id, alias, state, vcpu, memory_mb, metadata
 
 // sandboxSelect is what a read returns: the written columns and the
 // upload state and digest, which only SetSandboxUpload writes.
-const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive, team_id`
+const sandboxSelect = sandboxColumns + `, image_upload, image_digest, unresponsive, team_id, volume_mounts_json`
 
-// sandboxInsert writes a new record: the written columns and the team,
-// which no update changes.
-const sandboxInsert = `INSERT INTO sandboxes (` + sandboxColumns + `, team_id)
-	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+// sandboxInsert writes a new record: the written columns, the team and
+// the volume mounts, which no update changes.
+const sandboxInsert = `INSERT INTO sandboxes (` + sandboxColumns + `, team_id, volume_mounts_json)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(sb)
@@ -148,13 +148,45 @@ func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
 		if err := checkTeamLimit(ctx, tx, sb); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID)...)
-		if err != nil && isUniqueViolation(err) {
-			return store.ErrConflict
-		}
-		return err
+		return insertSandbox(ctx, tx, sb, args)
 	})
 	return err
+}
+
+// insertSandbox writes sb's new record, whose written columns are args,
+// with its references to the volumes it mounts.
+func insertSandbox(ctx context.Context, tx *sql.Tx, sb *store.Sandbox, args []any) error {
+	mounts, err := store.MarshalVolumeMounts(sb.VolumeMounts)
+	if err != nil {
+		return err
+	}
+	if err := holdVolumes(ctx, tx, sb); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID, mounts)...)
+	if err != nil && isUniqueViolation(err) {
+		return store.ErrConflict
+	}
+	return err
+}
+
+// holdVolumes takes sb's references to the volumes it mounts, which must
+// exist (else ErrNotFound: deleted since the create looked them up).
+func holdVolumes(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
+	for _, m := range sb.VolumeMounts {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM volumes WHERE id = ?`, m.VolumeID).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("volume %s: %w", m.VolumeID, store.ErrNotFound)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO refs (holder_kind, holder_id, target_kind, target_id)
+			VALUES (?, ?, ?, ?)`, string(store.RefSandbox), sb.ID, string(store.RefVolume), m.VolumeID); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkTeamLimit refuses sb when one more sandbox of its team, of its
@@ -200,11 +232,7 @@ func (s *Store) CreateSandboxHolding(ctx context.Context, sb *store.Sandbox, roo
 		if err := holdRootfs(ctx, tx, store.RefSandbox, sb.ID, rootfs); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID)...)
-		if err != nil && isUniqueViolation(err) {
-			return store.ErrConflict
-		}
-		return err
+		return insertSandbox(ctx, tx, sb, args)
 	})
 }
 
@@ -603,15 +631,18 @@ type scanner interface{ Scan(dest ...any) error }
 
 func scanSandbox(r scanner) (*store.Sandbox, error) {
 	var sb store.Sandbox
-	var state, metadata, env, network, upload string
+	var state, metadata, env, network, upload, mounts string
 	var autoPause, reboot, dropMemory, autoResume int
 	var started, end, updated int64
 	err := r.Scan(&sb.ID, &sb.TemplateID, &sb.Alias, &state, &sb.VCPU, &sb.MemoryMB, &metadata, &env,
 		&sb.AccessToken, &sb.SlotIndex, &autoPause, &started, &end, &sb.EndedReason, &updated, &sb.ImageDir,
 		&sb.TimeoutSecs, &network, &sb.TrafficToken, &reboot, &dropMemory, &autoResume, &upload, &sb.ImageDigest,
-		&sb.Unresponsive, &sb.TeamID)
+		&sb.Unresponsive, &sb.TeamID, &mounts)
 	if err != nil {
 		return nil, err
+	}
+	if sb.VolumeMounts, err = store.UnmarshalVolumeMounts([]byte(mounts)); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", sb.ID, err)
 	}
 	sb.State = store.SandboxState(state)
 	sb.ImageUpload = store.UploadState(upload)

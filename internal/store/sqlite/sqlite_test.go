@@ -199,3 +199,14 @@ func TestOpenPathWithURICharacters(t *testing.T) {
 		t.Errorf("reopened: %v", err)
 	}
 }
+
+func TestVolumeMounts(t *testing.T) {
+	storetest.RunVolumeMounts(t, func(t *testing.T) storetest.VolumeAndSandboxStore {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

@@ -56,12 +56,29 @@ func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, 
 	return out, rows.Err()
 }
 
-func (s *Store) DeleteVolume(ctx context.Context, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM volumes WHERE id = ?`, id)
-	if err != nil {
-		return fmt.Errorf("delete volume %s: %w", id, classify(err))
-	}
-	return expectOneRow(res, "delete volume "+id)
+func (s *Store) DeleteVolume(ctx context.Context, id string) ([]store.Ref, error) {
+	var holders []store.Ref
+	err := s.inTx(ctx, "delete volume "+id, func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
+			WHERE target_kind = ? AND target_id = ? ORDER BY holder_kind, holder_id`, string(store.RefVolume), id)
+		if err != nil {
+			return err
+		}
+		holders, err = scanRefs(rows)
+		rows.Close()
+		if err != nil {
+			return err
+		}
+		if len(holders) > 0 {
+			return store.ErrConflict
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM volumes WHERE id = ?`, id)
+		if err != nil {
+			return err
+		}
+		return expectOneRow(res, "delete")
+	})
+	return holders, err
 }
 
 func scanVolume(r scanner) (*store.Volume, error) {

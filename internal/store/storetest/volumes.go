@@ -72,10 +72,10 @@ func RunVolumes(t *testing.T, newStore func(t *testing.T) store.VolumeStore) {
 	if got := list(""); len(got) != 3 {
 		t.Errorf("every volume: %v", got)
 	}
-	if err := s.DeleteVolume(ctx, "vol-a"); err != nil {
+	if _, err := s.DeleteVolume(ctx, "vol-a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteVolume(ctx, "vol-a"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.DeleteVolume(ctx, "vol-a"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("delete twice: %v, want ErrNotFound", err)
 	}
 	if got := list("lab-a"); len(got) != 1 || got[0] != "vol-c" {
@@ -84,5 +84,84 @@ func RunVolumes(t *testing.T, newStore func(t *testing.T) store.VolumeStore) {
 	// The name is free again.
 	if err := s.CreateVolume(ctx, dup); err != nil {
 		t.Fatalf("reuse of a deleted volume's name: %v", err)
+	}
+}
+
+// VolumeAndSandboxStore is a store that keeps both (every real one).
+type VolumeAndSandboxStore interface {
+	store.Store
+	store.VolumeStore
+}
+
+// RunVolumeMounts runs the shared suite of sandboxes' volume mounts: the
+// record keeps them, holds each volume while the sandbox is not dead, and
+// a held volume cannot be deleted.
+func RunVolumeMounts(t *testing.T, newStore func(t *testing.T) VolumeAndSandboxStore) {
+	ctx := context.Background()
+	s := newStore(t)
+	now := time.Unix(1700000000, 7).UTC()
+	for _, id := range []string{"vol-a", "vol-b"} {
+		if err := s.CreateVolume(ctx, &store.Volume{ID: id, Name: id + "-name", TeamID: "team-1", Token: "t", CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mounts := []store.VolumeMount{
+		{VolumeID: "vol-a", Name: "vol-a-name", Path: "/mnt/a"},
+		{VolumeID: "vol-b", Name: "vol-b-name", Path: "/data/b", ReadOnly: true},
+	}
+	sb := sandbox("sb1", store.StateRunning, now, nil)
+	sb.VolumeMounts = mounts
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetSandbox(ctx, "sb1")
+	if err != nil || len(got.VolumeMounts) != 2 || got.VolumeMounts[0] != mounts[0] || got.VolumeMounts[1] != mounts[1] {
+		t.Fatalf("mounts round trip: %+v %v", got, err)
+	}
+	plain := sandbox("sb2", store.StateRunning, now, nil)
+	if err := s.CreateSandbox(ctx, plain); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetSandbox(ctx, "sb2"); err != nil || got.VolumeMounts != nil {
+		t.Fatalf("a sandbox without mounts reads back %+v %v", got, err)
+	}
+
+	// A mounted volume is held: its delete is refused, naming the sandbox.
+	holders, err := s.DeleteVolume(ctx, "vol-b")
+	if !errors.Is(err, store.ErrConflict) || len(holders) != 1 ||
+		holders[0] != (store.Ref{HolderKind: store.RefSandbox, HolderID: "sb1", TargetKind: store.RefVolume, TargetID: "vol-b"}) {
+		t.Fatalf("delete of a mounted volume: %v %+v, want ErrConflict held by sb1", err, holders)
+	}
+	if _, err := s.GetVolume(ctx, "", "vol-b"); err != nil {
+		t.Fatalf("a refused delete lost the volume: %v", err)
+	}
+	// A create naming a volume that is gone makes nothing.
+	gone := sandbox("sb3", store.StateRunning, now, nil)
+	gone.VolumeMounts = []store.VolumeMount{{VolumeID: "vol-gone", Name: "x", Path: "/x"}}
+	if err := s.CreateSandbox(ctx, gone); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("create mounting a missing volume: %v, want ErrNotFound", err)
+	}
+	if _, err := s.GetSandbox(ctx, "sb3"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refused create left a record: %v", err)
+	}
+	// Once the sandbox is dead, its volumes are free.
+	sb.State = store.StateDead
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if holders, err := s.DeleteVolume(ctx, "vol-b"); err != nil {
+		t.Fatalf("delete once the sandbox is dead: %v %+v", err, holders)
+	}
+	// And a deleted sandbox holds nothing either.
+	sb4 := sandbox("sb4", store.StateRunning, now, nil)
+	sb4.VolumeMounts = mounts[:1]
+	if err := s.CreateSandbox(ctx, sb4); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteSandbox(ctx, "sb4"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DeleteVolume(ctx, "vol-a"); err != nil {
+		t.Fatalf("delete once the sandbox record is gone: %v", err)
 	}
 }

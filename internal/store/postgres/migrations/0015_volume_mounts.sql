@@ -1,0 +1,4 @@
+-- Volumes mounted into a sandbox (store.VolumeMount, JSON; NULL for
+-- none), fixed at create. Each sandbox that is not dead also holds a
+-- reference (refs, target_kind 'volume') to each volume it mounts.
+ALTER TABLE sandboxes ADD COLUMN volume_mounts JSONB;
