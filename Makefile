@@ -150,7 +150,11 @@ bench: build ## The benchmark suite against the running server (AENV_URL, AENV_A
 
 .PHONY: bench-go
 bench-go: build ## Go benchmarks of single operations, next to raw runsc and runc (starts its own servers)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared|TeamLimitBurst' -benchtime 20x -timeout 30m ./test/integration/
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared|TeamLimitBurst|Volume' -benchtime 20x -timeout 30m ./test/integration/
+
+.PHONY: bench-volumes
+bench-volumes: build ## Volumes: create with and without one, fork of 8 sharing or copying a 1 GB volume, file throughput on a volume and on the root (minutes per run)
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'Volume' -benchtime 3x -timeout 60m ./test/integration/
 
 .PHONY: bench-team-burst
 bench-team-burst: build ## 500 concurrent creates of one team through two gateways against its limit of 8 (a minute or two per run)

@@ -75,7 +75,7 @@ describe('volumes', () => {
     await rejectsWith(vol.readFile('/anything'), AuthenticationError, "a destroyed volume's content")
   })
 
-  test('two sandboxes mount one volume, one read-only; a mounted volume is not destroyed', async () => {
+  test("two sandboxes mount one volume and see each other's writes; a mounted volume is not destroyed", async () => {
     const vol = await Volume.create('e2e-mounted')
     server.defer(() => Volume.destroy(vol.volumeId).catch(() => {}))
     await vol.writeFile('/seed.txt', 'seeded')

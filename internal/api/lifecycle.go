@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/volume"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
 
@@ -267,19 +269,20 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkReque
 	if body.Count != nil {
 		req.Count = *body.Count
 	}
-	for path, mode := range body.Volumes {
+	for p, mode := range body.Volumes {
 		switch mode {
 		case "shared":
 		case "copy":
-			// Refused rather than served as shared: children that
-			// write to what they think is their own copy would
-			// corrupt each other's.
-			return &apiError{http.StatusNotImplemented, fmt.Sprintf(
-				"volumes: copy mode (%s) is not served yet; fork with shared volumes, or copy the volume's files first", path)}
+			clean, err := volume.CheckMountPath(p)
+			if err != nil {
+				return badRequest("volumes: " + err.Error())
+			}
+			req.CopyVolumes = append(req.CopyVolumes, clean)
 		default:
-			return badRequest(fmt.Sprintf("volumes: mode of %s is %q; want shared or copy", path, mode))
+			return badRequest(fmt.Sprintf("volumes: mode of %s is %q; want shared or copy", p, mode))
 		}
 	}
+	slices.Sort(req.CopyVolumes)
 	if body.Timeout != nil {
 		if *body.Timeout <= 0 {
 			return badRequest("timeout must be a positive number of seconds")

@@ -170,14 +170,19 @@ func (a *app) forkCommand() *cobra.Command {
 	var f serverFlags
 	var out outputFlag
 	var count int
+	var copies []string
 	cmd := &cobra.Command{
 		Use:   "fork SANDBOX_ID",
 		Short: "Copy a running sandbox into new ones",
 		Long: `Make -n copies of a running sandbox: each child continues from the parent's
 memory and files at the moment of the fork. Prints the child IDs, one a line.
 Children that could not be made are reported on stderr, and the exit code is
-then non-zero.`,
-		Example: "  aenv fork 3f2a9c -n 8",
+then non-zero.
+
+The children share the parent's volumes, unless --volume-copy names the mount
+path of one: then each child gets its own copy-on-write copy of it (the parent
+is written to disk and restored for that, about a second).`,
+		Example: "  aenv fork 3f2a9c -n 8\n  aenv fork 3f2a9c -n 8 --volume-copy /workspace",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			asJSON, err := out.json()
@@ -191,7 +196,7 @@ then non-zero.`,
 			if err != nil {
 				return err
 			}
-			results, err := c.Fork(cmd.Context(), argv[0], count)
+			results, err := c.Fork(cmd.Context(), argv[0], count, copies...)
 			if err != nil {
 				return sandboxContext(argv[0], err)
 			}
@@ -207,6 +212,7 @@ then non-zero.`,
 	addServerFlags(cmd, &f)
 	addOutputFlag(cmd, &out)
 	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of copies")
+	cmd.Flags().StringArrayVar(&copies, "volume-copy", nil, "give each child its own copy of the volume mounted at PATH (repeatable)")
 	return cmd
 }
 

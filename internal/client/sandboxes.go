@@ -168,19 +168,29 @@ type ForkResult struct {
 
 // Fork makes count children of a running or paused sandbox. Children that
 // failed come back with Error set; the others are usable.
-func (c *Client) Fork(ctx context.Context, id string, count int) ([]ForkResult, error) {
-	return c.fork(ctx, sandboxPath(id, "fork"), count)
+// Each child gets its own copy-on-write copy of the volumes mounted at
+// copyVolumes, and shares the others.
+func (c *Client) Fork(ctx context.Context, id string, count int, copyVolumes ...string) ([]ForkResult, error) {
+	body := map[string]any{"count": count}
+	if len(copyVolumes) > 0 {
+		modes := map[string]string{}
+		for _, p := range copyVolumes {
+			modes[p] = "copy"
+		}
+		body["volumes"] = modes
+	}
+	return c.fork(ctx, sandboxPath(id, "fork"), body)
 }
 
 // ForkSnapshot makes count sandboxes from a snapshot or template (by ID
 // or name), each continuing from its memory.
 func (c *Client) ForkSnapshot(ctx context.Context, ref string, count int) ([]ForkResult, error) {
-	return c.fork(ctx, "/snapshots/"+url.PathEscape(ref)+"/fork", count)
+	return c.fork(ctx, "/snapshots/"+url.PathEscape(ref)+"/fork", map[string]any{"count": count})
 }
 
-func (c *Client) fork(ctx context.Context, path string, count int) ([]ForkResult, error) {
+func (c *Client) fork(ctx context.Context, path string, body map[string]any) ([]ForkResult, error) {
 	var raws []json.RawMessage
-	if _, err := c.DoJSON(ctx, http.MethodPost, path, nil, map[string]int{"count": count}, &raws); err != nil {
+	if _, err := c.DoJSON(ctx, http.MethodPost, path, nil, body, &raws); err != nil {
 		return nil, err
 	}
 	out := make([]ForkResult, 0, len(raws))

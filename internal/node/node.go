@@ -161,6 +161,9 @@ type ForkRequest struct {
 	// TeamID is the team of the children of a snapshot; children of a
 	// sandbox stay in its team.
 	TeamID string
+	// CopyVolumes are mount paths of the sandbox whose volumes each child
+	// gets a copy-on-write copy of; its other volumes are shared.
+	CopyVolumes []string
 }
 
 // ForkResult is one child: a sandbox or why it could not be made.

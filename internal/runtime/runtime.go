@@ -64,6 +64,10 @@ type Mount struct {
 	Source      string // host directory
 	Destination string // absolute path inside the sandbox
 	ReadOnly    bool   // writes inside the sandbox fail with EROFS
+	// Overlay: Source is an overlay mount (a copy-on-write volume).
+	// gVisor treats such sources apart, and a restore must be told the
+	// same of its mounts as the checkpoint was, whatever their sources.
+	Overlay bool
 }
 
 // EnvdMountPath is where envd appears inside every sandbox.

@@ -43,11 +43,17 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 	if req.Timeout < 0 || req.Timeout > m.cfg.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
 	}
+	if len(req.CopyVolumes) > 0 && req.SandboxID == "" {
+		return nil, fmt.Errorf("%w: volume copies are made in a fork of a sandbox; a snapshot mounts no volumes", node.ErrInvalid)
+	}
 	src, err := m.forkSource(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	defer src.release()
+	if src.resumeParent != nil {
+		defer src.resumeParent()
+	}
 	if err := m.checkCapacity(req.Count, src.memoryBytes); err != nil {
 		return nil, err
 	}
@@ -64,6 +70,7 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 	start := time.Now()
 	results := make([]node.ForkResult, req.Count)
 	children := make([]*entry, req.Count)
+	clones := make([][]*store.Volume, req.Count) // each child's copies of volumes
 	sem := make(chan struct{}, max(1, m.cfg.ForkParallelism))
 	var wg sync.WaitGroup
 	for i := range results {
@@ -93,8 +100,14 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 			if src.img.token == "" {
 				child.AccessToken = "" // the children of an insecure sandbox are insecure too
 			}
+			var err error
+			if clones[i], err = m.cloneVolumes(ctx, child, src.frozen); err != nil {
+				results[i].Err = err
+				return
+			}
 			e, err := m.launch(ctx, child, src.tpl, src.img, true)
 			if err != nil {
+				m.deleteClones(ctx, clones[i])
 				results[i].Err = err
 				return
 			}
@@ -115,6 +128,7 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 			// The request is gone (or the record failed): nobody would
 			// learn of this child.
 			m.discard(ctx, e)
+			m.deleteClones(ctx, clones[i])
 			results[i].Err = err
 			continue
 		}
@@ -159,7 +173,13 @@ type forkSource struct {
 	private                         bool
 	team                            string // the children's
 	volumeMounts                    []store.VolumeMount
-	release                         func()
+	// frozen are the parent's volumes each child gets a copy of, by
+	// mount path, frozen for it.
+	frozen  map[string]*store.Volume
+	release func()
+	// resumeParent, if set, resumes the parent, stopped for the copies
+	// of its volumes, once the fork is done.
+	resumeParent func()
 }
 
 func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSource, error) {
@@ -186,6 +206,18 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 	// The parent is locked only while its image is taken.
 	defer e.mu.Unlock()
 	v := e.view()
+	frozen, resume, err := m.freezeCopies(ctx, e, req.CopyVolumes)
+	if err != nil {
+		return nil, err
+	}
+	if resume != nil {
+		defer func() {
+			if err != nil {
+				resume() // it waits for the lock
+			}
+		}()
+		v = e.view()
+	}
 	base, err := m.GetTemplate(ctx, v.sb.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: template %s: %w", e.id, v.sb.TemplateID, err)
@@ -212,6 +244,7 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 		vcpu: v.sb.VCPU, memoryMB: v.sb.MemoryMB, envVars: v.sb.EnvVars, metadata: v.sb.Metadata, autoPause: v.sb.AutoPause,
 		autoPauseDropMemory: v.sb.AutoPauseDropMemory, autoResume: v.sb.AutoResume,
 		network: v.sb.Network, private: v.sb.TrafficToken != "", team: v.sb.TeamID, volumeMounts: v.sb.VolumeMounts,
+		frozen: frozen, resumeParent: resume,
 		timeout: time.Duration(v.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
 		// Restores load the image whole; it is not needed afterwards.
 		release: func() { m.removeImage(context.WithoutCancel(ctx), dir) },
@@ -253,4 +286,112 @@ func imageBytes(dir string) uint64 {
 		}
 	}
 	return total
+}
+
+// freezeCopies readies the copies of the volumes of parent e (locked)
+// mounted at paths: each is frozen (its files become a layer its clones
+// share), which needs the parent stopped, since a running sandbox would go
+// on writing into the layer. A parent running or paused in memory is
+// therefore written to disk first, and resume (nil if it was not running)
+// starts it again, over its volumes as they are now. No other sandbox may
+// mount a copied volume.
+func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (map[string]*store.Volume, func(), error) {
+	if len(paths) == 0 {
+		return nil, nil, nil
+	}
+	v := e.view()
+	mounted := map[string]store.VolumeMount{}
+	for _, mt := range v.sb.VolumeMounts {
+		mounted[mt.Path] = mt
+	}
+	for _, p := range paths {
+		if _, ok := mounted[p]; !ok {
+			return nil, nil, fmt.Errorf("%w: sandbox %s mounts no volume at %s to copy", node.ErrInvalid, e.id, p)
+		}
+	}
+	if m.cfg.Volumes == nil {
+		return nil, nil, fmt.Errorf("%w: this node keeps no volumes", node.ErrInvalid)
+	}
+	// Refused before the parent is stopped when another sandbox mounts a
+	// copied volume (they are all on this node); the freeze checks again.
+	for _, other := range m.entries() {
+		if other == e {
+			continue
+		}
+		ov := other.view()
+		for _, mt := range ov.sb.VolumeMounts {
+			for _, p := range paths {
+				if mt.VolumeID == mounted[p].VolumeID {
+					return nil, nil, fmt.Errorf("%w: volume %s is mounted by sandbox %s as well: a copy is made of a volume only its fork's parent mounts",
+						node.ErrConflict, mounted[p].Name, other.id)
+				}
+			}
+		}
+	}
+	opCtx, done := e.opContext(ctx)
+	defer done()
+	var resume func()
+	switch v.phase {
+	case phaseRunning:
+		before := v.sb
+		if err := m.pauseLocked(opCtx, e, "is being forked with copies of its volumes"); err != nil {
+			return nil, nil, err
+		}
+		if err := m.spillLocked(opCtx, e, false); err != nil {
+			return nil, nil, m.unpauseLocked(opCtx, e, before, err)
+		}
+		left := max(time.Until(before.EndAt), time.Second)
+		resume = func() {
+			ctx := context.WithoutCancel(ctx)
+			if _, _, err := m.Resume(ctx, e.id, left, false); err != nil {
+				m.logger.ErrorContext(ctx, "resume a sandbox after a fork with volume copies; it stays paused", "sandbox", e.id, "err", err)
+			}
+		}
+	case phasePaused:
+		if err := m.spillLocked(opCtx, e, false); err != nil {
+			return nil, nil, err
+		}
+	}
+	frozen := map[string]*store.Volume{}
+	for _, p := range paths {
+		fv, err := m.cfg.Volumes.Freeze(opCtx, mounted[p].VolumeID, e.id)
+		if err != nil {
+			if resume != nil {
+				// The lock is held: resume once it is let go.
+				go resume()
+			}
+			return nil, nil, err
+		}
+		frozen[p] = fv
+	}
+	return frozen, resume, nil
+}
+
+// cloneVolumes gives child, about to be launched, its copies of the
+// frozen volumes: each mount of one of them is of a new clone instead.
+func (m *Manager) cloneVolumes(ctx context.Context, child *store.Sandbox, frozen map[string]*store.Volume) ([]*store.Volume, error) {
+	var clones []*store.Volume
+	for i, mt := range child.VolumeMounts {
+		fv := frozen[mt.Path]
+		if fv == nil {
+			continue
+		}
+		c, err := m.cfg.Volumes.Clone(ctx, fv)
+		if err != nil {
+			m.deleteClones(ctx, clones)
+			return nil, fmt.Errorf("copy volume %s for a child: %w", fv.Name, err)
+		}
+		clones = append(clones, c)
+		child.VolumeMounts[i].VolumeID, child.VolumeMounts[i].Name = c.ID, c.Name
+	}
+	return clones, nil
+}
+
+// deleteClones deletes the volume copies of a child that was not made.
+func (m *Manager) deleteClones(ctx context.Context, clones []*store.Volume) {
+	for _, c := range clones {
+		if err := m.cfg.Volumes.Delete(context.WithoutCancel(ctx), c); err != nil {
+			m.logger.WarnContext(ctx, "delete the volume copy of a child that was not made", "volume", c.ID, "err", err)
+		}
+	}
 }

@@ -64,6 +64,11 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 	if err := m.validate(&req, tpl); err != nil {
 		return nil, err
 	}
+	if len(req.VolumeMounts) > 0 && tpl.ImageDir != "" {
+		// A restore must be given the mounts its checkpoint had.
+		return nil, fmt.Errorf("%w: %s is a snapshot, restored as it was taken, without volumes; mount volumes in sandboxes of templates",
+			node.ErrInvalid, req.Template)
+	}
 	if _, err := ParseNetwork(req.Network); err != nil {
 		return nil, err
 	}
@@ -405,6 +410,9 @@ func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *sto
 		return nil
 	}
 	err := m.store.CreateSandboxHolding(ctx, sb, tpl.RootfsPath)
+	if errors.Is(err, store.ErrNotFound) && len(sb.VolumeMounts) > 0 {
+		return fmt.Errorf("%w: template %q, or a volume the sandbox mounts, was deleted", node.ErrNotFound, tpl.Name)
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: template %q was deleted", node.ErrNotFound, tpl.Name)
 	}
@@ -427,7 +435,7 @@ func (m *Manager) local(tpl *store.Template) bool {
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
 	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
 	spec.RootfsUpper = img.rootfsUpper
-	mounts, err := m.hostMounts(sb.VolumeMounts)
+	mounts, err := m.hostMounts(ctx, sb.VolumeMounts)
 	if err != nil {
 		return nil, err
 	}
@@ -512,7 +520,7 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 
 // hostMounts are the runtime's mounts of a sandbox's volumes: where each
 // is on this node.
-func (m *Manager) hostMounts(volumes []store.VolumeMount) ([]runtime.Mount, error) {
+func (m *Manager) hostMounts(ctx context.Context, volumes []store.VolumeMount) ([]runtime.Mount, error) {
 	if len(volumes) == 0 {
 		return nil, nil
 	}
@@ -521,11 +529,11 @@ func (m *Manager) hostMounts(volumes []store.VolumeMount) ([]runtime.Mount, erro
 	}
 	mounts := make([]runtime.Mount, 0, len(volumes))
 	for _, v := range volumes {
-		dir, err := m.cfg.Volumes.HostPath(v.VolumeID)
+		dir, overlay, err := m.cfg.Volumes.HostPath(ctx, v.VolumeID)
 		if err != nil {
 			return nil, fmt.Errorf("mount volume %s at %s: %w", v.Name, v.Path, err)
 		}
-		mounts = append(mounts, runtime.Mount{Source: dir, Destination: v.Path, ReadOnly: v.ReadOnly})
+		mounts = append(mounts, runtime.Mount{Source: dir, Destination: v.Path, ReadOnly: v.ReadOnly, Overlay: overlay})
 	}
 	return mounts, nil
 }

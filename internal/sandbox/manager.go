@@ -97,9 +97,17 @@ type Config struct {
 
 // VolumePaths is what the manager needs of the volumes (package volume).
 type VolumePaths interface {
-	// HostPath is where volume id's files are on this node: an error of
-	// kind errdefs.ErrNotFound when this node does not keep it.
-	HostPath(id string) (string, error)
+	// HostPath is where volume id's files are on this node, and whether
+	// that is an overlay mount: an error of kind errdefs.ErrNotFound when
+	// this node does not keep it.
+	HostPath(ctx context.Context, id string) (string, bool, error)
+	// Freeze makes volume id's files a layer its clones share; no
+	// sandbox but holder may mount it.
+	Freeze(ctx context.Context, id, holder string) (*store.Volume, error)
+	// Clone makes a copy-on-write copy of v, frozen just before.
+	Clone(ctx context.Context, v *store.Volume) (*store.Volume, error)
+	// Delete deletes v and its files.
+	Delete(ctx context.Context, v *store.Volume) error
 }
 
 // SharedImages is what the manager needs of the object store.

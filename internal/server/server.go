@@ -338,6 +338,11 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// Builds end first: their sandboxes go with them.
 	builds.Close()
 	err = shutdown(servers, usageHistory, sandboxes, pool, cfg.KillOnExit, logger)
+	if cfg.KillOnExit && volumes != nil {
+		// No sandbox is left to use the copy-on-write volumes' mounts;
+		// otherwise they stay for the sandboxes that run on.
+		volumes.UnmountAll(context.WithoutCancel(ctx))
+	}
 	// A node killing everything on exit leaves the cluster with nothing
 	// behind; one leaving its sandboxes running stays registered, and
 	// gateways see it unreachable until it starts again.

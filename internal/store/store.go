@@ -60,7 +60,15 @@ type Volume struct {
 	Token     string
 	NodeID    string // the node holding it; "" on a single server
 	CreatedAt time.Time
+	// Layers are the frozen layers under the volume's own files, top
+	// first (a copy-on-write clone shares its source's); none for a plain
+	// volume. The record holds a reference to each.
+	Layers []string
 }
+
+// MaxVolumeLayers bounds a volume's layers (each copy-on-write fork of a
+// volume adds one to it and its clones).
+const MaxVolumeLayers = 32
 
 // VolumeStore keeps volumes' records.
 type VolumeStore interface {
@@ -71,10 +79,16 @@ type VolumeStore interface {
 	GetVolume(ctx context.Context, team, idOrName string) (*Volume, error)
 	// ListVolumes lists team's volumes, every team's for "", by name.
 	ListVolumes(ctx context.Context, team string) ([]*Volume, error)
-	// DeleteVolume deletes volume id's record unless something holds it
-	// (a sandbox that mounts it): then it answers ErrConflict and the
-	// holders. ErrNotFound when it is gone.
+	// DeleteVolume deletes volume id's record, and its references to its
+	// layers, unless something holds it (a sandbox that mounts it): then
+	// it answers ErrConflict and the holders. ErrNotFound when it is gone.
 	DeleteVolume(ctx context.Context, id string) ([]Ref, error)
+	// FreezeVolume puts layer on top of volume id's layers (its files
+	// until now, frozen), provided no sandbox but holder mounts it (else
+	// ErrConflict and the holders).
+	FreezeVolume(ctx context.Context, id, layer, holder string) ([]Ref, error)
+	// UnheldLayers returns those of layers that no volume holds.
+	UnheldLayers(ctx context.Context, layers []string) ([]string, error)
 }
 
 // VolumeMount is a volume mounted into a sandbox, fixed at create.
@@ -295,8 +309,11 @@ const (
 	// RefRootfs: a root filesystem, by path (target).
 	RefRootfs RefKind = "rootfs"
 	// RefVolume: a volume, by ID (target), held by the sandboxes that
-	// mount it; it cannot be deleted while held.
+	// mount it; it cannot be deleted while held. Also a holder: of its
+	// layers.
 	RefVolume RefKind = "volume"
+	// RefLayer: a frozen layer of copy-on-write volumes, by ID (target).
+	RefLayer RefKind = "layer"
 )
 
 // Ref says that a holder needs a target: the target's files are removed
@@ -385,6 +402,28 @@ type Store interface {
 	ReplaceTemplate(ctx context.Context, t *Template) (*Template, error)
 
 	Close() error
+}
+
+// MarshalLayers is how stores keep a volume's layers: JSON, or "" for
+// none.
+func MarshalLayers(layers []string) (string, error) {
+	if len(layers) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(layers)
+	return string(b), err
+}
+
+// UnmarshalLayers reads what MarshalLayers wrote.
+func UnmarshalLayers(b []byte) ([]string, error) {
+	if len(b) == 0 || string(b) == "null" {
+		return nil, nil
+	}
+	var layers []string
+	if err := json.Unmarshal(b, &layers); err != nil {
+		return nil, fmt.Errorf("volume layers: %w", err)
+	}
+	return layers, nil
 }
 
 // MarshalVolumeMounts is how stores keep a sandbox's mounts: JSON, or ""

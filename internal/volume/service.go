@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -56,6 +57,12 @@ type Service struct {
 	nodeID  string // "" on a single server
 	logger  *slog.Logger
 	stop    context.CancelFunc // ends the background sweep
+	// freezing is held (write) by a freeze while it moves a volume's
+	// files into a layer, and (read) by every open content call, which
+	// must not write where a layer is being made.
+	freezing sync.RWMutex
+	// mountMu serialises the overlay mounts of layered volumes.
+	mountMu sync.Mutex
 	// maxPerTeam bounds a team's volumes: MaxTeamVolumes.
 	maxPerTeam int
 	sweeps     sync.WaitGroup
@@ -82,10 +89,10 @@ func (s *Service) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("volumes: %w", err)
 	}
-	kept := map[string]bool{}
+	kept := map[string]*store.Volume{}
 	for _, v := range all {
 		if v.NodeID == s.nodeID {
-			kept[v.ID] = true
+			kept[v.ID] = v
 		}
 	}
 	entries, err := os.ReadDir(s.dir)
@@ -94,7 +101,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 	}
 	for _, e := range entries {
 		id := e.Name()
-		if kept[id] || !ValidID(id) {
+		if kept[id] != nil || !ValidID(id) {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(s.dir, id, pendingMarker)); err != nil {
@@ -110,11 +117,20 @@ func (s *Service) reconcile(ctx context.Context) error {
 	for id := range kept {
 		// A record whose files are gone (a data dir restored without
 		// them): an empty volume, rather than one that fails every use.
-		if err := os.MkdirAll(s.dataDir(id), 0o755); err != nil {
-			return fmt.Errorf("volumes: %w", err)
+		if _, err := os.Stat(s.dataDir(id)); errors.Is(err, fs.ErrNotExist) {
+			err := os.MkdirAll(s.dataDir(id), 0o755)
+			if err == nil {
+				err = s.topLike(s.dataDir(id), nil)
+			}
+			if err != nil {
+				return fmt.Errorf("volumes: %w", err)
+			}
 		}
 		// A create cut short after its record: it is whole now.
 		os.Remove(filepath.Join(s.dir, id, pendingMarker))
+	}
+	if err := s.reconcileLayers(ctx, kept); err != nil {
+		return err
 	}
 	s.sweeps.Add(1)
 	go s.sweepUploads(ctx, kept, time.Now())
@@ -123,10 +139,10 @@ func (s *Service) reconcile(ctx context.Context) error {
 
 // sweepUploads removes the temporary files of uploads a previous process
 // left, in the background (it walks every volume).
-func (s *Service) sweepUploads(ctx context.Context, ids map[string]bool, before time.Time) {
+func (s *Service) sweepUploads(ctx context.Context, volumes map[string]*store.Volume, before time.Time) {
 	defer s.sweeps.Done()
-	for id := range ids {
-		d, err := Open(s.dataDir(id))
+	for id, v := range volumes {
+		d, err := s.Open(v)
 		if err != nil {
 			continue
 		}
@@ -150,26 +166,39 @@ func (s *Service) Close() {
 func (s *Service) dataDir(id string) string { return filepath.Join(s.dir, id, "data") }
 
 // HostPath is where volume id's files are on this node, for a sandbox to
-// mount: ErrNotFound (a conflict's kin: the volume is elsewhere or gone)
-// when this node does not keep it.
-func (s *Service) HostPath(id string) (string, error) {
+// mount, and whether that is an overlay mount (a layered volume): an
+// error of kind ErrNotFound when this node does not keep it.
+func (s *Service) HostPath(ctx context.Context, id string) (string, bool, error) {
 	if !ValidID(id) {
-		return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", id)
+		return "", false, errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", id)
 	}
-	dir := s.dataDir(id)
-	info, err := os.Stat(dir)
-	if err != nil || !info.IsDir() {
-		return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %s has no files on this node", id)
+	v, err := s.records.GetVolume(ctx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", false, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
 	}
-	if _, err := os.Stat(filepath.Join(s.dir, id, pendingMarker)); err == nil {
-		return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %s is being made or deleted", id)
+	if err != nil {
+		return "", false, err
 	}
-	return dir, nil
+	if !s.Local(v) {
+		return "", false, errdefs.Errorf(errdefs.ErrNotFound, "volume %s is on node %s, not this one", id, v.NodeID)
+	}
+	// A pending mark is not looked at: a delete marks the volume before
+	// it finds it mounted (and refuses), and its sandboxes must go on
+	// starting meanwhile. The caller's record holds the volume.
+	s.freezing.RLock()
+	defer s.freezing.RUnlock()
+	return s.files(v)
 }
 
 // MountedError is the answer to deleting volume v while holders (the
 // sandboxes that mount it) hold it: a conflict that names them.
 func MountedError(v *store.Volume, holders []store.Ref) error {
+	return errdefs.Errorf(errdefs.ErrConflict,
+		"volume %s is mounted by sandbox(es) %s: kill them (or wait for them to end) first", v.Name, holderList(holders))
+}
+
+// holderList names holders, the first ten of them.
+func holderList(holders []store.Ref) string {
 	ids := make([]string, 0, len(holders))
 	for _, h := range holders {
 		ids = append(ids, h.HolderID)
@@ -179,8 +208,7 @@ func MountedError(v *store.Volume, holders []store.Ref) error {
 	if len(ids) > shown {
 		list += fmt.Sprintf(" and %d more", len(ids)-shown)
 	}
-	return errdefs.Errorf(errdefs.ErrConflict,
-		"volume %s is mounted by sandbox(es) %s: kill them (or wait for them to end) first", v.Name, list)
+	return list
 }
 
 // makePending makes volume id's directory, if need be, and marks it
@@ -208,8 +236,13 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 		return nil, errdefs.Errorf(errdefs.ErrResourceExhausted,
 			"team %s has %d volumes, the most a team may have: delete some first", team, len(own))
 	}
+	return s.create(ctx, team, name, nil)
+}
+
+// create makes volume name of team over layers (none for a plain one).
+func (s *Service) create(ctx context.Context, team, name string, layers []string) (*store.Volume, error) {
 	v := &store.Volume{ID: IDPrefix + strings.ToLower(rand.Text()[:20]), Name: name, TeamID: team,
-		Token: TokenPrefix + rand.Text() + rand.Text(), NodeID: s.nodeID, CreatedAt: time.Now().UTC()}
+		Token: TokenPrefix + rand.Text() + rand.Text(), NodeID: s.nodeID, CreatedAt: time.Now().UTC(), Layers: layers}
 	// The files first, marked pending: a record is never without them,
 	// and pending files without a record are removed at the next start.
 	if err := s.makePending(v.ID); err != nil {
@@ -218,10 +251,10 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 	// The volume's top directory is open to every user of the
 	// sandboxes that mount it (images run as different users: E2B's
 	// templates as uid 1000); the directory above it keeps everyone else
-	// on the host out.
+	// on the host out. A clone's is as its top layer's.
 	err := os.MkdirAll(s.dataDir(v.ID), 0o755)
 	if err == nil {
-		err = os.Chmod(s.dataDir(v.ID), 0o777)
+		err = s.topLike(s.dataDir(v.ID), layers)
 	}
 	if err != nil {
 		os.RemoveAll(filepath.Join(s.dir, v.ID))
@@ -255,7 +288,8 @@ func (s *Service) Get(ctx context.Context, team string, admin bool, idOrName str
 
 // Delete deletes v and its files: marked pending, then the record, then
 // the files, so that a crash in between leaves pending files without a
-// record, which the next start removes.
+// record, which the next start removes. Layers no other volume holds go
+// with it.
 func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 	if !s.Local(v) {
 		return errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is on node %s, not this one", v.ID, v.NodeID)
@@ -274,9 +308,11 @@ func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 		}
 		return err
 	}
+	s.unmount(ctx, v.ID)
 	if err := os.RemoveAll(filepath.Join(s.dir, v.ID)); err != nil {
 		s.logger.WarnContext(ctx, "volume deleted; its files are removed at the next start", "volume", v.ID, "err", err)
 	}
+	s.removeUnheldLayers(ctx, v.Layers)
 	return nil
 }
 
@@ -316,10 +352,23 @@ func UnauthorizedError(id string) error {
 // Local reports whether v's files are on this node.
 func (s *Service) Local(v *store.Volume) bool { return v.NodeID == s.nodeID }
 
-// Open opens v's content; the caller closes it.
+// Open opens v's content; the caller closes it. A freeze of v waits for
+// it to be closed.
 func (s *Service) Open(v *store.Volume) (*Dir, error) {
 	if !s.Local(v) {
 		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is on node %s, not this one", v.ID, v.NodeID)
 	}
-	return Open(s.dataDir(v.ID))
+	s.freezing.RLock()
+	files, _, err := s.files(v)
+	if err != nil {
+		s.freezing.RUnlock()
+		return nil, err
+	}
+	d, err := Open(files)
+	if err != nil {
+		s.freezing.RUnlock()
+		return nil, err
+	}
+	d.onClose = s.freezing.RUnlock
+	return d, nil
 }

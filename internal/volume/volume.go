@@ -76,6 +76,8 @@ func IsUploadReadError(err error) bool {
 // concurrent use.
 type Dir struct {
 	root *os.Root
+	// onClose, if set, is called once by Close (Service.Open's hold).
+	onClose func()
 }
 
 // Entry is what E2B's VolumeEntryStat carries.
@@ -128,7 +130,12 @@ func Open(root string) (*Dir, error) {
 
 // Close releases the volume's directory descriptor.
 func (d *Dir) Close() error {
-	return d.root.Close()
+	err := d.root.Close()
+	if d.onClose != nil {
+		d.onClose()
+		d.onClose = nil
+	}
+	return err
 }
 
 // Stat describes p without following a final symlink.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,8 +77,9 @@ func TestVolumeMounts(t *testing.T) {
 		!strings.Contains(res.Stdout, "Read-only file system") || strings.Contains(res.Stdout, "exit=0") {
 		t.Errorf("in read-only B: %+v", res)
 	}
-	if res := s.exec(b, client.ExecuteRequest{Command: "sudo -n touch /data/b 2>&1 || su -c 'touch /data/b' root 2>&1; ls /data"}); strings.Contains(res.Stdout, "\nb\n") {
-		t.Errorf("root wrote to a read-only mount: %+v", res)
+	if res := s.exec(b, client.ExecuteRequest{Command: "sudo -n id -u && sudo -n touch /data/b 2>&1; ls /data"}); !strings.HasPrefix(res.Stdout, "0\n") ||
+		!strings.Contains(res.Stdout, "Read-only file system") || strings.Contains(res.Stdout, "\nb\n") {
+		t.Errorf("root in a read-only mount: %+v", res)
 	}
 
 	// A mounted volume cannot be deleted; the answer names its sandboxes.
@@ -108,9 +110,13 @@ func TestVolumeMounts(t *testing.T) {
 	})
 
 	// Fork children mount the parent's volume (shared) and see each
-	// other's writes; copy mode and snapshots are refused, not faked.
-	s.expect(s.do("POST", "/sandboxes/"+a.SandboxID+"/fork", map[string]any{"count": 1,
-		"volumes": map[string]string{"/mnt/work": "copy"}}), 501, "fork in copy mode")
+	// other's writes. A copy is refused while B mounts the volume too, and
+	// a snapshot is refused, not made without the volume.
+	r = s.expect(s.do("POST", "/sandboxes/"+a.SandboxID+"/fork", map[string]any{"count": 1,
+		"volumes": map[string]string{"/mnt/work": "copy"}}), 409, "fork in copy mode of a volume B mounts too")
+	if !strings.Contains(string(r.body), b) {
+		t.Errorf("the refusal does not name B: %s", r.body)
+	}
 	s.expect(s.do("POST", "/sandboxes/"+a.SandboxID+"/snapshots", map[string]any{}), 409, "snapshot with volumes")
 	kids := s.fork("/sandboxes/"+a.SandboxID+"/fork", 2)
 	for i, k := range kids {
@@ -126,5 +132,121 @@ func TestVolumeMounts(t *testing.T) {
 	s.cliOK("volume", "rm", "work")
 	if _, err := os.Stat(filepath.Join(s.dataDir, "volumes", v.VolumeID)); !os.IsNotExist(err) {
 		t.Errorf("the deleted volume's files: %v", err)
+	}
+}
+
+// TestVolumeCopyFork: a fork in copy mode gives each child its own
+// copy-on-write copy of the parent's volume: the children and the parent
+// diverge, a copy costs no file before it is written, the copies survive
+// a server restart (SIGKILL), and the shared layer goes with the last
+// volume that holds it.
+func TestVolumeCopyFork(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	var v struct{ VolumeID, Name, Token string }
+	if err := json.Unmarshal([]byte(s.cliOK("volume", "create", "repo", "-o", "json")), &v); err != nil {
+		t.Fatal(err)
+	}
+	bearer := []string{"Authorization", "Bearer " + v.Token, "X-API-Key", ""}
+	// Owned by the template's user, who runs the commands below.
+	s.expect(s.do("PUT", "/volumecontent/"+v.VolumeID+"/file?path=/src/main.txt&force=true&uid=1000&gid=1000", "base\n", bearer...), 200, "seed")
+	s.expect(s.do("PUT", "/volumecontent/"+v.VolumeID+"/file?path=/big.bin", strings.Repeat("x", 4<<20), bearer...), 200, "seed a big file")
+
+	parent := s.create(map[string]any{"templateID": "base", "volumeMounts": []map[string]any{{"name": "repo", "path": "/repo"}}})
+	p := parent.SandboxID
+	s.exec(p, client.ExecuteRequest{Command: "echo parent-state > /tmp/state"})
+
+	s.expect(s.do("POST", "/sandboxes/"+p+"/fork", map[string]any{"count": 1, "volumes": map[string]string{"/elsewhere": "copy"}}), 400, "copy of a path not mounted")
+	s.expect(s.do("POST", "/sandboxes/"+p+"/fork", map[string]any{"count": 1, "volumes": map[string]string{"/repo": "mine"}}), 400, "a bad mode")
+
+	var items []client.ForkResult
+	s.expect(s.do("POST", "/sandboxes/"+p+"/fork", map[string]any{"count": 2, "volumes": map[string]string{"/repo": "copy"}}), 201, "fork with copies").json(t, &items)
+	var kids []string
+	copies := map[string]string{} // child -> its copy's name
+	for _, it := range items {
+		if it.Error != nil || it.Sandbox == nil {
+			t.Fatalf("fork child failed: %+v", it.Error)
+		}
+		id := it.Sandbox.SandboxID
+		kids = append(kids, id)
+		var info client.Sandbox
+		s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get child").json(t, &info)
+		if len(info.VolumeMounts) != 1 || info.VolumeMounts[0].Path != "/repo" || !strings.HasPrefix(info.VolumeMounts[0].Name, "repo-copy-") {
+			t.Fatalf("child %s mounts %+v, want its own copy of repo at /repo", id, info.VolumeMounts)
+		}
+		copies[id] = info.VolumeMounts[0].Name
+	}
+	if st := s.state(p); st != "running" {
+		t.Errorf("the parent is %s after the fork, want running again", st)
+	}
+	if res := s.exec(p, client.ExecuteRequest{Command: "cat /tmp/state /repo/src/main.txt"}); res.Stdout != "parent-state\nbase\n" {
+		t.Errorf("the parent after the fork: %+v", res)
+	}
+
+	// A copy costs no file until one is written: its own files are none.
+	var listed []struct{ VolumeID, Name string }
+	s.expect(s.do("GET", "/volumes", nil), 200, "list volumes").json(t, &listed)
+	ids := map[string]string{}
+	for _, l := range listed {
+		ids[l.Name] = l.VolumeID
+	}
+	for _, kid := range kids {
+		own, err := os.ReadDir(filepath.Join(s.dataDir, "volumes", ids[copies[kid]], "data"))
+		if err != nil || len(own) != 0 {
+			t.Errorf("the copy of %s holds %d files of its own before any write (%v), want none", kid, len(own), err)
+		}
+	}
+
+	// They diverge: each sees its own writes only.
+	for _, kid := range kids {
+		s.exec(kid, client.ExecuteRequest{Command: "echo " + kid + " > /repo/src/main.txt"})
+	}
+	s.exec(p, client.ExecuteRequest{Command: "echo parent > /repo/src/main.txt && echo new > /repo/parent-only"})
+	for _, kid := range kids {
+		if res := s.exec(kid, client.ExecuteRequest{Command: "cat /repo/src/main.txt; ls /repo; wc -c < /repo/big.bin"}); res.Stdout != kid+"\nbig.bin\nsrc\n4194304\n" {
+			t.Errorf("child %s sees %q", kid, res.Stdout)
+		}
+	}
+	if got := s.expect(s.do("GET", "/volumecontent/"+v.VolumeID+"/file?path=/src/main.txt", nil, bearer...), 200, "read repo"); string(got.body) != "parent\n" {
+		t.Errorf("repo reads %q after the children wrote, want the parent's", got.body)
+	}
+
+	// A copy of a volume another sandbox mounts too is refused: that
+	// sandbox would go on writing into the frozen layer.
+	other := s.create(map[string]any{"templateID": "base", "volumeMounts": []map[string]any{{"name": "repo", "path": "/r"}}})
+	s.expect(s.do("POST", "/sandboxes/"+p+"/fork", map[string]any{"count": 1, "volumes": map[string]string{"/repo": "copy"}}), 409, "copy of a volume two sandboxes mount")
+	if st := s.state(p); st != "running" {
+		t.Errorf("the parent is %s after a refused copy fork, want running", st)
+	}
+	s.expect(s.do("DELETE", "/sandboxes/"+other.SandboxID, nil), 204, "kill")
+
+	// The copies' mounts outlive a SIGKILL of the server.
+	s.stop(syscall.SIGKILL)
+	s.start()
+	for _, kid := range kids {
+		if res := s.exec(kid, client.ExecuteRequest{Command: "cat /repo/src/main.txt"}); res.Stdout != kid+"\n" {
+			t.Errorf("child %s after a restart: %+v", kid, res)
+		}
+	}
+
+	for _, id := range append(kids, p) {
+		s.expect(s.do("DELETE", "/sandboxes/"+id, nil), 204, "kill")
+	}
+	// The original goes; its copies keep the layer they share.
+	s.cliOK("volume", "rm", "repo")
+	for _, kid := range kids {
+		if out := s.cliOK("volume", "inspect", copies[kid], "-o", "json"); !strings.Contains(out, copies[kid]) {
+			t.Errorf("inspect %s: %s", copies[kid], out)
+		}
+	}
+	layers := filepath.Join(s.dataDir, "volumes", ".layers")
+	if entries, _ := os.ReadDir(layers); len(entries) != 1 {
+		t.Errorf("%d layers while the copies live, want 1", len(entries))
+	}
+	for _, kid := range kids {
+		s.cliOK("volume", "rm", copies[kid])
+	}
+	if entries, _ := os.ReadDir(layers); len(entries) != 0 {
+		t.Errorf("layers left once every volume is gone: %d", len(entries))
 	}
 }

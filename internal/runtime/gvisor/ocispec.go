@@ -27,6 +27,10 @@ var initCapabilities = []string{
 	"CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
 }
 
+// overlayStaleRead is the mount option runsc gives a bind mount whose
+// source is an overlay (it reopens files after a copy-up).
+const overlayStaleRead = "overlayfs_stale_read"
+
 // rootfsUpperAnnotation makes runsc start the root overlay's upper layer
 // from a tar (runsc tar rootfs-upper writes one).
 const rootfsUpperAnnotation = "dev.gvisor.tar.rootfs.upper"
@@ -86,12 +90,22 @@ func ociMounts(envdPath string, volumes []runtime.Mount) []specs.Mount {
 		{Destination: runtime.EnvdMountPath, Type: "bind", Source: envdPath, Options: []string{"rbind", "ro"}},
 	}
 	for _, v := range volumes {
-		mode := "rw"
+		// nosuid: a volume is shared, and with --allow-suid a setuid
+		// file one sandbox's root left there would give root to any user
+		// of another.
+		opts := []string{"rbind", "rw", "nosuid", "nodev"}
 		if v.ReadOnly {
-			mode = "ro"
+			opts[1] = "ro"
 		}
-		mounts = append(mounts, specs.Mount{Destination: v.Destination, Type: "bind", Source: v.Source,
-			Options: []string{"rbind", mode}})
+		if !v.Overlay {
+			// runsc adds this to the mounts of overlay sources, and a
+			// restore's mounts must carry the options the checkpoint's
+			// did: given here for every other source, a sandbox
+			// checkpointed over a plain volume is restored over its
+			// copy-on-write clone, and the other way round.
+			opts = append(opts, overlayStaleRead)
+		}
+		mounts = append(mounts, specs.Mount{Destination: v.Destination, Type: "bind", Source: v.Source, Options: opts})
 	}
 	return mounts
 }

@@ -33,6 +33,7 @@ func TestOCISpecGolden(t *testing.T) {
 			Mounts: []runtime.Mount{
 				{Source: "/var/lib/aenv/volumes/vol-a/data", Destination: "/mnt/data"},
 				{Source: "/var/lib/aenv/volumes/vol-b/data", Destination: "/home/user/ref", ReadOnly: true},
+				{Source: "/var/lib/aenv/volumes/vol-c/mnt", Destination: "/work", Overlay: true},
 			},
 		}},
 	}

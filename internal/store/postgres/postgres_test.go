@@ -52,6 +52,11 @@ func TestAudit(t *testing.T) {
 func TestVolumes(t *testing.T) {
 	srv := pgtest.New(t)
 	storetest.RunVolumes(t, func(t *testing.T) store.VolumeStore { return open(t, srv.NewDatabase(t)) })
+	t.Run("Layers", func(t *testing.T) {
+		storetest.RunVolumeLayers(t, func(t *testing.T) storetest.VolumeAndSandboxStore {
+			return open(t, srv.NewDatabase(t))
+		})
+	})
 	t.Run("Mounts", func(t *testing.T) {
 		storetest.RunVolumeMounts(t, func(t *testing.T) storetest.VolumeAndSandboxStore {
 			return open(t, srv.NewDatabase(t))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -40,21 +41,27 @@ func lockVolume(ctx context.Context, tx pgx.Tx, id string) error {
 // which must exist (else ErrNotFound: deleted since the create looked
 // them up).
 func holdVolumes(ctx context.Context, tx pgx.Tx, node string, sb *store.Sandbox) error {
+	// Locked in one order, whatever the mounts' order, so that two creates
+	// mounting the same volumes cannot wait on each other.
+	ids := make([]string, 0, len(sb.VolumeMounts))
 	for _, m := range sb.VolumeMounts {
-		if err := lockVolume(ctx, tx, m.VolumeID); err != nil {
+		ids = append(ids, m.VolumeID)
+	}
+	slices.Sort(ids)
+	for _, id := range slices.Compact(ids) {
+		if err := lockVolume(ctx, tx, id); err != nil {
 			return err
 		}
 		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM volumes WHERE id = $1)`, m.VolumeID).
-			Scan(&exists); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM volumes WHERE id = $1)`, id).Scan(&exists); err != nil {
 			return err
 		}
 		if !exists {
-			return fmt.Errorf("volume %s: %w", m.VolumeID, store.ErrNotFound)
+			return fmt.Errorf("volume %s: %w", id, store.ErrNotFound)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO refs (node_id, holder_kind, holder_id, target_kind, target_id)
 			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
-			node, string(store.RefSandbox), sb.ID, string(store.RefVolume), m.VolumeID); err != nil {
+			node, string(store.RefSandbox), sb.ID, string(store.RefVolume), id); err != nil {
 			return err
 		}
 	}

@@ -12,20 +12,42 @@ import (
 
 var _ store.VolumeStore = (*Store)(nil)
 
-const volumeColumns = `id, name, team_id, token, node_id, created_at`
+const volumeColumns = `id, name, team_id, token, node_id, created_at, layers`
 
 // CreateVolume records v as this node's.
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES ($1, $2, $3, $4, $5, $6)`,
-		v.ID, v.Name, v.TeamID, v.Token, s.node, v.CreatedAt.UnixNano())
+	layers, err := store.MarshalLayers(v.Layers)
 	if err != nil {
-		if isUniqueViolation(err) {
-			return dbError("create volume %s: %w", v.Name, store.ErrConflict)
-		}
 		return dbError("create volume %s: %w", v.Name, err)
+	}
+	err = s.inTx(ctx, "create volume "+v.Name, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, '')::jsonb)`,
+			v.ID, v.Name, v.TeamID, v.Token, s.node, v.CreatedAt.UnixNano(), layers)
+		if err != nil {
+			if isUniqueViolation(err) {
+				return store.ErrConflict
+			}
+			return err
+		}
+		for _, l := range v.Layers {
+			if err := holdLayer(ctx, tx, s.node, v.ID, l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	v.NodeID = s.node
 	return nil
+}
+
+// holdLayer takes volume id's reference (as node's) to layer.
+func holdLayer(ctx context.Context, tx pgx.Tx, node, id, layer string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO refs (node_id, holder_kind, holder_id, target_kind, target_id)
+		VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, node, string(store.RefVolume), id, string(store.RefLayer), layer)
+	return err
 }
 
 func (s *Store) GetVolume(ctx context.Context, team, idOrName string) (*store.Volume, error) {
@@ -61,18 +83,25 @@ func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, 
 	return out, nil
 }
 
+// volumeHolders locks volume id until tx ends and returns the references
+// to it: the sandboxes that mount it.
+func volumeHolders(ctx context.Context, tx pgx.Tx, id string) ([]store.Ref, error) {
+	if err := lockVolume(ctx, tx, id); err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
+		WHERE target_kind = $1 AND target_id = $2 ORDER BY holder_kind, holder_id`, string(store.RefVolume), id)
+	if err != nil {
+		return nil, err
+	}
+	return collectRefs(rows)
+}
+
 func (s *Store) DeleteVolume(ctx context.Context, id string) ([]store.Ref, error) {
 	var holders []store.Ref
 	err := s.inTx(ctx, "delete volume "+id, func(tx pgx.Tx) error {
-		if err := lockVolume(ctx, tx, id); err != nil {
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
-			WHERE target_kind = $1 AND target_id = $2 ORDER BY holder_kind, holder_id`, string(store.RefVolume), id)
-		if err != nil {
-			return err
-		}
-		if holders, err = collectRefs(rows); err != nil {
+		var err error
+		if holders, err = volumeHolders(ctx, tx, id); err != nil {
 			return err
 		}
 		if len(holders) > 0 {
@@ -82,17 +111,67 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) ([]store.Ref, error
 		if err != nil {
 			return err
 		}
-		return expectOneRow(tag, "delete")
+		if err := expectOneRow(tag, "delete"); err != nil {
+			return err
+		}
+		return releaseRefs(ctx, tx, store.RefVolume, id)
 	})
 	return holders, err
+}
+
+func (s *Store) FreezeVolume(ctx context.Context, id, layer, holder string) ([]store.Ref, error) {
+	var holders []store.Ref
+	err := s.inTx(ctx, "freeze volume "+id, func(tx pgx.Tx) error {
+		var err error
+		if holders, err = volumeHolders(ctx, tx, id); err != nil {
+			return err
+		}
+		for _, h := range holders {
+			if h.HolderKind != store.RefSandbox || h.HolderID != holder {
+				return store.ErrConflict
+			}
+		}
+		var node string
+		err = tx.QueryRow(ctx, `UPDATE volumes SET layers = to_jsonb(ARRAY[$2::text]) || COALESCE(layers, '[]'::jsonb)
+			WHERE id = $1 RETURNING node_id`, id, layer).Scan(&node)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		return holdLayer(ctx, tx, node, id, layer)
+	})
+	return holders, err
+}
+
+func (s *Store) UnheldLayers(ctx context.Context, layers []string) ([]string, error) {
+	if len(layers) == 0 {
+		return nil, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT l FROM unnest($1::text[]) AS l
+		WHERE NOT EXISTS (SELECT 1 FROM refs WHERE target_kind = $2 AND target_id = l)`, layers, string(store.RefLayer))
+	if err != nil {
+		return nil, dbError("layers held: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, dbError("layers held: %w", err)
+	}
+	return out, nil
 }
 
 func scanVolume(r pgx.Row) (*store.Volume, error) {
 	var v store.Volume
 	var created int64
-	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created); err != nil {
+	var layers []byte
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created, &layers); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = time.Unix(0, created).UTC()
+	var err error
+	if v.Layers, err = store.UnmarshalLayers(layers); err != nil {
+		return nil, err
+	}
 	return &v, nil
 }

@@ -210,3 +210,14 @@ func TestVolumeMounts(t *testing.T) {
 		return s
 	})
 }
+
+func TestVolumeLayers(t *testing.T) {
+	storetest.RunVolumeLayers(t, func(t *testing.T) storetest.VolumeAndSandboxStore {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

@@ -12,18 +12,36 @@ import (
 
 var _ store.VolumeStore = (*Store)(nil)
 
-const volumeColumns = `id, name, team_id, token, created_at`
+const volumeColumns = `id, name, team_id, token, created_at, layers_json`
 
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?)`,
-		v.ID, v.Name, v.TeamID, v.Token, v.CreatedAt.UnixNano())
+	layers, err := store.MarshalLayers(v.Layers)
 	if err != nil {
-		if isUniqueViolation(err) {
-			return fmt.Errorf("create volume %s: %w", v.Name, store.ErrConflict)
-		}
-		return fmt.Errorf("create volume %s: %w", v.Name, classify(err))
+		return fmt.Errorf("create volume %s: %w", v.Name, err)
 	}
-	return nil
+	err = s.inTx(ctx, "create volume "+v.Name, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?)`,
+			v.ID, v.Name, v.TeamID, v.Token, v.CreatedAt.UnixNano(), layers); err != nil {
+			if isUniqueViolation(err) {
+				return store.ErrConflict
+			}
+			return err
+		}
+		for _, l := range v.Layers {
+			if err := holdLayer(ctx, tx, v.ID, l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+// holdLayer takes volume id's reference to layer.
+func holdLayer(ctx context.Context, tx *sql.Tx, id, layer string) error {
+	_, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO refs (holder_kind, holder_id, target_kind, target_id)
+		VALUES (?, ?, ?, ?)`, string(store.RefVolume), id, string(store.RefLayer), layer)
+	return err
 }
 
 func (s *Store) GetVolume(ctx context.Context, team, idOrName string) (*store.Volume, error) {
@@ -56,17 +74,23 @@ func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, 
 	return out, rows.Err()
 }
 
+// volumeHolders are the references to volume id: the sandboxes that
+// mount it.
+func volumeHolders(ctx context.Context, tx *sql.Tx, id string) ([]store.Ref, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
+		WHERE target_kind = ? AND target_id = ? ORDER BY holder_kind, holder_id`, string(store.RefVolume), id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	return scanRefs(rows)
+}
+
 func (s *Store) DeleteVolume(ctx context.Context, id string) ([]store.Ref, error) {
 	var holders []store.Ref
 	err := s.inTx(ctx, "delete volume "+id, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `SELECT holder_kind, holder_id, target_kind, target_id FROM refs
-			WHERE target_kind = ? AND target_id = ? ORDER BY holder_kind, holder_id`, string(store.RefVolume), id)
-		if err != nil {
-			return err
-		}
-		holders, err = scanRefs(rows)
-		rows.Close()
-		if err != nil {
+		var err error
+		if holders, err = volumeHolders(ctx, tx, id); err != nil {
 			return err
 		}
 		if len(holders) > 0 {
@@ -76,17 +100,71 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) ([]store.Ref, error
 		if err != nil {
 			return err
 		}
-		return expectOneRow(res, "delete")
+		if err := expectOneRow(res, "delete"); err != nil {
+			return err
+		}
+		return releaseRefs(ctx, tx, store.RefVolume, id)
 	})
 	return holders, err
+}
+
+func (s *Store) FreezeVolume(ctx context.Context, id, layer, holder string) ([]store.Ref, error) {
+	var holders []store.Ref
+	err := s.inTx(ctx, "freeze volume "+id, func(tx *sql.Tx) error {
+		var err error
+		if holders, err = volumeHolders(ctx, tx, id); err != nil {
+			return err
+		}
+		for _, h := range holders {
+			if h.HolderKind != store.RefSandbox || h.HolderID != holder {
+				return store.ErrConflict
+			}
+		}
+		v, err := scanVolume(tx.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ?`, id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		layers, err := store.MarshalLayers(append([]string{layer}, v.Layers...))
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE volumes SET layers_json = ? WHERE id = ?`, layers, id); err != nil {
+			return err
+		}
+		return holdLayer(ctx, tx, id, layer)
+	})
+	return holders, err
+}
+
+func (s *Store) UnheldLayers(ctx context.Context, layers []string) ([]string, error) {
+	var out []string
+	for _, l := range layers {
+		var n int
+		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM refs WHERE target_kind = ? AND target_id = ?`,
+			string(store.RefLayer), l).Scan(&n); err != nil {
+			return nil, fmt.Errorf("layers held: %w", classify(err))
+		}
+		if n == 0 {
+			out = append(out, l)
+		}
+	}
+	return out, nil
 }
 
 func scanVolume(r scanner) (*store.Volume, error) {
 	var v store.Volume
 	var created int64
-	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &created); err != nil {
+	var layers string
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &created, &layers); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = time.Unix(0, created).UTC()
+	var err error
+	if v.Layers, err = store.UnmarshalLayers([]byte(layers)); err != nil {
+		return nil, err
+	}
 	return &v, nil
 }

@@ -165,3 +165,62 @@ func RunVolumeMounts(t *testing.T, newStore func(t *testing.T) VolumeAndSandboxS
 		t.Fatalf("delete once the sandbox record is gone: %v", err)
 	}
 }
+
+// RunVolumeLayers runs the shared suite of copy-on-write layers: a freeze
+// puts a layer on top of a volume mounted by its holder alone, clones hold
+// the layers they share, and a layer is unheld once no volume has it.
+func RunVolumeLayers(t *testing.T, newStore func(t *testing.T) VolumeAndSandboxStore) {
+	ctx := context.Background()
+	s := newStore(t)
+	now := time.Unix(1700000000, 7).UTC()
+	if err := s.CreateVolume(ctx, &store.Volume{ID: "vol-a", Name: "a", TeamID: "team-1", Token: "t", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	parent := sandbox("parent", store.StateRunning, now, nil)
+	parent.VolumeMounts = []store.VolumeMount{{VolumeID: "vol-a", Name: "a", Path: "/w"}}
+	if err := s.CreateSandbox(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.FreezeVolume(ctx, "vol-a", "layer-1", "parent"); err != nil {
+		t.Fatalf("freeze a volume its holder alone mounts: %v", err)
+	}
+	if _, err := s.FreezeVolume(ctx, "vol-a", "layer-2", "parent"); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.GetVolume(ctx, "", "vol-a"); err != nil || len(v.Layers) != 2 || v.Layers[0] != "layer-2" || v.Layers[1] != "layer-1" {
+		t.Fatalf("layers after two freezes: %+v %v, want [layer-2 layer-1]", v, err)
+	}
+	other := sandbox("other", store.StateRunning, now, nil)
+	other.VolumeMounts = parent.VolumeMounts
+	if err := s.CreateSandbox(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	holders, err := s.FreezeVolume(ctx, "vol-a", "layer-3", "parent")
+	if !errors.Is(err, store.ErrConflict) || len(holders) != 2 {
+		t.Fatalf("freeze of a volume another sandbox mounts: %v %+v, want ErrConflict and both holders", err, holders)
+	}
+	if _, err := s.FreezeVolume(ctx, "vol-gone", "layer-x", "parent"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("freeze of a missing volume: %v, want ErrNotFound", err)
+	}
+	clone := &store.Volume{ID: "vol-c", Name: "a-copy", TeamID: "team-1", Token: "t2", CreatedAt: now, Layers: []string{"layer-2", "layer-1"}}
+	if err := s.CreateVolume(ctx, clone); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"parent", "other"} {
+		if err := s.DeleteSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.DeleteVolume(ctx, "vol-a"); err != nil {
+		t.Fatal(err)
+	}
+	if unheld, err := s.UnheldLayers(ctx, []string{"layer-1", "layer-2", "layer-9"}); err != nil || len(unheld) != 1 || unheld[0] != "layer-9" {
+		t.Fatalf("layers the clone still holds: unheld %v %v, want [layer-9]", unheld, err)
+	}
+	if _, err := s.DeleteVolume(ctx, "vol-c"); err != nil {
+		t.Fatal(err)
+	}
+	if unheld, err := s.UnheldLayers(ctx, []string{"layer-1", "layer-2"}); err != nil || len(unheld) != 2 {
+		t.Fatalf("layers once every volume is gone: unheld %v %v, want both", unheld, err)
+	}
+}

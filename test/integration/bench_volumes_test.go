@@ -1,0 +1,197 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+)
+
+// Benchmarks of volumes (make bench-volumes): a create with a volume next
+// to one without, a fork of 8 sharing a 1 GB volume next to one copying it
+// (and the disk the copies take before any write), and file throughput on
+// a volume next to the sandbox's own root file system.
+
+// benchVolume makes volume name on s and returns its ID and host files.
+func benchVolume(b *testing.B, s *server, name string) (id, dir string) {
+	b.Helper()
+	var v struct{ VolumeID string }
+	if err := json.Unmarshal([]byte(s.cliOK("volume", "create", name, "-o", "json")), &v); err != nil {
+		b.Fatal(err)
+	}
+	return v.VolumeID, filepath.Join(s.dataDir, "volumes", v.VolumeID, "data")
+}
+
+// BenchmarkVolumeCreate: create until the first exec, with one volume
+// mounted and without (both boots: a sandbox with volumes takes no pooled
+// one, and the server is started with no pools).
+func BenchmarkVolumeCreate(b *testing.B) {
+	s := newServer(b, "--warm-sandboxes", "0", "--prepared-sandboxes", "0")
+	s.start()
+	benchVolume(b, s, "bench")
+	var plain, mounted []time.Duration
+	run := func(body map[string]any) time.Duration {
+		start := time.Now()
+		sb := s.create(body)
+		s.exec(sb.SandboxID, client.ExecuteRequest{Command: "true"})
+		took := time.Since(start)
+		b.StopTimer()
+		s.api.DeleteSandbox(b.Context(), sb.SandboxID)
+		b.StartTimer()
+		return took
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		plain = append(plain, run(map[string]any{"templateID": "base"}))
+		mounted = append(mounted, run(map[string]any{"templateID": "base",
+			"volumeMounts": []map[string]any{{"name": "bench", "path": "/mnt/data"}}}))
+	}
+	b.StopTimer()
+	reportNamed(b, "without", plain)
+	reportNamed(b, "with-volume", mounted)
+	p, _ := percentiles(plain)
+	m, _ := percentiles(mounted)
+	b.ReportMetric(m/p, "ratio-p50")
+}
+
+// BenchmarkVolumeFork8: a fork of 8 of a parent mounting a 1 GB volume,
+// until every child answers an exec: shared, then with copies, next to
+// the same fork of a parent without a volume; and the disk the 8 copies
+// take before any write.
+func BenchmarkVolumeFork8(b *testing.B) {
+	s := newServer(b, "--warm-sandboxes", "0", "--prepared-sandboxes", "0")
+	s.start()
+	_, dir := benchVolume(b, s, "gigabyte")
+	// 1 GB of data in 16 files, written on the host.
+	for i := range 16 {
+		out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(dir, fmt.Sprintf("part-%02d", i)),
+			"bs=1M", "count=64", "status=none").CombinedOutput()
+		if err != nil {
+			b.Fatalf("dd: %v %s", err, out)
+		}
+	}
+	bare := s.create(map[string]any{"templateID": "base"}).SandboxID
+	parent := s.create(map[string]any{"templateID": "base",
+		"volumeMounts": []map[string]any{{"name": "gigabyte", "path": "/data"}}}).SandboxID
+	fork := func(id string, body map[string]any) ([]string, time.Duration) {
+		start := time.Now()
+		var items []client.ForkResult
+		s.expect(s.do("POST", "/sandboxes/"+id+"/fork", body), 201, "fork").json(b, &items)
+		var kids []string
+		for _, it := range items {
+			if it.Error != nil || it.Sandbox == nil {
+				b.Fatalf("fork child failed: %+v", it.Error)
+			}
+			kids = append(kids, it.Sandbox.SandboxID)
+			s.exec(it.Sandbox.SandboxID, client.ExecuteRequest{Command: "true"})
+		}
+		return kids, time.Since(start)
+	}
+	var without, shared, copied []time.Duration
+	var copyBytes int64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		kids, took := fork(bare, map[string]any{"count": 8})
+		without = append(without, took)
+		kids2, took := fork(parent, map[string]any{"count": 8})
+		shared = append(shared, took)
+		kids3, took := fork(parent, map[string]any{"count": 8, "volumes": map[string]string{"/data": "copy"}})
+		copied = append(copied, took)
+		b.StopTimer()
+		copyBytes = 0
+		for _, k := range kids3 {
+			var info client.Sandbox
+			s.expect(s.do("GET", "/sandboxes/"+k, nil), 200, "get").json(b, &info)
+			copyBytes += diskUsed(b, s, info.VolumeMounts[0].Name)
+		}
+		for _, k := range append(append(kids, kids2...), kids3...) {
+			s.api.DeleteSandbox(b.Context(), k)
+		}
+		// The copies go too, and with them the layers they alone hold.
+		var listed []struct{ Name string }
+		s.expect(s.do("GET", "/volumes", nil), 200, "list").json(b, &listed)
+		for _, l := range listed {
+			if strings.Contains(l.Name, "-copy-") {
+				s.cliOK("volume", "rm", l.Name)
+			}
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportNamed(b, "no-volume", without)
+	reportNamed(b, "shared", shared)
+	reportNamed(b, "copy", copied)
+	w, _ := percentiles(without)
+	c, _ := percentiles(copied)
+	b.ReportMetric(c/w, "copy-ratio-p50")
+	b.ReportMetric(float64(copyBytes)/(1<<20), "copies-disk-MiB")
+	b.ReportMetric(100*float64(copyBytes)/float64(8<<30), "copies-disk-%-of-8GB")
+}
+
+// diskUsed is the disk a volume's own files take (its upper directory for
+// a copy), by name.
+func diskUsed(b *testing.B, s *server, name string) int64 {
+	b.Helper()
+	var v struct{ VolumeID string }
+	if err := json.Unmarshal([]byte(s.cliOK("volume", "inspect", name, "-o", "json")), &v); err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	filepath.Walk(filepath.Join(s.dataDir, "volumes", v.VolumeID, "data"), func(_ string, info os.FileInfo, err error) error {
+		if err == nil {
+			if st, ok := info.Sys().(*syscall.Stat_t); ok {
+				total += st.Blocks * 512
+			}
+		}
+		return nil
+	})
+	return total
+}
+
+// BenchmarkVolumeThroughput: inside one sandbox, write then read 100 MB
+// (synced) and make then read 10,000 small files, on a volume and on the
+// sandbox's own root file system (its memory overlay).
+func BenchmarkVolumeThroughput(b *testing.B) {
+	s := newServer(b)
+	s.start()
+	benchVolume(b, s, "speed")
+	id := s.create(map[string]any{"templateID": "base",
+		"volumeMounts": []map[string]any{{"name": "speed", "path": "/mnt/vol"}}}).SandboxID
+	// Seconds, by the sandbox's clock, of each step at dir.
+	script := `d=%s; s=$(date +%%s.%%N); dd if=/dev/zero of=$d/big bs=1M count=100 conv=fsync status=none;
+m=$(date +%%s.%%N); cat $d/big > /dev/null; e=$(date +%%s.%%N);
+mkdir -p $d/small; for i in $(seq 10000); do echo $i > $d/small/$i; done; f=$(date +%%s.%%N);
+cat $d/small/* > /dev/null; g=$(date +%%s.%%N); rm -rf $d/big $d/small; echo $s $m $e $f $g`
+	measure := func(dir string) [4]float64 {
+		res := s.exec(id, client.ExecuteRequest{Command: fmt.Sprintf(script, dir), Timeout: 600})
+		f := strings.Fields(res.Stdout)
+		if res.ExitCode != 0 || len(f) != 5 {
+			b.Fatalf("throughput script at %s: %+v", dir, res)
+		}
+		var t [5]float64
+		for i := range f {
+			t[i], _ = strconv.ParseFloat(f[i], 64)
+		}
+		return [4]float64{100 / (t[1] - t[0]), 100 / (t[2] - t[1]), 10000 / (t[3] - t[2]), 10000 / (t[4] - t[3])}
+	}
+	var vol, root [4]float64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		vol = measure("/mnt/vol")
+		root = measure("/home/user")
+	}
+	b.StopTimer()
+	names := []string{"write-MBps", "read-MBps", "create-files-per-s", "read-files-per-s"}
+	for i, n := range names {
+		b.ReportMetric(vol[i], "volume-"+n)
+		b.ReportMetric(root[i], "rootfs-"+n)
+	}
+}
