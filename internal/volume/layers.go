@@ -38,7 +38,7 @@ import (
 // freeze, as the record says.
 const freezingMarker = "freezing"
 
-func (s *Service) layersDir() string           { return filepath.Join(s.dir, ".layers") }
+func (s *Service) layersDir() string            { return filepath.Join(s.dir, ".layers") }
 func (s *Service) layerDir(layer string) string { return filepath.Join(s.layersDir(), layer) }
 func (s *Service) mntDir(id string) string      { return filepath.Join(s.dir, id, "mnt") }
 func (s *Service) workDir(id string) string     { return filepath.Join(s.dir, id, "work") }
