@@ -41,7 +41,7 @@ func TestTeamLimitWaitsForConcurrentCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, "one")...); err != nil {
+	if _, err := tx.Exec(ctx, sandboxInsert, append(args, s.node, "one", "")...); err != nil {
 		t.Fatal(err)
 	}
 
