@@ -65,6 +65,24 @@ class ClientBehaviour:
             "metadata": {"run": "r1"}, "envVars": {"A": "1"}, "allowInternetAccess": False,
             "alwaysDeniedCIDRs": ["10.0.0.0/8"], "alwaysAllowedCIDRs": ["1.1.1.1/32"]})
 
+    def test_volumes_mounts_copies_and_the_content_token(self):
+        self.peer.route("POST", "/sandboxes", lambda s: Reply.json({"sandboxID": "sb1"}, 201))
+        self.peer.route("POST", "/sandboxes/sb1/fork", lambda s: Reply.json([{"sandbox": {"sandboxID": "c1"}}], 201))
+        self.peer.route("POST", "/volumes", lambda s: Reply.json({"volumeID": "vol-1", "name": "data", "token": "vtok_x"}, 201))
+        self.peer.route("GET", "/volumecontent/vol-1/file", lambda s: Reply(200, b"hello"))
+        c = self.make_client()
+        vol = c.create_volume("data")
+        self.assertEqual(vol, aenv.Volume("vol-1", "data", "vtok_x"))
+        c.create_sandbox("base", volume_mounts={"/a": vol, "/b": "other", "/c": {"name": "ro", "read_only": True}})
+        self.assertEqual(self.peer.seen[1].json()["volumeMounts"], [
+            {"name": "vol-1", "path": "/a"}, {"name": "other", "path": "/b"}, {"name": "ro", "path": "/c", "readOnly": True}])
+        self.assertEqual(list(c.fork_sandbox("sb1", 1, copy_volumes=["/a"])), ["c1"])
+        self.assertEqual(self.peer.seen[2].json(), {"count": 1, "volumes": {"/a": "copy"}})
+        self.assertEqual(c.read_volume_file(vol, "/f.txt"), "hello")
+        seen = self.peer.seen[3]
+        self.assertEqual(seen.headers["authorization"], "Bearer vtok_x")
+        self.assertNotIn("x-api-key", seen.headers)
+
     def test_error_mapping(self):
         cases = [
             (400, {"code": 400, "message": "bad vcpu"}, aenv.BadRequest, "bad vcpu"),

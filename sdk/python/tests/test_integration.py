@@ -117,6 +117,24 @@ class TestAsyncClient(AsyncServerTest):
                 await bad.list_sandboxes()
             self.assertEqual(caught.exception.status, 401)
 
+    async def test_volume_mounted_outlives_its_sandbox(self):
+        vol = await self.client.create_volume("py-" + self.run_id)
+        self.addAsyncCleanup(self.client.delete_volume, vol.volume_id)
+        self.assertEqual((await self.client.get_volume(vol.name)).volume_id, vol.volume_id)
+        self.assertIn(vol.volume_id, [v["volumeID"] for v in await self.client.list_volumes()])
+        await self.client.write_volume_file(vol, "/seed/a.txt", "seeded")
+        sid = await self.new_sandbox(volume_mounts={"/mnt/v": vol, "/mnt/ro": {"name": vol.name, "read_only": True}})
+        res = await self.client.exec_command(sid, "cat /mnt/v/seed/a.txt; echo inside > /mnt/v/b.txt; touch /mnt/ro/c 2>&1")
+        self.assertTrue(res["stdout"].startswith("seeded"), res)
+        self.assertIn("Read-only file system", res["stdout"])
+        self.assertEqual(await self.client.read_volume_file(vol, "/b.txt"), "inside\n")
+        info = await self.client.get_sandbox(sid)
+        self.assertEqual(sorted(m["path"] for m in info["volumeMounts"]), ["/mnt/ro", "/mnt/v"])
+        with self.assertRaises(aenv.Conflict):
+            await self.client.delete_volume(vol.volume_id)
+        await self.client.delete_sandbox(sid)
+        self.assertEqual(await self.client.read_volume_file(vol, "/b.txt", binary=True), b"inside\n")
+
     async def test_100_concurrent_exec_from_one_loop(self):
         sid = await self.new_sandbox()
         results = await asyncio.gather(*[self.client.exec_command(sid, f"echo {i}") for i in range(100)])

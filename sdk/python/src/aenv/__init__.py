@@ -8,7 +8,7 @@
 Standard library only.
 """
 
-from ._calls import ForkResult
+from ._calls import ForkResult, Volume
 from .client import AsyncClient
 from .env import SandboxEnv
 from .errors import (AenvError, AuthError, BadRequest, ClientClosed, Conflict, NotFound, SandboxError,
@@ -22,5 +22,5 @@ __version__ = "0.1.0"
 __all__ = [
     "AenvError", "AsyncClient", "AuthError", "BadRequest", "Client", "ClientClosed", "Conflict",
     "ForkResult", "Network", "NotFound", "RetryPolicy", "SandboxEnv", "SandboxError", "Timeout",
-    "TransportError", "is_infra_error",
+    "TransportError", "Volume", "is_infra_error",
 ]

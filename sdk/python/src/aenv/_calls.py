@@ -34,12 +34,17 @@ class Call:
     # attempt may already have done the work, e.g. DELETE then 404)
     ok_on_retry: Tuple[int, ...] = ()
     decode: Callable[[Response], Any] = field(default=lambda resp: None)
+    # a bearer token sent instead of the API key (a volume's content API)
+    bearer: Optional[str] = None
 
     def request(self, api_key: str, timeout: Optional[float]) -> Request:
         target = self.path
         if self.query:
             target += "?" + urllib.parse.urlencode(self.query)
         headers = {"X-API-Key": api_key, "Accept": "application/json", "User-Agent": "aenv-python"}
+        if self.bearer is not None:
+            del headers["X-API-Key"]
+            headers["Authorization"] = "Bearer " + self.bearer
         body = b""
         if self.json_body is not None:
             body = json.dumps(self.json_body).encode()
@@ -98,9 +103,31 @@ def network_fields(network: Any) -> Dict[str, Any]:
     raise TypeError("network must be aenv.Network, a dict, or have to_api_request()")
 
 
+def volume_mounts(mounts: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The create request's volumeMounts from {path: volume}, where volume
+    is a Volume, a volume name or ID, or a dict with "name" and "read_only"."""
+    out: List[Dict[str, Any]] = []
+    for path, vol in (mounts or {}).items():
+        read_only = False
+        if isinstance(vol, Volume):
+            name = vol.volume_id
+        elif isinstance(vol, str):
+            name = vol
+        elif isinstance(vol, Mapping):
+            name, read_only = str(vol["name"]), bool(vol.get("read_only", False))
+        else:
+            raise TypeError("a volume mount is a Volume, a volume name or ID, or {'name': ..., 'read_only': ...}")
+        mount: Dict[str, Any] = {"name": name, "path": path}
+        if read_only:
+            mount["readOnly"] = True
+        out.append(mount)
+    return out
+
+
 def create_sandbox(template: str, vcpu: Optional[int], memory_mb: Optional[int],
                    timeout_s: Optional[int], auto_pause: bool, metadata: Optional[Mapping[str, str]],
-                   env_vars: Optional[Mapping[str, str]], network: Any) -> Call:
+                   env_vars: Optional[Mapping[str, str]], network: Any,
+                   mounts: Optional[Mapping[str, Any]] = None) -> Call:
     body: Dict[str, Any] = {"templateID": template, "autoPause": bool(auto_pause)}
     if vcpu is not None:
         body["vcpu"] = vcpu
@@ -113,6 +140,8 @@ def create_sandbox(template: str, vcpu: Optional[int], memory_mb: Optional[int],
     if env_vars:
         body["envVars"] = dict(env_vars)
     body.update(network_fields(network))
+    if mounts:
+        body["volumeMounts"] = volume_mounts(mounts)
     return Call("POST", "/sandboxes", json_body=body, extra_timeout=60.0, decode=_json)
 
 
@@ -229,10 +258,13 @@ def _decode_fork(resp: Response) -> ForkResult:
     return ForkResult(ids, errors, records)
 
 
-def fork_sandbox(sandbox_id: str, count: int, timeout_s: Optional[int]) -> Call:
+def fork_sandbox(sandbox_id: str, count: int, timeout_s: Optional[int],
+                 copy_volumes: Optional[Iterable[str]] = None) -> Call:
     body: Dict[str, Any] = {"count": int(count)}
     if timeout_s is not None:
         body["timeout"] = int(timeout_s)
+    if copy_volumes:
+        body["volumes"] = {path: "copy" for path in copy_volumes}
     return Call("POST", _sandbox_path(sandbox_id, "/fork"), json_body=body,
                 extra_timeout=60.0 + 5.0 * count, decode=_decode_fork)
 
@@ -276,3 +308,60 @@ def set_timeout(sandbox_id: str, timeout_s: int) -> Call:
 
 def delete_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", _sandbox_path(sandbox_id), idempotent=True, ok_on_retry=(404,), extra_timeout=30.0)
+
+
+# --- volumes ---
+
+@dataclass(frozen=True)
+class Volume:
+    """A persistent volume: mount it with create_sandbox(volume_mounts=...),
+    read and write its files without a sandbox with the token."""
+    volume_id: str
+    name: str
+    token: str
+
+
+def _volume(resp: Response) -> Volume:
+    data = _json(resp)
+    try:
+        return Volume(data["volumeID"], data["name"], data["token"])
+    except (KeyError, TypeError):
+        raise SandboxError(resp.status, f"not a volume: {resp.body[:200]!r}") from None
+
+
+def _volume_path(id_or_name: str) -> str:
+    if not id_or_name:
+        raise ValueError("volume must not be empty")
+    return "/volumes/" + urllib.parse.quote(id_or_name, safe="")
+
+
+def create_volume(name: str) -> Call:
+    return Call("POST", "/volumes", json_body={"name": name}, decode=_volume)
+
+
+def get_volume(id_or_name: str) -> Call:
+    return Call("GET", _volume_path(id_or_name), idempotent=True, decode=_volume)
+
+
+def list_volumes() -> Call:
+    return Call("GET", "/volumes", idempotent=True, decode=_json)
+
+
+def delete_volume(id_or_name: str) -> Call:
+    return Call("DELETE", _volume_path(id_or_name), idempotent=True, ok_on_retry=(404,))
+
+
+def write_volume_file(volume: Volume, path: str, content: Union[str, bytes], force: bool) -> Call:
+    data = content.encode() if isinstance(content, str) else bytes(content)
+    query = {"path": path}
+    if force:
+        query["force"] = "true"
+    return Call("PUT", "/volumecontent/" + urllib.parse.quote(volume.volume_id, safe="") + "/file",
+                query=query, raw_body=data, idempotent=True, bearer=volume.token, decode=_json)
+
+
+def read_volume_file(volume: Volume, path: str, binary: bool) -> Call:
+    def decode(resp: Response) -> Union[str, bytes]:
+        return resp.body if binary else resp.body.decode()
+    return Call("GET", "/volumecontent/" + urllib.parse.quote(volume.volume_id, safe="") + "/file",
+                query={"path": path}, idempotent=True, bearer=volume.token, decode=decode)

@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 from . import _calls
 from ._async_http import AsyncConnectionPool
-from ._calls import Call, ForkResult
+from ._calls import Call, ForkResult, Volume
 from ._wire import Endpoint
 from .errors import Timeout, TransportError
 from .retry import NO_RETRIES, RetryPolicy
@@ -80,27 +80,31 @@ class AsyncClient:
     async def create_sandbox(self, template: str = DEFAULT_TEMPLATE, vcpu: Optional[int] = None,
                              memory_mb: Optional[int] = None, timeout_s: Optional[int] = None,
                              auto_pause: bool = False, metadata: Optional[Mapping[str, str]] = None,
-                             env_vars: Optional[Mapping[str, str]] = None, network: Any = None) -> str:
+                             env_vars: Optional[Mapping[str, str]] = None, network: Any = None,
+                             volume_mounts: Optional[Mapping[str, Any]] = None) -> str:
         """Starts a sandbox from a template or snapshot (ID or name); returns its ID.
 
         vcpu, memory_mb and timeout_s (lifetime in seconds) default to the
         server's settings. auto_pause pauses instead of killing at the
         deadline. network: aenv.Network, or a dict with allowInternetAccess /
-        alwaysDeniedCIDRs / alwaysAllowedCIDRs. Never retried.
+        alwaysDeniedCIDRs / alwaysAllowedCIDRs. volume_mounts: {path: volume},
+        volume being an aenv.Volume, a volume name or ID, or {"name": ...,
+        "read_only": True}. Never retried.
         """
         info = await self.create_sandbox_info(template, vcpu, memory_mb, timeout_s, auto_pause,
-                                              metadata, env_vars, network)
+                                              metadata, env_vars, network, volume_mounts)
         return info["sandboxID"]
 
     async def create_sandbox_info(self, template: str = DEFAULT_TEMPLATE, vcpu: Optional[int] = None,
                                   memory_mb: Optional[int] = None, timeout_s: Optional[int] = None,
                                   auto_pause: bool = False, metadata: Optional[Mapping[str, str]] = None,
                                   env_vars: Optional[Mapping[str, str]] = None,
-                                  network: Any = None) -> Dict[str, Any]:
+                                  network: Any = None,
+                                  volume_mounts: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         """create_sandbox, returning the server's whole record (sandboxID,
         templateID, envdVersion, envdAccessToken, ...)."""
         return await self._run(_calls.create_sandbox(template, vcpu, memory_mb, timeout_s, auto_pause,
-                                                     metadata, env_vars, network))
+                                                     metadata, env_vars, network, volume_mounts))
 
     async def get_sandbox(self, sandbox_id: str) -> Dict[str, Any]:
         """The sandbox's record: sandboxID, state, startedAt, endAt, cpuCount, memoryMB, metadata, ..."""
@@ -164,14 +168,17 @@ class AsyncClient:
         await self._run(_calls.resume_sandbox(sandbox_id, timeout_s))
 
     async def fork_sandbox(self, sandbox_id: str, count: int = 4,
-                           timeout_s: Optional[int] = None) -> ForkResult:
+                           timeout_s: Optional[int] = None,
+                           copy_volumes: Optional[Iterable[str]] = None) -> ForkResult:
         """Forks count children with the sandbox's memory, processes and files.
 
         Returns the child IDs (a list). Children that failed are in the
         result's .errors; if none succeeded the first error is raised.
-        Never retried.
+        The children share the sandbox's volumes, except those mounted at
+        the paths in copy_volumes: each child gets its own copy-on-write
+        copy of those. Never retried.
         """
-        result = await self._run(_calls.fork_sandbox(sandbox_id, count, timeout_s))
+        result = await self._run(_calls.fork_sandbox(sandbox_id, count, timeout_s, copy_volumes))
         if not result and result.errors:
             raise result.errors[0]
         return result
@@ -198,3 +205,29 @@ class AsyncClient:
     async def create_template(self, sandbox_id: str, name: str) -> str:
         """Makes a template from the sandbox's current state; returns its ID."""
         return await self._run(_calls.create_template(sandbox_id, name))
+
+    # --- volumes ---
+
+    async def create_volume(self, name: str) -> Volume:
+        """Makes a persistent volume (a name unique in the team). Never retried."""
+        return await self._run(_calls.create_volume(name))
+
+    async def get_volume(self, id_or_name: str) -> Volume:
+        return await self._run(_calls.get_volume(id_or_name))
+
+    async def list_volumes(self) -> List[Dict[str, Any]]:
+        """The team's volumes: [{"volumeID", "name"}]."""
+        return await self._run(_calls.list_volumes())
+
+    async def delete_volume(self, id_or_name: str) -> None:
+        """Deletes a volume and its files. Conflict while a sandbox mounts it."""
+        await self._run(_calls.delete_volume(id_or_name))
+
+    async def write_volume_file(self, volume: Volume, path: str, content: Union[str, bytes],
+                                force: bool = True) -> None:
+        """Writes a file in the volume, without a sandbox (force makes missing
+        parent directories)."""
+        await self._run(_calls.write_volume_file(volume, path, content, force))
+
+    async def read_volume_file(self, volume: Volume, path: str, binary: bool = False) -> Union[str, bytes]:
+        return await self._run(_calls.read_volume_file(volume, path, binary))

@@ -6,7 +6,7 @@ import time
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 from . import _calls
-from ._calls import Call, ForkResult
+from ._calls import Call, ForkResult, Volume
 from ._sync_http import SyncConnectionPool
 from ._wire import Endpoint
 from .client import DEFAULT_TEMPLATE
@@ -69,17 +69,19 @@ class Client:
     def create_sandbox(self, template: str = DEFAULT_TEMPLATE, vcpu: Optional[int] = None,
                        memory_mb: Optional[int] = None, timeout_s: Optional[int] = None,
                        auto_pause: bool = False, metadata: Optional[Mapping[str, str]] = None,
-                       env_vars: Optional[Mapping[str, str]] = None, network: Any = None) -> str:
+                       env_vars: Optional[Mapping[str, str]] = None, network: Any = None,
+                       volume_mounts: Optional[Mapping[str, Any]] = None) -> str:
         return self.create_sandbox_info(template, vcpu, memory_mb, timeout_s, auto_pause,
-                                        metadata, env_vars, network)["sandboxID"]
+                                        metadata, env_vars, network, volume_mounts)["sandboxID"]
 
     def create_sandbox_info(self, template: str = DEFAULT_TEMPLATE, vcpu: Optional[int] = None,
                             memory_mb: Optional[int] = None, timeout_s: Optional[int] = None,
                             auto_pause: bool = False, metadata: Optional[Mapping[str, str]] = None,
                             env_vars: Optional[Mapping[str, str]] = None,
-                            network: Any = None) -> Dict[str, Any]:
+                            network: Any = None,
+                            volume_mounts: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
         return self._run(_calls.create_sandbox(template, vcpu, memory_mb, timeout_s, auto_pause,
-                                               metadata, env_vars, network))
+                                               metadata, env_vars, network, volume_mounts))
 
     def get_sandbox(self, sandbox_id: str) -> Dict[str, Any]:
         return self._run(_calls.get_sandbox(sandbox_id))
@@ -122,8 +124,9 @@ class Client:
     def resume_sandbox(self, sandbox_id: str, timeout_s: Optional[int] = None) -> None:
         self._run(_calls.resume_sandbox(sandbox_id, timeout_s))
 
-    def fork_sandbox(self, sandbox_id: str, count: int = 4, timeout_s: Optional[int] = None) -> ForkResult:
-        result = self._run(_calls.fork_sandbox(sandbox_id, count, timeout_s))
+    def fork_sandbox(self, sandbox_id: str, count: int = 4, timeout_s: Optional[int] = None,
+                     copy_volumes: Optional[Iterable[str]] = None) -> ForkResult:
+        result = self._run(_calls.fork_sandbox(sandbox_id, count, timeout_s, copy_volumes))
         if not result and result.errors:
             raise result.errors[0]
         return result
@@ -145,3 +148,21 @@ class Client:
 
     def create_template(self, sandbox_id: str, name: str) -> str:
         return self._run(_calls.create_template(sandbox_id, name))
+
+    def create_volume(self, name: str) -> Volume:
+        return self._run(_calls.create_volume(name))
+
+    def get_volume(self, id_or_name: str) -> Volume:
+        return self._run(_calls.get_volume(id_or_name))
+
+    def list_volumes(self) -> List[Dict[str, Any]]:
+        return self._run(_calls.list_volumes())
+
+    def delete_volume(self, id_or_name: str) -> None:
+        self._run(_calls.delete_volume(id_or_name))
+
+    def write_volume_file(self, volume: Volume, path: str, content: Union[str, bytes], force: bool = True) -> None:
+        self._run(_calls.write_volume_file(volume, path, content, force))
+
+    def read_volume_file(self, volume: Volume, path: str, binary: bool = False) -> Union[str, bytes]:
+        return self._run(_calls.read_volume_file(volume, path, binary))
