@@ -76,7 +76,11 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toVolumeAndToken(v))
+	out := toVolumeAndToken(v)
+	if u, ok := s.cfg.Volumes.UsageOf(v.ID); ok {
+		out.UsedBytes = &u.Bytes
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -261,6 +261,9 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Name: "aenv_sandboxes_live", Help: "Sandboxes running or paused on this node.",
 	}, func() float64 { return float64(sandboxes.LiveCount()) }))
 	reg.MustRegister(newNetworkCollector(sandboxes))
+	if volumes != nil {
+		reg.MustRegister(volumes.Collector())
+	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "aenv_warm_pool_ready", Help: "Base sandboxes booted ahead of demand and not yet claimed.",
 	}, func() float64 { return float64(sandboxes.WarmPool().Ready) }))

@@ -63,6 +63,11 @@ type Service struct {
 	freezing sync.RWMutex
 	// mountMu serialises the overlay mounts of layered volumes.
 	mountMu sync.Mutex
+	// usage is each local volume's usage, as last measured
+	// (sampleUsage), and layerBytes the frozen layers'.
+	usageMu    sync.Mutex
+	usage      map[string]measured
+	layerBytes int64
 	// maxPerTeam bounds a team's volumes: MaxTeamVolumes.
 	maxPerTeam int
 	sweeps     sync.WaitGroup
@@ -132,8 +137,9 @@ func (s *Service) reconcile(ctx context.Context) error {
 	if err := s.reconcileLayers(ctx, kept); err != nil {
 		return err
 	}
-	s.sweeps.Add(1)
+	s.sweeps.Add(2)
 	go s.sweepUploads(ctx, kept, time.Now())
+	go s.sampleUsage(ctx, UsageInterval)
 	return nil
 }
 

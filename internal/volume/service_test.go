@@ -12,6 +12,8 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func newTestService(t *testing.T) (*Service, *sqlite.Store, string) {
@@ -220,4 +222,41 @@ func TestServiceTeamVolumeBound(t *testing.T) {
 	if _, err := s.Create(ctx, "other", "first"); err != nil {
 		t.Fatalf("another team's first volume: %v", err)
 	}
+}
+
+// Each volume's usage is measured in the background and reported to
+// GET /volumes/{id} and Prometheus.
+func TestServiceUsage(t *testing.T) {
+	s, _, dir := newTestService(t)
+	ctx := context.Background()
+	v, err := s.Create(ctx, "lab", "sized")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, v.ID, "data", "f"), make([]byte, 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.measureAll(ctx)
+	u, ok := s.UsageOf(v.ID)
+	if !ok || u.Files != 1 || u.Bytes < 1<<20 {
+		t.Fatalf("usage %+v %v, want one file of at least 1 MiB", u, ok)
+	}
+	got, err := testutil.GatherAndCount(collectorRegistry(t, s), "aenv_volume_used_bytes", "aenv_volumes")
+	if err != nil || got != 2 {
+		t.Fatalf("metrics: %d series, %v; want a volume count and one volume's bytes", got, err)
+	}
+	if err := s.Delete(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	s.measureAll(ctx)
+	if _, ok := s.UsageOf(v.ID); ok {
+		t.Error("a deleted volume still has a usage")
+	}
+}
+
+func collectorRegistry(t *testing.T, s *Service) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s.Collector())
+	return reg
 }

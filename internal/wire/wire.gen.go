@@ -1007,8 +1007,11 @@ type VolumeAndToken struct {
 	Name   string  `json:"name"`
 
 	// Token The bearer token of the volume's content API.
-	Token    string `json:"token"`
-	VolumeID string `json:"volumeID"`
+	Token string `json:"token"`
+
+	// UsedBytes aenv's addition (GET /volumes/{id}): the disk the volume's own files take, measured every minute; absent until first measured. A copy-on-write copy's are what was written since the copy.
+	UsedBytes *int64 `json:"usedBytes,omitempty"`
+	VolumeID  string `json:"volumeID"`
 }
 
 // VolumeEntryStat defines model for VolumeEntryStat.

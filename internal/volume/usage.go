@@ -1,0 +1,129 @@
+package volume
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// UsageInterval is how often the disk each volume takes is measured: a
+// walk of its files, too dear to make on every read.
+const UsageInterval = time.Minute
+
+// Usage is what a volume's own files take on disk, as last measured. A
+// copy-on-write copy's own files are those written since the copy; the
+// layers it shares are counted apart.
+type Usage struct {
+	Bytes int64 // allocated blocks
+	Files int64
+	At    time.Time
+}
+
+// measure walks the files of volume id's own directory.
+func (s *Service) measure(id string) (Usage, error) {
+	d, err := Open(s.dataDir(id))
+	if err != nil {
+		return Usage{}, err
+	}
+	defer d.Close()
+	bytes, files, err := d.Usage()
+	return Usage{Bytes: bytes, Files: files, At: time.Now()}, err
+}
+
+// sampleUsage measures every local volume, then does so again every
+// interval until ctx ends.
+func (s *Service) sampleUsage(ctx context.Context, interval time.Duration) {
+	defer s.sweeps.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		s.measureAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Service) measureAll(ctx context.Context) {
+	all, err := s.records.ListVolumes(ctx, "")
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.WarnContext(ctx, "measure volumes", "err", err)
+		}
+		return
+	}
+	seen := map[string]measured{}
+	for _, v := range all {
+		if ctx.Err() != nil {
+			return
+		}
+		if !s.Local(v) {
+			continue
+		}
+		u, err := s.measure(v.ID)
+		if err != nil {
+			continue // deleted meanwhile, or unreadable: no figure
+		}
+		seen[v.ID] = measured{u, v.Name, v.TeamID}
+	}
+	var layers int64
+	if d, err := Open(s.layersDir()); err == nil {
+		layers, _, _ = d.Usage()
+		d.Close()
+	}
+	s.usageMu.Lock()
+	s.usage, s.layerBytes = seen, layers
+	s.usageMu.Unlock()
+}
+
+// UsageOf is volume id's usage as last measured; false before the first
+// measure.
+func (s *Service) UsageOf(id string) (Usage, bool) {
+	s.usageMu.Lock()
+	defer s.usageMu.Unlock()
+	m, ok := s.usage[id]
+	return m.Usage, ok
+}
+
+// measured is a volume's usage and what names it in metrics.
+type measured struct {
+	Usage
+	name, team string
+}
+
+// Collector reports the node's volumes to Prometheus: how many, what each
+// takes, and what their shared layers take.
+func (s *Service) Collector() prometheus.Collector {
+	return &usageCollector{s: s}
+}
+
+type usageCollector struct{ s *Service }
+
+var (
+	volumesDesc = prometheus.NewDesc("aenv_volumes", "Volumes this node keeps (as last measured).", nil, nil)
+	volumeBytes = prometheus.NewDesc("aenv_volume_used_bytes",
+		"Disk a volume's own files take, as last measured (a copy's: what was written since the copy).",
+		[]string{"volume", "name", "team"}, nil)
+	layerBytesDesc = prometheus.NewDesc("aenv_volume_layers_bytes",
+		"Disk the frozen layers of copy-on-write volumes take, shared by their copies.", nil, nil)
+)
+
+func (c *usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- volumesDesc
+	ch <- volumeBytes
+	ch <- layerBytesDesc
+}
+
+func (c *usageCollector) Collect(ch chan<- prometheus.Metric) {
+	c.s.usageMu.Lock()
+	usage, layers := c.s.usage, c.s.layerBytes
+	c.s.usageMu.Unlock()
+	ch <- prometheus.MustNewConstMetric(volumesDesc, prometheus.GaugeValue, float64(len(usage)))
+	ch <- prometheus.MustNewConstMetric(layerBytesDesc, prometheus.GaugeValue, float64(layers))
+	for id, m := range usage {
+		ch <- prometheus.MustNewConstMetric(volumeBytes, prometheus.GaugeValue, float64(m.Bytes), id, m.name, m.team)
+	}
+}
