@@ -46,13 +46,22 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 	if len(req.CopyVolumes) > 0 && req.SandboxID == "" {
 		return nil, fmt.Errorf("%w: volume copies are made in a fork of a sandbox; a snapshot mounts no volumes", node.ErrInvalid)
 	}
+	if len(req.CopyVolumes) > 0 {
+		// Before the parent is stopped and its volumes frozen: the slots
+		// (the memory is checked once the image is taken).
+		if err := m.checkCapacity(req.Count, 0); err != nil {
+			return nil, err
+		}
+	}
 	src, err := m.forkSource(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	defer src.release()
 	if src.resumeParent != nil {
-		defer src.resumeParent()
+		// The children are restored from their own image: the parent
+		// goes first, into the slot it let go.
+		src.resumeParent()
 	}
 	if err := m.checkCapacity(req.Count, src.memoryBytes); err != nil {
 		return nil, err
@@ -182,7 +191,7 @@ type forkSource struct {
 	resumeParent func()
 }
 
-func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSource, error) {
+func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (_ *forkSource, err error) {
 	if req.SnapshotID != "" {
 		tpl, err := m.GetTemplate(ctx, req.SnapshotID)
 		if err != nil {
@@ -213,7 +222,9 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 	if resume != nil {
 		defer func() {
 			if err != nil {
-				resume() // it waits for the lock
+				// The parent was stopped for the fork that failed: put it
+				// back once its lock, held here, is let go.
+				go resume()
 			}
 		}()
 		v = e.view()
@@ -231,7 +242,7 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (*forkSo
 	dir := filepath.Join(m.cfg.ImagesDir, "fork-"+NewID())
 	opCtx, done := e.opContext(ctx)
 	defer done()
-	if err := m.imageOf(opCtx, e, dir); err != nil {
+	if err = m.imageOf(opCtx, e, dir); err != nil {
 		return nil, err
 	}
 	if mem == 0 {
@@ -340,10 +351,10 @@ func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (m
 		if err := m.spillLocked(opCtx, e, false); err != nil {
 			return nil, nil, m.unpauseLocked(opCtx, e, before, err)
 		}
-		left := max(time.Until(before.EndAt), time.Second)
 		resume = func() {
 			ctx := context.WithoutCancel(ctx)
-			if _, _, err := m.Resume(ctx, e.id, left, false); err != nil {
+			// As any resume: a fresh deadline of the sandbox's lifetime.
+			if _, _, err := m.Resume(ctx, e.id, 0, false); err != nil {
 				m.logger.ErrorContext(ctx, "resume a sandbox after a fork with volume copies; it stays paused", "sandbox", e.id, "err", err)
 			}
 		}

@@ -341,9 +341,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// Builds end first: their sandboxes go with them.
 	builds.Close()
 	err = shutdown(servers, usageHistory, sandboxes, pool, cfg.KillOnExit, logger)
-	if cfg.KillOnExit && volumes != nil {
+	if cfg.KillOnExit && err == nil && volumes != nil {
 		// No sandbox is left to use the copy-on-write volumes' mounts;
-		// otherwise they stay for the sandboxes that run on.
+		// otherwise (some run on, or may) they stay, and the next start
+		// uses them rather than mount a second overlay over one upper.
 		volumes.UnmountAll(context.WithoutCancel(ctx))
 	}
 	// A node killing everything on exit leaves the cluster with nothing

@@ -21,10 +21,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -71,10 +74,8 @@ func (s *Service) mount(v *store.Volume) error {
 	if mounted(mnt) {
 		return nil
 	}
-	lower := make([]string, len(v.Layers))
-	for i, l := range v.Layers {
-		lower[i] = s.layerDir(l)
-		if _, err := os.Stat(lower[i]); err != nil {
+	for _, l := range v.Layers {
+		if _, err := os.Stat(s.layerDir(l)); err != nil {
 			return fmt.Errorf("volume %s: layer %s: %w", v.ID, l, err)
 		}
 	}
@@ -83,7 +84,7 @@ func (s *Service) mount(v *store.Volume) error {
 			return fmt.Errorf("volume %s: %w", v.ID, err)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), s.dataDir(v.ID), s.workDir(v.ID))
+	opts := s.mountOptions(v.ID, v.Layers)
 	if err := unix.Mount("overlay", mnt, "overlay", unix.MS_NODEV|unix.MS_NOSUID, opts); err != nil {
 		return fmt.Errorf("volume %s: mount its layers: %w", v.ID, err)
 	}
@@ -144,8 +145,13 @@ func (s *Service) topLike(dir string, layers []string) error {
 // No sandbox but holder (whose fork this is, and which is stopped) may
 // mount it: a running sandbox would go on writing into the layer.
 func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume, error) {
-	s.freezing.Lock()
-	defer s.freezing.Unlock()
+	if s.overlayErr != nil {
+		return nil, errdefs.Errorf(errdefs.ErrNotImplemented,
+			"copies of volumes need overlay mounts, which do not work in %s here: %v", s.dir, s.overlayErr)
+	}
+	lock := s.freezeLock(id)
+	lock.Lock()
+	defer lock.Unlock()
 	v, err := s.records.GetVolume(ctx, "", id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
@@ -161,23 +167,40 @@ func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume,
 			"volume %s has %d layers, the most a volume may (each copy fork adds one): fork with it shared, or copy its files to a new volume",
 			v.Name, len(v.Layers))
 	}
+	if empty, err := emptyDir(s.dataDir(id)); err != nil {
+		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
+	} else if empty {
+		// Nothing of its own since its last freeze (or ever): its copies
+		// share its layers as they are, and no empty layer is added.
+		return v, nil
+	}
+	layer := "layer-" + strings.ToLower(rand.Text()[:20])
+	if n := len(s.mountOptions(id, append([]string{layer}, v.Layers...))); n > maxMountOptions {
+		return nil, errdefs.Errorf(errdefs.ErrConflict,
+			"volume %s has too many layers to mount one more (%d bytes of mount options; at most %d): fork with it shared, or copy its files to a new volume",
+			v.Name, n, maxMountOptions)
+	}
 	if err := os.MkdirAll(s.layersDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
 	}
-	layer := "layer-" + strings.ToLower(rand.Text()[:20])
 	marker := filepath.Join(s.dir, id, freezingMarker)
 	if err := os.WriteFile(marker, []byte(layer), 0o600); err != nil {
 		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
 	}
 	s.unmount(ctx, id)
 	holders, err := s.records.FreezeVolume(ctx, id, layer, holder)
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrConflict):
 		os.Remove(marker)
-		if errors.Is(err, store.ErrConflict) {
-			return nil, errdefs.Errorf(errdefs.ErrConflict,
-				"volume %s is mounted by other sandboxes (%s) as well: a copy is made of a volume only its fork's parent mounts",
-				v.Name, holderList(holders))
-		}
+		return nil, errdefs.Errorf(errdefs.ErrConflict,
+			"volume %s is mounted by other sandboxes (%s) as well: a copy is made of a volume only its fork's parent mounts",
+			v.Name, holderList(holders))
+	case errors.Is(err, store.ErrNotFound):
+		os.Remove(marker)
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
+	case err != nil:
+		// Maybe written, maybe not: the mark stays, and the next start
+		// finishes the freeze or drops it as the record says.
 		return nil, err
 	}
 	if err := s.finishFreeze(id, layer); err != nil {
@@ -190,12 +213,15 @@ func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume,
 }
 
 // finishFreeze moves volume id's own files into layer, and gives it a
-// new, empty, top directory like the old one.
+// new, empty, top directory like the old one. It can be run again after
+// a crash at any step.
 func (s *Service) finishFreeze(id, layer string) error {
-	if err := os.Rename(s.dataDir(id), s.layerDir(layer)); err != nil {
-		return err
+	if _, err := os.Stat(s.layerDir(layer)); errors.Is(err, fs.ErrNotExist) {
+		if err := os.Rename(s.dataDir(id), s.layerDir(layer)); err != nil {
+			return err
+		}
 	}
-	if err := os.Mkdir(s.dataDir(id), 0o755); err != nil {
+	if err := os.Mkdir(s.dataDir(id), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return err
 	}
 	// The old work directory may hold overlayfs's leftovers.
@@ -205,22 +231,101 @@ func (s *Service) finishFreeze(id, layer string) error {
 	return s.topLike(s.dataDir(id), []string{layer})
 }
 
+// maxMountOptions bounds an overlay mount's options: the kernel takes a
+// page of them.
+const maxMountOptions = 4000
+
+// mountOptions are the overlay mount options of volume id over layers.
+func (s *Service) mountOptions(id string, layers []string) string {
+	lower := make([]string, len(layers))
+	for i, l := range layers {
+		lower[i] = s.layerDir(l)
+	}
+	return fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(lower, ":"), s.dataDir(id), s.workDir(id))
+}
+
+// freezeLock is volume id's lock against freezes (see Service.freezing).
+func (s *Service) freezeLock(id string) *sync.RWMutex {
+	s.freezingMu.Lock()
+	defer s.freezingMu.Unlock()
+	l := s.freezing[id]
+	if l == nil {
+		l = &sync.RWMutex{}
+		s.freezing[id] = l
+	}
+	return l
+}
+
+// emptyDir reports whether dir has no entries.
+func emptyDir(dir string) (bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return len(names) == 0, err
+}
+
+// probeOverlay mounts a small overlay under the service's directory and
+// unmounts it: nil when copies of volumes can be made here.
+func (s *Service) probeOverlay() error {
+	dir, err := os.MkdirTemp(s.dir, ".probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for _, sub := range []string{"lower", "upper", "work", "mnt"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+			return err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s",
+		filepath.Join(dir, "lower"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"))
+	if err := unix.Mount("overlay", filepath.Join(dir, "mnt"), "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay: %w", err)
+	}
+	return unix.Unmount(filepath.Join(dir, "mnt"), unix.MNT_DETACH)
+}
+
 // Clone makes a copy-on-write copy of volume v, frozen (Freeze) just
 // before: a new volume of v's team over v's layers, named after v (cut to
 // fit) with a random suffix.
+// A volume with no layers (it was empty when frozen) gets an empty copy.
 func (s *Service) Clone(ctx context.Context, v *store.Volume) (*store.Volume, error) {
-	if len(v.Layers) == 0 {
-		return nil, fmt.Errorf("clone volume %s: it has no layers (freeze it first)", v.ID)
+	if err := s.checkTeamRoom(ctx, v.TeamID); err != nil {
+		return nil, err
 	}
+	// Until its record holds them, the layers must not be removed.
+	s.layersMu.RLock()
+	defer s.layersMu.RUnlock()
 	name := fmt.Sprintf("%s-copy-%s", v.Name[:min(len(v.Name), 40)], strings.ToLower(rand.Text()[:8]))
 	return s.create(ctx, v.TeamID, name, v.Layers)
 }
 
-// removeUnheldLayers removes the files of those of layers no volume holds.
+// removeUnheldLayers removes the files of those of layers no volume holds
+// (by reference, or by naming them in its record).
 func (s *Service) removeUnheldLayers(ctx context.Context, layers []string) {
+	s.layersMu.Lock()
+	defer s.layersMu.Unlock()
 	unheld, err := s.records.UnheldLayers(ctx, layers)
+	if err == nil && len(unheld) > 0 {
+		var all []*store.Volume
+		if all, err = s.records.ListVolumes(ctx, ""); err == nil {
+			named := map[string]bool{}
+			for _, v := range all {
+				for _, l := range v.Layers {
+					named[l] = true
+				}
+			}
+			unheld = slices.DeleteFunc(unheld, func(l string) bool { return named[l] })
+		}
+	}
 	if err != nil {
-		s.logger.WarnContext(ctx, "layers of a deleted volume: kept until the next start", "err", err)
+		s.logger.WarnContext(ctx, "layers no volume holds: kept until the next start", "err", err)
 		return
 	}
 	for _, l := range unheld {
@@ -240,8 +345,8 @@ func (s *Service) reconcileLayers(ctx context.Context, kept map[string]*store.Vo
 			continue
 		}
 		layer := string(b)
-		_, statErr := os.Stat(s.layerDir(layer))
-		if len(v.Layers) > 0 && v.Layers[0] == layer && errors.Is(statErr, fs.ErrNotExist) {
+		if len(v.Layers) > 0 && v.Layers[0] == layer {
+			s.unmount(ctx, id)
 			if err := s.finishFreeze(id, layer); err != nil {
 				return fmt.Errorf("volumes: finish the freeze of %s: %w", id, err)
 			}

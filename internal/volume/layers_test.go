@@ -75,8 +75,12 @@ func TestServiceFreezeAndClone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if own, _ := os.ReadDir(filepath.Join(dir, a.ID, "data")); len(own) != 0 {
-		t.Errorf("a new clone has %d files of its own, want none", len(own))
+	if own, err := os.ReadDir(filepath.Join(dir, a.ID, "data")); err != nil || len(own) != 0 {
+		t.Errorf("a new clone has %d files of its own (%v), want none", len(own), err)
+	}
+	// A freeze with nothing new to freeze adds no layer.
+	if again, err := s.Freeze(ctx, a.ID, "parent"); err != nil || len(again.Layers) != 1 {
+		t.Fatalf("freeze of a clone with no files of its own: %+v %v, want its one layer", again, err)
 	}
 	writeVia(t, s, a, "f", "a")
 	writeVia(t, s, v, "f", "parent")
@@ -112,6 +116,7 @@ func TestServiceFreezeAndClone(t *testing.T) {
 // took but a crash cut before the files moved is finished at the next
 // start.
 func TestServiceFreezeRefusedAndCutShort(t *testing.T) {
+	roottest.Require(t) // a freeze checks that overlay mounts work
 	s, db, dir := newTestService(t)
 	ctx := context.Background()
 	v, err := s.Create(ctx, "lab", "repo")

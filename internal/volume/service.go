@@ -57,10 +57,18 @@ type Service struct {
 	nodeID  string // "" on a single server
 	logger  *slog.Logger
 	stop    context.CancelFunc // ends the background sweep
-	// freezing is held (write) by a freeze while it moves a volume's
-	// files into a layer, and (read) by every open content call, which
-	// must not write where a layer is being made.
-	freezing sync.RWMutex
+	// freezing holds one lock per volume: a freeze holds it (write)
+	// while it moves the volume's files into a layer; every open content
+	// call, and every look-up of where to mount it, (read), since they
+	// must not work where a layer is being made.
+	freezingMu sync.Mutex
+	freezing   map[string]*sync.RWMutex
+	// layersMu keeps a removal of layers no volume holds from meeting a
+	// clone that is about to hold them (write for the removal).
+	layersMu sync.RWMutex
+	// overlayErr says why overlay mounts do not work under dir (nil when
+	// they do): copies are refused, rather than made and unmountable.
+	overlayErr error
 	// mountMu serialises the overlay mounts of layered volumes.
 	mountMu sync.Mutex
 	// usage is each local volume's usage, as last measured
@@ -82,6 +90,8 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 	}
 	ctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop, maxPerTeam: MaxTeamVolumes}
+	s.freezing = map[string]*sync.RWMutex{}
+	s.overlayErr = s.probeOverlay()
 	if err := s.reconcile(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -114,6 +124,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 				"another database's? remove them by hand if they are nobody's", "dir", filepath.Join(s.dir, id))
 			continue
 		}
+		s.unmount(ctx, id) // a delete cut between its record and its unmount
 		if err := os.RemoveAll(filepath.Join(s.dir, id)); err != nil {
 			return fmt.Errorf("volumes: remove %s, made or removed only in part: %w", id, err)
 		}
@@ -191,8 +202,9 @@ func (s *Service) HostPath(ctx context.Context, id string) (string, bool, error)
 	// A pending mark is not looked at: a delete marks the volume before
 	// it finds it mounted (and refuses), and its sandboxes must go on
 	// starting meanwhile. The caller's record holds the volume.
-	s.freezing.RLock()
-	defer s.freezing.RUnlock()
+	lock := s.freezeLock(id)
+	lock.RLock()
+	defer lock.RUnlock()
 	return s.files(v)
 }
 
@@ -234,15 +246,24 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 			name, IDPrefix)
 	}
 
-	// A team's volumes are bounded: each is a directory and a record,
-	// and a key must not make them without end.
-	if own, err := s.records.ListVolumes(ctx, team); err != nil {
+	if err := s.checkTeamRoom(ctx, team); err != nil {
 		return nil, err
-	} else if len(own) >= s.maxPerTeam {
-		return nil, errdefs.Errorf(errdefs.ErrResourceExhausted,
-			"team %s has %d volumes, the most a team may have: delete some first", team, len(own))
 	}
 	return s.create(ctx, team, name, nil)
+}
+
+// checkTeamRoom refuses a new volume of team past its bound: each is a
+// directory and a record, and a key must not make them without end.
+func (s *Service) checkTeamRoom(ctx context.Context, team string) error {
+	own, err := s.records.ListVolumes(ctx, team)
+	if err != nil {
+		return err
+	}
+	if len(own) >= s.maxPerTeam {
+		return errdefs.Errorf(errdefs.ErrResourceExhausted,
+			"team %s has %d volumes, the most a team may have: delete some first", team, len(own))
+	}
+	return nil
 }
 
 // create makes volume name of team over layers (none for a plain one).
@@ -319,6 +340,9 @@ func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 		s.logger.WarnContext(ctx, "volume deleted; its files are removed at the next start", "volume", v.ID, "err", err)
 	}
 	s.removeUnheldLayers(ctx, v.Layers)
+	s.freezingMu.Lock()
+	delete(s.freezing, v.ID)
+	s.freezingMu.Unlock()
 	return nil
 }
 
@@ -364,17 +388,18 @@ func (s *Service) Open(v *store.Volume) (*Dir, error) {
 	if !s.Local(v) {
 		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is on node %s, not this one", v.ID, v.NodeID)
 	}
-	s.freezing.RLock()
+	lock := s.freezeLock(v.ID)
+	lock.RLock()
 	files, _, err := s.files(v)
 	if err != nil {
-		s.freezing.RUnlock()
+		lock.RUnlock()
 		return nil, err
 	}
 	d, err := Open(files)
 	if err != nil {
-		s.freezing.RUnlock()
+		lock.RUnlock()
 		return nil, err
 	}
-	d.onClose = s.freezing.RUnlock
+	d.onClose = lock.RUnlock
 	return d, nil
 }

@@ -145,14 +145,18 @@ func diskUsed(b *testing.B, s *server, name string) int64 {
 		b.Fatal(err)
 	}
 	var total int64
-	filepath.Walk(filepath.Join(s.dataDir, "volumes", v.VolumeID, "data"), func(_ string, info os.FileInfo, err error) error {
-		if err == nil {
-			if st, ok := info.Sys().(*syscall.Stat_t); ok {
-				total += st.Blocks * 512
-			}
+	err := filepath.Walk(filepath.Join(s.dataDir, "volumes", v.VolumeID, "data"), func(_ string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			total += st.Blocks * 512
 		}
 		return nil
 	})
+	if err != nil {
+		b.Fatalf("disk used by %s: %v", name, err)
+	}
 	return total
 }
 

@@ -240,13 +240,13 @@ func TestVolumeCopyFork(t *testing.T) {
 		}
 	}
 	layers := filepath.Join(s.dataDir, "volumes", ".layers")
-	if entries, _ := os.ReadDir(layers); len(entries) != 1 {
-		t.Errorf("%d layers while the copies live, want 1", len(entries))
+	if entries, err := os.ReadDir(layers); err != nil || len(entries) != 1 {
+		t.Errorf("%d layers while the copies live (%v), want 1", len(entries), err)
 	}
 	for _, kid := range kids {
 		s.cliOK("volume", "rm", copies[kid])
 	}
-	if entries, _ := os.ReadDir(layers); len(entries) != 0 {
-		t.Errorf("layers left once every volume is gone: %d", len(entries))
+	if entries, err := os.ReadDir(layers); err != nil || len(entries) != 0 {
+		t.Errorf("layers left once every volume is gone: %d (%v)", len(entries), err)
 	}
 }

@@ -140,10 +140,14 @@ func (s *Store) RemoveNode(ctx context.Context, id string) error {
 	}
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// The node's references go with their holders; those of its
-		// uploaded templates, which stay, are kept with them.
+		// uploaded templates, which stay, are kept with them, and so are
+		// its volumes' references to their layers: volume records stay
+		// (a gateway deletes them), and the node may come back with them.
 		for _, q := range []string{`DELETE FROM sandboxes WHERE node_id = $1`,
 			`DELETE FROM templates WHERE node_id = $1 AND upload_state <> 'uploaded'`,
-			`DELETE FROM refs WHERE node_id = $1 AND (holder_kind <> 'template' OR holder_id NOT IN (SELECT id FROM templates))`,
+			`DELETE FROM refs WHERE node_id = $1
+				AND NOT (holder_kind = 'template' AND holder_id IN (SELECT id FROM templates))
+				AND NOT (holder_kind = 'volume' AND holder_id IN (SELECT id FROM volumes))`,
 			`DELETE FROM nodes WHERE id = $1`} {
 			if _, err := tx.Exec(ctx, q, id); err != nil {
 				return err // wrapped below

@@ -149,8 +149,17 @@ func TestSharedTemplate(t *testing.T) {
 	if err := a.PutTemplate(ctx, &store.Template{ID: "local-only", Name: "mine", CreatedAt: time.Unix(30, 0)}); err != nil {
 		t.Fatal(err)
 	}
+	// A copy-on-write volume of node a: its record stays (a gateway
+	// deletes it), and with it its hold on its layer.
+	if err := a.CreateVolume(ctx, &store.Volume{ID: "vol-copy", Name: "copy", TeamID: "t", Token: "x",
+		CreatedAt: time.Unix(40, 0), Layers: []string{"layer-1"}}); err != nil {
+		t.Fatal(err)
+	}
 	if err := open(t, dsn).RemoveNode(ctx, "a"); err != nil {
 		t.Fatal(err)
+	}
+	if unheld, err := b.UnheldLayers(ctx, []string{"layer-1"}); err != nil || len(unheld) != 0 {
+		t.Errorf("a removed node's volume lost its layer: unheld %v %v", unheld, err)
 	}
 	if got, err := b.SharedTemplate(ctx, "snap-1"); err != nil || got.NodeID != "a" {
 		t.Errorf("uploaded template after its node was removed: %+v %v", got, err)
