@@ -200,13 +200,16 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (_ *fork
 		if tpl.ImageDir == "" {
 			return nil, fmt.Errorf("%w: template %q has no checkpoint to fork; create sandboxes from it instead", node.ErrInvalid, req.SnapshotID)
 		}
+		if err := snapshotVolumesUsable(tpl, req.TeamID); err != nil {
+			return nil, err
+		}
 		img, release, err := m.holdTemplateImage(ctx, tpl)
 		if err != nil {
 			return nil, err
 		}
 		return &forkSource{name: tpl.ID, tpl: tpl, img: img, vcpu: tpl.VCPU, memoryMB: tpl.MemoryMB,
 			envVars: tpl.EnvVars, memoryBytes: imageBytes(img.dir), timeout: m.cfg.DefaultTimeout,
-			team: req.TeamID, release: release}, nil
+			team: req.TeamID, volumeMounts: tpl.VolumeMounts, release: release}, nil
 	}
 	e, err := m.lock(ctx, req.SandboxID, opFork)
 	if err != nil {

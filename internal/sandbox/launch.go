@@ -64,10 +64,17 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 	if err := m.validate(&req, tpl); err != nil {
 		return nil, err
 	}
-	if len(req.VolumeMounts) > 0 && tpl.ImageDir != "" {
-		// A restore must be given the mounts its checkpoint had.
-		return nil, fmt.Errorf("%w: %s is a snapshot, restored as it was taken, without volumes; mount volumes in sandboxes of templates",
-			node.ErrInvalid, req.Template)
+	if tpl.ImageDir != "" {
+		// A restore is given the mounts its checkpoint had: the
+		// snapshot's, and no others.
+		if len(req.VolumeMounts) > 0 {
+			return nil, fmt.Errorf("%w: %s is a snapshot, restored with the volumes its sandbox had (%d); it takes no others",
+				node.ErrInvalid, req.Template, len(tpl.VolumeMounts))
+		}
+		if err := snapshotVolumesUsable(tpl, req.TeamID); err != nil {
+			return nil, err
+		}
+		req.VolumeMounts = tpl.VolumeMounts
 	}
 	if _, err := ParseNetwork(req.Network); err != nil {
 		return nil, err
@@ -514,6 +521,16 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 	})
 	if err != nil {
 		return envdRefusedServer("init envd", err)
+	}
+	return nil
+}
+
+// snapshotVolumesUsable refuses a sandbox of team from snapshot tpl that
+// mounts volumes of another team (a snapshot shared with other teams
+// must not lend them its volumes).
+func snapshotVolumesUsable(tpl *store.Template, team string) error {
+	if len(tpl.VolumeMounts) > 0 && tpl.TeamID != team {
+		return fmt.Errorf("%w: snapshot %s mounts volumes of its team; only that team may start it", node.ErrInvalid, tpl.Name)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -39,13 +40,6 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	defer e.mu.Unlock()
 	v := e.view()
-	if len(v.sb.VolumeMounts) > 0 {
-		// A snapshot would have to record the mounts and hold the
-		// volumes; until it does, it is refused rather than made into
-		// one that cannot be restored.
-		return nil, fmt.Errorf("%w: sandbox %s mounts volumes, and snapshots of sandboxes with volumes are not supported yet; fork it instead",
-			node.ErrConflict, e.id)
-	}
 	src, err := m.GetTemplate(ctx, v.sb.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: template %s: %w", req.SandboxID, v.sb.TemplateID, err)
@@ -68,8 +62,13 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		MemoryMB: v.sb.MemoryMB, CreatedAt: time.Now().UTC(), Kind: req.Kind, ImageDir: dir, SourceSandbox: e.id,
 		EnvdToken: v.sb.AccessToken, EnvVars: v.sb.EnvVars, RootfsID: src.RootfsID,
 		TeamID: v.sb.TeamID, // a snapshot belongs to its sandbox's team
+		// Not the volumes' files, which stay theirs: the mounts, which
+		// the sandboxes made from it mount again.
+		VolumeMounts: slices.Clone(v.sb.VolumeMounts),
 	}
-	if m.cfg.Shared != nil {
+	// One with volumes is not shared with other nodes: they are this
+	// node's, and so are the sandboxes made from it.
+	if m.cfg.Shared != nil && len(tpl.VolumeMounts) == 0 {
 		if err := m.cfg.Shared.Share(tpl); err != nil {
 			m.removeImage(ctx, dir)
 			return nil, fmt.Errorf("snapshot %s: %w", req.SandboxID, err)
@@ -97,7 +96,9 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
-	m.share(ctx, tpl)
+	if len(tpl.VolumeMounts) == 0 {
+		m.share(ctx, tpl)
+	}
 	return tpl, nil
 }
 

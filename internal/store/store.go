@@ -85,7 +85,8 @@ type VolumeStore interface {
 	DeleteVolume(ctx context.Context, id string) ([]Ref, error)
 	// FreezeVolume puts layer on top of volume id's layers (its files
 	// until now, frozen), provided no sandbox but holder mounts it (else
-	// ErrConflict and the holders).
+	// ErrConflict and the holders). Snapshots that mount it do not stand
+	// in the way: their sandboxes will mount it, layers and all.
 	FreezeVolume(ctx context.Context, id, layer, holder string) ([]Ref, error)
 	// UnheldLayers returns those of layers that no volume holds.
 	UnheldLayers(ctx context.Context, layers []string) ([]string, error)
@@ -270,6 +271,10 @@ type Template struct {
 	// (built-in templates such as base, and those made before teams),
 	// usable by every team.
 	TeamID string
+	// VolumeMounts are the volumes a snapshot's sandbox mounted: the
+	// sandboxes made from it mount them again (a restore needs the mounts
+	// its checkpoint had), and the record holds a reference to each.
+	VolumeMounts []VolumeMount
 }
 
 // UploadDigests are what SetTemplateUpload pins of an upload.

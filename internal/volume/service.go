@@ -212,14 +212,20 @@ func (s *Service) HostPath(ctx context.Context, id string) (string, bool, error)
 // sandboxes that mount it) hold it: a conflict that names them.
 func MountedError(v *store.Volume, holders []store.Ref) error {
 	return errdefs.Errorf(errdefs.ErrConflict,
-		"volume %s is mounted by sandbox(es) %s: kill them (or wait for them to end) first", v.Name, holderList(holders))
+		"volume %s is mounted by %s: kill the sandboxes (or wait for them to end) and delete the snapshots first",
+		v.Name, holderList(holders))
 }
 
-// holderList names holders, the first ten of them.
+// holderList names holders, the first ten of them: "sandbox ID" or
+// "snapshot ID".
 func holderList(holders []store.Ref) string {
 	ids := make([]string, 0, len(holders))
 	for _, h := range holders {
-		ids = append(ids, h.HolderID)
+		kind := "sandbox"
+		if h.HolderKind == store.RefTemplate {
+			kind = "snapshot"
+		}
+		ids = append(ids, kind+" "+h.HolderID)
 	}
 	const shown = 10
 	list := strings.Join(ids[:min(len(ids), shown)], ", ")

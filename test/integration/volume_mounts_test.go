@@ -110,14 +110,31 @@ func TestVolumeMounts(t *testing.T) {
 	})
 
 	// Fork children mount the parent's volume (shared) and see each
-	// other's writes. A copy is refused while B mounts the volume too, and
-	// a snapshot is refused, not made without the volume.
+	// other's writes. A copy is refused while B mounts the volume too.
 	r = s.expect(s.do("POST", "/sandboxes/"+a.SandboxID+"/fork", map[string]any{"count": 1,
 		"volumes": map[string]string{"/mnt/work": "copy"}}), 409, "fork in copy mode of a volume B mounts too")
 	if !strings.Contains(string(r.body), b) {
 		t.Errorf("the refusal does not name B: %s", r.body)
 	}
-	s.expect(s.do("POST", "/sandboxes/"+a.SandboxID+"/snapshots", map[string]any{}), 409, "snapshot with volumes")
+	// A snapshot records the mount (not the files): its sandboxes mount
+	// the volume again, as it is when they start.
+	s.exec(a.SandboxID, client.ExecuteRequest{Command: "echo in-memory > /tmp/mem-state"})
+	var snap client.Snapshot
+	s.expect(s.do("POST", "/sandboxes/"+a.SandboxID+"/snapshots", map[string]any{"name": "with-volume"}), 201, "snapshot with a volume").json(t, &snap)
+	s.expect(s.do("PUT", content+"/file?path=/after-snapshot", "later", bearer...), 200, "write after the snapshot")
+	s.expect(s.do("POST", "/sandboxes", map[string]any{"templateID": "with-volume",
+		"volumeMounts": []map[string]any{{"name": "work", "path": "/other"}}}), 400, "more mounts on a snapshot's sandbox")
+	fromSnap := s.create(map[string]any{"templateID": "with-volume"}).SandboxID
+	if res := s.exec(fromSnap, client.ExecuteRequest{Command: "cat /tmp/mem-state /mnt/work/a.txt /mnt/work/after-snapshot"}); res.Stdout != "in-memory\nfrom-a\nlater" {
+		t.Errorf("a sandbox of the snapshot sees %+v", res)
+	}
+	s.expect(s.do("DELETE", "/sandboxes/"+fromSnap, nil), 204, "kill the snapshot's sandbox")
+	for _, k := range s.fork("/snapshots/with-volume/fork", 1) {
+		if res := s.exec(k, client.ExecuteRequest{Command: "cat /mnt/work/after-snapshot"}); res.Stdout != "later" {
+			t.Errorf("a fork of the snapshot sees %+v", res)
+		}
+		s.expect(s.do("DELETE", "/sandboxes/"+k, nil), 204, "kill the snapshot's child")
+	}
 	kids := s.fork("/sandboxes/"+a.SandboxID+"/fork", 2)
 	for i, k := range kids {
 		s.exec(k, client.ExecuteRequest{Command: "echo child > /mnt/work/child-" + kids[i]})
@@ -129,6 +146,12 @@ func TestVolumeMounts(t *testing.T) {
 	for _, id := range append(kids, a.SandboxID, b) {
 		s.expect(s.do("DELETE", "/sandboxes/"+id, nil), 204, "kill")
 	}
+	// The snapshot still holds the volume.
+	r = s.expect(s.do("DELETE", "/volumes/work", nil), 409, "delete a volume a snapshot holds")
+	if !strings.Contains(string(r.body), "snapshot "+snap.SnapshotID) {
+		t.Errorf("the refusal does not name the snapshot: %s", r.body)
+	}
+	s.expect(s.do("DELETE", "/templates/"+snap.SnapshotID, nil), 204, "delete the snapshot")
 	s.cliOK("volume", "rm", "work")
 	if _, err := os.Stat(filepath.Join(s.dataDir, "volumes", v.VolumeID)); !os.IsNotExist(err) {
 		t.Errorf("the deleted volume's files: %v", err)

@@ -117,7 +117,7 @@ func (s *Store) insertSandbox(ctx context.Context, tx pgx.Tx, sb *store.Sandbox,
 	if err != nil {
 		return err
 	}
-	if err := holdVolumes(ctx, tx, s.node, sb); err != nil {
+	if err := holdVolumes(ctx, tx, s.node, store.RefSandbox, sb.ID, sb.VolumeMounts); err != nil {
 		return err
 	}
 	_, err = tx.Exec(ctx, sandboxInsert, append(args, s.node, sb.TeamID, mounts)...)
@@ -310,7 +310,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
 	kind, image_dir, source_sandbox, envd_token, env_vars, node_id, rootfs_id, upload_state, upload_error,
-	image_digest, rootfs_digest, team_id`
+	image_digest, rootfs_digest, team_id, volume_mounts`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -352,6 +352,9 @@ func (s *Store) putTemplateHolding(ctx context.Context, tx pgx.Tx, t *store.Temp
 	if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
 		return err
 	}
+	if err := holdVolumes(ctx, tx, s.node, store.RefTemplate, t.ID, t.VolumeMounts); err != nil {
+		return err
+	}
 	return insertRef(ctx, tx, s.node, store.RefTemplate, t.ID, t.RootfsPath)
 }
 
@@ -361,19 +364,24 @@ func putTemplate(ctx context.Context, tx pgx.Tx, box *secretBox, t *store.Templa
 	if err != nil {
 		return err
 	}
+	mounts, err := store.MarshalVolumeMounts(t.VolumeMounts)
+	if err != nil {
+		return err
+	}
 	_, err = tx.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17, $18,
-		$19, $20, $21)
+		$19, $20, $21, NULLIF($22, '')::jsonb)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env = excluded.env, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
 		envd_token = excluded.envd_token, env_vars = excluded.env_vars, rootfs_id = excluded.rootfs_id,
 		upload_state = excluded.upload_state, upload_error = excluded.upload_error,
-		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id`,
+		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id,
+		volume_mounts = excluded.volume_mounts`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, envdToken, envVars, node,
-		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID, mounts)
 	return err
 }
 
@@ -592,14 +600,17 @@ func scanSandbox(box *secretBox, r pgx.Row) (*store.Sandbox, error) {
 func scanTemplate(box *secretBox, r pgx.Row) (*store.Template, error) {
 	var t store.Template
 	var kind, upload string
-	var env, envVars []byte
+	var env, envVars, mounts []byte
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID,
-		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID, &mounts); err != nil {
 		return nil, err
 	}
 	var err error
+	if t.VolumeMounts, err = store.UnmarshalVolumeMounts(mounts); err != nil {
+		return nil, dbError("template %s: %w", t.ID, err)
+	}
 	if t.EnvdToken, err = box.open(colEnvdToken, t.ID, t.EnvdToken); err != nil {
 		return nil, err
 	}

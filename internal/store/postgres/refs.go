@@ -37,14 +37,14 @@ func lockVolume(ctx context.Context, tx pgx.Tx, id string) error {
 	return err
 }
 
-// holdVolumes takes sb's references (as node's) to the volumes it mounts,
-// which must exist (else ErrNotFound: deleted since the create looked
-// them up).
-func holdVolumes(ctx context.Context, tx pgx.Tx, node string, sb *store.Sandbox) error {
+// holdVolumes takes the references of holder (kind, id), as node's, to
+// the volumes of mounts, which must exist (else ErrNotFound: deleted since
+// the create looked them up).
+func holdVolumes(ctx context.Context, tx pgx.Tx, node string, kind store.RefKind, holder string, mounts []store.VolumeMount) error {
 	// Locked in one order, whatever the mounts' order, so that two creates
 	// mounting the same volumes cannot wait on each other.
-	ids := make([]string, 0, len(sb.VolumeMounts))
-	for _, m := range sb.VolumeMounts {
+	ids := make([]string, 0, len(mounts))
+	for _, m := range mounts {
 		ids = append(ids, m.VolumeID)
 	}
 	slices.Sort(ids)
@@ -61,7 +61,7 @@ func holdVolumes(ctx context.Context, tx pgx.Tx, node string, sb *store.Sandbox)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO refs (node_id, holder_kind, holder_id, target_kind, target_id)
 			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
-			node, string(store.RefSandbox), sb.ID, string(store.RefVolume), id); err != nil {
+			node, string(kind), holder, string(store.RefVolume), id); err != nil {
 			return err
 		}
 	}

@@ -127,7 +127,7 @@ func (s *Store) FreezeVolume(ctx context.Context, id, layer, holder string) ([]s
 			return err
 		}
 		for _, h := range holders {
-			if h.HolderKind != store.RefSandbox || h.HolderID != holder {
+			if h.HolderKind == store.RefSandbox && h.HolderID != holder {
 				return store.ErrConflict
 			}
 		}

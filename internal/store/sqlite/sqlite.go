@@ -160,7 +160,7 @@ func insertSandbox(ctx context.Context, tx *sql.Tx, sb *store.Sandbox, args []an
 	if err != nil {
 		return err
 	}
-	if err := holdVolumes(ctx, tx, sb); err != nil {
+	if err := holdVolumes(ctx, tx, store.RefSandbox, sb.ID, sb.VolumeMounts); err != nil {
 		return err
 	}
 	_, err = tx.ExecContext(ctx, sandboxInsert, append(args, sb.TeamID, mounts)...)
@@ -170,10 +170,11 @@ func insertSandbox(ctx context.Context, tx *sql.Tx, sb *store.Sandbox, args []an
 	return err
 }
 
-// holdVolumes takes sb's references to the volumes it mounts, which must
-// exist (else ErrNotFound: deleted since the create looked them up).
-func holdVolumes(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
-	for _, m := range sb.VolumeMounts {
+// holdVolumes takes the references of holder (kind, id) to the volumes
+// of mounts, which must exist (else ErrNotFound: deleted since the create
+// looked them up).
+func holdVolumes(ctx context.Context, tx *sql.Tx, kind store.RefKind, id string, mounts []store.VolumeMount) error {
+	for _, m := range mounts {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM volumes WHERE id = ?`, m.VolumeID).Scan(&n); err != nil {
 			return err
@@ -182,7 +183,7 @@ func holdVolumes(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
 			return fmt.Errorf("volume %s: %w", m.VolumeID, store.ErrNotFound)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO refs (holder_kind, holder_id, target_kind, target_id)
-			VALUES (?, ?, ?, ?)`, string(store.RefSandbox), sb.ID, string(store.RefVolume), m.VolumeID); err != nil {
+			VALUES (?, ?, ?, ?)`, string(kind), id, string(store.RefVolume), m.VolumeID); err != nil {
 			return err
 		}
 	}
@@ -469,7 +470,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at,
 	kind, image_dir, source_sandbox, envd_token, env_vars_json, rootfs_id, upload_state, upload_error,
-	image_digest, rootfs_digest, team_id`
+	image_digest, rootfs_digest, team_id, volume_mounts_json`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -507,24 +508,32 @@ func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind
 	if err := releaseRefs(ctx, tx, store.RefTemplate, t.ID); err != nil {
 		return err
 	}
+	if err := holdVolumes(ctx, tx, store.RefTemplate, t.ID, t.VolumeMounts); err != nil {
+		return err
+	}
 	_, err := tx.ExecContext(ctx, `INSERT INTO refs (holder_kind, holder_id, target_kind, target_id)
 		VALUES (?, ?, ?, ?)`, string(store.RefTemplate), t.ID, string(store.RefRootfs), t.RootfsPath)
 	return err
 }
 
 func putTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind, env, envVars string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	mounts, err := store.MarshalVolumeMounts(t.VolumeMounts)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
 		kind = excluded.kind, image_dir = excluded.image_dir, source_sandbox = excluded.source_sandbox,
 		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json,
 		rootfs_id = excluded.rootfs_id, upload_state = excluded.upload_state, upload_error = excluded.upload_error,
-		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id`,
+		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id,
+		volume_mounts_json = excluded.volume_mounts_json`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, envVars,
-		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID, mounts)
 	return err
 }
 
@@ -702,12 +711,16 @@ func boolInt(b bool) int {
 
 func scanTemplate(r scanner) (*store.Template, error) {
 	var t store.Template
-	var env, kind, envVars, upload string
+	var env, kind, envVars, upload, mounts string
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars,
-		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID, &mounts); err != nil {
 		return nil, err
+	}
+	var err error
+	if t.VolumeMounts, err = store.UnmarshalVolumeMounts([]byte(mounts)); err != nil {
+		return nil, fmt.Errorf("template %s: %w", t.ID, err)
 	}
 	t.CreatedAt = time.Unix(0, created).UTC()
 	t.Kind = store.TemplateKind(kind)

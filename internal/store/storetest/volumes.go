@@ -144,6 +144,34 @@ func RunVolumeMounts(t *testing.T, newStore func(t *testing.T) VolumeAndSandboxS
 	if _, err := s.GetSandbox(ctx, "sb3"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the refused create left a record: %v", err)
 	}
+	// A snapshot of a sandbox with volumes holds them too, until it goes.
+	snap := &store.Template{ID: "snap-1", Name: "snap", RootfsPath: "/r/base", Kind: store.KindSnapshot,
+		ImageDir: "/images/snap-1", CreatedAt: now, TeamID: "team-1", VolumeMounts: mounts[:1]}
+	if err := s.PutTemplate(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTemplate(ctx, "snap-1"); err != nil || len(got.VolumeMounts) != 1 || got.VolumeMounts[0] != mounts[0] {
+		t.Fatalf("a snapshot's mounts round trip: %+v %v", got, err)
+	}
+	sb.State = store.StateDead
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	holders, err = s.DeleteVolume(ctx, "vol-a")
+	if !errors.Is(err, store.ErrConflict) || len(holders) != 1 || holders[0].HolderKind != store.RefTemplate {
+		t.Fatalf("delete of a volume a snapshot holds: %v %+v, want ErrConflict held by the snapshot", err, holders)
+	}
+	// A put of the snapshot again (its upload state, say) keeps the hold.
+	if err := s.PutTemplate(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.DeleteVolume(ctx, "vol-a"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("delete after the snapshot's second put: %v, want ErrConflict", err)
+	}
+	if err := s.DeleteTemplate(ctx, "snap-1"); err != nil {
+		t.Fatal(err)
+	}
+
 	// Once the sandbox is dead, its volumes are free.
 	sb.State = store.StateDead
 	if err := s.UpdateSandbox(ctx, sb); err != nil {
