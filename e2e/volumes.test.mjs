@@ -96,6 +96,13 @@ describe('volumes', () => {
     assert.equal(await vol.readFile('/from-writer.txt'), 'written inside')
     assert.equal(await reader.files.read('/mnt/ro/from-writer.txt'), 'written inside')
 
+    // Pause and resume keep the mount; what was written meanwhile is there.
+    assert.equal(await writer.pause(), true)
+    await vol.writeFile('/while-paused.txt', 'written while paused')
+    const resumed = await Sandbox.connect(writer.sandboxId)
+    assert.equal((await resumed.commands.run('cat /mnt/data/from-writer.txt /mnt/data/while-paused.txt')).stdout,
+      'written insidewritten while paused')
+
     // The volume outlives the sandbox; while mounted it is not destroyed.
     const res = await fetch(server.url + '/volumes/' + vol.volumeId, { method: 'DELETE', headers: { 'X-API-Key': server.apiKey } })
     assert.equal(res.status, 409)
