@@ -34,3 +34,23 @@ func TestParseVolumeMounts(t *testing.T) {
 		}
 	}
 }
+
+func TestVolumeRef(t *testing.T) {
+	for _, tc := range []struct {
+		arg, vol, path string
+		ok             bool
+	}{
+		{"data:/a/b", "data", "/a/b", true},
+		{"vol-abc:/", "vol-abc", "/", true},
+		{"./data:/x", "", "", false}, // a local path with a colon
+		{"data:a", "", "", false},
+		{":/a", "", "", false},
+		{"/tmp/file", "", "", false},
+		{`C:\x`, "", "", false},
+	} {
+		vol, p, ok := volumeRef(tc.arg)
+		if vol != tc.vol || p != tc.path || ok != tc.ok {
+			t.Errorf("volumeRef(%q) = %q %q %v, want %q %q %v", tc.arg, vol, p, ok, tc.vol, tc.path, tc.ok)
+		}
+	}
+}

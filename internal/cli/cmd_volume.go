@@ -17,13 +17,17 @@ func (a *app) volumeCommand() *cobra.Command {
 		Long: `A volume is a directory kept on the node that made it, apart from any
 sandbox: it outlives them all. Its content is read and written without a
 sandbox through E2B's volume content API (the E2B SDK's Volume class), with
-the token 'aenv volume inspect' shows. Volumes belong to the key's team;
-names are unique within it. Mounting volumes into sandboxes is not served
-yet.`,
+the token 'aenv volume inspect' shows, or with 'aenv volume cp'. Volumes
+belong to the key's team; names are unique within it.
+
+Mount a volume into a sandbox with 'aenv start TEMPLATE -v NAME:/path[:ro]';
+give each child of a fork its own copy-on-write copy of one with 'aenv fork
+ID --volume-copy /path'.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.volumeCreateCommand(), a.volumeLsCommand(), a.volumeInspectCommand(), a.volumeRmCommand())
+	cmd.AddCommand(a.volumeCreateCommand(), a.volumeLsCommand(), a.volumeInspectCommand(), a.volumeRmCommand(),
+		a.volumeCpCommand())
 	return cmd
 }
 

@@ -79,3 +79,64 @@ func TestVolumesCLIAndRestart(t *testing.T) {
 		t.Errorf("inspect a removed volume: exit 0, %s", out)
 	}
 }
+
+// TestVolumeCp: aenv volume cp copies a tree up and down whole, keeps
+// modes, goes inside an existing directory as cp does, and skips links.
+func TestVolumeCp(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	s.cliOK("volume", "create", "trees")
+	src := t.TempDir()
+	files := map[string]string{
+		"top.txt":         "top\n",
+		"a/b/deep.txt":    "deep\n",
+		"a/big.bin":       strings.Repeat("0123456789", 300_000),
+		"a/empty-dir/.gk": "",
+	}
+	for name, content := range files {
+		p := filepath.Join(src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(src, "a", "link")); err != nil {
+		t.Fatal(err)
+	}
+	out, code := s.cli("volume", "cp", src, "trees:/up")
+	if code != 0 || !strings.Contains(out, "copied 4 file(s)") || !strings.Contains(out, "skipped") {
+		t.Fatalf("cp up: exit %d, %s", code, out)
+	}
+	down := t.TempDir()
+	s.cliOK("volume", "cp", "trees:/up", down)
+	for name, content := range files {
+		p := filepath.Join(down, "up", name)
+		got, err := os.ReadFile(p)
+		if err != nil || string(got) != content {
+			t.Errorf("%s after the round trip: %d bytes, %v", name, len(got), err)
+			continue
+		}
+		if info, _ := os.Stat(p); info.Mode().Perm() != 0o640 {
+			t.Errorf("%s mode %v, want 0640", name, info.Mode().Perm())
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(down, "up", "a", "link")); !os.IsNotExist(err) {
+		t.Errorf("a link was copied: %v", err)
+	}
+	// A file onto an existing volume directory goes inside it.
+	s.cliOK("volume", "cp", filepath.Join(src, "top.txt"), "trees:/up/a")
+	s.cliOK("volume", "cp", "trees:/up/a/top.txt", filepath.Join(down, "again.txt"))
+	if got, err := os.ReadFile(filepath.Join(down, "again.txt")); err != nil || string(got) != "top\n" {
+		t.Errorf("a file copied into a directory and back: %q %v", got, err)
+	}
+	for _, bad := range [][]string{{"a", "b"}, {"trees:/x", "trees:/y"}} {
+		if out, code := s.cli(append([]string{"volume", "cp"}, bad...)...); code != 2 {
+			t.Errorf("cp %v: exit %d, %s; want 2 (usage)", bad, code, out)
+		}
+	}
+	if out, code := s.cli("volume", "cp", "nope:/x", down); code == 0 {
+		t.Errorf("cp from an unknown volume: exit 0, %s", out)
+	}
+}
