@@ -44,7 +44,7 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 		return nil, fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
 	}
 	if len(req.CopyVolumes) > 0 && req.SandboxID == "" {
-		return nil, fmt.Errorf("%w: volume copies are made in a fork of a sandbox; a snapshot mounts no volumes", node.ErrInvalid)
+		return nil, fmt.Errorf("%w: copies of volumes are made in forks of sandboxes; a snapshot's children mount its volumes", node.ErrInvalid)
 	}
 	if len(req.CopyVolumes) > 0 {
 		// Before the parent is stopped and its volumes frozen: the slots
@@ -187,7 +187,7 @@ type forkSource struct {
 	frozen  map[string]*store.Volume
 	release func()
 	// resumeParent, if set, resumes the parent, stopped for the copies
-	// of its volumes, once the fork is done.
+	// of its volumes, once its image is taken (before the children).
 	resumeParent func()
 }
 
