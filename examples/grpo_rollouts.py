@@ -228,10 +228,15 @@ class Runner:
     def new_env(self, snapshot: Optional[str] = None) -> aenv.SandboxEnv:
         # From a snapshot the task is already set up; from the template it is not.
         setup = None if snapshot else (lambda env: set_up_task(env, TASK))
+        create_kwargs = {"timeout_s": 600, "metadata": {"example": "grpo_rollouts"}}
+        if self.args.dataset_volume and not snapshot:
+            # Read-only for every rollout; a snapshot (and its forks) keeps
+            # the mounts its sandbox had, so it is given none.
+            create_kwargs["volume_mounts"] = {"/data": {"name": self.args.dataset_volume, "read_only": True}}
         return aenv.SandboxEnv(self.client, self.args.template, snapshot=snapshot, setup=setup,
                                reward_fn=compute_reward, done_fn=tests_passed, observe=OBSERVE,
                                max_steps=self.args.max_steps, step_timeout=60, cwd=WORKDIR,
-                               create_kwargs={"timeout_s": 600, "metadata": {"example": "grpo_rollouts"}})
+                               create_kwargs=create_kwargs)
 
     async def make_group(self, base: aenv.SandboxEnv) -> List[aenv.SandboxEnv]:
         """G envs in the base's state: forked, or else created and set up."""
@@ -345,6 +350,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--policy", help="module:factory returning an async policy (default: random)")
     p.add_argument("--no-fork", action="store_true", help="create and set up each child instead of forking")
     p.add_argument("--no-snapshot", action="store_true")
+    p.add_argument("--dataset-volume", metavar="NAME",
+                   help="mount this volume (aenv volume create/cp) read-only at /data in every rollout")
     p.add_argument("--short", action="store_true", help="1 iteration, G=3, 4 steps (for tests)")
     args = p.parse_args(argv)
     if args.short:
