@@ -129,6 +129,28 @@ describe('volumes', () => {
     await sbx.kill()
   })
 
+  test("a fork in copy mode gives each child its own copy of the parent's volume", async () => {
+    const vol = await Volume.create('e2e-repo')
+    server.defer(() => Volume.destroy(vol.volumeId).catch(() => {}))
+    await vol.writeFile('/main.txt', 'base', { uid: 1000, gid: 1000 })
+    const parent = await Sandbox.create('base', { volumeMounts: { '/repo': vol } })
+    server.defer(() => parent.kill().catch(() => {}))
+    const res = await admin('POST', `/sandboxes/${parent.sandboxId}/fork`, { count: 2, volumes: { '/repo': 'copy' } })
+    const kids = await Promise.all(res.map((r) => {
+      assert.ok(r.sandbox, JSON.stringify(r))
+      return Sandbox.connect(r.sandbox.sandboxID)
+    }))
+    for (const k of kids) server.defer(() => k.kill().catch(() => {}))
+    for (const k of kids) await k.commands.run(`echo -n ${k.sandboxId} > /repo/main.txt`)
+    await parent.commands.run('echo -n parent > /repo/main.txt')
+    for (const k of kids) assert.equal(await k.files.read('/repo/main.txt'), k.sandboxId)
+    assert.equal(await vol.readFile('/main.txt'), 'parent')
+    const copies = (await Volume.list()).filter((v) => v.name.startsWith('e2e-repo-copy-'))
+    assert.equal(copies.length, 2, JSON.stringify(copies))
+    for (const k of kids) await k.kill()
+    for (const c of copies) assert.equal(await Volume.destroy(c.volumeId), true)
+  })
+
   test("a team sees only its volumes, and a wrong token reads nothing", async () => {
     await admin('POST', '/teams', { teamID: 'vol-team-a' })
     await admin('POST', '/teams', { teamID: 'vol-team-b' })
