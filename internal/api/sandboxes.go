@@ -433,7 +433,9 @@ func (s *Server) volumeMounts(r *http.Request, asked []wire.SandboxVolumeMount) 
 		if m.Name == "" {
 			return nil, badRequest(fmt.Sprintf("volumeMounts: the mount at %s names no volume", paths[i]))
 		}
-		v, err := s.cfg.Volumes.Get(r.Context(), p.TeamID, p.Admin, m.Name)
+		// Even an admin's sandbox mounts only its own team's volumes: a
+		// sandbox (and a snapshot of it) must not lend another team's.
+		v, err := s.cfg.Volumes.Get(r.Context(), p.TeamID, false, m.Name)
 		if err != nil {
 			return nil, err
 		}

@@ -27,9 +27,11 @@ func (a *app) volumeCpCommand() *cobra.Command {
 SRC and DST names a path in a volume as VOLUME:/path (the volume's name or
 ID); the other is a local path. Directories are copied whole. A file copied
 onto an existing directory goes inside it, as cp does. Files are written
-whole: a copy cut short leaves no half file in the volume. Modes are kept;
-owners are not (files in the volume are the server's, unless set with the
-content API). Symbolic links are skipped, and said so.
+whole: a copy cut short leaves no half file in the volume. Files' modes are
+kept; owners are not (files in the volume are the server's, unless set with
+the content API), nor are directories' modes. Symbolic links inside a tree
+are skipped, and said so. A directory of more than 100,000 entries cannot be
+listed, and so not copied down.
 
 Progress is shown on a terminal; a summary line follows every copy.`,
 		Example: `  aenv volume cp ./dataset datasets:/mnist
@@ -86,6 +88,11 @@ func (a *app) volumeCopy(ctx context.Context, c *client.Client, src, dst string)
 
 // upload copies local file or tree src to dst in the volume.
 func upload(ctx context.Context, files *client.VolumeFiles, src, dst string, p *copyProgress) error {
+	// A link given as the source is followed (a walk would not).
+	src, err := filepath.EvalSymlinks(src)
+	if err != nil {
+		return err
+	}
 	info, err := os.Stat(src)
 	if err != nil {
 		return err
@@ -137,6 +144,7 @@ func uploadFile(ctx context.Context, files *client.VolumeFiles, local, remote st
 
 // download copies file or tree src of the volume to local dst.
 func download(ctx context.Context, files *client.VolumeFiles, src, dst string, p *copyProgress) error {
+	src = path.Clean(src)
 	top, err := files.Stat(ctx, src)
 	if err != nil {
 		return err

@@ -74,8 +74,11 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 		return nil, err
 	}
 
-	m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.vcpu, memoryMB: src.memoryMB,
-		unheld: !m.local(src.tpl)}, req.Count)
+	if len(src.volumeMounts) == 0 {
+		// Children with volumes take no pooled instance (see plan).
+		m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.vcpu, memoryMB: src.memoryMB,
+			unheld: !m.local(src.tpl)}, req.Count)
+	}
 	start := time.Now()
 	results := make([]node.ForkResult, req.Count)
 	children := make([]*entry, req.Count)

@@ -76,6 +76,7 @@ type Service struct {
 	usageMu    sync.Mutex
 	usage      map[string]measured
 	layerBytes int64
+	measureMu  sync.Mutex // one measureAll at a time
 	// maxPerTeam bounds a team's volumes: MaxTeamVolumes.
 	maxPerTeam int
 	sweeps     sync.WaitGroup
@@ -346,6 +347,7 @@ func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 		s.logger.WarnContext(ctx, "volume deleted; its files are removed at the next start", "volume", v.ID, "err", err)
 	}
 	s.removeUnheldLayers(ctx, v.Layers)
+	s.forgetUsage(v.ID)
 	s.freezingMu.Lock()
 	delete(s.freezing, v.ID)
 	s.freezingMu.Unlock()

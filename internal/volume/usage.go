@@ -33,21 +33,27 @@ func (s *Service) measure(id string) (Usage, error) {
 
 // sampleUsage measures every local volume, then does so again every
 // interval until ctx ends.
+// The wait is at least ten times the last walk, so that large volumes
+// are not walked without end.
 func (s *Service) sampleUsage(ctx context.Context, interval time.Duration) {
 	defer s.sweeps.Done()
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	for {
+		start := time.Now()
 		s.measureAll(ctx)
+		wait := max(interval, 10*time.Since(start))
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(wait):
 		}
 	}
 }
 
+// measureAll measures every local volume. Measures run one at a time, so
+// that the last published is the last made.
 func (s *Service) measureAll(ctx context.Context) {
+	s.measureMu.Lock()
+	defer s.measureMu.Unlock()
 	all, err := s.records.ListVolumes(ctx, "")
 	if err != nil {
 		if ctx.Err() == nil {
@@ -77,6 +83,21 @@ func (s *Service) measureAll(ctx context.Context) {
 	s.usageMu.Lock()
 	s.usage, s.layerBytes = seen, layers
 	s.usageMu.Unlock()
+}
+
+// forgetUsage drops deleted volume id's usage.
+func (s *Service) forgetUsage(id string) {
+	s.usageMu.Lock()
+	defer s.usageMu.Unlock()
+	if _, ok := s.usage[id]; ok {
+		next := make(map[string]measured, len(s.usage))
+		for k, v := range s.usage {
+			if k != id {
+				next[k] = v
+			}
+		}
+		s.usage = next
+	}
 }
 
 // UsageOf is volume id's usage as last measured; false before the first

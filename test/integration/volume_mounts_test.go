@@ -54,6 +54,19 @@ func TestVolumeMounts(t *testing.T) {
 	if after := listed(); after != before {
 		t.Fatalf("refused creates left sandboxes: %d then %d", before, after)
 	}
+	// Another team's volume is not mounted, by name or ID, even by an
+	// admin: the sandbox (and any snapshot of it) would lend it out.
+	e := newEndpoint(t, s.url)
+	labKey, _ := e.makeTeam("lab")
+	var labVol struct{ VolumeID string }
+	e.want(201, labKey, "POST", "/volumes", map[string]string{"name": "lab-data"}).json(t, &labVol)
+	for _, name := range []string{labVol.VolumeID, "lab-data"} {
+		e.want(404, apiKey, "POST", "/sandboxes", map[string]any{"templateID": "base",
+			"volumeMounts": []map[string]any{{"name": name, "path": "/x"}}})
+	}
+	e.want(404, labKey, "POST", "/sandboxes", map[string]any{"templateID": "base",
+		"volumeMounts": []map[string]any{{"name": v.VolumeID, "path": "/x"}}})
+	e.want(204, labKey, "DELETE", "/volumes/lab-data", nil)
 
 	// A reads and writes; B, read-only, sees A's writes and cannot write.
 	a := s.create(map[string]any{"templateID": "base",
