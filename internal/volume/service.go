@@ -17,6 +17,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
+	"golang.org/x/sys/unix"
 )
 
 // IDPrefix starts every volume's ID; names may not, so that an ID and a
@@ -79,7 +80,11 @@ type Service struct {
 	measureMu  sync.Mutex // one measureAll at a time
 	// maxPerTeam bounds a team's volumes: MaxTeamVolumes.
 	maxPerTeam int
-	sweeps     sync.WaitGroup
+	// minFreeBytes and minFreeFraction are the disk a new volume leaves
+	// free at least (the larger of the two): MinFreeBytes, MinFreeFraction.
+	minFreeBytes    uint64
+	minFreeFraction float64
+	sweeps          sync.WaitGroup
 }
 
 // NewService opens the volumes kept under dir, and removes the
@@ -90,7 +95,8 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 		return nil, fmt.Errorf("volumes: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop, maxPerTeam: MaxTeamVolumes}
+	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop, maxPerTeam: MaxTeamVolumes,
+		minFreeBytes: MinFreeBytes, minFreeFraction: MinFreeFraction}
 	s.freezing = map[string]*sync.RWMutex{}
 	s.overlayErr = s.probeOverlay()
 	if err := s.reconcile(ctx); err != nil {
@@ -259,9 +265,39 @@ func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume,
 	return s.create(ctx, team, name, nil)
 }
 
+// MinFreeBytes and MinFreeFraction: no volume is made (or copied) on a
+// disk with less free than the larger of the two, so that volumes do not
+// take the disk the node's sandboxes, images and database need.
+const (
+	MinFreeBytes    = 1 << 30
+	MinFreeFraction = 0.05
+)
+
+// checkDisk refuses a new volume when the disk under the volumes is
+// nearly full (507).
+func (s *Service) checkDisk() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.dir, &st); err != nil {
+		return fmt.Errorf("volumes: free disk: %w", err)
+	}
+	free := st.Bavail * uint64(st.Bsize)
+	total := st.Blocks * uint64(st.Bsize)
+	floor := max(s.minFreeBytes, uint64(float64(total)*s.minFreeFraction))
+	if free < floor {
+		return errdefs.Errorf(errdefs.ErrInsufficientStorage,
+			"the node's disk has %d MiB free, and volumes are made only while %d MiB stay free: delete volumes or free the disk",
+			free>>20, floor>>20)
+	}
+	return nil
+}
+
 // checkTeamRoom refuses a new volume of team past its bound: each is a
 // directory and a record, and a key must not make them without end.
+// It also refuses one on a disk nearly full.
 func (s *Service) checkTeamRoom(ctx context.Context, team string) error {
+	if err := s.checkDisk(); err != nil {
+		return err
+	}
 	own, err := s.records.ListVolumes(ctx, team)
 	if err != nil {
 		return err

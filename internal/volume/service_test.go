@@ -260,3 +260,22 @@ func collectorRegistry(t *testing.T, s *Service) *prometheus.Registry {
 	reg.MustRegister(s.Collector())
 	return reg
 }
+
+// No volume is made on a nearly full disk: 507, and nothing left.
+func TestServiceRefusesOnAFullDisk(t *testing.T) {
+	s, db, _ := newTestService(t)
+	ctx := context.Background()
+	s.minFreeFraction = 1.01 // more than the whole disk: always "full"
+	_, err := s.Create(ctx, "lab", "big")
+	if !errors.Is(err, errdefs.ErrInsufficientStorage) {
+		t.Fatalf("create on a full disk: %v, want insufficient storage", err)
+	}
+	if vs, _ := db.ListVolumes(ctx, ""); len(vs) != 0 {
+		t.Errorf("a refused create left records: %v", vs)
+	}
+	s.minFreeFraction = 0
+	s.minFreeBytes = 0
+	if _, err := s.Create(ctx, "lab", "big"); err != nil {
+		t.Fatalf("create with the floor off: %v", err)
+	}
+}
