@@ -59,9 +59,16 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 	}
 	defer src.release()
 	if src.resumeParent != nil {
-		// The children are restored from their own image: the parent
-		// goes first, into the slot it let go.
-		src.resumeParent()
+		// The children are restored from their own image, the parent
+		// from its own beside them (the slot it let go is free for it:
+		// the capacity was checked while it held it). The answer waits
+		// for it.
+		resumed := make(chan struct{})
+		go func() {
+			defer close(resumed)
+			src.resumeParent()
+		}()
+		defer func() { <-resumed }()
 	}
 	if err := m.checkCapacity(req.Count, src.memoryBytes); err != nil {
 		return nil, err
@@ -190,7 +197,7 @@ type forkSource struct {
 	frozen  map[string]*store.Volume
 	release func()
 	// resumeParent, if set, resumes the parent, stopped for the copies
-	// of its volumes, once its image is taken (before the children).
+	// of its volumes, once its image is taken (beside the children).
 	resumeParent func()
 }
 
