@@ -455,3 +455,15 @@ func UnmarshalVolumeMounts(b []byte) ([]VolumeMount, error) {
 	}
 	return mounts, nil
 }
+
+// HeldByOtherSandbox reports whether a sandbox other than holder is among
+// holders (the references to a volume): what stands in the way of a
+// freeze, which snapshots do not.
+func HeldByOtherSandbox(holders []Ref, holder string) bool {
+	for _, h := range holders {
+		if h.HolderKind == RefSandbox && h.HolderID != holder {
+			return true
+		}
+	}
+	return false
+}

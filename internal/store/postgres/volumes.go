@@ -126,10 +126,8 @@ func (s *Store) FreezeVolume(ctx context.Context, id, layer, holder string) ([]s
 		if holders, err = volumeHolders(ctx, tx, id); err != nil {
 			return err
 		}
-		for _, h := range holders {
-			if h.HolderKind == store.RefSandbox && h.HolderID != holder {
-				return store.ErrConflict
-			}
+		if store.HeldByOtherSandbox(holders, holder) {
+			return store.ErrConflict
 		}
 		var node string
 		err = tx.QueryRow(ctx, `UPDATE volumes SET layers = to_jsonb(ARRAY[$2::text]) || COALESCE(layers, '[]'::jsonb)

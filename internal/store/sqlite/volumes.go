@@ -115,10 +115,8 @@ func (s *Store) FreezeVolume(ctx context.Context, id, layer, holder string) ([]s
 		if holders, err = volumeHolders(ctx, tx, id); err != nil {
 			return err
 		}
-		for _, h := range holders {
-			if h.HolderKind == store.RefSandbox && h.HolderID != holder {
-				return store.ErrConflict
-			}
+		if store.HeldByOtherSandbox(holders, holder) {
+			return store.ErrConflict
 		}
 		v, err := scanVolume(tx.QueryRowContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE id = ?`, id))
 		if errors.Is(err, sql.ErrNoRows) {
