@@ -15,6 +15,8 @@ RACE_BIN  := $(BIN)/race
 DATA_DIR  ?= /var/lib/aenv
 GOTEST    ?= $(GO) test
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.6.1
+CONSOLE_WEB  := internal/console/web
+CONSOLE_DIST := internal/console/dist
 
 .PHONY: help
 help: ## Show this help
@@ -27,8 +29,20 @@ deps: ## Install the Debian packages aenv needs (root)
 .PHONY: build
 build: $(BIN)/aenv $(BIN)/envd $(BIN)/aenv-chart $(BIN)/runsc ## Build aenv, envd, aenv-chart and the pinned runsc into bin/
 
-$(BIN)/aenv: FORCE
+$(BIN)/aenv: $(CONSOLE_DIST)/app.js FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/aenv
+
+# The web console's scripts and styles (internal/console/web), bundled with
+# the npm packages they import by esbuild's Go library (tools/consolebundle,
+# a module of its own) into internal/console/dist, which aenv embeds. A build
+# without them (plain go build) serves a console page that says so.
+$(CONSOLE_DIST)/app.js: $(CONSOLE_WEB)/app.js $(CONSOLE_WEB)/app.css $(CONSOLE_WEB)/package.json $(CONSOLE_WEB)/package-lock.json \
+		tools/consolebundle/main.go tools/consolebundle/go.mod
+	npm ci --prefix $(CONSOLE_WEB) --no-audit --no-fund --loglevel=error
+	$(GO) run -C tools/consolebundle . -src $(CURDIR)/$(CONSOLE_WEB) -out $(CURDIR)/$(CONSOLE_DIST)
+
+.PHONY: console
+console: $(CONSOLE_DIST)/app.js ## Bundle the web console's scripts and styles into internal/console/dist (npm ci, esbuild)
 
 # The bench's chart (aenv bench --chart): its own binary, so the plotting
 # library stays out of aenv.
@@ -38,7 +52,7 @@ $(BIN)/aenv-chart: FORCE
 $(BIN)/envd: FORCE
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/envd
 
-$(RACE_BIN)/aenv: $(BIN)/envd $(BIN)/runsc $(BIN)/dnsstub FORCE
+$(RACE_BIN)/aenv: $(BIN)/envd $(BIN)/runsc $(BIN)/dnsstub $(CONSOLE_DIST)/app.js FORCE
 	mkdir -p $(RACE_BIN)
 	CGO_ENABLED=1 $(GO) build -race -ldflags '-X github.com/aenv-dev/aenv/internal/cli.Version=$(VERSION)' -o $@ ./cmd/aenv
 	ln -f $(BIN)/envd $(BIN)/runsc $(BIN)/dnsstub $(RACE_BIN)/
@@ -150,11 +164,15 @@ bench: build ## The benchmark suite against the running server (AENV_URL, AENV_A
 
 .PHONY: bench-go
 bench-go: build ## Go benchmarks of single operations, next to raw runsc and runc (starts its own servers)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared|TeamLimitBurst|Volume' -benchtime 20x -timeout 30m ./test/integration/
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared|TeamLimitBurst|Volume|Console' -benchtime 20x -timeout 30m ./test/integration/
 
 .PHONY: bench-volumes
 bench-volumes: build ## Volumes: create with and without one, fork of 8 sharing or copying a 1 GB volume, file throughput on a volume and on the root (minutes per run)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'Volume' -benchtime 3x -timeout 60m ./test/integration/
+
+.PHONY: bench-console
+bench-console: build ## The web console in headless Chromium: page load with 100 sandboxes (AENV_BENCH_CONSOLE_SANDBOXES) and terminal echo
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench Console -benchtime 10x -timeout 30m ./test/integration/
 
 .PHONY: bench-team-burst
 bench-team-burst: build ## 500 concurrent creates of one team through two gateways against its limit of 8 (a minute or two per run)

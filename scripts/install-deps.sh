@@ -14,8 +14,9 @@ runtime=(debootstrap debian-archive-keyring ca-certificates)
 # the race detector needs (go test -race and the race-enabled server the tests
 # run); util-linux's unshare and mount give the SDK suite's https test a
 # resolv.conf of its own; systemd's systemd-analyze verifies the units in
-# deploy/systemd.
-development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython)
+# deploy/systemd; chromium is the headless browser the web console's tests
+# drive (test/integration/console_test.go).
+development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython chromium)
 
 packages=("${runtime[@]}")
 case "${1:-}" in

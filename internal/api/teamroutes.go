@@ -25,6 +25,7 @@ func (s *Server) routeTeams() {
 	s.route("DELETE /teams/{team}", s.deleteTeam)
 	s.route("POST /api-keys", s.createKey)
 	s.route("GET /api-keys", s.listKeys)
+	s.route("GET /api-keys/current", s.currentKey)
 	s.route("DELETE /api-keys/{key}", s.revokeKey)
 }
 
@@ -100,6 +101,17 @@ func (s *Server) listTeams(w http.ResponseWriter, r *http.Request) error {
 		out = append(out, toTeamJSON(t))
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// currentKey is GET /api-keys/current: who the calling key acts for.
+func (s *Server) currentKey(w http.ResponseWriter, r *http.Request) error {
+	p := principal(r)
+	c := wire.Caller{TeamID: p.TeamID, KeyName: p.KeyName, Admin: p.Admin}
+	if p.KeyID != "" {
+		c.KeyID = &p.KeyID
+	}
+	writeJSON(w, http.StatusOK, c)
 	return nil
 }
 

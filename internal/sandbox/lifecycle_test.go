@@ -73,6 +73,19 @@ func TestCreateAndKill(t *testing.T) {
 	}
 }
 
+// A kill whose caller has gone (a closed browser tab, a client's timeout)
+// still finishes: the instance and its record go together.
+func TestKillFinishesWhenItsCallerGoes(t *testing.T) {
+	w := newWorld(t)
+	sb := w.create()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.m.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	w.empty()
+}
+
 // Every step of create can fail; none may leave anything behind.
 func TestCreateFailureLeavesNothing(t *testing.T) {
 	for _, tc := range []struct {

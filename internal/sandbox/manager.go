@@ -489,7 +489,11 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	if e.view().phase == phaseGone {
 		return fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
 	}
-	if err := m.killLocked(ctx, e, "was killed"); err != nil {
+	// Once begun, a kill is finished even if its caller goes away (a
+	// browser tab closed, a client's timeout): cut between stopping the
+	// sandbox and deleting its record, it would leave a record of a
+	// running sandbox that no longer runs.
+	if err := m.killLocked(context.WithoutCancel(ctx), e, "was killed"); err != nil {
 		return err
 	}
 	m.logger.InfoContext(ctx, "sandbox killed", "sandbox", id)

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/console"
 	"github.com/aenv-dev/aenv/internal/gateway"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
@@ -74,7 +75,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux.Handle("GET /metrics", g.RequireKey(metrics))
-	mux.Handle("/", g)
+	mux.Handle("/", console.New(g, g, cfg.Domain))
 
 	maxConns, err := autoMaxConns()
 	if err != nil {

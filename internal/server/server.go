@@ -27,6 +27,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/console"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/network"
@@ -318,7 +319,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		VolumeRecords:      volumeRecords,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
-	servers, err := listen(cfg, withRequestID(handler, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
+	servers, err := listen(cfg, withRequestID(console.New(handler, handler, cfg.Domain), cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
 	if err != nil {
 		usageHistory.Stop()
 		member.stop()

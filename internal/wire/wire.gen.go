@@ -426,6 +426,16 @@ type BuildStatusReason struct {
 	Step       string          `json:"step,omitempty"`
 }
 
+// Caller defines model for Caller.
+type Caller struct {
+	Admin bool `json:"admin"`
+
+	// KeyID Absent for the operator's configured key.
+	KeyID   *string `json:"keyID,omitempty"`
+	KeyName string  `json:"keyName"`
+	TeamID  string  `json:"teamID"`
+}
+
 // ClusterNode defines model for ClusterNode.
 type ClusterNode struct {
 	Address string `json:"address"`

@@ -1,0 +1,366 @@
+// Package console serves the web console at /console on a server's and a
+// gateway's API port: a single-page application embedded in the binary
+// (no CDN, works offline) that drives the same API users do.
+//
+// A user logs in with an API key. The key is kept in an HttpOnly cookie
+// scoped to /console, so the page's scripts never hold it. The page calls
+// the API under /console/api/; this handler checks the session and the
+// request's origin, puts the key where the API looks for it, and hands the
+// request to the API handler. Every rule of the API (teams, quotas, audit)
+// applies unchanged. Revoking the key ends its sessions: each call is
+// authenticated afresh.
+//
+// The terminal talks to the sandbox's envd as the E2B SDK does (same
+// origin, E2b-Sandbox-Id, the sandbox's access token): not through this
+// handler.
+package console
+
+import (
+	"bytes"
+	"embed"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/api"
+)
+
+// Prefix is where the console is served.
+const Prefix = "/console"
+
+// Cookie is the session cookie's name over plain HTTP; its value is the
+// API key. Over HTTPS it is SecureCookie: a cookie of that prefix must be
+// Secure, host-only and for path /, so a page of a sandbox's exposed port
+// (a sibling host <port>-<id>.<domain>) cannot plant one for the API's
+// host. Over plain HTTP a request that carries two session cookies (one
+// planted beside the real one) is refused.
+const (
+	Cookie       = "aenv_console"
+	SecureCookie = "__Host-aenv_console"
+)
+
+// SessionTTL is how long a login lasts without a new one.
+const SessionTTL = 12 * time.Hour
+
+// CSRFHeader must be on every call to /console/api/ and on login and
+// logout. A page of another origin cannot send a custom header without a
+// CORS preflight, which nothing here answers, so its forged requests
+// carry none; the cookie is SameSite=Strict as well.
+const CSRFHeader = "X-Aenv-Console"
+
+// maxLoginBytes bounds a login's body: a key is well under 100 bytes.
+const maxLoginBytes = 4 << 10
+
+// page is the application's shell; bundle holds what `make build`
+// bundles from web/ (see tools/consolebundle): app.js and app.css.
+//
+//go:embed web/index.html
+var page []byte
+
+//go:embed all:dist
+var bundle embed.FS
+
+// Handler serves /console and its subtree; every other request goes to
+// next, the API.
+type Handler struct {
+	api    http.Handler
+	next   http.Handler
+	domain string
+	// assets is the bundle (nil when the binary was built without it).
+	assets fs.FS
+}
+
+// New serves the console over apiHandler (the handler its calls go to)
+// in front of next (what every other request reaches). On a server both
+// are the API; on a gateway, the gateway. domain is the sandboxes'
+// domain: a request to a sandbox's exposed port is never the console's.
+func New(apiHandler, next http.Handler, domain string) *Handler {
+	h := &Handler{api: apiHandler, next: next, domain: domain}
+	if sub, err := fs.Sub(bundle, "dist"); err == nil {
+		if _, err := fs.Stat(sub, "app.js"); err == nil {
+			h.assets = sub
+		}
+	}
+	return h
+}
+
+// Built reports whether the binary holds the console's bundle.
+func (h *Handler) Built() bool { return h.assets != nil }
+
+// owns reports whether r is the console's: its path is under /console,
+// and it is neither a sandbox's (envd traffic, an exposed port) nor sent
+// to a sandbox's host name.
+func (h *Handler) owns(r *http.Request) bool {
+	if r.URL.Path != Prefix && !strings.HasPrefix(r.URL.Path, Prefix+"/") {
+		return false
+	}
+	if _, _, ok := api.ExposedPort(r.Host, h.domain); ok {
+		return false
+	}
+	return !api.IsEnvdTraffic(r)
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.owns(r) {
+		if _, _, ok := api.ExposedPort(r.Host, h.domain); !ok {
+			// The console's origin also serves what sandboxes answer
+			// (envd, signed /files URLs): such a document must not run
+			// script as this origin, where it could call the console's
+			// API with a logged-in user's session. The session cookie
+			// (path / over HTTPS) is not sent on either.
+			w.Header().Set("Content-Security-Policy", "sandbox")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			dropSessionCookie(r)
+		}
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	securityHeaders(w.Header())
+	rest := strings.TrimPrefix(r.URL.Path, Prefix)
+	switch {
+	case rest == "":
+		http.Redirect(w, r, Prefix+"/", http.StatusFound)
+	case strings.HasPrefix(rest, "/api/"):
+		h.proxy(w, r, strings.TrimPrefix(rest, "/api"))
+	case rest == "/login":
+		h.login(w, r)
+	case rest == "/logout":
+		h.logout(w, r)
+	case strings.HasPrefix(rest, "/assets/"):
+		h.asset(w, r, strings.TrimPrefix(rest, "/assets/"))
+	case r.Method == http.MethodGet || r.Method == http.MethodHead:
+		// Every other path is a page of the application, which routes
+		// by the URL's fragment: the shell.
+		h.shell(w)
+	default:
+		writeError(w, http.StatusMethodNotAllowed, "method not allowed")
+	}
+}
+
+// securityHeaders keeps the console's pages from running anything but
+// its own scripts (no inline script, no eval: metadata shown on a page
+// cannot become code), from being framed, and from leaking URLs.
+func securityHeaders(h http.Header) {
+	// Inline styles are allowed: the terminal (xterm) sizes and colours
+	// its cells with style elements it makes. Scripts stay 'self' only.
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "+
+		"connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+}
+
+func (h *Handler) shell(w http.ResponseWriter) {
+	w.Header().Set("Cache-Control", "no-store")
+	if h.assets == nil {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(http.StatusNotImplemented)
+		io.WriteString(w, "This aenv was built without its console: build it with `make build`, which bundles the console's scripts into the binary.\n")
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Write(page)
+}
+
+func (h *Handler) asset(w http.ResponseWriter, r *http.Request, name string) {
+	if h.assets == nil || name == "" || strings.Contains(name, "..") || path.Clean(name) != name {
+		http.NotFound(w, r)
+		return
+	}
+	// The bundle changes only with the binary; the shell names no version,
+	// so a browser checks again (cheaply, by modification time) each load.
+	w.Header().Set("Cache-Control", "no-cache")
+	http.ServeFileFS(w, r, h.assets, name)
+}
+
+// sameOrigin reports whether r came from a page of this origin: the CSRF
+// header is there, and Origin, when the browser sends one, names this
+// host.
+func sameOrigin(r *http.Request) bool {
+	if r.Header.Get(CSRFHeader) == "" {
+		return false
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	if err != nil {
+		return false
+	}
+	// Behind a reverse proxy that rewrites Host, the browser's host is
+	// the one the proxy forwards.
+	return u.Host == r.Host || (u.Host != "" && u.Host == r.Header.Get("X-Forwarded-Host"))
+}
+
+// secure reports whether the browser reached the console over HTTPS,
+// here or at a proxy in front.
+func secure(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
+}
+
+// sessionCookie makes the session cookie for key (an empty key and a
+// negative maxAge remove it).
+func sessionCookie(r *http.Request, key string, maxAge int) *http.Cookie {
+	if secure(r) {
+		return &http.Cookie{Name: SecureCookie, Value: key, Path: "/", MaxAge: maxAge,
+			HttpOnly: true, Secure: true, SameSite: http.SameSiteStrictMode}
+	}
+	return &http.Cookie{Name: Cookie, Value: key, Path: Prefix, MaxAge: maxAge,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode}
+}
+
+// sessionKey is the key of r's session: "" when there is none, or more
+// than one (a planted cookie beside the real one).
+func sessionKey(r *http.Request) string {
+	var key string
+	n := 0
+	for _, c := range r.Cookies() {
+		if c.Name == Cookie || c.Name == SecureCookie {
+			key = c.Value
+			n++
+		}
+	}
+	if n != 1 {
+		return ""
+	}
+	return key
+}
+
+// dropSessionCookie removes the session cookies from r's Cookie header,
+// so that what r reaches (the API, a sandbox's envd) never sees the key.
+func dropSessionCookie(r *http.Request) {
+	lines := r.Header.Values("Cookie")
+	if len(lines) == 0 {
+		return
+	}
+	var kept []string
+	for _, c := range r.Cookies() {
+		if c.Name != Cookie && c.Name != SecureCookie {
+			kept = append(kept, c.String())
+		}
+	}
+	r.Header.Del("Cookie")
+	if len(kept) > 0 {
+		r.Header.Set("Cookie", strings.Join(kept, "; "))
+	}
+}
+
+// proxy hands a call of the page to the API as the session's key.
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, apiPath string) {
+	if !sameOrigin(r) {
+		writeError(w, http.StatusForbidden, "the console's API takes calls from the console's own pages only")
+		return
+	}
+	key := sessionKey(r)
+	if key == "" {
+		writeError(w, http.StatusUnauthorized, "not logged in")
+		return
+	}
+	r2 := r.Clone(r.Context())
+	r2.URL.Path = apiPath
+	r2.URL.RawPath = ""
+	r2.RequestURI = ""
+	dropSessionCookie(r2)
+	r2.Header.Del("Authorization")
+	r2.Header.Del(CSRFHeader)
+	r2.Header.Set("X-API-Key", key)
+	h.api.ServeHTTP(w, r2)
+}
+
+type loginRequest struct {
+	Key string `json:"key"`
+}
+
+// login checks the key with the API (GET /api-keys/current, which also
+// says who it is) and, if it holds, sets the session cookie.
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, "log in with POST")
+		return
+	}
+	if !sameOrigin(r) {
+		writeError(w, http.StatusForbidden, "log in from the console's own page")
+		return
+	}
+	var req loginRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxLoginBytes))
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "want a JSON body {\"key\": \"...\"}")
+		return
+	}
+	req.Key = strings.TrimSpace(req.Key)
+	if req.Key == "" {
+		writeError(w, http.StatusBadRequest, "key: empty")
+		return
+	}
+	check, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "/api-keys/current", nil)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	check.RequestURI = "/api-keys/current"
+	check.RemoteAddr = r.RemoteAddr
+	check.Host = r.Host
+	check.Header.Set("X-API-Key", req.Key)
+	for _, name := range []string{"X-Forwarded-For", "User-Agent"} {
+		if v := r.Header.Get(name); v != "" {
+			check.Header.Set(name, v)
+		}
+	}
+	rec := &recorder{header: http.Header{}, code: http.StatusOK}
+	h.api.ServeHTTP(rec, check)
+	if rec.code != http.StatusOK {
+		// The API's own answer (401 for a bad key, 429 when it is being
+		// guessed at): passed on as it is.
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.code)
+		w.Write(rec.body.Bytes())
+		return
+	}
+	http.SetCookie(w, sessionCookie(r, req.Key, int(SessionTTL/time.Second)))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(bytes.TrimSpace(rec.body.Bytes()))
+}
+
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, "log out with POST")
+		return
+	}
+	if !sameOrigin(r) {
+		writeError(w, http.StatusForbidden, "log out from the console's own page")
+		return
+	}
+	http.SetCookie(w, sessionCookie(r, "", -1))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// writeError answers in the API's error shape.
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}{code, msg})
+}
+
+// recorder keeps the answer of the API to a login's check.
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(p []byte) (int, error) { return r.body.Write(p) }
+func (r *recorder) WriteHeader(code int)        { r.code = code }

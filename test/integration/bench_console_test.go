@@ -1,0 +1,139 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// BenchmarkConsole measures the web console in headless Chromium against
+// a server holding $AENV_BENCH_CONSOLE_SANDBOXES sandboxes (default 100;
+// the list shows 100 a page):
+//   - page load: from navigation to the sandbox list drawn, logged in
+//     (the shell, the bundle, who the key is, the first page of the list);
+//   - terminal echo: from a key reaching the page to its echo drawn in the
+//     terminal (the key goes to envd by SendInput, the echo comes back on
+//     the PTY's stream), p50 and p99 of 50 keys.
+//
+// make bench-console runs it.
+func BenchmarkConsole(b *testing.B) {
+	n := 100
+	if v := os.Getenv("AENV_BENCH_CONSOLE_SANDBOXES"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("AENV_BENCH_CONSOLE_SANDBOXES=%q: want a count", v)
+		}
+	}
+	s := newServer(b)
+	s.start()
+	e := newEndpoint(b, s.url)
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			var sb struct {
+				SandboxID string `json:"sandboxID"`
+			}
+			e.want(201, apiKey, "POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 3600,
+				"memoryMB": 256}).json(b, &sb)
+			ids[i] = sb.SandboxID
+		}()
+	}
+	wg.Wait()
+
+	ctx := newBrowser(b)
+	run := func(what string, a chromedp.Action[chromedp.Void]) {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := chromedp.Do(sctx, a); err != nil {
+			b.Fatalf("%s: %v", what, err)
+		}
+	}
+	run("log in", chromedp.Steps(chromedp.Navigate(s.url+"/console/"),
+		chromedp.SendKeys(chromedp.CSS(`input[data-test=key]`), apiKey),
+		chromedp.Click(chromedp.CSS(`button[data-test=login]`)),
+		chromedp.WaitVisible(chromedp.CSS(`a[data-test=sandbox-link]`))))
+
+	var loads []float64
+	for range b.N {
+		// A new document each time (not a change of the fragment), so that
+		// performance.now() counts from this load's start.
+		run("navigate", chromedp.Steps(chromedp.Navigate("about:blank"), chromedp.Navigate(s.url+"/console/#/sandboxes")))
+		ms, err := chromedp.Run(ctx, chromedp.Poll[float64](
+			`document.querySelectorAll("a[data-test=sandbox-link]").length > 0 && performance.now()`,
+			chromedp.WithPollingTimeout(time.Minute)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		loads = append(loads, ms)
+	}
+
+	run("open a sandbox", chromedp.Steps(chromedp.Navigate(s.url+"/console/#/sandboxes/"+ids[0]),
+		chromedp.Click(chromedp.CSS(`button[data-test=open-terminal]`)),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[chromedp.Void](`(document.querySelector("[data-test=terminal-status]") || {}).textContent.startsWith("connected")`,
+				chromedp.WithPollingTimeout(time.Minute))(ctx, tg)
+			return err
+		})))
+	// The shell's prompt first, then keys one at a time: each is timed from
+	// its keydown in the page to its echo drawn.
+	run("focus the terminal", chromedp.Steps(chromedp.Click(chromedp.CSS(`.xterm-screen`)),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[chromedp.Void](`document.querySelector(".xterm-rows").textContent.includes("$")`,
+				chromedp.WithPollingTimeout(time.Minute))(ctx, tg)
+			return err
+		})))
+	var echoes []float64
+	for i := range 50 {
+		key := string(rune('a' + i%26))
+		_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`(() => {
+			const rows = document.querySelector(".xterm-rows");
+			const before = (rows.textContent.match(/%[1]s/g) || []).length;
+			window.__echo = new Promise((resolve) => {
+				let sent = 0;
+				document.addEventListener("keydown", () => { sent = performance.now(); }, {capture: true, once: true});
+				const obs = new MutationObserver(() => {
+					if ((rows.textContent.match(/%[1]s/g) || []).length > before) { obs.disconnect(); resolve(performance.now() - sent); }
+				});
+				obs.observe(rows, {subtree: true, childList: true, characterData: true});
+			});
+			return true;
+		})()`, key)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		run("type", typeText(key))
+		ms, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`window.__echo`, chromedp.EvalAwaitPromise))
+		if err != nil {
+			b.Fatal(err)
+		}
+		echoes = append(echoes, ms)
+	}
+	b.ReportMetric(percentile(loads, 50), "load-p50-ms")
+	b.ReportMetric(percentile(echoes, 50), "echo-p50-ms")
+	b.ReportMetric(percentile(echoes, 99), "echo-p99-ms")
+	b.Logf("console with %d sandboxes: page load p50 %.0f ms (%d loads); terminal echo p50 %.1f ms, p99 %.1f ms (%d keys)",
+		n, percentile(loads, 50), len(loads), percentile(echoes, 50), percentile(echoes, 99), len(echoes))
+}
+
+func percentile(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}
