@@ -179,17 +179,23 @@ const state = {
   me: undefined, // undefined: not asked yet; null: logged out
   timers: [],
   cleanups: [],
+  gen: 0, // counts the pages shown
   flash: null,
 };
 
 function onLeave(fn) { state.cleanups.push(fn); }
 
-function every(ms, fn) {
+// every runs fn every ms while the page that asked stays shown. A page
+// passes the generation it was rendered in (page() below): a page that
+// finishes loading after the user has moved on starts nothing.
+function every(ms, fn, gen) {
+  if (gen !== state.gen) return;
   const t = setInterval(fn, ms);
   state.timers.push(t);
 }
 
 function leave() {
+  state.gen++;
   state.timers.forEach(clearInterval);
   state.timers = [];
   const c = state.cleanups;
@@ -355,6 +361,7 @@ function confirmButton(label, onconfirm, attrs) {
 // ---- sandboxes ----
 
 async function pageSandboxes(main) {
+  const gen = state.gen;
   const body = el('div', {});
   const pager = el('div', { class: 'pager' });
   let token = '';
@@ -381,7 +388,7 @@ async function pageSandboxes(main) {
       next ? button('Older →', () => { tokens.push(token); token = next; load(); }) : '');
   };
   await load();
-  every(LIST_REFRESH_MS, () => { if (!busy(body)) load().catch(() => {}); });
+  every(LIST_REFRESH_MS, () => { if (!busy(body)) load().catch(() => {}); }, gen);
 }
 
 // busy reports whether the user is in the middle of something in box (a
@@ -399,6 +406,7 @@ function sandboxActions(s, after) {
 }
 
 async function pageSandbox(main, id) {
+  const gen = state.gen;
   let sb = await get(`/sandboxes/${id}`);
   const info = el('div', {});
   const stateActions = el('span', {});
@@ -435,7 +443,7 @@ async function pageSandbox(main, id) {
     chart.replaceChildren(metricsChart(m || []));
   };
   metrics().catch(() => {});
-  every(METRICS_REFRESH_MS, () => { refresh().catch(() => {}); metrics().catch(() => {}); });
+  every(METRICS_REFRESH_MS, () => { refresh().catch(() => {}); metrics().catch(() => {}); }, gen);
 }
 
 function forkSnapshotTimeout(sb, after) {
@@ -654,6 +662,7 @@ async function pageVolumes(main) {
 }
 
 async function pageNodes(main) {
+  const gen = state.gen;
   let cluster = true;
   let rows;
   try {
@@ -680,7 +689,7 @@ async function pageNodes(main) {
   const reload = async () => { rows = cluster ? await get('/cluster/nodes') : [await get('/node')]; show(); };
   show();
   main.append(el('h2', {}, cluster ? 'Cluster nodes' : 'This node'), body);
-  every(LIST_REFRESH_MS * 2, () => reload().catch(() => {}));
+  every(LIST_REFRESH_MS * 2, () => reload().catch(() => {}), gen);
 }
 
 async function pageUsage(main) {
