@@ -89,8 +89,11 @@ func New(apiHandler, next http.Handler, domain string) *Handler {
 	return h
 }
 
-// Built reports whether the binary holds the console's bundle.
-func (h *Handler) Built() bool { return h.assets != nil }
+// Built reports whether this binary holds the console's bundle.
+func Built() bool {
+	_, err := fs.Stat(bundle, "dist/app.js")
+	return err == nil
+}
 
 // owns reports whether r is the console's: its path is under /console,
 // and it is neither a sandbox's (envd traffic, an exposed port) nor sent

@@ -181,7 +181,7 @@ func TestShellAndAssets(t *testing.T) {
 		w.Header().Get("X-Frame-Options") != "DENY" || w.Header().Get("X-Content-Type-Options") != "nosniff" {
 		t.Fatalf("security headers %v", w.Header())
 	}
-	if h.Built() {
+	if Built() {
 		if w.Code != 200 || !strings.Contains(w.Body.String(), "/console/assets/app.js") {
 			t.Fatalf("shell: %d %s", w.Code, w.Body)
 		}

@@ -92,6 +92,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 		logger.InfoContext(ctx, "aenv gateway listening", "addr", hs.listener.Addr().String(), "serves", hs.what,
 			"max_connections", maxConns)
 	}
+	logConsole(ctx, logger, servers)
 	var served error
 	select {
 	case <-ctx.Done():

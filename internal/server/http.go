@@ -15,6 +15,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/config"
+	"github.com/aenv-dev/aenv/internal/console"
 	"github.com/aenv-dev/aenv/internal/tlscert"
 )
 
@@ -225,4 +226,21 @@ func closeListeners(servers []*httpServer) {
 	for _, hs := range servers {
 		hs.listener.Close()
 	}
+}
+
+// logConsole says where the web console is (on the first API listener),
+// or that this binary was built without it.
+func logConsole(ctx context.Context, logger *slog.Logger, servers []*httpServer) {
+	if len(servers) == 0 {
+		return
+	}
+	if !console.Built() {
+		logger.WarnContext(ctx, "this aenv was built without its web console (make build bundles it)")
+		return
+	}
+	addr := servers[0].listener.Addr().String()
+	if host, port, err := net.SplitHostPort(addr); err == nil && (host == "::" || host == "0.0.0.0" || host == "") {
+		addr = net.JoinHostPort("localhost", port)
+	}
+	logger.InfoContext(ctx, "web console", "url", "http://"+addr+console.Prefix+"/")
 }

@@ -333,6 +333,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		logger.InfoContext(ctx, "aenv server listening", "addr", hs.listener.Addr().String(), "serves", hs.what,
 			"max_connections", hs.maxConns, "data_dir", cfg.DataDir)
 	}
+	logConsole(ctx, logger, servers)
 
 	select {
 	case <-ctx.Done():
