@@ -17,10 +17,15 @@ package console
 
 import (
 	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
+	"mime"
 	"net/http"
 	"net/url"
 	"path"
@@ -71,8 +76,48 @@ type Handler struct {
 	api    http.Handler
 	next   http.Handler
 	domain string
-	// assets is the bundle (nil when the binary was built without it).
-	assets fs.FS
+	// assets is the bundle by file name (empty when the binary was built
+	// without it).
+	assets map[string]*asset
+}
+
+// asset is a file of the bundle, kept compressed as well: the bundle is
+// mostly the terminal component, a third of its size gzipped.
+type asset struct {
+	plain, gzipped []byte
+	etag           string
+	contentType    string
+}
+
+// loadAssets reads the bundle's files once, at start.
+func loadAssets() (map[string]*asset, error) {
+	out := map[string]*asset{}
+	entries, err := fs.ReadDir(bundle, "dist")
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.IsDir() || e.Name() == "README.md" {
+			continue
+		}
+		data, err := fs.ReadFile(bundle, "dist/"+e.Name())
+		if err != nil {
+			return nil, err
+		}
+		var gz bytes.Buffer
+		zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression)
+		zw.Write(data)
+		if err := zw.Close(); err != nil {
+			return nil, fmt.Errorf("compress %s: %w", e.Name(), err)
+		}
+		sum := sha256.Sum256(data)
+		ct := mime.TypeByExtension(path.Ext(e.Name()))
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		out[e.Name()] = &asset{plain: data, gzipped: gz.Bytes(), etag: `"` + hex.EncodeToString(sum[:12]) + `"`, contentType: ct}
+	}
+	return out, nil
 }
 
 // New serves the console over apiHandler (the handler its calls go to)
@@ -81,10 +126,10 @@ type Handler struct {
 // domain: a request to a sandbox's exposed port is never the console's.
 func New(apiHandler, next http.Handler, domain string) *Handler {
 	h := &Handler{api: apiHandler, next: next, domain: domain}
-	if sub, err := fs.Sub(bundle, "dist"); err == nil {
-		if _, err := fs.Stat(sub, "app.js"); err == nil {
-			h.assets = sub
-		}
+	if Built() {
+		// The embedded files cannot fail to read; should they, the
+		// console says it is not built rather than serve half of it.
+		h.assets, _ = loadAssets()
 	}
 	return h
 }
@@ -160,7 +205,7 @@ func securityHeaders(h http.Header) {
 
 func (h *Handler) shell(w http.ResponseWriter) {
 	w.Header().Set("Cache-Control", "no-store")
-	if h.assets == nil {
+	if len(h.assets) == 0 {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(http.StatusNotImplemented)
 		io.WriteString(w, "This aenv was built without its console: build it with `make build`, which bundles the console's scripts into the binary.\n")
@@ -171,14 +216,34 @@ func (h *Handler) shell(w http.ResponseWriter) {
 }
 
 func (h *Handler) asset(w http.ResponseWriter, r *http.Request, name string) {
-	if h.assets == nil || name == "" || strings.Contains(name, "..") || path.Clean(name) != name {
+	a := h.assets[name]
+	if a == nil {
 		http.NotFound(w, r)
 		return
 	}
-	// The bundle changes only with the binary; the shell names no version,
-	// so a browser checks again (cheaply, by modification time) each load.
+	// The bundle changes only with the binary and the shell names no
+	// version, so a browser asks each load, and its ETag makes the answer
+	// a 304 when nothing changed.
 	w.Header().Set("Cache-Control", "no-cache")
-	http.ServeFileFS(w, r, h.assets, name)
+	w.Header().Set("ETag", a.etag)
+	w.Header().Set("Content-Type", a.contentType)
+	w.Header().Add("Vary", "Accept-Encoding")
+	body := a.plain
+	if acceptsGzip(r) {
+		w.Header().Set("Content-Encoding", "gzip")
+		body = a.gzipped
+	}
+	http.ServeContent(w, r, name, time.Time{}, bytes.NewReader(body))
+}
+
+func acceptsGzip(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
+		enc, q, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(strings.TrimSpace(enc), "gzip") && strings.TrimSpace(q) != "q=0" {
+			return true
+		}
+	}
+	return false
 }
 
 // sameOrigin reports whether r came from a page of this origin: the CSRF

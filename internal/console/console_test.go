@@ -1,6 +1,8 @@
 package console
 
 import (
+	"bytes"
+	"compress/gzip"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -185,8 +187,25 @@ func TestShellAndAssets(t *testing.T) {
 		if w.Code != 200 || !strings.Contains(w.Body.String(), "/console/assets/app.js") {
 			t.Fatalf("shell: %d %s", w.Code, w.Body)
 		}
-		if w := serve(h, "GET", "/console/assets/app.js", ""); w.Code != 200 {
-			t.Fatalf("app.js: %d", w.Code)
+		plain := serve(h, "GET", "/console/assets/app.js", "")
+		if plain.Code != 200 || plain.Header().Get("Content-Encoding") != "" ||
+			!strings.HasPrefix(plain.Header().Get("Content-Type"), "text/javascript") {
+			t.Fatalf("app.js: %d %v", plain.Code, plain.Header())
+		}
+		gz := serve(h, "GET", "/console/assets/app.js", "", "Accept-Encoding", "br, gzip")
+		if gz.Code != 200 || gz.Header().Get("Content-Encoding") != "gzip" || gz.Body.Len() >= plain.Body.Len() {
+			t.Fatalf("app.js gzipped: %d %v, %d bytes of %d", gz.Code, gz.Header(), gz.Body.Len(), plain.Body.Len())
+		}
+		zr, err := gzip.NewReader(gz.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if unzipped, _ := io.ReadAll(zr); !bytes.Equal(unzipped, plain.Body.Bytes()) {
+			t.Fatal("the gzipped app.js is not app.js")
+		}
+		etag := plain.Header().Get("ETag")
+		if w := serve(h, "GET", "/console/assets/app.js", "", "If-None-Match", etag); etag == "" || w.Code != http.StatusNotModified {
+			t.Fatalf("app.js again with its ETag %q: %d", etag, w.Code)
 		}
 	} else if w.Code != http.StatusNotImplemented || !strings.Contains(w.Body.String(), "make build") {
 		t.Fatalf("a console not built: %d %s", w.Code, w.Body)
