@@ -38,6 +38,7 @@ $(BIN)/aenv: $(CONSOLE_DIST)/app.js FORCE
 # without them (plain go build) serves a console page that says so.
 $(CONSOLE_DIST)/app.js: $(CONSOLE_WEB)/app.js $(CONSOLE_WEB)/app.css $(CONSOLE_WEB)/package.json $(CONSOLE_WEB)/package-lock.json \
 		tools/consolebundle/main.go tools/consolebundle/go.mod
+	@command -v npm >/dev/null || { echo "the web console's bundle needs npm: run scripts/install-deps.sh (make deps)" >&2; exit 1; }
 	npm ci --prefix $(CONSOLE_WEB) --no-audit --no-fund --loglevel=error
 	$(GO) run -C tools/consolebundle . -src $(CURDIR)/$(CONSOLE_WEB) -out $(CURDIR)/$(CONSOLE_DIST)
 

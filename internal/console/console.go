@@ -94,7 +94,7 @@ func loadAssets() (map[string]*asset, error) {
 	out := map[string]*asset{}
 	entries, err := fs.ReadDir(bundle, "dist")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("console bundle: %w", err)
 	}
 	for _, e := range entries {
 		if e.IsDir() || e.Name() == "README.md" {
@@ -102,13 +102,18 @@ func loadAssets() (map[string]*asset, error) {
 		}
 		data, err := fs.ReadFile(bundle, "dist/"+e.Name())
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("console bundle: %w", err)
 		}
 		var gz bytes.Buffer
-		zw, _ := gzip.NewWriterLevel(&gz, gzip.BestCompression)
-		zw.Write(data)
+		zw, err := gzip.NewWriterLevel(&gz, gzip.BestCompression)
+		if err != nil {
+			return nil, fmt.Errorf("console bundle: compress %s: %w", e.Name(), err)
+		}
+		if _, err := zw.Write(data); err != nil {
+			return nil, fmt.Errorf("console bundle: compress %s: %w", e.Name(), err)
+		}
 		if err := zw.Close(); err != nil {
-			return nil, fmt.Errorf("compress %s: %w", e.Name(), err)
+			return nil, fmt.Errorf("console bundle: compress %s: %w", e.Name(), err)
 		}
 		sum := sha256.Sum256(data)
 		ct := mime.TypeByExtension(path.Ext(e.Name()))
@@ -124,14 +129,15 @@ func loadAssets() (map[string]*asset, error) {
 // in front of next (what every other request reaches). On a server both
 // are the API; on a gateway, the gateway. domain is the sandboxes'
 // domain: a request to a sandbox's exposed port is never the console's.
-func New(apiHandler, next http.Handler, domain string) *Handler {
+func New(apiHandler, next http.Handler, domain string) (*Handler, error) {
 	h := &Handler{api: apiHandler, next: next, domain: domain}
 	if Built() {
-		// The embedded files cannot fail to read; should they, the
-		// console says it is not built rather than serve half of it.
-		h.assets, _ = loadAssets()
+		var err error
+		if h.assets, err = loadAssets(); err != nil {
+			return nil, err
+		}
 	}
-	return h
+	return h, nil
 }
 
 // Built reports whether this binary holds the console's bundle.
@@ -143,19 +149,13 @@ func Built() bool {
 // owns reports whether r is the console's: its path is under /console,
 // and it is neither a sandbox's (envd traffic, an exposed port) nor sent
 // to a sandbox's host name.
-func (h *Handler) owns(r *http.Request) bool {
-	if r.URL.Path != Prefix && !strings.HasPrefix(r.URL.Path, Prefix+"/") {
-		return false
-	}
-	if _, _, ok := api.ExposedPort(r.Host, h.domain); ok {
-		return false
-	}
-	return !api.IsEnvdTraffic(r)
-}
-
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !h.owns(r) {
-		if _, _, ok := api.ExposedPort(r.Host, h.domain); !ok {
+	_, _, exposed := api.ExposedPort(r.Host, h.domain)
+	// The console's: a path under /console that is neither a sandbox's
+	// (envd traffic) nor sent to a sandbox's host name.
+	owns := (r.URL.Path == Prefix || strings.HasPrefix(r.URL.Path, Prefix+"/")) && !exposed && !api.IsEnvdTraffic(r)
+	if !owns {
+		if !exposed {
 			// The console's origin also serves what sandboxes answer
 			// (envd, signed /files URLs): such a document must not run
 			// script as this origin, where it could call the console's
@@ -284,12 +284,17 @@ func sessionCookie(r *http.Request, key string, maxAge int) *http.Cookie {
 }
 
 // sessionKey is the key of r's session: "" when there is none, or more
-// than one (a planted cookie beside the real one).
+// than one (a planted cookie beside the real one). Over HTTPS only the
+// __Host- cookie counts: a plain one there can only have been planted.
 func sessionKey(r *http.Request) string {
+	name := Cookie
+	if secure(r) {
+		name = SecureCookie
+	}
 	var key string
 	n := 0
 	for _, c := range r.Cookies() {
-		if c.Name == Cookie || c.Name == SecureCookie {
+		if c.Name == name {
 			key = c.Value
 			n++
 		}
@@ -302,20 +307,31 @@ func sessionKey(r *http.Request) string {
 
 // dropSessionCookie removes the session cookies from r's Cookie header,
 // so that what r reaches (the API, a sandbox's envd) never sees the key.
+// Other cookies pass byte for byte: they are a sandbox's application's.
 func dropSessionCookie(r *http.Request) {
 	lines := r.Header.Values("Cookie")
-	if len(lines) == 0 {
-		return
-	}
+	dropped := false
 	var kept []string
-	for _, c := range r.Cookies() {
-		if c.Name != Cookie && c.Name != SecureCookie {
-			kept = append(kept, c.String())
+	for _, line := range lines {
+		var pieces []string
+		for _, piece := range strings.Split(line, ";") {
+			name, _, _ := strings.Cut(strings.TrimSpace(piece), "=")
+			if name == Cookie || name == SecureCookie {
+				dropped = true
+				continue
+			}
+			pieces = append(pieces, piece)
+		}
+		if len(pieces) > 0 {
+			kept = append(kept, strings.TrimSpace(strings.Join(pieces, ";")))
 		}
 	}
+	if !dropped {
+		return
+	}
 	r.Header.Del("Cookie")
-	if len(kept) > 0 {
-		r.Header.Set("Cookie", strings.Join(kept, "; "))
+	for _, line := range kept {
+		r.Header.Add("Cookie", line)
 	}
 }
 

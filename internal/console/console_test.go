@@ -67,7 +67,7 @@ func TestLogin(t *testing.T) {
 		{"oversized body", `{"key":"` + strings.Repeat("a", 8<<10) + `"}`, []string{CSRFHeader, "1"}, 400, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := New(&fakeAPI{}, &nextHandler{}, "example.test")
+			h := mustNew(t, &fakeAPI{}, &nextHandler{})
 			w := serve(h, "POST", "/console/login", tc.body, tc.headers...)
 			if w.Code != tc.want {
 				t.Fatalf("status %d, want %d: %s", w.Code, tc.want, w.Body)
@@ -92,14 +92,14 @@ func TestLogin(t *testing.T) {
 			}
 		})
 	}
-	h := New(&fakeAPI{}, &nextHandler{}, "example.test")
+	h := mustNew(t, &fakeAPI{}, &nextHandler{})
 	if w := serve(h, "GET", "/console/login", ""); w.Code != http.StatusMethodNotAllowed {
 		t.Fatalf("GET login: %d", w.Code)
 	}
 }
 
 func TestLogout(t *testing.T) {
-	h := New(&fakeAPI{}, &nextHandler{}, "example.test")
+	h := mustNew(t, &fakeAPI{}, &nextHandler{})
 	if w := serve(h, "POST", "/console/logout", ""); w.Code != http.StatusForbidden {
 		t.Fatalf("logout without the CSRF header: %d", w.Code)
 	}
@@ -124,14 +124,16 @@ func TestAPICalls(t *testing.T) {
 		{"no CSRF header", []string{"Cookie", session}, 403, "own pages"},
 		{"another origin", []string{"Cookie", session, CSRFHeader, "1", "Origin", "http://evil.example"}, 403, "own pages"},
 		{"a revoked key: the API's 401", []string{"Cookie", "aenv_console=aenv_gone", CSRFHeader, "1"}, 401, "invalid API key"},
-		{"the HTTPS session", []string{"Cookie", "__Host-aenv_console=" + goodKey, CSRFHeader, "1"}, 200, "api:/v2/sandboxes"},
+		{"the HTTPS session", []string{"Cookie", "__Host-aenv_console=" + goodKey, CSRFHeader, "1", "X-Forwarded-Proto", "https"}, 200, "api:/v2/sandboxes"},
+		{"over HTTPS a plain cookie (planted by a sibling host) is no session", []string{"Cookie", session, CSRFHeader, "1", "X-Forwarded-Proto", "https"}, 401, "not logged in"},
+		{"over HTTP the __Host- cookie is no session", []string{"Cookie", "__Host-aenv_console=" + goodKey, CSRFHeader, "1"}, 401, "not logged in"},
 		{"a second session cookie planted beside it", []string{"Cookie", session + "; aenv_console=aenv_planted", CSRFHeader, "1"}, 401, "not logged in"},
 		{"behind a proxy that rewrites Host", []string{"Cookie", session, CSRFHeader, "1", "Origin", "https://console.example",
 			"X-Forwarded-Host", "console.example"}, 200, "api:/v2/sandboxes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			api := &fakeAPI{}
-			h := New(api, &nextHandler{}, "example.test")
+			h := mustNew(t, api, &nextHandler{})
 			w := serve(h, "GET", "http://example.com/console/api/v2/sandboxes?limit=5", "", tc.headers...)
 			if w.Code != tc.want || !strings.Contains(w.Body.String(), tc.body) {
 				t.Fatalf("status %d %q, want %d %q", w.Code, w.Body, tc.want, tc.body)
@@ -162,7 +164,7 @@ func TestOnlyConsoleRequests(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			next := &nextHandler{}
-			h := New(&fakeAPI{}, next, "example.test")
+			h := mustNew(t, &fakeAPI{}, next)
 			w := serve(h, "GET", tc.target, "", tc.headers...)
 			if next.hit == tc.console {
 				t.Fatalf("console %v, but next hit %v (%d %s)", tc.console, next.hit, w.Code, w.Body)
@@ -172,7 +174,7 @@ func TestOnlyConsoleRequests(t *testing.T) {
 }
 
 func TestShellAndAssets(t *testing.T) {
-	h := New(&fakeAPI{}, &nextHandler{}, "example.test")
+	h := mustNew(t, &fakeAPI{}, &nextHandler{})
 	w := serve(h, "GET", "/console", "")
 	if w.Code != http.StatusFound || w.Header().Get("Location") != "/console/" {
 		t.Fatalf("/console: %d %v", w.Code, w.Header())
@@ -221,7 +223,7 @@ func TestShellAndAssets(t *testing.T) {
 }
 
 func TestHTTPSSession(t *testing.T) {
-	h := New(&fakeAPI{}, &nextHandler{}, "example.test")
+	h := mustNew(t, &fakeAPI{}, &nextHandler{})
 	for _, headers := range [][]string{{CSRFHeader, "1", "X-Forwarded-Proto", "https"}} {
 		w := serve(h, "POST", "/console/login", `{"key":"`+goodKey+`"}`, headers...)
 		c := w.Result().Cookies()
@@ -244,7 +246,7 @@ func TestHTTPSSession(t *testing.T) {
 func TestOtherTrafficOfTheOrigin(t *testing.T) {
 	var got *http.Request
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r })
-	h := New(&fakeAPI{}, next, "example.test")
+	h := mustNew(t, &fakeAPI{}, next)
 	for _, tc := range []struct {
 		name      string
 		target    string
@@ -257,7 +259,7 @@ func TestOtherTrafficOfTheOrigin(t *testing.T) {
 		{"an exposed port", "http://8080-abcdefghij0123456789.example.test/", nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			headers := append([]string{"Cookie", "a=1; __Host-aenv_console=" + goodKey + "; aenv_console=" + goodKey + "; b=2"}, tc.headers...)
+			headers := append([]string{"Cookie", `a=hello world; __Host-aenv_console=` + goodKey + `; j={"k":"v"}; aenv_console=` + goodKey + "; b=x,y"}, tc.headers...)
 			w := serve(h, "GET", tc.target, "", headers...)
 			csp := w.Header().Get("Content-Security-Policy")
 			if tc.sandboxed != (csp == "sandbox") {
@@ -266,9 +268,28 @@ func TestOtherTrafficOfTheOrigin(t *testing.T) {
 			if !tc.sandboxed {
 				return
 			}
-			if c := got.Header.Get("Cookie"); strings.Contains(c, goodKey) || !strings.Contains(c, "a=1") || !strings.Contains(c, "b=2") {
+			if c := got.Header.Get("Cookie"); c != `a=hello world; j={"k":"v"}; b=x,y` {
 				t.Fatalf("cookies passed on: %q", c)
 			}
 		})
+	}
+}
+
+func mustNew(t *testing.T, api, next http.Handler) *Handler {
+	t.Helper()
+	h, err := New(api, next, "example.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func TestCookiesWithoutASessionPassUntouched(t *testing.T) {
+	var got *http.Request
+	h := mustNew(t, &fakeAPI{}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = r }))
+	raw := `x=1;y="q";  z=a b`
+	serve(h, "GET", "/files?path=x", "", "Cookie", raw)
+	if c := got.Header.Get("Cookie"); c != raw {
+		t.Fatalf("cookie %q became %q", raw, c)
 	}
 }

@@ -492,8 +492,11 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	// Once begun, a kill is finished even if its caller goes away (a
 	// browser tab closed, a client's timeout): cut between stopping the
 	// sandbox and deleting its record, it would leave a record of a
-	// running sandbox that no longer runs.
-	if err := m.killLocked(context.WithoutCancel(ctx), e, "was killed"); err != nil {
+	// running sandbox that no longer runs. It is still bounded: a database
+	// that does not answer must not hold the sandbox's lock for ever.
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*killTimeout)
+	defer cancel()
+	if err := m.killLocked(kctx, e, "was killed"); err != nil {
 		return err
 	}
 	m.logger.InfoContext(ctx, "sandbox killed", "sandbox", id)

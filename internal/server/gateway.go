@@ -75,7 +75,11 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux.Handle("GET /metrics", g.RequireKey(metrics))
-	mux.Handle("/", console.New(g, g, cfg.Domain))
+	web, err := console.New(g, g, cfg.Domain)
+	if err != nil {
+		return err
+	}
+	mux.Handle("/", web)
 
 	maxConns, err := autoMaxConns()
 	if err != nil {

@@ -319,7 +319,15 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		VolumeRecords:      volumeRecords,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
-	servers, err := listen(cfg, withRequestID(console.New(handler, handler, cfg.Domain), cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
+	web, err := console.New(handler, handler, cfg.Domain)
+	if err != nil {
+		usageHistory.Stop()
+		member.stop()
+		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
+		pool.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	servers, err := listen(cfg, withRequestID(web, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
 	if err != nil {
 		usageHistory.Stop()
 		member.stop()

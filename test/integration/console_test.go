@@ -54,7 +54,10 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 	}
 	e.want(201, teamKey, "POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 600,
 		"metadata": map[string]string{"note": xssMetadata}}).json(t, &own)
-	t.Cleanup(func() { e.call(apiKey, "DELETE", "/sandboxes/"+other.SandboxID, nil) })
+	t.Cleanup(func() {
+		e.call(apiKey, "DELETE", "/sandboxes/"+other.SandboxID, nil)
+		e.call(apiKey, "DELETE", "/sandboxes/"+own.SandboxID, nil) // gone already when the test passed
+	})
 
 	ctx := newBrowser(t)
 	artifacts := artifactDir(t, name)
@@ -90,6 +93,17 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 			return nil
 		})
 	}
+	// eval runs a script of the page, bounded.
+	eval := func(expr string, opts ...chromedp.EvaluateOption) any {
+		t.Helper()
+		ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(ectx, chromedp.Evaluate[any](expr, opts...))
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		return v
+	}
 	text := func(sel string) string {
 		return fmt.Sprintf(`(document.querySelector(%q) || {}).textContent || ""`, sel)
 	}
@@ -110,25 +124,22 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 		poll("the login error", text(`[data-test=login-error]`)+`.includes("Not logged in")`))
 	step("log in", login(teamKey), poll("who is logged in", text(`[data-test=who]`)+`.includes("team console")`))
 	step("see the team's sandbox", poll("its row", fmt.Sprintf(`document.querySelector(%q) !== null`, ownRow)))
-	present, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q) !== null`, otherRow)))
-	if err != nil || present {
-		t.Fatalf("another team's sandbox listed: %v %v", present, err)
+	if present := eval(fmt.Sprintf(`document.querySelector(%q) !== null`, otherRow)); present != false {
+		t.Fatalf("another team's sandbox listed: %v", present)
 	}
 	// The metadata is shown as the text it is, and ran nothing.
-	shown, err := chromedp.Run(ctx, chromedp.Evaluate[string](text(ownRow+` [data-test=metadata]`)))
-	if err != nil || shown != "note="+xssMetadata {
-		t.Fatalf("metadata shown as %q (%v), want the text %q", shown, err, "note="+xssMetadata)
+	if shown := eval(text(ownRow + ` [data-test=metadata]`)); shown != "note="+xssMetadata {
+		t.Fatalf("metadata shown as %q, want the text %q", shown, "note="+xssMetadata)
 	}
-	injected, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(
-		`window.__xss !== undefined || document.querySelector(%q) !== null`, ownRow+` img, `+ownRow+` script`)))
-	if err != nil || injected {
-		t.Fatalf("metadata became markup or script: %v %v", injected, err)
+	if injected := eval(fmt.Sprintf(`window.__xss !== undefined || document.querySelector(%q) !== null`,
+		ownRow+` img, `+ownRow+` script`)); injected != false {
+		t.Fatalf("metadata became markup or script: %v", injected)
 	}
 	shot("sandboxes")
 
-	step("open the sandbox", chromedp.Click(chromedp.CSS(ownRow+` a[data-test=sandbox-link]`)),
+	step("open the sandbox", clickJS(ownRow+` a[data-test=sandbox-link]`, 1),
 		poll("its page", text(`[data-test=state]`)+` === "running"`))
-	step("open its terminal", chromedp.Click(chromedp.CSS(`button[data-test=open-terminal]`)),
+	step("open its terminal", clickJS(`button[data-test=open-terminal]`, 1),
 		poll("the terminal connected", text(`[data-test=terminal-status]`)+`.startsWith("connected")`))
 	// The shell computes the answer, so the echo of what was typed cannot
 	// pass for it.
@@ -139,38 +150,34 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 	step("run echo in the terminal", typeText("echo hi-$((6*7))\r"),
 		poll("the answer in the terminal", `[...document.querySelectorAll(".xterm-rows > div")].some(r => r.textContent.trim() === "hi-42")`))
 	t.Logf("terminal: typed to answer shown in %v", time.Since(typed))
-	if screen, err := chromedp.Run(ctx, chromedp.Evaluate[string](
-		`[...document.querySelectorAll(".xterm-rows > div")].map(r => r.textContent.trimEnd()).filter(l => l).join("\n")`)); err == nil {
-		t.Logf("terminal:\n%s", screen)
-	}
+	t.Logf("terminal:\n%s", eval(`[...document.querySelectorAll(".xterm-rows > div")].map(r => r.textContent.trimEnd()).filter(l => l).join("\n")`))
 	step("list files", setValue(`input[data-test=files-path]`, "/"),
-		chromedp.Click(chromedp.CSS(`button[data-test=files-list]`)),
+		clickJS(`button[data-test=files-list]`, 1),
 		poll("/etc in the list", `[...document.querySelectorAll("table a")].some(a => a.textContent === "etc/")`))
 	shot("sandbox")
 
-	step("kill it", chromedp.Click(chromedp.CSS(`button[data-test=kill]`)), chromedp.Click(chromedp.CSS(`button[data-test=kill]`)),
+	// Two clicks at once: the first arms the button, the second confirms
+	// (a refresh in between cannot disarm it).
+	step("kill it", clickJS(`button[data-test=kill]`, 2),
 		poll("it is gone", text(`[data-test=state]`)+` === "gone"`))
 	waitFor(t, time.Minute, "the sandbox gone from the API", func() bool {
 		return e.call(teamKey, "GET", "/sandboxes/"+own.SandboxID, nil).status == 404
 	})
 	step("see it go from the list", chromedp.Navigate(e.url+"/console/#/sandboxes"),
-		poll("the list", text(`[data-test=who]`)+` !== ""`),
-		poll("its row gone", fmt.Sprintf(`document.querySelector(%q) === null`, ownRow)))
+		poll("the list drawn without its row", fmt.Sprintf(`(document.querySelector("main h2") || {}).textContent === "Sandboxes" &&
+			document.querySelector("main table") !== null && document.querySelector(%q) === null`, ownRow)))
 
 	step("log out", chromedp.Click(chromedp.CSS(`button[data-test=logout]`)),
 		chromedp.WaitVisible(chromedp.CSS(`input[data-test=key]`)))
-	status, err := chromedp.Run(ctx, chromedp.Evaluate[int](
-		`fetch("/console/api/v2/sandboxes", {headers: {"X-Aenv-Console": "1"}}).then(r => r.status)`, chromedp.EvalAwaitPromise))
-	if err != nil || status != 401 {
-		t.Fatalf("after logout the console's API answered %d (%v), want 401", status, err)
+	if status := eval(`fetch("/console/api/v2/sandboxes", {headers: {"X-Aenv-Console": "1"}}).then(r => r.status)`,
+		chromedp.EvalAwaitPromise); status != float64(401) {
+		t.Fatalf("after logout the console's API answered %v, want 401", status)
 	}
 	// A page of the console cannot call the API without the console's
 	// header (what a forged cross-site request lacks).
 	step("log in again", login(teamKey), poll("logged in", text(`[data-test=who]`)+`.includes("team console")`))
-	status, err = chromedp.Run(ctx, chromedp.Evaluate[int](
-		`fetch("/console/api/v2/sandboxes").then(r => r.status)`, chromedp.EvalAwaitPromise))
-	if err != nil || status != 403 {
-		t.Fatalf("a call without the console's header answered %d (%v), want 403", status, err)
+	if status := eval(`fetch("/console/api/v2/sandboxes").then(r => r.status)`, chromedp.EvalAwaitPromise); status != float64(403) {
+		t.Fatalf("a call without the console's header answered %v, want 403", status)
 	}
 	// Revoking the key ends the session: the list's next refresh is
 	// refused and the login page comes back.
@@ -199,9 +206,18 @@ func newBrowser(t testing.TB) context.Context {
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
-	// The first run starts the browser; its context is the browser's.
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatal("start chromium:", err)
+	// The first run starts the browser; its context is the browser's, so
+	// it is bounded from outside rather than by a deadline of its own.
+	started := make(chan error, 1)
+	go func() { started <- chromedp.Do(ctx) }()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatal("start chromium:", err)
+		}
+	case <-time.After(2 * time.Minute):
+		cancel()
+		t.Fatal("chromium did not start in 2 minutes")
 	}
 	return ctx
 }
@@ -244,6 +260,24 @@ func typeText(text string) chromedp.Action[chromedp.Void] {
 					return err
 				}
 			}
+		}
+		return nil
+	})
+}
+
+// clickJS waits for the element sel and clicks it n times in one script,
+// as a user would: a list redrawn every few seconds cannot replace it
+// between finding and clicking.
+func clickJS(sel string, n int) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.Poll[bool](fmt.Sprintf(`(() => {
+			const e = document.querySelector(%q);
+			if (!e) return false;
+			for (let i = 0; i < %d; i++) e.click();
+			return true;
+		})()`, sel, n), chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(60*time.Second))(ctx, tg)
+		if err != nil {
+			return fmt.Errorf("click %s: %w", sel, err)
 		}
 		return nil
 	})

@@ -367,10 +367,13 @@ async function pageSandboxes(main) {
   let token = '';
   const tokens = [];
   main.append(el('h2', {}, 'Sandboxes'), body, pager);
-  const load = async () => {
+  const load = async (refreshing) => {
     const q = new URLSearchParams({ limit: '100' });
     if (token) q.set('nextToken', token);
     const { data, headers } = await call('GET', `/v2/sandboxes?${q}`);
+    // A refresh that comes back while the user arms a kill or types waits
+    // for the next one.
+    if (refreshing && busy(body)) return;
     const next = headers.get('x-next-token');
     body.replaceChildren(table([
       ['ID', (s) => el('a', { href: `#/sandboxes/${s.sandboxID}`, 'data-test': 'sandbox-link' }, s.sandboxID)],
@@ -388,7 +391,7 @@ async function pageSandboxes(main) {
       next ? button('Older →', () => { tokens.push(token); token = next; load(); }) : '');
   };
   await load();
-  every(LIST_REFRESH_MS, () => { if (!busy(body)) load().catch(() => {}); }, gen);
+  every(LIST_REFRESH_MS, () => { if (!busy(body)) load(true).catch(() => {}); }, gen);
 }
 
 // busy reports whether the user is in the middle of something in box (a
@@ -503,12 +506,21 @@ function terminalPanel(sandbox) {
     const abort = new AbortController();
     let pid = 0;
     const enc = new TextEncoder();
-    const pending = [];
-    const send = (s) => {
-      if (!pid) { pending.push(s); return; }
-      envdUnary(sb, 'process.Process/SendInput', { process: { pid }, input: { pty: toBase64(enc.encode(s)) } })
-        .catch((e) => { status.textContent = `input: ${e.message}`; });
+    // Keys go one call at a time, in order: calls in parallel could take
+    // different connections and reach the shell shuffled. What is typed
+    // while one is in flight goes in the next.
+    let queued = '';
+    let sending = false;
+    const flush = () => {
+      if (sending || !queued || !pid) return;
+      const chunk = queued;
+      queued = '';
+      sending = true;
+      envdUnary(sb, 'process.Process/SendInput', { process: { pid }, input: { pty: toBase64(enc.encode(chunk)) } })
+        .catch((e) => { status.textContent = `input: ${e.message}`; })
+        .finally(() => { sending = false; flush(); });
     };
+    const send = (s) => { queued += s; flush(); };
     const onData = term.onData(send);
     const onResize = term.onResize(({ cols, rows }) => {
       if (pid) envdUnary(sb, 'process.Process/Update', { process: { pid }, pty: { size: { cols, rows } } }).catch(() => {});
@@ -537,7 +549,7 @@ function terminalPanel(sandbox) {
         pid = ev.start.pid;
         status.textContent = `connected (pid ${pid})`;
         term.focus();
-        pending.splice(0).forEach(send);
+        flush();
       } else if (ev.data && ev.data.pty) {
         term.write(fromBase64(ev.data.pty));
       } else if (ev.end) {
