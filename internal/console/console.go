@@ -146,9 +146,8 @@ func Built() bool {
 	return err == nil
 }
 
-// owns reports whether r is the console's: its path is under /console,
-// and it is neither a sandbox's (envd traffic, an exposed port) nor sent
-// to a sandbox's host name.
+// ServeHTTP serves the console's requests and hands every other one to
+// next.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _, exposed := api.ExposedPort(r.Host, h.domain)
 	// The console's: a path under /console that is neither a sandbox's
@@ -159,8 +158,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// The console's origin also serves what sandboxes answer
 			// (envd, signed /files URLs): such a document must not run
 			// script as this origin, where it could call the console's
-			// API with a logged-in user's session. The session cookie
-			// (path / over HTTPS) is not sent on either.
+			// API with a logged-in user's session. Nor does the session
+			// cookie (sent on every path over HTTPS) go on to them.
 			w.Header().Set("Content-Security-Policy", "sandbox")
 			w.Header().Set("X-Content-Type-Options", "nosniff")
 			dropSessionCookie(r)
