@@ -503,6 +503,7 @@ function terminalPanel(sandbox) {
     box.replaceChildren();
     term.open(box);
     fit.fit();
+    term.focus();
     const abort = new AbortController();
     let pid = 0;
     const enc = new TextEncoder();
