@@ -76,10 +76,17 @@ type Handler struct {
 	api    http.Handler
 	next   http.Handler
 	domain string
-	// assets is the bundle by file name (empty when the binary was built
-	// without it).
-	assets map[string]*asset
+	bundle *Bundle
 }
+
+// Bundle is the console's scripts and styles as served, by file name
+// (none when the binary was built without them).
+type Bundle struct {
+	files map[string]*asset
+}
+
+// Built reports whether the binary holds the console's bundle.
+func (b *Bundle) Built() bool { return len(b.files) > 0 }
 
 // asset is a file of the bundle, kept compressed as well: the bundle is
 // mostly the terminal component, a third of its size gzipped.
@@ -89,8 +96,8 @@ type asset struct {
 	contentType    string
 }
 
-// loadAssets reads the bundle's files once, at start.
-func loadAssets() (map[string]*asset, error) {
+// LoadBundle reads and compresses the bundle's files, once, at start.
+func LoadBundle() (*Bundle, error) {
 	out := map[string]*asset{}
 	entries, err := fs.ReadDir(bundle, "dist")
 	if err != nil {
@@ -122,28 +129,19 @@ func loadAssets() (map[string]*asset, error) {
 		}
 		out[e.Name()] = &asset{plain: data, gzipped: gz.Bytes(), etag: `"` + hex.EncodeToString(sum[:12]) + `"`, contentType: ct}
 	}
-	return out, nil
-}
-
-// New serves the console over apiHandler (the handler its calls go to)
-// in front of next (what every other request reaches). On a server both
-// are the API; on a gateway, the gateway. domain is the sandboxes'
-// domain: a request to a sandbox's exposed port is never the console's.
-func New(apiHandler, next http.Handler, domain string) (*Handler, error) {
-	h := &Handler{api: apiHandler, next: next, domain: domain}
-	if Built() {
-		var err error
-		if h.assets, err = loadAssets(); err != nil {
-			return nil, err
-		}
+	if _, ok := out["app.js"]; !ok {
+		return &Bundle{}, nil
 	}
-	return h, nil
+	return &Bundle{files: out}, nil
 }
 
-// Built reports whether this binary holds the console's bundle.
-func Built() bool {
-	_, err := fs.Stat(bundle, "dist/app.js")
-	return err == nil
+// New serves the console (b, from LoadBundle) over apiHandler (the
+// handler its calls go to) in front of next (what every other request
+// reaches). On a server both are the API; on a gateway, the gateway.
+// domain is the sandboxes' domain: a request to a sandbox's exposed port
+// is never the console's.
+func New(b *Bundle, apiHandler, next http.Handler, domain string) *Handler {
+	return &Handler{api: apiHandler, next: next, domain: domain, bundle: b}
 }
 
 // ServeHTTP serves the console's requests and hands every other one to
@@ -204,7 +202,7 @@ func securityHeaders(h http.Header) {
 
 func (h *Handler) shell(w http.ResponseWriter) {
 	w.Header().Set("Cache-Control", "no-store")
-	if len(h.assets) == 0 {
+	if !h.bundle.Built() {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(http.StatusNotImplemented)
 		io.WriteString(w, "This aenv was built without its console: build it with `make build`, which bundles the console's scripts into the binary.\n")
@@ -215,7 +213,7 @@ func (h *Handler) shell(w http.ResponseWriter) {
 }
 
 func (h *Handler) asset(w http.ResponseWriter, r *http.Request, name string) {
-	a := h.assets[name]
+	a := h.bundle.files[name]
 	if a == nil {
 		http.NotFound(w, r)
 		return
@@ -345,6 +343,12 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request, apiPath string) 
 		writeError(w, http.StatusUnauthorized, "not logged in")
 		return
 	}
+	h.callAPI(w, r, key, apiPath)
+}
+
+// callAPI hands r to the API as a call to apiPath made with key, without
+// the console's cookie and header.
+func (h *Handler) callAPI(w http.ResponseWriter, r *http.Request, key, apiPath string) {
 	r2 := r.Clone(r.Context())
 	r2.URL.Path = apiPath
 	r2.URL.RawPath = ""
@@ -360,15 +364,25 @@ type loginRequest struct {
 	Key string `json:"key"`
 }
 
-// login checks the key with the API (GET /api-keys/current, which also
-// says who it is) and, if it holds, sets the session cookie.
-func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+// fromPage reports whether r is a POST from the console's own page
+// (what a login and a logout must be), answering when it is not.
+func fromPage(w http.ResponseWriter, r *http.Request, what string) bool {
 	if r.Method != http.MethodPost {
-		writeError(w, http.StatusMethodNotAllowed, "log in with POST")
-		return
+		writeError(w, http.StatusMethodNotAllowed, what+" with POST")
+		return false
 	}
 	if !sameOrigin(r) {
-		writeError(w, http.StatusForbidden, "log in from the console's own page")
+		writeError(w, http.StatusForbidden, what+" from the console's own page")
+		return false
+	}
+	return true
+}
+
+// login asks the API who the key is (GET /api-keys/current) and answers
+// with what it says; a 200 also sets the session cookie. Any other answer
+// (401 for a bad key, 429 when keys are being guessed at) passes as it is.
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	if !fromPage(w, r, "log in") {
 		return
 	}
 	var req loginRequest
@@ -382,45 +396,40 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "key: empty")
 		return
 	}
-	check, err := http.NewRequestWithContext(r.Context(), http.MethodGet, "/api-keys/current", nil)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, err.Error())
-		return
+	check := r.Clone(r.Context())
+	check.Method, check.Body, check.ContentLength = http.MethodGet, http.NoBody, 0
+	check.URL.RawQuery = ""
+	check.Header.Del("Content-Type")
+	check.Header.Del("Content-Length")
+	h.callAPI(&cookieOnOK{ResponseWriter: w, cookie: sessionCookie(r, req.Key, int(SessionTTL/time.Second))},
+		check, req.Key, "/api-keys/current")
+}
+
+// cookieOnOK sets cookie on the answer if it is a 200.
+type cookieOnOK struct {
+	http.ResponseWriter
+	cookie *http.Cookie
+	wrote  bool
+}
+
+func (c *cookieOnOK) WriteHeader(code int) {
+	if !c.wrote && code == http.StatusOK {
+		http.SetCookie(c.ResponseWriter, c.cookie)
+		c.Header().Set("Cache-Control", "no-store")
 	}
-	check.RequestURI = "/api-keys/current"
-	check.RemoteAddr = r.RemoteAddr
-	check.Host = r.Host
-	check.Header.Set("X-API-Key", req.Key)
-	for _, name := range []string{"X-Forwarded-For", "User-Agent"} {
-		if v := r.Header.Get(name); v != "" {
-			check.Header.Set(name, v)
-		}
+	c.wrote = true
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *cookieOnOK) Write(p []byte) (int, error) {
+	if !c.wrote {
+		c.WriteHeader(http.StatusOK)
 	}
-	rec := &recorder{header: http.Header{}, code: http.StatusOK}
-	h.api.ServeHTTP(rec, check)
-	if rec.code != http.StatusOK {
-		// The API's own answer (401 for a bad key, 429 when it is being
-		// guessed at): passed on as it is.
-		for k, v := range rec.header {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rec.code)
-		w.Write(rec.body.Bytes())
-		return
-	}
-	http.SetCookie(w, sessionCookie(r, req.Key, int(SessionTTL/time.Second)))
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Write(bytes.TrimSpace(rec.body.Bytes()))
+	return c.ResponseWriter.Write(p)
 }
 
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		writeError(w, http.StatusMethodNotAllowed, "log out with POST")
-		return
-	}
-	if !sameOrigin(r) {
-		writeError(w, http.StatusForbidden, "log out from the console's own page")
+	if !fromPage(w, r, "log out") {
 		return
 	}
 	http.SetCookie(w, sessionCookie(r, "", -1))
@@ -436,14 +445,3 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 		Message string `json:"message"`
 	}{code, msg})
 }
-
-// recorder keeps the answer of the API to a login's check.
-type recorder struct {
-	header http.Header
-	code   int
-	body   bytes.Buffer
-}
-
-func (r *recorder) Header() http.Header         { return r.header }
-func (r *recorder) Write(p []byte) (int, error) { return r.body.Write(p) }
-func (r *recorder) WriteHeader(code int)        { r.code = code }

@@ -185,7 +185,7 @@ func TestShellAndAssets(t *testing.T) {
 		w.Header().Get("X-Frame-Options") != "DENY" || w.Header().Get("X-Content-Type-Options") != "nosniff" {
 		t.Fatalf("security headers %v", w.Header())
 	}
-	if Built() {
+	if h.bundle.Built() {
 		if w.Code != 200 || !strings.Contains(w.Body.String(), "/console/assets/app.js") {
 			t.Fatalf("shell: %d %s", w.Code, w.Body)
 		}
@@ -277,11 +277,11 @@ func TestOtherTrafficOfTheOrigin(t *testing.T) {
 
 func mustNew(t *testing.T, api, next http.Handler) *Handler {
 	t.Helper()
-	h, err := New(api, next, "example.test")
+	b, err := LoadBundle()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return h
+	return New(b, api, next, "example.test")
 }
 
 func TestCookiesWithoutASessionPassUntouched(t *testing.T) {

@@ -30,6 +30,10 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	for _, w := range cfg.Warnings() {
 		logger.WarnContext(ctx, w)
 	}
+	consoleBundle, err := console.LoadBundle()
+	if err != nil {
+		return err
+	}
 	tracer, err := startTracing(ctx, cfg.Tracing.Config("aenv-gateway", cfg.Version), logger)
 	if err != nil {
 		return err
@@ -75,11 +79,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux.Handle("GET /metrics", g.RequireKey(metrics))
-	web, err := console.New(g, g, cfg.Domain)
-	if err != nil {
-		return err
-	}
-	mux.Handle("/", web)
+	mux.Handle("/", console.New(consoleBundle, g, g, cfg.Domain))
 
 	maxConns, err := autoMaxConns()
 	if err != nil {
@@ -96,7 +96,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 		logger.InfoContext(ctx, "aenv gateway listening", "addr", hs.listener.Addr().String(), "serves", hs.what,
 			"max_connections", maxConns)
 	}
-	logConsole(ctx, logger, servers)
+	logConsole(ctx, logger, consoleBundle, servers)
 	var served error
 	select {
 	case <-ctx.Done():

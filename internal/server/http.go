@@ -230,11 +230,11 @@ func closeListeners(servers []*httpServer) {
 
 // logConsole says where the web console is (on the first API listener),
 // or that this binary was built without it.
-func logConsole(ctx context.Context, logger *slog.Logger, servers []*httpServer) {
+func logConsole(ctx context.Context, logger *slog.Logger, b *console.Bundle, servers []*httpServer) {
 	if len(servers) == 0 {
 		return
 	}
-	if !console.Built() {
+	if !b.Built() {
 		logger.WarnContext(ctx, "this aenv was built without its web console (make build bundles it)")
 		return
 	}

@@ -71,6 +71,11 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	// Read first: nothing is set up yet that a failure would have to undo.
+	consoleBundle, err := console.LoadBundle()
+	if err != nil {
+		return err
+	}
 	service, version := "aenv-server", ""
 	if cl != nil {
 		service, version = "aenv-node", cl.Version
@@ -319,14 +324,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		VolumeRecords:      volumeRecords,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
-	web, err := console.New(handler, handler, cfg.Domain)
-	if err != nil {
-		usageHistory.Stop()
-		member.stop()
-		sandboxes.Shutdown(context.WithoutCancel(ctx), false)
-		pool.Close(context.WithoutCancel(ctx))
-		return err
-	}
+	web := console.New(consoleBundle, handler, handler, cfg.Domain)
 	servers, err := listen(cfg, withRequestID(web, cfg.Domain), promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), tlsSrc, logger)
 	if err != nil {
 		usageHistory.Stop()
@@ -341,7 +339,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		logger.InfoContext(ctx, "aenv server listening", "addr", hs.listener.Addr().String(), "serves", hs.what,
 			"max_connections", hs.maxConns, "data_dir", cfg.DataDir)
 	}
-	logConsole(ctx, logger, servers)
+	logConsole(ctx, logger, consoleBundle, servers)
 
 	select {
 	case <-ctx.Done():

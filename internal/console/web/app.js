@@ -186,8 +186,8 @@ const state = {
 function onLeave(fn) { state.cleanups.push(fn); }
 
 // every runs fn every ms while the page that asked stays shown. A page
-// passes the generation it was rendered in (page() below): a page that
-// finishes loading after the user has moved on starts nothing.
+// passes state.gen as it was when the page began: a page that finishes
+// loading after the user has moved on starts nothing.
 function every(ms, fn, gen) {
   if (gen !== state.gen) return;
   const t = setInterval(fn, ms);
@@ -203,8 +203,10 @@ function leave() {
   c.forEach((fn) => { try { fn(); } catch { /* gone already */ } });
 }
 
+// flash shows a message above the page (an error unless kind says
+// otherwise); null takes it away.
 function flash(msg, kind) {
-  state.flash = { msg, kind: kind || 'error' };
+  state.flash = msg ? { msg, kind: kind || 'error' } : null;
   const f = document.getElementById('flash');
   if (f) f.replaceChildren(flashNode());
 }
@@ -212,20 +214,16 @@ function flash(msg, kind) {
 function flashNode() {
   if (!state.flash) return '';
   return el('div', { class: `flash ${state.flash.kind}`, 'data-test': 'flash' }, state.flash.msg,
-    el('button', { class: 'link', onclick: () => { state.flash = null; flash_clear(); } }, '×'));
-}
-
-function flash_clear() {
-  const f = document.getElementById('flash');
-  if (f) f.replaceChildren();
+    el('button', { class: 'link', onclick: () => flash(null) }, '×'));
 }
 
 // act runs an action of a button, says what went wrong, and refreshes.
+// The last message goes first, so that what the action says itself
+// (a fork's count, a snapshot's ID) stays.
 async function act(what, fn, after) {
+  flash(null);
   try {
     await fn();
-    state.flash = null;
-    flash_clear();
     if (after) after();
   } catch (e) {
     if (!(e instanceof APIError && e.status === 401)) flash(`${what}: ${e.message}`);
