@@ -114,9 +114,10 @@ export class AenvServer {
   // node` of that cluster instead of a single server. tls (a single
   // server's) adds an HTTPS listener on a domain of its own (newTLS);
   // domain (a node's) is its cluster's domain.
-  constructor({ cluster, tls, domain } = {}) {
+  constructor({ cluster, tls, domain, dnsHostsFile } = {}) {
     this.cluster = cluster
     this.tls = tls
+    this.dnsHostsFile = dnsHostsFile
     this.domain = tls?.domain || domain
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-'))
     // The server wants the prefix to start and end with a letter.
@@ -159,6 +160,7 @@ export class AenvServer {
       '--log-level', process.env.AENV_E2E_LOG_LEVEL || 'debug',
     ]
     if (this.domain) args.push('--domain', this.domain)
+    if (this.dnsHostsFile) args.push('--dns-hosts-file', this.dnsHostsFile)
     // Lab CA mode: the CA is made in <data-dir>/tls at the first start.
     if (this.tls) args.push('--tls-listen', `${this.tls.ip}:443`)
     const log = fs.openSync(this.logPath, 'a')
@@ -296,11 +298,11 @@ export class AenvServer {
 export class AenvCluster {
   // tls puts the gateway's HTTPS listener on a domain of its own (newTLS),
   // which the nodes are given as their --domain.
-  constructor(databaseUrl, { tls } = {}) {
+  constructor(databaseUrl, { tls, dnsHostsFile } = {}) {
     this.databaseUrl = databaseUrl
     this.tls = tls
     const name = randomName(5)
-    this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` }, domain: tls?.domain }))
+    this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` }, domain: tls?.domain, dnsHostsFile }))
     this.apiKey = 'e2e_' + randomBytes(12).toString('hex')
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-gateway-'))
     this.logPath = path.join(this.dataDir, 'gateway.log')
@@ -444,9 +446,12 @@ async function startTracer(port, logPath) {
 // cluster's gateway) also serves HTTPS on a domain of its own: server.tls
 // has the domain, the address whose port 443 it listens on and the file
 // of the lab CA to trust.
-export function useServer({ before, after, tls = false }) {
+//
+// dnsHostsFile, a hosts file, names hosts a test makes (FakeHost) for the
+// sandboxes' DNS (aenv's --dns-hosts-file).
+export function useServer({ before, after, tls = false, dnsHostsFile }) {
   const databaseUrl = process.env.AENV_E2E_DATABASE_URL
-  const opts = { tls: tls ? newTLS() : undefined }
+  const opts = { tls: tls ? newTLS() : undefined, dnsHostsFile }
   const server = databaseUrl ? new AenvCluster(databaseUrl, opts) : new AenvServer(opts)
   before(async () => {
     await server.start()
@@ -494,4 +499,65 @@ export async function rejectsWith(promise, cls, what = '') {
     return err
   }
   throw new Error(`${what}: expected ${cls.name}, but the call succeeded`)
+}
+
+// FakeHost is a host on "the internet" made for a test: a network namespace
+// holding a public test address (TEST-NET-2), routed from the machine
+// through a veth, whose HTTP server on port 80 answers which host it is and
+// the Host it was asked for. Nothing is routed anywhere else. Its address
+// is fixed at construction (for a hosts file written before the server
+// starts); start makes it.
+let fakeHostSeq = randomInt(0, 40)
+export class FakeHost {
+  constructor(label) {
+    this.label = label
+    const n = 100 + (fakeHostSeq++ % 40)
+    this.addr = `198.51.100.${n}`
+    this.hostAddr = `192.0.2.${(n - 100) * 4 + 1}`
+    this.peerAddr = `192.0.2.${(n - 100) * 4 + 2}`
+    this.ns = 'e2f' + randomName(5)
+    this.proc = null
+  }
+
+  async start() {
+    const ns = this.ns
+    const hostIf = ns + 'h'
+    const peerIf = ns + 'p'
+    const ip = (...args) => execFileSync('ip', args, { stdio: ['ignore', 'ignore', 'pipe'] })
+    ip('netns', 'add', ns)
+    ip('link', 'add', hostIf, 'type', 'veth', 'peer', 'name', peerIf, 'netns', ns)
+    ip('addr', 'add', this.hostAddr + '/30', 'dev', hostIf)
+    ip('link', 'set', hostIf, 'up')
+    execFileSync('sysctl', ['-qw', `net.ipv4.conf.${hostIf}.forwarding=1`])
+    ip('route', 'add', this.addr + '/32', 'dev', hostIf)
+    ip('-n', ns, 'addr', 'add', this.peerAddr + '/30', 'dev', peerIf)
+    ip('-n', ns, 'addr', 'add', this.addr + '/32', 'dev', peerIf)
+    ip('-n', ns, 'link', 'set', peerIf, 'up')
+    ip('-n', ns, 'link', 'set', 'lo', 'up')
+    ip('-n', ns, 'route', 'add', 'default', 'via', this.hostAddr)
+    const script = `require('http').createServer((req, res) => res.end('host=${this.label} hosthdr=' + req.headers.host + '\\n')).listen(80, '${this.addr}', () => console.log('ready'))`
+    this.proc = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] })
+    await new Promise((resolve, reject) => {
+      this.proc.stdout.once('data', resolve)
+      this.proc.once('exit', (code) => reject(new Error(`fake host ${this.label} exited: ${code}`)))
+    })
+    return this
+  }
+
+  stop() {
+    this.proc?.kill()
+    const quiet = (...args) => { try { execFileSync('ip', args, { stdio: 'ignore' }) } catch {} }
+    quiet('route', 'del', this.addr + '/32')
+    quiet('link', 'del', this.ns + 'h')
+    quiet('netns', 'del', this.ns)
+  }
+}
+
+// writeHostsFile writes a hosts file of [address, ...names] entries and
+// returns its path.
+export function writeHostsFile(entries) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-hosts-'))
+  const file = path.join(dir, 'hosts')
+  fs.writeFileSync(file, entries.map((e) => e.join(' ')).join('\n') + '\n')
+  return file
 }

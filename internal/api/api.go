@@ -134,6 +134,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.route("DELETE /sandboxes/{id}", s.killSandbox)
 	s.route("POST /sandboxes/{id}/timeout", s.setTimeout)
 	s.route("GET /sandboxes/{id}/metrics", s.sandboxMetrics)
+	s.route("GET /sandboxes/{id}/egress", s.sandboxEgress)
 	s.route("POST /sandboxes/{id}/execute", s.execute)
 	s.route("POST /sandboxes/{id}/files/write", s.writeFileJSON)
 	s.route("GET /sandboxes/{id}/files/read", s.readFileJSON)

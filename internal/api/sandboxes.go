@@ -30,6 +30,7 @@ func policyOf(r *wire.NewSandbox) *store.NetworkPolicy {
 	var allowOut, denyOut []string
 	var mask string
 	allowOut = append(allowOut, r.AlwaysAllowedCIDRs...)
+	allowOut = append(allowOut, r.AlwaysAllowedDomains...)
 	denyOut = append(denyOut, r.AlwaysDeniedCIDRs...)
 	if r.Network != nil {
 		allowOut = append(allowOut, r.Network.AllowOut...)
@@ -173,6 +174,22 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 		Lifecycle:   wire.Lifecycle{OnTimeout: onTimeout, AutoResume: sb.AutoResume},
 		EndedReason: sb.EndedReason,
 	})
+	return nil
+}
+
+// sandboxEgress serves the egress gateway's log of a sandbox.
+func (s *Server) sandboxEgress(w http.ResponseWriter, r *http.Request) error {
+	events, err := s.sandboxes.EgressLog(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	out := make([]wire.EgressEvent, 0, len(events))
+	for _, e := range events {
+		out = append(out, wire.EgressEvent{Time: e.Time.UTC(), Protocol: wire.EgressEventProtocol(e.Protocol), Host: e.Host,
+			Address: e.Address, Port: int(e.Port), Upstream: e.Upstream, Verdict: wire.EgressEventVerdict(e.Verdict),
+			Rule: e.Rule, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn})
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -68,6 +68,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.keyCommand(),
 		a.auditCommand(),
 		a.usageCommand(),
+		a.egressCommand(),
 		a.benchCommand(),
 	}
 }

@@ -59,6 +59,33 @@ type Config struct {
 	// slot's host veth, not globally. Nil means the interfaces of the host's IPv4
 	// default routes at Start.
 	Uplinks []string
+	// Egress is the node's egress gateway, nil for none. With one, every
+	// slot's DNS (UDP and TCP port 53, whatever the address) goes to its DNS
+	// port, and a slot whose policy allows host names sends its TCP
+	// connections that the CIDR lists do not allow to its proxy port. Without
+	// one, sandboxes query the resolvers directly and policies with names are
+	// refused.
+	Egress Egress
+}
+
+// Egress is what the pool needs of the node's egress gateway
+// (internal/egress).
+type Egress interface {
+	// Ports are where the gateway listens on the host's addresses: DNS
+	// (UDP and TCP) and the transparent TCP proxy. Both must be open
+	// before the pool starts.
+	Ports() (dns, proxy uint16)
+	// SetDenied gives the ranges no sandbox may reach whatever its policy
+	// says (the pool's fixed deny list); called at Start.
+	SetDenied(ranges []netip.Prefix)
+	// SetSlot tells the gateway the policy of an in-use slot whose sandbox
+	// has the address sandboxIP; dnsOpen says whether the policy lets the
+	// sandbox ask the node's resolvers for any name (else only for names it
+	// allows). It returns a function that puts back what the gateway held
+	// before, for a policy the firewall then failed to take.
+	SetSlot(index int, sandboxIP netip.Addr, pol Policy, dnsOpen bool) (undo func())
+	// ClearSlot forgets a released slot.
+	ClearSlot(index int)
 }
 
 // DefaultPrivateCIDRs are the private ranges denied to sandboxes by default: RFC 1918

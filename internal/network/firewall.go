@@ -16,10 +16,17 @@ import (
 //		set fixed-deny { type ipv4_addr; flags interval; elements = { ... } }
 //		map slot-egress { type ifname : verdict; elements = { "<prefix>3h" : jump egress-3 } }
 //		map slot-ingress { type ifname : verdict; elements = { "<prefix>3h" : jump ingress-3 } }
+//		map slot-nat { type ifname : verdict; elements = { "<prefix>3h" : jump nat-3 } }
 //		chain input {
 //			type filter hook input priority filter; policy accept;
 //			iifname "<prefix>*" ct state established,related accept
+//			iifname "<prefix>*" ct status dnat tcp dport PROXY accept   (*)
+//			iifname "<prefix>*" ct status dnat udp dport DNS accept     (*)
+//			iifname "<prefix>*" ct status dnat tcp dport DNS accept     (*)
 //			iifname "<prefix>*" drop
+//			tcp dport PROXY drop                                        (*)
+//			udp dport DNS drop                                          (*)
+//			tcp dport DNS drop                                          (*)
 //		}
 //		chain forward {
 //			type filter hook forward priority filter; policy accept;
@@ -32,9 +39,25 @@ import (
 //			type nat hook postrouting priority srcnat; policy accept;
 //			meta nfproto ipv4 ip saddr <CIDR> oifname != "<prefix>*" masquerade
 //		}
+//		chain prerouting {
+//			type nat hook prerouting priority dstnat; policy accept;
+//			iifname "<prefix>*" meta nfproto ipv4 udp dport 53 redirect to :DNS  (*)
+//			iifname "<prefix>*" meta nfproto ipv4 tcp dport 53 redirect to :DNS  (*)
+//			iifname "<prefix>*" iifname vmap @slot-nat
+//		}
+//		chain proxy {
+//			meta nfproto ipv4 meta l4proto tcp redirect to :PROXY                      (*)
+//		}
 //		(per slot, see slotpolicy.go: sets allow-3 and deny-3, counters tx-3 and
-//		rx-3, chains egress-3 and ingress-3)
+//		rx-3, chains egress-3, ingress-3 and nat-3)
 //	}
+//
+// The rules marked (*) are there when the pool has an egress gateway (Config.Egress),
+// whose ports are DNS and PROXY: every slot's DNS goes to the gateway, and so do the
+// TCP connections of a slot whose nat chain jumps to proxy (its policy allows names).
+// A redirected packet goes to the host (input), not through forward. The gateway
+// listens on all the host's addresses, so its ports are closed to anything that was
+// not redirected there.
 //
 // input: a sandbox may only answer connections the host opened; it cannot reach the
 // server's API or any other host service. forward: what a sandbox sends is judged by
@@ -44,14 +67,18 @@ const (
 	inputChain       = "input"
 	forwardChain     = "forward"
 	postroutingChain = "postrouting"
+	preroutingChain  = "prerouting"
+	proxyChain       = "proxy"
 	fixedDenySet     = "fixed-deny"
 	slotEgressMap    = "slot-egress"
 	slotIngressMap   = "slot-ingress"
+	slotNatMap       = "slot-nat"
 )
 
 // sharedChains are the chains installFirewall owns; any other chain of the table
 // belongs to a slot or is debris.
-var sharedChains = map[string]bool{inputChain: true, forwardChain: true, postroutingChain: true}
+var sharedChains = map[string]bool{inputChain: true, forwardChain: true, postroutingChain: true,
+	preroutingChain: true, proxyChain: true}
 
 // firewallTable is the pool's table; it exists only as a name for nftables calls.
 func firewallTable(prefix string) *nftables.Table {
@@ -61,6 +88,11 @@ func firewallTable(prefix string) *nftables.Table {
 // fixedDenyRanges builds the deny list no policy can override: the host's addresses,
 // the pool (other sandboxes), the always-denied ranges and the configured ones.
 func fixedDenyRanges(cfg Config, hostAddrs []netip.Prefix) []addrRange {
+	return mergePrefixes(fixedDenyPrefixes(cfg, hostAddrs))
+}
+
+// fixedDenyPrefixes is fixedDenyRanges before merging.
+func fixedDenyPrefixes(cfg Config, hostAddrs []netip.Prefix) []netip.Prefix {
 	private := cfg.PrivateCIDRs
 	if private == nil {
 		private = DefaultPrivateCIDRs()
@@ -71,7 +103,7 @@ func fixedDenyRanges(cfg Config, hostAddrs []netip.Prefix) []addrRange {
 	all = append(all, cfg.CIDR)
 	all = append(all, alwaysDeniedCIDRs()...)
 	all = append(all, private...)
-	return mergePrefixes(all)
+	return all
 }
 
 // installFirewall creates or refreshes the pool's table in one atomic batch. The
@@ -96,7 +128,8 @@ func installFirewall(cfg Config, deny []addrRange, keep map[int]bool) error {
 	}
 	fixed := fixedDenySetDef(table)
 	egressMap, ingressMap := slotMapDefs(table)
-	for _, s := range []*nftables.Set{fixed, egressMap, ingressMap} {
+	natMap := slotNatMapDef(table)
+	for _, s := range []*nftables.Set{fixed, egressMap, ingressMap, natMap} {
 		if err := conn.AddSet(s, nil); err != nil {
 			return fmt.Errorf("install firewall: %w", err)
 		}
@@ -106,6 +139,9 @@ func installFirewall(cfg Config, deny []addrRange, keep map[int]bool) error {
 		return fmt.Errorf("install firewall: %w", err)
 	}
 	for _, i := range removeStaleInBatch(conn, table, existing, keep) {
+		// A slot kept from a version without nat chains gets an empty one; its
+		// sandbox's policy is set again when the manager adopts it.
+		conn.AddChain(slotObjectDefs(table, i).nat)
 		if err := addSlotDispatchInBatch(conn, cfg, i); err != nil {
 			return fmt.Errorf("install firewall: %w", err)
 		}
@@ -194,7 +230,7 @@ func removeStaleInBatch(conn *nftables.Conn, table *nftables.Table, tc tableCont
 		conn.DelChain(c)
 	}
 	for _, name := range tc.sets {
-		if name == fixedDenySet || name == slotEgressMap || name == slotIngressMap {
+		if name == fixedDenySet || name == slotEgressMap || name == slotIngressMap || name == slotNatMap {
 			continue
 		}
 		if _, ok := ownedByKept(name); !ok {
@@ -244,6 +280,9 @@ func sharedChainDefs(table *nftables.Table) []*nftables.Chain {
 			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept},
 		{Name: postroutingChain, Table: table, Type: nftables.ChainTypeNAT,
 			Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource, Policy: &accept},
+		{Name: preroutingChain, Table: table, Type: nftables.ChainTypeNAT,
+			Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept},
+		{Name: proxyChain, Table: table},
 	}
 }
 
@@ -261,19 +300,89 @@ func slotMapDefs(table *nftables.Table) (egress, ingress *nftables.Set) {
 	return egress, ingress
 }
 
-// sharedRules returns the rules of the input, forward and postrouting chains.
+// slotNatMapDef is the map from a slot's host veth to its nat chain.
+func slotNatMapDef(table *nftables.Table) *nftables.Set {
+	return &nftables.Set{Table: table, Name: slotNatMap, IsMap: true,
+		KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian, DataType: nftables.TypeVerdict}
+}
+
+// sharedRules returns the rules of the shared chains (sharedChainDefs).
 func sharedRules(cfg Config, chains []*nftables.Chain) []*nftables.Rule {
-	input, forward, postrouting := chains[0], chains[1], chains[2]
+	input, forward, postrouting, prerouting, proxy := chains[0], chains[1], chains[2], chains[3], chains[4]
 	p := cfg.Prefix
-	return []*nftables.Rule{
+	var dnsPort, proxyPort uint16
+	if cfg.Egress != nil {
+		dnsPort, proxyPort = cfg.Egress.Ports()
+	}
+	// The gateway's ports: TCP proxy, UDP DNS, TCP DNS.
+	gatewayPorts := []struct {
+		proto byte
+		port  uint16
+	}{{unix.IPPROTO_TCP, proxyPort}, {unix.IPPROTO_UDP, dnsPort}, {unix.IPPROTO_TCP, dnsPort}}
+
+	rules := []*nftables.Rule{
 		rule(input, ifnamePrefix(expr.MetaKeyIIFNAME, p), ctEstablishedOrRelated(), verdict(expr.VerdictAccept)),
-		rule(input, ifnamePrefix(expr.MetaKeyIIFNAME, p), verdict(expr.VerdictDrop)),
+	}
+	if cfg.Egress != nil {
+		for _, g := range gatewayPorts {
+			rules = append(rules, rule(input, ifnamePrefix(expr.MetaKeyIIFNAME, p), ctStatusDNAT(), l4DportIs(g.proto, g.port), verdict(expr.VerdictAccept)))
+		}
+	}
+	rules = append(rules, rule(input, ifnamePrefix(expr.MetaKeyIIFNAME, p), verdict(expr.VerdictDrop)))
+	if cfg.Egress != nil {
+		for _, g := range gatewayPorts {
+			rules = append(rules, rule(input, l4DportIs(g.proto, g.port), verdict(expr.VerdictDrop)))
+		}
+	}
+	rules = append(rules,
 		rule(forward, ifnamePrefix(expr.MetaKeyIIFNAME, p), ifnameVmap(expr.MetaKeyIIFNAME, slotEgressMap)),
 		rule(forward, ifnamePrefix(expr.MetaKeyIIFNAME, p), verdict(expr.VerdictDrop)),
 		rule(forward, ifnamePrefix(expr.MetaKeyOIFNAME, p), ifnameVmap(expr.MetaKeyOIFNAME, slotIngressMap)),
 		rule(forward, ifnamePrefix(expr.MetaKeyOIFNAME, p), verdict(expr.VerdictDrop)),
 		rule(postrouting, nfprotoIs(unix.NFPROTO_IPV4), ipAddrInPrefix(ipSaddrOffset, cfg.CIDR),
 			ifnameNotPrefix(expr.MetaKeyOIFNAME, p), []expr.Any{&expr.Masq{}}),
+	)
+	if cfg.Egress != nil {
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			rules = append(rules, rule(prerouting, ifnamePrefix(expr.MetaKeyIIFNAME, p), nfprotoIs(unix.NFPROTO_IPV4),
+				l4DportIs(proto, 53), redirectTo(dnsPort)))
+		}
+	}
+	rules = append(rules, rule(prerouting, ifnamePrefix(expr.MetaKeyIIFNAME, p), ifnameVmap(expr.MetaKeyIIFNAME, slotNatMap)))
+	if cfg.Egress != nil {
+		rules = append(rules, rule(proxy, nfprotoIs(unix.NFPROTO_IPV4), l4protoIs(unix.IPPROTO_TCP), redirectTo(proxyPort)))
+	}
+	return rules
+}
+
+// redirectTo sends the packet's connection to port on the address of the interface it
+// came in through (nft's "redirect to :port").
+func redirectTo(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+		&expr.Redir{RegisterProtoMin: 1, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED},
+	}
+}
+
+// ctStatusDNAT matches a packet of a connection whose destination was rewritten (by
+// a redirect).
+func ctStatusDNAT() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Key: expr.CtKeySTATUS, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ctStatusDstNAT),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}
+}
+
+// ctStatusDstNAT is the kernel's IPS_DST_NAT bit of a conntrack entry's status.
+const ctStatusDstNAT = 1 << 5
+
+func l4protoIs(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 	}
 }
 

@@ -16,6 +16,12 @@ type Policy struct {
 	AllowInternet bool
 	AllowOut      []netip.Prefix // seed alwaysAllowedCIDRs, E2B network.allowOut
 	DenyOut       []netip.Prefix // seed alwaysDeniedCIDRs, E2B network.denyOut
+	// AllowNames are host names ("pypi.org") and wildcards ("*.github.com":
+	// every name under github.com, not github.com itself) the sandbox may
+	// reach whatever the CIDR lists say, lower case. A TCP connection that
+	// the CIDR lists do not allow is judged by the name it carries (TLS SNI,
+	// HTTP Host), by the node's egress gateway (see Egress).
+	AllowNames []string
 }
 
 // DefaultPolicy is what a sandbox gets when its request says nothing: the internet,
@@ -27,32 +33,133 @@ func DefaultPolicy() Policy {
 // ParsePolicy builds a Policy from request fields. A nil allowInternet means true.
 // Entries are CIDRs ("10.0.0.0/8") or bare addresses ("1.1.1.1", taken as a /32).
 // Sandboxes have IPv4 only, so IPv6 entries are rejected rather than silently
-// ignored; so are domain names, which E2B accepts and this enforcement cannot.
+// ignored. allowOut may also hold host names and wildcards (see
+// ParseHostPattern); denyOut may not, as in E2B: a name cannot be denied
+// against an address the sandbox reaches directly, only allowed through a
+// denied range.
 func ParsePolicy(allowInternet *bool, allowOut, denyOut []string) (Policy, error) {
 	pol := DefaultPolicy()
 	if allowInternet != nil {
 		pol.AllowInternet = *allowInternet
 	}
-	var err error
-	if pol.AllowOut, err = parseCIDRList("allowOut", allowOut); err != nil {
-		return Policy{}, err
+	for i, e := range allowOut {
+		e = strings.TrimSpace(e)
+		if isHostNameEntry(e) {
+			name, err := ParseHostPattern(e)
+			if err != nil {
+				return Policy{}, fmt.Errorf("parse network policy: allowOut[%d] %q: %w", i, e, err)
+			}
+			if !slices.Contains(pol.AllowNames, name) {
+				pol.AllowNames = append(pol.AllowNames, name)
+			}
+			continue
+		}
+		p, err := parseCIDR(e)
+		if err != nil {
+			return Policy{}, fmt.Errorf("parse network policy: allowOut[%d] %q: %w", i, e, err)
+		}
+		pol.AllowOut = append(pol.AllowOut, p)
 	}
-	if pol.DenyOut, err = parseCIDRList("denyOut", denyOut); err != nil {
-		return Policy{}, err
+	for i, e := range denyOut {
+		e = strings.TrimSpace(e)
+		if isHostNameEntry(e) {
+			return Policy{}, fmt.Errorf("parse network policy: denyOut[%d] %q: host names are allowed in allowOut only: deny by address or CIDR (0.0.0.0/0 for everything) and allow names", i, e)
+		}
+		p, err := parseCIDR(e)
+		if err != nil {
+			return Policy{}, fmt.Errorf("parse network policy: denyOut[%d] %q: %w", i, e, err)
+		}
+		pol.DenyOut = append(pol.DenyOut, p)
 	}
 	return pol, nil
 }
 
-func parseCIDRList(field string, entries []string) ([]netip.Prefix, error) {
-	var out []netip.Prefix
-	for i, e := range entries {
-		p, err := parseCIDR(strings.TrimSpace(e))
-		if err != nil {
-			return nil, fmt.Errorf("parse network policy: %s[%d] %q: %w", field, i, e, err)
-		}
-		out = append(out, p)
+// isHostNameEntry tells a list entry meant as a host name from one meant
+// as an address or CIDR: names have a letter, an underscore or a "*" (the
+// last label of a name is never all digits), addresses and CIDRs never
+// (IPv6 ones have hex letters but also a ":").
+func isHostNameEntry(e string) bool {
+	if strings.ContainsAny(e, ":/") {
+		return false
 	}
-	return out, nil
+	return strings.ContainsFunc(e, func(r rune) bool {
+		return r == '*' || r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || r > 0x7f
+	})
+}
+
+// maxHostNameLen is the longest DNS name in text form, without the final dot.
+const maxHostNameLen = 253
+
+// ParseHostPattern checks a host name ("pypi.org") or a wildcard
+// ("*.github.com", whose "*" must be the whole first label) and returns it
+// lower case, without a final dot.
+func ParseHostPattern(s string) (string, error) {
+	name := strings.ToLower(strings.TrimSuffix(strings.TrimSpace(s), "."))
+	switch {
+	case name == "":
+		return "", fmt.Errorf("empty host name")
+	case len(name) > maxHostNameLen:
+		return "", fmt.Errorf("host name of %d characters: at most %d", len(name), maxHostNameLen)
+	}
+	rest, wildcard := strings.CutPrefix(name, "*.")
+	labels := strings.Split(rest, ".")
+	if wildcard && len(labels) < 2 {
+		return "", fmt.Errorf("a wildcard covers the names under a domain of two labels or more, as in *.example.com")
+	}
+	for _, l := range labels {
+		if err := checkLabel(l); err != nil {
+			return "", err
+		}
+	}
+	if strings.Trim(labels[len(labels)-1], "0123456789") == "" {
+		return "", fmt.Errorf("not a host name (its last label is a number); addresses go as 203.0.113.7 or CIDRs")
+	}
+	return name, nil
+}
+
+// checkLabel checks one label of a host name: letters, digits, "-" (not
+// first or last) and "_" (service labels), 1 to 63 characters.
+func checkLabel(l string) error {
+	if strings.Contains(l, "*") {
+		return fmt.Errorf("a wildcard must be the whole first label, as in *.example.com")
+	}
+	if l == "" || len(l) > 63 {
+		return fmt.Errorf("label %q: want 1 to 63 characters", l)
+	}
+	if l[0] == '-' || l[len(l)-1] == '-' {
+		return fmt.Errorf("label %q: a label cannot start or end with \"-\"", l)
+	}
+	for _, r := range l {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return fmt.Errorf("label %q: %q is not allowed in a host name (internationalized names go in their xn-- form)", l, r)
+		}
+	}
+	return nil
+}
+
+// MatchHost returns the pattern of patterns that host matches ("" if none).
+// host is a name a connection carries (TLS SNI, HTTP Host without port);
+// case and a final dot do not matter. Addresses match no pattern.
+func MatchHost(patterns []string, host string) string {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "" {
+		return ""
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return ""
+	}
+	for _, p := range patterns {
+		if suffix, ok := strings.CutPrefix(p, "*"); ok {
+			if len(host) > len(suffix) && strings.HasSuffix(host, suffix) {
+				return p
+			}
+			continue
+		}
+		if host == p {
+			return p
+		}
+	}
+	return ""
 }
 
 func parseCIDR(s string) (netip.Prefix, error) {
@@ -65,7 +172,7 @@ func parseCIDR(s string) (netip.Prefix, error) {
 	} else {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("want an IPv4 address or CIDR such as 203.0.113.0/24 (domain names are not supported)")
+			return netip.Prefix{}, fmt.Errorf("want an IPv4 address or CIDR such as 203.0.113.0/24, or a host name")
 		}
 		p = netip.PrefixFrom(a, a.BitLen())
 	}
@@ -97,12 +204,17 @@ func (p Policy) Allows(dst netip.Addr) bool {
 
 // Equal reports whether p and q are the same policy, list order included.
 func (p Policy) Equal(q Policy) bool {
-	return p.AllowInternet == q.AllowInternet && slices.Equal(p.AllowOut, q.AllowOut) && slices.Equal(p.DenyOut, q.DenyOut)
+	return p.AllowInternet == q.AllowInternet && slices.Equal(p.AllowOut, q.AllowOut) &&
+		slices.Equal(p.DenyOut, q.DenyOut) && slices.Equal(p.AllowNames, q.AllowNames)
 }
 
 // String renders p for logs.
 func (p Policy) String() string {
-	return fmt.Sprintf("allowInternet=%t allowOut=%v denyOut=%v", p.AllowInternet, p.AllowOut, p.DenyOut)
+	s := fmt.Sprintf("allowInternet=%t allowOut=%v denyOut=%v", p.AllowInternet, p.AllowOut, p.DenyOut)
+	if len(p.AllowNames) > 0 {
+		s += fmt.Sprintf(" allowNames=%v", p.AllowNames)
+	}
+	return s
 }
 
 func containsAddr(prefixes []netip.Prefix, a netip.Addr) bool {

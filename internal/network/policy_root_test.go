@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/nftables"
@@ -50,7 +51,7 @@ func TestReleaseDropsPolicy(t *testing.T) {
 	if err := e.pool.SetPolicy(ctx, e.slot.Index, DefaultPolicy()); err == nil {
 		t.Error("SetPolicy on a released slot succeeded")
 	}
-	want := []string{egressChainName(e.other.Index), ingressChainName(e.other.Index)}
+	want := []string{egressChainName(e.other.Index), ingressChainName(e.other.Index), natChainName(e.other.Index)}
 	if got := slotChains(t, e.pool.cfg.Prefix); !slices.Equal(got, want) {
 		t.Errorf("slot chains after release: %v, want %v", got, want)
 	}
@@ -103,7 +104,7 @@ func TestStartKeepsAdoptedPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.pool = restarted // the environment's cleanup destroys the first pool's table anyway
-	want := []string{egressChainName(e.slot.Index), ingressChainName(e.slot.Index)}
+	want := []string{egressChainName(e.slot.Index), ingressChainName(e.slot.Index), natChainName(e.slot.Index)}
 	if got := slotChains(t, cfg.Prefix); !slices.Equal(got, want) {
 		t.Errorf("slot chains after restart: %v, want %v", got, want)
 	}
@@ -134,13 +135,15 @@ func TestFirewallRuleset(t *testing.T) {
 	requireRoot(t)
 	cfg := testConfig(t, 24, 0)
 	cfg.DNSServers = []netip.Addr{netip.MustParseAddr("172.31.0.53")}
+	egress := &fakeEgress{}
+	cfg.Egress = egress
 	p := startTestPool(t, cfg, nil)
 	ctx := t.Context()
 	s, err := p.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol := mustPolicy(t, false, []string{"198.51.100.0/24", "198.51.100.7", "172.31.0.53"}, []string{"0.0.0.0/0"})
+	pol := mustPolicy(t, false, []string{"198.51.100.0/24", "198.51.100.7", "172.31.0.53", "pypi.org"}, []string{"0.0.0.0/0"})
 	if err := p.SetPolicy(ctx, s.Index, pol); err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +178,11 @@ func TestFirewallRuleset(t *testing.T) {
 		elements = { "PREFIX0h" : jump ingress-0 }
 	}
 
+	map slot-nat {
+		type ifname : verdict
+		elements = { "PREFIX0h" : jump nat-0 }
+	}
+
 	set allow-0 {
 		type ipv4_addr
 		flags interval
@@ -190,7 +198,13 @@ func TestFirewallRuleset(t *testing.T) {
 	chain input {
 		type filter hook input priority filter; policy accept;
 		iifname "PREFIX*" ct state established,related accept
+		iifname "PREFIX*" ct status dnat tcp dport 15001 accept
+		iifname "PREFIX*" ct status dnat udp dport 5353 accept
+		iifname "PREFIX*" ct status dnat tcp dport 5353 accept
 		iifname "PREFIX*" drop
+		tcp dport 15001 drop
+		udp dport 5353 drop
+		tcp dport 5353 drop
 	}
 
 	chain forward {
@@ -204,6 +218,17 @@ func TestFirewallRuleset(t *testing.T) {
 	chain postrouting {
 		type nat hook postrouting priority srcnat; policy accept;
 		ip saddr CIDR oifname != "PREFIX*" masquerade
+	}
+
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname "PREFIX*" meta nfproto ipv4 udp dport 53 redirect to :5353
+		iifname "PREFIX*" meta nfproto ipv4 tcp dport 53 redirect to :5353
+		iifname "PREFIX*" iifname vmap @slot-nat
+	}
+
+	chain proxy {
+		meta nfproto ipv4 meta l4proto tcp redirect to :15001
 	}
 
 	chain egress-0 {
@@ -222,6 +247,11 @@ func TestFirewallRuleset(t *testing.T) {
 		counter name "rx-0"
 		ct state established,related accept
 		drop
+	}
+
+	chain nat-0 {
+		ip daddr @allow-0 return
+		jump proxy
 	}
 }
 `)
@@ -259,4 +289,37 @@ func elementKeys(els []nftables.SetElement) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// fakeEgress stands for the egress gateway: fixed ports, and what the pool
+// told it.
+type fakeEgress struct {
+	mu      sync.Mutex
+	denied  []netip.Prefix
+	slots   map[int]Policy
+	dnsOpen map[int]bool
+}
+
+func (f *fakeEgress) Ports() (dns, proxy uint16) { return 5353, 15001 }
+
+func (f *fakeEgress) SetDenied(ranges []netip.Prefix) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.denied = ranges
+}
+
+func (f *fakeEgress) SetSlot(index int, _ netip.Addr, pol Policy, dnsOpen bool) func() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.slots == nil {
+		f.slots, f.dnsOpen = map[int]Policy{}, map[int]bool{}
+	}
+	f.slots[index], f.dnsOpen[index] = pol, dnsOpen
+	return func() {}
+}
+
+func (f *fakeEgress) ClearSlot(index int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.slots, index)
 }

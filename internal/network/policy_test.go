@@ -38,7 +38,17 @@ func TestParsePolicy(t *testing.T) {
 			Policy{AllowInternet: true, DenyOut: prefixes("192.168.0.0/16")}, ""},
 		{"IPv4-mapped", nil, []string{"::ffff:203.0.113.0/120"}, nil,
 			Policy{AllowInternet: true, AllowOut: prefixes("203.0.113.0/24")}, ""},
-		{"domain", nil, []string{"example.com"}, nil, Policy{}, `allowOut[0] "example.com": want an IPv4 address or CIDR such as 203.0.113.0/24 (domain names are not supported)`},
+		{"names with addresses", &no, []string{"PyPI.org.", "1.1.1.1", "*.github.com", "pypi.org"}, []string{"0.0.0.0/0"},
+			Policy{AllowOut: prefixes("1.1.1.1/32"), DenyOut: prefixes("0.0.0.0/0"), AllowNames: []string{"pypi.org", "*.github.com"}}, ""},
+		{"name in denyOut", nil, nil, []string{"example.com"}, Policy{}, `denyOut[0] "example.com": host names are allowed in allowOut only`},
+		{"two wildcards", nil, []string{"*.*.com"}, nil, Policy{}, "a wildcard must be the whole first label"},
+		{"wildcard over a TLD", nil, []string{"*.com"}, nil, Policy{}, "a wildcard covers the names under a domain of two labels"},
+		{"bare star", nil, []string{"*"}, nil, Policy{}, `allowOut[0] "*"`},
+		{"space in a name", nil, []string{"exa mple.com"}, nil, Policy{}, `is not allowed in a host name`},
+		{"name too long", nil, []string{strings.Repeat("a.", 127) + "com"}, nil, Policy{}, "at most 253"},
+		{"label too long", nil, []string{strings.Repeat("a", 64) + ".com"}, nil, Policy{}, "want 1 to 63 characters"},
+		{"hyphen at a label's end", nil, []string{"a-.com"}, nil, Policy{}, `cannot start or end with "-"`},
+		{"numeric last label", nil, []string{"1.2.3.4.5"}, nil, Policy{}, `allowOut[0] "1.2.3.4.5": want an IPv4 address`},
 		{"IPv6 address", nil, nil, []string{"10.0.0.0/8", "2001:db8::1"}, Policy{}, `denyOut[1] "2001:db8::1": IPv6 is not supported`},
 		{"IPv6 prefix", nil, []string{"::/0"}, nil, Policy{}, "IPv6 is not supported"},
 		{"bad length", nil, []string{"10.0.0.0/33"}, nil, Policy{}, `allowOut[0] "10.0.0.0/33": want an IPv4 address or CIDR`},
@@ -60,6 +70,29 @@ func TestParsePolicy(t *testing.T) {
 				t.Errorf("ParsePolicy() = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestMatchHost(t *testing.T) {
+	patterns := []string{"pypi.org", "*.github.com"}
+	tests := []struct {
+		host, want string
+	}{
+		{"pypi.org", "pypi.org"},
+		{"PYPI.ORG.", "pypi.org"},
+		{"files.pypi.org", ""},
+		{"api.github.com", "*.github.com"},
+		{"a.b.github.com", "*.github.com"},
+		{"github.com", ""},
+		{"evilgithub.com", ""},
+		{"xpypi.org", ""},
+		{"", ""},
+		{"151.101.0.223", ""},
+	}
+	for _, tt := range tests {
+		if got := MatchHost(patterns, tt.host); got != tt.want {
+			t.Errorf("MatchHost(%q) = %q, want %q", tt.host, got, tt.want)
+		}
 	}
 }
 

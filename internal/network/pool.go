@@ -189,6 +189,9 @@ func (p *Pool) Release(ctx context.Context, index int) error {
 	s := p.cfg.slot(index)
 	p.policyMu.Lock()
 	policyErr := removeSlotPolicy(p.cfg, index)
+	if policyErr == nil && p.cfg.Egress != nil {
+		p.cfg.Egress.ClearSlot(index)
+	}
 	p.policyMu.Unlock()
 	if policyErr != nil {
 		// Keep the index reserved: the next sandbox here would inherit the rules.

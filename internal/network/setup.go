@@ -35,6 +35,9 @@ func (p *Pool) setUpHost(ctx context.Context, keep map[int]bool) error {
 	p.mu.Lock()
 	p.dns = dns
 	p.mu.Unlock()
+	if p.cfg.Egress != nil {
+		p.cfg.Egress.SetDenied(fixedDenyPrefixes(p.cfg, addrs))
+	}
 	if err := installFirewall(p.cfg, fixedDenyRanges(p.cfg, addrs), keep); err != nil {
 		return err
 	}

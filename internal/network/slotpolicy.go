@@ -35,8 +35,12 @@ import (
 //		ct state established,related accept
 //		drop
 //	}
+//	chain nat-3 {
+//		ip daddr @allow-3 return    (a policy with host names, and an egress gateway)
+//		jump proxy
+//	}
 //
-// plus the slot's host veth in the slot-egress and slot-ingress maps. SetPolicy
+// plus the slot's host veth in the slot-egress, slot-ingress and slot-nat maps. SetPolicy
 // rewrites all of it in one transaction; the counters keep counting across it.
 // The resolver rules are the policy evaluated at compile time on each resolver, so a
 // resolver in a denied private range answers as long as the sandbox's own policy
@@ -48,11 +52,12 @@ func allowSetName(i int) string     { return "allow-" + strconv.Itoa(i) }
 func denySetName(i int) string      { return "deny-" + strconv.Itoa(i) }
 func txCounterName(i int) string    { return "tx-" + strconv.Itoa(i) }
 func rxCounterName(i int) string    { return "rx-" + strconv.Itoa(i) }
+func natChainName(i int) string     { return "nat-" + strconv.Itoa(i) }
 
 // slotIndexFromObjectName returns the slot a per-slot chain, set or counter name
 // belongs to.
 func slotIndexFromObjectName(name string) (int, bool) {
-	for _, kind := range []string{"egress-", "ingress-", "allow-", "deny-", "tx-", "rx-"} {
+	for _, kind := range []string{"egress-", "ingress-", "allow-", "deny-", "tx-", "rx-", "nat-"} {
 		if rest, ok := strings.CutPrefix(name, kind); ok {
 			i, err := strconv.Atoi(rest)
 			if err != nil || i < 0 || strconv.Itoa(i) != rest {
@@ -69,6 +74,9 @@ type compiledPolicy struct {
 	allow, deny []addrRange
 	dns         []netip.Addr // resolvers the policy lets the sandbox query on port 53
 	internet    bool         // the verdict for everything else
+	// proxy: TCP connections that allow does not cover go to the egress
+	// gateway, which judges them by name.
+	proxy bool
 }
 
 func compilePolicy(pol Policy, dnsServers []netip.Addr) compiledPolicy {
@@ -76,6 +84,7 @@ func compilePolicy(pol Policy, dnsServers []netip.Addr) compiledPolicy {
 		allow:    mergePrefixes(pol.AllowOut),
 		deny:     mergePrefixes(pol.DenyOut),
 		internet: pol.AllowInternet,
+		proxy:    len(pol.AllowNames) > 0,
 	}
 	for _, r := range dnsServers {
 		if pol.Allows(r) {
@@ -87,9 +96,9 @@ func compilePolicy(pol Policy, dnsServers []netip.Addr) compiledPolicy {
 
 // slotObjects names one slot's nftables objects.
 type slotObjects struct {
-	egress, ingress *nftables.Chain
-	allow, deny     *nftables.Set
-	tx, rx          *nftables.NamedObj
+	egress, ingress, nat *nftables.Chain
+	allow, deny          *nftables.Set
+	tx, rx               *nftables.NamedObj
 }
 
 func slotObjectDefs(table *nftables.Table, i int) slotObjects {
@@ -99,6 +108,7 @@ func slotObjectDefs(table *nftables.Table, i int) slotObjects {
 	return slotObjects{
 		egress:  &nftables.Chain{Name: egressChainName(i), Table: table},
 		ingress: &nftables.Chain{Name: ingressChainName(i), Table: table},
+		nat:     &nftables.Chain{Name: natChainName(i), Table: table},
 		allow:   &nftables.Set{Table: table, Name: allowSetName(i), KeyType: nftables.TypeIPAddr, Interval: true},
 		deny:    &nftables.Set{Table: table, Name: denySetName(i), KeyType: nftables.TypeIPAddr, Interval: true},
 		tx:      counter(txCounterName(i)),
@@ -130,6 +140,18 @@ func egressRules(o slotObjects, c compiledPolicy) []*nftables.Rule {
 	)
 }
 
+// natRules are the rules of a slot's nat chain, run on the first packet of each
+// connection before routing.
+func natRules(o slotObjects, c compiledPolicy) []*nftables.Rule {
+	if !c.proxy {
+		return nil
+	}
+	return []*nftables.Rule{
+		rule(o.nat, ipDaddrInSet(o.allow.Name), verdict(expr.VerdictReturn)),
+		rule(o.nat, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: proxyChain}}),
+	}
+}
+
 // ingressRules are the rules of a slot's ingress chain: only replies get in.
 func ingressRules(o slotObjects) []*nftables.Rule {
 	return []*nftables.Rule{
@@ -148,11 +170,15 @@ func dispatchElement(cfg Config, i int, chain string) nftables.SetElement {
 
 // addSlotDispatchInBatch points the slot maps at the slot's chains.
 func addSlotDispatchInBatch(conn *nftables.Conn, cfg Config, i int) error {
-	egressMap, ingressMap := slotMapDefs(firewallTable(cfg.Prefix))
+	table := firewallTable(cfg.Prefix)
+	egressMap, ingressMap := slotMapDefs(table)
 	if err := conn.SetAddElements(egressMap, []nftables.SetElement{dispatchElement(cfg, i, egressChainName(i))}); err != nil {
 		return err
 	}
-	return conn.SetAddElements(ingressMap, []nftables.SetElement{dispatchElement(cfg, i, ingressChainName(i))})
+	if err := conn.SetAddElements(ingressMap, []nftables.SetElement{dispatchElement(cfg, i, ingressChainName(i))}); err != nil {
+		return err
+	}
+	return conn.SetAddElements(slotNatMapDef(table), []nftables.SetElement{dispatchElement(cfg, i, natChainName(i))})
 }
 
 // applySlotPolicy installs or replaces slot i's policy in one transaction.
@@ -177,11 +203,15 @@ func applySlotPolicy(cfg Config, i int, c compiledPolicy) error {
 	// Adding a counter that exists leaves it (and its count) as it is.
 	conn.AddObj(o.tx)
 	conn.AddObj(o.rx)
-	for _, ch := range []*nftables.Chain{o.egress, o.ingress} {
+	if c.proxy && cfg.Egress == nil {
+		return fmt.Errorf("apply policy of slot %d: host names need the egress gateway, which this pool has not", i)
+	}
+	for _, ch := range []*nftables.Chain{o.egress, o.ingress, o.nat} {
 		conn.AddChain(ch)
 		conn.FlushChain(ch)
 	}
-	for _, r := range append(egressRules(o, c), ingressRules(o)...) {
+	rules := append(egressRules(o, c), ingressRules(o)...)
+	for _, r := range append(rules, natRules(o, c)...) {
 		conn.AddRule(r)
 	}
 	if err := addSlotDispatchInBatch(conn, cfg, i); err != nil {
@@ -212,20 +242,23 @@ func removeSlotPolicy(cfg Config, i int) error {
 	conn.AddObj(o.rx)
 	conn.AddChain(o.egress)
 	conn.AddChain(o.ingress)
+	conn.AddChain(o.nat)
 	if err := addSlotDispatchInBatch(conn, cfg, i); err != nil {
 		return fmt.Errorf("remove policy of slot %d: %w", i, err)
 	}
 	egressMap, ingressMap := slotMapDefs(table)
-	if err := conn.SetDeleteElements(egressMap, []nftables.SetElement{dispatchElement(cfg, i, egressChainName(i))}); err != nil {
-		return fmt.Errorf("remove policy of slot %d: %w", i, err)
+	for _, d := range []struct {
+		m     *nftables.Set
+		chain string
+	}{{egressMap, egressChainName(i)}, {ingressMap, ingressChainName(i)}, {slotNatMapDef(table), natChainName(i)}} {
+		if err := conn.SetDeleteElements(d.m, []nftables.SetElement{dispatchElement(cfg, i, d.chain)}); err != nil {
+			return fmt.Errorf("remove policy of slot %d: %w", i, err)
+		}
 	}
-	if err := conn.SetDeleteElements(ingressMap, []nftables.SetElement{dispatchElement(cfg, i, ingressChainName(i))}); err != nil {
-		return fmt.Errorf("remove policy of slot %d: %w", i, err)
+	for _, ch := range []*nftables.Chain{o.egress, o.ingress, o.nat} {
+		conn.FlushChain(ch)
+		conn.DelChain(ch)
 	}
-	conn.FlushChain(o.egress)
-	conn.FlushChain(o.ingress)
-	conn.DelChain(o.egress)
-	conn.DelChain(o.ingress)
 	conn.DelSet(o.allow)
 	conn.DelSet(o.deny)
 	conn.DeleteObject(o.tx)
@@ -294,7 +327,20 @@ func (p *Pool) SetPolicy(ctx context.Context, index int, pol Policy) error {
 			return fmt.Errorf("set network policy of slot %d: %s: want an IPv4 prefix", index, pfx)
 		}
 	}
-	if err := applySlotPolicy(p.cfg, index, compilePolicy(pol, p.dnsServers())); err != nil {
+	for _, name := range pol.AllowNames {
+		if n, err := ParseHostPattern(name); err != nil || n != name {
+			return fmt.Errorf("set network policy of slot %d: host name %q: want one ParseHostPattern returns", index, name)
+		}
+	}
+	compiled := compilePolicy(pol, p.dnsServers())
+	// The gateway learns the policy first: a connection the new rules send it
+	// finds it there.
+	undo := func() {}
+	if p.cfg.Egress != nil {
+		undo = p.cfg.Egress.SetSlot(index, p.cfg.slot(index).SandboxIP, pol, len(compiled.dns) > 0)
+	}
+	if err := applySlotPolicy(p.cfg, index, compiled); err != nil {
+		undo()
 		return fmt.Errorf("set network policy: %w", err)
 	}
 	p.logger.DebugContext(ctx, "set network policy", "slot", index, "policy", pol.String())

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/egress"
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/network"
@@ -95,6 +96,9 @@ type Node interface {
 	// Transport reaches sandboxes' ports (the envd proxy uses it).
 	Transport() http.RoundTripper
 	NetworkCounters(ctx context.Context) (map[string]network.Traffic, error)
+	// EgressLog returns the egress gateway's log of a sandbox, oldest
+	// first.
+	EgressLog(ctx context.Context, id string) ([]egress.Event, error)
 }
 
 // Target is a port of a running sandbox, resolved for one call.

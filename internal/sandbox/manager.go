@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/egress"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -93,6 +94,16 @@ type Config struct {
 	// Volumes finds the host directories of the volumes sandboxes mount;
 	// nil refuses every create that mounts one.
 	Volumes VolumePaths
+	// Egress is the node's egress gateway, for its log of each sandbox;
+	// nil: none.
+	Egress EgressLog
+}
+
+// EgressLog is what the manager needs of the egress gateway
+// (internal/egress).
+type EgressLog interface {
+	// Events returns the log of the sandbox on network slot index.
+	Events(index int) []egress.Event
 }
 
 // VolumePaths is what the manager needs of the volumes (package volume).

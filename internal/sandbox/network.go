@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/aenv-dev/aenv/internal/egress"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -42,6 +43,24 @@ func (m *Manager) nameservers() []string {
 		out = append(out, a.String())
 	}
 	return out
+}
+
+// EgressLog returns the egress gateway's log of a sandbox, oldest first:
+// empty while it holds no network slot (paused on disk) or has nothing
+// logged.
+func (m *Manager) EgressLog(ctx context.Context, id string) ([]egress.Event, error) {
+	e := m.entry(id)
+	if e == nil {
+		if _, err := m.Get(ctx, id); err != nil {
+			return nil, err
+		}
+		return nil, nil
+	}
+	v := e.view()
+	if v.slot == nil || m.cfg.Egress == nil {
+		return nil, nil
+	}
+	return m.cfg.Egress.Events(v.slot.Index), nil
 }
 
 // UpdateNetwork changes the egress policy of a sandbox; new connections

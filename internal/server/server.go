@@ -28,6 +28,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/console"
+	"github.com/aenv-dev/aenv/internal/egress"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/image"
 	"github.com/aenv-dev/aenv/internal/network"
@@ -191,8 +192,21 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	}
 	logger.InfoContext(ctx, "runtime ready", "driver", driver.Name(), "platform", driver.Platform(), "runsc", runscPath)
 
+	// The sandboxes' DNS and name-judged egress: listening before the
+	// network pool points its firewall at it.
+	upstreams, err := network.HostDNSServers()
+	if err != nil {
+		logger.WarnContext(ctx, "no DNS servers for sandboxes: only names of --dns-hosts-file resolve", "err", err)
+	}
+	gateway, err := egress.Listen(ctx, egress.Config{Upstreams: upstreams, HostsFile: cfg.DNSHostsFile},
+		logger.With("component", "egress"))
+	if err != nil {
+		return fmt.Errorf("egress gateway: %w", err)
+	}
+	defer gateway.Close()
 	pool, err := network.NewPool(ctx, network.Config{
 		Prefix: cfg.NetPrefix, CIDR: netip.MustParsePrefix(cfg.SandboxCIDR), WarmPool: cfg.WarmSlots,
+		DNSServers: upstreams, Egress: gateway,
 	}, logger.With("component", "network"))
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
@@ -238,6 +252,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		DeadRetention:    time.Hour,
 		Shared:           sharedImages,
 		Volumes:          volumePaths,
+		Egress:           gateway,
 	}, st, driver, pool, templates, logger.With("component", "sandbox"))
 	if err := sandboxes.Start(ctx); err != nil {
 		pool.Close(context.WithoutCancel(ctx))
@@ -267,6 +282,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Name: "aenv_sandboxes_live", Help: "Sandboxes running or paused on this node.",
 	}, func() float64 { return float64(sandboxes.LiveCount()) }))
 	reg.MustRegister(newNetworkCollector(sandboxes))
+	reg.MustRegister(gateway.Collectors()...)
 	if volumes != nil {
 		reg.MustRegister(volumes.Collector())
 	}

@@ -31,6 +31,51 @@ func (e ClusterNodeState) Valid() bool {
 	}
 }
 
+// Defines values for EgressEventProtocol.
+const (
+	EgressEventProtocolDns  EgressEventProtocol = "dns"
+	EgressEventProtocolHttp EgressEventProtocol = "http"
+	EgressEventProtocolTcp  EgressEventProtocol = "tcp"
+	EgressEventProtocolTls  EgressEventProtocol = "tls"
+)
+
+// Valid indicates whether the value is a known member of the EgressEventProtocol enum.
+func (e EgressEventProtocol) Valid() bool {
+	switch e {
+	case EgressEventProtocolDns:
+		return true
+	case EgressEventProtocolHttp:
+		return true
+	case EgressEventProtocolTcp:
+		return true
+	case EgressEventProtocolTls:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for EgressEventVerdict.
+const (
+	EgressEventVerdictAllowed EgressEventVerdict = "allowed"
+	EgressEventVerdictDenied  EgressEventVerdict = "denied"
+	EgressEventVerdictFailed  EgressEventVerdict = "failed"
+)
+
+// Valid indicates whether the value is a known member of the EgressEventVerdict enum.
+func (e EgressEventVerdict) Valid() bool {
+	switch e {
+	case EgressEventVerdictAllowed:
+		return true
+	case EgressEventVerdictDenied:
+		return true
+	case EgressEventVerdictFailed:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for FileContentEncoding.
 const (
 	FileContentEncodingBase64 FileContentEncoding = "base64"
@@ -504,6 +549,44 @@ type DeletedTeam struct {
 	TeamID string   `json:"teamID"`
 }
 
+// EgressEvent One connection or DNS query of a sandbox that the node's egress gateway judged.
+type EgressEvent struct {
+	// Address Where the sandbox sent the connection.
+	Address string `json:"address,omitempty"`
+
+	// BytesIn Bytes to the sandbox, so far.
+	BytesIn int64 `json:"bytesIn"`
+
+	// BytesOut Bytes from the sandbox, so far.
+	BytesOut int64 `json:"bytesOut"`
+
+	// Host The name the connection (SNI, Host) or query carried.
+	Host string `json:"host,omitempty"`
+	Port int    `json:"port,omitempty"`
+
+	// Protocol What the gateway read: a TLS ClientHello, HTTP requests, neither (tcp), or a DNS query.
+	Protocol EgressEventProtocol `json:"protocol"`
+
+	// Reason Why it was denied or failed.
+	Reason string `json:"reason,omitempty"`
+
+	// Rule The allowOut entry that let it through, or "address" when its address did.
+	Rule string    `json:"rule,omitempty"`
+	Time time.Time `json:"time"`
+
+	// Upstream Where the gateway connected: the allowed name's address (as the node resolves it), port included.
+	Upstream string `json:"upstream,omitempty"`
+
+	// Verdict failed: allowed, but the connection could not be made.
+	Verdict EgressEventVerdict `json:"verdict"`
+}
+
+// EgressEventProtocol What the gateway read: a TLS ClientHello, HTTP requests, neither (tcp), or a DNS query.
+type EgressEventProtocol string
+
+// EgressEventVerdict failed: allowed, but the connection could not be made.
+type EgressEventVerdict string
+
 // Error defines model for Error.
 type Error struct {
 	// Code The HTTP status.
@@ -614,6 +697,7 @@ type LogLevel string
 
 // NetworkConfig E2B's network object, the parts aenv implements.
 type NetworkConfig struct {
+	// AllowOut Addresses, CIDRs, host names and wildcards (*.example.com: the names under example.com) the sandbox may reach; they win over denyOut.
 	AllowOut           []string `json:"allowOut,omitempty"`
 	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
 	DenyOut            []string `json:"denyOut,omitempty"`
@@ -648,8 +732,11 @@ type NewSandbox struct {
 	AllowInternetAccess    *bool    `json:"allowInternetAccess,omitempty"`
 	AllowInternetAccessE2B *bool    `json:"allow_internet_access,omitempty"`
 	AlwaysAllowedCIDRs     []string `json:"alwaysAllowedCIDRs,omitempty"`
-	AlwaysDeniedCIDRs      []string `json:"alwaysDeniedCIDRs,omitempty"`
-	AutoPause              bool     `json:"autoPause,omitempty"`
+
+	// AlwaysAllowedDomains Host names and wildcards (*.example.com) the sandbox may reach by name whatever the CIDR lists deny, matched against TLS SNI and HTTP Host (aenv's spelling of E2B's names in network.allowOut).
+	AlwaysAllowedDomains []string `json:"alwaysAllowedDomains,omitempty"`
+	AlwaysDeniedCIDRs    []string `json:"alwaysDeniedCIDRs,omitempty"`
+	AutoPause            bool     `json:"autoPause,omitempty"`
 
 	// AutoPauseMemory false: the pause at the deadline keeps the files, not the processes.
 	AutoPauseMemory *bool             `json:"autoPauseMemory,omitempty"`

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	goruntime "runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,10 +27,34 @@ type fakeInternet struct {
 
 func newFakeInternet(t *testing.T) *fakeInternet {
 	t.Helper()
+	ns, addr := newFakeHostNetns(t)
+	l, err := listenInNetns(ns, addr+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello from the fake internet\n")
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return &fakeInternet{addr: addr}
+}
+
+var (
+	fakeHostBase = int(randomLetters(1)[0] - 'a')
+	fakeHostSeq  atomic.Int32
+)
+
+// newFakeHostNetns makes the namespace of a fake internet host and returns
+// its name and the host's public test address.
+func newFakeHostNetns(t *testing.T) (ns, addr string) {
+	t.Helper()
 	suffix := randomLetters(4)
 	ns, hostIf, peerIf := "fi"+suffix, "fi"+suffix+"h", "fi"+suffix+"p"
-	b := int(randomLetters(1)[0]-'a') + 10
-	addr := fmt.Sprintf("198.51.100.%d", b)
+	// Hosts of one test run get different addresses; a random start keeps
+	// two runs on one machine apart.
+	b := 10 + (fakeHostBase+int(fakeHostSeq.Add(1)))%50
+	addr = fmt.Sprintf("198.51.100.%d", b)
 	hostAddr := fmt.Sprintf("192.0.2.%d", b*4+1)
 	peerAddr := fmt.Sprintf("192.0.2.%d", b*4+2)
 	run := func(args ...string) {
@@ -54,16 +79,7 @@ func newFakeInternet(t *testing.T) *fakeInternet {
 	run("ip", "-n", ns, "link", "set", peerIf, "up")
 	run("ip", "-n", ns, "link", "set", "lo", "up")
 	run("ip", "-n", ns, "route", "add", "default", "via", hostAddr)
-	l, err := listenInNetns(ns, addr+":8080")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "hello from the fake internet\n")
-	})}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	return &fakeInternet{addr: addr}
+	return ns, addr
 }
 
 // listenInNetns opens a TCP listener inside a named network namespace;

@@ -65,6 +65,15 @@ class ClientBehaviour:
             "metadata": {"run": "r1"}, "envVars": {"A": "1"}, "allowInternetAccess": False,
             "alwaysDeniedCIDRs": ["10.0.0.0/8"], "alwaysAllowedCIDRs": ["1.1.1.1/32"]})
 
+    def test_domains_and_the_egress_log(self):
+        self.peer.route("POST", "/sandboxes", lambda s: Reply.json({"sandboxID": "sb1"}, 201))
+        self.peer.route("GET", "/sandboxes/sb1/egress", lambda s: Reply.json([{"host": "pypi.org", "verdict": "allowed"}]))
+        c = self.make_client()
+        net = aenv.Network(allow_internet=False, allowed_domains=["pypi.org", "*.github.com"])
+        c.create_sandbox("base", network=net)
+        self.assertEqual(self.peer.seen[0].json()["alwaysAllowedDomains"], ["pypi.org", "*.github.com"])
+        self.assertEqual(c.egress_log("sb1"), [{"host": "pypi.org", "verdict": "allowed"}])
+
     def test_volumes_mounts_copies_and_the_content_token(self):
         self.peer.route("POST", "/sandboxes", lambda s: Reply.json({"sandboxID": "sb1"}, 201))
         self.peer.route("POST", "/sandboxes/sb1/fork", lambda s: Reply.json([{"sandbox": {"sandboxID": "c1"}}], 201))

@@ -149,6 +149,10 @@ def get_sandbox(sandbox_id: str) -> Call:
     return Call("GET", _sandbox_path(sandbox_id), idempotent=True, decode=_json)
 
 
+def egress_log(sandbox_id: str) -> Call:
+    return Call("GET", _sandbox_path(sandbox_id) + "/egress", idempotent=True, decode=_json)
+
+
 def list_sandboxes(state: Optional[Iterable[str]], metadata: Optional[Mapping[str, str]],
                    limit: Optional[int], next_token: Optional[str]) -> Call:
     query: Dict[str, str] = {}

@@ -110,6 +110,12 @@ class AsyncClient:
         """The sandbox's record: sandboxID, state, startedAt, endAt, cpuCount, memoryMB, metadata, ..."""
         return await self._run(_calls.get_sandbox(sandbox_id))
 
+    async def egress_log(self, sandbox_id: str) -> List[Dict[str, Any]]:
+        """The node's egress log of the sandbox, oldest first: connections
+        judged by host name (protocol, host, verdict, rule, reason, bytesOut,
+        bytesIn, ...) and DNS queries refused."""
+        return await self._run(_calls.egress_log(sandbox_id))
+
     async def list_sandboxes(self, state: Optional[Union[str, Iterable[str]]] = None,
                              metadata: Optional[Mapping[str, str]] = None,
                              limit: Optional[int] = None) -> List[Dict[str, Any]]:

@@ -14,16 +14,24 @@ class Network:
     allow_internet: whether traffic not matched by a list may leave.
     denied_cidrs are always refused, allowed_cidrs always let through
     (allowed wins over denied, as in the seed's NetworkIsolationConfig).
+    allowed_domains are host names ("pypi.org") and wildcards
+    ("*.github.com") let through whatever the CIDRs deny, judged by the
+    node on TLS SNI and HTTP Host (docs/egress.md).
     """
 
     allow_internet: bool = True
     denied_cidrs: List[str] = field(default_factory=list)
     allowed_cidrs: List[str] = field(default_factory=list)
+    allowed_domains: List[str] = field(default_factory=list)
 
     def to_api_request(self) -> Dict[str, Any]:
         # Validate here so a typo fails before a sandbox is asked for.
-        return {
+        out: Dict[str, Any] = {
             "allowInternetAccess": bool(self.allow_internet),
             "alwaysDeniedCIDRs": [str(ipaddress.ip_network(c, strict=False)) for c in self.denied_cidrs],
             "alwaysAllowedCIDRs": [str(ipaddress.ip_network(c, strict=False)) for c in self.allowed_cidrs],
         }
+        if self.allowed_domains:
+            # The server checks the names and says what is wrong with one.
+            out["alwaysAllowedDomains"] = [str(d) for d in self.allowed_domains]
+        return out

@@ -86,6 +86,9 @@ class Client:
     def get_sandbox(self, sandbox_id: str) -> Dict[str, Any]:
         return self._run(_calls.get_sandbox(sandbox_id))
 
+    def egress_log(self, sandbox_id: str) -> List[Dict[str, Any]]:
+        return self._run(_calls.egress_log(sandbox_id))
+
     def list_sandboxes(self, state: Optional[Union[str, Iterable[str]]] = None,
                        metadata: Optional[Mapping[str, str]] = None,
                        limit: Optional[int] = None) -> List[Dict[str, Any]]:

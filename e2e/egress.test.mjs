@@ -1,0 +1,72 @@
+// Egress by host name through the unmodified E2B SDK (e2b@2.51):
+// network.allowOut with names and wildcards beside denyOut: [ALL_TRAFFIC],
+// updateNetwork at runtime, and the errors E2B's rules give. The hosts are
+// made by the test (FakeHost) and named by the server's --dns-hosts-file.
+// Alone and through a gateway.
+
+import { before, after, describe, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, SandboxError, ALL_TRAFFIC } from 'e2b'
+import { useServer, rejectsWith, FakeHost, writeHostsFile } from './harness.mjs'
+
+describe('egress by name', () => {
+  const a = new FakeHost('a')
+  const b = new FakeHost('b')
+  const dnsHostsFile = writeHostsFile([
+    [a.addr, 'allowed.e2e.test', 'api.wild.e2e.test', 'wild.e2e.test'],
+    [b.addr, 'other.e2e.test'],
+  ])
+  const server = useServer({ before, after, dnsHostsFile })
+  before(async () => {
+    await a.start()
+    await b.start()
+  })
+  after(() => {
+    a.stop()
+    b.stop()
+  })
+
+  // fetch asks for url from inside the sandbox; it answers the body, or
+  // 'refused' when nothing came back.
+  async function fetchIn(sbx, url, args = '') {
+    const r = await sbx.commands.run(`curl -s -m 10 ${args} ${url} || echo refused`)
+    return r.stdout.trim()
+  }
+
+  test('names in allowOut, with everything else denied, reach only those hosts', async () => {
+    const sbx = await Sandbox.create('base', {
+      network: { allowOut: ['allowed.e2e.test', '*.wild.e2e.test'], denyOut: [ALL_TRAFFIC] },
+    })
+    server.defer(() => sbx.kill())
+    assert.equal(await fetchIn(sbx, 'http://allowed.e2e.test/'), 'host=a hosthdr=allowed.e2e.test')
+    assert.equal(await fetchIn(sbx, 'http://api.wild.e2e.test/'), 'host=a hosthdr=api.wild.e2e.test')
+    // A wildcard covers the names under its domain, not the domain. Names
+    // not allowed do not resolve; given an address, the node refuses them.
+    assert.equal(await fetchIn(sbx, 'http://wild.e2e.test/'), 'refused')
+    assert.match(await fetchIn(sbx, 'http://wild.e2e.test/', `--resolve wild.e2e.test:80:${a.addr}`), /aenv egress: wild.e2e.test is not in allowOut/)
+    assert.equal(await fetchIn(sbx, 'http://other.e2e.test/'), 'refused')
+    // The allowed name sent to the other host's address still reaches the
+    // allowed host: the node dials the name, not the address.
+    assert.equal(await fetchIn(sbx, 'http://allowed.e2e.test/', `--resolve allowed.e2e.test:80:${b.addr}`), 'host=a hosthdr=allowed.e2e.test')
+    // By address, with no allowed name: refused.
+    assert.match(await fetchIn(sbx, `http://${b.addr}/`), /not in allowOut/)
+
+    // The SDK's view of the sandbox keeps the names.
+    const info = await sbx.getInfo()
+    assert.deepEqual(info.network?.allowOut, ['allowed.e2e.test', '*.wild.e2e.test'])
+  })
+
+  test('updateNetwork changes the names at once', async () => {
+    const sbx = await Sandbox.create('base', { network: { allowOut: ['allowed.e2e.test'], denyOut: [ALL_TRAFFIC] } })
+    server.defer(() => sbx.kill())
+    assert.equal(await fetchIn(sbx, 'http://allowed.e2e.test/'), 'host=a hosthdr=allowed.e2e.test')
+    await sbx.updateNetwork({ allowOut: ['other.e2e.test'], denyOut: [ALL_TRAFFIC] })
+    assert.equal(await fetchIn(sbx, 'http://other.e2e.test/'), 'host=b hosthdr=other.e2e.test')
+    assert.match(await fetchIn(sbx, 'http://allowed.e2e.test/'), /refused|not in allowOut/)
+  })
+
+  test('bad names and names in denyOut are refused', async () => {
+    await rejectsWith(Sandbox.create('base', { network: { allowOut: ['*.*.com'], denyOut: [ALL_TRAFFIC] } }), SandboxError, 'two wildcards')
+    await rejectsWith(Sandbox.create('base', { network: { denyOut: ['evil.e2e.test'] } }), SandboxError, 'a name in denyOut')
+  })
+})

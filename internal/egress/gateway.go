@@ -1,0 +1,280 @@
+// Package egress is the node's egress gateway: one DNS server and one
+// transparent TCP proxy for all the sandboxes of the node.
+//
+// The network pool (internal/network) sends every sandbox's DNS queries to
+// the gateway's DNS port, and the TCP connections of a sandbox whose policy
+// allows host names ("pypi.org", "*.github.com") to its proxy port, except
+// those its CIDR lists allow anyway. The proxy reads the name the connection
+// carries (the TLS ClientHello's SNI, the HTTP Host of every request) and
+// lets it through only to a name the policy allows, dialling that name as
+// the node resolves it, not the address the sandbox chose: a sandbox cannot
+// reach another host by sending an allowed name to its address.
+//
+// The gateway knows sandboxes by their address: the pool tells it each
+// slot's policy (network.Egress).
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/aenv-dev/aenv/internal/network"
+)
+
+// Config configures a Gateway.
+type Config struct {
+	// Upstreams are the resolvers the gateway asks (port 53): the node's
+	// own. Empty: only HostsFile's names resolve.
+	Upstreams []netip.Addr
+	// HostsFile, if set, is a hosts file ("address name...", IPv4) whose
+	// names the gateway answers itself, before asking the upstreams. It is
+	// for tests: hosts made by a test get names.
+	HostsFile string
+	// DialTimeout bounds a connection to an upstream host (default 10 s).
+	DialTimeout time.Duration
+	// PeekTimeout bounds the wait for a connection's first bytes (its
+	// ClientHello or request) when its name decides (default 10 s).
+	PeekTimeout time.Duration
+	// ListenAddr is the address the gateway's ports are opened on (default
+	// 0.0.0.0: redirected connections arrive at each slot's host address).
+	ListenAddr string
+
+	// originalDst finds where a redirected connection was going; tests
+	// without a firewall replace it.
+	originalDst func(*net.TCPConn) (netip.AddrPort, error)
+}
+
+// Gateway is the node's egress gateway. Its methods are safe for
+// concurrent use.
+type Gateway struct {
+	cfg      Config
+	logger   *slog.Logger
+	resolver *resolver
+	metrics  *metrics
+
+	dnsUDP   net.PacketConn
+	dnsTCP   net.Listener
+	proxy    net.Listener
+	dnsPort  uint16
+	proxyPrt uint16
+	servers  []*dns.Server
+
+	mu     sync.RWMutex
+	slots  map[int]*slot
+	byAddr map[netip.Addr]*slot
+	denied []netip.Prefix
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// slot is what the gateway holds of one in-use network slot.
+type slot struct {
+	index   int
+	addr    netip.Addr
+	pol     network.Policy
+	dnsOpen bool
+	log     *eventLog
+}
+
+// Listen opens the gateway's ports and starts serving them until Close.
+func Listen(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.PeekTimeout <= 0 {
+		cfg.PeekTimeout = 10 * time.Second
+	}
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = "0.0.0.0"
+	}
+	if cfg.originalDst == nil {
+		cfg.originalDst = originalDst
+	}
+	hosts, err := readHostsFile(cfg.HostsFile)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		cfg:      cfg,
+		logger:   logger,
+		resolver: newResolver(cfg.Upstreams, hosts),
+		metrics:  newMetrics(),
+		slots:    map[int]*slot{},
+		byAddr:   map[netip.Addr]*slot{},
+	}
+	g.ctx, g.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	if err := g.listen(); err != nil {
+		g.Close()
+		return nil, err
+	}
+	g.serve()
+	logger.InfoContext(ctx, "egress gateway listening", "dns_port", g.dnsPort, "proxy_port", g.proxyPrt,
+		"upstreams", cfg.Upstreams, "hosts_file", cfg.HostsFile, "hosts", len(hosts))
+	return g, nil
+}
+
+// listen opens the proxy port and a DNS port free for both UDP and TCP.
+func (g *Gateway) listen() error {
+	var err error
+	if g.proxy, err = net.Listen("tcp4", net.JoinHostPort(g.cfg.ListenAddr, "0")); err != nil {
+		return fmt.Errorf("egress proxy: %w", err)
+	}
+	g.proxyPrt = uint16(g.proxy.Addr().(*net.TCPAddr).Port)
+	for attempt := 0; ; attempt++ {
+		udp, err := net.ListenPacket("udp4", net.JoinHostPort(g.cfg.ListenAddr, "0"))
+		if err != nil {
+			return fmt.Errorf("egress DNS: %w", err)
+		}
+		port := udp.LocalAddr().(*net.UDPAddr).Port
+		tcp, err := net.Listen("tcp4", net.JoinHostPort(g.cfg.ListenAddr, fmt.Sprint(port)))
+		if err != nil {
+			udp.Close()
+			if attempt < 10 {
+				continue // the TCP port of that number is taken; another
+			}
+			return fmt.Errorf("egress DNS: %w", err)
+		}
+		g.dnsUDP, g.dnsTCP, g.dnsPort = udp, tcp, uint16(port)
+		return nil
+	}
+}
+
+func (g *Gateway) serve() {
+	handler := dns.HandlerFunc(g.serveDNS)
+	g.servers = []*dns.Server{
+		{PacketConn: g.dnsUDP, Handler: handler},
+		{Listener: g.dnsTCP, Handler: handler, ReadTimeout: 10 * time.Second},
+	}
+	for _, s := range g.servers {
+		g.wg.Go(func() {
+			if err := s.ActivateAndServe(); err != nil && g.ctx.Err() == nil {
+				g.logger.Error("egress DNS server stopped", "err", err)
+			}
+		})
+	}
+	g.wg.Go(g.acceptLoop)
+}
+
+// Close stops serving and waits for the connections in flight to end.
+func (g *Gateway) Close() error {
+	g.cancel()
+	var errs []error
+	for _, s := range g.servers {
+		if err := s.Shutdown(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if g.servers == nil { // Listen failed before serving: close what it opened
+		if g.dnsUDP != nil {
+			g.dnsUDP.Close()
+		}
+		if g.dnsTCP != nil {
+			g.dnsTCP.Close()
+		}
+	}
+	if g.proxy != nil {
+		g.proxy.Close()
+	}
+	g.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Ports implements network.Egress.
+func (g *Gateway) Ports() (dnsPort, proxyPort uint16) { return g.dnsPort, g.proxyPrt }
+
+// SetDenied implements network.Egress.
+func (g *Gateway) SetDenied(ranges []netip.Prefix) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.denied = slices.Clone(ranges)
+}
+
+// SetSlot implements network.Egress. The slot's event log carries over a
+// policy change, not a new sandbox (ClearSlot comes first).
+func (g *Gateway) SetSlot(index int, sandboxIP netip.Addr, pol network.Policy, dnsOpen bool) (undo func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	prev := g.slots[index]
+	s := &slot{index: index, addr: sandboxIP, pol: pol, dnsOpen: dnsOpen}
+	if prev != nil && prev.addr == sandboxIP {
+		s.log = prev.log
+	} else {
+		s.log = newEventLog(eventLogSize)
+	}
+	g.putLocked(s)
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.slots[index] != s {
+			return
+		}
+		if prev == nil {
+			g.clearLocked(index)
+			return
+		}
+		g.putLocked(prev)
+	}
+}
+
+func (g *Gateway) putLocked(s *slot) {
+	g.clearLocked(s.index)
+	g.slots[s.index] = s
+	g.byAddr[s.addr] = s
+}
+
+// ClearSlot implements network.Egress.
+func (g *Gateway) ClearSlot(index int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.clearLocked(index)
+}
+
+func (g *Gateway) clearLocked(index int) {
+	if old := g.slots[index]; old != nil {
+		delete(g.byAddr, old.addr)
+		delete(g.slots, index)
+	}
+}
+
+// Events returns slot index's egress log, oldest first (nil for a slot the
+// gateway does not hold).
+func (g *Gateway) Events(index int) []Event {
+	g.mu.RLock()
+	s := g.slots[index]
+	g.mu.RUnlock()
+	if s == nil {
+		return nil
+	}
+	return s.log.events()
+}
+
+// lookup returns the slot whose sandbox has address a, and the fixed deny
+// list, as they are now.
+func (g *Gateway) lookup(a netip.Addr) (*slot, []netip.Prefix) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.byAddr[a.Unmap()], g.denied
+}
+
+func inPrefixes(prefixes []netip.Prefix, a netip.Addr) bool {
+	for _, p := range prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}

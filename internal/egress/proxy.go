@@ -1,0 +1,437 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/aenv-dev/aenv/internal/network"
+)
+
+// readBufferSize holds the largest ClientHello the proxy reads, with its
+// record headers, and an HTTP request's headers.
+const readBufferSize = 32 << 10
+
+// tlsAlertAccessDenied is a fatal TLS access_denied alert: a client that
+// is refused says so ("tlsv1 alert access denied") rather than reporting a
+// reset.
+var tlsAlertAccessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31}
+
+func (g *Gateway) acceptLoop() {
+	for {
+		c, err := g.proxy.Accept()
+		if err != nil {
+			if g.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors, most likely: the backlog waits.
+			g.logger.Warn("egress proxy: accept", "err", err)
+			select {
+			case <-g.ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		g.wg.Go(func() { g.handle(c.(*net.TCPConn)) })
+	}
+}
+
+// conn is one redirected connection being judged and relayed.
+type conn struct {
+	g      *Gateway
+	client *net.TCPConn
+	br     *bufio.Reader
+	slot   *slot
+	pol    network.Policy
+	denied []netip.Prefix
+	dst    netip.AddrPort // where the sandbox sent it
+	ev     *Event
+}
+
+func (g *Gateway) handle(client *net.TCPConn) {
+	defer client.Close()
+	stop := context.AfterFunc(g.ctx, func() { client.Close() })
+	defer stop()
+	src, err := netip.ParseAddrPort(client.RemoteAddr().String())
+	if err != nil {
+		return
+	}
+	s, denied := g.lookup(src.Addr())
+	if s == nil {
+		// Not a sandbox of ours (the firewall lets only redirected
+		// connections in): nothing to log it against.
+		g.metrics.conns.WithLabelValues(VerdictDenied, "unknown").Inc()
+		return
+	}
+	dst, err := g.cfg.originalDst(client)
+	if err != nil {
+		g.logger.Warn("egress proxy: original destination", "sandbox_ip", src.Addr(), "err", err)
+		return
+	}
+	c := &conn{g: g, client: client, br: bufio.NewReaderSize(client, readBufferSize),
+		slot: s, pol: s.pol, denied: denied, dst: dst,
+		ev: &Event{Time: time.Now(), Address: dst.Addr().String(), Port: dst.Port()}}
+	c.serve()
+}
+
+func (c *conn) serve() {
+	// The CIDR lists allow the address (names were allowed on top of an
+	// open policy): no name needed.
+	if c.pol.Allows(c.dst.Addr()) && !inPrefixes(c.denied, c.dst.Addr()) {
+		c.ev.Protocol = "tcp"
+		c.ev.Rule = "address"
+		up, err := c.dial(c.dst.Addr())
+		if err != nil {
+			c.failed(err)
+			return
+		}
+		c.relay(up)
+		return
+	}
+	c.client.SetReadDeadline(time.Now().Add(c.g.cfg.PeekTimeout))
+	first, err := c.br.Peek(1)
+	if err != nil {
+		c.ev.Protocol = "tcp"
+		c.deny("no host name: the client sent nothing", nil)
+		return
+	}
+	switch {
+	case first[0] == recordTypeHandshake:
+		c.ev.Protocol = "tls"
+		c.serveTLS()
+	case looksLikeHTTP(c.br):
+		c.ev.Protocol = "http"
+		c.serveHTTP()
+	default:
+		c.ev.Protocol = "tcp"
+		c.deny("no host name (neither TLS nor HTTP) and the address is not allowed", nil)
+	}
+}
+
+func (c *conn) serveTLS() {
+	hello, err := peekClientHello(c.br)
+	switch {
+	case err != nil:
+		c.deny(err.Error(), tlsAlertAccessDenied)
+		return
+	case hello.esni:
+		c.deny("encrypted SNI hides the host name", tlsAlertAccessDenied)
+		return
+	case hello.serverName == "":
+		c.deny("no host name (no SNI) and the address is not allowed", tlsAlertAccessDenied)
+		return
+	}
+	c.ev.Host = hello.serverName
+	rule := network.MatchHost(c.pol.AllowNames, hello.serverName)
+	if rule == "" {
+		c.deny(fmt.Sprintf("%s is not in allowOut", hello.serverName), tlsAlertAccessDenied)
+		return
+	}
+	c.ev.Rule = rule
+	up, err := c.dialName(hello.serverName)
+	if err != nil {
+		c.failed(err)
+		return
+	}
+	c.relay(up)
+}
+
+// serveHTTP relays plain HTTP request by request: each request of the
+// connection must name the host of the first one (a later request for
+// another host would reach the first host's server, which might serve it).
+func (c *conn) serveHTTP() {
+	req, err := http.ReadRequest(c.br)
+	if err != nil {
+		c.denyHTTP(http.StatusBadRequest, "malformed HTTP request: "+err.Error())
+		return
+	}
+	host, err := requestHost(req)
+	if err != nil {
+		c.denyHTTP(http.StatusForbidden, err.Error())
+		return
+	}
+	c.ev.Host = host
+	rule := network.MatchHost(c.pol.AllowNames, host)
+	if rule == "" {
+		c.denyHTTP(http.StatusForbidden, fmt.Sprintf("%s is not in allowOut", host))
+		return
+	}
+	c.ev.Rule = rule
+	up, err := c.dialName(host)
+	if err != nil {
+		c.failedHTTP(err)
+		return
+	}
+	defer up.Close()
+	c.allowed()
+	defer c.g.metrics.active.Dec()
+	c.client.SetReadDeadline(time.Time{})
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		n, _ := io.Copy(c.client, up)
+		c.countIn(n)
+		c.client.CloseWrite()
+	})
+	defer wg.Wait()
+	for {
+		upgrade := req.Header.Get("Upgrade") != ""
+		if req.Header.Get("User-Agent") == "" {
+			// Write would add Go's own.
+			req.Header["User-Agent"] = []string{""}
+		}
+		cw := &countingWriter{w: up}
+		err := req.Write(cw)
+		c.countOut(cw.n)
+		if err != nil {
+			up.Close()
+			return
+		}
+		if upgrade {
+			// A protocol switch (WebSocket): what follows is not HTTP.
+			n, _ := io.Copy(up, c.br)
+			c.countOut(n)
+			up.CloseWrite()
+			return
+		}
+		req, err = http.ReadRequest(c.br)
+		if err != nil {
+			// The client is done (EOF), or sent something that is not a
+			// request: either way nothing more goes up.
+			up.CloseWrite()
+			return
+		}
+		next, err := requestHost(req)
+		if err != nil || !strings.EqualFold(next, host) {
+			// Not sent: the answers to the requests before it still reach
+			// the client, then the connection ends.
+			reason := fmt.Sprintf("a request for %q on a connection to %s", next, host)
+			if err != nil {
+				reason = err.Error()
+			}
+			c.slot.log.add(&Event{Time: time.Now(), Protocol: "http", Host: next, Address: c.ev.Address, Port: c.ev.Port,
+				Verdict: VerdictDenied, Reason: reason})
+			c.g.metrics.conns.WithLabelValues(VerdictDenied, "http").Inc()
+			up.CloseWrite()
+			return
+		}
+	}
+}
+
+// requestHost returns the host a request names, without its port.
+func requestHost(req *http.Request) (string, error) {
+	if req.Method == http.MethodConnect {
+		return "", errors.New("CONNECT tunnels are not allowed")
+	}
+	if req.URL.Host != "" {
+		return "", errors.New("absolute-form requests (as to a proxy) are not allowed")
+	}
+	host := req.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if host == "" {
+		return "", errors.New("no Host header")
+	}
+	return strings.ToLower(host), nil
+}
+
+// looksLikeHTTP reports whether the connection starts with an HTTP
+// request line: a method of capital letters and a space.
+func looksLikeHTTP(br *bufio.Reader) bool {
+	for i := 1; i <= 16; i++ {
+		b, err := br.Peek(i)
+		if err != nil {
+			return false
+		}
+		switch ch := b[i-1]; {
+		case ch == ' ':
+			return i > 1
+		case ch < 'A' || ch > 'Z':
+			return false
+		}
+	}
+	return false
+}
+
+// dialName connects to name as the node resolves it, on the port the
+// sandbox chose. The sandbox's own address is used if it is one of the
+// name's (it may have picked one of several on purpose); an address in the
+// fixed deny list never is.
+func (c *conn) dialName(name string) (*net.TCPConn, error) {
+	ctx, cancel := context.WithTimeout(c.g.ctx, c.g.cfg.DialTimeout)
+	defer cancel()
+	addrs, err := c.g.resolver.lookup(ctx, strings.ToLower(strings.TrimSuffix(name, ".")))
+	if err != nil {
+		return nil, err
+	}
+	var usable []netip.Addr
+	for _, a := range addrs {
+		if !a.Is4() || inPrefixes(c.denied, a) {
+			continue
+		}
+		if a == c.dst.Addr() {
+			usable = append([]netip.Addr{a}, usable...)
+		} else {
+			usable = append(usable, a)
+		}
+	}
+	if len(usable) == 0 {
+		return nil, fmt.Errorf("%s resolves to no address a sandbox may reach (%v)", name, addrs)
+	}
+	var errs []error
+	for _, a := range usable {
+		up, err := c.dial(a)
+		if err == nil {
+			return up, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (c *conn) dial(a netip.Addr) (*net.TCPConn, error) {
+	d := net.Dialer{Timeout: c.g.cfg.DialTimeout}
+	target := netip.AddrPortFrom(a, c.dst.Port())
+	up, err := d.DialContext(c.g.ctx, "tcp4", target.String())
+	if err != nil {
+		return nil, err
+	}
+	c.ev.Upstream = target.String()
+	return up.(*net.TCPConn), nil
+}
+
+// relay passes bytes both ways until both sides are done; what the proxy
+// read to judge the connection goes first.
+func (c *conn) relay(up *net.TCPConn) {
+	defer up.Close()
+	c.allowed()
+	defer c.g.metrics.active.Dec()
+	c.client.SetReadDeadline(time.Time{})
+	if n := c.br.Buffered(); n > 0 {
+		b, _ := c.br.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			return
+		}
+		c.countOut(int64(n))
+		c.br.Discard(n)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// Straight from the socket: splice(2) between the two.
+		n, _ := io.Copy(up, c.client)
+		c.countOut(n)
+		up.CloseWrite()
+	})
+	n, _ := io.Copy(c.client, up)
+	c.countIn(n)
+	c.client.CloseWrite()
+	wg.Wait()
+}
+
+func (c *conn) allowed() {
+	c.ev.Verdict = VerdictAllowed
+	c.slot.log.add(c.ev)
+	c.g.metrics.conns.WithLabelValues(VerdictAllowed, c.ev.Protocol).Inc()
+	c.g.metrics.active.Inc()
+}
+
+func (c *conn) countOut(n int64) {
+	c.slot.log.update(func() { c.ev.BytesOut += n })
+	c.g.metrics.bytes.WithLabelValues("out").Add(float64(n))
+}
+
+func (c *conn) countIn(n int64) {
+	c.slot.log.update(func() { c.ev.BytesIn += n })
+	c.g.metrics.bytes.WithLabelValues("in").Add(float64(n))
+}
+
+// deny refuses the connection, telling the client so with alert if it is
+// not nil.
+func (c *conn) deny(reason string, alert []byte) {
+	c.ev.Verdict = VerdictDenied
+	c.ev.Reason = reason
+	c.slot.log.add(c.ev)
+	c.g.metrics.conns.WithLabelValues(VerdictDenied, c.ev.Protocol).Inc()
+	if alert != nil {
+		c.client.SetWriteDeadline(time.Now().Add(time.Second))
+		c.client.Write(alert)
+	}
+}
+
+func (c *conn) denyHTTP(status int, reason string) {
+	c.deny(reason, nil)
+	writeHTTPError(c.client, status, reason)
+}
+
+// failed records an allowed connection the gateway could not make.
+func (c *conn) failed(err error) {
+	c.ev.Verdict = VerdictFailed
+	c.ev.Reason = err.Error()
+	c.slot.log.add(c.ev)
+	c.g.metrics.conns.WithLabelValues(VerdictFailed, c.ev.Protocol).Inc()
+}
+
+func (c *conn) failedHTTP(err error) {
+	c.failed(err)
+	writeHTTPError(c.client, http.StatusBadGateway, err.Error())
+}
+
+func writeHTTPError(w net.Conn, status int, msg string) {
+	body := "aenv egress: " + msg + "\n"
+	w.SetWriteDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (cw *countingWriter) Write(p []byte) (int, error) {
+	n, err := cw.w.Write(p)
+	cw.n += int64(n)
+	return n, err
+}
+
+// originalDst is where a redirected connection was sent before the
+// firewall turned it to the proxy.
+func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var out netip.AddrPort
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		// The kernel answers with a sockaddr_in; the IPv6 mreq getter is the
+		// one of x/sys/unix that reads 16 bytes.
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = err
+			return
+		}
+		b := m.Multiaddr
+		port := uint16(b[2])<<8 | uint16(b[3])
+		out = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), port)
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,413 @@
+package integration
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/aenv-dev/aenv/internal/client"
+)
+
+// testCA is a certificate authority made for one test.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  string
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "aenv egress test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
+}
+
+func (ca *testCA) leaf(t *testing.T, names ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]},
+		DNSNames: names, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// namedHost is a fake internet host (see newFakeHostNetns) serving HTTPS
+// on 443 and HTTP on 80, both answering which host they are and what the
+// request carried, a banner on 22, and recording UDP datagrams to 443.
+type namedHost struct {
+	label, addr string
+	mu          sync.Mutex
+	datagrams   []string
+}
+
+func newNamedHost(t *testing.T, ca *testCA, label string, names ...string) *namedHost {
+	t.Helper()
+	ns, addr := newFakeHostNetns(t)
+	h := &namedHost{label: label, addr: addr}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sni := ""
+		if r.TLS != nil {
+			sni = r.TLS.ServerName
+		}
+		fmt.Fprintf(w, "host=%s sni=%s hosthdr=%s\n", label, sni, r.Host)
+	})
+	listen := func(port string) net.Listener {
+		l, err := listenInNetns(ns, addr+":"+port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	cert := ca.leaf(t, names...)
+	for _, l := range []net.Listener{
+		tls.NewListener(listen("443"), &tls.Config{Certificates: []tls.Certificate{cert}}),
+		listen("80"),
+	} {
+		srv := &http.Server{Handler: handler}
+		go srv.Serve(l)
+		t.Cleanup(func() { srv.Close() })
+	}
+	banner := listen("22")
+	t.Cleanup(func() { banner.Close() })
+	go func() {
+		for {
+			c, err := banner.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, "SSH-2.0-fake-"+label+"\r\n")
+			c.Close()
+		}
+	}()
+	udp, err := listenPacketInNetns(ns, addr+":443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { udp.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, _, err := udp.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			h.mu.Lock()
+			h.datagrams = append(h.datagrams, string(buf[:n]))
+			h.mu.Unlock()
+		}
+	}()
+	return h
+}
+
+func (h *namedHost) received(payload string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, d := range h.datagrams {
+		if d == payload {
+			return true
+		}
+	}
+	return false
+}
+
+// listenPacketInNetns is listenInNetns for UDP.
+func listenPacketInNetns(ns, addr string) (net.PacketConn, error) {
+	goruntime.LockOSThread()
+	defer goruntime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return nil, err
+	}
+	defer orig.Close()
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	if err := netns.Set(target); err != nil {
+		return nil, err
+	}
+	defer netns.Set(orig)
+	return net.ListenPacket("udp4", addr)
+}
+
+// rawClientHello is a minimal TLS ClientHello record naming sni, with
+// empty extensions of the extra types.
+func rawClientHello(sni string, extra ...uint16) []byte {
+	var exts []byte
+	if sni != "" {
+		name := append([]byte{0}, binary.BigEndian.AppendUint16(nil, uint16(len(sni)))...)
+		name = append(name, sni...)
+		list := binary.BigEndian.AppendUint16(nil, uint16(len(name)))
+		list = append(list, name...)
+		exts = binary.BigEndian.AppendUint16(exts, 0)
+		exts = binary.BigEndian.AppendUint16(exts, uint16(len(list)))
+		exts = append(exts, list...)
+	}
+	for _, typ := range extra {
+		exts = binary.BigEndian.AppendUint16(exts, typ)
+		exts = binary.BigEndian.AppendUint16(exts, 0)
+	}
+	body := []byte{0x03, 0x03}
+	body = append(body, make([]byte, 32)...) // random
+	body = append(body, 0)                   // session ID
+	body = append(body, 0, 2, 0x13, 0x01)    // TLS_AES_128_GCM_SHA256
+	body = append(body, 1, 0)                // no compression
+	body = binary.BigEndian.AppendUint16(body, uint16(len(exts)))
+	body = append(body, exts...)
+	msg := []byte{1, byte(len(body) >> 16), byte(len(body) >> 8), byte(len(body))}
+	msg = append(msg, body...)
+	rec := []byte{0x16, 0x03, 0x01, byte(len(msg) >> 8), byte(len(msg))}
+	return append(rec, msg...)
+}
+
+// sendRaw is a shell command that sends data to addr:port from inside a
+// sandbox and prints, hex-encoded, what comes back before the connection
+// closes (or 3 s pass); "closed" if nothing does.
+func sendRaw(addr string, port int, data []byte) string {
+	return fmt.Sprintf(`python3 - <<'EOF'
+import base64, socket
+s = socket.create_connection(("%s", %d), 5)
+s.settimeout(3)
+s.sendall(base64.b64decode("%s"))
+out = b""
+try:
+    while True:
+        b = s.recv(4096)
+        if not b:
+            break
+        out += b
+except Exception:
+    pass
+print(out.hex() if out else "closed")
+EOF`, addr, port, base64.StdEncoding.EncodeToString(data))
+}
+
+// TestEgressByName: host names in allowOut, judged by the node's egress
+// gateway, and every way around them the issue lists, each refused.
+func TestEgressByName(t *testing.T) {
+	ca := newTestCA(t)
+	a := newNamedHost(t, ca, "a", "allowed.test", "x.wild.test", "wild.test")
+	b := newNamedHost(t, ca, "b", "other.test")
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, fmt.Appendf(nil, "%s allowed.test x.wild.test wild.test\n%s other.test\n", a.addr, b.addr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(t, "--dns-hosts-file", hosts)
+	s.start()
+
+	named := s.create(map[string]any{"templateID": "base",
+		"network": map[string]any{"allowOut": []string{"allowed.test", "*.wild.test"}, "denyOut": []string{"0.0.0.0/0"}}}).SandboxID
+	open := s.create(nil).SandboxID
+	sh := func(id, cmd string) client.ExecuteResult {
+		t.Helper()
+		return s.exec(id, client.ExecuteRequest{Command: cmd})
+	}
+	for _, id := range []string{named, open} {
+		if res := sh(id, "cat > /tmp/ca.pem <<'EOF'\n"+ca.pem+"EOF"); res.ExitCode != 0 {
+			t.Fatalf("write CA: %+v", res)
+		}
+	}
+	// curl verifying the hosts' certificates with the test's CA.
+	curl := func(id, args string) string {
+		t.Helper()
+		return sh(id, "curl -s -m 10 --cacert /tmp/ca.pem "+args).Stdout
+	}
+	wantReach := func(what, got, want string) {
+		t.Helper()
+		if !strings.Contains(got, want) {
+			t.Errorf("%s: got %q, want %q", what, got, want)
+		}
+	}
+	wantRefused := func(what, got string) {
+		t.Helper()
+		if strings.Contains(got, "host=") {
+			t.Errorf("%s: reached a host: %q", what, got)
+		}
+	}
+
+	// Allowed names, by TLS and by HTTP; the wildcard covers names under
+	// its domain, not the domain.
+	wantReach("https allowed", curl(named, "https://allowed.test/"), "host=a sni=allowed.test")
+	wantReach("http allowed", curl(named, "http://allowed.test/"), "host=a sni= hosthdr=allowed.test")
+	wantReach("wildcard", curl(named, "https://x.wild.test/"), "host=a sni=x.wild.test")
+	wantRefused("wildcard's own domain", curl(named, "https://wild.test/"))
+	wantRefused("name not allowed", curl(named, "https://other.test/"))
+	wantRefused("address without a name", curl(named, "-k https://"+a.addr+"/"))
+	wantRefused("plain HTTP by address", curl(named, "http://"+b.addr+"/"))
+
+	// An allowed name sent to another host's address reaches the allowed
+	// host (the gateway dials the name): fronting, rebinding and a forged
+	// answer all end there.
+	wantReach("SNI to another address", curl(named, "--resolve allowed.test:443:"+b.addr+" https://allowed.test/"), "host=a")
+	wantReach("HTTP to another address", curl(named, "--resolve allowed.test:80:"+b.addr+" http://allowed.test/"), "host=a")
+	wantReach("SNI allowed, Host not", curl(named, "-H 'Host: other.test' https://allowed.test/"), "host=a sni=allowed.test hosthdr=other.test")
+	if got := curl(named, "-H 'Host: other.test' http://"+b.addr+"/"); !strings.Contains(got, "aenv egress: other.test is not in allowOut") {
+		t.Errorf("plain HTTP Host not allowed: %q", got)
+	}
+
+	// A second request on an allowed connection naming another host, and
+	// a CONNECT tunnel, are refused.
+	twoHosts := []byte("GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+	if out := sh(named, sendRaw(a.addr, 80, twoHosts)).Stdout; strings.Count(out, fmt.Sprintf("%x", "host=a")) != 1 {
+		t.Errorf("keep-alive with a second host: answers %q, want the first only", out)
+	}
+	connect := []byte("CONNECT other.test:443 HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	if out := sh(named, sendRaw(a.addr, 80, connect)).Stdout; !strings.HasPrefix(out, fmt.Sprintf("%x", "HTTP/1.1 403")) {
+		t.Errorf("CONNECT: answer %q, want a 403", out)
+	}
+
+	// Encrypted SNI hides the name: refused with a TLS alert, as is a hello
+	// whose (outer) name is not allowed.
+	alert := "15030300020231"
+	if out := sh(named, sendRaw(a.addr, 443, rawClientHello("allowed.test", 0xffce))).Stdout; strings.TrimSpace(out) != alert {
+		t.Errorf("ESNI: answer %q, want an access_denied alert", out)
+	}
+	if out := sh(named, sendRaw(a.addr, 443, rawClientHello("other.test", 0xfe0d))).Stdout; strings.TrimSpace(out) != alert {
+		t.Errorf("ECH with an outer name not allowed: answer %q, want an access_denied alert", out)
+	}
+	if out := sh(named, sendRaw(a.addr, 853, rawClientHello("dns.other.test"))).Stdout; strings.TrimSpace(out) != alert {
+		t.Errorf("DNS over TLS to a resolver not allowed: answer %q, want an access_denied alert", out)
+	}
+
+	// Other protocols and ports carry no name: refused unless the address
+	// is allowed (the open sandbox shows the host answers).
+	banner := fmt.Sprintf("%x", "SSH-2.0-fake-a")
+	if out := sh(open, sendRaw(a.addr, 22, nil)).Stdout; !strings.HasPrefix(out, banner) {
+		t.Fatalf("open sandbox to port 22: %q", out)
+	}
+	if out := sh(named, sendRaw(a.addr, 22, []byte("SSH-2.0-client\r\n"))).Stdout; strings.Contains(out, banner) {
+		t.Errorf("port 22 of an allowed host's address: %q", out)
+	}
+
+	// UDP (QUIC) is judged by address only: the named sandbox's datagram
+	// never arrives, though the open one's (sent after it) does.
+	udp := func(id, payload string) {
+		t.Helper()
+		sh(id, fmt.Sprintf(`python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'%s', ('%s', 443))"`, payload, a.addr))
+	}
+	udp(named, "from-named")
+	udp(open, "from-open")
+	waitFor(t, 10*time.Second, "the open sandbox's datagram", func() bool { return a.received("from-open") })
+	if a.received("from-named") {
+		t.Error("UDP 443 from the named sandbox reached the host")
+	}
+
+	// DNS: allowed names resolve; others are refused, whichever resolver
+	// the query is sent to (it is answered by the node).
+	if res := sh(named, "getent hosts allowed.test"); !strings.Contains(res.Stdout, a.addr) {
+		t.Errorf("resolve an allowed name: %+v", res)
+	}
+	if res := sh(named, "getent hosts other.test"); res.ExitCode == 0 {
+		t.Errorf("resolve a name not allowed: %+v", res)
+	}
+	if res := sh(open, "getent hosts other.test"); !strings.Contains(res.Stdout, b.addr) {
+		t.Errorf("open sandbox resolves any name: %+v", res)
+	}
+	query := "\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05other\x04test\x00\x00\x01\x00\x01"
+	dnsCmd := fmt.Sprintf(`python3 - <<'EOF'
+import base64, socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.sendto(base64.b64decode("%s"), ("%s", 53))
+print(s.recv(512)[3] & 15)
+EOF`, base64.StdEncoding.EncodeToString([]byte(query)), b.addr)
+	if res := sh(named, dnsCmd); strings.TrimSpace(res.Stdout) != "5" {
+		t.Errorf("DNS to another resolver: rcode %+v, want 5 (refused) from the node", res)
+	}
+
+	// The sandbox's egress log says what happened, and why.
+	var events []struct {
+		Host, Verdict, Rule, Reason, Protocol string
+		BytesIn                               int64
+	}
+	s.expect(s.do("GET", "/sandboxes/"+named+"/egress", nil), 200, "egress log").json(t, &events)
+	var allowedSeen, deniedSeen bool
+	for _, e := range events {
+		allowedSeen = allowedSeen || (e.Host == "allowed.test" && e.Verdict == "allowed" && e.Rule == "allowed.test" && e.BytesIn > 0)
+		deniedSeen = deniedSeen || (e.Host == "other.test" && e.Verdict == "denied" && e.Protocol == "tls" && strings.Contains(e.Reason, "not in allowOut"))
+	}
+	if !allowedSeen || !deniedSeen {
+		t.Errorf("egress log lacks the allowed or the denied connection: %+v", events)
+	}
+	s.expect(s.do("GET", "/sandboxes/nosuchsandbox0000000/egress", nil), 404, "egress log of an unknown sandbox")
+	if out := s.cliOK("egress", named); !strings.Contains(out, "other.test is not in allowOut") || !strings.Contains(out, "VERDICT") {
+		t.Errorf("aenv egress: %s", out)
+	}
+	if out, code := s.cli("egress", "nosuchsandbox0000000"); code == 0 {
+		t.Errorf("aenv egress of an unknown sandbox: exit 0: %s", out)
+	}
+
+	// A new policy applies to new connections at once; fork children
+	// inherit it.
+	s.expect(s.do("PUT", "/sandboxes/"+named+"/network",
+		map[string]any{"allowOut": []string{"other.test"}, "denyOut": []string{"0.0.0.0/0"}}), 204, "update")
+	wantReach("after update, the new name", curl(named, "https://other.test/"), "host=b")
+	wantRefused("after update, the old name", curl(named, "https://allowed.test/"))
+	for _, c := range s.fork("/sandboxes/"+named+"/fork", 1) {
+		wantReach("fork child, parent's name", curl(c, "https://other.test/"), "host=b")
+		wantRefused("fork child, other name", curl(c, "https://allowed.test/"))
+	}
+
+	// Bad names are refused before anything is made.
+	for _, bad := range []map[string]any{
+		{"allowOut": []string{"*.*.com"}},
+		{"allowOut": []string{""}},
+		{"allowOut": []string{strings.Repeat(strings.Repeat("a", 60)+".", 5) + "com"}},
+		{"allowOut": []string{"exa mple.com"}},
+		{"allowOut": []string{"*"}},
+		{"denyOut": []string{"evil.example.com"}},
+	} {
+		s.expect(s.do("POST", "/sandboxes", map[string]any{"templateID": "base", "network": bad}), 400, fmt.Sprintf("create with %v", bad))
+		s.expect(s.do("PUT", "/sandboxes/"+named+"/network", bad), 400, fmt.Sprintf("update with %v", bad))
+	}
+
+	// Counters for the scrape.
+	metrics := string(s.expect(s.do("GET", "/metrics", nil), 200, "metrics").body)
+	for _, want := range []string{`aenv_egress_connections_total{protocol="tls",verdict="denied"}`, `aenv_egress_dns_queries_total{verdict="denied"}`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
