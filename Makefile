@@ -171,6 +171,11 @@ bench-go: build ## Go benchmarks of single operations, next to raw runsc and run
 bench-volumes: build ## Volumes: create with and without one, fork of 8 sharing or copying a 1 GB volume, file throughput on a volume and on the root (minutes per run)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'Volume' -benchtime 3x -timeout 60m ./test/integration/
 
+.PHONY: bench-egress
+bench-egress: build ## The egress gateway: first HTTPS request and a 100 MB download by name next to by address, 200 connections from 20 sandboxes
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'Egress' -benchtime 3x -timeout 30m ./test/integration/
+	$(GOTEST) -run '^$$' -bench 'GatewayIdleMemory' -benchtime 1x ./internal/egress/
+
 .PHONY: bench-console
 bench-console: build ## The web console in headless Chromium: page load with 100 sandboxes (AENV_BENCH_CONSOLE_SANDBOXES) and terminal echo
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench Console -benchtime 10x -timeout 30m ./test/integration/

@@ -29,6 +29,7 @@ func policyOf(r *wire.NewSandbox) *store.NetworkPolicy {
 	}
 	var allowOut, denyOut []string
 	var mask string
+	var upstream *store.EgressProxy
 	allowOut = append(allowOut, r.AlwaysAllowedCIDRs...)
 	allowOut = append(allowOut, r.AlwaysAllowedDomains...)
 	denyOut = append(denyOut, r.AlwaysDeniedCIDRs...)
@@ -36,11 +37,15 @@ func policyOf(r *wire.NewSandbox) *store.NetworkPolicy {
 		allowOut = append(allowOut, r.Network.AllowOut...)
 		denyOut = append(denyOut, r.Network.DenyOut...)
 		mask = r.Network.MaskRequestHost
+		if e := r.Network.EgressProxy; e != nil {
+			upstream = &store.EgressProxy{Address: e.Address, Username: e.Username, Password: e.Password}
+		}
 	}
-	if allowInternet == nil && len(allowOut) == 0 && len(denyOut) == 0 && mask == "" {
+	if allowInternet == nil && len(allowOut) == 0 && len(denyOut) == 0 && mask == "" && upstream == nil {
 		return nil
 	}
-	p := &store.NetworkPolicy{AllowInternet: true, AllowOut: allowOut, DenyOut: denyOut, MaskRequestHost: mask}
+	p := &store.NetworkPolicy{AllowInternet: true, AllowOut: allowOut, DenyOut: denyOut, MaskRequestHost: mask,
+		EgressProxy: upstream}
 	if allowInternet != nil {
 		p.AllowInternet = *allowInternet
 	}
@@ -161,6 +166,10 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 		allowInternet = sb.Network.AllowInternet
 		net.AllowOut, net.DenyOut = sb.Network.AllowOut, sb.Network.DenyOut
 		net.MaskRequestHost = sb.Network.MaskRequestHost
+		if e := sb.Network.EgressProxy; e != nil {
+			// Never the password.
+			net.EgressProxy = &wire.EgressProxy{Address: e.Address, Username: e.Username}
+		}
 	}
 	public := sb.TrafficToken == ""
 	net.AllowPublicTraffic = &public
@@ -201,7 +210,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	}
 	policy := policyOf(&wire.NewSandbox{AllowInternetAccess: req.AllowInternetAccess,
 		AllowInternetAccessE2B: req.AllowInternetAccessE2B,
-		Network:                &wire.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut}})
+		Network:                &wire.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut, EgressProxy: req.EgressProxy}})
 	if policy == nil {
 		policy = &store.NetworkPolicy{AllowInternet: true}
 	}

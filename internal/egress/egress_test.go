@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -337,5 +338,40 @@ func TestProxyJudgesByName(t *testing.T) {
 	want := "tls:allowed.test:allowed tls:denied.test:denied http:allowed.test:allowed http:denied.test:denied http:allowed.test:allowed tcp::allowed"
 	if got := strings.Join(verdicts, " "); got != want {
 		t.Errorf("events\n%s\nwant\n%s", got, want)
+	}
+}
+
+// BenchmarkGatewayIdleMemory: what the gateway holds for 500 idle
+// sandboxes, each with a full egress log, on top of what it holds empty.
+func BenchmarkGatewayIdleMemory(b *testing.B) {
+	const sandboxes = 500
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	for i := 0; i < b.N; i++ {
+		g, err := Listen(b.Context(), Config{ListenAddr: "127.0.0.1"}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		before := heap()
+		pol, _ := network.ParsePolicy(nil, []string{"pypi.org", "*.github.com"}, []string{"0.0.0.0/0"})
+		base := netip.MustParseAddr("10.200.0.2").As4()
+		for s := range sandboxes {
+			addr := base
+			addr[2], addr[3] = byte(s>>6), byte(s<<2|2)
+			g.SetSlot(s, netip.AddrFrom4(addr), pol, false)
+			g.mu.RLock()
+			log := g.slots[s].log
+			g.mu.RUnlock()
+			for e := range eventLogSize {
+				log.add(&Event{Time: time.Now(), Protocol: "tls", Host: "files.pythonhosted.org", Address: "151.101.0.223",
+					Port: 443, Upstream: "151.101.0.223:443", Verdict: VerdictAllowed, Rule: "pypi.org", BytesOut: int64(e), BytesIn: int64(e)})
+			}
+		}
+		b.ReportMetric(float64(heap()-before)/(1<<20), "MB-for-500")
+		g.Close()
 	}
 }

@@ -47,6 +47,10 @@ type Config struct {
 	// ListenAddr is the address the gateway's ports are opened on (default
 	// 0.0.0.0: redirected connections arrive at each slot's host address).
 	ListenAddr string
+	// DefaultUpstream, if set, is the SOCKS5 proxy of sandboxes whose
+	// policy names none (the node's network pool must then send every
+	// slot's TCP here: network.Config.ProxyAllTCP).
+	DefaultUpstream *network.Upstream
 
 	// originalDst finds where a redirected connection was going; tests
 	// without a firewall replace it.
@@ -268,6 +272,12 @@ func (g *Gateway) lookup(a netip.Addr) (*slot, []netip.Prefix) {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	return g.byAddr[a.Unmap()], g.denied
+}
+
+func (g *Gateway) deniedRanges() []netip.Prefix {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.denied
 }
 
 func inPrefixes(prefixes []netip.Prefix, a netip.Addr) bool {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -272,6 +273,10 @@ func looksLikeHTTP(br *bufio.Reader) bool {
 func (c *conn) dialName(name string) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(c.g.ctx, c.g.cfg.DialTimeout)
 	defer cancel()
+	if up := c.upstream(); up != nil {
+		// The proxy resolves the name, in its own network.
+		return c.dialUpstream(ctx, up, net.JoinHostPort(name, strconv.Itoa(int(c.dst.Port()))))
+	}
 	addrs, err := c.g.resolver.lookup(ctx, strings.ToLower(strings.TrimSuffix(name, ".")))
 	if err != nil {
 		return nil, err
@@ -302,8 +307,13 @@ func (c *conn) dialName(name string) (*net.TCPConn, error) {
 }
 
 func (c *conn) dial(a netip.Addr) (*net.TCPConn, error) {
-	d := net.Dialer{Timeout: c.g.cfg.DialTimeout}
 	target := netip.AddrPortFrom(a, c.dst.Port())
+	if up := c.upstream(); up != nil {
+		ctx, cancel := context.WithTimeout(c.g.ctx, c.g.cfg.DialTimeout)
+		defer cancel()
+		return c.dialUpstream(ctx, up, target.String())
+	}
+	d := net.Dialer{Timeout: c.g.cfg.DialTimeout}
 	up, err := d.DialContext(c.g.ctx, "tcp4", target.String())
 	if err != nil {
 		return nil, err

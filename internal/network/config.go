@@ -66,6 +66,9 @@ type Config struct {
 	// one, sandboxes query the resolvers directly and policies with names are
 	// refused.
 	Egress Egress
+	// ProxyAllTCP sends every slot's TCP to the egress gateway, whatever its
+	// policy: for a node-wide upstream proxy, which the gateway dials.
+	ProxyAllTCP bool
 }
 
 // Egress is what the pool needs of the node's egress gateway

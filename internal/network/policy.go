@@ -2,8 +2,10 @@ package network
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -22,6 +24,40 @@ type Policy struct {
 	// the CIDR lists do not allow is judged by the name it carries (TLS SNI,
 	// HTTP Host), by the node's egress gateway (see Egress).
 	AllowNames []string
+	// Upstream, if set, is a SOCKS5 proxy the sandbox's allowed TCP egress
+	// goes through (the gateway dials it instead of the destination).
+	Upstream *Upstream
+}
+
+// Upstream is a SOCKS5 proxy (RFC 1928) with optional username and
+// password (RFC 1929).
+type Upstream struct {
+	Address  string // host:port
+	Username string
+	Password string
+}
+
+// ParseUpstream checks a proxy's address and credentials.
+func ParseUpstream(address, username, password string) (*Upstream, error) {
+	host, port, err := net.SplitHostPort(strings.TrimSpace(address))
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("egress proxy address %q: want host:port", address)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return nil, fmt.Errorf("egress proxy address %q: port %q: want 1 to 65535", address, port)
+	}
+	if _, err := netip.ParseAddr(host); err != nil {
+		if _, err := ParseHostPattern(host); err != nil || strings.HasPrefix(host, "*") {
+			return nil, fmt.Errorf("egress proxy address %q: want an IPv4 address or a host name", address)
+		}
+	}
+	if len(username) > 255 || len(password) > 255 {
+		return nil, fmt.Errorf("egress proxy: username and password are at most 255 bytes each")
+	}
+	if password != "" && username == "" {
+		return nil, fmt.Errorf("egress proxy: a password needs a username")
+	}
+	return &Upstream{Address: net.JoinHostPort(host, port), Username: username, Password: password}, nil
 }
 
 // DefaultPolicy is what a sandbox gets when its request says nothing: the internet,
@@ -205,7 +241,8 @@ func (p Policy) Allows(dst netip.Addr) bool {
 // Equal reports whether p and q are the same policy, list order included.
 func (p Policy) Equal(q Policy) bool {
 	return p.AllowInternet == q.AllowInternet && slices.Equal(p.AllowOut, q.AllowOut) &&
-		slices.Equal(p.DenyOut, q.DenyOut) && slices.Equal(p.AllowNames, q.AllowNames)
+		slices.Equal(p.DenyOut, q.DenyOut) && slices.Equal(p.AllowNames, q.AllowNames) &&
+		(p.Upstream == nil) == (q.Upstream == nil) && (p.Upstream == nil || *p.Upstream == *q.Upstream)
 }
 
 // String renders p for logs.
@@ -213,6 +250,9 @@ func (p Policy) String() string {
 	s := fmt.Sprintf("allowInternet=%t allowOut=%v denyOut=%v", p.AllowInternet, p.AllowOut, p.DenyOut)
 	if len(p.AllowNames) > 0 {
 		s += fmt.Sprintf(" allowNames=%v", p.AllowNames)
+	}
+	if p.Upstream != nil {
+		s += " egressProxy=" + p.Upstream.Address // never the password
 	}
 	return s
 }

@@ -77,6 +77,9 @@ type compiledPolicy struct {
 	// proxy: TCP connections that allow does not cover go to the egress
 	// gateway, which judges them by name.
 	proxy bool
+	// proxyAll: every TCP connection goes to the gateway (it dials them
+	// through an upstream proxy).
+	proxyAll bool
 }
 
 func compilePolicy(pol Policy, dnsServers []netip.Addr) compiledPolicy {
@@ -84,7 +87,8 @@ func compilePolicy(pol Policy, dnsServers []netip.Addr) compiledPolicy {
 		allow:    mergePrefixes(pol.AllowOut),
 		deny:     mergePrefixes(pol.DenyOut),
 		internet: pol.AllowInternet,
-		proxy:    len(pol.AllowNames) > 0,
+		proxy:    len(pol.AllowNames) > 0 || pol.Upstream != nil,
+		proxyAll: pol.Upstream != nil,
 	}
 	for _, r := range dnsServers {
 		if pol.Allows(r) {
@@ -143,13 +147,14 @@ func egressRules(o slotObjects, c compiledPolicy) []*nftables.Rule {
 // natRules are the rules of a slot's nat chain, run on the first packet of each
 // connection before routing.
 func natRules(o slotObjects, c compiledPolicy) []*nftables.Rule {
-	if !c.proxy {
-		return nil
+	jump := rule(o.nat, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: proxyChain}})
+	switch {
+	case c.proxyAll:
+		return []*nftables.Rule{jump}
+	case c.proxy:
+		return []*nftables.Rule{rule(o.nat, ipDaddrInSet(o.allow.Name), verdict(expr.VerdictReturn)), jump}
 	}
-	return []*nftables.Rule{
-		rule(o.nat, ipDaddrInSet(o.allow.Name), verdict(expr.VerdictReturn)),
-		rule(o.nat, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: proxyChain}}),
-	}
+	return nil
 }
 
 // ingressRules are the rules of a slot's ingress chain: only replies get in.
@@ -333,6 +338,9 @@ func (p *Pool) SetPolicy(ctx context.Context, index int, pol Policy) error {
 		}
 	}
 	compiled := compilePolicy(pol, p.dnsServers())
+	if p.cfg.ProxyAllTCP {
+		compiled.proxy, compiled.proxyAll = true, true
+	}
 	// The gateway learns the policy first: a connection the new rules send it
 	// finds it there.
 	undo := func() {}

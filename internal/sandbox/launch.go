@@ -76,7 +76,11 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 		}
 		req.VolumeMounts = tpl.VolumeMounts
 	}
-	if _, err := ParseNetwork(req.Network); err != nil {
+	pol, err := ParseNetwork(req.Network)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.checkUpstream(ctx, pol); err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()

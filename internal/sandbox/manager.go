@@ -104,6 +104,10 @@ type Config struct {
 type EgressLog interface {
 	// Events returns the log of the sandbox on network slot index.
 	Events(index int) []egress.Event
+	// CheckUpstream tells whether a sandbox's upstream proxy may be used:
+	// its address is outside the node's denied ranges and it answers as a
+	// SOCKS5 proxy taking its credentials.
+	CheckUpstream(ctx context.Context, up network.Upstream) error
 }
 
 // VolumePaths is what the manager needs of the volumes (package volume).

@@ -20,7 +20,27 @@ func ParseNetwork(p *store.NetworkPolicy) (network.Policy, error) {
 	if err != nil {
 		return network.Policy{}, fmt.Errorf("%w: %v", node.ErrInvalid, err)
 	}
+	if e := p.EgressProxy; e != nil {
+		if pol.Upstream, err = network.ParseUpstream(e.Address, e.Username, e.Password); err != nil {
+			return network.Policy{}, fmt.Errorf("%w: %v", node.ErrInvalid, err)
+		}
+	}
 	return pol, nil
+}
+
+// checkUpstream refuses a policy whose upstream proxy cannot be used,
+// before anything is made or changed.
+func (m *Manager) checkUpstream(ctx context.Context, pol network.Policy) error {
+	if pol.Upstream == nil {
+		return nil
+	}
+	if m.cfg.Egress == nil {
+		return fmt.Errorf("%w: this node has no egress gateway for an egress proxy", node.ErrInvalid)
+	}
+	if err := m.cfg.Egress.CheckUpstream(ctx, *pol.Upstream); err != nil {
+		return fmt.Errorf("%w: %v", node.ErrInvalid, err)
+	}
+	return nil
 }
 
 // applyNetwork installs sb's egress policy on its slot.
@@ -68,6 +88,9 @@ func (m *Manager) EgressLog(ctx context.Context, id string) ([]egress.Event, err
 func (m *Manager) UpdateNetwork(ctx context.Context, id string, p *store.NetworkPolicy) error {
 	pol, err := ParseNetwork(p)
 	if err != nil {
+		return err
+	}
+	if err := m.checkUpstream(ctx, pol); err != nil {
 		return err
 	}
 	e, err := m.lock(ctx, id, opUpdateNetwork)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -198,15 +199,19 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if err != nil {
 		logger.WarnContext(ctx, "no DNS servers for sandboxes: only names of --dns-hosts-file resolve", "err", err)
 	}
-	gateway, err := egress.Listen(ctx, egress.Config{Upstreams: upstreams, HostsFile: cfg.DNSHostsFile},
-		logger.With("component", "egress"))
+	defaultUpstream, err := parseEgressProxy(cfg.EgressProxy)
+	if err != nil {
+		return err
+	}
+	gateway, err := egress.Listen(ctx, egress.Config{Upstreams: upstreams, HostsFile: cfg.DNSHostsFile,
+		DefaultUpstream: defaultUpstream}, logger.With("component", "egress"))
 	if err != nil {
 		return fmt.Errorf("egress gateway: %w", err)
 	}
 	defer gateway.Close()
 	pool, err := network.NewPool(ctx, network.Config{
 		Prefix: cfg.NetPrefix, CIDR: netip.MustParsePrefix(cfg.SandboxCIDR), WarmPool: cfg.WarmSlots,
-		DNSServers: upstreams, Egress: gateway,
+		DNSServers: upstreams, Egress: gateway, ProxyAllTCP: defaultUpstream != nil,
 	}, logger.With("component", "network"))
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
@@ -518,4 +523,22 @@ func imageLimits(maxMB int) image.Limits {
 	l := image.DefaultLimits()
 	l.MaxBytes = int64(maxMB) << 20
 	return l
+}
+
+// parseEgressProxy reads --egress-proxy: socks5://[user:password@]host:port,
+// or "" for none.
+func parseEgressProxy(s string) (*network.Upstream, error) {
+	if s == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "socks5" && u.Scheme != "socks5h") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("--egress-proxy: want socks5://[user:password@]host:port")
+	}
+	password, _ := u.User.Password()
+	up, err := network.ParseUpstream(u.Host, u.User.Username(), password)
+	if err != nil {
+		return nil, fmt.Errorf("--egress-proxy: %w", err)
+	}
+	return up, nil
 }

@@ -215,6 +215,16 @@ type NetworkPolicy struct {
 	// sandbox's exposed ports carry inside, "${PORT}" standing for the
 	// port. Empty keeps the client's Host.
 	MaskRequestHost string `json:"maskRequestHost,omitempty"`
+	// EgressProxy, if set, is the SOCKS5 proxy the sandbox's allowed TCP
+	// egress goes through.
+	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+}
+
+// EgressProxy is a SOCKS5 proxy and the credentials to use it.
+type EgressProxy struct {
+	Address  string `json:"address"`
+	Username string `json:"username,omitempty"`
+	Password string `json:"password,omitempty"`
 }
 
 // TemplateKind says what a template is made of.

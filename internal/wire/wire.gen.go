@@ -587,6 +587,18 @@ type EgressEventProtocol string
 // EgressEventVerdict failed: allowed, but the connection could not be made.
 type EgressEventVerdict string
 
+// EgressProxy E2B's egressProxy: a SOCKS5 proxy (RFC 1928; username and password, RFC 1929) that the sandbox's allowed TCP egress goes through. Refused at create if its address resolves into the node's denied ranges or does not answer as a SOCKS5 proxy taking these credentials. The password is never returned.
+type EgressProxy struct {
+	// Address host:port; a host name is resolved by the node at each connection.
+	Address string `json:"address"`
+
+	// Password At most 255 bytes; only with a username.
+	Password string `json:"password,omitempty"`
+
+	// Username At most 255 bytes.
+	Username string `json:"username,omitempty"`
+}
+
 // Error defines model for Error.
 type Error struct {
 	// Code The HTTP status.
@@ -702,6 +714,9 @@ type NetworkConfig struct {
 	AllowPublicTraffic *bool    `json:"allowPublicTraffic,omitempty"`
 	DenyOut            []string `json:"denyOut,omitempty"`
 
+	// EgressProxy E2B's egressProxy: a SOCKS5 proxy (RFC 1928; username and password, RFC 1929) that the sandbox's allowed TCP egress goes through. Refused at create if its address resolves into the node's denied ranges or does not answer as a SOCKS5 proxy taking these credentials. The password is never returned.
+	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+
 	// MaskRequestHost The Host header requests to exposed ports carry inside; ${PORT} stands for the port.
 	MaskRequestHost string `json:"maskRequestHost,omitempty"`
 }
@@ -712,6 +727,9 @@ type NetworkUpdate struct {
 	AllowOut               []string `json:"allowOut,omitempty"`
 	AllowInternetAccessE2B *bool    `json:"allow_internet_access,omitempty"`
 	DenyOut                []string `json:"denyOut,omitempty"`
+
+	// EgressProxy E2B's egressProxy: a SOCKS5 proxy (RFC 1928; username and password, RFC 1929) that the sandbox's allowed TCP egress goes through. Refused at create if its address resolves into the node's denied ranges or does not answer as a SOCKS5 proxy taking these credentials. The password is never returned.
+	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
 }
 
 // NewAPIKey defines model for NewAPIKey.

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,17 +13,21 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"log"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/armon/go-socks5"
 	"github.com/vishvananda/netns"
 
 	"github.com/aenv-dev/aenv/internal/client"
@@ -35,7 +40,7 @@ type testCA struct {
 	pem  string
 }
 
-func newTestCA(t *testing.T) *testCA {
+func newTestCA(t testing.TB) *testCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -54,7 +59,7 @@ func newTestCA(t *testing.T) *testCA {
 	return &testCA{cert: cert, key: key, pem: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))}
 }
 
-func (ca *testCA) leaf(t *testing.T, names ...string) tls.Certificate {
+func (ca *testCA) leaf(t testing.TB, names ...string) tls.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -81,11 +86,17 @@ type namedHost struct {
 	datagrams   []string
 }
 
-func newNamedHost(t *testing.T, ca *testCA, label string, names ...string) *namedHost {
+func newNamedHost(t testing.TB, ca *testCA, label string, names ...string) *namedHost {
 	t.Helper()
 	ns, addr := newFakeHostNetns(t)
 	h := &namedHost{label: label, addr: addr}
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// /bytes/N: N bytes, for throughput.
+		if n, err := strconv.ParseInt(strings.TrimPrefix(r.URL.Path, "/bytes/"), 10, 64); err == nil {
+			w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+			io.CopyN(w, zeros{}, n)
+			return
+		}
 		sni := ""
 		if r.TLS != nil {
 			sni = r.TLS.ServerName
@@ -149,6 +160,14 @@ func (h *namedHost) received(payload string) bool {
 		}
 	}
 	return false
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // listenPacketInNetns is listenInNetns for UDP.
@@ -409,5 +428,137 @@ EOF`, base64.StdEncoding.EncodeToString([]byte(query)), b.addr)
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// socksRecorder is a SOCKS5 rule set that allows everything and records
+// the destinations asked for.
+type socksRecorder struct {
+	mu    sync.Mutex
+	asked []string
+}
+
+func (r *socksRecorder) Allow(ctx context.Context, req *socks5.Request) (context.Context, bool) {
+	dest := req.DestAddr.FQDN
+	if dest == "" {
+		dest = req.DestAddr.IP.String()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asked = append(r.asked, fmt.Sprintf("%s:%d user=%s", dest, req.DestAddr.Port, req.AuthContext.Payload["Username"]))
+	return ctx, true
+}
+
+func (r *socksRecorder) saw(what string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.asked, what)
+}
+
+// socksNames resolves the test's names for the SOCKS5 proxy.
+type socksNames map[string]string
+
+func (n socksNames) Resolve(ctx context.Context, name string) (context.Context, net.IP, error) {
+	if a, ok := n[name]; ok {
+		return ctx, net.ParseIP(a), nil
+	}
+	return ctx, nil, fmt.Errorf("no such test host %q", name)
+}
+
+// TestEgressUpstreamProxy: network.egressProxy sends a sandbox's allowed
+// TCP egress through a SOCKS5 proxy (a test one, in a namespace of its
+// own), names included (the proxy resolves them); a proxy that cannot be
+// used is refused before anything is made.
+func TestEgressUpstreamProxy(t *testing.T) {
+	ca := newTestCA(t)
+	a := newNamedHost(t, ca, "a", "allowed.test")
+	b := newNamedHost(t, ca, "b", "other.test")
+	proxyNS, proxyAddr := newFakeHostNetns(t)
+	rec := &socksRecorder{}
+	socks, err := socks5.New(&socks5.Config{
+		Credentials: socks5.StaticCredentials{"agent": "s3cret"},
+		Resolver:    socksNames{"allowed.test": a.addr, "other.test": b.addr},
+		Rules:       rec,
+		Logger:      log.New(io.Discard, "", 0),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := listenInNetns(proxyNS, proxyAddr+":1080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go socks.Serve(l)
+
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, fmt.Appendf(nil, "%s allowed.test\n%s other.test\n", a.addr, b.addr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(t, "--dns-hosts-file", hosts)
+	s.start()
+	proxy := map[string]any{"address": proxyAddr + ":1080", "username": "agent", "password": "s3cret"}
+	sh := func(id, cmd string) string {
+		t.Helper()
+		return s.exec(id, client.ExecuteRequest{Command: cmd}).Stdout
+	}
+
+	// Names allowed, the rest denied, all through the proxy.
+	named := s.create(map[string]any{"templateID": "base", "network": map[string]any{
+		"allowOut": []string{"allowed.test"}, "denyOut": []string{"0.0.0.0/0"}, "egressProxy": proxy}}).SandboxID
+	sh(named, "cat > /tmp/ca.pem <<'EOF'\n"+ca.pem+"EOF")
+	if got := sh(named, "curl -s -m 10 --cacert /tmp/ca.pem https://allowed.test/"); !strings.Contains(got, "host=a sni=allowed.test") {
+		t.Errorf("allowed name through the proxy: %q", got)
+	}
+	if !rec.saw("allowed.test:443 user=agent") {
+		t.Errorf("the proxy was not asked for allowed.test:443 as agent: %v", rec.asked)
+	}
+	if got := sh(named, fmt.Sprintf("curl -s -m 10 -k --resolve other.test:443:%s https://other.test/", b.addr)); strings.Contains(got, "host=") {
+		t.Errorf("a name not allowed reached a host: %q", got)
+	}
+	if rec.saw("other.test:443 user=agent") {
+		t.Error("a name not allowed was sent to the proxy")
+	}
+
+	// An open policy: every connection, by address too, goes through it.
+	open := s.create(map[string]any{"templateID": "base", "network": map[string]any{"egressProxy": proxy}}).SandboxID
+	if got := sh(open, fmt.Sprintf("curl -s -m 10 http://%s/", b.addr)); !strings.Contains(got, "host=b") {
+		t.Errorf("address through the proxy: %q", got)
+	}
+	if want := b.addr + ":80 user=agent"; !rec.saw(want) {
+		t.Errorf("the proxy was not asked for %s: %v", want, rec.asked)
+	}
+
+	// The record shows the proxy, never its password.
+	var info struct {
+		Network struct {
+			EgressProxy map[string]any `json:"egressProxy"`
+		} `json:"network"`
+	}
+	r := s.expect(s.do("GET", "/sandboxes/"+named, nil), 200, "get")
+	r.json(t, &info)
+	if info.Network.EgressProxy["address"] != proxyAddr+":1080" || info.Network.EgressProxy["username"] != "agent" || strings.Contains(string(r.body), "s3cret") {
+		t.Errorf("sandbox record: %s", r.body)
+	}
+
+	// A proxy that cannot be used is refused at create and at update.
+	for what, bad := range map[string]map[string]any{
+		"nothing listening":      {"address": proxyAddr + ":1081"},
+		"wrong password":         {"address": proxyAddr + ":1080", "username": "agent", "password": "wrong"},
+		"no credentials":         {"address": proxyAddr + ":1080"},
+		"a private address":      {"address": "10.0.0.1:1080"},
+		"the node itself":        {"address": "127.0.0.1:1080"},
+		"a password, no user":    {"address": proxyAddr + ":1080", "password": "s3cret"},
+		"not host:port":          {"address": "proxy.example"},
+		"a name that is unknown": {"address": "nosuchproxy.test:1080"},
+	} {
+		s.expect(s.do("POST", "/sandboxes", map[string]any{"templateID": "base", "network": map[string]any{"egressProxy": bad}}), 400, "create with "+what)
+		s.expect(s.do("PUT", "/sandboxes/"+open+"/network", map[string]any{"egressProxy": bad}), 400, "update with "+what)
+	}
+	// The update that works: the open sandbox keeps the proxy.
+	s.expect(s.do("PUT", "/sandboxes/"+open+"/network", map[string]any{"allowOut": []string{"allowed.test"},
+		"denyOut": []string{"0.0.0.0/0"}, "egressProxy": proxy}), 204, "update with the proxy")
+	if got := sh(open, "curl -s -m 10 http://allowed.test/"); !strings.Contains(got, "host=a") {
+		t.Errorf("after update: %q", got)
 	}
 }

@@ -47,7 +47,7 @@ var (
 
 // newFakeHostNetns makes the namespace of a fake internet host and returns
 // its name and the host's public test address.
-func newFakeHostNetns(t *testing.T) (ns, addr string) {
+func newFakeHostNetns(t testing.TB) (ns, addr string) {
 	t.Helper()
 	suffix := randomLetters(4)
 	ns, hostIf, peerIf := "fi"+suffix, "fi"+suffix+"h", "fi"+suffix+"p"
