@@ -1,6 +1,7 @@
 // Egress by host name through the unmodified E2B SDK (e2b@2.51):
 // network.allowOut with names and wildcards beside denyOut: [ALL_TRAFFIC],
-// updateNetwork at runtime, and the errors E2B's rules give. The hosts are
+// updateNetwork at runtime, the errors E2B's rules give, and egressProxy
+// (a SOCKS5 proxy on one of the hosts). The hosts are
 // made by the test (FakeHost) and named by the server's --dns-hosts-file.
 // Alone and through a gateway.
 
@@ -11,6 +12,7 @@ import { useServer, rejectsWith, FakeHost, writeHostsFile } from './harness.mjs'
 
 describe('egress by name', () => {
   const a = new FakeHost('a')
+  a.names = { 'allowed.e2e.test': a.addr }
   const b = new FakeHost('b')
   const dnsHostsFile = writeHostsFile([
     [a.addr, 'allowed.e2e.test', 'api.wild.e2e.test', 'wild.e2e.test'],
@@ -63,6 +65,26 @@ describe('egress by name', () => {
     await sbx.updateNetwork({ allowOut: ['other.e2e.test'], denyOut: [ALL_TRAFFIC] })
     assert.equal(await fetchIn(sbx, 'http://other.e2e.test/'), 'host=b hosthdr=other.e2e.test')
     assert.match(await fetchIn(sbx, 'http://allowed.e2e.test/'), /refused|not in allowOut/)
+  })
+
+  test('egressProxy sends the allowed egress through a SOCKS5 proxy', async () => {
+    a.lines.length = 0
+    const egressProxy = { address: `${a.addr}:1080`, username: 'agent', password: 's3cret' }
+    const sbx = await Sandbox.create('base', {
+      network: { allowOut: ['allowed.e2e.test'], denyOut: [ALL_TRAFFIC], egressProxy },
+    })
+    server.defer(() => sbx.kill())
+    assert.equal(await fetchIn(sbx, 'http://allowed.e2e.test/'), 'host=a hosthdr=allowed.e2e.test')
+    assert.ok(a.lines.includes('socks: allowed.e2e.test:80 user=agent'), JSON.stringify(a.lines))
+    // Refused names never reach the proxy.
+    assert.match(await fetchIn(sbx, 'http://other.e2e.test/', `--resolve other.e2e.test:80:${b.addr}`), /not in allowOut/)
+    assert.ok(!a.lines.some((l) => l.includes('other.e2e.test')), JSON.stringify(a.lines))
+    // The SDK shows the proxy without its password.
+    const info = await sbx.getInfo()
+    assert.deepEqual(info.network?.egressProxy, { address: `${a.addr}:1080`, username: 'agent' })
+    // A proxy that does not take the credentials is refused before a sandbox is made.
+    await rejectsWith(Sandbox.create('base', { network: { egressProxy: { ...egressProxy, password: 'wrong' } } }),
+      SandboxError, 'wrong proxy password')
   })
 
   test('bad names and names in denyOut are refused', async () => {

@@ -504,9 +504,11 @@ export async function rejectsWith(promise, cls, what = '') {
 // FakeHost is a host on "the internet" made for a test: a network namespace
 // holding a public test address (TEST-NET-2), routed from the machine
 // through a veth, whose HTTP server on port 80 answers which host it is and
-// the Host it was asked for. Nothing is routed anywhere else. Its address
-// is fixed at construction (for a hosts file written before the server
-// starts); start makes it.
+// the Host it was asked for, and whose SOCKS5 proxy on port 1080 (user
+// "agent", password "s3cret") logs each destination in lines ("socks:
+// host:port user=agent"), resolving names from names ({name: address}).
+// Nothing is routed anywhere else. Its address is fixed at construction
+// (for a hosts file written before the server starts); start makes it.
 let fakeHostSeq = randomInt(0, 40)
 export class FakeHost {
   constructor(label) {
@@ -535,10 +537,22 @@ export class FakeHost {
     ip('-n', ns, 'link', 'set', peerIf, 'up')
     ip('-n', ns, 'link', 'set', 'lo', 'up')
     ip('-n', ns, 'route', 'add', 'default', 'via', this.hostAddr)
-    const script = `require('http').createServer((req, res) => res.end('host=${this.label} hosthdr=' + req.headers.host + '\\n')).listen(80, '${this.addr}', () => console.log('ready'))`
-    this.proc = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] })
+    // The servers (fixtures/fakehost.mjs): HTTP on 80, SOCKS5 on 1080.
+    const script = path.join(here, 'fixtures', 'fakehost.mjs')
+    this.lines = []
+    this.proc = spawn('ip', ['netns', 'exec', ns, process.execPath, script, this.label, this.addr], {
+      stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, FAKE_HOSTS: JSON.stringify(this.names || {}) },
+    })
     await new Promise((resolve, reject) => {
-      this.proc.stdout.once('data', resolve)
+      let partial = ''
+      this.proc.stdout.on('data', (d) => {
+        const parts = (partial + d).split('\n')
+        partial = parts.pop()
+        for (const line of parts) {
+          if (line === 'ready') resolve()
+          else this.lines.push(line)
+        }
+      })
       this.proc.once('exit', (code) => reject(new Error(`fake host ${this.label} exited: ${code}`)))
     })
     return this

@@ -18,8 +18,9 @@ func (a *app) egressCommand() *cobra.Command {
 		Long: `Show what the node's egress gateway did with a sandbox's connections: for a sandbox whose
 network policy allows host names (allowOut: ["pypi.org", "*.github.com"]), each TCP connection its
 addresses and CIDRs did not allow, with the name it carried (TLS SNI or HTTP Host), the verdict, the
-allowOut entry that matched or why it was refused, and the bytes each way so far; and each DNS query
-refused. The newest 512, oldest first; kept in the node's memory while the sandbox runs.`,
+allowOut entry that matched or why it was refused, and the bytes each way (counted when each
+direction ends); and each DNS query refused. The newest 512, oldest first; kept in the node's memory
+while the sandbox runs.`,
 		Example: "  aenv egress sbx_123\n  aenv egress sbx_123 -o json | jq 'select(.verdict == \"denied\")'",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {

@@ -98,6 +98,10 @@ func (g *Gateway) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 type resolver struct {
 	upstreams []netip.Addr
 	hosts     map[string][]netip.Addr
+	// inflight bounds the queries waiting on the upstreams: past it a
+	// query fails at once (SERVFAIL) rather than holding a socket and a
+	// goroutine each.
+	inflight chan struct{}
 
 	mu    sync.Mutex
 	cache map[string]cachedAnswer
@@ -114,16 +118,26 @@ const (
 	minCacheTTL     = 5 * time.Second
 	maxCacheTTL     = 5 * time.Minute
 	maxCacheEntries = 10000
+	// maxCachedAddrs is how many addresses of one name are kept.
+	maxCachedAddrs     = 16
+	maxInflightQueries = 256
 )
 
 func newResolver(upstreams []netip.Addr, hosts map[string][]netip.Addr) *resolver {
-	return &resolver{upstreams: upstreams, hosts: hosts, cache: map[string]cachedAnswer{}}
+	return &resolver{upstreams: upstreams, hosts: hosts, cache: map[string]cachedAnswer{},
+		inflight: make(chan struct{}, maxInflightQueries)}
 }
 
 // exchange asks the upstreams in turn; the first that answers wins.
 func (r *resolver) exchange(ctx context.Context, req *dns.Msg, network string) (*dns.Msg, error) {
 	if len(r.upstreams) == 0 {
 		return nil, errors.New("no upstream resolver")
+	}
+	select {
+	case r.inflight <- struct{}{}:
+		defer func() { <-r.inflight }()
+	default:
+		return nil, errors.New("too many queries waiting on the upstream resolvers")
 	}
 	c := &dns.Client{Net: network, Timeout: 2 * time.Second}
 	var errs []error
@@ -137,16 +151,17 @@ func (r *resolver) exchange(ctx context.Context, req *dns.Msg, network string) (
 	return nil, errors.Join(errs...)
 }
 
-// remember caches the A records of an answer for name.
-func (r *resolver) remember(name string, resp *dns.Msg) {
+// remember caches the A records of an answer for name (the first
+// maxCachedAddrs) and returns them.
+func (r *resolver) remember(name string, resp *dns.Msg) []netip.Addr {
 	if resp.Rcode != dns.RcodeSuccess {
-		return
+		return nil
 	}
 	var addrs []netip.Addr
 	ttl := maxCacheTTL
 	for _, rr := range resp.Answer {
 		a, ok := rr.(*dns.A)
-		if !ok {
+		if !ok || len(addrs) == maxCachedAddrs {
 			continue
 		}
 		if addr, ok := netip.AddrFromSlice(a.A.To4()); ok {
@@ -155,7 +170,7 @@ func (r *resolver) remember(name string, resp *dns.Msg) {
 		}
 	}
 	if len(addrs) == 0 {
-		return
+		return nil
 	}
 	ttl = max(ttl, minCacheTTL)
 	r.mu.Lock()
@@ -175,6 +190,7 @@ func (r *resolver) remember(name string, resp *dns.Msg) {
 		}
 	}
 	r.cache[name] = cachedAnswer{addrs: addrs, expires: time.Now().Add(ttl)}
+	return addrs
 }
 
 // lookup returns the IPv4 addresses of name.
@@ -200,14 +216,11 @@ func (r *resolver) lookup(ctx context.Context, name string) ([]netip.Addr, error
 	if resp.Rcode != dns.RcodeSuccess {
 		return nil, fmt.Errorf("resolve %s: %s", name, dns.RcodeToString[resp.Rcode])
 	}
-	r.remember(name, resp)
-	r.mu.Lock()
-	c = r.cache[name]
-	r.mu.Unlock()
-	if len(c.addrs) == 0 {
+	addrs := r.remember(name, resp)
+	if len(addrs) == 0 {
 		return nil, fmt.Errorf("resolve %s: no IPv4 address", name)
 	}
-	return c.addrs, nil
+	return addrs, nil
 }
 
 // readHostsFile reads a hosts file's IPv4 entries; "" reads nothing.

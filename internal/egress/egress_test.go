@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -131,7 +132,9 @@ func TestRequestHost(t *testing.T) {
 		{"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n", "example.com", ""},
 		{"CONNECT evil.com:443 HTTP/1.1\r\nHost: example.com\r\n\r\n", "", "CONNECT tunnels"},
 		{"GET http://evil.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n", "", "absolute-form"},
-		{"GET / HTTP/1.0\r\n\r\n", "", "no Host"},
+		{"GET / HTTP/1.1\r\n\r\n", "", "no Host"},
+		{"GET / HTTP/1.0\r\nHost: example.com\r\n\r\n", "", "HTTP/1.1 only"},
+		{"GET / HTTP/1.1\r\nHost: a\\.b.example.com\r\n\r\n", "", "invalid Host"},
 	}
 	for _, tt := range tests {
 		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(tt.req)))
@@ -373,5 +376,143 @@ func BenchmarkGatewayIdleMemory(b *testing.B) {
 		}
 		b.ReportMetric(float64(heap()-before)/(1<<20), "MB-for-500")
 		g.Close()
+	}
+}
+
+// recordingUpstream is a TCP server on loopback that keeps what each
+// connection sends and answers each with answer (nothing if "").
+type recordingUpstream struct {
+	l      net.Listener
+	mu     sync.Mutex
+	got    []string
+	answer string
+}
+
+func newRecordingUpstream(t *testing.T, answer string) *recordingUpstream {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &recordingUpstream{l: l, answer: answer}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if u.answer != "" {
+					io.WriteString(c, u.answer)
+				}
+				b, _ := io.ReadAll(c)
+				u.mu.Lock()
+				u.got = append(u.got, string(b))
+				u.mu.Unlock()
+			}()
+		}
+	}()
+	return u
+}
+
+func (u *recordingUpstream) received() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return strings.Join(u.got, "|")
+}
+
+// TestProxyHoldsUnderAbuse: what a hostile client might try on an allowed
+// HTTP connection, and the gateway's own shutdown with a silent upstream.
+func TestProxyHoldsUnderAbuse(t *testing.T) {
+	refusing := newRecordingUpstream(t, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+	silent := newRecordingUpstream(t, "")
+	var dstMu sync.Mutex
+	var dst netip.AddrPort
+	setDst := func(a net.Addr) { dstMu.Lock(); dst = netip.MustParseAddrPort(a.String()); dstMu.Unlock() }
+	g := testGateway(t, "127.0.0.1 allowed.test\n", func() netip.AddrPort {
+		dstMu.Lock()
+		defer dstMu.Unlock()
+		return dst
+	})
+	g.SetSlot(1, netip.MustParseAddr("127.0.0.1"), mustPolicy(t, []string{"allowed.test"}, []string{"0.0.0.0/0"}), false)
+	_, proxyPort := g.Ports()
+	send := func(data string) string {
+		t.Helper()
+		c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", proxyPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, data)
+		c.(*net.TCPConn).CloseWrite()
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+
+	setDst(refusing.l.Addr())
+	// A WebSocket upgrade the server refuses, with a request for another
+	// host behind it: the second request never goes up.
+	out := send("GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n" +
+		"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+	if !strings.HasPrefix(out, "HTTP/1.1 400") {
+		t.Errorf("refused upgrade: client got %q", out)
+	}
+	waitUntil(t, func() bool { return strings.Contains(refusing.received(), "allowed.test") })
+	if strings.Contains(refusing.received(), "other.test") {
+		t.Errorf("a request after a refused upgrade went up: %q", refusing.received())
+	}
+	// An h2c upgrade goes up as a plain request.
+	send("GET /h2c HTTP/1.1\r\nHost: allowed.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
+	waitUntil(t, func() bool { return strings.Contains(refusing.received(), "/h2c") })
+	for _, r := range strings.Split(refusing.received(), "|") {
+		if strings.Contains(r, "/h2c") && (strings.Contains(r, "Upgrade") || strings.Contains(r, "HTTP2-Settings")) {
+			t.Errorf("h2c upgrade went up: %q", r)
+		}
+	}
+	// Headers past the bound: 431, nothing up.
+	before := refusing.received()
+	out = send("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Big: " + strings.Repeat("a", 2<<20) + "\r\n\r\n")
+	if !strings.HasPrefix(out, "HTTP/1.1 431") {
+		t.Errorf("2 MiB of headers: client got %.80q", out)
+	}
+	if refusing.received() != before {
+		t.Error("a request with too many header bytes went up")
+	}
+
+	// A relayed connection to an upstream that never answers ends when its
+	// slot is cleared, and the gateway's Close does not wait on it.
+	setDst(silent.l.Addr())
+	c, err := net.Dial("tcp4", fmt.Sprintf("127.0.0.1:%d", proxyPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+	waitUntil(t, func() bool { return len(g.Events(1)) > 0 && g.Events(1)[len(g.Events(1))-1].Verdict == VerdictAllowed })
+	g.ClearSlot(1)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("connection of a cleared slot still open: %v", err)
+	}
+	closed := make(chan struct{})
+	go func() { g.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waits on relayed connections")
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -89,7 +90,15 @@ type slot struct {
 	pol     network.Policy
 	dnsOpen bool
 	log     *eventLog
+	// ctx ends when the slot is cleared (its sandbox is gone): its
+	// connections are closed. A policy change keeps it (and them).
+	ctx    context.Context
+	cancel context.CancelFunc
+	conns  *atomic.Int32 // connections being judged or relayed
 }
+
+// maxConnsPerSlot bounds one sandbox's connections through the gateway.
+const maxConnsPerSlot = 2048
 
 // Listen opens the gateway's ports and starts serving them until Close.
 func Listen(ctx context.Context, cfg Config, logger *slog.Logger) (*Gateway, error) {
@@ -160,7 +169,9 @@ func (g *Gateway) listen() error {
 func (g *Gateway) serve() {
 	handler := dns.HandlerFunc(g.serveDNS)
 	g.servers = []*dns.Server{
-		{PacketConn: g.dnsUDP, Handler: handler},
+		// Queries up to the size EDNS clients commonly offer; miekg's
+		// default (512) drops larger ones unanswered.
+		{PacketConn: g.dnsUDP, Handler: handler, UDPSize: dns.DefaultMsgSize},
 		{Listener: g.dnsTCP, Handler: handler, ReadTimeout: 10 * time.Second},
 	}
 	for _, s := range g.servers {
@@ -215,9 +226,14 @@ func (g *Gateway) SetSlot(index int, sandboxIP netip.Addr, pol network.Policy, d
 	prev := g.slots[index]
 	s := &slot{index: index, addr: sandboxIP, pol: pol, dnsOpen: dnsOpen}
 	if prev != nil && prev.addr == sandboxIP {
-		s.log = prev.log
+		s.log, s.ctx, s.cancel, s.conns = prev.log, prev.ctx, prev.cancel, prev.conns
 	} else {
+		if prev != nil {
+			prev.cancel()
+		}
 		s.log = newEventLog(eventLogSize)
+		s.ctx, s.cancel = context.WithCancel(g.ctx)
+		s.conns = new(atomic.Int32)
 	}
 	g.putLocked(s)
 	return func() {
@@ -234,8 +250,11 @@ func (g *Gateway) SetSlot(index int, sandboxIP netip.Addr, pol network.Policy, d
 	}
 }
 
+// putLocked makes s the slot of its index, replacing any other.
 func (g *Gateway) putLocked(s *slot) {
-	g.clearLocked(s.index)
+	if old := g.slots[s.index]; old != nil {
+		delete(g.byAddr, old.addr)
+	}
 	g.slots[s.index] = s
 	g.byAddr[s.addr] = s
 }
@@ -247,10 +266,12 @@ func (g *Gateway) ClearSlot(index int) {
 	g.clearLocked(index)
 }
 
+// clearLocked forgets slot index and closes its connections.
 func (g *Gateway) clearLocked(index int) {
 	if old := g.slots[index]; old != nil {
 		delete(g.byAddr, old.addr)
 		delete(g.slots, index)
+		old.cancel()
 	}
 }
 

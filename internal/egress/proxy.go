@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/network"
@@ -51,6 +52,7 @@ func (g *Gateway) acceptLoop() {
 // conn is one redirected connection being judged and relayed.
 type conn struct {
 	g      *Gateway
+	ctx    context.Context // ends with the gateway or the slot
 	client *net.TCPConn
 	br     *bufio.Reader
 	slot   *slot
@@ -62,8 +64,6 @@ type conn struct {
 
 func (g *Gateway) handle(client *net.TCPConn) {
 	defer client.Close()
-	stop := context.AfterFunc(g.ctx, func() { client.Close() })
-	defer stop()
 	src, err := netip.ParseAddrPort(client.RemoteAddr().String())
 	if err != nil {
 		return
@@ -75,12 +75,21 @@ func (g *Gateway) handle(client *net.TCPConn) {
 		g.metrics.conns.WithLabelValues(VerdictDenied, "unknown").Inc()
 		return
 	}
+	// s.ctx ends with the slot, and with the gateway (its parent).
+	stop := context.AfterFunc(s.ctx, func() { client.Close() })
+	defer stop()
+	if s.conns.Add(1) > maxConnsPerSlot {
+		s.conns.Add(-1)
+		g.metrics.conns.WithLabelValues(VerdictDenied, "tcp").Inc()
+		return
+	}
+	defer s.conns.Add(-1)
 	dst, err := g.cfg.originalDst(client)
 	if err != nil {
 		g.logger.Warn("egress proxy: original destination", "sandbox_ip", src.Addr(), "err", err)
 		return
 	}
-	c := &conn{g: g, client: client, br: bufio.NewReaderSize(client, readBufferSize),
+	c := &conn{g: g, ctx: s.ctx, client: client, br: bufio.NewReaderSize(client, readBufferSize),
 		slot: s, pol: s.pol, denied: denied, dst: dst,
 		ev: &Event{Time: time.Now(), Address: dst.Addr().String(), Port: dst.Port()}}
 	c.serve()
@@ -92,7 +101,9 @@ func (c *conn) serve() {
 	if c.pol.Allows(c.dst.Addr()) && !inPrefixes(c.denied, c.dst.Addr()) {
 		c.ev.Protocol = "tcp"
 		c.ev.Rule = "address"
-		up, err := c.dial(c.dst.Addr())
+		ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
+		up, err := c.dial(ctx, c.dst.Addr())
+		cancel()
 		if err != nil {
 			c.failed(err)
 			return
@@ -148,13 +159,62 @@ func (c *conn) serveTLS() {
 	c.relay(up)
 }
 
+// maxHeaderBytes bounds a request's line and headers, as net/http's
+// DefaultMaxHeaderBytes does for a server.
+const maxHeaderBytes = 1 << 20
+
+// idleTimeout bounds the wait for the next request of a keep-alive
+// connection.
+const idleTimeout = 2 * time.Minute
+
+// headerLimit counts what the HTTP parser reads from the client while it
+// reads a request's headers; a negative remain is no limit (a body).
+type headerLimit struct {
+	r      io.Reader
+	remain int64
+}
+
+var errHeadersTooLarge = errors.New("request headers too large")
+
+func (h *headerLimit) Read(p []byte) (int, error) {
+	if h.remain < 0 {
+		return h.r.Read(p)
+	}
+	if h.remain == 0 {
+		return 0, errHeadersTooLarge
+	}
+	if int64(len(p)) > h.remain {
+		p = p[:h.remain]
+	}
+	n, err := h.r.Read(p)
+	h.remain -= int64(n)
+	return n, err
+}
+
 // serveHTTP relays plain HTTP request by request: each request of the
 // connection must name the host of the first one (a later request for
 // another host would reach the first host's server, which might serve it).
+// A WebSocket upgrade is judged like any request and must be the first of
+// its connection; the bytes after it pass untouched only once the server
+// has answered 101. Other upgrades (h2c) are taken out of the request.
 func (c *conn) serveHTTP() {
-	req, err := http.ReadRequest(c.br)
+	limit := &headerLimit{r: c.br}
+	hr := bufio.NewReaderSize(limit, 4096)
+	read := func(timeout time.Duration) (*http.Request, error) {
+		limit.remain = maxHeaderBytes
+		c.client.SetReadDeadline(time.Now().Add(timeout))
+		req, err := http.ReadRequest(hr)
+		limit.remain = -1
+		c.client.SetReadDeadline(time.Time{})
+		return req, err
+	}
+	req, err := read(c.g.cfg.PeekTimeout)
 	if err != nil {
-		c.denyHTTP(http.StatusBadRequest, "malformed HTTP request: "+err.Error())
+		status := http.StatusBadRequest
+		if errors.Is(err, errHeadersTooLarge) {
+			status = http.StatusRequestHeaderFieldsTooLarge
+		}
+		c.denyHTTP(status, "malformed HTTP request: "+err.Error())
 		return
 	}
 	host, err := requestHost(req)
@@ -168,6 +228,7 @@ func (c *conn) serveHTTP() {
 		c.denyHTTP(http.StatusForbidden, fmt.Sprintf("%s is not in allowOut", host))
 		return
 	}
+	websocket := prepareUpgrade(req)
 	c.ev.Rule = rule
 	up, err := c.dialName(host)
 	if err != nil {
@@ -175,9 +236,14 @@ func (c *conn) serveHTTP() {
 		return
 	}
 	defer up.Close()
+	stop := context.AfterFunc(c.ctx, func() { up.Close() })
+	defer stop()
 	c.allowed()
 	defer c.g.metrics.active.Dec()
-	c.client.SetReadDeadline(time.Time{})
+	if websocket {
+		c.upgrade(req, hr, up)
+		return
+	}
 
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -187,47 +253,103 @@ func (c *conn) serveHTTP() {
 	})
 	defer wg.Wait()
 	for {
-		upgrade := req.Header.Get("Upgrade") != ""
-		if req.Header.Get("User-Agent") == "" {
-			// Write would add Go's own.
-			req.Header["User-Agent"] = []string{""}
-		}
-		cw := &countingWriter{w: up}
-		err := req.Write(cw)
-		c.countOut(cw.n)
-		if err != nil {
+		if err := c.writeRequest(req, up); err != nil {
 			up.Close()
 			return
 		}
-		if upgrade {
-			// A protocol switch (WebSocket): what follows is not HTTP.
-			n, _ := io.Copy(up, c.br)
-			c.countOut(n)
-			up.CloseWrite()
-			return
-		}
-		req, err = http.ReadRequest(c.br)
+		req, err = read(idleTimeout)
 		if err != nil {
-			// The client is done (EOF), or sent something that is not a
-			// request: either way nothing more goes up.
+			// The client is done (EOF), idle too long, or sent something
+			// that is not a request: either way nothing more goes up.
 			up.CloseWrite()
 			return
 		}
 		next, err := requestHost(req)
-		if err != nil || !strings.EqualFold(next, host) {
+		if err == nil && !strings.EqualFold(next, host) {
+			err = fmt.Errorf("a request for %q on a connection to %s", next, host)
+		}
+		if err == nil && prepareUpgrade(req) {
+			err = errors.New("a WebSocket upgrade must be the first request of its connection")
+		}
+		if err != nil {
 			// Not sent: the answers to the requests before it still reach
 			// the client, then the connection ends.
-			reason := fmt.Sprintf("a request for %q on a connection to %s", next, host)
-			if err != nil {
-				reason = err.Error()
-			}
 			c.slot.log.add(&Event{Time: time.Now(), Protocol: "http", Host: next, Address: c.ev.Address, Port: c.ev.Port,
-				Verdict: VerdictDenied, Reason: reason})
+				Verdict: VerdictDenied, Reason: err.Error()})
 			c.g.metrics.conns.WithLabelValues(VerdictDenied, "http").Inc()
 			up.CloseWrite()
 			return
 		}
 	}
+}
+
+// writeRequest sends req upstream as the client sent it, as far as
+// Request.Write allows.
+func (c *conn) writeRequest(req *http.Request, up net.Conn) error {
+	if req.Header.Get("User-Agent") == "" {
+		// Write would add Go's own.
+		req.Header["User-Agent"] = []string{""}
+	}
+	cw := &countingWriter{w: up}
+	err := req.Write(cw)
+	c.countOut(cw.n)
+	return err
+}
+
+// prepareUpgrade reports whether req asks for a WebSocket, and takes any
+// other upgrade out of it (the server answers in HTTP/1.1 then): after a
+// switch the gateway cannot tell requests apart.
+func prepareUpgrade(req *http.Request) bool {
+	if req.Header.Get("Upgrade") == "" {
+		return false
+	}
+	if strings.EqualFold(strings.TrimSpace(req.Header.Get("Upgrade")), "websocket") {
+		return true
+	}
+	req.Header.Del("Upgrade")
+	req.Header.Del("HTTP2-Settings")
+	var keep []string
+	for _, v := range req.Header.Values("Connection") {
+		for _, tok := range strings.Split(v, ",") {
+			tok = strings.TrimSpace(tok)
+			if tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
+				keep = append(keep, tok)
+			}
+		}
+	}
+	req.Header.Del("Connection")
+	if len(keep) > 0 {
+		req.Header.Set("Connection", strings.Join(keep, ", "))
+	}
+	return false
+}
+
+// upgrade sends a WebSocket upgrade request and, if the server switches
+// protocols, relays both ways untouched; otherwise the server's answer
+// reaches the client and the connection ends.
+func (c *conn) upgrade(req *http.Request, hr *bufio.Reader, up *net.TCPConn) {
+	if err := c.writeRequest(req, up); err != nil {
+		return
+	}
+	ur := bufio.NewReader(up)
+	up.SetReadDeadline(time.Now().Add(c.g.cfg.DialTimeout))
+	status, err := ur.Peek(len("HTTP/1.1 101"))
+	up.SetReadDeadline(time.Time{})
+	switched := err == nil && (string(status) == "HTTP/1.1 101" || string(status) == "HTTP/1.0 101")
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		n, _ := io.Copy(c.client, ur)
+		c.countIn(n)
+		c.client.CloseWrite()
+	})
+	defer wg.Wait()
+	if !switched {
+		up.CloseWrite()
+		return
+	}
+	n, _ := io.Copy(up, hr)
+	c.countOut(n)
+	up.CloseWrite()
 }
 
 // requestHost returns the host a request names, without its port.
@@ -237,6 +359,12 @@ func requestHost(req *http.Request) (string, error) {
 	}
 	if req.URL.Host != "" {
 		return "", errors.New("absolute-form requests (as to a proxy) are not allowed")
+	}
+	if req.ProtoMajor != 1 || req.ProtoMinor != 1 {
+		return "", fmt.Errorf("%s is not relayed: HTTP/1.1 only", req.Proto)
+	}
+	if !httpguts.ValidHostHeader(req.Host) {
+		return "", fmt.Errorf("invalid Host %q", req.Host)
 	}
 	host := req.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -271,7 +399,7 @@ func looksLikeHTTP(br *bufio.Reader) bool {
 // name's (it may have picked one of several on purpose); an address in the
 // fixed deny list never is.
 func (c *conn) dialName(name string) (*net.TCPConn, error) {
-	ctx, cancel := context.WithTimeout(c.g.ctx, c.g.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
 	defer cancel()
 	if up := c.upstream(); up != nil {
 		// The proxy resolves the name, in its own network.
@@ -297,7 +425,7 @@ func (c *conn) dialName(name string) (*net.TCPConn, error) {
 	}
 	var errs []error
 	for _, a := range usable {
-		up, err := c.dial(a)
+		up, err := c.dial(ctx, a)
 		if err == nil {
 			return up, nil
 		}
@@ -306,15 +434,13 @@ func (c *conn) dialName(name string) (*net.TCPConn, error) {
 	return nil, errors.Join(errs...)
 }
 
-func (c *conn) dial(a netip.Addr) (*net.TCPConn, error) {
+func (c *conn) dial(ctx context.Context, a netip.Addr) (*net.TCPConn, error) {
 	target := netip.AddrPortFrom(a, c.dst.Port())
 	if up := c.upstream(); up != nil {
-		ctx, cancel := context.WithTimeout(c.g.ctx, c.g.cfg.DialTimeout)
-		defer cancel()
 		return c.dialUpstream(ctx, up, target.String())
 	}
-	d := net.Dialer{Timeout: c.g.cfg.DialTimeout}
-	up, err := d.DialContext(c.g.ctx, "tcp4", target.String())
+	var d net.Dialer
+	up, err := d.DialContext(ctx, "tcp4", target.String())
 	if err != nil {
 		return nil, err
 	}
@@ -326,6 +452,8 @@ func (c *conn) dial(a netip.Addr) (*net.TCPConn, error) {
 // read to judge the connection goes first.
 func (c *conn) relay(up *net.TCPConn) {
 	defer up.Close()
+	stop := context.AfterFunc(c.ctx, func() { up.Close() })
+	defer stop()
 	c.allowed()
 	defer c.g.metrics.active.Dec()
 	c.client.SetReadDeadline(time.Time{})

@@ -97,6 +97,18 @@ func isDefaultDst(s string) bool {
 	return s == "0.0.0.0/0"
 }
 
+// enableStrictSource turns on strict reverse-path filtering for one interface:
+// a packet whose source address is not routed back through the interface it came
+// in on is dropped. On a slot's host veth this keeps a sandbox from sending with
+// another slot's address (the egress gateway knows sandboxes by their address).
+func enableStrictSource(iface string) error {
+	path := "/proc/sys/net/ipv4/conf/" + iface + "/rp_filter"
+	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("enable reverse-path filtering on %s: %w", iface, err)
+	}
+	return nil
+}
+
 // enableForwarding turns on IPv4 forwarding for one interface. Linux checks the
 // setting of the interface a packet arrives on, so this lets the host route what the
 // interface brings in without making it a router for every interface.

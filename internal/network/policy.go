@@ -178,7 +178,7 @@ func checkLabel(l string) error {
 // case and a final dot do not matter. Addresses match no pattern.
 func MatchHost(patterns []string, host string) string {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	if host == "" {
+	if host == "" || !plainHostName(host) {
 		return ""
 	}
 	if _, err := netip.ParseAddr(host); err == nil {
@@ -264,4 +264,16 @@ func containsAddr(prefixes []netip.Prefix, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// plainHostName reports whether host has only the characters of a host name
+// (letters, digits, "-", "_" and "."): an escaped dot (`evil\.github.com`) or any
+// other character would let a name read one way here and another in DNS.
+func plainHostName(host string) bool {
+	for _, r := range host {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
 }

@@ -88,6 +88,9 @@ func TestMatchHost(t *testing.T) {
 		{"xpypi.org", ""},
 		{"", ""},
 		{"151.101.0.223", ""},
+		{`evil\.github.com`, ""},
+		{"evil\x00.github.com", ""},
+		{"api.github.com:443", ""},
 	}
 	for _, tt := range tests {
 		if got := MatchHost(patterns, tt.host); got != tt.want {

@@ -122,6 +122,9 @@ func configureSlot(s *Slot, ns netns.NsHandle) error {
 	if err := enableForwarding(s.HostVeth); err != nil {
 		return err
 	}
+	if err := enableStrictSource(s.HostVeth); err != nil {
+		return err
+	}
 
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {

@@ -554,10 +554,10 @@ type EgressEvent struct {
 	// Address Where the sandbox sent the connection.
 	Address string `json:"address,omitempty"`
 
-	// BytesIn Bytes to the sandbox, so far.
+	// BytesIn Bytes to the sandbox (counted when that direction ends).
 	BytesIn int64 `json:"bytesIn"`
 
-	// BytesOut Bytes from the sandbox, so far.
+	// BytesOut Bytes from the sandbox (counted when that direction ends).
 	BytesOut int64 `json:"bytesOut"`
 
 	// Host The name the connection (SNI, Host) or query carried.

@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -561,4 +562,39 @@ func TestEgressUpstreamProxy(t *testing.T) {
 	if got := sh(open, "curl -s -m 10 http://allowed.test/"); !strings.Contains(got, "host=a") {
 		t.Errorf("after update: %q", got)
 	}
+}
+
+// TestEgressAfterRestart: a sandbox's names hold after the server is
+// killed and restarted (the gateway's ports change; the firewall and the
+// adopted sandbox's policy follow) and after a pause to disk and resume
+// (a new network slot).
+func TestEgressAfterRestart(t *testing.T) {
+	ca := newTestCA(t)
+	a := newNamedHost(t, ca, "a", "allowed.test")
+	b := newNamedHost(t, ca, "b", "other.test")
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, fmt.Appendf(nil, "%s allowed.test\n%s other.test\n", a.addr, b.addr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(t, "--dns-hosts-file", hosts)
+	s.start()
+	id := s.create(map[string]any{"templateID": "base", "timeout": 600,
+		"network": map[string]any{"allowOut": []string{"allowed.test"}, "denyOut": []string{"0.0.0.0/0"}}}).SandboxID
+	check := func(when string) {
+		t.Helper()
+		if got := s.exec(id, client.ExecuteRequest{Command: "curl -s -m 10 http://allowed.test/"}).Stdout; !strings.Contains(got, "host=a") {
+			t.Errorf("%s: allowed name: %q", when, got)
+		}
+		got := s.exec(id, client.ExecuteRequest{Command: fmt.Sprintf("curl -s -m 10 --resolve other.test:80:%s http://other.test/", b.addr)}).Stdout
+		if !strings.Contains(got, "other.test is not in allowOut") {
+			t.Errorf("%s: name not allowed: %q", when, got)
+		}
+	}
+	check("before")
+	s.stop(syscall.SIGKILL)
+	s.start()
+	check("after a restart")
+	s.expect(s.do("POST", "/sandboxes/"+id+"/pause", map[string]any{"toDisk": true}), 204, "pause to disk")
+	s.expect(s.do("POST", "/sandboxes/"+id+"/resume", map[string]any{}), 201, "resume")
+	check("after a pause to disk")
 }
