@@ -53,7 +53,12 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 		SandboxID string `json:"sandboxID"`
 	}
 	e.want(201, teamKey, "POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 600,
-		"metadata": map[string]string{"note": xssMetadata}}).json(t, &own)
+		"metadata": map[string]string{"note": xssMetadata},
+		"network":  map[string]any{"allowOut": []string{"console.test"}, "denyOut": []string{"0.0.0.0/0"}}}).json(t, &own)
+	// A connection its policy refuses, for the page's egress log: the node's
+	// gateway reads the Host and answers 403 without reaching anything.
+	e.want(200, teamKey, "POST", "/sandboxes/"+own.SandboxID+"/execute",
+		map[string]any{"command": "curl -s -m 10 -H 'Host: blocked.test' http://192.0.2.1/"})
 	t.Cleanup(func() {
 		e.call(apiKey, "DELETE", "/sandboxes/"+other.SandboxID, nil)
 		e.call(apiKey, "DELETE", "/sandboxes/"+own.SandboxID, nil) // gone already when the test passed
@@ -139,6 +144,8 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 
 	step("open the sandbox", clickJS(ownRow+` a[data-test=sandbox-link]`, 1),
 		poll("its page", text(`[data-test=state]`)+` === "running"`))
+	step("see its egress", poll("the policy", text(`[data-test=egress-policy]`)+` === "allow console.test; deny 0.0.0.0/0"`),
+		poll("the refused connection", text(`[data-test=egress-log] tr[data-test=egress-denied]`)+`.includes("blocked.test is not in allowOut")`))
 	step("open its terminal", clickJS(`button[data-test=open-terminal]`, 1),
 		poll("the terminal connected", text(`[data-test=terminal-status]`)+`.startsWith("connected")`))
 	// The shell computes the answer, so the echo of what was typed cannot

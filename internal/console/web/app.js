@@ -413,6 +413,7 @@ async function pageSandbox(main, id) {
   const stateActions = el('span', {});
   const actions = el('div', { class: 'actions' });
   const chart = el('div', { class: 'chart' });
+  const egressLog = el('div', { 'data-test': 'egress-log' });
   const showInfo = () => {
     info.replaceChildren(el('dl', {}, [
       ['State', el('span', { 'data-test': 'state' }, sb.state)], ['Template', sb.alias || sb.templateID],
@@ -420,6 +421,7 @@ async function pageSandbox(main, id) {
       ['vCPU', sb.cpuCount], ['Memory', `${sb.memoryMB} MiB`], ['Disk', sb.diskSizeMB ? `${sb.diskSizeMB} MiB` : ''],
       ['Metadata', el('span', { 'data-test': 'metadata' }, metadataText(sb.metadata))],
       ['Volumes', (sb.volumeMounts || []).map((v) => `${v.name}:${v.path}`).join(' ')],
+      ['Egress', el('span', { 'data-test': 'egress-policy' }, egressPolicyText(sb))],
     ].flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)])));
     if (!busy(stateActions)) stateActions.replaceChildren(sandboxActions(sb, refresh));
   };
@@ -437,14 +439,46 @@ async function pageSandbox(main, id) {
   main.append(el('h2', {}, 'Sandbox ', el('code', {}, id)), info, actions,
     el('h3', {}, 'Metrics'), chart,
     el('h3', {}, 'Terminal'), terminalPanel(() => sb),
-    el('h3', {}, 'Files'), filesPanel(() => sb));
+    el('h3', {}, 'Files'), filesPanel(() => sb),
+    el('h3', {}, 'Egress by name'), egressLog);
   const metrics = async () => {
     if (sb.state !== 'running') return;
     const m = await get(`/sandboxes/${id}/metrics`);
     chart.replaceChildren(metricsChart(m || []));
+    egressLog.replaceChildren(egressTable(await get(`/sandboxes/${id}/egress`)));
   };
   metrics().catch(() => {});
   every(METRICS_REFRESH_MS, () => { refresh().catch(() => {}); metrics().catch(() => {}); }, gen);
+}
+
+// egressPolicyText is a sandbox's egress policy in a line.
+function egressPolicyText(sb) {
+  const n = sb.network || {};
+  const parts = [];
+  if (sb.allowInternetAccess === false) parts.push('internet off');
+  if ((n.allowOut || []).length) parts.push(`allow ${n.allowOut.join(', ')}`);
+  if ((n.denyOut || []).length) parts.push(`deny ${n.denyOut.join(', ')}`);
+  if (n.egressProxy) parts.push(`via ${n.egressProxy.address}`);
+  return parts.length ? parts.join('; ') : 'open';
+}
+
+// egressTable shows the egress gateway's newest events, newest first.
+function egressTable(events) {
+  const rows = (events || []).slice(-50).reverse();
+  if (rows.length === 0) {
+    return el('p', { class: 'muted' }, 'Nothing judged by name: only a sandbox whose policy allows host names goes through the egress gateway.');
+  }
+  return table([
+    ['Time', (e) => new Date(e.time).toLocaleTimeString()],
+    ['Verdict', (e) => el('span', { class: `verdict-${e.verdict}` }, e.verdict)],
+    ['Protocol', (e) => e.protocol],
+    ['Host', (e) => e.host || ''],
+    ['Port', (e) => e.port || ''],
+    ['Rule', (e) => e.rule || ''],
+    ['Out', (e) => bytes(e.bytesOut)],
+    ['In', (e) => bytes(e.bytesIn)],
+    ['Reason', (e) => e.reason || ''],
+  ], rows, (e) => `egress-${e.verdict}`);
 }
 
 function forkSnapshotTimeout(sb, after) {

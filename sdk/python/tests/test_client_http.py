@@ -73,6 +73,14 @@ class ClientBehaviour:
         c.create_sandbox("base", network=net)
         self.assertEqual(self.peer.seen[0].json()["alwaysAllowedDomains"], ["pypi.org", "*.github.com"])
         self.assertEqual(c.egress_log("sb1"), [{"host": "pypi.org", "verdict": "allowed"}])
+        self.peer.route("PUT", "/sandboxes/sb1/network", lambda s: Reply(204, b""))
+        proxy = {"address": "proxy.example:1080", "username": "u", "password": "p"}
+        c.update_network("sb1", aenv.Network(allow_internet=False, allowed_cidrs=["1.1.1.1"],
+                                             allowed_domains=["pypi.org"], egress_proxy=proxy))
+        self.assertEqual(self.peer.seen[-1].json(), {"allowInternetAccess": False, "allowOut": ["1.1.1.1/32", "pypi.org"],
+                                                     "denyOut": [], "egressProxy": proxy})
+        c.create_sandbox("base", network=aenv.Network(egress_proxy=proxy))
+        self.assertEqual(self.peer.seen[-1].json()["network"], {"egressProxy": proxy})
 
     def test_volumes_mounts_copies_and_the_content_token(self):
         self.peer.route("POST", "/sandboxes", lambda s: Reply.json({"sandboxID": "sb1"}, 201))

@@ -215,6 +215,17 @@ def read_file(sandbox_id: str, path: str, binary: bool, user: Optional[str]) -> 
                 extra_timeout=60.0, decode=_key("content"))
 
 
+def update_network(sandbox_id: str, network: Any) -> Call:
+    if hasattr(network, "to_update_request"):
+        body = dict(network.to_update_request())
+    elif isinstance(network, Mapping):
+        body = dict(network)
+    else:
+        raise TypeError("network must be aenv.Network or a dict in the API's shape")
+    # Idempotent: the whole policy is replaced.
+    return Call("PUT", _sandbox_path(sandbox_id, "/network"), json_body=body, idempotent=True)
+
+
 def pause_sandbox(sandbox_id: str) -> Call:
     # Not retried: after a lost answer the retry would see 409 "paused".
     return Call("POST", _sandbox_path(sandbox_id, "/pause"), extra_timeout=60.0)

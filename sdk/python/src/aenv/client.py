@@ -165,6 +165,12 @@ class AsyncClient:
 
     # --- lifecycle ---
 
+    async def update_network(self, sandbox_id: str, network: Any) -> None:
+        """Replaces the sandbox's egress policy (aenv.Network, or a dict with
+        allowOut / denyOut / allowInternetAccess / egressProxy); new
+        connections follow it at once."""
+        await self._run(_calls.update_network(sandbox_id, network))
+
     async def pause_sandbox(self, sandbox_id: str) -> None:
         """Pauses the sandbox, keeping memory and files. Conflict if already paused."""
         await self._run(_calls.pause_sandbox(sandbox_id))

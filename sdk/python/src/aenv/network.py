@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -16,13 +16,16 @@ class Network:
     (allowed wins over denied, as in the seed's NetworkIsolationConfig).
     allowed_domains are host names ("pypi.org") and wildcards
     ("*.github.com") let through whatever the CIDRs deny, judged by the
-    node on TLS SNI and HTTP Host (docs/egress.md).
+    node on TLS SNI and HTTP Host (docs/egress.md). egress_proxy is a
+    SOCKS5 proxy the allowed TCP egress goes through: {"address":
+    "host:port", "username": ..., "password": ...}.
     """
 
     allow_internet: bool = True
     denied_cidrs: List[str] = field(default_factory=list)
     allowed_cidrs: List[str] = field(default_factory=list)
     allowed_domains: List[str] = field(default_factory=list)
+    egress_proxy: Optional[Dict[str, str]] = None
 
     def to_api_request(self) -> Dict[str, Any]:
         # Validate here so a typo fails before a sandbox is asked for.
@@ -34,4 +37,19 @@ class Network:
         if self.allowed_domains:
             # The server checks the names and says what is wrong with one.
             out["alwaysAllowedDomains"] = [str(d) for d in self.allowed_domains]
+        if self.egress_proxy is not None:
+            out["network"] = {"egressProxy": dict(self.egress_proxy)}
+        return out
+
+    def to_update_request(self) -> Dict[str, Any]:
+        """The body of PUT /sandboxes/{id}/network (E2B's updateNetwork),
+        which replaces the whole policy."""
+        out: Dict[str, Any] = {
+            "allowInternetAccess": bool(self.allow_internet),
+            "allowOut": [str(ipaddress.ip_network(c, strict=False)) for c in self.allowed_cidrs]
+            + [str(d) for d in self.allowed_domains],
+            "denyOut": [str(ipaddress.ip_network(c, strict=False)) for c in self.denied_cidrs],
+        }
+        if self.egress_proxy is not None:
+            out["egressProxy"] = dict(self.egress_proxy)
         return out

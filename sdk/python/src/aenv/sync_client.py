@@ -121,6 +121,9 @@ class Client:
                   user: Optional[str] = None) -> Union[str, bytes]:
         return self._run(_calls.read_file(sandbox_id, path, binary, user))
 
+    def update_network(self, sandbox_id: str, network: Any) -> None:
+        self._run(_calls.update_network(sandbox_id, network))
+
     def pause_sandbox(self, sandbox_id: str) -> None:
         self._run(_calls.pause_sandbox(sandbox_id))
 
