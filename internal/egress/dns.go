@@ -76,9 +76,18 @@ func (g *Gateway) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if _, ok := w.RemoteAddr().(*net.TCPAddr); ok {
 		transport = "tcp"
 	}
+	select {
+	case s.dnsInflight <- struct{}{}:
+		defer func() { <-s.dnsInflight }()
+	default:
+		m := new(dns.Msg)
+		m.SetRcode(req, dns.RcodeServerFailure)
+		reply(m)
+		return
+	}
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
-	resp, err := g.resolver.exchange(ctx, req, transport)
+	resp, err := g.resolver.exchange(ctx, req, transport, true)
 	if err != nil {
 		g.logger.Debug("egress DNS: upstream", "name", name, "err", err)
 		m := new(dns.Msg)
@@ -86,7 +95,7 @@ func (g *Gateway) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		reply(m)
 		return
 	}
-	if q.Qtype == dns.TypeA {
+	if q.Qtype == dns.TypeA && cacheable(req) {
 		g.resolver.remember(name, resp)
 	}
 	resp.Id = req.Id
@@ -128,16 +137,38 @@ func newResolver(upstreams []netip.Addr, hosts map[string][]netip.Addr) *resolve
 		inflight: make(chan struct{}, maxInflightQueries)}
 }
 
-// exchange asks the upstreams in turn; the first that answers wins.
-func (r *resolver) exchange(ctx context.Context, req *dns.Msg, network string) (*dns.Msg, error) {
+// cacheable reports whether the answer to a sandbox's query may feed the
+// cache the proxy dials by: a plain question, not one that asks the
+// resolver to skip validation (CD) or to tailor the answer to a client
+// subnet.
+func cacheable(req *dns.Msg) bool {
+	if req.CheckingDisabled || req.Question[0].Qclass != dns.ClassINET {
+		return false
+	}
+	if opt := req.IsEdns0(); opt != nil {
+		for _, o := range opt.Option {
+			if _, ok := o.(*dns.EDNS0_SUBNET); ok {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// exchange asks the upstreams in turn; the first that answers wins. A
+// sandbox's query (limited) counts against the node-wide bound; the
+// gateway's own lookups do not, so sandboxes cannot starve them.
+func (r *resolver) exchange(ctx context.Context, req *dns.Msg, network string, limited bool) (*dns.Msg, error) {
 	if len(r.upstreams) == 0 {
 		return nil, errors.New("no upstream resolver")
 	}
-	select {
-	case r.inflight <- struct{}{}:
-		defer func() { <-r.inflight }()
-	default:
-		return nil, errors.New("too many queries waiting on the upstream resolvers")
+	if limited {
+		select {
+		case r.inflight <- struct{}{}:
+			defer func() { <-r.inflight }()
+		default:
+			return nil, errors.New("too many queries waiting on the upstream resolvers")
+		}
 	}
 	c := &dns.Client{Net: network, Timeout: 2 * time.Second}
 	var errs []error
@@ -206,9 +237,9 @@ func (r *resolver) lookup(ctx context.Context, name string) ([]netip.Addr, error
 	}
 	req := new(dns.Msg)
 	req.SetQuestion(dns.Fqdn(name), dns.TypeA)
-	resp, err := r.exchange(ctx, req, "udp")
+	resp, err := r.exchange(ctx, req, "udp", false)
 	if err == nil && resp.Truncated {
-		resp, err = r.exchange(ctx, req, "tcp")
+		resp, err = r.exchange(ctx, req, "tcp", false)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", name, err)

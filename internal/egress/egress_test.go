@@ -472,6 +472,25 @@ func TestProxyHoldsUnderAbuse(t *testing.T) {
 			t.Errorf("h2c upgrade went up: %q", r)
 		}
 	}
+	// Two Upgrade headers (websocket and h2c): no upgrade goes up.
+	send("GET /two HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\nUpgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
+	waitUntil(t, func() bool { return strings.Contains(refusing.received(), "/two") })
+	for _, r := range strings.Split(refusing.received(), "|") {
+		if strings.Contains(r, "/two") && (strings.Contains(r, "Upgrade") || strings.Contains(r, "HTTP2-Settings")) {
+			t.Errorf("an upgrade list went up: %q", r)
+		}
+	}
+	// A server that answers a WebSocket upgrade by switching to another
+	// protocol gets nothing more from the client.
+	switching := newRecordingUpstream(t, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
+	setDst(switching.l.Addr())
+	send("GET / HTTP/1.1\r\nHost: allowed.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+	waitUntil(t, func() bool { return strings.Contains(switching.received(), "allowed.test") })
+	if strings.Contains(switching.received(), "other.test") {
+		t.Errorf("bytes after a switch to another protocol went up: %q", switching.received())
+	}
+	setDst(refusing.l.Addr())
+
 	// Headers past the bound: 431, nothing up.
 	before := refusing.received()
 	out = send("GET / HTTP/1.1\r\nHost: allowed.test\r\nX-Big: " + strings.Repeat("a", 2<<20) + "\r\n\r\n")

@@ -95,7 +95,13 @@ type slot struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	conns  *atomic.Int32 // connections being judged or relayed
+	// dnsInflight is the slot's share of the queries waiting on the
+	// node's resolvers: one sandbox cannot take all of them.
+	dnsInflight chan struct{}
 }
+
+// maxDNSInflightPerSlot is a slot's share of maxInflightQueries.
+const maxDNSInflightPerSlot = 32
 
 // maxConnsPerSlot bounds one sandbox's connections through the gateway.
 const maxConnsPerSlot = 2048
@@ -226,7 +232,7 @@ func (g *Gateway) SetSlot(index int, sandboxIP netip.Addr, pol network.Policy, d
 	prev := g.slots[index]
 	s := &slot{index: index, addr: sandboxIP, pol: pol, dnsOpen: dnsOpen}
 	if prev != nil && prev.addr == sandboxIP {
-		s.log, s.ctx, s.cancel, s.conns = prev.log, prev.ctx, prev.cancel, prev.conns
+		s.log, s.ctx, s.cancel, s.conns, s.dnsInflight = prev.log, prev.ctx, prev.cancel, prev.conns, prev.dnsInflight
 	} else {
 		if prev != nil {
 			prev.cancel()
@@ -234,6 +240,7 @@ func (g *Gateway) SetSlot(index int, sandboxIP netip.Addr, pol network.Policy, d
 		s.log = newEventLog(eventLogSize)
 		s.ctx, s.cancel = context.WithCancel(g.ctx)
 		s.conns = new(atomic.Int32)
+		s.dnsInflight = make(chan struct{}, maxDNSInflightPerSlot)
 	}
 	g.putLocked(s)
 	return func() {
@@ -245,6 +252,12 @@ func (g *Gateway) SetSlot(index int, sandboxIP netip.Addr, pol network.Policy, d
 		if prev == nil {
 			g.clearLocked(index)
 			return
+		}
+		if prev.ctx.Err() != nil {
+			// Its connections were closed when s replaced it.
+			restored := *prev
+			restored.ctx, restored.cancel = context.WithCancel(g.ctx)
+			prev = &restored
 		}
 		g.putLocked(prev)
 	}

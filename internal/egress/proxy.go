@@ -2,6 +2,7 @@ package egress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -300,14 +301,17 @@ func (c *conn) writeRequest(req *http.Request, up net.Conn) error {
 // other upgrade out of it (the server answers in HTTP/1.1 then): after a
 // switch the gateway cannot tell requests apart.
 func prepareUpgrade(req *http.Request) bool {
-	if req.Header.Get("Upgrade") == "" {
+	if len(req.Header.Values("Upgrade")) == 0 {
 		return false
 	}
-	if strings.EqualFold(strings.TrimSpace(req.Header.Get("Upgrade")), "websocket") {
+	// HTTP/2 settings only ever serve an h2c upgrade.
+	req.Header.Del("HTTP2-Settings")
+	// One value, "websocket" alone: a list ("websocket, h2c") or a second
+	// header would let the server pick another protocol.
+	if v := req.Header.Values("Upgrade"); len(v) == 1 && strings.EqualFold(strings.TrimSpace(v[0]), "websocket") {
 		return true
 	}
 	req.Header.Del("Upgrade")
-	req.Header.Del("HTTP2-Settings")
 	var keep []string
 	for _, v := range req.Header.Values("Connection") {
 		for _, tok := range strings.Split(v, ",") {
@@ -331,11 +335,10 @@ func (c *conn) upgrade(req *http.Request, hr *bufio.Reader, up *net.TCPConn) {
 	if err := c.writeRequest(req, up); err != nil {
 		return
 	}
-	ur := bufio.NewReader(up)
-	up.SetReadDeadline(time.Now().Add(c.g.cfg.DialTimeout))
-	status, err := ur.Peek(len("HTTP/1.1 101"))
+	ur := bufio.NewReaderSize(up, maxResponseHead)
+	up.SetReadDeadline(time.Now().Add(idleTimeout))
+	switched := switchedToWebSocket(ur, req)
 	up.SetReadDeadline(time.Time{})
-	switched := err == nil && (string(status) == "HTTP/1.1 101" || string(status) == "HTTP/1.0 101")
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		n, _ := io.Copy(c.client, ur)
@@ -350,6 +353,34 @@ func (c *conn) upgrade(req *http.Request, hr *bufio.Reader, up *net.TCPConn) {
 	n, _ := io.Copy(up, hr)
 	c.countOut(n)
 	up.CloseWrite()
+}
+
+// maxResponseHead bounds the head of the answer to an upgrade.
+const maxResponseHead = 16 << 10
+
+// switchedToWebSocket reads, without consuming it, the head of the answer
+// to a WebSocket upgrade: a 101 that upgrades to websocket and to nothing
+// else.
+func switchedToWebSocket(ur *bufio.Reader, req *http.Request) bool {
+	var head []byte
+	for {
+		// Wait for at least one byte more than is buffered (a full buffer
+		// fails: the head is too large).
+		if _, err := ur.Peek(ur.Buffered() + 1); err != nil {
+			return false
+		}
+		b, _ := ur.Peek(ur.Buffered())
+		if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
+			head = b[:i+4]
+			break
+		}
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(head)), req)
+	if err != nil {
+		return false
+	}
+	v := resp.Header.Values("Upgrade")
+	return resp.StatusCode == http.StatusSwitchingProtocols && len(v) == 1 && strings.EqualFold(strings.TrimSpace(v[0]), "websocket")
 }
 
 // requestHost returns the host a request names, without its port.
@@ -401,8 +432,10 @@ func looksLikeHTTP(br *bufio.Reader) bool {
 func (c *conn) dialName(name string) (*net.TCPConn, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
 	defer cancel()
-	if up := c.upstream(); up != nil {
-		// The proxy resolves the name, in its own network.
+	if up := c.upstream(); up != nil && up != c.g.cfg.DefaultUpstream {
+		// The sandbox's own proxy resolves the name, in its own network.
+		// Through the operator's, the name is resolved here and its denied
+		// ranges hold (dial goes through that proxy by address).
 		return c.dialUpstream(ctx, up, net.JoinHostPort(name, strconv.Itoa(int(c.dst.Port()))))
 	}
 	addrs, err := c.g.resolver.lookup(ctx, strings.ToLower(strings.TrimSuffix(name, ".")))

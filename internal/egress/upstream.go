@@ -18,9 +18,10 @@ import (
 const upstreamCheckTimeout = 5 * time.Second
 
 // resolveUpstream returns the address to dial for a proxy: its host is
-// resolved now (and so pinned for one connection), and must not be in
-// the node's denied ranges, which a proxy would otherwise open.
-func (g *Gateway) resolveUpstream(ctx context.Context, up network.Upstream) (netip.AddrPort, error) {
+// resolved now (and so pinned for one connection), and a sandbox's own
+// proxy must not be in the node's denied ranges, which it would otherwise
+// open. The operator's proxy (Config.DefaultUpstream) may be anywhere.
+func (g *Gateway) resolveUpstream(ctx context.Context, up network.Upstream, operator bool) (netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(up.Address)
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("egress proxy %s: %w", up.Address, err)
@@ -37,7 +38,7 @@ func (g *Gateway) resolveUpstream(ctx context.Context, up network.Upstream) (net
 	}
 	denied := g.deniedRanges()
 	for _, a := range addrs {
-		if a.Is4() && !inPrefixes(denied, a) {
+		if a.Is4() && (operator || !inPrefixes(denied, a)) {
 			return netip.AddrPortFrom(a, p.Port()), nil
 		}
 	}
@@ -50,7 +51,22 @@ func (g *Gateway) resolveUpstream(ctx context.Context, up network.Upstream) (net
 func (g *Gateway) CheckUpstream(ctx context.Context, up network.Upstream) error {
 	ctx, cancel := context.WithTimeout(ctx, upstreamCheckTimeout)
 	defer cancel()
-	addr, err := g.resolveUpstream(ctx, up)
+	return g.checkUpstream(ctx, up, false)
+}
+
+// CheckDefaultUpstream checks the operator's proxy as CheckUpstream does a
+// sandbox's, wherever it is.
+func (g *Gateway) CheckDefaultUpstream(ctx context.Context) error {
+	if g.cfg.DefaultUpstream == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, upstreamCheckTimeout)
+	defer cancel()
+	return g.checkUpstream(ctx, *g.cfg.DefaultUpstream, true)
+}
+
+func (g *Gateway) checkUpstream(ctx context.Context, up network.Upstream, operator bool) error {
+	addr, err := g.resolveUpstream(ctx, up, operator)
 	if err != nil {
 		return err
 	}
@@ -117,7 +133,7 @@ func (c *conn) upstream() *network.Upstream {
 // dialUpstream connects to target (host:port, a name the proxy resolves
 // or an address) through up.
 func (c *conn) dialUpstream(ctx context.Context, up *network.Upstream, target string) (*net.TCPConn, error) {
-	addr, err := c.g.resolveUpstream(ctx, *up)
+	addr, err := c.g.resolveUpstream(ctx, *up, up == c.g.cfg.DefaultUpstream)
 	if err != nil {
 		return nil, err
 	}

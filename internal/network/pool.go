@@ -189,7 +189,9 @@ func (p *Pool) Release(ctx context.Context, index int) error {
 	s := p.cfg.slot(index)
 	p.policyMu.Lock()
 	policyErr := removeSlotPolicy(p.cfg, index)
-	if policyErr == nil && p.cfg.Egress != nil {
+	if p.cfg.Egress != nil {
+		// Whatever became of the rules: the sandbox is gone, and so must be
+		// its connections through the gateway.
 		p.cfg.Egress.ClearSlot(index)
 	}
 	p.policyMu.Unlock()

@@ -209,6 +209,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return fmt.Errorf("egress gateway: %w", err)
 	}
 	defer gateway.Close()
+	if err := gateway.CheckDefaultUpstream(ctx); err != nil {
+		// Sandboxes' TCP fails until it answers; the node still serves.
+		logger.WarnContext(ctx, "--egress-proxy does not answer as it should", "err", err)
+	}
 	pool, err := network.NewPool(ctx, network.Config{
 		Prefix: cfg.NetPrefix, CIDR: netip.MustParsePrefix(cfg.SandboxCIDR), WarmPool: cfg.WarmSlots,
 		DNSServers: upstreams, Egress: gateway, ProxyAllTCP: defaultUpstream != nil,

@@ -562,6 +562,29 @@ func TestEgressUpstreamProxy(t *testing.T) {
 	if got := sh(open, "curl -s -m 10 http://allowed.test/"); !strings.Contains(got, "host=a") {
 		t.Errorf("after update: %q", got)
 	}
+
+	// The operator's proxy for every sandbox (--egress-proxy): addresses go
+	// through it, and names too, resolved by the node (so its denied ranges
+	// hold) and sent by address.
+	s.stop(syscall.SIGTERM)
+	node := newServer(t, "--dns-hosts-file", hosts, "--egress-proxy", "socks5://agent:s3cret@"+proxyAddr+":1080")
+	node.start()
+	plain := node.create(map[string]any{"templateID": "base"}).SandboxID
+	if got := node.exec(plain, client.ExecuteRequest{Command: fmt.Sprintf("curl -s -m 10 http://%s/", b.addr)}).Stdout; !strings.Contains(got, "host=b") {
+		t.Errorf("through the node's proxy: %q", got)
+	}
+	named2 := node.create(map[string]any{"templateID": "base", "network": map[string]any{
+		"allowOut": []string{"allowed.test"}, "denyOut": []string{"0.0.0.0/0"}}}).SandboxID
+	before := len(rec.asked)
+	if got := node.exec(named2, client.ExecuteRequest{Command: "curl -s -m 10 http://allowed.test/"}).Stdout; !strings.Contains(got, "host=a") {
+		t.Errorf("a name through the node's proxy: %q", got)
+	}
+	rec.mu.Lock()
+	asked := slices.Clone(rec.asked[before:])
+	rec.mu.Unlock()
+	if !slices.Contains(asked, a.addr+":80 user=agent") {
+		t.Errorf("the node's proxy was asked for %v, want %s:80 by address", asked, a.addr)
+	}
 }
 
 // TestEgressAfterRestart: a sandbox's names hold after the server is
