@@ -47,10 +47,12 @@ func newFakeInternet(t *testing.T, prefix string) *fakeInternet {
 		netnsPath: netnsDir + "/x" + prefix + "-inet",
 		uplink:    "x" + prefix + "u",
 		hostAddr:  netip.AddrFrom4([4]byte{198, 18, link, 1}),
-		web1:      netip.AddrFrom4([4]byte{198, 51, 100, randByte(t, 1, 254)}),
-		web2:      netip.AddrFrom4([4]byte{203, 0, 113, randByte(t, 1, 254)}),
-		resolver:  netip.AddrFrom4([4]byte{172, 31, randByte(t, 0, 255), randByte(t, 1, 254)}),
-		metadata:  netip.MustParseAddr("169.254.169.254"),
+		// Above the fake hosts of the integration tests (.10-.59) and of
+		// e2e (.100-.139), which may run beside these.
+		web1:     netip.AddrFrom4([4]byte{198, 51, 100, randByte(t, 200, 254)}),
+		web2:     netip.AddrFrom4([4]byte{203, 0, 113, randByte(t, 1, 254)}),
+		resolver: netip.AddrFrom4([4]byte{172, 31, randByte(t, 0, 255), randByte(t, 1, 254)}),
+		metadata: netip.MustParseAddr("169.254.169.254"),
 	}
 	peer := netip.AddrFrom4([4]byte{198, 18, link, 2})
 
