@@ -38,7 +38,9 @@ for i in range(n):
 print(" ".join("%.3f" % x for x in out))
 EOF`
 
-func BenchmarkEgress(b *testing.B) {
+// egressBench starts a server whose sandboxes' DNS names one HTTPS host,
+// allowed.test.
+func egressBench(b *testing.B) (*server, *testCA, *namedHost) {
 	ca := newTestCA(b)
 	host := newNamedHost(b, ca, "a", "allowed.test")
 	hosts := filepath.Join(b.TempDir(), "hosts")
@@ -47,6 +49,11 @@ func BenchmarkEgress(b *testing.B) {
 	}
 	s := newServer(b, "--dns-hosts-file", hosts)
 	s.start()
+	return s, ca, host
+}
+
+func BenchmarkEgress(b *testing.B) {
+	s, ca, host := egressBench(b)
 	denyAll := []string{"0.0.0.0/0"}
 	direct := s.create(map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{host.addr}, "denyOut": denyAll}}).SandboxID
 	named := s.create(map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"allowed.test"}, "denyOut": denyAll}}).SandboxID
@@ -115,14 +122,7 @@ func BenchmarkEgress(b *testing.B) {
 // open 10 HTTPS connections at once through the gateway (200 in all);
 // every one must answer 200.
 func BenchmarkEgressConcurrent(b *testing.B) {
-	ca := newTestCA(b)
-	host := newNamedHost(b, ca, "a", "allowed.test")
-	hosts := filepath.Join(b.TempDir(), "hosts")
-	if err := os.WriteFile(hosts, []byte(host.addr+" allowed.test\n"), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	s := newServer(b, "--dns-hosts-file", hosts)
-	s.start()
+	s, ca, _ := egressBench(b)
 	const sandboxes, perSandbox = 20, 10
 	ids := make([]string, sandboxes)
 	for i := range ids {

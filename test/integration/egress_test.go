@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,7 +28,6 @@ import (
 	"time"
 
 	"github.com/armon/go-socks5"
-	"github.com/vishvananda/netns"
 
 	"github.com/aenv-dev/aenv/internal/client"
 )
@@ -169,27 +167,6 @@ type zeros struct{}
 func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
-}
-
-// listenPacketInNetns is listenInNetns for UDP.
-func listenPacketInNetns(ns, addr string) (net.PacketConn, error) {
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return nil, err
-	}
-	defer orig.Close()
-	target, err := netns.GetFromName(ns)
-	if err != nil {
-		return nil, err
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		return nil, err
-	}
-	defer netns.Set(orig)
-	return net.ListenPacket("udp4", addr)
 }
 
 // rawClientHello is a minimal TLS ClientHello record naming sni, with

@@ -85,23 +85,35 @@ func newFakeHostNetns(t testing.TB) (ns, addr string) {
 // listenInNetns opens a TCP listener inside a named network namespace;
 // the socket stays in that namespace whatever goroutine serves it.
 func listenInNetns(ns, addr string) (net.Listener, error) {
+	return inNetns(ns, func() (net.Listener, error) { return net.Listen("tcp", addr) })
+}
+
+// listenPacketInNetns is listenInNetns for UDP.
+func listenPacketInNetns(ns, addr string) (net.PacketConn, error) {
+	return inNetns(ns, func() (net.PacketConn, error) { return net.ListenPacket("udp4", addr) })
+}
+
+// inNetns runs open (which makes a socket) with the calling thread in the
+// named network namespace.
+func inNetns[T any](ns string, open func() (T, error)) (T, error) {
+	var zero T
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	defer orig.Close()
 	target, err := netns.GetFromName(ns)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	defer target.Close()
 	if err := netns.Set(target); err != nil {
-		return nil, err
+		return zero, err
 	}
 	defer netns.Set(orig)
-	return net.Listen("tcp", addr)
+	return open()
 }
 
 // reaches tells whether the sandbox can fetch from addr:8080.
