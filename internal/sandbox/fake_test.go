@@ -124,6 +124,8 @@ type fakeDriver struct {
 	onInit func(id string) // called at each /init, before its fault check
 	// onUnfreeze is called at each Unfreeze, before its fault check.
 	onUnfreeze func(id string)
+	// onKill is called at each Kill, before its fault check.
+	onKill func(id string)
 	// checkRootfs: an instance made from a root filesystem that is not
 	// there is recorded in noRootfs (a template deleted under a create).
 	checkRootfs bool
@@ -215,6 +217,9 @@ func (d *fakeDriver) Start(ctx context.Context, spec runtime.Spec) error {
 }
 
 func (d *fakeDriver) Kill(ctx context.Context, id string) error {
+	if d.onKill != nil {
+		d.onKill(id)
+	}
 	if err := d.faults.check(ctx, "kill", id); err != nil {
 		return err
 	}

@@ -739,6 +739,27 @@ func TestCallsEndWhenSandboxStops(t *testing.T) {
 	}
 }
 
+// A kill cuts the streams of calls in flight; they must know why before
+// it does, or they answer with what the cut looked like (a truncated
+// envelope) rather than "was killed".
+func TestCallsKnowWhyBeforeTheKill(t *testing.T) {
+	w := newWorld(t)
+	sb := w.create()
+	tgt, err := w.m.Reach(context.Background(), sb.ID, node.EnvdPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Release()
+	causeAtKill := make(chan error, 1)
+	w.driver.onKill = func(string) { causeAtKill <- context.Cause(tgt.Ctx) }
+	if err := w.m.Kill(context.Background(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if cause := <-causeAtKill; !errors.Is(cause, node.ErrStopped) || !strings.Contains(cause.Error(), "was killed") {
+		t.Fatalf("cause when the instance was killed: %v, want it to say \"was killed\"", cause)
+	}
+}
+
 func TestDeadline(t *testing.T) {
 	t.Run("kill", func(t *testing.T) {
 		w := newWorld(t)

@@ -540,6 +540,11 @@ func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 	e.stopTimer()
 	v := e.view()
 	if v.slot != nil || v.phase == phaseStarting {
+		// Calls in flight learn why before the kill cuts their streams:
+		// after it they would fail first with whatever the cut looked
+		// like (a truncated envelope, a reset). Should the kill fail they
+		// are ended all the same, as their caller asked.
+		e.calls.endAll(stoppedError(e.id, why))
 		if err := m.killInstance(ctx, e.id); err != nil {
 			e.settle() // still what it was: its deadline or spill back
 			return fmt.Errorf("kill sandbox %s: %w", e.id, err)

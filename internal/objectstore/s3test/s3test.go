@@ -89,23 +89,57 @@ func moduleRoot() (string, error) {
 func Start(t testing.TB) *Server {
 	t.Helper()
 	s := &Server{t: t, bin: Binary(t), dir: t.TempDir(), ports: map[string]int{}}
-	names := []string{"master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"}
-	ports, err := freePorts(len(names))
-	if err != nil {
-		t.Fatalf("s3test: %v", err)
-	}
-	for i, n := range names {
-		s.ports[n] = ports[i]
-	}
-	s.Endpoint = "http://127.0.0.1:" + strconv.Itoa(s.ports["s3"])
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
 			s.dumpLog()
 		}
 	})
-	s.Start()
-	return s
+	// The ports are free when picked but not held until weed listens: on
+	// a busy machine another process (weed's own outgoing connections
+	// among them) can take one in between. That is worth a few fresh
+	// picks; any other failure is not.
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		if err := s.pickPorts(); err != nil {
+			t.Fatalf("s3test: %v", err)
+		}
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if attempt == attempts || !s.portTaken() {
+			s.dumpLog()
+			t.Fatalf("s3test: %v", err)
+		}
+		t.Logf("s3test: a port was taken before weed listened (%v); again on fresh ports", err)
+		s.Stop()
+		for _, name := range []string{"data", "weed.log"} {
+			if err := os.RemoveAll(filepath.Join(s.dir, name)); err != nil {
+				t.Fatalf("s3test: %v", err)
+			}
+		}
+	}
+}
+
+// pickPorts chooses the server's ports afresh.
+func (s *Server) pickPorts() error {
+	names := []string{"master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"}
+	ports, err := freePorts(len(names))
+	if err != nil {
+		return err
+	}
+	for i, n := range names {
+		s.ports[n] = ports[i]
+	}
+	s.Endpoint = "http://127.0.0.1:" + strconv.Itoa(s.ports["s3"])
+	return nil
+}
+
+// portTaken says whether weed's log shows it could not listen on a port.
+func (s *Server) portTaken() bool {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "weed.log"))
+	return strings.Contains(string(b), "address already in use")
 }
 
 // freePorts reserves n distinct loopback ports by listening on them at once.
@@ -153,15 +187,22 @@ func (s *Server) args() []string {
 // stores objects.
 func (s *Server) Start() {
 	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.dumpLog()
+		s.t.Fatalf("s3test: %v", err)
+	}
+}
+
+func (s *Server) start() error {
 	if s.cmd != nil {
-		s.t.Fatal("s3test: server already running")
+		return errors.New("server already running")
 	}
 	if err := os.MkdirAll(filepath.Join(s.dir, "data"), 0o700); err != nil {
-		s.t.Fatalf("s3test: %v", err)
+		return err
 	}
 	logf, err := os.OpenFile(filepath.Join(s.dir, "weed.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		s.t.Fatalf("s3test: %v", err)
+		return err
 	}
 	defer logf.Close()
 	cmd := exec.Command(s.bin, s.args()...)
@@ -171,16 +212,16 @@ func (s *Server) Start() {
 	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID="+AccessKeyID, "AWS_SECRET_ACCESS_KEY="+SecretAccessKey)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("s3test: start weed: %v", err)
+		return fmt.Errorf("start weed: %w", err)
 	}
 	s.cmd, s.exit = cmd, make(chan error, 1)
 	go func() { s.exit <- cmd.Wait() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := s.waitReady(ctx); err != nil {
-		s.dumpLog()
-		s.t.Fatalf("s3test: weed not ready: %v", err)
+		return fmt.Errorf("weed not ready: %w", err)
 	}
+	return nil
 }
 
 // waitReady polls until a signed write and read round-trip: the gateway, the
