@@ -46,7 +46,7 @@ if [[ $# -gt 0 ]]; then
   files=("$@")
 else
   files=(sandbox.test.mjs commands.test.mjs pty.test.mjs files.test.mjs stop.test.mjs templates.test.mjs edges.test.mjs hosts.test.mjs
-    teams.test.mjs volumes.test.mjs egress.test.mjs code-interpreter.test.mjs)
+    teams.test.mjs volumes.test.mjs secrets.test.mjs egress.test.mjs code-interpreter.test.mjs)
   if [[ "${AENV_E2E_LIFECYCLE:-}" == 1 ]]; then
     files+=(lifecycle.test.mjs resume.test.mjs fidelity.test.mjs)
   fi

@@ -18,6 +18,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/tracing"
 	"github.com/aenv-dev/aenv/internal/usage"
@@ -82,6 +83,9 @@ type Config struct {
 	// VolumeRecords lists volumes' records, for the team routes (a
 	// gateway's, which serves no volume itself); nil: none.
 	VolumeRecords VolumeLister
+	// Secrets keeps the users' secrets (E2B's /secrets); nil: no such
+	// routes.
+	Secrets *secret.Service
 }
 
 // VolumeLister lists team's volumes, every team's for "".
@@ -159,6 +163,7 @@ func New(cfg Config, sandboxes node.Node, logger *slog.Logger,
 	s.routeAudit()
 	s.routeUsage()
 	s.routeVolumes()
+	s.routeSecrets()
 
 	s.routeUnknown()
 	return s
@@ -177,6 +182,7 @@ func NewCatalog(cfg Config, catalog node.Catalog, logger *slog.Logger, reg prome
 	if cfg.VolumeRecords != nil {
 		s.route("GET /volumes", s.listVolumes)
 	}
+	s.routeSecrets()
 	s.routeUnknown()
 	return s
 }

@@ -159,7 +159,7 @@ func clip(s string) string {
 }
 
 // pathObjects are the path values that name a route's object, in order.
-var pathObjects = []string{"id", "sandboxID", "templateID", "volumeID", "team", "key", "buildID", "node"}
+var pathObjects = []string{"id", "sandboxID", "templateID", "volumeID", "secretID", "team", "key", "buildID", "node"}
 
 // pathObject is the object r's path names: the first of pathObjects its
 // route has.
@@ -173,7 +173,7 @@ func pathObject(r *http.Request) string {
 }
 
 // createdID finds the ID a create's answer names: a sandbox, template,
-// snapshot, volume, team or key (in a list, the first).
+// snapshot, volume, secret, team or key (in a list, the first).
 func createdID(body []byte) string {
 	body = bytes.TrimSpace(body)
 	if len(body) > 0 && body[0] == '[' {
@@ -190,13 +190,14 @@ func createdID(body []byte) string {
 		SnapshotID string `json:"snapshotID"`
 		TemplateID string `json:"templateID"`
 		VolumeID   string `json:"volumeID"`
+		SecretID   string `json:"secretID"`
 		TeamID     string `json:"teamID"`
 		ID         string `json:"id"`
 	}
 	if json.Unmarshal(body, &ids) != nil {
 		return ""
 	}
-	for _, id := range []string{ids.SandboxID, ids.SnapshotID, ids.TemplateID, ids.VolumeID, ids.ID, ids.TeamID} {
+	for _, id := range []string{ids.SandboxID, ids.SnapshotID, ids.TemplateID, ids.VolumeID, ids.SecretID, ids.ID, ids.TeamID} {
 		if id != "" {
 			return id
 		}

@@ -65,6 +65,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.clusterCommand(),
 		a.teamCommand(),
 		a.volumeCommand(),
+		a.secretCommand(),
 		a.keyCommand(),
 		a.auditCommand(),
 		a.usageCommand(),

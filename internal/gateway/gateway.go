@@ -36,6 +36,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/requestid"
+	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/tracing"
 	"github.com/aenv-dev/aenv/internal/usage"
@@ -67,6 +68,9 @@ type Config struct {
 	// Audit records the changes asked through the gateway and serves GET
 	// /audit; nil: no audit log.
 	Audit *audit.Log
+	// Secrets keeps the users' secrets (/secrets) in the cluster's
+	// database; nil: no such routes.
+	Secrets *secret.Service
 }
 
 // Gateway is the HTTP handler of a gateway.
@@ -151,6 +155,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		Audit:         cfg.Audit,
 		Ledger:        ledger,
 		VolumeRecords: db,
+		Secrets:       cfg.Secrets,
 	}, &catalog{g: g}, logger, reg)
 	g.routeMux()
 	g.traced = cfg.Tracer.Handler(g.mux)

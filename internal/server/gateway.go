@@ -16,6 +16,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/console"
 	"github.com/aenv-dev/aenv/internal/gateway"
+	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -49,7 +50,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 		return err
 	}
 	defer db.Close()
-	secret, err := db.ClusterSecret(ctx, cfg.ClusterSecret)
+	clusterSecret, err := db.ClusterSecret(ctx, cfg.ClusterSecret)
 	if err != nil {
 		return err
 	}
@@ -66,10 +67,15 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(auditLog.Collector())
+	secrets, err := secret.NewService(db, cfg.SecretsKey.Key,
+		"the cluster has no --secrets-key-file: give every node and gateway the same one")
+	if err != nil {
+		return err
+	}
 	g, err := gateway.New(ctx, gateway.Config{
 		Domain: cfg.Domain, NodeTimeout: time.Duration(cfg.NodeTimeoutMS) * time.Millisecond,
-		MaxJSONBytes: int64(cfg.MaxJSONBodyMB) << 20, ClusterSecret: secret, APIKey: cfg.APIKey,
-		Version: cfg.Version, Tracer: tracer, Audit: auditLog,
+		MaxJSONBytes: int64(cfg.MaxJSONBodyMB) << 20, ClusterSecret: clusterSecret, APIKey: cfg.APIKey,
+		Version: cfg.Version, Tracer: tracer, Audit: auditLog, Secrets: secrets,
 	}, db, logger.With("component", "gateway"), reg)
 	if err != nil {
 		return err

@@ -36,6 +36,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime/gvisor"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
 	"github.com/aenv-dev/aenv/internal/template"
@@ -169,6 +170,13 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if cfg.PrepareOnly {
 		logger.InfoContext(ctx, "prepared; not serving (--prepare-only)", "data_dir", cfg.DataDir)
 		return nil
+	}
+
+	// Users' secrets: sealed with a single server's own key, kept beside
+	// its database, or with the cluster's --secrets-key-file.
+	secrets, err := openSecrets(cfg, cl, st)
+	if err != nil {
+		return err
 	}
 
 	// Volumes are this node's directories; their records are in st (a
@@ -347,6 +355,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Ledger:             ledger,
 		Volumes:            volumes,
 		VolumeRecords:      volumeRecords,
+		Secrets:            secrets,
 	}, served, logger.With("component", "api"), reg, promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	web := console.New(consoleBundle, handler, handler, cfg.Domain)
@@ -545,4 +554,23 @@ func parseEgressProxy(s string) (*network.Upstream, error) {
 		return nil, fmt.Errorf("--egress-proxy: %w", err)
 	}
 	return up, nil
+}
+
+// openSecrets returns the service of the users' secrets in st, sealed
+// with a single server's key (made once in its data directory) or the
+// cluster's (--secrets-key-file; without one, secrets are refused).
+func openSecrets(cfg config.Server, cl *config.Cluster, st store.Store) (*secret.Service, error) {
+	records, ok := st.(store.SecretStore)
+	if !ok {
+		return nil, nil
+	}
+	if cl != nil {
+		return secret.NewService(records, cl.SecretsKey.Key,
+			"the cluster has no --secrets-key-file: give every node and gateway the same one")
+	}
+	key, err := secret.LoadOrCreateKey(filepath.Join(cfg.DataDir, "secrets.key"))
+	if err != nil {
+		return nil, err
+	}
+	return secret.NewService(records, key, "")
 }

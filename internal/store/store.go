@@ -92,6 +92,74 @@ type VolumeStore interface {
 	UnheldLayers(ctx context.Context, layers []string) ([]string, error)
 }
 
+// Secret is the record of a user's secret (E2B's Secret): a value the
+// egress gateway puts into requests on their way out, which nothing
+// inside a sandbox ever reads. Values are kept apart, as versions, sealed
+// by the caller (internal/secret): a store never sees one in the clear.
+type Secret struct {
+	ID       string
+	TeamID   string
+	Name     string // unique within its team, lower case
+	Metadata map[string]string
+	// Version is the current version: 1 for a new secret, one more at
+	// each update.
+	Version   int64
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// SecretVersionsKept is how many versions of a secret a store keeps: an
+// update drops the ones before.
+const SecretVersionsKept = 8
+
+// SecretStore keeps secrets' records and their sealed values.
+type SecretStore interface {
+	// CreateSecret records s with sealed as its version 1: ErrConflict
+	// when its team has a secret of that name.
+	CreateSecret(ctx context.Context, s *Secret, sealed []byte) error
+	// GetSecret finds a secret by ID (of any team: the caller decides who
+	// may see it), else by name within team.
+	GetSecret(ctx context.Context, team, idOrName string) (*Secret, error)
+	// ListSecrets lists team's secrets, every team's for "", oldest
+	// first.
+	ListSecrets(ctx context.Context, team string) ([]*Secret, error)
+	// UpdateSecret makes sealed secret id's next version, and replaces
+	// its metadata unless metadata is nil; it returns the record as it
+	// now is. ErrNotFound when it is gone.
+	UpdateSecret(ctx context.Context, id string, sealed []byte, metadata map[string]string, at time.Time) (*Secret, error)
+	// DeleteSecret deletes secret id and every version of its value.
+	// ErrNotFound when it is gone.
+	DeleteSecret(ctx context.Context, id string) error
+	// SecretValue returns the sealed value of secret team/name's current
+	// version, with its record. ErrNotFound when there is none.
+	SecretValue(ctx context.Context, team, name string) (*Secret, []byte, error)
+}
+
+// MarshalMetadata is how stores keep a secret's metadata: JSON, "{}" for
+// none.
+func MarshalMetadata(m map[string]string) (string, error) {
+	if len(m) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(m)
+	return string(b), err
+}
+
+// UnmarshalMetadata reads what MarshalMetadata wrote; never nil.
+func UnmarshalMetadata(b []byte) (map[string]string, error) {
+	m := map[string]string{}
+	if len(b) == 0 {
+		return m, nil
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("secret metadata: %w", err)
+	}
+	if m == nil {
+		m = map[string]string{}
+	}
+	return m, nil
+}
+
 // VolumeMount is a volume mounted into a sandbox, fixed at create.
 type VolumeMount struct {
 	VolumeID string `json:"volumeID"`

@@ -779,6 +779,18 @@ type NewSandbox struct {
 	VolumeMounts []SandboxVolumeMount `json:"volumeMounts,omitempty"`
 }
 
+// NewSecret defines model for NewSecret.
+type NewSecret struct {
+	// Metadata At most 32 entries: keys up to 128 bytes, values up to 1024, 8192 in all.
+	Metadata *map[string]string `json:"metadata,omitempty"`
+
+	// Name Unique within the team; lower-cased: letters, digits, '.', '_' and '-', at most 128, not starting with sec_.
+	Name string `json:"name"`
+
+	// Value The value: UTF-8 without line breaks or NUL, at most 64 KiB. Never returned.
+	Value string `json:"value"`
+}
+
 // NewSnapshot defines model for NewSnapshot.
 type NewSnapshot struct {
 	Name string `json:"name,omitempty"`
@@ -927,6 +939,25 @@ type SandboxVolumeMount struct {
 
 	// ReadOnly aenv's addition: writes inside the sandbox fail (EROFS).
 	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// Secret defines model for Secret.
+type Secret struct {
+	CreatedAt      time.Time         `json:"createdAt"`
+	CurrentVersion int64             `json:"currentVersion"`
+	Metadata       map[string]string `json:"metadata"`
+	Name           string            `json:"name"`
+	SecretID       string            `json:"secretID"`
+	UpdatedAt      time.Time         `json:"updatedAt"`
+}
+
+// SecretUpdate defines model for SecretUpdate.
+type SecretUpdate struct {
+	// Metadata Replaces the secret's metadata when given.
+	Metadata *map[string]string `json:"metadata,omitempty"`
+
+	// Value The next version's value. Never returned.
+	Value string `json:"value"`
 }
 
 // Snapshot defines model for Snapshot.
@@ -1279,6 +1310,15 @@ type GetSandboxMetricsParams struct {
 	End *int64 `form:"end,omitempty" json:"end,omitempty"`
 }
 
+// ListSecretsParams defines parameters for ListSecrets.
+type ListSecretsParams struct {
+	// Limit Most items per page (1-100; default 100).
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// NextToken The X-Next-Token of the page before.
+	NextToken *string `form:"nextToken,omitempty" json:"nextToken,omitempty"`
+}
+
 // ListSnapshotsParams defines parameters for ListSnapshots.
 type ListSnapshotsParams struct {
 	SandboxID *string    `form:"sandboxID,omitempty" json:"sandboxID,omitempty"`
@@ -1421,6 +1461,12 @@ type CreateSnapshotJSONRequestBody = NewSnapshot
 
 // SetSandboxTimeoutJSONRequestBody defines body for SetSandboxTimeout for application/json ContentType.
 type SetSandboxTimeoutJSONRequestBody = TimeoutRequest
+
+// CreateSecretJSONRequestBody defines body for CreateSecret for application/json ContentType.
+type CreateSecretJSONRequestBody = NewSecret
+
+// UpdateSecretJSONRequestBody defines body for UpdateSecret for application/json ContentType.
+type UpdateSecretJSONRequestBody = SecretUpdate
 
 // ForkSnapshotJSONRequestBody defines body for ForkSnapshot for application/json ContentType.
 type ForkSnapshotJSONRequestBody = ForkRequest

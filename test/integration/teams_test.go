@@ -445,7 +445,12 @@ func TestTeamsThroughGateways(t *testing.T) {
 	g1, g2 := c.addGateway(), c.addGateway()
 	g1.waitReady(t, "node-a")
 	e1, e2 := newEndpoint(t, g1.url), newEndpoint(t, g2.url)
-	_, keyB, keyBID := checkTeamIsolation(t, e1)
+	keyA, keyB, keyBID := checkTeamIsolation(t, e1)
+	// Secrets are the cluster's: made through one gateway, seen through
+	// the other.
+	id := checkSecrets(t, e2, keyA, keyB)
+	e1.want(200, keyA, "GET", "/secrets/"+id, nil)
+	e1.want(404, keyB, "GET", "/secrets/"+id, nil)
 
 	// Team B is confirmed on the second gateway, then revoked through the
 	// first.

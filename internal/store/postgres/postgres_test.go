@@ -49,6 +49,11 @@ func TestAudit(t *testing.T) {
 	storetest.RunAudit(t, func(t *testing.T) audit.Store { return open(t, srv.NewDatabase(t)) })
 }
 
+func TestSecrets(t *testing.T) {
+	srv := pgtest.New(t)
+	storetest.RunSecrets(t, func(t *testing.T) store.SecretStore { return open(t, srv.NewDatabase(t)) })
+}
+
 func TestVolumes(t *testing.T) {
 	srv := pgtest.New(t)
 	storetest.RunVolumes(t, func(t *testing.T) store.VolumeStore { return open(t, srv.NewDatabase(t)) })

@@ -95,6 +95,11 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 		if _, err := tx.Exec(ctx, `DELETE FROM api_keys WHERE team_id = $1`, id); err != nil {
 			return err
 		}
+		// Its secrets go with it (their versions by ON DELETE CASCADE): a
+		// team made later under the same ID must not inherit them.
+		if _, err := tx.Exec(ctx, `DELETE FROM user_secrets WHERE team_id = $1`, id); err != nil {
+			return err
+		}
 		tag, err := tx.Exec(ctx, `DELETE FROM teams WHERE id = $1`, id)
 		if err != nil {
 			return err

@@ -56,6 +56,17 @@ func TestAudit(t *testing.T) {
 	})
 }
 
+func TestSecrets(t *testing.T) {
+	storetest.RunSecrets(t, func(t *testing.T) store.SecretStore {
+		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
 func TestVolumes(t *testing.T) {
 	storetest.RunVolumes(t, func(t *testing.T) store.VolumeStore {
 		s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))

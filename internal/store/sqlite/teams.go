@@ -91,6 +91,15 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE team_id = ?`, id); err != nil {
 			return err
 		}
+		// Its secrets go with it: a team made later under the same ID
+		// must not inherit them.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM user_secret_versions
+			WHERE secret_id IN (SELECT id FROM user_secrets WHERE team_id = ?)`, id); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM user_secrets WHERE team_id = ?`, id); err != nil {
+			return err
+		}
 		res, err := tx.ExecContext(ctx, `DELETE FROM teams WHERE id = ?`, id)
 		if err != nil {
 			return err

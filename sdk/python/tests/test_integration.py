@@ -117,6 +117,23 @@ class TestAsyncClient(AsyncServerTest):
                 await bad.list_sandboxes()
             self.assertEqual(caught.exception.status, 401)
 
+    async def test_secrets(self):
+        name = "py-" + self.run_id
+        made = await self.client.create_secret(name, "py-secret-value", {"owner": "py"})
+        self.assertEqual(made["currentVersion"], 1)
+        self.assertNotIn("py-secret-value", repr(made))
+        updated = await self.client.update_secret(name, "py-secret-value-2")
+        self.assertEqual((updated["currentVersion"], updated["metadata"]), (2, {"owner": "py"}))
+        self.assertEqual((await self.client.get_secret(made["secretID"]))["name"], name.lower())
+        self.assertIn(made["secretID"], [s["secretID"] for s in await self.client.list_secrets()])
+        with self.assertRaises(aenv.BadRequest):
+            await self.client.create_secret("sec_reserved", "v")
+        with self.assertRaises(aenv.Conflict):
+            await self.client.create_secret(name, "again")
+        await self.client.delete_secret(made["secretID"])
+        with self.assertRaises(aenv.NotFound):
+            await self.client.get_secret(made["secretID"])
+
     async def test_volume_mounted_outlives_its_sandbox(self):
         vol = await self.client.create_volume("py-" + self.run_id)
         self.addAsyncCleanup(self.client.delete_volume, vol.volume_id)

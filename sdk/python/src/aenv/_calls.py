@@ -325,6 +325,45 @@ def delete_sandbox(sandbox_id: str) -> Call:
     return Call("DELETE", _sandbox_path(sandbox_id), idempotent=True, ok_on_retry=(404,), extra_timeout=30.0)
 
 
+# --- secrets ---
+
+def _secret_path(id_or_name: str) -> str:
+    if not id_or_name:
+        raise ValueError("secret must not be empty")
+    return "/secrets/" + urllib.parse.quote(id_or_name, safe="")
+
+
+def create_secret(name: str, value: str, metadata: Optional[Mapping[str, str]]) -> Call:
+    body: Dict[str, Any] = {"name": name, "value": value}
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    return Call("POST", "/secrets", json_body=body, decode=_json)
+
+
+def update_secret(id_or_name: str, value: str, metadata: Optional[Mapping[str, str]]) -> Call:
+    body: Dict[str, Any] = {"value": value}
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    # Not idempotent: a repeat makes another version.
+    return Call("POST", _secret_path(id_or_name), json_body=body, decode=_json)
+
+
+def get_secret(id_or_name: str) -> Call:
+    return Call("GET", _secret_path(id_or_name), idempotent=True, decode=_json)
+
+
+def list_secrets(limit: int, next_token: Optional[str]) -> Call:
+    query = {"limit": str(limit)}
+    if next_token:
+        query["nextToken"] = next_token
+    return Call("GET", "/secrets", query=query, idempotent=True,
+                decode=lambda resp: (_json(resp), resp.header("x-next-token") or None))
+
+
+def delete_secret(id_or_name: str) -> Call:
+    return Call("DELETE", _secret_path(id_or_name), idempotent=True, ok_on_retry=(404,))
+
+
 # --- volumes ---
 
 @dataclass(frozen=True)

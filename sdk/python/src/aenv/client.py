@@ -218,6 +218,37 @@ class AsyncClient:
         """Makes a template from the sandbox's current state; returns its ID."""
         return await self._run(_calls.create_template(sandbox_id, name))
 
+    # --- secrets ---
+
+    async def create_secret(self, name: str, value: str,
+                            metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        """Makes a secret the egress gateway sets into requests (network rules'
+        ${e2b.secrets.NAME}); returns its record, never the value. Never retried."""
+        return await self._run(_calls.create_secret(name, value, metadata))
+
+    async def update_secret(self, id_or_name: str, value: str,
+                            metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        """Makes value the secret's next version; metadata, when given, replaces its own."""
+        return await self._run(_calls.update_secret(id_or_name, value, metadata))
+
+    async def get_secret(self, id_or_name: str) -> Dict[str, Any]:
+        """A secret's record: {"secretID", "name", "currentVersion", "metadata", ...}."""
+        return await self._run(_calls.get_secret(id_or_name))
+
+    async def list_secrets(self) -> List[Dict[str, Any]]:
+        """The team's secrets, oldest first, all pages."""
+        out: List[Dict[str, Any]] = []
+        token = None
+        while True:
+            page, token = await self._run(_calls.list_secrets(100, token))
+            out.extend(page)
+            if not token or not page:
+                return out
+
+    async def delete_secret(self, id_or_name: str) -> None:
+        """Destroys a secret and every version of its value."""
+        await self._run(_calls.delete_secret(id_or_name))
+
     # --- volumes ---
 
     async def create_volume(self, name: str) -> Volume:

@@ -155,6 +155,27 @@ class Client:
     def create_template(self, sandbox_id: str, name: str) -> str:
         return self._run(_calls.create_template(sandbox_id, name))
 
+    def create_secret(self, name: str, value: str, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        return self._run(_calls.create_secret(name, value, metadata))
+
+    def update_secret(self, id_or_name: str, value: str, metadata: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        return self._run(_calls.update_secret(id_or_name, value, metadata))
+
+    def get_secret(self, id_or_name: str) -> Dict[str, Any]:
+        return self._run(_calls.get_secret(id_or_name))
+
+    def list_secrets(self) -> List[Dict[str, Any]]:
+        out: List[Dict[str, Any]] = []
+        token = None
+        while True:
+            page, token = self._run(_calls.list_secrets(100, token))
+            out.extend(page)
+            if not token or not page:
+                return out
+
+    def delete_secret(self, id_or_name: str) -> None:
+        self._run(_calls.delete_secret(id_or_name))
+
     def create_volume(self, name: str) -> Volume:
         return self._run(_calls.create_volume(name))
 
