@@ -114,9 +114,10 @@ export class AenvServer {
   // node` of that cluster instead of a single server. tls (a single
   // server's) adds an HTTPS listener on a domain of its own (newTLS);
   // domain (a node's) is its cluster's domain.
-  constructor({ cluster, tls, domain, dnsHostsFile } = {}) {
+  constructor({ cluster, tls, domain, dnsHostsFile, egressUpstreamCAFile } = {}) {
     this.cluster = cluster
     this.tls = tls
+    this.egressUpstreamCAFile = egressUpstreamCAFile
     this.dnsHostsFile = dnsHostsFile
     this.domain = tls?.domain || domain
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-'))
@@ -161,6 +162,7 @@ export class AenvServer {
     ]
     if (this.domain) args.push('--domain', this.domain)
     if (this.dnsHostsFile) args.push('--dns-hosts-file', this.dnsHostsFile)
+    if (this.egressUpstreamCAFile) args.push('--egress-upstream-ca-file', this.egressUpstreamCAFile)
     // Lab CA mode: the CA is made in <data-dir>/tls at the first start.
     if (this.tls) args.push('--tls-listen', `${this.tls.ip}:443`)
     const log = fs.openSync(this.logPath, 'a')
@@ -298,11 +300,12 @@ export class AenvServer {
 export class AenvCluster {
   // tls puts the gateway's HTTPS listener on a domain of its own (newTLS),
   // which the nodes are given as their --domain.
-  constructor(databaseUrl, { tls, dnsHostsFile } = {}) {
+  constructor(databaseUrl, { tls, dnsHostsFile, egressUpstreamCAFile } = {}) {
     this.databaseUrl = databaseUrl
     this.tls = tls
     const name = randomName(5)
-    this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` }, domain: tls?.domain, dnsHostsFile }))
+    this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` }, domain: tls?.domain, dnsHostsFile,
+      egressUpstreamCAFile }))
     this.apiKey = 'e2e_' + randomBytes(12).toString('hex')
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-gateway-'))
     this.logPath = path.join(this.dataDir, 'gateway.log')
@@ -449,9 +452,12 @@ async function startTracer(port, logPath) {
 //
 // dnsHostsFile, a hosts file, names hosts a test makes (FakeHost) for the
 // sandboxes' DNS (aenv's --dns-hosts-file).
-export function useServer({ before, after, tls = false, dnsHostsFile }) {
+//
+// egressUpstreamCAFile is a CA the egress gateway trusts for the hosts it
+// intercepts (network rules): FakeHost's HTTPS (see TestCA).
+export function useServer({ before, after, tls = false, dnsHostsFile, egressUpstreamCAFile }) {
   const databaseUrl = process.env.AENV_E2E_DATABASE_URL
-  const opts = { tls: tls ? newTLS() : undefined, dnsHostsFile }
+  const opts = { tls: tls ? newTLS() : undefined, dnsHostsFile, egressUpstreamCAFile }
   const server = databaseUrl ? new AenvCluster(databaseUrl, opts) : new AenvServer(opts)
   before(async () => {
     await server.start()
@@ -540,8 +546,10 @@ export class FakeHost {
     // The servers (fixtures/fakehost.mjs): HTTP on 80, SOCKS5 on 1080.
     const script = path.join(here, 'fixtures', 'fakehost.mjs')
     this.lines = []
+    const env = { ...process.env, FAKE_HOSTS: JSON.stringify(this.names || {}) }
+    if (this.cert) Object.assign(env, { FAKE_TLS_CERT: this.cert.cert, FAKE_TLS_KEY: this.cert.key })
     this.proc = spawn('ip', ['netns', 'exec', ns, process.execPath, script, this.label, this.addr], {
-      stdio: ['ignore', 'pipe', 'inherit'], env: { ...process.env, FAKE_HOSTS: JSON.stringify(this.names || {}) },
+      stdio: ['ignore', 'pipe', 'inherit'], env,
     })
     await new Promise((resolve, reject) => {
       let partial = ''
@@ -574,4 +582,33 @@ export function writeHostsFile(entries) {
   const file = path.join(dir, 'hosts')
   fs.writeFileSync(file, entries.map((e) => e.join(' ')).join('\n') + '\n')
   return file
+}
+
+// TestCA is a certificate authority made for one test file (by openssl):
+// caFile is its certificate; issue(names) returns the files of a server
+// certificate for names, which FakeHost.cert takes to serve HTTPS on 443.
+export class TestCA {
+  constructor() {
+    this.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-ca-'))
+    this.caFile = path.join(this.dir, 'ca.pem')
+    this.keyFile = path.join(this.dir, 'ca-key.pem')
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
+      '-subj', '/CN=aenv e2e test CA', '-days', '2', '-keyout', this.keyFile, '-out', this.caFile], { stdio: 'ignore' })
+    this.seq = 0
+  }
+
+  issue(names) {
+    const base = path.join(this.dir, `leaf${this.seq++}`)
+    const ext = base + '.ext'
+    fs.writeFileSync(ext, `subjectAltName=${names.map((n) => 'DNS:' + n).join(',')}\nextendedKeyUsage=serverAuth\n`)
+    execFileSync('openssl', ['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-subj', `/CN=${names[0]}`,
+      '-keyout', base + '.key', '-out', base + '.csr'], { stdio: 'ignore' })
+    execFileSync('openssl', ['x509', '-req', '-in', base + '.csr', '-CA', this.caFile, '-CAkey', this.keyFile,
+      '-CAcreateserial', '-days', '2', '-extfile', ext, '-out', base + '.pem'], { stdio: 'ignore' })
+    return { cert: base + '.pem', key: base + '.key' }
+  }
+
+  remove() {
+    fs.rmSync(this.dir, { recursive: true, force: true })
+  }
 }

@@ -15,8 +15,9 @@ runtime=(debootstrap debian-archive-keyring ca-certificates)
 # run); util-linux's unshare and mount give the SDK suite's https test a
 # resolv.conf of its own; systemd's systemd-analyze verifies the units in
 # deploy/systemd; chromium is the headless browser the web console's tests
-# drive (test/integration/console_test.go).
-development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython chromium)
+# drive (test/integration/console_test.go); openssl makes the certificates of
+# the SDK suite's fake HTTPS hosts (e2e/harness.mjs).
+development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython chromium openssl)
 
 packages=("${runtime[@]}")
 case "${1:-}" in

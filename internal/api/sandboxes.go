@@ -30,6 +30,7 @@ func policyOf(r *wire.NewSandbox) *store.NetworkPolicy {
 	var allowOut, denyOut []string
 	var mask string
 	var upstream *store.EgressProxy
+	var rules map[string][]store.NetworkRule
 	allowOut = append(allowOut, r.AlwaysAllowedCIDRs...)
 	allowOut = append(allowOut, r.AlwaysAllowedDomains...)
 	denyOut = append(denyOut, r.AlwaysDeniedCIDRs...)
@@ -40,12 +41,13 @@ func policyOf(r *wire.NewSandbox) *store.NetworkPolicy {
 		if e := r.Network.EgressProxy; e != nil {
 			upstream = &store.EgressProxy{Address: e.Address, Username: e.Username, Password: e.Password}
 		}
+		rules = storeRules(r.Network.Rules)
 	}
-	if allowInternet == nil && len(allowOut) == 0 && len(denyOut) == 0 && mask == "" && upstream == nil {
+	if allowInternet == nil && len(allowOut) == 0 && len(denyOut) == 0 && mask == "" && upstream == nil && len(rules) == 0 {
 		return nil
 	}
 	p := &store.NetworkPolicy{AllowInternet: true, AllowOut: allowOut, DenyOut: denyOut, MaskRequestHost: mask,
-		EgressProxy: upstream}
+		EgressProxy: upstream, Rules: rules}
 	if allowInternet != nil {
 		p.AllowInternet = *allowInternet
 	}
@@ -137,11 +139,15 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if insecure && private {
 		return badRequest("a sandbox without public traffic (allowPublicTraffic false) needs secure envd access: drop secure: false")
 	}
+	policy := policyOf(&req)
+	if err := s.checkRuleSecrets(r.Context(), p.TeamID, policy); err != nil {
+		return err
+	}
 	sb, err := s.sandboxes.Create(r.Context(), node.CreateRequest{
 		Template: req.TemplateID, VCPU: vcpu, MemoryMB: req.MemoryMB, Timeout: timeout,
 		Metadata: req.Metadata, EnvVars: req.EnvVars, AutoPause: req.AutoPause,
 		AutoPauseDropMemory: dropMemory, AutoResume: autoResume,
-		Network: policyOf(&req), Private: private, Insecure: insecure, TeamID: p.TeamID,
+		Network: policy, Private: private, Insecure: insecure, TeamID: p.TeamID,
 		VolumeMounts: mounts,
 	})
 	if err != nil {
@@ -170,6 +176,7 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 			// Never the password.
 			net.EgressProxy = &wire.EgressProxy{Address: e.Address, Username: e.Username}
 		}
+		net.Rules = wireRules(sb.Network.Rules)
 	}
 	public := sb.TrafficToken == ""
 	net.AllowPublicTraffic = &public
@@ -196,7 +203,8 @@ func (s *Server) sandboxEgress(w http.ResponseWriter, r *http.Request) error {
 	for _, e := range events {
 		out = append(out, wire.EgressEvent{Time: e.Time.UTC(), Protocol: wire.EgressEventProtocol(e.Protocol), Host: e.Host,
 			Address: e.Address, Port: int(e.Port), Upstream: e.Upstream, Verdict: wire.EgressEventVerdict(e.Verdict),
-			Rule: e.Rule, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn})
+			Rule: e.Rule, Reason: e.Reason, BytesOut: e.BytesOut, BytesIn: e.BytesIn,
+			Transform: e.Transform, Requests: e.Requests})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -210,7 +218,8 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	}
 	policy := policyOf(&wire.NewSandbox{AllowInternetAccess: req.AllowInternetAccess,
 		AllowInternetAccessE2B: req.AllowInternetAccessE2B,
-		Network:                &wire.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut, EgressProxy: req.EgressProxy}})
+		Network: &wire.NetworkConfig{AllowOut: req.AllowOut, DenyOut: req.DenyOut, EgressProxy: req.EgressProxy,
+			Rules: req.Rules}})
 	if policy == nil {
 		policy = &store.NetworkPolicy{AllowInternet: true}
 	}
@@ -222,6 +231,9 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) error {
 	}
 	if sb.Network != nil {
 		policy.MaskRequestHost = sb.Network.MaskRequestHost
+	}
+	if err := s.checkRuleSecrets(r.Context(), sb.TeamID, policy); err != nil {
+		return err
 	}
 	if err := s.sandboxes.UpdateNetwork(r.Context(), r.PathValue("id"), policy); err != nil {
 		return err

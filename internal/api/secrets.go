@@ -1,8 +1,14 @@
 package api
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
@@ -116,5 +122,82 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// storeRules is E2B's network.rules as a sandbox's record keeps them,
+// hosts lower-cased.
+func storeRules(rules *wire.NetworkRules) map[string][]store.NetworkRule {
+	if rules == nil || len(*rules) == 0 {
+		return nil
+	}
+	out := make(map[string][]store.NetworkRule, len(*rules))
+	for host, rs := range *rules {
+		host = strings.ToLower(host)
+		for _, r := range rs {
+			sr := store.NetworkRule{}
+			if r.Transform != nil {
+				sr.Transform = &store.NetworkTransform{Headers: r.Transform.Headers}
+			}
+			out[host] = append(out[host], sr)
+		}
+		if out[host] == nil {
+			out[host] = []store.NetworkRule{}
+		}
+	}
+	return out
+}
+
+// wireRules is the reverse of storeRules.
+func wireRules(rules map[string][]store.NetworkRule) *wire.NetworkRules {
+	if len(rules) == 0 {
+		return nil
+	}
+	out := make(wire.NetworkRules, len(rules))
+	for host, rs := range rules {
+		list := make([]wire.NetworkRule, 0, len(rs))
+		for _, r := range rs {
+			wr := wire.NetworkRule{}
+			if r.Transform != nil {
+				wr.Transform = &wire.NetworkTransform{Headers: r.Transform.Headers}
+			}
+			list = append(list, wr)
+		}
+		out[host] = list
+	}
+	return &out
+}
+
+// checkRuleSecrets refuses rules whose placeholders name secrets team does
+// not have: better a 400 now than every request failing at the gateway.
+// The rules themselves are checked where they are applied.
+func (s *Server) checkRuleSecrets(ctx context.Context, team string, p *store.NetworkPolicy) error {
+	if p == nil || len(p.Rules) == 0 {
+		return nil
+	}
+	if s.cfg.Secrets == nil {
+		return errdefs.Errorf(errdefs.ErrNotImplemented, "network rules need the egress gateway's secrets, which this server does not serve")
+	}
+	for host, rs := range p.Rules {
+		for _, r := range rs {
+			if r.Transform == nil {
+				continue
+			}
+			for header, value := range r.Transform.Headers {
+				for _, name := range secret.Names(value) {
+					sec, err := s.cfg.Secrets.Get(ctx, team, false, name)
+					if err == nil && sec.Name != name {
+						err = errdefs.ErrNotFound // an ID: placeholders name secrets by name
+					}
+					if err != nil {
+						if errors.Is(err, errdefs.ErrNotFound) {
+							return badRequest(fmt.Sprintf("network rules: header %s for %s names secret %q, which the team does not have", header, host, name))
+						}
+						return err
+					}
+				}
+			}
+		}
+	}
 	return nil
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -45,7 +46,12 @@ while the sandbox runs.`,
 				if e.Port != 0 {
 					port = strconv.Itoa(e.Port)
 				}
-				t.row(e.Time.Local().Format("15:04:05"), string(e.Verdict), string(e.Protocol), e.Host, port, e.Rule,
+				rule := e.Rule
+				if e.Transform != "" {
+					// Intercepted: the rules' host that set its headers.
+					rule += fmt.Sprintf(" +transform %s (%d requests)", e.Transform, e.Requests)
+				}
+				t.row(e.Time.Local().Format("15:04:05"), string(e.Verdict), string(e.Protocol), e.Host, port, rule,
 					strconv.FormatInt(e.BytesOut, 10), strconv.FormatInt(e.BytesIn, 10), e.Reason)
 			}
 			return t.flush()

@@ -216,7 +216,7 @@ func (a *app) secretInspectCommand() *cobra.Command {
 		Short: "Show a secret's record (never its value)",
 		Long: `Show a secret, by ID or name: its ID, name, current version, times and
 metadata. Its value is never shown: no command or API call returns one.`,
-		Args:  args(cobra.ExactArgs(1)),
+		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			asJSON, err := out.json()
 			if err != nil {

@@ -59,6 +59,7 @@ type Server struct {
 	DebianMirror           string
 	DNSHostsFile           string
 	EgressProxy            string
+	EgressUpstreamCAFile   string
 	AllowPrivateRegistries bool
 
 	PauseToDiskAfterSecs int
@@ -179,6 +180,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.TemplateCacheDir, "template-cache-dir", "where built template root filesystems are cached (default: <data-dir>/cache)")
 	str(&c.DebianMirror, "debian-mirror", "Debian mirror for building the base template")
 	str(&c.EgressProxy, "egress-proxy", "SOCKS5 proxy every sandbox's TCP egress goes through unless its own network.egressProxy names another, as socks5://[user:password@]host:port (the password is better in AENV_EGRESS_PROXY than on the command line); empty: none")
+	str(&c.EgressUpstreamCAFile, "egress-upstream-ca-file", "PEM certificates the egress gateway trusts, beside the system's roots, when it sends the requests of network rules' hosts on to them (a private CA, or a test's); empty: the system's roots alone")
 	str(&c.DNSHostsFile, "dns-hosts-file", "for tests, not production DNS: a hosts file (\"address name...\", as /etc/hosts) whose names the sandboxes' DNS answers before the node's resolvers, so that hosts a test makes have names")
 	boolean(&c.AllowPrivateRegistries, "allow-private-registries", "let image pulls reach registries on this host, link-local addresses and the sandbox range (refused by default: a pull fetches on a client's behalf)")
 	num(&c.PauseToDiskAfterSecs, "pause-to-disk-after-secs", "write a sandbox paused this long to disk and release its memory (0: never)")

@@ -16,6 +16,7 @@ package egress
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +53,15 @@ type Config struct {
 	// policy names none (the node's network pool must then send every
 	// slot's TCP here: network.Config.ProxyAllTCP).
 	DefaultUpstream *network.Upstream
+	// CA signs the certificates of intercepted hosts (those of the
+	// sandboxes' rules); nil refuses connections to such hosts.
+	CA *CA
+	// Secrets reads the value of team's secret name, for the rules'
+	// placeholders; nil: none.
+	Secrets func(ctx context.Context, team, name string) (string, error)
+	// UpstreamRoots verify the hosts an intercepted connection goes on
+	// to; nil: the system's roots.
+	UpstreamRoots *x509.CertPool
 
 	// originalDst finds where a redirected connection was going; tests
 	// without a firewall replace it.
@@ -321,4 +331,12 @@ func inPrefixes(prefixes []netip.Prefix, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// CACert implements sandbox.EgressLog: the PEM of the egress CA, or nil.
+func (g *Gateway) CACert() []byte {
+	if g.cfg.CA == nil {
+		return nil
+	}
+	return g.cfg.CA.CertPEM()
 }

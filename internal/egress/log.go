@@ -39,6 +39,11 @@ type Event struct {
 	// Reason says why the connection was denied or failed.
 	Reason            string
 	BytesOut, BytesIn int64
+	// Transform is the rules' host whose headers the gateway set into the
+	// connection's requests (it intercepted it), and Requests how many it
+	// sent on; "" for a connection passed through.
+	Transform string
+	Requests  int64
 }
 
 // eventLogSize is how many events a sandbox's log keeps (the newest).

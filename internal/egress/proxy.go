@@ -102,6 +102,10 @@ func (c *conn) serve() {
 	if c.pol.Allows(c.dst.Addr()) && !inPrefixes(c.denied, c.dst.Addr()) {
 		c.ev.Protocol = "tcp"
 		c.ev.Rule = "address"
+		if len(c.pol.Rules) > 0 && c.dst.Port() == httpsPort {
+			c.serveAllowedTLS()
+			return
+		}
 		ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
 		up, err := c.dial(ctx, c.dst.Addr())
 		cancel()
@@ -152,6 +156,10 @@ func (c *conn) serveTLS() {
 		return
 	}
 	c.ev.Rule = rule
+	if r := network.MatchRule(c.pol.Rules, hello.serverName); r != nil {
+		c.intercept(hello.serverName, r, func() (*net.TCPConn, error) { return c.dialName(hello.serverName) })
+		return
+	}
 	up, err := c.dialName(hello.serverName)
 	if err != nil {
 		c.failed(err)
@@ -159,6 +167,40 @@ func (c *conn) serveTLS() {
 	}
 	c.relay(up)
 }
+
+// serveAllowedTLS serves a connection the CIDR lists allow, to the HTTPS
+// port, of a sandbox with rules: intercepted if its ClientHello names a
+// rules' host, else relayed as it is.
+func (c *conn) serveAllowedTLS() {
+	c.client.SetReadDeadline(time.Now().Add(c.g.cfg.PeekTimeout))
+	first, err := c.br.Peek(1)
+	if err == nil && first[0] == recordTypeHandshake {
+		if hello, err := peekClientHello(c.br); err == nil && !hello.esni {
+			if r := network.MatchRule(c.pol.Rules, hello.serverName); r != nil {
+				c.ev.Protocol, c.ev.Host = "tls", hello.serverName
+				c.intercept(hello.serverName, r, func() (*net.TCPConn, error) {
+					ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
+					defer cancel()
+					return c.dial(ctx, c.dst.Addr())
+				})
+				return
+			}
+		}
+	}
+	// Whatever it is, it is allowed: the bytes read go first.
+	ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
+	up, err := c.dial(ctx, c.dst.Addr())
+	cancel()
+	if err != nil {
+		c.failed(err)
+		return
+	}
+	c.relay(up)
+}
+
+// httpsPort is where the gateway looks for TLS to the rules' hosts among
+// connections the CIDR lists allow (E2B's transforms are for HTTPS).
+const httpsPort = 443
 
 // maxHeaderBytes bounds a request's line and headers, as net/http's
 // DefaultMaxHeaderBytes does for a server.

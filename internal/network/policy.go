@@ -27,6 +27,12 @@ type Policy struct {
 	// Upstream, if set, is a SOCKS5 proxy the sandbox's allowed TCP egress
 	// goes through (the gateway dials it instead of the destination).
 	Upstream *Upstream
+	// Rules are header transforms for HTTPS requests to the hosts they
+	// name (see HostRule); with any, all of the sandbox's TCP goes to the
+	// egress gateway, which intercepts TLS to those hosts alone.
+	Rules []HostRule
+	// Team is whose secrets the rules' placeholders name.
+	Team string
 }
 
 // Upstream is a SOCKS5 proxy (RFC 1928) with optional username and
@@ -242,7 +248,8 @@ func (p Policy) Allows(dst netip.Addr) bool {
 func (p Policy) Equal(q Policy) bool {
 	return p.AllowInternet == q.AllowInternet && slices.Equal(p.AllowOut, q.AllowOut) &&
 		slices.Equal(p.DenyOut, q.DenyOut) && slices.Equal(p.AllowNames, q.AllowNames) &&
-		(p.Upstream == nil) == (q.Upstream == nil) && (p.Upstream == nil || *p.Upstream == *q.Upstream)
+		(p.Upstream == nil) == (q.Upstream == nil) && (p.Upstream == nil || *p.Upstream == *q.Upstream) &&
+		rulesEqual(p.Rules, q.Rules) && p.Team == q.Team
 }
 
 // String renders p for logs.
@@ -253,6 +260,9 @@ func (p Policy) String() string {
 	}
 	if p.Upstream != nil {
 		s += " egressProxy=" + p.Upstream.Address // never the password
+	}
+	for _, r := range p.Rules {
+		s += " rule=" + r.Pattern // never the headers: they may hold credentials
 	}
 	return s
 }

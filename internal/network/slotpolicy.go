@@ -87,8 +87,10 @@ func compilePolicy(pol Policy, dnsServers []netip.Addr) compiledPolicy {
 		allow:    mergePrefixes(pol.AllowOut),
 		deny:     mergePrefixes(pol.DenyOut),
 		internet: pol.AllowInternet,
-		proxy:    len(pol.AllowNames) > 0 || pol.Upstream != nil,
-		proxyAll: pol.Upstream != nil,
+		proxy:    len(pol.AllowNames) > 0 || pol.Upstream != nil || len(pol.Rules) > 0,
+		// Rules apply to hosts the CIDR lists allow too: the gateway sees
+		// all of the sandbox's TCP, and intercepts only TLS to their hosts.
+		proxyAll: pol.Upstream != nil || len(pol.Rules) > 0,
 	}
 	for _, r := range dnsServers {
 		if pol.Allows(r) {

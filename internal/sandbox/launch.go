@@ -515,16 +515,26 @@ func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error 
 // identify gives envd the sandbox's identity: its access token, env
 // vars, default user and resolvers.
 func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *store.Sandbox, tpl *store.Template) error {
+	intercepted := sb.Network != nil && len(sb.Network.Rules) > 0 && m.cfg.Egress != nil
+	env := mergeEnv(tpl.Env, sb.EnvVars)
+	if intercepted {
+		env = mergeEnv(caTrustEnv, env) // the sandbox's own win
+	}
 	err := envd.Init(ctx, envdclient.InitRequest{
 		// An insecure sandbox restored from a secure one's image must
 		// drop the token that image's envd still holds.
 		AccessToken: sb.AccessToken, ClearAccessToken: sb.AccessToken == "",
-		EnvVars:     mergeEnv(tpl.Env, sb.EnvVars),
+		EnvVars:     env,
 		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
 		Nameservers: m.nameservers(),
 	})
 	if err != nil {
 		return envdRefusedServer("init envd", err)
+	}
+	if intercepted {
+		if err := m.trustEgressCA(ctx, envd); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -108,6 +108,9 @@ type EgressLog interface {
 	// its address is outside the node's denied ranges and it answers as a
 	// SOCKS5 proxy taking its credentials.
 	CheckUpstream(ctx context.Context, up network.Upstream) error
+	// CACert is the PEM of the CA the gateway signs intercepted hosts'
+	// certificates with; sandboxes whose policy has rules trust it.
+	CACert() []byte
 }
 
 // VolumePaths is what the manager needs of the volumes (package volume).

@@ -1,10 +1,14 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/aenv-dev/aenv/internal/egress"
+	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -25,7 +29,28 @@ func ParseNetwork(p *store.NetworkPolicy) (network.Policy, error) {
 			return network.Policy{}, fmt.Errorf("%w: %v", node.ErrInvalid, err)
 		}
 	}
+	if len(p.Rules) > 0 {
+		if pol.Rules, err = network.ParseRules(RuleHeaders(p.Rules)); err != nil {
+			return network.Policy{}, fmt.Errorf("%w: %v", node.ErrInvalid, err)
+		}
+	}
 	return pol, nil
+}
+
+// RuleHeaders is rules as network.ParseRules takes them: each host's
+// transforms' header sets, in order.
+func RuleHeaders(rules map[string][]store.NetworkRule) map[string][]map[string]string {
+	out := make(map[string][]map[string]string, len(rules))
+	for host, rs := range rules {
+		sets := []map[string]string{}
+		for _, r := range rs {
+			if r.Transform != nil && len(r.Transform.Headers) > 0 {
+				sets = append(sets, r.Transform.Headers)
+			}
+		}
+		out[host] = sets
+	}
+	return out
 }
 
 // checkUpstream refuses a policy whose upstream proxy cannot be used,
@@ -49,6 +74,7 @@ func (m *Manager) applyNetwork(ctx context.Context, sb *store.Sandbox, slot *net
 	if err != nil {
 		return err
 	}
+	pol.Team = sb.TeamID
 	if err := m.slots.SetPolicy(ctx, slot.Index, pol); err != nil {
 		return fmt.Errorf("egress policy of %s: %w", sb.ID, err)
 	}
@@ -107,6 +133,15 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p *store.Network
 	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
 		return storeError("record network policy", err)
 	}
+	pol.Team = v.sb.TeamID
+	if len(pol.Rules) > 0 && v.phase == phaseRunning && v.envd != nil && m.cfg.Egress != nil {
+		// Before the rules: a connection they intercept must find the CA
+		// trusted. (Environment variables are set at create only: give
+		// rules then for runtimes that keep their own roots.)
+		if err := m.trustEgressCA(ctx, v.envd); err != nil {
+			return err
+		}
+	}
 	if v.slot != nil {
 		if err := m.slots.SetPolicy(ctx, v.slot.Index, pol); err != nil {
 			// Not acknowledged: the record goes back to the policy the
@@ -140,4 +175,50 @@ func (m *Manager) NetworkCounters(ctx context.Context) (map[string]network.Traff
 		}
 	}
 	return out, nil
+}
+
+// Where a sandbox whose policy has rules finds the node's egress CA: its
+// own file, and the system bundle (Debian's and Alpine's path) it is
+// added to, which OpenSSL, curl and Python's ssl read.
+const (
+	egressCAFile = "/usr/local/share/ca-certificates/aenv-egress-ca.crt"
+	systemBundle = "/etc/ssl/certs/ca-certificates.crt"
+)
+
+// caTrustEnv points the runtimes that keep their own roots at the
+// bundle: Node's extra CAs, Python requests' and OpenSSL's bundle.
+var caTrustEnv = map[string]string{
+	"NODE_EXTRA_CA_CERTS": egressCAFile,
+	"REQUESTS_CA_BUNDLE":  systemBundle,
+	"SSL_CERT_FILE":       systemBundle,
+	"CURL_CA_BUNDLE":      systemBundle,
+}
+
+// trustEgressCA installs the node's egress CA in the sandbox's trust
+// store: its own file and the system bundle (made if the image has none).
+// It is idempotent: a bundle that holds the CA is left as it is.
+func (m *Manager) trustEgressCA(ctx context.Context, envd *envdclient.Client) error {
+	ca := m.cfg.Egress.CACert()
+	if err := envd.WriteFile(ctx, egressCAFile, bytes.NewReader(ca), "root"); err != nil {
+		return fmt.Errorf("install the egress CA: %w", err)
+	}
+	var bundle []byte
+	rc, _, err := envd.ReadFile(ctx, systemBundle, "root")
+	if err == nil {
+		bundle, err = io.ReadAll(io.LimitReader(rc, 64<<20))
+		rc.Close()
+	}
+	if err != nil && !errors.Is(err, envdclient.ErrNotFound) {
+		return fmt.Errorf("read the sandbox's CA bundle: %w", err)
+	}
+	if bytes.Contains(bundle, bytes.TrimSpace(ca)) {
+		return nil
+	}
+	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
+		bundle = append(bundle, '\n')
+	}
+	if err := envd.WriteFile(ctx, systemBundle, bytes.NewReader(append(bundle, ca...)), "root"); err != nil {
+		return fmt.Errorf("add the egress CA to the sandbox's CA bundle: %w", err)
+	}
+	return nil
 }

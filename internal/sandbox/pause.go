@@ -287,6 +287,13 @@ func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, up
 		return nil, nil, fmt.Errorf("resume %s from disk: %w", updated.ID, err)
 	}
 	undo.Add(func() { m.killInstance(ctx, updated.ID) })
+	if updated.Network != nil && len(updated.Network.Rules) > 0 && m.cfg.Egress != nil {
+		// Rules set while it was paused, or a checkpoint made on another
+		// node (another CA): the CA it is restored under must be trusted.
+		if err := m.trustEgressCA(ctx, envd); err != nil {
+			return nil, nil, fmt.Errorf("resume %s from disk: %w", updated.ID, err)
+		}
+	}
 	updated.ImageDir = ""
 	return slot, envd, nil
 }

@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -211,8 +212,23 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if err != nil {
 		return err
 	}
+	// The CA of the hosts the sandboxes' rules intercept: made once per
+	// node, kept in its data directory.
+	egressCA, err := egress.LoadOrCreateCA(filepath.Join(cfg.DataDir, "egress-ca"), member.nodeID())
+	if err != nil {
+		return err
+	}
+	upstreamRoots, err := egressUpstreamRoots(cfg.EgressUpstreamCAFile)
+	if err != nil {
+		return err
+	}
+	var secretValue func(ctx context.Context, team, name string) (string, error)
+	if secrets != nil {
+		secretValue = secrets.Value
+	}
 	gateway, err := egress.Listen(ctx, egress.Config{Upstreams: upstreams, HostsFile: cfg.DNSHostsFile,
-		DefaultUpstream: defaultUpstream}, logger.With("component", "egress"))
+		DefaultUpstream: defaultUpstream, CA: egressCA, Secrets: secretValue, UpstreamRoots: upstreamRoots},
+		logger.With("component", "egress"))
 	if err != nil {
 		return fmt.Errorf("egress gateway: %w", err)
 	}
@@ -573,4 +589,24 @@ func openSecrets(cfg config.Server, cl *config.Cluster, st store.Store) (*secret
 		return nil, err
 	}
 	return secret.NewService(records, key, "")
+}
+
+// egressUpstreamRoots are the system's roots and the certificates of file
+// (none: nil, the system's alone).
+func egressUpstreamRoots(file string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pemBytes, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("--egress-upstream-ca-file: %w", err)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pemBytes) {
+		return nil, fmt.Errorf("--egress-upstream-ca-file %s: no PEM certificate in it", file)
+	}
+	return pool, nil
 }

@@ -286,6 +286,20 @@ type NetworkPolicy struct {
 	// EgressProxy, if set, is the SOCKS5 proxy the sandbox's allowed TCP
 	// egress goes through.
 	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+	// Rules are E2B's network.rules: header transforms for HTTPS requests
+	// to the hosts named (lower case), whose values may name the team's
+	// secrets as ${e2b.secrets.NAME}.
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
+}
+
+// NetworkRule is one rule of a host (E2B's SandboxNetworkRule).
+type NetworkRule struct {
+	Transform *NetworkTransform `json:"transform,omitempty"`
+}
+
+// NetworkTransform is what a rule does to a matching request.
+type NetworkTransform struct {
+	Headers map[string]string `json:"headers,omitempty"`
 }
 
 // EgressProxy is a SOCKS5 proxy and the credentials to use it.

@@ -570,9 +570,15 @@ type EgressEvent struct {
 	// Reason Why it was denied or failed.
 	Reason string `json:"reason,omitempty"`
 
+	// Requests Requests of an intercepted connection sent on with the rule's headers.
+	Requests int64 `json:"requests,omitempty"`
+
 	// Rule The allowOut entry that let it through, or "address" when its address did.
 	Rule string    `json:"rule,omitempty"`
 	Time time.Time `json:"time"`
+
+	// Transform The rules' host whose headers the gateway set into the connection's requests (it intercepted it); absent for a connection passed through.
+	Transform string `json:"transform,omitempty"`
 
 	// Upstream Where the gateway connected: the allowed name's address (as the node resolves it), port included.
 	Upstream string `json:"upstream,omitempty"`
@@ -719,6 +725,23 @@ type NetworkConfig struct {
 
 	// MaskRequestHost The Host header requests to exposed ports carry inside; ${PORT} stands for the port.
 	MaskRequestHost string `json:"maskRequestHost,omitempty"`
+
+	// Rules E2B's network.rules: host (a name, or *.domain for the names under it at any depth) to the rules of its HTTPS requests. The node's egress gateway intercepts TLS to those hosts (the sandbox trusts its CA) and sets the transforms' headers, ${e2b.secrets.NAME} filled in with the team's secret; other hosts are never intercepted. The exact host wins over wildcards, then the longest wildcard; rules grant no access (allowOut does).
+	Rules *NetworkRules `json:"rules,omitempty"`
+}
+
+// NetworkRule defines model for NetworkRule.
+type NetworkRule struct {
+	Transform *NetworkTransform `json:"transform,omitempty"`
+}
+
+// NetworkRules E2B's network.rules: host (a name, or *.domain for the names under it at any depth) to the rules of its HTTPS requests. The node's egress gateway intercepts TLS to those hosts (the sandbox trusts its CA) and sets the transforms' headers, ${e2b.secrets.NAME} filled in with the team's secret; other hosts are never intercepted. The exact host wins over wildcards, then the longest wildcard; rules grant no access (allowOut does).
+type NetworkRules map[string][]NetworkRule
+
+// NetworkTransform defines model for NetworkTransform.
+type NetworkTransform struct {
+	// Headers Headers set on each matching request, replacing the request's own; at most 32 per host, 8 KiB each. Host, Content-Length, Transfer-Encoding and the connection's headers cannot be set.
+	Headers map[string]string `json:"headers,omitempty"`
 }
 
 // NetworkUpdate E2B's updateNetwork body; the seed's allowInternetAccess spelling too.
@@ -730,6 +753,9 @@ type NetworkUpdate struct {
 
 	// EgressProxy E2B's egressProxy: a SOCKS5 proxy (RFC 1928; username and password, RFC 1929) that the sandbox's allowed TCP egress goes through. Refused at create if its address resolves into the node's denied ranges or does not answer as a SOCKS5 proxy taking these credentials. The password is never returned.
 	EgressProxy *EgressProxy `json:"egressProxy,omitempty"`
+
+	// Rules E2B's network.rules: host (a name, or *.domain for the names under it at any depth) to the rules of its HTTPS requests. The node's egress gateway intercepts TLS to those hosts (the sandbox trusts its CA) and sets the transforms' headers, ${e2b.secrets.NAME} filled in with the team's secret; other hosts are never intercepted. The exact host wins over wildcards, then the longest wildcard; rules grant no access (allowOut does).
+	Rules *NetworkRules `json:"rules,omitempty"`
 }
 
 // NewAPIKey defines model for NewAPIKey.

@@ -47,7 +47,11 @@ func egressBench(b *testing.B) (*server, *testCA, *namedHost) {
 	if err := os.WriteFile(hosts, []byte(host.addr+" allowed.test\n"), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	s := newServer(b, "--dns-hosts-file", hosts)
+	caFile := filepath.Join(b.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, []byte(ca.pem), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	s := newServer(b, "--dns-hosts-file", hosts, "--egress-upstream-ca-file", caFile)
 	s.start()
 	return s, ca, host
 }
@@ -57,6 +61,12 @@ func BenchmarkEgress(b *testing.B) {
 	denyAll := []string{"0.0.0.0/0"}
 	direct := s.create(map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{host.addr}, "denyOut": denyAll}}).SandboxID
 	named := s.create(map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"allowed.test"}, "denyOut": denyAll}}).SandboxID
+	// The same host with a header transform: the gateway terminates TLS
+	// with the node's CA, sets the header, and re-originates TLS.
+	s.expect(s.do("POST", "/secrets", map[string]any{"name": "bench-key", "value": "bench-secret"}), 201, "secret")
+	intercepted := s.create(map[string]any{"templateID": "base", "network": map[string]any{"allowOut": []string{"allowed.test"},
+		"denyOut": denyAll, "rules": map[string]any{"allowed.test": []any{map[string]any{"transform": map[string]any{
+			"headers": map[string]string{"Authorization": "Bearer ${e2b.secrets.bench-key}"}}}}}}}).SandboxID
 	sh := func(id, cmd string) client.ExecuteResult {
 		b.Helper()
 		res := s.exec(id, client.ExecuteRequest{Command: cmd, Timeout: 600})
@@ -69,6 +79,8 @@ func BenchmarkEgress(b *testing.B) {
 	for _, id := range []string{direct, named} {
 		sh(id, writeCA)
 	}
+	// The intercepted sandbox verifies the gateway's certificates.
+	sh(intercepted, "cp /usr/local/share/ca-certificates/aenv-egress-ca.crt /tmp/ca.pem")
 
 	// First request of a new connection, handshake included.
 	handshakes := func(id string, n int) []time.Duration {
@@ -95,27 +107,35 @@ func BenchmarkEgress(b *testing.B) {
 		}
 		return bps / 1e6
 	}
-	handshakes(direct, 5) // warm the host and both paths
+	handshakes(direct, 5) // warm the host and the paths
 	handshakes(named, 5)
+	handshakes(intercepted, 5)
 
-	var directLat, namedLat []time.Duration
-	var directMBps, namedMBps []float64
+	var directLat, namedLat, interceptedLat []time.Duration
+	var directMBps, namedMBps, interceptedMBps []float64
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		directLat = append(directLat, handshakes(direct, 50)...)
 		namedLat = append(namedLat, handshakes(named, 50)...)
+		interceptedLat = append(interceptedLat, handshakes(intercepted, 50)...)
 		directMBps = append(directMBps, download(direct))
 		namedMBps = append(namedMBps, download(named))
+		interceptedMBps = append(interceptedMBps, download(intercepted))
 	}
 	b.StopTimer()
 	reportNamed(b, "direct-first-request", directLat)
 	reportNamed(b, "gateway-first-request", namedLat)
+	reportNamed(b, "intercepted-first-request", interceptedLat)
 	dp, _ := percentiles(directLat)
 	np, _ := percentiles(namedLat)
+	ip, _ := percentiles(interceptedLat)
 	b.ReportMetric(np-dp, "added-ms-p50")
+	b.ReportMetric(ip-dp, "intercepted-added-ms-p50")
 	b.ReportMetric(median(directMBps), "direct-MB/s")
 	b.ReportMetric(median(namedMBps), "gateway-MB/s")
+	b.ReportMetric(median(interceptedMBps), "intercepted-MB/s")
 	b.ReportMetric(median(namedMBps)/median(directMBps), "throughput-ratio")
+	b.ReportMetric(median(interceptedMBps)/median(directMBps), "intercepted-throughput-ratio")
 }
 
 // BenchmarkEgressConcurrent: 20 sandboxes allowing the host by name each

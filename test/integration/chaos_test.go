@@ -22,7 +22,8 @@ import (
 // must be in its acknowledged state with its memory intact (a counter
 // process keeps counting with the same PID), no child of an unanswered fork
 // may be left, acknowledged snapshots must exist, and no partial image may
-// remain. AENV_CHAOS_ROUNDS sets the number of kills (default 10).
+// remain. AENV_CHAOS_ROUNDS sets the number of kills (default 10),
+// AENV_CHAOS_SEED the seed of the schedule (default: the time).
 func TestChaosKill9(t *testing.T) {
 	rounds := 10
 	if v := os.Getenv("AENV_CHAOS_ROUNDS"); v != "" {
@@ -33,7 +34,14 @@ func TestChaosKill9(t *testing.T) {
 		rounds = n
 	}
 	seed := time.Now().UnixNano()
-	t.Logf("seed %d (rerun with the same seed to repeat the schedule of operations)", seed)
+	if v := os.Getenv("AENV_CHAOS_SEED"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			t.Fatalf("AENV_CHAOS_SEED=%q", v)
+		}
+		seed = n
+	}
+	t.Logf("seed %d (AENV_CHAOS_SEED=%d repeats the schedule of operations)", seed, seed)
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	s := newServer(t, "--warm-sandboxes", "1")
 	s.start()

@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -100,7 +101,13 @@ func newNamedHost(t testing.TB, ca *testCA, label string, names ...string) *name
 		if r.TLS != nil {
 			sni = r.TLS.ServerName
 		}
-		fmt.Fprintf(w, "host=%s sni=%s hosthdr=%s\n", label, sni, r.Host)
+		// The Authorization header by its digest: a transform's secret
+		// must not come back into the sandbox through the echo.
+		auth := ""
+		if a := r.Header.Get("Authorization"); a != "" {
+			auth = fmt.Sprintf("%x", sha256.Sum256([]byte(a)))
+		}
+		fmt.Fprintf(w, "host=%s sni=%s hosthdr=%s auth-sha256=%s\n", label, sni, r.Host, auth)
 	})
 	listen := func(port string) net.Listener {
 		l, err := listenInNetns(ns, addr+":"+port)
@@ -597,4 +604,135 @@ func TestEgressAfterRestart(t *testing.T) {
 	s.expect(s.do("POST", "/sandboxes/"+id+"/pause", map[string]any{"toDisk": true}), 204, "pause to disk")
 	s.expect(s.do("POST", "/sandboxes/"+id+"/resume", map[string]any{}), 201, "resume")
 	check("after a pause to disk")
+}
+
+// Header transforms with secrets (network.rules): the gateway sets the
+// rule's headers, the team's secret filled in, into HTTPS requests to the
+// rule's hosts, which it intercepts with the node's CA (trusted by the
+// sandbox's system bundle and the usual variables); other hosts pass
+// untouched; the secret is nowhere inside the sandbox.
+func TestEgressTransforms(t *testing.T) {
+	ca := newTestCA(t)
+	a := newNamedHost(t, ca, "a", "api.test")
+	b := newNamedHost(t, ca, "b", "plain.test")
+	dir := t.TempDir()
+	hosts, caFile := filepath.Join(dir, "hosts"), filepath.Join(dir, "ca.pem")
+	os.WriteFile(hosts, fmt.Appendf(nil, "%s api.test\n%s plain.test\n", a.addr, b.addr), 0o644)
+	os.WriteFile(caFile, []byte(ca.pem), 0o644)
+	s := newServer(t, "--dns-hosts-file", hosts, "--egress-upstream-ca-file", caFile)
+	s.start()
+
+	const value = "sk-transform-Hq72LxP0"
+	digest := func(v string) string { return fmt.Sprintf("auth-sha256=%x", sha256.Sum256([]byte(v))) }
+	s.expect(s.do("POST", "/secrets", map[string]any{"name": "openai-key", "value": value}), 201, "secret")
+	rules := map[string]any{"api.test": []any{map[string]any{"transform": map[string]any{
+		"headers": map[string]string{"Authorization": "Bearer ${e2b.secrets.openai-key}"}}}}}
+	network := func(extra map[string]any) map[string]any {
+		n := map[string]any{"allowOut": []string{"api.test", "plain.test"}, "denyOut": []string{"0.0.0.0/0"}, "rules": rules}
+		for k, v := range extra {
+			n[k] = v
+		}
+		return n
+	}
+
+	// Refused before anything is made: an unknown secret, a header a
+	// transform may not set, a bad host.
+	for what, rs := range map[string]any{
+		"an unknown secret": map[string]any{"api.test": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"Authorization": "${e2b.secrets.nope}"}}}}},
+		"Host":              map[string]any{"api.test": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"Host": "evil.test"}}}}},
+		"a bare *":          map[string]any{"*": []any{map[string]any{"transform": map[string]any{"headers": map[string]string{"A": "b"}}}}},
+	} {
+		r := s.do("POST", "/sandboxes", map[string]any{"templateID": "base", "network": network(map[string]any{"rules": rs})})
+		if r.status != 400 {
+			t.Errorf("rules with %s: %d %s, want 400", what, r.status, r.body)
+		}
+	}
+
+	id := s.create(map[string]any{"templateID": "base", "network": network(nil)}).SandboxID
+	sh := func(id, cmd string) client.ExecuteResult {
+		t.Helper()
+		return s.exec(id, client.ExecuteRequest{Command: cmd})
+	}
+	// The rule's host, with the sandbox's own trust store (no --cacert):
+	// the gateway's CA is in it. The host got the secret; the sandbox's
+	// own Authorization was replaced.
+	if got := sh(id, "curl -s -m 10 -H 'Authorization: mine' https://api.test/").Stdout; !strings.Contains(got, "host=a sni=api.test") ||
+		!strings.Contains(got, digest("Bearer "+value)) {
+		t.Fatalf("curl to the rule's host: %q, want the secret's digest %s", got, digest("Bearer "+value))
+	}
+	// Python's ssl (SSL_CERT_FILE) as well.
+	if got := sh(id, `python3 -c "import urllib.request; print(urllib.request.urlopen('https://api.test/').read().decode())"`).Stdout; !strings.Contains(got, digest("Bearer "+value)) {
+		t.Errorf("python to the rule's host: %q", got)
+	}
+	// A host without rules is not intercepted: the gateway's CA does not
+	// vouch for it (the test's does), and its requests pass untouched.
+	if res := sh(id, "curl -s -m 10 https://plain.test/"); strings.Contains(res.Stdout, "host=b") {
+		t.Errorf("plain.test verified with the sandbox's bundle: %q (intercepted?)", res.Stdout)
+	}
+	if got := sh(id, "cat > /tmp/ca.pem <<'EOF'\n"+ca.pem+"EOF\ncurl -s -m 10 --cacert /tmp/ca.pem -H 'Authorization: mine' https://plain.test/").Stdout; !strings.Contains(got, digest("mine")) {
+		t.Errorf("plain.test: %q, want the sandbox's own header", got)
+	}
+	// The secret is nowhere inside: not in the environment, files or any
+	// process's memory map.
+	if res := sh(id, "env; cat /proc/*/environ 2>/dev/null; grep -rl '"+value+"' /etc /tmp /root /home /usr/local 2>/dev/null; true"); strings.Contains(res.Stdout, value) {
+		t.Fatalf("the secret is inside the sandbox:\n%s", res.Stdout)
+	}
+	if res := sh(id, "echo $SSL_CERT_FILE $NODE_EXTRA_CA_CERTS"); !strings.Contains(res.Stdout, "/etc/ssl/certs/ca-certificates.crt /usr/local/share/ca-certificates/aenv-egress-ca.crt") {
+		t.Errorf("trust variables: %q", res.Stdout)
+	}
+
+	// An update reaches the next request.
+	s.expect(s.do("POST", "/secrets/openai-key", map[string]any{"value": "rotated"}), 200, "update secret")
+	waitFor(t, 30*time.Second, "the rotated secret used", func() bool {
+		return strings.Contains(sh(id, "curl -s -m 10 https://api.test/").Stdout, digest("Bearer rotated"))
+	})
+	// Rules added at runtime: plain.test is intercepted from then on.
+	s.expect(s.do("PUT", "/sandboxes/"+id+"/network", map[string]any{"allowOut": []string{"api.test", "plain.test"},
+		"denyOut": []string{"0.0.0.0/0"}, "rules": map[string]any{"plain.test": []any{map[string]any{"transform": map[string]any{
+			"headers": map[string]string{"X-Team": "lab"}}}}}}), 204, "update network")
+	if got := sh(id, "curl -s -m 10 https://plain.test/").Stdout; !strings.Contains(got, "host=b sni=plain.test") {
+		t.Errorf("plain.test after its rule: %q", got)
+	}
+	var info struct {
+		Network struct {
+			Rules map[string][]map[string]map[string]map[string]string `json:"rules"`
+		} `json:"network"`
+	}
+	s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "info").json(t, &info)
+	if info.Network.Rules["plain.test"][0]["transform"]["headers"]["X-Team"] != "lab" {
+		t.Errorf("getInfo's rules: %+v", info.Network.Rules)
+	}
+
+	// A destroyed secret fails the request at the gateway, saying why;
+	// the placeholder is never sent.
+	s.expect(s.do("PUT", "/sandboxes/"+id+"/network", network(nil)), 204, "rules back")
+	s.expect(s.do("DELETE", "/secrets/openai-key", nil), 204, "destroy secret")
+	waitFor(t, 30*time.Second, "the destroyed secret refused", func() bool {
+		got := sh(id, "curl -s -m 10 https://api.test/").Stdout
+		return strings.Contains(got, `unknown secret "openai-key"`) && !strings.Contains(got, "host=a")
+	})
+
+	// The egress log says which connections were intercepted.
+	var events []struct{ Host, Transform, Verdict string }
+	s.expect(s.do("GET", "/sandboxes/"+id+"/egress", nil), 200, "egress log").json(t, &events)
+	intercepted := 0
+	for _, e := range events {
+		if e.Transform == "api.test" && e.Host == "api.test" {
+			intercepted++
+		}
+	}
+	if intercepted < 3 {
+		t.Errorf("%d intercepted connections in the log, want at least 3: %+v", intercepted, events)
+	}
+
+	// With the internet open the rule's host is reached by address, and
+	// still intercepted.
+	s.expect(s.do("POST", "/secrets", map[string]any{"name": "openai-key", "value": value}), 201, "secret again")
+	open := s.create(map[string]any{"templateID": "base", "network": map[string]any{"rules": rules}}).SandboxID
+	if got := sh(open, "curl -s -m 10 https://api.test/").Stdout; !strings.Contains(got, digest("Bearer "+value)) {
+		t.Errorf("open internet, rule's host: %q", got)
+	}
+	if got := sh(open, "curl -s -m 10 http://plain.test/").Stdout; !strings.Contains(got, "host=b") {
+		t.Errorf("open internet, another host: %q", got)
+	}
 }

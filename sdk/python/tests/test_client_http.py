@@ -81,6 +81,13 @@ class ClientBehaviour:
                                                      "denyOut": [], "egressProxy": proxy})
         c.create_sandbox("base", network=aenv.Network(egress_proxy=proxy))
         self.assertEqual(self.peer.seen[-1].json()["network"], {"egressProxy": proxy})
+        rules = {"api.test": {"Authorization": "Bearer ${e2b.secrets.key}"}}
+        c.create_sandbox("base", network=aenv.Network(header_rules=rules))
+        self.assertEqual(self.peer.seen[-1].json()["network"], {"rules": {"api.test": [
+            {"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.key}"}}}]}})
+        c.update_network("sb1", aenv.Network(header_rules=rules))
+        self.assertEqual(self.peer.seen[-1].json()["rules"]["api.test"][0]["transform"]["headers"],
+                         {"Authorization": "Bearer ${e2b.secrets.key}"})
 
     def test_volumes_mounts_copies_and_the_content_token(self):
         self.peer.route("POST", "/sandboxes", lambda s: Reply.json({"sandboxID": "sb1"}, 201))

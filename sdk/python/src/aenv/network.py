@@ -18,7 +18,11 @@ class Network:
     ("*.github.com") let through whatever the CIDRs deny, judged by the
     node on TLS SNI and HTTP Host (docs/egress.md). egress_proxy is a
     SOCKS5 proxy the allowed TCP egress goes through: {"address":
-    "host:port", "username": ..., "password": ...}.
+    "host:port", "username": ..., "password": ...}. header_rules set headers
+    on the HTTPS requests to a host, values naming the team's secrets as
+    ${e2b.secrets.NAME} (create_secret): {"api.openai.com": {"Authorization":
+    "Bearer ${e2b.secrets.openai-key}"}}; the node's egress gateway fills them
+    in, so the sandbox never holds the secret (docs/egress.md).
     """
 
     allow_internet: bool = True
@@ -26,6 +30,10 @@ class Network:
     allowed_cidrs: List[str] = field(default_factory=list)
     allowed_domains: List[str] = field(default_factory=list)
     egress_proxy: Optional[Dict[str, str]] = None
+    header_rules: Dict[str, Dict[str, str]] = field(default_factory=dict)
+
+    def _rules(self) -> Dict[str, Any]:
+        return {host: [{"transform": {"headers": dict(headers)}}] for host, headers in self.header_rules.items()}
 
     def to_api_request(self) -> Dict[str, Any]:
         # Validate here so a typo fails before a sandbox is asked for.
@@ -37,8 +45,13 @@ class Network:
         if self.allowed_domains:
             # The server checks the names and says what is wrong with one.
             out["alwaysAllowedDomains"] = [str(d) for d in self.allowed_domains]
+        network: Dict[str, Any] = {}
         if self.egress_proxy is not None:
-            out["network"] = {"egressProxy": dict(self.egress_proxy)}
+            network["egressProxy"] = dict(self.egress_proxy)
+        if self.header_rules:
+            network["rules"] = self._rules()
+        if network:
+            out["network"] = network
         return out
 
     def to_update_request(self) -> Dict[str, Any]:
@@ -52,4 +65,6 @@ class Network:
         }
         if self.egress_proxy is not None:
             out["egressProxy"] = dict(self.egress_proxy)
+        if self.header_rules:
+            out["rules"] = self._rules()
         return out
