@@ -62,20 +62,62 @@ func (a *app) secretValue(file string) (string, error) {
 	return v, nil
 }
 
-type secretWriteFlags struct {
+// secretWrite is what create and update share: the flags, and reading
+// the value and metadata before the call.
+type secretWrite struct {
+	server   serverFlags
+	out      outputFlag
 	fromFile string
 	metadata []string
 }
 
-func (f *secretWriteFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.fromFile, "from-file", "", "read the value from this file rather than standard input")
-	cmd.Flags().StringArrayVar(&f.metadata, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+func (w *secretWrite) add(cmd *cobra.Command) {
+	addServerFlags(cmd, &w.server)
+	addOutputFlag(cmd, &w.out)
+	cmd.Flags().StringVar(&w.fromFile, "from-file", "", "read the value from this file rather than standard input")
+	cmd.Flags().StringArrayVar(&w.metadata, "metadata", nil, "metadata KEY=VALUE (repeatable)")
+}
+
+// run reads the value (and the metadata: nil when --metadata is not
+// given), makes the call and prints its answer: the record with -o json,
+// else what show says.
+func (w *secretWrite) run(a *app, cmd *cobra.Command,
+	call func(c *client.Client, value string, metadata map[string]string) (client.Secret, error),
+	show func(client.Secret) string) error {
+	asJSON, err := w.out.json()
+	if err != nil {
+		return err
+	}
+	var metadata map[string]string
+	if cmd.Flags().Changed("metadata") {
+		if metadata, err = parseKeyValues("metadata", w.metadata); err != nil {
+			return err
+		}
+		if metadata == nil {
+			metadata = map[string]string{}
+		}
+	}
+	value, err := a.secretValue(w.fromFile)
+	if err != nil {
+		return err
+	}
+	c, err := a.client(w.server)
+	if err != nil {
+		return err
+	}
+	s, err := call(c, value, metadata)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(a.stdout, s.Raw)
+	}
+	fmt.Fprintln(a.stdout, show(s))
+	return nil
 }
 
 func (a *app) secretCreateCommand() *cobra.Command {
-	var f serverFlags
-	var w secretWriteFlags
-	var out outputFlag
+	var w secretWrite
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create a secret",
@@ -86,43 +128,17 @@ prints the secret's ID; -o json prints its record.`,
 			"  aenv secret create github-token --from-file ~/.config/gh-token --metadata owner=ci",
 		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			asJSON, err := out.json()
-			if err != nil {
-				return err
-			}
-			metadata, err := parseKeyValues("metadata", w.metadata)
-			if err != nil {
-				return err
-			}
-			value, err := a.secretValue(w.fromFile)
-			if err != nil {
-				return err
-			}
-			c, err := a.client(f)
-			if err != nil {
-				return err
-			}
-			s, err := c.CreateSecret(cmd.Context(), argv[0], value, metadata)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(a.stdout, s.Raw)
-			}
-			fmt.Fprintln(a.stdout, s.SecretID)
-			return nil
+			return w.run(a, cmd, func(c *client.Client, value string, metadata map[string]string) (client.Secret, error) {
+				return c.CreateSecret(cmd.Context(), argv[0], value, metadata)
+			}, func(s client.Secret) string { return s.SecretID })
 		},
 	}
-	addServerFlags(cmd, &f)
-	addOutputFlag(cmd, &out)
 	w.add(cmd)
 	return cmd
 }
 
 func (a *app) secretUpdateCommand() *cobra.Command {
-	var f serverFlags
-	var w secretWriteFlags
-	var out outputFlag
+	var w secretWrite
 	cmd := &cobra.Command{
 		Use:   "update ID|NAME",
 		Short: "Give a secret a new value (its next version)",
@@ -133,40 +149,11 @@ metadata is kept.`,
 		Example: "  printf %s \"$NEW_KEY\" | aenv secret update openai-key",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			asJSON, err := out.json()
-			if err != nil {
-				return err
-			}
-			var metadata map[string]string
-			if cmd.Flags().Changed("metadata") {
-				if metadata, err = parseKeyValues("metadata", w.metadata); err != nil {
-					return err
-				}
-				if metadata == nil {
-					metadata = map[string]string{}
-				}
-			}
-			value, err := a.secretValue(w.fromFile)
-			if err != nil {
-				return err
-			}
-			c, err := a.client(f)
-			if err != nil {
-				return err
-			}
-			s, err := c.UpdateSecret(cmd.Context(), argv[0], value, metadata)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(a.stdout, s.Raw)
-			}
-			fmt.Fprintf(a.stdout, "%s version %d\n", s.SecretID, s.CurrentVersion)
-			return nil
+			return w.run(a, cmd, func(c *client.Client, value string, metadata map[string]string) (client.Secret, error) {
+				return c.UpdateSecret(cmd.Context(), argv[0], value, metadata)
+			}, func(s client.Secret) string { return fmt.Sprintf("%s version %d", s.SecretID, s.CurrentVersion) })
 		},
 	}
-	addServerFlags(cmd, &f)
-	addOutputFlag(cmd, &out)
 	w.add(cmd)
 	return cmd
 }
