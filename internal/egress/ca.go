@@ -1,6 +1,7 @@
 package egress
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -15,6 +16,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 )
 
 // CA is the node's egress CA: it signs, on the fly, the certificates the
@@ -109,22 +112,14 @@ func createCA(dir, certPath, keyPath, name string) ([]byte, error) {
 	}
 	// The key first, and each written aside then renamed: a crash leaves
 	// either no CA (made again) or a whole one.
-	if err := writeFileAtomic(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+	if err := atomicfile.WriteDurable(keyPath, bytes.NewReader(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})), 0o600); err != nil {
 		return nil, err
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := writeFileAtomic(certPath, certPEM, 0o644); err != nil {
+	if err := atomicfile.WriteDurable(certPath, bytes.NewReader(certPEM), 0o644); err != nil {
 		return nil, err
 	}
 	return certPEM, nil
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // CertPEM is the CA's certificate, PEM-encoded.

@@ -310,6 +310,18 @@ func (g *Gateway) Events(index int) []Event {
 	return s.log.events()
 }
 
+// currentPolicy is the policy of s's slot now (a change replaces the
+// slot); false when the slot no longer holds s's sandbox.
+func (g *Gateway) currentPolicy(s *slot) (network.Policy, bool) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	now := g.slots[s.index]
+	if now == nil || now.addr != s.addr || now.log != s.log {
+		return network.Policy{}, false
+	}
+	return now.pol, true
+}
+
 // lookup returns the slot whose sandbox has address a, and the fixed deny
 // list, as they are now.
 func (g *Gateway) lookup(a netip.Addr) (*slot, []netip.Prefix) {

@@ -111,7 +111,12 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 			}
 			tc := tls.Client(raw, &tls.Config{ServerName: host, RootCAs: c.g.cfg.UpstreamRoots,
 				NextProtos: []string{"http/1.1"}, MinVersion: tls.VersionTLS12})
-			if err := tc.HandshakeContext(ctx); err != nil {
+			// The dial's context outlives a stalled host: bound the
+			// handshake by itself. (No bound on the answer: a model's
+			// reply may take minutes to start.)
+			hctx, cancel := context.WithTimeout(ctx, c.g.cfg.DialTimeout)
+			defer cancel()
+			if err := tc.HandshakeContext(hctx); err != nil {
 				raw.Close()
 				return nil, fmt.Errorf("TLS to %s: %w", host, err)
 			}
@@ -127,6 +132,20 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 			pr.Out.URL.Scheme = "https"
 			pr.Out.URL.Host = net.JoinHostPort(host, port)
 			pr.Out.Host = pr.In.Host
+			// The request as the sandbox sent it: its query unparsed and
+			// its own forwarding headers, which Rewrite drops.
+			pr.Out.URL.RawQuery = pr.In.URL.RawQuery
+			for _, h := range forwardingHeaders {
+				if v := pr.In.Header.Values(h); len(v) > 0 {
+					pr.Out.Header[h] = v
+				}
+			}
+			// The rule's headers last: after the proxy removed the hop
+			// headers (a sandbox's "Connection: Authorization" must not
+			// remove the rule's Authorization).
+			for _, h := range pr.In.Context().Value(ruleHeadersKey{}).([]network.Header) {
+				pr.Out.Header.Set(h.Name, h.Value)
+			}
 		},
 		Transport:     upstream,
 		FlushInterval: -1, // streamed responses (server-sent events) as they come
@@ -141,6 +160,12 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handlers.Add(1)
 		defer handlers.Done()
+		if c.ctx.Err() != nil {
+			// The sandbox is gone (Serve is ending): nothing goes up.
+			w.Header().Set("Connection", "close")
+			http.Error(w, "aenv egress: the sandbox stopped", http.StatusServiceUnavailable)
+			return
+		}
 		reqHost := r.Host
 		if h, _, err := net.SplitHostPort(reqHost); err == nil {
 			reqHost = h
@@ -153,30 +178,49 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 			http.Error(w, "aenv egress: "+msg, http.StatusMisdirectedRequest)
 			return
 		}
-		for _, h := range rule.Headers {
+		// The policy as it is now, not as it was when the connection
+		// came: a rule removed (or the host no longer allowed) stops
+		// putting the secret into this connection's next request.
+		pol, ok := c.g.currentPolicy(c.slot)
+		current := network.MatchRule(pol.Rules, host)
+		if !ok || current == nil || !c.stillAllowed(pol, host) {
+			msg := fmt.Sprintf("the sandbox's rules for %s changed: connect again", host)
+			c.noteReason(msg)
+			w.Header().Set("Connection", "close")
+			http.Error(w, "aenv egress: "+msg, http.StatusForbidden)
+			return
+		}
+		headers := make([]network.Header, 0, len(current.Headers))
+		for _, h := range current.Headers {
 			value, err := secret.Fill(h.Value, func(name string) (string, error) {
 				if c.g.cfg.Secrets == nil {
 					return "", errors.New("this node serves no secrets")
 				}
-				return c.g.cfg.Secrets(r.Context(), c.pol.Team, name)
+				return c.g.cfg.Secrets(r.Context(), pol.Team, name)
 			})
 			if err != nil {
 				// Never sent on with the placeholder (or without the
-				// header): the request fails here, saying why.
-				msg := fmt.Sprintf("header %s of the rule for %s: %v", h.Name, rule.Pattern, err)
+				// header): the request fails here, saying why. What the
+				// store said stays in the server's log.
+				msg := fmt.Sprintf("header %s of the rule for %s: %v", h.Name, current.Pattern, err)
+				if !errors.Is(err, secret.ErrUnknown) {
+					c.g.logger.Warn("egress: a rule's secret could not be read", "host", host, "err", err)
+					msg = fmt.Sprintf("header %s of the rule for %s: its secret cannot be read now", h.Name, current.Pattern)
+				}
 				c.noteReason(msg)
 				http.Error(w, "aenv egress: "+msg, http.StatusBadGateway)
 				return
 			}
-			r.Header.Set(h.Name, value)
+			headers = append(headers, network.Header{Name: h.Name, Value: value})
 		}
 		c.slot.log.update(func() { c.ev.Requests++ })
-		forward.ServeHTTP(w, r)
+		forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ruleHeadersKey{}, headers)))
 	})
 
 	l := &oneConnListener{conn: tlsConn, done: make(chan struct{})}
 	srv := &http.Server{
 		Handler:           handler,
+		BaseContext:       func(net.Listener) context.Context { return c.ctx },
 		ReadHeaderTimeout: c.g.cfg.PeekTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
@@ -193,6 +237,22 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 	// A hijacked connection (a WebSocket) is still its handler's.
 	handlers.Wait()
 	tlsConn.Close()
+}
+
+// ruleHeadersKey carries a request's filled-in rule headers from the
+// handler to the proxy's Rewrite.
+type ruleHeadersKey struct{}
+
+// forwardingHeaders are the sandbox's own, which Rewrite would drop.
+var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// stillAllowed tells whether pol still lets the connection reach host:
+// by name, or by its address.
+func (c *conn) stillAllowed(pol network.Policy, host string) bool {
+	if network.MatchHost(pol.AllowNames, host) != "" {
+		return true
+	}
+	return pol.Allows(c.dst.Addr()) && !inPrefixes(c.denied, c.dst.Addr())
 }
 
 // noteReason records on the connection's event why a request through it

@@ -30,7 +30,8 @@ func TestInterceptSetsHeaders(t *testing.T) {
 	var seen []string
 	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seenMu.Lock()
-		seen = append(seen, fmt.Sprintf("%s %s auth=%q static=%q", r.Host, r.URL.Path, r.Header.Get("Authorization"), r.Header.Get("X-Static")))
+		seen = append(seen, fmt.Sprintf("%s %s auth=%q static=%q xff=%q query=%q", r.Host, r.URL.Path, r.Header.Get("Authorization"),
+			r.Header.Get("X-Static"), r.Header.Get("X-Forwarded-For"), r.URL.RawQuery))
 		seenMu.Unlock()
 		body, _ := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "ok %s body=%s", r.URL.Path, body)
@@ -121,9 +122,25 @@ func TestInterceptSetsHeaders(t *testing.T) {
 			t.Fatalf("request %d: %q %v", i, got, err)
 		}
 	}
-	want := fmt.Sprintf(`api.test:%d /a auth="Bearer s3cret" static="v"`, port)
+	want := fmt.Sprintf(`api.test:%d /a auth="Bearer s3cret" static="v" xff="" query=""`, port)
 	if s := takeSeen(); len(s) != 2 || s[0] != want {
 		t.Fatalf("the host saw %q, want %q first", s, want)
+	}
+
+	// The sandbox's own hop headers cannot remove the rule's, and the
+	// request otherwise goes up as it was sent (its forwarding headers,
+	// its query unparsed).
+	req, _ := http.NewRequest("GET", base+"/h?a=1;b=2", nil)
+	req.Header.Set("Connection", "Authorization")
+	req.Header.Set("X-Forwarded-For", "10.9.8.7")
+	if resp, err := inside.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	if s := takeSeen(); len(s) != 1 || !strings.Contains(s[0], `auth="Bearer s3cret"`) || !strings.Contains(s[0], `xff="10.9.8.7"`) ||
+		!strings.Contains(s[0], `query="a=1;b=2"`) {
+		t.Fatalf("with Connection: Authorization the host saw %q", s)
 	}
 
 	// An update of the secret reaches the next request.
@@ -167,16 +184,30 @@ func TestInterceptSetsHeaders(t *testing.T) {
 		t.Fatalf("plain.test: the host saw %q", s)
 	}
 
+	// A rule removed stops the secret on a connection already open: its
+	// next request is refused, and a new connection passes untouched.
+	noRules := pol
+	noRules.Rules = nil
+	g.SetSlot(1, netip.MustParseAddr("127.0.0.1"), noRules, false)
+	got, err = do(inside, "GET", base+"/g", "", "", "")
+	if err != nil || !strings.HasPrefix(got, "403 aenv egress: the sandbox's rules for api.test changed") {
+		t.Fatalf("a request on an open connection after the rule went: %q %v", got, err)
+	}
+	if s := takeSeen(); len(s) != 0 {
+		t.Fatalf("after the rule went the host saw %q", s)
+	}
+	g.SetSlot(1, netip.MustParseAddr("127.0.0.1"), pol, false)
+
 	// The log says which connections were intercepted, and how many
-	// requests went on.
-	var transformed []string
+	// requests went on (the sandbox's client may spread them over
+	// connections).
 	waitUntil(t, func() bool {
-		transformed = nil
+		var requests int64
 		for _, e := range g.Events(1) {
-			if e.Transform != "" {
-				transformed = append(transformed, fmt.Sprintf("%s:%s:%d", e.Host, e.Transform, e.Requests))
+			if e.Transform == "api.test" && e.Host == "api.test" {
+				requests += e.Requests
 			}
 		}
-		return len(transformed) == 2 && transformed[0] == "api.test:api.test:3"
+		return requests == 4
 	})
 }

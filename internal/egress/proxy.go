@@ -519,7 +519,7 @@ func (c *conn) dial(ctx context.Context, a netip.Addr) (*net.TCPConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.ev.Upstream = target.String()
+	c.slot.log.update(func() { c.ev.Upstream = target.String() })
 	return up.(*net.TCPConn), nil
 }
 

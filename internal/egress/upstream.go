@@ -155,7 +155,7 @@ func (c *conn) dialUpstream(ctx context.Context, up *network.Upstream, target st
 		}
 		return nil, fmt.Errorf("through egress proxy %s: %w", up.Address, err)
 	}
-	c.ev.Upstream = target + " via " + up.Address
+	c.slot.log.update(func() { c.ev.Upstream = target + " via " + up.Address })
 	return fwd.conn, nil
 }
 

@@ -515,7 +515,7 @@ func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error 
 // identify gives envd the sandbox's identity: its access token, env
 // vars, default user and resolvers.
 func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *store.Sandbox, tpl *store.Template) error {
-	intercepted := sb.Network != nil && len(sb.Network.Rules) > 0 && m.cfg.Egress != nil
+	intercepted := hasRules(sb) && m.cfg.Egress != nil
 	env := mergeEnv(tpl.Env, sb.EnvVars)
 	if intercepted {
 		env = mergeEnv(caTrustEnv, env) // the sandbox's own win

@@ -130,17 +130,18 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p *store.Network
 		return err
 	}
 	updated.Network = p
-	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
-		return storeError("record network policy", err)
-	}
 	pol.Team = v.sb.TeamID
 	if len(pol.Rules) > 0 && v.phase == phaseRunning && v.envd != nil && m.cfg.Egress != nil {
-		// Before the rules: a connection they intercept must find the CA
-		// trusted. (Environment variables are set at create only: give
-		// rules then for runtimes that keep their own roots.)
+		// Before the rules (and their record): a connection they
+		// intercept must find the CA trusted. (Environment variables are
+		// set at create only: give rules then for runtimes that keep
+		// their own roots.) A sandbox paused now gets it at its resume.
 		if err := m.trustEgressCA(ctx, v.envd); err != nil {
 			return err
 		}
+	}
+	if err := m.store.UpdateSandbox(ctx, updated); err != nil {
+		return storeError("record network policy", err)
 	}
 	if v.slot != nil {
 		if err := m.slots.SetPolicy(ctx, v.slot.Index, pol); err != nil {
@@ -185,6 +186,30 @@ const (
 	systemBundle = "/etc/ssl/certs/ca-certificates.crt"
 )
 
+// otherBundles are where other distributions keep their roots (Fedora and
+// RHEL, openSUSE, Alpine's and the BSDs' link): an image without Debian's
+// bundle gets one made from the first of them, so that the variables
+// pointing at it still find every root, not the egress CA alone.
+var otherBundles = []string{"/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem"}
+
+// hasRules says whether sb's policy has header transforms.
+func hasRules(sb *store.Sandbox) bool {
+	return sb.Network != nil && len(sb.Network.Rules) > 0
+}
+
+// readSandboxFile returns a file of the sandbox, or nil if it has none.
+func readSandboxFile(ctx context.Context, envd *envdclient.Client, path string) ([]byte, error) {
+	rc, _, err := envd.ReadFile(ctx, path, "root")
+	if errors.Is(err, envdclient.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s in the sandbox: %w", path, err)
+	}
+	defer rc.Close()
+	return io.ReadAll(io.LimitReader(rc, 64<<20))
+}
+
 // caTrustEnv points the runtimes that keep their own roots at the
 // bundle: Node's extra CAs, Python requests' and OpenSSL's bundle.
 var caTrustEnv = map[string]string{
@@ -202,14 +227,17 @@ func (m *Manager) trustEgressCA(ctx context.Context, envd *envdclient.Client) er
 	if err := envd.WriteFile(ctx, egressCAFile, bytes.NewReader(ca), "root"); err != nil {
 		return fmt.Errorf("install the egress CA: %w", err)
 	}
-	var bundle []byte
-	rc, _, err := envd.ReadFile(ctx, systemBundle, "root")
-	if err == nil {
-		bundle, err = io.ReadAll(io.LimitReader(rc, 64<<20))
-		rc.Close()
+	bundle, err := readSandboxFile(ctx, envd, systemBundle)
+	if err != nil {
+		return err
 	}
-	if err != nil && !errors.Is(err, envdclient.ErrNotFound) {
-		return fmt.Errorf("read the sandbox's CA bundle: %w", err)
+	for _, other := range otherBundles {
+		if len(bundle) > 0 {
+			break
+		}
+		if bundle, err = readSandboxFile(ctx, envd, other); err != nil {
+			return err
+		}
 	}
 	if bytes.Contains(bundle, bytes.TrimSpace(ca)) {
 		return nil

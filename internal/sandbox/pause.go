@@ -229,6 +229,13 @@ func (m *Manager) resume(ctx context.Context, id string, timeout time.Duration, 
 				m.logger.ErrorContext(ctx, "pause again after failed resume", "sandbox", id, "err", err)
 			}
 		})
+		if hasRules(updated) && m.cfg.Egress != nil && envd != nil {
+			// Rules given while it was paused: its connections are
+			// intercepted from now on, under a CA it must trust.
+			if err := m.trustEgressCA(opCtx, envd); err != nil {
+				return nil, false, fmt.Errorf("resume %s: %w", id, err)
+			}
+		}
 	} else {
 		slot, envd, err = m.restoreFromDisk(opCtx, &undo, updated)
 		if err != nil {
@@ -287,7 +294,7 @@ func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, up
 		return nil, nil, fmt.Errorf("resume %s from disk: %w", updated.ID, err)
 	}
 	undo.Add(func() { m.killInstance(ctx, updated.ID) })
-	if updated.Network != nil && len(updated.Network.Rules) > 0 && m.cfg.Egress != nil {
+	if hasRules(updated) && m.cfg.Egress != nil {
 		// Rules set while it was paused, or a checkpoint made on another
 		// node (another CA): the CA it is restored under must be trusted.
 		if err := m.trustEgressCA(ctx, envd); err != nil {

@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
+	"strings"
+
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 )
 
 // KeySize is the length of the key that seals secrets' values: AES-256.
@@ -89,11 +91,7 @@ func LoadOrCreateKey(path string) ([]byte, error) {
 		text := base64.StdEncoding.EncodeToString(key) + "\n"
 		// Written aside and renamed: a crash never leaves half a key,
 		// which would lose every secret sealed with the whole one.
-		tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-		if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
-			return nil, fmt.Errorf("secrets key: %w", err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
+		if err := atomicfile.WriteDurable(path, strings.NewReader(text), 0o600); err != nil {
 			return nil, fmt.Errorf("secrets key: %w", err)
 		}
 		return key, nil

@@ -22,6 +22,7 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
+	"golang.org/x/net/http/httpguts"
 )
 
 // IDPrefix starts every secret's ID; names may not start with it.
@@ -59,6 +60,9 @@ type Service struct {
 
 	mu    sync.Mutex
 	cache map[string]cachedValue // by team + "/" + name
+	// gen counts the forgets of each key: a read that began before one
+	// does not put what it read back into the cache.
+	gen map[string]uint64
 }
 
 type cachedValue struct {
@@ -70,7 +74,7 @@ type cachedValue struct {
 // NewService returns the service over records, sealing with key; a nil
 // key refuses every write and read of a value, saying why (noKeyWhy).
 func NewService(records store.SecretStore, key []byte, noKeyWhy string) (*Service, error) {
-	s := &Service{records: records, noKeyWhy: noKeyWhy, maxPerTeam: DefaultMaxTeamSecret, cache: map[string]cachedValue{}}
+	s := &Service{records: records, noKeyWhy: noKeyWhy, maxPerTeam: DefaultMaxTeamSecret, cache: map[string]cachedValue{}, gen: map[string]uint64{}}
 	if key != nil {
 		box, err := NewBox(key)
 		if err != nil {
@@ -104,10 +108,11 @@ func checkValue(value string) error {
 		return errdefs.Errorf(errdefs.ErrInvalidArgument, "a secret's value must not be empty")
 	case len(value) > MaxValueBytes:
 		return errdefs.Errorf(errdefs.ErrInvalidArgument, "a secret's value is %d bytes, more than %d", len(value), MaxValueBytes)
-	case !utf8.ValidString(value) || strings.ContainsAny(value, "\r\n\x00"):
+	case !utf8.ValidString(value) || !httpguts.ValidHeaderFieldValue(value):
 		// Values go into HTTP headers: a line break would end the
-		// header and start another the sandbox never asked for.
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "a secret's value must be UTF-8 text without line breaks or NUL")
+		// header and start another the sandbox never asked for, and
+		// other control characters would fail every request.
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "a secret's value must be UTF-8 text without line breaks or other control characters")
 	}
 	return nil
 }
@@ -241,6 +246,7 @@ func (s *Service) Delete(ctx context.Context, sec *store.Secret) error {
 func (s *Service) forget(team, name string) {
 	s.mu.Lock()
 	delete(s.cache, team+"/"+name)
+	s.gen[team+"/"+name]++
 	s.mu.Unlock()
 }
 
@@ -259,6 +265,7 @@ func (s *Service) Value(ctx context.Context, team, name string) (string, error) 
 	k := team + "/" + name
 	s.mu.Lock()
 	c, ok := s.cache[k]
+	gen := s.gen[k]
 	s.mu.Unlock()
 	if ok && time.Since(c.read) < cacheTTL {
 		return c.value, nil
@@ -277,7 +284,9 @@ func (s *Service) Value(ctx context.Context, team, name string) (string, error) 
 		return "", errdefs.Errorf(errdefs.ErrUnavailable, "secret %q does not open with this server's secrets key: %v", name, err)
 	}
 	s.mu.Lock()
-	s.cache[k] = cachedValue{value: string(value), version: sec.Version, read: time.Now()}
+	if s.gen[k] == gen {
+		s.cache[k] = cachedValue{value: string(value), version: sec.Version, read: time.Now()}
+	}
 	s.mu.Unlock()
 	return string(value), nil
 }
