@@ -143,7 +143,8 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 			// The rule's headers last: after the proxy removed the hop
 			// headers (a sandbox's "Connection: Authorization" must not
 			// remove the rule's Authorization).
-			for _, h := range pr.In.Context().Value(ruleHeadersKey{}).([]network.Header) {
+			headers, _ := pr.In.Context().Value(ruleHeadersKey{}).([]network.Header)
+			for _, h := range headers {
 				pr.Out.Header.Set(h.Name, h.Value)
 			}
 		},
