@@ -98,12 +98,9 @@ func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var md map[string]string
+	var md map[string]string // nil keeps the secret's metadata
 	if req.Metadata != nil {
 		md = *req.Metadata
-		if md == nil {
-			md = map[string]string{}
-		}
 	}
 	up, err := s.cfg.Secrets.Update(r.Context(), sec, req.Value, md)
 	if err != nil {

@@ -22,7 +22,7 @@ import (
 // "real" host has a certificate of a CA of the test's, which the gateway
 // is told to trust; the sandbox trusts the gateway's CA.
 func TestInterceptSetsHeaders(t *testing.T) {
-	hostCA, err := LoadOrCreateCA(t.TempDir(), "hosts")
+	hostCA, err := LoadOrCreateCA(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestInterceptSetsHeaders(t *testing.T) {
 		return out
 	}
 
-	gwCA, err := LoadOrCreateCA(t.TempDir(), "node")
+	gwCA, err := LoadOrCreateCA(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

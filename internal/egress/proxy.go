@@ -102,8 +102,7 @@ func (c *conn) serve() {
 	if c.pol.Allows(c.dst.Addr()) && !inPrefixes(c.denied, c.dst.Addr()) {
 		c.ev.Protocol = "tcp"
 		c.ev.Rule = "address"
-		if len(c.pol.Rules) > 0 && c.dst.Port() == httpsPort {
-			c.serveAllowedTLS()
+		if len(c.pol.Rules) > 0 && c.dst.Port() == httpsPort && c.interceptAllowed() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
@@ -168,34 +167,30 @@ func (c *conn) serveTLS() {
 	c.relay(up)
 }
 
-// serveAllowedTLS serves a connection the CIDR lists allow, to the HTTPS
-// port, of a sandbox with rules: intercepted if its ClientHello names a
-// rules' host, else relayed as it is.
-func (c *conn) serveAllowedTLS() {
+// interceptAllowed intercepts a connection the CIDR lists allow, to the
+// HTTPS port, of a sandbox with rules, if its ClientHello names a rules'
+// host; false (the bytes it read kept for the relay) otherwise.
+func (c *conn) interceptAllowed() bool {
 	c.client.SetReadDeadline(time.Now().Add(c.g.cfg.PeekTimeout))
 	first, err := c.br.Peek(1)
-	if err == nil && first[0] == recordTypeHandshake {
-		if hello, err := peekClientHello(c.br); err == nil && !hello.esni {
-			if r := network.MatchRule(c.pol.Rules, hello.serverName); r != nil {
-				c.ev.Protocol, c.ev.Host = "tls", hello.serverName
-				c.intercept(hello.serverName, r, func() (*net.TCPConn, error) {
-					ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
-					defer cancel()
-					return c.dial(ctx, c.dst.Addr())
-				})
-				return
-			}
-		}
+	if err != nil || first[0] != recordTypeHandshake {
+		return false
 	}
-	// Whatever it is, it is allowed: the bytes read go first.
-	ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
-	up, err := c.dial(ctx, c.dst.Addr())
-	cancel()
-	if err != nil {
-		c.failed(err)
-		return
+	hello, err := peekClientHello(c.br)
+	if err != nil || hello.esni {
+		return false
 	}
-	c.relay(up)
+	r := network.MatchRule(c.pol.Rules, hello.serverName)
+	if r == nil {
+		return false
+	}
+	c.ev.Protocol, c.ev.Host = "tls", hello.serverName
+	c.intercept(hello.serverName, r, func() (*net.TCPConn, error) {
+		ctx, cancel := context.WithTimeout(c.ctx, c.g.cfg.DialTimeout)
+		defer cancel()
+		return c.dial(ctx, c.dst.Addr())
+	})
+	return true
 }
 
 // httpsPort is where the gateway looks for TLS to the rules' hosts among

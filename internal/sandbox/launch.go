@@ -515,9 +515,8 @@ func (m *Manager) waitReady(ctx context.Context, envd *envdclient.Client) error 
 // identify gives envd the sandbox's identity: its access token, env
 // vars, default user and resolvers.
 func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *store.Sandbox, tpl *store.Template) error {
-	intercepted := hasRules(sb) && m.cfg.Egress != nil
 	env := mergeEnv(tpl.Env, sb.EnvVars)
-	if intercepted {
+	if m.intercepted(sb) {
 		env = mergeEnv(caTrustEnv, env) // the sandbox's own win
 	}
 	err := envd.Init(ctx, envdclient.InitRequest{
@@ -531,12 +530,7 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 	if err != nil {
 		return envdRefusedServer("init envd", err)
 	}
-	if intercepted {
-		if err := m.trustEgressCA(ctx, envd); err != nil {
-			return err
-		}
-	}
-	return nil
+	return m.trustEgressCA(ctx, envd, sb)
 }
 
 // snapshotVolumesUsable refuses a sandbox of team from snapshot tpl that

@@ -30,16 +30,16 @@ func ParseNetwork(p *store.NetworkPolicy) (network.Policy, error) {
 		}
 	}
 	if len(p.Rules) > 0 {
-		if pol.Rules, err = network.ParseRules(RuleHeaders(p.Rules)); err != nil {
+		if pol.Rules, err = network.ParseRules(ruleHeaders(p.Rules)); err != nil {
 			return network.Policy{}, fmt.Errorf("%w: %v", node.ErrInvalid, err)
 		}
 	}
 	return pol, nil
 }
 
-// RuleHeaders is rules as network.ParseRules takes them: each host's
+// ruleHeaders is rules as network.ParseRules takes them: each host's
 // transforms' header sets, in order.
-func RuleHeaders(rules map[string][]store.NetworkRule) map[string][]map[string]string {
+func ruleHeaders(rules map[string][]store.NetworkRule) map[string][]map[string]string {
 	out := make(map[string][]map[string]string, len(rules))
 	for host, rs := range rules {
 		sets := []map[string]string{}
@@ -131,12 +131,12 @@ func (m *Manager) UpdateNetwork(ctx context.Context, id string, p *store.Network
 	}
 	updated.Network = p
 	pol.Team = v.sb.TeamID
-	if len(pol.Rules) > 0 && v.phase == phaseRunning && v.envd != nil && m.cfg.Egress != nil {
+	if v.phase == phaseRunning {
 		// Before the rules (and their record): a connection they
 		// intercept must find the CA trusted. (Environment variables are
 		// set at create only: give rules then for runtimes that keep
 		// their own roots.) A sandbox paused now gets it at its resume.
-		if err := m.trustEgressCA(ctx, v.envd); err != nil {
+		if err := m.trustEgressCA(ctx, v.envd, updated); err != nil {
 			return err
 		}
 	}
@@ -192,13 +192,19 @@ const (
 // pointing at it still find every root, not the egress CA alone.
 var otherBundles = []string{"/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem"}
 
-// hasRules says whether sb's policy has header transforms.
-func hasRules(sb *store.Sandbox) bool {
-	return sb.Network != nil && len(sb.Network.Rules) > 0
+// intercepted says whether sb's connections may be intercepted: its
+// policy has header transforms, and the node has a gateway to apply them.
+func (m *Manager) intercepted(sb *store.Sandbox) bool {
+	return sb.Network != nil && len(sb.Network.Rules) > 0 && m.cfg.Egress != nil
 }
 
-// readSandboxFile returns a file of the sandbox, or nil if it has none.
-func readSandboxFile(ctx context.Context, envd *envdclient.Client, path string) ([]byte, error) {
+// maxBundleBytes bounds the CA bundle read from a sandbox (its own file,
+// which it may grow): Debian's is a quarter of a MiB.
+const maxBundleBytes = 8 << 20
+
+// readSandboxFile returns a file of the sandbox, nil if it has none, and
+// an error past max bytes.
+func readSandboxFile(ctx context.Context, envd *envdclient.Client, path string, max int64) ([]byte, error) {
 	rc, _, err := envd.ReadFile(ctx, path, "root")
 	if errors.Is(err, envdclient.ErrNotFound) {
 		return nil, nil
@@ -207,7 +213,11 @@ func readSandboxFile(ctx context.Context, envd *envdclient.Client, path string) 
 		return nil, fmt.Errorf("read %s in the sandbox: %w", path, err)
 	}
 	defer rc.Close()
-	return io.ReadAll(io.LimitReader(rc, 64<<20))
+	b, err := io.ReadAll(io.LimitReader(rc, max+1))
+	if err == nil && int64(len(b)) > max {
+		err = fmt.Errorf("%s in the sandbox is larger than %d bytes", path, max)
+	}
+	return b, err
 }
 
 // caTrustEnv points the runtimes that keep their own roots at the
@@ -219,34 +229,41 @@ var caTrustEnv = map[string]string{
 	"CURL_CA_BUNDLE":      systemBundle,
 }
 
-// trustEgressCA installs the node's egress CA in the sandbox's trust
-// store: its own file and the system bundle (made if the image has none).
-// It is idempotent: a bundle that holds the CA is left as it is.
-func (m *Manager) trustEgressCA(ctx context.Context, envd *envdclient.Client) error {
-	ca := m.cfg.Egress.CACert()
-	if err := envd.WriteFile(ctx, egressCAFile, bytes.NewReader(ca), "root"); err != nil {
-		return fmt.Errorf("install the egress CA: %w", err)
-	}
-	bundle, err := readSandboxFile(ctx, envd, systemBundle)
-	if err != nil {
-		return err
-	}
-	for _, other := range otherBundles {
-		if len(bundle) > 0 {
-			break
-		}
-		if bundle, err = readSandboxFile(ctx, envd, other); err != nil {
-			return err
-		}
-	}
-	if bytes.Contains(bundle, bytes.TrimSpace(ca)) {
+// trustEgressCA installs the node's egress CA in the trust store of sb
+// (through envd) if its connections may be intercepted: the system bundle
+// (made from the image's own, wherever its distribution keeps it) and the
+// CA's own file. The CA file is written last and read first: when it
+// already holds this node's CA, the bundle was done with it, and a create,
+// fork child or resume costs one small read.
+func (m *Manager) trustEgressCA(ctx context.Context, envd *envdclient.Client, sb *store.Sandbox) error {
+	if !m.intercepted(sb) || envd == nil {
 		return nil
 	}
-	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
-		bundle = append(bundle, '\n')
+	ca := m.cfg.Egress.CACert()
+	installed, err := readSandboxFile(ctx, envd, egressCAFile, int64(len(ca)))
+	if err == nil && bytes.Equal(installed, ca) {
+		return nil
 	}
-	if err := envd.WriteFile(ctx, systemBundle, bytes.NewReader(append(bundle, ca...)), "root"); err != nil {
-		return fmt.Errorf("add the egress CA to the sandbox's CA bundle: %w", err)
+	bundle, err := readSandboxFile(ctx, envd, systemBundle, maxBundleBytes)
+	for _, other := range otherBundles {
+		if err != nil || len(bundle) > 0 {
+			break
+		}
+		bundle, err = readSandboxFile(ctx, envd, other, maxBundleBytes)
+	}
+	if err != nil {
+		return fmt.Errorf("install the egress CA: %w", err)
+	}
+	if !bytes.Contains(bundle, bytes.TrimSpace(ca)) {
+		if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
+			bundle = append(bundle, '\n')
+		}
+		if err := envd.WriteFile(ctx, systemBundle, bytes.NewReader(append(bundle, ca...)), "root"); err != nil {
+			return fmt.Errorf("add the egress CA to the sandbox's CA bundle: %w", err)
+		}
+	}
+	if err := envd.WriteFile(ctx, egressCAFile, bytes.NewReader(ca), "root"); err != nil {
+		return fmt.Errorf("install the egress CA: %w", err)
 	}
 	return nil
 }

@@ -229,12 +229,11 @@ func (m *Manager) resume(ctx context.Context, id string, timeout time.Duration, 
 				m.logger.ErrorContext(ctx, "pause again after failed resume", "sandbox", id, "err", err)
 			}
 		})
-		if hasRules(updated) && m.cfg.Egress != nil && envd != nil {
-			// Rules given while it was paused: its connections are
-			// intercepted from now on, under a CA it must trust.
-			if err := m.trustEgressCA(opCtx, envd); err != nil {
-				return nil, false, fmt.Errorf("resume %s: %w", id, err)
-			}
+		// Rules given while it was paused: its connections are
+		// intercepted from now on, under a CA it must trust. (From disk,
+		// bringUp's identify does it.)
+		if err := m.trustEgressCA(opCtx, envd, updated); err != nil {
+			return nil, false, fmt.Errorf("resume %s: %w", id, err)
 		}
 	} else {
 		slot, envd, err = m.restoreFromDisk(opCtx, &undo, updated)
@@ -294,13 +293,6 @@ func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, up
 		return nil, nil, fmt.Errorf("resume %s from disk: %w", updated.ID, err)
 	}
 	undo.Add(func() { m.killInstance(ctx, updated.ID) })
-	if hasRules(updated) && m.cfg.Egress != nil {
-		// Rules set while it was paused, or a checkpoint made on another
-		// node (another CA): the CA it is restored under must be trusted.
-		if err := m.trustEgressCA(ctx, envd); err != nil {
-			return nil, nil, fmt.Errorf("resume %s from disk: %w", updated.ID, err)
-		}
-	}
 	updated.ImageDir = ""
 	return slot, envd, nil
 }

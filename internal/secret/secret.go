@@ -25,6 +25,10 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
+// NoClusterKey is why a cluster member without --secrets-key-file refuses
+// secrets.
+const NoClusterKey = "the cluster has no --secrets-key-file: give every node and gateway the same one"
+
 // IDPrefix starts every secret's ID; names may not start with it.
 const IDPrefix = "sec_"
 
@@ -60,21 +64,20 @@ type Service struct {
 
 	mu    sync.Mutex
 	cache map[string]cachedValue // by team + "/" + name
-	// gen counts the forgets of each key: a read that began before one
-	// does not put what it read back into the cache.
-	gen map[string]uint64
+	// gen counts the updates and destroys seen here: a read that began
+	// before one does not put what it read into the cache.
+	gen uint64
 }
 
 type cachedValue struct {
-	value   string
-	version int64
-	read    time.Time
+	value string
+	read  time.Time
 }
 
 // NewService returns the service over records, sealing with key; a nil
 // key refuses every write and read of a value, saying why (noKeyWhy).
 func NewService(records store.SecretStore, key []byte, noKeyWhy string) (*Service, error) {
-	s := &Service{records: records, noKeyWhy: noKeyWhy, maxPerTeam: DefaultMaxTeamSecret, cache: map[string]cachedValue{}, gen: map[string]uint64{}}
+	s := &Service{records: records, noKeyWhy: noKeyWhy, maxPerTeam: DefaultMaxTeamSecret, cache: map[string]cachedValue{}}
 	if key != nil {
 		box, err := NewBox(key)
 		if err != nil {
@@ -246,7 +249,7 @@ func (s *Service) Delete(ctx context.Context, sec *store.Secret) error {
 func (s *Service) forget(team, name string) {
 	s.mu.Lock()
 	delete(s.cache, team+"/"+name)
-	s.gen[team+"/"+name]++
+	s.gen++
 	s.mu.Unlock()
 }
 
@@ -265,7 +268,7 @@ func (s *Service) Value(ctx context.Context, team, name string) (string, error) 
 	k := team + "/" + name
 	s.mu.Lock()
 	c, ok := s.cache[k]
-	gen := s.gen[k]
+	gen := s.gen
 	s.mu.Unlock()
 	if ok && time.Since(c.read) < cacheTTL {
 		return c.value, nil
@@ -284,8 +287,16 @@ func (s *Service) Value(ctx context.Context, team, name string) (string, error) 
 		return "", errdefs.Errorf(errdefs.ErrUnavailable, "secret %q does not open with this server's secrets key: %v", name, err)
 	}
 	s.mu.Lock()
-	if s.gen[k] == gen {
-		s.cache[k] = cachedValue{value: string(value), version: sec.Version, read: time.Now()}
+	if s.gen == gen {
+		// Expired values go as new ones come: no value stays in memory
+		// much past its use (one destroyed through another member of a
+		// cluster is never forgotten here).
+		for key, c := range s.cache {
+			if time.Since(c.read) >= cacheTTL {
+				delete(s.cache, key)
+			}
+		}
+		s.cache[k] = cachedValue{value: string(value), read: time.Now()}
 	}
 	s.mu.Unlock()
 	return string(value), nil

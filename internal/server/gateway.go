@@ -68,7 +68,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(auditLog.Collector())
 	secrets, err := secret.NewService(db, cfg.SecretsKey.Key,
-		"the cluster has no --secrets-key-file: give every node and gateway the same one")
+		secret.NoClusterKey)
 	if err != nil {
 		return err
 	}

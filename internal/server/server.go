@@ -214,7 +214,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	}
 	// The CA of the hosts the sandboxes' rules intercept: made once per
 	// node, kept in its data directory.
-	egressCA, err := egress.LoadOrCreateCA(filepath.Join(cfg.DataDir, "egress-ca"), member.nodeID())
+	egressCA, err := egress.LoadOrCreateCA(filepath.Join(cfg.DataDir, "egress-ca"))
 	if err != nil {
 		return err
 	}
@@ -582,7 +582,7 @@ func openSecrets(cfg config.Server, cl *config.Cluster, st store.Store) (*secret
 	}
 	if cl != nil {
 		return secret.NewService(records, cl.SecretsKey.Key,
-			"the cluster has no --secrets-key-file: give every node and gateway the same one")
+			secret.NoClusterKey)
 	}
 	key, err := secret.LoadOrCreateKey(filepath.Join(cfg.DataDir, "secrets.key"))
 	if err != nil {

@@ -59,8 +59,34 @@ type CA struct {
 // client told to trust it trusts nothing else it might sign, should its
 // key leak. A CA made for another domain is refused.
 func LoadOrCreateCA(dir, domain string) (ca *CA, created bool, err error) {
+	return loadOrCreate(dir, func() (*CA, error) { return newCA("aenv lab CA", domain, true) }, func(ca *CA) error {
+		if !ca.Permits(domain) {
+			return fmt.Errorf("lab CA in %s signs names under %v only, not %q: give --tls-ca-dir another directory, "+
+				"or remove this CA (its clients must then trust the new one)", dir, ca.Cert.PermittedDNSDomains, domain)
+		}
+		return nil
+	})
+}
+
+// LoadOrCreateOpenCA is LoadOrCreateCA for a CA without name constraints,
+// named name: one that may sign any host name. It is for a CA that only
+// the sandboxes that need it trust (the egress gateway's, which shows
+// them the hosts it intercepts), never a client outside.
+func LoadOrCreateOpenCA(dir, name string) (*CA, error) {
+	ca, _, err := loadOrCreate(dir, func() (*CA, error) { return newCA(name, "", false) }, func(ca *CA) error {
+		if len(ca.Cert.PermittedDNSDomains) > 0 {
+			return fmt.Errorf("CA in %s signs names under %v only: it is not one for any host", dir, ca.Cert.PermittedDNSDomains)
+		}
+		return nil
+	})
+	return ca, err
+}
+
+// loadOrCreate loads the CA kept in dir, checked by check, or makes one
+// with create and keeps it there.
+func loadOrCreate(dir string, create func() (*CA, error), check func(*CA) error) (ca *CA, created bool, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, false, fmt.Errorf("lab CA dir: %w", err)
+		return nil, false, fmt.Errorf("CA dir: %w", err)
 	}
 	unlock, err := lockDir(dir)
 	if err != nil {
@@ -69,9 +95,8 @@ func LoadOrCreateCA(dir, domain string) (ca *CA, created bool, err error) {
 	defer unlock()
 	ca, err = LoadCA(dir)
 	if err == nil {
-		if !ca.Permits(domain) {
-			return nil, false, fmt.Errorf("lab CA in %s signs names under %v only, not %q: give --tls-ca-dir another directory, "+
-				"or remove this CA (its clients must then trust the new one)", dir, ca.Cert.PermittedDNSDomains, domain)
+		if err := check(ca); err != nil {
+			return nil, false, err
 		}
 		return ca, false, nil
 	}
@@ -81,10 +106,9 @@ func LoadOrCreateCA(dir, domain string) (ca *CA, created bool, err error) {
 	if _, statErr := os.Stat(filepath.Join(dir, CAKeyFile)); statErr == nil {
 		// A key without its certificate: refuse rather than replace a CA
 		// clients may trust.
-		return nil, false, fmt.Errorf("lab CA in %s: %s exists but %s does not", dir, CAKeyFile, CACertFile)
+		return nil, false, fmt.Errorf("CA in %s: %s exists but %s does not", dir, CAKeyFile, CACertFile)
 	}
-	ca, err = newCA(domain)
-	if err != nil {
+	if ca, err = create(); err != nil {
 		return nil, false, err
 	}
 	if err := ca.save(dir); err != nil {
@@ -164,10 +188,12 @@ func constraints(domain string) (dns []string, ips []*net.IPNet) {
 	return dns, ips
 }
 
-func newCA(domain string) (*CA, error) {
+// newCA makes a CA named name; constrained limits it to names under
+// domain, localhost and loopback (see constraints).
+func newCA(name, domain string, constrained bool) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, fmt.Errorf("lab CA key: %w", err)
+		return nil, fmt.Errorf("CA key: %w", err)
 	}
 	serial, err := newSerial()
 	if err != nil {
@@ -176,7 +202,7 @@ func newCA(domain string) (*CA, error) {
 	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		Subject:               pkix.Name{Organization: []string{"aenv lab CA"}, CommonName: "aenv lab CA " + serial.Text(16)[:8]},
+		Subject:               pkix.Name{Organization: []string{name}, CommonName: name + " " + serial.Text(16)[:8]},
 		NotBefore:             now.Add(-backdate),
 		NotAfter:              now.Add(caValidity),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
@@ -184,8 +210,10 @@ func newCA(domain string) (*CA, error) {
 		IsCA:                  true,
 		MaxPathLenZero:        true,
 	}
-	tmpl.PermittedDNSDomainsCritical = true
-	tmpl.PermittedDNSDomains, tmpl.PermittedIPRanges = constraints(domain)
+	if constrained {
+		tmpl.PermittedDNSDomainsCritical = true
+		tmpl.PermittedDNSDomains, tmpl.PermittedIPRanges = constraints(domain)
+	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return nil, fmt.Errorf("lab CA certificate: %w", err)

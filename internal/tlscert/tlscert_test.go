@@ -2,7 +2,6 @@ package tlscert
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -17,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/atomicfile"
 )
 
@@ -129,38 +127,6 @@ func TestLeafNames(t *testing.T) {
 				t.Errorf("lab certificate lasts %v", cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore))
 			}
 		})
-	}
-}
-
-func TestHostPolicy(t *testing.T) {
-	const domain = "aenv.test"
-	id := "abcdefghij0123456789"
-	policy := HostPolicy(domain, func(_ context.Context, h string) bool { _, _, ok := api.ExposedPort(h, domain); return ok })
-	for _, tc := range []struct {
-		host string
-		ok   bool
-	}{
-		{"aenv.test", true},
-		{"api.aenv.test", true},
-		{"API.AENV.TEST", true},
-		{"api.aenv.test:80", true},
-		{"evil.test:80", false},
-		{"49983-" + id + ".aenv.test", true},
-		{"8080-" + id + ".aenv.test", true},
-		{"www.aenv.test", false},
-		{"8080-short.aenv.test", false},
-		{"70000-" + id + ".aenv.test", false},
-		{"8080-" + id + ".other.test", false},
-		{"x.api.aenv.test", false},
-		{"evil.test", false},
-		{"", false},
-	} {
-		if err := policy(context.Background(), tc.host); (err == nil) != tc.ok {
-			t.Errorf("%q: allowed %v, want %v (%v)", tc.host, err == nil, tc.ok, err)
-		}
-	}
-	if HostPolicy("", nil)(context.Background(), "anything") == nil {
-		t.Error("no domain allowed a host")
 	}
 }
 
