@@ -751,13 +751,43 @@ func TestCallsKnowWhyBeforeTheKill(t *testing.T) {
 	}
 	defer tgt.Release()
 	causeAtKill := make(chan error, 1)
-	w.driver.onKill = func(string) { causeAtKill <- context.Cause(tgt.Ctx) }
+	reachAtKill := make(chan error, 1)
+	w.driver.onKill = func(string) {
+		causeAtKill <- context.Cause(tgt.Ctx)
+		// A client whose stream was cut probes the sandbox at once (the
+		// E2B SDK asks envd's /health); it must find it gone, not
+		// running, or it reports the cut rather than the kill.
+		late, err := w.m.Reach(context.Background(), sb.ID, node.EnvdPort)
+		if err == nil {
+			late.Release()
+		}
+		reachAtKill <- err
+	}
 	if err := w.m.Kill(context.Background(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	if cause := <-causeAtKill; !errors.Is(cause, node.ErrStopped) || !strings.Contains(cause.Error(), "was killed") {
 		t.Fatalf("cause when the instance was killed: %v, want it to say \"was killed\"", cause)
 	}
+	if err := <-reachAtKill; !errors.Is(err, node.ErrStopped) {
+		t.Fatalf("a call made while the kill runs: %v, want ErrStopped", err)
+	}
+}
+
+// A kill that fails leaves the sandbox as it was: reachable again.
+func TestFailedKillLeavesSandboxReachable(t *testing.T) {
+	w := newWorld(t)
+	sb := w.create()
+	w.faults.set("kill", errInjected)
+	if err := w.m.Kill(context.Background(), sb.ID); !errors.Is(err, errInjected) {
+		t.Fatalf("kill: %v, want the injected fault", err)
+	}
+	w.faults.set("kill", nil)
+	tgt, err := w.m.Reach(context.Background(), sb.ID, node.EnvdPort)
+	if err != nil {
+		t.Fatalf("reach after a failed kill: %v", err)
+	}
+	tgt.Release()
 }
 
 func TestDeadline(t *testing.T) {

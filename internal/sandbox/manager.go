@@ -547,8 +547,11 @@ func (m *Manager) release(ctx context.Context, e *entry, why string) error {
 		// after it they would fail first with whatever the cut looked
 		// like (a truncated envelope, a reset). Should the kill fail they
 		// are ended all the same, as their caller asked.
-		e.calls.endAll(stoppedError(e.id, why))
+		stopped := stoppedError(e.id, why)
+		e.ending.Store(&stopped)
+		e.calls.endAll(stopped)
 		if err := m.killInstance(ctx, e.id); err != nil {
+			e.ending.Store(nil)
 			e.settle() // still what it was: its deadline or spill back
 			return fmt.Errorf("kill sandbox %s: %w", e.id, err)
 		}
@@ -636,6 +639,9 @@ func (m *Manager) Reach(ctx context.Context, id string, port int) (*node.Target,
 		return nil, fmt.Errorf("%w: sandbox %q", node.ErrNotFound, id)
 	default:
 		return nil, fmt.Errorf("%w: sandbox %s is %s", node.ErrConflict, id, v.phase)
+	}
+	if ending := e.ending.Load(); ending != nil {
+		return nil, *ending
 	}
 	if silent := e.silent.Load(); silent != nil {
 		return nil, *silent

@@ -334,8 +334,13 @@ type entry struct {
 	// set, with the reason, while its envd does not answer (see
 	// Manager.checkAnswers), probing while that is being checked, and
 	// misses counts the health checks it missed in a row.
-	calls   callSet
-	silent  atomic.Pointer[error]
+	calls  callSet
+	silent atomic.Pointer[error]
+	// ending is set, with why, while a release stops the sandbox: from
+	// the moment its calls in flight are cut, new calls find it gone, as
+	// the E2B SDK's health probe after a cut stream must to report the
+	// kill (see Manager.release). Cleared if the kill fails.
+	ending  atomic.Pointer[error]
 	probing atomic.Bool
 	misses  atomic.Int32
 
