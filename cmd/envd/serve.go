@@ -55,6 +55,7 @@ func runServe(ctx context.Context, opts options, log *slog.Logger) error {
 				return srv.PrepareKernel(cmd, cwd, nil)
 			},
 			Token: srv.AccessToken,
+			Env:   srv.Env,
 		})
 		defer ci.Close()
 		ciAddr := net.JoinHostPort(opts.listenAddr, strconv.Itoa(codeinterp.Port))

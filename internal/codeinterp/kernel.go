@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"sync"
@@ -50,6 +51,8 @@ type kernel struct {
 	// execution: why it failed to start, if it did.
 	idleErr []byte
 	waitErr error
+	// baseEnv is the sandbox env the kernel was last sent (see begin).
+	baseEnv map[string]string
 }
 
 // startKernel starts a kernel; prepare sets its user, env and directory.
@@ -222,14 +225,27 @@ func (k *kernel) deliver(line []byte) bool {
 	}
 }
 
-// begin makes ex the running execution and sends the kernel its request.
-func (k *kernel) begin(ex *execution, code string, env map[string]string) error {
-	req, err := json.Marshal(map[string]any{"code": code, "env": env})
+// begin makes ex the running execution and sends the kernel its request:
+// the code, env for this execution only, and base, the sandbox's env vars,
+// when they differ from what the kernel was last given (sent each time,
+// they would undo the code's own changes to those variables).
+func (k *kernel) begin(ex *execution, code string, env, base map[string]string) error {
+	msg := map[string]any{"code": code, "env": env}
+	k.mu.Lock()
+	newBase := base != nil && !maps.Equal(base, k.baseEnv)
+	k.mu.Unlock()
+	if newBase {
+		msg["base_env"] = base
+	}
+	req, err := json.Marshal(msg)
 	if err != nil {
 		return err
 	}
 	k.mu.Lock()
 	k.current = ex
+	if newBase {
+		k.baseEnv = maps.Clone(base)
+	}
 	k.mu.Unlock()
 	if _, err := k.reqs.Write(append(req, '\n')); err != nil {
 		k.end(ex)

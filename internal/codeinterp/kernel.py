@@ -296,6 +296,10 @@ def on_interrupt(signum, frame):
 
 def execute(request):
     global running
+    # The sandbox's env vars, sent when they changed since this kernel
+    # last had them (a sandbox restored from a snapshot taken with the
+    # kernel running): kept, as those a kernel starts with are.
+    os.environ.update(request.get("base_env") or {})
     env = request.get("env") or {}
     saved = {k: os.environ.get(k) for k in env}
     count = shell.execution_count

@@ -43,6 +43,11 @@ type Config struct {
 	// Prepare sets a kernel's user, env vars and working directory; cwd is
 	// the context's ("" for the default). Required.
 	Prepare func(cmd *exec.Cmd, cwd string) error
+	// Env returns the sandbox's env vars as they are now (nil: none
+	// beyond the kernel's own). A kernel started before they changed (in a
+	// snapshot the sandbox was restored from) is given them at its next
+	// execution, for good.
+	Env func() map[string]string
 	// Token returns the access token /execute must carry in X-Access-Token
 	// ("" or nil: none), as E2B's SDK sends envd's.
 	Token func() string
@@ -317,7 +322,11 @@ func (s *Service) handleExecute(w http.ResponseWriter, r *http.Request) {
 // cell that does not stop within InterruptGrace costs the kernel.
 func (s *Service) run(ctx context.Context, c *codeContext, k *kernel, req executeRequest, emit func([]byte) error) {
 	ex := &execution{lines: make(chan []byte, 64), stop: make(chan struct{})}
-	if err := k.begin(ex, req.Code, req.EnvVars); err != nil {
+	var base map[string]string
+	if s.cfg.Env != nil {
+		base = s.cfg.Env()
+	}
+	if err := k.begin(ex, req.Code, req.EnvVars, base); err != nil {
 		c.stop()
 		s.emitDead(emit, err)
 		return

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -32,7 +34,8 @@ func TestMain(m *testing.M) {
 }
 
 // fakeKernel runs cells: "print:TEXT" (stdout), "big:N" (N stdout lines of 1 KiB), "pid" (a result with its pid),
-// "env:NAME" (a result with that request env var), "sleep" (until SIGINT, then a
+// "env:NAME" (a result with that request env var), "base:NAME" (a result with that
+// var of the request's base_env, "-" when it sent none), "sleep" (until SIGINT, then a
 // KeyboardInterrupt error), "quiet" (the same without output first), "deaf" (ignores SIGINT, sleeps), "exit" (dies).
 func fakeKernel() {
 	ints := make(chan os.Signal, 1)
@@ -49,6 +52,7 @@ func fakeKernel() {
 		var req struct {
 			Code string            `json:"code"`
 			Env  map[string]string `json:"env"`
+			Base map[string]string `json:"base_env"`
 		}
 		_ = json.Unmarshal(sc.Bytes(), &req)
 		count++
@@ -65,6 +69,12 @@ func fakeKernel() {
 			emit(map[string]any{"type": "result", "is_main_result": true, "text": strconv.Itoa(os.Getpid())})
 		case "env":
 			emit(map[string]any{"type": "result", "is_main_result": true, "text": req.Env[arg]})
+		case "base":
+			text := "-"
+			if req.Base != nil {
+				text = req.Base[arg]
+			}
+			emit(map[string]any{"type": "result", "is_main_result": true, "text": text})
 		case "sleep":
 			emit(map[string]any{"type": "stdout", "text": "sleeping\n"})
 			<-ints
@@ -202,6 +212,38 @@ func TestExecuteStreams(t *testing.T) {
 	lines := execute(t, srv.URL, map[string]any{"code": "env:ONLY_HERE", "env_vars": map[string]string{"ONLY_HERE": "yes"}})
 	if lines[0].Type != "result" || lines[0].Text != "yes" {
 		t.Errorf("env var: %+v", lines)
+	}
+}
+
+// The sandbox's env vars reach a kernel when they differ from what it last
+// had (a restore from a snapshot changes them under a running kernel), and
+// only then: sent every time, they would undo the code's own changes.
+func TestSandboxEnvReachesKernel(t *testing.T) {
+	var mu sync.Mutex
+	env := map[string]string{"FOO": "template"}
+	_, srv := newTestService(t, Config{Env: func() map[string]string {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(env)
+	}})
+	for _, step := range []struct {
+		set  string // FOO's value from now on ("" : unchanged)
+		want string // what the kernel is sent
+	}{
+		{"", "template"}, // a new kernel: sent once
+		{"", "-"},
+		{"restored", "restored"},
+		{"", "-"},
+	} {
+		if step.set != "" {
+			mu.Lock()
+			env["FOO"] = step.set
+			mu.Unlock()
+		}
+		lines := execute(t, srv.URL, map[string]any{"code": "base:FOO"})
+		if lines[0].Type != "result" || lines[0].Text != step.want {
+			t.Errorf("after FOO=%q: kernel sent %+v, want %q", step.set, lines[0], step.want)
+		}
 	}
 }
 

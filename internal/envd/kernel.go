@@ -26,6 +26,12 @@ func (s *Server) PrepareKernel(cmd *exec.Cmd, cwd string, extra map[string]strin
 	return nil
 }
 
+// Env is the sandbox's env vars as /init last set them: a restored
+// sandbox's kernels, started before, learn them at their next execution.
+func (s *Server) Env() map[string]string {
+	return s.settings.env()
+}
+
 // AccessToken is the token /init configured ("" when there is none).
 func (s *Server) AccessToken() string {
 	return s.settings.token()

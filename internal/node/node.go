@@ -189,4 +189,7 @@ type SnapshotRequest struct {
 	// template, which is deleted once the new checkpoint is taken; a
 	// template that owns a root filesystem is never replaced.
 	Replace bool
+	// Local keeps the snapshot off the object store: other nodes neither
+	// see nor fetch it (a node's own code interpreter snapshot).
+	Local bool
 }

@@ -56,6 +56,9 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 	if err != nil {
 		return nil, err
 	}
+	if template.IsCodeInterpreter(req.Template) && tpl.ImageDir == "" {
+		tpl = m.codeInterpreterTemplate(ctx, tpl)
+	}
 	if tpl.Kind != store.KindRootfs && tpl.Kind != "" {
 		// A restored sandbox keeps the machine shape it was checkpointed
 		// with; requested sizes are not applied.

@@ -207,6 +207,8 @@ type Manager struct {
 
 	warm *warmPool
 	prep *preparedPool // nil when off
+	// ciWarm makes the code interpreter's warm snapshot (codeinterp.go).
+	ciWarm ciWarm
 	// takeOverMu serialises taking over other nodes' sandboxes (rare).
 	takeOverMu  sync.Mutex
 	monitorDone chan struct{}

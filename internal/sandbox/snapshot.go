@@ -68,7 +68,8 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	// One with volumes is not shared with other nodes: they are this
 	// node's, and so are the sandboxes made from it.
-	if m.cfg.Shared != nil && len(tpl.VolumeMounts) == 0 {
+	shared := m.cfg.Shared != nil && len(tpl.VolumeMounts) == 0 && !req.Local
+	if shared {
 		if err := m.cfg.Shared.Share(tpl); err != nil {
 			m.removeImage(ctx, dir)
 			return nil, fmt.Errorf("snapshot %s: %w", req.SandboxID, err)
@@ -96,7 +97,7 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
-	if len(tpl.VolumeMounts) == 0 {
+	if shared {
 		m.share(ctx, tpl)
 	}
 	return tpl, nil

@@ -85,13 +85,13 @@ func NewManager(st store.Store, base BaseConfig, dirs Dirs, logger *slog.Logger)
 }
 
 // Get finds a template by ID or name. The code interpreter template
-// (CodeInterpreterName or CodeInterpreterAlias) is built on its first use.
+// (CodeInterpreterName or CodeInterpreterAlias) is its warm snapshot, or
+// its root filesystem until the node has made that, built on first use.
 func (m *Manager) Get(ctx context.Context, idOrName string) (*store.Template, error) {
-	tpl, err := m.store.GetTemplate(ctx, idOrName)
-	if errors.Is(err, store.ErrNotFound) && IsCodeInterpreter(idOrName) {
-		return m.ensureCodeInterpreter(ctx)
+	if IsCodeInterpreter(idOrName) {
+		return m.codeInterpreter(ctx)
 	}
-	return tpl, err
+	return m.store.GetTemplate(ctx, idOrName)
 }
 
 // EnsureBase returns the base template, building its rootfs first if the

@@ -18,9 +18,18 @@ import (
 
 // CodeInterpreterName is the built-in template E2B's Code Interpreter SDK
 // creates by default; CodeInterpreterAlias is its short name.
+//
+// It is made in two steps: the root filesystem, recorded as
+// CodeInterpreterRootfsName, and a snapshot of a sandbox booted from it
+// with its default kernel started and the usual libraries imported, which
+// bears CodeInterpreterName (the node makes it: see the sandbox manager).
+// Sandboxes are restored from the snapshot, so that their first runCode
+// finds a warm kernel. Until the snapshot exists (or if making it failed)
+// CodeInterpreterName resolves to the root filesystem, which boots.
 const (
-	CodeInterpreterName  = "code-interpreter-v1"
-	CodeInterpreterAlias = "code-interpreter"
+	CodeInterpreterName       = "code-interpreter-v1"
+	CodeInterpreterAlias      = "code-interpreter"
+	CodeInterpreterRootfsName = "code-interpreter-v1-rootfs"
 )
 
 // CodeInterpreterMemoryMB is the code interpreter template's memory: what
@@ -70,9 +79,28 @@ type ciState struct {
 	current *ciBuild
 }
 
-// ensureCodeInterpreter returns the code interpreter template, building its
-// root filesystem first (minutes, once per template cache) if the node has
-// none. Concurrent callers wait for one build.
+// codeInterpreter returns the code interpreter's warm snapshot if the node
+// has made it, else its root filesystem template, built first (minutes,
+// once per template cache) if the node has none.
+func (m *Manager) codeInterpreter(ctx context.Context) (*store.Template, error) {
+	tpl, err := m.store.GetTemplate(ctx, CodeInterpreterName)
+	switch {
+	case err == nil && tpl.ImageDir != "" && m.hasCodeInterpreterRootfs(tpl):
+		return tpl, nil
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	return m.ensureCodeInterpreter(ctx)
+}
+
+func (m *Manager) hasCodeInterpreterRootfs(tpl *store.Template) bool {
+	_, err := os.Stat(filepath.Join(tpl.RootfsPath, codeInterpreterMarker))
+	return err == nil
+}
+
+// ensureCodeInterpreter returns the code interpreter's root filesystem
+// template, building it first if the node has none. Concurrent callers
+// wait for one build.
 func (m *Manager) ensureCodeInterpreter(ctx context.Context) (*store.Template, error) {
 	m.ci.mu.Lock()
 	b := m.ci.current
@@ -97,21 +125,22 @@ func (m *Manager) ensureCodeInterpreter(ctx context.Context) (*store.Template, e
 }
 
 func (m *Manager) buildCodeInterpreter(ctx context.Context) (*store.Template, error) {
-	tpl, err := m.store.GetTemplate(ctx, CodeInterpreterName)
-	if err == nil {
-		if _, statErr := os.Stat(filepath.Join(tpl.RootfsPath, codeInterpreterMarker)); statErr == nil {
+	tpl, err := m.rootfsRecord(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if tpl != nil {
+		if m.hasCodeInterpreterRootfs(tpl) {
 			return tpl, runtime.PrepareRootfs(tpl.RootfsPath)
 		}
 		m.logger.WarnContext(ctx, "code interpreter template rootfs missing; rebuilding", "rootfs", tpl.RootfsPath)
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return nil, err
 	}
 	rootfs, err := m.buildRootfs(ctx, "code-interpreter", codeInterpreterConfig(m.base), m.customiseCodeInterpreter)
 	if err != nil {
 		return nil, err
 	}
 	if tpl == nil {
-		tpl = &store.Template{ID: newTemplateID(), Name: CodeInterpreterName, CreatedAt: time.Now().UTC()}
+		tpl = &store.Template{ID: newTemplateID(), Name: CodeInterpreterRootfsName, CreatedAt: time.Now().UTC()}
 	}
 	tpl.Kind = store.KindRootfs
 	tpl.RootfsPath = rootfs
@@ -123,6 +152,33 @@ func (m *Manager) buildCodeInterpreter(ctx context.Context) (*store.Template, er
 	if err := m.store.PutTemplate(ctx, tpl); err != nil {
 		return nil, fmt.Errorf("record code interpreter template: %w", err)
 	}
+	return tpl, nil
+}
+
+// rootfsRecord returns the record of the code interpreter's root
+// filesystem, nil if there is none. Nodes of earlier releases recorded it
+// under CodeInterpreterName itself: such a record is renamed, which frees
+// the name for the warm snapshot (sandboxes made from it keep it by ID).
+func (m *Manager) rootfsRecord(ctx context.Context) (*store.Template, error) {
+	tpl, err := m.store.GetTemplate(ctx, CodeInterpreterRootfsName)
+	if err == nil || !errors.Is(err, store.ErrNotFound) {
+		return tpl, err
+	}
+	tpl, err = m.store.GetTemplate(ctx, CodeInterpreterName)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case tpl.ImageDir != "":
+		return nil, nil // the snapshot, its root filesystem's record lost
+	}
+	tpl.Name = CodeInterpreterRootfsName
+	if err := m.store.PutTemplate(ctx, tpl); err != nil {
+		return nil, fmt.Errorf("rename the code interpreter's root filesystem template: %w", err)
+	}
+	m.logger.InfoContext(ctx, "code interpreter root filesystem template renamed", "template", tpl.ID,
+		"name", CodeInterpreterRootfsName)
 	return tpl, nil
 }
 

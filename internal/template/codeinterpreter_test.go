@@ -65,13 +65,63 @@ func TestGetMakesCodeInterpreter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Name != CodeInterpreterName || first.RootfsPath != rootfs || first.DefaultUser != DefaultUser {
+	if first.Name != CodeInterpreterRootfsName || first.RootfsPath != rootfs || first.DefaultUser != DefaultUser {
 		t.Errorf("template %+v", first)
 	}
-	for _, name := range []string{CodeInterpreterName, CodeInterpreterAlias, first.ID} {
+	for _, name := range []string{CodeInterpreterName, CodeInterpreterAlias, CodeInterpreterRootfsName, first.ID} {
 		again, err := m.Get(ctx, name)
 		if err != nil || again.ID != first.ID {
 			t.Errorf("Get(%q) = %v, %v; want the template made first (%s)", name, again, err, first.ID)
 		}
+	}
+
+	// Once the node has made the warm snapshot, both names are it; the
+	// root filesystem stays reachable by its own name.
+	warm := &store.Template{ID: "warm", Name: CodeInterpreterName, Kind: store.KindSandboxTemplate,
+		RootfsPath: rootfs, ImageDir: t.TempDir()}
+	if err := st.PutTemplate(ctx, warm); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{CodeInterpreterName: warm.ID, CodeInterpreterAlias: warm.ID,
+		CodeInterpreterRootfsName: first.ID} {
+		got, err := m.Get(ctx, name)
+		if err != nil || got.ID != want {
+			t.Errorf("Get(%q) = %v, %v; want %s", name, got, err, want)
+		}
+	}
+	// A snapshot whose root filesystem is gone is not used: the root
+	// filesystem is made again, and boots.
+	os.Remove(filepath.Join(rootfs, codeInterpreterMarker))
+	if got, err := m.Get(ctx, CodeInterpreterAlias); err != nil || got.ID != first.ID {
+		t.Errorf("Get with the rootfs gone = %v, %v; want the rootfs template %s again", got, err, first.ID)
+	}
+}
+
+// A root filesystem template recorded under CodeInterpreterName by an
+// earlier release is renamed on first use, keeping its ID.
+func TestCodeInterpreterRenamesEarlierRecord(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := t.TempDir()
+	base := DefaultBaseConfig(cache)
+	rootfs := filepath.Join(cache, "code-interpreter-"+codeInterpreterConfig(base).key(), "rootfs")
+	for _, f := range []string{"bin/bash", codeInterpreterMarker} {
+		os.MkdirAll(filepath.Dir(filepath.Join(rootfs, f)), 0o755)
+		os.WriteFile(filepath.Join(rootfs, f), nil, 0o644)
+	}
+	old := &store.Template{ID: "earlier", Name: CodeInterpreterName, Kind: store.KindRootfs, RootfsPath: rootfs}
+	if err := st.PutTemplate(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	m := NewManager(st, base, Dirs{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	got, err := m.Get(ctx, CodeInterpreterName)
+	if err != nil || got.ID != old.ID || got.Name != CodeInterpreterRootfsName {
+		t.Fatalf("Get = %+v, %v; want %s renamed %s", got, err, old.ID, CodeInterpreterRootfsName)
+	}
+	if _, err := st.GetTemplate(ctx, CodeInterpreterName); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the name %s is still taken: %v", CodeInterpreterName, err)
 	}
 }
