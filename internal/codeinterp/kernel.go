@@ -16,10 +16,15 @@ import (
 	"syscall"
 )
 
-// driverSource is the Python program a kernel runs (see kernel.py).
-//
-//go:embed kernel.py
-var driverSource string
+// The Python programs kernels run: pythonDriver for Python contexts (see
+// kernel.py), bashDriver for bash ones (kernel_bash.py). Both speak the
+// same protocol with the service.
+var (
+	//go:embed kernel.py
+	pythonDriver string
+	//go:embed kernel_bash.py
+	bashDriver string
+)
 
 // maxEventBytes bounds one event line from a kernel (a large image is one
 // line); a longer line is dropped whole, with a note on stderr.
@@ -55,10 +60,11 @@ type kernel struct {
 	baseEnv map[string]string
 }
 
-// startKernel starts a kernel; prepare sets its user, env and directory.
-// It returns once the kernel is ready to execute.
-func startKernel(ctx context.Context, python string, prepare func(*exec.Cmd) error) (*kernel, error) {
-	cmd := exec.Command(python, "-c", driverSource)
+// startKernel starts a kernel running driver (the source of a Python
+// program); prepare sets its user, env and directory. It returns once the
+// kernel is ready to execute.
+func startKernel(ctx context.Context, python, driver string, prepare func(*exec.Cmd) error) (*kernel, error) {
+	cmd := exec.Command(python, "-c", driver)
 	if err := prepare(cmd); err != nil {
 		return nil, err
 	}

@@ -68,7 +68,7 @@ type Service struct {
 
 	mu        sync.Mutex
 	contexts  map[string]*codeContext
-	defaultID string // the default Python context's ID, "" until made
+	defaults  map[string]string // language → its default context's ID, once made
 }
 
 // codeContext is one context: a kernel that keeps its state between
@@ -97,7 +97,8 @@ func New(cfg Config) *Service {
 		cfg.InterruptGrace = DefaultInterruptGrace
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, ctx: ctx, cancel: cancel, contexts: map[string]*codeContext{}}
+	return &Service{cfg: cfg, ctx: ctx, cancel: cancel, contexts: map[string]*codeContext{},
+		defaults: map[string]string{}}
 }
 
 // Close kills every kernel.
@@ -113,7 +114,7 @@ func (s *Service) Close() {
 // Warm starts the default context's kernel in the background if it is not
 // running, so that the first execution finds it ready.
 func (s *Service) Warm() {
-	c := s.defaultContext()
+	c := s.defaultContext(langPython)
 	go func() {
 		if err := c.acquire(s.ctx); err != nil {
 			return
@@ -140,10 +141,27 @@ func (s *Service) Handler() http.Handler {
 	return mux
 }
 
-// supportedLanguage tells the languages a context may have; "" means
-// Python.
-func supportedLanguage(lang string) bool {
-	return lang == "" || lang == "python" || lang == "python3"
+// Languages a context may have.
+const (
+	langPython = "python"
+	langBash   = "bash"
+)
+
+// contextLanguage returns the language a request's language names ("" is
+// Python), and false for one the service does not run.
+func contextLanguage(lang string) (string, bool) {
+	switch lang {
+	case "", "python", "python3":
+		return langPython, true
+	case "bash":
+		return langBash, true
+	}
+	return "", false
+}
+
+// unsupportedLanguage is the answer to a language the service does not run.
+func unsupportedLanguage(w http.ResponseWriter, lang string) {
+	writeError(w, http.StatusBadRequest, fmt.Sprintf("language %q is not supported (python and bash are)", lang))
 }
 
 func newContextID() string {
@@ -154,21 +172,22 @@ func newContextID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-func (s *Service) newContext(cwd string) *codeContext {
-	return &codeContext{ID: newContextID(), Language: "python", Cwd: cwd, requestedCwd: cwd,
+func (s *Service) newContext(lang, cwd string) *codeContext {
+	return &codeContext{ID: newContextID(), Language: lang, Cwd: cwd, requestedCwd: cwd,
 		sem: make(chan struct{}, 1)}
 }
 
-// defaultContext returns the default Python context, making it if needed.
-func (s *Service) defaultContext() *codeContext {
+// defaultContext returns the default context of a language, making it if
+// needed: a runCode that names a language and no context runs there.
+func (s *Service) defaultContext(lang string) *codeContext {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c, ok := s.contexts[s.defaultID]; ok {
+	if c, ok := s.contexts[s.defaults[lang]]; ok {
 		return c
 	}
-	c := s.newContext("")
+	c := s.newContext(lang, "")
 	s.contexts[c.ID] = c
-	s.defaultID = c.ID
+	s.defaults[lang] = c.ID
 	return c
 }
 
@@ -210,7 +229,11 @@ func (s *Service) kernelOf(ctx context.Context, c *codeContext) (*kernel, error)
 		return k, nil
 	}
 	var dir string
-	k, err := startKernel(ctx, s.cfg.Python, func(cmd *exec.Cmd) error {
+	source := pythonDriver
+	if c.Language == langBash {
+		source = bashDriver
+	}
+	k, err := startKernel(ctx, s.cfg.Python, source, func(cmd *exec.Cmd) error {
 		if err := s.cfg.Prepare(cmd, c.requestedCwd); err != nil {
 			return err
 		}
@@ -279,11 +302,13 @@ func (s *Service) handleExecute(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("Context %s not found", req.ContextID))
 			return
 		}
-	case !supportedLanguage(req.Language):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("language %q is not supported (python is)", req.Language))
-		return
 	default:
-		c = s.defaultContext()
+		lang, ok := contextLanguage(req.Language)
+		if !ok {
+			unsupportedLanguage(w, req.Language)
+			return
+		}
+		c = s.defaultContext(lang)
 	}
 	ctx := r.Context()
 	if err := c.acquire(ctx); err != nil {
@@ -421,11 +446,12 @@ func (s *Service) handleCreate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid request body: "+err.Error())
 		return
 	}
-	if !supportedLanguage(req.Language) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("language %q is not supported (python is)", req.Language))
+	lang, ok := contextLanguage(req.Language)
+	if !ok {
+		unsupportedLanguage(w, req.Language)
 		return
 	}
-	c := s.newContext(req.Cwd)
+	c := s.newContext(lang, req.Cwd)
 	c.sem <- struct{}{} // nobody else knows c yet
 	defer c.release()
 	if _, err := s.kernelOf(r.Context(), c); err != nil {

@@ -130,6 +130,7 @@ type line struct {
 	Type           string `json:"type"`
 	Text           string `json:"text"`
 	Name           string `json:"name"`
+	Value          string `json:"value"`
 	ExecutionCount int    `json:"execution_count"`
 }
 

@@ -1,0 +1,139 @@
+package codeinterp
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// TestKernelBash runs kernel_bash.py itself, with the machine's python3 and
+// bash, through the real service: a bash context keeps its shell state
+// between cells, reports a failing cell's status, and survives interrupts,
+// syntax errors and exit.
+func TestKernelBash(t *testing.T) {
+	var mu sync.Mutex
+	sandboxEnv := map[string]string{"FROM_SANDBOX": "one"}
+	s := New(Config{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Prepare: func(cmd *exec.Cmd, cwd string) error {
+			cmd.Env = os.Environ()
+			cmd.Dir = t.TempDir()
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			return nil
+		},
+		Env: func() map[string]string {
+			mu.Lock()
+			defer mu.Unlock()
+			return maps.Clone(sandboxEnv)
+		},
+	})
+	defer s.Close()
+	srv := newServer(t, s)
+	run := func(code string, env map[string]string) []line {
+		t.Helper()
+		body := map[string]any{"code": code, "language": "bash"}
+		if env != nil {
+			body["env_vars"] = env
+		}
+		lines := execute(t, srv, body)
+		lastTwo(t, lines)
+		return lines[:len(lines)-2]
+	}
+	errorOf := func(lines []line) *line {
+		for i := range lines {
+			if lines[i].Type == "error" {
+				return &lines[i]
+			}
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		code     string
+		env      map[string]string
+		stdout   string
+		stderr   string
+		errValue string // "" : no error
+	}{
+		{code: "x=41; greet() { echo \"hi $1\"; }; mkdir -p sub; cd sub", stdout: ""},
+		{code: "echo $((x+1)); greet you; basename \"$PWD\"", stdout: "42\nhi you\nsub\n"},
+		{code: "echo out; echo err >&2", stdout: "out\n", stderr: "err\n"},
+		{code: "false", errValue: "1"},
+		{code: "ls /no/such/dir", errValue: "2"},
+		{code: "if then fi", errValue: "2"},
+		{code: "echo after the syntax error $x", stdout: "after the syntax error 41\n"},
+		{code: "echo $ONLY_HERE", env: map[string]string{"ONLY_HERE": "yes"}, stdout: "yes\n"},
+		{code: "echo \"[${ONLY_HERE-unset}]\"", stdout: "[unset]\n"},
+		{code: "echo $FROM_SANDBOX", stdout: "one\n"},
+		// A cell that reads stdin reads nothing: not the commands after it.
+		{code: "read -r line; echo \"read [$line]\"; echo still here", stdout: "read []\nstill here\n"},
+		// exit ends the shell, with its status; the next cell gets a new one.
+		{code: "exit 3", errValue: "3"},
+		{code: "echo \"x is [${x-}]\"", stdout: "x is []\n"},
+	} {
+		lines := run(tc.code, tc.env)
+		if got := texts(lines, "stdout"); got != tc.stdout {
+			t.Errorf("%q: stdout %q, want %q", tc.code, got, tc.stdout)
+		}
+		if tc.stderr != "" {
+			if got := texts(lines, "stderr"); got != tc.stderr {
+				t.Errorf("%q: stderr %q, want %q", tc.code, got, tc.stderr)
+			}
+		}
+		e := errorOf(lines)
+		switch {
+		case tc.errValue == "" && e != nil:
+			t.Errorf("%q: error %+v, want none", tc.code, *e)
+		case tc.errValue != "" && (e == nil || e.Value != tc.errValue):
+			t.Errorf("%q: error %+v, want value %q", tc.code, e, tc.errValue)
+		}
+	}
+
+	// The sandbox's env vars, changed (a restore), reach the shell.
+	mu.Lock()
+	sandboxEnv["FROM_SANDBOX"] = "two"
+	mu.Unlock()
+	if got := texts(run("echo $FROM_SANDBOX", nil), "stdout"); got != "two\n" {
+		t.Errorf("sandbox env after a change: %q", got)
+	}
+
+	// An interrupt stops the command running and skips the rest of the
+	// cell; the shell and its variables stay.
+	run("y=7", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := post(t, ctx, srv+"/execute", map[string]any{"code": "echo sleeping; sleep 600; echo not reached",
+		"language": "bash"}, nil)
+	dec := json.NewDecoder(res.Body)
+	var first line
+	if err := dec.Decode(&first); err != nil || first.Text != "sleeping\n" {
+		t.Fatalf("first line %+v, %v", first, err)
+	}
+	cancel()
+	res.Body.Close()
+	if got := texts(run("echo $y", nil), "stdout"); got != "7\n" {
+		t.Errorf("after an interrupt: %q, want the shell's state kept", got)
+	}
+
+	// Contexts of bash are made as Python's are, and listed with their language.
+	res = post(t, context.Background(), srv+"/contexts", map[string]any{"language": "bash"}, nil)
+	var made struct {
+		ID       string `json:"id"`
+		Language string `json:"language"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&made); err != nil || res.StatusCode != http.StatusOK || made.Language != "bash" {
+		t.Fatalf("POST /contexts bash: %d %+v %v", res.StatusCode, made, err)
+	}
+	res.Body.Close()
+	lines := execute(t, srv, map[string]any{"code": "echo \"[${y-}]\"", "context_id": made.ID})
+	if got := texts(lines, "stdout"); !strings.Contains(got, "[]") {
+		t.Errorf("a new bash context shares the default one's state: %q", got)
+	}
+}
