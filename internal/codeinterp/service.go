@@ -66,9 +66,9 @@ type Service struct {
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 
-	mu        sync.Mutex
-	contexts  map[string]*codeContext
-	defaults  map[string]string // language → its default context's ID, once made
+	mu       sync.Mutex
+	contexts map[string]*codeContext
+	defaults map[string]string // language → its default context's ID, once made
 }
 
 // codeContext is one context: a kernel that keeps its state between
