@@ -131,7 +131,7 @@ TEST_CACHE := /var/cache/aenv-test
 .PHONY: test-prepare
 test-prepare: build $(BIN)/weed $(BIN)/pebble $(BIN)/dnsstub $(RACE_BIN)/aenv
 	d=$$(mktemp -d /tmp/aenv-prepare.XXXXXX); \
-	$(BIN)/aenv server --prepare-only --api-key prepare --data-dir $$d --template-cache-dir $(TEST_CACHE); \
+	$(BIN)/aenv server --prepare-only --prepare-code-interpreter --api-key prepare --data-dir $$d --template-cache-dir $(TEST_CACHE); \
 	rm -rf $$d
 
 # The tiers that start servers run the race-enabled one (RACE_BIN) and fail

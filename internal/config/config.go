@@ -27,6 +27,9 @@ type Server struct {
 	IdleTimeoutSecs int
 	DataDir         string
 	PrepareOnly     bool
+	// PrepareCodeInterpreter builds the code interpreter template's root
+	// filesystem at start rather than at its first create.
+	PrepareCodeInterpreter bool
 	APIKey          string
 	KillOnExit      bool
 	LogLevel        string
@@ -154,6 +157,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.DataDir, "data-dir", "where the server keeps its database, runtime state and templates")
 	str(&c.APIKey, "api-key", "API key clients must send as X-API-Key (default: generated once and kept in <data-dir>/api-key)")
 	boolean(&c.PrepareOnly, "prepare-only", "set up the data dir and build the base template, then exit without serving")
+	boolean(&c.PrepareCodeInterpreter, "prepare-code-interpreter", "also build the code interpreter template's root filesystem (minutes, once per template cache) before serving, or before exiting with --prepare-only; without it, its first create builds it")
 	boolean(&c.KillOnExit, "kill-on-exit", "kill all sandboxes on shutdown instead of leaving them for the next start to adopt")
 	str(&c.LogLevel, "log-level", "debug, info, warn or error")
 	str(&c.LogFormat, "log-format", "text or json")

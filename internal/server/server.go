@@ -167,6 +167,11 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if _, err := templates.EnsureBase(ctx, sandbox.NewID); err != nil {
 		return fmt.Errorf("base template: %w", err)
 	}
+	if cfg.PrepareCodeInterpreter {
+		if _, err := templates.PrepareCodeInterpreter(ctx); err != nil {
+			return fmt.Errorf("code interpreter template: %w", err)
+		}
+	}
 
 	if cfg.PrepareOnly {
 		logger.InfoContext(ctx, "prepared; not serving (--prepare-only)", "data_dir", cfg.DataDir)

@@ -98,6 +98,13 @@ func (m *Manager) hasCodeInterpreterRootfs(tpl *store.Template) bool {
 	return err == nil
 }
 
+// PrepareCodeInterpreter builds the code interpreter's root filesystem if
+// the node has none (see --prepare-code-interpreter), and returns its
+// template.
+func (m *Manager) PrepareCodeInterpreter(ctx context.Context) (*store.Template, error) {
+	return m.ensureCodeInterpreter(ctx)
+}
+
 // ensureCodeInterpreter returns the code interpreter's root filesystem
 // template, building it first if the node has none. Concurrent callers
 // wait for one build.
