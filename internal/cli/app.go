@@ -55,6 +55,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.startCommand(),
 		a.lsCommand(),
 		a.execCommand(),
+		a.runCodeCommand(),
 		a.cpCommand(),
 		a.pauseCommand(),
 		a.resumeCommand(),

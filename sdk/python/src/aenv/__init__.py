@@ -10,6 +10,7 @@ Standard library only.
 
 from ._calls import ForkResult, Volume
 from .client import AsyncClient
+from .code_interpreter import Execution, ExecutionError, Logs, Result
 from .env import SandboxEnv
 from .errors import (AenvError, AuthError, BadRequest, ClientClosed, Conflict, NotFound, SandboxError,
                      Timeout, TransportError, is_infra_error)
@@ -21,6 +22,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AenvError", "AsyncClient", "AuthError", "BadRequest", "Client", "ClientClosed", "Conflict",
-    "ForkResult", "Network", "NotFound", "RetryPolicy", "SandboxEnv", "SandboxError", "Timeout",
-    "TransportError", "Volume", "is_infra_error",
+    "Execution", "ExecutionError", "ForkResult", "Logs", "Network", "NotFound", "Result", "RetryPolicy",
+    "SandboxEnv", "SandboxError", "Timeout", "TransportError", "Volume", "is_infra_error",
 ]

@@ -9,8 +9,9 @@ without opening hundreds of sockets per second.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._wire import Endpoint, Request, Response
 from .errors import ClientClosed, Timeout, TransportError
@@ -150,7 +151,8 @@ class AsyncConnectionPool:
         while 100 <= status < 200:  # interim responses; we never send Expect
             status, version = _parse_status_line(await conn.reader.readline())
             headers = await _read_headers(conn.reader)
-        body, until_eof = await _read_body(conn.reader, req.method, status, headers)
+        on_body = req.on_body if 200 <= status < 300 else None
+        body, until_eof = await _read_body(conn.reader, req.method, status, headers, on_body)
         keep_alive = not until_eof and _wants_keep_alive(version, headers)
         return Response(status, headers, body), keep_alive
 
@@ -202,22 +204,47 @@ async def _read_headers(reader: asyncio.StreamReader) -> Dict[str, str]:
     raise TransportError(f"more than {_MAX_HEADERS} response headers")
 
 
+_STREAM_PIECE = 64 * 1024
+
+
 async def _read_body(reader: asyncio.StreamReader, method: str, status: int,
-                     headers: Dict[str, str]) -> Tuple[bytes, bool]:
-    """Returns the body and whether it ran to the end of the connection."""
+                     headers: Dict[str, str],
+                     on_body: Optional[Callable[[bytes], Any]] = None) -> Tuple[bytes, bool]:
+    """Returns the body and whether it ran to the end of the connection.
+    With on_body the body is handed to it as it arrives, and b"" returned."""
     if method == "HEAD" or status in (204, 304):
         return b"", False
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        return await _read_chunked(reader), False
+        return await _read_chunked(reader, on_body), False
     length = headers.get("content-length")
     if length is not None:
         if not length.strip().isdigit():
             raise TransportError(f"bad Content-Length {length!r}")
-        return await reader.readexactly(int(length)), False
-    return await reader.read(), True
+        if on_body is None:
+            return await reader.readexactly(int(length)), False
+        left = int(length)
+        while left > 0:
+            piece = await reader.readexactly(min(left, _STREAM_PIECE))
+            left -= len(piece)
+            await _hand(on_body, piece)
+        return b"", False
+    if on_body is None:
+        return await reader.read(), True
+    while True:
+        piece = await reader.read(_STREAM_PIECE)
+        if not piece:
+            return b"", True
+        await _hand(on_body, piece)
 
 
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+async def _hand(on_body: Callable[[bytes], Any], piece: bytes) -> None:
+    result = on_body(piece)
+    if inspect.isawaitable(result):
+        await result
+
+
+async def _read_chunked(reader: asyncio.StreamReader,
+                        on_body: Optional[Callable[[bytes], Any]] = None) -> bytes:
     parts = []
     while True:
         size_line = await reader.readline()
@@ -228,7 +255,11 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
             raise TransportError(f"malformed chunk size {size_line[:100]!r}") from None
         if size == 0:
             break
-        parts.append(await reader.readexactly(size))
+        chunk = await reader.readexactly(size)
+        if on_body is None:
+            parts.append(chunk)
+        else:
+            await _hand(on_body, chunk)
         if await reader.readexactly(2) != b"\r\n":
             raise TransportError("chunk not followed by CRLF")
     while True:  # trailers, up to the empty line

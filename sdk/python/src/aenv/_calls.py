@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ._wire import Request, Response
-from .errors import SandboxError, error_from_response
+from .code_interpreter import CODE_INTERPRETER_PORT, ExecutionStream
+from .errors import AuthError, NotFound, SandboxError, error_from_response
 
 # The server's default command timeout (aenv server --default-exec-timeout-secs);
 # an execute without a timeout may legitimately run this long.
@@ -28,14 +29,24 @@ class Call:
     json_body: Any = None
     raw_body: Optional[bytes] = None
     idempotent: bool = False
-    # added to the client's timeout: time the server may spend working
-    extra_timeout: float = 0.0
+    # added to the client's timeout: time the server may spend working;
+    # None: no bound at all
+    extra_timeout: Optional[float] = 0.0
     # statuses that count as success when they answer a retry (the first
     # attempt may already have done the work, e.g. DELETE then 404)
     ok_on_retry: Tuple[int, ...] = ()
     decode: Callable[[Response], Any] = field(default=lambda resp: None)
     # a bearer token sent instead of the API key (a volume's content API)
     bearer: Optional[str] = None
+    # sandbox traffic (through the server's proxy to a port of a sandbox):
+    # these headers are sent instead of the API key, which is not the
+    # sandbox's to see
+    sandbox_headers: Optional[Mapping[str, str]] = None
+    # a streamed answer: a success's body goes to on_body as it arrives
+    on_body: Optional[Callable[[bytes], Any]] = None
+    # error_for(status, body) may give the exception of an error answer
+    # (None: the usual one)
+    error_for: Optional[Callable[[int, bytes], Optional[Exception]]] = None
 
     def request(self, api_key: str, timeout: Optional[float]) -> Request:
         target = self.path
@@ -45,6 +56,9 @@ class Call:
         if self.bearer is not None:
             del headers["X-API-Key"]
             headers["Authorization"] = "Bearer " + self.bearer
+        if self.sandbox_headers is not None:
+            del headers["X-API-Key"]
+            headers.update(self.sandbox_headers)
         body = b""
         if self.json_body is not None:
             body = json.dumps(self.json_body).encode()
@@ -52,9 +66,11 @@ class Call:
         elif self.raw_body is not None:
             body = self.raw_body
             headers["Content-Type"] = "application/octet-stream"
-        if timeout is not None:
+        if self.extra_timeout is None:
+            timeout = None
+        elif timeout is not None:
             timeout += self.extra_timeout
-        return Request(self.method, target, headers, body, self.idempotent, timeout)
+        return Request(self.method, target, headers, body, self.idempotent, timeout, self.on_body)
 
     def result(self, resp: Response, after_lost_answer: bool) -> Any:
         """Decodes a response, or raises the error it carries.
@@ -65,6 +81,10 @@ class Call:
             return self.decode(resp)
         if after_lost_answer and resp.status in self.ok_on_retry:
             return None
+        if self.error_for is not None:
+            err = self.error_for(resp.status, resp.body)
+            if err is not None:
+                raise err
         raise error_from_response(resp.status, resp.body)
 
 
@@ -419,3 +439,88 @@ def read_volume_file(volume: Volume, path: str, binary: bool) -> Call:
         return resp.body if binary else resp.body.decode()
     return Call("GET", "/volumecontent/" + urllib.parse.quote(volume.volume_id, safe="") + "/file",
                 query={"path": path}, idempotent=True, bearer=volume.token, decode=decode)
+
+
+# --- the code interpreter (port 49999 of a code-interpreter sandbox) ---
+
+def _code_interpreter_error(sandbox_id: str) -> Callable[[int, bytes], Optional[Exception]]:
+    """The proxy's answers in words of the code interpreter: no such
+    sandbox, nothing on the port, a wrong access token."""
+    def error_for(status: int, body: bytes) -> Optional[Exception]:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        data = data if isinstance(data, dict) else {}
+        if status == 502 and data.get("port") is not None:
+            return NotFound(status, f"sandbox {sandbox_id} does not serve the code interpreter: nothing listens "
+                                    f"on port {CODE_INTERPRETER_PORT} (create it from the code-interpreter template)")
+        if status == 502:
+            return NotFound(status, f"sandbox {sandbox_id} not found or not running")
+        if status == 401:
+            return AuthError(status, f"the code interpreter of sandbox {sandbox_id} refused its access token "
+                                     f"({data.get('message') or 'HTTP 401'})")
+        return None
+    return error_for
+
+
+def _code_interpreter_call(method: str, path: str, sandbox_id: str, access_token: Optional[str],
+                           **kwargs: Any) -> Call:
+    if not sandbox_id:
+        raise ValueError("sandbox_id must not be empty")
+    headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(CODE_INTERPRETER_PORT)}
+    if access_token:
+        headers["X-Access-Token"] = access_token
+    return Call(method, path, sandbox_headers=headers, error_for=_code_interpreter_error(sandbox_id), **kwargs)
+
+
+def run_code(sandbox_id: str, access_token: Optional[str], code: str, context_id: Optional[str],
+             language: Optional[str], envs: Optional[Mapping[str, str]], timeout: Optional[float],
+             stream: ExecutionStream) -> Call:
+    if not isinstance(code, str) or not code.strip():
+        raise ValueError("code must not be empty")
+    if context_id and language:
+        raise ValueError("give context_id or language, not both")
+    body: Dict[str, Any] = {"code": code}
+    if context_id:
+        body["context_id"] = context_id
+    if language:
+        body["language"] = language
+    if envs:
+        body["env_vars"] = dict(envs)
+    # Never retried: the code may have run. The timeout bounds the run:
+    # when it passes the connection is closed and the code interrupted.
+    return _code_interpreter_call("POST", "/execute", sandbox_id, access_token, json_body=body,
+                                  extra_timeout=timeout, on_body=stream.feed,
+                                  decode=lambda resp: stream.finish())
+
+
+def create_code_context(sandbox_id: str, access_token: Optional[str], language: Optional[str],
+                        cwd: Optional[str]) -> Call:
+    body: Dict[str, Any] = {}
+    if language:
+        body["language"] = language
+    if cwd:
+        body["cwd"] = cwd
+    return _code_interpreter_call("POST", "/contexts", sandbox_id, access_token, json_body=body,
+                                  extra_timeout=60.0, decode=_json)
+
+
+def list_code_contexts(sandbox_id: str, access_token: Optional[str]) -> Call:
+    return _code_interpreter_call("GET", "/contexts", sandbox_id, access_token, idempotent=True, decode=_json)
+
+
+def _context_path(context_id: str, suffix: str = "") -> str:
+    if not context_id:
+        raise ValueError("context_id must not be empty")
+    return "/contexts/" + urllib.parse.quote(context_id, safe="") + suffix
+
+
+def restart_code_context(sandbox_id: str, access_token: Optional[str], context_id: str) -> Call:
+    return _code_interpreter_call("POST", _context_path(context_id, "/restart"), sandbox_id, access_token,
+                                  extra_timeout=60.0)
+
+
+def remove_code_context(sandbox_id: str, access_token: Optional[str], context_id: str) -> Call:
+    return _code_interpreter_call("DELETE", _context_path(context_id), sandbox_id, access_token,
+                                  idempotent=True, ok_on_retry=(404,))

@@ -12,6 +12,9 @@ from ._wire import Endpoint, Request, Response
 from .errors import ClientClosed, Timeout, TransportError
 
 
+_STREAM_PIECE = 64 * 1024
+
+
 class _StaleConnection(TransportError):
     """A reused connection was closed by the server before it answered."""
 
@@ -83,7 +86,17 @@ class SyncConnectionPool:
         body = req.body if (req.body or req.method in ("POST", "PUT", "PATCH")) else None
         conn.request(req.method, self._endpoint.prefix + req.target, body=body, headers=req.headers)
         raw = conn.getresponse()
-        data = raw.read()
+        if req.on_body is not None and 200 <= raw.status < 300:
+            # A stream: each piece as it arrives (read1 returns what one
+            # read gives, chunked framing undone).
+            while True:
+                piece = raw.read1(_STREAM_PIECE)
+                if not piece:
+                    break
+                req.on_body(piece)
+            data = b""
+        else:
+            data = raw.read()
         headers = {}
         for name, value in raw.getheaders():
             key = name.lower()

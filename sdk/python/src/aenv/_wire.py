@@ -5,7 +5,7 @@ from __future__ import annotations
 import ssl
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,10 @@ class Request:
     idempotent: bool = False
     # timeout in seconds for this request, connect to last byte.
     timeout: Optional[float] = None
+    # on_body, when set, is handed a success's body piece by piece as it
+    # arrives (a stream), instead of the body being kept in the Response;
+    # what it returns, if awaitable, the async client awaits.
+    on_body: Optional[Callable[[bytes], Any]] = None
 
 
 @dataclass

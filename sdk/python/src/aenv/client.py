@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from . import _calls
 from ._async_http import AsyncConnectionPool
 from ._calls import Call, ForkResult, Volume
 from ._wire import Endpoint
+from .code_interpreter import Execution, ExecutionError, ExecutionStream, HandlerFailed, Result
 from .errors import Timeout, TransportError
 from .retry import NO_RETRIES, RetryPolicy
 
@@ -162,6 +163,73 @@ class AsyncClient:
                         user: Optional[str] = None) -> Union[str, bytes]:
         """The file's content: str (UTF-8) by default, bytes if binary."""
         return await self._run(_calls.read_file(sandbox_id, path, binary, user))
+
+    # --- the code interpreter ---
+
+    async def _access_token(self, sandbox_id: str, access_token: Optional[str]) -> str:
+        if access_token is not None:
+            return access_token
+        return (await self.get_sandbox(sandbox_id)).get("envdAccessToken") or ""
+
+    async def run_code(self, sandbox_id: str, code: str, context_id: Optional[str] = None,
+                       language: Optional[str] = None, envs: Optional[Mapping[str, str]] = None,
+                       on_stdout: Optional[Callable[[str], Any]] = None,
+                       on_stderr: Optional[Callable[[str], Any]] = None,
+                       on_result: Optional[Callable[[Result], Any]] = None,
+                       on_error: Optional[Callable[[ExecutionError], Any]] = None,
+                       timeout: Optional[float] = 300.0, access_token: Optional[str] = None) -> Execution:
+        """Runs code in the code interpreter of a sandbox made from the
+        code-interpreter template (E2B's runCode): variables, imports and
+        definitions stay for the next run in the same context.
+
+        The code runs in the default Python context, or in context_id (see
+        create_code_context), or in the default context of language. envs
+        apply to this run only. The handlers are called as the code prints
+        (on_stdout, on_stderr: the text), produces results (on_result: a
+        Result) or raises (on_error: an ExecutionError); they may be
+        coroutine functions. Returns an aenv.Execution (results, logs, error,
+        text); an exception in the code is its error, not raised. timeout
+        is how long the code may run, in seconds (the client's timeout is
+        added; None: no bound): past it the code is interrupted (its context
+        keeps its state) and aenv.Timeout raised.
+
+        access_token is the sandbox's envdAccessToken (create_sandbox_info);
+        without it get_sandbox fetches it first. NotFound for an unknown
+        sandbox, a sandbox without the code interpreter or an unknown
+        context; BadRequest for a language it does not run. Never retried.
+        """
+        token = await self._access_token(sandbox_id, access_token)
+        stream = ExecutionStream(on_stdout, on_stderr, on_result, on_error)
+        call = _calls.run_code(sandbox_id, token, code, context_id, language, envs, timeout, stream)
+        try:
+            return await self._run(call)
+        except HandlerFailed as exc:
+            raise exc.original from None
+
+    async def create_code_context(self, sandbox_id: str, language: Optional[str] = None,
+                                  cwd: Optional[str] = None, access_token: Optional[str] = None) -> Dict[str, Any]:
+        """Starts a context (a process keeping its own state) in the code
+        interpreter; returns {"id", "language", "cwd"}. Pass its id as
+        run_code's context_id."""
+        token = await self._access_token(sandbox_id, access_token)
+        return await self._run(_calls.create_code_context(sandbox_id, token, language, cwd))
+
+    async def list_code_contexts(self, sandbox_id: str, access_token: Optional[str] = None) -> List[Dict[str, Any]]:
+        """The code interpreter's contexts: [{"id", "language", "cwd"}]."""
+        token = await self._access_token(sandbox_id, access_token)
+        return await self._run(_calls.list_code_contexts(sandbox_id, token))
+
+    async def restart_code_context(self, sandbox_id: str, context_id: str,
+                                   access_token: Optional[str] = None) -> None:
+        """Starts the context's process again: its state is lost, a run in it ends."""
+        token = await self._access_token(sandbox_id, access_token)
+        await self._run(_calls.restart_code_context(sandbox_id, token, context_id))
+
+    async def remove_code_context(self, sandbox_id: str, context_id: str,
+                                  access_token: Optional[str] = None) -> None:
+        """Stops the context's process and forgets the context."""
+        token = await self._access_token(sandbox_id, access_token)
+        await self._run(_calls.remove_code_context(sandbox_id, token, context_id))
 
     # --- lifecycle ---
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from . import _calls
 from ._calls import Call, ForkResult, Volume
 from ._sync_http import SyncConnectionPool
 from ._wire import Endpoint
 from .client import DEFAULT_TEMPLATE
+from .code_interpreter import Execution, ExecutionError, ExecutionStream, HandlerFailed, Result
 from .errors import Timeout, TransportError
 from .retry import NO_RETRIES, RetryPolicy
 
@@ -120,6 +121,43 @@ class Client:
     def read_file(self, sandbox_id: str, path: str, binary: bool = False,
                   user: Optional[str] = None) -> Union[str, bytes]:
         return self._run(_calls.read_file(sandbox_id, path, binary, user))
+
+    def _access_token(self, sandbox_id: str, access_token: Optional[str]) -> str:
+        if access_token is not None:
+            return access_token
+        return self.get_sandbox(sandbox_id).get("envdAccessToken") or ""
+
+    def run_code(self, sandbox_id: str, code: str, context_id: Optional[str] = None,
+                 language: Optional[str] = None, envs: Optional[Mapping[str, str]] = None,
+                 on_stdout: Optional[Callable[[str], Any]] = None,
+                 on_stderr: Optional[Callable[[str], Any]] = None,
+                 on_result: Optional[Callable[[Result], Any]] = None,
+                 on_error: Optional[Callable[[ExecutionError], Any]] = None,
+                 timeout: Optional[float] = 300.0, access_token: Optional[str] = None) -> Execution:
+        """See AsyncClient.run_code. The handlers are plain functions; the
+        timeout (plus the client's) bounds each wait for the code's next
+        output rather than the whole run (http.client cannot)."""
+        token = self._access_token(sandbox_id, access_token)
+        stream = ExecutionStream(on_stdout, on_stderr, on_result, on_error, awaitable_handlers=False)
+        call = _calls.run_code(sandbox_id, token, code, context_id, language, envs, timeout, stream)
+        try:
+            return self._run(call)
+        except HandlerFailed as exc:
+            raise exc.original from None
+
+    def create_code_context(self, sandbox_id: str, language: Optional[str] = None, cwd: Optional[str] = None,
+                            access_token: Optional[str] = None) -> Dict[str, Any]:
+        token = self._access_token(sandbox_id, access_token)
+        return self._run(_calls.create_code_context(sandbox_id, token, language, cwd))
+
+    def list_code_contexts(self, sandbox_id: str, access_token: Optional[str] = None) -> List[Dict[str, Any]]:
+        return self._run(_calls.list_code_contexts(sandbox_id, self._access_token(sandbox_id, access_token)))
+
+    def restart_code_context(self, sandbox_id: str, context_id: str, access_token: Optional[str] = None) -> None:
+        self._run(_calls.restart_code_context(sandbox_id, self._access_token(sandbox_id, access_token), context_id))
+
+    def remove_code_context(self, sandbox_id: str, context_id: str, access_token: Optional[str] = None) -> None:
+        self._run(_calls.remove_code_context(sandbox_id, self._access_token(sandbox_id, access_token), context_id))
 
     def update_network(self, sandbox_id: str, network: Any) -> None:
         self._run(_calls.update_network(sandbox_id, network))
