@@ -2,8 +2,8 @@
 // package-lock.json), unmodified, against a real server: its default
 // template (code-interpreter-v1, built on first use like base and cached in
 // the template cache), state across runCode calls, streamed output, rich
-// results (matplotlib PNG, DataFrame HTML), errors, timeouts that interrupt
-// and keep state, and contexts.
+// results (matplotlib PNG or SVG with the chart's data, DataFrame HTML),
+// errors, timeouts that interrupt and keep state, and contexts.
 
 import { before, after, describe, test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -199,5 +199,117 @@ describe('code interpreter SDK', () => {
     } finally {
       await other.kill()
     }
+  })
+
+  test('a figure comes with its chart: lines, bars, dates', async () => {
+    const exec = await sbx.runCode([
+      'import matplotlib.pyplot as plt',
+      'import pandas as pd',
+      'plt.plot([1, 2, 3], [1, 4, 9], label="squares")',
+      'plt.plot([1, 2, 3], [1, 8, 27], label="cubes")',
+      'plt.title("Powers"); plt.xlabel("Distance (m)"); plt.legend()',
+      'plt.show()',
+      'plt.bar(["Author A", "Author B"], [100, 200], label="Books Sold")',
+      'plt.title("Book Sales"); plt.ylabel("Number of Books Sold")',
+      'plt.show()',
+      'plt.plot(pd.date_range("2024-01-01", periods=3), [5, 6, 7]);',
+    ].join('\n'))
+    assert.equal(exec.error, undefined, exec.error?.traceback)
+    assert.equal(exec.results.length, 3)
+    for (const r of exec.results) {
+      assert.deepEqual(r.formats(), ['png'], 'the chart is no format of its own')
+      assert.equal(r.isMainResult, false)
+    }
+    const [line, bar, dates] = exec.results.map((r) => r.chart)
+    assert.equal(line.type, 'line')
+    assert.equal(line.title, 'Powers')
+    assert.equal(line.x_label, 'Distance (m)')
+    assert.equal(line.x_unit, 'm')
+    assert.equal(line.y_label, null)
+    assert.equal(line.x_scale, 'linear')
+    assert.equal(line.x_ticks.length, line.x_tick_labels.length)
+    assert.deepEqual(line.elements, [
+      { label: 'squares', points: [[1, 1], [2, 4], [3, 9]] },
+      { label: 'cubes', points: [[1, 1], [2, 8], [3, 27]] },
+    ])
+    assert.equal(bar.type, 'bar')
+    assert.equal(bar.title, 'Book Sales')
+    assert.equal(bar.y_label, 'Number of Books Sold')
+    assert.deepEqual(bar.elements, [
+      { label: 'Author A', group: 'Books Sold', value: 100 },
+      { label: 'Author B', group: 'Books Sold', value: 200 },
+    ])
+    assert.equal(dates.type, 'line')
+    assert.equal(dates.x_scale, 'datetime')
+    assert.deepEqual(dates.elements[0].points,
+      [['2024-01-01T00:00:00', 5], ['2024-01-02T00:00:00', 6], ['2024-01-03T00:00:00', 7]])
+    assert.ok(dates.x_ticks.every((t) => !Number.isNaN(Date.parse(t))), `x_ticks ${dates.x_ticks}`)
+  })
+
+  test('figures as SVG when asked, as in Jupyter', async () => {
+    const ctx = await sbx.createCodeContext()
+    try {
+      const plot = 'import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4]); plt.title("Two points"); plt.show()'
+      const svg = await sbx.runCode("%config InlineBackend.figure_formats = ['svg']\n" + plot, { context: ctx })
+      assert.equal(svg.error, undefined, svg.error?.traceback)
+      assert.equal(svg.results.length, 1)
+      assert.deepEqual(svg.results[0].formats(), ['svg'])
+      assert.match(svg.results[0].svg, /^<\?xml[\s\S]*<svg/)
+      assert.equal(svg.results[0].chart.title, 'Two points')
+      // The figure as the cell's value, in both formats.
+      const both = await sbx.runCode(
+        "%config InlineBackend.figure_formats = ['svg', 'png']\nfig, ax = plt.subplots(); ax.plot([1, 2]); fig",
+        { context: ctx })
+      assert.equal(both.results.length, 1)
+      assert.equal(both.results[0].isMainResult, true)
+      assert.deepEqual(both.results[0].formats(), ['svg', 'png'])
+      assert.equal(both.results[0].chart.type, 'line')
+      // The default context keeps PNG.
+      const png = await sbx.runCode(plot)
+      assert.deepEqual(png.results.map((r) => r.formats()), [['png']])
+    } finally {
+      await sbx.removeCodeContext(ctx.id)
+    }
+  })
+
+  test('bash: one shell per context keeps its state; a failing cell is its exit status', async () => {
+    const first = await sbx.runCode('cd /tmp && GREETING=hello && greet() { echo "$GREETING $1"; }', { language: 'bash' })
+    assert.equal(first.error, undefined)
+    const second = await sbx.runCode('greet world; pwd', { language: 'bash' })
+    assert.equal(second.logs.stdout.join(''), 'hello world\n/tmp\n')
+    const failed = await sbx.runCode('ls /no/such/dir', { language: 'bash' })
+    assert.equal(failed.error?.value, '2')
+    assert.match(failed.logs.stderr.join(''), /No such file/)
+    // Python's default context is another one.
+    assert.equal((await sbx.runCode('import os; os.getcwd() != "/tmp"')).text, 'True')
+    const ctx = await sbx.createCodeContext({ language: 'bash' })
+    assert.equal(ctx.language, 'bash')
+    const own = await sbx.runCode('echo "[${GREETING-}]"', { context: ctx })
+    assert.equal(own.logs.stdout.join(''), '[]\n')
+    await sbx.removeCodeContext(ctx.id)
+  })
+
+  test('a new sandbox\'s first run finds its envs and a warm kernel', async () => {
+    const other = await Sandbox.create({ envs: { FROM_CREATE: 'yes' } })
+    server.defer(() => other.kill())
+    const exec = await other.runCode("import os, sys\nos.environ.get('FROM_CREATE'), 'pandas' in sys.modules")
+    assert.equal(exec.text, "('yes', True)")
+    assert.equal(exec.executionCount, 1)
+  })
+
+  test('the kernel\'s state survives pause and resume, and is copied to forks', async () => {
+    const src = await Sandbox.create()
+    server.defer(() => src.kill())
+    await src.runCode('x = 123\nimport numpy as np\na = np.arange(5)')
+    await src.pause()
+    const resumed = await Sandbox.connect(src.sandboxId)
+    assert.equal((await resumed.runCode('x, int(a.sum())')).text, '(123, 10)')
+    const children = await resumed.fork({ count: 2 })
+    for (const c of children) server.defer(() => c.kill())
+    assert.equal(children.length, 2)
+    await children[0].runCode('x = 1')
+    assert.equal((await children[0].runCode('x')).text, '1')
+    assert.equal((await children[1].runCode('x, int(a.sum())')).text, '(123, 10)')
+    assert.equal((await resumed.runCode('x')).text, '123')
   })
 })

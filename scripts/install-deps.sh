@@ -16,8 +16,10 @@ runtime=(debootstrap debian-archive-keyring ca-certificates)
 # resolv.conf of its own; systemd's systemd-analyze verifies the units in
 # deploy/systemd; chromium is the headless browser the web console's tests
 # drive (test/integration/console_test.go); openssl makes the certificates of
-# the SDK suite's fake HTTPS hosts (e2e/harness.mjs).
-development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython chromium openssl)
+# the SDK suite's fake HTTPS hosts (e2e/harness.mjs); python3-ipython and
+# python3-matplotlib run the code interpreter's kernel.py in its Go tests
+# (internal/codeinterp: cells, figures and their charts).
+development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython python3-matplotlib chromium openssl)
 
 packages=("${runtime[@]}")
 case "${1:-}" in

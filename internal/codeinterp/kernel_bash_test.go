@@ -24,6 +24,7 @@ func TestKernelBash(t *testing.T) {
 	sandboxEnv := map[string]string{"FROM_SANDBOX": "one"}
 	s := New(Config{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Python: debianPython(),
 		Prepare: func(cmd *exec.Cmd, cwd string) error {
 			cmd.Env = os.Environ()
 			cmd.Dir = t.TempDir()
