@@ -30,10 +30,10 @@ type Server struct {
 	// PrepareCodeInterpreter builds the code interpreter template's root
 	// filesystem at start rather than at its first create.
 	PrepareCodeInterpreter bool
-	APIKey          string
-	KillOnExit      bool
-	LogLevel        string
-	LogFormat       string
+	APIKey                 string
+	KillOnExit             bool
+	LogLevel               string
+	LogFormat              string
 
 	RunscPath  string
 	EnvdPath   string
