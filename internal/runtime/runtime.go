@@ -73,6 +73,11 @@ type Mount struct {
 // EnvdMountPath is where envd appears inside every sandbox.
 const EnvdMountPath = "/.aenv/envd"
 
+// EnvdImagePrefix names the copy of envd a checkpoint image holds: the
+// prefix and the file name of the envd binary the sandbox ran (a restore
+// must run the same build: its code pages are not in the image).
+const EnvdImagePrefix = "envd-"
+
 // PrepareRootfs adds to a template rootfs the mount point for envd (an
 // empty file at EnvdMountPath). Template builders call it once: drivers
 // never write to a template, and runsc would otherwise create the mount

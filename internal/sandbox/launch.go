@@ -282,7 +282,7 @@ func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Templa
 	}
 	if skip&fromRestored == 0 && img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token,
-			unheld: !m.local(tpl)}
+			unheld: !m.local(tpl), envd: m.envdOf(img.dir)}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
 		p.asked |= fromRestored
@@ -292,7 +292,9 @@ func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Templa
 		}
 	}
 	if skip&fromPrepared == 0 && img.rootfsUpper == "" && m.prep != nil {
-		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl)}
+		// A restore into it needs the envd its image was taken with.
+		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl),
+			envd: m.envdOf(img.dir)}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
 		p.asked |= fromPrepared
@@ -447,7 +449,7 @@ func (m *Manager) local(tpl *store.Template) bool {
 // user. It returns the client, which now holds sb's token. On failure the
 // instance is gone.
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
-	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB)
+	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB, m.envdOf(img.dir))
 	spec.RootfsUpper = img.rootfsUpper
 	mounts, err := m.hostMounts(ctx, sb.VolumeMounts)
 	if err != nil {
@@ -566,10 +568,14 @@ func (m *Manager) hostMounts(ctx context.Context, volumes []store.VolumeMount) (
 	return mounts, nil
 }
 
-// spec is the runtime spec of sandbox id from tpl in slot.
-func (m *Manager) spec(id string, tpl *store.Template, slot *network.Slot, vcpu, memoryMB int) runtime.Spec {
+// spec is the runtime spec of sandbox id from tpl in slot, running envd
+// (a pinned build, see envdOf; "" for this node's).
+func (m *Manager) spec(id string, tpl *store.Template, slot *network.Slot, vcpu, memoryMB int, envd string) runtime.Spec {
+	if envd == "" {
+		envd = m.cfg.EnvdPath
+	}
 	return runtime.Spec{
-		ID: id, RootfsPath: tpl.RootfsPath, EnvdPath: m.cfg.EnvdPath,
+		ID: id, RootfsPath: tpl.RootfsPath, EnvdPath: envd,
 		EnvdArgs:  []string{"--port", strconv.Itoa(EnvdPort)},
 		NetnsPath: slot.NetnsPath, VCPU: vcpu, MemoryMB: memoryMB, PidsLimit: m.cfg.PidsLimit,
 		Hostname: "sandbox", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},

@@ -56,12 +56,14 @@ type prepKey struct {
 	// unheld: rootfs is another node's template's, in the shared cache;
 	// the sandboxes take no reference to it (see Manager.local).
 	unheld bool
+	// envd is the envd build mounted ("": the node's own); see envdOf.
+	envd string
 }
 
 // shape is the key of the plain prepared sandboxes a restored one of k is
 // made from.
 func (k prepKey) shape() prepKey {
-	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB, unheld: k.unheld}
+	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB, unheld: k.unheld, envd: k.envd}
 }
 
 type preparedSandbox struct {
@@ -287,7 +289,7 @@ func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
 		m.releaseSlot(ctx, slot.Index, id)
 		return err
 	}
-	spec := m.spec(id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB)
+	spec := m.spec(id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB, k.envd)
 	spec.Background = true
 	if err := p.driver.Prepare(ctx, spec); err != nil {
 		m.releaseSlot(ctx, slot.Index, id)
@@ -335,7 +337,7 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 			m.releaseSlot(ctx, slot.Index, ps.id)
 			return herr
 		}
-		spec := m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB)
+		spec := m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB, k.envd)
 		spec.Background = true
 		err = m.driver.Restore(ctx, spec, k.image)
 	}

@@ -114,6 +114,13 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if err != nil {
 		return err
 	}
+	// Sandboxes run a copy of envd named by its digest, which an upgrade
+	// or a rebuild of the binary never replaces: their images restore
+	// with the build they were taken with (see sandbox.PinEnvd).
+	envdDir := filepath.Join(cfg.DataDir, "envd")
+	if envdPath, err = sandbox.PinEnvd(envdPath, envdDir); err != nil {
+		return err
+	}
 
 	var st store.Store
 	var apiKey string
@@ -267,6 +274,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 
 	sandboxes := sandbox.NewManager(sandbox.Config{
 		EnvdPath:         envdPath,
+		EnvdDir:          envdDir,
 		ImagesDir:        filepath.Join(cfg.DataDir, "images"),
 		PauseToDiskAfter: config.Seconds(cfg.PauseToDiskAfterSecs),
 		MaxForkCount:     cfg.MaxForkCount,

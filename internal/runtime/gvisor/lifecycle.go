@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,7 +10,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/atomicfile"
 	"github.com/aenv-dev/aenv/internal/runtime"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // removeTimeout bounds removing a sandbox: Kill, and the removal after a
@@ -271,6 +274,9 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	if err := d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...); err != nil {
 		return err
 	}
+	if err := d.keepEnvd(id, imageDir); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
 	if leaveRunning {
 		d.saveStateBackup(ctx, id)
 		return nil
@@ -284,6 +290,36 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 		}
 	}
 	return nil
+}
+
+// keepEnvd puts into imageDir the envd binary sandbox id runs (a hard
+// link, or a copy across file systems), named runtime.EnvdImagePrefix and
+// its file name.
+func (d *Driver) keepEnvd(id, imageDir string) error {
+	data, err := os.ReadFile(filepath.Join(d.sandboxDir(id), "config.json"))
+	if err != nil {
+		return fmt.Errorf("envd of the image: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return fmt.Errorf("envd of the image: %w", err)
+	}
+	for _, mnt := range spec.Mounts {
+		if mnt.Destination != runtime.EnvdMountPath {
+			continue
+		}
+		dst := filepath.Join(imageDir, runtime.EnvdImagePrefix+filepath.Base(mnt.Source))
+		if err := os.Link(mnt.Source, dst); err == nil || errors.Is(err, fs.ErrExist) {
+			return nil
+		}
+		src, err := os.Open(mnt.Source)
+		if err != nil {
+			return fmt.Errorf("envd of the image: %w", err)
+		}
+		defer src.Close()
+		return atomicfile.Write(dst, src, 0o555)
+	}
+	return fmt.Errorf("envd of the image: no mount at %s in the bundle", runtime.EnvdMountPath)
 }
 
 // checkpointExitWait bounds the wait for a checkpointed sandbox's process

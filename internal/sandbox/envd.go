@@ -1,0 +1,120 @@
+package sandbox
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/aenv-dev/aenv/internal/atomicfile"
+	"github.com/aenv-dev/aenv/internal/runtime"
+)
+
+// envd is part of a sandbox's memory image, not only of its files: a
+// checkpoint holds envd's code pages by reference to the binary it was
+// mapped from, and a restore maps them again from whatever file is then
+// mounted at runtime.EnvdMountPath. Restored over another build of envd (an
+// upgrade of aenv, or a binary replaced in place), the sandbox crashes. So
+// sandboxes never run the configured envd itself but a copy named by its
+// digest (PinEnvd), which nothing replaces; an image records the copy it
+// was taken with (the runtime links it into the image as
+// runtime.EnvdImagePrefix + digest), and a restore mounts that one (Manager.envdOf), fetched from the
+// image when this node has no copy of it (an image from another node).
+
+// PinEnvd copies the envd binary at src into dir under the hex SHA-256 of
+// its content, if no such copy is there, and returns the copy's path.
+// Copies of earlier builds stay: images taken with them restore with them.
+func PinEnvd(src, dir string) (string, error) {
+	digest, err := fileDigest(src)
+	if err != nil {
+		return "", fmt.Errorf("pin envd: %w", err)
+	}
+	pinned := filepath.Join(dir, digest)
+	if err := copyVerified(src, pinned, digest); err != nil {
+		return "", fmt.Errorf("pin envd: %w", err)
+	}
+	return pinned, nil
+}
+
+// envdOf returns the envd a restore of imageDir must mount: "" for this
+// node's own (images taken before envd was pinned, or with the same
+// build), else the pinned copy the image was taken with, copied here from
+// the image first if this node has none.
+func (m *Manager) envdOf(imageDir string) string {
+	if imageDir == "" || m.cfg.EnvdDir == "" {
+		return ""
+	}
+	entries, err := os.ReadDir(imageDir)
+	if err != nil {
+		return ""
+	}
+	for _, e := range entries {
+		digest, ok := strings.CutPrefix(e.Name(), runtime.EnvdImagePrefix)
+		if !ok || !isDigest(digest) {
+			continue
+		}
+		pinned := filepath.Join(m.cfg.EnvdDir, digest)
+		if pinned == m.cfg.EnvdPath {
+			return ""
+		}
+		if err := copyVerified(filepath.Join(imageDir, e.Name()), pinned, digest); err != nil {
+			m.logger.Warn("envd of an image not usable; restoring with this node's", "image", imageDir, "err", err)
+			return ""
+		}
+		m.logger.Debug("restore with the envd build the image was taken with", "image", imageDir, "envd", pinned)
+		return pinned
+	}
+	return ""
+}
+
+// copyVerified makes dst a copy of src, whose content must have digest,
+// unless dst exists (put in place whole, and only once checked: it is that
+// content, and is never replaced).
+func copyVerified(src, dst, digest string) error {
+	if _, err := os.Stat(dst); err == nil {
+		return nil
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	staging := fmt.Sprintf("%s.%x.copying", dst, rand.Uint64())
+	h := sha256.New()
+	if err := atomicfile.WriteDurable(staging, io.TeeReader(f, h), 0o555); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != digest {
+		os.Remove(staging)
+		return fmt.Errorf("%s: content digest %s, not %s", src, got, digest)
+	}
+	return os.Rename(staging, dst)
+}
+
+func fileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func isDigest(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}

@@ -1,0 +1,81 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/aenv-dev/aenv/internal/client"
+)
+
+// A checkpoint holds envd's code by reference to its binary: restored over
+// another build, a sandbox crashed. The server runs a copy of envd named by
+// its digest, and images keep the copy they were taken with, so that
+// replacing the binary in place (an installer's cp, a rebuild) and
+// restarting leaves a sandbox paused to disk and a snapshot restoring with
+// their own build, while new sandboxes run the new one.
+func TestImagesKeepTheirEnvd(t *testing.T) {
+	dir := t.TempDir()
+	envd := filepath.Join(dir, "envd")
+	data, err := os.ReadFile(filepath.Join(binDir, "envd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(envd, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Another build of the same source: unoptimised, so its code is laid
+	// out otherwise throughout.
+	other := filepath.Join(dir, "envd-other")
+	build := exec.Command("go", "build", "-gcflags=all=-N -l", "-o", other, "./cmd/envd")
+	build.Dir = filepath.Join("..", "..")
+	build.Env = append(build.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build another envd: %v\n%s", err, out)
+	}
+
+	s := newServer(t, "--envd", envd, "--kill-on-exit=false")
+	s.start()
+	sb := s.create(map[string]any{"templateID": "base", "timeout": 600})
+	s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/files/write",
+		map[string]string{"path": "/tmp/state", "content": "kept\n"}), 200, "write")
+	s.exec(sb.SandboxID, client.ExecuteRequest{Command: "nohup sleep 1000 >/dev/null 2>&1 &"})
+	var snap struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	json.Unmarshal(s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", map[string]string{}), 201, "snapshot").body, &snap)
+	s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"toDisk": true}), 204, "pause to disk")
+	s.stop(syscall.SIGTERM)
+
+	// The binary replaced in place (same file, new content), as cp does.
+	newBuild, err := os.ReadFile(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(envd, newBuild, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s.extra = []string{"--envd", envd} // the next stop (cleanup) kills everything
+	s.start()
+
+	s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/resume", map[string]any{}), 201, "resume")
+	check := "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"
+	if res := s.exec(sb.SandboxID, client.ExecuteRequest{Command: check}); res.Stdout != "kept\nsleeper\n" {
+		t.Errorf("resumed from disk after envd changed: %+v", res)
+	}
+	restored := s.create(map[string]any{"templateID": snap.SnapshotID})
+	if res := s.exec(restored.SandboxID, client.ExecuteRequest{Command: check}); res.Stdout != "kept\nsleeper\n" {
+		t.Errorf("created from the snapshot after envd changed: %+v", res)
+	}
+	fresh := s.create(nil)
+	if res := s.exec(fresh.SandboxID, client.ExecuteRequest{Command: "echo new"}); res.Stdout != "new\n" {
+		t.Errorf("a new sandbox on the new envd: %+v", res)
+	}
+	pinned, err := os.ReadDir(filepath.Join(s.dataDir, "envd"))
+	if err != nil || len(pinned) != 2 {
+		t.Errorf("pinned envd builds: %v, %v; want the two", pinned, err)
+	}
+}
