@@ -176,6 +176,10 @@ bench-egress: build ## The egress gateway: first HTTPS request and a 100 MB down
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'Egress' -benchtime 3x -timeout 30m ./test/integration/
 	$(GOTEST) -run '^$$' -bench 'GatewayIdleMemory' -benchtime 1x ./internal/egress/
 
+.PHONY: bench-code-interpreter
+bench-code-interpreter: build ## The code interpreter: create until the first runCode answers, restored from the warm snapshot, booted, and raw runsc importing the same
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'CodeInterpreter' -benchtime 5x -timeout 30m ./test/integration/
+
 .PHONY: bench-console
 bench-console: build ## The web console in headless Chromium: page load with 100 sandboxes (AENV_BENCH_CONSOLE_SANDBOXES) and terminal echo
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench Console -benchtime 10x -timeout 30m ./test/integration/

@@ -136,9 +136,14 @@ type rawRuntime struct {
 }
 
 func newRawRuntime(b *testing.B, bin string, flags []string) *rawRuntime {
+	return newRawRuntimeOn(b, bin, flags, baseRootfs(b))
+}
+
+// newRawRuntimeOn is newRawRuntime on another root filesystem.
+func newRawRuntimeOn(b *testing.B, bin string, flags []string, rootfs string) *rawRuntime {
 	dir := b.TempDir()
 	root := filepath.Join(dir, "state")
-	writeBundle(b, dir, baseRootfs(b), bin)
+	writeBundle(b, dir, rootfs, bin)
 	// Output goes to a file, not a pipe: a detached container inherits it
 	// and would keep a pipe open forever.
 	out, err := os.Create(filepath.Join(dir, "output"))

@@ -243,7 +243,7 @@ func hasContext(list []client.CodeContext, id string) bool {
 // createCodeInterpreter creates a sandbox of the code-interpreter template.
 // On a machine whose template cache lacks it the first create builds it
 // (minutes); a create that gives up meanwhile is tried again.
-func createCodeInterpreter(t *testing.T, s *server) client.Sandbox {
+func createCodeInterpreter(t testing.TB, s *server) client.Sandbox {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Minute)
 	for {
