@@ -39,10 +39,10 @@ const EnvdPort = node.EnvdPort
 
 // Config bounds and defaults for sandboxes.
 type Config struct {
-	EnvdPath  string // host path of the static envd binary
+	EnvdPath string // host path of the static envd binary
 	// EnvdDir keeps the envd builds images were taken with, by digest
 	// (see PinEnvd); EnvdPath is one of them. "": envd is not pinned.
-	EnvdDir string
+	EnvdDir   string
 	ImagesDir string // checkpoint images (snapshots, paused-to-disk, fork)
 	// PauseToDiskAfter is how long a sandbox stays paused in memory before
 	// it is checkpointed to disk and its memory released; 0 = never.
