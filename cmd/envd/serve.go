@@ -44,7 +44,12 @@ func runServe(ctx context.Context, opts options, log *slog.Logger) error {
 	var ci *codeinterp.Service
 	_, markerErr := os.Stat(codeinterp.MarkerFile)
 	if markerErr == nil {
-		cfg.OnInit = func() { ci.Warm() }
+		cfg.OnInit = func(reseed bool) {
+			if reseed {
+				ci.Reseed()
+			}
+			ci.Warm()
+		}
 	}
 	srv := envd.New(cfg)
 	defer srv.Close()

@@ -58,6 +58,9 @@ type kernel struct {
 	waitErr error
 	// baseEnv is the sandbox env the kernel was last sent (see begin).
 	baseEnv map[string]string
+	// seeded is the Service's reseed count its random generators are
+	// fresh for (see Service.Reseed).
+	seeded uint64
 }
 
 // startKernel starts a kernel running driver (the source of a Python
@@ -232,16 +235,22 @@ func (k *kernel) deliver(line []byte) bool {
 }
 
 // begin makes ex the running execution and sends the kernel its request:
-// the code, env for this execution only, and base, the sandbox's env vars,
+// the code, env for this execution only, base, the sandbox's env vars,
 // when they differ from what the kernel was last given (sent each time,
-// they would undo the code's own changes to those variables).
-func (k *kernel) begin(ex *execution, code string, env, base map[string]string) error {
+// they would undo the code's own changes to those variables), and whether
+// to seed its random generators anew (reseeds, the Service's count, is
+// past the kernel's).
+func (k *kernel) begin(ex *execution, code string, env, base map[string]string, reseeds uint64) error {
 	msg := map[string]any{"code": code, "env": env}
 	k.mu.Lock()
 	newBase := base != nil && !maps.Equal(base, k.baseEnv)
+	reseed := reseeds > k.seeded
 	k.mu.Unlock()
 	if newBase {
 		msg["base_env"] = base
+	}
+	if reseed {
+		msg["reseed"] = true
 	}
 	req, err := json.Marshal(msg)
 	if err != nil {
@@ -252,6 +261,7 @@ func (k *kernel) begin(ex *execution, code string, env, base map[string]string) 
 	if newBase {
 		k.baseEnv = maps.Clone(base)
 	}
+	k.seeded = max(k.seeded, reseeds)
 	k.mu.Unlock()
 	if _, err := k.reqs.Write(append(req, '\n')); err != nil {
 		k.end(ex)

@@ -788,12 +788,29 @@ def on_interrupt(signum, frame):
         raise KeyboardInterrupt
 
 
+def reseed():
+    """Seeds the random generators anew: this kernel was restored, in a new
+    sandbox, from a template's image that other sandboxes are restored from
+    too, and would otherwise draw the very numbers they draw (random,
+    numpy's global generator, tempfile's names)."""
+    import random
+    random.seed()
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile._name_sequence = None
+
+
 def execute(request):
     global running
     # The sandbox's env vars, sent when they changed since this kernel
     # last had them (a sandbox restored from a snapshot taken with the
     # kernel running): kept, as those a kernel starts with are.
     os.environ.update(request.get("base_env") or {})
+    if request.get("reseed"):
+        reseed()
     env = request.get("env") or {}
     saved = {k: os.environ.get(k) for k in env}
     count = shell.execution_count

@@ -151,6 +151,9 @@ def execute(request):
     base = request.get("base_env") or {}
     if base:
         bash.send("export %s\n" % quote_env(base))
+    if request.get("reseed"):
+        # $RANDOM's state came with the image other sandboxes came from.
+        bash.send("RANDOM=%d\n" % int.from_bytes(os.urandom(2), "little"))
     env = {k: v for k, v in (request.get("env") or {}).items() if k.isidentifier()}
     fd, path = tempfile.mkstemp(prefix="aenv-cell-", suffix=".sh")
     with os.fdopen(fd, "w") as f:

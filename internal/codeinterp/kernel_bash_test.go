@@ -138,3 +138,44 @@ func TestKernelBash(t *testing.T) {
 		t.Errorf("a new bash context shares the default one's state: %q", got)
 	}
 }
+
+// After Reseed, kernel.py's generators no longer follow the state they
+// had (restored from a shared image, every sandbox would draw the same).
+func TestKernelPyReseed(t *testing.T) {
+	if err := exec.Command(debianPython(), "-c", "import IPython").Run(); err != nil {
+		t.Skip("python3 with IPython not installed (TestKernelPy says whether that may be skipped)")
+	}
+	s := New(Config{
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Python: debianPython(),
+		Prepare: func(cmd *exec.Cmd, cwd string) error {
+			cmd.Env = os.Environ()
+			cmd.Dir = t.TempDir()
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			return nil
+		},
+	})
+	defer s.Close()
+	srv := newServer(t, s)
+	result := func(code string) string {
+		t.Helper()
+		lines := execute(t, srv, map[string]any{"code": code})
+		for _, l := range lines {
+			if l.Type == "result" {
+				return l.Text
+			}
+		}
+		t.Fatalf("%q: no result in %+v", code, lines)
+		return ""
+	}
+	seeded := result("import random; random.Random(7).random()")
+	execute(t, srv, map[string]any{"code": "random.seed(7)"})
+	s.Reseed()
+	if got := result("random.random()"); got == seeded {
+		t.Errorf("after Reseed random.random() is %s, what seed 7 gives: not reseeded", got)
+	}
+	execute(t, srv, map[string]any{"code": "random.seed(7)"})
+	if got := result("random.random()"); got != seeded {
+		t.Errorf("a seed the code sets holds: %s, want %s", got, seeded)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -69,6 +70,9 @@ type Service struct {
 	mu       sync.Mutex
 	contexts map[string]*codeContext
 	defaults map[string]string // language → its default context's ID, once made
+	// reseeds counts the Reseed calls; a kernel seeded before the last
+	// one is told to seed again (see kernel.seeded).
+	reseeds atomic.Uint64
 }
 
 // codeContext is one context: a kernel that keeps its state between
@@ -124,6 +128,14 @@ func (s *Service) Warm() {
 			s.cfg.Logger.Warn("code interpreter: start default kernel", "err", err)
 		}
 	}()
+}
+
+// Reseed makes every kernel running now seed its random generators anew
+// at its next execution: the sandbox was restored, as a new one, from a
+// template's image that other sandboxes are restored from too (the code
+// interpreter's warm snapshot), which holds their state.
+func (s *Service) Reseed() {
+	s.reseeds.Add(1)
 }
 
 // Handler serves the code interpreter's HTTP API.
@@ -233,6 +245,7 @@ func (s *Service) kernelOf(ctx context.Context, c *codeContext) (*kernel, error)
 	if c.Language == langBash {
 		source = bashDriver
 	}
+	seeded := s.reseeds.Load() // a kernel started now seeds itself afresh
 	k, err := startKernel(ctx, s.cfg.Python, source, func(cmd *exec.Cmd) error {
 		if err := s.cfg.Prepare(cmd, c.requestedCwd); err != nil {
 			return err
@@ -243,6 +256,7 @@ func (s *Service) kernelOf(ctx context.Context, c *codeContext) (*kernel, error)
 	if err != nil {
 		return nil, err
 	}
+	k.seeded = seeded
 	c.mu.Lock()
 	c.k = k
 	if dir != "" {
@@ -351,7 +365,7 @@ func (s *Service) run(ctx context.Context, c *codeContext, k *kernel, req execut
 	if s.cfg.Env != nil {
 		base = s.cfg.Env()
 	}
-	if err := k.begin(ex, req.Code, req.EnvVars, base); err != nil {
+	if err := k.begin(ex, req.Code, req.EnvVars, base, s.reseeds.Load()); err != nil {
 		c.stop()
 		s.emitDead(emit, err)
 		return

@@ -52,7 +52,8 @@ func fakeKernel() {
 		var req struct {
 			Code string            `json:"code"`
 			Env  map[string]string `json:"env"`
-			Base map[string]string `json:"base_env"`
+			Base   map[string]string `json:"base_env"`
+			Reseed bool              `json:"reseed"`
 		}
 		_ = json.Unmarshal(sc.Bytes(), &req)
 		count++
@@ -69,6 +70,8 @@ func fakeKernel() {
 			emit(map[string]any{"type": "result", "is_main_result": true, "text": strconv.Itoa(os.Getpid())})
 		case "env":
 			emit(map[string]any{"type": "result", "is_main_result": true, "text": req.Env[arg]})
+		case "reseed":
+			emit(map[string]any{"type": "result", "is_main_result": true, "text": strconv.FormatBool(req.Reseed)})
 		case "base":
 			text := "-"
 			if req.Base != nil {
@@ -245,6 +248,35 @@ func TestSandboxEnvReachesKernel(t *testing.T) {
 		if lines[0].Type != "result" || lines[0].Text != step.want {
 			t.Errorf("after FOO=%q: kernel sent %+v, want %q", step.set, lines[0], step.want)
 		}
+	}
+}
+
+// After Reseed (a new sandbox restored from a template's image), each
+// kernel running then is told once to seed its random generators anew; a
+// kernel started later has fresh ones and is not.
+func TestReseedReachesEachKernelOnce(t *testing.T) {
+	s, srv := newTestService(t, Config{})
+	ask := func(ctxID string) string {
+		t.Helper()
+		body := map[string]any{"code": "reseed"}
+		if ctxID != "" {
+			body["context_id"] = ctxID
+		}
+		lines := execute(t, srv.URL, body)
+		return lines[0].Text
+	}
+	other := createContext(t, srv.URL)
+	if got := ask(""); got != "false" {
+		t.Errorf("before any Reseed: %s", got)
+	}
+	s.Reseed()
+	for _, step := range []struct{ ctx, want string }{{"", "true"}, {"", "false"}, {other, "true"}, {other, "false"}} {
+		if got := ask(step.ctx); got != step.want {
+			t.Errorf("context %q after Reseed: reseed %s, want %s", step.ctx, got, step.want)
+		}
+	}
+	if got := ask(createContext(t, srv.URL)); got != "false" {
+		t.Errorf("a kernel started after Reseed was told to reseed")
 	}
 }
 
@@ -486,4 +518,16 @@ func TestReadLineBounds(t *testing.T) {
 			t.Errorf("readLine = %q, %v; want %q, %v", got, tooLong, want.line, want.tooLong)
 		}
 	}
+}
+
+// createContext makes a Python context and returns its ID.
+func createContext(t *testing.T, url string) string {
+	t.Helper()
+	res := post(t, context.Background(), url+"/contexts", map[string]any{"language": "python"}, nil)
+	defer res.Body.Close()
+	var created struct{ ID string }
+	if err := json.NewDecoder(res.Body).Decode(&created); err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("create a context: %d %v", res.StatusCode, err)
+	}
+	return created.ID
 }

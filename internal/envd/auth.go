@@ -142,7 +142,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("initialized", "defaultUser", next.DefaultUser, "envVars", len(req.EnvVars), "tokenSet", req.AccessToken != nil)
 	if s.onInit != nil {
-		s.onInit()
+		s.onInit(req.Reseed)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

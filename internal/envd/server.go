@@ -38,8 +38,8 @@ type Config struct {
 	HandOver func(State) error
 	// OnInit, when set, is called after each successful /init: the code
 	// interpreter starts its default kernel once the sandbox's user and
-	// env vars are known.
-	OnInit func()
+	// env vars are known. reseed is the request's Reseed.
+	OnInit func(reseed bool)
 }
 
 // Server holds envd's state. Its zero value is not usable; call New.
@@ -52,7 +52,7 @@ type Server struct {
 	cpu      *cpuSampler
 	resolv   string // resolv.conf path /init rewrites
 	handOver func(State) error
-	onInit   func()
+	onInit   func(reseed bool)
 	// initMu orders /init calls: each checks the token, hands the new
 	// State over and applies it as one step.
 	initMu sync.Mutex

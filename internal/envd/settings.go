@@ -36,6 +36,11 @@ type initRequest struct {
 	// without its memory keeps its files, not its processes (an aenv
 	// extension, for E2B's keepMemory: false).
 	KillProcesses bool `json:"killProcesses"`
+	// Reseed: the sandbox is new, restored from a template's image that
+	// other sandboxes are restored from too; state that must differ
+	// between them (the code interpreter's random generators) is made
+	// anew (an aenv extension).
+	Reseed bool `json:"reseed"`
 }
 
 // newSettings starts from restored (the State a previous envd handed over,

@@ -104,6 +104,12 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 		sb.TrafficToken = newAccessToken()
 	}
 	var img image
+	if tpl.Kind == store.KindSandboxTemplate {
+		// Every sandbox of a template is restored from its one image;
+		// each must draw its own random numbers. (A snapshot, or a fork,
+		// is a copy, and keeps the generators' state.)
+		ctx = withReseed(ctx)
+	}
 	if tpl.ImageDir != "" {
 		held, release, err := m.holdTemplateImage(ctx, tpl)
 		if err != nil {
@@ -530,13 +536,21 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 		AccessToken: sb.AccessToken, ClearAccessToken: sb.AccessToken == "",
 		EnvVars:     env,
 		DefaultUser: tpl.DefaultUser, DefaultWorkdir: tpl.DefaultWorkdir,
-		Nameservers: m.nameservers(),
+		Nameservers: m.nameservers(), Reseed: reseeding(ctx),
 	})
 	if err != nil {
 		return envdRefusedServer("init envd", err)
 	}
 	return m.trustEgressCA(ctx, envd, sb)
 }
+
+// reseedKey marks the context of a create from a template's image (see
+// create): identify asks envd to seed the sandbox's random generators anew.
+type reseedKey struct{}
+
+func withReseed(ctx context.Context) context.Context { return context.WithValue(ctx, reseedKey{}, true) }
+
+func reseeding(ctx context.Context) bool { return ctx.Value(reseedKey{}) != nil }
 
 // snapshotVolumesUsable refuses a sandbox of team from snapshot tpl that
 // mounts volumes of another team (a snapshot shared with other teams

@@ -117,6 +117,9 @@ type InitRequest struct {
 	DefaultWorkdir   string
 	Nameservers      []string // written to /etc/resolv.conf when set
 	KillProcesses    bool     // end every process but envd (resume without memory)
+	// Reseed: a new sandbox restored from a template's image; its code
+	// interpreter's random generators are seeded anew.
+	Reseed bool
 }
 
 // Init configures envd, authenticating with the client's current token.
@@ -137,7 +140,8 @@ func (c *Client) Init(ctx context.Context, req InitRequest) error {
 		DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
 		Nameservers    []string          `json:"nameservers,omitempty"`
 		KillProcesses  bool              `json:"killProcesses,omitempty"`
-	}{token, req.EnvVars, req.DefaultUser, req.DefaultWorkdir, req.Nameservers, req.KillProcesses}
+		Reseed         bool              `json:"reseed,omitempty"`
+	}{token, req.EnvVars, req.DefaultUser, req.DefaultWorkdir, req.Nameservers, req.KillProcesses, req.Reseed}
 	data, err := json.Marshal(body)
 	if err != nil {
 		return fmt.Errorf("envd init: %w", err)
