@@ -50,8 +50,8 @@ func fakeKernel() {
 	count := 0
 	for sc.Scan() {
 		var req struct {
-			Code string            `json:"code"`
-			Env  map[string]string `json:"env"`
+			Code   string            `json:"code"`
+			Env    map[string]string `json:"env"`
 			Base   map[string]string `json:"base_env"`
 			Reseed bool              `json:"reseed"`
 		}

@@ -548,7 +548,9 @@ func (m *Manager) identify(ctx context.Context, envd *envdclient.Client, sb *sto
 // create): identify asks envd to seed the sandbox's random generators anew.
 type reseedKey struct{}
 
-func withReseed(ctx context.Context) context.Context { return context.WithValue(ctx, reseedKey{}, true) }
+func withReseed(ctx context.Context) context.Context {
+	return context.WithValue(ctx, reseedKey{}, true)
+}
 
 func reseeding(ctx context.Context) bool { return ctx.Value(reseedKey{}) != nil }
 
