@@ -13,6 +13,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/template"
 )
 
 // Headers with which an admin acts as one team: a gateway sends them with
@@ -208,6 +209,9 @@ func (s *Server) nameFree(ctx context.Context, p auth.Principal, name string) er
 	}
 	if build.ReservedName(name) {
 		return badRequest(fmt.Sprintf("%q is a name the build service keeps for its own templates (pulled images, cached steps)", name))
+	}
+	if template.Reserved(name) {
+		return errdefs.Errorf(errdefs.ErrConflict, "%q is a built-in template's name", name)
 	}
 	if p.Admin {
 		return nil

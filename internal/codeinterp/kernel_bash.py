@@ -48,6 +48,9 @@ class Output:
         self.fd, self.name = fd, name
         os.set_blocking(fd, False)
         self.lock = threading.Lock()
+        # closing is set by close() or by the thread at the pipe's end:
+        # whichever comes second closes the pipe.
+        self.closing = False
         threading.Thread(target=self.run, daemon=True).start()
 
     def read_some(self):
@@ -65,12 +68,22 @@ class Output:
             select.select([self.fd], [], [])
             with self.lock:
                 if not self.read_some():
+                    if self.closing:
+                        os.close(self.fd)
+                    else:
+                        self.closing = True
                     return
 
     def drain(self):
         with self.lock:
             while pending(self.fd) > 0 and self.read_some():
                 pass
+
+    def close(self):
+        """Closes the pipe once its thread has read it to the end (bash and
+        what it started have closed it); else the thread keeps it."""
+        with self.lock:
+            self.closing = True
 
 
 def pending(fd):
@@ -98,7 +111,11 @@ class Bash:
         self.outputs = [Output(out_r, "stdout"), Output(err_r, "stderr")]
         self.status_file = os.fdopen(self.status, "rb", buffering=0)
         self.buffer = b""
-        self.send("trap : INT\n")
+        # bash reads its commands through a descriptor of its own (255):
+        # the pipe's, which the commands of cells would inherit (and keep
+        # open, or read), goes. The status pipe is closed for the cells
+        # too (see execute).
+        self.send("exec %d<&-; trap : INT\n" % cmd_r)
 
     def send(self, text):
         data = text.encode("utf-8")
@@ -130,6 +147,8 @@ class Bash:
         os.close(self.cmds)
         self.status_file.close()
         self.proc.wait()
+        for out in self.outputs:
+            out.close()
 
 
 bash = None
@@ -150,6 +169,8 @@ def execute(request):
         bash = Bash()
     base = request.get("base_env") or {}
     if base:
+        # Kept for the shells started later (after an exit) as well.
+        os.environ.update(base)
         bash.send("export %s\n" % quote_env(base))
     if request.get("reseed"):
         # $RANDOM's state came with the image other sandboxes came from.
@@ -163,10 +184,13 @@ def execute(request):
     save = "".join('__aenv_saved_%s="$(declare -p %s 2>/dev/null)"; ' % (k, k) for k in env)
     restore = "".join('unset %s; eval "$__aenv_saved_%s"; unset __aenv_saved_%s; ' % (k, k, k) for k in env)
     exports = ("export %s; " % quote_env(env)) if env else ""
-    bash.send("%s%strap 'return 130' INT; source %s; __aenv_rc=$?; trap : INT; %sprintf '%%d\\n' \"$__aenv_rc\" >&%d\n"
-              % (save, exports, shlex.quote(path), restore, bash.status_fd))
-    status = bash.read_status()
-    os.unlink(path)
+    fd_status = bash.status_fd
+    bash.send("%s%strap 'return 130' INT; source %s %d>&-; __aenv_rc=$?; trap : INT; %sprintf '%%d\\n' \"$__aenv_rc\" >&%d\n"
+              % (save, exports, shlex.quote(path), fd_status, restore, fd_status))
+    try:
+        status = bash.read_status()
+    finally:
+        os.unlink(path)
     for out in bash.outputs:
         out.drain()
     if status is None:

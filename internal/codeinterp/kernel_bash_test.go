@@ -78,6 +78,9 @@ func TestKernelBash(t *testing.T) {
 		{code: "read -r line; echo \"read [$line]\"; echo still here", stdout: "read []\nstill here\n"},
 		// exit ends the shell, with its status; the next cell gets a new one.
 		{code: "exit 3", errValue: "3"},
+		// The cell's commands hold neither of the kernel's pipes to bash:
+		// a job left running does not keep the exit from being seen.
+		{code: "ls /proc/$$/fd | wc -l >/dev/null; sleep 600 & exit 4", errValue: "4"},
 		{code: "echo \"x is [${x-}]\"", stdout: "x is []\n"},
 	} {
 		lines := run(tc.code, tc.env)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -53,12 +54,48 @@ type ciWarm struct {
 	failed  time.Time // when the last attempt failed
 }
 
-// codeInterpreterTemplate returns the template a create of the code
-// interpreter gets: rootfs, the template manager's answer, when it is the
-// root filesystem, is turned into the warm snapshot first. Should that
-// fail, the create boots rootfs: slower, but it works.
+// codeInterpreterFor returns the template a create of the code interpreter
+// gets, tpl being the template manager's answer (the warm snapshot, or the
+// root filesystem until there is one): the warm snapshot if this node can
+// restore it, made first if need be; the root filesystem for a create the
+// snapshot cannot serve (volumes, or a size of its own: a restore keeps
+// the snapshot's), or while making it fails.
+func (m *Manager) codeInterpreterFor(ctx context.Context, req node.CreateRequest, tpl *store.Template) (*store.Template, error) {
+	if len(req.VolumeMounts) == 0 && req.VCPU == 0 && req.MemoryMB == 0 && m.warmUsable(tpl) {
+		return tpl, nil
+	}
+	rootfs := tpl
+	if tpl.ImageDir != "" {
+		var err error
+		if rootfs, err = m.templates.PrepareCodeInterpreter(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if len(req.VolumeMounts) > 0 || req.VCPU != 0 || req.MemoryMB != 0 {
+		return rootfs, nil
+	}
+	return m.codeInterpreterTemplate(ctx, rootfs), nil
+}
+
+// warmUsable tells whether tpl is a warm snapshot this node restores as it
+// is: the built-in one (no team's), its image whole, taken with this
+// node's envd. One taken with another build (before an upgrade) is made
+// again: its kernel is the code interpreter of that build.
+func (m *Manager) warmUsable(tpl *store.Template) bool {
+	return tpl.Name == template.CodeInterpreterName && tpl.TeamID == "" && tpl.ImageDir != "" &&
+		imageComplete(tpl.ImageDir) && m.envdOf(tpl.ImageDir) == ""
+}
+
+// codeInterpreterTemplate turns rootfs, the code interpreter's root
+// filesystem template, into the warm snapshot (or finds the one made
+// meanwhile). Should that fail, the create boots rootfs: slower, but it
+// works.
 func (m *Manager) codeInterpreterTemplate(ctx context.Context, rootfs *store.Template) *store.Template {
 	m.ciWarm.mu.Lock()
+	if t := m.ciWarm.tpl; t != nil && m.warmUsable(t) {
+		m.ciWarm.mu.Unlock()
+		return t
+	}
 	if !m.ciWarm.failed.IsZero() && time.Since(m.ciWarm.failed) < warmRetryAfter {
 		m.ciWarm.mu.Unlock()
 		return rootfs
@@ -105,10 +142,22 @@ func (m *Manager) codeInterpreterTemplate(ctx context.Context, rootfs *store.Tem
 }
 
 // makeWarmSnapshot boots a sandbox from rootfs, warms its default kernel
-// and snapshots it as template.CodeInterpreterName.
+// and snapshots it as template.CodeInterpreterName; a usable one made
+// meanwhile is returned as it is.
 func (m *Manager) makeWarmSnapshot(ctx context.Context, rootfs *store.Template) (*store.Template, error) {
+	cur, err := m.store.GetTemplate(ctx, template.CodeInterpreterName)
+	switch {
+	case err == nil && m.warmUsable(cur):
+		return cur, nil
+	case err == nil:
+		if err := m.retireWarmSnapshot(ctx, cur); err != nil {
+			return nil, err
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, storeError("find the warm snapshot", err)
+	}
 	start := time.Now()
-	sb, err := m.Create(ctx, node.CreateRequest{Template: rootfs.ID, Timeout: warmTimeout})
+	sb, err := m.Create(ctx, node.CreateRequest{Template: rootfs.ID, Timeout: min(warmTimeout, m.cfg.MaxTimeout)})
 	if err != nil {
 		return nil, fmt.Errorf("boot: %w", err)
 	}
@@ -121,13 +170,30 @@ func (m *Manager) makeWarmSnapshot(ctx context.Context, rootfs *store.Template) 
 		return nil, err
 	}
 	tpl, err := m.Snapshot(ctx, node.SnapshotRequest{SandboxID: sb.ID, Name: template.CodeInterpreterName,
-		Kind: store.KindSandboxTemplate, Local: true, Replace: true})
+		Kind: store.KindSandboxTemplate, Local: true})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	m.logger.InfoContext(ctx, "code interpreter: warm snapshot made", "template", tpl.ID,
 		"took", time.Since(start).Round(time.Millisecond))
 	return tpl, nil
+}
+
+// retireWarmSnapshot renames old, a warm snapshot this node will not
+// restore any more (another build's, or its image gone), which frees its
+// name for a new one. It is not deleted: sandboxes made from it still
+// name it (to resume from disk, to fork); the operator may delete it.
+func (m *Manager) retireWarmSnapshot(ctx context.Context, old *store.Template) error {
+	if old.TeamID != "" || old.ImageDir == "" {
+		return fmt.Errorf("%w: the name %s is taken by another template (%s)", node.ErrConflict,
+			template.CodeInterpreterName, old.ID)
+	}
+	old.Name = template.CodeInterpreterRetiredPrefix + old.ID
+	if err := m.store.PutTemplate(ctx, old); err != nil {
+		return storeError("retire the warm snapshot", err)
+	}
+	m.logger.InfoContext(ctx, "code interpreter: warm snapshot retired; making another", "template", old.ID, "name", old.Name)
+	return nil
 }
 
 // warmKernel runs warmCode in sandbox sb's default context, as E2B's SDK

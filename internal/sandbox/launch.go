@@ -56,8 +56,10 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 	if err != nil {
 		return nil, err
 	}
-	if template.IsCodeInterpreter(req.Template) && tpl.ImageDir == "" {
-		tpl = m.codeInterpreterTemplate(ctx, tpl)
+	if template.IsCodeInterpreter(req.Template) {
+		if tpl, err = m.codeInterpreterFor(ctx, req, tpl); err != nil {
+			return nil, err
+		}
 	}
 	if tpl.Kind != store.KindRootfs && tpl.Kind != "" {
 		// A restored sandbox keeps the machine shape it was checkpointed

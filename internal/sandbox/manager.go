@@ -655,6 +655,13 @@ func (m *Manager) Reach(ctx context.Context, id string, port int) (*node.Target,
 	stopRun := context.AfterFunc(v.run.ctx, func() { cancel(context.Cause(v.run.ctx)) })
 	forget := e.calls.add(cancel)
 	stop := func() { stopRun(); forget() }
+	if ending := e.ending.Load(); ending != nil {
+		// The kill began between the check above and add: its end of
+		// the calls in flight may have missed this one.
+		stop()
+		cancel(*ending)
+		return nil, *ending
+	}
 	mask := ""
 	if v.sb.Network != nil {
 		mask = v.sb.Network.MaskRequestHost

@@ -26,11 +26,28 @@ import (
 // Sandboxes are restored from the snapshot, so that their first runCode
 // finds a warm kernel. Until the snapshot exists (or if making it failed)
 // CodeInterpreterName resolves to the root filesystem, which boots.
+//
+// A snapshot the node will not restore any more (taken with an earlier
+// build of envd, whose kernel it holds) is renamed CodeInterpreterRetiredPrefix
+// and its ID, and another made: sandboxes made from it still name it.
 const (
-	CodeInterpreterName       = "code-interpreter-v1"
-	CodeInterpreterAlias      = "code-interpreter"
-	CodeInterpreterRootfsName = "code-interpreter-v1-rootfs"
+	CodeInterpreterName          = "code-interpreter-v1"
+	CodeInterpreterAlias         = "code-interpreter"
+	CodeInterpreterRootfsName    = "code-interpreter-v1-rootfs"
+	CodeInterpreterRetiredPrefix = "code-interpreter-v1-retired-"
 )
+
+// Reserved tells whether name is one of the built-in templates' (base,
+// the code interpreter's names, its retired snapshots): no template,
+// snapshot or build of a user may take it, or a team could put its own
+// sandbox where every other team's creates of the built-in land.
+func Reserved(name string) bool {
+	switch name {
+	case BaseName, CodeInterpreterName, CodeInterpreterAlias, CodeInterpreterRootfsName:
+		return true
+	}
+	return strings.HasPrefix(name, CodeInterpreterRetiredPrefix)
+}
 
 // CodeInterpreterMemoryMB is the code interpreter template's memory: what
 // its sandboxes get by default, and what a gateway places one by before
@@ -85,7 +102,7 @@ type ciState struct {
 func (m *Manager) codeInterpreter(ctx context.Context) (*store.Template, error) {
 	tpl, err := m.store.GetTemplate(ctx, CodeInterpreterName)
 	switch {
-	case err == nil && tpl.ImageDir != "" && m.hasCodeInterpreterRootfs(tpl):
+	case err == nil && tpl.ImageDir != "" && tpl.TeamID == "" && m.hasCodeInterpreterRootfs(tpl):
 		return tpl, nil
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return nil, err

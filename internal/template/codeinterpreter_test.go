@@ -125,3 +125,14 @@ func TestCodeInterpreterRenamesEarlierRecord(t *testing.T) {
 		t.Errorf("the name %s is still taken: %v", CodeInterpreterName, err)
 	}
 }
+
+func TestReserved(t *testing.T) {
+	for name, want := range map[string]bool{
+		"base": true, "code-interpreter": true, "code-interpreter-v1": true, "code-interpreter-v1-rootfs": true,
+		"code-interpreter-v1-retired-abc": true, "code-interpreter-v2": false, "my-base": false, "basement": false,
+	} {
+		if got := Reserved(name); got != want {
+			t.Errorf("Reserved(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

@@ -73,14 +73,33 @@ func TestCodeInterpreterWarmSnapshot(t *testing.T) {
 	if len(list) != 1 || list[0].SandboxID != sb.SandboxID {
 		t.Errorf("sandboxes %+v: want only %s (the warming one killed)", list, sb.SandboxID)
 	}
+	// No one else's snapshot may take the built-in's names.
+	for _, name := range []string{"code-interpreter-v1", "code-interpreter", "code-interpreter-v1-rootfs"} {
+		if r := s.do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", map[string]string{"name": name}); r.status != 409 {
+			t.Errorf("a snapshot named %s: %d %s, want 409", name, r.status, r.body)
+		}
+	}
 	// Another sandbox starts warm as well, with state of its own.
 	run("x = 1")
-	var other client.Sandbox
-	s.expect(s.do("POST", "/sandboxes", map[string]any{"templateID": "code-interpreter-v1"}), 201, "create").json(t, &other)
-	ex, err := s.api.CodeInterpreter(other.SandboxID, other.EnvdAccessToken).RunCode(ctx,
-		client.RunCodeRequest{Code: "'x' in dir(), 'pandas' in __import__('sys').modules"}, nil)
-	if err != nil || ex.Text() != "(False, True)" {
-		t.Errorf("a second sandbox: %+v, %v", ex, err)
+	// Each draws random numbers of its own, though restored from one image.
+	draw := "import random, numpy\nrandom.random(), float(numpy.random.rand())"
+	var draws []string
+	for i := 0; i < 2; i++ {
+		var other client.Sandbox
+		s.expect(s.do("POST", "/sandboxes", map[string]any{"templateID": "code-interpreter-v1"}), 201, "create").json(t, &other)
+		oci := s.api.CodeInterpreter(other.SandboxID, other.EnvdAccessToken)
+		ex, err := oci.RunCode(ctx, client.RunCodeRequest{Code: draw}, nil)
+		if err != nil || ex.Error != nil {
+			t.Fatalf("draw in another sandbox: %+v, %v", ex, err)
+		}
+		draws = append(draws, ex.Text())
+		ex, err = oci.RunCode(ctx, client.RunCodeRequest{Code: "'x' in dir(), 'pandas' in __import__('sys').modules"}, nil)
+		if err != nil || ex.Text() != "(False, True)" {
+			t.Errorf("another sandbox: %+v, %v", ex, err)
+		}
+	}
+	if draws[0] == draws[1] {
+		t.Errorf("two sandboxes of the template drew the same numbers: %s", draws[0])
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -48,6 +49,14 @@ func TestImagesKeepTheirEnvd(t *testing.T) {
 	}
 	json.Unmarshal(s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", map[string]string{}), 201, "snapshot").body, &snap)
 	s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"toDisk": true}), 204, "pause to disk")
+	// A code interpreter sandbox, from the warm snapshot this build makes,
+	// with state in its kernel.
+	ci := createCodeInterpreter(t, s)
+	if _, err := s.api.CodeInterpreter(ci.SandboxID, ci.EnvdAccessToken).RunCode(t.Context(),
+		client.RunCodeRequest{Code: "x = 5"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	s.expect(s.do("POST", "/sandboxes/"+ci.SandboxID+"/pause", map[string]any{"toDisk": true}), 204, "pause to disk")
 	s.stop(syscall.SIGTERM)
 
 	// The binary replaced in place (same file, new content), as cp does.
@@ -74,6 +83,38 @@ func TestImagesKeepTheirEnvd(t *testing.T) {
 	if res := s.exec(fresh.SandboxID, client.ExecuteRequest{Command: "echo new"}); res.Stdout != "new\n" {
 		t.Errorf("a new sandbox on the new envd: %+v", res)
 	}
+
+	// The warm snapshot of the old build is retired and another made with
+	// the new one; the sandbox made from the old one resumes with its kernel.
+	ci2 := createCodeInterpreter(t, s)
+	ex, err := s.api.CodeInterpreter(ci2.SandboxID, ci2.EnvdAccessToken).RunCode(t.Context(),
+		client.RunCodeRequest{Code: "'pandas' in __import__('sys').modules"}, nil)
+	if err != nil || ex.Text() != "True" {
+		t.Errorf("a code interpreter sandbox after the upgrade: %+v, %v", ex, err)
+	}
+	s.expect(s.do("POST", "/sandboxes/"+ci.SandboxID+"/resume", map[string]any{}), 201, "resume")
+	ex, err = s.api.CodeInterpreter(ci.SandboxID, ci.EnvdAccessToken).RunCode(t.Context(),
+		client.RunCodeRequest{Code: "x"}, nil)
+	if err != nil || ex.Text() != "5" {
+		t.Errorf("the kernel of a sandbox of the retired snapshot: %+v, %v", ex, err)
+	}
+	templates, err := s.api.ListTemplates(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retired, warm int
+	for _, tpl := range templates {
+		switch {
+		case strings.HasPrefix(tpl.Name, "code-interpreter-v1-retired-"):
+			retired++
+		case tpl.Name == "code-interpreter-v1":
+			warm++
+		}
+	}
+	if retired != 1 || warm != 1 {
+		t.Errorf("templates %+v: want one retired warm snapshot and one current", templates)
+	}
+
 	pinned, err := os.ReadDir(filepath.Join(s.dataDir, "envd"))
 	if err != nil || len(pinned) != 2 {
 		t.Errorf("pinned envd builds: %v, %v; want the two", pinned, err)

@@ -271,11 +271,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 		defer cancel()
 		exited, _ = d.Exited(wctx, id)
 	}
-	if err := d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...); err != nil {
-		return err
-	}
+	// Before the checkpoint, which may stop the sandbox: a failure here
+	// leaves it as it was.
 	if err := d.keepEnvd(id, imageDir); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if err := d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...); err != nil {
+		return err
 	}
 	if leaveRunning {
 		d.saveStateBackup(ctx, id)
