@@ -3,11 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -23,6 +25,7 @@ type runCodeFlags struct {
 	contextID string
 	language  string
 	env       []string
+	saveDir   string
 }
 
 func (a *app) runCodeCommand() *cobra.Command {
@@ -37,7 +40,9 @@ definitions stay for the next run in the same context.
 The code is the CODE argument, the file given with -f, or stdin with "-" (or
 -f -). What the code prints streams to stdout and stderr as it comes; the text
 of each result (the value of the last expression, and whatever the code
-displays) is printed to stdout. An exception is printed to stderr with its
+displays) is printed to stdout; images (a matplotlib figure's PNG, SVG, JPEG
+or PDF) are saved to files, in --save-dir or a new temporary directory, and
+their paths printed instead. An exception is printed to stderr with its
 traceback and aenv exits 1, as python does; an interrupted aenv interrupts the
 code (KeyboardInterrupt; the context keeps its state) and exits 130.
 
@@ -74,6 +79,7 @@ interpreter sends it: {"type":"stdout"|"stderr","text"}, {"type":"result",
 	cmd.Flags().StringVar(&f.contextID, "context", "", "run in the code context of this ID")
 	cmd.Flags().StringVar(&f.language, "language", "", "run in the default context of this language (default: python)")
 	cmd.Flags().StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE for this run (repeatable)")
+	cmd.Flags().StringVar(&f.saveDir, "save-dir", "", "save images of results here (default: a new temporary directory)")
 	return cmd
 }
 
@@ -132,7 +138,8 @@ func (a *app) runCode(ctx context.Context, f runCodeFlags, id string, rest []str
 		return sandboxContext(id, err)
 	}
 	req := client.RunCodeRequest{Code: code, ContextID: f.contextID, Language: f.language, Env: envs}
-	show := a.showCodeEvent
+	shown := &codeShow{a: a, dir: f.saveDir}
+	show := shown.event
 	if asJSON {
 		show = a.printCodeEvent
 	}
@@ -172,9 +179,17 @@ func (a *app) printCodeEvent(ev client.CodeEvent) error {
 	return err
 }
 
-// showCodeEvent prints an event for people: output where the code wrote
-// it, the text of results, exceptions with their traceback.
-func (a *app) showCodeEvent(ev client.CodeEvent) error {
+// codeShow prints a run's events for people: output where the code wrote
+// it, the text of results, images saved to files (in dir, made when the
+// first comes if not given), exceptions with their traceback.
+type codeShow struct {
+	a     *app
+	dir   string
+	saved int
+}
+
+func (s *codeShow) event(ev client.CodeEvent) error {
+	a := s.a
 	var err error
 	switch ev.Type {
 	case client.CodeEventStdout:
@@ -182,15 +197,63 @@ func (a *app) showCodeEvent(ev client.CodeEvent) error {
 	case client.CodeEventStderr:
 		_, err = io.WriteString(a.stderr, ev.Text)
 	case client.CodeEventResult:
-		if ev.Result.Text == "" {
-			_, err = fmt.Fprintf(a.stderr, "[a result in %s: see -o json]\n", strings.Join(ev.Result.Formats(), ", "))
-			break
+		images, err := s.saveImages(ev.Result)
+		if err != nil {
+			return err
 		}
-		_, err = io.WriteString(a.stdout, withNewline(ev.Result.Text))
+		switch {
+		case len(images) > 0:
+			for _, path := range images {
+				if _, err := fmt.Fprintf(a.stdout, "[saved %s]\n", path); err != nil {
+					return err
+				}
+			}
+		case ev.Result.Text != "":
+			_, err = io.WriteString(a.stdout, withNewline(ev.Result.Text))
+		default:
+			_, err = fmt.Fprintf(a.stderr, "[a result in %s: see -o json]\n", strings.Join(ev.Result.Formats(), ", "))
+		}
+		return err
 	case client.CodeEventError:
 		_, err = io.WriteString(a.stderr, formatCodeError(ev.Error))
 	}
 	return err
+}
+
+// saveImages writes r's images to files and returns their paths.
+func (s *codeShow) saveImages(r *client.CodeResult) ([]string, error) {
+	var paths []string
+	for _, img := range []struct {
+		ext, data string
+		base64    bool
+	}{{"png", r.PNG, true}, {"jpeg", r.JPEG, true}, {"pdf", r.PDF, true}, {"svg", r.SVG, false}} {
+		if img.data == "" {
+			continue
+		}
+		data := []byte(img.data)
+		if img.base64 {
+			var err error
+			if data, err = base64.StdEncoding.DecodeString(img.data); err != nil {
+				return nil, fmt.Errorf("a result's %s: %w", img.ext, err)
+			}
+		}
+		if s.dir == "" {
+			dir, err := os.MkdirTemp("", "aenv-run-code-")
+			if err != nil {
+				return nil, fmt.Errorf("save images: %w", err)
+			}
+			s.dir = dir
+		} else if err := os.MkdirAll(s.dir, 0o755); err != nil {
+			return nil, fmt.Errorf("save images: %w", err)
+		}
+		s.saved++
+		path := filepath.Join(s.dir, fmt.Sprintf("result-%d.%s", s.saved, img.ext))
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			return nil, fmt.Errorf("save images: %w", err)
+		}
+		paths = append(paths, path)
+	}
+	return paths, nil
 }
 
 // formatCodeError is the traceback, ending with "Name: value" as Python

@@ -99,6 +99,8 @@ func TestRunCode(t *testing.T) {
 	srv := newCodeInterpreterFake(t)
 	ci := srv.ci.ID
 	base := srv.addSandbox("tpl-base").ID
+	saveDir := filepath.Join(t.TempDir(), "images")
+	svg := `<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>`
 	script := filepath.Join(t.TempDir(), "script.py")
 	if err := os.WriteFile(script, []byte("y = 'from a file'\nprint(y)\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -127,6 +129,9 @@ func TestRunCode(t *testing.T) {
 		{name: "code from stdin with -f -", stdin: "x - 1", argv: []string{"run-code", "-f", "-", ci}, stdout: "40\n"},
 		{name: "env for one run", argv: []string{"run-code", "-e", "A=b c", ci, "import os; os.environ.get('A')"}, stdout: "'b c'\n"},
 		{name: "env gone after the run", argv: []string{"run-code", ci, "import os; os.environ.get('A')"}},
+		{name: "images are saved, their paths printed", argv: []string{"run-code", "--save-dir", saveDir, ci,
+			"from IPython.display import SVG, display\ndisplay(SVG('" + svg + "'))\nSVG('" + svg + "')"},
+			stdout: "[saved " + filepath.Join(saveDir, "result-1.svg") + "]\n[saved " + filepath.Join(saveDir, "result-2.svg") + "]\n"},
 		{name: "python by name", argv: []string{"run-code", "--language", "python", ci, "x"}, stdout: "41\n"},
 		{name: "no code", argv: []string{"run-code", ci}, code: ExitUsage, stderrHas: "no code given"},
 		{name: "empty code", argv: []string{"run-code", ci, " \n"}, code: ExitUsage, stderrHas: "the code is empty"},
@@ -149,6 +154,13 @@ func TestRunCode(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			res := srv.env(t).run(tt.stdin, tt.argv...)
+			if strings.Contains(tt.name, "images are saved") {
+				for _, name := range []string{"result-1.svg", "result-2.svg"} {
+					if data, err := os.ReadFile(filepath.Join(saveDir, name)); err != nil || !strings.Contains(string(data), "<svg") {
+						t.Errorf("%s: %q, %v", name, data, err)
+					}
+				}
+			}
 			if res.code != tt.code {
 				t.Errorf("exit %d, want %d (stderr %q)", res.code, tt.code, res.stderr)
 			}

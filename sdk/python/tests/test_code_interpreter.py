@@ -356,6 +356,16 @@ class TestRealCodeInterpreter(unittest.IsolatedAsyncioTestCase):
         with self.assertRaises(aenv.NotFound):
             await c.run_code(self.sid, "1", context_id=ctx["id"], access_token=self.token)
 
+    async def test_the_env_runs_code(self):
+        env = aenv.SandboxEnv(self.client, CODE_INTERPRETER)
+        self.addAsyncCleanup(env.close)
+        with self.assertRaises(RuntimeError):
+            await env.run_code("1")
+        await env.reset()
+        await env.run_code("y = 2")
+        ex = await env.run_code("y * 21")
+        self.assertEqual((ex.text, ex.execution_count), ("42", 2))
+
     async def test_a_sandbox_without_one(self):
         base = await self.create("base")
         with self.assertRaises(aenv.NotFound) as cm:

@@ -15,6 +15,7 @@ import time
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, Union
 
 from .client import DEFAULT_TEMPLATE, AsyncClient
+from .code_interpreter import Execution
 from .errors import NotFound, SandboxError, is_infra_error
 
 ExecResult = Dict[str, Any]
@@ -227,6 +228,15 @@ class SandboxEnv:
             raise RuntimeError("exec() before reset()")
         kwargs.setdefault("cwd", self.cwd)
         return await self.client.exec_command(self.sandbox_id, command, **kwargs)
+
+    async def run_code(self, code: str, **kwargs: Any) -> "Execution":
+        """Runs code in the sandbox's code interpreter (a sandbox of the
+        code-interpreter template), keeping its state, as
+        AsyncClient.run_code does (same arguments, same Execution);
+        outside the episode, and may raise."""
+        if self.sandbox_id is None:
+            raise RuntimeError("run_code() before reset()")
+        return await self.client.run_code(self.sandbox_id, code, **kwargs)
 
     async def write_file(self, path: str, content: Union[str, bytes]) -> None:
         if self.sandbox_id is None:
