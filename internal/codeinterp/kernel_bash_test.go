@@ -182,3 +182,45 @@ func TestKernelPyReseed(t *testing.T) {
 		t.Errorf("a seed the code sets holds: %s, want %s", got, seeded)
 	}
 }
+
+// Bytes that are not text, written straight to the kernel's stdout, come
+// back as text (replacement characters), and the kernel goes on; two runs
+// in one context at once run one after the other, in the order they came.
+func TestKernelPyGarbageAndConcurrentRuns(t *testing.T) {
+	if err := exec.Command(debianPython(), "-c", "import IPython").Run(); err != nil {
+		t.Skip("python3 with IPython not installed (TestKernelPy says whether that may be skipped)")
+	}
+	srv := kernelServer(t)
+	lines := execute(t, srv, map[string]any{"code": "import os\nos.write(1, bytes(range(256)) + b'\\n')\n'next'"})
+	lastTwo(t, lines)
+	if out := texts(lines, "stdout"); !strings.Contains(out, "\ufffd") || !strings.Contains(out, "abc") {
+		t.Errorf("stdout of raw bytes: %q", out)
+	}
+	if lines[len(lines)-3].Type != "result" || lines[len(lines)-3].Text != "'next'" {
+		t.Errorf("after raw bytes: %+v", lines)
+	}
+
+	first := post(t, context.Background(), srv+"/execute", map[string]any{
+		"code": "import time\nprint('started', flush=True)\ntime.sleep(1)\n'first'"}, nil)
+	defer first.Body.Close()
+	dec := json.NewDecoder(first.Body)
+	var l line
+	if err := dec.Decode(&l); err != nil || l.Text != "started\n" {
+		t.Fatalf("first run's first line: %+v, %v", l, err)
+	}
+	secondDone := make(chan []line, 1)
+	go func() { secondDone <- execute(t, srv, map[string]any{"code": "'second'"}) }()
+	for dec.More() {
+		if err := dec.Decode(&l); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-secondDone:
+			t.Fatalf("the second run ended while the first ran: %+v", got)
+		default:
+		}
+	}
+	if got := <-secondDone; got[0].Text != "'second'" {
+		t.Errorf("second run: %+v", got)
+	}
+}
