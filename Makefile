@@ -178,7 +178,7 @@ bench-egress: build ## The egress gateway: first HTTPS request and a 100 MB down
 
 .PHONY: bench-code-interpreter
 bench-code-interpreter: build ## The code interpreter: create until the first runCode answers, restored from the warm snapshot, booted, and raw runsc importing the same
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'CodeInterpreter' -benchtime 5x -timeout 30m ./test/integration/
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'CodeInterpreter' -benchtime 10x -timeout 30m ./test/integration/
 
 .PHONY: bench-console
 bench-console: build ## The web console in headless Chromium: page load with 100 sandboxes (AENV_BENCH_CONSOLE_SANDBOXES) and terminal echo
