@@ -3,15 +3,11 @@ package codeinterp
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"maps"
 	"net/http"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 )
 
@@ -22,23 +18,11 @@ import (
 func TestKernelBash(t *testing.T) {
 	var mu sync.Mutex
 	sandboxEnv := map[string]string{"FROM_SANDBOX": "one"}
-	s := New(Config{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Python: debianPython(),
-		Prepare: func(cmd *exec.Cmd, cwd string) error {
-			cmd.Env = os.Environ()
-			cmd.Dir = t.TempDir()
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			return nil
-		},
-		Env: func() map[string]string {
-			mu.Lock()
-			defer mu.Unlock()
-			return maps.Clone(sandboxEnv)
-		},
+	_, srv := kernelService(t, func() map[string]string {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(sandboxEnv)
 	})
-	defer s.Close()
-	srv := newServer(t, s)
 	run := func(code string, env map[string]string) []line {
 		t.Helper()
 		body := map[string]any{"code": code, "language": "bash"}
@@ -148,18 +132,7 @@ func TestKernelPyReseed(t *testing.T) {
 	if err := exec.Command(debianPython(), "-c", "import IPython").Run(); err != nil {
 		t.Skip("python3 with IPython not installed (TestKernelPy says whether that may be skipped)")
 	}
-	s := New(Config{
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Python: debianPython(),
-		Prepare: func(cmd *exec.Cmd, cwd string) error {
-			cmd.Env = os.Environ()
-			cmd.Dir = t.TempDir()
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			return nil
-		},
-	})
-	defer s.Close()
-	srv := newServer(t, s)
+	s, srv := kernelService(t, nil)
 	result := func(code string) string {
 		t.Helper()
 		lines := execute(t, srv, map[string]any{"code": code})

@@ -35,6 +35,13 @@ func debianPython() string {
 // kernelServer serves a Service whose kernels are kernel.py itself, run
 // with the machine's python3, in a temp dir.
 func kernelServer(t *testing.T) string {
+	_, url := kernelService(t, nil)
+	return url
+}
+
+// kernelService is kernelServer's Service and URL; env, if not nil, is the
+// sandbox env (Config.Env).
+func kernelService(t *testing.T, env func() map[string]string) (*Service, string) {
 	s := New(Config{
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Python: debianPython(),
@@ -44,9 +51,10 @@ func kernelServer(t *testing.T) string {
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			return nil
 		},
+		Env: env,
 	})
 	t.Cleanup(s.Close)
-	return newServer(t, s)
+	return s, newServer(t, s)
 }
 
 // TestKernelPy runs kernel.py itself, with the machine's python3: it needs

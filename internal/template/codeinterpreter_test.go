@@ -49,13 +49,7 @@ func TestGetMakesCodeInterpreter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := t.TempDir()
-	base := DefaultBaseConfig(cache)
-	rootfs := filepath.Join(cache, "code-interpreter-"+codeInterpreterConfig(base).key(), "rootfs")
-	for _, f := range []string{"bin/bash", codeInterpreterMarker} {
-		os.MkdirAll(filepath.Dir(filepath.Join(rootfs, f)), 0o755)
-		os.WriteFile(filepath.Join(rootfs, f), nil, 0o644)
-	}
+	base, rootfs := cachedCodeInterpreter(t)
 	m := NewManager(st, base, Dirs{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 
 	if _, err := m.Get(ctx, "no-such-template"); !errors.Is(err, store.ErrNotFound) {
@@ -105,13 +99,7 @@ func TestCodeInterpreterRenamesEarlierRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache := t.TempDir()
-	base := DefaultBaseConfig(cache)
-	rootfs := filepath.Join(cache, "code-interpreter-"+codeInterpreterConfig(base).key(), "rootfs")
-	for _, f := range []string{"bin/bash", codeInterpreterMarker} {
-		os.MkdirAll(filepath.Dir(filepath.Join(rootfs, f)), 0o755)
-		os.WriteFile(filepath.Join(rootfs, f), nil, 0o644)
-	}
+	base, rootfs := cachedCodeInterpreter(t)
 	old := &store.Template{ID: "earlier", Name: CodeInterpreterName, Kind: store.KindRootfs, RootfsPath: rootfs}
 	if err := st.PutTemplate(ctx, old); err != nil {
 		t.Fatal(err)
@@ -135,4 +123,18 @@ func TestReserved(t *testing.T) {
 			t.Errorf("Reserved(%q) = %v, want %v", name, got, want)
 		}
 	}
+}
+
+// cachedCodeInterpreter is a template cache holding a code interpreter root
+// filesystem (as every build after a machine's first finds it), and the
+// base configuration over it.
+func cachedCodeInterpreter(t *testing.T) (BaseConfig, string) {
+	cache := t.TempDir()
+	base := DefaultBaseConfig(cache)
+	rootfs := filepath.Join(cache, "code-interpreter-"+codeInterpreterConfig(base).key(), "rootfs")
+	for _, f := range []string{"bin/bash", codeInterpreterMarker} {
+		os.MkdirAll(filepath.Dir(filepath.Join(rootfs, f)), 0o755)
+		os.WriteFile(filepath.Join(rootfs, f), nil, 0o644)
+	}
+	return base, rootfs
 }

@@ -53,23 +53,7 @@ func BenchmarkCodeInterpreter(b *testing.B) {
 	b.Run("aenv-warm-snapshot", func(b *testing.B) { createRun(b, "code-interpreter", "1 + 1") })
 	// A base create to its first command, the figure a code interpreter
 	// create is held against (≤ 1.2x).
-	b.Run("aenv-base-create-first-exec", func(b *testing.B) {
-		var samples []time.Duration
-		for i := 0; i < b.N; i++ {
-			b.StopTimer()
-			time.Sleep(time.Second)
-			b.StartTimer()
-			start := time.Now()
-			sb := s.create(nil)
-			s.exec(sb.SandboxID, client.ExecuteRequest{Command: "true"})
-			samples = append(samples, time.Since(start))
-			b.StopTimer()
-			s.api.DeleteSandbox(b.Context(), sb.SandboxID)
-			b.StartTimer()
-		}
-		b.StopTimer()
-		reportLatencies(b, samples)
-	})
+	b.Run("aenv-base-create-first-exec", func(b *testing.B) { createBench(b, s, time.Second) })
 	// runCode('1 + 1') round trips in one sandbox, beside exec round trips
 	// of `true` in a base one (≤ 1.5x).
 	b.Run("aenv-runcode-round-trip", func(b *testing.B) {
@@ -89,19 +73,7 @@ func BenchmarkCodeInterpreter(b *testing.B) {
 		b.StopTimer()
 		reportLatencies(b, samples)
 	})
-	b.Run("aenv-exec-round-trip", func(b *testing.B) {
-		sb := s.create(nil)
-		defer s.api.DeleteSandbox(b.Context(), sb.SandboxID)
-		var samples []time.Duration
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			start := time.Now()
-			s.exec(sb.SandboxID, client.ExecuteRequest{Command: "true"})
-			samples = append(samples, time.Since(start))
-		}
-		b.StopTimer()
-		reportLatencies(b, samples)
-	})
+	b.Run("aenv-exec-round-trip", func(b *testing.B) { execRoundTrips(b, s) })
 	b.Run("aenv-boot-rootfs", func(b *testing.B) { createRun(b, "code-interpreter-v1-rootfs", "1 + 1") })
 	b.Run("raw-runsc", func(b *testing.B) {
 		rootfs, _ := filepath.Glob(filepath.Join(templateCache, "code-interpreter-*", "rootfs"))

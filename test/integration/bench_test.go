@@ -76,7 +76,10 @@ func createBench(b *testing.B, s *server, gap time.Duration) {
 
 // BenchmarkAenvExecRoundTrip: /execute of `true` in a running sandbox.
 func BenchmarkAenvExecRoundTrip(b *testing.B) {
-	s := benchServer(b)
+	execRoundTrips(b, benchServer(b))
+}
+
+func execRoundTrips(b *testing.B, s *server) {
 	sb := s.create(nil)
 	var samples []time.Duration
 	b.ResetTimer()
