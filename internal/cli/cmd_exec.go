@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aenv-dev/aenv/internal/client"
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 )
 
@@ -66,13 +67,9 @@ func (a *app) runExec(ctx context.Context, f execFlags, id string, command []str
 	if err != nil {
 		return err
 	}
-	c, err := a.client(f.server)
+	c, sb, err := a.sandbox(ctx, f.server, id)
 	if err != nil {
 		return err
-	}
-	sb, err := c.GetSandbox(ctx, id)
-	if err != nil {
-		return sandboxContext(id, err)
 	}
 	spec := envdclient.ProcessSpec{Cmd: "/bin/bash", Envs: envs, Cwd: f.cwd, User: f.user,
 		Stdin: f.interactive, Timeout: time.Duration(f.timeoutSecs) * time.Second}
@@ -142,4 +139,18 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// sandbox is the client of the server f names and sandbox id's record,
+// whose envd access token reaches into it.
+func (a *app) sandbox(ctx context.Context, f serverFlags, id string) (*client.Client, client.Sandbox, error) {
+	c, err := a.client(f)
+	if err != nil {
+		return nil, client.Sandbox{}, err
+	}
+	sb, err := c.GetSandbox(ctx, id)
+	if err != nil {
+		return nil, client.Sandbox{}, sandboxContext(id, err)
+	}
+	return c, sb, nil
 }

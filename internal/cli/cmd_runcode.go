@@ -129,13 +129,9 @@ func (a *app) runCode(ctx context.Context, f runCodeFlags, id string, rest []str
 	if err != nil {
 		return err
 	}
-	c, err := a.client(f.server)
+	c, sb, err := a.sandbox(ctx, f.server, id)
 	if err != nil {
 		return err
-	}
-	sb, err := c.GetSandbox(ctx, id)
-	if err != nil {
-		return sandboxContext(id, err)
 	}
 	req := client.RunCodeRequest{Code: code, ContextID: f.contextID, Language: f.language, Env: envs}
 	shown := &codeShow{a: a, dir: f.saveDir}

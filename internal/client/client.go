@@ -285,16 +285,25 @@ func getList[T any](ctx context.Context, c *Client, path string, query url.Value
 	if err != nil {
 		return nil, nil, err
 	}
+	out, err := decodeList(raws, keep)
+	if err != nil {
+		return nil, nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	return out, header, nil
+}
+
+// decodeList decodes each element of a JSON array, keeping it raw.
+func decodeList[T any](raws []json.RawMessage, keep func(*T, json.RawMessage)) ([]T, error) {
 	out := make([]T, 0, len(raws))
 	for _, raw := range raws {
 		var v T
 		if err := json.Unmarshal(raw, &v); err != nil {
-			return nil, nil, fmt.Errorf("GET %s: decode answer: %w", path, err)
+			return nil, fmt.Errorf("decode answer: %w", err)
 		}
 		keep(&v, raw)
 		out = append(out, v)
 	}
-	return out, header, nil
+	return out, nil
 }
 
 // sandboxPath is /sandboxes/{id} plus more path segments.

@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -336,14 +337,9 @@ func (ci *CodeInterpreter) ListContexts(ctx context.Context) ([]CodeContext, err
 	if err := ci.doJSON(ctx, http.MethodGet, "/contexts", nil, &raws); err != nil {
 		return nil, err
 	}
-	out := make([]CodeContext, 0, len(raws))
-	for _, raw := range raws {
-		var cc CodeContext
-		if err := json.Unmarshal(raw, &cc); err != nil {
-			return nil, fmt.Errorf("list contexts: decode answer: %w", err)
-		}
-		cc.Raw = raw
-		out = append(out, cc)
+	out, err := decodeList(raws, func(cc *CodeContext, raw json.RawMessage) { cc.Raw = raw })
+	if err != nil {
+		return nil, fmt.Errorf("list contexts: %w", err)
 	}
 	return out, nil
 }
@@ -435,19 +431,10 @@ func (ci *CodeInterpreter) answerError(method, path string, resp *http.Response)
 		return fmt.Errorf("sandbox %s: %w", id, ErrSandboxNotRunning)
 	case http.StatusUnauthorized:
 		return fmt.Errorf("the code interpreter of sandbox %s refused its access token (%s): %w", id,
-			firstNonEmptyString(body.Message, "HTTP 401"), errdefs.ErrUnauthenticated)
+			cmp.Or(body.Message, "HTTP 401"), errdefs.ErrUnauthenticated)
 	case http.StatusForbidden:
-		return fmt.Errorf("sandbox %s: %s: %w", id, firstNonEmptyString(body.Message, "HTTP 403"), errdefs.ErrPermissionDenied)
+		return fmt.Errorf("sandbox %s: %s: %w", id, cmp.Or(body.Message, "HTTP 403"), errdefs.ErrPermissionDenied)
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(data))
 	return readAPIError(method, path, resp)
-}
-
-func firstNonEmptyString(values ...string) string {
-	for _, v := range values {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }

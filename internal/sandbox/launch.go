@@ -168,6 +168,9 @@ type image struct {
 	// prepared: the instance was made ahead by the driver's Prepare with
 	// this sandbox's spec; only the boot or the restore is left.
 	prepared bool
+	// envd is the envd build dir was taken with (envdOf: "" for this
+	// node's), read once by whoever brings the image up.
+	envd string
 }
 
 // launch records sb as starting, brings its instance up in a fresh network
@@ -181,6 +184,7 @@ type image struct {
 // instance that fails is removed and the next choice tried, the last being
 // a new instance, whose failure is the launch's.
 func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
+	img.envd = m.envdOf(img.dir)
 	var asked source
 	for {
 		p := m.plan(ctx, sb, tpl, img, pending, asked)
@@ -290,7 +294,7 @@ func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Templa
 	}
 	if skip&fromRestored == 0 && img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token,
-			unheld: !m.local(tpl), envd: m.envdOf(img.dir)}
+			unheld: !m.local(tpl), envd: img.envd}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
 		p.asked |= fromRestored
@@ -302,7 +306,7 @@ func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Templa
 	if skip&fromPrepared == 0 && img.rootfsUpper == "" && m.prep != nil {
 		// A restore into it needs the envd its image was taken with.
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl),
-			envd: m.envdOf(img.dir)}
+			envd: img.envd}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
 		p.asked |= fromPrepared
@@ -457,7 +461,7 @@ func (m *Manager) local(tpl *store.Template) bool {
 // user. It returns the client, which now holds sb's token. On failure the
 // instance is gone.
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
-	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB, m.envdOf(img.dir))
+	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB, img.envd)
 	spec.RootfsUpper = img.rootfsUpper
 	mounts, err := m.hostMounts(ctx, sb.VolumeMounts)
 	if err != nil {

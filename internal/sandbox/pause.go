@@ -284,7 +284,7 @@ func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, up
 	if err := m.applyNetwork(ctx, updated, slot); err != nil {
 		return nil, nil, err
 	}
-	img := image{dir: updated.ImageDir, token: updated.AccessToken}
+	img := image{dir: updated.ImageDir, token: updated.AccessToken, envd: m.envdOf(updated.ImageDir)}
 	if filesystemOnly(updated.ImageDir) {
 		img = image{rootfsUpper: filepath.Join(updated.ImageDir, rootfsUpperFile)}
 	}
