@@ -189,8 +189,8 @@ bench-team-burst: build ## 500 concurrent creates of one team through two gatewa
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench TeamLimitBurst -benchtime 1x -timeout 30m ./test/integration/
 
 .PHONY: bench-shared
-bench-shared: build $(BIN)/weed ## The object store in a cluster of three nodes: 300 MB upload, cold and warm create, fork of 64 over three nodes and one (minutes per run)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'ClusterShared|RawRunscCheckpointRestore' -benchtime 2x -timeout 60m ./test/integration/
+bench-shared: build $(BIN)/weed ## The object store in a cluster: 300 MB upload, cold and warm create, fork of 64 over three nodes and one, incremental snapshots of 1 GiB and of a trajectory (minutes per run)
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'ClusterShared|ClusterIncrementalSnapshot|RawRunscCheckpointRestore' -benchtime 2x -timeout 60m ./test/integration/
 
 .PHONY: clean-test
 clean-test: ## Remove debris a failed test run left (sandboxes, mounts, namespaces, veths)

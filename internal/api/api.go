@@ -210,6 +210,7 @@ func (s *Server) routeCatalog() {
 	}
 	s.route("GET /sandboxes/{id}", s.getSandbox)
 	s.route("GET /snapshots", s.listSnapshots)
+	s.route("GET /snapshots/{id}", s.getSnapshot)
 	s.route("GET /templates", s.listTemplates)
 	s.route("GET /templates/{id}", s.getTemplate)
 	s.route("GET /templates/aliases/{alias}", s.getTemplateAlias)

@@ -92,7 +92,26 @@ func toSnapshotJSON(t *store.Template) wire.Snapshot {
 		names = append(names, t.Name)
 	}
 	return wire.Snapshot{SnapshotID: t.ID, Names: names, SandboxID: t.SourceSandbox, CreatedAt: t.CreatedAt,
-		Upload: wire.UploadState(t.Upload), UploadError: t.UploadError}
+		Upload: wire.UploadState(t.Upload), UploadError: t.UploadError,
+		Bytes: t.ImageStats.Bytes, StoredBytes: t.ImageStats.NewBytes, ParentID: t.ImageStats.Parent}
+}
+
+// getSnapshot is GET /snapshots/{id}: a snapshot of the caller's team, by
+// ID or name.
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	t, err := s.catalog.GetTemplate(r.Context(), id)
+	if err == nil && (t.Kind != store.KindSnapshot || !principal(r).Uses(t.TeamID)) {
+		err = store.ErrNotFound // a template, or another team's: no such snapshot
+	}
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, node.ErrNotFound) {
+		return fmt.Errorf("%w: snapshot %q", node.ErrNotFound, id)
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toSnapshotJSON(t))
+	return nil
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {

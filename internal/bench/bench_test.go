@@ -356,7 +356,7 @@ func checkNothingLeft(t *testing.T, s *testServer, report *Report, templatesBefo
 		t.Errorf("templates before %v, after %v", templatesBefore, after)
 	}
 	if snaps, err := s.c.ListSnapshots(ctx); err != nil || len(snaps) > 0 {
-		t.Errorf("snapshots left: %s %v", snaps, err)
+		t.Errorf("snapshots left: %+v %v", snaps, err)
 	}
 	if report.Raw == nil {
 		t.Fatal("the report does not say where the raw runtimes worked")

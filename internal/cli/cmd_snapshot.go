@@ -21,7 +21,7 @@ NAME" starts new sandboxes from it, continuing where the sandbox was.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.snapshotCreateCommand(), a.snapshotLsCommand(), a.snapshotRmCommand())
+	cmd.AddCommand(a.snapshotCreateCommand(), a.snapshotLsCommand(), a.snapshotInspectCommand(), a.snapshotRmCommand())
 	return cmd
 }
 
@@ -97,6 +97,49 @@ func (a *app) snapshotLsCommand() *cobra.Command {
 				t.row(s.SnapshotID, firstNonEmpty(strings.Join(s.Names, ","), "-"), firstNonEmpty(s.SandboxID, "-"),
 					ageOf(now, s.CreatedAt), firstNonEmpty(s.Upload, "-"))
 			}
+			return t.flush()
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	return cmd
+}
+
+func (a *app) snapshotInspectCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	cmd := &cobra.Command{
+		Use:   "inspect SNAPSHOT",
+		Short: "Show a snapshot, with what it costs in the object store",
+		Long: `Show a snapshot, by ID or name: its names, the sandbox it came from, its age
+and, on a server with an object store, its upload: the image's size, the bytes
+its upload stored that the store did not hold already, and the snapshot or
+template whose pages it shares (a later snapshot of a sandbox stores only the
+pages that changed).`,
+		Args: args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			s, err := c.GetSnapshot(cmd.Context(), argv[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, s.Raw)
+			}
+			size, stored := "-", "-"
+			if s.Bytes > 0 {
+				size, stored = humanBytes(s.Bytes), humanBytes(s.StoredBytes)
+			}
+			t := newTable(a.stdout, "SNAPSHOT ID", "NAMES", "SANDBOX", "CREATED", "UPLOAD", "SIZE", "STORED", "SHARES WITH")
+			t.row(s.SnapshotID, firstNonEmpty(strings.Join(s.Names, ","), "-"), firstNonEmpty(s.SandboxID, "-"),
+				ageOf(a.now(), s.CreatedAt), firstNonEmpty(s.Upload, "-"), size, stored, firstNonEmpty(s.ParentID, "-"))
 			return t.flush()
 		},
 	}

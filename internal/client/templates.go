@@ -136,6 +136,12 @@ type Snapshot struct {
 	CreatedAt  string   `json:"createdAt"` // RFC 3339
 	// Upload: as Template.Upload.
 	Upload string `json:"upload"`
+	// With an object store, once uploaded: the image's logical size, the
+	// bytes its upload stored anew, and the snapshot or template whose
+	// pages it shares.
+	Bytes       int64  `json:"bytes"`
+	StoredBytes int64  `json:"storedBytes"`
+	ParentID    string `json:"parentID"`
 
 	Raw json.RawMessage `json:"-"`
 }
@@ -156,6 +162,20 @@ func (c *Client) CreateSnapshot(ctx context.Context, id, name string) (Snapshot,
 	}
 	if snap.SnapshotID == "" {
 		return Snapshot{}, errors.New("snapshot: the answer has no snapshotID")
+	}
+	snap.Raw = raw
+	return snap, nil
+}
+
+// GetSnapshot returns one snapshot, by ID or name.
+func (c *Client) GetSnapshot(ctx context.Context, ref string) (Snapshot, error) {
+	var raw json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodGet, "/snapshots/"+url.PathEscape(ref), nil, nil, &raw); err != nil {
+		return Snapshot{}, err
+	}
+	var snap Snapshot
+	if err := json.Unmarshal(raw, &snap); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %s: decode answer: %w", ref, err)
 	}
 	snap.Raw = raw
 	return snap, nil

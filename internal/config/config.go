@@ -199,7 +199,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.ObjectStore, "object-store", "s3://bucket/prefix where templates and snapshots are uploaded so that every node of a cluster can use them (the bucket is made if missing; credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; empty: local disk only)")
 	str(&c.ObjectStoreEndpoint, "object-store-endpoint", "S3 endpoint URL of a self-hosted store, e.g. http://minio:9000 (default: AWS_ENDPOINT_URL, else AWS itself)")
 	str(&c.ObjectStoreRegion, "object-store-region", "S3 region (default: AWS_REGION, else us-east-1)")
-	num(&c.ImageCacheMB, "image-cache-mb", "disk the cache of images fetched from the object store may use; least recently used ones are evicted")
+	num(&c.ImageCacheMB, "image-cache-mb", "disk the cache of images fetched from the object store may use, and as much again the packs of chunked images written or fetched here; least recently used ones are evicted")
 	num(&c.ObjectStoreGCSecs, "object-store-gc-secs", "how often objects no template refers to (and older than this) are removed from the object store (0: never)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 	c.TLS.register(fs, true)

@@ -29,6 +29,22 @@ type archiveStats struct {
 // modification times. Names are relative to root and use slashes; entries come
 // in lexical walk order so that a directory precedes its contents.
 func writeTar(root string, w io.Writer) (archiveStats, error) {
+	return walkTar(root, w, func(tw *tar.Writer, hdr *tar.Header, f *os.File) (int64, error) {
+		if err := tw.WriteHeader(hdr); err != nil {
+			return 0, err
+		}
+		return io.Copy(tw, f)
+	})
+}
+
+// fileBody writes a regular file's entry: its header (hdr, whose Size is the
+// file's) and what stands for its contents. It returns the content bytes it
+// read from f.
+type fileBody func(tw *tar.Writer, hdr *tar.Header, f *os.File) (int64, error)
+
+// walkTar is writeTar with the regular files' entries left to body: the
+// chunked format writes their headers only and keeps the contents apart.
+func walkTar(root string, w io.Writer, body fileBody) (archiveStats, error) {
 	var st archiveStats
 	tw := tar.NewWriter(w)
 	type inode struct{ dev, ino uint64 }
@@ -75,22 +91,22 @@ func writeTar(root string, w io.Writer) (archiveStats, error) {
 				links[id] = name
 			}
 		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		if rel == "." {
-			return nil // counted as the tree, not as one of its files
-		}
-		st.Files++
 		if hdr.Typeflag != tar.TypeReg {
+			if err := tw.WriteHeader(hdr); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if rel != "." {
+				st.Files++ // the top is counted as the tree, not as one of its files
+			}
 			return nil
 		}
+		st.Files++
 		f, err := os.Open(p)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		n, err := io.Copy(tw, f)
+		n, err := body(tw, hdr, f)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -114,6 +130,18 @@ func writeTar(root string, w io.Writer) (archiveStats, error) {
 // it through "..", absolute names or symlinks it planted earlier. Runs of
 // zeros in regular files become holes, which keeps memory images sparse.
 func readTar(r io.Reader, dir string) (archiveStats, error) {
+	return unpackTar(r, dir, func(f *os.File, hdr *tar.Header, tr io.Reader, buf []byte) (int64, error) {
+		return writeSparse(f, tr, hdr.Size, buf)
+	})
+}
+
+// fileFill writes the contents of the regular file hdr names into f, a new
+// empty file: from the archive (tr) or, in the chunked format, from chunks.
+// It returns the bytes of data written (holes excluded).
+type fileFill func(f *os.File, hdr *tar.Header, tr io.Reader, buf []byte) (int64, error)
+
+// unpackTar is readTar with the regular files' contents left to fill.
+func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 	var st archiveStats
 	root, err := os.OpenRoot(dir)
 	if err != nil {
@@ -161,7 +189,7 @@ func readTar(r io.Reader, dir string) (archiveStats, error) {
 			}
 			dirs = append(dirs, dirTime{name, mode, hdr.ModTime})
 		case tar.TypeReg:
-			n, err := writeSparse(root, name, tr, hdr.Size, buf)
+			n, err := fillFile(root, name, hdr, tr, buf, fill)
 			if err != nil {
 				return st, fmt.Errorf("unpack %s: %w", name, err)
 			}
@@ -249,14 +277,27 @@ func modeBits(m int64) fs.FileMode {
 	return b
 }
 
-// writeSparse copies size bytes from r into a new file, seeking over blocks of
-// zeros instead of writing them.
-func writeSparse(root *os.Root, name string, r io.Reader, size int64, buf []byte) (int64, error) {
+// fillFile creates name inside root, has fill write its contents, and syncs
+// it.
+func fillFile(root *os.Root, name string, hdr *tar.Header, tr io.Reader, buf []byte, fill fileFill) (int64, error) {
 	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
+	n, err := fill(f, hdr, tr, buf)
+	if err != nil {
+		return n, err
+	}
+	if err := f.Sync(); err != nil {
+		return n, err
+	}
+	return n, f.Close()
+}
+
+// writeSparse copies size bytes from r into f, seeking over blocks of zeros
+// instead of writing them.
+func writeSparse(f *os.File, r io.Reader, size int64, buf []byte) (int64, error) {
 	const block = 4096
 	var off int64
 	for off < size {
@@ -288,10 +329,7 @@ func writeSparse(root *os.Root, name string, r io.Reader, size int64, buf []byte
 	if err := f.Truncate(size); err != nil {
 		return off, err
 	}
-	if err := f.Sync(); err != nil {
-		return off, err
-	}
-	return off, f.Close()
+	return off, nil
 }
 
 var zeroBlock [4096]byte

@@ -36,6 +36,12 @@ type Config struct {
 	// (default 3). Memory held by one Put is about (PartConcurrency+1)*PartSize.
 	PartSize        int64
 	PartConcurrency int
+	// ChunkDir, if set, keeps the packs of chunked images this node
+	// uploaded or fetched, so that a Get downloads only the packs it
+	// lacks; ChunkBytes bounds it (least recently used packs go first; 0
+	// means no bound).
+	ChunkDir   string
+	ChunkBytes int64
 	// Now is the clock garbage collection compares object ages with
 	// (default time.Now).
 	Now func() time.Time

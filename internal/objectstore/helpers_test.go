@@ -69,8 +69,8 @@ func newCountingTransport() *countingTransport {
 
 func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.mu.Lock()
-	for _, suffix := range []string{dataName, manifestName} {
-		if strings.HasSuffix(r.URL.Path, suffix) {
+	for _, suffix := range []string{dataName, manifestName, indexName, "/" + chunksDir + "/"} {
+		if strings.HasSuffix(r.URL.Path, suffix) || (suffix[0] == '/' && strings.Contains(r.URL.Path, suffix)) {
 			k := r.Method + " " + suffix
 			if r.URL.Query().Has("partNumber") {
 				k += " part"

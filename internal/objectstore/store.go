@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -44,12 +45,30 @@ type Manifest struct {
 	Files   int64     `json:"files"`
 	Bytes   int64     `json:"bytes"`
 	Created time.Time `json:"created"`
+
+	// The chunked format's: the packs the image's pages are in (their
+	// names, for the collector), the bytes its upload stored anew (new
+	// packs and the index), the page bytes found in a parent, and the
+	// first parent it shares pages with.
+	Packs       []string `json:"packs,omitempty"`
+	NewBytes    int64    `json:"newBytes,omitempty"`
+	SharedBytes int64    `json:"sharedBytes,omitempty"`
+	Parent      string   `json:"parent,omitempty"`
+
+	// Fetched is what a Get of a chunked image downloaded.
+	Fetched FetchStats `json:"-"`
 }
 
 // Store reads and writes images in one bucket under one prefix.
 type Store struct {
 	cfg    Config
 	client *s3.Client
+
+	trimMu sync.Mutex // one eviction pass over ChunkDir at a time
+	// gcMu guards unreferencedSince: when each pack was first found
+	// unreferenced by this process's collector.
+	gcMu              sync.Mutex
+	unreferencedSince map[string]time.Time
 }
 
 // keyPattern: slash-separated segments of letters, digits, '.', '_' and '-',
@@ -182,7 +201,7 @@ func (s *Store) Stat(ctx context.Context, key string) (Manifest, error) {
 	if err := json.NewDecoder(out.Body).Decode(&m); err != nil {
 		return Manifest{}, fmt.Errorf("stat %s: manifest: %w", key, err)
 	}
-	if m.Key != key || m.Format != formatTarZstd || !strings.HasPrefix(m.Digest, "sha256:") || m.Size <= 0 {
+	if m.Key != key || (m.Format != formatTarZstd && m.Format != formatChunks) || !strings.HasPrefix(m.Digest, "sha256:") || m.Size <= 0 {
 		return Manifest{}, fmt.Errorf("stat %s: malformed manifest", key)
 	}
 	return m, nil
@@ -194,7 +213,7 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := ValidKey(key); err != nil {
 		return err
 	}
-	for _, k := range []string{s.manifestKey(key), s.dataKey(key)} {
+	for _, k := range []string{s.manifestKey(key), s.dataKey(key), s.indexKey(key)} {
 		if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(k)}); err != nil && !isNotFound(err) {
 			return fmt.Errorf("delete %s: %w", key, err)
 		}
@@ -228,6 +247,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]Entry, error) {
 type imageObjects struct {
 	key            string
 	manifest, data bool
+	chunked        bool // has an index (the chunked format)
 	size           int64
 	modified       time.Time // newest of its objects
 	names          []string
@@ -253,7 +273,7 @@ func (s *Store) listImages(ctx context.Context, keyPrefix string) ([]*imageObjec
 				continue
 			}
 			key, file := name[:i], name[i+1:]
-			if file != dataName && file != manifestName {
+			if file != dataName && file != manifestName && file != indexName {
 				continue // not ours
 			}
 			io := byKey[key]
@@ -263,8 +283,9 @@ func (s *Store) listImages(ctx context.Context, keyPrefix string) ([]*imageObjec
 				order = append(order, io)
 			}
 			io.names = append(io.names, aws.ToString(o.Key))
-			if file == dataName {
+			if file == dataName || file == indexName {
 				io.data, io.size = true, aws.ToInt64(o.Size)
+				io.chunked = io.chunked || file == indexName
 			} else {
 				io.manifest = true
 			}
@@ -280,6 +301,7 @@ func (s *Store) listImages(ctx context.Context, keyPrefix string) ([]*imageObjec
 type GCStats struct {
 	Images  int // image keys whose objects were deleted
 	Objects int
+	Packs   int // packs of the chunked format no image references
 	Uploads int // abandoned multipart uploads aborted
 }
 
@@ -310,6 +332,18 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 			st.Objects++
 		}
 		st.Images++
+		im.key = "" // gone
+	}
+	var remaining []*imageObjects
+	for _, im := range imgs {
+		if im.key != "" {
+			remaining = append(remaining, im)
+		}
+	}
+	packs, err := s.sweepChunks(ctx, remaining, cutoff, grace)
+	st.Packs = packs
+	if err != nil {
+		return st, fmt.Errorf("gc: %w", err)
 	}
 	n, err := s.abortStaleUploads(ctx, cutoff)
 	st.Uploads = n

@@ -108,6 +108,9 @@ func (s *Store) Put(ctx context.Context, key, dir string) (Manifest, error) {
 	if err != nil {
 		return Manifest{}, fmt.Errorf("put %s: manifest: %w", key, err)
 	}
+	// An earlier upload of this key in the chunked format leaves its index
+	// behind; the manifest no longer names it.
+	s.deleteObject(ctx, s.indexKey(key))
 	return m, nil
 }
 
@@ -300,7 +303,12 @@ func (s *Store) Get(ctx context.Context, key, digest, dst string) (Manifest, err
 			os.RemoveAll(tmp)
 		}
 	}()
-	if err := s.fetch(ctx, m, digest, tmp); err != nil {
+	if m.Format == formatChunks {
+		m.Fetched, err = s.fetchChunks(ctx, m, digest, tmp)
+	} else {
+		err = s.fetch(ctx, m, digest, tmp)
+	}
+	if err != nil {
 		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
 	}
 	if err := os.Rename(tmp, dst); err != nil {

@@ -138,7 +138,9 @@ type SharedImages interface {
 	// Share readies tpl, about to be recorded, for upload; Upload queues
 	// the upload once it is recorded.
 	Share(tpl *store.Template) error
-	Upload(tpl *store.Template)
+	// Upload queues the upload of tpl's files; origin is the template
+	// a snapshot's sandbox ran from ("" otherwise).
+	Upload(tpl *store.Template, origin string)
 	// Find returns another node's uploaded template with its root
 	// filesystem on this node.
 	Find(ctx context.Context, idOrName string) (*store.Template, error)

@@ -98,7 +98,7 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
 	if shared {
-		m.share(ctx, tpl)
+		m.share(ctx, tpl, src.ID)
 	}
 	return tpl, nil
 }
@@ -179,12 +179,13 @@ func (m *Manager) holdTemplateImage(ctx context.Context, tpl *store.Template) (i
 	return image{dir: dir, token: tpl.EnvdToken}, func() { m.dropImage(dir) }, nil
 }
 
-// share uploads tpl, recorded now, to the object store if there is one.
-func (m *Manager) share(ctx context.Context, tpl *store.Template) {
+// share uploads tpl, recorded now, to the object store if there is one;
+// origin is the template a snapshot's sandbox ran from.
+func (m *Manager) share(ctx context.Context, tpl *store.Template, origin string) {
 	if m.cfg.Shared == nil {
 		return
 	}
-	m.cfg.Shared.Upload(tpl)
+	m.cfg.Shared.Upload(tpl, origin)
 	m.logger.InfoContext(ctx, "template queued for upload", "template", tpl.ID, "rootfs", tpl.RootfsID)
 }
 
@@ -205,7 +206,7 @@ func (m *Manager) BuildTemplate(ctx context.Context, req template.ImageRequest) 
 	if err := m.store.PutTemplate(ctx, tpl); err != nil {
 		return nil, storeError("record template", err)
 	}
-	m.share(ctx, tpl)
+	m.share(ctx, tpl, "")
 	return tpl, nil
 }
 

@@ -44,6 +44,11 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 	}
 	openCtx, cancelOpen := context.WithTimeout(ctx, time.Minute)
 	defer cancelOpen()
+	// Packs of chunked images this node wrote or fetched stay on disk
+	// within the same budget as the images: a fetch then downloads only
+	// the pages it lacks.
+	storeCfg.ChunkDir = filepath.Join(cfg.DataDir, "shared", "chunks")
+	storeCfg.ChunkBytes = int64(cfg.ImageCacheMB) << 20
 	objects, err := objectstore.Open(openCtx, storeCfg)
 	if err != nil {
 		return nil, fmt.Errorf("object store %s: %w", cfg.ObjectStore, err)

@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,6 +119,9 @@ type job struct {
 	kind       store.TemplateKind
 	rootfsPath string
 	rootfsID   string
+	// origin is the template the sandbox ran from: a checkpoint image
+	// shares its pages (the chunked format's parents).
+	origin string
 	// rootfsDigest is set by Put once the root filesystem is in the
 	// store: the digest recorded with the upload.
 	rootfsDigest string
@@ -173,7 +177,7 @@ func (im *Images) Run(ctx context.Context) {
 			// that other nodes can verify what they fetch.
 			unpinned := t.Upload == store.UploadUploaded && t.RootfsDigest == ""
 			if t.Upload != store.UploadNone && t.Upload != store.UploadUploaded || unpinned {
-				im.enqueue(t)
+				im.enqueue(t, "")
 			}
 		}
 	}
@@ -187,9 +191,9 @@ func (im *Images) Run(ctx context.Context) {
 			case <-tick.C:
 				if st, err := im.CollectGarbage(ctx); err != nil {
 					im.cfg.Logger.WarnContext(ctx, "shared images: garbage collection", "err", err)
-				} else if st.Objects > 0 || st.Uploads > 0 {
+				} else if st.Objects > 0 || st.Uploads > 0 || st.Packs > 0 {
 					im.cfg.Logger.InfoContext(ctx, "shared images: garbage collected", "images", st.Images,
-						"objects", st.Objects, "uploads", st.Uploads)
+						"objects", st.Objects, "packs", st.Packs, "uploads", st.Uploads)
 				}
 			}
 		}
@@ -213,16 +217,18 @@ func (im *Images) Share(tpl *store.Template) error {
 }
 
 // Upload queues the upload of tpl's files (recorded by then, with Share).
-func (im *Images) Upload(tpl *store.Template) { im.enqueue(tpl) }
+// origin is the template the snapshot's sandbox ran from ("" if tpl is not
+// a snapshot): its image shares pages with tpl's.
+func (im *Images) Upload(tpl *store.Template, origin string) { im.enqueue(tpl, origin) }
 
-func (im *Images) enqueue(tpl *store.Template) {
+func (im *Images) enqueue(tpl *store.Template, origin string) {
 	key := imageKey(tpl.ID)
 	dir := tpl.ImageDir
 	if dir == "" {
 		dir = tpl.RootfsPath
 	}
 	im.mu.Lock()
-	im.jobs[key] = job{templateID: tpl.ID, kind: tpl.Kind, rootfsPath: tpl.RootfsPath, rootfsID: tpl.RootfsID}
+	im.jobs[key] = job{templateID: tpl.ID, kind: tpl.Kind, rootfsPath: tpl.RootfsPath, rootfsID: tpl.RootfsID, origin: origin}
 	im.mu.Unlock()
 	if err := im.uploader.Enqueue(key, dir); err != nil {
 		im.cfg.Logger.Warn("shared images: queue upload", "template", tpl.ID, "err", err)
@@ -235,7 +241,7 @@ func (im *Images) enqueue(tpl *store.Template) {
 func (im *Images) UploadSandbox(sb *store.Sandbox, rootfsPath, rootfsID string) {
 	key := sandboxKey(sb.ID)
 	im.mu.Lock()
-	im.jobs[key] = job{sandboxID: sb.ID, rootfsPath: rootfsPath, rootfsID: rootfsID}
+	im.jobs[key] = job{sandboxID: sb.ID, rootfsPath: rootfsPath, rootfsID: rootfsID, origin: sb.TemplateID}
 	im.mu.Unlock()
 	if err := im.uploader.Enqueue(key, sb.ImageDir); err != nil {
 		im.cfg.Logger.Warn("shared images: queue upload", "sandbox", sb.ID, "err", err)
@@ -288,7 +294,51 @@ func (im *Images) Put(ctx context.Context, key, dir string) (objectstore.Manifes
 	if j.sandboxID == "" && (j.kind == store.KindRootfs || j.kind == "") {
 		return m, nil // a rootfs template is its root filesystem
 	}
-	return im.cfg.Store.Put(ctx, key, dir)
+	return im.cfg.Store.PutImage(ctx, key, dir, im.parents(ctx, j))
+}
+
+// parents are the uploaded images a checkpoint image of j likely shares
+// most pages with: the newest other snapshot of the same sandbox (the
+// previous step of a trajectory), then the template the sandbox ran from.
+// Records that cannot be read leave the image whole, not failed.
+func (im *Images) parents(ctx context.Context, j job) []objectstore.Parent {
+	list := im.cfg.Records.ListTemplates
+	if im.cfg.AllTemplates != nil {
+		list = im.cfg.AllTemplates
+	}
+	templates, err := list(ctx)
+	if err != nil {
+		im.cfg.Logger.WarnContext(ctx, "shared images: list templates for an image's parents", "err", err)
+		return nil
+	}
+	source := j.sandboxID
+	for _, t := range templates {
+		if t.ID == j.templateID {
+			source = t.SourceSandbox
+		}
+	}
+	uploaded := func(t *store.Template) bool {
+		return t.Upload == store.UploadUploaded && t.ImageDigest != "" && t.ID != j.templateID
+	}
+	var previous, origin *store.Template
+	for _, t := range templates {
+		if !uploaded(t) {
+			continue
+		}
+		if source != "" && t.SourceSandbox == source && (previous == nil || t.CreatedAt.After(previous.CreatedAt)) {
+			previous = t
+		}
+		if j.origin != "" && t.ID == j.origin {
+			origin = t
+		}
+	}
+	var out []objectstore.Parent
+	for _, t := range []*store.Template{previous, origin} {
+		if t != nil && (len(out) == 0 || out[0].Key != imageKey(t.ID)) {
+			out = append(out, objectstore.Parent{Key: imageKey(t.ID), Digest: t.ImageDigest})
+		}
+	}
+	return out
 }
 
 // putRootfs makes sure the store has the root filesystem id, and returns
@@ -391,6 +441,8 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 		digests.Rootfs = j.rootfsDigest
 		if j.kind != store.KindRootfs && j.kind != "" {
 			digests.Image = st.Manifest.Digest
+			digests.Stats = store.ImageStats{Bytes: st.Manifest.Bytes, NewBytes: st.Manifest.NewBytes,
+				Parent: strings.TrimPrefix(st.Manifest.Parent, imageKey(""))}
 		}
 	}
 	err := im.cfg.Records.SetTemplateUpload(ctx, j.templateID, store.UploadState(st.State), msg, digests)

@@ -129,7 +129,7 @@ func TestShareFindFetchDelete(t *testing.T) {
 	if _, err := b.images.Find(ctx, "warm"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("found before the upload: %v", err)
 	}
-	a.images.Upload(tpl)
+	a.images.Upload(tpl, "")
 	deadline := time.Now().Add(time.Minute)
 	for {
 		got, err := a.db.GetTemplate(ctx, "snap1")
@@ -259,7 +259,7 @@ func TestRewrittenObjectsRefused(t *testing.T) {
 	if err := a.db.PutTemplate(ctx, tpl); err != nil {
 		t.Fatal(err)
 	}
-	a.images.Upload(tpl)
+	a.images.Upload(tpl, "")
 	var uploaded *store.Template
 	waitFor(t, "template uploaded", func() (bool, error) {
 		got, err := a.db.GetTemplate(ctx, "snap1")
@@ -339,5 +339,54 @@ func TestRewrittenObjectsRefused(t *testing.T) {
 	refused("take over", err, sandboxKey("sb1"))
 	if _, err := os.Stat(dst); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the injected sandbox image was put in place: %v", err)
+	}
+}
+
+// A second snapshot of a sandbox is uploaded as what changed since the
+// first: its record names the first as the parent it shares pages with.
+func TestSnapshotsShareTheirPages(t *testing.T) {
+	srv := s3test.Start(t)
+	a := newNode(t, srv, "a", nil)
+	ctx := context.Background()
+	rootfs := filepath.Join(a.dir, "templates", "img", "rootfs")
+	writeFile(t, filepath.Join(rootfs, "etc", "os-release"), []byte("ID=test\n"))
+	memory := make([]byte, 8<<20)
+	rand.Read(memory)
+	snapshot := func(id string) *store.Template {
+		t.Helper()
+		image := filepath.Join(a.dir, "images", id)
+		writeFile(t, filepath.Join(image, "pages.img"), memory)
+		tpl := &store.Template{ID: id, Name: id, Kind: store.KindSnapshot, RootfsPath: rootfs,
+			ImageDir: image, SourceSandbox: "sb1", CreatedAt: time.Now()}
+		if err := a.images.Share(tpl); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.db.PutTemplate(ctx, tpl); err != nil {
+			t.Fatal(err)
+		}
+		a.images.Upload(tpl, "")
+		deadline := time.Now().Add(time.Minute)
+		for {
+			got, err := a.db.GetTemplate(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Upload == store.UploadUploaded {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not uploaded: %+v", id, got)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	first := snapshot("snap1")
+	if first.ImageStats.Parent != "" || first.ImageStats.NewBytes < 8<<20 || first.ImageStats.Bytes != 8<<20 {
+		t.Fatalf("first snapshot: %+v", first.ImageStats)
+	}
+	rand.Read(memory[1<<20 : 2<<20]) // 1 MiB changed
+	second := snapshot("snap2")
+	if second.ImageStats.Parent != "snap1" || second.ImageStats.NewBytes > 3<<19 || second.ImageStats.Bytes != 8<<20 {
+		t.Fatalf("second snapshot: %+v; want snap1 as parent and about 1 MiB stored", second.ImageStats)
 	}
 }

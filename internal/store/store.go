@@ -359,6 +359,9 @@ type Template struct {
 	// against what the bucket says. Set with Upload = UploadUploaded.
 	ImageDigest  string
 	RootfsDigest string
+	// ImageStats are what the checkpoint image's upload found: its size,
+	// the bytes it stored anew and the template whose pages it shares.
+	ImageStats ImageStats
 	// TeamID is the team the template belongs to; "" makes it public
 	// (built-in templates such as base, and those made before teams),
 	// usable by every team.
@@ -373,6 +376,17 @@ type Template struct {
 type UploadDigests struct {
 	Image  string // the checkpoint image's; "" for a root filesystem template
 	Rootfs string
+	Stats  ImageStats
+}
+
+// ImageStats describe a checkpoint image as uploaded in chunks: Bytes its
+// files' logical size, NewBytes what its upload stored that the store did
+// not have (new packs and the index), Parent the template it shares pages
+// with ("" if none).
+type ImageStats struct {
+	Bytes    int64
+	NewBytes int64
+	Parent   string
 }
 
 // UploadState is where a template's files stand in the cluster's object

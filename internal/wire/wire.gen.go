@@ -988,10 +988,18 @@ type SecretUpdate struct {
 
 // Snapshot defines model for Snapshot.
 type Snapshot struct {
-	CreatedAt  time.Time `json:"createdAt"`
-	Names      []string  `json:"names"`
-	SandboxID  string    `json:"sandboxID,omitempty"`
-	SnapshotID string    `json:"snapshotID"`
+	// Bytes Logical size of the checkpoint image (memory and state files), once uploaded to an object store (aenv).
+	Bytes     int64     `json:"bytes,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	Names     []string  `json:"names"`
+
+	// ParentID The snapshot or template whose pages it shares; deleting either never breaks the other (aenv).
+	ParentID   string `json:"parentID,omitempty"`
+	SandboxID  string `json:"sandboxID,omitempty"`
+	SnapshotID string `json:"snapshotID"`
+
+	// StoredBytes What its upload stored that the object store did not hold already (new pages, compressed, and the index); a later snapshot of a sandbox stores only what changed (aenv).
+	StoredBytes int64 `json:"storedBytes,omitempty"`
 
 	// Upload Where the upload to the object store stands; absent without one.
 	Upload      UploadState `json:"upload,omitempty"`

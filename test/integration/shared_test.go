@@ -159,10 +159,12 @@ func TestClusterSharedSnapshot(t *testing.T) {
 		return state == "uploaded"
 	})
 	t.Logf("snapshot uploaded %v after it was taken (its root filesystem too)", time.Since(taken).Round(time.Millisecond))
-	keys, imageBytes := objectSizes(t, srv, "cluster/images/templates/"+snap.SnapshotID+"/")
+	keys, indexBytes := objectSizes(t, srv, "cluster/images/templates/"+snap.SnapshotID+"/")
 	if len(keys) == 0 {
 		t.Fatalf("no objects for the uploaded snapshot")
 	}
+	_, imageBytes := objectSizes(t, srv, "cluster/chunks/")
+	imageBytes += indexBytes
 	rootfsKeys, rootfsBytes := objectSizes(t, srv, "cluster/images/rootfs/")
 	if len(rootfsKeys) == 0 {
 		t.Fatalf("the snapshot's root filesystem was not uploaded")
@@ -460,5 +462,73 @@ func TestClusterSharedImageTemplate(t *testing.T) {
 	fetched, _ := filepath.Glob(filepath.Join(b.dataDir, "shared", "rootfs", "*", "rootfs"))
 	if len(fetched) != 1 {
 		t.Errorf("fetched root filesystems on node-b: %v, want one", fetched)
+	}
+}
+
+// Snapshots of one sandbox are stored as the pages that changed: the second
+// stores a fraction of the first and names it as its parent; deleting the
+// first leaves the second whole, restored with its memory on a node that
+// has none of its pages.
+func TestClusterIncrementalSnapshots(t *testing.T) {
+	srv := s3test.Start(t)
+	c := newCluster(t)
+	a := c.sharedNode("node-a", srv)
+	b := c.sharedNode("node-b", srv)
+	g := c.addGateway()
+	g.waitReady(t, "node-a", "node-b")
+	ctx := context.Background()
+
+	src := a.create(map[string]any{"templateID": "base"}).SandboxID
+	want := startMemoryKeeper(t, a, src)
+	first, err := g.api.CreateSnapshot(ctx, src, "step-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUploaded(t, g, first.SnapshotID)
+	s1, err := g.api.GetSnapshot(ctx, "step-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A step of the trajectory: a few MiB of new memory.
+	a.exec(src, client.ExecuteRequest{Command: `nohup python3 -c '
+import os, time
+b = os.urandom(4 << 20)
+open("/tmp/step-2", "w").write("ok")
+time.sleep(1e9)
+' >/dev/null 2>&1 &`})
+	waitFor(t, time.Minute, "4 MiB more in memory", func() bool {
+		res, err := a.api.Execute(ctx, src, client.ExecuteRequest{Command: "cat /tmp/step-2"})
+		return err == nil && res.Stdout == "ok"
+	})
+	second, err := g.api.CreateSnapshot(ctx, src, "step-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUploaded(t, g, second.SnapshotID)
+	s2, err := g.api.GetSnapshot(ctx, second.SnapshotID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first snapshot: %d MiB, %d MiB stored; second: %d MiB, %.1f MiB stored, shares with %q",
+		s1.Bytes>>20, s1.StoredBytes>>20, s2.Bytes>>20, float64(s2.StoredBytes)/(1<<20), s2.ParentID)
+	if s1.Bytes < 32<<20 || s1.StoredBytes < 32<<20 {
+		t.Errorf("first snapshot: %d bytes, %d stored; it holds 32 MiB of random memory", s1.Bytes, s1.StoredBytes)
+	}
+	if s2.ParentID != first.SnapshotID || s2.StoredBytes > s1.StoredBytes/2 || s2.StoredBytes < 4<<20 {
+		t.Errorf("second snapshot stored %d bytes (the first %d), parent %q; want a fraction, parent %s",
+			s2.StoredBytes, s1.StoredBytes, s2.ParentID, first.SnapshotID)
+		t.Errorf("(the 4 MiB of new memory must be among what it stored)")
+	}
+	var apiErr *client.APIError
+	if _, err := g.api.GetSnapshot(ctx, "base"); !errors.As(err, &apiErr) || apiErr.Status != 404 {
+		t.Errorf("GET /snapshots/base (a template): %v, want 404", err)
+	}
+
+	if err := g.api.DeleteTemplate(ctx, first.SnapshotID); err != nil {
+		t.Fatal(err)
+	}
+	id := b.create(map[string]any{"templateID": "step-2"}).SandboxID
+	if got, wantFile := memoryDigest(t, b.api, id); got != want || wantFile != want {
+		t.Errorf("sandbox from the second snapshot on node-b: memory digest %q, file %q, want %q", got, wantFile, want)
 	}
 }

@@ -310,7 +310,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env, vcpu, memory_mb, created_at,
 	kind, image_dir, source_sandbox, envd_token, env_vars, node_id, rootfs_id, upload_state, upload_error,
-	image_digest, rootfs_digest, team_id, volume_mounts`
+	image_digest, rootfs_digest, team_id, volume_mounts, image_bytes, image_new_bytes, image_parent`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -370,7 +370,7 @@ func putTemplate(ctx context.Context, tx pgx.Tx, box *secretBox, t *store.Templa
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO templates (`+templateColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12, $13, $14::jsonb, $15, $16, $17, $18,
-		$19, $20, $21, NULLIF($22, '')::jsonb)
+		$19, $20, $21, NULLIF($22, '')::jsonb, $23, $24, $25)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env = excluded.env, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
@@ -378,10 +378,12 @@ func putTemplate(ctx context.Context, tx pgx.Tx, box *secretBox, t *store.Templa
 		envd_token = excluded.envd_token, env_vars = excluded.env_vars, rootfs_id = excluded.rootfs_id,
 		upload_state = excluded.upload_state, upload_error = excluded.upload_error,
 		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id,
-		volume_mounts = excluded.volume_mounts`,
+		volume_mounts = excluded.volume_mounts, image_bytes = excluded.image_bytes,
+		image_new_bytes = excluded.image_new_bytes, image_parent = excluded.image_parent`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, envdToken, envVars, node,
-		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID, mounts)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID, mounts,
+		t.ImageStats.Bytes, t.ImageStats.NewBytes, t.ImageStats.Parent)
 	return err
 }
 
@@ -440,8 +442,10 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
 	digests store.UploadDigests) error {
 	tag, err := s.pool.Exec(ctx, `UPDATE templates SET upload_state = $2, upload_error = $3, image_digest = $5,
-		rootfs_digest = $6 WHERE id = $1 AND ($4 = '' OR node_id = $4)`,
-		id, string(state), msg, s.node, digests.Image, digests.Rootfs)
+		rootfs_digest = $6, image_bytes = $7, image_new_bytes = $8, image_parent = $9
+		WHERE id = $1 AND ($4 = '' OR node_id = $4)`,
+		id, string(state), msg, s.node, digests.Image, digests.Rootfs, digests.Stats.Bytes, digests.Stats.NewBytes,
+		digests.Stats.Parent)
 	if err != nil {
 		return dbError("record upload of template %s: %w", id, err)
 	}
@@ -604,7 +608,8 @@ func scanTemplate(box *secretBox, r pgx.Row) (*store.Template, error) {
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars, &t.NodeID,
-		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID, &mounts); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID, &mounts,
+		&t.ImageStats.Bytes, &t.ImageStats.NewBytes, &t.ImageStats.Parent); err != nil {
 		return nil, err
 	}
 	var err error

@@ -470,7 +470,7 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 
 const templateColumns = `id, name, rootfs_path, default_user, default_workdir, env_json, vcpu, memory_mb, created_at,
 	kind, image_dir, source_sandbox, envd_token, env_vars_json, rootfs_id, upload_state, upload_error,
-	image_digest, rootfs_digest, team_id, volume_mounts_json`
+	image_digest, rootfs_digest, team_id, volume_mounts_json, image_bytes, image_new_bytes, image_parent`
 
 func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	env, err := json.Marshal(nonNil(t.Env))
@@ -522,7 +522,7 @@ func putTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.
 		return err
 	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO templates (`+templateColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (id) DO UPDATE SET name = excluded.name, rootfs_path = excluded.rootfs_path,
 		default_user = excluded.default_user, default_workdir = excluded.default_workdir,
 		env_json = excluded.env_json, vcpu = excluded.vcpu, memory_mb = excluded.memory_mb,
@@ -530,10 +530,12 @@ func putTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.
 		envd_token = excluded.envd_token, env_vars_json = excluded.env_vars_json,
 		rootfs_id = excluded.rootfs_id, upload_state = excluded.upload_state, upload_error = excluded.upload_error,
 		image_digest = excluded.image_digest, rootfs_digest = excluded.rootfs_digest, team_id = excluded.team_id,
-		volume_mounts_json = excluded.volume_mounts_json`,
+		volume_mounts_json = excluded.volume_mounts_json, image_bytes = excluded.image_bytes,
+		image_new_bytes = excluded.image_new_bytes, image_parent = excluded.image_parent`,
 		t.ID, t.Name, t.RootfsPath, t.DefaultUser, t.DefaultWorkdir, env, t.VCPU, t.MemoryMB,
 		t.CreatedAt.UnixNano(), string(kind), t.ImageDir, t.SourceSandbox, t.EnvdToken, envVars,
-		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID, mounts)
+		t.RootfsID, string(t.Upload), t.UploadError, t.ImageDigest, t.RootfsDigest, t.TeamID, mounts,
+		t.ImageStats.Bytes, t.ImageStats.NewBytes, t.ImageStats.Parent)
 	return err
 }
 
@@ -583,7 +585,9 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
 	digests store.UploadDigests) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE templates SET upload_state = ?, upload_error = ?, image_digest = ?,
-		rootfs_digest = ? WHERE id = ?`, string(state), msg, digests.Image, digests.Rootfs, id)
+		rootfs_digest = ?, image_bytes = ?, image_new_bytes = ?, image_parent = ? WHERE id = ?`,
+		string(state), msg, digests.Image, digests.Rootfs, digests.Stats.Bytes, digests.Stats.NewBytes,
+		digests.Stats.Parent, id)
 	if err != nil {
 		return fmt.Errorf("record upload of template %s: %w", id, classify(err))
 	}
@@ -715,7 +719,8 @@ func scanTemplate(r scanner) (*store.Template, error) {
 	var created int64
 	if err := r.Scan(&t.ID, &t.Name, &t.RootfsPath, &t.DefaultUser, &t.DefaultWorkdir, &env, &t.VCPU,
 		&t.MemoryMB, &created, &kind, &t.ImageDir, &t.SourceSandbox, &t.EnvdToken, &envVars,
-		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID, &mounts); err != nil {
+		&t.RootfsID, &upload, &t.UploadError, &t.ImageDigest, &t.RootfsDigest, &t.TeamID, &mounts,
+		&t.ImageStats.Bytes, &t.ImageStats.NewBytes, &t.ImageStats.Parent); err != nil {
 		return nil, err
 	}
 	var err error

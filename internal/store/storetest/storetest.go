@@ -237,19 +237,21 @@ func testTemplates(t *testing.T, s store.Store) {
 	}
 	// The digests of what was uploaded are pinned with the state, and
 	// kept through a read and write of the whole record.
-	pins := store.UploadDigests{Image: "sha256:1111", Rootfs: "sha256:2222"}
+	pins := store.UploadDigests{Image: "sha256:1111", Rootfs: "sha256:2222",
+		Stats: store.ImageStats{Bytes: 1 << 30, NewBytes: 12 << 20, Parent: "s0"}}
 	if err := s.SetTemplateUpload(ctx, "s1", store.UploadUploaded, "", pins); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.GetTemplate(ctx, "s1")
 	if err != nil || got.Upload != store.UploadUploaded || got.UploadError != "" ||
-		got.ImageDigest != pins.Image || got.RootfsDigest != pins.Rootfs {
+		got.ImageDigest != pins.Image || got.RootfsDigest != pins.Rootfs || got.ImageStats != pins.Stats {
 		t.Fatalf("uploaded: %+v %v", got, err)
 	}
 	if err := s.PutTemplate(ctx, got); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := s.GetTemplate(ctx, "s1"); err != nil || again.ImageDigest != pins.Image || again.RootfsDigest != pins.Rootfs {
+	if again, err := s.GetTemplate(ctx, "s1"); err != nil || again.ImageDigest != pins.Image || again.RootfsDigest != pins.Rootfs ||
+		again.ImageStats != pins.Stats {
 		t.Fatalf("digests after a put of the read record: %+v %v", again, err)
 	}
 	if err := s.SetTemplateUpload(ctx, "nope", store.UploadUploaded, "", pins); !errors.Is(err, store.ErrNotFound) {

@@ -1,0 +1,1008 @@
+package objectstore
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
+)
+
+// The chunked format (formatChunks) stores an image as pages: every regular
+// file is cut into 4 KiB pages, each page named by its SHA-256, and the pages
+// a store lacks are packed (zstd) into pack objects under Prefix/chunks/,
+// named by the SHA-256 of their stored bytes. The image itself is an index
+// object (@index.zst): the tree's tar headers without contents, the packs it
+// uses and, for every page, where it is. Manifest.Digest is the index's
+// digest; the index pins every pack's digest, so one recorded digest still
+// checks every byte.
+//
+// Why pages, keyed by content: a checkpoint's memory file (pages.img) holds
+// the committed ranges of guest memory back to back, so a range committed or
+// freed early moves everything after it; fixed chunks at file offsets then
+// share almost nothing between two snapshots of one sandbox, while pages
+// named by content are found wherever they moved. Pages are also the unit
+// guest memory changes in: larger chunks turn scattered 4 KiB writes into
+// whole chunks of new data. Content-defined chunking finds the same pages at
+// several times the cost, since memory is page-aligned already.
+//
+// A Put shares the pages of the images it is given as parents (the same
+// sandbox's earlier snapshot, the template it came from): only new pages are
+// packed and uploaded. A Get fetches only the packs the node lacks, verifying
+// each against the digest the index pins, before unpacking.
+const (
+	chunksDir    = "chunks"
+	indexName    = "@index.zst"
+	formatChunks = "chunks-v1"
+	pageSize     = 4096
+	// packTarget bounds a pack's raw bytes: large enough that a GiB is a
+	// hundred objects, small enough that a restore holds a few in memory.
+	packTarget = 8 << 20
+	// maxIndexBytes bounds an index as stored and as decoded (a 1 GiB
+	// image's index is about 9 MiB: a 32-byte hash per page).
+	maxIndexBytes = 1 << 30
+	// packsHeld is how many decoded packs a Get keeps in memory: pages of a
+	// child image interleave its own packs with its parent's in order, so
+	// a few suffice.
+	packsHeld = 6
+	// paxSize carries a regular file's size in the index's tar headers,
+	// whose Size is 0 since the contents are pages.
+	paxSize    = "AENV.size"
+	indexMagic = "AENVCHK1"
+)
+
+// Parent is an image in the store whose pages a new image may share, with
+// the digest its record pins.
+type Parent struct {
+	Key, Digest string
+}
+
+type packRef struct {
+	digest      [sha256.Size]byte
+	raw, stored int64
+}
+
+func (p packRef) name() string { return hex.EncodeToString(p.digest[:]) }
+
+// pageRef locates one page: pack is 1 + an index into the image's packs, 0
+// for a page of zeros (never stored).
+type pageRef struct {
+	pack uint32
+	off  uint32
+	hash [sha256.Size]byte
+}
+
+type chunkIndex struct {
+	skeleton []byte // tar stream of headers; regular files have no contents
+	packs    []packRef
+	pages    []pageRef
+}
+
+func (ix *chunkIndex) encode() []byte {
+	var b bytes.Buffer
+	b.Grow(len(ix.skeleton) + len(ix.pages)*(sha256.Size+6) + len(ix.packs)*48 + 64)
+	b.WriteString(indexMagic)
+	b.Write(binary.AppendUvarint(nil, uint64(len(ix.skeleton))))
+	b.Write(ix.skeleton)
+	b.Write(binary.AppendUvarint(nil, uint64(len(ix.packs))))
+	for _, p := range ix.packs {
+		b.Write(p.digest[:])
+		b.Write(binary.AppendUvarint(nil, uint64(p.raw)))
+		b.Write(binary.AppendUvarint(nil, uint64(p.stored)))
+	}
+	b.Write(binary.AppendUvarint(nil, uint64(len(ix.pages))))
+	var buf [2 * binary.MaxVarintLen64]byte
+	for _, pg := range ix.pages {
+		n := binary.PutUvarint(buf[:], uint64(pg.pack))
+		if pg.pack != 0 {
+			n += binary.PutUvarint(buf[n:], uint64(pg.off))
+		}
+		b.Write(buf[:n])
+		if pg.pack != 0 {
+			b.Write(pg.hash[:])
+		}
+	}
+	return b.Bytes()
+}
+
+var errIndex = fmt.Errorf("%w: malformed chunk index", ErrCorrupt)
+
+func decodeIndex(data []byte) (*chunkIndex, error) {
+	r := bytes.NewReader(data)
+	magic := make([]byte, len(indexMagic))
+	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != indexMagic {
+		return nil, errIndex
+	}
+	count := func(limit uint64) (int, error) {
+		n, err := binary.ReadUvarint(r)
+		if err != nil || n > limit || n > uint64(r.Len()) {
+			return 0, errIndex
+		}
+		return int(n), nil
+	}
+	ix := &chunkIndex{}
+	n, err := count(maxIndexBytes)
+	if err != nil {
+		return nil, err
+	}
+	ix.skeleton = make([]byte, n)
+	if _, err := io.ReadFull(r, ix.skeleton); err != nil {
+		return nil, errIndex
+	}
+	if n, err = count(1 << 24); err != nil {
+		return nil, err
+	}
+	ix.packs = make([]packRef, n)
+	for i := range ix.packs {
+		p := &ix.packs[i]
+		if _, err := io.ReadFull(r, p.digest[:]); err != nil {
+			return nil, errIndex
+		}
+		raw, err1 := binary.ReadUvarint(r)
+		stored, err2 := binary.ReadUvarint(r)
+		if err1 != nil || err2 != nil || raw == 0 || raw > packTarget+pageSize || stored > maxIndexBytes {
+			return nil, errIndex
+		}
+		p.raw, p.stored = int64(raw), int64(stored)
+	}
+	if n, err = count(maxIndexBytes); err != nil {
+		return nil, err
+	}
+	ix.pages = make([]pageRef, n)
+	for i := range ix.pages {
+		pg := &ix.pages[i]
+		pack, err := binary.ReadUvarint(r)
+		if err != nil || pack > uint64(len(ix.packs)) {
+			return nil, errIndex
+		}
+		pg.pack = uint32(pack)
+		if pack == 0 {
+			continue
+		}
+		off, err := binary.ReadUvarint(r)
+		if err != nil || off >= uint64(ix.packs[pack-1].raw) {
+			return nil, errIndex
+		}
+		pg.off = uint32(off)
+		if _, err := io.ReadFull(r, pg.hash[:]); err != nil {
+			return nil, errIndex
+		}
+	}
+	if r.Len() != 0 {
+		return nil, errIndex
+	}
+	return ix, nil
+}
+
+func (s *Store) chunksBase() string {
+	if s.cfg.Prefix == "" {
+		return chunksDir + "/"
+	}
+	return s.cfg.Prefix + "/" + chunksDir + "/"
+}
+
+func (s *Store) packKey(name string) string   { return s.chunksBase() + name }
+func (s *Store) indexKey(key string) string   { return s.imageDir(key) + indexName }
+func validPackName(name string) bool          { return validDigest("sha256:" + name) }
+func (s *Store) localPack(name string) string { return filepath.Join(s.cfg.ChunkDir, name) }
+
+// pageLoc is where a known page is: in a pack of the image being written
+// (parent < 0) or of a parent.
+type pageLoc struct {
+	parent, pack int
+	off          uint32
+}
+
+// imagePacker cuts an image's files into pages and packs the new ones.
+type imagePacker struct {
+	s   *Store
+	ctx context.Context
+	g   *errgroup.Group
+	enc *zstd.Encoder
+
+	known    map[[sha256.Size]byte]pageLoc
+	parents  [][]packRef
+	interned map[[2]int]uint32 // (parent, pack) → 1 + index in packs
+
+	packs   []*packRef // this image's, in index order; filled by the uploads
+	pages   []pageRef
+	cur     []byte // the pack being filled
+	curAt   uint32 // its 1-based index
+	free    chan []byte
+	readBuf []byte
+	// storedFree keeps compressed packs' buffers for reuse.
+	storedFree chan []byte
+
+	mu       sync.Mutex
+	newBytes int64 // packs uploaded, as stored
+	shared   int64 // page bytes found in a parent
+	used     []bool
+}
+
+// PutImage uploads the directory tree dir as the image key in the chunked
+// format, sharing the pages of parents (images already in the store, each
+// checked against its recorded digest; one that cannot be read is skipped).
+// As Put, it replaces any image of that key and writes the manifest last.
+//
+// Garbage collection deletes a pack only when it was unreferenced at two
+// collections at least its grace apart, and a parent's manifest is read
+// before its pages are shared: so a pack shared here cannot go before this
+// manifest names it, as long as the Put ends within the grace.
+func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent) (Manifest, error) {
+	if err := ValidKey(key); err != nil {
+		return Manifest{}, err
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return Manifest{}, fmt.Errorf("put %s: %w", key, err)
+	} else if !fi.IsDir() {
+		return Manifest{}, fmt.Errorf("put %s: %s is not a directory", key, dir)
+	}
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		return Manifest{}, err
+	}
+	defer enc.Close()
+	g, gctx := errgroup.WithContext(ctx)
+	p := &imagePacker{s: s, ctx: gctx, g: g, enc: enc,
+		known: map[[sha256.Size]byte]pageLoc{}, interned: map[[2]int]uint32{},
+		free: make(chan []byte, s.cfg.PartConcurrency+1), storedFree: make(chan []byte, s.cfg.PartConcurrency+1)}
+	for range s.cfg.PartConcurrency + 1 {
+		p.free <- make([]byte, 0, packTarget)
+	}
+	var parentKeys []string
+	for _, par := range parents {
+		ix, err := s.readIndex(ctx, par.Key, par.Digest)
+		if err != nil {
+			if ctx.Err() != nil {
+				return Manifest{}, fmt.Errorf("put %s: %w", key, ctx.Err())
+			}
+			continue // no sharing with it: the image is still whole
+		}
+		p.addParent(ix)
+		parentKeys = append(parentKeys, par.Key)
+	}
+	var skeleton bytes.Buffer
+	st, walkErr := walkTar(dir, &skeleton, p.file)
+	if walkErr == nil {
+		walkErr = p.flush()
+	}
+	if err := g.Wait(); err != nil && walkErr == nil {
+		walkErr = err
+	}
+	if walkErr != nil {
+		return Manifest{}, fmt.Errorf("put %s: %w", key, walkErr)
+	}
+	ix := &chunkIndex{skeleton: skeleton.Bytes(), pages: p.pages}
+	names := make([]string, len(p.packs))
+	for i, pr := range p.packs {
+		ix.packs = append(ix.packs, *pr)
+		names[i] = pr.name()
+	}
+	body := enc.EncodeAll(ix.encode(), nil)
+	if len(body) > maxIndexBytes {
+		return Manifest{}, fmt.Errorf("put %s: index of %d bytes exceeds %d", key, len(body), maxIndexBytes)
+	}
+	sum := sha256.Sum256(body)
+	if _, err := s.upload(ctx, s.indexKey(key), bytes.NewReader(body)); err != nil {
+		return Manifest{}, fmt.Errorf("put %s: index: %w", key, err)
+	}
+	var shareParent string
+	for i, used := range p.used {
+		if used {
+			shareParent = parentKeys[i]
+			break
+		}
+	}
+	m := Manifest{
+		Key:         key,
+		Format:      formatChunks,
+		Digest:      "sha256:" + hex.EncodeToString(sum[:]),
+		Size:        int64(len(body)),
+		Files:       st.Files,
+		Bytes:       st.Bytes,
+		Created:     s.cfg.Now().UTC(),
+		Packs:       names,
+		NewBytes:    p.newBytes + int64(len(body)),
+		SharedBytes: p.shared,
+		Parent:      shareParent,
+	}
+	if err := s.writeManifest(ctx, m); err != nil {
+		return Manifest{}, err
+	}
+	// An earlier upload of this key in the whole format leaves its data
+	// object behind; the manifest no longer names it.
+	s.deleteObject(ctx, s.dataKey(key))
+	s.trimChunks()
+	return m, nil
+}
+
+func (s *Store) writeManifest(ctx context.Context, m Manifest) error {
+	body, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", m.Key, err)
+	}
+	_, err = s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket:        &s.cfg.Bucket,
+		Key:           aws.String(s.manifestKey(m.Key)),
+		Body:          bytes.NewReader(body),
+		ContentLength: aws.Int64(int64(len(body))),
+		ContentType:   aws.String("application/json"),
+	})
+	if err != nil {
+		return fmt.Errorf("put %s: manifest: %w", m.Key, err)
+	}
+	return nil
+}
+
+// deleteObject removes one object, best effort (the collector removes what
+// is left).
+func (s *Store) deleteObject(ctx context.Context, name string) {
+	s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(name)})
+}
+
+func (p *imagePacker) addParent(ix *chunkIndex) {
+	n := len(p.parents)
+	p.parents = append(p.parents, ix.packs)
+	p.used = append(p.used, false)
+	for _, pg := range ix.pages {
+		if pg.pack == 0 {
+			continue
+		}
+		if _, ok := p.known[pg.hash]; !ok {
+			p.known[pg.hash] = pageLoc{parent: n, pack: int(pg.pack) - 1, off: pg.off}
+		}
+	}
+}
+
+// file is the walk's fileBody: the header with the size moved to a PAX
+// record, then the file's pages.
+func (p *imagePacker) file(tw *tar.Writer, hdr *tar.Header, f *os.File) (int64, error) {
+	h := *hdr
+	h.PAXRecords = map[string]string{paxSize: strconv.FormatInt(hdr.Size, 10)}
+	for k, v := range hdr.PAXRecords {
+		h.PAXRecords[k] = v
+	}
+	h.Size = 0
+	if err := tw.WriteHeader(&h); err != nil {
+		return 0, err
+	}
+	if p.readBuf == nil {
+		p.readBuf = make([]byte, readSize)
+	}
+	var n int64
+	for {
+		k, err := io.ReadFull(f, p.readBuf)
+		if k > 0 {
+			n += int64(k)
+			data := p.readBuf[:k]
+			sums := p.hashPages(data)
+			for i := 0; len(data) > 0; i++ {
+				pg := data[:min(pageSize, len(data))]
+				data = data[len(pg):]
+				if err := p.page(pg, sums[i]); err != nil {
+					return n, err
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+// readSize is how much of a file the packer reads at once: 256 pages,
+// hashed in parallel.
+const readSize = 1 << 20
+
+// pageSum is a page's SHA-256, or zero for a page of zeros.
+type pageSum struct {
+	hash [sha256.Size]byte
+	zero bool
+}
+
+// hashPages hashes the pages of data (the last may be short), spread over
+// the CPUs: hashing is most of the packer's work.
+func (p *imagePacker) hashPages(data []byte) []pageSum {
+	count := (len(data) + pageSize - 1) / pageSize
+	sums := make([]pageSum, count)
+	hash := func(from, to int) {
+		for i := from; i < to; i++ {
+			pg := data[i*pageSize : min((i+1)*pageSize, len(data))]
+			if isZero(pg) {
+				sums[i].zero = true
+				continue
+			}
+			sums[i].hash = sha256.Sum256(pg)
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), count/16)
+	if workers <= 1 {
+		hash(0, count)
+		return sums
+	}
+	var wg sync.WaitGroup
+	per := (count + workers - 1) / workers
+	for from := 0; from < count; from += per {
+		wg.Go(func() { hash(from, min(from+per, count)) })
+	}
+	wg.Wait()
+	return sums
+}
+
+func (p *imagePacker) page(data []byte, sum pageSum) error {
+	if sum.zero {
+		p.pages = append(p.pages, pageRef{})
+		return nil
+	}
+	h := sum.hash
+	if loc, ok := p.known[h]; ok {
+		ref := pageRef{off: loc.off, hash: h}
+		if loc.parent < 0 {
+			ref.pack = uint32(loc.pack) + 1
+		} else {
+			ref.pack = p.intern(loc.parent, loc.pack)
+			p.shared += int64(len(data))
+		}
+		p.pages = append(p.pages, ref)
+		return nil
+	}
+	if p.cur != nil && len(p.cur)+len(data) > packTarget {
+		if err := p.flush(); err != nil {
+			return err
+		}
+	}
+	if p.cur == nil {
+		select {
+		case p.cur = <-p.free:
+		case <-p.ctx.Done():
+			return p.ctx.Err()
+		}
+		p.packs = append(p.packs, &packRef{})
+		p.curAt = uint32(len(p.packs))
+	}
+	ref := pageRef{pack: p.curAt, off: uint32(len(p.cur)), hash: h}
+	p.cur = append(p.cur, data...)
+	p.known[h] = pageLoc{parent: -1, pack: int(p.curAt) - 1, off: ref.off}
+	p.pages = append(p.pages, ref)
+	return nil
+}
+
+func (p *imagePacker) intern(parent, pack int) uint32 {
+	k := [2]int{parent, pack}
+	if i, ok := p.interned[k]; ok {
+		return i
+	}
+	pr := p.parents[parent][pack]
+	p.packs = append(p.packs, &pr)
+	i := uint32(len(p.packs))
+	p.interned[k] = i
+	p.used[parent] = true
+	return i
+}
+
+// flush compresses and uploads the pack being filled, in the background.
+func (p *imagePacker) flush() error {
+	if p.cur == nil {
+		return nil
+	}
+	raw, ref := p.cur, p.packs[p.curAt-1]
+	p.cur = nil
+	p.g.Go(func() error {
+		defer func() { p.free <- raw[:0] }()
+		var buf []byte
+		select {
+		case buf = <-p.storedFree:
+		default:
+			buf = make([]byte, 0, p.enc.MaxEncodedSize(packTarget))
+		}
+		defer func() {
+			select {
+			case p.storedFree <- buf[:0]:
+			default:
+			}
+		}()
+		stored := p.enc.EncodeAll(raw, buf[:0])
+		buf = stored
+		*ref = packRef{digest: sha256.Sum256(stored), raw: int64(len(raw)), stored: int64(len(stored))}
+		name := ref.name()
+		_, err := p.s.client.PutObject(p.ctx, &s3.PutObjectInput{
+			Bucket:        &p.s.cfg.Bucket,
+			Key:           aws.String(p.s.packKey(name)),
+			Body:          bytes.NewReader(stored),
+			ContentLength: aws.Int64(int64(len(stored))),
+		}, unsignedPayload)
+		if err != nil {
+			return fmt.Errorf("upload pack %s: %w", name, err)
+		}
+		p.s.keepPack(name, stored)
+		p.mu.Lock()
+		p.newBytes += int64(len(stored))
+		p.mu.Unlock()
+		return nil
+	})
+	return nil
+}
+
+// readIndex reads and verifies the index of the chunked image key, whose
+// manifest must be there and name digest.
+func (s *Store) readIndex(ctx context.Context, key, digest string) (*chunkIndex, error) {
+	if !validDigest(digest) {
+		return nil, fmt.Errorf("index of %s: %w", key, ErrNoDigest)
+	}
+	m, err := s.Stat(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if m.Digest != digest || m.Format != formatChunks {
+		return nil, fmt.Errorf("index of %s: %w: its manifest says %s %s, recorded %s", key, ErrCorrupt, m.Format, m.Digest, digest)
+	}
+	return s.fetchIndex(ctx, m, digest)
+}
+
+func (s *Store) fetchIndex(ctx context.Context, m Manifest, digest string) (*chunkIndex, error) {
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.indexKey(m.Key))})
+	if err != nil {
+		if isNotFound(err) {
+			return nil, fmt.Errorf("%w: index missing", ErrCorrupt)
+		}
+		return nil, err
+	}
+	defer out.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(out.Body, min(m.Size, maxIndexBytes)+1))
+	if err != nil {
+		return nil, err
+	}
+	if sum := sha256.Sum256(body); "sha256:"+hex.EncodeToString(sum[:]) != digest {
+		return nil, fmt.Errorf("%w: index digest %x, recorded at upload %s", ErrCorrupt, sum, digest)
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderMaxMemory(maxIndexBytes), zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		return nil, err
+	}
+	defer dec.Close()
+	raw, err := dec.DecodeAll(body, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: index: %v", ErrCorrupt, err)
+	}
+	return decodeIndex(raw)
+}
+
+// fetchChunks unpacks the chunked image of m into dir: the packs it lacks
+// are downloaded first, in parallel, each checked against its digest.
+func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string) (FetchStats, error) {
+	var st FetchStats
+	ix, err := s.fetchIndex(ctx, m, digest)
+	if err != nil {
+		return st, err
+	}
+	packDir := s.cfg.ChunkDir
+	if packDir == "" {
+		// No chunk cache: the packs live beside the image while it is
+		// unpacked.
+		if packDir, err = os.MkdirTemp(filepath.Dir(dir), ".chunks-"); err != nil {
+			return st, err
+		}
+		defer os.RemoveAll(packDir)
+	}
+	r := &packReader{ctx: ctx, s: s, dir: packDir, ix: ix, held: map[uint32][]byte{},
+		arriving: map[uint32]*arrival{}}
+	// The packs missing here are downloaded in the order the unpacking
+	// reads them, which starts as soon as the first is in: the download
+	// of the rest overlaps the writing of the image.
+	dctx, stop := context.WithCancel(ctx)
+	defer stop()
+	g, gctx := errgroup.WithContext(dctx)
+	g.SetLimit(2 * s.cfg.PartConcurrency)
+	r.ctx = gctx
+	var mu sync.Mutex
+	var order []uint32
+	seen := make([]bool, len(ix.packs))
+	for _, pg := range ix.pages {
+		if pg.pack != 0 && !seen[pg.pack-1] {
+			seen[pg.pack-1] = true
+			order = append(order, pg.pack)
+		}
+	}
+	for _, i := range order {
+		p := ix.packs[i-1]
+		if _, err := os.Stat(filepath.Join(packDir, p.name())); err == nil {
+			continue
+		}
+		a := &arrival{done: make(chan struct{})}
+		r.arriving[i] = a
+	}
+	launched := make(chan struct{})
+	go func() {
+		defer close(launched)
+		for _, i := range order {
+			a := r.arriving[i]
+			if a == nil {
+				continue
+			}
+			p := ix.packs[i-1]
+			g.Go(func() error {
+				defer close(a.done)
+				if a.err = s.downloadPack(gctx, packDir, p); a.err != nil {
+					return a.err
+				}
+				mu.Lock()
+				st.Packs++
+				st.Bytes += p.stored
+				mu.Unlock()
+				return nil
+			})
+		}
+	}()
+	unpacked, err := r.unpack(dir)
+	if err != nil {
+		stop() // the downloads left are of no use
+	}
+	<-launched
+	// A download's failure is the cause of an unpacking stopped by it;
+	// downloads stopped because the unpacking failed are not.
+	if werr := g.Wait(); werr != nil && (err == nil || !errors.Is(werr, context.Canceled)) {
+		err = werr
+	}
+	if err != nil {
+		return st, err
+	}
+	if unpacked != len(ix.pages) {
+		return st, fmt.Errorf("%w: the index has %d pages, its files %d", ErrCorrupt, len(ix.pages), unpacked)
+	}
+	s.trimChunks()
+	return st, nil
+}
+
+// arrival is a pack being downloaded: done closes when it is on disk
+// (verified) or failed (err).
+type arrival struct {
+	done chan struct{}
+	err  error
+}
+
+// unpack writes the image's files into dir and returns the pages it used.
+func (r *packReader) unpack(dir string) (int, error) {
+	var err error
+	if r.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(packTarget+pageSize)); err != nil {
+		return 0, err
+	}
+	defer r.dec.Close()
+	if _, err := unpackTar(bytes.NewReader(r.ix.skeleton), dir, r.fill); err != nil {
+		return r.next, err
+	}
+	return r.next, nil
+}
+
+// FetchStats counts what a Get downloaded of a chunked image.
+type FetchStats struct {
+	Packs int   // packs fetched from the store (the rest were on disk)
+	Bytes int64 // their stored bytes
+}
+
+func (s *Store) downloadPack(ctx context.Context, dir string, p packRef) error {
+	name := p.name()
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.packKey(name))})
+	if err != nil {
+		if isNotFound(err) {
+			return fmt.Errorf("%w: pack %s missing", ErrCorrupt, name)
+		}
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	defer out.Body.Close()
+	// One byte more than recorded, to tell a longer object.
+	data := make([]byte, p.stored+1)
+	n, err := io.ReadFull(out.Body, data)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	data = data[:n]
+	if int64(len(data)) != p.stored || sha256.Sum256(data) != p.digest {
+		return fmt.Errorf("%w: pack %s does not match its digest", ErrCorrupt, name)
+	}
+	return writePackFile(dir, name, data)
+}
+
+// keepPack saves a pack just uploaded in the chunk cache, so that this node
+// never downloads what it wrote. Best effort: a pack missing later is
+// fetched.
+func (s *Store) keepPack(name string, data []byte) {
+	if s.cfg.ChunkDir == "" {
+		return
+	}
+	writePackFile(s.cfg.ChunkDir, name, data)
+}
+
+func writePackFile(dir, name string, data []byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".part-")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("keep pack %s: %w", name, err)
+	}
+	return nil
+}
+
+// packReader fills an image's files from its pages, reading packs from the
+// chunk directory (each checked against its digest as it is read).
+type packReader struct {
+	ctx  context.Context
+	s    *Store
+	dir  string
+	ix   *chunkIndex
+	dec  *zstd.Decoder
+	next int // the next page to write
+	held map[uint32][]byte
+	lru  []uint32
+	// arriving are the packs this Get downloads, by index (1-based).
+	arriving map[uint32]*arrival
+}
+
+func (r *packReader) fill(f *os.File, hdr *tar.Header, _ io.Reader, buf []byte) (int64, error) {
+	size, err := strconv.ParseInt(hdr.PAXRecords[paxSize], 10, 64)
+	if err != nil || size < 0 {
+		return 0, fmt.Errorf("%w: %s has no size", ErrCorrupt, hdr.Name)
+	}
+	var (
+		off     int64 // file offset of the next page
+		runAt   int64 // file offset of buf's first byte
+		written int64
+	)
+	run := buf[:0]
+	write := func() error {
+		if len(run) == 0 {
+			return nil
+		}
+		if _, err := f.WriteAt(run, runAt); err != nil {
+			return err
+		}
+		written += int64(len(run))
+		run = run[:0]
+		return nil
+	}
+	for off < size {
+		if r.next >= len(r.ix.pages) {
+			return written, fmt.Errorf("%w: the index ends inside %s", ErrCorrupt, hdr.Name)
+		}
+		pg := r.ix.pages[r.next]
+		r.next++
+		n := min(pageSize, size-off)
+		if pg.pack == 0 {
+			if err := write(); err != nil { // a hole
+				return written, err
+			}
+			off += n
+			continue
+		}
+		data, err := r.pack(pg.pack)
+		if err != nil {
+			return written, err
+		}
+		if int64(pg.off)+n > int64(len(data)) {
+			return written, fmt.Errorf("%w: a page of %s lies past its pack", ErrCorrupt, hdr.Name)
+		}
+		if len(run) == 0 {
+			runAt = off
+		} else if len(run)+int(n) > cap(run) {
+			if err := write(); err != nil {
+				return written, err
+			}
+			runAt = off
+		}
+		run = append(run, data[pg.off:int64(pg.off)+n]...)
+		off += n
+	}
+	if err := write(); err != nil {
+		return written, err
+	}
+	return size, f.Truncate(size)
+}
+
+// pack returns the decoded pack i (1-based), reading it if it is not held.
+func (r *packReader) pack(i uint32) ([]byte, error) {
+	if data, ok := r.held[i]; ok {
+		return data, nil
+	}
+	p := r.ix.packs[i-1]
+	path := filepath.Join(r.dir, p.name())
+	verified := false
+	if a := r.arriving[i]; a != nil {
+		select {
+		case <-a.done:
+		case <-r.ctx.Done():
+			return nil, r.ctx.Err()
+		}
+		if a.err != nil {
+			return nil, a.err
+		}
+		verified = true // checked as it arrived
+	}
+	stored, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// Evicted since the downloads (another Get trimmed the cache).
+		if err = r.s.downloadPack(r.ctx, r.dir, p); err == nil {
+			stored, err = os.ReadFile(path)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pack %s: %w", p.name(), err)
+	}
+	if int64(len(stored)) != p.stored || !verified && sha256.Sum256(stored) != p.digest {
+		os.Remove(path) // fetched again by the next Get
+		return nil, fmt.Errorf("%w: pack %s on disk does not match its digest", ErrCorrupt, p.name())
+	}
+	var buf []byte
+	if len(r.lru) >= packsHeld {
+		// The least recently used pack goes; its buffer takes this one.
+		buf = r.held[r.lru[0]][:0]
+		delete(r.held, r.lru[0])
+		r.lru = r.lru[1:]
+	}
+	if int64(cap(buf)) < p.raw {
+		buf = make([]byte, 0, p.raw)
+	}
+	data, err := r.dec.DecodeAll(stored, buf)
+	if err != nil || int64(len(data)) != p.raw {
+		return nil, fmt.Errorf("%w: pack %s does not decode to its size", ErrCorrupt, p.name())
+	}
+	touch(path)
+	r.held[i] = data
+	r.lru = append(r.lru, i)
+	return data, nil
+}
+
+// touch marks a pack as just used, for the cache's eviction order.
+func touch(path string) {
+	now := time.Now()
+	os.Chtimes(path, now, now)
+}
+
+// trimChunks evicts the least recently used packs beyond ChunkBytes. A Get
+// that finds a pack gone fetches it again.
+func (s *Store) trimChunks() {
+	if s.cfg.ChunkDir == "" || s.cfg.ChunkBytes <= 0 {
+		return
+	}
+	s.trimMu.Lock()
+	defer s.trimMu.Unlock()
+	entries, err := os.ReadDir(s.cfg.ChunkDir)
+	if err != nil {
+		return
+	}
+	type pack struct {
+		name string
+		size int64
+		used time.Time
+	}
+	var (
+		packs []pack
+		total int64
+	)
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() || !validPackName(e.Name()) {
+			continue
+		}
+		packs = append(packs, pack{e.Name(), info.Size(), info.ModTime()})
+		total += info.Size()
+	}
+	if total <= s.cfg.ChunkBytes {
+		return
+	}
+	slices.SortFunc(packs, func(a, b pack) int { return a.used.Compare(b.used) })
+	for _, p := range packs {
+		if total <= s.cfg.ChunkBytes {
+			break
+		}
+		if os.Remove(s.localPack(p.name)) == nil {
+			total -= p.size
+		}
+	}
+}
+
+// sweepChunks deletes the packs no image references: remaining are the
+// images left after the collection, listed before the packs are (so a pack
+// uploaded since is younger than cutoff). A pack goes only when it was
+// unreferenced at an earlier sweep at least grace ago as well: a Put that
+// shares a parent's pack read the parent's manifest while it still named the
+// pack, so before the first of those sweeps, and ends within grace.
+func (s *Store) sweepChunks(ctx context.Context, remaining []*imageObjects, cutoff time.Time, grace time.Duration) (int, error) {
+	referenced := map[string]bool{}
+	for _, im := range remaining {
+		if !im.chunked {
+			continue
+		}
+		if !im.manifest {
+			continue // being written: its new packs are young, its shared ones referenced by its parent
+		}
+		m, err := s.Stat(ctx, im.key)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted since the listing
+		}
+		if err != nil {
+			// Its references are unknown: delete nothing this time.
+			return 0, fmt.Errorf("read the references of %s: %w", im.key, err)
+		}
+		for _, name := range m.Packs {
+			referenced[name] = true
+		}
+	}
+	now := s.cfg.Now()
+	s.gcMu.Lock()
+	defer s.gcMu.Unlock()
+	if s.unreferencedSince == nil {
+		s.unreferencedSince = map[string]time.Time{}
+	}
+	seen := map[string]bool{}
+	deleted := 0
+	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.cfg.Bucket, Prefix: aws.String(s.chunksBase())})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return deleted, fmt.Errorf("list packs: %w", err)
+		}
+		for _, o := range page.Contents {
+			name := strings.TrimPrefix(aws.ToString(o.Key), s.chunksBase())
+			if !validPackName(name) {
+				continue // not ours
+			}
+			seen[name] = true
+			if referenced[name] {
+				delete(s.unreferencedSince, name)
+				continue
+			}
+			since, marked := s.unreferencedSince[name]
+			if !marked {
+				s.unreferencedSince[name] = now
+				continue
+			}
+			if aws.ToTime(o.LastModified).After(cutoff) || now.Sub(since) < grace {
+				continue
+			}
+			if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: o.Key}); err != nil && !isNotFound(err) {
+				return deleted, fmt.Errorf("delete pack %s: %w", name, err)
+			}
+			delete(s.unreferencedSince, name)
+			deleted++
+		}
+	}
+	for name := range s.unreferencedSince {
+		if !seen[name] {
+			delete(s.unreferencedSince, name)
+		}
+	}
+	return deleted, nil
+}
