@@ -266,8 +266,8 @@ func (s *aenvSystem) fork(ctx context.Context, b *box, n int) ([]*box, []error) 
 
 // hostMemory sums the sandbox's runsc processes, found by its ID (the
 // server runs on this machine).
-func (s *aenvSystem) hostMemory(_ context.Context, b *box) (int64, error) {
-	return pssBytes(pidsWithArg(b.id))
+func (s *aenvSystem) hostMemory(_ context.Context, b *box, procs processIndex) (int64, error) {
+	return pssBytes(procs.withArg(b.id))
 }
 
 // removeAll deletes boxes in parallel (at most par at once) and returns

@@ -112,8 +112,12 @@ func (b *bench) densityOn(ctx context.Context, sys system, limits densityLimits,
 // measureIdle records each box's host memory and, on aenv, its metrics.
 func (b *bench) measureIdle(ctx context.Context, sys system, boxes []*box, figs densityFigures) {
 	const mib = 1 << 20
+	procs := indexProcesses()
 	for _, bx := range boxes {
-		if used, err := sys.hostMemory(ctx, bx); err != nil {
+		if ctx.Err() != nil {
+			return // interrupted: the caller removes the boxes
+		}
+		if used, err := sys.hostMemory(ctx, bx, procs); err != nil {
 			b.rec.fail(figs.host, sys.name(), err)
 		} else {
 			b.rec.add(figs.host, sys.name(), float64(used)/mib)

@@ -10,12 +10,15 @@ import (
 	"strings"
 )
 
-// pidsWithArg returns the host processes one of whose arguments is exactly
-// arg: runsc names its sandbox and gofer processes' last argument after the
-// container ID.
-func pidsWithArg(arg string) []int {
+// processIndex maps each argument of the host's processes to the processes
+// that have it: runsc names its sandbox and gofer processes' last argument
+// after the container ID. Built once per measurement, so that measuring N
+// sandboxes reads /proc once, not N times.
+type processIndex map[string][]int
+
+func indexProcesses() processIndex {
+	idx := processIndex{}
 	entries, _ := os.ReadDir("/proc")
-	var pids []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -25,15 +28,19 @@ func pidsWithArg(arg string) []int {
 		if err != nil {
 			continue
 		}
+		seen := map[string]bool{}
 		for _, a := range bytes.Split(cmdline, []byte{0}) {
-			if string(a) == arg {
-				pids = append(pids, pid)
-				break
+			if len(a) > 0 && !seen[string(a)] {
+				seen[string(a)] = true
+				idx[string(a)] = append(idx[string(a)], pid)
 			}
 		}
 	}
-	return pids
+	return idx
 }
+
+// withArg returns the processes one of whose arguments is exactly arg.
+func (idx processIndex) withArg(arg string) []int { return idx[arg] }
 
 // pssBytes sums the proportional set size of pids: resident memory with
 // pages shared between processes divided among them, so summing over many

@@ -317,9 +317,9 @@ func (s *rawSystem) fork(ctx context.Context, b *box, n int) ([]*box, []error) {
 
 // hostMemory: runsc's sandbox and gofer processes carry the container ID;
 // runc's container is its init process, whose PID `runc state` tells.
-func (s *rawSystem) hostMemory(ctx context.Context, b *box) (int64, error) {
+func (s *rawSystem) hostMemory(ctx context.Context, b *box, procs processIndex) (int64, error) {
 	if s.kind == SystemRunsc {
-		return pssBytes(pidsWithArg(b.id))
+		return pssBytes(procs.withArg(b.id))
 	}
 	out, err := s.run(ctx, nil, "state", b.id)
 	if err != nil {

@@ -59,6 +59,7 @@ type system interface {
 	bootImage(ctx context.Context, img *image) (*box, error)
 	// fork makes n copies of a running box; each returned copy is running.
 	fork(ctx context.Context, b *box, n int) ([]*box, []error)
-	// hostMemory is the resident memory (PSS) of the box's host processes.
-	hostMemory(ctx context.Context, b *box) (int64, error)
+	// hostMemory is the resident memory (PSS) of the box's host
+	// processes, found in procs (the host's, indexed once per measurement).
+	hostMemory(ctx context.Context, b *box, procs processIndex) (int64, error)
 }
