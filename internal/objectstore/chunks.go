@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -57,9 +58,11 @@ const (
 	// packTarget bounds a pack's raw bytes: large enough that a GiB is a
 	// hundred objects, small enough that a restore holds a few in memory.
 	packTarget = 8 << 20
-	// maxIndexBytes bounds an index as stored and as decoded (a 1 GiB
-	// image's index is about 9 MiB: a 32-byte hash per page).
-	maxIndexBytes = 1 << 30
+	// maxIndexBytes bounds an index as stored and as decoded, and so the
+	// memory a Get of an index an attacker wrote can take: a 1 GiB image's
+	// index is about 9.5 MiB (a 32-byte hash per page), so this is about
+	// 25 GiB of pages that are not zeros.
+	maxIndexBytes = 256 << 20
 	// packsHeld is how many decoded packs a Get keeps in memory: pages of a
 	// child image interleave its own packs with its parent's in order, so
 	// a few suffice.
@@ -221,7 +224,7 @@ type imagePacker struct {
 
 	known    map[[sha256.Size]byte]pageLoc
 	parents  [][]packRef
-	interned map[[2]int]uint32 // (parent, pack) → 1 + index in packs
+	interned map[[sha256.Size]byte]uint32 // a parent's pack → 1 + index in packs
 
 	packs   []*packRef // this image's, in index order; filled by the uploads
 	pages   []pageRef
@@ -256,14 +259,15 @@ func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent)
 	} else if !fi.IsDir() {
 		return Manifest{}, fmt.Errorf("put %s: %s is not a directory", key, dir)
 	}
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+	// One encoder per pack in flight: EncodeAll calls share them.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(s.cfg.PartConcurrency))
 	if err != nil {
 		return Manifest{}, err
 	}
 	defer enc.Close()
 	g, gctx := errgroup.WithContext(ctx)
 	p := &imagePacker{s: s, ctx: gctx, g: g, enc: enc,
-		known: map[[sha256.Size]byte]pageLoc{}, interned: map[[2]int]uint32{},
+		known: map[[sha256.Size]byte]pageLoc{}, interned: map[[sha256.Size]byte]uint32{},
 		free: make(chan []byte, s.cfg.PartConcurrency+1), storedFree: make(chan []byte, s.cfg.PartConcurrency+1)}
 	for range s.cfg.PartConcurrency + 1 {
 		p.free <- make([]byte, 0, packTarget)
@@ -297,10 +301,11 @@ func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent)
 		ix.packs = append(ix.packs, *pr)
 		names[i] = pr.name()
 	}
-	body := enc.EncodeAll(ix.encode(), nil)
-	if len(body) > maxIndexBytes {
-		return Manifest{}, fmt.Errorf("put %s: index of %d bytes exceeds %d", key, len(body), maxIndexBytes)
+	encoded := ix.encode()
+	if len(encoded) > maxIndexBytes {
+		return Manifest{}, fmt.Errorf("put %s: index of %d bytes exceeds %d (an image of more than about 25 GiB of pages)", key, len(encoded), maxIndexBytes)
 	}
+	body := enc.EncodeAll(encoded, nil)
 	sum := sha256.Sum256(body)
 	if _, err := s.upload(ctx, s.indexKey(key), bytes.NewReader(body)); err != nil {
 		return Manifest{}, fmt.Errorf("put %s: index: %w", key, err)
@@ -324,6 +329,10 @@ func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent)
 		NewBytes:    p.newBytes + int64(len(body)),
 		SharedBytes: p.shared,
 		Parent:      shareParent,
+	}
+	// The manifest this one replaces keeps its packs for the grace.
+	if _, err := s.release(ctx, key); err != nil {
+		return Manifest{}, fmt.Errorf("put %s: %w", key, err)
 	}
 	if err := s.writeManifest(ctx, m); err != nil {
 		return Manifest{}, err
@@ -489,16 +498,18 @@ func (p *imagePacker) page(data []byte, sum pageSum) error {
 	return nil
 }
 
+// intern returns the index (1-based) in this image's packs of a parent's
+// pack, adding it at its first use. Keyed by digest: two parents often list
+// the same pack (a snapshot's and the template it shares pages with).
 func (p *imagePacker) intern(parent, pack int) uint32 {
-	k := [2]int{parent, pack}
-	if i, ok := p.interned[k]; ok {
+	pr := p.parents[parent][pack]
+	p.used[parent] = true
+	if i, ok := p.interned[pr.digest]; ok {
 		return i
 	}
-	pr := p.parents[parent][pack]
 	p.packs = append(p.packs, &pr)
 	i := uint32(len(p.packs))
-	p.interned[k] = i
-	p.used[parent] = true
+	p.interned[pr.digest] = i
 	return i
 }
 
@@ -861,8 +872,17 @@ func (r *packReader) pack(i uint32) ([]byte, error) {
 		return nil, fmt.Errorf("pack %s: %w", p.name(), err)
 	}
 	if int64(len(stored)) != p.stored || !verified && sha256.Sum256(stored) != p.digest {
-		os.Remove(path) // fetched again by the next Get
-		return nil, fmt.Errorf("%w: pack %s on disk does not match its digest", ErrCorrupt, p.name())
+		// Damaged on this node's disk: fetched again, checked as it comes.
+		os.Remove(path)
+		if err := r.s.downloadPack(r.ctx, r.dir, p); err != nil {
+			return nil, err
+		}
+		if stored, err = os.ReadFile(path); err != nil {
+			return nil, fmt.Errorf("pack %s: %w", p.name(), err)
+		}
+		if int64(len(stored)) != p.stored || sha256.Sum256(stored) != p.digest {
+			return nil, fmt.Errorf("%w: pack %s on disk does not match its digest", ErrCorrupt, p.name())
+		}
 	}
 	var buf []byte
 	if len(r.lru) >= packsHeld {
@@ -890,10 +910,15 @@ func touch(path string) {
 	os.Chtimes(path, now, now)
 }
 
-// trimChunks evicts the least recently used packs beyond ChunkBytes. A Get
-// that finds a pack gone fetches it again.
+// partDebrisAge is how old a pack's unfinished temporary file must be
+// before the cache's trim takes it for debris.
+const partDebrisAge = time.Hour
+
+// trimChunks evicts the least recently used packs beyond ChunkBytes, and
+// removes temporary files that writes cut short left. A Get that finds a
+// pack gone fetches it again.
 func (s *Store) trimChunks() {
-	if s.cfg.ChunkDir == "" || s.cfg.ChunkBytes <= 0 {
+	if s.cfg.ChunkDir == "" {
 		return
 	}
 	s.trimMu.Lock()
@@ -913,13 +938,22 @@ func (s *Store) trimChunks() {
 	)
 	for _, e := range entries {
 		info, err := e.Info()
-		if err != nil || !info.Mode().IsRegular() || !validPackName(e.Name()) {
+		if err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		if strings.HasPrefix(e.Name(), ".part-") && time.Since(info.ModTime()) > partDebrisAge {
+			// Left by a write a crash or a full disk cut short: a pack is
+			// written in one go, so a live write's file is seconds old.
+			os.Remove(filepath.Join(s.cfg.ChunkDir, e.Name()))
+			continue
+		}
+		if !validPackName(e.Name()) {
 			continue
 		}
 		packs = append(packs, pack{e.Name(), info.Size(), info.ModTime()})
 		total += info.Size()
 	}
-	if total <= s.cfg.ChunkBytes {
+	if s.cfg.ChunkBytes <= 0 || total <= s.cfg.ChunkBytes {
 		return
 	}
 	slices.SortFunc(packs, func(a, b pack) int { return a.used.Compare(b.used) })
@@ -933,40 +967,109 @@ func (s *Store) trimChunks() {
 	}
 }
 
-// sweepChunks deletes the packs no image references: remaining are the
-// images left after the collection, listed before the packs are (so a pack
-// uploaded since is younger than cutoff). A pack goes only when it was
-// unreferenced at an earlier sweep at least grace ago as well: a Put that
-// shares a parent's pack read the parent's manifest while it still named the
-// pack, so before the first of those sweeps, and ends within grace.
-func (s *Store) sweepChunks(ctx context.Context, remaining []*imageObjects, cutoff time.Time, grace time.Duration) (int, error) {
+// releasedPrefix begins the names of the objects a chunked manifest leaves
+// when it is removed or replaced: the packs it named, which the collector
+// keeps for its grace from then on.
+const releasedPrefix = "@released-"
+
+type releasedPacks struct {
+	Packs []string `json:"packs"`
+}
+
+// release records the packs of key's chunked manifest, about to be removed
+// or replaced, as still referenced: an upload that read the manifest shares
+// them and names them in its own manifest within the grace. It returns
+// them. An image without a readable chunked manifest releases nothing.
+func (s *Store) release(ctx context.Context, key string) ([]string, error) {
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.manifestKey(key))})
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("release %s: %w", key, err)
+	}
+	var m Manifest
+	err = json.NewDecoder(io.LimitReader(out.Body, maxIndexBytes)).Decode(&m)
+	out.Body.Close()
+	if err != nil || m.Format != formatChunks || len(m.Packs) == 0 {
+		return nil, nil
+	}
+	body, err := json.Marshal(releasedPacks{Packs: m.Packs})
+	if err != nil {
+		return nil, err
+	}
+	var nonce [4]byte
+	rand.Read(nonce[:])
+	name := fmt.Sprintf("%s%s%d-%x.json", s.imageDir(key), releasedPrefix, s.cfg.Now().UnixNano(), nonce)
+	_, err = s.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket:        &s.cfg.Bucket,
+		Key:           aws.String(name),
+		Body:          bytes.NewReader(body),
+		ContentLength: aws.Int64(int64(len(body))),
+		ContentType:   aws.String("application/json"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("release %s: %w", key, err)
+	}
+	return m.Packs, nil
+}
+
+// errChanged stops a sweep whose listing no longer matches the bucket.
+var errChanged = errors.New("an image changed during the collection; its packs are collected at the next")
+
+// sweepChunks deletes the packs no image references. remaining are the
+// images left after the collection, listed before the packs are, so a pack
+// uploaded since (an upload in progress) is younger than cutoff and stays;
+// released are the packs this collection's own deletions released.
+//
+// Why a pack an upload shares is never deleted before the upload's
+// manifest names it: the upload chose its parent from a live record, read
+// the parent's manifest, and ends within the grace. The parent's manifest
+// goes only after its record (deleted, or found dead by the collector), and
+// whoever removes or replaces it writes a released-packs object first,
+// which references the packs for the grace, so until after the upload has
+// ended. A manifest listed but gone when read stops the sweep: the
+// released-packs object written before it went may have come after the
+// listing.
+func (s *Store) sweepChunks(ctx context.Context, remaining []*imageObjects, released []string, cutoff time.Time) (int, error) {
 	referenced := map[string]bool{}
+	for _, name := range released {
+		referenced[name] = true
+	}
 	for _, im := range remaining {
-		if !im.chunked {
-			continue
+		// A format that references packs must keep an index object, so
+		// that its manifest is read here: Stat refuses a format it does
+		// not know, which stops the sweep rather than lose its packs.
+		if im.chunked && im.manifest {
+			m, err := s.Stat(ctx, im.key)
+			if errors.Is(err, ErrNotFound) {
+				return 0, errChanged
+			}
+			if err != nil {
+				// Its references are unknown: delete nothing this time.
+				return 0, fmt.Errorf("read the references of %s: %w", im.key, err)
+			}
+			for _, name := range m.Packs {
+				referenced[name] = true
+			}
 		}
-		if !im.manifest {
-			continue // being written: its new packs are young, its shared ones referenced by its parent
-		}
-		m, err := s.Stat(ctx, im.key)
-		if errors.Is(err, ErrNotFound) {
-			continue // deleted since the listing
-		}
-		if err != nil {
-			// Its references are unknown: delete nothing this time.
-			return 0, fmt.Errorf("read the references of %s: %w", im.key, err)
-		}
-		for _, name := range m.Packs {
-			referenced[name] = true
+		for _, r := range im.released {
+			if !r.modified.After(cutoff) {
+				// Expired: the uploads that could share its packs ended.
+				if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(r.name)}); err != nil && !isNotFound(err) {
+					return 0, fmt.Errorf("delete %s: %w", r.name, err)
+				}
+				continue
+			}
+			packs, err := s.readReleased(ctx, r.name)
+			if err != nil {
+				return 0, err
+			}
+			for _, name := range packs {
+				referenced[name] = true
+			}
 		}
 	}
-	now := s.cfg.Now()
-	s.gcMu.Lock()
-	defer s.gcMu.Unlock()
-	if s.unreferencedSince == nil {
-		s.unreferencedSince = map[string]time.Time{}
-	}
-	seen := map[string]bool{}
 	deleted := 0
 	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.cfg.Bucket, Prefix: aws.String(s.chunksBase())})
 	for p.HasMorePages() {
@@ -976,33 +1079,32 @@ func (s *Store) sweepChunks(ctx context.Context, remaining []*imageObjects, cuto
 		}
 		for _, o := range page.Contents {
 			name := strings.TrimPrefix(aws.ToString(o.Key), s.chunksBase())
-			if !validPackName(name) {
-				continue // not ours
-			}
-			seen[name] = true
-			if referenced[name] {
-				delete(s.unreferencedSince, name)
-				continue
-			}
-			since, marked := s.unreferencedSince[name]
-			if !marked {
-				s.unreferencedSince[name] = now
-				continue
-			}
-			if aws.ToTime(o.LastModified).After(cutoff) || now.Sub(since) < grace {
+			if !validPackName(name) || referenced[name] || aws.ToTime(o.LastModified).After(cutoff) {
 				continue
 			}
 			if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: o.Key}); err != nil && !isNotFound(err) {
 				return deleted, fmt.Errorf("delete pack %s: %w", name, err)
 			}
-			delete(s.unreferencedSince, name)
 			deleted++
 		}
 	}
-	for name := range s.unreferencedSince {
-		if !seen[name] {
-			delete(s.unreferencedSince, name)
-		}
-	}
 	return deleted, nil
+}
+
+// readReleased reads the packs a released-packs object names; one gone
+// since the listing (expired, another collector) names none.
+func (s *Store) readReleased(ctx context.Context, name string) ([]string, error) {
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(name)})
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	defer out.Body.Close()
+	var r releasedPacks
+	if err := json.NewDecoder(io.LimitReader(out.Body, maxIndexBytes)).Decode(&r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return r.Packs, nil
 }

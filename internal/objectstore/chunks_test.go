@@ -3,6 +3,7 @@ package objectstore
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -254,15 +255,26 @@ func TestCorruptChunksRefused(t *testing.T) {
 		}
 	}
 
-	// A pack corrupted on the node's own disk fails that Get and is
-	// dropped; the next Get fetches it again (here: it is gone from the
-	// bucket too, so it fails cleanly, not with wrong memory).
+	// A pack damaged on the node's own disk is fetched again (the node
+	// still has good copies of the two spoiled in the bucket).
 	local := store.localPack(m.Packs[2])
 	if err := os.WriteFile(local, []byte("bit rot"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := store.Get(ctx, "snapshots/c", m.Digest, filepath.Join(tmp, "mended")); err != nil {
+		t.Fatalf("Get over a damaged local pack: %v", err)
+	}
+	equalFiles(t, filepath.Join(tmp, "src", "pages.img"), filepath.Join(tmp, "mended", "pages.img"))
+	// Damaged here and missing there: the Get fails cleanly, never with
+	// wrong memory, and the damaged copy is not kept.
+	if err := os.WriteFile(local, []byte("bit rot"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(cfg.Bucket), Key: pack(m.Packs[2])}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := store.Get(ctx, "snapshots/c", m.Digest, filepath.Join(tmp, "dst")); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("Get over a corrupt local pack = %v, want ErrCorrupt", err)
+		t.Fatalf("Get over a corrupt local pack missing in the bucket = %v, want ErrCorrupt", err)
 	}
 	if _, err := os.Stat(local); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("the corrupt local pack was kept")
@@ -366,14 +378,27 @@ func (h *holdingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestChunkGCSharedDuringPut(t *testing.T) {
 	t.Parallel()
 	srv := s3test.Start(t)
+	for _, byDelete := range []bool{false, true} {
+		t.Run(fmt.Sprint("deleted-by-Delete=", byDelete), func(t *testing.T) {
+			t.Parallel()
+			gcSharedDuringPut(t, srv, byDelete)
+		})
+	}
+}
+
+// gcSharedDuringPut: the parent goes (through Delete, or found dead by the
+// collector) while the child's manifest is held.
+func gcSharedDuringPut(t *testing.T, srv *s3test.Server, byDelete bool) {
 	ctx := testCtx(t)
 	hold := &holdingTransport{base: http.DefaultTransport.(*http.Transport).Clone(),
 		suffix: "/snapshots/child/" + manifestName, held: make(chan struct{}), release: make(chan struct{})}
-	var clock atomic.Int64
-	clock.Store(time.Now().Add(time.Hour).UnixNano()) // every object is past its grace
+	// A real clock: the parent's packs must be past the grace and the
+	// child's new ones not. Objects' times have a resolution of a second.
+	const grace = 4 * time.Second
+	pastGrace := func(since time.Time) { time.Sleep(time.Until(since.Add(grace + 1100*time.Millisecond))) }
 	cfg := testConfig(srv, "gc-during-put")
+	cfg.Prefix = fmt.Sprint("by-delete-", byDelete)
 	cfg.HTTPClient = &http.Client{Transport: hold}
-	cfg.Now = func() time.Time { return time.Unix(0, clock.Load()) }
 	store := openStore(t, cfg)
 	tmp := t.TempDir()
 	pages := randomPages(2*packTarget/pageSize, 7) // two packs
@@ -382,7 +407,9 @@ func TestChunkGCSharedDuringPut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The child has the second half of the parent's pages: its second pack.
+	pastGrace(time.Now())
+	// The child has the second half of the parent's pages (its second
+	// pack) and a page of its own (a new pack).
 	memoryImage(t, filepath.Join(tmp, "child"), pages[len(pages)/2:])
 	type result struct {
 		m   Manifest
@@ -399,12 +426,20 @@ func TestChunkGCSharedDuringPut(t *testing.T) {
 		t.Fatalf("the child's Put ended before its manifest: %v", r.err)
 	}
 	live := func(k string) bool { return k != "snapshots/parent" }
-	st, err := store.GC(ctx, live, time.Minute)
+	wantImages := 1 // found dead and removed by the collector
+	if byDelete {
+		if err := store.Delete(ctx, "snapshots/parent"); err != nil {
+			t.Fatal(err)
+		}
+		wantImages = 0
+	}
+	released := time.Now()
+	st, err := store.GC(ctx, live, grace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Images != 1 || st.Packs != 0 {
-		t.Fatalf("collection during the child's Put: %+v, want the parent gone and no pack deleted", st)
+	if st.Images != wantImages || st.Packs != 0 {
+		t.Fatalf("collection during the child's Put: %+v, want %d image and no pack deleted", st, wantImages)
 	}
 	close(hold.release)
 	r := <-done
@@ -414,8 +449,10 @@ func TestChunkGCSharedDuringPut(t *testing.T) {
 	if r.m.SharedBytes != int64(len(pages)/2*pageSize) {
 		t.Fatalf("the child shared %d bytes, want its %d", r.m.SharedBytes, len(pages)/2*pageSize)
 	}
-	clock.Add(int64(2 * time.Minute))
-	if st, err = store.GC(ctx, live, time.Minute); err != nil {
+	// A grace later the parent's released packs expire: its first pack,
+	// which nothing shares, goes; the child's stay.
+	pastGrace(released)
+	if st, err = store.GC(ctx, live, grace); err != nil {
 		t.Fatal(err)
 	}
 	if st.Packs != 1 {
@@ -425,6 +462,23 @@ func TestChunkGCSharedDuringPut(t *testing.T) {
 		t.Fatal(err)
 	}
 	equalFiles(t, filepath.Join(tmp, "child", "pages.img"), filepath.Join(tmp, "got", "pages.img"))
+	if keys := objectKeysUnder(t, srv, cfg, "images/snapshots/parent/"); len(keys) != 0 {
+		t.Fatalf("objects of the parent left: %v", keys)
+	}
+}
+
+// objectKeysUnder lists the keys under cfg's prefix and sub.
+func objectKeysUnder(t testing.TB, srv *s3test.Server, cfg Config, sub string) []string {
+	t.Helper()
+	out, err := srv.Client().ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket), Prefix: aws.String(cfg.Prefix + "/" + sub)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, o := range out.Contents {
+		keys = append(keys, aws.ToString(o.Key))
+	}
+	return keys
 }
 
 // TestChunkGCConcurrentPuts runs collections while children of an image are
@@ -475,5 +529,97 @@ func TestChunkGCConcurrentPuts(t *testing.T) {
 			t.Fatalf("%s: %v", m.Key, err)
 		}
 		equalFiles(t, filepath.Join(tmp, fmt.Sprint("child", i), "pages.img"), filepath.Join(dst, "pages.img"))
+	}
+}
+
+// TestNewerFormatRefused: an image a newer release wrote in a format this
+// one does not know is refused by name (not as malformed), and the
+// collector, unable to know what it references, deletes none of the packs
+// while abandoned uploads are still cleaned up.
+func TestNewerFormatRefused(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "newer-format")
+	cfg.Now = func() time.Time { return time.Now().Add(time.Hour) } // every object past the grace
+	tmp := t.TempDir()
+	store := openStore(t, cfg)
+	memoryImage(t, filepath.Join(tmp, "src"), randomPages(600, 7))
+	if _, err := store.PutImage(ctx, "snapshots/old", filepath.Join(tmp, "src"), nil); err != nil {
+		t.Fatal(err)
+	}
+	m, err := store.PutImage(ctx, "snapshots/new", filepath.Join(tmp, "src"), []Parent{{Key: "snapshots/old", Digest: mustStat(t, store, "snapshots/old").Digest}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a newer release could write: same objects, another format.
+	m.Format = "chunks-v9"
+	m.Packs = nil
+	raw, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Client().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(store.manifestKey("snapshots/new")), Body: bytes.NewReader(raw)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Stat(ctx, "snapshots/new"); !errors.Is(err, ErrUnsupportedFormat) {
+		t.Fatalf("Stat = %v, want ErrUnsupportedFormat", err)
+	}
+	if _, err := store.Get(ctx, "snapshots/new", m.Digest, filepath.Join(tmp, "dst")); !errors.Is(err, ErrUnsupportedFormat) {
+		t.Fatalf("Get = %v, want ErrUnsupportedFormat", err)
+	}
+	// An abandoned multipart upload, which the collection must still end.
+	up, err := srv.Client().CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(store.dataKey("snapshots/abandoned"))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	packsBefore := objectKeysUnder(t, srv, cfg, "chunks/")
+	// "old" is dead: its own packs may only go once "new"'s references
+	// are known, which they are not.
+	st, err := store.GC(ctx, func(k string) bool { return k == "snapshots/new" }, time.Minute)
+	if !errors.Is(err, ErrUnsupportedFormat) {
+		t.Fatalf("GC = %v, want ErrUnsupportedFormat", err)
+	}
+	if st.Packs != 0 || !slices.Equal(objectKeysUnder(t, srv, cfg, "chunks/"), packsBefore) {
+		t.Fatalf("GC deleted packs (%d) an image of an unknown format may use", st.Packs)
+	}
+	if st.Uploads != 1 {
+		t.Fatalf("GC aborted %d abandoned uploads, want 1", st.Uploads)
+	}
+	uploads, err := srv.Client().ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: aws.String(cfg.Bucket)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range uploads.Uploads {
+		if aws.ToString(u.UploadId) == aws.ToString(up.UploadId) {
+			t.Fatal("the abandoned upload is still open")
+		}
+	}
+}
+
+// TestChunkCacheDebrisTrimmed: temporary files a cut-short write left in
+// the chunk cache are removed when the store opens, recent ones kept.
+func TestChunkCacheDebrisTrimmed(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	cfg := testConfig(srv, "cache-debris")
+	cfg.ChunkDir = t.TempDir()
+	old := filepath.Join(cfg.ChunkDir, ".part-123")
+	recent := filepath.Join(cfg.ChunkDir, ".part-456")
+	for _, p := range []string{old, recent} {
+		if err := os.WriteFile(p, []byte("half a pack"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long := time.Now().Add(-2 * partDebrisAge)
+	if err := os.Chtimes(old, long, long); err != nil {
+		t.Fatal(err)
+	}
+	openStore(t, cfg)
+	if _, err := os.Stat(old); !errors.Is(err, os.ErrNotExist) {
+		t.Error("an old temporary file was kept")
+	}
+	if _, err := os.Stat(recent); err != nil {
+		t.Errorf("a recent temporary file (a write in progress) was removed: %v", err)
 	}
 }

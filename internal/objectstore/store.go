@@ -20,6 +20,11 @@ import (
 // ErrNotFound is returned for a key with no complete image in the store.
 var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "image not found in object store")
 
+// ErrUnsupportedFormat is returned for an image a newer release wrote in a
+// format this one cannot read: in a cluster mid-upgrade, the node that
+// reads it is the one to upgrade.
+var ErrUnsupportedFormat = errdefs.New(errdefs.ErrNotImplemented, "image format not supported by this release of aenv (written by a newer one: upgrade this node)")
+
 // Object names inside Prefix/images/<key>/. The '@' cannot occur in a key, so
 // these never collide with the images of a longer key.
 const (
@@ -65,10 +70,6 @@ type Store struct {
 	client *s3.Client
 
 	trimMu sync.Mutex // one eviction pass over ChunkDir at a time
-	// gcMu guards unreferencedSince: when each pack was first found
-	// unreferenced by this process's collector.
-	gcMu              sync.Mutex
-	unreferencedSince map[string]time.Time
 }
 
 // keyPattern: slash-separated segments of letters, digits, '.', '_' and '-',
@@ -123,6 +124,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.ensureBucket(ctx); err != nil {
 		return nil, err
 	}
+	// A node restarted after a crash (or with a smaller cache) trims its
+	// chunk cache now rather than at its first transfer.
+	s.trimChunks()
 	return s, nil
 }
 
@@ -201,7 +205,10 @@ func (s *Store) Stat(ctx context.Context, key string) (Manifest, error) {
 	if err := json.NewDecoder(out.Body).Decode(&m); err != nil {
 		return Manifest{}, fmt.Errorf("stat %s: manifest: %w", key, err)
 	}
-	if m.Key != key || (m.Format != formatTarZstd && m.Format != formatChunks) || !strings.HasPrefix(m.Digest, "sha256:") || m.Size <= 0 {
+	if m.Key == key && m.Format != "" && m.Format != formatTarZstd && m.Format != formatChunks {
+		return Manifest{}, fmt.Errorf("stat %s: format %q: %w", key, m.Format, ErrUnsupportedFormat)
+	}
+	if m.Key != key || m.Format == "" || !strings.HasPrefix(m.Digest, "sha256:") || m.Size <= 0 {
 		return Manifest{}, fmt.Errorf("stat %s: malformed manifest", key)
 	}
 	return m, nil
@@ -212,6 +219,9 @@ func (s *Store) Stat(ctx context.Context, key string) (Manifest, error) {
 func (s *Store) Delete(ctx context.Context, key string) error {
 	if err := ValidKey(key); err != nil {
 		return err
+	}
+	if _, err := s.release(ctx, key); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err)
 	}
 	for _, k := range []string{s.manifestKey(key), s.dataKey(key), s.indexKey(key)} {
 		if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(k)}); err != nil && !isNotFound(err) {
@@ -243,11 +253,18 @@ func (s *Store) List(ctx context.Context, prefix string) ([]Entry, error) {
 	return out, nil
 }
 
+// releasedObject is a released-packs object (see release).
+type releasedObject struct {
+	name     string
+	modified time.Time
+}
+
 // imageObjects gathers what the bucket holds for one image key.
 type imageObjects struct {
 	key            string
 	manifest, data bool
 	chunked        bool // has an index (the chunked format)
+	released       []releasedObject
 	size           int64
 	modified       time.Time // newest of its objects
 	names          []string
@@ -273,7 +290,8 @@ func (s *Store) listImages(ctx context.Context, keyPrefix string) ([]*imageObjec
 				continue
 			}
 			key, file := name[:i], name[i+1:]
-			if file != dataName && file != manifestName && file != indexName {
+			isReleased := strings.HasPrefix(file, releasedPrefix)
+			if file != dataName && file != manifestName && file != indexName && !isReleased {
 				continue // not ours
 			}
 			io := byKey[key]
@@ -283,7 +301,9 @@ func (s *Store) listImages(ctx context.Context, keyPrefix string) ([]*imageObjec
 				order = append(order, io)
 			}
 			io.names = append(io.names, aws.ToString(o.Key))
-			if file == dataName || file == indexName {
+			if isReleased {
+				io.released = append(io.released, releasedObject{aws.ToString(o.Key), aws.ToTime(o.LastModified)})
+			} else if file == dataName || file == indexName {
 				io.data, io.size = true, aws.ToInt64(o.Size)
 				io.chunked = io.chunked || file == indexName
 			} else {
@@ -319,10 +339,16 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 	if err != nil {
 		return st, fmt.Errorf("gc: %w", err)
 	}
+	var released []string
 	for _, im := range imgs {
 		if live(im.key) || im.modified.After(cutoff) {
 			continue
 		}
+		packs, err := s.release(ctx, im.key)
+		if err != nil {
+			return st, fmt.Errorf("gc %s: %w", im.key, err)
+		}
+		released = append(released, packs...)
 		// Manifest first: an interrupted GC leaves no manifest over
 		// missing data.
 		for _, name := range sortManifestFirst(im.names) {
@@ -340,15 +366,14 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 			remaining = append(remaining, im)
 		}
 	}
-	packs, err := s.sweepChunks(ctx, remaining, cutoff, grace)
+	packs, err := s.sweepChunks(ctx, remaining, released, cutoff)
 	st.Packs = packs
-	if err != nil {
-		return st, fmt.Errorf("gc: %w", err)
-	}
-	n, err := s.abortStaleUploads(ctx, cutoff)
+	n, uerr := s.abortStaleUploads(ctx, cutoff)
 	st.Uploads = n
-	if err != nil {
-		return st, fmt.Errorf("gc: %w", err)
+	if err != nil || uerr != nil {
+		// Independent: a manifest the sweep cannot read does not stop
+		// the cleanup of abandoned uploads.
+		return st, fmt.Errorf("gc: %w", errors.Join(err, uerr))
 	}
 	return st, nil
 }

@@ -98,6 +98,10 @@ func (s *Store) Put(ctx context.Context, key, dir string) (Manifest, error) {
 	if err != nil {
 		return Manifest{}, fmt.Errorf("put %s: %w", key, err)
 	}
+	// A chunked manifest this one replaces keeps its packs for the grace.
+	if _, err := s.release(ctx, key); err != nil {
+		return Manifest{}, fmt.Errorf("put %s: %w", key, err)
+	}
 	_, err = s.client.PutObject(ctx, &s3.PutObjectInput{
 		Bucket:        &s.cfg.Bucket,
 		Key:           aws.String(s.manifestKey(key)),

@@ -993,12 +993,12 @@ type Snapshot struct {
 	CreatedAt time.Time `json:"createdAt"`
 	Names     []string  `json:"names"`
 
-	// ParentID The snapshot or template whose pages it shares; deleting either never breaks the other (aenv).
+	// ParentID The snapshot or template whose pages it shares (the first, if several); deleting either never breaks the other (aenv).
 	ParentID   string `json:"parentID,omitempty"`
 	SandboxID  string `json:"sandboxID,omitempty"`
 	SnapshotID string `json:"snapshotID"`
 
-	// StoredBytes What its upload stored that the object store did not hold already (new pages, compressed, and the index); a later snapshot of a sandbox stores only what changed (aenv).
+	// StoredBytes What its upload stored anew (the pages its parents did not hold, compressed, and the index); a later snapshot of a sandbox stores only what changed (aenv).
 	StoredBytes int64 `json:"storedBytes,omitempty"`
 
 	// Upload Where the upload to the object store stands; absent without one.

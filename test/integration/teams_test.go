@@ -147,6 +147,8 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 		{"POST", snap + "/fork", map[string]any{"count": 1}},
 		{"POST", "/snapshots/snap-a/fork", map[string]any{"count": 1}},
 		{"GET", "/templates/" + snapA.SnapshotID, nil},
+		{"GET", "/snapshots/snap-a", nil},
+		{"GET", "/snapshots/" + snapA.SnapshotID, nil},
 		{"GET", "/templates/aliases/snap-a", nil},
 		{"DELETE", "/templates/snap-a", nil},
 		{"POST", "/sandboxes", map[string]any{"templateID": "snap-a"}},
