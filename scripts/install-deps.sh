@@ -18,8 +18,9 @@ runtime=(debootstrap debian-archive-keyring ca-certificates)
 # drive (test/integration/console_test.go); openssl makes the certificates of
 # the SDK suite's fake HTTPS hosts (e2e/harness.mjs); python3-ipython and
 # python3-matplotlib run the code interpreter's kernel.py in its Go tests
-# (internal/codeinterp: cells, figures and their charts).
-development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython python3-matplotlib chromium openssl)
+# (internal/codeinterp: cells, figures and their charts); podman runs the
+# gateway's container image (test/integration/images_test.go).
+development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython python3-matplotlib chromium openssl podman)
 
 packages=("${runtime[@]}")
 case "${1:-}" in

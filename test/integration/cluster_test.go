@@ -88,6 +88,9 @@ type gateway struct {
 	api     *client.Client
 	// extra are more flags of the gateway.
 	extra []string
+	// run, when set, makes the command that runs the gateway with these
+	// flags (a container of its image); else it is serverBin's gateway.
+	run func(flags []string) *exec.Cmd
 }
 
 // addGateway starts a gateway; extra are more flags.
@@ -112,10 +115,15 @@ func (c *cluster) addGateway(extra ...string) *gateway {
 func (g *gateway) start() {
 	g.t.Helper()
 	g.logs = &syncBuffer{}
-	g.cmd = exec.Command(serverBin, append([]string{"gateway", "--database-url", g.dsn, "--secrets-key-file", g.keyFile,
+	flags := append([]string{"--database-url", g.dsn, "--secrets-key-file", g.keyFile,
 		"--listen", g.addr, "--api-key", apiKey, "--node-timeout-ms", fmt.Sprint(nodeTimeout.Milliseconds()),
-		"--log-level", "debug"}, g.extra...)...)
-	g.cmd.Env = append(os.Environ(), raceEnv(g.raceDir))
+		"--log-level", "debug"}, g.extra...)
+	if g.run != nil {
+		g.cmd = g.run(flags)
+	} else {
+		g.cmd = exec.Command(serverBin, append([]string{"gateway"}, flags...)...)
+		g.cmd.Env = append(os.Environ(), raceEnv(g.raceDir))
+	}
 	g.cmd.Stdout, g.cmd.Stderr = g.logs, g.logs
 	if err := g.cmd.Start(); err != nil {
 		g.t.Fatal(err)
