@@ -246,10 +246,11 @@ type imagePacker struct {
 // checked against its recorded digest; one that cannot be read is skipped).
 // As Put, it replaces any image of that key and writes the manifest last.
 //
-// Garbage collection deletes a pack only when it was unreferenced at two
-// collections at least its grace apart, and a parent's manifest is read
-// before its pages are shared: so a pack shared here cannot go before this
-// manifest names it, as long as the Put ends within the grace.
+// Garbage collection keeps a pack while a manifest names it, and for its
+// grace after the last manifest naming it is removed or replaced (see
+// sweepChunks); a parent's manifest is read before its pages are shared:
+// so a pack shared here cannot go before this manifest names it, as long
+// as the Put ends within the grace.
 func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent) (Manifest, error) {
 	if err := ValidKey(key); err != nil {
 		return Manifest{}, err

@@ -322,7 +322,7 @@ func TestChunkGCChains(t *testing.T) {
 			gone := map[string]bool{}
 			live := func(k string) bool { return !gone[k] }
 			collect := func() {
-				// Two collections a grace apart: a pack goes at the second.
+				// Collections past the grace: released packs go.
 				for range 2 {
 					if _, err := store.GC(ctx, live, time.Minute); err != nil {
 						t.Fatal(err)

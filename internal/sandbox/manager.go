@@ -139,8 +139,10 @@ type SharedImages interface {
 	// the upload once it is recorded.
 	Share(tpl *store.Template) error
 	// Upload queues the upload of tpl's files; origin is the template
-	// a snapshot's sandbox ran from ("" otherwise).
-	Upload(tpl *store.Template, origin string)
+	// a snapshot's sandbox ran from ("" otherwise). replaces, when set,
+	// is the snapshot tpl took the name of (its record gone): its objects
+	// are deleted once tpl's upload ends, so that tpl shares its pages.
+	Upload(tpl *store.Template, origin string, replaces *store.Template)
 	// Find returns another node's uploaded template with its root
 	// filesystem on this node.
 	Find(ctx context.Context, idOrName string) (*store.Template, error)

@@ -511,7 +511,7 @@ func (m *Manager) uploadPaused(ctx context.Context, sb *store.Sandbox) {
 			m.logger.WarnContext(ctx, "upload of a paused sandbox: record its template", "sandbox", sb.ID, "err", err)
 			return
 		}
-		m.share(ctx, tpl, "")
+		m.share(ctx, tpl, "", nil)
 	}
 	m.cfg.Shared.UploadSandbox(sb, tpl.RootfsPath, tpl.RootfsID)
 }

@@ -31,7 +31,7 @@ func (f *fakeShared) Share(t *store.Template) error {
 	return nil
 }
 
-func (f *fakeShared) Upload(t *store.Template, origin string) {
+func (f *fakeShared) Upload(t *store.Template, origin string, replaces *store.Template) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.shared = append(f.shared, t.ID)

@@ -92,13 +92,19 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		return nil, storeError("record snapshot", err)
 	}
 	if old != nil {
-		m.removeTemplateFiles(ctx, old)
+		if shared {
+			// Its objects stay until the new image is up: the new one
+			// shares their pages (the next step of a trajectory).
+			m.dropImageOf(ctx, old.ImageDir)
+		} else {
+			m.removeTemplateFiles(ctx, old)
+		}
 		m.logger.InfoContext(ctx, "template replaced", "template", old.ID, "name", old.Name, "by", tpl.ID)
 	}
 	m.logger.InfoContext(ctx, "snapshot taken", "sandbox", e.id, "snapshot", id, "name", req.Name,
 		"kind", req.Kind, "took", time.Since(start).Round(time.Millisecond))
 	if shared {
-		m.share(ctx, tpl, src.ID)
+		m.share(ctx, tpl, src.ID, old)
 	}
 	return tpl, nil
 }
@@ -181,11 +187,11 @@ func (m *Manager) holdTemplateImage(ctx context.Context, tpl *store.Template) (i
 
 // share uploads tpl, recorded now, to the object store if there is one;
 // origin is the template a snapshot's sandbox ran from.
-func (m *Manager) share(ctx context.Context, tpl *store.Template, origin string) {
+func (m *Manager) share(ctx context.Context, tpl *store.Template, origin string, replaces *store.Template) {
 	if m.cfg.Shared == nil {
 		return
 	}
-	m.cfg.Shared.Upload(tpl, origin)
+	m.cfg.Shared.Upload(tpl, origin, replaces)
 	m.logger.InfoContext(ctx, "template queued for upload", "template", tpl.ID, "rootfs", tpl.RootfsID)
 }
 
@@ -206,7 +212,7 @@ func (m *Manager) BuildTemplate(ctx context.Context, req template.ImageRequest) 
 	if err := m.store.PutTemplate(ctx, tpl); err != nil {
 		return nil, storeError("record template", err)
 	}
-	m.share(ctx, tpl, "")
+	m.share(ctx, tpl, "", nil)
 	return tpl, nil
 }
 

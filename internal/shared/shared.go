@@ -33,6 +33,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -122,6 +123,9 @@ type job struct {
 	// origin is the template the sandbox ran from: a checkpoint image
 	// shares its pages (the chunked format's parents).
 	origin string
+	// replaces is the uploaded snapshot this one took the name of: the
+	// first parent, its objects deleted when this upload ends.
+	replaces *store.Template
 	// rootfsDigest is set by Put once the root filesystem is in the
 	// store: the digest recorded with the upload.
 	rootfsDigest string
@@ -218,17 +222,32 @@ func (im *Images) Share(tpl *store.Template) error {
 
 // Upload queues the upload of tpl's files (recorded by then, with Share).
 // origin is the template the snapshot's sandbox ran from ("" if tpl is not
-// a snapshot): its image shares pages with tpl's.
-func (im *Images) Upload(tpl *store.Template, origin string) { im.enqueue(tpl, origin) }
+// a snapshot): its image shares pages with tpl's. replaces is the snapshot
+// whose name tpl took (its record gone), nil if none: its objects, if it
+// was uploaded, are tpl's first parent and are deleted once tpl's upload
+// has ended (a node that stops first leaves them to the collector).
+func (im *Images) Upload(tpl *store.Template, origin string, replaces *store.Template) {
+	if replaces != nil && (replaces.Upload != store.UploadUploaded || replaces.ImageDigest == "") {
+		im.Delete(context.Background(), replaces) // nothing to share
+		replaces = nil
+	}
+	im.enqueueReplacing(tpl, origin, replaces)
+}
 
-func (im *Images) enqueue(tpl *store.Template, origin string) {
+func (im *Images) enqueue(tpl *store.Template, origin string) { im.enqueueReplacing(tpl, origin, nil) }
+
+func (im *Images) enqueueReplacing(tpl *store.Template, origin string, replaces *store.Template) {
 	key := imageKey(tpl.ID)
 	dir := tpl.ImageDir
 	if dir == "" {
 		dir = tpl.RootfsPath
 	}
 	im.mu.Lock()
-	im.jobs[key] = job{templateID: tpl.ID, kind: tpl.Kind, rootfsPath: tpl.RootfsPath, rootfsID: tpl.RootfsID, origin: origin}
+	if old, ok := im.jobs[key]; ok && old.replaces != nil && replaces == nil {
+		replaces = old.replaces // queued again: the first job's duty holds
+	}
+	im.jobs[key] = job{templateID: tpl.ID, kind: tpl.Kind, rootfsPath: tpl.RootfsPath, rootfsID: tpl.RootfsID,
+		origin: origin, replaces: replaces}
 	im.mu.Unlock()
 	if err := im.uploader.Enqueue(key, dir); err != nil {
 		im.cfg.Logger.Warn("shared images: queue upload", "template", tpl.ID, "err", err)
@@ -298,8 +317,9 @@ func (im *Images) Put(ctx context.Context, key, dir string) (objectstore.Manifes
 }
 
 // parents are the uploaded images a checkpoint image of j likely shares
-// most pages with: the newest other snapshot of the same sandbox (the
-// previous step of a trajectory), then the template the sandbox ran from.
+// most pages with: the snapshot it replaced by name, the newest other
+// snapshot of the same sandbox (the previous step of a trajectory), then
+// the template the sandbox ran from (or, not known, a guess at it).
 // Records that cannot be read leave the image whole, not failed.
 func (im *Images) parents(ctx context.Context, j job) []objectstore.Parent {
 	list := im.cfg.Records.ListTemplates
@@ -312,9 +332,10 @@ func (im *Images) parents(ctx context.Context, j job) []objectstore.Parent {
 		return nil
 	}
 	source := j.sandboxID
+	var self *store.Template
 	for _, t := range templates {
 		if t.ID == j.templateID {
-			source = t.SourceSandbox
+			self, source = t, t.SourceSandbox
 		}
 	}
 	uploaded := func(t *store.Template) bool {
@@ -332,9 +353,25 @@ func (im *Images) parents(ctx context.Context, j job) []objectstore.Parent {
 			origin = t
 		}
 	}
+	if j.origin == "" && self != nil && self.RootfsID != "" {
+		// Queued again at a start, the origin unrecorded: the newest
+		// older checkpoint over the same root filesystem (a sandbox's
+		// template when it has an image) is the likeliest. Only a guess
+		// at sharing: any parent gives a whole image.
+		for _, t := range templates {
+			if uploaded(t) && t.RootfsID == self.RootfsID && t.SourceSandbox != source && t.CreatedAt.Before(self.CreatedAt) &&
+				(origin == nil || t.CreatedAt.After(origin.CreatedAt)) {
+				origin = t
+			}
+		}
+	}
 	var out []objectstore.Parent
+	if j.replaces != nil {
+		// The step before this one, whose record this one took over.
+		out = append(out, objectstore.Parent{Key: imageKey(j.replaces.ID), Digest: j.replaces.ImageDigest})
+	}
 	for _, t := range []*store.Template{previous, origin} {
-		if t != nil && (len(out) == 0 || out[0].Key != imageKey(t.ID)) {
+		if t != nil && !slices.ContainsFunc(out, func(p objectstore.Parent) bool { return p.Key == imageKey(t.ID) }) {
 			out = append(out, objectstore.Parent{Key: imageKey(t.ID), Digest: t.ImageDigest})
 		}
 	}
@@ -407,7 +444,8 @@ func (im *Images) rootfsPinned(ctx context.Context, id, digest string) (bool, er
 func (im *Images) recordUpload(st objectstore.UploadStatus) {
 	im.mu.Lock()
 	j, ok := im.jobs[st.Key]
-	if ok && (st.State == objectstore.UploadUploaded || st.State == objectstore.UploadFailed && st.Retry.IsZero()) {
+	ended := st.State == objectstore.UploadUploaded || st.State == objectstore.UploadFailed && st.Retry.IsZero()
+	if ok && ended {
 		delete(im.jobs, st.Key)
 	}
 	forgotten := im.forgotten[st.Key]
@@ -435,6 +473,11 @@ func (im *Images) recordUpload(st objectstore.UploadStatus) {
 	if j.sandboxID != "" {
 		im.recordSandboxUpload(ctx, j, st)
 		return
+	}
+	if ended && j.replaces != nil {
+		// Shared from (or given up on): the replaced snapshot's objects
+		// go, after this one's record says where it stands.
+		defer im.Delete(ctx, j.replaces)
 	}
 	var digests store.UploadDigests
 	if st.State == objectstore.UploadUploaded {

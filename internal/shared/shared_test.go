@@ -129,7 +129,7 @@ func TestShareFindFetchDelete(t *testing.T) {
 	if _, err := b.images.Find(ctx, "warm"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("found before the upload: %v", err)
 	}
-	a.images.Upload(tpl, "")
+	a.images.Upload(tpl, "", nil)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		got, err := a.db.GetTemplate(ctx, "snap1")
@@ -259,7 +259,7 @@ func TestRewrittenObjectsRefused(t *testing.T) {
 	if err := a.db.PutTemplate(ctx, tpl); err != nil {
 		t.Fatal(err)
 	}
-	a.images.Upload(tpl, "")
+	a.images.Upload(tpl, "", nil)
 	var uploaded *store.Template
 	waitFor(t, "template uploaded", func() (bool, error) {
 		got, err := a.db.GetTemplate(ctx, "snap1")
@@ -343,7 +343,9 @@ func TestRewrittenObjectsRefused(t *testing.T) {
 }
 
 // A second snapshot of a sandbox is uploaded as what changed since the
-// first: its record names the first as the parent it shares pages with.
+// first: its record names the first as the parent it shares pages with. A
+// snapshot that replaces another by name shares that one's pages, whose
+// objects go once it is up.
 func TestSnapshotsShareTheirPages(t *testing.T) {
 	srv := s3test.Start(t)
 	a := newNode(t, srv, "a", nil)
@@ -352,19 +354,24 @@ func TestSnapshotsShareTheirPages(t *testing.T) {
 	writeFile(t, filepath.Join(rootfs, "etc", "os-release"), []byte("ID=test\n"))
 	memory := make([]byte, 8<<20)
 	rand.Read(memory)
-	snapshot := func(id string) *store.Template {
+	snapshot := func(id, source string, replaces *store.Template) *store.Template {
 		t.Helper()
 		image := filepath.Join(a.dir, "images", id)
 		writeFile(t, filepath.Join(image, "pages.img"), memory)
 		tpl := &store.Template{ID: id, Name: id, Kind: store.KindSnapshot, RootfsPath: rootfs,
-			ImageDir: image, SourceSandbox: "sb1", CreatedAt: time.Now()}
+			ImageDir: image, SourceSandbox: source, CreatedAt: time.Now()}
 		if err := a.images.Share(tpl); err != nil {
 			t.Fatal(err)
 		}
-		if err := a.db.PutTemplate(ctx, tpl); err != nil {
+		if replaces != nil {
+			tpl.Name = replaces.Name
+			if _, err := a.db.ReplaceTemplate(ctx, tpl); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := a.db.PutTemplate(ctx, tpl); err != nil {
 			t.Fatal(err)
 		}
-		a.images.Upload(tpl, "")
+		a.images.Upload(tpl, "", replaces)
 		deadline := time.Now().Add(time.Minute)
 		for {
 			got, err := a.db.GetTemplate(ctx, id)
@@ -380,13 +387,43 @@ func TestSnapshotsShareTheirPages(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	first := snapshot("snap1")
+	first := snapshot("snap1", "sb1", nil)
 	if first.ImageStats.Parent != "" || first.ImageStats.NewBytes < 8<<20 || first.ImageStats.Bytes != 8<<20 {
 		t.Fatalf("first snapshot: %+v", first.ImageStats)
 	}
 	rand.Read(memory[1<<20 : 2<<20]) // 1 MiB changed
-	second := snapshot("snap2")
+	second := snapshot("snap2", "sb1", nil)
 	if second.ImageStats.Parent != "snap1" || second.ImageStats.NewBytes > 3<<19 || second.ImageStats.Bytes != 8<<20 {
 		t.Fatalf("second snapshot: %+v; want snap1 as parent and about 1 MiB stored", second.ImageStats)
+	}
+
+	// A checkpoint that takes snap2's name (as a template rebuilt under
+	// its name does): snap2 is its parent, and is gone from the store once
+	// it is up.
+	rand.Read(memory[3<<20 : 4<<20])
+	third := snapshot("snap3", "sb2", second)
+	if third.ImageStats.Parent != "snap2" || third.ImageStats.NewBytes > 3<<19 {
+		t.Fatalf("replacing snapshot: %+v; want snap2 as parent and about 1 MiB stored", third.ImageStats)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		_, err := a.images.cfg.Store.Stat(ctx, imageKey("snap2"))
+		if errors.Is(err, objectstore.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replaced snapshot's image is still in the store (%v)", err)
+		}
+	}
+	if _, err := a.images.cfg.Store.Stat(ctx, imageKey("snap3")); err != nil {
+		t.Fatalf("the replacing snapshot's image: %v", err)
+	}
+
+	// The first snapshot of another sandbox whose origin is not known (an
+	// upload queued again at a start): the newest older checkpoint over
+	// the same root filesystem stands in for it.
+	rand.Read(memory[5<<20 : 6<<20])
+	fourth := snapshot("snap4", "sb3", nil)
+	if fourth.ImageStats.Parent != "snap3" || fourth.ImageStats.NewBytes > 3<<19 {
+		t.Fatalf("snapshot of unknown origin: %+v; want snap3 as parent and about 1 MiB stored", fourth.ImageStats)
 	}
 }
