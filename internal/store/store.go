@@ -79,6 +79,12 @@ type VolumeStore interface {
 	GetVolume(ctx context.Context, team, idOrName string) (*Volume, error)
 	// ListVolumes lists team's volumes, every team's for "", by name.
 	ListVolumes(ctx context.Context, team string) ([]*Volume, error)
+	// ListNodeVolumes lists the volumes node holds (every one, in a
+	// store of one node), by ID: what a node of a hundred reconciles and
+	// measures, without reading the other ninety-nine's.
+	ListNodeVolumes(ctx context.Context, node string) ([]*Volume, error)
+	// CountVolumes counts team's volumes.
+	CountVolumes(ctx context.Context, team string) (int, error)
 	// DeleteVolume deletes volume id's record, and its references to its
 	// layers, unless something holds it (a sandbox that mounts it): then
 	// it answers ErrConflict and the holders. ErrNotFound when it is gone.

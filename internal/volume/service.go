@@ -107,7 +107,7 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 }
 
 func (s *Service) reconcile(ctx context.Context) error {
-	all, err := s.records.ListVolumes(ctx, "")
+	all, err := s.records.ListNodeVolumes(ctx, s.nodeID)
 	if err != nil {
 		return fmt.Errorf("volumes: %w", err)
 	}
@@ -298,13 +298,13 @@ func (s *Service) checkTeamRoom(ctx context.Context, team string) error {
 	if err := s.checkDisk(); err != nil {
 		return err
 	}
-	own, err := s.records.ListVolumes(ctx, team)
+	n, err := s.records.CountVolumes(ctx, team)
 	if err != nil {
 		return err
 	}
-	if len(own) >= s.maxPerTeam {
+	if n >= s.maxPerTeam {
 		return errdefs.Errorf(errdefs.ErrResourceExhausted,
-			"team %s has %d volumes, the most a team may have: delete some first", team, len(own))
+			"team %s has %d volumes, the most a team may have: delete some first", team, n)
 	}
 	return nil
 }

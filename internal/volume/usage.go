@@ -54,7 +54,7 @@ func (s *Service) sampleUsage(ctx context.Context, interval time.Duration) {
 func (s *Service) measureAll(ctx context.Context) {
 	s.measureMu.Lock()
 	defer s.measureMu.Unlock()
-	all, err := s.records.ListVolumes(ctx, "")
+	all, err := s.records.ListNodeVolumes(ctx, s.nodeID)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.logger.WarnContext(ctx, "measure volumes", "err", err)

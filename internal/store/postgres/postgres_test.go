@@ -67,6 +67,42 @@ func TestVolumes(t *testing.T) {
 			return open(t, srv.NewDatabase(t))
 		})
 	})
+	// Each node lists its own volumes only; counts are the team's over
+	// every node.
+	t.Run("ByNode", func(t *testing.T) {
+		ctx := context.Background()
+		dsn := srv.NewDatabase(t)
+		nodes := map[string]*Store{}
+		for i, id := range []string{"node-1", "node-2"} {
+			s, err := OpenNode(ctx, dsn, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			nodes[id] = s
+			for j := range 2 {
+				v := &store.Volume{ID: fmt.Sprintf("vol-%d-%d", i, j), Name: fmt.Sprintf("v-%d-%d", i, j), TeamID: "lab",
+					Token: "tok", CreatedAt: time.Now()}
+				if err := s.CreateVolume(ctx, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for id, s := range nodes {
+			vs, err := s.ListNodeVolumes(ctx, id)
+			if err != nil || len(vs) != 2 {
+				t.Fatalf("volumes of %s: %d %v, want 2", id, len(vs), err)
+			}
+			for _, v := range vs {
+				if v.NodeID != id {
+					t.Errorf("volumes of %s include %s of %s", id, v.ID, v.NodeID)
+				}
+			}
+			if n, err := s.CountVolumes(ctx, "lab"); err != nil || n != 4 {
+				t.Errorf("count through %s: %d %v, want 4", id, n, err)
+			}
+		}
+	})
 }
 
 // A database made before references gets them from its records.

@@ -83,6 +83,34 @@ func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, 
 	return out, nil
 }
 
+func (s *Store) ListNodeVolumes(ctx context.Context, node string) ([]*store.Volume, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE node_id = $1 ORDER BY id`, node)
+	if err != nil {
+		return nil, dbError("list volumes of node %s: %w", node, err)
+	}
+	defer rows.Close()
+	var out []*store.Volume
+	for rows.Next() {
+		v, err := scanVolume(rows)
+		if err != nil {
+			return nil, dbError("list volumes of node %s: %w", node, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbError("list volumes of node %s: %w", node, err)
+	}
+	return out, nil
+}
+
+func (s *Store) CountVolumes(ctx context.Context, team string) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT COUNT(*) FROM volumes WHERE team_id = $1`, team).Scan(&n); err != nil {
+		return 0, dbError("count volumes: %w", err)
+	}
+	return n, nil
+}
+
 // volumeHolders locks volume id until tx ends and returns the references
 // to it: the sandboxes that mount it.
 func volumeHolders(ctx context.Context, tx pgx.Tx, id string) ([]store.Ref, error) {

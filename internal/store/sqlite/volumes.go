@@ -74,6 +74,32 @@ func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, 
 	return out, rows.Err()
 }
 
+// ListNodeVolumes lists every volume: a single server holds them all.
+func (s *Store) ListNodeVolumes(ctx context.Context, _ string) ([]*store.Volume, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %w", classify(err))
+	}
+	defer rows.Close()
+	var out []*store.Volume
+	for rows.Next() {
+		v, err := scanVolume(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list volumes: %w", err)
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+func (s *Store) CountVolumes(ctx context.Context, team string) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM volumes WHERE team_id = ?`, team).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count volumes: %w", classify(err))
+	}
+	return n, nil
+}
+
 // volumeHolders are the references to volume id: the sandboxes that
 // mount it.
 func volumeHolders(ctx context.Context, tx *sql.Tx, id string) ([]store.Ref, error) {

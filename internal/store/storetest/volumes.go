@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -71,6 +72,22 @@ func RunVolumes(t *testing.T, newStore func(t *testing.T) store.VolumeStore) {
 	}
 	if got := list(""); len(got) != 3 {
 		t.Errorf("every volume: %v", got)
+	}
+	for team, want := range map[string]int{"lab-a": 2, "lab-b": 1, "lab-c": 0} {
+		if n, err := s.CountVolumes(ctx, team); err != nil || n != want {
+			t.Errorf("count of %s's volumes: %d %v, want %d", team, n, err, want)
+		}
+	}
+	// A node's volumes: the ones it holds (a single server's store holds
+	// every one; a cluster's only those recorded with the node's ID).
+	if mine, err := s.ListNodeVolumes(ctx, a.NodeID); err != nil || !slices.ContainsFunc(mine, func(v *store.Volume) bool { return v.ID == "vol-a" }) {
+		t.Errorf("volumes of the node that made vol-a: %v %v", mine, err)
+	} else {
+		for _, v := range mine {
+			if v.NodeID != a.NodeID {
+				t.Errorf("volumes of node %q include %s of node %q", a.NodeID, v.ID, v.NodeID)
+			}
+		}
 	}
 	if _, err := s.DeleteVolume(ctx, "vol-a"); err != nil {
 		t.Fatal(err)
