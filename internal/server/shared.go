@@ -9,11 +9,27 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/objectstore"
 	"github.com/aenv-dev/aenv/internal/shared"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
+
+// collector is the node of a cluster that collects the object store's
+// garbage: the first by ID of the live nodes that share images and speak
+// this release's protocol (an older one may not know every object a newer
+// one writes). self when there is none such (this node has just joined).
+// Nodes that briefly disagree collect twice, which is safe, only wasted.
+func collector(nodes []postgres.Node, silentFor time.Duration, self string) string {
+	for _, n := range nodes { // by ID
+		if n.SharedImages && n.Protocol == cluster.Protocol && n.HeartbeatAge < silentFor {
+			return n.ID
+		}
+	}
+	return self
+}
 
 // sharedImages is the node's object store while the server runs.
 type sharedImages struct {
@@ -71,6 +87,13 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 		// A node silent for five heartbeats is gone for the purpose of
 		// taking its sandboxes paused to disk over.
 		scfg.SilentFor = 5 * time.Duration(member.cfg.HeartbeatIntervalMS) * time.Millisecond
+		scfg.Collects = func(ctx context.Context) (bool, error) {
+			nodes, err := member.db.ListNodes(ctx)
+			if err != nil {
+				return false, err
+			}
+			return collector(nodes, scfg.SilentFor, member.id) == member.id, nil
+		}
 	}
 	images, err := shared.Open(scfg)
 	if err != nil {

@@ -84,8 +84,12 @@ type Config struct {
 	// how old an unreferenced object must be (longer than any upload);
 	// 0 turns collection off.
 	GCInterval, GCGrace time.Duration
-	Uploads             objectstore.UploaderOptions
-	Logger              *slog.Logger
+	// Collects, when set, says whether this node is the one to collect
+	// at a tick: one collector for a cluster rather than every node
+	// reading every manifest. Nil: this node always collects.
+	Collects func(ctx context.Context) (bool, error)
+	Uploads  objectstore.UploaderOptions
+	Logger   *slog.Logger
 }
 
 // Images is a node's view of the object store.
@@ -193,6 +197,14 @@ func (im *Images) Run(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
+				if im.cfg.Collects != nil {
+					if mine, err := im.cfg.Collects(ctx); err != nil || !mine {
+						if err != nil && ctx.Err() == nil {
+							im.cfg.Logger.WarnContext(ctx, "shared images: who collects garbage", "err", err)
+						}
+						continue
+					}
+				}
 				if st, err := im.CollectGarbage(ctx); err != nil {
 					im.cfg.Logger.WarnContext(ctx, "shared images: garbage collection", "err", err)
 				} else if st.Objects > 0 || st.Uploads > 0 || st.Packs > 0 {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -425,5 +426,46 @@ func TestSnapshotsShareTheirPages(t *testing.T) {
 	fourth := snapshot("snap4", "sb3", nil)
 	if fourth.ImageStats.Parent != "snap3" || fourth.ImageStats.NewBytes > 3<<19 {
 		t.Fatalf("snapshot of unknown origin: %+v; want snap3 as parent and about 1 MiB stored", fourth.ImageStats)
+	}
+}
+
+// A node that is not its cluster's collector leaves garbage alone; the
+// collector removes it.
+func TestOnlyTheCollectorCollects(t *testing.T) {
+	srv := s3test.Start(t)
+	var mine atomic.Bool
+	var asked atomic.Int32
+	a := newNode(t, srv, "a", nil, func(c *Config) {
+		c.GCInterval, c.GCGrace = 20*time.Millisecond, time.Millisecond
+		c.AllTemplates = func(context.Context) ([]*store.Template, error) { return nil, nil }
+		c.AllSandboxes = func(context.Context) ([]*store.Sandbox, error) { return nil, nil }
+		c.Collects = func(context.Context) (bool, error) {
+			asked.Add(1)
+			return mine.Load(), nil
+		}
+	})
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "orphan")
+	writeFile(t, filepath.Join(dir, "pages.img"), []byte("nobody's"))
+	if _, err := a.images.cfg.Store.Put(ctx, imageKey("orphan"), dir); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); asked.Load() < 5; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the node never asked whether it collects")
+		}
+	}
+	if _, err := a.images.cfg.Store.Stat(ctx, imageKey("orphan")); err != nil {
+		t.Fatalf("a node that is not the collector collected: %v", err)
+	}
+	mine.Store(true)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		_, err := a.images.cfg.Store.Stat(ctx, imageKey("orphan"))
+		if errors.Is(err, objectstore.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the collector left the garbage: %v", err)
+		}
 	}
 }

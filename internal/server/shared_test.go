@@ -1,0 +1,42 @@
+package server
+
+import (
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/cluster"
+	"github.com/aenv-dev/aenv/internal/store/postgres"
+)
+
+// One node of a cluster collects the object store's garbage: the first by
+// ID of those that can (live, sharing images, this protocol).
+func TestCollector(t *testing.T) {
+	const silent = 5 * time.Second
+	live := func(id string) postgres.Node {
+		return postgres.Node{ID: id, SharedImages: true, Protocol: cluster.Protocol, HeartbeatAge: time.Second}
+	}
+	silentNode, noShared, older := live("a"), live("a"), live("a")
+	silentNode.HeartbeatAge = time.Minute
+	noShared.SharedImages = false
+	older.Protocol = cluster.Protocol - 1
+	for _, tc := range []struct {
+		name  string
+		nodes []postgres.Node
+		self  string
+		want  string
+	}{
+		{"the first by ID", []postgres.Node{live("a"), live("b"), live("c")}, "b", "a"},
+		{"self first", []postgres.Node{live("a"), live("b")}, "a", "a"},
+		{"a silent node does not", []postgres.Node{silentNode, live("b"), live("c")}, "c", "b"},
+		{"a node without the store does not", []postgres.Node{noShared, live("b")}, "b", "b"},
+		{"an older release does not", []postgres.Node{older, live("b")}, "b", "b"},
+		{"none listed yet: self", nil, "z", "z"},
+		{"none able: self", []postgres.Node{silentNode}, "z", "z"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := collector(tc.nodes, silent, tc.self); got != tc.want {
+				t.Errorf("collector = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
