@@ -30,12 +30,16 @@ import (
 
 // The chunked format (formatChunks) stores an image as pages: every regular
 // file is cut into 4 KiB pages, each page named by its SHA-256, and the pages
-// a store lacks are packed (zstd) into pack objects under Prefix/chunks/,
-// named by the SHA-256 of their stored bytes. The image itself is an index
-// object (@index.zst): the tree's tar headers without contents, the packs it
-// uses and, for every page, where it is. Manifest.Digest is the index's
-// digest; the index pins every pack's digest, so one recorded digest still
-// checks every byte.
+// a store lacks are packed into pack objects under Prefix/chunks/, named by
+// the SHA-256 of their stored bytes. A pack is its pages in 4 KiB slots (a
+// file's short last page padded with zeros), zstd-compressed, followed by
+// the pages' hashes (32 bytes a slot, not compressed): the hashes travel
+// with the pages, so an image that shares a pack does not repeat them. The
+// image itself is an index object (@index.zst): the tree's tar headers
+// without contents, the packs it uses (each with the digest of its hash
+// list) and, in runs, which slot of which pack each page is. Manifest.Digest
+// is the index's digest; the index pins every pack's digest and its hash
+// list's, so one recorded digest still checks every byte.
 //
 // Why pages, keyed by content: a checkpoint's memory file (pages.img) holds
 // the committed ranges of guest memory back to back, so a range committed or
@@ -58,11 +62,12 @@ const (
 	// packTarget bounds a pack's raw bytes: large enough that a GiB is a
 	// hundred objects, small enough that a restore holds a few in memory.
 	packTarget = 8 << 20
-	// maxIndexBytes bounds an index as stored and as decoded, and so the
-	// memory a Get of an index an attacker wrote can take: a 1 GiB image's
-	// index is about 9.5 MiB (a 32-byte hash per page), so this is about
-	// 25 GiB of pages that are not zeros.
+	// maxIndexBytes bounds an index as stored and as decoded, and a
+	// pack's stored size; maxPages bounds an image's pages (128 GiB), and
+	// so the memory a Get of an index an attacker wrote can take (8 bytes
+	// a page decoded).
 	maxIndexBytes = 256 << 20
+	maxPages      = 1 << 25
 	// packsHeld is how many decoded packs a Get keeps in memory: pages of a
 	// child image interleave its own packs with its parent's in order, so
 	// a few suffice.
@@ -70,7 +75,9 @@ const (
 	// paxSize carries a regular file's size in the index's tar headers,
 	// whose Size is 0 since the contents are pages.
 	paxSize    = "AENV.size"
-	indexMagic = "AENVCHK1"
+	indexMagic = "AENVCHK2"
+	// hashSize is a slot's entry in a pack's hash list.
+	hashSize = sha256.Size
 )
 
 // Parent is an image in the store whose pages a new image may share, with
@@ -79,19 +86,26 @@ type Parent struct {
 	Key, Digest string
 }
 
+// packRef is a pack as an index names it: the digest of the whole object,
+// its pages' bytes (raw: slots of pageSize), the object's size, and the
+// digest of the hash list at its end.
 type packRef struct {
 	digest      [sha256.Size]byte
 	raw, stored int64
+	hashes      [sha256.Size]byte
 }
 
 func (p packRef) name() string { return hex.EncodeToString(p.digest[:]) }
 
+// hashBytes is the length of the pack's hash list, its object's tail.
+func (p packRef) hashBytes() int64 { return p.raw / pageSize * hashSize }
+
 // pageRef locates one page: pack is 1 + an index into the image's packs, 0
-// for a page of zeros (never stored).
+// for a page of zeros (never stored); off is its slot's byte offset in the
+// pack's pages.
 type pageRef struct {
 	pack uint32
 	off  uint32
-	hash [sha256.Size]byte
 }
 
 type chunkIndex struct {
@@ -100,9 +114,12 @@ type chunkIndex struct {
 	pages    []pageRef
 }
 
+// encode writes the index. Pages go as runs: consecutive pages in
+// consecutive slots of one pack (or of zeros) are one entry, so an image
+// that changed little from its parent has a small index.
 func (ix *chunkIndex) encode() []byte {
 	var b bytes.Buffer
-	b.Grow(len(ix.skeleton) + len(ix.pages)*(sha256.Size+6) + len(ix.packs)*48 + 64)
+	b.Grow(len(ix.skeleton) + len(ix.packs)*80 + 64)
 	b.WriteString(indexMagic)
 	b.Write(binary.AppendUvarint(nil, uint64(len(ix.skeleton))))
 	b.Write(ix.skeleton)
@@ -111,18 +128,27 @@ func (ix *chunkIndex) encode() []byte {
 		b.Write(p.digest[:])
 		b.Write(binary.AppendUvarint(nil, uint64(p.raw)))
 		b.Write(binary.AppendUvarint(nil, uint64(p.stored)))
+		b.Write(p.hashes[:])
 	}
 	b.Write(binary.AppendUvarint(nil, uint64(len(ix.pages))))
-	var buf [2 * binary.MaxVarintLen64]byte
-	for _, pg := range ix.pages {
-		n := binary.PutUvarint(buf[:], uint64(pg.pack))
-		if pg.pack != 0 {
-			n += binary.PutUvarint(buf[n:], uint64(pg.off))
+	var buf [3 * binary.MaxVarintLen64]byte
+	for i := 0; i < len(ix.pages); {
+		first := ix.pages[i]
+		n := 1
+		for i+n < len(ix.pages) {
+			next := ix.pages[i+n]
+			if next.pack != first.pack || first.pack != 0 && int64(next.off) != int64(first.off)+int64(n)*pageSize {
+				break
+			}
+			n++
 		}
-		b.Write(buf[:n])
-		if pg.pack != 0 {
-			b.Write(pg.hash[:])
+		k := binary.PutUvarint(buf[:], uint64(first.pack))
+		k += binary.PutUvarint(buf[k:], uint64(n))
+		if first.pack != 0 {
+			k += binary.PutUvarint(buf[k:], uint64(first.off/pageSize))
 		}
+		b.Write(buf[:k])
+		i += n
 	}
 	return b.Bytes()
 }
@@ -162,32 +188,40 @@ func decodeIndex(data []byte) (*chunkIndex, error) {
 		}
 		raw, err1 := binary.ReadUvarint(r)
 		stored, err2 := binary.ReadUvarint(r)
-		if err1 != nil || err2 != nil || raw == 0 || raw > packTarget+pageSize || stored > maxIndexBytes {
+		if err1 != nil || err2 != nil || raw == 0 || raw%pageSize != 0 || raw > packTarget || stored > maxIndexBytes {
 			return nil, errIndex
 		}
 		p.raw, p.stored = int64(raw), int64(stored)
+		if p.stored <= p.hashBytes() {
+			return nil, errIndex
+		}
+		if _, err := io.ReadFull(r, p.hashes[:]); err != nil {
+			return nil, errIndex
+		}
 	}
-	if n, err = count(maxIndexBytes); err != nil {
-		return nil, err
+	total, err := binary.ReadUvarint(r)
+	if err != nil || total > maxPages {
+		return nil, errIndex
 	}
-	ix.pages = make([]pageRef, n)
-	for i := range ix.pages {
-		pg := &ix.pages[i]
-		pack, err := binary.ReadUvarint(r)
-		if err != nil || pack > uint64(len(ix.packs)) {
+	ix.pages = make([]pageRef, 0, min(total, uint64(r.Len())*pageSize))
+	for uint64(len(ix.pages)) < total {
+		pack, err1 := binary.ReadUvarint(r)
+		n, err2 := binary.ReadUvarint(r)
+		if err1 != nil || err2 != nil || pack > uint64(len(ix.packs)) || n == 0 || n > total-uint64(len(ix.pages)) {
 			return nil, errIndex
 		}
-		pg.pack = uint32(pack)
-		if pack == 0 {
-			continue
+		var slot uint64
+		if pack != 0 {
+			if slot, err = binary.ReadUvarint(r); err != nil || slot+n > uint64(ix.packs[pack-1].raw/pageSize) {
+				return nil, errIndex
+			}
 		}
-		off, err := binary.ReadUvarint(r)
-		if err != nil || off >= uint64(ix.packs[pack-1].raw) {
-			return nil, errIndex
-		}
-		pg.off = uint32(off)
-		if _, err := io.ReadFull(r, pg.hash[:]); err != nil {
-			return nil, errIndex
+		for k := range n {
+			pg := pageRef{pack: uint32(pack)}
+			if pack != 0 {
+				pg.off = uint32((slot + k) * pageSize)
+			}
+			ix.pages = append(ix.pages, pg)
 		}
 	}
 	if r.Len() != 0 {
@@ -229,6 +263,7 @@ type imagePacker struct {
 	packs   []*packRef // this image's, in index order; filled by the uploads
 	pages   []pageRef
 	cur     []byte // the pack being filled
+	curSums []byte // its slots' hashes
 	curAt   uint32 // its 1-based index
 	free    chan []byte
 	readBuf []byte
@@ -282,7 +317,7 @@ func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent)
 			}
 			continue // no sharing with it: the image is still whole
 		}
-		p.addParent(ix)
+		p.addParent(ctx, ix)
 		parentKeys = append(parentKeys, par.Key)
 	}
 	var skeleton bytes.Buffer
@@ -369,18 +404,63 @@ func (s *Store) deleteObject(ctx context.Context, name string) {
 	s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(name)})
 }
 
-func (p *imagePacker) addParent(ix *chunkIndex) {
+// addParent learns the pages of a parent's packs from their hash lists.
+// A pack whose list cannot be read (or does not match the digest the
+// parent's index pins) is not shared: the image is whole all the same.
+func (p *imagePacker) addParent(ctx context.Context, ix *chunkIndex) {
 	n := len(p.parents)
 	p.parents = append(p.parents, ix.packs)
 	p.used = append(p.used, false)
-	for _, pg := range ix.pages {
-		if pg.pack == 0 {
-			continue
-		}
-		if _, ok := p.known[pg.hash]; !ok {
-			p.known[pg.hash] = pageLoc{parent: n, pack: int(pg.pack) - 1, off: pg.off}
+	lists := make([][]byte, len(ix.packs))
+	var g errgroup.Group
+	g.SetLimit(2 * p.s.cfg.PartConcurrency)
+	for j, pr := range ix.packs {
+		g.Go(func() error {
+			lists[j], _ = p.s.packHashes(ctx, pr)
+			return nil
+		})
+	}
+	g.Wait()
+	for j, list := range lists {
+		for slot := 0; slot*hashSize < len(list); slot++ {
+			h := [sha256.Size]byte(list[slot*hashSize : (slot+1)*hashSize])
+			if _, ok := p.known[h]; !ok {
+				p.known[h] = pageLoc{parent: n, pack: j, off: uint32(slot * pageSize)}
+			}
 		}
 	}
+}
+
+// packHashes returns the hash list of pack pr: from the chunk cache when
+// the pack is there, else the object's tail from the store, checked
+// against the digest the index pins.
+func (s *Store) packHashes(ctx context.Context, pr packRef) ([]byte, error) {
+	size := pr.hashBytes()
+	if s.cfg.ChunkDir != "" {
+		if f, err := os.Open(s.localPack(pr.name())); err == nil {
+			list := make([]byte, size)
+			_, err := f.ReadAt(list, pr.stored-size)
+			f.Close()
+			if err == nil && sha256.Sum256(list) == pr.hashes {
+				return list, nil
+			}
+		}
+	}
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.packKey(pr.name())),
+		Range: aws.String(fmt.Sprintf("bytes=%d-%d", pr.stored-size, pr.stored-1))})
+	if err != nil {
+		return nil, fmt.Errorf("hashes of pack %s: %w", pr.name(), err)
+	}
+	defer out.Body.Close()
+	list := make([]byte, size+1) // one more, to tell a longer answer
+	k, err := io.ReadFull(out.Body, list)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("hashes of pack %s: %w", pr.name(), err)
+	}
+	if list = list[:k]; int64(k) != size || sha256.Sum256(list) != pr.hashes {
+		return nil, fmt.Errorf("%w: hashes of pack %s do not match their digest", ErrCorrupt, pr.name())
+	}
+	return list, nil
 }
 
 // file is the walk's fileBody: the header with the size moved to a PAX
@@ -468,7 +548,7 @@ func (p *imagePacker) page(data []byte, sum pageSum) error {
 	}
 	h := sum.hash
 	if loc, ok := p.known[h]; ok {
-		ref := pageRef{off: loc.off, hash: h}
+		ref := pageRef{off: loc.off}
 		if loc.parent < 0 {
 			ref.pack = uint32(loc.pack) + 1
 		} else {
@@ -478,7 +558,7 @@ func (p *imagePacker) page(data []byte, sum pageSum) error {
 		p.pages = append(p.pages, ref)
 		return nil
 	}
-	if p.cur != nil && len(p.cur)+len(data) > packTarget {
+	if p.cur != nil && len(p.cur)+pageSize > packTarget {
 		if err := p.flush(); err != nil {
 			return err
 		}
@@ -489,11 +569,16 @@ func (p *imagePacker) page(data []byte, sum pageSum) error {
 		case <-p.ctx.Done():
 			return p.ctx.Err()
 		}
+		p.curSums = make([]byte, 0, packTarget/pageSize*hashSize)
 		p.packs = append(p.packs, &packRef{})
 		p.curAt = uint32(len(p.packs))
 	}
-	ref := pageRef{pack: p.curAt, off: uint32(len(p.cur)), hash: h}
+	ref := pageRef{pack: p.curAt, off: uint32(len(p.cur))}
 	p.cur = append(p.cur, data...)
+	// A short page (a file's last) fills its slot with zeros: every page
+	// starts at a slot, so runs of pages encode as one entry.
+	p.cur = append(p.cur, zeroBlock[:pageSize-len(data)]...)
+	p.curSums = append(p.curSums, h[:]...)
 	p.known[h] = pageLoc{parent: -1, pack: int(p.curAt) - 1, off: ref.off}
 	p.pages = append(p.pages, ref)
 	return nil
@@ -519,15 +604,15 @@ func (p *imagePacker) flush() error {
 	if p.cur == nil {
 		return nil
 	}
-	raw, ref := p.cur, p.packs[p.curAt-1]
-	p.cur = nil
+	raw, sums, ref := p.cur, p.curSums, p.packs[p.curAt-1]
+	p.cur, p.curSums = nil, nil
 	p.g.Go(func() error {
 		defer func() { p.free <- raw[:0] }()
 		var buf []byte
 		select {
 		case buf = <-p.storedFree:
 		default:
-			buf = make([]byte, 0, p.enc.MaxEncodedSize(packTarget))
+			buf = make([]byte, 0, p.enc.MaxEncodedSize(packTarget)+packTarget/pageSize*hashSize)
 		}
 		defer func() {
 			select {
@@ -535,9 +620,10 @@ func (p *imagePacker) flush() error {
 			default:
 			}
 		}()
-		stored := p.enc.EncodeAll(raw, buf[:0])
+		stored := append(p.enc.EncodeAll(raw, buf[:0]), sums...)
 		buf = stored
-		*ref = packRef{digest: sha256.Sum256(stored), raw: int64(len(raw)), stored: int64(len(stored))}
+		*ref = packRef{digest: sha256.Sum256(stored), raw: int64(len(raw)), stored: int64(len(stored)),
+			hashes: sha256.Sum256(sums)}
 		name := ref.name()
 		_, err := p.s.client.PutObject(p.ctx, &s3.PutObjectInput{
 			Bucket:        &p.s.cfg.Bucket,
@@ -895,7 +981,7 @@ func (r *packReader) pack(i uint32) ([]byte, error) {
 	if int64(cap(buf)) < p.raw {
 		buf = make([]byte, 0, p.raw)
 	}
-	data, err := r.dec.DecodeAll(stored, buf)
+	data, err := r.dec.DecodeAll(stored[:p.stored-p.hashBytes()], buf)
 	if err != nil || int64(len(data)) != p.raw {
 		return nil, fmt.Errorf("%w: pack %s does not decode to its size", ErrCorrupt, p.name())
 	}

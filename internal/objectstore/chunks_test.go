@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -26,8 +27,10 @@ func TestIndexEncoding(t *testing.T) {
 	t.Parallel()
 	ix := &chunkIndex{
 		skeleton: []byte("headers"),
-		packs:    []packRef{{digest: [32]byte{1}, raw: 3 * pageSize, stored: 100}, {digest: [32]byte{2}, raw: pageSize, stored: 7}},
-		pages:    []pageRef{{pack: 1, off: 0, hash: [32]byte{9}}, {}, {pack: 2, off: 0, hash: [32]byte{8}}, {pack: 1, off: 2 * pageSize, hash: [32]byte{7}}},
+		packs: []packRef{{digest: [32]byte{1}, raw: 3 * pageSize, stored: 200, hashes: [32]byte{3}},
+			{digest: [32]byte{2}, raw: pageSize, stored: 70, hashes: [32]byte{4}}},
+		// Runs: slots 0 and 1 of pack 1, zeros, then single pages.
+		pages: []pageRef{{pack: 1, off: 0}, {pack: 1, off: pageSize}, {}, {}, {pack: 2, off: 0}, {pack: 1, off: 2 * pageSize}, {pack: 1, off: 0}},
 	}
 	data := ix.encode()
 	got, err := decodeIndex(data)
@@ -45,11 +48,22 @@ func TestIndexEncoding(t *testing.T) {
 	}
 	// A page past its pack, and one naming a pack that is not there.
 	past := *ix
-	past.pages = []pageRef{{pack: 2, off: pageSize, hash: [32]byte{1}}}
+	past.pages = []pageRef{{pack: 2, off: pageSize}}
 	bad["page past its pack"] = past.encode()
+	runPast := *ix
+	runPast.pages = []pageRef{{pack: 1, off: pageSize}, {pack: 1, off: 2 * pageSize}, {pack: 1, off: 3 * pageSize}}
+	bad["run past its pack"] = runPast.encode()
 	unknown := *ix
-	unknown.pages = []pageRef{{pack: 3, hash: [32]byte{1}}}
+	unknown.pages = []pageRef{{pack: 3}}
 	bad["unknown pack"] = unknown.encode()
+	shortPack := *ix
+	shortPack.packs = []packRef{{digest: [32]byte{1}, raw: 3 * pageSize, stored: 3 * hashSize}}
+	shortPack.pages = nil
+	bad["pack no larger than its hash list"] = shortPack.encode()
+	oddPack := *ix
+	oddPack.packs = []packRef{{digest: [32]byte{1}, raw: pageSize + 1, stored: 200}}
+	oddPack.pages = nil
+	bad["pack not of whole slots"] = oddPack.encode()
 	for name, b := range bad {
 		if _, err := decodeIndex(b); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: decodeIndex = %v, want ErrCorrupt", name, err)
@@ -136,18 +150,25 @@ func TestIncrementalImages(t *testing.T) {
 	}
 	second, newBytes := changed(first, 2)
 	memoryImage(t, filepath.Join(tmp, "2"), second)
+	hashReads := transport.count("GET /chunks/")
 	m2, err := writer.PutImage(ctx, "snapshots/2", filepath.Join(tmp, "2"),
 		[]Parent{{Key: "snapshots/missing", Digest: m1.Digest}, {Key: "snapshots/1", Digest: m1.Digest}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The writer keeps no packs: it read each of the parent's hash lists
+	// (the tail of its pack), one ranged GET a pack.
+	if got := transport.count("GET /chunks/") - hashReads; got != len(m1.Packs) {
+		t.Errorf("the second Put read %d pack objects, want the %d hash lists of its parent's", got, len(m1.Packs))
 	}
 	t.Logf("first: %d bytes of files, %d stored; second: %d changed, %d stored, %d shared",
 		m1.Bytes, m1.NewBytes, newBytes, m2.NewBytes, m2.SharedBytes)
 	if m1.NewBytes < 16<<20 {
 		t.Errorf("first image stored %d bytes, less than its 16 MiB of random pages", m1.NewBytes)
 	}
-	// New pages, the index (a hash per page) and compression's overhead.
-	if limit := int64(newBytes) + 256<<10; m2.NewBytes > limit {
+	// New pages with their hashes, the index (runs, not a hash a page)
+	// and compression's overhead.
+	if limit := int64(newBytes) + int64(newBytes)/pageSize*hashSize + 96<<10; m2.NewBytes > limit {
 		t.Errorf("second image stored %d bytes for %d changed (limit %d)", m2.NewBytes, newBytes, limit)
 	}
 	if m2.Parent != "snapshots/1" || m2.SharedBytes < int64(len(second)*pageSize-newBytes) {
@@ -622,4 +643,58 @@ func TestChunkCacheDebrisTrimmed(t *testing.T) {
 	if _, err := os.Stat(recent); err != nil {
 		t.Errorf("a recent temporary file (a write in progress) was removed: %v", err)
 	}
+}
+
+// TestAlteredHashListNotShared: a parent pack whose hash list was altered
+// in the bucket is not shared (its list no longer matches the digest the
+// parent's index pins), and the child image is whole and right.
+func TestAlteredHashListNotShared(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "altered-hashes")
+	store := openStore(t, cfg) // no chunk cache: hash lists come from the bucket
+	tmp := t.TempDir()
+	pages := randomPages(3000, 11)
+	memoryImage(t, filepath.Join(tmp, "1"), pages)
+	m1, err := store.PutImage(ctx, "snapshots/1", filepath.Join(tmp, "1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m1.Packs) < 2 {
+		t.Fatalf("want several packs, got %d", len(m1.Packs))
+	}
+	raw := srv.Client()
+	key := aws.String(store.packKey(m1.Packs[0]))
+	out, err := raw.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(out.Body)
+	out.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body[len(body)-1] ^= 0xff // the last page's hash
+	if _, err := raw.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(cfg.Bucket), Key: key, Body: bytes.NewReader(body)}); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := changed(pages, 12)
+	memoryImage(t, filepath.Join(tmp, "2"), second)
+	m2, err := store.PutImage(ctx, "snapshots/2", filepath.Join(tmp, "2"), []Parent{{Key: "snapshots/1", Digest: m1.Digest}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(m2.Packs, m1.Packs[0]) {
+		t.Fatal("the child shares the pack whose hash list was altered")
+	}
+	if !slices.Contains(m2.Packs, m1.Packs[1]) {
+		t.Fatal("the child does not share the parent's intact packs")
+	}
+	c := cfg
+	c.ChunkDir = t.TempDir()
+	if _, err := openStore(t, c).Get(ctx, "snapshots/2", m2.Digest, filepath.Join(tmp, "got")); err != nil {
+		t.Fatal(err)
+	}
+	equalFiles(t, filepath.Join(tmp, "2", "pages.img"), filepath.Join(tmp, "got", "pages.img"))
 }
