@@ -68,6 +68,9 @@ const (
 	// a page decoded).
 	maxIndexBytes = 256 << 20
 	maxPages      = 1 << 25
+	// maxPackBytes bounds a pack object: its slots compressed (zstd adds
+	// little to data it cannot shrink) and its hash list.
+	maxPackBytes = 2 * packTarget
 	// packsHeld is how many decoded packs a Get keeps in memory: pages of a
 	// child image interleave its own packs with its parent's in order, so
 	// a few suffice.
@@ -188,7 +191,7 @@ func decodeIndex(data []byte) (*chunkIndex, error) {
 		}
 		raw, err1 := binary.ReadUvarint(r)
 		stored, err2 := binary.ReadUvarint(r)
-		if err1 != nil || err2 != nil || raw == 0 || raw%pageSize != 0 || raw > packTarget || stored > maxIndexBytes {
+		if err1 != nil || err2 != nil || raw == 0 || raw%pageSize != 0 || raw > packTarget || stored > maxPackBytes {
 			return nil, errIndex
 		}
 		p.raw, p.stored = int64(raw), int64(stored)
@@ -212,7 +215,8 @@ func decodeIndex(data []byte) (*chunkIndex, error) {
 		}
 		var slot uint64
 		if pack != 0 {
-			if slot, err = binary.ReadUvarint(r); err != nil || slot+n > uint64(ix.packs[pack-1].raw/pageSize) {
+			slots := uint64(ix.packs[pack-1].raw / pageSize)
+			if slot, err = binary.ReadUvarint(r); err != nil || slot >= slots || n > slots-slot {
 				return nil, errIndex
 			}
 		}
@@ -257,6 +261,7 @@ type imagePacker struct {
 	enc *zstd.Encoder
 
 	known    map[[sha256.Size]byte]pageLoc
+	learned  map[[sha256.Size]byte]bool // packs whose hash lists are in known
 	parents  [][]packRef
 	interned map[[sha256.Size]byte]uint32 // a parent's pack → 1 + index in packs
 
@@ -303,7 +308,7 @@ func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent)
 	defer enc.Close()
 	g, gctx := errgroup.WithContext(ctx)
 	p := &imagePacker{s: s, ctx: gctx, g: g, enc: enc,
-		known: map[[sha256.Size]byte]pageLoc{}, interned: map[[sha256.Size]byte]uint32{},
+		known: map[[sha256.Size]byte]pageLoc{}, interned: map[[sha256.Size]byte]uint32{}, learned: map[[sha256.Size]byte]bool{},
 		free: make(chan []byte, s.cfg.PartConcurrency+1), storedFree: make(chan []byte, s.cfg.PartConcurrency+1)}
 	for range s.cfg.PartConcurrency + 1 {
 		p.free <- make([]byte, 0, packTarget)
@@ -338,8 +343,10 @@ func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent)
 		names[i] = pr.name()
 	}
 	encoded := ix.encode()
-	if len(encoded) > maxIndexBytes {
-		return Manifest{}, fmt.Errorf("put %s: index of %d bytes exceeds %d (an image of more than about 25 GiB of pages)", key, len(encoded), maxIndexBytes)
+	if len(p.pages) > maxPages || len(encoded) > maxIndexBytes {
+		// What a Get would refuse to read back.
+		return Manifest{}, fmt.Errorf("put %s: %d pages (index of %d bytes): more than the format holds (%d pages, 128 GiB)",
+			key, len(p.pages), len(encoded), maxPages)
 	}
 	body := enc.EncodeAll(encoded, nil)
 	sum := sha256.Sum256(body)
@@ -415,6 +422,10 @@ func (p *imagePacker) addParent(ctx context.Context, ix *chunkIndex) {
 	var g errgroup.Group
 	g.SetLimit(2 * p.s.cfg.PartConcurrency)
 	for j, pr := range ix.packs {
+		if p.learned[pr.digest] {
+			continue // an earlier parent's too: its pages are known
+		}
+		p.learned[pr.digest] = true
 		g.Go(func() error {
 			lists[j], _ = p.s.packHashes(ctx, pr)
 			return nil
@@ -452,12 +463,20 @@ func (s *Store) packHashes(ctx context.Context, pr packRef) ([]byte, error) {
 		return nil, fmt.Errorf("hashes of pack %s: %w", pr.name(), err)
 	}
 	defer out.Body.Close()
-	list := make([]byte, size+1) // one more, to tell a longer answer
+	want := size
+	if aws.ToString(out.ContentRange) == "" {
+		// A server that ignores Range answers the whole object.
+		want = pr.stored
+	}
+	list := make([]byte, want+1) // one more, to tell a longer answer
 	k, err := io.ReadFull(out.Body, list)
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return nil, fmt.Errorf("hashes of pack %s: %w", pr.name(), err)
 	}
-	if list = list[:k]; int64(k) != size || sha256.Sum256(list) != pr.hashes {
+	if list = list[:k]; int64(k) == want {
+		list = list[want-size:]
+	}
+	if int64(len(list)) != size || sha256.Sum256(list) != pr.hashes {
 		return nil, fmt.Errorf("%w: hashes of pack %s do not match their digest", ErrCorrupt, pr.name())
 	}
 	return list, nil

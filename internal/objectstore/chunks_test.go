@@ -698,3 +698,82 @@ func TestAlteredHashListNotShared(t *testing.T) {
 	}
 	equalFiles(t, filepath.Join(tmp, "2", "pages.img"), filepath.Join(tmp, "got", "pages.img"))
 }
+
+// hookTransport runs hook once, before the first request whose method and
+// path suffix match.
+type hookTransport struct {
+	base           http.RoundTripper
+	method, suffix string
+	hook           func()
+	once           sync.Once
+}
+
+func (h *hookTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == h.method && strings.HasSuffix(r.URL.Path, h.suffix) {
+		h.once.Do(h.hook)
+	}
+	return h.base.RoundTrip(r)
+}
+
+// TestChunkGCDeletedDuringCollection: a parent is deleted by another
+// client after the collector listed it (with its manifest) and before the
+// collector reads that manifest; a child sharing its packs has not written
+// its manifest yet. The released-packs object came after the listing, so
+// this pass must delete no pack.
+func TestChunkGCDeletedDuringCollection(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	const grace = 4 * time.Second
+	cfg := testConfig(srv, "gc-deleted-during")
+	other := openStore(t, cfg)
+	hold := &holdingTransport{base: http.DefaultTransport.(*http.Transport).Clone(),
+		suffix: "/snapshots/child/" + manifestName, held: make(chan struct{}), release: make(chan struct{})}
+	writerCfg := cfg
+	writerCfg.HTTPClient = &http.Client{Transport: hold}
+	writer := openStore(t, writerCfg)
+	collectorCfg := cfg
+	collectorCfg.HTTPClient = &http.Client{Transport: &hookTransport{base: http.DefaultTransport.(*http.Transport).Clone(),
+		method: http.MethodGet, suffix: "/snapshots/parent/" + manifestName, hook: func() {
+			if err := other.Delete(ctx, "snapshots/parent"); err != nil {
+				t.Error(err)
+			}
+		}}}
+	collector := openStore(t, collectorCfg)
+
+	tmp := t.TempDir()
+	pages := randomPages(2*packTarget/pageSize, 9)
+	memoryImage(t, filepath.Join(tmp, "parent"), pages)
+	parent, err := writer.PutImage(ctx, "snapshots/parent", filepath.Join(tmp, "parent"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(grace + 1100*time.Millisecond) // the parent's packs past the grace
+	memoryImage(t, filepath.Join(tmp, "child"), pages[len(pages)/2:])
+	done := make(chan error, 1)
+	var child Manifest
+	go func() {
+		var err error
+		child, err = writer.PutImage(ctx, "snapshots/child", filepath.Join(tmp, "child"), []Parent{{Key: "snapshots/parent", Digest: parent.Digest}})
+		done <- err
+	}()
+	select {
+	case <-hold.held:
+	case err := <-done:
+		t.Fatalf("the child's Put ended before its manifest: %v", err)
+	}
+	// The parent is dead to the collector, which deletes it but finds its
+	// manifest gone (the hook deleted it first).
+	st, err := collector.GC(ctx, func(k string) bool { return k != "snapshots/parent" }, grace)
+	if !errors.Is(err, errChanged) || st.Packs != 0 {
+		t.Fatalf("collection = %+v, %v; want no pack deleted and errChanged", st, err)
+	}
+	close(hold.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Get(ctx, "snapshots/child", child.Digest, filepath.Join(tmp, "got")); err != nil {
+		t.Fatalf("the child after the collection: %v", err)
+	}
+	equalFiles(t, filepath.Join(tmp, "child", "pages.img"), filepath.Join(tmp, "got", "pages.img"))
+}

@@ -340,6 +340,7 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 		return st, fmt.Errorf("gc: %w", err)
 	}
 	var released []string
+	changed := false
 	for _, im := range imgs {
 		if live(im.key) || im.modified.After(cutoff) {
 			continue
@@ -347,6 +348,12 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 		packs, err := s.release(ctx, im.key)
 		if err != nil {
 			return st, fmt.Errorf("gc %s: %w", im.key, err)
+		}
+		if im.chunked && im.manifest && packs == nil {
+			// Listed with a manifest, gone (or unreadable) now: whoever
+			// removed it wrote its released-packs object after the
+			// listing, so this pass does not see those references.
+			changed = true
 		}
 		released = append(released, packs...)
 		// Manifest first: an interrupted GC leaves no manifest over
@@ -366,7 +373,12 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 			remaining = append(remaining, im)
 		}
 	}
-	packs, err := s.sweepChunks(ctx, remaining, released, cutoff)
+	var packs int
+	if changed {
+		err = errChanged
+	} else {
+		packs, err = s.sweepChunks(ctx, remaining, released, cutoff)
+	}
 	st.Packs = packs
 	n, uerr := s.abortStaleUploads(ctx, cutoff)
 	st.Uploads = n

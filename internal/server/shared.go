@@ -19,14 +19,26 @@ import (
 
 // collector is the node of a cluster that collects the object store's
 // garbage: the first by ID of the live nodes that share images and speak
-// this release's protocol (an older one may not know every object a newer
-// one writes). self when there is none such (this node has just joined).
-// Nodes that briefly disagree collect twice, which is safe, only wasted.
+// the newest protocol among them (an older release may not know every
+// object a newer one writes, so in a roll it steps down). self when there
+// is none such (this node has just joined). Nodes that briefly disagree
+// collect twice, which is safe, only wasted. Every node is to run with the
+// same --object-store-gc-secs: the elected one's is the cluster's.
 func collector(nodes []postgres.Node, silentFor time.Duration, self string) string {
+	able := func(n postgres.Node) bool { return n.SharedImages && n.HeartbeatAge < silentFor }
+	newest := cluster.Protocol
+	for _, n := range nodes {
+		if able(n) && n.Protocol > newest {
+			newest = n.Protocol
+		}
+	}
 	for _, n := range nodes { // by ID
-		if n.SharedImages && n.Protocol == cluster.Protocol && n.HeartbeatAge < silentFor {
+		if able(n) && n.Protocol == newest {
 			return n.ID
 		}
+	}
+	if newest > cluster.Protocol {
+		return "" // a newer release collects (once its node is live)
 	}
 	return self
 }

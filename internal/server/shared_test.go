@@ -15,10 +15,11 @@ func TestCollector(t *testing.T) {
 	live := func(id string) postgres.Node {
 		return postgres.Node{ID: id, SharedImages: true, Protocol: cluster.Protocol, HeartbeatAge: time.Second}
 	}
-	silentNode, noShared, older := live("a"), live("a"), live("a")
+	silentNode, noShared, older, newer := live("a"), live("a"), live("a"), live("z")
 	silentNode.HeartbeatAge = time.Minute
 	noShared.SharedImages = false
 	older.Protocol = cluster.Protocol - 1
+	newer.Protocol = cluster.Protocol + 1
 	for _, tc := range []struct {
 		name  string
 		nodes []postgres.Node
@@ -30,6 +31,7 @@ func TestCollector(t *testing.T) {
 		{"a silent node does not", []postgres.Node{silentNode, live("b"), live("c")}, "c", "b"},
 		{"a node without the store does not", []postgres.Node{noShared, live("b")}, "b", "b"},
 		{"an older release does not", []postgres.Node{older, live("b")}, "b", "b"},
+		{"a newer release does, whatever its ID", []postgres.Node{live("a"), live("b"), newer}, "a", "z"},
 		{"none listed yet: self", nil, "z", "z"},
 		{"none able: self", []postgres.Node{silentNode}, "z", "z"},
 	} {

@@ -102,7 +102,7 @@ type Images struct {
 	jobs map[string]job // upload key → what to upload
 	// forgotten: sandbox images dropped while their upload may run.
 	forgotten map[string]bool
-	// background counts deletes started by ForgetSandbox; Run waits.
+	// background counts deletes started by ForgetSandbox and Upload; Run waits.
 	background sync.WaitGroup
 	// rootfsLocks serialise the uploads of one rootfs; rootfsPut holds
 	// the digest of each this process uploaded (trusted before any record
@@ -240,8 +240,17 @@ func (im *Images) Share(tpl *store.Template) error {
 // has ended (a node that stops first leaves them to the collector).
 func (im *Images) Upload(tpl *store.Template, origin string, replaces *store.Template) {
 	if replaces != nil && (replaces.Upload != store.UploadUploaded || replaces.ImageDigest == "") {
-		im.Delete(context.Background(), replaces) // nothing to share
+		// Nothing to share: deleted now, in the background (the caller
+		// holds the sandbox, and the store may be slow or away).
+		old := replaces
 		replaces = nil
+		im.background.Add(1)
+		go func() {
+			defer im.background.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			im.Delete(ctx, old)
+		}()
 	}
 	im.enqueueReplacing(tpl, origin, replaces)
 }
@@ -371,8 +380,9 @@ func (im *Images) parents(ctx context.Context, j job) []objectstore.Parent {
 		// template when it has an image) is the likeliest. Only a guess
 		// at sharing: any parent gives a whole image.
 		for _, t := range templates {
-			if uploaded(t) && t.RootfsID == self.RootfsID && t.SourceSandbox != source && t.CreatedAt.Before(self.CreatedAt) &&
-				(origin == nil || t.CreatedAt.After(origin.CreatedAt)) {
+			sameTeam := t.TeamID == "" || t.TeamID == self.TeamID // its ID shows as the parent
+			if uploaded(t) && sameTeam && t.RootfsID == self.RootfsID && t.SourceSandbox != source &&
+				t.CreatedAt.Before(self.CreatedAt) && (origin == nil || t.CreatedAt.After(origin.CreatedAt)) {
 				origin = t
 			}
 		}
