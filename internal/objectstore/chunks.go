@@ -292,13 +292,8 @@ type imagePacker struct {
 // so a pack shared here cannot go before this manifest names it, as long
 // as the Put ends within the grace.
 func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent) (Manifest, error) {
-	if err := ValidKey(key); err != nil {
+	if err := checkPut(key, dir); err != nil {
 		return Manifest{}, err
-	}
-	if fi, err := os.Stat(dir); err != nil {
-		return Manifest{}, fmt.Errorf("put %s: %w", key, err)
-	} else if !fi.IsDir() {
-		return Manifest{}, fmt.Errorf("put %s: %s is not a directory", key, dir)
 	}
 	// One encoder per pack in flight: EncodeAll calls share them.
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(s.cfg.PartConcurrency))

@@ -49,13 +49,8 @@ func validDigest(d string) bool {
 // held whole in memory; its SHA-256 and size go into the manifest, which is
 // written last. dir must not change while Put runs.
 func (s *Store) Put(ctx context.Context, key, dir string) (Manifest, error) {
-	if err := ValidKey(key); err != nil {
+	if err := checkPut(key, dir); err != nil {
 		return Manifest{}, err
-	}
-	if fi, err := os.Stat(dir); err != nil {
-		return Manifest{}, fmt.Errorf("put %s: %w", key, err)
-	} else if !fi.IsDir() {
-		return Manifest{}, fmt.Errorf("put %s: %s is not a directory", key, dir)
 	}
 	pr, pw := io.Pipe()
 	sum := &digestWriter{h: sha256.New()}
@@ -392,4 +387,17 @@ func syncDir(dir string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// checkPut refuses a Put of an invalid key or of what is not a directory.
+func checkPut(key, dir string) error {
+	if err := ValidKey(key); err != nil {
+		return err
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	} else if !fi.IsDir() {
+		return fmt.Errorf("put %s: %s is not a directory", key, dir)
+	}
+	return nil
 }

@@ -63,8 +63,16 @@ func (s *Store) GetVolume(ctx context.Context, team, idOrName string) (*store.Vo
 }
 
 func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE $1 = '' OR team_id = $1
+	return s.queryVolumes(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE $1 = '' OR team_id = $1
 		ORDER BY name, id`, team)
+}
+
+func (s *Store) ListNodeVolumes(ctx context.Context, node string) ([]*store.Volume, error) {
+	return s.queryVolumes(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE node_id = $1 ORDER BY id`, node)
+}
+
+func (s *Store) queryVolumes(ctx context.Context, query string, args ...any) ([]*store.Volume, error) {
+	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, dbError("list volumes: %w", err)
 	}
@@ -79,26 +87,6 @@ func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, 
 	}
 	if err := rows.Err(); err != nil {
 		return nil, dbError("list volumes: %w", err)
-	}
-	return out, nil
-}
-
-func (s *Store) ListNodeVolumes(ctx context.Context, node string) ([]*store.Volume, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE node_id = $1 ORDER BY id`, node)
-	if err != nil {
-		return nil, dbError("list volumes of node %s: %w", node, err)
-	}
-	defer rows.Close()
-	var out []*store.Volume
-	for rows.Next() {
-		v, err := scanVolume(rows)
-		if err != nil {
-			return nil, dbError("list volumes of node %s: %w", node, err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, dbError("list volumes of node %s: %w", node, err)
 	}
 	return out, nil
 }

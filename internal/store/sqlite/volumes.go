@@ -57,26 +57,17 @@ func (s *Store) GetVolume(ctx context.Context, team, idOrName string) (*store.Vo
 }
 
 func (s *Store) ListVolumes(ctx context.Context, team string) ([]*store.Volume, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE ? = '' OR team_id = ?
+	return s.queryVolumes(ctx, `SELECT `+volumeColumns+` FROM volumes WHERE ? = '' OR team_id = ?
 		ORDER BY name, id`, team, team)
-	if err != nil {
-		return nil, fmt.Errorf("list volumes: %w", classify(err))
-	}
-	defer rows.Close()
-	var out []*store.Volume
-	for rows.Next() {
-		v, err := scanVolume(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list volumes: %w", err)
-		}
-		out = append(out, v)
-	}
-	return out, rows.Err()
 }
 
 // ListNodeVolumes lists every volume: a single server holds them all.
 func (s *Store) ListNodeVolumes(ctx context.Context, _ string) ([]*store.Volume, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+volumeColumns+` FROM volumes ORDER BY id`)
+	return s.queryVolumes(ctx, `SELECT `+volumeColumns+` FROM volumes ORDER BY id`)
+}
+
+func (s *Store) queryVolumes(ctx context.Context, query string, args ...any) ([]*store.Volume, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list volumes: %w", classify(err))
 	}
