@@ -1082,17 +1082,13 @@ type releasedPacks struct {
 // them and names them in its own manifest within the grace. It returns
 // them. An image without a readable chunked manifest releases nothing.
 func (s *Store) release(ctx context.Context, key string) ([]string, error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.manifestKey(key))})
-	if err != nil {
-		if isNotFound(err) {
-			return nil, nil
-		}
+	m, err := s.Stat(ctx, key)
+	switch {
+	case errors.Is(err, ErrNotFound) || errors.Is(err, errMalformed) || errors.Is(err, ErrUnsupportedFormat):
+		return nil, nil
+	case err != nil:
 		return nil, fmt.Errorf("release %s: %w", key, err)
-	}
-	var m Manifest
-	err = json.NewDecoder(io.LimitReader(out.Body, maxIndexBytes)).Decode(&m)
-	out.Body.Close()
-	if err != nil || m.Format != formatChunks || len(m.Packs) == 0 {
+	case m.Format != formatChunks || len(m.Packs) == 0:
 		return nil, nil
 	}
 	body, err := json.Marshal(releasedPacks{Packs: m.Packs})

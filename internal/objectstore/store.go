@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 	"sync"
@@ -24,6 +25,12 @@ var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "image not found in object st
 // format this one cannot read: in a cluster mid-upgrade, the node that
 // reads it is the one to upgrade.
 var ErrUnsupportedFormat = errdefs.New(errdefs.ErrNotImplemented, "image format not supported by this release of aenv (written by a newer one: upgrade this node)")
+
+// errMalformed is a manifest that does not decode or says nothing usable.
+var errMalformed = errors.New("malformed manifest")
+
+// maxManifestBytes bounds a manifest as read.
+const maxManifestBytes = 16 << 20
 
 // Object names inside Prefix/images/<key>/. The '@' cannot occur in a key, so
 // these never collide with the images of a longer key.
@@ -202,14 +209,16 @@ func (s *Store) Stat(ctx context.Context, key string) (Manifest, error) {
 	}
 	defer out.Body.Close()
 	var m Manifest
-	if err := json.NewDecoder(out.Body).Decode(&m); err != nil {
-		return Manifest{}, fmt.Errorf("stat %s: manifest: %w", key, err)
+	// Bounded: the bucket's content is not trusted to be small (a
+	// manifest names its packs: about 130 a GiB).
+	if err := json.NewDecoder(io.LimitReader(out.Body, maxManifestBytes)).Decode(&m); err != nil {
+		return Manifest{}, fmt.Errorf("stat %s: %w: %v", key, errMalformed, err)
 	}
 	if m.Key == key && m.Format != "" && m.Format != formatTarZstd && m.Format != formatChunks {
 		return Manifest{}, fmt.Errorf("stat %s: format %q: %w", key, m.Format, ErrUnsupportedFormat)
 	}
 	if m.Key != key || m.Format == "" || !strings.HasPrefix(m.Digest, "sha256:") || m.Size <= 0 {
-		return Manifest{}, fmt.Errorf("stat %s: malformed manifest", key)
+		return Manifest{}, fmt.Errorf("stat %s: %w", key, errMalformed)
 	}
 	return m, nil
 }
@@ -339,10 +348,14 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 	if err != nil {
 		return st, fmt.Errorf("gc: %w", err)
 	}
-	var released []string
-	changed := false
+	var (
+		released  []string
+		remaining []*imageObjects
+		changed   bool
+	)
 	for _, im := range imgs {
 		if live(im.key) || im.modified.After(cutoff) {
+			remaining = append(remaining, im)
 			continue
 		}
 		packs, err := s.release(ctx, im.key)
@@ -365,13 +378,6 @@ func (s *Store) GC(ctx context.Context, live func(key string) bool, grace time.D
 			st.Objects++
 		}
 		st.Images++
-		im.key = "" // gone
-	}
-	var remaining []*imageObjects
-	for _, im := range imgs {
-		if im.key != "" {
-			remaining = append(remaining, im)
-		}
 	}
 	var packs int
 	if changed {

@@ -185,7 +185,7 @@ func (im *Images) Run(ctx context.Context) {
 			// that other nodes can verify what they fetch.
 			unpinned := t.Upload == store.UploadUploaded && t.RootfsDigest == ""
 			if t.Upload != store.UploadNone && t.Upload != store.UploadUploaded || unpinned {
-				im.enqueue(t, "")
+				im.enqueue(t, "", nil)
 			}
 		}
 	}
@@ -240,24 +240,27 @@ func (im *Images) Share(tpl *store.Template) error {
 // has ended (a node that stops first leaves them to the collector).
 func (im *Images) Upload(tpl *store.Template, origin string, replaces *store.Template) {
 	if replaces != nil && (replaces.Upload != store.UploadUploaded || replaces.ImageDigest == "") {
-		// Nothing to share: deleted now, in the background (the caller
-		// holds the sandbox, and the store may be slow or away).
-		old := replaces
+		old := replaces // nothing to share: deleted now
 		replaces = nil
-		im.background.Add(1)
-		go func() {
-			defer im.background.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			im.Delete(ctx, old)
-		}()
+		im.inBackground(func(ctx context.Context) { im.Delete(ctx, old) })
 	}
-	im.enqueueReplacing(tpl, origin, replaces)
+	im.enqueue(tpl, origin, replaces)
 }
 
-func (im *Images) enqueue(tpl *store.Template, origin string) { im.enqueueReplacing(tpl, origin, nil) }
+// inBackground runs a delete the caller must not wait for (it holds the
+// sandbox, and the store may be slow or away; the collector removes what
+// it misses), bounded by a minute. Run waits for it.
+func (im *Images) inBackground(del func(ctx context.Context)) {
+	im.background.Add(1)
+	go func() {
+		defer im.background.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		del(ctx)
+	}()
+}
 
-func (im *Images) enqueueReplacing(tpl *store.Template, origin string, replaces *store.Template) {
+func (im *Images) enqueue(tpl *store.Template, origin string, replaces *store.Template) {
 	key := imageKey(tpl.ID)
 	dir := tpl.ImageDir
 	if dir == "" {
@@ -298,17 +301,11 @@ func (im *Images) ForgetSandbox(id string) {
 		im.forgotten[key] = true
 	}
 	im.mu.Unlock()
-	// In the background: the caller holds the sandbox, and the store may
-	// be slow or away (the collector removes what this misses).
-	im.background.Add(1)
-	go func() {
-		defer im.background.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
+	im.inBackground(func(ctx context.Context) {
 		if err := im.cfg.Store.Delete(ctx, key); err != nil {
 			im.cfg.Logger.Warn("shared images: delete a sandbox's image (the collector retries)", "sandbox", id, "err", err)
 		}
-	}()
+	})
 }
 
 // Put uploads one job: the root filesystem unless the store has it, then
