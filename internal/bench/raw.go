@@ -335,12 +335,20 @@ func (s *rawSystem) hostMemory(ctx context.Context, b *box, procs processIndex) 
 }
 
 // teardown removes the runtime's work dir after its containers are gone;
-// runsc leaves a bind mount of an empty network namespace in its state dir.
+// runsc leaves a bind mount of an empty network namespace in its state dir,
+// once per runsc that raced to make it (concurrent creates stack several).
 func (s *rawSystem) teardown() error {
 	netns := filepath.Join(s.dir, "state", "null-netns")
 	if _, err := os.Stat(netns); err == nil {
-		if err := unix.Unmount(netns, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("unmount %s: %w", netns, err)
+		// Bounded: each pass removes one mount, EINVAL says none is left.
+		for range 1000 {
+			err := unix.Unmount(netns, unix.MNT_DETACH)
+			if errors.Is(err, unix.EINVAL) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("unmount %s: %w", netns, err)
+			}
 		}
 	}
 	return os.RemoveAll(s.dir)

@@ -1,6 +1,9 @@
 package gvisor
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestParseMountinfoLine(t *testing.T) {
 	tests := []struct {
@@ -44,6 +47,29 @@ func TestParseProcStat(t *testing.T) {
 		pid, ppid, ok := parseProcStat(tt.line)
 		if pid != tt.pid || ppid != tt.ppid || ok != tt.ok {
 			t.Errorf("parseProcStat(%q) = %d, %d, %v; want %d, %d, %v", tt.line, pid, ppid, ok, tt.pid, tt.ppid, tt.ok)
+		}
+	}
+}
+
+func TestParseLockHolders(t *testing.T) {
+	locks := "1: FLOCK  ADVISORY  WRITE 2254 00:19:3165 0 EOF\n" +
+		"1: -> FLOCK  ADVISORY  WRITE 2255 00:19:3165 0 EOF\n" +
+		"2: POSIX  ADVISORY  WRITE 999 00:19:31650 0 EOF\n" +
+		"3: OFDLCK ADVISORY  READ  -1 00:19:3165 0 EOF\n" +
+		"4: FLOCK  ADVISORY  WRITE 77 08:01:3165 0 EOF\n" +
+		"garbage\n"
+	tests := []struct {
+		file string
+		want []int
+	}{
+		{"00:19:3165", []int{2254, 2255}}, // the holder and a waiter; not the OFD lock
+		{"00:19:31650", []int{999}},
+		{"08:01:3165", []int{77}}, // same inode on another device
+		{"00:19:1", nil},
+	}
+	for _, tt := range tests {
+		if got := parseLockHolders(locks, tt.file); !slices.Equal(got, tt.want) {
+			t.Errorf("parseLockHolders(%q) = %v; want %v", tt.file, got, tt.want)
 		}
 	}
 }

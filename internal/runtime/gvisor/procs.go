@@ -3,13 +3,17 @@ package gvisor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // processesUsing returns the PIDs whose command line mentions dir: runsc
@@ -158,4 +162,103 @@ func (d *Driver) endStrayCommands(ctx context.Context, wait time.Duration) {
 	for len(alive(pids)) > 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// lockHolders returns the processes holding or waiting for a lock on the
+// file at path, read from /proc/locks: a runsc command takes its lock of a
+// sandbox for as long as it acts on it. Lines name a file as
+// "major:minor:inode" in hex, hex and decimal; a waiter's line has "->"
+// after its number.
+func lockHolders(path string) []int {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nil
+	}
+	locks, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return nil
+	}
+	return parseLockHolders(string(locks), fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino))
+}
+
+// parseLockHolders returns the PIDs of the /proc/locks lines on the file
+// named file ("major:minor:inode").
+func parseLockHolders(locks, file string) []int {
+	var pids []int
+	for _, line := range strings.Split(locks, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 1 && fields[1] == "->" {
+			fields = append(fields[:1], fields[2:]...)
+		}
+		// 1: FLOCK ADVISORY WRITE <pid> <file> <start> <end>
+		if len(fields) < 6 || fields[5] != file {
+			continue
+		}
+		// An open file description lock has no owning process: -1.
+		if pid, err := strconv.Atoi(fields[4]); err == nil && pid > 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// killAndWait SIGKILLs pids and waits until they have exited or the
+// deadline passes; it returns those alive then. Each process is held by a
+// pidfd from before the signal, so a PID reused meanwhile is neither
+// signalled nor waited for, and the wait ends the moment the last one
+// exits (a pidfd is readable once its process has exited; a zombie counts,
+// holding nothing but its PID). Where the kernel has no pidfds it polls
+// /proc.
+func killAndWait(pids []int, deadline time.Time) []int {
+	var held []unix.PollFd // the processes' pidfds, closed when they exit
+	var polled []int       // no pidfd: signalled by PID and polled
+	defer func() {
+		for _, p := range held {
+			unix.Close(int(p.Fd))
+		}
+	}()
+	pidOf := map[int32]int{}
+	for _, pid := range pids {
+		fd, err := unix.PidfdOpen(pid, 0)
+		switch {
+		case err == nil:
+			held = append(held, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+			pidOf[int32(fd)] = pid
+			_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		case errors.Is(err, unix.ESRCH):
+			// Gone already.
+		default:
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			polled = append(polled, pid)
+		}
+	}
+	for {
+		polled = slices.DeleteFunc(polled, func(pid int) bool { return !processAlive(pid) })
+		wait := time.Until(deadline)
+		if len(held)+len(polled) == 0 || wait <= 0 {
+			break
+		}
+		if len(polled) > 0 {
+			wait = min(wait, 10*time.Millisecond)
+		}
+		if len(held) == 0 {
+			time.Sleep(wait)
+			continue
+		}
+		if _, err := unix.Poll(held, int(wait.Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+			break
+		}
+		held = slices.DeleteFunc(held, func(p unix.PollFd) bool {
+			if p.Revents == 0 {
+				return false
+			}
+			unix.Close(int(p.Fd))
+			return true
+		})
+	}
+	alive := polled
+	for _, p := range held {
+		alive = append(alive, pidOf[p.Fd])
+	}
+	return alive
 }

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -171,13 +170,17 @@ func (d *Driver) namesSandbox(cmdline []byte, id string) bool {
 	return hasRoot && hasID
 }
 
-// sandboxProcesses returns every host process of sandbox id: those in its
-// cgroup, its sandbox and gofer processes, and runsc commands for it (see
-// namesSandbox). It reads /proc and the cgroups only, so it answers
-// whatever state those processes are in.
+// sandboxProcesses returns every host process of sandbox id: its sandbox
+// and gofer processes (from runsc's state), those in its cgroup, and those
+// holding or awaiting runsc's lock of it (a runsc command stuck halfway).
+// Its cost does not grow with the processes on the host, as a delete at a
+// thousand sandboxes needs. Only when runsc's state cannot be read (a
+// sandbox cut off while starting, a damaged state) does it also read every
+// process's command line for runsc commands naming it (see namesSandbox).
 func (d *Driver) sandboxProcesses(id string) []int {
 	pids := map[int]bool{}
-	if st, err := d.readRunscState(id); err == nil {
+	st, err := d.readRunscState(id)
+	if err == nil {
 		for _, pid := range []int{st.sandboxPid(), st.GoferPid} {
 			if d.processOf(pid, id) {
 				pids[pid] = true
@@ -187,9 +190,15 @@ func (d *Driver) sandboxProcesses(id string) []int {
 	for _, pid := range d.cgroups.procs(d.cgroupPath(id)) {
 		pids[pid] = true
 	}
-	for _, pid := range processesMatching(func(cmdline []byte) bool { return d.namesSandbox(cmdline, id) }) {
+	for _, pid := range lockHolders(d.runscLockPath(id)) {
 		pids[pid] = true
 	}
+	if err != nil {
+		for _, pid := range processesMatching(func(cmdline []byte) bool { return d.namesSandbox(cmdline, id) }) {
+			pids[pid] = true
+		}
+	}
+	delete(pids, os.Getpid())
 	out := make([]int, 0, len(pids))
 	for pid := range pids {
 		out = append(out, pid)
@@ -202,23 +211,7 @@ func (d *Driver) sandboxProcesses(id string) []int {
 // until the deadline. It returns the PIDs still alive then.
 func (d *Driver) killSandboxProcesses(id string, deadline time.Time) []int {
 	d.cgroups.kill(d.cgroupPath(id))
-	pids := d.sandboxProcesses(id)
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	for {
-		var alive []int
-		for _, pid := range pids {
-			if processAlive(pid) {
-				alive = append(alive, pid)
-			}
-		}
-		if len(alive) == 0 || time.Now().After(deadline) {
-			return alive
-		}
-		pids = alive
-		time.Sleep(10 * time.Millisecond)
-	}
+	return killAndWait(d.sandboxProcesses(id), deadline)
 }
 
 // processAlive says whether pid runs (a zombie has released everything
@@ -233,10 +226,10 @@ func processAlive(pid int) bool {
 }
 
 // removeRunscFiles removes what runsc keeps for sandbox id under its root
-// (state, lock files and control socket), for a sandbox whose runsc
-// `delete` could not do it, and the lock files runsc leaves behind: a runsc
-// command that loads a container while it is being deleted recreates its
-// lock file.
+// (state, lock file and control socket) once the sandbox's processes are
+// gone: all that runsc's own `delete` would still do then. Its lock file
+// goes too, which a runsc command that loaded the sandbox meanwhile may
+// have recreated.
 func (d *Driver) removeRunscFiles(id string) error {
 	var errs []error
 	if st, err := d.readRunscState(id); err == nil && st.Sandbox != nil {
@@ -248,15 +241,11 @@ func (d *Driver) removeRunscFiles(id string) error {
 			}
 		}
 	}
-	entries, err := os.ReadDir(d.runscRoot())
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove runsc files: %w", err)
-	}
-	for _, e := range entries {
-		if owner, ok := runscFileOwner(e.Name()); ok && owner == id {
-			if err := os.Remove(filepath.Join(d.runscRoot(), e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, err)
-			}
+	// By name, not by listing runsc's root: that holds every sandbox's
+	// files, and a delete must not cost more on a full node.
+	for _, p := range []string{d.runscStatePath(id), d.runscLockPath(id), filepath.Join(d.runscRoot(), "runsc-"+id+".sock")} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
