@@ -18,7 +18,7 @@ func DefaultTracing() Tracing { return Tracing{SampleRatio: 1} }
 
 func (t *Tracing) register(fs *pflag.FlagSet) {
 	fs.StringVar(&t.OTLPEndpoint, "otlp-endpoint", envString("otlp-endpoint", t.OTLPEndpoint),
-		"base URL of an OTLP/HTTP collector to send traces of creates, forks and resumes to, e.g. http://otel-collector:4318 (empty: OTEL_EXPORTER_OTLP_ENDPOINT when set, else tracing is off)"+envHint("otlp-endpoint"))
+		"base URL of an OTLP/HTTP collector to send traces of creates, forks, resumes and background work (pools, deadlines) to, e.g. http://otel-collector:4318 (empty: OTEL_EXPORTER_OTLP_ENDPOINT when set, else tracing is off)"+envHint("otlp-endpoint"))
 	fs.Float64Var(&t.SampleRatio, "trace-sample-ratio", envFloat("trace-sample-ratio", t.SampleRatio),
 		"share of the traces begun here that are kept, 0 to 1 (a request that comes with a trace keeps its caller's choice)"+envHint("trace-sample-ratio"))
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // EnvdPort is the port envd listens on inside every sandbox.
@@ -100,6 +101,10 @@ type Config struct {
 	// Egress is the node's egress gateway, for its log of each sandbox;
 	// nil: none.
 	Egress EgressLog
+	// Tracer traces the work no request asks for (pools making sandboxes,
+	// deadlines, pauses to disk) as traces of their own; nil: not traced.
+	// Requests' work is traced under their own spans without it.
+	Tracer *tracing.Tracer
 }
 
 // EgressLog is what the manager needs of the egress gateway

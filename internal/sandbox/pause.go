@@ -39,8 +39,15 @@ func (m *Manager) expire(ctx context.Context, e *entry, seq uint64) {
 		e.settle()
 		return
 	}
+	action := "kill"
 	if v.sb.AutoPause {
-		if err := m.pauseLocked(ctx, e, "reached its deadline and was paused"); err != nil {
+		action = "pause"
+	}
+	ctx, span := m.cfg.Tracer.Background(ctx, "deadline: "+action, tracing.SandboxID.String(e.id))
+	var err error
+	defer func() { tracing.End(span, err) }()
+	if v.sb.AutoPause {
+		if err = m.pauseLocked(ctx, e, "reached its deadline and was paused"); err != nil {
 			m.retryExpiry(e, "auto-pause at deadline", err)
 			return
 		}
@@ -56,7 +63,7 @@ func (m *Manager) expire(ctx context.Context, e *entry, seq uint64) {
 		m.logger.Info("sandbox reached its deadline and was paused", "sandbox", e.id)
 		return
 	}
-	if err := m.killLocked(ctx, e, "reached its deadline and was killed"); err != nil {
+	if err = m.killLocked(ctx, e, "reached its deadline and was killed"); err != nil {
 		if e.view().phase != phaseGone {
 			m.retryExpiry(e, "kill expired sandbox", err)
 			return
@@ -310,9 +317,12 @@ func (m *Manager) spill(ctx context.Context, e *entry, seq uint64) {
 	if e.view().phase != phasePaused {
 		return
 	}
+	ctx, span := m.cfg.Tracer.Background(ctx, "pause to disk", tracing.SandboxID.String(e.id))
 	opCtx, done := e.opContext(ctx)
 	defer done()
-	if err := m.spillLocked(opCtx, e, false); err != nil {
+	err := m.spillLocked(opCtx, e, false)
+	tracing.End(span, err)
+	if err != nil {
 		m.logger.Error("pause to disk", "sandbox", e.id, "err", err)
 	}
 }

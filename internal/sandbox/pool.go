@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
 // pool is the engine the warm and the prepared pools share: instances
@@ -252,6 +254,8 @@ func (p *pool[K, T]) drain() []T {
 // filler is what a pool's fill loop does with instances.
 type filler[K comparable, T any] struct {
 	what string // the pool's name, for logs
+	// tracer traces each make (nil: off).
+	tracer *tracing.Tracer
 	// gate, if set, must also say yes before an instance is made.
 	gate func() bool
 	// make makes one instance of k and adds it to the pool (or removes it
@@ -280,7 +284,11 @@ func (p *pool[K, T]) fill(ctx context.Context, f filler[K, T], logger *slog.Logg
 			f.discard(ctx, t)
 		}
 		if ok && (f.gate == nil || f.gate()) {
-			err := f.make(ctx, k)
+			// Each sandbox made is a trace of its own: no request waits
+			// on it, but its launch is the same work a create's is.
+			mctx, span := f.tracer.Background(ctx, f.what+": make a sandbox")
+			err := f.make(mctx, k)
+			tracing.End(span, err)
 			if f.done != nil {
 				f.done(k)
 			}

@@ -163,6 +163,7 @@ func (m *Manager) startPreparedPool() {
 	m.prep = p
 	f := filler[prepKey, *preparedSandbox]{
 		what:    "prepared pool",
+		tracer:  m.cfg.Tracer,
 		make:    m.prepareOne,
 		done:    func(k prepKey) { p.doneMaking(k.rootfs) },
 		discard: m.discardPrepared,

@@ -108,7 +108,8 @@ func (m *Manager) startWarmPool(ctx context.Context) error {
 	w.pool.demand(key, floor)
 	m.warm = w
 	f := filler[warmKey, *warmSandbox]{
-		what: "warm pool",
+		what:   "warm pool",
+		tracer: m.cfg.Tracer,
 		// Restores and boots from the prepared pool are requests too.
 		gate: func() bool { return m.prep.idle() },
 		make: func(ctx context.Context, k warmKey) error {

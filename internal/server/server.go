@@ -298,6 +298,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		DeadRetention:    time.Hour,
 		Shared:           sharedImages,
 		Volumes:          volumePaths,
+		Tracer:           tracer,
 		Egress:           gateway,
 	}, st, driver, pool, templates, logger.With("component", "sandbox"))
 	if err := sandboxes.Start(ctx); err != nil {

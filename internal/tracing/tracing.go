@@ -230,6 +230,19 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// Background starts the root span of a new trace for work that no request
+// asked for (a pool making a sandbox, a deadline pausing or killing one),
+// so that its steps, the Child spans below it down to runsc's commands,
+// are traced as a request's are. It is sampled as a request without a
+// traceparent is. Off (a nil Tracer) it starts nothing and returns a span
+// that records nothing.
+func (t *Tracer) Background(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if t == nil {
+		return ctx, trace.SpanFromContext(context.Background())
+	}
+	return t.tracer.Start(ctx, name, trace.WithNewRoot(), trace.WithAttributes(attrs...))
+}
+
 // Child starts a span named name under the one ctx carries, from the same
 // tracer provider. When ctx carries no span being recorded (tracing off,
 // a request not sampled, or work outside any request) it starts nothing

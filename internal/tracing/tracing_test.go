@@ -3,6 +3,7 @@ package tracing_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -235,5 +236,50 @@ func TestCollectorDown(t *testing.T) {
 	tr.Shutdown(ctx) // fails (nothing listens); must return within the bound
 	if ctx.Err() != nil {
 		t.Errorf("Shutdown overran its context")
+	}
+}
+
+// Background work (a pool making a sandbox, a deadline) is a trace of its
+// own: a root span even when its context carries a request's span, the
+// steps below it its children; off, it starts nothing.
+func TestBackground(t *testing.T) {
+	var off *tracing.Tracer
+	ctx := context.Background()
+	c, span := off.Background(ctx, "warm pool: make a sandbox")
+	if c != ctx || span.IsRecording() {
+		t.Errorf("Background with tracing off = %v, recording %v; want ctx as it is, nothing recorded", c, span.IsRecording())
+	}
+	tracing.End(span, nil)
+
+	rcv := tracingtest.NewReceiver(t)
+	tr, err := tracing.Start(ctx, tracing.Config{Endpoint: rcv.URL, SampleRatio: 1, Service: "aenv-node"}, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqR, req := tr.StartRequest(httptest.NewRequest(http.MethodPost, "/sandboxes", nil))
+	bgCtx, bg := tr.Background(reqR.Context(), "deadline: kill", tracing.SandboxID.String("sb1"))
+	_, step := tracing.Child(bgCtx, "runsc delete")
+	tracing.End(step, nil)
+	tracing.End(bg, errors.New("kill failed"))
+	tracing.EndRequest(req, "POST /sandboxes", 201)
+	if err := tr.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]tracingtest.Span{}
+	for _, s := range rcv.Spans() {
+		byName[s.Name] = s
+	}
+	root, child, request := byName["deadline: kill"], byName["runsc delete"], byName["POST /sandboxes"]
+	if root.SpanID == "" || child.SpanID == "" || request.SpanID == "" {
+		t.Fatalf("spans received: %v", rcv.Spans())
+	}
+	if root.ParentSpanID != "" || root.TraceID == request.TraceID {
+		t.Errorf("the background span %v is not the root of a trace of its own (the request's: %s)", root, request.TraceID)
+	}
+	if child.ParentSpanID != root.SpanID || child.TraceID != root.TraceID {
+		t.Errorf("the step %v is not a child of the background span %v", child, root)
+	}
+	if !root.Error || root.Attrs[string(tracing.SandboxID)] != "sb1" {
+		t.Errorf("the background span %v lacks its error or its sandbox", root)
 	}
 }

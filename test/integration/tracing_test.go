@@ -180,3 +180,45 @@ func TestTracingSingleServerContinuesCallersTrace(t *testing.T) {
 		t.Errorf("runsc run names %v, want sandbox %s", run.Attrs, sb.SandboxID)
 	}
 }
+
+// Work no request asks for is traced in traces of its own: the warm pool
+// making a sandbox (down to its runsc commands), a deadline pausing one
+// (down to runsc pause) and a deadline killing another.
+func TestTracingBackgroundWork(t *testing.T) {
+	rcv := tracingtest.NewReceiver(t)
+	s := newServer(t, "--otlp-endpoint", rcv.URL, "--warm-sandboxes", "1", "--prepared-sandboxes", "0")
+	s.start()
+	paused := s.create(map[string]any{"templateID": "base", "timeout": 1, "autoPause": true})
+	killed := s.create(map[string]any{"templateID": "base", "timeout": 1})
+	rcv.WaitFor(t, 2*time.Minute, "the background work traced", func(spans []tracingtest.Span) bool {
+		return backgroundTrace(spans, "warm pool: make a sandbox", "", "runsc ") &&
+			backgroundTrace(spans, "deadline: pause", paused.SandboxID, "runsc pause") &&
+			backgroundTrace(spans, "deadline: kill", killed.SandboxID, "")
+	})
+	var info client.Sandbox
+	s.expect(s.do("GET", "/sandboxes/"+paused.SandboxID, nil), 200, "get").json(t, &info)
+	if info.State != "paused" {
+		t.Errorf("the sandbox with autoPause is %q after its deadline, want paused", info.State)
+	}
+}
+
+// backgroundTrace says whether spans hold a trace whose root is a span of
+// the server named root (about sandbox id; "": any) with, below it, a span
+// whose name begins with step ("": none needed).
+func backgroundTrace(spans []tracingtest.Span, root, id, step string) bool {
+	for _, r := range spans {
+		if r.Service != "aenv-server" || r.Name != root || r.ParentSpanID != "" ||
+			(id != "" && r.Attrs[string(tracing.SandboxID)] != id) {
+			continue
+		}
+		if step == "" {
+			return true
+		}
+		for _, s := range spans {
+			if s.TraceID == r.TraceID && s.SpanID != r.SpanID && strings.HasPrefix(s.Name, step) {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -57,19 +57,22 @@ func TestParseLockHolders(t *testing.T) {
 		"2: POSIX  ADVISORY  WRITE 999 00:19:31650 0 EOF\n" +
 		"3: OFDLCK ADVISORY  READ  -1 00:19:3165 0 EOF\n" +
 		"4: FLOCK  ADVISORY  WRITE 77 08:01:3165 0 EOF\n" +
+		"5: FLOCK  ADVISORY  WRITE 78 08:01 3165 0 EOF\n" +
 		"garbage\n"
 	tests := []struct {
-		file string
+		ino  uint64
 		want []int
 	}{
-		{"00:19:3165", []int{2254, 2255}}, // the holder and a waiter; not the OFD lock
-		{"00:19:31650", []int{999}},
-		{"08:01:3165", []int{77}}, // same inode on another device
-		{"00:19:1", nil},
+		// The holder, a waiter and the same inode number on another
+		// device (the caller checks what it finds); not the OFD lock.
+		{3165, []int{2254, 2255, 77}},
+		{31650, []int{999}},
+		{316, nil},
+		{1, nil},
 	}
 	for _, tt := range tests {
-		if got := parseLockHolders(locks, tt.file); !slices.Equal(got, tt.want) {
-			t.Errorf("parseLockHolders(%q) = %v; want %v", tt.file, got, tt.want)
+		if got := parseLockHolders(locks, tt.ino); !slices.Equal(got, tt.want) {
+			t.Errorf("parseLockHolders(%d) = %v; want %v", tt.ino, got, tt.want)
 		}
 	}
 }

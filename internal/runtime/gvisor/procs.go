@@ -164,11 +164,13 @@ func (d *Driver) endStrayCommands(ctx context.Context, wait time.Duration) {
 	}
 }
 
-// lockHolders returns the processes holding or waiting for a lock on the
-// file at path, read from /proc/locks: a runsc command takes its lock of a
-// sandbox for as long as it acts on it. Lines name a file as
-// "major:minor:inode" in hex, hex and decimal; a waiter's line has "->"
-// after its number.
+// lockHolders returns the processes holding or waiting for a lock on a
+// file with the inode of the file at path, read from /proc/locks: a runsc
+// command holds its lock of a sandbox for as long as it acts on it. The
+// inode alone is matched, not the device: /proc/locks names the device of
+// the inode's superblock, which stat does not give on btrfs subvolumes or
+// some overlayfs setups. A same-numbered inode of another filesystem can
+// match too, so the caller must check what it finds.
 func lockHolders(path string) []int {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
@@ -178,12 +180,13 @@ func lockHolders(path string) []int {
 	if err != nil {
 		return nil
 	}
-	return parseLockHolders(string(locks), fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino))
+	return parseLockHolders(string(locks), st.Ino)
 }
 
-// parseLockHolders returns the PIDs of the /proc/locks lines on the file
-// named file ("major:minor:inode").
-func parseLockHolders(locks, file string) []int {
+// parseLockHolders returns the PIDs of the /proc/locks lines on inode ino.
+// A line names its file as "major:minor:inode" (hex, hex, decimal); a
+// waiter's line has "->" after its number.
+func parseLockHolders(locks string, ino uint64) []int {
 	var pids []int
 	for _, line := range strings.Split(locks, "\n") {
 		fields := strings.Fields(line)
@@ -191,7 +194,11 @@ func parseLockHolders(locks, file string) []int {
 			fields = append(fields[:1], fields[2:]...)
 		}
 		// 1: FLOCK ADVISORY WRITE <pid> <file> <start> <end>
-		if len(fields) < 6 || fields[5] != file {
+		if len(fields) < 6 {
+			continue
+		}
+		parts := strings.Split(fields[5], ":")
+		if len(parts) != 3 || parts[2] != strconv.FormatUint(ino, 10) {
 			continue
 		}
 		// An open file description lock has no owning process: -1.
@@ -204,11 +211,12 @@ func parseLockHolders(locks, file string) []int {
 
 // killAndWait SIGKILLs pids and waits until they have exited or the
 // deadline passes; it returns those alive then. Each process is held by a
-// pidfd from before the signal, so a PID reused meanwhile is neither
-// signalled nor waited for, and the wait ends the moment the last one
-// exits (a pidfd is readable once its process has exited; a zombie counts,
-// holding nothing but its PID). Where the kernel has no pidfds it polls
-// /proc.
+// pidfd from before the signal, so a PID reused after the pidfd is opened
+// is neither signalled nor waited for (one reused between the caller's
+// finding it and the open is, as with kill(2)), and the wait ends the
+// moment the last one exits (a pidfd is readable once its process has
+// exited; a zombie counts, holding nothing but its PID). Where the kernel
+// has no pidfds it polls /proc.
 func killAndWait(pids []int, deadline time.Time) []int {
 	var held []unix.PollFd // the processes' pidfds, closed when they exit
 	var polled []int       // no pidfd: signalled by PID and polled
@@ -234,27 +242,37 @@ func killAndWait(pids []int, deadline time.Time) []int {
 	}
 	for {
 		polled = slices.DeleteFunc(polled, func(pid int) bool { return !processAlive(pid) })
-		wait := time.Until(deadline)
-		if len(held)+len(polled) == 0 || wait <= 0 {
+		if len(held)+len(polled) == 0 {
 			break
 		}
+		// Past the deadline the pidfds are still looked at once, without
+		// waiting: what has exited by now is not reported alive.
+		wait := max(time.Until(deadline), 0)
 		if len(polled) > 0 {
 			wait = min(wait, 10*time.Millisecond)
 		}
-		if len(held) == 0 {
+		if len(held) > 0 {
+			ms := int(wait.Milliseconds())
+			if wait > 0 {
+				ms++ // rounded up: never a busy loop on a sub-millisecond wait
+			}
+			if _, err := unix.Poll(held, ms); err != nil && !errors.Is(err, unix.EINTR) {
+				break
+			}
+			held = slices.DeleteFunc(held, func(p unix.PollFd) bool {
+				if p.Revents == 0 {
+					return false
+				}
+				unix.Close(int(p.Fd))
+				return true
+			})
+		} else if wait > 0 {
 			time.Sleep(wait)
-			continue
 		}
-		if _, err := unix.Poll(held, int(wait.Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+		if !time.Now().Before(deadline) {
+			polled = slices.DeleteFunc(polled, func(pid int) bool { return !processAlive(pid) })
 			break
 		}
-		held = slices.DeleteFunc(held, func(p unix.PollFd) bool {
-			if p.Revents == 0 {
-				return false
-			}
-			unix.Close(int(p.Fd))
-			return true
-		})
 	}
 	alive := polled
 	for _, p := range held {

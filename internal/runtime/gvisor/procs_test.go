@@ -77,3 +77,18 @@ func TestKillAndWait(t *testing.T) {
 		t.Errorf("a process not named was killed")
 	}
 }
+
+// TestKillAndWaitPastDeadline looks at the processes once even when the
+// deadline has passed: one that has exited (here a zombie, not yet reaped)
+// is not reported alive.
+func TestKillAndWaitPastDeadline(t *testing.T) {
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Wait() })
+	waitFor(t, 10*time.Second, "true to exit", func() bool { return !processAlive(cmd.Process.Pid) })
+	if alive := killAndWait([]int{cmd.Process.Pid}, time.Now().Add(-time.Second)); len(alive) != 0 {
+		t.Errorf("killAndWait(exited, past deadline) = %v alive; want none", alive)
+	}
+}

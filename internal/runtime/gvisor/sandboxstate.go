@@ -191,7 +191,11 @@ func (d *Driver) sandboxProcesses(id string) []int {
 		pids[pid] = true
 	}
 	for _, pid := range lockHolders(d.runscLockPath(id)) {
-		pids[pid] = true
+		// A runsc command names the sandbox; so does a process holding
+		// its lock file by name.
+		if d.processOf(pid, id) {
+			pids[pid] = true
+		}
 	}
 	if err != nil {
 		for _, pid := range processesMatching(func(cmdline []byte) bool { return d.namesSandbox(cmdline, id) }) {
