@@ -148,7 +148,7 @@ func withoutFirewall(t *testing.T, p *Pool, fn func()) {
 // standing for the server's API address.
 func hostAddr(t *testing.T, p *Pool) netip.Addr {
 	t.Helper()
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		t.Fatal(err)
 	}

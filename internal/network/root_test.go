@@ -228,7 +228,9 @@ func assertConfigured(t *testing.T, s *Slot) {
 		}
 		assertLink(t, h, l, want, name+" in "+s.Netns)
 	}
-	routes, err := h.RouteList(nil, netlink.FAMILY_ALL)
+	// Dumps are retried as the package's own are: tests of other packages
+	// running at the same time change the host's links and addresses.
+	routes, err := retryDump(func() ([]netlink.Route, error) { return h.RouteList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +250,7 @@ func assertLink(t *testing.T, h *netlink.Handle, l netlink.Link, want netip.Addr
 	if l.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("%s is down", what)
 	}
-	addrs, err := h.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return h.AddrList(l, netlink.FAMILY_V4) })
 	if err != nil {
 		t.Fatal(err)
 	}
