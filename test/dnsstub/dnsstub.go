@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -45,15 +46,27 @@ func Start(ctx context.Context, addr string, zones map[string]netip.Addr) (*Serv
 		s.zones[canonical(name)] = ip
 	}
 	var lc net.ListenConfig
-	udp, err := lc.ListenPacket(ctx, "udp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("dnsstub: listen udp %s: %w", addr, err)
-	}
-	// TCP on the port UDP got (addr may ask for port 0).
-	tcp, err := lc.Listen(ctx, "tcp", udp.LocalAddr().String())
-	if err != nil {
+	var (
+		udp net.PacketConn
+		tcp net.Listener
+		err error
+	)
+	// TCP on the port UDP got (addr may ask for port 0). That port can be
+	// taken for TCP by another process: with port 0, another one is tried.
+	_, port, _ := net.SplitHostPort(addr)
+	for attempt := 0; ; attempt++ {
+		udp, err = lc.ListenPacket(ctx, "udp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("dnsstub: listen udp %s: %w", addr, err)
+		}
+		tcp, err = lc.Listen(ctx, "tcp", udp.LocalAddr().String())
+		if err == nil {
+			break
+		}
 		udp.Close()
-		return nil, fmt.Errorf("dnsstub: listen tcp %s: %w", addr, err)
+		if port != "0" || !errors.Is(err, syscall.EADDRINUSE) || attempt >= 20 {
+			return nil, fmt.Errorf("dnsstub: listen tcp %s: %w", addr, err)
+		}
 	}
 	s.udp, s.tcp = udp, tcp
 	s.wg.Add(2)
