@@ -1,10 +1,13 @@
 package api
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -188,16 +191,66 @@ func TestNetworkPolicyFromRequest(t *testing.T) {
 	}
 }
 
-// The proxy must find a sandbox from a signed URL exactly as envd checks
-// the signature: v1_ + unpadded base64 of sha256("path:op:user:token[:exp]").
-func TestFileSignature(t *testing.T) {
-	got := fileSignature("/tmp/a", "read", "user", "tok", "")
-	if !strings.HasPrefix(got, "v1_") || strings.HasSuffix(got, "=") || len(got) != 3+43 {
-		t.Fatalf("signature %q", got)
+// fileSignature signs as the spec says envd does: v1_ + unpadded base64
+// of sha256("path:op:user:token[:exp]").
+func fileSignature(path, op, user, token, expiration string) string {
+	raw := path + ":" + op + ":" + user + ":" + token
+	if expiration != "" {
+		raw += ":" + expiration
 	}
-	if got == fileSignature("/tmp/a", "write", "user", "tok", "") ||
-		got == fileSignature("/tmp/a", "read", "user", "tok", "123") {
-		t.Fatal("signature ignores the operation or the expiration")
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// The proxy must find a sandbox from a signed URL exactly as envd checks
+// the signature: every part of the message counts, and nothing else
+// passes.
+func TestFileSignature(t *testing.T) {
+	signed := func(method, path, user, token, exp string) *http.Request {
+		q := url.Values{"path": {path}, "username": {user}, "signature": {fileSignature(path,
+			map[string]string{http.MethodGet: "read", http.MethodPost: "write"}[method], user, token, exp)}}
+		if exp != "" {
+			q.Set("signature_expiration", exp)
+		}
+		return httptest.NewRequest(method, "/files?"+q.Encode(), nil)
+	}
+	tamper := func(r *http.Request, key, value string) *http.Request {
+		q := r.URL.Query()
+		q.Set(key, value)
+		r.URL.RawQuery = q.Encode()
+		return r
+	}
+	for _, tc := range []struct {
+		name  string
+		r     *http.Request
+		token string
+		want  bool
+	}{
+		{"read", signed(http.MethodGet, "/tmp/a", "user", "tok", ""), "tok", true},
+		{"write", signed(http.MethodPost, "/tmp/a", "user", "tok", ""), "tok", true},
+		{"with expiration", signed(http.MethodGet, "/tmp/a", "user", "tok", "1900000000"), "tok", true},
+		{"another token", signed(http.MethodGet, "/tmp/a", "user", "tok", ""), "tok2", false},
+		{"no token", signed(http.MethodGet, "/tmp/a", "user", "", ""), "", false},
+		{"an extra parameter", tamper(signed(http.MethodGet, "/tmp/a", "user", "tok", ""), "x", "1"), "tok", true},
+		{"another path", tamper(signed(http.MethodGet, "/tmp/a", "user", "tok", ""), "path", "/tmp/b"), "tok", false},
+		{"another user", tamper(signed(http.MethodGet, "/tmp/a", "user", "tok", ""), "username", "root"), "tok", false},
+		{"expiration moved", tamper(signed(http.MethodGet, "/tmp/a", "user", "tok", "1900000000"),
+			"signature_expiration", "1900000001"), "tok", false},
+		{"not base64", tamper(signed(http.MethodGet, "/tmp/a", "user", "tok", ""), "signature", "v1_!!"), "tok", false},
+		{"no v1_", tamper(signed(http.MethodGet, "/tmp/a", "user", "tok", ""), "signature",
+			strings.TrimPrefix(fileSignature("/tmp/a", "read", "user", "tok", ""), "v1_")), "tok", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ParseFileSignature(tc.r).MadeWith(tc.token); got != tc.want {
+				t.Errorf("MadeWith = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// A read's signature does not let the same URL write.
+	r := signed(http.MethodGet, "/tmp/a", "user", "tok", "")
+	r.Method = http.MethodPost
+	if ParseFileSignature(r).MadeWith("tok") {
+		t.Error("a read's signature passed for a write")
 	}
 }
 

@@ -81,6 +81,16 @@ func (n *catalogNode) ListTemplates(context.Context) ([]*store.Template, error) 
 	return n.templates, nil
 }
 
+func (n *catalogNode) ListSnapshots(context.Context, store.SnapshotFilter) ([]*store.Template, error) {
+	var out []*store.Template
+	for _, t := range n.templates {
+		if t.Kind == store.KindSnapshot {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
 func (n *catalogNode) Kill(ctx context.Context, id string) error {
 	_, err := n.Get(ctx, id)
 	return err

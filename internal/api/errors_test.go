@@ -37,13 +37,16 @@ func (c downCatalog) GetTemplate(context.Context, string) (*store.Template, erro
 func (c downCatalog) ListTemplates(context.Context) ([]*store.Template, error) {
 	return nil, c.err("list templates")
 }
+func (c downCatalog) ListSnapshots(context.Context, store.SnapshotFilter) ([]*store.Template, error) {
+	return nil, c.err("list snapshots")
+}
 
 // A database outage answers 503 with a message, on every read a gateway
 // serves from the database, never 500 "internal error" and never the
 // database's own text.
 func TestDatabaseOutageIs503(t *testing.T) {
 	h := NewCatalog(Config{APIKey: "k"}, downCatalog{}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	for _, path := range []string{"/sandboxes/sb1", "/sandboxes", "/v2/sandboxes", "/templates", "/templates/base"} {
+	for _, path := range []string{"/sandboxes/sb1", "/sandboxes", "/v2/sandboxes", "/templates", "/templates/base", "/snapshots"} {
 		req := httptest.NewRequest(http.MethodGet, path, nil)
 		req.Header.Set("X-API-Key", "k")
 		rec := httptest.NewRecorder()

@@ -139,30 +139,23 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	all, err := s.catalog.ListTemplates(r.Context())
+	f := store.SnapshotFilter{TeamID: teamFilter(principal(r)), SourceSandbox: q.Get("sandboxID"),
+		Name: q.Get("name"), Limit: limit + 1} // one more: whether more follow
+	if tok := q.Get("nextToken"); tok != "" {
+		at, id, err := parsePageToken(tok)
+		if err != nil {
+			return err
+		}
+		f.After = &store.ListCursor{At: at, ID: id}
+	}
+	snaps, err := s.catalog.ListSnapshots(r.Context(), f)
 	if err != nil {
 		return err
 	}
-	var snaps []*store.Template
-	p := principal(r)
-	for i := len(all) - 1; i >= 0; i-- { // newest first
-		t := all[i]
-		if t.Kind != store.KindSnapshot || !p.Uses(t.TeamID) {
-			continue
-		}
-		if v := q.Get("sandboxID"); v != "" && t.SourceSandbox != v {
-			continue
-		}
-		if v := q.Get("name"); v != "" && t.Name != v {
-			continue
-		}
-		snaps = append(snaps, t)
-	}
-	// Newest first: the store's order (createdAt, then ID), reversed.
-	snaps, err = page(w, snaps, func(t *store.Template) pageKey { return pageKey{t.CreatedAt, t.ID} },
-		newestFirst(false), q.Get("nextToken"), limit)
-	if err != nil {
-		return err
+	if len(snaps) > limit {
+		snaps = snaps[:limit]
+		last := snaps[len(snaps)-1]
+		w.Header().Set("X-Next-Token", pageToken(last.CreatedAt, last.ID))
 	}
 	out := make([]wire.Snapshot, 0, len(snaps))
 	for _, t := range snaps {

@@ -250,32 +250,59 @@ func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node
 // sandboxForSignature finds the sandbox whose envd access token produced a
 // signed file URL's signature (see spec: v1_ + base64(sha256(...))).
 func (p *envdProxy) sandboxForSignature(r *http.Request) (string, bool) {
-	return p.sandboxes.SandboxByToken(func(token string) bool { return SignedBy(r, token) })
+	sig := ParseFileSignature(r)
+	return p.sandboxes.SandboxByToken(sig.MadeWith)
 }
 
 // SignedBy reports whether a signed file URL's signature was made with
 // this envd access token (a signed URL names no sandbox; a gateway finds
 // it among the cluster's tokens). A sandbox without a token (secure: false)
-// has no signed URLs: any signature "made" with no token would match it.
+// has no signed URLs.
 func SignedBy(r *http.Request, token string) bool {
-	if token == "" {
-		return false
-	}
+	return ParseFileSignature(r).MadeWith(token)
+}
+
+// FileSignature is a signed file URL's signature and the message it
+// signs but for the token, read from the request once: finding which of
+// many tokens made it then costs one SHA-256 per token.
+type FileSignature struct {
+	before, after string // the message around the token
+	sum           [sha256.Size]byte
+	valid         bool // the signature decodes to a SHA-256
+}
+
+// ParseFileSignature reads r's signed file URL: path, operation (POST
+// writes, anything else reads), username, expiration and signature.
+func ParseFileSignature(r *http.Request) FileSignature {
 	q := r.URL.Query()
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	return fileSignature(q.Get("path"), op, q.Get("username"), token, q.Get("signature_expiration")) == q.Get("signature")
+	s := FileSignature{before: q.Get("path") + ":" + op + ":" + q.Get("username") + ":"}
+	if exp := q.Get("signature_expiration"); exp != "" {
+		s.after = ":" + exp
+	}
+	raw, ok := strings.CutPrefix(q.Get("signature"), "v1_")
+	if sum, err := base64.RawStdEncoding.Strict().DecodeString(raw); ok && err == nil && len(sum) == sha256.Size {
+		copy(s.sum[:], sum)
+		s.valid = true
+	}
+	return s
 }
 
-func fileSignature(path, op, user, token, expiration string) string {
-	raw := path + ":" + op + ":" + user + ":" + token
-	if expiration != "" {
-		raw += ":" + expiration
+// MadeWith reports whether token made the signature; an empty token makes
+// none.
+func (s FileSignature) MadeWith(token string) bool {
+	if !s.valid || token == "" {
+		return false
 	}
-	sum := sha256.Sum256([]byte(raw))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	h := sha256.New()
+	h.Write([]byte(s.before))
+	h.Write([]byte(token))
+	h.Write([]byte(s.after))
+	var sum [sha256.Size]byte
+	return subtle.ConstantTimeCompare(h.Sum(sum[:0]), s.sum[:]) == 1
 }
 
 // WriteSandboxGone is upstream's answer for envd traffic to a sandbox that

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -336,23 +335,25 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	lq.filter.TeamID = teamFilter(principal(r))
+	lq.filter.StartedFrom = lq.startedAfter
+	lq.filter.Oldest = lq.ascending
+	if lq.nextToken != "" {
+		at, id, err := parsePageToken(lq.nextToken)
+		if err != nil {
+			return err
+		}
+		lq.filter.After = &store.ListCursor{At: at, ID: id}
+	}
+	// One more than the page: whether it is there says if more follow.
+	lq.filter.Limit = lq.limit + 1
 	all, err := s.catalog.List(r.Context(), lq.filter)
 	if err != nil {
 		return err
 	}
-	if !lq.startedAfter.IsZero() {
-		all = slices.DeleteFunc(all, func(sb *store.Sandbox) bool { return sb.StartedAt.Before(lq.startedAfter) })
-	}
-	// The store answers newest first (startedAt desc, then ID asc).
-	before := newestFirst(true)
-	if lq.ascending {
-		slices.Reverse(all)
-		before = oldestFirst(true)
-	}
-	all, err = page(w, all, func(sb *store.Sandbox) pageKey { return pageKey{sb.StartedAt, sb.ID} },
-		before, lq.nextToken, lq.limit)
-	if err != nil {
-		return err
+	if len(all) > lq.limit {
+		all = all[:lq.limit]
+		last := all[len(all)-1]
+		w.Header().Set("X-Next-Token", pageToken(last.StartedAt, last.ID))
 	}
 	out := make([]wire.ListedSandbox, 0, len(all))
 	for _, sb := range all {

@@ -26,6 +26,7 @@ const (
 	validKeys    = 4096
 	invalidKeys  = 4096
 	invalidSigs  = 4096
+	knownSigs    = 16384           // signed URLs whose sandbox is remembered
 	invalidTTL   = 2 * time.Second // a key or sandbox added works this soon
 	tokenReadGap = 250 * time.Millisecond
 	// keyConfirmTTL is how long a key confirmed valid is trusted before
@@ -206,53 +207,80 @@ func (g *Gateway) actAsChecked(w http.ResponseWriter, r *http.Request, p auth.Pr
 // during one; a signature found by no sandbox is remembered (by digest,
 // bounded) for invalidTTL. So random signatures cost the database at most
 // one read per gap, whoever sends them.
+//
+// A signed URL names no sandbox, so a new one costs a hash per running
+// sandbox of the cluster; the sandbox found is remembered by the URL's
+// digest, so fetching the same URL again costs one hash.
 type tokenSet struct {
 	db  tokenStore
 	gap time.Duration
 
 	mu      sync.Mutex
 	tokens  []postgres.SandboxToken
-	readAt  time.Time     // when the read that gave tokens began
-	reading chan struct{} // closed when the read in flight ends; nil if none
+	byID    map[string]string // tokens by sandbox
+	readAt  time.Time         // when the read that gave tokens began
+	reading chan struct{}     // closed when the read in flight ends; nil if none
 	// misses are signatures no sandbox made, forgotten after invalidTTL.
 	misses *expirable.LRU[[sha256.Size]byte, struct{}]
+	// signers are the sandboxes that made signatures seen lately.
+	signers *lru.Cache[[sha256.Size]byte, string]
 }
 
 func newTokenSet(db tokenStore, gap time.Duration) *tokenSet {
-	return &tokenSet{db: db, gap: gap,
+	signers, _ := lru.New[[sha256.Size]byte, string](knownSigs) // fails only for a size < 1
+	return &tokenSet{db: db, gap: gap, signers: signers,
 		misses: expirable.NewLRU[[sha256.Size]byte, struct{}](invalidSigs, nil, invalidTTL)}
 }
 
-// signer returns the sandbox whose token signed r ("" for none); queried
+// signedRequest is a request of a signed file URL, read once: its signature, and a digest
+// of what it signs and the signature (the key of the caches).
+type signedRequest struct {
+	sig api.FileSignature
+	key [sha256.Size]byte
+}
+
+func readSignedRequest(r *http.Request) signedRequest {
+	q := r.URL.Query()
+	return signedRequest{sig: api.ParseFileSignature(r),
+		key: sha256.Sum256([]byte(r.Method + "\x00" + q.Get("path") + "\x00" + q.Get("username") + "\x00" +
+			q.Get("signature_expiration") + "\x00" + q.Get("signature")))}
+}
+
+// signer returns the sandbox whose token signed u ("" for none); queried
 // tells whether this call read the database.
-func (s *tokenSet) signer(r *http.Request) (id string, queried bool, err error) {
+func (s *tokenSet) signer(ctx context.Context, u signedRequest) (id string, queried bool, err error) {
 	arrived := time.Now()
-	if id := s.match(r); id != "" {
+	if id := s.match(u); id != "" {
 		return id, false, nil
 	}
-	q := r.URL.Query()
-	miss := sha256.Sum256([]byte(r.Method + "\x00" + q.Get("path") + "\x00" + q.Get("username") + "\x00" +
-		q.Get("signature_expiration") + "\x00" + q.Get("signature")))
-	if _, hit := s.misses.Get(miss); hit {
+	if _, hit := s.misses.Get(u.key); hit {
 		return "", false, nil
 	}
-	queried, err = s.readSince(r.Context(), arrived)
+	queried, err = s.readSince(ctx, arrived)
 	if err != nil {
 		return "", queried, err
 	}
-	if id := s.match(r); id != "" {
+	if id := s.match(u); id != "" {
 		return id, queried, nil
 	}
-	s.misses.Add(miss, struct{}{})
+	s.misses.Add(u.key, struct{}{})
 	return "", queried, nil
 }
 
-func (s *tokenSet) match(r *http.Request) string {
+// match finds u's signer among the tokens held: the sandbox remembered
+// for it if it still runs with the same token, else by trying each.
+func (s *tokenSet) match(u signedRequest) string {
 	s.mu.Lock()
-	tokens := s.tokens
+	tokens, byID := s.tokens, s.byID
 	s.mu.Unlock()
+	if id, ok := s.signers.Get(u.key); ok {
+		if token, ok := byID[id]; ok && u.sig.MadeWith(token) {
+			return id
+		}
+	}
 	for _, t := range tokens {
-		if api.SignedBy(r, t.Token) {
+		if u.sig.MadeWith(t.Token) {
+			s.signers.Add(u.key, t.ID)
 			return t.ID
 		}
 	}
@@ -311,8 +339,12 @@ func (s *tokenSet) read(ctx context.Context, wait time.Duration) error {
 	if err != nil {
 		return err
 	}
+	byID := make(map[string]string, len(tokens))
+	for _, t := range tokens {
+		byID[t.ID] = t.Token
+	}
 	s.mu.Lock()
-	s.tokens, s.readAt = tokens, start
+	s.tokens, s.byID, s.readAt = tokens, byID, start
 	s.mu.Unlock()
 	return nil
 }

@@ -464,3 +464,65 @@ func TestAuthorizeForgetsMisses(t *testing.T) {
 		t.Error("a new sandbox's signature was still refused 30 s later")
 	}
 }
+
+// TestSignerRemembered: the sandbox that made a signed URL is remembered,
+// and is answered again only while it runs with the same token.
+func TestSignerRemembered(t *testing.T) {
+	db := &fakeDB{}
+	for i := range 1000 {
+		db.tokens = append(db.tokens, postgres.SandboxToken{ID: fmt.Sprintf("sb%d", i), Token: fmt.Sprintf("t%d", i)})
+	}
+	g := authGateway(db)
+	url := signedURL("/a", "t999")
+	if id, code := signerOf(g, "10.9.0.1", url); id != "sb999" {
+		t.Fatalf("signer: %q %d", id, code)
+	}
+	key := readSignedRequest(httptest.NewRequest(http.MethodGet, url, nil)).key
+	if id, ok := g.tokens.signers.Get(key); !ok || id != "sb999" {
+		t.Fatalf("signer not remembered: %q %v", id, ok)
+	}
+	if id, _ := signerOf(g, "10.9.0.1", url); id != "sb999" {
+		t.Fatalf("signer the second time: %q", id)
+	}
+	// sb999 ends: once the tokens are read again, its URL is refused.
+	db.mu.Lock()
+	db.tokens = db.tokens[:999]
+	db.mu.Unlock()
+	if _, err := g.tokens.readSince(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if id, code := signerOf(g, "10.9.0.2", url); code != http.StatusUnauthorized {
+		t.Errorf("URL of an ended sandbox: %q %d, want 401", id, code)
+	}
+}
+
+// BenchmarkSigner finds the signer of a signed URL among 100,000 running
+// sandboxes: a URL seen before, and a new one (a hash per sandbox).
+func BenchmarkSigner(b *testing.B) {
+	db := &fakeDB{}
+	for i := range 100000 {
+		db.tokens = append(db.tokens, postgres.SandboxToken{ID: fmt.Sprintf("sb%d", i), Token: fmt.Sprintf("t%d", i)})
+	}
+	g := authGateway(db)
+	if _, err := g.tokens.readSince(context.Background(), time.Now()); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("known URL", func(b *testing.B) {
+		r := httptest.NewRequest(http.MethodGet, signedURL("/a", "t99999"), nil)
+		for b.Loop() {
+			if id := g.tokens.match(readSignedRequest(r)); id != "sb99999" {
+				b.Fatal(id)
+			}
+		}
+	})
+	b.Run("new URL", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			i++
+			r := httptest.NewRequest(http.MethodGet, signedURL(fmt.Sprintf("/n%d", i), "t99999"), nil)
+			if id := g.tokens.match(readSignedRequest(r)); id != "sb99999" {
+				b.Fatal(id)
+			}
+		}
+	})
+}

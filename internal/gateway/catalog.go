@@ -110,6 +110,40 @@ func (c *catalog) ListTemplates(ctx context.Context) ([]*store.Template, error) 
 	return out, nil
 }
 
+// ListSnapshots pages through the cluster's snapshots, newest first,
+// leaving out those of nodes no longer in the cluster (unless in the
+// object store). Left-out records are read past: a page is full whenever
+// more snapshots follow.
+func (c *catalog) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error) {
+	limit := f.Limit
+	seen := map[string]bool{} // a name once (names are the cluster's)
+	var out []*store.Template
+	for {
+		c.g.queries.Add(1)
+		page, err := c.g.db.ListSnapshots(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		view := c.g.nodes.current()
+		for _, t := range page {
+			if _, ok := view.get(t.NodeID); !ok && t.Upload != store.UploadUploaded || seen[t.Name] {
+				continue
+			}
+			seen[t.Name] = true
+			out = append(out, t)
+		}
+		if limit == 0 || len(page) < limit || len(out) >= limit {
+			break
+		}
+		last := page[len(page)-1]
+		f.After = &store.ListCursor{At: last.CreatedAt, ID: last.ID}
+	}
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
 // Kill kills sandbox id on the node holding it, for the caller in ctx (a
 // team's forced deletion). A sandbox already gone is not found.
 func (c *catalog) Kill(ctx context.Context, id string) error {

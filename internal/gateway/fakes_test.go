@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -307,4 +308,31 @@ func errorMessage(w *httptest.ResponseRecorder) string {
 	}
 	json.Unmarshal(w.Body.Bytes(), &e)
 	return e.Message
+}
+
+// ListSnapshots pages through the fake's snapshots as the store does:
+// newest first, IDs descending at equal times.
+func (f *fakeStore) ListSnapshots(_ context.Context, sf store.SnapshotFilter) ([]*store.Template, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*store.Template
+	for _, t := range f.templates {
+		if t.Kind != store.KindSnapshot || sf.TeamID != "" && t.TeamID != "" && t.TeamID != sf.TeamID {
+			continue
+		}
+		if c := sf.After; c != nil && !(t.CreatedAt.Before(c.At) || t.CreatedAt.Equal(c.At) && t.ID < c.ID) {
+			continue
+		}
+		out = append(out, t)
+	}
+	slices.SortFunc(out, func(a, b *store.Template) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ID, a.ID)
+	})
+	if sf.Limit > 0 && len(out) > sf.Limit {
+		out = out[:sf.Limit]
+	}
+	return out, nil
 }

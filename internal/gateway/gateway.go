@@ -351,6 +351,8 @@ func (g *Gateway) envd(w http.ResponseWriter, r *http.Request) {
 		if id, ok = g.signer(w, r); !ok {
 			return
 		}
+		// The node need not search again; envd checks the signature.
+		r.Header.Set(api.HeaderSandboxID, id)
 	}
 	g.forwardSandbox(w, r, id, false)
 }
@@ -374,14 +376,15 @@ func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) 
 		g.refuse(w, r, errdefs.ErrUnauthenticated, api.ExpiredSignatureMessage)
 		return "", false
 	}
-	if id := g.tokens.match(r); id != "" {
+	u := readSignedRequest(r)
+	if id := g.tokens.match(u); id != "" {
 		return id, true
 	}
 	if retry, blocked := g.authFails.Blocked(r); blocked {
 		api.WriteTooManyAuthFailures(w, retry)
 		return "", false
 	}
-	id, queried, err := g.tokens.signer(r)
+	id, queried, err := g.tokens.signer(r.Context(), u)
 	if queried {
 		g.queries.Add(1)
 	}

@@ -25,6 +25,7 @@ type Store interface {
 	ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	TemplateCopies(ctx context.Context, idOrName string) ([]*store.Template, error)
 	ListTemplates(ctx context.Context) ([]*store.Template, error)
+	ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error)
 	DeleteTemplate(ctx context.Context, id string) error
 	BuildNode(ctx context.Context, name string) (string, error)
 	MoveBuildNode(ctx context.Context, name, node string) error

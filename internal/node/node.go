@@ -62,6 +62,8 @@ type Catalog interface {
 	List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	GetTemplate(ctx context.Context, idOrName string) (*store.Template, error)
 	ListTemplates(ctx context.Context) ([]*store.Template, error)
+	// ListSnapshots pages through snapshots, newest first.
+	ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error)
 }
 
 // Node is what the API needs of the sandboxes it serves.

@@ -479,22 +479,33 @@ func (m *Manager) SandboxTeam(ctx context.Context, id string) (string, error) {
 	return sb.TeamID, nil
 }
 
-// List returns sandbox records matching f.
+// List returns sandbox records matching f, at most f.Limit of them.
 func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	limit := f.Limit
+	if limit > 0 {
+		// Orphans are left out below: read that many more so that a page
+		// is still full when more records follow.
+		m.mu.Lock()
+		f.Limit += len(m.orphans)
+		m.mu.Unlock()
+	}
 	all, err := m.store.ListSandboxes(ctx, f)
 	if err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.orphans) == 0 {
-		return all, nil
-	}
-	out := all[:0]
-	for _, sb := range all {
-		if !m.orphans[sb.ID] {
-			out = append(out, sb)
+	out := all
+	if len(m.orphans) > 0 {
+		out = all[:0]
+		for _, sb := range all {
+			if !m.orphans[sb.ID] {
+				out = append(out, sb)
+			}
 		}
+	}
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
 	}
 	return out, nil
 }

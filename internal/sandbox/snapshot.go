@@ -200,6 +200,11 @@ func (m *Manager) ListTemplates(ctx context.Context) ([]*store.Template, error) 
 	return m.store.ListTemplates(ctx)
 }
 
+// ListSnapshots pages through the node's snapshots, newest first.
+func (m *Manager) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error) {
+	return m.store.ListSnapshots(ctx, f)
+}
+
 // BuildTemplate makes a template from an OCI image.
 func (m *Manager) BuildTemplate(ctx context.Context, req template.ImageRequest) (*store.Template, error) {
 	tpl, err := m.templates.BuildFromImage(ctx, req, NewID)

@@ -444,12 +444,43 @@ type Ref struct {
 	TargetID   string
 }
 
-// SandboxFilter selects sandboxes in ListSandboxes. Zero values match all.
+// SandboxFilter selects sandboxes in ListSandboxes and pages through
+// them. Zero values match all. A list is ordered newest first (started_at
+// descending, then ID ascending), or exactly the reverse with Oldest.
 type SandboxFilter struct {
 	States   []SandboxState
 	Metadata map[string]string // every pair must match
 	Template string            // template ID or alias
 	TeamID   string            // only this team's; "" any team's
+	// StartedFrom keeps the sandboxes started at or after it; zero: any.
+	StartedFrom time.Time
+	// Oldest lists oldest first (and IDs descending at equal times).
+	Oldest bool
+	// After keeps what comes after this place in the list's order: the
+	// cursor of a page. Nil: from the start.
+	After *ListCursor
+	// Limit caps how many records are returned; 0: all of them. The
+	// store stops reading there, so a page costs the same at any size.
+	Limit int
+}
+
+// SnapshotFilter selects snapshots in ListSnapshots, newest first
+// (created_at descending, then ID descending). Zero values match all.
+type SnapshotFilter struct {
+	TeamID        string // this team's and public ones; "" every team's
+	SourceSandbox string // taken of this sandbox
+	Name          string
+	// After keeps what comes after this place in the list: the cursor of
+	// a page. Nil: from the start.
+	After *ListCursor
+	// Limit caps how many records are returned; 0: all of them.
+	Limit int
+}
+
+// ListCursor is a record's place in a list ordered by a time, then by ID.
+type ListCursor struct {
+	At time.Time
+	ID string
 }
 
 // Store is the node's durable state.
@@ -473,6 +504,8 @@ type Store interface {
 	// GetTemplate finds a template by ID or by name.
 	GetTemplate(ctx context.Context, idOrName string) (*Template, error)
 	ListTemplates(ctx context.Context) ([]*Template, error)
+	// ListSnapshots pages through snapshots in SQL (see SnapshotFilter).
+	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]*Template, error)
 	DeleteTemplate(ctx context.Context, id string) error
 	// SetTemplateUpload records where the template's upload stands
 	// (msg: why it failed) and the digests of what was uploaded (zero

@@ -271,11 +271,30 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 	if f.TeamID != "" {
 		where = append(where, "team_id = "+arg(f.TeamID))
 	}
+	if !f.StartedFrom.IsZero() {
+		where = append(where, "started_at >= "+arg(f.StartedFrom.UnixNano()))
+	}
+	// The cursor's time bounds the index scan; the ID orders within it.
+	if c := f.After; c != nil {
+		at, id := arg(c.At.UnixNano()), arg(c.ID)
+		if f.Oldest {
+			where = append(where, "started_at >= "+at+" AND (started_at > "+at+" OR id < "+id+")")
+		} else {
+			where = append(where, "started_at <= "+at+" AND (started_at < "+at+" OR id > "+id+")")
+		}
+	}
 	query := `SELECT ` + sandboxSelect + ` FROM sandboxes`
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
 	}
-	query += " ORDER BY started_at DESC, id"
+	if f.Oldest {
+		query += " ORDER BY started_at, id DESC"
+	} else {
+		query += " ORDER BY started_at DESC, id"
+	}
+	if f.Limit > 0 {
+		query += " LIMIT " + arg(f.Limit)
+	}
 	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, dbError("list sandboxes: %w", err)
@@ -507,6 +526,55 @@ func (s *Store) listTemplates(ctx context.Context, node string) ([]*store.Templa
 	}
 	if err := rows.Err(); err != nil {
 		return nil, dbError("list templates: %w", err)
+	}
+	return out, nil
+}
+
+// ListSnapshots pages through the node's snapshots, every node's for a
+// store of no node (a gateway's).
+func (s *Store) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error) {
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	where := []string{"kind = " + arg(string(store.KindSnapshot))}
+	if s.node != "" {
+		where = append(where, "node_id = "+arg(s.node))
+	}
+	if f.TeamID != "" {
+		where = append(where, "team_id IN ('', "+arg(f.TeamID)+")")
+	}
+	if f.SourceSandbox != "" {
+		where = append(where, "source_sandbox = "+arg(f.SourceSandbox))
+	}
+	if f.Name != "" {
+		where = append(where, "name = "+arg(f.Name))
+	}
+	if c := f.After; c != nil {
+		at, id := arg(c.At.UnixNano()), arg(c.ID)
+		where = append(where, "created_at <= "+at+" AND (created_at < "+at+" OR id < "+id+")")
+	}
+	query := `SELECT ` + templateColumns + ` FROM templates WHERE ` + strings.Join(where, " AND ") +
+		` ORDER BY created_at DESC, id DESC`
+	if f.Limit > 0 {
+		query += " LIMIT " + arg(f.Limit)
+	}
+	rows, err := s.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, dbError("list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Template
+	for rows.Next() {
+		t, err := scanTemplate(s.box, rows)
+		if err != nil {
+			return nil, dbError("list snapshots: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbError("list snapshots: %w", err)
 	}
 	return out, nil
 }

@@ -246,12 +246,13 @@ func (s *Store) HoldRootfs(ctx context.Context, kind store.RefKind, id, rootfs s
 // holdRootfs takes holder's reference to rootfs, which a template must
 // hold (else ErrNotFound).
 func holdRootfs(ctx context.Context, tx *sql.Tx, kind store.RefKind, id, rootfs string) error {
-	var n int
-	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM refs WHERE holder_kind = ? AND target_kind = ?
-		AND target_id = ?`, string(store.RefTemplate), string(store.RefRootfs), rootfs).Scan(&n); err != nil {
+	// One index entry read, however many sandboxes hold the same rootfs.
+	var held bool
+	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM refs WHERE target_kind = ? AND target_id = ?
+		AND holder_kind = ?)`, string(store.RefRootfs), rootfs, string(store.RefTemplate)).Scan(&held); err != nil {
 		return err
 	}
-	if n == 0 {
+	if !held {
 		return fmt.Errorf("root filesystem %s: %w", rootfs, store.ErrNotFound)
 	}
 	_, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO refs (holder_kind, holder_id, target_kind, target_id)
@@ -430,10 +431,38 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		where = append(where, "team_id = ?")
 		args = append(args, f.TeamID)
 	}
+	// Each pair through json_each: any key works, however it is spelled
+	// (a JSON path would need the key quoted).
+	for k, v := range f.Metadata {
+		where = append(where, `EXISTS (SELECT 1 FROM json_each(sandboxes.metadata_json)
+			WHERE json_each.key = ? AND json_each.type = 'text' AND json_each.value = ?)`)
+		args = append(args, k, v)
+	}
+	if !f.StartedFrom.IsZero() {
+		where = append(where, "started_at >= ?")
+		args = append(args, f.StartedFrom.UnixNano())
+	}
+	// The cursor's time bounds the index scan; the ID orders within it.
+	if c := f.After; c != nil {
+		if f.Oldest {
+			where = append(where, "started_at >= ? AND (started_at > ? OR id < ?)")
+		} else {
+			where = append(where, "started_at <= ? AND (started_at < ? OR id > ?)")
+		}
+		args = append(args, c.At.UnixNano(), c.At.UnixNano(), c.ID)
+	}
 	if len(where) > 0 {
 		query += " WHERE " + strings.Join(where, " AND ")
 	}
-	query += " ORDER BY started_at DESC, id"
+	if f.Oldest {
+		query += " ORDER BY started_at, id DESC"
+	} else {
+		query += " ORDER BY started_at DESC, id"
+	}
+	if f.Limit > 0 {
+		query += " LIMIT ?"
+		args = append(args, f.Limit)
+	}
 	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
@@ -445,9 +474,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		if err != nil {
 			return nil, fmt.Errorf("list sandboxes: %w", err)
 		}
-		if matchesMetadata(sb.Metadata, f.Metadata) {
-			out = append(out, sb)
-		}
+		out = append(out, sb)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
@@ -627,6 +654,50 @@ func (s *Store) ListTemplates(ctx context.Context) ([]*store.Template, error) {
 	return out, nil
 }
 
+func (s *Store) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error) {
+	where := []string{"kind = ?"}
+	args := []any{string(store.KindSnapshot)}
+	if f.TeamID != "" {
+		where = append(where, "team_id IN ('', ?)")
+		args = append(args, f.TeamID)
+	}
+	if f.SourceSandbox != "" {
+		where = append(where, "source_sandbox = ?")
+		args = append(args, f.SourceSandbox)
+	}
+	if f.Name != "" {
+		where = append(where, "name = ?")
+		args = append(args, f.Name)
+	}
+	if c := f.After; c != nil {
+		where = append(where, "created_at <= ? AND (created_at < ? OR id < ?)")
+		args = append(args, c.At.UnixNano(), c.At.UnixNano(), c.ID)
+	}
+	query := `SELECT ` + templateColumns + ` FROM templates WHERE ` + strings.Join(where, " AND ") +
+		` ORDER BY created_at DESC, id DESC`
+	if f.Limit > 0 {
+		query += " LIMIT ?"
+		args = append(args, f.Limit)
+	}
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Template
+	for rows.Next() {
+		t, err := scanTemplate(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list snapshots: %w", err)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	return out, nil
+}
+
 func (s *Store) DeleteTemplate(ctx context.Context, id string) error {
 	return s.inTx(ctx, "delete template "+id, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, id)
@@ -737,15 +808,6 @@ func scanTemplate(r scanner) (*store.Template, error) {
 		return nil, fmt.Errorf("template %s env vars: %w", t.ID, err)
 	}
 	return &t, nil
-}
-
-func matchesMetadata(have, want map[string]string) bool {
-	for k, v := range want {
-		if got, ok := have[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }
 
 func nonNil(m map[string]string) map[string]string {

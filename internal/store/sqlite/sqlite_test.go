@@ -2,9 +2,12 @@ package sqlite
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/audit"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -231,4 +234,43 @@ func TestVolumeLayers(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	})
+}
+
+// BenchmarkListSandboxesPage is one page of a team's list (101 records,
+// as the API asks for a page of 100) among 10,000 sandboxes of 10 teams:
+// a page must not cost more as the node holds more.
+func BenchmarkListSandboxesPage(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(b.TempDir(), "aenv.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	base := time.Unix(1700000000, 0).UTC()
+	for i := range 10000 {
+		sb := &store.Sandbox{ID: fmt.Sprintf("sb%05d", i), TemplateID: "tpl", State: store.StateRunning,
+			Metadata: map[string]string{"run": strconv.Itoa(i % 7)}, StartedAt: base.Add(time.Duration(i) * time.Second),
+			TeamID: fmt.Sprintf("team-%d", i%10), Network: &store.NetworkPolicy{AllowInternet: true}}
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, bc := range []struct {
+		name string
+		f    store.SandboxFilter
+	}{
+		{"team", store.SandboxFilter{TeamID: "team-3", Limit: 101}},
+		{"team, metadata", store.SandboxFilter{TeamID: "team-3", Metadata: map[string]string{"run": "2"}, Limit: 101}},
+		{"any team, after a cursor", store.SandboxFilter{Limit: 101,
+			After: &store.ListCursor{At: base.Add(5000 * time.Second), ID: "sb05000"}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				got, err := s.ListSandboxes(ctx, bc.f)
+				if err != nil || len(got) != 101 {
+					b.Fatalf("%d records, %v", len(got), err)
+				}
+			}
+		})
+	}
 }

@@ -18,6 +18,8 @@ import (
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("SandboxRoundTrip", func(t *testing.T) { testSandboxRoundTrip(t, newStore(t)) })
 	t.Run("SandboxFilters", func(t *testing.T) { testSandboxFilters(t, newStore(t)) })
+	t.Run("SandboxPages", func(t *testing.T) { testSandboxPages(t, newStore(t)) })
+	t.Run("SnapshotPages", func(t *testing.T) { testSnapshotPages(t, newStore(t)) })
 	t.Run("SandboxNotFound", func(t *testing.T) { testSandboxNotFound(t, newStore(t)) })
 	t.Run("Templates", func(t *testing.T) { testTemplates(t, newStore(t)) })
 	t.Run("Unresponsive", func(t *testing.T) { testUnresponsive(t, newStore(t)) })
@@ -167,6 +169,164 @@ func testSandboxFilters(t *testing.T, s store.Store) {
 			for i := range ids {
 				if ids[i] != tc.want[i] {
 					t.Fatalf("got %v, want %v", ids, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// testSandboxPages walks lists page by page in both orders, with times
+// shared by several sandboxes (the cursor's ID breaks the tie), and checks
+// the bounds and metadata keys a JSON path would trip on.
+func testSandboxPages(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	base := time.Unix(1700000000, 0).UTC()
+	// Started: e, d at base+2s; c at base+1s; b, a, f at base (f another team's).
+	started := map[string]time.Duration{"a": 0, "b": 0, "c": time.Second, "d": 2 * time.Second,
+		"e": 2 * time.Second, "f": 0}
+	for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+		md := map[string]string{"n": id}
+		if id == "b" || id == "d" {
+			md[`odd "key".$[0]`] = "v'1"
+		}
+		sb := sandbox(id, store.StateRunning, base.Add(started[id]), md)
+		if id == "f" {
+			sb.TeamID = "team-2"
+		}
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(sbs []*store.Sandbox) []string {
+		var out []string
+		for _, sb := range sbs {
+			out = append(out, sb.ID)
+		}
+		return out
+	}
+	// walk pages through f with pages of n, as the API does.
+	walk := func(f store.SandboxFilter, n int) []string {
+		var all []string
+		for range 20 {
+			f.Limit = n + 1
+			got, err := s.ListSandboxes(ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			more := len(got) > n
+			if more {
+				got = got[:n]
+			}
+			all = append(all, ids(got)...)
+			if !more {
+				return all
+			}
+			last := got[len(got)-1]
+			f.After = &store.ListCursor{At: last.StartedAt, ID: last.ID}
+		}
+		t.Fatalf("paging did not end: %v", all)
+		return nil
+	}
+	newest := []string{"d", "e", "c", "a", "b", "f"}
+	oldest := []string{"f", "b", "a", "c", "e", "d"}
+	for _, tc := range []struct {
+		name   string
+		filter store.SandboxFilter
+		want   []string
+	}{
+		{"newest first", store.SandboxFilter{}, newest},
+		{"oldest first", store.SandboxFilter{Oldest: true}, oldest},
+		{"team", store.SandboxFilter{TeamID: "team-1"}, []string{"d", "e", "c", "a", "b"}},
+		{"team, oldest first", store.SandboxFilter{TeamID: "team-1", Oldest: true}, []string{"b", "a", "c", "e", "d"}},
+		{"started from", store.SandboxFilter{StartedFrom: base.Add(time.Second)}, []string{"d", "e", "c"}},
+		{"started from, oldest first", store.SandboxFilter{StartedFrom: base.Add(time.Second), Oldest: true},
+			[]string{"c", "e", "d"}},
+		{"metadata key with quotes", store.SandboxFilter{Metadata: map[string]string{`odd "key".$[0]`: "v'1"}},
+			[]string{"d", "b"}},
+		{"metadata, two pairs", store.SandboxFilter{Metadata: map[string]string{`odd "key".$[0]`: "v'1", "n": "b"}},
+			[]string{"b"}},
+		{"metadata value differs", store.SandboxFilter{Metadata: map[string]string{"n": "B"}}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, n := range []int{1, 2, 5, 100} {
+				if got := walk(tc.filter, n); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+					t.Fatalf("pages of %d: %v, want %v", n, got, tc.want)
+				}
+			}
+		})
+	}
+	// A cursor on a record since deleted still places the next page.
+	got, err := s.ListSandboxes(ctx, store.SandboxFilter{After: &store.ListCursor{At: base.Add(time.Second), ID: "zz"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(ids(got)) != fmt.Sprint([]string{"a", "b", "f"}) {
+		t.Fatalf("after a gone record: %v", ids(got))
+	}
+}
+
+// testSnapshotPages walks the snapshot list page by page: newest first,
+// IDs descending at equal times, a team's own and public ones only.
+func testSnapshotPages(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	base := time.Unix(1700000000, 0).UTC()
+	for _, tc := range []struct {
+		id, team, source string
+		at               time.Duration
+		kind             store.TemplateKind
+	}{
+		{"s1", "team-1", "sb1", 0, store.KindSnapshot},
+		{"s2", "team-1", "sb2", time.Second, store.KindSnapshot},
+		{"s3", "team-1", "sb1", time.Second, store.KindSnapshot},
+		{"s4", "team-2", "sb4", 2 * time.Second, store.KindSnapshot},
+		{"s5", "", "sb5", 3 * time.Second, store.KindSnapshot},
+		{"t1", "team-1", "", 4 * time.Second, ""}, // a template, never listed
+	} {
+		tpl := &store.Template{ID: tc.id, Name: tc.id, RootfsPath: "/r/base", Kind: tc.kind, TeamID: tc.team,
+			SourceSandbox: tc.source, CreatedAt: base.Add(tc.at), ImageDir: "/img/" + tc.id}
+		if err := s.PutTemplate(ctx, tpl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	walk := func(f store.SnapshotFilter, n int) []string {
+		var all []string
+		for range 20 {
+			f.Limit = n + 1
+			got, err := s.ListSnapshots(ctx, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			more := len(got) > n
+			if more {
+				got = got[:n]
+			}
+			for _, t := range got {
+				all = append(all, t.ID)
+			}
+			if !more {
+				return all
+			}
+			last := got[len(got)-1]
+			f.After = &store.ListCursor{At: last.CreatedAt, ID: last.ID}
+		}
+		t.Fatalf("paging did not end: %v", all)
+		return nil
+	}
+	for _, tc := range []struct {
+		name   string
+		filter store.SnapshotFilter
+		want   []string
+	}{
+		{"every team's", store.SnapshotFilter{}, []string{"s5", "s4", "s3", "s2", "s1"}},
+		{"a team's and public", store.SnapshotFilter{TeamID: "team-1"}, []string{"s5", "s3", "s2", "s1"}},
+		{"of a sandbox", store.SnapshotFilter{TeamID: "team-1", SourceSandbox: "sb1"}, []string{"s3", "s1"}},
+		{"by name", store.SnapshotFilter{Name: "s2"}, []string{"s2"}},
+		{"another team's by name", store.SnapshotFilter{TeamID: "team-2", Name: "s2"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, n := range []int{1, 2, 100} {
+				if got := walk(tc.filter, n); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+					t.Fatalf("pages of %d: %v, want %v", n, got, tc.want)
 				}
 			}
 		})
