@@ -18,7 +18,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/usage"
 )
 
-func open(t *testing.T, connString string) *Store {
+func open(t testing.TB, connString string) *Store {
 	t.Helper()
 	s, err := Open(context.Background(), connString)
 	if err != nil {

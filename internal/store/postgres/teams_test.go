@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -96,5 +97,44 @@ func TestOldGatewayAddsOperatorKey(t *testing.T) {
 	k, err := s.KeyByDigest(ctx, auth.Digest("old-operator-key"))
 	if err != nil || !k.Admin || k.TeamID != auth.DefaultTeam || k.ID == "" || !k.Usable(time.Now()) {
 		t.Fatalf("the old gateway's key: %+v %v, want a usable admin key of the default team", k, err)
+	}
+}
+
+// BenchmarkLimitedTeamCreate is a create of a team with limits, whose
+// check sums what the team's sandboxes hold under the team's lock, beside
+// a create of a team without limits, as the team holds more sandboxes.
+func BenchmarkLimitedTeamCreate(b *testing.B) {
+	ctx := context.Background()
+	s := open(b, pgtest.New(b).NewDatabase(b))
+	now := time.Unix(1700000000, 0).UTC()
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "one", CreatedAt: now, MaxSandboxes: 1000000}); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "free", CreatedAt: now}); err != nil {
+		b.Fatal(err)
+	}
+	i := 0
+	mk := func(team string) {
+		i++
+		sb := &store.Sandbox{ID: fmt.Sprintf("sb%07d", i), TemplateID: "t", State: store.StateRunning, StartedAt: now, UpdatedAt: now,
+			EndAt: now, SlotIndex: -1, TeamID: team, MemoryMB: 512, VCPU: 1}
+		if err := s.CreateSandbox(ctx, sb); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, n := range []int{0, 1000, 10000} {
+		for i < n {
+			mk("one")
+		}
+		b.Run(fmt.Sprintf("limited team holding %d", n), func(b *testing.B) {
+			for b.Loop() {
+				mk("one")
+			}
+		})
+		b.Run(fmt.Sprintf("team without limits, beside %d", n), func(b *testing.B) {
+			for b.Loop() {
+				mk("free")
+			}
+		})
 	}
 }
