@@ -64,6 +64,10 @@ type Team struct {
 	// CreatesPerSecond bounds its creates (fork children included) by a
 	// token bucket as deep as one second's worth; 0: no limit.
 	CreatesPerSecond int
+	// MaxSnapshots bounds the images the team keeps: its snapshots and
+	// the templates made of its sandboxes, cluster-wide; 0: no limit. It
+	// is checked when one is recorded, not with sandboxes (Limited).
+	MaxSnapshots int
 	// Bucket is the state of that bucket, kept by the stores with each
 	// create; not a limit, and not changed by SetTeamLimits.
 	Bucket Bucket
@@ -85,6 +89,16 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// SnapshotRoom says whether t may keep one more snapshot with held kept
+// already: nil when it fits (or t has no such limit).
+func (t *Team) SnapshotRoom(held int) error {
+	if t.MaxSnapshots > 0 && held+1 > t.MaxSnapshots {
+		return fmt.Errorf("team %s is at its limit of %d snapshots and templates of sandboxes (delete some to make room)",
+			t.ID, t.MaxSnapshots)
+	}
+	return nil
 }
 
 // Usage is what a team's sandboxes that count toward its limits hold.
@@ -139,13 +153,13 @@ func (t Team) Room(used Usage, memoryMB, vcpus int, now time.Time) error {
 // LimitsPatch names the limits of a team to change; nil leaves one as it
 // is.
 type LimitsPatch struct {
-	MaxSandboxes, MaxMemoryMB, MaxVCPUs, MaxStarting, CreatesPerSecond *int
+	MaxSandboxes, MaxMemoryMB, MaxVCPUs, MaxStarting, CreatesPerSecond, MaxSnapshots *int
 }
 
 // AllLimits is the patch that sets every limit to t's.
 func AllLimits(t *Team) LimitsPatch {
 	return LimitsPatch{MaxSandboxes: &t.MaxSandboxes, MaxMemoryMB: &t.MaxMemoryMB, MaxVCPUs: &t.MaxVCPUs,
-		MaxStarting: &t.MaxStarting, CreatesPerSecond: &t.CreatesPerSecond}
+		MaxStarting: &t.MaxStarting, CreatesPerSecond: &t.CreatesPerSecond, MaxSnapshots: &t.MaxSnapshots}
 }
 
 // Apply sets the limits p names on t.
@@ -153,6 +167,7 @@ func (p LimitsPatch) Apply(t *Team) {
 	for _, l := range []struct{ to, from *int }{
 		{&t.MaxSandboxes, p.MaxSandboxes}, {&t.MaxMemoryMB, p.MaxMemoryMB}, {&t.MaxVCPUs, p.MaxVCPUs},
 		{&t.MaxStarting, p.MaxStarting}, {&t.CreatesPerSecond, p.CreatesPerSecond},
+		{&t.MaxSnapshots, p.MaxSnapshots},
 	} {
 		if l.from != nil {
 			*l.to = *l.from
@@ -305,6 +320,7 @@ func ValidLimits(t *Team) error {
 		{"maxVCPUs", t.MaxVCPUs, MaxTeamVCPUs},
 		{"maxStarting", t.MaxStarting, MaxTeamSandboxes},
 		{"createsPerSecond", t.CreatesPerSecond, MaxTeamSandboxes},
+		{"maxSnapshots", t.MaxSnapshots, MaxTeamSandboxes},
 	} {
 		if l.value < 0 || l.value > l.max {
 			return errdefs.Errorf(errdefs.ErrInvalidArgument,

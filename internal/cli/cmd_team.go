@@ -75,11 +75,12 @@ const teamLimitsHelp = `The limits count the team's sandboxes that exist (paused
 passes them), on every node of a cluster together; a create or fork past one is refused with 429.
 --max-sandboxes bounds how many; --max-memory (MiB) and --max-vcpus bound the memory and vCPUs
 they were given, summed; --max-starting bounds those starting at once; --creates-per-second bounds
-creates and fork children, with bursts of as many. 0 is no limit.`
+creates and fork children, with bursts of as many. --max-snapshots bounds the snapshots and templates
+made of its sandboxes it keeps (a snapshot past it is refused with 429). 0 is no limit.`
 
 // teamLimitFlags are the limit flags of team create and set.
 type teamLimitFlags struct {
-	sandboxes, memoryMB, vcpus, starting, rate int
+	sandboxes, memoryMB, vcpus, starting, rate, snapshots int
 }
 
 func (l *teamLimitFlags) add(cmd *cobra.Command) {
@@ -88,6 +89,7 @@ func (l *teamLimitFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.vcpus, "max-vcpus", 0, "vCPUs its sandboxes may be given in all (0: no limit)")
 	cmd.Flags().IntVar(&l.starting, "max-starting", 0, "sandboxes it may have starting at once (0: no limit)")
 	cmd.Flags().IntVar(&l.rate, "creates-per-second", 0, "creates and fork children per second, in bursts of as many (0: no limit)")
+	cmd.Flags().IntVar(&l.snapshots, "max-snapshots", 0, "snapshots and templates of its sandboxes it may keep (0: no limit)")
 }
 
 // given returns the limits set on the command line; the others are nil.
@@ -103,6 +105,7 @@ func (l *teamLimitFlags) given(cmd *cobra.Command) (client.TeamLimits, error) {
 		{"max-vcpus", &l.vcpus, &out.MaxVCPUs},
 		{"max-starting", &l.starting, &out.MaxStarting},
 		{"creates-per-second", &l.rate, &out.CreatesPerSecond},
+		{"max-snapshots", &l.snapshots, &out.MaxSnapshots},
 	} {
 		if !cmd.Flags().Changed(f.name) {
 			continue
@@ -119,7 +122,7 @@ func (a *app) teamSetCommand() *cobra.Command {
 	var f serverFlags
 	var limits teamLimitFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N] [--max-starting N] [--creates-per-second N]",
+		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N] [--max-starting N] [--creates-per-second N] [--max-snapshots N]",
 		Short: "Change a team's limits",
 		Long: `Change the limits given of a team; the others keep their values. A lower limit refuses creates
 from then on; sandboxes already over it are not killed.
@@ -132,7 +135,7 @@ from then on; sandboxes already over it are not killed.
 				return err
 			}
 			if given == (client.TeamLimits{}) {
-				return usageError{errors.New("give one or more of --max-sandboxes, --max-memory, --max-vcpus, --max-starting, --creates-per-second")}
+				return usageError{errors.New("give one or more of --max-sandboxes, --max-memory, --max-vcpus, --max-starting, --creates-per-second, --max-snapshots")}
 			}
 			c, err := a.client(f)
 			if err != nil {
@@ -142,9 +145,9 @@ from then on; sandboxes already over it are not killed.
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\tmax starting %s\tcreates per second %s\n",
+			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\tmax starting %s\tcreates per second %s\tmax snapshots %s\n",
 				t.TeamID, limitOrNone(t.MaxSandboxes), memoryLimit(t.MaxMemoryMB), limitOrNone(t.MaxVCPUs),
-				limitOrNone(t.MaxStarting), limitOrNone(t.CreatesPerSecond))
+				limitOrNone(t.MaxStarting), limitOrNone(t.CreatesPerSecond), limitOrNone(t.MaxSnapshots))
 			return nil
 		},
 	}
@@ -195,11 +198,12 @@ func (a *app) teamLsCommand() *cobra.Command {
 				return writeJSON(a.stdout, raws(teams, func(t client.Team) json.RawMessage { return t.Raw }))
 			}
 			now := a.now()
-			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX STARTING", "CREATES/S", "CREATED")
+			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX STARTING", "CREATES/S",
+				"MAX SNAPSHOTS", "CREATED")
 			for _, team := range teams {
 				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), memoryLimit(team.MaxMemoryMB),
 					limitOrNone(team.MaxVCPUs), limitOrNone(team.MaxStarting), limitOrNone(team.CreatesPerSecond),
-					timeAgo(now, team.CreatedAt))
+					limitOrNone(team.MaxSnapshots), timeAgo(now, team.CreatedAt))
 			}
 			return t.flush()
 		},

@@ -376,13 +376,21 @@ go_memstats_alloc_bytes 1.5e+06
 // with maxSandboxes alone; it would read a PATCH of another limit as
 // maxSandboxes 0. The client refuses before sending one.
 func TestTeamLimitsRefusedByAnOlderServer(t *testing.T) {
+	const older = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5}`
+	const beforeSnapshots = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0}`
+	const current = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0}`
+	mem, snaps := 4096, 10
 	for _, tc := range []struct {
-		name  string
-		team  string // the team as the server answers it
-		patch bool   // whether the PATCH is to be sent
+		name   string
+		team   string // the team as the server answers it
+		limits client.TeamLimits
+		patch  bool // whether the PATCH is to be sent
 	}{
-		{"older", `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5}`, false},
-		{"current", `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0}`, true},
+		{"older", older, client.TeamLimits{MaxMemoryMB: &mem}, false},
+		{"current", beforeSnapshots, client.TeamLimits{MaxMemoryMB: &mem}, true},
+		{"snapshots, older", beforeSnapshots, client.TeamLimits{MaxSnapshots: &snaps}, false},
+		{"snapshots and memory, older", beforeSnapshots, client.TeamLimits{MaxSnapshots: &snaps, MaxMemoryMB: &mem}, false},
+		{"snapshots, current", current, client.TeamLimits{MaxSnapshots: &snaps}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			patched := false
@@ -393,8 +401,7 @@ func TestTeamLimitsRefusedByAnOlderServer(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				w.Write([]byte(tc.team))
 			})
-			mem := 4096
-			_, err := c.SetTeamLimits(context.Background(), "lab", client.TeamLimits{MaxMemoryMB: &mem})
+			_, err := c.SetTeamLimits(context.Background(), "lab", tc.limits)
 			if patched != tc.patch || (err == nil) != tc.patch {
 				t.Fatalf("PATCH sent %v, err %v; want sent %v", patched, err, tc.patch)
 			}

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -19,8 +18,11 @@ type Team struct {
 	MaxVCPUs     int       `json:"maxVCPUs"`     // 0: no limit
 	MaxStarting  int       `json:"maxStarting"`  // 0: no limit
 	// CreatesPerSecond bounds creates, fork children included; 0: no limit.
-	CreatesPerSecond int             `json:"createsPerSecond"`
-	Raw              json.RawMessage `json:"-"`
+	CreatesPerSecond int `json:"createsPerSecond"`
+	// MaxSnapshots bounds the snapshots and templates of sandboxes it
+	// keeps; 0: no limit.
+	MaxSnapshots int             `json:"maxSnapshots"`
+	Raw          json.RawMessage `json:"-"`
 }
 
 // TeamLimits are limits to give a team; 0 is none. A nil one is left
@@ -32,6 +34,8 @@ type TeamLimits struct {
 	MaxStarting  *int `json:"maxStarting,omitempty"`
 	// CreatesPerSecond bounds creates, fork children included.
 	CreatesPerSecond *int `json:"createsPerSecond,omitempty"`
+	// MaxSnapshots bounds the snapshots and templates of sandboxes kept.
+	MaxSnapshots *int `json:"maxSnapshots,omitempty"`
 }
 
 // APIKey is an API key's record; Key holds the key itself only in the
@@ -65,17 +69,24 @@ type DeletedTeam struct {
 	Killed []string `json:"killed"`
 }
 
-// newerLimits says whether l sets a limit that servers before them
-// ignore (they know only maxSandboxes).
-func (l TeamLimits) newerLimits() bool {
-	return l.MaxMemoryMB != nil || l.MaxVCPUs != nil || l.MaxStarting != nil || l.CreatesPerSecond != nil
+// newerField is the field of a team that tells whether a server knows
+// every limit l sets, "" when any server does: servers before a limit
+// ignore it (they know only maxSandboxes, then up to createsPerSecond).
+func (l TeamLimits) newerField() string {
+	switch {
+	case l.MaxSnapshots != nil:
+		return "maxSnapshots"
+	case l.MaxMemoryMB != nil || l.MaxVCPUs != nil || l.MaxStarting != nil || l.CreatesPerSecond != nil:
+		return "createsPerSecond"
+	}
+	return ""
 }
 
-// checkKnowsLimits refuses limits the server would ignore: a server of the
-// release before them reads only maxSandboxes, and a PATCH of another
-// limit would set that one to 0. It asks for team id (any team the key
-// sees when "") and looks for the newer fields in the answer.
-func (c *Client) checkKnowsLimits(ctx context.Context, id string) error {
+// checkKnowsLimits refuses limits the server would ignore: a server of a
+// release before them does not read them, and a PATCH of one could set
+// another to 0. It asks for team id (any team the key sees when "") and
+// looks for field in the answer.
+func (c *Client) checkKnowsLimits(ctx context.Context, id, field string) error {
 	var raw json.RawMessage
 	if id != "" {
 		if _, err := c.DoJSON(ctx, http.MethodGet, "/teams/"+url.PathEscape(id), nil, nil, &raw); err != nil {
@@ -95,16 +106,16 @@ func (c *Client) checkKnowsLimits(ctx context.Context, id string) error {
 	if err := json.Unmarshal(raw, &fields); err != nil {
 		return fmt.Errorf("read team: %w", err)
 	}
-	if _, ok := fields["createsPerSecond"]; !ok {
-		return errors.New("the server knows only maxSandboxes among team limits: upgrade it (or every gateway) before setting the others")
+	if _, ok := fields[field]; !ok {
+		return fmt.Errorf("the server does not know the team limit %s: upgrade it (or every gateway) before setting it", field)
 	}
 	return nil
 }
 
 // CreateTeam makes a team (admin keys only) with limits.
 func (c *Client) CreateTeam(ctx context.Context, id string, limits TeamLimits) (Team, error) {
-	if limits.newerLimits() {
-		if err := c.checkKnowsLimits(ctx, ""); err != nil {
+	if f := limits.newerField(); f != "" {
+		if err := c.checkKnowsLimits(ctx, "", f); err != nil {
 			return Team{}, err
 		}
 	}
@@ -121,8 +132,8 @@ func (c *Client) CreateTeam(ctx context.Context, id string, limits TeamLimits) (
 
 // SetTeamLimits changes the limits given of a team (admin keys only).
 func (c *Client) SetTeamLimits(ctx context.Context, id string, limits TeamLimits) (Team, error) {
-	if limits.newerLimits() {
-		if err := c.checkKnowsLimits(ctx, id); err != nil {
+	if f := limits.newerField(); f != "" {
+		if err := c.checkKnowsLimits(ctx, id, f); err != nil {
 			return Team{}, err
 		}
 	}

@@ -31,7 +31,8 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	// Checked first so that a taken name fails before the checkpoint;
 	// the store checks again when it writes.
-	if _, err := m.replaced(ctx, req); err != nil {
+	prev, err := m.replaced(ctx, req)
+	if err != nil {
 		return nil, err
 	}
 	e, err := m.lock(ctx, req.SandboxID, opSnapshot)
@@ -40,6 +41,13 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	defer e.mu.Unlock()
 	v := e.view()
+	// A team at its limit of snapshots is refused before the checkpoint
+	// (a replacement takes the place of the one it replaces).
+	if prev == nil || prev.TeamID != v.sb.TeamID {
+		if err := m.store.SnapshotRoom(ctx, v.sb.TeamID); err != nil {
+			return nil, storeError("snapshot "+req.SandboxID, err)
+		}
+	}
 	src, err := m.GetTemplate(ctx, v.sb.TemplateID)
 	if err != nil {
 		return nil, fmt.Errorf("snapshot %s: template %s: %w", req.SandboxID, v.sb.TemplateID, err)

@@ -407,6 +407,13 @@ const (
 	UploadFailed    UploadState = "failed"    // the last attempt failed; retried
 )
 
+// CountsAsSnapshot reports whether a template of kind counts toward its
+// team's MaxSnapshots: snapshots and templates made of sandboxes, the
+// images a team keeps of its own sandboxes.
+func CountsAsSnapshot(kind TemplateKind) bool {
+	return kind == KindSnapshot || kind == KindSandboxTemplate
+}
+
 // Named reports whether the template was given a name (unnamed ones use
 // their ID as name).
 func (t *Template) Named() bool { return t.Name != t.ID }
@@ -504,6 +511,11 @@ type Store interface {
 	// GetTemplate finds a template by ID or by name.
 	GetTemplate(ctx context.Context, idOrName string) (*Template, error)
 	ListTemplates(ctx context.Context) ([]*Template, error)
+	// SnapshotRoom refuses, with ErrLimit, one more snapshot or template
+	// of a sandbox of team (auth.Team.MaxSnapshots) now: an early check,
+	// before the checkpoint. PutTemplate and ReplaceTemplate check again
+	// with the write, and that check holds.
+	SnapshotRoom(ctx context.Context, team string) error
 	// ListSnapshots pages through snapshots in SQL (see SnapshotFilter).
 	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]*Template, error)
 	DeleteTemplate(ctx context.Context, id string) error

@@ -827,6 +827,7 @@ type NewTeam struct {
 	CreatesPerSecond int `json:"createsPerSecond,omitempty"`
 	MaxMemoryMB      int `json:"maxMemoryMB,omitempty"`
 	MaxSandboxes     int `json:"maxSandboxes,omitempty"`
+	MaxSnapshots     int `json:"maxSnapshots,omitempty"`
 	MaxStarting      int `json:"maxStarting,omitempty"`
 	MaxVCPUs         int `json:"maxVCPUs,omitempty"`
 
@@ -1019,6 +1020,9 @@ type Team struct {
 	// MaxSandboxes Sandboxes of the team that may exist at once (not killed), cluster-wide; 0: no limit.
 	MaxSandboxes int `json:"maxSandboxes"`
 
+	// MaxSnapshots Snapshots and templates made of its sandboxes the team may keep, cluster-wide; 0: no limit.
+	MaxSnapshots int `json:"maxSnapshots"`
+
 	// MaxStarting Sandboxes of the team that may be starting at once, cluster-wide; 0: no limit.
 	MaxStarting int `json:"maxStarting"`
 
@@ -1037,6 +1041,9 @@ type TeamLimits struct {
 
 	// MaxSandboxes 0: no limit.
 	MaxSandboxes *int `json:"maxSandboxes,omitempty"`
+
+	// MaxSnapshots 0: no limit.
+	MaxSnapshots *int `json:"maxSnapshots,omitempty"`
 
 	// MaxStarting 0: no limit.
 	MaxStarting *int `json:"maxStarting,omitempty"`

@@ -219,6 +219,7 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 	if got := ids(t, e.want(200, keyA, "GET", "/snapshots", nil), "snapshotID"); !slices.Equal(got, []string{snapA.SnapshotID}) {
 		t.Errorf("team A lists snapshots %v, want %s", got, snapA.SnapshotID)
 	}
+	checkSnapshotLimit(t, e, keyA, keyB, sbA.SandboxID, sbB.SandboxID)
 	templatesB := ids(t, e.want(200, keyB, "GET", "/templates", nil), "templateID")
 	if slices.Contains(templatesB, snapA.SnapshotID) {
 		t.Errorf("team B lists A's snapshot among templates: %v", templatesB)
@@ -283,6 +284,40 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 // Two teams on one server: neither reaches the other's sandboxes,
 // snapshots, keys or team, through any route; bad input is refused with
 // clear errors; revoked, expired and deleted teams' keys stop at once.
+// checkSnapshotLimit: team A keeps a snapshot and a template of its
+// sandbox; with a limit of 2, a third of either is refused with 429 and
+// the limit named, before any checkpoint, while team B snapshots freely.
+func checkSnapshotLimit(t *testing.T, e endpoint, keyA, keyB, sbA, sbB string) {
+	var team struct {
+		MaxSnapshots int `json:"maxSnapshots"`
+	}
+	e.want(200, apiKey, "PATCH", "/teams/team-a", map[string]any{"maxSnapshots": 2}).json(t, &team)
+	if team.MaxSnapshots != 2 {
+		t.Errorf("team A after the patch: maxSnapshots %d, want 2", team.MaxSnapshots)
+	}
+	for _, rt := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/sandboxes/" + sbA + "/snapshots", map[string]any{}},
+		{"/templates", map[string]any{"sandboxID": sbA, "name": "tpl-a-2"}},
+	} {
+		r := e.want(429, keyA, "POST", rt.path, rt.body)
+		if !strings.Contains(string(r.body), "limit of 2 snapshots") || r.header.Get(api.HeaderLimit) != "team" {
+			t.Errorf("POST %s past the limit: %s, %s %q", rt.path, r.body, api.HeaderLimit, r.header.Get(api.HeaderLimit))
+		}
+	}
+	if got := ids(t, e.want(200, keyA, "GET", "/snapshots", nil), "snapshotID"); len(got) != 1 {
+		t.Errorf("team A keeps snapshots %v after the refusals, want its one", got)
+	}
+	var snapB struct {
+		SnapshotID string `json:"snapshotID"`
+	}
+	e.want(201, keyB, "POST", "/sandboxes/"+sbB+"/snapshots", map[string]any{}).json(t, &snapB)
+	e.want(204, keyB, "DELETE", "/templates/"+snapB.SnapshotID, nil)
+	e.want(200, apiKey, "PATCH", "/teams/team-a", map[string]any{"maxSnapshots": 0})
+}
+
 func TestTeamsSingleServer(t *testing.T) {
 	s := newServer(t)
 	s.start()
@@ -410,9 +445,11 @@ func checkTeamCLI(t *testing.T, s *server) {
 		t.Fatalf("a team's key made a team: exit %d\n%s", code, out)
 	}
 	// Limits by flag; set changes only those given.
-	s.cliOK("team", "set", "cli-team", "--max-memory", "4096", "--max-vcpus", "8", "--max-starting", "2", "--creates-per-second", "5")
+	s.cliOK("team", "set", "cli-team", "--max-memory", "4096", "--max-vcpus", "8", "--max-starting", "2", "--creates-per-second", "5",
+		"--max-snapshots", "7")
 	out = s.cliOK("team", "set", "cli-team", "--max-sandboxes", "3")
-	for _, want := range []string{"max sandboxes 3", "max memory 4096 MiB", "max vcpus 8", "max starting 2", "creates per second 5"} {
+	for _, want := range []string{"max sandboxes 3", "max memory 4096 MiB", "max vcpus 8", "max starting 2", "creates per second 5",
+		"max snapshots 7"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("team set --max-sandboxes after the other limits: no %q in\n%s", want, out)
 		}

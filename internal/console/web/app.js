@@ -757,7 +757,7 @@ async function pageUsage(main) {
 }
 
 const limitFields = [['maxSandboxes', 'sandboxes'], ['maxMemoryMB', 'memory MiB'], ['maxVCPUs', 'vCPUs'],
-  ['maxStarting', 'starting'], ['createsPerSecond', 'creates/s']];
+  ['maxStarting', 'starting'], ['createsPerSecond', 'creates/s'], ['maxSnapshots', 'snapshots']];
 
 async function pageTeams(main) {
   const body = el('div', {});

@@ -169,6 +169,63 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 	return nil
 }
 
+// checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
+// a sandbox that would take its team past its MaxSnapshots, cluster-wide;
+// an update of a record already kept is not a new one. The row of a team
+// with the limit is locked until tx ends, so that two nodes' records never
+// pass the count together.
+func checkSnapshotLimit(ctx context.Context, tx pgx.Tx, t *store.Template, kind store.TemplateKind) error {
+	if t.TeamID == "" || !store.CountsAsSnapshot(kind) {
+		return nil
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE id = $1)`, t.ID).Scan(&exists); err != nil || exists {
+		return err
+	}
+	return snapshotRoom(ctx, tx, t.TeamID, true)
+}
+
+// SnapshotRoom says, with ErrLimit, that team keeps as many snapshots as
+// its MaxSnapshots allows, cluster-wide: an early refusal, made before a
+// checkpoint.
+func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
+	if team == "" {
+		return nil
+	}
+	err := snapshotRoom(ctx, s.pool, team, false)
+	if err != nil && !errors.Is(err, store.ErrLimit) {
+		err = dbError("snapshots of team %s: %w", team, err)
+	}
+	return err
+}
+
+// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q;
+// with lock, a limited team's row is locked until q's transaction ends.
+func snapshotRoom(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, team string, lock bool) error {
+	const read = `SELECT ` + teamColumns + ` FROM teams WHERE id = $1`
+	lim, err := scanTeam(q.QueryRow(ctx, read, team))
+	if err == nil && lim.MaxSnapshots > 0 && lock {
+		lim, err = scanTeam(q.QueryRow(ctx, read+` FOR UPDATE`, team))
+	}
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && lim.MaxSnapshots == 0) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var held int
+	if err := q.QueryRow(ctx, `SELECT count(*) FROM templates WHERE team_id = $1 AND kind IN ($2, $3)`,
+		team, string(store.KindSnapshot), string(store.KindSandboxTemplate)).Scan(&held); err != nil {
+		return err
+	}
+	if err := lim.SnapshotRoom(held); err != nil {
+		return fmt.Errorf("%v: %w", err, store.ErrLimit)
+	}
+	return nil
+}
+
 func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
 	args, err := sandboxArgs(s.box, sb)
 	if err != nil {
@@ -365,6 +422,9 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 // taken from), replacing the reference it held, in tx.
 func (s *Store) putTemplateHolding(ctx context.Context, tx pgx.Tx, t *store.Template, kind store.TemplateKind,
 	env, envVars string) error {
+	if err := checkSnapshotLimit(ctx, tx, t, kind); err != nil {
+		return err
+	}
 	if err := putTemplate(ctx, tx, s.box, t, kind, env, envVars, s.node); err != nil {
 		return err
 	}

@@ -16,9 +16,9 @@ import (
 var _ auth.Store = (*Store)(nil)
 
 func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
 		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond,
-		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At))
+		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At), t.MaxSnapshots)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return dbError("create team %s: %w", t.ID, store.ErrConflict)
@@ -82,8 +82,9 @@ func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch
 	// A limit not named keeps its value: COALESCE(NULL, column).
 	tag, err := s.pool.Exec(ctx, `UPDATE teams SET max_sandboxes = COALESCE($2, max_sandboxes),
 		max_memory_mb = COALESCE($3, max_memory_mb), max_vcpus = COALESCE($4, max_vcpus),
-		max_starting = COALESCE($5, max_starting), creates_per_second = COALESCE($6, creates_per_second) WHERE id = $1`,
-		id, p.MaxSandboxes, p.MaxMemoryMB, p.MaxVCPUs, p.MaxStarting, p.CreatesPerSecond)
+		max_starting = COALESCE($5, max_starting), creates_per_second = COALESCE($6, creates_per_second),
+		max_snapshots = COALESCE($7, max_snapshots) WHERE id = $1`,
+		id, p.MaxSandboxes, p.MaxMemoryMB, p.MaxVCPUs, p.MaxStarting, p.CreatesPerSecond, p.MaxSnapshots)
 	if err != nil {
 		return dbError("set limits of team %s: %w", id, err)
 	}
@@ -110,7 +111,7 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 
 // teamColumns are scanned by scanTeam.
 const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus, max_starting, creates_per_second,
-	bucket_tokens, bucket_at`
+	bucket_tokens, bucket_at, max_snapshots`
 
 const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
 
@@ -199,7 +200,7 @@ func scanTeam(r pgx.Row) (*auth.Team, error) {
 	var t auth.Team
 	var created, bucketAt int64
 	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs, &t.MaxStarting, &t.CreatesPerSecond,
-		&t.Bucket.Tokens, &bucketAt); err != nil {
+		&t.Bucket.Tokens, &bucketAt, &t.MaxSnapshots); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = store.FromUnixNanos(created)

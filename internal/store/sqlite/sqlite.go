@@ -529,6 +529,9 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 // taken from), replacing the reference it held, in tx.
 func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind,
 	env, envVars string) error {
+	if err := checkSnapshotLimit(ctx, tx, t, kind); err != nil {
+		return err
+	}
 	if err := putTemplate(ctx, tx, t, kind, env, envVars); err != nil {
 		return err
 	}
@@ -541,6 +544,56 @@ func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind
 	_, err := tx.ExecContext(ctx, `INSERT INTO refs (holder_kind, holder_id, target_kind, target_id)
 		VALUES (?, ?, ?, ?)`, string(store.RefTemplate), t.ID, string(store.RefRootfs), t.RootfsPath)
 	return err
+}
+
+// checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
+// a sandbox that would take its team past its MaxSnapshots; an update of
+// a record already kept is not a new one. Transactions run one at a time
+// (one connection), so two records never pass the count together.
+func checkSnapshotLimit(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind) error {
+	if t.TeamID == "" || !store.CountsAsSnapshot(kind) {
+		return nil
+	}
+	var exists bool
+	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE id = ?)`, t.ID).Scan(&exists); err != nil || exists {
+		return err
+	}
+	return snapshotRoom(ctx, tx, t.TeamID)
+}
+
+// SnapshotRoom says, with ErrLimit, that team keeps as many snapshots as
+// its MaxSnapshots allows: an early refusal, made before a checkpoint.
+func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
+	if team == "" {
+		return nil
+	}
+	err := snapshotRoom(ctx, s.db, team)
+	if err != nil && !errors.Is(err, store.ErrLimit) {
+		err = fmt.Errorf("snapshots of team %s: %w", team, classify(err))
+	}
+	return err
+}
+
+// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q.
+func snapshotRoom(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}, team string) error {
+	lim, err := scanTeam(q.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, team))
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && lim.MaxSnapshots == 0) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var held int
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM templates WHERE team_id = ? AND kind IN (?, ?)`,
+		team, string(store.KindSnapshot), string(store.KindSandboxTemplate)).Scan(&held); err != nil {
+		return err
+	}
+	if err := lim.SnapshotRoom(held); err != nil {
+		return fmt.Errorf("%v: %w", err, store.ErrLimit)
+	}
+	return nil
 }
 
 func putTemplate(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind, env, envVars string) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ func RunTeams(t *testing.T, newStore func(t *testing.T) TeamStore) {
 	t.Run("Limit", func(t *testing.T) { testTeamLimit(t, newStore(t)) })
 	t.Run("LimitRace", func(t *testing.T) { testTeamLimitRace(t, newStore(t)) })
 	t.Run("ResourceLimits", func(t *testing.T) { testTeamResourceLimits(t, newStore(t)) })
+	t.Run("SnapshotLimit", func(t *testing.T) { testTeamSnapshotLimit(t, newStore(t)) })
 }
 
 // A team's limit counts its sandboxes that are not dead; another team's,
@@ -391,6 +393,84 @@ func testKeys(t *testing.T, s auth.Store) {
 	keys, err := s.ListKeys(ctx, "")
 	if err != nil || len(keys) != 2 || keys[0].ID != lasting.ID || keys[1].ID != admin.ID {
 		t.Fatalf("keys left after the purges: %v %v; want the lasting and the admin key", keys, err)
+	}
+}
+
+// A team's MaxSnapshots counts its snapshots and templates of sandboxes:
+// not templates built from images, not another team's, not an update of a
+// record it keeps, and a replacement takes the place of what it replaces.
+func testTeamSnapshotLimit(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	for _, id := range []string{"lim", "free"} {
+		if err := s.CreateTeam(ctx, &auth.Team{ID: id, CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxSnapshots: ptr(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTeam(ctx, "lim"); err != nil || got.MaxSnapshots != 2 {
+		t.Fatalf("team after the patch: %+v %v", got, err)
+	}
+	image := func(id, team string, kind store.TemplateKind) *store.Template {
+		return &store.Template{ID: id, Name: id, RootfsPath: "/r/base", Kind: kind, TeamID: team, CreatedAt: now,
+			ImageDir: "/img/" + id}
+	}
+	if err := s.PutTemplate(ctx, &store.Template{ID: "base", Name: "base", RootfsPath: "/r/base", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tpl := range []*store.Template{
+		image("s1", "lim", store.KindSnapshot),
+		image("s2", "lim", store.KindSandboxTemplate),
+		image("built", "lim", ""),                  // a template of an image: not counted
+		image("other", "free", store.KindSnapshot), // another team's
+	} {
+		if err := s.PutTemplate(ctx, tpl); err != nil {
+			t.Fatalf("%s: %v", tpl.ID, err)
+		}
+	}
+	err := s.PutTemplate(ctx, image("s3", "lim", store.KindSnapshot))
+	if !errors.Is(err, store.ErrLimit) || !strings.Contains(err.Error(), "limit of 2 snapshots") {
+		t.Fatalf("a third snapshot over a limit of 2: %v, want ErrLimit naming the limit", err)
+	}
+	if _, err := s.GetTemplate(ctx, "s3"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refused snapshot was recorded: %v", err)
+	}
+	// The early check judges the same way, and takes nothing.
+	if err := s.SnapshotRoom(ctx, "lim"); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("early check at the limit: %v, want ErrLimit", err)
+	}
+	for _, team := range []string{"free", "", "nobody"} {
+		if err := s.SnapshotRoom(ctx, team); err != nil {
+			t.Fatalf("early check of team %q: %v", team, err)
+		}
+	}
+	// An update of a record kept (its upload's state, say) passes.
+	s1 := image("s1", "lim", store.KindSnapshot)
+	s1.Upload = store.UploadUploaded
+	if err := s.PutTemplate(ctx, s1); err != nil {
+		t.Fatalf("update of a kept snapshot: %v", err)
+	}
+	// A replacement under s2's name takes its place.
+	s4 := image("s4", "lim", store.KindSandboxTemplate)
+	s4.Name = "s2"
+	if _, err := s.ReplaceTemplate(ctx, s4); err != nil {
+		t.Fatalf("replacement at the limit: %v", err)
+	}
+	// Deleting one makes room.
+	if err := s.DeleteTemplate(ctx, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, image("s5", "lim", store.KindSnapshot)); err != nil {
+		t.Fatalf("a snapshot after a delete made room: %v", err)
+	}
+	// No limit: none counted.
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxSnapshots: ptr(0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, image("s6", "lim", store.KindSnapshot)); err != nil {
+		t.Fatalf("a snapshot once the limit is lifted: %v", err)
 	}
 }
 

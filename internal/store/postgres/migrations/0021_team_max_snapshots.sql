@@ -1,0 +1,5 @@
+-- A team's limit of the images it keeps (auth.Team.MaxSnapshots): its
+-- snapshots and the templates made of its sandboxes, cluster-wide; 0 for
+-- none. The count is by team and kind.
+ALTER TABLE teams ADD COLUMN max_snapshots INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX templates_team_kind ON templates (team_id, kind);
