@@ -250,11 +250,11 @@ func readSignedRequest(r *http.Request) signedRequest {
 // tells whether this call read the database.
 func (s *tokenSet) signer(ctx context.Context, u signedRequest) (id string, queried bool, err error) {
 	arrived := time.Now()
-	if id := s.match(u); id != "" {
-		return id, false, nil
-	}
 	if _, hit := s.misses.Get(u.key); hit {
 		return "", false, nil
+	}
+	if id := s.match(u); id != "" {
+		return id, false, nil
 	}
 	queried, err = s.readSince(ctx, arrived)
 	if err != nil {
@@ -267,17 +267,31 @@ func (s *tokenSet) signer(ctx context.Context, u signedRequest) (id string, quer
 	return "", queried, nil
 }
 
-// match finds u's signer among the tokens held: the sandbox remembered
-// for it if it still runs with the same token, else by trying each.
-func (s *tokenSet) match(u signedRequest) string {
-	s.mu.Lock()
-	tokens, byID := s.tokens, s.byID
-	s.mu.Unlock()
-	if id, ok := s.signers.Get(u.key); ok {
-		if token, ok := byID[id]; ok && u.sig.MadeWith(token) {
-			return id
-		}
+// known returns the sandbox remembered for u if it still runs with the
+// token that made u's signature, else "": one hash.
+func (s *tokenSet) known(u signedRequest) string {
+	id, ok := s.signers.Get(u.key)
+	if !ok {
+		return ""
 	}
+	s.mu.Lock()
+	token, ok := s.byID[id]
+	s.mu.Unlock()
+	if ok && u.sig.MadeWith(token) {
+		return id
+	}
+	return ""
+}
+
+// match finds u's signer among the tokens held: the sandbox remembered
+// for it, else by trying each.
+func (s *tokenSet) match(u signedRequest) string {
+	if id := s.known(u); id != "" {
+		return id
+	}
+	s.mu.Lock()
+	tokens := s.tokens
+	s.mu.Unlock()
 	for _, t := range tokens {
 		if u.sig.MadeWith(t.Token) {
 			s.signers.Add(u.key, t.ID)

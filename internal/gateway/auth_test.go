@@ -526,3 +526,29 @@ func BenchmarkSigner(b *testing.B) {
 		}
 	})
 }
+
+// A signed file URL forwarded by the gateway names its sandbox to the
+// node (E2b-Sandbox-Id), which then need not search its own sandboxes
+// again; envd checks the signature itself.
+func TestSignedURLForwardedWithSandboxID(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Got-Sandbox", r.Header.Get(api.HeaderSandboxID))
+	}))
+	t.Cleanup(upstream.Close)
+	db := &fakeDB{tokens: []postgres.SandboxToken{{ID: "sb1", Token: "t1"}, {ID: "sb2", Token: "t2"}}}
+	g := authGateway(db)
+	g.cfg = Config{ClusterSecret: "cluster-secret"}
+	g.nodes = newNodes(nil, time.Minute, new(atomic.Int64))
+	n := &nodeState{Node: postgres.Node{ID: "n1", Address: strings.TrimPrefix(upstream.URL, "http://")}, reachable: true}
+	g.nodes.view.Store(&nodeView{byID: map[string]*nodeState{n.ID: n}, list: []*nodeState{n}})
+	g.proxy = g.newProxy(http.DefaultTransport)
+	g.routes = newRouteCache(16)
+	g.routes.put("sb2", "n1")
+	r := httptest.NewRequest(http.MethodGet, signedURL("/a", "t2"), nil)
+	r.RemoteAddr = "10.10.0.1:1"
+	w := httptest.NewRecorder()
+	g.envd(w, r)
+	if w.Code != http.StatusOK || w.Header().Get("X-Got-Sandbox") != "sb2" {
+		t.Fatalf("status %d, node got %s %q, want sb2: %s", w.Code, api.HeaderSandboxID, w.Header().Get("X-Got-Sandbox"), w.Body)
+	}
+}

@@ -132,11 +132,14 @@ func (c *catalog) ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]
 			seen[t.Name] = true
 			out = append(out, t)
 		}
-		if limit == 0 || len(page) < limit || len(out) >= limit {
+		if limit == 0 || len(page) < f.Limit || len(out) >= limit {
 			break
 		}
 		last := page[len(page)-1]
 		f.After = &store.ListCursor{At: last.CreatedAt, ID: last.ID}
+		// Records were left out: read on in pages of some size, not one
+		// query per record a small page asks for.
+		f.Limit = max(f.Limit, 100)
 	}
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]

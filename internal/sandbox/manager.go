@@ -480,29 +480,34 @@ func (m *Manager) SandboxTeam(ctx context.Context, id string) (string, error) {
 }
 
 // List returns sandbox records matching f, at most f.Limit of them.
+// Orphans (records a failed create could not delete) are left out, and
+// read past: a page is full whenever more records follow.
 func (m *Manager) List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
 	limit := f.Limit
-	if limit > 0 {
-		// Orphans are left out below: read that many more so that a page
-		// is still full when more records follow.
+	var out []*store.Sandbox
+	for {
+		if limit > 0 {
+			// Read as many more as there are orphans, which it may hold.
+			m.mu.Lock()
+			f.Limit = limit - len(out) + len(m.orphans)
+			m.mu.Unlock()
+		}
+		page, err := m.store.ListSandboxes(ctx, f)
+		if err != nil {
+			return nil, err
+		}
 		m.mu.Lock()
-		f.Limit += len(m.orphans)
-		m.mu.Unlock()
-	}
-	all, err := m.store.ListSandboxes(ctx, f)
-	if err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := all
-	if len(m.orphans) > 0 {
-		out = all[:0]
-		for _, sb := range all {
+		for _, sb := range page {
 			if !m.orphans[sb.ID] {
 				out = append(out, sb)
 			}
 		}
+		m.mu.Unlock()
+		if limit == 0 || len(out) >= limit || len(page) < f.Limit {
+			break
+		}
+		last := page[len(page)-1]
+		f.After = &store.ListCursor{At: last.StartedAt, ID: last.ID}
 	}
 	if limit > 0 && len(out) > limit {
 		out = out[:limit]

@@ -170,19 +170,18 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 }
 
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
-// a sandbox that would take its team past its MaxSnapshots, cluster-wide;
-// an update of a record already kept is not a new one. The row of a team
-// with the limit is locked until tx ends, so that two nodes' records never
-// pass the count together.
-func checkSnapshotLimit(ctx context.Context, tx pgx.Tx, t *store.Template, kind store.TemplateKind) error {
+// a sandbox that would take its team past its MaxSnapshots, cluster-wide.
+// An update of a record already kept is not a new one, nor is the record
+// replacing this node's one named replaces ("" for none), which takes its
+// place. The row of a team with the limit is locked until tx ends, so
+// that two nodes' records never pass the count together; callers take it
+// before any other lock, as creates do.
+func (s *Store) checkSnapshotLimit(ctx context.Context, tx pgx.Tx, t *store.Template, kind store.TemplateKind,
+	replaces string) error {
 	if t.TeamID == "" || !store.CountsAsSnapshot(kind) {
 		return nil
 	}
-	var exists bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE id = $1)`, t.ID).Scan(&exists); err != nil || exists {
-		return err
-	}
-	return snapshotRoom(ctx, tx, t.TeamID, true)
+	return snapshotRoom(ctx, tx, t.TeamID, roomCheck{lock: true, id: t.ID, replaces: replaces, node: s.node})
 }
 
 // SnapshotRoom says, with ErrLimit, that team keeps as many snapshots as
@@ -192,21 +191,30 @@ func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
 	if team == "" {
 		return nil
 	}
-	err := snapshotRoom(ctx, s.pool, team, false)
+	err := snapshotRoom(ctx, s.pool, team, roomCheck{})
 	if err != nil && !errors.Is(err, store.ErrLimit) {
 		err = dbError("snapshots of team %s: %w", team, err)
 	}
 	return err
 }
 
-// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q;
-// with lock, a limited team's row is locked until q's transaction ends.
+// roomCheck is what snapshotRoom is asked: whether to lock the team's row
+// (in a transaction), the record to make room for ("" for one not named
+// yet; none is needed if it exists), and node's record named replaces
+// ("" for none): a replacement of the team's own needs no room.
+type roomCheck struct {
+	lock               bool
+	id, replaces, node string
+}
+
+// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q. A
+// team without the limit costs one read.
 func snapshotRoom(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, team string, lock bool) error {
+}, team string, c roomCheck) error {
 	const read = `SELECT ` + teamColumns + ` FROM teams WHERE id = $1`
 	lim, err := scanTeam(q.QueryRow(ctx, read, team))
-	if err == nil && lim.MaxSnapshots > 0 && lock {
+	if err == nil && lim.MaxSnapshots > 0 && c.lock {
 		lim, err = scanTeam(q.QueryRow(ctx, read+` FOR UPDATE`, team))
 	}
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && lim.MaxSnapshots == 0) {
@@ -215,10 +223,20 @@ func snapshotRoom(ctx context.Context, q interface {
 	if err != nil {
 		return err
 	}
-	var held int
-	if err := q.QueryRow(ctx, `SELECT count(*) FROM templates WHERE team_id = $1 AND kind IN ($2, $3)`,
-		team, string(store.KindSnapshot), string(store.KindSandboxTemplate)).Scan(&held); err != nil {
+	if c.id != "" {
+		var exists bool
+		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE id = $1)`, c.id).Scan(&exists); err != nil || exists {
+			return err
+		}
+	}
+	var held, replaced int
+	if err := q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE name = $4 AND node_id = $5)
+		FROM templates WHERE team_id = $1 AND kind IN ($2, $3)`, team, string(store.KindSnapshot),
+		string(store.KindSandboxTemplate), c.replaces, c.node).Scan(&held, &replaced); err != nil {
 		return err
+	}
+	if c.replaces != "" && replaced > 0 {
+		return nil // one for one: the team keeps no more than before
 	}
 	if err := lim.SnapshotRoom(held); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
@@ -403,6 +421,11 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 	}
 	// created_at is kept from the first put, as in the SQLite store.
 	err = s.inTx(ctx, "put template "+t.ID, func(tx pgx.Tx) error {
+		// The team's row before the root filesystem, in the order a
+		// create takes them: two orders could deadlock.
+		if err := s.checkSnapshotLimit(ctx, tx, t, kind, ""); err != nil {
+			return err
+		}
 		if err := lockRootfs(ctx, tx, s.node, t.RootfsPath); err != nil {
 			return err
 		}
@@ -422,9 +445,6 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 // taken from), replacing the reference it held, in tx.
 func (s *Store) putTemplateHolding(ctx context.Context, tx pgx.Tx, t *store.Template, kind store.TemplateKind,
 	env, envVars string) error {
-	if err := checkSnapshotLimit(ctx, tx, t, kind); err != nil {
-		return err
-	}
 	if err := putTemplate(ctx, tx, s.box, t, kind, env, envVars, s.node); err != nil {
 		return err
 	}
@@ -481,6 +501,10 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 	}
 	var old *store.Template
 	err = s.inTx(ctx, "replace template "+t.Name, func(tx pgx.Tx) error {
+		// The team's row first, as in PutTemplate.
+		if err := s.checkSnapshotLimit(ctx, tx, t, kind, t.Name); err != nil {
+			return err
+		}
 		// Replaces of one name run one after the other, each seeing what
 		// the one before put.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,5 +137,46 @@ func BenchmarkLimitedTeamCreate(b *testing.B) {
 				mk("free")
 			}
 		})
+	}
+}
+
+// Creates and snapshots of a team with both kinds of limits, at once over
+// the same root filesystem: each takes the team's row before the root
+// filesystem's lock, so none deadlocks (PostgreSQL would abort one).
+func TestCreatesAndSnapshotsOfALimitedTeam(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, pgtest.New(t).NewDatabase(t))
+	now := time.Unix(1700000000, 0).UTC()
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "lim", CreatedAt: now, MaxSandboxes: 1000, MaxSnapshots: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, &store.Template{ID: "base", Name: "base", RootfsPath: "/r", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 80)
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			sb := &store.Sandbox{ID: fmt.Sprintf("sb%d", i), TemplateID: "base", State: store.StateRunning,
+				StartedAt: now, UpdatedAt: now, EndAt: now, SlotIndex: -1, TeamID: "lim"}
+			if err := s.CreateSandboxHolding(ctx, sb, "/r"); err != nil {
+				errs <- fmt.Errorf("create %s: %w", sb.ID, err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			snap := &store.Template{ID: fmt.Sprintf("snap%d", i), Name: fmt.Sprintf("snap%d", i), RootfsPath: "/r",
+				Kind: store.KindSnapshot, TeamID: "lim", CreatedAt: now, ImageDir: "/img"}
+			if err := s.PutTemplate(ctx, snap); err != nil {
+				errs <- fmt.Errorf("snapshot %s: %w", snap.ID, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

@@ -414,11 +414,40 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (*store.Sandbox, erro
 }
 
 func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error) {
+	query, args := sandboxListQuery(f)
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*store.Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		out = append(out, sb)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	return out, nil
+}
+
+// sandboxListQuery is the query of ListSandboxes for f, and its arguments.
+func sandboxListQuery(f store.SandboxFilter) (string, []any) {
 	query := `SELECT ` + sandboxSelect + ` FROM sandboxes`
 	var where []string
 	var args []any
 	if len(f.States) > 0 {
-		where = append(where, "state IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+")")
+		// A page reads the index in list order and stops at its limit:
+		// the unary + keeps SQLite from choosing the state index instead,
+		// which would read and sort every sandbox in those states.
+		col := "state"
+		if f.Limit > 0 {
+			col = "+state"
+		}
+		where = append(where, col+" IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+")")
 		for _, st := range f.States {
 			args = append(args, string(st))
 		}
@@ -463,23 +492,7 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*st
 		query += " LIMIT ?"
 		args = append(args, f.Limit)
 	}
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
-	}
-	defer rows.Close()
-	var out []*store.Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list sandboxes: %w", err)
-		}
-		out = append(out, sb)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
-	}
-	return out, nil
+	return query, args
 }
 
 func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
@@ -513,6 +526,9 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 		kind = store.KindRootfs
 	}
 	err = s.inTx(ctx, "put template "+t.ID, func(tx *sql.Tx) error {
+		if err := checkSnapshotLimit(ctx, tx, t, kind, ""); err != nil {
+			return err
+		}
 		return putTemplateHolding(ctx, tx, t, kind, string(env), string(envVars))
 	})
 	if err != nil {
@@ -529,9 +545,6 @@ func (s *Store) PutTemplate(ctx context.Context, t *store.Template) error {
 // taken from), replacing the reference it held, in tx.
 func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind,
 	env, envVars string) error {
-	if err := checkSnapshotLimit(ctx, tx, t, kind); err != nil {
-		return err
-	}
 	if err := putTemplate(ctx, tx, t, kind, env, envVars); err != nil {
 		return err
 	}
@@ -547,18 +560,16 @@ func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind
 }
 
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
-// a sandbox that would take its team past its MaxSnapshots; an update of
-// a record already kept is not a new one. Transactions run one at a time
-// (one connection), so two records never pass the count together.
-func checkSnapshotLimit(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind) error {
+// a sandbox that would take its team past its MaxSnapshots. An update of
+// a record already kept is not a new one, nor is the record replacing the
+// one named replaces ("" for none), which takes its place. Transactions
+// run one at a time (one connection), so two records never pass the count
+// together.
+func checkSnapshotLimit(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind, replaces string) error {
 	if t.TeamID == "" || !store.CountsAsSnapshot(kind) {
 		return nil
 	}
-	var exists bool
-	if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE id = ?)`, t.ID).Scan(&exists); err != nil || exists {
-		return err
-	}
-	return snapshotRoom(ctx, tx, t.TeamID)
+	return snapshotRoom(ctx, tx, t.TeamID, t.ID, replaces)
 }
 
 // SnapshotRoom says, with ErrLimit, that team keeps as many snapshots as
@@ -567,17 +578,20 @@ func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
 	if team == "" {
 		return nil
 	}
-	err := snapshotRoom(ctx, s.db, team)
+	err := snapshotRoom(ctx, s.db, team, "", "")
 	if err != nil && !errors.Is(err, store.ErrLimit) {
 		err = fmt.Errorf("snapshots of team %s: %w", team, classify(err))
 	}
 	return err
 }
 
-// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q.
+// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q:
+// room for the record id ("" for one not named yet) unless it exists, or
+// replaces the team's record named replaces ("" for none), one for one. A
+// team without the limit costs one read.
 func snapshotRoom(ctx context.Context, q interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}, team string) error {
+}, team, id, replaces string) error {
 	lim, err := scanTeam(q.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, team))
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && lim.MaxSnapshots == 0) {
 		return nil
@@ -585,10 +599,20 @@ func snapshotRoom(ctx context.Context, q interface {
 	if err != nil {
 		return err
 	}
-	var held int
-	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM templates WHERE team_id = ? AND kind IN (?, ?)`,
-		team, string(store.KindSnapshot), string(store.KindSandboxTemplate)).Scan(&held); err != nil {
+	if id != "" {
+		var exists bool
+		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM templates WHERE id = ?)`, id).Scan(&exists); err != nil || exists {
+			return err
+		}
+	}
+	var held, replaced int
+	if err := q.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(name = ?), 0) FROM templates
+		WHERE team_id = ? AND kind IN (?, ?)`, replaces, team, string(store.KindSnapshot),
+		string(store.KindSandboxTemplate)).Scan(&held, &replaced); err != nil {
 		return err
+	}
+	if replaces != "" && replaced > 0 {
+		return nil // one for one: the team keeps no more than before
 	}
 	if err := lim.SnapshotRoom(held); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
@@ -634,6 +658,9 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 	}
 	var old *store.Template
 	err = s.inTx(ctx, "replace template "+t.Name, func(tx *sql.Tx) error {
+		if err := checkSnapshotLimit(ctx, tx, t, kind, t.Name); err != nil {
+			return err
+		}
 		prev, err := scanTemplate(tx.QueryRowContext(ctx, `SELECT `+templateColumns+` FROM templates
 			WHERE name = ? AND id <> ?`, t.Name, t.ID))
 		switch {

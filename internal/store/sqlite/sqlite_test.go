@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -270,6 +271,51 @@ func BenchmarkListSandboxesPage(b *testing.B) {
 				if err != nil || len(got) != 101 {
 					b.Fatalf("%d records, %v", len(got), err)
 				}
+			}
+		})
+	}
+}
+
+// A page of a list reads an index in the list's order and stops at its
+// limit: no plan may sort (a temporary B-tree reads every matching row).
+func TestListPlans(t *testing.T) {
+	s, err := Open(context.Background(), filepath.Join(t.TempDir(), "aenv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	live := []store.SandboxState{store.StateRunning, store.StatePaused}
+	cursor := &store.ListCursor{At: time.Unix(1700000000, 0), ID: "sb1"}
+	for _, tc := range []struct {
+		name  string
+		f     store.SandboxFilter
+		index string
+	}{
+		{"every team's, live", store.SandboxFilter{States: live, Limit: 101}, "sandboxes_started"},
+		{"every team's, after a cursor", store.SandboxFilter{States: live, After: cursor, Limit: 101}, "sandboxes_started"},
+		{"oldest first", store.SandboxFilter{States: live, Oldest: true, Limit: 101}, "sandboxes_started"},
+		{"a team's", store.SandboxFilter{TeamID: "t", States: live, Limit: 101}, "sandboxes_team_started"},
+		{"a team's, after a cursor", store.SandboxFilter{TeamID: "t", After: cursor, Limit: 101}, "sandboxes_team_started"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			query, args := sandboxListQuery(tc.f)
+			rows, err := s.db.Query("EXPLAIN QUERY PLAN "+query, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var plan []string
+			for rows.Next() {
+				var id, parent, unused int
+				var detail string
+				if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, detail)
+			}
+			whole := strings.Join(plan, "; ")
+			if !strings.Contains(whole, "INDEX "+tc.index) || strings.Contains(whole, "TEMP B-TREE") {
+				t.Errorf("plan %q, want %s and no sort", whole, tc.index)
 			}
 		})
 	}

@@ -465,6 +465,25 @@ func testTeamSnapshotLimit(t *testing.T, s TeamStore) {
 	if err := s.PutTemplate(ctx, image("s5", "lim", store.KindSnapshot)); err != nil {
 		t.Fatalf("a snapshot after a delete made room: %v", err)
 	}
+	// A limit lowered below what the team keeps refuses new ones, but
+	// not a replacement, which keeps the count.
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxSnapshots: ptr(1)}); err != nil {
+		t.Fatal(err)
+	}
+	s7 := image("s7", "lim", store.KindSnapshot)
+	s7.Name = "s5"
+	if _, err := s.ReplaceTemplate(ctx, s7); err != nil {
+		t.Fatalf("replacement over a lowered limit: %v", err)
+	}
+	if err := s.PutTemplate(ctx, image("s8", "lim", store.KindSnapshot)); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("a new snapshot over a lowered limit: %v, want ErrLimit", err)
+	}
+	// Replacing under a name the team does not hold is a new one.
+	s9 := image("s9", "lim", store.KindSnapshot)
+	s9.Name = "fresh"
+	if _, err := s.ReplaceTemplate(ctx, s9); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("a replacement of nothing over the limit: %v, want ErrLimit", err)
+	}
 	// No limit: none counted.
 	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxSnapshots: ptr(0)}); err != nil {
 		t.Fatal(err)
