@@ -10,7 +10,7 @@ set -uo pipefail
 tmp_pattern='/tmp/[^ ]*'
 
 # Servers and sandboxes of temporary data dirs.
-pkill -KILL -f "aenv server --data-dir $tmp_pattern" 2>/dev/null
+pkill -KILL -f "aenv server .*--data-dir $tmp_pattern" 2>/dev/null
 # Cluster tests: nodes (their data dir comes after the cluster flags) and
 # gateways over a throwaway database's socket under /tmp.
 pkill -KILL -f "aenv node .*--data-dir $tmp_pattern" 2>/dev/null
