@@ -1153,3 +1153,24 @@ func TestListPagesPastOrphans(t *testing.T) {
 		t.Fatalf("pages of 3 gave %v, want %v", got, want)
 	}
 }
+
+// Running is what the usage sampler reads each round, from memory: the
+// running sandboxes, not the paused or killed.
+func TestRunningFromMemory(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	a, b, c := w.create(), w.create(), w.create()
+	if err := w.m.Pause(ctx, b.ID, node.PauseOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.m.Kill(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, sb := range w.m.Running() {
+		got = append(got, sb.ID)
+	}
+	if fmt.Sprint(got) != fmt.Sprint([]string{a.ID}) {
+		t.Fatalf("running: %v, want only %s", got, a.ID)
+	}
+}

@@ -479,6 +479,18 @@ func (m *Manager) SandboxTeam(ctx context.Context, id string) (string, error) {
 	return sb.TeamID, nil
 }
 
+// Running returns the records of the sandboxes running now, from memory
+// (no store read): what a sampler of their use needs each round.
+func (m *Manager) Running() []*store.Sandbox {
+	var out []*store.Sandbox
+	for _, e := range m.entries() {
+		if v := e.view(); v != nil && v.phase == phaseRunning && v.sb != nil {
+			out = append(out, v.sb)
+		}
+	}
+	return out
+}
+
 // List returns sandbox records matching f, at most f.Limit of them.
 // Orphans (records a failed create could not delete) are left out, and
 // read past: a page is full whenever more records follow.

@@ -25,7 +25,12 @@ const (
 
 // Source is what the history samples: the sandbox manager.
 type Source interface {
-	// List returns the sandbox records matching f.
+	// Running returns the records of the sandboxes running now, from
+	// memory: a round of samples costs the store nothing, however many
+	// sandboxes the node holds.
+	Running() []*store.Sandbox
+	// List returns the sandbox records matching f; read once per
+	// PruneEvery to forget sandboxes that are neither running nor paused.
 	List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	// Stats returns the resource use of a running sandbox.
 	Stats(ctx context.Context, id string) (runtime.Stats, error)
@@ -43,6 +48,10 @@ type Config struct {
 
 // DefaultFlushEvery is how often the teams' use is written by default.
 const DefaultFlushEvery = 10 * time.Second
+
+// PruneEvery is how often the histories of sandboxes that ended are
+// forgotten (a paused sandbox keeps its own).
+const PruneEvery = time.Minute
 
 // Sample is one measurement of a sandbox.
 type Sample struct {
@@ -117,8 +126,13 @@ func (h *History) run(ctx context.Context) {
 	ticker := time.NewTicker(h.cfg.Interval)
 	defer ticker.Stop()
 	lastFlush := time.Now()
+	var lastPrune time.Time
 	for {
 		h.sampleAll(ctx)
+		if time.Since(lastPrune) >= PruneEvery {
+			lastPrune = time.Now()
+			h.prune(ctx)
+		}
 		if time.Since(lastFlush) >= h.cfg.FlushEvery {
 			lastFlush = time.Now()
 			h.flushLogged(ctx)
@@ -145,11 +159,26 @@ func (h *History) flushLogged(ctx context.Context) {
 	}
 }
 
-// sampleAll takes one sample of every running sandbox and forgets the
-// sandboxes that are neither running nor paused any more.
+// sampleAll takes one sample of every running sandbox.
 func (h *History) sampleAll(ctx context.Context) {
 	// A round is bounded by the interval, so that rounds never pile up
-	// behind a slow store.
+	// behind slow stats.
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Interval)
+	defer cancel()
+	for _, sb := range h.src.Running() {
+		st, err := h.src.Stats(ctx, sb.ID)
+		if err != nil {
+			// Paused, killed or gone between the list and now.
+			h.logger.DebugContext(ctx, "usage sampling: stats", "sandbox", sb.ID, "err", err)
+			continue
+		}
+		h.record(sb, st, time.Now())
+	}
+}
+
+// prune forgets the histories of sandboxes that are neither running nor
+// paused any more.
+func (h *History) prune(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Interval)
 	defer cancel()
 	all, err := h.src.List(ctx, store.SandboxFilter{States: []store.SandboxState{store.StateRunning, store.StatePaused}})
@@ -162,16 +191,10 @@ func (h *History) sampleAll(ctx context.Context) {
 	keep := make(map[string]bool, len(all))
 	for _, sb := range all {
 		keep[sb.ID] = true
-		if sb.State != store.StateRunning {
-			continue
-		}
-		st, err := h.src.Stats(ctx, sb.ID)
-		if err != nil {
-			// Paused, killed or gone between the list and now.
-			h.logger.DebugContext(ctx, "usage sampling: stats", "sandbox", sb.ID, "err", err)
-			continue
-		}
-		h.record(sb, st, time.Now())
+	}
+	// Sandboxes made since the list are running: they stay too.
+	for _, sb := range h.src.Running() {
+		keep[sb.ID] = true
 	}
 	h.mu.Lock()
 	for id := range h.series {

@@ -34,6 +34,18 @@ func (f *fakeSource) List(ctx context.Context, flt store.SandboxFilter) ([]*stor
 	return out, nil
 }
 
+func (f *fakeSource) Running() []*store.Sandbox {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*store.Sandbox
+	for _, sb := range f.sandboxes {
+		if sb.State == store.StateRunning {
+			out = append(out, sb)
+		}
+	}
+	return out
+}
+
 func (f *fakeSource) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -125,7 +137,7 @@ func TestCPUPercent(t *testing.T) {
 	}
 }
 
-func TestSampleAllForgetsGoneSandboxes(t *testing.T) {
+func TestPruneForgetsGoneSandboxes(t *testing.T) {
 	now := time.Now()
 	running := &store.Sandbox{ID: "run", State: store.StateRunning, VCPU: 1, MemoryMB: 256, StartedAt: now}
 	paused := &store.Sandbox{ID: "pau", State: store.StatePaused, VCPU: 1, MemoryMB: 256, StartedAt: now}
@@ -142,8 +154,14 @@ func TestSampleAllForgetsGoneSandboxes(t *testing.T) {
 		t.Fatalf("a paused sandbox keeps its history without new samples: %d samples", n)
 	}
 
+	h.prune(context.Background())
+	if n := len(h.Range("pau", time.Time{}, time.Time{})); n != 1 {
+		t.Fatalf("a paused sandbox's history was pruned: %d samples", n)
+	}
+
 	src.set([]*store.Sandbox{running}, map[string]runtime.Stats{"run": {MemoryBytes: 2 << 20}})
 	h.sampleAll(context.Background())
+	h.prune(context.Background())
 	if h.Range("pau", time.Time{}, time.Time{}) != nil || h.Tracked() != 1 {
 		t.Fatalf("the history of a sandbox that is gone must be freed (tracked %d)", h.Tracked())
 	}
