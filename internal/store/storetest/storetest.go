@@ -206,26 +206,10 @@ func testSandboxPages(t *testing.T, s store.Store) {
 	}
 	// walk pages through f with pages of n, as the API does.
 	walk := func(f store.SandboxFilter, n int) []string {
-		var all []string
-		for range 20 {
-			f.Limit = n + 1
-			got, err := s.ListSandboxes(ctx, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			more := len(got) > n
-			if more {
-				got = got[:n]
-			}
-			all = append(all, ids(got)...)
-			if !more {
-				return all
-			}
-			last := got[len(got)-1]
-			f.After = &store.ListCursor{At: last.StartedAt, ID: last.ID}
-		}
-		t.Fatalf("paging did not end: %v", all)
-		return nil
+		return walkPages(t, n, func(limit int, after *store.ListCursor) ([]*store.Sandbox, error) {
+			f.Limit, f.After = limit, after
+			return s.ListSandboxes(ctx, f)
+		}, func(sb *store.Sandbox) store.ListCursor { return store.ListCursor{At: sb.StartedAt, ID: sb.ID} })
 	}
 	newest := []string{"d", "e", "c", "a", "b", "f"}
 	oldest := []string{"f", "b", "a", "c", "e", "d"}
@@ -289,28 +273,10 @@ func testSnapshotPages(t *testing.T, s store.Store) {
 		}
 	}
 	walk := func(f store.SnapshotFilter, n int) []string {
-		var all []string
-		for range 20 {
-			f.Limit = n + 1
-			got, err := s.ListSnapshots(ctx, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			more := len(got) > n
-			if more {
-				got = got[:n]
-			}
-			for _, t := range got {
-				all = append(all, t.ID)
-			}
-			if !more {
-				return all
-			}
-			last := got[len(got)-1]
-			f.After = &store.ListCursor{At: last.CreatedAt, ID: last.ID}
-		}
-		t.Fatalf("paging did not end: %v", all)
-		return nil
+		return walkPages(t, n, func(limit int, after *store.ListCursor) ([]*store.Template, error) {
+			f.Limit, f.After = limit, after
+			return s.ListSnapshots(ctx, f)
+		}, func(t *store.Template) store.ListCursor { return store.ListCursor{At: t.CreatedAt, ID: t.ID} })
 	}
 	for _, tc := range []struct {
 		name   string
@@ -331,6 +297,36 @@ func testSnapshotPages(t *testing.T, s store.Store) {
 			}
 		})
 	}
+}
+
+// walkPages lists everything through list in pages of n, as the API does
+// (one more than the page says whether more follow, the last record's
+// place is the next cursor), and returns the IDs in order.
+func walkPages[T any](t *testing.T, n int, list func(limit int, after *store.ListCursor) ([]T, error),
+	place func(T) store.ListCursor) []string {
+	t.Helper()
+	var all []string
+	var after *store.ListCursor
+	for range 20 {
+		got, err := list(n+1, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		more := len(got) > n
+		if more {
+			got = got[:n]
+		}
+		for _, r := range got {
+			all = append(all, place(r).ID)
+		}
+		if !more {
+			return all
+		}
+		c := place(got[len(got)-1])
+		after = &c
+	}
+	t.Fatalf("paging did not end: %v", all)
+	return nil
 }
 
 func testSandboxNotFound(t *testing.T, s store.Store) {
