@@ -180,20 +180,8 @@ func forgetSandbox(s *Slot) error {
 	if err := netlink.NeighDel(neigh); err != nil && !errors.Is(err, unix.ENOENT) {
 		errs = append(errs, fmt.Errorf("delete neighbour %s: %w", s.SandboxIP, err))
 	}
-	var bySrc, byDst netlink.ConntrackFilter
-	if err := bySrc.AddIP(netlink.ConntrackOrigSrcIP, net.IP(s.SandboxIP.AsSlice())); err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	if err := byDst.AddIP(netlink.ConntrackOrigDstIP, net.IP(s.SandboxIP.AsSlice())); err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	_, err = retryDump(func() (uint, error) {
-		return netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &bySrc, &byDst)
-	})
-	// Flushing flows is hygiene (a reused address must not inherit them);
-	// a dump still interrupted after retries is not worth failing for.
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		errs = append(errs, fmt.Errorf("delete conntrack flows of %s: %w", s.SandboxIP, err))
+	if err := deleteFlowsOf(s.SandboxIP); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
