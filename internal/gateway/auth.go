@@ -246,16 +246,17 @@ func readSignedRequest(r *http.Request) signedRequest {
 			q.Get("signature_expiration") + "\x00" + q.Get("signature")))}
 }
 
-// signer returns the sandbox whose token signed u ("" for none); queried
+// missed reports whether u was refused a moment ago (within invalidTTL).
+func (s *tokenSet) missed(u signedRequest) bool {
+	_, hit := s.misses.Get(u.key)
+	return hit
+}
+
+// signer returns the sandbox whose token signed u ("" for none), for a
+// request that arrived at arrived and whose signer is not among the
+// tokens held (see match): it looks among tokens read since. queried
 // tells whether this call read the database.
-func (s *tokenSet) signer(ctx context.Context, u signedRequest) (id string, queried bool, err error) {
-	arrived := time.Now()
-	if _, hit := s.misses.Get(u.key); hit {
-		return "", false, nil
-	}
-	if id := s.match(u); id != "" {
-		return id, false, nil
-	}
+func (s *tokenSet) signer(ctx context.Context, u signedRequest, arrived time.Time) (id string, queried bool, err error) {
 	queried, err = s.readSince(ctx, arrived)
 	if err != nil {
 		return "", queried, err

@@ -552,3 +552,30 @@ func TestSignedURLForwardedWithSandboxID(t *testing.T) {
 		t.Fatalf("status %d, node got %s %q, want sb2: %s", w.Code, api.HeaderSandboxID, w.Header().Get("X-Got-Sandbox"), w.Body)
 	}
 }
+
+// An address that sent too many bad signed URLs is refused new bad ones
+// (429), but a URL signed by a running sandbox whose token the gateway
+// holds still passes, as a known key does: one client's bad URLs do not
+// lock out its good ones.
+func TestSignerBlockedAddressStillPassesValidURLs(t *testing.T) {
+	db := &fakeDB{tokens: []postgres.SandboxToken{{ID: "sb1", Token: "t1"}}}
+	g := authGateway(db)
+	g.tokens = newTokenSet(db, time.Millisecond) // each bad URL reads the tokens: no need to wait
+	if id, _ := signerOf(g, "10.11.0.2", signedURL("/first", "t1")); id != "sb1" {
+		t.Fatalf("signer before any failure: %q", id) // the tokens are now held
+	}
+	blocked := false
+	for i := 0; i < 200 && !blocked; i++ {
+		_, code := signerOf(g, "10.11.0.1", signedURL(fmt.Sprintf("/bad%d", i), "nobody"))
+		blocked = code == http.StatusTooManyRequests
+	}
+	if !blocked {
+		t.Fatal("200 bad signed URLs from one address were never refused with 429")
+	}
+	if id, code := signerOf(g, "10.11.0.1", signedURL("/new", "t1")); id != "sb1" {
+		t.Errorf("a new valid URL from the blocked address: %q %d, want sb1", id, code)
+	}
+	if _, code := signerOf(g, "10.11.0.1", signedURL("/bad-again", "nobody")); code != http.StatusTooManyRequests {
+		t.Errorf("another bad URL from the blocked address: %d, want 429", code)
+	}
+}

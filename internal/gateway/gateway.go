@@ -376,18 +376,23 @@ func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) 
 		g.refuse(w, r, errdefs.ErrUnauthenticated, api.ExpiredSignatureMessage)
 		return "", false
 	}
-	// A URL whose signer is remembered passes even from an address that
-	// failed too often; any other costs a hash per running sandbox, so
-	// the block is looked at first.
+	// A URL signed by a running sandbox whose token is held passes even
+	// from an address that failed too often, as a known key does: one
+	// client's bad URLs must not lock out its good ones. A URL refused a
+	// moment ago is refused again before the search among the tokens.
+	arrived := time.Now()
 	u := readSignedRequest(r)
-	if id := g.tokens.known(u); id != "" {
+	if g.tokens.missed(u) {
+		return refuse()
+	}
+	if id := g.tokens.match(u); id != "" {
 		return id, true
 	}
 	if retry, blocked := g.authFails.Blocked(r); blocked {
 		api.WriteTooManyAuthFailures(w, retry)
 		return "", false
 	}
-	id, queried, err := g.tokens.signer(r.Context(), u)
+	id, queried, err := g.tokens.signer(r.Context(), u, arrived)
 	if queried {
 		g.queries.Add(1)
 	}

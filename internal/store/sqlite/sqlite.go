@@ -440,11 +440,12 @@ func sandboxListQuery(f store.SandboxFilter) (string, []any) {
 	var where []string
 	var args []any
 	if len(f.States) > 0 {
-		// A page reads the index in list order and stops at its limit:
-		// the unary + keeps SQLite from choosing the state index instead,
-		// which would read and sort every sandbox in those states.
+		// A page of several states reads the list's index in order and
+		// stops at its limit: the unary + keeps SQLite from choosing the
+		// state index instead, which would read and sort every sandbox in
+		// those states. One state reads its own part of the state index.
 		col := "state"
-		if f.Limit > 0 {
+		if f.Limit > 0 && len(f.States) > 1 {
 			col = "+state"
 		}
 		where = append(where, col+" IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+")")

@@ -296,6 +296,9 @@ func TestListPlans(t *testing.T) {
 		{"oldest first", store.SandboxFilter{States: live, Oldest: true, Limit: 101}, "sandboxes_started"},
 		{"a team's", store.SandboxFilter{TeamID: "t", States: live, Limit: 101}, "sandboxes_team_started"},
 		{"a team's, after a cursor", store.SandboxFilter{TeamID: "t", After: cursor, Limit: 101}, "sandboxes_team_started"},
+		{"one state", store.SandboxFilter{States: []store.SandboxState{store.StatePaused}, Limit: 101}, "sandboxes_state"},
+		{"one state, after a cursor", store.SandboxFilter{States: []store.SandboxState{store.StatePaused}, After: cursor,
+			Limit: 101}, "sandboxes_state"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			query, args := sandboxListQuery(tc.f)

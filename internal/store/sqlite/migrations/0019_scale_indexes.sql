@@ -6,6 +6,9 @@
 DROP INDEX sandboxes_team;
 CREATE INDEX sandboxes_team_started ON sandboxes (team_id, started_at DESC, id);
 CREATE INDEX sandboxes_started ON sandboxes (started_at DESC, id);
+-- A page of one state reads its part of this one, in list order.
+DROP INDEX sandboxes_state;
+CREATE INDEX sandboxes_state ON sandboxes (state, started_at DESC, id);
 
 -- Snapshots are paged the same way (newest first by created_at, then ID).
 CREATE INDEX templates_kind_created ON templates (kind, created_at DESC, id DESC);
