@@ -5,6 +5,7 @@ package compose_test
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,28 +81,80 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	seen := map[string]string{}
+	var ranges []*net.IPNet
 	for _, n := range []string{"node-a", "node-b"} {
 		s := p.Services[n]
 		checkVars(n, nodeVars)
-		if !s.Privileged || s.Cgroup != "host" {
-			t.Errorf("%s: privileged %v cgroup %q: a node needs both", n, s.Privileged, s.Cgroup)
+		// What keeps sandboxes alive across a restart of the container:
+		// TestNodeImageInPodman runs the node with these settings.
+		if !s.Privileged || s.Cgroup != "host" || s.NetworkMode != "host" || s.Pid != "host" {
+			t.Errorf("%s: privileged %v, cgroup %q, network %q, pid %q: a node needs all four", n,
+				s.Privileged, s.Cgroup, s.NetworkMode, s.Pid)
 		}
 		if s.Image != "ghcr.io/aenv-dev/aenv-node:latest" {
 			t.Errorf("%s image %q, not what make images names it", n, s.Image)
 		}
-		id := *s.Environment["AENV_NODE_ID"]
-		if id != n || *s.Environment["AENV_ADVERTISE"] != s.Hostname+":8000" || s.Hostname != n {
-			t.Errorf("%s: node ID %q, advertised %q, host name %q", n, id, *s.Environment["AENV_ADVERTISE"], s.Hostname)
+		mounts := map[string]types.ServiceVolumeConfig{}
+		for _, v := range s.Volumes {
+			mounts[v.Target] = v
 		}
-		if other, dup := seen[id]; dup {
-			t.Errorf("%s and %s share node ID %s", n, other, id)
+		for _, want := range []struct{ target, propagation string }{
+			{dataDir, "rshared"}, {"/run/netns", "rshared"}, {"/sys/fs/cgroup", ""},
+		} {
+			v, ok := mounts[want.target]
+			if !ok || v.Type != types.VolumeTypeBind {
+				t.Errorf("%s: no host directory at %s (%+v)", n, want.target, v)
+				continue
+			}
+			propagation := ""
+			if v.Bind != nil {
+				propagation = v.Bind.Propagation
+			}
+			if propagation != want.propagation {
+				t.Errorf("%s: %s shared %q, want %q", n, want.target, propagation, want.propagation)
+			}
 		}
-		seen[id] = n
-		if !slices.ContainsFunc(s.Volumes, func(v types.ServiceVolumeConfig) bool { return v.Target == dataDir }) {
-			t.Errorf("%s keeps no volume at the image's data dir %s", n, dataDir)
+		env := func(k string) string {
+			if v := s.Environment[k]; v != nil {
+				return *v
+			}
+			return ""
 		}
-		if dsn := *s.Environment["AENV_DATABASE_URL"]; !strings.Contains(dsn, ":pw@postgres:5432/") {
+		id, listen := env("AENV_NODE_ID"), env("AENV_LISTEN")
+		if id != n || env("AENV_ADVERTISE") != listen {
+			t.Errorf("%s: node ID %q, advertised %q, listening on %q", n, id, env("AENV_ADVERTISE"), listen)
+		}
+		// On one host's network, two nodes differ in everything they own.
+		for _, k := range []string{"AENV_NODE_ID", "AENV_LISTEN", "AENV_NET_PREFIX", mounts[dataDir].Source} {
+			v := k
+			if strings.HasPrefix(k, "AENV_") {
+				v = k + "=" + env(k)
+			}
+			if other, dup := seen[v]; dup || v == k+"=" {
+				t.Errorf("%s and %s share %s", n, other, v)
+			}
+			seen[v] = n
+		}
+		_, cidr, err := net.ParseCIDR(env("AENV_SANDBOX_CIDR"))
+		if err != nil {
+			t.Errorf("%s: sandbox range: %v", n, err)
+			continue
+		}
+		for _, r := range ranges {
+			if r.Contains(cidr.IP) || cidr.Contains(r.IP) {
+				t.Errorf("%s: sandbox range %s overlaps %s", n, cidr, r)
+			}
+		}
+		ranges = append(ranges, cidr)
+		if dsn := env("AENV_DATABASE_URL"); !strings.Contains(dsn, ":pw@127.0.0.1:5432/") {
 			t.Errorf("%s database %q", n, dsn)
+		}
+	}
+	for _, n := range []string{"postgres", "s3"} {
+		for _, port := range p.Services[n].Ports {
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("%s published on %q, want the loopback only", n, port.HostIP)
+			}
 		}
 	}
 	g := p.Services["gateway"]
@@ -109,8 +162,8 @@ func TestComposeFile(t *testing.T) {
 	if g.Privileged || g.Image != "ghcr.io/aenv-dev/aenv-gateway:latest" {
 		t.Errorf("gateway: privileged %v image %q", g.Privileged, g.Image)
 	}
-	if len(g.Ports) != 1 || g.Ports[0].Target != 8000 || g.Ports[0].Published != "8000" {
-		t.Errorf("gateway ports %+v", g.Ports)
+	if g.NetworkMode != "host" || *g.Environment["AENV_LISTEN"] != ":8000" {
+		t.Errorf("gateway network %q, listening on %v", g.NetworkMode, g.Environment["AENV_LISTEN"])
 	}
 	if *g.Environment["AENV_API_KEY"] != "key" {
 		t.Errorf("gateway API key %v", g.Environment["AENV_API_KEY"])
@@ -129,8 +182,8 @@ func TestComposeFileMistakes(t *testing.T) {
 	}
 	for _, tc := range []struct{ name, from, to, want string }{
 		{"misspelled key", "  privileged: true", "  privilegd: true", "privilegd"},
-		{"wrong type", `      - "8000:8000"`, "      - {target: eight}", "target"},
-		{"unknown service key", "    hostname: node-a", "    hostnam: node-a", "hostnam"},
+		{"wrong type", `      - "127.0.0.1:${AENV_S3_PORT:-8333}:8333"`, "      - {target: eight}", "target"},
+		{"unknown service key", "    network_mode: host", "    network_mod: host", "network_mod"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !strings.Contains(string(raw), tc.from) {

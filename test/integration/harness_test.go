@@ -99,7 +99,10 @@ type server struct {
 	url     string
 	// bin, when set, is the aenv this server runs instead of serverBin
 	// (another release, for an upgrade).
-	bin    string
+	bin string
+	// run, when set, makes the command that runs aenv with these
+	// arguments (a container of the node image); else it is bin's.
+	run    func(args []string) *exec.Cmd
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when cmd has been waited for
 	logs   *syncBuffer
@@ -204,7 +207,11 @@ func (s *server) startOnce(retryConflict bool) bool {
 	if s.bin != "" {
 		bin = s.bin
 	}
-	s.cmd = exec.Command(bin, args...)
+	if s.run != nil {
+		s.cmd = s.run(args)
+	} else {
+		s.cmd = exec.Command(bin, args...)
+	}
 	s.cmd.Env = append(append(os.Environ(), s.env...), raceEnv(s.raceDir))
 	s.cmd.Stdout = s.logs
 	s.cmd.Stderr = s.logs
