@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/aenv-dev/aenv/internal/client"
 	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
@@ -25,14 +26,17 @@ const (
 	bootNetPrefix   = "aenvunit"
 	bootSandboxCIDR = "10.231.240.0/24"
 	testCache       = "/var/cache/aenv-test"
+	bootAPIKey      = "aenv-unit-test-key"
 )
 
 // TestAenvServiceUnderSystemd installs aenv with scripts/install.sh, for
 // real (no --destdir), into a container booted by systemd-nspawn whose root
 // is this machine's own (an overlay on a tmpfs, thrown away after), starts
 // aenv.service with systemctl and waits for /health and for its log in the
-// journal. The machines the tests run on have no systemd as PID 1; systemd
-// as the container's PID 1 is the real one.
+// journal. A sandbox is made, and `systemctl restart aenv` must keep it:
+// the next server adopts it with its files and processes. The machines the
+// tests run on have no systemd as PID 1; systemd as the container's PID 1
+// is the real one.
 func TestAenvServiceUnderSystemd(t *testing.T) {
 	roottest.Require(t)
 	for _, tool := range []string{"systemd-nspawn", "nsenter", "nft"} {
@@ -84,10 +88,14 @@ func TestAenvServiceUnderSystemd(t *testing.T) {
 	}
 	// nspawn mounts a cgroup v1 hierarchy read-only; runsc writes to each.
 	// They come in beside, and are mounted over the read-only ones once
-	// the container runs.
+	// the container runs. Each is the container's own cgroup, which is
+	// this process's (nspawn --keep-unit moves no v1 controller): the
+	// root of the container's cgroup namespace, as runsc reads its own
+	// cgroup's path relative to it.
 	controllers := cgroupV1Controllers(t)
+	own := ownCgroups(t)
 	for _, c := range controllers {
-		args = append(args, "--bind=/sys/fs/cgroup/"+c+":/opt/aenv-host-cgroup/"+c)
+		args = append(args, "--bind=/sys/fs/cgroup/"+c+own[c]+":/opt/aenv-host-cgroup/"+c)
 	}
 	// basic.target: none of this machine's own services (a database, ...).
 	args = append(args, "--", "--unit=basic.target")
@@ -160,35 +168,80 @@ AENV_LISTEN=127.0.0.1:%d
 AENV_SANDBOX_CIDR=%s
 AENV_NET_PREFIX=%s
 AENV_TEMPLATE_CACHE_DIR=%s
-AENV_KILL_ON_EXIT=true
+AENV_API_KEY=%s
 AENV_WARM_SANDBOXES=0
 AENV_PREPARED_SANDBOXES=0
 AENV_WARM_SNAPSHOTS=0
-EOF`, port, bootSandboxCIDR, bootNetPrefix, testCache))
+EOF`, port, bootSandboxCIDR, bootNetPrefix, testCache, bootAPIKey))
 	in("systemctl start aenv")
 
 	health := fmt.Sprintf("http://127.0.0.1:%d/health", port)
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		resp, err := http.Get(health)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
+	waitHealthy := func() {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			resp, err := http.Get(health)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return
+				}
 			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not answer 200: %v\n%s", health, err, in("systemctl status aenv --no-pager || true; journalctl -u aenv --no-pager | tail -50"))
+			}
+			time.Sleep(200 * time.Millisecond) // polling a port: nothing to wait on
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer 200: %v\n%s", health, err, in("systemctl status aenv --no-pager || true; journalctl -u aenv --no-pager | tail -50"))
-		}
-		time.Sleep(200 * time.Millisecond) // polling a port: nothing to wait on
 	}
+	waitHealthy()
 	if got := in("systemctl is-active aenv"); strings.TrimSpace(got) != "active" {
 		t.Errorf("aenv.service is %q", got)
 	}
 	if log := in("journalctl -u aenv --no-pager"); !strings.Contains(log, "aenv server listening") {
 		t.Errorf("journalctl -u aenv does not show the server's log:\n%s", log)
 	}
+
+	// A sandbox outlives `systemctl restart aenv` (KillMode=process), and
+	// the next server adopts it.
+	api := client.New(client.Config{URL: fmt.Sprintf("http://127.0.0.1:%d", port), APIKey: bootAPIKey})
+	sb, err := api.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: "base"})
+	if err != nil {
+		t.Fatalf("create: %v\n%s", err, in("journalctl -u aenv --no-pager | tail -50"))
+	}
+	defer func() {
+		// Deleted, whatever happened: the sandbox's cgroups are the host's.
+		_ = api.DeleteSandbox(context.Background(), sb.SandboxID)
+	}()
+	state := "echo kept > /tmp/state; nohup sleep 1000 >/dev/null 2>&1 &"
+	if _, err := api.Execute(ctx, sb.SandboxID, client.ExecuteRequest{Command: state}); err != nil {
+		t.Fatal(err)
+	}
+	before := strings.TrimSpace(in("systemctl show --property MainPID --value aenv"))
+	in("systemctl restart aenv")
+	if after := strings.TrimSpace(in("systemctl show --property MainPID --value aenv")); after == before {
+		t.Fatalf("aenv.service's process is %s before and after the restart", after)
+	}
+	waitHealthy()
+	res, err := api.Execute(ctx, sb.SandboxID, client.ExecuteRequest{Command: "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"})
+	if err != nil || res.Stdout != "kept\nsleeper\n" {
+		t.Fatalf("after systemctl restart, the sandbox: %+v, %v\n%s", res, err, in("journalctl -u aenv --no-pager | tail -50"))
+	}
+	if err := api.DeleteSandbox(ctx, sb.SandboxID); err != nil {
+		t.Fatal(err)
+	}
+	// A server told to kill its sandboxes on exit stops with nothing left
+	// in the host's cgroup hierarchies (runsc's, and the server's parent
+	// of them, which a server that keeps its sandboxes keeps too).
+	in("echo AENV_KILL_ON_EXIT=true >>/etc/aenv/server.env && systemctl restart aenv")
+	waitHealthy()
 	in("systemctl stop aenv")
+	for _, c := range controllers {
+		left, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", c, own[c], "aenv-*"))
+		for _, l := range left {
+			t.Errorf("cgroup left behind: %s", l)
+			_ = os.Remove(l)
+		}
+	}
 }
 
 // cgroupV1Controllers lists the cgroup v1 controller hierarchies mounted
@@ -212,6 +265,28 @@ func cgroupV1Controllers(t *testing.T) []string {
 		}
 	}
 	return cs
+}
+
+// ownCgroups maps each cgroup v1 controller to this process's cgroup in
+// it ("/" at the root).
+func ownCgroups(t *testing.T) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		// hierarchy-ID:controller,controller:path
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || parts[1] == "" {
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = strings.TrimSuffix(parts[2], "/")
+		}
+	}
+	return out
 }
 
 // waitContainerInit returns the PID of the container's systemd.
