@@ -432,12 +432,19 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *store.Template) error {
 	if !m.local(tpl) {
 		// Another node's template: the shared cache keeps its files.
-		if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		err := m.store.CreateSandbox(ctx, sb)
+		if errors.Is(err, store.ErrTeamGone) {
+			return fmt.Errorf("%w: team %q was deleted", node.ErrNotFound, sb.TeamID)
+		}
+		if err != nil {
 			return storeError("record sandbox", err)
 		}
 		return nil
 	}
 	err := m.store.CreateSandboxHolding(ctx, sb, tpl.RootfsPath)
+	if errors.Is(err, store.ErrTeamGone) {
+		return fmt.Errorf("%w: team %q was deleted", node.ErrNotFound, sb.TeamID)
+	}
 	if errors.Is(err, store.ErrNotFound) && len(sb.VolumeMounts) > 0 {
 		return fmt.Errorf("%w: template %q, or a volume the sandbox mounts, was deleted", node.ErrNotFound, tpl.Name)
 	}

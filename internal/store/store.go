@@ -19,6 +19,30 @@ import (
 // ErrNotFound is returned when a record does not exist.
 var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "not found")
 
+// ErrTeamGone is returned, wrapped, for a sandbox or volume of a team that
+// has no record: it was deleted while the create was on its way. It is an
+// ErrNotFound.
+var ErrTeamGone = fmt.Errorf("the team was deleted: %w", ErrNotFound)
+
+// TeamGone is ErrTeamGone for team.
+func TeamGone(team string) error {
+	return fmt.Errorf("team %q: %w", team, ErrTeamGone)
+}
+
+// TeamInUse refuses, with ErrConflict, the delete of team id while it has
+// volumes or live sandboxes (starting, running or paused): records of a
+// team that is gone would be seen by admins only, and volumes never go
+// with a team's delete. The API checks first, with its own message; this
+// is the check made in the delete's transaction, which no create of the
+// team's passes.
+func TeamInUse(id string, volumes, liveSandboxes int) error {
+	if volumes == 0 && liveSandboxes == 0 {
+		return nil
+	}
+	return fmt.Errorf("team %q has %d volumes and %d live sandboxes; delete them first: %w",
+		id, volumes, liveSandboxes, ErrConflict)
+}
+
 // ErrConflict is returned when a record with the same key or name exists.
 var ErrConflict = errdefs.New(errdefs.ErrConflict, "already exists")
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,13 @@ func newTestService(t *testing.T) (*Service, *sqlite.Store, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
+	// The teams the tests' volumes belong to: a volume of a team with no
+	// record is refused.
+	for _, team := range []string{"lab", "other"} {
+		if err := db.CreateTeam(ctx, &auth.Team{ID: team, CreatedAt: time.Unix(0, 0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dir := filepath.Join(t.TempDir(), "volumes")
 	s, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler))
 	if err != nil {

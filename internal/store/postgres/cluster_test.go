@@ -151,6 +151,9 @@ func TestSharedTemplate(t *testing.T) {
 	}
 	// A copy-on-write volume of node a: its record stays (a gateway
 	// deletes it), and with it its hold on its layer.
+	if err := a.CreateTeam(ctx, &auth.Team{ID: "t", CreatedAt: time.Unix(0, 0)}); err != nil {
+		t.Fatal(err)
+	}
 	if err := a.CreateVolume(ctx, &store.Volume{ID: "vol-copy", Name: "copy", TeamID: "t", Token: "x",
 		CreatedAt: time.Unix(40, 0), Layers: []string{"layer-1"}}); err != nil {
 		t.Fatal(err)

@@ -132,25 +132,35 @@ func (s *Store) insertSandbox(ctx context.Context, tx pgx.Tx, sb *store.Sandbox,
 // row of a team with limits is locked until tx ends, so the creates of one
 // team, on any node, count and insert one at a time; other teams' do not
 // wait.
+//
+// A sandbox of a team with no record is refused (ErrNotFound): its team
+// was deleted while the create was on its way. Either lock taken here
+// makes a team's delete, which counts its sandboxes and volumes
+// (DeleteTeam), wait for this create to end and count it.
 func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 	if sb.TeamID == "" {
 		return nil
 	}
-	// A team without limits takes no lock: its creates never wait for
-	// each other. A limit set meanwhile applies from the next create.
+	// A team without limits takes a shared lock on its row (FOR KEY
+	// SHARE: its creates never wait for each other, nor for a change of
+	// its limits), which only its delete waits for. A limit set meanwhile
+	// applies from the next create.
 	const team = `SELECT ` + teamColumns + ` FROM teams WHERE id = $1`
 	t, err := scanTeam(tx.QueryRow(ctx, team, sb.TeamID))
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !t.Limited()) {
-		return nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.TeamGone(sb.TeamID)
 	}
 	if err != nil {
 		return err
 	}
-	t, err = scanTeam(tx.QueryRow(ctx, team+` FOR UPDATE`, sb.TeamID))
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !t.Limited()) {
-		return nil
+	if !t.Limited() {
+		return requireTeam(ctx, tx, sb.TeamID)
 	}
-	if err != nil {
+	t, err = scanTeam(tx.QueryRow(ctx, team+` FOR UPDATE`, sb.TeamID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.TeamGone(sb.TeamID)
+	}
+	if err != nil || !t.Limited() {
 		return err
 	}
 	used, err := teamUse(ctx, tx, sb.TeamID)
@@ -167,6 +177,21 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 		}
 	}
 	return nil
+}
+
+// requireTeam refuses, with ErrNotFound, a record of a team that has none
+// ("" is no team), and keeps the team's row from being deleted until tx
+// ends: the delete then counts the record.
+func requireTeam(ctx context.Context, tx pgx.Tx, team string) error {
+	if team == "" {
+		return nil
+	}
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM teams WHERE id = $1 FOR KEY SHARE`, team).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.TeamGone(team)
+	}
+	return err
 }
 
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of

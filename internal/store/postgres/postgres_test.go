@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/aenv-dev/aenv/internal/audit"
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
 	"github.com/aenv-dev/aenv/internal/store/storetest"
@@ -80,6 +81,11 @@ func TestVolumes(t *testing.T) {
 			}
 			t.Cleanup(func() { s.Close() })
 			nodes[id] = s
+			if i == 0 {
+				if err := s.CreateTeam(ctx, &auth.Team{ID: "lab", CreatedAt: time.Now()}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			for j := range 2 {
 				v := &store.Volume{ID: fmt.Sprintf("vol-%d-%d", i, j), Name: fmt.Sprintf("v-%d-%d", i, j), TeamID: "lab",
 					Token: "tok", CreatedAt: time.Now()}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -93,6 +94,25 @@ func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch
 
 func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 	return s.inTx(ctx, "delete team "+id, func(tx pgx.Tx) error {
+		// The row first: a create of the team's holds a share of it until
+		// it commits (requireTeam), so the counts below include it.
+		var one int
+		err := tx.QueryRow(ctx, `SELECT 1 FROM teams WHERE id = $1 FOR UPDATE`, id).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("delete team %s: %w", id, store.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		var volumes, live int
+		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM volumes WHERE team_id = $1),
+			(SELECT count(*) FROM sandboxes WHERE team_id = $1 AND state = ANY($2))`, id,
+			[]string{string(store.StateStarting), string(store.StateRunning), string(store.StatePaused)}).Scan(&volumes, &live); err != nil {
+			return err
+		}
+		if err := store.TeamInUse(id, volumes, live); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, `DELETE FROM api_keys WHERE team_id = $1`, id); err != nil {
 			return err
 		}

@@ -21,6 +21,9 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		return dbError("create volume %s: %w", v.Name, err)
 	}
 	err = s.inTx(ctx, "create volume "+v.Name, func(tx pgx.Tx) error {
+		if err := requireTeam(ctx, tx, v.TeamID); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, '')::jsonb)`,
 			v.ID, v.Name, v.TeamID, v.Token, s.node, v.CreatedAt.UnixNano(), layers)
 		if err != nil {

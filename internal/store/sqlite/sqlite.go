@@ -194,15 +194,20 @@ func holdVolumes(ctx context.Context, tx *sql.Tx, kind store.RefKind, id string,
 // memory and vCPUs, would pass one of the team's limits. The store has one
 // connection, so transactions, and with them counts and inserts, run one
 // at a time.
+//
+// A sandbox of a team with no record is refused (ErrNotFound): its team was
+// deleted while the create was on its way. Transactions here run one at a
+// time, so a team's delete, which counts its sandboxes and volumes
+// (DeleteTeam), and a create never pass each other.
 func checkTeamLimit(ctx context.Context, tx *sql.Tx, sb *store.Sandbox) error {
 	if sb.TeamID == "" {
 		return nil
 	}
 	t, err := scanTeam(tx.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, sb.TeamID))
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && !t.Limited()) {
-		return nil
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.TeamGone(sb.TeamID)
 	}
-	if err != nil {
+	if err != nil || !t.Limited() {
 		return err
 	}
 	used, err := teamUse(ctx, tx, sb.TeamID)
@@ -336,6 +341,20 @@ func (s *Store) DeleteTemplateUnreferenced(ctx context.Context, id string) ([]st
 		return releaseRefs(ctx, tx, store.RefTemplate, id)
 	})
 	return users, err
+}
+
+// requireTeam refuses, with ErrNotFound, a record of a team that has none
+// ("" is no team).
+func requireTeam(ctx context.Context, tx *sql.Tx, team string) error {
+	if team == "" {
+		return nil
+	}
+	var one int
+	err := tx.QueryRowContext(ctx, `SELECT 1 FROM teams WHERE id = ?`, team).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.TeamGone(team)
+	}
+	return err
 }
 
 // inTx runs fn in a transaction, committed when fn returns nil; errors

@@ -89,6 +89,15 @@ func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch
 
 func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 	return s.inTx(ctx, "delete team "+id, func(tx *sql.Tx) error {
+		var volumes, live int
+		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM volumes WHERE team_id = ?),
+			(SELECT count(*) FROM sandboxes WHERE team_id = ? AND state IN (?, ?, ?))`, id, id,
+			string(store.StateStarting), string(store.StateRunning), string(store.StatePaused)).Scan(&volumes, &live); err != nil {
+			return err
+		}
+		if err := store.TeamInUse(id, volumes, live); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE team_id = ?`, id); err != nil {
 			return err
 		}

@@ -20,6 +20,9 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		return fmt.Errorf("create volume %s: %w", v.Name, err)
 	}
 	err = s.inTx(ctx, "create volume "+v.Name, func(tx *sql.Tx) error {
+		if err := requireTeam(ctx, tx, v.TeamID); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?)`,
 			v.ID, v.Name, v.TeamID, v.Token, v.CreatedAt.UnixNano(), layers); err != nil {
 			if isUniqueViolation(err) {

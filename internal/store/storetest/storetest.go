@@ -16,6 +16,7 @@ import (
 
 // Run runs the shared suite; newStore returns a fresh, empty store.
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
+	newStore = withTeams(newStore)
 	t.Run("SandboxRoundTrip", func(t *testing.T) { testSandboxRoundTrip(t, newStore(t)) })
 	t.Run("SandboxFilters", func(t *testing.T) { testSandboxFilters(t, newStore(t)) })
 	t.Run("SandboxPages", func(t *testing.T) { testSandboxPages(t, newStore(t)) })
@@ -594,6 +595,7 @@ func testRefsRace(t *testing.T, s store.Store) {
 // must then protect what the scan of records protected: every template's
 // root filesystem, and that of the template of every sandbox not dead.
 func Backfill(t *testing.T, s store.Store, downgrade func(), reopen func() store.Store) {
+	makeTeams(t, s)
 	ctx := context.Background()
 	now := time.Unix(1700000000, 0).UTC()
 	for _, tpl := range []*store.Template{

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,125 @@ func RunTeams(t *testing.T, newStore func(t *testing.T) TeamStore) {
 	t.Run("LimitRace", func(t *testing.T) { testTeamLimitRace(t, newStore(t)) })
 	t.Run("ResourceLimits", func(t *testing.T) { testTeamResourceLimits(t, newStore(t)) })
 	t.Run("SnapshotLimit", func(t *testing.T) { testTeamSnapshotLimit(t, newStore(t)) })
+	t.Run("DeleteInUse", func(t *testing.T) { testTeamDeleteInUse(t, newStore(t)) })
+	t.Run("DeleteRace", func(t *testing.T) { testTeamDeleteRace(t, newStore(t)) })
+}
+
+// volumesOf is the store's volumes, which every store here keeps.
+func volumesOf(t *testing.T, s TeamStore) store.VolumeStore {
+	t.Helper()
+	v, ok := s.(store.VolumeStore)
+	if !ok {
+		t.Fatalf("store %T keeps no volumes", s)
+	}
+	return v
+}
+
+// A team with a volume or a live sandbox is not deleted (ErrConflict);
+// once they are gone it is, and then no sandbox or volume is recorded
+// for it (ErrNotFound): a create that was on its way when the team went.
+func testTeamDeleteInUse(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "lab", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	sb := sandbox("sb1", store.StatePaused, now, nil)
+	sb.TeamID = "lab"
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	vols := volumesOf(t, s)
+	if err := vols.CreateVolume(ctx, &store.Volume{ID: "vol-1", Name: "data", TeamID: "lab", Token: "t", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTeam(ctx, "lab"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("delete with a paused sandbox and a volume: %v, want ErrConflict", err)
+	}
+	sb.State = store.StateDead
+	if err := s.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTeam(ctx, "lab"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("delete with a volume: %v, want ErrConflict", err)
+	}
+	if _, err := vols.DeleteVolume(ctx, "vol-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTeam(ctx, "lab"); err != nil {
+		t.Fatalf("delete with a dead sandbox only: %v", err)
+	}
+	if _, err := s.GetTeam(ctx, "lab"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	late := sandbox("sb2", store.StateStarting, now, nil)
+	late.TeamID = "lab"
+	if err := s.CreateSandbox(ctx, late); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a sandbox of the deleted team: %v, want ErrNotFound", err)
+	}
+	if err := vols.CreateVolume(ctx, &store.Volume{ID: "vol-2", Name: "data", TeamID: "lab", Token: "t", CreatedAt: now}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a volume of the deleted team: %v, want ErrNotFound", err)
+	}
+}
+
+// A team's delete and its creates, at once, never both succeed: either
+// the delete counts a create and is refused, or the create finds the team
+// gone. On PostgreSQL the creates of a team without limits take no lock
+// on each other; they share the team's row, which the delete locks.
+func testTeamDeleteRace(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	vols := volumesOf(t, s)
+	for round := range 20 {
+		team := fmt.Sprintf("race-%d", round)
+		if err := s.CreateTeam(ctx, &auth.Team{ID: team, CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var created []string
+		var deleted bool
+		for i := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				id := fmt.Sprintf("%s-%d", team, i)
+				var err error
+				if i%2 == 0 {
+					sb := sandbox(id, store.StateStarting, now, nil)
+					sb.TeamID = team
+					err = s.CreateSandbox(ctx, sb)
+				} else {
+					err = vols.CreateVolume(ctx, &store.Volume{ID: id, Name: id, TeamID: team, Token: "t", CreatedAt: now})
+				}
+				switch {
+				case err == nil:
+					mu.Lock()
+					created = append(created, id)
+					mu.Unlock()
+				case !errors.Is(err, store.ErrNotFound):
+					t.Errorf("create %s: %v", id, err)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.DeleteTeam(ctx, team)
+			switch {
+			case err == nil:
+				mu.Lock()
+				deleted = true
+				mu.Unlock()
+			case !errors.Is(err, store.ErrConflict):
+				t.Errorf("delete %s: %v", team, err)
+			}
+		}()
+		wg.Wait()
+		if deleted && len(created) > 0 {
+			t.Fatalf("round %d: team %s was deleted and yet %v were recorded for it", round, team, created)
+		}
+	}
 }
 
 // A team's limit counts its sandboxes that are not dead; another team's,
@@ -64,9 +184,16 @@ func testTeamLimit(t *testing.T, s TeamStore) {
 			t.Fatalf("a third sandbox over a limit of 2 (holding %v): %v, want ErrLimit", holding, err)
 		}
 	}
-	for i, team := range []string{"free", "free", "free", "", "no-such-team"} {
+	for i, team := range []string{"free", "free", "free", ""} {
 		if err := create("o"+string(rune('a'+i)), team, false); err != nil {
 			t.Fatalf("a sandbox of team %q: %v", team, err)
+		}
+	}
+	// A team with no record is one deleted while the create was on its
+	// way: its sandbox is refused, not left to a team that is gone.
+	for _, holding := range []bool{false, true} {
+		if err := create("gone", "no-such-team", holding); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a sandbox of a team with no record (holding %v): %v, want ErrNotFound", holding, err)
 		}
 	}
 	// A dead sandbox makes room.

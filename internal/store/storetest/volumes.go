@@ -13,6 +13,7 @@ import (
 // RunVolumes runs the shared suite of volume records; newStore returns a
 // fresh store.
 func RunVolumes(t *testing.T, newStore func(t *testing.T) store.VolumeStore) {
+	newStore = withTeams(newStore)
 	ctx := context.Background()
 	s := newStore(t)
 	now := time.Unix(1700000000, 7).UTC()
@@ -114,6 +115,7 @@ type VolumeAndSandboxStore interface {
 // record keeps them, holds each volume while the sandbox is not dead, and
 // a held volume cannot be deleted.
 func RunVolumeMounts(t *testing.T, newStore func(t *testing.T) VolumeAndSandboxStore) {
+	newStore = withTeams(newStore)
 	ctx := context.Background()
 	s := newStore(t)
 	now := time.Unix(1700000000, 7).UTC()
@@ -215,6 +217,7 @@ func RunVolumeMounts(t *testing.T, newStore func(t *testing.T) VolumeAndSandboxS
 // puts a layer on top of a volume mounted by its holder alone, clones hold
 // the layers they share, and a layer is unheld once no volume has it.
 func RunVolumeLayers(t *testing.T, newStore func(t *testing.T) VolumeAndSandboxStore) {
+	newStore = withTeams(newStore)
 	ctx := context.Background()
 	s := newStore(t)
 	now := time.Unix(1700000000, 7).UTC()
