@@ -118,7 +118,8 @@ type VolumeStore interface {
 	// ErrConflict and the holders). Snapshots that mount it do not stand
 	// in the way: their sandboxes will mount it, layers and all.
 	FreezeVolume(ctx context.Context, id, layer, holder string) ([]Ref, error)
-	// UnheldLayers returns those of layers that no volume holds.
+	// UnheldLayers returns those of layers that no volume holds: by a
+	// reference, or by naming it in its record.
 	UnheldLayers(ctx context.Context, layers []string) ([]string, error)
 }
 

@@ -25,7 +25,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -312,18 +311,6 @@ func (s *Service) removeUnheldLayers(ctx context.Context, layers []string) {
 	s.layersMu.Lock()
 	defer s.layersMu.Unlock()
 	unheld, err := s.records.UnheldLayers(ctx, layers)
-	if err == nil && len(unheld) > 0 {
-		var all []*store.Volume
-		if all, err = s.records.ListVolumes(ctx, ""); err == nil {
-			named := map[string]bool{}
-			for _, v := range all {
-				for _, l := range v.Layers {
-					named[l] = true
-				}
-			}
-			unheld = slices.DeleteFunc(unheld, func(l string) bool { return named[l] })
-		}
-	}
 	if err != nil {
 		s.logger.WarnContext(ctx, "layers no volume holds: kept until the next start", "err", err)
 		return

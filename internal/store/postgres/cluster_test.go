@@ -340,3 +340,25 @@ func TestTakeOverSandbox(t *testing.T) {
 		t.Errorf("all sandboxes: %v %v", list, err)
 	}
 }
+
+// A layer is held by a reference or by a volume's record naming it (a
+// record older than its references), on any node; both are index probes.
+func TestUnheldLayers(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewDatabase(t)
+	a, b := openNode(t, dsn, "a"), openNode(t, dsn, "b")
+	if err := a.CreateTeam(ctx, &auth.Team{ID: "lab", CreatedAt: time.Unix(0, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	v := &store.Volume{ID: "copy", Name: "copy", TeamID: "lab", Token: "t", CreatedAt: time.Now(), Layers: []string{"l-ref", "l-named"}}
+	if err := a.CreateVolume(ctx, v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.pool.Exec(ctx, `DELETE FROM refs WHERE target_kind = $1 AND target_id = $2`, string(store.RefLayer), "l-named"); err != nil {
+		t.Fatal(err)
+	}
+	unheld, err := b.UnheldLayers(ctx, []string{"l-ref", "l-named", "l-free"})
+	if err != nil || len(unheld) != 1 || unheld[0] != "l-free" {
+		t.Fatalf("unheld %v, %v; want l-free only", unheld, err)
+	}
+}

@@ -166,8 +166,10 @@ func (s *Store) UnheldLayers(ctx context.Context, layers []string) ([]string, er
 	if len(layers) == 0 {
 		return nil, nil
 	}
+	// Both probes are indexed (refs_target, volumes_layers).
 	rows, err := s.pool.Query(ctx, `SELECT l FROM unnest($1::text[]) AS l
-		WHERE NOT EXISTS (SELECT 1 FROM refs WHERE target_kind = $2 AND target_id = l)`, layers, string(store.RefLayer))
+		WHERE NOT EXISTS (SELECT 1 FROM refs WHERE target_kind = $2 AND target_id = l)
+		AND NOT EXISTS (SELECT 1 FROM volumes WHERE layers ? l)`, layers, string(store.RefLayer))
 	if err != nil {
 		return nil, dbError("layers held: %w", err)
 	}

@@ -157,12 +157,18 @@ func (s *Store) FreezeVolume(ctx context.Context, id, layer, holder string) ([]s
 	return holders, err
 }
 
+// layerHeldQuery is 1 when a layer is held: by a reference, or named in a
+// volume's record (read from the volumes that have layers only, by the
+// partial index volumes_layered).
+const layerHeldQuery = `SELECT EXISTS (SELECT 1 FROM refs WHERE target_kind = ? AND target_id = ?)
+	OR EXISTS (SELECT 1 FROM volumes, json_each(volumes.layers_json) AS j
+		WHERE volumes.layers_json != '' AND j.value = ?)`
+
 func (s *Store) UnheldLayers(ctx context.Context, layers []string) ([]string, error) {
 	var out []string
 	for _, l := range layers {
 		var n int
-		if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM refs WHERE target_kind = ? AND target_id = ?`,
-			string(store.RefLayer), l).Scan(&n); err != nil {
+		if err := s.db.QueryRowContext(ctx, layerHeldQuery, string(store.RefLayer), l, l).Scan(&n); err != nil {
 			return nil, fmt.Errorf("layers held: %w", classify(err))
 		}
 		if n == 0 {
