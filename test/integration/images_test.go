@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -90,6 +91,35 @@ func (p *podman) output(args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
+// loadImage builds aenv's images as `make images` does (the node's only
+// with a nodeBase), loads the one named name from its tarball as an
+// operator would, and returns its reference.
+func (p *podman) loadImage(name, nodeBase string) string {
+	p.t.Helper()
+	in := release.Inputs{BinDir: binDir, NodeBase: nodeBase, CACerts: "/etc/ssl/certs/ca-certificates.crt",
+		Version: "podman-test", Repository: "localhost/aenv", Created: time.Now()}
+	images, err := release.BuildAll(in, p.t.TempDir())
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	out := p.t.TempDir()
+	if err := release.Write(out, images); err != nil {
+		p.t.Fatal(err)
+	}
+	for _, b := range images {
+		if path.Base(b.Ref.RepositoryStr()) != name {
+			continue
+		}
+		image := b.Ref.String()
+		if loaded := p.output("load", "-q", "-i", filepath.Join(out, name+".tar")); !strings.Contains(loaded, image) {
+			p.t.Fatalf("podman load: %q, want %s", loaded, image)
+		}
+		return image
+	}
+	p.t.Fatalf("no image %s was built", name)
+	return ""
+}
+
 // limits are the --ulimit flags of a container: podman's defaults raise
 // the open-files and process limits past what a host that denies raising
 // them allows (runc then fails at start), so a container gets the test's
@@ -116,21 +146,7 @@ func limits(t testing.TB) []string {
 // node on the host. A sandbox is created and driven through it.
 func TestGatewayImageInPodman(t *testing.T) {
 	p := newPodman(t)
-	in := release.Inputs{BinDir: binDir, CACerts: "/etc/ssl/certs/ca-certificates.crt", Version: "podman-test",
-		Repository: "localhost/aenv", Created: time.Now()}
-	images, err := release.BuildAll(in, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := t.TempDir()
-	if err := release.Write(out, images); err != nil {
-		t.Fatal(err)
-	}
-	loaded := p.output("load", "-q", "-i", filepath.Join(out, "aenv-gateway.tar"))
-	image := images[0].Ref.String()
-	if !strings.Contains(loaded, image) {
-		t.Fatalf("podman load: %q, want %s", loaded, image)
-	}
+	image := p.loadImage("aenv-gateway", "")
 
 	c := newCluster(t)
 	c.addNode("node-a")
@@ -235,20 +251,7 @@ func TestGatewayImageInPodman(t *testing.T) {
 // the sandbox, its files and its processes are still there, adopted.
 func TestNodeImageInPodman(t *testing.T) {
 	p := newPodman(t)
-	in := release.Inputs{BinDir: binDir, NodeBase: nodeBase(t), CACerts: "/etc/ssl/certs/ca-certificates.crt",
-		Version: "podman-test", Repository: "localhost/aenv", Created: time.Now()}
-	images, err := release.BuildAll(in, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := t.TempDir()
-	if err := release.Write(out, images); err != nil {
-		t.Fatal(err)
-	}
-	image := images[1].Ref.String()
-	if loaded := p.output("load", "-q", "-i", filepath.Join(out, "aenv-node.tar")); !strings.Contains(loaded, image) {
-		t.Fatalf("podman load: %q, want %s", loaded, image)
-	}
+	image := p.loadImage("aenv-node", nodeBase(t))
 
 	c := newCluster(t)
 	s := newServer(t, "--max-memory-percent", "1000", "--kill-on-exit=false")

@@ -308,21 +308,7 @@ func TestListPlans(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			query, args := sandboxListQuery(tc.f)
-			rows, err := s.db.Query("EXPLAIN QUERY PLAN "+query, args...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			var plan []string
-			for rows.Next() {
-				var id, parent, unused int
-				var detail string
-				if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-					t.Fatal(err)
-				}
-				plan = append(plan, detail)
-			}
-			whole := strings.Join(plan, "; ")
+			whole := queryPlan(t, s, query, args...)
 			if !strings.Contains(whole, "INDEX "+tc.index) || strings.Contains(whole, "TEMP B-TREE") {
 				t.Errorf("plan %q, want %s and no sort", whole, tc.index)
 			}
@@ -361,21 +347,7 @@ func TestUnheldLayers(t *testing.T) {
 	if err != nil || strings.Join(unheld, ",") != "l-free" {
 		t.Fatalf("unheld %v, %v; want l-free only", unheld, err)
 	}
-	rows, err := s.db.Query("EXPLAIN QUERY PLAN "+layerHeldQuery, string(store.RefLayer), "l-free", "l-free")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var plan []string
-	for rows.Next() {
-		var id, parent, unused int
-		var detail string
-		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, detail)
-	}
-	if whole := strings.Join(plan, "; "); !strings.Contains(whole, "volumes_layered") {
+	if whole := queryPlan(t, s, layerHeldQuery, string(store.RefLayer), "l-free", "l-free"); !strings.Contains(whole, "volumes_layered") {
 		t.Errorf("plan %q, want the volumes with layers read by volumes_layered", whole)
 	}
 }
@@ -416,4 +388,27 @@ func BenchmarkUnheldLayers(b *testing.B) {
 			}
 		}
 	})
+}
+
+// queryPlan is SQLite's plan of query, its steps joined by "; ".
+func queryPlan(t *testing.T, s *Store, query string, args ...any) string {
+	t.Helper()
+	rows, err := s.db.Query("EXPLAIN QUERY PLAN "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(plan, "; ")
 }
