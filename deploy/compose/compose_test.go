@@ -98,8 +98,21 @@ func TestComposeFile(t *testing.T) {
 		for _, v := range s.Volumes {
 			mounts[v.Target] = v
 		}
+		env := func(k string) string {
+			if v := s.Environment[k]; v != nil {
+				return *v
+			}
+			return ""
+		}
+		// The node's data directory is at the host's path: a node names
+		// its cgroups and finds its processes by it, among the host's.
+		data := env("AENV_DATA_DIR")
+		if data == "" || data == dataDir || mounts[data].Source != data {
+			t.Errorf("%s: data directory %q (mounted from %q), want a host directory at its own path, not the image's %s",
+				n, data, mounts[data].Source, dataDir)
+		}
 		for _, want := range []struct{ target, propagation string }{
-			{dataDir, "rshared"}, {"/run/netns", "rshared"}, {"/sys/fs/cgroup", ""},
+			{data, "rshared"}, {"/run/netns", "rshared"}, {"/sys/fs/cgroup", ""},
 		} {
 			v, ok := mounts[want.target]
 			if !ok || v.Type != types.VolumeTypeBind {
@@ -114,18 +127,12 @@ func TestComposeFile(t *testing.T) {
 				t.Errorf("%s: %s shared %q, want %q", n, want.target, propagation, want.propagation)
 			}
 		}
-		env := func(k string) string {
-			if v := s.Environment[k]; v != nil {
-				return *v
-			}
-			return ""
-		}
 		id, listen := env("AENV_NODE_ID"), env("AENV_LISTEN")
 		if id != n || env("AENV_ADVERTISE") != listen {
 			t.Errorf("%s: node ID %q, advertised %q, listening on %q", n, id, env("AENV_ADVERTISE"), listen)
 		}
 		// On one host's network, two nodes differ in everything they own.
-		for _, k := range []string{"AENV_NODE_ID", "AENV_LISTEN", "AENV_NET_PREFIX", mounts[dataDir].Source} {
+		for _, k := range []string{"AENV_NODE_ID", "AENV_LISTEN", "AENV_NET_PREFIX", "AENV_DATA_DIR"} {
 			v := k
 			if strings.HasPrefix(k, "AENV_") {
 				v = k + "=" + env(k)

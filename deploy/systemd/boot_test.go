@@ -267,8 +267,11 @@ func cgroupV1Controllers(t *testing.T) []string {
 	return cs
 }
 
-// ownCgroups maps each cgroup v1 controller to this process's cgroup in
-// it ("/" at the root).
+// ownCgroups maps each cgroup v1 hierarchy, by its mount name
+// ("cpu,cpuacct") and by each of its controllers, to this process's cgroup
+// in it ("" at the root). The paths are from the root of this process's
+// cgroup namespace: a test run in a container of its own would need them
+// made relative to the hierarchies' mount roots too.
 func ownCgroups(t *testing.T) map[string]string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/cgroup")
@@ -282,6 +285,9 @@ func ownCgroups(t *testing.T) map[string]string {
 		if len(parts) != 3 || parts[1] == "" {
 			continue
 		}
+		// Under the hierarchy's name ("cpu,cpuacct", as mounted) and
+		// under each of its controllers.
+		out[parts[1]] = strings.TrimSuffix(parts[2], "/")
 		for _, c := range strings.Split(parts[1], ",") {
 			out[c] = strings.TrimSuffix(parts[2], "/")
 		}

@@ -210,7 +210,8 @@ type Store interface {
 	// (two concurrent changes of different limits both hold); ErrNotFound
 	// if the team is gone.
 	SetTeamLimits(ctx context.Context, id string, p LimitsPatch) error
-	// DeleteTeam deletes team id and its keys; ErrNotFound if gone.
+	// DeleteTeam deletes team id and its keys; ErrNotFound if gone,
+	// ErrConflict while it has volumes or live sandboxes.
 	DeleteTeam(ctx context.Context, id string) error
 
 	CreateKey(ctx context.Context, k *Key) error

@@ -434,7 +434,7 @@ func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *sto
 		// Another node's template: the shared cache keeps its files.
 		err := m.store.CreateSandbox(ctx, sb)
 		if errors.Is(err, store.ErrTeamGone) {
-			return fmt.Errorf("%w: team %q was deleted", node.ErrNotFound, sb.TeamID)
+			return fmt.Errorf("%w: team %q does not exist (deleted while the sandbox was made?)", node.ErrNotFound, sb.TeamID)
 		}
 		if err != nil {
 			return storeError("record sandbox", err)
@@ -443,7 +443,7 @@ func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *sto
 	}
 	err := m.store.CreateSandboxHolding(ctx, sb, tpl.RootfsPath)
 	if errors.Is(err, store.ErrTeamGone) {
-		return fmt.Errorf("%w: team %q was deleted", node.ErrNotFound, sb.TeamID)
+		return fmt.Errorf("%w: team %q does not exist (deleted while the sandbox was made?)", node.ErrNotFound, sb.TeamID)
 	}
 	if errors.Is(err, store.ErrNotFound) && len(sb.VolumeMounts) > 0 {
 		return fmt.Errorf("%w: template %q, or a volume the sandbox mounts, was deleted", node.ErrNotFound, tpl.Name)

@@ -20,9 +20,9 @@ import (
 var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "not found")
 
 // ErrTeamGone is returned, wrapped, for a sandbox or volume of a team that
-// has no record: it was deleted while the create was on its way. It is an
-// ErrNotFound.
-var ErrTeamGone = fmt.Errorf("the team was deleted: %w", ErrNotFound)
+// has no record: deleted while the create was on its way, or never made
+// (an admin acting as a team that does not exist). It is an ErrNotFound.
+var ErrTeamGone = fmt.Errorf("no such team: %w", ErrNotFound)
 
 // TeamGone is ErrTeamGone for team.
 func TeamGone(team string) error {

@@ -266,11 +266,14 @@ func TestNodeImageInPodman(t *testing.T) {
 	// mountPropagation: Bidirectional in Kubernetes): the mounts the node
 	// makes for its sandboxes outlive its container. Sharing needs a
 	// shared mount on the host's side.
-	for _, args := range [][]string{{"--bind", s.dataDir, s.dataDir}, {"--make-shared", s.dataDir}} {
+	for _, args := range [][]string{{"--bind", s.dataDir, s.dataDir}, {"--make-private", s.dataDir}, {"--make-shared", s.dataDir}} {
 		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
 			t.Fatalf("mount %v: %v: %s", args, err, out)
 		}
 	}
+	// Named network namespaces reach the host through /run/netns only if
+	// it is a shared mount, as `ip netns` and a server on the host make it.
+	sharedNetnsDir(t)
 	composeNode := composeNodeFlags(t, "node-a", s.dataDir)
 	name := fmt.Sprintf("aenv-node-%d", time.Now().UnixNano())
 	s.run = func(args []string) *exec.Cmd {
@@ -287,11 +290,20 @@ func TestNodeImageInPodman(t *testing.T) {
 			image)
 		return p.command(append(run, args[1:]...)...)
 	}
+	var id string
 	t.Cleanup(func() {
 		// The node first (its own cleanup checks for leaks after this),
 		// then the container should it be left, then the shared mount.
 		s.stop(syscall.SIGTERM)
 		p.command("rm", "--force", "--time", "0", name).Run()
+		if id != "" && runscProcesses(id) > 0 {
+			// A failure left the sandbox of a node that keeps them: a
+			// node that kills its sandboxes on exit adopts and ends it.
+			s.extra = []string{"--max-memory-percent", "1000"}
+			s.start()
+			s.stop(syscall.SIGTERM)
+			p.command("rm", "--force", "--time", "0", name).Run()
+		}
 		if out, err := exec.Command("umount", s.dataDir).CombinedOutput(); err != nil {
 			t.Errorf("umount %s: %v: %s", s.dataDir, err, out)
 		}
@@ -300,7 +312,7 @@ func TestNodeImageInPodman(t *testing.T) {
 	g := c.addGateway()
 	g.waitReady(t, "node-a")
 
-	id := g.create(t)
+	id = g.create(t)
 	g.echo(t, id, "in-the-node-container")
 	state := client.ExecuteRequest{Command: "echo kept > /tmp/state; nohup sleep 1000 >/dev/null 2>&1 &"}
 	if _, err := g.api.Execute(context.Background(), id, state); err != nil {
@@ -345,10 +357,13 @@ func nodeBase(t *testing.T) string {
 	t.Helper()
 	find := func() string {
 		found, _ := filepath.Glob(filepath.Join(templateCache, "base-*", "rootfs", "etc", "os-release"))
-		if len(found) == 0 {
-			return ""
+		for _, f := range found {
+			// A build in progress is base-<key>.partial.
+			if dir := filepath.Dir(filepath.Dir(f)); !strings.Contains(filepath.Base(filepath.Dir(dir)), ".") {
+				return dir
+			}
 		}
-		return filepath.Dir(filepath.Dir(found[0]))
+		return ""
 	}
 	if dir := find(); dir != "" {
 		return dir
@@ -365,7 +380,7 @@ func nodeBase(t *testing.T) string {
 
 // composeNodeFlags are the `podman run` flags of what deploy/compose's
 // service gives its container: privileges, namespaces and host
-// directories, with the node's data directory at dataDir. The test's own
+// directories, with the node's data directory (AENV_DATA_DIR) at dataDir. The test's own
 // settings (its database, ports, ranges) are flags of aenv, which win
 // over the file's AENV_* variables, and are not taken.
 func composeNodeFlags(t *testing.T, service, dataDir string) []string {
@@ -404,7 +419,7 @@ func composeNodeFlags(t *testing.T, service, dataDir string) []string {
 			t.Fatalf("deploy/compose: %s: a %s volume at %s, not a host directory", service, v.Type, v.Target)
 		}
 		source, target := v.Source, v.Target
-		if target == "/var/lib/aenv" {
+		if data := svc.Environment["AENV_DATA_DIR"]; data != nil && target == *data {
 			source, target = dataDir, dataDir
 		}
 		spec := source + ":" + target
@@ -414,4 +429,32 @@ func composeNodeFlags(t *testing.T, service, dataDir string) []string {
 		flags = append(flags, "-v", spec)
 	}
 	return flags
+}
+
+// sharedNetnsDir makes /run/netns a shared mount, as `ip netns` does and
+// as a server on the host makes it: the namespaces a container's node
+// pins there then stay on the host.
+func sharedNetnsDir(t *testing.T) {
+	t.Helper()
+	if err := os.MkdirAll("/run/netns", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted := false
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == "/run/netns" {
+			mounted = true
+		}
+	}
+	if !mounted {
+		if out, err := exec.Command("mount", "--bind", "/run/netns", "/run/netns").CombinedOutput(); err != nil {
+			t.Fatalf("mount --bind /run/netns: %v: %s", err, out)
+		}
+	}
+	if out, err := exec.Command("mount", "--make-shared", "/run/netns").CombinedOutput(); err != nil {
+		t.Fatalf("mount --make-shared /run/netns: %v: %s", err, out)
+	}
 }

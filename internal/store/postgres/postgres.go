@@ -141,10 +141,10 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 	if sb.TeamID == "" {
 		return nil
 	}
-	// A team without limits takes a shared lock on its row (FOR KEY
-	// SHARE: its creates never wait for each other, nor for a change of
-	// its limits), which only its delete waits for. A limit set meanwhile
-	// applies from the next create.
+	// A team without limits takes a shared lock (requireTeam): its
+	// creates never wait for each other, nor for a change of its limits;
+	// only its delete waits for them. A limit set meanwhile applies from
+	// the next create.
 	const team = `SELECT ` + teamColumns + ` FROM teams WHERE id = $1`
 	t, err := scanTeam(tx.QueryRow(ctx, team, sb.TeamID))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -180,19 +180,29 @@ func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 }
 
 // requireTeam refuses, with ErrNotFound, a record of a team that has none
-// ("" is no team), and keeps the team's row from being deleted until tx
-// ends: the delete then counts the record.
+// ("" is no team), and keeps the team from being deleted until tx ends:
+// the delete then counts the record. The hold is a shared advisory lock
+// (teamLock), not a lock of the team's row: creates of one team, the
+// default one for a whole cluster often, write nothing to that row.
 func requireTeam(ctx context.Context, tx pgx.Tx, team string) error {
 	if team == "" {
 		return nil
 	}
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`, teamLock(team)); err != nil {
+		return err
+	}
+	// Read after the lock: a delete that held it has committed.
 	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM teams WHERE id = $1 FOR KEY SHARE`, team).Scan(&one)
+	err := tx.QueryRow(ctx, `SELECT 1 FROM teams WHERE id = $1`, team).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.TeamGone(team)
 	}
 	return err
 }
+
+// teamLock is the advisory lock key of team: creates of its sandboxes and
+// volumes hold it shared, its delete exclusively.
+func teamLock(team string) string { return "team\n" + team }
 
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
 // a sandbox that would take its team past its MaxSnapshots, cluster-wide.

@@ -89,6 +89,14 @@ func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch
 
 func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 	return s.inTx(ctx, "delete team "+id, func(tx *sql.Tx) error {
+		var one int
+		err := tx.QueryRowContext(ctx, `SELECT 1 FROM teams WHERE id = ?`, id).Scan(&one)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("delete team %s: %w", id, store.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
 		var volumes, live int
 		if err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM volumes WHERE team_id = ?),
 			(SELECT count(*) FROM sandboxes WHERE team_id = ? AND state IN (?, ?, ?))`, id, id,
