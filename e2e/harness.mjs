@@ -139,8 +139,23 @@ export class AenvServer {
     this.cleanups.push(fn)
   }
 
+  // start launches the server and waits until it is healthy. The port is
+  // picked free and let go before the server binds it, so the server may
+  // find it taken meanwhile (by one of its own listeners on an ephemeral
+  // port, or another process): it then starts again on another port.
   async start() {
     requireSetup()
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await this.startOnce()
+      } catch (err) {
+        if (attempt >= 5 || !/listen api on [^:]+:\d+: .*address already in use/.test(err.message)) throw err
+        console.error(`aenv server: port ${this.port} was taken before it bound it; trying another`)
+      }
+    }
+  }
+
+  async startOnce() {
     this.port = await freePort()
     this.url = `http://127.0.0.1:${this.port}`
     const identity = this.cluster

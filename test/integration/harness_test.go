@@ -177,17 +177,41 @@ const rangeConflict = "sandbox range conflicts with the host's network"
 func (s *server) start() {
 	s.t.Helper()
 	for attempt := 1; ; attempt++ {
-		if s.startOnce(attempt < 5) {
+		switch s.startOnce(attempt < 5) {
+		case started:
 			return
+		case rangeTaken:
+			s.t.Logf("sandbox range %s is taken on this host; trying another", s.cidr)
+			s.cidr = randomCIDR()
+		case portTaken:
+			// The port was picked free and let go: something (one of the
+			// server's own listeners on an ephemeral port) took it first.
+			s.t.Logf("port of %s was taken before the server bound it; trying another", s.addr)
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				s.t.Fatal(err)
+			}
+			s.addr = l.Addr().String()
+			l.Close()
+			s.url = "http://" + s.addr
+			s.api = client.New(client.Config{URL: s.url, APIKey: apiKey, HTTP: s.checked})
 		}
-		s.t.Logf("sandbox range %s is taken on this host; trying another", s.cidr)
-		s.cidr = randomCIDR()
 	}
 }
 
-// startOnce launches the server; with retryConflict it returns false,
-// instead of failing the test, when the server refuses its range.
-func (s *server) startOnce(retryConflict bool) bool {
+// startResult is how one launch of a server ended.
+type startResult int
+
+const (
+	started startResult = iota
+	rangeTaken
+	portTaken
+)
+
+// startOnce launches the server; with retry it returns rangeTaken or
+// portTaken, instead of failing the test, when the server refuses its
+// range or finds its port taken.
+func (s *server) startOnce(retry bool) startResult {
 	s.t.Helper()
 	args := []string{"server", "--api-key", apiKey}
 	if s.cluster != nil {
@@ -226,11 +250,16 @@ func (s *server) startOnce(retryConflict bool) bool {
 	for time.Now().Before(deadline) {
 		select {
 		case <-exited:
-			if retryConflict && strings.Contains(s.logs.String(), rangeConflict) {
+			logs := s.logs.String()
+			switch {
+			case retry && strings.Contains(logs, rangeConflict):
 				s.cmd = nil
-				return false
+				return rangeTaken
+			case retry && strings.Contains(logs, "listen api on "+s.addr) && strings.Contains(logs, "address already in use"):
+				s.cmd = nil
+				return portTaken
 			}
-			s.t.Fatalf("server exited during start:\n%s", s.logs.String())
+			s.t.Fatalf("server exited during start:\n%s", logs)
 		default:
 		}
 		resp, err := http.Get(s.url + "/health")
@@ -238,13 +267,13 @@ func (s *server) startOnce(retryConflict bool) bool {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				s.cmd.Process.Signal(syscall.Signal(0))
-				return true
+				return started
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	s.t.Fatalf("server did not become healthy:\n%s", s.logs.String())
-	return false
+	return started
 }
 
 // stop ends the server with sig and waits for it.

@@ -15,8 +15,8 @@ func TestOverlappingRangeRefused(t *testing.T) {
 
 	second := newServer(t)
 	second.cidr = first.cidr
-	if second.startOnce(true) {
-		t.Fatalf("a second server started on %s, the range of a running server", first.cidr)
+	if got := second.startOnce(true); got != rangeTaken {
+		t.Fatalf("a second server on %s, the range of a running server: %v, want its range refused", first.cidr, got)
 	}
 	logs := second.logs.String()
 	t.Logf("refused: %s", lineWith(logs, "conflicts"))
