@@ -430,31 +430,25 @@ func (m *Manager) launchIn(ctx context.Context, sb *store.Sandbox, tpl *store.Te
 // fails the create (not found) rather than leaving it files being removed,
 // and a delete that comes later sees the sandbox.
 func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *store.Template) error {
-	if !m.local(tpl) {
+	local := m.local(tpl)
+	var err error
+	if local {
+		err = m.store.CreateSandboxHolding(ctx, sb, tpl.RootfsPath)
+	} else {
 		// Another node's template: the shared cache keeps its files.
-		err := m.store.CreateSandbox(ctx, sb)
-		if errors.Is(err, store.ErrTeamGone) {
-			return fmt.Errorf("%w: team %q does not exist (deleted while the sandbox was made?)", node.ErrNotFound, sb.TeamID)
-		}
-		if err != nil {
-			return storeError("record sandbox", err)
-		}
+		err = m.store.CreateSandbox(ctx, sb)
+	}
+	switch {
+	case err == nil:
 		return nil
-	}
-	err := m.store.CreateSandboxHolding(ctx, sb, tpl.RootfsPath)
-	if errors.Is(err, store.ErrTeamGone) {
+	case errors.Is(err, store.ErrTeamGone):
 		return fmt.Errorf("%w: team %q does not exist (deleted while the sandbox was made?)", node.ErrNotFound, sb.TeamID)
-	}
-	if errors.Is(err, store.ErrNotFound) && len(sb.VolumeMounts) > 0 {
+	case local && errors.Is(err, store.ErrNotFound) && len(sb.VolumeMounts) > 0:
 		return fmt.Errorf("%w: template %q, or a volume the sandbox mounts, was deleted", node.ErrNotFound, tpl.Name)
-	}
-	if errors.Is(err, store.ErrNotFound) {
+	case local && errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("%w: template %q was deleted", node.ErrNotFound, tpl.Name)
 	}
-	if err != nil {
-		return storeError("record sandbox", err)
-	}
-	return nil
+	return storeError("record sandbox", err)
 }
 
 // local reports whether tpl is this node's, its root filesystem held by

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -134,27 +135,30 @@ func (s *Store) insertSandbox(ctx context.Context, tx pgx.Tx, sb *store.Sandbox,
 // wait.
 //
 // A sandbox of a team with no record is refused (ErrNotFound): its team
-// was deleted while the create was on its way. Either lock taken here
-// makes a team's delete, which counts its sandboxes and volumes
-// (DeleteTeam), wait for this create to end and count it.
+// was deleted while the create was on its way. The team's advisory lock,
+// held shared here, makes a team's delete, which counts its sandboxes and
+// volumes (DeleteTeam), wait for this create to end and count it.
 func checkTeamLimit(ctx context.Context, tx pgx.Tx, sb *store.Sandbox) error {
 	if sb.TeamID == "" {
 		return nil
 	}
-	// A team without limits takes a shared lock (requireTeam): its
-	// creates never wait for each other, nor for a change of its limits;
-	// only its delete waits for them. A limit set meanwhile applies from
-	// the next create.
+	// Every create holds the team's advisory lock shared (readTeamLocked):
+	// creates never wait for each other, nor for a change of the team's
+	// limits; only the team's delete waits for them. The team is read
+	// after it, so a delete that held it is seen. A team without limits
+	// takes no other lock; a limit set meanwhile applies from the next
+	// create.
 	const team = `SELECT ` + teamColumns + ` FROM teams WHERE id = $1`
-	t, err := scanTeam(tx.QueryRow(ctx, team, sb.TeamID))
+	var t *auth.Team
+	err := readTeamLocked(ctx, tx, sb.TeamID, team, func(r pgx.Row) (err error) {
+		t, err = scanTeam(r)
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.TeamGone(sb.TeamID)
 	}
-	if err != nil {
+	if err != nil || !t.Limited() {
 		return err
-	}
-	if !t.Limited() {
-		return requireTeam(ctx, tx, sb.TeamID)
 	}
 	t, err = scanTeam(tx.QueryRow(ctx, team+` FOR UPDATE`, sb.TeamID))
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -188,12 +192,8 @@ func requireTeam(ctx context.Context, tx pgx.Tx, team string) error {
 	if team == "" {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`, teamLock(team)); err != nil {
-		return err
-	}
-	// Read after the lock: a delete that held it has committed.
 	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM teams WHERE id = $1`, team).Scan(&one)
+	err := readTeamLocked(ctx, tx, team, `SELECT 1 FROM teams WHERE id = $1`, func(r pgx.Row) error { return r.Scan(&one) })
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.TeamGone(team)
 	}
@@ -201,8 +201,30 @@ func requireTeam(ctx context.Context, tx pgx.Tx, team string) error {
 }
 
 // teamLock is the advisory lock key of team: creates of its sandboxes and
-// volumes hold it shared, its delete exclusively.
+// volumes hold it shared, its delete exclusively. It is taken before the
+// team's row, by every transaction that takes both, so that a create of a
+// limited team (which then locks the row) and a delete never wait for
+// each other.
 func teamLock(team string) string { return "team\n" + team }
+
+// readTeamLocked takes team's advisory lock, shared, until tx ends, then
+// runs query (its $1 the team) and scans its row, in one round trip: the
+// statements of a batch run in order, each with a snapshot of its own, so
+// the read sees what a delete that held the lock committed.
+func readTeamLocked(ctx context.Context, tx pgx.Tx, team, query string, scan func(pgx.Row) error) error {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock_shared(hashtextextended($1, 0))`, teamLock(team))
+	b.Queue(query, team)
+	br := tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		err = scan(br.QueryRow())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
 
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
 // a sandbox that would take its team past its MaxSnapshots, cluster-wide.

@@ -94,15 +94,15 @@ func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch
 
 func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 	return s.inTx(ctx, "delete team "+id, func(tx pgx.Tx) error {
-		// The team's row first, as every transaction that locks it does
-		// (a limited team's create holds it), then its advisory lock,
-		// which the creates of a team without limits hold shared until
-		// they commit (requireTeam): the counts below include them.
+		// The team's advisory lock, exclusive, which every create of the
+		// team's holds shared until it commits: the counts below include
+		// them. Then its row, in the order every transaction that takes
+		// both takes them (teamLock).
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, teamLock(id)); err != nil {
+			return err
+		}
 		var one int
 		err := tx.QueryRow(ctx, `SELECT 1 FROM teams WHERE id = $1 FOR UPDATE`, id).Scan(&one)
-		if err == nil {
-			_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, teamLock(id))
-		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("delete team %s: %w", id, store.ErrNotFound)
 		}

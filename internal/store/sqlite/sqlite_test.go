@@ -321,20 +321,7 @@ func TestListPlans(t *testing.T) {
 // with layers only.
 func TestUnheldLayers(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "aenv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.CreateTeam(ctx, &auth.Team{ID: "lab", CreatedAt: time.Unix(0, 0)}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 50 {
-		v := &store.Volume{ID: fmt.Sprintf("plain-%d", i), Name: fmt.Sprintf("plain-%d", i), TeamID: "lab", Token: "t", CreatedAt: time.Now()}
-		if err := s.CreateVolume(ctx, v); err != nil {
-			t.Fatal(err)
-		}
-	}
+	s := storeWithVolumes(t, 50, func(int) []string { return nil })
 	v := &store.Volume{ID: "copy", Name: "copy", TeamID: "lab", Token: "t", CreatedAt: time.Now(), Layers: []string{"l-ref", "l-named"}}
 	if err := s.CreateVolume(ctx, v); err != nil {
 		t.Fatal(err)
@@ -357,23 +344,12 @@ func TestUnheldLayers(t *testing.T) {
 // have layers, beside the listing of every volume it replaces.
 func BenchmarkUnheldLayers(b *testing.B) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(b.TempDir(), "aenv.db"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.CreateTeam(ctx, &auth.Team{ID: "lab", CreatedAt: time.Unix(0, 0)}); err != nil {
-		b.Fatal(err)
-	}
-	for i := range 10000 {
-		v := &store.Volume{ID: fmt.Sprintf("vol-%05d", i), Name: fmt.Sprintf("v%05d", i), TeamID: "lab", Token: "t", CreatedAt: time.Now()}
-		if i%10 == 0 {
-			v.Layers = []string{fmt.Sprintf("layer-%05d", i), "layer-base"}
+	s := storeWithVolumes(b, 10000, func(i int) []string {
+		if i%10 != 0 {
+			return nil
 		}
-		if err := s.CreateVolume(ctx, v); err != nil {
-			b.Fatal(err)
-		}
-	}
+		return []string{fmt.Sprintf("layer-%05d", i), "layer-base"}
+	})
 	b.Run("list every volume (before)", func(b *testing.B) {
 		for b.Loop() {
 			if all, err := s.ListVolumes(ctx, ""); err != nil || len(all) != 10000 {
@@ -411,4 +387,27 @@ func queryPlan(t *testing.T, s *Store, query string, args ...any) string {
 		t.Fatal(err)
 	}
 	return strings.Join(plan, "; ")
+}
+
+// storeWithVolumes is a new store with n volumes of team "lab", vol-00000
+// on, volume i with layers(i).
+func storeWithVolumes(tb testing.TB, n int, layers func(i int) []string) *Store {
+	tb.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(tb.TempDir(), "aenv.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "lab", CreatedAt: time.Unix(0, 0)}); err != nil {
+		tb.Fatal(err)
+	}
+	for i := range n {
+		v := &store.Volume{ID: fmt.Sprintf("vol-%05d", i), Name: fmt.Sprintf("v%05d", i), TeamID: "lab", Token: "t",
+			CreatedAt: time.Now(), Layers: layers(i)}
+		if err := s.CreateVolume(ctx, v); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return s
 }
