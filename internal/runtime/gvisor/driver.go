@@ -46,6 +46,7 @@ type Driver struct {
 	log      *slog.Logger
 	platform string
 	cgroups  cgroupHierarchies
+	commands runningCommands
 }
 
 var (

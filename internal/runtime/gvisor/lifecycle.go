@@ -187,6 +187,13 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
+	// The driver's runsc commands on the sandbox end first, and none
+	// starts until the removal is done: a create would start processes
+	// after they were killed, and any command would write its logs into
+	// the sandbox's directory after it was removed (a pause stuck behind
+	// a hung sandbox, started just before).
+	allow := d.commands.stop(id, earliest(deadline, time.Now().Add(processExitWait)))
+	defer allow()
 	alive := d.killSandboxProcesses(id, earliest(deadline, time.Now().Add(processExitWait)))
 	var errs []error
 	if len(alive) > 0 {
@@ -194,14 +201,12 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 		d.log.WarnContext(ctx, "sandbox processes survive SIGKILL", "sandbox_id", id, "pids", alive)
 		// runsc's own delete is then worth a try. With every process gone
 		// it would only remove the files removeRunscFiles removes, at the
-		// cost of starting runsc (about half of a delete's time).
+		// cost of starting runsc (about half of a delete's time). It logs
+		// nowhere: the sandbox's directory is about to go, and its commands
+		// are refused meanwhile.
 		if _, err := os.Stat(d.runscStatePath(id)); err == nil {
-			logID := id
-			if _, err := os.Stat(d.sandboxDir(id)); err != nil {
-				logID = ""
-			}
 			ctx, cancel := context.WithDeadline(ctx, deadline)
-			_, err := d.runsc(ctx, boundDelete, logID, "delete", "--force", id)
+			_, err := d.runsc(ctx, boundDelete, "", "delete", "--force", id)
 			cancel()
 			if err != nil && !errors.Is(err, runtime.ErrNotFound) {
 				d.log.WarnContext(ctx, "runsc delete failed; removing its state directly", "sandbox_id", id, "err", err)

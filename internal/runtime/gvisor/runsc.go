@@ -85,7 +85,8 @@ func (d *Driver) runscDetached(ctx context.Context, b bound, id string, args ...
 // command runs in a process group of its own, which is killed when the
 // command overruns b.timeout, or b.grace after ctx is done: runsc's helpers
 // die with it, while the sandbox and gofer it starts are in sessions of
-// their own and are removed by Kill.
+// their own and are removed by Kill. A command of a sandbox being removed
+// is refused, and one running is ended by the removal (runningCommands).
 func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []string, setup func(*exec.Cmd)) (err error) {
 	if b.grace == 0 && ctx.Err() != nil {
 		return ctx.Err()
@@ -103,7 +104,12 @@ func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []stri
 	// keep Wait from returning.
 	cmd.WaitDelay = time.Second
 	start := time.Now()
-	err = cmd.Run()
+	finished, err := d.commands.start(id, cmd)
+	if err != nil {
+		return err
+	}
+	err = cmd.Wait()
+	finished()
 	took := time.Since(start)
 	d.log.DebugContext(ctx, "runsc", "args", args, "duration", took, "err", err)
 	if err != nil && runCtx.Err() != nil {

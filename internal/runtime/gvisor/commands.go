@@ -1,0 +1,128 @@
+package gvisor
+
+import (
+	"fmt"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/runtime"
+)
+
+// runningCommands are the driver's runsc commands still running, by the
+// sandbox whose directory gets their logs. A removal ends them before it
+// deletes the sandbox's files, and refuses new ones until it is done: a
+// runsc started just before a Kill (a pause stuck behind a hung sandbox)
+// would otherwise create its log directory again after the removal and
+// leave it for good, and a create would start processes after they were
+// killed.
+type runningCommands struct {
+	mu        sync.Mutex // guards bySandbox and each record's refs
+	bySandbox map[string]*sandboxCommands
+}
+
+// sandboxCommands is one sandbox's record. Its own lock is held while a
+// command of the sandbox starts (exec of runsc takes ~3 ms), so that
+// starts of different sandboxes never wait for each other.
+type sandboxCommands struct {
+	refs int // callers holding the record; it is dropped at zero
+
+	mu sync.Mutex
+	// running maps each started command to a channel closed once its
+	// process has been waited for.
+	running map[*exec.Cmd]chan struct{}
+	// removing counts the removals of the sandbox in progress.
+	removing int
+}
+
+// hold returns id's record, made if needed, counted as held until
+// release.
+func (r *runningCommands) hold(id string) *sandboxCommands {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sc := r.bySandbox[id]
+	if sc == nil {
+		if r.bySandbox == nil {
+			r.bySandbox = map[string]*sandboxCommands{}
+		}
+		sc = &sandboxCommands{running: map[*exec.Cmd]chan struct{}{}}
+		r.bySandbox[id] = sc
+	}
+	sc.refs++
+	return sc
+}
+
+func (r *runningCommands) release(id string, sc *sandboxCommands) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sc.refs--; sc.refs == 0 {
+		delete(r.bySandbox, id)
+	}
+}
+
+// start starts cmd as a command of sandbox id ("" for none) unless the
+// sandbox is being removed. The returned func must be called once cmd has
+// been waited for.
+func (r *runningCommands) start(id string, cmd *exec.Cmd) (finished func(), err error) {
+	if id == "" {
+		return func() {}, cmd.Start()
+	}
+	sc := r.hold(id)
+	sc.mu.Lock()
+	if sc.removing > 0 {
+		sc.mu.Unlock()
+		r.release(id, sc)
+		return nil, fmt.Errorf("sandbox is being removed: %w", runtime.ErrNotFound)
+	}
+	// Started under the record's lock, so that a removal sees every
+	// command that may still write into the sandbox's directory.
+	if err := cmd.Start(); err != nil {
+		sc.mu.Unlock()
+		r.release(id, sc)
+		return nil, err
+	}
+	done := make(chan struct{})
+	sc.running[cmd] = done
+	sc.mu.Unlock()
+	return func() {
+		close(done)
+		sc.mu.Lock()
+		delete(sc.running, cmd)
+		sc.mu.Unlock()
+		r.release(id, sc)
+	}, nil
+}
+
+// stop refuses new commands of sandbox id, kills the process groups of
+// those running and waits until they have exited or until the deadline.
+// The returned func allows commands again (the sandbox may be created
+// anew under the same ID).
+func (r *runningCommands) stop(id string, deadline time.Time) (allow func()) {
+	sc := r.hold(id)
+	sc.mu.Lock()
+	sc.removing++
+	waits := make([]chan struct{}, 0, len(sc.running))
+	for cmd, done := range sc.running {
+		// runBounded puts each command in a process group of its own.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		waits = append(waits, done)
+	}
+	sc.mu.Unlock()
+	allow = func() {
+		sc.mu.Lock()
+		sc.removing--
+		sc.mu.Unlock()
+		r.release(id, sc)
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for _, done := range waits {
+		select {
+		case <-done:
+		case <-timer.C:
+			return allow
+		}
+	}
+	return allow
+}
