@@ -226,6 +226,30 @@ type sandboxKiller interface {
 	Kill(ctx context.Context, id string) error
 }
 
+// forcedDeleteRounds bounds how often a forced team delete lists and kills
+// the team's sandboxes before it gives up with 409.
+const forcedDeleteRounds = 3
+
+// killTeamSandboxes kills the live sandboxes of team id, adding each to
+// out.Killed.
+func (s *Server) killTeamSandboxes(ctx context.Context, id string, live []*store.Sandbox, out *wire.DeletedTeam) error {
+	var killer sandboxKiller = s.sandboxes
+	if s.sandboxes == nil {
+		k, ok := s.catalog.(sandboxKiller)
+		if !ok {
+			return errdefs.Errorf(errdefs.ErrConflict, "team %q has %d sandboxes; kill them first", id, len(live))
+		}
+		killer = k
+	}
+	for _, sb := range live {
+		if err := killer.Kill(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("kill sandbox %s of team %s (killed before it: %v): %w", sb.ID, id, out.Killed, err)
+		}
+		out.Killed = append(out.Killed, sb.ID)
+	}
+	return nil
+}
+
 // liveStates are those of sandboxes that hold resources.
 var liveStates = []store.SandboxState{store.StateStarting, store.StateRunning, store.StatePaused}
 
@@ -254,39 +278,43 @@ func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
 	} else if n > 0 {
 		return errdefs.Errorf(errdefs.ErrConflict, "team %q has %d volumes; delete them first (their data goes with them)", id, n)
 	}
-	live, err := s.catalog.List(r.Context(), store.SandboxFilter{TeamID: id, States: liveStates})
-	if err != nil {
-		return err
-	}
 	force := r.URL.Query().Get("force") == "true"
 	out := wire.DeletedTeam{TeamID: id, Killed: []string{}}
-	if len(live) > 0 {
-		if !force {
-			return errdefs.Errorf(errdefs.ErrConflict,
-				"team %q has %d sandboxes; kill them first, or delete with force=true to kill them", id, len(live))
-		}
-		// Its keys stop first, so that none makes a sandbox while the
-		// others are killed (one by one, over the network on a gateway).
-		if err := s.revokeTeamKeys(r.Context(), id); err != nil {
+	revoked := false
+	for round := 1; ; round++ {
+		live, err := s.catalog.List(r.Context(), store.SandboxFilter{TeamID: id, States: liveStates})
+		if err != nil {
 			return err
 		}
-		var killer sandboxKiller = s.sandboxes
-		if s.sandboxes == nil {
-			k, ok := s.catalog.(sandboxKiller)
-			if !ok {
-				return errdefs.Errorf(errdefs.ErrConflict, "team %q has %d sandboxes; kill them first", id, len(live))
+		if len(live) > 0 {
+			if !force {
+				return errdefs.Errorf(errdefs.ErrConflict,
+					"team %q has %d sandboxes; kill them first, or delete with force=true to kill them", id, len(live))
 			}
-			killer = k
-		}
-		for _, sb := range live {
-			if err := killer.Kill(r.Context(), sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				return fmt.Errorf("kill sandbox %s of team %s (killed before it: %v): %w", sb.ID, id, out.Killed, err)
+			// Its keys stop first, so that none makes a sandbox while the
+			// others are killed (one by one, over the network on a gateway).
+			if !revoked {
+				if err := s.revokeTeamKeys(r.Context(), id); err != nil {
+					return err
+				}
+				revoked = true
 			}
-			out.Killed = append(out.Killed, sb.ID)
+			if err := s.killTeamSandboxes(r.Context(), id, live, &out); err != nil {
+				return err
+			}
 		}
-	}
-	if err := s.cfg.Teams.DeleteTeam(r.Context(), id); err != nil {
-		return err
+		err = s.cfg.Teams.DeleteTeam(r.Context(), id)
+		// A create that passed its key's check before the revoke can land
+		// after the listing; the delete's transaction counts it, and a
+		// forced delete kills it too. The keys being revoked, a few rounds
+		// see the last of them.
+		if force && errors.Is(err, store.ErrTeamInUse) && round < forcedDeleteRounds {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		break
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store/sqlite"
 )
@@ -20,6 +22,12 @@ func newService(t *testing.T, key []byte) (*Service, *sqlite.Store) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
+	// A secret is of a team the store has a record of.
+	for _, team := range []string{"lab", "other"} {
+		if err := st.CreateTeam(context.Background(), &auth.Team{ID: team, CreatedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s, err := NewService(st, key, "no key in this test")
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,7 @@ func TeamGone(team string) error {
 	return fmt.Errorf("team %q: %w", team, ErrTeamGone)
 }
 
-// TeamInUse refuses, with ErrConflict, the delete of team id while it has
+// TeamInUse refuses, with ErrTeamInUse, the delete of team id while it has
 // volumes or live sandboxes (starting, running or paused): records of a
 // team that is gone would be seen by admins only, and volumes never go
 // with a team's delete. The API checks first, with its own message; this
@@ -39,9 +39,13 @@ func TeamInUse(id string, volumes, liveSandboxes int) error {
 	if volumes == 0 && liveSandboxes == 0 {
 		return nil
 	}
-	return fmt.Errorf("team %q has %d volumes and %d live sandboxes; delete them first: %w",
-		id, volumes, liveSandboxes, ErrConflict)
+	return fmt.Errorf("team %q: %w: %d volumes and %d live sandboxes; delete them first",
+		id, ErrTeamInUse, volumes, liveSandboxes)
 }
+
+// ErrTeamInUse is returned, wrapped, by TeamInUse: a conflict (409), which
+// a forced delete meets when a create passed it, and tries again.
+var ErrTeamInUse = errdefs.New(errdefs.ErrConflict, "in use")
 
 // ErrConflict is returned when a record with the same key or name exists.
 var ErrConflict = errdefs.New(errdefs.ErrConflict, "already exists")

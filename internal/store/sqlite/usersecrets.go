@@ -20,6 +20,12 @@ func (s *Store) CreateSecret(ctx context.Context, sec *store.Secret, sealed []by
 		return fmt.Errorf("create secret %s: %w", sec.Name, err)
 	}
 	return s.inTx(ctx, "create secret "+sec.Name, func(tx *sql.Tx) error {
+		// A team deleted meanwhile has had its secrets deleted: this one
+		// must not outlive it, to be inherited by a team made later
+		// under the same ID.
+		if err := requireTeam(ctx, tx, sec.TeamID); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO user_secrets (`+secretColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 			sec.ID, sec.TeamID, sec.Name, meta, sec.Version, sec.CreatedAt.UnixNano(), sec.UpdatedAt.UnixNano()); err != nil {
 			if isUniqueViolation(err) {

@@ -16,7 +16,7 @@ import (
 // fresh store.
 func RunSecrets(t *testing.T, newStore func(t *testing.T) store.SecretStore) {
 	ctx := context.Background()
-	s := newStore(t)
+	s := withTeams(newStore)(t)
 	now := time.Unix(1700000000, 7).UTC()
 	mk := func(id, team, name string, at time.Time) *store.Secret {
 		return &store.Secret{ID: id, TeamID: team, Name: name, Version: 1, CreatedAt: at, UpdatedAt: at,
@@ -34,6 +34,9 @@ func RunSecrets(t *testing.T, newStore func(t *testing.T) store.SecretStore) {
 	}
 	if err := s.CreateSecret(ctx, mk("sec_a", "lab-c", "other", now), []byte("x")); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("a taken ID: %v, want ErrConflict", err)
+	}
+	if err := s.CreateSecret(ctx, mk("sec_x", "no-such-team", "openai", now), []byte("x")); !errors.Is(err, store.ErrTeamGone) {
+		t.Fatalf("a secret of a team with no record: %v, want ErrTeamGone", err)
 	}
 	for _, tc := range []struct{ team, idOrName, want string }{
 		{"lab-a", "openai", "sec_a"},

@@ -60,15 +60,15 @@ func testTeamDeleteInUse(t *testing.T, s TeamStore) {
 	if err := vols.CreateVolume(ctx, &store.Volume{ID: "vol-1", Name: "data", TeamID: "lab", Token: "t", CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteTeam(ctx, "lab"); !errors.Is(err, store.ErrConflict) {
-		t.Fatalf("delete with a paused sandbox and a volume: %v, want ErrConflict", err)
+	if err := s.DeleteTeam(ctx, "lab"); !errors.Is(err, store.ErrTeamInUse) {
+		t.Fatalf("delete with a paused sandbox and a volume: %v, want ErrTeamInUse", err)
 	}
 	sb.State = store.StateDead
 	if err := s.UpdateSandbox(ctx, sb); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteTeam(ctx, "lab"); !errors.Is(err, store.ErrConflict) {
-		t.Fatalf("delete with a volume: %v, want ErrConflict", err)
+	if err := s.DeleteTeam(ctx, "lab"); !errors.Is(err, store.ErrTeamInUse) {
+		t.Fatalf("delete with a volume: %v, want ErrTeamInUse", err)
 	}
 	if _, err := vols.DeleteVolume(ctx, "vol-1"); err != nil {
 		t.Fatal(err)
@@ -91,12 +91,18 @@ func testTeamDeleteInUse(t *testing.T, s TeamStore) {
 
 // A team's delete and its creates, at once, never both succeed: either
 // the delete counts a create and is refused, or the create finds the team
-// gone. On PostgreSQL the creates of a team without limits take no lock
-// on each other; they share the team's row, which the delete locks.
+// gone. A secret does not keep its team; the delete takes it along, and
+// none made meanwhile outlives the team. On PostgreSQL the creates of a
+// team without limits take no lock on each other; they share the team's
+// advisory lock, which the delete takes exclusively.
 func testTeamDeleteRace(t *testing.T, s TeamStore) {
 	ctx := context.Background()
 	now := time.Unix(1700000000, 0).UTC()
 	vols := volumesOf(t, s)
+	secrets, ok := s.(store.SecretStore)
+	if !ok {
+		t.Fatalf("store %T keeps no secrets", s)
+	}
 	for round := range 20 {
 		team := fmt.Sprintf("race-%d", round)
 		if err := s.CreateTeam(ctx, &auth.Team{ID: team, CreatedAt: now}); err != nil {
@@ -106,18 +112,24 @@ func testTeamDeleteRace(t *testing.T, s TeamStore) {
 		var mu sync.Mutex
 		var created []string
 		var deleted bool
-		for i := range 6 {
+		for i := range 9 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				id := fmt.Sprintf("%s-%d", team, i)
 				var err error
-				if i%2 == 0 {
+				switch i % 3 {
+				case 0:
 					sb := sandbox(id, store.StateStarting, now, nil)
 					sb.TeamID = team
 					err = s.CreateSandbox(ctx, sb)
-				} else {
+				case 1:
 					err = vols.CreateVolume(ctx, &store.Volume{ID: id, Name: id, TeamID: team, Token: "t", CreatedAt: now})
+				default:
+					sec := &store.Secret{ID: id, TeamID: team, Name: id, Version: 1, CreatedAt: now, UpdatedAt: now}
+					if err = secrets.CreateSecret(ctx, sec, []byte("sealed")); err == nil {
+						return
+					}
 				}
 				switch {
 				case err == nil:
@@ -138,13 +150,16 @@ func testTeamDeleteRace(t *testing.T, s TeamStore) {
 				mu.Lock()
 				deleted = true
 				mu.Unlock()
-			case !errors.Is(err, store.ErrConflict):
+			case !errors.Is(err, store.ErrTeamInUse):
 				t.Errorf("delete %s: %v", team, err)
 			}
 		}()
 		wg.Wait()
 		if deleted && len(created) > 0 {
 			t.Fatalf("round %d: team %s was deleted and yet %v were recorded for it", round, team, created)
+		}
+		if left, err := secrets.ListSecrets(ctx, team); err != nil || (deleted && len(left) > 0) {
+			t.Fatalf("round %d: secrets of team %s after its delete: %d, %v", round, team, len(left), err)
 		}
 	}
 }
