@@ -68,6 +68,7 @@ type Config struct {
 	Rootfs  string // rootfs of the raw runtimes; "" finds the base template's
 	DataDir string // the server's data dir, to find the rootfs in
 	Runsc   string // "" is next to this binary, else $PATH
+	Envd    string // the guest agent runsc-envd runs; "" is next to this binary, else $PATH
 	Runc    string // "" is $PATH
 
 	MaxDuration time.Duration // the whole run, cleanup excluded
@@ -249,7 +250,11 @@ func (b *bench) setUpRaw(prefix string) error {
 	if err != nil {
 		return err
 	}
-	runsc, err := findRunsc(b.cfg.Runsc)
+	runsc, err := findBinary(b.cfg.Runsc, "runsc", "--runsc")
+	if err != nil {
+		return err
+	}
+	envd, err := findBinary(b.cfg.Envd, "envd", "--envd")
 	if err != nil {
 		return err
 	}
@@ -263,9 +268,9 @@ func (b *bench) setUpRaw(prefix string) error {
 	if err != nil {
 		return fmt.Errorf("raw runtimes: %w", err)
 	}
-	b.report.Raw = &RawInfo{Rootfs: rootfs, Runsc: runsc, Runc: runc, WorkDir: workDir, ContainerPrefix: prefix}
-	for _, rt := range []struct{ kind, bin string }{{SystemRunsc, runsc}, {SystemRunc, runc}} {
-		s, err := newRawSystem(rt.kind, rt.bin, rootfs, workDir, prefix, b.cfg.MemoryMB, b.cleanups)
+	b.report.Raw = &RawInfo{Rootfs: rootfs, Runsc: runsc, Envd: envd, Runc: runc, WorkDir: workDir, ContainerPrefix: prefix}
+	for _, rt := range []struct{ kind, bin string }{{SystemRunsc, runsc}, {SystemRunscEnvd, runsc}, {SystemRunc, runc}} {
+		s, err := newRawSystem(rt.kind, rt.bin, rootfs, envd, workDir, prefix, b.cfg.MemoryMB, b.cleanups)
 		if err != nil {
 			return err
 		}
@@ -295,20 +300,21 @@ func findRootfs(given, dataDir string) (string, error) {
 	return "", fmt.Errorf("no base rootfs found (%s): pass --rootfs, or --skip-raw", strings.Join(patterns, ", "))
 }
 
-// findRunsc is the given path, else runsc next to this binary, else $PATH.
-func findRunsc(given string) (string, error) {
+// findBinary is the given path, else name next to this binary, else in
+// $PATH; flag is the option that gives it.
+func findBinary(given, name, flag string) (string, error) {
 	if given != "" {
 		return given, nil
 	}
 	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "runsc")
+		p := filepath.Join(filepath.Dir(self), name)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 	}
-	p, err := exec.LookPath("runsc")
+	p, err := exec.LookPath(name)
 	if err != nil {
-		return "", errors.New("runsc not found next to aenv or in $PATH (pass --runsc, or --skip-raw)")
+		return "", fmt.Errorf("%s not found next to aenv or in $PATH (pass %s, or --skip-raw)", name, flag)
 	}
 	return p, nil
 }

@@ -23,7 +23,7 @@ import (
 )
 
 // The end-to-end test runs the bench in short mode against a real server,
-// with real runsc and runc, and checks that it measured every figure and
+// with real runsc (running `sleep` and envd) and runc, and checks that it measured every figure and
 // left nothing behind. It asserts no timings.
 
 const (
@@ -153,6 +153,7 @@ func shortConfig(s *testServer, binDir string) Config {
 	cfg := DefaultConfig(true)
 	cfg.URL, cfg.APIKey = s.url, testAPIKey
 	cfg.Runsc = filepath.Join(binDir, "runsc")
+	cfg.Envd = filepath.Join(binDir, "envd")
 	cfg.DataDir = s.dataDir
 	return cfg
 }
@@ -160,32 +161,32 @@ func shortConfig(s *testServer, binDir string) Config {
 // figureSystems is every figure of a full run and the systems it must
 // have results on.
 var figureSystems = map[string][]string{
-	"cold_boot":                   {SystemAenv, SystemRunsc, SystemRunc},
-	"delete":                      {SystemAenv, SystemRunsc, SystemRunc},
+	"cold_boot":                   {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"delete":                      {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
 	"default_create":              {SystemAenv},
 	"default_create_first_exec":   {SystemAenv},
 	"default_create_next_exec":    {SystemAenv},
-	"snapshot_boot":               {SystemAenv, SystemRunsc},
-	"pause":                       {SystemAenv, SystemRunsc, SystemRunc},
-	"resume":                      {SystemAenv, SystemRunsc, SystemRunc},
-	"snapshot_create":             {SystemAenv, SystemRunsc},
-	"fork_wall":                   {SystemAenv, SystemRunsc},
-	"fork_per_child":              {SystemAenv, SystemRunsc},
-	"exec_true":                   {SystemAenv, SystemRunsc, SystemRunc},
-	"exec_first_byte":             {SystemAenv, SystemRunsc, SystemRunc},
-	"file_1k":                     {SystemAenv, SystemRunsc, SystemRunc},
-	"file_10m":                    {SystemAenv, SystemRunsc, SystemRunc},
-	"concurrent_create":           {SystemAenv, SystemRunsc, SystemRunc},
-	"concurrent_create_wall":      {SystemAenv, SystemRunsc, SystemRunc},
-	"concurrent_create_next":      {SystemAenv, SystemRunsc, SystemRunc},
-	"concurrent_create_next_wall": {SystemAenv, SystemRunsc, SystemRunc},
-	"sustained_creates_per_s":     {SystemAenv, SystemRunsc, SystemRunc},
-	"sustained_create":            {SystemAenv, SystemRunsc, SystemRunc},
-	"concurrent_exec_streams":     {SystemAenv, SystemRunsc, SystemRunc},
+	"snapshot_boot":               {SystemAenv, SystemRunsc, SystemRunscEnvd},
+	"pause":                       {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"resume":                      {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"snapshot_create":             {SystemAenv, SystemRunsc, SystemRunscEnvd},
+	"fork_wall":                   {SystemAenv, SystemRunsc, SystemRunscEnvd},
+	"fork_per_child":              {SystemAenv, SystemRunsc, SystemRunscEnvd},
+	"exec_true":                   {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"exec_first_byte":             {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"file_1k":                     {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"file_10m":                    {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"concurrent_create":           {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"concurrent_create_wall":      {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"concurrent_create_next":      {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"concurrent_create_next_wall": {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"sustained_creates_per_s":     {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"sustained_create":            {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"concurrent_exec_streams":     {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
 	"density_count":               {SystemAenv},
 	"density_mem_metrics":         {SystemAenv},
-	"density_mem_host":            {SystemAenv, SystemRunsc, SystemRunc},
-	"density_create":              {SystemAenv, SystemRunsc, SystemRunc},
+	"density_mem_host":            {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
+	"density_create":              {SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc},
 	"rollout_group":               {SystemAenv},
 	"rollout_fork":                {SystemAenv},
 	"rollout_step":                {SystemAenv},

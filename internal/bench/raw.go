@@ -11,11 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/aenv-dev/aenv/internal/runtime"
 )
 
 // rawSystem drives runsc or runc through its command line on a bundle
@@ -23,7 +26,7 @@ import (
 // runtime takes. runc mounts that rootfs read-only (it has no overlay);
 // runsc keeps writes in a memory overlay.
 type rawSystem struct {
-	kind     string // SystemRunsc or SystemRunc
+	kind     string // SystemRunsc, SystemRunscEnvd or SystemRunc
 	bin      string
 	flags    []string // global flags: state root, platform, ...
 	bundle   string
@@ -35,8 +38,9 @@ type rawSystem struct {
 	cmdTimeout time.Duration
 }
 
-// newRawSystem lays out a bundle and state dir for kind under workDir.
-func newRawSystem(kind, bin, rootfs, workDir, prefix string, memoryMB int, cl *cleanups) (*rawSystem, error) {
+// newRawSystem lays out a bundle and state dir for kind under workDir;
+// envd is the guest agent SystemRunscEnvd runs as its init.
+func newRawSystem(kind, bin, rootfs, envd, workDir, prefix string, memoryMB int, cl *cleanups) (*rawSystem, error) {
 	dir := filepath.Join(workDir, kind)
 	s := &rawSystem{kind: kind, bin: bin, dir: dir, bundle: filepath.Join(dir, "bundle"),
 		prefix: prefix + "-" + kind + "-", cleanups: cl, cmdTimeout: 2 * time.Minute}
@@ -46,31 +50,52 @@ func newRawSystem(kind, bin, rootfs, workDir, prefix string, memoryMB int, cl *c
 		}
 	}
 	s.flags = []string{"--root", filepath.Join(dir, "state")}
-	if kind == SystemRunsc {
+	if s.gvisor() {
 		s.flags = append(s.flags, "--platform=systrap", "--network=none", "--overlay2=root:memory")
 	}
-	if err := writeBundleConfig(s.bundle, rootfs, kind == SystemRunc, memoryMB); err != nil {
+	init := bundleInit{args: []string{"/bin/sleep", "infinity"}}
+	if kind == SystemRunscEnvd {
+		init = bundleInit{args: []string{runtime.EnvdMountPath, "--port", strconv.Itoa(envdPort)}, envd: envd}
+	}
+	if err := writeBundleConfig(s.bundle, rootfs, init, kind == SystemRunc, memoryMB); err != nil {
 		return nil, fmt.Errorf("raw %s: %w", kind, err)
 	}
 	return s, nil
 }
 
-// writeBundleConfig writes an OCI config.json: `sleep infinity` as the
-// init, private namespaces, tmpfs /tmp, a memory limit.
-func writeBundleConfig(bundle, rootfs string, readonly bool, memoryMB int) error {
+// envdPort is the port envd serves in aenv's sandboxes (node.EnvdPort);
+// runsc-envd runs it as they do.
+const envdPort = 49983
+
+// bundleInit is a bundle's init: its command and, for envd, the host path
+// of the binary bind-mounted read-only at its first argument.
+type bundleInit struct {
+	args []string
+	envd string
+}
+
+// writeBundleConfig writes an OCI config.json: init's command as the init
+// (`sleep infinity`, or envd), private namespaces, tmpfs /tmp, a memory
+// limit.
+func writeBundleConfig(bundle, rootfs string, init bundleInit, readonly bool, memoryMB int) error {
+	mounts := []map[string]any{
+		{"destination": "/proc", "type": "proc", "source": "proc"},
+		{"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+		{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+	}
+	if init.envd != "" {
+		mounts = append(mounts, map[string]any{"destination": init.args[0], "type": "bind", "source": init.envd,
+			"options": []string{"rbind", "ro"}})
+	}
 	spec := map[string]any{
 		"ociVersion": "1.0.2",
 		"process": map[string]any{
-			"user": map[string]int{"uid": 0, "gid": 0}, "args": []string{"/bin/sleep", "infinity"},
+			"user": map[string]int{"uid": 0, "gid": 0}, "args": init.args,
 			"env": []string{"PATH=/usr/local/bin:/usr/bin:/bin"}, "cwd": "/",
 		},
 		"root":     map[string]any{"path": rootfs, "readonly": readonly},
 		"hostname": "bench",
-		"mounts": []map[string]any{
-			{"destination": "/proc", "type": "proc", "source": "proc"},
-			{"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-			{"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
-		},
+		"mounts":   mounts,
 		"linux": map[string]any{
 			"namespaces": []map[string]string{{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}},
 			"resources":  map[string]any{"memory": map[string]int64{"limit": int64(memoryMB) << 20}},
@@ -84,6 +109,9 @@ func writeBundleConfig(bundle, rootfs string, readonly bool, memoryMB int) error
 }
 
 func (s *rawSystem) name() string { return s.kind }
+
+// gvisor says whether the runtime is runsc (which checkpoints).
+func (s *rawSystem) gvisor() bool { return s.kind == SystemRunsc || s.kind == SystemRunscEnvd }
 
 // command builds one invocation of the runtime.
 func (s *rawSystem) command(ctx context.Context, args ...string) *exec.Cmd {
@@ -240,7 +268,7 @@ func (s *rawSystem) resume(ctx context.Context, b *box) error {
 
 // snapshot is `runsc checkpoint --leave-running` into a fresh image dir.
 func (s *rawSystem) snapshot(ctx context.Context, b *box) (*image, error) {
-	if s.kind != SystemRunsc {
+	if !s.gvisor() {
 		return nil, errUnsupported
 	}
 	dir := filepath.Join(s.dir, "images", fmt.Sprintf("img%d", s.seq.Add(1)))
@@ -267,7 +295,7 @@ func (s *rawSystem) removeImage(ctx context.Context, img *image) error {
 // bootImage restores a checkpoint into a new container and waits until a
 // command answers in it.
 func (s *rawSystem) bootImage(ctx context.Context, img *image) (*box, error) {
-	if s.kind != SystemRunsc {
+	if !s.gvisor() {
 		return nil, errUnsupported
 	}
 	id, h := s.newID()
@@ -287,7 +315,7 @@ func (s *rawSystem) bootImage(ctx context.Context, img *image) (*box, error) {
 // fork is a checkpoint of the running container restored n times, four at
 // a time (the server's default fork parallelism).
 func (s *rawSystem) fork(ctx context.Context, b *box, n int) ([]*box, []error) {
-	if s.kind != SystemRunsc {
+	if !s.gvisor() {
 		return nil, []error{errUnsupported}
 	}
 	img, err := s.snapshot(ctx, b)
@@ -318,7 +346,7 @@ func (s *rawSystem) fork(ctx context.Context, b *box, n int) ([]*box, []error) {
 // hostMemory: runsc's sandbox and gofer processes carry the container ID;
 // runc's container is its init process, whose PID `runc state` tells.
 func (s *rawSystem) hostMemory(ctx context.Context, b *box, procs processIndex) (int64, error) {
-	if s.kind == SystemRunsc {
+	if s.gvisor() {
 		return pssBytes(procs.withArg(b.id))
 	}
 	out, err := s.run(ctx, nil, "state", b.id)

@@ -14,11 +14,18 @@ import (
 
 // The systems a figure can be measured on. aenv is the server under test;
 // runsc and runc are driven directly on the same rootfs for comparison.
+// runsc-envd is runsc running aenv's guest (envd as the init, as aenv's
+// sandboxes do) beside runsc running `sleep`: what aenv costs over runsc
+// is then told apart from what its guest agent costs.
 const (
-	SystemAenv  = "aenv"
-	SystemRunsc = "runsc"
-	SystemRunc  = "runc"
+	SystemAenv      = "aenv"
+	SystemRunsc     = "runsc"
+	SystemRunscEnvd = "runsc-envd"
+	SystemRunc      = "runc"
 )
+
+// rawSystems are the systems aenv's figures are divided by, in order.
+var rawSystems = [...]string{SystemRunsc, SystemRunscEnvd, SystemRunc}
 
 // Units of figures.
 const (
@@ -40,7 +47,7 @@ type Report struct {
 	Figures  []*Figure `json:"figures"`
 	Notes    []string  `json:"notes,omitempty"`
 	Failures []string  `json:"failures,omitempty"`
-	// Raw is where the runsc and runc containers lived, so a caller can
+	// Raw is where the raw runtimes' containers lived, so a caller can
 	// check nothing of them is left.
 	Raw *RawInfo `json:"raw,omitempty"`
 }
@@ -49,6 +56,7 @@ type Report struct {
 type RawInfo struct {
 	Rootfs          string `json:"rootfs"`
 	Runsc           string `json:"runsc,omitempty"`
+	Envd            string `json:"envd,omitempty"`
 	Runc            string `json:"runc,omitempty"`
 	WorkDir         string `json:"workDir"`
 	ContainerPrefix string `json:"containerPrefix"`
@@ -175,7 +183,7 @@ func (r *recorder) finish() []*Figure {
 		if !ok {
 			continue
 		}
-		for _, other := range []string{SystemRunsc, SystemRunc} {
+		for _, other := range rawSystems {
 			if res, ok := f.Results[other]; ok {
 				if q := ratio(aenv.P50, res.P50); q > 0 {
 					if f.Ratios == nil {

@@ -10,14 +10,14 @@ import (
 )
 
 // tableSystems is the row order of each figure.
-var tableSystems = [...]string{SystemAenv, SystemRunsc, SystemRunc}
+var tableSystems = [...]string{SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc}
 
 // Systems lists the systems in the order reports show them.
 func Systems() []string { return slices.Clone(tableSystems[:]) }
 
 // WriteTable prints the report for people: the machine, then one row per
 // figure and system with avg/p50/p99/min/max, the error count and, on
-// aenv's row, its p50 divided by runsc's and runc's.
+// aenv's row, its p50 divided by each raw runtime's.
 func WriteTable(w io.Writer, r *Report) error {
 	m := r.Machine
 	mode := "full"
@@ -27,7 +27,7 @@ func WriteTable(w io.Writer, r *Report) error {
 	fmt.Fprintf(w, "aenv bench (%s) against %s: %d CPUs, %d MiB, Linux %s, %s, %s; %.0f s\n\n",
 		mode, r.Server, m.CPUs, m.MemoryMiB, m.Kernel, m.OS, m.Arch, r.Seconds)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	header := []string{"FIGURE", "SYSTEM", "N", "AVG", "P50", "P99", "MIN", "MAX", "UNIT", "ERRORS", "AENV/RUNSC", "AENV/RUNC"}
+	header := []string{"FIGURE", "SYSTEM", "N", "AVG", "P50", "P99", "MIN", "MAX", "UNIT", "ERRORS", "AENV/RUNSC", "AENV/RUNSC-ENVD", "AENV/RUNC"}
 	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
 	group := ""
 	for _, f := range r.Figures {
@@ -66,7 +66,7 @@ func tableRow(f *Figure, sys string, res *Result, title string) []string {
 		}
 	}
 	row = append(row, f.Unit, fmt.Sprint(res.Errors))
-	for _, other := range []string{SystemRunsc, SystemRunc} {
+	for _, other := range rawSystems {
 		q, ok := f.Ratios[other]
 		if sys != SystemAenv || !ok {
 			row = append(row, "")

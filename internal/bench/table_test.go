@@ -26,7 +26,7 @@ func TestFormatValue(t *testing.T) {
 	}
 }
 
-// tableReport has one figure on all three systems, one on aenv only, one
+// tableReport has one figure on every system, one on aenv only, one
 // whose aenv side only failed, and a failure.
 func tableReport() *Report {
 	rec := newRecorder()
@@ -35,6 +35,7 @@ func tableReport() *Report {
 		rec.add(boot, SystemAenv, v)
 	}
 	rec.add(boot, SystemRunsc, 100)
+	rec.add(boot, SystemRunscEnvd, 160)
 	rec.add(boot, SystemRunc, 400)
 	rec.describe(boot, "how it is measured")
 	rate := rec.figure("rollout_groups_per_min", "Groups per minute", GroupRollout, UnitPerMinute)
@@ -72,10 +73,11 @@ func TestWriteTable(t *testing.T) {
 		prefix string
 		want   []string
 	}{
-		{"header", "FIGURE", []string{"FIGURE", "SYSTEM", "N", "AVG", "P50", "P99", "MIN", "MAX", "UNIT", "ERRORS", "AENV/RUNSC", "AENV/RUNC"}},
-		{"aenv row with ratios of p50s", "Cold boot", []string{"Cold", "boot", "aenv", "3", "200", "200", "298", "100", "300", "ms", "0", "2.00x", "0.50x"}},
+		{"header", "FIGURE", []string{"FIGURE", "SYSTEM", "N", "AVG", "P50", "P99", "MIN", "MAX", "UNIT", "ERRORS", "AENV/RUNSC", "AENV/RUNSC-ENVD", "AENV/RUNC"}},
+		{"aenv row with ratios of p50s", "Cold boot", []string{"Cold", "boot", "aenv", "3", "200", "200", "298", "100", "300", "ms", "0", "2.00x", "1.25x", "0.50x"}},
 		{"raw row without ratios", "runsc", []string{"runsc", "1", "100", "100", "100", "100", "100", "ms", "0"}},
-		{"second raw row", "runc", []string{"runc", "1", "400", "400", "400", "400", "400", "ms", "0"}},
+		{"runsc running envd", "runsc-envd", []string{"runsc-envd", "1", "160", "160", "160", "160", "160", "ms", "0"}},
+		{"third raw row", "runc", []string{"runc", "1", "400", "400", "400", "400", "400", "ms", "0"}},
 		{"aenv-only figure", "Groups per minute", []string{"Groups", "per", "minute", "aenv", "1", "12.5", "12.5", "12.5", "12.5", "12.5", "/min", "0"}},
 		{"failed figure shows dashes", "Fork", []string{"Fork", "aenv", "0", "-", "-", "-", "-", "-", "ms", "1"}},
 	}

@@ -94,6 +94,7 @@ func registerBenchSizes(fl *pflag.FlagSet, f *benchFlags) {
 	fl.StringVar(&f.cfg.Rootfs, "rootfs", "", "rootfs for runsc and runc (default: the base template's, from the template cache)")
 	fl.StringVar(&f.cfg.DataDir, "data-dir", d.DataDir, "the server's data dir, where the base rootfs is looked for")
 	fl.StringVar(&f.cfg.Runsc, "runsc", "", "runsc binary (default: next to aenv, else $PATH)")
+	fl.StringVar(&f.cfg.Envd, "envd", "", "envd binary that runsc-envd runs as its guest's init, as aenv's sandboxes do (default: next to aenv, else $PATH)")
 	fl.StringVar(&f.cfg.Runc, "runc", "", "runc binary (default: $PATH)")
 	fl.DurationVar(&f.duration, "max-duration", d.MaxDuration, "stop measuring after this long (cleanup comes after)")
 }
@@ -127,7 +128,7 @@ func (f *benchFlags) config(fl *pflag.FlagSet) bench.Config {
 			copyFlag()
 		}
 	}
-	cfg.Rootfs, cfg.Runsc, cfg.Runc, cfg.SkipRaw = given.Rootfs, given.Runsc, given.Runc, given.SkipRaw
+	cfg.Rootfs, cfg.Runsc, cfg.Envd, cfg.Runc, cfg.SkipRaw = given.Rootfs, given.Runsc, given.Envd, given.Runc, given.SkipRaw
 	for _, g := range f.only {
 		if g = strings.TrimSpace(g); g != "" {
 			cfg.Only = append(cfg.Only, g)

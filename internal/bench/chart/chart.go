@@ -21,9 +21,10 @@ import (
 
 // systemColors tell the systems apart in the chart.
 var systemColors = map[string]color.RGBA{
-	bench.SystemAenv:  {R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	bench.SystemRunsc: {R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
-	bench.SystemRunc:  {R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	bench.SystemAenv:      {R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	bench.SystemRunsc:     {R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	bench.SystemRunscEnvd: {R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	bench.SystemRunc:      {R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 }
 
 // chartFloorMs keeps zero samples drawable on the log axis.
