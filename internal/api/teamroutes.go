@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/auth"
@@ -245,7 +246,11 @@ func (s *Server) killTeamSandboxes(ctx context.Context, id string, live []*store
 		if err := killer.Kill(ctx, sb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return fmt.Errorf("kill sandbox %s of team %s (killed before it: %v): %w", sb.ID, id, out.Killed, err)
 		}
-		out.Killed = append(out.Killed, sb.ID)
+		// A record a round listed again (its kill found it gone before
+		// its record was) is named once.
+		if !slices.Contains(out.Killed, sb.ID) {
+			out.Killed = append(out.Killed, sb.ID)
+		}
 	}
 	return nil
 }
@@ -281,10 +286,16 @@ func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
 	force := r.URL.Query().Get("force") == "true"
 	out := wire.DeletedTeam{TeamID: id, Killed: []string{}}
 	revoked := false
+	var inUse error
 	for round := 1; ; round++ {
 		live, err := s.catalog.List(r.Context(), store.SandboxFilter{TeamID: id, States: liveStates})
 		if err != nil {
 			return err
+		}
+		if inUse != nil && len(live) == 0 {
+			// What keeps the team is no sandboxes (a volume made
+			// meanwhile): killing again would not help.
+			return inUse
 		}
 		if len(live) > 0 {
 			if !force {
@@ -309,6 +320,7 @@ func (s *Server) deleteTeam(w http.ResponseWriter, r *http.Request) error {
 		// forced delete kills it too. The keys being revoked, a few rounds
 		// see the last of them.
 		if force && errors.Is(err, store.ErrTeamInUse) && round < forcedDeleteRounds {
+			inUse = err
 			continue
 		}
 		if err != nil {

@@ -42,21 +42,31 @@ func (n storeNode) Kill(ctx context.Context, id string) error {
 
 // landingCreates is the store's teams, where a create of the team's lands
 // just before each of the first `rounds` deletes: one that passed its
-// key's check before a forced delete revoked the keys.
+// key's check before a forced delete revoked the keys. It makes a sandbox,
+// or a volume if volumes is set.
 type landingCreates struct {
 	*sqlite.Store
-	rounds int
-	landed []string
+	rounds  int
+	volumes bool
+	landed  []string
+	deletes int
 }
 
 func (l *landingCreates) DeleteTeam(ctx context.Context, id string) error {
+	l.deletes++
 	if len(l.landed) < l.rounds {
-		sb := &store.Sandbox{ID: fmt.Sprintf("late-%d", len(l.landed)), TeamID: id, TemplateID: "base",
-			State: store.StateStarting, StartedAt: time.Now(), EndAt: time.Now().Add(time.Hour)}
-		if err := l.Store.CreateSandbox(ctx, sb); err != nil {
+		name := fmt.Sprintf("late-%d", len(l.landed))
+		var err error
+		if l.volumes {
+			err = l.Store.CreateVolume(ctx, &store.Volume{ID: name, Name: name, TeamID: id, Token: "t", CreatedAt: time.Now()})
+		} else {
+			err = l.Store.CreateSandbox(ctx, &store.Sandbox{ID: name, TeamID: id, TemplateID: "base",
+				State: store.StateStarting, StartedAt: time.Now(), EndAt: time.Now().Add(time.Hour)})
+		}
+		if err != nil {
 			return err
 		}
-		l.landed = append(l.landed, sb.ID)
+		l.landed = append(l.landed, name)
 	}
 	return l.Store.DeleteTeam(ctx, id)
 }
@@ -64,18 +74,22 @@ func (l *landingCreates) DeleteTeam(ctx context.Context, id string) error {
 // TestDeleteTeamForcedKillsLateCreates: a forced delete kills the
 // sandboxes a create recorded after its listing, and deletes the team; a
 // delete that is not forced is refused; creates landing at every round
-// leave the team, with 409, after a bounded number of rounds.
+// leave the team, with 409, after a bounded number of rounds; a volume
+// made meanwhile leaves it at once (no kill helps).
 func TestDeleteTeamForcedKillsLateCreates(t *testing.T) {
 	tests := []struct {
-		name       string
-		force      bool
-		late       int
-		wantStatus int
-		wantKilled []string
+		name        string
+		force       bool
+		late        int
+		volumes     bool
+		wantStatus  int
+		wantKilled  []string
+		wantDeletes int
 	}{
-		{"forced, one late create", true, 1, 200, []string{"sb-1", "late-0"}},
-		{"forced, late creates every round", true, forcedDeleteRounds, 409, nil},
-		{"not forced", false, 0, 409, nil},
+		{"forced, one late create", true, 1, false, 200, []string{"sb-1", "late-0"}, 2},
+		{"forced, late creates every round", true, forcedDeleteRounds, false, 409, nil, forcedDeleteRounds},
+		{"forced, a late volume", true, 1, true, 409, nil, 1},
+		{"not forced", false, 0, false, 409, nil, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,7 +106,7 @@ func TestDeleteTeamForcedKillsLateCreates(t *testing.T) {
 				State: store.StateRunning, StartedAt: time.Now(), EndAt: time.Now().Add(time.Hour)}); err != nil {
 				t.Fatal(err)
 			}
-			teams := &landingCreates{Store: st, rounds: tt.late}
+			teams := &landingCreates{Store: st, rounds: tt.late, volumes: tt.volumes}
 			s := New(Config{APIKey: "key", MaxJSONBytes: 1 << 20, Teams: teams}, storeNode{st: st},
 				slog.New(slog.DiscardHandler), prometheus.NewRegistry(), http.NotFoundHandler())
 			srv := httptest.NewServer(s)
@@ -105,6 +119,9 @@ func TestDeleteTeamForcedKillsLateCreates(t *testing.T) {
 			status, body := callRaw(t, "DELETE", srv.URL+path, "")
 			if status != tt.wantStatus {
 				t.Fatalf("DELETE %s: %d %s, want %d", path, status, body, tt.wantStatus)
+			}
+			if teams.deletes != tt.wantDeletes {
+				t.Errorf("the store was asked to delete the team %d times, want %d", teams.deletes, tt.wantDeletes)
 			}
 			_, getErr := st.GetTeam(ctx, "lab")
 			if tt.wantStatus != 200 {

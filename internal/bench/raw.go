@@ -191,11 +191,44 @@ func (s *rawSystem) boot(ctx context.Context) (*box, error) {
 	if err := s.runDetached(ctx, id, "run", "--detach", "--bundle", s.bundle, id); err != nil {
 		return nil, err
 	}
-	if err := s.exec(ctx, b); err != nil {
+	if err := s.ready(ctx, b); err != nil {
 		return nil, err
 	}
 	return b, nil
 }
+
+// ready waits until a container just started answers: a command runs in
+// it, and for runsc-envd its envd listens, as an aenv sandbox is only
+// answered for once its envd is up.
+func (s *rawSystem) ready(ctx context.Context, b *box) error {
+	if s.kind != SystemRunscEnvd {
+		return s.exec(ctx, b)
+	}
+	port := fmt.Sprintf(":%04X ", envdPort)
+	for deadline := time.Now().Add(envdListenWait); ; {
+		out, err := s.run(ctx, nil, "exec", b.id, "/bin/cat", "/proc/net/tcp", "/proc/net/tcp6")
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			// sl local_address rem_address st: 0A is LISTEN.
+			if f := strings.Fields(line); len(f) > 3 && strings.Contains(f[1]+" ", port) && f[3] == "0A" {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s %s: envd not listening on %d after %v", s.kind, b.id, envdPort, envdListenWait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// envdListenWait bounds the wait for envd to listen in runsc-envd.
+const envdListenWait = 30 * time.Second
 
 func (s *rawSystem) create(ctx context.Context) (*box, error) { return s.boot(ctx) }
 
@@ -306,7 +339,7 @@ func (s *rawSystem) bootImage(ctx context.Context, img *image) (*box, error) {
 	if err := s.runDetached(ctx, id, "restore", "--detach", "--bundle", s.bundle, "--image-path", img.id, id); err != nil {
 		return nil, err
 	}
-	if err := s.exec(ctx, b); err != nil {
+	if err := s.ready(ctx, b); err != nil {
 		return nil, err
 	}
 	return b, nil

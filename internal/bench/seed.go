@@ -47,7 +47,7 @@ func (b *bench) timed(f *Figure, system string, fn func() error) error {
 func (b *bench) coldBoot(ctx context.Context, sys system) error {
 	boot := b.rec.figure("cold_boot", "Cold boot (create from "+b.cfg.Template+")", GroupSeed, UnitMs)
 	del := b.rec.figure("delete", "Delete a running sandbox", GroupSeed, UnitMs)
-	b.rec.describe(boot, fmt.Sprintf("aenv: POST /sandboxes with memoryMB %d (no warm-pool sandbox fits it, so it boots) until it answers (envd is up by then); raw: run --detach, then exec true", b.cfg.MemoryMB))
+	b.rec.describe(boot, fmt.Sprintf("aenv: POST /sandboxes with memoryMB %d (no warm-pool sandbox fits it, so it boots) until it answers (envd is up by then); raw: run --detach, then exec true (runsc-envd: exec until its envd listens)", b.cfg.MemoryMB))
 	b.rec.describe(del, "aenv: DELETE /sandboxes/{id}; raw: delete --force")
 	for i := 0; i < b.cfg.Iterations && ctx.Err() == nil; i++ {
 		var bx *box
@@ -107,7 +107,7 @@ func (b *bench) snapshotCycle(ctx context.Context, sys system) error {
 	pauseFig := b.rec.figure("pause", "Pause", GroupSeed, UnitMs)
 	resumeFig := b.rec.figure("resume", "Resume", GroupSeed, UnitMs)
 	snapFig := b.rec.figure("snapshot_create", "Snapshot create (sandbox keeps running)", GroupSeed, UnitMs)
-	b.rec.describe(bootFig, "aenv: POST /sandboxes from a POST /templates template; runsc: create + restore of a checkpoint, then exec true")
+	b.rec.describe(bootFig, "aenv: POST /sandboxes from a POST /templates template; runsc: create + restore of a checkpoint, then exec true (runsc-envd: exec until its envd listens)")
 	b.rec.describe(pauseFig, "aenv: POST /pause (memory kept); raw: pause")
 	b.rec.describe(snapFig, "aenv: POST /sandboxes/{id}/snapshots; runsc: checkpoint --leave-running")
 
@@ -179,7 +179,7 @@ func (b *bench) forkFigure(ctx context.Context, sys system) error {
 	n := b.cfg.ForkCount
 	wall := b.rec.figure("fork_wall", fmt.Sprintf("Fork of %d: until every child answers", n), GroupSeed, UnitMs)
 	perChild := b.rec.figure("fork_per_child", fmt.Sprintf("Fork of %d: per child", n), GroupSeed, UnitMs)
-	b.rec.describe(wall, "aenv: POST /fork, then /execute true in every child; runsc: checkpoint, restore each (4 at a time), exec true in each")
+	b.rec.describe(wall, "aenv: POST /fork, then /execute true in every child; runsc: checkpoint, restore each (4 at a time), exec true in each (runsc-envd: until its envd listens)")
 	b.rec.describe(perChild, "the wall time divided by the number of children")
 	parent, err := sys.boot(ctx)
 	if err != nil {

@@ -61,19 +61,24 @@ func (r *runningCommands) release(id string, sc *sandboxCommands) {
 	}
 }
 
+// errRemoved says a runsc command was refused, or ended, because its
+// sandbox is being removed. Nothing is left to mend after it.
+var errRemoved = fmt.Errorf("sandbox is being removed: %w", runtime.ErrNotFound)
+
 // start starts cmd as a command of sandbox id ("" for none) unless the
-// sandbox is being removed. The returned func must be called once cmd has
-// been waited for.
-func (r *runningCommands) start(id string, cmd *exec.Cmd) (finished func(), err error) {
+// sandbox is being removed (errRemoved). The returned func must be called
+// once cmd has been waited for; it says whether the sandbox was being
+// removed by then (the removal may have killed cmd).
+func (r *runningCommands) start(id string, cmd *exec.Cmd) (finished func() (removed bool), err error) {
 	if id == "" {
-		return func() {}, cmd.Start()
+		return func() bool { return false }, cmd.Start()
 	}
 	sc := r.hold(id)
 	sc.mu.Lock()
 	if sc.removing > 0 {
 		sc.mu.Unlock()
 		r.release(id, sc)
-		return nil, fmt.Errorf("sandbox is being removed: %w", runtime.ErrNotFound)
+		return nil, errRemoved
 	}
 	// Started under the record's lock, so that a removal sees every
 	// command that may still write into the sandbox's directory.
@@ -85,12 +90,14 @@ func (r *runningCommands) start(id string, cmd *exec.Cmd) (finished func(), err 
 	done := make(chan struct{})
 	sc.running[cmd] = done
 	sc.mu.Unlock()
-	return func() {
+	return func() bool {
 		close(done)
 		sc.mu.Lock()
 		delete(sc.running, cmd)
+		removed := sc.removing > 0
 		sc.mu.Unlock()
 		r.release(id, sc)
+		return removed
 	}, nil
 }
 

@@ -18,7 +18,8 @@ import (
 // removeTimeout bounds removing a sandbox: Kill, and the removal after a
 // failed start, which runs even when the caller's context is already done.
 // Removal kills the sandbox's processes itself, so a hung runsc costs at
-// most processExitWait plus boundDelete.timeout.
+// most twice processExitWait (the driver's commands on the sandbox, then
+// its processes) plus boundDelete.timeout.
 const removeTimeout = 30 * time.Second
 
 // processExitWait bounds the wait for killed processes to exit.
@@ -232,6 +233,10 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 // running, or its state file cut short; both are mended here.
 func (d *Driver) Pause(ctx context.Context, id string) error {
 	if err := d.simpleCommand(ctx, boundControl, "pause", id, "pause", id); err != nil {
+		if errors.Is(err, errRemoved) {
+			// Ended by a Kill, which removes what a mend would touch.
+			return err
+		}
 		mendCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), boundStacks.timeout+boundControl.timeout)
 		defer cancel()
 		if rerr := d.repairState(id); rerr != nil {

@@ -109,7 +109,9 @@ func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []stri
 		return err
 	}
 	err = cmd.Wait()
-	finished()
+	if removed := finished(); removed && err != nil {
+		err = fmt.Errorf("%w: %w", errRemoved, err)
+	}
 	took := time.Since(start)
 	d.log.DebugContext(ctx, "runsc", "args", args, "duration", took, "err", err)
 	if err != nil && runCtx.Err() != nil {
