@@ -46,7 +46,9 @@ func (d *Driver) Unfreeze(ctx context.Context, id string) (bool, error) {
 	if hostStopped(pid) {
 		return false, fmt.Errorf("unfreeze %s: the sandbox process %d is stopped on the host", id, pid)
 	}
-	out, err := d.runsc(ctx, boundStacks, "", "debug", "--stacks", id)
+	// Logged nowhere (a goroutine dump is long), but a command of the
+	// sandbox: its removal ends it, for it takes runsc's lock of it.
+	out, err := d.runscLogging(ctx, boundStacks, "", id, "debug", "--stacks", id)
 	if err != nil {
 		return false, fmt.Errorf("unfreeze %s: %w", id, err)
 	}

@@ -54,8 +54,15 @@ func (d *Driver) globalFlags(id string) []string {
 // runsc runs one subcommand for sandbox id ("" for none), bounded by b,
 // and returns its standard output.
 func (d *Driver) runsc(ctx context.Context, b bound, id string, args ...string) ([]byte, error) {
+	return d.runscLogging(ctx, b, id, id, args...)
+}
+
+// runscLogging is runsc with the sandbox whose directory gets the logs
+// (logID) apart from the sandbox the command acts on (id, whose removal
+// ends it); either may be "".
+func (d *Driver) runscLogging(ctx context.Context, b bound, logID, id string, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
-	err := d.runBounded(ctx, b, id, args, func(cmd *exec.Cmd) { cmd.Stdout, cmd.Stderr = &stdout, &stderr })
+	err := d.runBounded(ctx, b, logID, id, args, func(cmd *exec.Cmd) { cmd.Stdout, cmd.Stderr = &stdout, &stderr })
 	if err != nil {
 		return nil, runscError(args[0], err, stderr.String()+stdout.String())
 	}
@@ -74,20 +81,21 @@ func (d *Driver) runscDetached(ctx context.Context, b bound, id string, args ...
 	}
 	defer console.Close()
 	offset, _ := console.Seek(0, io.SeekEnd)
-	err = d.runBounded(ctx, b, id, args, func(cmd *exec.Cmd) { cmd.Stdout, cmd.Stderr = console, console })
+	err = d.runBounded(ctx, b, id, id, args, func(cmd *exec.Cmd) { cmd.Stdout, cmd.Stderr = console, console })
 	if err != nil {
 		return runscError(args[0], err, readFrom(consolePath, offset))
 	}
 	return nil
 }
 
-// runBounded runs runsc with the global flags and args within b. The
+// runBounded runs runsc with the global flags and args within b, its logs
+// in logID's directory, as a command of sandbox id (either may be ""). The
 // command runs in a process group of its own, which is killed when the
 // command overruns b.timeout, or b.grace after ctx is done: runsc's helpers
 // die with it, while the sandbox and gofer it starts are in sessions of
 // their own and are removed by Kill. A command of a sandbox being removed
 // is refused, and one running is ended by the removal (runningCommands).
-func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []string, setup func(*exec.Cmd)) (err error) {
+func (d *Driver) runBounded(ctx context.Context, b bound, logID, id string, args []string, setup func(*exec.Cmd)) (err error) {
 	if b.grace == 0 && ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -96,7 +104,7 @@ func (d *Driver) runBounded(ctx context.Context, b bound, id string, args []stri
 	defer func() { tracing.End(span, err) }()
 	runCtx, cancel := b.context(ctx)
 	defer cancel()
-	cmd := exec.CommandContext(runCtx, d.cfg.RunscPath, append(d.globalFlags(id), args...)...)
+	cmd := exec.CommandContext(runCtx, d.cfg.RunscPath, append(d.globalFlags(logID), args...)...)
 	setup(cmd)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
