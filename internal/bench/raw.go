@@ -204,15 +204,15 @@ func (s *rawSystem) ready(ctx context.Context, b *box) error {
 	if s.kind != SystemRunscEnvd {
 		return s.exec(ctx, b)
 	}
-	port := fmt.Sprintf(":%04X ", envdPort)
+	port := fmt.Sprintf(":%04X", envdPort)
 	for deadline := time.Now().Add(envdListenWait); ; {
 		out, err := s.run(ctx, nil, "exec", b.id, "/bin/cat", "/proc/net/tcp", "/proc/net/tcp6")
 		if err != nil {
 			return err
 		}
-		for _, line := range strings.Split(string(out), "\n") {
+		for line := range strings.Lines(string(out)) {
 			// sl local_address rem_address st: 0A is LISTEN.
-			if f := strings.Fields(line); len(f) > 3 && strings.Contains(f[1]+" ", port) && f[3] == "0A" {
+			if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[1], port) && f[3] == "0A" {
 				return nil
 			}
 		}

@@ -9,11 +9,11 @@ import (
 	"text/tabwriter"
 )
 
-// tableSystems is the row order of each figure.
-var tableSystems = [...]string{SystemAenv, SystemRunsc, SystemRunscEnvd, SystemRunc}
+// tableSystems is the row order of each figure: aenv, then the raw runtimes.
+var tableSystems = append([]string{SystemAenv}, rawSystems[:]...)
 
 // Systems lists the systems in the order reports show them.
-func Systems() []string { return slices.Clone(tableSystems[:]) }
+func Systems() []string { return slices.Clone(tableSystems) }
 
 // WriteTable prints the report for people: the machine, then one row per
 // figure and system with avg/p50/p99/min/max, the error count and, on
@@ -27,7 +27,10 @@ func WriteTable(w io.Writer, r *Report) error {
 	fmt.Fprintf(w, "aenv bench (%s) against %s: %d CPUs, %d MiB, Linux %s, %s, %s; %.0f s\n\n",
 		mode, r.Server, m.CPUs, m.MemoryMiB, m.Kernel, m.OS, m.Arch, r.Seconds)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	header := []string{"FIGURE", "SYSTEM", "N", "AVG", "P50", "P99", "MIN", "MAX", "UNIT", "ERRORS", "AENV/RUNSC", "AENV/RUNSC-ENVD", "AENV/RUNC"}
+	header := []string{"FIGURE", "SYSTEM", "N", "AVG", "P50", "P99", "MIN", "MAX", "UNIT", "ERRORS"}
+	for _, raw := range rawSystems {
+		header = append(header, "AENV/"+strings.ToUpper(raw))
+	}
 	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
 	group := ""
 	for _, f := range r.Figures {

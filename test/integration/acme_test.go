@@ -102,8 +102,7 @@ func testACME(t *testing.T, pebbleBin string, gateway, alpn bool) {
 		front = acmeFront{logs: g.logs, api: g.api}
 	} else {
 		s := newServer(t, tlsFlags...)
-		s.addr, s.url = plainAddr, "http://"+plainAddr
-		s.api = client.New(client.Config{URL: s.url, APIKey: apiKey, HTTP: s.checked})
+		s.listenOn(plainAddr)
 		s.start()
 		front = acmeFront{logs: s.logs, api: s.api}
 	}

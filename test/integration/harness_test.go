@@ -14,7 +14,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -142,21 +141,21 @@ func newServer(t testing.TB, extra ...string) *server {
 		extra:   extra,
 	}
 	s.cidr = randomCIDR()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = l.Addr().String()
-	l.Close()
-	s.url = "http://" + s.addr
 	// Every answer the tests get is checked against the OpenAPI document.
 	s.checked = &http.Client{Transport: wiretest.Transport(t, client.NewHTTPClient(4).Transport)}
-	s.api = client.New(client.Config{URL: s.url, APIKey: apiKey, HTTP: s.checked})
+	s.listenOn(freeAddr(t))
 	t.Cleanup(func() {
 		s.stop(syscall.SIGTERM)
 		s.checkNoLeaks()
 	})
 	return s
+}
+
+// listenOn makes addr the server's API address, and the tests' client's.
+func (s *server) listenOn(addr string) {
+	s.addr = addr
+	s.url = "http://" + addr
+	s.api = client.New(client.Config{URL: s.url, APIKey: apiKey, HTTP: s.checked})
 }
 
 // randomCIDR picks one of 12,800 /24s in 10.200.0.0-10.249.255.0 for a
@@ -187,14 +186,7 @@ func (s *server) start() {
 			// The port was picked free and let go: something (one of the
 			// server's own listeners on an ephemeral port) took it first.
 			s.t.Logf("port of %s was taken before the server bound it; trying another", s.addr)
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				s.t.Fatal(err)
-			}
-			s.addr = l.Addr().String()
-			l.Close()
-			s.url = "http://" + s.addr
-			s.api = client.New(client.Config{URL: s.url, APIKey: apiKey, HTTP: s.checked})
+			s.listenOn(freeAddr(s.t))
 		}
 	}
 }

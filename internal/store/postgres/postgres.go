@@ -200,8 +200,8 @@ func requireTeam(ctx context.Context, tx pgx.Tx, team string) error {
 	return err
 }
 
-// teamLock is the advisory lock key of team: creates of its sandboxes and
-// volumes hold it shared, its delete exclusively. It is taken before the
+// teamLock is the advisory lock key of team: creates of its sandboxes,
+// volumes and secrets hold it shared, its delete exclusively. It is taken before the
 // team's row, by every transaction that takes both, so that a create of a
 // limited team (which then locks the row) and a delete never wait for
 // each other.
