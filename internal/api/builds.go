@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/build"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/template"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
@@ -208,6 +209,38 @@ func (s *Server) buildStatus(w http.ResponseWriter, r *http.Request) error {
 		Status: wire.TemplateBuildInfoStatus(info.Status), LogEntries: wireLogEntries(logs), Logs: []string{}}
 	if info.Reason != nil {
 		out.Reason = wireReason(info.Reason)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// listBuilds lists the builds of a template this node remembers (its
+// last 256 builds of any template), newest first: the console's way to a
+// build's live log.
+func (s *Server) listBuilds(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("templateID")
+	p := principal(r)
+	builds := s.cfg.Builds.Builds(name, p.Sees)
+	if len(builds) == 0 {
+		// None remembered: a template of the caller's has none; a name
+		// it cannot see is no template of its.
+		t, err := s.visibleTemplate(r.Context(), p, name)
+		if err != nil {
+			return err
+		}
+		if t == nil {
+			return fmt.Errorf("%w: template %q", errdefs.ErrNotFound, name)
+		}
+	}
+	out := make([]wire.TemplateBuild, 0, len(builds))
+	for _, b := range builds {
+		tb := wire.TemplateBuild{BuildID: b.BuildID, Status: wire.BuildStatus(b.Status), CreatedAt: b.Created.UTC(),
+			UpdatedAt: b.Updated.UTC(), CpuCount: b.VCPU, MemoryMB: b.MemoryMB}
+		if !b.Finished.IsZero() {
+			at := b.Finished.UTC()
+			tb.FinishedAt = &at
+		}
+		out = append(out, tb)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -22,6 +22,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/envd/client/envdtest"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/sandboxlog"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/wire"
 	"github.com/aenv-dev/aenv/internal/wire/wiretest"
@@ -53,6 +54,14 @@ func (n *catalogNode) Stats(ctx context.Context, id string) (runtime.Stats, erro
 		return runtime.Stats{}, err
 	}
 	return runtime.Stats{CPUUsageNanos: 2e9, MemoryBytes: 64 << 20}, nil
+}
+
+func (n *catalogNode) SandboxLog(ctx context.Context, id string) ([]sandboxlog.Entry, error) {
+	if _, err := n.Get(ctx, id); err != nil {
+		return nil, err
+	}
+	return sandboxlog.Parse([]byte("time=2026-12-04T08:00:00Z level=INFO msg=\"envd serving\" addr=:49983\n"+
+		"time=2026-12-04T08:00:01.5Z level=ERROR msg=\"process start failed\" cmd=/no/such\n"), false), nil
 }
 
 func (n *catalogNode) Get(_ context.Context, id string) (*store.Sandbox, error) {
@@ -244,6 +253,18 @@ func TestAnswersMatchOpenAPI(t *testing.T) {
 		{"GET", "/sandboxes/sbx1/metrics", ``, 200, ""},
 		{"GET", "/sandboxes/sbx1/metrics?start=20&end=10", ``, 400, ""},
 		{"GET", "/sandboxes/nope/metrics", ``, 404, ""},
+		{"GET", "/sandboxes/sbx1/logs", ``, 200, ""},
+		{"GET", "/sandboxes/sbx1/logs?start=1764835201000&limit=1", ``, 200, ""},
+		{"GET", "/sandboxes/sbx1/logs?start=-1", ``, 400, ""},
+		{"GET", "/sandboxes/sbx1/logs?limit=1001", ``, 400, ""},
+		{"GET", "/sandboxes/nope/logs", ``, 404, ""},
+		{"GET", "/v2/sandboxes/sbx1/logs?direction=backward&level=error&search=process&limit=10", ``, 200, ""},
+		{"GET", "/v2/sandboxes/sbx1/logs?cursor=1764835200000", ``, 200, ""},
+		{"GET", "/v2/sandboxes/sbx1/logs?direction=sideways", ``, 400, ""},
+		{"GET", "/v2/sandboxes/sbx1/logs?level=verbose", ``, 400, ""},
+		{"GET", "/v2/sandboxes/sbx1/logs?search=" + strings.Repeat("a", 257), ``, 400, ""},
+		{"GET", "/v2/sandboxes/sbx1/logs?cursor=soon", ``, 400, ""},
+		{"GET", "/v2/sandboxes/nope/logs", ``, 404, ""},
 		{"POST", "/v3/templates", `{"name":"app:v1","tags":["v2"],"cpuCount":1,"memoryMB":512}`, 202, ""},
 		{"POST", "/v3/templates", `{}`, 400, ""},
 		{"GET", "/templates/app/files/" + hash, ``, 201, ""},
@@ -253,6 +274,8 @@ func TestAnswersMatchOpenAPI(t *testing.T) {
 		{"GET", "/templates/app/builds/" + waiting + "/status", ``, 200, ""},
 		{"GET", "/templates/app/builds/" + waiting + "/status?limit=101", ``, 400, ""},
 		{"GET", "/templates/app/builds/nope/status", ``, 404, ""},
+		{"GET", "/templates/app/builds", ``, 200, ""},
+		{"GET", "/templates/nope/builds", ``, 404, ""},
 		{"POST", "/templates/tags", `{"target":"tagged","tags":["v1","v2"]}`, 201, ""},
 		{"POST", "/templates/tags", `{"target":"nope","tags":["v1"]}`, 404, ""},
 		{"GET", "/templates/tagged/tags", ``, 200, ""},

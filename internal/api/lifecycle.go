@@ -185,13 +185,17 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]wire.Template, 0, len(all))
 	p := principal(r)
+	var builds map[string]string
+	if s.cfg.Builds != nil {
+		builds = s.cfg.Builds.BuildStatuses()
+	}
 	for _, t := range all {
 		if !p.Uses(t.TeamID) {
 			continue
 		}
 		j := toTemplateJSON(t)
-		if s.cfg.Builds != nil && t.Named() {
-			j.BuildStatus = wire.TemplateBuildStatus(s.cfg.Builds.BuildStatus(t.Name))
+		if t.Named() {
+			j.BuildStatus = wire.TemplateBuildStatus(builds[t.Name])
 		}
 		out = append(out, j)
 	}

@@ -14,15 +14,18 @@ import (
 func (s *Server) routeTags() {
 	s.route("POST /templates/tags", s.assignTags)
 	s.route("DELETE /templates/tags", s.removeTags)
-	// "GET /templates/{templateID}/tags" would clash with "GET
-	// /templates/aliases/{alias}" over /templates/aliases/tags (neither is
-	// more specific), so the last segment is matched here; the alias route
-	// stays the more specific one.
+	// "GET /templates/{templateID}/tags" (and .../builds) would clash with
+	// "GET /templates/aliases/{alias}" over /templates/aliases/tags
+	// (neither is more specific), so the last segment is matched here; the
+	// alias route stays the more specific one.
 	s.route("GET /templates/{templateID}/{sub}", func(w http.ResponseWriter, r *http.Request) error {
-		if r.PathValue("sub") != "tags" {
-			return &apiError{http.StatusNotFound, "no such endpoint: " + r.Method + " " + r.URL.Path}
+		switch r.PathValue("sub") {
+		case "tags":
+			return s.listTags(w, r)
+		case "builds":
+			return s.listBuilds(w, r)
 		}
-		return s.listTags(w, r)
+		return &apiError{http.StatusNotFound, "no such endpoint: " + r.Method + " " + r.URL.Path}
 	})
 }
 

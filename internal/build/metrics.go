@@ -31,21 +31,24 @@ func (s *Service) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.metrics.finished, s.metrics.duration, s.metrics.running}
 }
 
-// BuildStatus reports the status of the newest build of the template
-// named name this server knows of ("" when none): waiting, building,
-// ready or error.
-func (s *Service) BuildStatus(name string) string {
+// BuildStatuses reports, by template name, the status of the newest build
+// this server knows of: one pass over the remembered builds, for a list of
+// templates.
+func (s *Service) BuildStatuses() map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	out := make(map[string]string)
 	for i := len(s.order) - 1; i >= 0; i-- {
 		b := s.builds[s.order[i]]
-		if b == nil || b.templateID != name {
+		if b == nil {
+			continue
+		}
+		if _, seen := out[b.templateID]; seen {
 			continue
 		}
 		b.mu.Lock()
-		status := b.status
+		out[b.templateID] = b.status
 		b.mu.Unlock()
-		return status
 	}
-	return ""
+	return out
 }

@@ -125,6 +125,18 @@ type build struct {
 	// build from any team's template.
 	team  string
 	admin bool
+	// created is when it was requested; updated when its status last
+	// changed; finished when it became ready or failed.
+	created, updated, finished time.Time
+}
+
+// Summary is a build as a template's list of builds shows it (E2B's
+// TemplateBuild).
+type Summary struct {
+	BuildID                    string
+	Status                     string
+	Created, Updated, Finished time.Time // Finished is zero until it ends
+	VCPU, MemoryMB             int
 }
 
 // mayUse says whether the build may start from a template of team: a
@@ -187,8 +199,11 @@ func (s *Service) loadInterrupted() error {
 			continue
 		}
 		msg := "the build was interrupted: the server restarted while it ran"
+		// When it began is lost with the server; it ended with it.
+		now := time.Now()
 		b := &build{templateID: string(data), id: id, status: StatusError, started: true,
-			reason: &Reason{Message: msg, Step: stepFinalize, LogEntries: []LogEntry{}}}
+			reason:  &Reason{Message: msg, Step: stepFinalize, LogEntries: []LogEntry{}},
+			created: now, updated: now, finished: now}
 		b.logs.budget = s.logBudget
 		b.log("error", stepFinalize, msg)
 		s.builds[id] = b
@@ -222,8 +237,9 @@ func (s *Service) Request(name, team string, admin bool, vcpu, memoryMB int) (st
 	if name == template.BaseName {
 		return "", fmt.Errorf("%w: the base template cannot be rebuilt", ErrConflict)
 	}
+	now := time.Now()
 	b := &build{templateID: name, id: newBuildID(), status: StatusWaiting, vcpu: vcpu, memoryMB: memoryMB,
-		team: team, admin: admin}
+		team: team, admin: admin, created: now, updated: now}
 	b.logs.budget = s.logBudget
 	b.logs.reclaim = s.reclaimLogs
 	s.mu.Lock()
@@ -341,7 +357,33 @@ func (s *Service) Status(templateID, buildID string, offset, limit int) (Info, e
 func (b *build) setStatus(status string, reason *Reason) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.status, b.reason = status, reason
+	b.status, b.reason, b.updated = status, reason, time.Now()
+	if status == StatusReady || status == StatusError {
+		b.finished = b.updated
+	}
+}
+
+// Builds lists the remembered builds of the template named name that
+// visible lets through (by the team that asked for each), newest first.
+func (s *Service) Builds(name string, visible func(team string) bool) []Summary {
+	s.mu.Lock()
+	var of []*build
+	for i := len(s.order) - 1; i >= 0; i-- {
+		if b := s.builds[s.order[i]]; b != nil && b.templateID == name {
+			of = append(of, b)
+		}
+	}
+	s.mu.Unlock()
+	out := []Summary{}
+	for _, b := range of {
+		b.mu.Lock()
+		if visible(b.team) {
+			out = append(out, Summary{BuildID: b.id, Status: b.status, Created: b.created, Updated: b.updated,
+				Finished: b.finished, VCPU: b.vcpu, MemoryMB: b.memoryMB})
+		}
+		b.mu.Unlock()
+	}
+	return out
 }
 
 // lock serialises builds of one template; it returns the unlock.

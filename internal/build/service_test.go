@@ -98,25 +98,59 @@ func TestBuildStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if got := s.BuildStatus("app"); got != "" {
+	if got := s.BuildStatuses()["app"]; got != "" {
 		t.Fatalf("no build yet: %q", got)
 	}
 	first, _ := s.Request("app", "", false, 0, 0)
 	b, _ := s.get("app", first)
 	b.setStatus(StatusError, &Reason{Message: "failed"})
-	if got := s.BuildStatus("app"); got != StatusError {
+	if got := s.BuildStatuses()["app"]; got != StatusError {
 		t.Errorf("after a failed build: %q", got)
 	}
 	second, _ := s.Request("app", "", false, 0, 0)
-	if got := s.BuildStatus("app"); got != StatusWaiting {
+	if got := s.BuildStatuses()["app"]; got != StatusWaiting {
 		t.Errorf("a new build requested: %q, want waiting", got)
 	}
 	b, _ = s.get("app", second)
 	b.setStatus(StatusBuilding, nil)
-	if got := s.BuildStatus("app"); got != StatusBuilding {
+	if got := s.BuildStatuses()["app"]; got != StatusBuilding {
 		t.Errorf("building: %q", got)
 	}
-	if got := s.BuildStatus("other"); got != "" {
+	if got := s.BuildStatuses()["other"]; got != "" {
 		t.Errorf("another template: %q", got)
+	}
+}
+
+func TestBuildsOfATemplate(t *testing.T) {
+	uploads, _ := NewUploads(t.TempDir(), 1<<20)
+	s, err := New(Config{}, nil, uploads, t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	all := func(string) bool { return true }
+	if got := s.Builds("app", all); len(got) != 0 {
+		t.Fatalf("no build yet: %+v", got)
+	}
+	first, _ := s.Request("app", "team-a", false, 2, 1024)
+	b, _ := s.get("app", first)
+	b.setStatus(StatusBuilding, nil)
+	b.setStatus(StatusReady, nil)
+	second, _ := s.Request("app", "team-a", false, 1, 512)
+	if _, err := s.Request("other", "team-b", false, 1, 512); err != nil {
+		t.Fatal(err)
+	}
+	got := s.Builds("app", all)
+	if len(got) != 2 || got[0].BuildID != second || got[1].BuildID != first {
+		t.Fatalf("builds of app: %+v, want %s then %s", got, second, first)
+	}
+	if got[0].Status != StatusWaiting || !got[0].Finished.IsZero() || got[0].VCPU != 1 || got[0].MemoryMB != 512 {
+		t.Errorf("the waiting build: %+v", got[0])
+	}
+	if f := got[1]; f.Status != StatusReady || f.Finished.IsZero() || f.Finished.Before(f.Created) || f.Updated != f.Finished {
+		t.Errorf("the finished build: %+v", f)
+	}
+	if got := s.Builds("app", func(team string) bool { return team == "team-b" }); len(got) != 0 {
+		t.Errorf("another team sees app's builds: %+v", got)
 	}
 }

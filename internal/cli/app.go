@@ -71,6 +71,7 @@ func (a *app) clientCommands() []*cobra.Command {
 		a.auditCommand(),
 		a.usageCommand(),
 		a.egressCommand(),
+		a.logsCommand(),
 		a.benchCommand(),
 	}
 }

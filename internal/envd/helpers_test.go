@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,16 +42,18 @@ type testEnv struct {
 	fs       filesystemconnect.FilesystemClient
 	accounts *envdtest.Accounts
 	me       envdtest.User // the user the test runs as, envd's default user
+	logs     *lockedBuffer // what envd logged: the sandbox's log
 }
 
 func newTestEnv(t *testing.T) *testEnv {
 	t.Helper()
 	accounts, me := envdtest.NewAccounts(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logs := &lockedBuffer{}
+	var out io.Writer = logs
 	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		out = io.MultiWriter(logs, os.Stderr)
 	}
-	srv := New(Config{Logger: log, DefaultUser: me.Name, PasswdPath: accounts.Passwd, GroupPath: accounts.Group})
+	srv := New(Config{Logger: slog.New(slog.NewTextHandler(out, nil)), DefaultUser: me.Name, PasswdPath: accounts.Passwd, GroupPath: accounts.Group})
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() {
 		srv.Close()
@@ -63,7 +66,26 @@ func newTestEnv(t *testing.T) *testEnv {
 		fs:       filesystemconnect.NewFilesystemClient(ts.Client(), ts.URL),
 		accounts: accounts,
 		me:       me,
+		logs:     logs,
 	}
+}
+
+// lockedBuffer is what envd logged, written and read concurrently.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // addUser adds a throwaway user (a UID and GID no host account uses, with a

@@ -479,3 +479,41 @@ func TestLoginShellReadsAccountHome(t *testing.T) {
 		t.Fatalf("out %q err %v, want %q", out, stream.Err(), want)
 	}
 }
+
+// The sandbox's log tells of each process (its command and user, never
+// its arguments or environment, which may hold secrets) and of a start
+// that failed.
+func TestProcessesLogged(t *testing.T) {
+	env := newTestEnv(t)
+	const secret = "secret-not-logged-5d1e"
+	stream, err := env.proc.Start(context.Background(), connect.NewRequest(&pb.StartRequest{
+		Process: &pb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "true " + secret}, Envs: map[string]string{"PROBE": secret}},
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stream.Receive() {
+	}
+	stream.Close()
+	failed, err := env.proc.Start(context.Background(), connect.NewRequest(&pb.StartRequest{
+		Process: &pb.ProcessConfig{Cmd: "/no/such/binary", Args: []string{secret}},
+	}))
+	if err == nil {
+		for failed.Receive() {
+		}
+		err = failed.Err()
+	}
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("start of a missing binary: %v, want invalid_argument", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(env.logs.String(), `msg="process ended"`) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	logs := env.logs.String()
+	mustContain(t, logs, `msg="process started"`, "cmd=/bin/sh", `msg="process ended"`,
+		`level=WARN msg="process start failed" cmd=/no/such/binary`)
+	if strings.Contains(logs, secret) {
+		t.Errorf("the log holds an argument or the environment:\n%s", logs)
+	}
+}

@@ -263,7 +263,9 @@ func (g *Gateway) routeMux() {
 	g.handle("DELETE /sandboxes/{id}", http.HandlerFunc(g.bySandbox))
 	// Named, or the mux would redirect it to the subtree above.
 	g.handle("GET /sandboxes/{id}", g.catalog)
+	g.handle("GET /sandboxes/metrics", http.HandlerFunc(g.sandboxMetrics))
 	g.handle("POST /v2/sandboxes/{id}/connect", http.HandlerFunc(g.bySandbox))
+	g.handle("GET /v2/sandboxes/{id}/logs", http.HandlerFunc(g.bySandbox))
 	g.handle("POST /snapshots/{id}/fork", g.idempotent(g.forkSnapshot))
 	g.handle("POST /templates", http.HandlerFunc(g.createTemplate))
 	g.handle("DELETE /templates/{id}", http.HandlerFunc(g.deleteTemplate))
@@ -272,6 +274,7 @@ func (g *Gateway) routeMux() {
 	g.handle("GET /templates/{templateID}/files/{hash}", http.HandlerFunc(g.byBuild))
 	g.handle("POST /v2/templates/{templateID}/builds/{buildID}", http.HandlerFunc(g.byBuild))
 	g.handle("GET /templates/{templateID}/builds/{buildID}/status", http.HandlerFunc(g.byBuild))
+	g.handle("GET /templates/{templateID}/builds", http.HandlerFunc(g.byBuild))
 	g.handle("POST /templates/tags", http.HandlerFunc(g.tags))
 	g.handle("DELETE /templates/tags", http.HandlerFunc(g.tags))
 	g.handle("GET /templates/{templateID}/tags", http.HandlerFunc(g.tags))

@@ -17,6 +17,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/sandboxlog"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
 )
@@ -101,6 +102,10 @@ type Node interface {
 	// EgressLog returns the egress gateway's log of a sandbox, oldest
 	// first.
 	EgressLog(ctx context.Context, id string) ([]egress.Event, error)
+	// SandboxLog returns what the sandbox's envd logged since it last
+	// started or resumed on this node, oldest first (at most
+	// sandboxlog.MaxBytes of it): empty while it holds no instance.
+	SandboxLog(ctx context.Context, id string) ([]sandboxlog.Entry, error)
 }
 
 // Target is a port of a running sandbox, resolved for one call.

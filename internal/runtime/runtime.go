@@ -310,6 +310,16 @@ type Driver interface {
 	Cleanup(ctx context.Context, keep map[string]bool) error
 }
 
+// ConsoleReader is implemented by drivers that keep what a sandbox's init
+// writes to its standard output and error (envd's log).
+type ConsoleReader interface {
+	// ConsoleTail returns the last limit bytes of that output (all of it
+	// when shorter) and whether older bytes were left out. It is empty for
+	// a sandbox that has written nothing, and ErrNotFound for one the
+	// driver does not hold.
+	ConsoleTail(id string, limit int64) (data []byte, truncated bool, err error)
+}
+
 // Preparer is implemented by drivers that can make a sandbox ahead of a
 // restore, so that the restore itself only loads the image.
 type Preparer interface {

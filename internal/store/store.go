@@ -488,6 +488,9 @@ type SandboxFilter struct {
 	Metadata map[string]string // every pair must match
 	Template string            // template ID or alias
 	TeamID   string            // only this team's; "" any team's
+	// IDs keeps only these sandboxes (a batch read by ID, such as the
+	// metrics of a page of them); nil: any.
+	IDs []string
 	// StartedFrom keeps the sandboxes started at or after it; zero: any.
 	StartedFrom time.Time
 	// Oldest lists oldest first (and IDs descending at equal times).

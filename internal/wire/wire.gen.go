@@ -238,6 +238,30 @@ func (e TemplateKind) Valid() bool {
 	}
 }
 
+// Defines values for BuildStatus.
+const (
+	BuildStatusBuilding BuildStatus = "building"
+	BuildStatusError    BuildStatus = "error"
+	BuildStatusReady    BuildStatus = "ready"
+	BuildStatusWaiting  BuildStatus = "waiting"
+)
+
+// Valid indicates whether the value is a known member of the BuildStatus enum.
+func (e BuildStatus) Valid() bool {
+	switch e {
+	case BuildStatusBuilding:
+		return true
+	case BuildStatusError:
+		return true
+	case BuildStatusReady:
+		return true
+	case BuildStatusWaiting:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for TemplateBuildInfoStatus.
 const (
 	TemplateBuildInfoStatusBuilding TemplateBuildInfoStatus = "building"
@@ -385,6 +409,24 @@ func (e ListSandboxesParamsOrder) Valid() bool {
 	case ListSandboxesParamsOrderAsc:
 		return true
 	case ListSandboxesParamsOrderDesc:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for GetSandboxLogsV2ParamsDirection.
+const (
+	GetSandboxLogsV2ParamsDirectionBackward GetSandboxLogsV2ParamsDirection = "backward"
+	GetSandboxLogsV2ParamsDirectionForward  GetSandboxLogsV2ParamsDirection = "forward"
+)
+
+// Valid indicates whether the value is a known member of the GetSandboxLogsV2ParamsDirection enum.
+func (e GetSandboxLogsV2ParamsDirection) Valid() bool {
+	switch e {
+	case GetSandboxLogsV2ParamsDirectionBackward:
+		return true
+	case GetSandboxLogsV2ParamsDirectionForward:
 		return true
 	default:
 		return false
@@ -936,6 +978,31 @@ type SandboxDetail struct {
 	VolumeMounts []SandboxVolumeMount `json:"volumeMounts"`
 }
 
+// SandboxLogEntry defines model for SandboxLogEntry.
+type SandboxLogEntry struct {
+	Fields    map[string]string `json:"fields"`
+	Level     LogLevel          `json:"level"`
+	Message   string            `json:"message"`
+	Timestamp time.Time         `json:"timestamp"`
+}
+
+// SandboxLogLine defines model for SandboxLogLine.
+type SandboxLogLine struct {
+	Line      string    `json:"line"`
+	Timestamp time.Time `json:"timestamp"`
+}
+
+// SandboxLogs E2B's SandboxLogs.
+type SandboxLogs struct {
+	LogEntries []SandboxLogEntry `json:"logEntries"`
+	Logs       []SandboxLogLine  `json:"logs"`
+}
+
+// SandboxLogsV2 E2B's SandboxLogsV2Response.
+type SandboxLogsV2 struct {
+	Logs []SandboxLogEntry `json:"logs"`
+}
+
 // SandboxMetric E2B's SandboxMetric. Disk figures are not measured (the root filesystem is in memory, counted in memUsed).
 type SandboxMetric struct {
 	CpuCount   int     `json:"cpuCount"`
@@ -966,6 +1033,12 @@ type SandboxVolumeMount struct {
 
 	// ReadOnly aenv's addition: writes inside the sandbox fail (EROFS).
 	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// SandboxesWithMetrics E2B's SandboxesWithMetrics.
+type SandboxesWithMetrics struct {
+	// Sandboxes The latest sample of each sandbox, by sandbox ID.
+	Sandboxes map[string]SandboxMetric `json:"sandboxes"`
 }
 
 // Secret defines model for Secret.
@@ -1100,6 +1173,20 @@ type TemplateAlias struct {
 	Public     bool   `json:"public"`
 	TemplateID string `json:"templateID"`
 }
+
+// TemplateBuild E2B's TemplateBuild.
+type TemplateBuild struct {
+	BuildID    string      `json:"buildID"`
+	CpuCount   int         `json:"cpuCount"`
+	CreatedAt  time.Time   `json:"createdAt"`
+	FinishedAt *time.Time  `json:"finishedAt,omitempty"`
+	MemoryMB   int         `json:"memoryMB"`
+	Status     BuildStatus `json:"status"`
+	UpdatedAt  time.Time   `json:"updatedAt"`
+}
+
+// BuildStatus defines model for TemplateBuild.status.
+type BuildStatus string
 
 // TemplateBuildInfo E2B's TemplateBuildInfo.
 type TemplateBuildInfo struct {
@@ -1305,6 +1392,12 @@ type CreateSandboxParams struct {
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
 
+// GetSandboxesMetricsParams defines parameters for GetSandboxesMetrics.
+type GetSandboxesMetricsParams struct {
+	// SandboxIds Comma-separated sandbox IDs, at most 100 different ones (a duplicate counts once).
+	SandboxIds []string `form:"sandbox_ids" json:"sandbox_ids"`
+}
+
 // ReadFileParams defines parameters for ReadFile.
 type ReadFileParams struct {
 	// Path An absolute path inside the sandbox.
@@ -1340,6 +1433,15 @@ type ReadFileJSONParamsEncoding string
 type ForkSandboxParams struct {
 	// IdempotencyKey A retry with the same key and body gets the first answer instead of a second set of sandboxes.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
+}
+
+// GetSandboxLogsParams defines parameters for GetSandboxLogs.
+type GetSandboxLogsParams struct {
+	// Start Unix milliseconds: entries at or after it.
+	Start *int64 `form:"start,omitempty" json:"start,omitempty"`
+
+	// Limit At most this many entries (default and largest 1000): the oldest from start.
+	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
 }
 
 // GetSandboxMetricsParams defines parameters for GetSandboxMetrics.
@@ -1424,6 +1526,25 @@ type CreateSandboxV2Params struct {
 	// IdempotencyKey A retry with the same key and body gets the first answer instead of a second set of sandboxes.
 	IdempotencyKey *IdempotencyKey `json:"Idempotency-Key,omitempty"`
 }
+
+// GetSandboxLogsV2Params defines parameters for GetSandboxLogsV2.
+type GetSandboxLogsV2Params struct {
+	// Cursor Unix milliseconds. forward: entries at or after it (default: from the first); backward: at or before it (default: now).
+	Cursor *int64 `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Limit At most this many entries (default and largest 1000): the oldest after the cursor going forward, the newest before it going backward.
+	Limit     *int                             `form:"limit,omitempty" json:"limit,omitempty"`
+	Direction *GetSandboxLogsV2ParamsDirection `form:"direction,omitempty" json:"direction,omitempty"`
+
+	// Level The lowest level returned.
+	Level *LogLevel `form:"level,omitempty" json:"level,omitempty"`
+
+	// Search Case-sensitive substring of the message.
+	Search *string `form:"search,omitempty" json:"search,omitempty"`
+}
+
+// GetSandboxLogsV2ParamsDirection defines parameters for GetSandboxLogsV2.
+type GetSandboxLogsV2ParamsDirection string
 
 // ListVolumeDirParams defines parameters for ListVolumeDir.
 type ListVolumeDirParams struct {

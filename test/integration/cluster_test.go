@@ -292,6 +292,9 @@ func TestClusterPlacementAndRouting(t *testing.T) {
 	for i, id := range ids {
 		[]*gateway{g2, g1}[i%2].echo(t, id, fmt.Sprintf("hello-%d", i))
 	}
+	// A sandbox's own log is read on its node, through either gateway.
+	checkSandboxLogs(t, g1.api, ids[0])
+	checkSandboxLogs(t, g2.api, ids[1])
 
 	// The list sees the whole cluster, page by page.
 	seen := map[string]bool{}

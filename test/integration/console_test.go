@@ -59,7 +59,15 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 	// gateway reads the Host and answers 403 without reaching anything.
 	e.want(200, teamKey, "POST", "/sandboxes/"+own.SandboxID+"/execute",
 		map[string]any{"command": "curl -s -m 10 -H 'Host: blocked.test' http://192.0.2.1/"})
+	// A build of the team's, whose log the templates page shows.
+	var build struct {
+		BuildID string `json:"buildID"`
+	}
+	e.want(202, teamKey, "POST", "/v3/templates", map[string]any{"name": "console-app"}).json(t, &build)
+	e.want(202, teamKey, "POST", "/v2/templates/console-app/builds/"+build.BuildID, map[string]any{
+		"fromTemplate": "base", "steps": []map[string]any{{"type": "RUN", "args": []string{"echo built-for-the-$((6*7))-console"}}}})
 	t.Cleanup(func() {
+		e.call(apiKey, "DELETE", "/templates/console-app", nil)
 		e.call(apiKey, "DELETE", "/sandboxes/"+other.SandboxID, nil)
 		e.call(apiKey, "DELETE", "/sandboxes/"+own.SandboxID, nil) // gone already when the test passed
 	})
@@ -140,6 +148,10 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 		ownRow+` img, `+ownRow+` script`)); injected != false {
 		t.Fatalf("metadata became markup or script: %v", injected)
 	}
+	// The list samples its running sandboxes' metrics in one call; two
+	// readings (taken 5 s apart) make a sparkline.
+	step("see its CPU over time", poll("its sparkline", fmt.Sprintf(`document.querySelector(%q) !== null`,
+		ownRow+` [data-test=cpu] svg.sparkline`)))
 	shot("sandboxes")
 
 	step("open the sandbox", clickJS(ownRow+` a[data-test=sandbox-link]`, 1),
@@ -161,6 +173,10 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 	step("list files", setValue(`input[data-test=files-path]`, "/"),
 		clickJS(`button[data-test=files-list]`, 1),
 		poll("/etc in the list", `[...document.querySelectorAll("table a")].some(a => a.textContent === "etc/")`))
+	// The terminal's shell was a process envd started: the log says so
+	// (refreshed with the metrics, every 5 s).
+	step("see its log", poll("the terminal's start in the log",
+		`[...document.querySelectorAll("[data-test=sandbox-log] tr[data-test=log-info]")].some(r => r.textContent.includes("process started"))`))
 	shot("sandbox")
 
 	// Two clicks at once: the first arms the button, the second confirms
@@ -173,6 +189,26 @@ func driveConsole(t *testing.T, e endpoint, name string) {
 	step("see it go from the list", chromedp.Navigate(e.url+"/console/#/sandboxes"),
 		poll("the list drawn without its row", fmt.Sprintf(`(document.querySelector("main h2") || {}).textContent === "Sandboxes" &&
 			document.querySelector("main table") !== null && document.querySelector(%q) === null`, ownRow)))
+
+	// The build's log, once it is done (the page lists templates, and a
+	// first build makes its template at its end).
+	waitFor(t, 3*time.Minute, "the team's build to end", func() bool {
+		var st struct {
+			Status string `json:"status"`
+		}
+		e.want(200, teamKey, "GET", "/templates/console-app/builds/"+build.BuildID+"/status", nil).json(t, &st)
+		if st.Status == "error" {
+			t.Fatalf("the console's build failed: %s", e.call(teamKey, "GET", "/templates/console-app/builds/"+build.BuildID+"/status", nil).body)
+		}
+		return st.Status == "ready"
+	})
+	appRow := `tr[data-test="template-console-app"]`
+	step("see the build's log", chromedp.Navigate(e.url+"/console/#/templates"),
+		poll("the template's row", fmt.Sprintf(`document.querySelector(%q) !== null`, appRow)),
+		clickJS(appRow+` button[data-test=build-log-open]`, 1),
+		poll("the step's output in the log", text(`[data-test=build-log-lines]`)+`.includes("built-for-the-42-console")`),
+		poll("the build ready", text(`[data-test=build-status]`)+` === "ready"`))
+	shot("build-log")
 
 	step("log out", chromedp.Click(chromedp.CSS(`button[data-test=logout]`)),
 		chromedp.WaitVisible(chromedp.CSS(`input[data-test=key]`)))

@@ -133,6 +133,8 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 		{"GET", a, nil},
 		{"POST", a + "/timeout", map[string]any{"timeout": 60}},
 		{"GET", a + "/metrics", nil},
+		{"GET", a + "/logs", nil},
+		{"GET", "/v2" + a + "/logs", nil},
 		{"POST", a + "/execute", map[string]any{"command": "echo hi"}},
 		{"POST", a + "/files/write", map[string]any{"path": "/tmp/f", "content": "x"}},
 		{"GET", a + "/files/read?" + file, nil},
@@ -168,6 +170,16 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 	status := "/templates/app-a/builds/" + buildA.BuildID + "/status"
 	e.want(200, keyA, "GET", status, nil)
 	e.want(404, keyB, "GET", status, nil)
+	// Its builds are listed to A, newest first, and to B not at all.
+	var buildsA []struct {
+		BuildID string `json:"buildID"`
+		Status  string `json:"status"`
+	}
+	e.want(200, keyA, "GET", "/templates/app-a/builds", nil).json(t, &buildsA)
+	if len(buildsA) != 1 || buildsA[0].BuildID != buildA.BuildID || buildsA[0].Status != "waiting" {
+		t.Errorf("team A's builds of app-a: %+v, want %s waiting", buildsA, buildA.BuildID)
+	}
+	e.want(404, keyB, "GET", "/templates/app-a/builds", nil)
 	e.want(404, keyB, "GET", "/templates/app-a/files/"+strings.Repeat("ab", 32), nil)
 	e.want(409, keyB, "POST", "/v3/templates", map[string]any{"name": "app-a"})
 

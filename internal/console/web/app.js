@@ -10,6 +10,14 @@ import './app.css';
 const ENVD_PORT = '49983';
 const LIST_REFRESH_MS = 2000;
 const METRICS_REFRESH_MS = 5000;
+// LOG_ENTRIES is how many of a sandbox's newest log entries its page shows.
+const LOG_ENTRIES = 200;
+// SPARK_POINTS is how many readings a sandbox's sparklines in the list show.
+const SPARK_POINTS = 30;
+// PAGE_ROWS is how many rows a page of a list the API returns whole shows.
+const PAGE_ROWS = 100;
+// BUILD_LOG_POLL_MS is how often a running build's log is read.
+const BUILD_LOG_POLL_MS = 1000;
 
 // ---- DOM ----
 
@@ -364,11 +372,17 @@ async function pageSandboxes(main) {
   const pager = el('div', { class: 'pager' });
   let token = '';
   const tokens = [];
+  // Each listed sandbox's newest readings, oldest first: its sparklines.
+  const readings = new Map();
   main.append(el('h2', {}, 'Sandboxes'), body, pager);
   const load = async (refreshing) => {
     const q = new URLSearchParams({ limit: '100' });
     if (token) q.set('nextToken', token);
     const { data, headers } = await call('GET', `/v2/sandboxes?${q}`);
+    // The first drawing does not wait for the readings (the page loads as
+    // fast as its list); the refreshes draw them.
+    const sampled = sampleMetrics(data || [], readings).catch(() => {});
+    if (refreshing) await sampled;
     // A refresh that comes back while the user arms a kill or types waits
     // for the next one.
     if (refreshing && busy(body)) return;
@@ -380,7 +394,8 @@ async function pageSandboxes(main) {
       ['Node', (s) => s.nodeID || s.clientID || ''],
       ['Age', (s) => ago(s.startedAt)],
       ['vCPU', (s) => s.cpuCount],
-      ['Memory', (s) => `${s.memoryMB} MiB`],
+      ['CPU', (s) => cpuCell(readings.get(s.sandboxID))],
+      ['Memory', (s) => memoryCell(s, readings.get(s.sandboxID))],
       ['Metadata', (s) => el('span', { class: 'metadata', 'data-test': 'metadata' }, metadataText(s.metadata))],
       ['', (s) => sandboxActions(s, load)],
     ], data || [], (s) => `sandbox-${s.sandboxID}`));
@@ -390,6 +405,46 @@ async function pageSandboxes(main) {
   };
   await load();
   every(LIST_REFRESH_MS, () => { if (!busy(body)) load(true).catch(() => {}); }, gen);
+}
+
+// sampleMetrics adds the running sandboxes' newest readings (one call for
+// the page: E2B's batch metrics) to readings, keeping SPARK_POINTS each.
+async function sampleMetrics(sandboxes, readings) {
+  const ids = sandboxes.filter((s) => s.state === 'running').map((s) => s.sandboxID);
+  if (ids.length === 0) return;
+  const data = await get(`/sandboxes/metrics?sandbox_ids=${ids.map(encodeURIComponent).join(',')}`);
+  for (const [id, m] of Object.entries((data && data.sandboxes) || {})) {
+    const points = readings.get(id) || [];
+    // Samples are taken every few seconds; the list is read more often.
+    if (points.length === 0 || points[points.length - 1].timestampUnix !== m.timestampUnix) points.push(m);
+    readings.set(id, points.slice(-SPARK_POINTS));
+  }
+}
+
+// cpuCell is a sandbox's CPU use: a sparkline of its readings and the newest.
+function cpuCell(points) {
+  if (!points || points.length === 0) return '';
+  const last = points[points.length - 1];
+  return el('span', { class: 'spark', 'data-test': 'cpu' }, sparkline(points.map((p) => p.cpuUsedPct), 100),
+    ` ${last.cpuUsedPct.toFixed(0)} %`);
+}
+
+function memoryCell(s, points) {
+  if (!points || points.length === 0) return `${s.memoryMB} MiB`;
+  const last = points[points.length - 1];
+  return el('span', { class: 'spark', 'data-test': 'memory' }, sparkline(points.map((p) => p.memUsed), last.memTotal || 1),
+    ` ${bytes(last.memUsed)} of ${s.memoryMB} MiB`);
+}
+
+// sparkline draws values (0 to max) as a small line; nothing below two.
+function sparkline(values, max) {
+  if (values.length < 2) return '';
+  const w = 60;
+  const h = 16;
+  const svg = svgEl('svg', { viewBox: `0 0 ${w} ${h}`, class: 'sparkline' });
+  const pts = values.map((v, i) => `${(i / (values.length - 1)) * w},${h - (Math.min(v, max) / max) * (h - 2) - 1}`);
+  svg.append(svgEl('polyline', { points: pts.join(' ') }));
+  return svg;
 }
 
 // busy reports whether the user is in the middle of something in box (a
@@ -414,6 +469,9 @@ async function pageSandbox(main, id) {
   const actions = el('div', { class: 'actions' });
   const chart = el('div', { class: 'chart' });
   const egressLog = el('div', { 'data-test': 'egress-log' });
+  const sandboxLog = el('div', { 'data-test': 'sandbox-log' });
+  const logLevel = el('select', { 'aria-label': 'lowest level', 'data-test': 'log-level' },
+    ['debug', 'info', 'warn', 'error'].map((l) => el('option', { value: l, selected: l === 'info' }, l)));
   const showInfo = () => {
     info.replaceChildren(el('dl', {}, [
       ['State', el('span', { 'data-test': 'state' }, sb.state)], ['Template', sb.alias || sb.templateID],
@@ -440,6 +498,7 @@ async function pageSandbox(main, id) {
     el('h3', {}, 'Metrics'), chart,
     el('h3', {}, 'Terminal'), terminalPanel(() => sb),
     el('h3', {}, 'Files'), filesPanel(() => sb),
+    el('h3', {}, 'Log ', logLevel), sandboxLog,
     el('h3', {}, 'Egress by name'), egressLog);
   const metrics = async () => {
     if (sb.state !== 'running') return;
@@ -447,8 +506,29 @@ async function pageSandbox(main, id) {
     chart.replaceChildren(metricsChart(m || []));
     egressLog.replaceChildren(egressTable(await get(`/sandboxes/${id}/egress`)));
   };
+  const log = async () => {
+    if (sb.state === 'gone') return;
+    const q = new URLSearchParams({ direction: 'backward', limit: String(LOG_ENTRIES), level: logLevel.value });
+    const data = await get(`/v2/sandboxes/${id}/logs?${q}`);
+    sandboxLog.replaceChildren(logTable(data.logs));
+  };
+  logLevel.onchange = () => { log().catch(() => {}); };
   metrics().catch(() => {});
-  every(METRICS_REFRESH_MS, () => { refresh().catch(() => {}); metrics().catch(() => {}); }, gen);
+  log().catch(() => {});
+  every(METRICS_REFRESH_MS, () => { refresh().catch(() => {}); metrics().catch(() => {}); log().catch(() => {}); }, gen);
+}
+
+// logTable shows the sandbox's own log (what its envd logged), newest last.
+function logTable(entries) {
+  if (!entries || entries.length === 0) {
+    return el('p', { class: 'muted' }, 'Nothing logged at this level since the sandbox last started or resumed on its node.');
+  }
+  return table([
+    ['Time', (e) => new Date(e.timestamp).toLocaleTimeString()],
+    ['Level', (e) => el('span', { class: `level-${e.level}` }, e.level)],
+    ['Message', (e) => e.message],
+    ['Fields', (e) => el('span', { class: 'fields' }, Object.keys(e.fields || {}).sort().map((k) => `${k}=${e.fields[k]}`).join(' '))],
+  ], entries, (e) => `log-${e.level}`);
 }
 
 // egressPolicyText is a sandbox's egress policy in a line.
@@ -649,16 +729,69 @@ function saveBlob(blob, name) {
 // ---- the other objects ----
 
 async function pageTemplates(main) {
-  const rows = await get('/templates');
-  main.append(el('h2', {}, 'Templates'), table([
+  const gen = state.gen;
+  const rows = (await get('/templates')) || [];
+  const log = el('div', { 'data-test': 'build-log' });
+  main.append(el('h2', {}, 'Templates'), pagedTable([
     ['ID', (t) => el('code', {}, t.templateID)],
     ['Names', (t) => (t.aliases || []).join(', ') || t.name || ''],
     ['Kind', (t) => t.kind || ''],
-    ['Build', (t) => t.buildStatus || ''],
+    // A gateway lists templates from the cluster's records, which carry no
+    // build status; the node running a template's builds has their logs.
+    ['Build', (t) => (t.name ? el('span', {}, t.buildStatus ? `${t.buildStatus} ` : '',
+      button('Log', () => { showBuildLog(log, t.name, gen).catch((e) => flash(e.message)); },
+        { 'data-test': 'build-log-open' })) : '')],
     ['vCPU', (t) => t.cpuCount],
     ['Memory', (t) => (t.memoryMB ? `${t.memoryMB} MiB` : '')],
     ['Created', (t) => when(t.createdAt)],
-  ], rows || []));
+  ], rows, (t) => `template-${t.name || t.templateID}`), log);
+}
+
+// showBuildLog shows the newest build of template name and its log, and
+// follows it while it runs (E2B's build status, a page of entries at a
+// time from the last offset).
+async function showBuildLog(box, name, gen) {
+  const builds = await get(`/templates/${encodeURIComponent(name)}/builds`);
+  if (!builds || builds.length === 0) {
+    box.replaceChildren(el('p', { class: 'muted' }, `No build of ${name} is remembered by its node.`));
+    return;
+  }
+  const b = builds[0];
+  const status = el('span', { 'data-test': 'build-status' }, b.status);
+  const lines = el('pre', { class: 'build-log', 'data-test': 'build-log-lines' });
+  box.replaceChildren(el('h3', {}, `Build ${b.buildID} of ${name}: `, status), lines);
+  let offset = 0;
+  for (;;) {
+    const q = new URLSearchParams({ logsOffset: String(offset), limit: '100' });
+    const info = await get(`/templates/${encodeURIComponent(name)}/builds/${b.buildID}/status?${q}`);
+    for (const e of info.logEntries || []) {
+      lines.append(`${new Date(e.timestamp).toLocaleTimeString()} ${e.level.padEnd(5)} ${e.step ? `[${e.step}] ` : ''}${e.message}\n`);
+    }
+    offset += (info.logEntries || []).length;
+    status.textContent = info.status + (info.reason ? `: ${info.reason.message}` : '');
+    if ((info.logEntries || []).length === 100) continue; // more pages now
+    if (info.status !== 'waiting' && info.status !== 'building') return;
+    // The page was left, or another log replaced this one.
+    if (state.gen !== gen || !lines.isConnected) return;
+    await new Promise((resolve) => setTimeout(resolve, BUILD_LOG_POLL_MS));
+  }
+}
+
+// pagedTable is table() shown PAGE_ROWS rows at a time, for lists the
+// API returns whole.
+function pagedTable(columns, rows, key) {
+  const box = el('div', {});
+  const pager = el('div', { class: 'pager' });
+  const show = (page) => {
+    const pages = Math.max(1, Math.ceil(rows.length / PAGE_ROWS));
+    box.replaceChildren(table(columns, rows.slice(page * PAGE_ROWS, (page + 1) * PAGE_ROWS), key));
+    pager.replaceChildren(
+      page > 0 ? button('← Previous', () => show(page - 1)) : '',
+      pages > 1 ? el('span', { 'data-test': 'page' }, ` page ${page + 1} of ${pages} `) : '',
+      page + 1 < pages ? button('Next →', () => show(page + 1), { 'data-test': 'next-page' }) : '');
+  };
+  show(0);
+  return el('div', {}, box, pager);
 }
 
 async function pageSnapshots(main) {
@@ -694,7 +827,7 @@ async function pageVolumes(main) {
   const name = el('input', { type: 'text', placeholder: 'name', class: 'small' });
   const load = async () => {
     const rows = await get('/volumes');
-    body.replaceChildren(table([
+    body.replaceChildren(pagedTable([
       ['ID', (v) => el('code', {}, v.volumeID)],
       ['Name', (v) => v.name],
       ['', (v) => confirmButton('Delete', () => act('delete', () => call('DELETE', `/volumes/${v.volumeID}`), load))],

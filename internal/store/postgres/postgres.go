@@ -403,6 +403,9 @@ func (s *Store) listSandboxes(ctx context.Context, f store.SandboxFilter, node s
 	if f.TeamID != "" {
 		where = append(where, "team_id = "+arg(f.TeamID))
 	}
+	if f.IDs != nil {
+		where = append(where, "id = ANY("+arg(f.IDs)+"::text[])")
+	}
 	if !f.StartedFrom.IsZero() {
 		where = append(where, "started_at >= "+arg(f.StartedFrom.UnixNano()))
 	}

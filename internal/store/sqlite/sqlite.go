@@ -480,6 +480,15 @@ func sandboxListQuery(f store.SandboxFilter) (string, []any) {
 		where = append(where, "team_id = ?")
 		args = append(args, f.TeamID)
 	}
+	if f.IDs != nil {
+		where = append(where, "id IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.IDs)), ",")+")")
+		if len(f.IDs) == 0 {
+			where[len(where)-1] = "0" // none asked: none kept
+		}
+		for _, id := range f.IDs {
+			args = append(args, id)
+		}
+	}
 	// Each pair through json_each: any key works, however it is spelled
 	// (a JSON path would need the key quoted).
 	for k, v := range f.Metadata {

@@ -153,6 +153,9 @@ func testSandboxFilters(t *testing.T, s store.Store) {
 		{"team", store.SandboxFilter{TeamID: "team-1"}, []string{"c", "a"}},
 		{"team and state", store.SandboxFilter{TeamID: "team-2", States: []store.SandboxState{store.StatePaused}}, []string{"b"}},
 		{"team miss", store.SandboxFilter{TeamID: "team-3"}, nil},
+		{"ids", store.SandboxFilter{IDs: []string{"a", "c", "nope"}}, []string{"c", "a"}},
+		{"ids and team", store.SandboxFilter{IDs: []string{"a", "b"}, TeamID: "team-1"}, []string{"a"}},
+		{"no ids", store.SandboxFilter{IDs: []string{}}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,70 @@
+package integration
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/wire"
+)
+
+// checkBatchMetrics makes two sandboxes of team A and one of team B on e,
+// and asks GET /sandboxes/metrics about all three and an unknown ID with
+// A's key: exactly A's two have readings, and plausible ones. It returns
+// the sandboxes' IDs, A's first.
+func checkBatchMetrics(t *testing.T, e endpoint) []string {
+	keyA, _ := e.makeTeam("team-a")
+	keyB, _ := e.makeTeam("team-b")
+	var a1, a2, b client.Sandbox
+	e.want(201, keyA, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, &a1)
+	e.want(201, keyA, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, &a2)
+	e.want(201, keyB, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, &b)
+	asked := time.Now()
+
+	var out wire.SandboxesWithMetrics
+	ids := strings.Join([]string{a1.SandboxID, b.SandboxID, "nosuchsandbox0000000", a2.SandboxID, a1.SandboxID}, ",")
+	e.want(200, keyA, "GET", "/sandboxes/metrics?sandbox_ids="+ids, nil).json(t, &out)
+	want := []string{a1.SandboxID, a2.SandboxID}
+	slices.Sort(want)
+	if got := slices.Sorted(maps.Keys(out.Sandboxes)); !slices.Equal(got, want) {
+		t.Fatalf("team A's batch metrics name %v, want its own %v", got, want)
+	}
+	for id, m := range out.Sandboxes {
+		at := time.Unix(m.TimestampUnix, 0)
+		if m.CpuCount < 1 || m.MemTotal <= 0 || m.MemUsed < 0 || m.MemUsed > m.MemTotal ||
+			at.Before(asked.Add(-5*time.Minute)) || at.After(time.Now().Add(time.Second)) {
+			t.Errorf("%s: implausible reading %+v", id, m)
+		}
+	}
+
+	// B sees its own only; a request naming none is refused.
+	out = wire.SandboxesWithMetrics{}
+	e.want(200, keyB, "GET", "/sandboxes/metrics?sandbox_ids="+ids, nil).json(t, &out)
+	if got := slices.Collect(maps.Keys(out.Sandboxes)); !slices.Equal(got, []string{b.SandboxID}) {
+		t.Errorf("team B's batch metrics name %v, want its own %s", got, b.SandboxID)
+	}
+	e.want(400, keyA, "GET", "/sandboxes/metrics", nil)
+	return []string{a1.SandboxID, a2.SandboxID, b.SandboxID}
+}
+
+func TestBatchMetricsSingleServer(t *testing.T) {
+	s := newServer(t)
+	s.start()
+	checkBatchMetrics(t, newEndpoint(t, s.url))
+}
+
+// Through a gateway, over two nodes: the answer merges the nodes'.
+func TestBatchMetricsThroughGateway(t *testing.T) {
+	c := newCluster(t)
+	c.addNode("node-a")
+	c.addNode("node-b")
+	g := c.addGateway()
+	g.waitReady(t, "node-a", "node-b")
+	for _, id := range checkBatchMetrics(t, newEndpoint(t, g.url)) {
+		node, _ := g.sandboxNode(t, id)
+		t.Logf("sandbox %s is on %s", id, node)
+	}
+}
