@@ -20,7 +20,6 @@ require (
 	github.com/creack/pty v1.1.24
 	github.com/fsnotify/fsnotify v1.9.0
 	github.com/getkin/kin-openapi v0.153.0
-	github.com/go-logfmt/logfmt v0.6.1
 	github.com/google/go-containerregistry v0.21.4
 	github.com/google/nftables v0.3.0
 	github.com/hashicorp/golang-lru/v2 v2.0.7

@@ -56,12 +56,12 @@ func (n *catalogNode) Stats(ctx context.Context, id string) (runtime.Stats, erro
 	return runtime.Stats{CPUUsageNanos: 2e9, MemoryBytes: 64 << 20}, nil
 }
 
-func (n *catalogNode) SandboxLog(ctx context.Context, id string) ([]sandboxlog.Entry, error) {
+func (n *catalogNode) SandboxLog(ctx context.Context, id string, q sandboxlog.Query) ([]sandboxlog.Entry, error) {
 	if _, err := n.Get(ctx, id); err != nil {
 		return nil, err
 	}
-	return sandboxlog.Parse([]byte("time=2026-12-04T08:00:00Z level=INFO msg=\"envd serving\" addr=:49983\n"+
-		"time=2026-12-04T08:00:01.5Z level=ERROR msg=\"process start failed\" cmd=/no/such\n"), false), nil
+	return sandboxlog.Read([]byte("time=2026-12-04T08:00:00Z level=INFO msg=\"envd serving\" addr=:49983\n"+
+		"time=2026-12-04T08:00:01.5Z level=ERROR msg=\"process start failed\" cmd=/no/such\n"), false, time.Now(), q), nil
 }
 
 func (n *catalogNode) Get(_ context.Context, id string) (*store.Sandbox, error) {

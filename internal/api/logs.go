@@ -29,12 +29,12 @@ func (s *Server) sandboxLogs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	entries, err := s.sandboxes.SandboxLog(r.Context(), r.PathValue("id"))
+	entries, err := s.sandboxes.SandboxLog(r.Context(), r.PathValue("id"), sandboxlog.Query{Cursor: start, Limit: limit})
 	if err != nil {
 		return err
 	}
 	out := wire.SandboxLogs{Logs: []wire.SandboxLogLine{}, LogEntries: []wire.SandboxLogEntry{}}
-	for _, e := range sandboxlog.Select(entries, sandboxlog.Query{Cursor: start, Limit: limit}) {
+	for _, e := range entries {
 		out.Logs = append(out.Logs, wire.SandboxLogLine{Timestamp: e.Time, Line: e.Line})
 		out.LogEntries = append(out.LogEntries, wireLogEntry(e))
 	}
@@ -67,12 +67,12 @@ func (s *Server) sandboxLogsV2(w http.ResponseWriter, r *http.Request) error {
 	if len(sel.Search) > maxLogSearch {
 		return badRequest(fmt.Sprintf("search must be at most %d bytes", maxLogSearch))
 	}
-	entries, err := s.sandboxes.SandboxLog(r.Context(), r.PathValue("id"))
+	entries, err := s.sandboxes.SandboxLog(r.Context(), r.PathValue("id"), sel)
 	if err != nil {
 		return err
 	}
 	out := wire.SandboxLogsV2{Logs: []wire.SandboxLogEntry{}}
-	for _, e := range sandboxlog.Select(entries, sel) {
+	for _, e := range entries {
 		out.Logs = append(out.Logs, wireLogEntry(e))
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -71,4 +71,3 @@ func TestSandboxLogAnswers(t *testing.T) {
 		t.Errorf("v1 from the second line: %+v", v1)
 	}
 }
-

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -19,6 +21,9 @@ import (
 
 // logsPollInterval is how often --follow asks for new entries.
 const logsPollInterval = time.Second
+
+// maxLogPage is the server's largest page of log entries (E2B's).
+const maxLogPage = 1000
 
 func (a *app) logsCommand() *cobra.Command {
 	var f serverFlags
@@ -33,8 +38,9 @@ func (a *app) logsCommand() *cobra.Command {
 node: processes started and ended (the command, never its arguments or environment), processes that
 failed to start, and envd's own warnings and errors. The newest --tail entries (at most 1000) are
 printed oldest first; --follow then prints new ones as they come, until the sandbox ends or you press
-Ctrl-C. The node keeps the last MiB of a sandbox's log, on its disk beside the sandbox; a sandbox
-paused to disk, restored or forked starts a new one.
+Ctrl-C. The log is a file on the node beside the sandbox, of which the newest MiB is served; a
+sandbox paused to disk, restored or forked starts a new one. Control characters a process in the
+sandbox wrote are printed quoted.
 
 -o json prints one JSON object per line (E2B's log entry: timestamp, level, message, fields).`,
 		Example: "  aenv logs sbx_123\n  aenv logs sbx_123 --level warn --since 10m\n  aenv logs sbx_123 -f -o json | jq .message",
@@ -79,7 +85,7 @@ paused to disk, restored or forked starts a new one.
 			if !follow {
 				return nil
 			}
-			return followLog(cmd.Context(), c, argv[0], q, &seen, print)
+			return followLog(cmd.Context(), c, argv[0], q, &seen, print, a.stderr, logsPollInterval)
 		},
 	}
 	addServerFlags(cmd, &f)
@@ -94,9 +100,11 @@ paused to disk, restored or forked starts a new one.
 }
 
 // followLog polls for entries after seen's until ctx ends or the sandbox
-// is gone.
-func followLog(ctx context.Context, c *client.Client, id string, q client.LogQuery, seen *logCursor, print func(wire.SandboxLogEntry) error) error {
-	tick := time.NewTicker(logsPollInterval)
+// is gone (or dead). An error the server may get over (503, 502, a
+// timeout) is retried at the next poll.
+func followLog(ctx context.Context, c *client.Client, id string, q client.LogQuery, seen *logCursor,
+	print func(wire.SandboxLogEntry) error, stderr io.Writer, every time.Duration) error {
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
@@ -104,23 +112,45 @@ func followLog(ctx context.Context, c *client.Client, id string, q client.LogQue
 			return nil
 		case <-tick.C:
 		}
+		// Whole pages whatever --tail was: a page of only entries printed
+		// already must not be all a poll sees.
 		next := q
-		next.Backward, next.Since = false, seen.last
+		next.Backward, next.Since, next.Limit = false, seen.last, maxLogPage
 		entries, err := c.SandboxLog(ctx, id, next)
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case errors.Is(err, errdefs.ErrNotFound):
 			return nil // the sandbox ended
+		case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errdefs.ErrBadGateway), errors.Is(err, context.DeadlineExceeded):
+			continue
 		case err != nil:
 			return err
 		}
-		for _, e := range seen.fresh(entries) {
+		fresh := seen.fresh(entries)
+		if len(fresh) == 0 && len(entries) == maxLogPage {
+			// More than a page in the cursor's millisecond, all printed:
+			// step past it rather than ask for the same page forever.
+			fmt.Fprintf(stderr, "aenv logs: more than %d entries at %s; the rest of that millisecond is skipped\n",
+				maxLogPage, seen.last.Format(time.RFC3339Nano))
+			seen.last, seen.atLast = seen.last.Truncate(time.Millisecond).Add(time.Millisecond), 0
+		}
+		for _, e := range fresh {
 			if err := print(e); err != nil {
 				return err
 			}
 		}
+		if len(fresh) == 0 && ended(ctx, c, id) {
+			return nil
+		}
 	}
+}
+
+// ended says whether sandbox id is dead or gone: a dead sandbox's record
+// stays a while, and its log then is empty.
+func ended(ctx context.Context, c *client.Client, id string) bool {
+	sb, err := c.GetSandbox(ctx, id)
+	return errors.Is(err, errdefs.ErrNotFound) || (err == nil && sb.State == "dead")
 }
 
 // logCursor remembers the newest entry printed. The server's cursor is in
@@ -158,10 +188,22 @@ func (c *logCursor) advance(e wire.SandboxLogEntry) {
 	c.last, c.atLast = e.Timestamp, 1
 }
 
+// quoteControl quotes s if it holds control characters: what a process in
+// the sandbox wrote must not move the reader's terminal.
+func quoteControl(s string) string {
+	if hasControl(s) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+func hasControl(s string) bool { return strings.ContainsFunc(s, unicode.IsControl) }
+
 // formatLogEntry is one line: time, level, message and the fields by name.
 func formatLogEntry(e wire.SandboxLogEntry) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %-5s %s", e.Timestamp.Local().Format("2006-01-02 15:04:05.000"), strings.ToUpper(string(e.Level)), e.Message)
+	fmt.Fprintf(&b, "%s %-5s %s", e.Timestamp.Local().Format("2006-01-02 15:04:05.000"), strings.ToUpper(string(e.Level)),
+		quoteControl(e.Message))
 	keys := make([]string, 0, len(e.Fields))
 	for k := range e.Fields {
 		keys = append(keys, k)
@@ -169,10 +211,10 @@ func formatLogEntry(e wire.SandboxLogEntry) string {
 	slices.Sort(keys)
 	for _, k := range keys {
 		v := e.Fields[k]
-		if v == "" || strings.ContainsAny(v, " \t\r\n\"=") {
-			v = fmt.Sprintf("%q", v)
+		if v == "" || strings.ContainsAny(v, " \"=") || hasControl(v) {
+			v = strconv.Quote(v)
 		}
-		fmt.Fprintf(&b, " %s=%s", k, v)
+		fmt.Fprintf(&b, " %s=%s", quoteControl(k), v)
 	}
 	return b.String()
 }

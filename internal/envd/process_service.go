@@ -45,8 +45,14 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	p, err := ps.srv.spawn(req.Msg, user)
 	if err != nil {
 		// The sandbox's log says why (never the arguments or environment:
-		// they may hold secrets).
-		ps.log().Warn("process start failed", "cmd", req.Msg.GetProcess().GetCmd(), "user", user.Name, "err", err)
+		// they may hold secrets; nor the error's text, which repeats the
+		// command, when the system's reason says it all).
+		reason := err.Error()
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			reason = errno.Error()
+		}
+		ps.log().Warn("process start failed", "cmd", req.Msg.GetProcess().GetCmd(), "user", user.Name, "err", reason)
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
 	// Subscribe before any output can be read so Start sees all of it.

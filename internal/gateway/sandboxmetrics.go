@@ -23,11 +23,11 @@ import (
 
 // Bounds of GET /sandboxes/metrics over the cluster.
 const (
-	// metricsNodeCalls is how many nodes are asked at once.
-	metricsNodeCalls = 8
-	// metricsNodeTimeout bounds each node's answer: a node that hangs
-	// leaves its sandboxes out instead of holding back the others'.
-	metricsNodeTimeout = 5 * time.Second
+	// metricsTimeout bounds the nodes' answers together: a node that
+	// hangs leaves its sandboxes out instead of holding back the others'.
+	// The nodes (at most one per sandbox named, api.MaxMetricsSandboxes)
+	// are asked all at once, so the whole call takes at most this.
+	metricsTimeout = 5 * time.Second
 	// maxMetricsAnswerBytes bounds what is read of a node's answer (the
 	// 100 samples it may hold are about 25 KB).
 	maxMetricsAnswerBytes = 1 << 20
@@ -117,10 +117,11 @@ func (g *Gateway) metricsOfNodes(r *http.Request, byNode map[string][]string) ma
 			break
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
+	defer cancel()
 	var mu sync.Mutex
 	out := map[string]wire.SandboxMetric{}
 	var calls errgroup.Group
-	calls.SetLimit(metricsNodeCalls)
 	for nodeID, ids := range byNode {
 		n, ok := view.get(nodeID)
 		if !ok || !n.reachable {
@@ -129,7 +130,7 @@ func (g *Gateway) metricsOfNodes(r *http.Request, byNode map[string][]string) ma
 			continue
 		}
 		calls.Go(func() error {
-			got, err := g.nodeMetrics(r, n, ids)
+			got, err := g.nodeMetrics(ctx, r, n, ids)
 			if err != nil {
 				if ctx.Err() == nil {
 					g.logger.WarnContext(ctx, "batch metrics: node's sandboxes left out", "node", nodeID,
@@ -147,12 +148,10 @@ func (g *Gateway) metricsOfNodes(r *http.Request, byNode map[string][]string) ma
 	return out
 }
 
-// nodeMetrics asks node n for the latest readings of ids, as r's caller
-// (the node keeps to the caller's team), and returns those of ids it
-// answered.
-func (g *Gateway) nodeMetrics(r *http.Request, n *nodeState, ids []string) (map[string]wire.SandboxMetric, error) {
-	ctx, cancel := context.WithTimeout(r.Context(), metricsNodeTimeout)
-	defer cancel()
+// nodeMetrics asks node n for the latest readings of ids, within ctx, as
+// r's caller (the node keeps to the caller's team), and returns those of
+// ids it answered.
+func (g *Gateway) nodeMetrics(ctx context.Context, r *http.Request, n *nodeState, ids []string) (map[string]wire.SandboxMetric, error) {
 	sub := r.WithContext(ctx)
 	sub.URL = &url.URL{Path: "/sandboxes/metrics",
 		RawQuery: url.Values{api.MetricsSandboxIDs: {strings.Join(ids, ",")}}.Encode()}

@@ -25,7 +25,8 @@ import (
 )
 
 // sandboxStore is the fake database with sandbox records, listed as the
-// store lists them (by team and state).
+// store lists them (by team, state and IDs). A list without IDs fails the
+// test: the gateway must read only the records it was asked about.
 type sandboxStore struct {
 	*fakeStore
 	sandboxes []*store.Sandbox
@@ -40,9 +41,13 @@ func (s *sandboxStore) ListSandboxes(_ context.Context, f store.SandboxFilter) (
 	if s.listErr != nil {
 		return nil, s.listErr
 	}
+	if f.IDs == nil {
+		return nil, errors.New("a list of every live sandbox, not of the IDs asked")
+	}
 	var out []*store.Sandbox
 	for _, sb := range s.sandboxes {
-		if (f.TeamID == "" || sb.TeamID == f.TeamID) && (len(f.States) == 0 || slices.Contains(f.States, sb.State)) {
+		if (f.TeamID == "" || sb.TeamID == f.TeamID) && (len(f.States) == 0 || slices.Contains(f.States, sb.State)) &&
+			slices.Contains(f.IDs, sb.ID) {
 			c := *sb
 			out = append(out, &c)
 		}

@@ -102,10 +102,11 @@ type Node interface {
 	// EgressLog returns the egress gateway's log of a sandbox, oldest
 	// first.
 	EgressLog(ctx context.Context, id string) ([]egress.Event, error)
-	// SandboxLog returns what the sandbox's envd logged since it last
-	// started or resumed on this node, oldest first (at most
-	// sandboxlog.MaxBytes of it): empty while it holds no instance.
-	SandboxLog(ctx context.Context, id string) ([]sandboxlog.Entry, error)
+	// SandboxLog returns the entries q selects of what the sandbox's envd
+	// logged since it last started or resumed on this node, oldest first
+	// (read from the newest sandboxlog.MaxBytes): none while it holds no
+	// instance.
+	SandboxLog(ctx context.Context, id string, q sandboxlog.Query) ([]sandboxlog.Entry, error)
 }
 
 // Target is a port of a running sandbox, resolved for one call.

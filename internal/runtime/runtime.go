@@ -17,6 +17,7 @@ import (
 	"path"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 )
@@ -314,10 +315,19 @@ type Driver interface {
 // writes to its standard output and error (envd's log).
 type ConsoleReader interface {
 	// ConsoleTail returns the last limit bytes of that output (all of it
-	// when shorter) and whether older bytes were left out. It is empty for
-	// a sandbox that has written nothing, and ErrNotFound for one the
-	// driver does not hold.
-	ConsoleTail(id string, limit int64) (data []byte, truncated bool, err error)
+	// when shorter). It is empty for a sandbox that has written nothing,
+	// and ErrNotFound for one the driver does not hold.
+	ConsoleTail(id string, limit int64) (ConsoleTail, error)
+}
+
+// ConsoleTail is the end of a sandbox's console output.
+type ConsoleTail struct {
+	Data []byte
+	// Truncated says Data starts mid-line: older bytes were left out and
+	// the one before Data is not a newline.
+	Truncated bool
+	// Written is when the output was last written.
+	Written time.Time
 }
 
 // Preparer is implemented by drivers that can make a sandbox ahead of a

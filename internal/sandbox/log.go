@@ -8,10 +8,10 @@ import (
 	"github.com/aenv-dev/aenv/internal/sandboxlog"
 )
 
-// SandboxLog returns what the sandbox's envd logged, oldest first: empty
-// while it holds no instance (paused on disk) or on a runtime that keeps
-// no console.
-func (m *Manager) SandboxLog(ctx context.Context, id string) ([]sandboxlog.Entry, error) {
+// SandboxLog returns the entries q selects of what the sandbox's envd
+// logged, oldest first: none while it holds no instance (paused on disk)
+// or on a runtime that keeps no console.
+func (m *Manager) SandboxLog(ctx context.Context, id string, q sandboxlog.Query) ([]sandboxlog.Entry, error) {
 	if m.entry(id) == nil {
 		if _, err := m.Get(ctx, id); err != nil {
 			return nil, err
@@ -22,12 +22,12 @@ func (m *Manager) SandboxLog(ctx context.Context, id string) ([]sandboxlog.Entry
 	if !ok {
 		return nil, nil
 	}
-	data, truncated, err := console.ConsoleTail(id, sandboxlog.MaxBytes)
+	tail, err := console.ConsoleTail(id, sandboxlog.MaxBytes)
 	if errors.Is(err, runtime.ErrNotFound) {
 		return nil, nil // gone, or not made yet, since the entry was read
 	}
 	if err != nil {
 		return nil, err
 	}
-	return sandboxlog.Parse(data, truncated), nil
+	return sandboxlog.Read(tail.Data, tail.Truncated, tail.Written, q), nil
 }

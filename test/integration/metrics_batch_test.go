@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"strings"
@@ -13,15 +14,22 @@ import (
 
 // checkBatchMetrics makes two sandboxes of team A and one of team B on e,
 // and asks GET /sandboxes/metrics about all three and an unknown ID with
-// A's key: exactly A's two have readings, and plausible ones. It returns
-// the sandboxes' IDs, A's first.
-func checkBatchMetrics(t *testing.T, e endpoint) []string {
+// A's key: exactly A's two have readings, and plausible ones. place, if
+// set, runs before each create (0 and 1: A's, 2: B's). It returns the
+// sandboxes' IDs, A's first.
+func checkBatchMetrics(t *testing.T, e endpoint, place func(i int)) []string {
 	keyA, _ := e.makeTeam("team-a")
 	keyB, _ := e.makeTeam("team-b")
 	var a1, a2, b client.Sandbox
-	e.want(201, keyA, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, &a1)
-	e.want(201, keyA, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, &a2)
-	e.want(201, keyB, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, &b)
+	for i, made := range []struct {
+		key string
+		sb  *client.Sandbox
+	}{{keyA, &a1}, {keyA, &a2}, {keyB, &b}} {
+		if place != nil {
+			place(i)
+		}
+		e.want(201, made.key, "POST", "/sandboxes", map[string]any{"templateID": "base"}).json(t, made.sb)
+	}
 	asked := time.Now()
 
 	var out wire.SandboxesWithMetrics
@@ -53,18 +61,39 @@ func checkBatchMetrics(t *testing.T, e endpoint) []string {
 func TestBatchMetricsSingleServer(t *testing.T) {
 	s := newServer(t)
 	s.start()
-	checkBatchMetrics(t, newEndpoint(t, s.url))
+	checkBatchMetrics(t, newEndpoint(t, s.url), nil)
 }
 
-// Through a gateway, over two nodes: the answer merges the nodes'.
+// Through a gateway, over two nodes: the answer merges the nodes'. A's
+// two sandboxes are put on one node each by draining the other.
 func TestBatchMetricsThroughGateway(t *testing.T) {
 	c := newCluster(t)
 	c.addNode("node-a")
 	c.addNode("node-b")
 	g := c.addGateway()
 	g.waitReady(t, "node-a", "node-b")
-	for _, id := range checkBatchMetrics(t, newEndpoint(t, g.url)) {
-		node, _ := g.sandboxNode(t, id)
-		t.Logf("sandbox %s is on %s", id, node)
+	drain := func(node string, on bool) {
+		if err := g.api.DrainNode(context.Background(), node, on); err != nil {
+			t.Fatal(err)
+		}
+		want := map[bool]string{true: "draining", false: "ready"}[on]
+		waitFor(t, 10*time.Second, node+" "+want, func() bool { return g.nodeStates(t)[node].State == want })
+	}
+	ids := checkBatchMetrics(t, newEndpoint(t, g.url), func(i int) {
+		switch i {
+		case 0:
+			drain("node-b", true)
+		case 1:
+			drain("node-b", false)
+			drain("node-a", true)
+		case 2:
+			drain("node-a", false)
+		}
+	})
+	if a1, _ := g.sandboxNode(t, ids[0]); a1 != "node-a" {
+		t.Errorf("team A's first sandbox is on %s, want node-a", a1)
+	}
+	if a2, _ := g.sandboxNode(t, ids[1]); a2 != "node-b" {
+		t.Errorf("team A's second sandbox is on %s, want node-b", a2)
 	}
 }

@@ -411,6 +411,8 @@ async function pageSandboxes(main) {
 // the page: E2B's batch metrics) to readings, keeping SPARK_POINTS each.
 async function sampleMetrics(sandboxes, readings) {
   const ids = sandboxes.filter((s) => s.state === 'running').map((s) => s.sandboxID);
+  // Only the page's running sandboxes keep their readings.
+  for (const id of [...readings.keys()]) if (!ids.includes(id)) readings.delete(id);
   if (ids.length === 0) return;
   const data = await get(`/sandboxes/metrics?sandbox_ids=${ids.map(encodeURIComponent).join(',')}`);
   for (const [id, m] of Object.entries((data && data.sandboxes) || {})) {
@@ -506,11 +508,13 @@ async function pageSandbox(main, id) {
     chart.replaceChildren(metricsChart(m || []));
     egressLog.replaceChildren(egressTable(await get(`/sandboxes/${id}/egress`)));
   };
+  let logAsked = 0; // the newest log request: an older answer is not drawn
   const log = async () => {
     if (sb.state === 'gone') return;
+    const asked = ++logAsked;
     const q = new URLSearchParams({ direction: 'backward', limit: String(LOG_ENTRIES), level: logLevel.value });
     const data = await get(`/v2/sandboxes/${id}/logs?${q}`);
-    sandboxLog.replaceChildren(logTable(data.logs));
+    if (asked === logAsked) sandboxLog.replaceChildren(logTable(data.logs));
   };
   logLevel.onchange = () => { log().catch(() => {}); };
   metrics().catch(() => {});
@@ -751,7 +755,13 @@ async function pageTemplates(main) {
 // follows it while it runs (E2B's build status, a page of entries at a
 // time from the last offset).
 async function showBuildLog(box, name, gen) {
-  const builds = await get(`/templates/${encodeURIComponent(name)}/builds`);
+  let builds;
+  try {
+    builds = await get(`/templates/${encodeURIComponent(name)}/builds`);
+  } catch (e) {
+    // A gateway knows no node for a template never built in the cluster.
+    if (e.status !== 404) throw e;
+  }
   if (!builds || builds.length === 0) {
     box.replaceChildren(el('p', { class: 'muted' }, `No build of ${name} is remembered by its node.`));
     return;

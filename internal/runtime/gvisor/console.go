@@ -17,27 +17,33 @@ var _ runtime.ConsoleReader = (*Driver)(nil)
 // writes (see runscDetached). The file lives as long as the sandbox's
 // directory: a sandbox paused to disk, or restored from a snapshot or for
 // a fork, starts a new one.
-func (d *Driver) ConsoleTail(id string, limit int64) ([]byte, bool, error) {
+func (d *Driver) ConsoleTail(id string, limit int64) (runtime.ConsoleTail, error) {
+	var tail runtime.ConsoleTail
 	if err := d.requireSandbox(id); err != nil {
-		return nil, false, fmt.Errorf("console of %s: %w", id, err)
+		return tail, fmt.Errorf("console of %s: %w", id, err)
 	}
 	f, err := os.Open(filepath.Join(d.sandboxDir(id), "console.log"))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, false, nil
+		return tail, nil
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("console of %s: %w", id, err)
+		return tail, fmt.Errorf("console of %s: %w", id, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, false, fmt.Errorf("console of %s: %w", id, err)
+		return tail, fmt.Errorf("console of %s: %w", id, err)
 	}
-	offset := max(fi.Size()-limit, 0)
+	tail.Written = fi.ModTime()
+	// One byte more than asked, to tell whether the first line is whole.
 	// The file may grow while it is read; what is read is bounded anyway.
-	data, err := io.ReadAll(io.NewSectionReader(f, offset, fi.Size()-offset))
-	if err != nil {
-		return nil, false, fmt.Errorf("console of %s: %w", id, err)
+	offset := max(fi.Size()-limit-1, 0)
+	if tail.Data, err = io.ReadAll(io.NewSectionReader(f, offset, fi.Size()-offset)); err != nil {
+		return tail, fmt.Errorf("console of %s: %w", id, err)
 	}
-	return data, offset > 0, nil
+	if offset > 0 && len(tail.Data) > 0 {
+		tail.Truncated = tail.Data[0] != '\n'
+		tail.Data = tail.Data[1:]
+	}
+	return tail, nil
 }

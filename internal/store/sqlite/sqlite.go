@@ -464,7 +464,8 @@ func sandboxListQuery(f store.SandboxFilter) (string, []any) {
 		// state index instead, which would read and sort every sandbox in
 		// those states. One state reads its own part of the state index.
 		col := "state"
-		if f.Limit > 0 && len(f.States) > 1 {
+		if (f.Limit > 0 && len(f.States) > 1) || f.IDs != nil {
+			// A read by IDs goes by the primary key, whatever else filters.
 			col = "+state"
 		}
 		where = append(where, col+" IN ("+strings.TrimSuffix(strings.Repeat("?,", len(f.States)), ",")+")")
@@ -477,7 +478,11 @@ func sandboxListQuery(f store.SandboxFilter) (string, []any) {
 		args = append(args, f.Template, f.Template)
 	}
 	if f.TeamID != "" {
-		where = append(where, "team_id = ?")
+		col := "team_id"
+		if f.IDs != nil {
+			col = "+team_id"
+		}
+		where = append(where, col+" = ?")
 		args = append(args, f.TeamID)
 	}
 	if f.IDs != nil {
