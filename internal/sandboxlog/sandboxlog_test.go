@@ -20,6 +20,14 @@ func envdLog(t *testing.T, write func(*slog.Logger)) []byte {
 
 var all = Query{Limit: MaxLines}
 
+func messages(es []Entry) []string {
+	out := []string{}
+	for _, e := range es {
+		out = append(out, e.Message)
+	}
+	return out
+}
+
 func TestReadEnvdLines(t *testing.T) {
 	data := envdLog(t, func(l *slog.Logger) {
 		l.Info("envd serving", "addr", ":49983")
@@ -61,13 +69,6 @@ func TestReadEnvdLines(t *testing.T) {
 func TestReadEdges(t *testing.T) {
 	written := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
 	first := time.Date(2026, 12, 4, 8, 0, 0, 0, time.UTC)
-	messages := func(es []Entry) []string {
-		out := []string{}
-		for _, e := range es {
-			out = append(out, e.Message)
-		}
-		return out
-	}
 	for _, tc := range []struct {
 		name      string
 		data      string
@@ -124,19 +125,12 @@ func TestSelect(t *testing.T) {
 		{Time: at(4), Level: LevelError, Message: "process start failed"},
 		{Time: at(5), Level: LevelInfo, Message: "process ended"},
 	}
-	msgs := func(es []Entry) []string {
-		out := []string{}
-		for _, e := range es {
-			out = append(out, e.Message)
-		}
-		return out
-	}
 	for _, tc := range []struct {
 		name string
 		q    Query
 		want []string
 	}{
-		{"all", Query{Limit: 10}, msgs(entries)},
+		{"all", Query{Limit: 10}, messages(entries)},
 		{"limit forward keeps the oldest", Query{Limit: 2}, []string{"process started", "tick"}},
 		{"limit backward keeps the newest, oldest first", Query{Limit: 2, Backward: true}, []string{"process start failed", "process ended"}},
 		{"cursor forward is inclusive", Query{Limit: 10, Cursor: at(4)}, []string{"process start failed", "process ended"}},
@@ -147,7 +141,7 @@ func TestSelect(t *testing.T) {
 		{"zero limit", Query{}, []string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := msgs(selectEntries(entries, tc.q)); !reflect.DeepEqual(got, tc.want) {
+			if got := messages(selectEntries(entries, tc.q)); !reflect.DeepEqual(got, tc.want) {
 				t.Fatalf("got %q, want %q", got, tc.want)
 			}
 		})
