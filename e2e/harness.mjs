@@ -114,9 +114,11 @@ export class AenvServer {
   // node` of that cluster instead of a single server. tls (a single
   // server's) adds an HTTPS listener on a domain of its own (newTLS);
   // domain (a node's) is its cluster's domain.
-  constructor({ cluster, tls, domain, dnsHostsFile, egressUpstreamCAFile } = {}) {
+  // volumePoolGB, when given, keeps its volumes in a volume pool.
+  constructor({ cluster, tls, domain, dnsHostsFile, egressUpstreamCAFile, volumePoolGB } = {}) {
     this.cluster = cluster
     this.tls = tls
+    this.volumePoolGB = volumePoolGB
     this.egressUpstreamCAFile = egressUpstreamCAFile
     this.dnsHostsFile = dnsHostsFile
     this.domain = tls?.domain || domain
@@ -178,6 +180,7 @@ export class AenvServer {
     if (this.domain) args.push('--domain', this.domain)
     if (this.dnsHostsFile) args.push('--dns-hosts-file', this.dnsHostsFile)
     if (this.egressUpstreamCAFile) args.push('--egress-upstream-ca-file', this.egressUpstreamCAFile)
+    if (this.volumePoolGB) args.push('--volume-pool-gb', String(this.volumePoolGB))
     // Lab CA mode: the CA is made in <data-dir>/tls at the first start.
     if (this.tls) args.push('--tls-listen', `${this.tls.ip}:443`)
     const log = fs.openSync(this.logPath, 'a')
@@ -315,12 +318,12 @@ export class AenvServer {
 export class AenvCluster {
   // tls puts the gateway's HTTPS listener on a domain of its own (newTLS),
   // which the nodes are given as their --domain.
-  constructor(databaseUrl, { tls, dnsHostsFile, egressUpstreamCAFile } = {}) {
+  constructor(databaseUrl, { tls, dnsHostsFile, egressUpstreamCAFile, volumePoolGB } = {}) {
     this.databaseUrl = databaseUrl
     this.tls = tls
     const name = randomName(5)
     this.nodes = [0, 1, 2].map((i) => new AenvServer({ cluster: { databaseUrl, nodeId: `e2e-${name}-${i}` }, domain: tls?.domain, dnsHostsFile,
-      egressUpstreamCAFile }))
+      egressUpstreamCAFile, volumePoolGB }))
     this.apiKey = 'e2e_' + randomBytes(12).toString('hex')
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'aenv-e2e-gateway-'))
     this.logPath = path.join(this.dataDir, 'gateway.log')
@@ -470,9 +473,9 @@ async function startTracer(port, logPath) {
 //
 // egressUpstreamCAFile is a CA the egress gateway trusts for the hosts it
 // intercepts (network rules): FakeHost's HTTPS (see TestCA).
-export function useServer({ before, after, tls = false, dnsHostsFile, egressUpstreamCAFile }) {
+export function useServer({ before, after, tls = false, dnsHostsFile, egressUpstreamCAFile, volumePoolGB }) {
   const databaseUrl = process.env.AENV_E2E_DATABASE_URL
-  const opts = { tls: tls ? newTLS() : undefined, dnsHostsFile, egressUpstreamCAFile }
+  const opts = { tls: tls ? newTLS() : undefined, dnsHostsFile, egressUpstreamCAFile, volumePoolGB }
   const server = databaseUrl ? new AenvCluster(databaseUrl, opts) : new AenvServer(opts)
   before(async () => {
     await server.start()

@@ -9,7 +9,11 @@ import { Sandbox, SandboxError, Volume, VolumeFileType, VolumeNotFoundError, Vol
 import { useServer, rejectsWith } from './harness.mjs'
 
 describe('volumes', () => {
-  const server = useServer({ before, after })
+  // The cluster run keeps its nodes' volumes in volume pools (btrfs,
+  // sized volumes, copies as snapshots); the single server's are
+  // directories (copies as overlays): the SDK drives both.
+  const pooled = Boolean(process.env.AENV_E2E_DATABASE_URL)
+  const server = useServer({ before, after, volumePoolGB: pooled ? 1 : 0 })
 
   async function admin(method, path, body) {
     const res = await fetch(server.url + path, {
@@ -149,6 +153,35 @@ describe('volumes', () => {
     assert.equal(copies.length, 2, JSON.stringify(copies))
     for (const k of kids) await k.kill()
     for (const c of copies) assert.equal(await Volume.destroy(c.volumeId), true)
+  })
+
+  test("a volume's size bounds its writes in a volume pool, and is refused without one", async () => {
+    const res = await fetch(server.url + '/volumes', {
+      method: 'POST',
+      headers: { 'X-API-Key': server.apiKey, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name: 'e2e-sized', sizeMB: 16 }),
+    })
+    if (!pooled) {
+      assert.equal(res.status, 400)
+      assert.match(await res.text(), /--volume-pool-gb/)
+      return
+    }
+    assert.equal(res.status, 201)
+    const made = await res.json()
+    assert.equal(made.sizeMB, 16)
+    const vol = await Volume.connect(made.volumeID)
+    server.defer(() => Volume.destroy(vol.volumeId).catch(() => {}))
+    await vol.writeFile('/kept.bin', new Uint8Array(8 << 20))
+    // The content API: refused past the size, and the old file stays.
+    await assert.rejects(vol.writeFile('/kept.bin', new Uint8Array(20 << 20)))
+    assert.equal((await vol.getInfo('/kept.bin')).size, 8 << 20)
+    // Inside a sandbox: the quota, whoever writes.
+    const sbx = await Sandbox.create('base', { volumeMounts: { '/data': vol } })
+    server.defer(() => sbx.kill().catch(() => {}))
+    const out = await sbx.commands.run('dd if=/dev/zero of=/data/more bs=1M count=16 conv=fsync 2>&1; echo exit=$?', { user: 'root' })
+    assert.match(out.stdout, /quota/i)
+    assert.doesNotMatch(out.stdout, /exit=0/)
+    await sbx.kill()
   })
 
   test("a team sees only its volumes, and a wrong token reads nothing", async () => {

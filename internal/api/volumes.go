@@ -39,7 +39,12 @@ func (s *Server) routeVolumes() {
 }
 
 func toVolumeAndToken(v *store.Volume) wire.VolumeAndToken {
-	return wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token}
+	out := wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token}
+	if v.SizeBytes > 0 {
+		mb := v.SizeBytes >> 20
+		out.SizeMB = &mb
+	}
+	return out
 }
 
 // listVolumes is GET /volumes, from the records: a node's, or a
@@ -62,7 +67,14 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, s.cfg.MaxJSONBytes, &req); err != nil {
 		return err
 	}
-	v, err := s.cfg.Volumes.Create(r.Context(), principal(r).TeamID, req.Name)
+	var size int64
+	if req.SizeMB != nil {
+		if *req.SizeMB <= 0 || *req.SizeMB > 1<<30 {
+			return badRequest("sizeMB must be a positive number of MiB")
+		}
+		size = *req.SizeMB << 20
+	}
+	v, err := s.cfg.Volumes.Create(r.Context(), principal(r).TeamID, req.Name, size)
 	if err != nil {
 		return err
 	}

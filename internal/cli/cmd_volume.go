@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -34,13 +35,19 @@ ID --volume-copy /path'.`,
 func (a *app) volumeCreateCommand() *cobra.Command {
 	var f serverFlags
 	var out outputFlag
+	var sizeMB int64
 	cmd := &cobra.Command{
 		Use:   "create NAME",
 		Short: "Create an empty volume",
 		Long: `Create an empty volume named NAME (1 to 63 letters, digits, '.', '_' or '-',
 starting with a letter or digit). It prints the volume's ID; -o json prints
-the ID, the name and the token of its content API.`,
-		Example: "  aenv volume create datasets\n  aenv volume create repo -o json | jq -r .token",
+the ID, the name, the size and the token of its content API.
+
+A node with a volume pool (aenv server --volume-pool-gb) bounds each volume:
+--size-mb, or the node's --volume-size-mb. Writes past it fail (EDQUOT,
+"Disk quota exceeded", inside a sandbox; 507 on the content API). A node
+without a pool refuses --size-mb.`,
+		Example: "  aenv volume create datasets\n  aenv volume create scratch --size-mb 2048\n  aenv volume create repo -o json | jq -r .token",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			asJSON, err := out.json()
@@ -51,7 +58,10 @@ the ID, the name and the token of its content API.`,
 			if err != nil {
 				return err
 			}
-			v, err := c.CreateVolume(cmd.Context(), argv[0])
+			if sizeMB < 0 {
+				return usageError{errors.New("--size-mb must be positive")}
+			}
+			v, err := c.CreateVolume(cmd.Context(), argv[0], sizeMB)
 			if err != nil {
 				return err
 			}
@@ -62,6 +72,7 @@ the ID, the name and the token of its content API.`,
 			return nil
 		},
 	}
+	cmd.Flags().Int64Var(&sizeMB, "size-mb", 0, "most the volume's files may take, in MiB (default: the node's --volume-size-mb; needs a volume pool)")
 	addServerFlags(cmd, &f)
 	addOutputFlag(cmd, &out)
 	return cmd
@@ -129,8 +140,12 @@ the E2B SDK's Volume.connect reads).`,
 			if asJSON {
 				return writeJSON(a.stdout, v.Raw)
 			}
-			t := newTable(a.stdout, "VOLUME ID", "NAME", "TOKEN")
-			t.row(v.VolumeID, v.Name, v.Token)
+			size := "unbounded"
+			if v.SizeMB > 0 {
+				size = fmt.Sprintf("%d MiB", v.SizeMB)
+			}
+			t := newTable(a.stdout, "VOLUME ID", "NAME", "SIZE", "TOKEN")
+			t.row(v.VolumeID, v.Name, size, v.Token)
 			return t.flush()
 		},
 	}

@@ -14,16 +14,25 @@ import (
 // Volume is a persistent volume; Token, the bearer token of its content
 // API, is in the answers of CreateVolume and GetVolume only.
 type Volume struct {
-	VolumeID string          `json:"volumeID"`
-	Name     string          `json:"name"`
-	Token    string          `json:"token,omitempty"`
-	Raw      json.RawMessage `json:"-"`
+	VolumeID string `json:"volumeID"`
+	Name     string `json:"name"`
+	Token    string `json:"token,omitempty"`
+	// SizeMB bounds the volume's files (0: no bound; only a node with a
+	// volume pool bounds volumes).
+	SizeMB int64           `json:"sizeMB,omitempty"`
+	Raw    json.RawMessage `json:"-"`
 }
 
-// CreateVolume makes an empty volume of the caller's team.
-func (c *Client) CreateVolume(ctx context.Context, name string) (Volume, error) {
+// CreateVolume makes an empty volume of the caller's team, of sizeMB MiB
+// at most (0: the node's default; a node without a volume pool takes
+// none).
+func (c *Client) CreateVolume(ctx context.Context, name string, sizeMB int64) (Volume, error) {
+	body := map[string]any{"name": name}
+	if sizeMB != 0 {
+		body["sizeMB"] = sizeMB
+	}
 	var raw json.RawMessage
-	if _, err := c.DoJSON(ctx, http.MethodPost, "/volumes", nil, map[string]string{"name": name}, &raw); err != nil {
+	if _, err := c.DoJSON(ctx, http.MethodPost, "/volumes", nil, body, &raw); err != nil {
 		return Volume{}, err
 	}
 	return decodeRaw[Volume](raw, func(v *Volume, raw json.RawMessage) { v.Raw = raw })

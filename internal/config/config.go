@@ -58,6 +58,12 @@ type Server struct {
 	MaxFileUploadMB        int
 	MaxImageUnpackedMB     int
 
+	// VolumePoolGB, when not 0, keeps volumes in a btrfs pool of that
+	// size (an image file under the data dir), which bounds each volume
+	// to its size (VolumeSizeMB when its create gives none).
+	VolumePoolGB int
+	VolumeSizeMB int
+
 	TemplateCacheDir       string
 	DebianMirror           string
 	DNSHostsFile           string
@@ -120,6 +126,7 @@ func Default() Server {
 		MaxJSONBodyMB:          128,
 		MaxFileUploadMB:        4096,
 		MaxImageUnpackedMB:     16384,
+		VolumeSizeMB:           10240,
 		DebianMirror:           "http://deb.debian.org/debian",
 		PauseToDiskAfterSecs:   600,
 		MaxForkCount:           100,
@@ -181,6 +188,8 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.MaxJSONBodyMB, "max-json-body-mb", "largest JSON request body")
 	num(&c.MaxFileUploadMB, "max-file-upload-mb", "largest raw file upload")
 	num(&c.MaxImageUnpackedMB, "max-image-unpacked-mb", "largest root filesystem an image may unpack to (its files, plus 512 bytes per entry); each layer may also expand to at most 100 times its compressed size or 64 MiB, whichever is more; a larger image is refused (413)")
+	num(&c.VolumePoolGB, "volume-pool-gb", "keep volumes in a btrfs file system of this size (an image file, <data-dir>/volumes.img, allocated whole, made with Debian's btrfs-progs), which bounds each volume's size and makes fork copies block by block; 0: volumes are directories of the data dir's own file system, with no size of their own")
+	num(&c.VolumeSizeMB, "volume-size-mb", "size of a volume whose create gives none, in a volume pool (at most the pool's)")
 	str(&c.TemplateCacheDir, "template-cache-dir", "where built template root filesystems are cached (default: <data-dir>/cache)")
 	str(&c.DebianMirror, "debian-mirror", "Debian mirror for building the base template")
 	str(&c.EgressProxy, "egress-proxy", "SOCKS5 proxy every sandbox's TCP egress goes through unless its own network.egressProxy names another, as socks5://[user:password@]host:port (the password is better in AENV_EGRESS_PROXY than on the command line); empty: none")
@@ -254,6 +263,8 @@ func (c *Server) Validate() error {
 		{"--max-json-body-mb", c.MaxJSONBodyMB > 0},
 		{"--max-file-upload-mb", c.MaxFileUploadMB > 0},
 		{"--max-image-unpacked-mb", c.MaxImageUnpackedMB > 0},
+		{"--volume-pool-gb", c.VolumePoolGB >= 0},
+		{"--volume-size-mb", c.VolumeSizeMB >= 1},
 		{"--pause-to-disk-after-secs", c.PauseToDiskAfterSecs >= 0},
 		{"--max-fork-count", c.MaxForkCount >= 1},
 		{"--fork-parallelism", c.ForkParallelism >= 1},

@@ -232,6 +232,12 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (_ *fork
 	if err != nil {
 		return nil, err
 	}
+	releaseFrozen := func() { m.releaseFrozen(context.WithoutCancel(ctx), frozen) }
+	defer func() {
+		if err != nil {
+			releaseFrozen()
+		}
+	}()
 	if resume != nil {
 		defer func() {
 			if err != nil {
@@ -271,8 +277,19 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (_ *fork
 		frozen: frozen, resumeParent: resume,
 		timeout: time.Duration(v.sb.TimeoutSecs) * time.Second, memoryBytes: mem,
 		// Restores load the image whole; it is not needed afterwards.
-		release: func() { m.removeImage(context.WithoutCancel(ctx), dir) },
+		release: func() {
+			m.removeImage(context.WithoutCancel(ctx), dir)
+			releaseFrozen()
+		},
 	}, nil
+}
+
+// releaseFrozen lets go of what the freezes of frozen made for their
+// clones.
+func (m *Manager) releaseFrozen(ctx context.Context, frozen map[string]*store.Volume) {
+	for _, fv := range frozen {
+		m.cfg.Volumes.Release(ctx, fv)
+	}
 }
 
 // checkCapacity refuses a fork the node cannot hold, before anything is
@@ -318,7 +335,9 @@ func imageBytes(dir string) uint64 {
 // on writing into the layer. A parent running or paused in memory is
 // therefore written to disk first, and resume (nil if it was not running)
 // starts it again, over its volumes as they are now. No other sandbox may
-// mount a copied volume.
+// mount a copied volume, unless volumes are in a pool (where a copy is a
+// snapshot, and the parent is stopped so that its memory and its copies
+// agree).
 func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (map[string]*store.Volume, func(), error) {
 	if len(paths) == 0 {
 		return nil, nil, nil
@@ -338,8 +357,9 @@ func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (m
 	}
 	// Refused before the parent is stopped when another sandbox mounts a
 	// copied volume (they are all on this node); the freeze checks again.
+	// A pool's copies are snapshots, which other writers do not reach.
 	for _, other := range m.entries() {
-		if other == e {
+		if other == e || m.cfg.Volumes.Pooled() {
 			continue
 		}
 		ov := other.view()
@@ -380,6 +400,7 @@ func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (m
 	for _, p := range paths {
 		fv, err := m.cfg.Volumes.Freeze(opCtx, mounted[p].VolumeID, e.id)
 		if err != nil {
+			m.releaseFrozen(ctx, frozen)
 			if resume != nil {
 				// The lock is held: resume once it is let go.
 				go resume()

@@ -132,6 +132,13 @@ type VolumePaths interface {
 	Freeze(ctx context.Context, id, holder string) (*store.Volume, error)
 	// Clone makes a copy-on-write copy of v, frozen just before.
 	Clone(ctx context.Context, v *store.Volume) (*store.Volume, error)
+	// Pooled reports whether volumes are subvolumes of a volume pool,
+	// whose copies are snapshots: then a volume other sandboxes mount
+	// too can be copied (their writes do not reach the copies).
+	Pooled() bool
+	// Release lets go of what Freeze made for the clones of v, once
+	// they are made (or will not be).
+	Release(ctx context.Context, v *store.Volume)
 	// Delete deletes v and its files.
 	Delete(ctx context.Context, v *store.Volume) error
 }

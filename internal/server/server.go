@@ -197,8 +197,13 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	var volumes *volume.Service
 	volumeRecords, _ := st.(store.VolumeStore)
 	if volumeRecords != nil {
+		var pool *volume.PoolConfig
+		if cfg.VolumePoolGB > 0 {
+			pool = &volume.PoolConfig{Image: filepath.Join(cfg.DataDir, "volumes.img"), Bytes: uint64(cfg.VolumePoolGB) << 30,
+				DefaultVolumeBytes: uint64(cfg.VolumeSizeMB) << 20}
+		}
 		volumes, err = volume.NewService(ctx, volumeRecords, filepath.Join(cfg.DataDir, "volumes"), member.nodeID(),
-			logger.With("component", "volume"))
+			pool, logger.With("component", "volume"))
 		if err != nil {
 			return err
 		}

@@ -92,6 +92,9 @@ type Volume struct {
 	// first (a copy-on-write clone shares its source's); none for a plain
 	// volume. The record holds a reference to each.
 	Layers []string
+	// SizeBytes bounds the volume's files (a write past it fails); 0 for
+	// a volume kept where sizes cannot be bounded (no volume pool).
+	SizeBytes int64
 }
 
 // MaxVolumeLayers bounds a volume's layers (each copy-on-write fork of a

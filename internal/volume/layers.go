@@ -104,9 +104,15 @@ func (s *Service) unmount(ctx context.Context, id string) {
 	}
 }
 
-// UnmountAll unmounts every layered volume's overlay: for a node that
-// stops with no sandbox left (their mounts would otherwise outlive it).
+// UnmountAll unmounts every layered volume's overlay, and the volume
+// pool: for a node that stops with no sandbox left (their mounts would
+// otherwise outlive it).
 func (s *Service) UnmountAll(ctx context.Context) {
+	if s.pool != nil {
+		s.Close() // the background sweeps read the pool
+		closePool(ctx, s.dir, s.logger)
+		return
+	}
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return
@@ -143,7 +149,13 @@ func (s *Service) topLike(dir string, layers []string) error {
 // to share: the volume goes on, over the layer, with no files of its own.
 // No sandbox but holder (whose fork this is, and which is stopped) may
 // mount it: a running sandbox would go on writing into the layer.
+//
+// In a volume pool the volume is not changed: its files are snapshotted,
+// read-only, as the layer its clones are snapshots of, until Release.
 func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume, error) {
+	if s.pool != nil {
+		return s.freezeInPool(ctx, id)
+	}
 	if s.overlayErr != nil {
 		return nil, errdefs.Errorf(errdefs.ErrNotImplemented,
 			"copies of volumes need overlay mounts, which do not work in %s here: %v", s.dir, s.overlayErr)
@@ -209,6 +221,43 @@ func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume,
 	os.Remove(marker)
 	v.Layers = append([]string{layer}, v.Layers...)
 	return v, nil
+}
+
+// freezeInPool snapshots volume id's files, read-only, as a layer under
+// .layers (a crash leaves it to the next start, which removes layers no
+// record holds), and answers v as if that were its only layer, for Clone.
+func (s *Service) freezeInPool(ctx context.Context, id string) (*store.Volume, error) {
+	v, err := s.records.GetVolume(ctx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !s.Local(v) {
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is on node %s, not this one", id, v.NodeID)
+	}
+	if err := os.MkdirAll(s.layersDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
+	}
+	layer := "frozen-" + strings.ToLower(rand.Text()[:20])
+	if err := snapshotSubvolume(s.dataDir(id), s.layerDir(layer), true); err != nil {
+		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
+	}
+	frozen := *v
+	frozen.Layers = []string{layer}
+	return &frozen, nil
+}
+
+// Release lets go of what Freeze made for the clones of frozen (in a
+// volume pool, its snapshot), once they are made.
+func (s *Service) Release(ctx context.Context, frozen *store.Volume) {
+	if s.pool == nil || len(frozen.Layers) != 1 {
+		return
+	}
+	if err := removeTree(s.layerDir(frozen.Layers[0])); err != nil {
+		s.logger.WarnContext(ctx, "remove a volume's frozen snapshot: removed at the next start", "volume", frozen.ID, "err", err)
+	}
 }
 
 // finishFreeze moves volume id's own files into layer, and gives it a
@@ -302,7 +351,12 @@ func (s *Service) Clone(ctx context.Context, v *store.Volume) (*store.Volume, er
 	s.layersMu.RLock()
 	defer s.layersMu.RUnlock()
 	name := fmt.Sprintf("%s-copy-%s", v.Name[:min(len(v.Name), 40)], strings.ToLower(rand.Text()[:8]))
-	return s.create(ctx, v.TeamID, name, v.Layers)
+	if s.pool != nil {
+		// A snapshot of the frozen one: its own files, sharing every
+		// block until written, bounded as its source.
+		return s.create(ctx, v.TeamID, name, nil, v.SizeBytes, s.layerDir(v.Layers[0]))
+	}
+	return s.create(ctx, v.TeamID, name, v.Layers, 0, "")
 }
 
 // removeUnheldLayers removes the files of those of layers no volume holds
@@ -316,7 +370,7 @@ func (s *Service) removeUnheldLayers(ctx context.Context, layers []string) {
 		return
 	}
 	for _, l := range unheld {
-		if err := os.RemoveAll(s.layerDir(l)); err != nil {
+		if err := removeTree(s.layerDir(l)); err != nil {
 			s.logger.WarnContext(ctx, "remove a layer no volume holds", "layer", l, "err", err)
 		}
 	}

@@ -52,7 +52,7 @@ func TestServiceFreezeAndClone(t *testing.T) {
 	s, _, dir := newTestService(t)
 	t.Cleanup(func() { s.UnmountAll(context.Background()) })
 	ctx := context.Background()
-	v, err := s.Create(ctx, "lab", "repo")
+	v, err := s.Create(ctx, "lab", "repo", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestServiceFreezeRefusedAndCutShort(t *testing.T) {
 	roottest.Require(t) // a freeze checks that overlay mounts work
 	s, db, dir := newTestService(t)
 	ctx := context.Background()
-	v, err := s.Create(ctx, "lab", "repo")
+	v, err := s.Create(ctx, "lab", "repo", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestServiceFreezeRefusedAndCutShort(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, v.ID, freezingMarker), []byte("layer-cut"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	again, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler))
+	again, err := NewService(ctx, db, dir, "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,10 @@ type Service struct {
 	dir     string
 	nodeID  string // "" on a single server
 	logger  *slog.Logger
-	stop    context.CancelFunc // ends the background sweep
+	// pool is the volume pool mounted at dir, nil without one: then
+	// volumes are plain directories, unbounded, and copies are overlays.
+	pool *PoolConfig
+	stop context.CancelFunc // ends the background sweep
 	// freezing holds one lock per volume: a freeze holds it (write)
 	// while it moves the volume's files into a layer; every open content
 	// call, and every look-up of where to mount it, (read), since they
@@ -89,16 +92,24 @@ type Service struct {
 
 // NewService opens the volumes kept under dir, and removes the
 // directories of volumes whose record is gone (a delete or a create cut
-// short by a crash).
-func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID string, logger *slog.Logger) (*Service, error) {
+// short by a crash). With pool, dir is the mount of a volume pool (made
+// and mounted here if need be).
+func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID string, pool *PoolConfig, logger *slog.Logger) (*Service, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("volumes: %w", err)
 	}
+	if pool != nil {
+		if err := openPool(ctx, *pool, dir, logger); err != nil {
+			return nil, err
+		}
+	}
 	ctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop, maxPerTeam: MaxTeamVolumes,
-		minFreeBytes: MinFreeBytes, minFreeFraction: MinFreeFraction}
+		minFreeBytes: MinFreeBytes, minFreeFraction: MinFreeFraction, pool: pool}
 	s.freezing = map[string]*sync.RWMutex{}
-	s.overlayErr = s.probeOverlay()
+	if pool == nil {
+		s.overlayErr = s.probeOverlay()
+	}
 	if err := s.reconcile(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -132,7 +143,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 			continue
 		}
 		s.unmount(ctx, id) // a delete cut between its record and its unmount
-		if err := os.RemoveAll(filepath.Join(s.dir, id)); err != nil {
+		if err := removeTree(filepath.Join(s.dir, id)); err != nil {
 			return fmt.Errorf("volumes: remove %s, made or removed only in part: %w", id, err)
 		}
 		s.logger.InfoContext(ctx, "removed a volume made or removed only in part", "volume", id)
@@ -141,11 +152,7 @@ func (s *Service) reconcile(ctx context.Context) error {
 		// A record whose files are gone (a data dir restored without
 		// them): an empty volume, rather than one that fails every use.
 		if _, err := os.Stat(s.dataDir(id)); errors.Is(err, fs.ErrNotExist) {
-			err := os.MkdirAll(s.dataDir(id), 0o755)
-			if err == nil {
-				err = s.topLike(s.dataDir(id), nil)
-			}
-			if err != nil {
+			if err := s.makeData(kept[id], nil, ""); err != nil {
 				return fmt.Errorf("volumes: %w", err)
 			}
 		}
@@ -251,19 +258,50 @@ func (s *Service) makePending(id string) error {
 	return os.WriteFile(filepath.Join(s.dir, id, pendingMarker), nil, 0o600)
 }
 
-// Create makes an empty volume named name for team.
-func (s *Service) Create(ctx context.Context, team, name string) (*store.Volume, error) {
+// Create makes an empty volume named name for team, of size bytes at
+// most (0: the pool's default), which only a pool can bound.
+func (s *Service) Create(ctx context.Context, team, name string, size int64) (*store.Volume, error) {
 	if !validName.MatchString(name) || strings.HasPrefix(name, IDPrefix) {
 		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument,
 			"volume name %q: 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit, and not with %q",
 			name, IDPrefix)
 	}
 
+	size, err := s.sizeOf(size)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.checkTeamRoom(ctx, team); err != nil {
 		return nil, err
 	}
-	return s.create(ctx, team, name, nil)
+	return s.create(ctx, team, name, nil, size, "")
 }
+
+// MinVolumeBytes is the smallest size a volume may be given.
+const MinVolumeBytes = 1 << 20
+
+// sizeOf checks a volume's asked size (0: none asked) and gives the one
+// it will have.
+func (s *Service) sizeOf(size int64) (int64, error) {
+	if s.pool == nil {
+		if size != 0 {
+			return 0, errdefs.Errorf(errdefs.ErrInvalidArgument,
+				"a volume's size is bounded only in a volume pool, which this node has none of (start it with --volume-pool-gb)")
+		}
+		return 0, nil
+	}
+	if size == 0 {
+		size = int64(min(s.pool.DefaultVolumeBytes, s.pool.Bytes))
+	}
+	if size < MinVolumeBytes || uint64(size) > s.pool.Bytes {
+		return 0, errdefs.Errorf(errdefs.ErrInvalidArgument,
+			"volume size %d MiB: from 1 MiB to the node's volume pool, %d MiB", size>>20, s.pool.Bytes>>20)
+	}
+	return size, nil
+}
+
+// Pooled reports whether volumes are kept in a volume pool.
+func (s *Service) Pooled() bool { return s.pool != nil }
 
 // MinFreeBytes and MinFreeFraction: no volume is made (or copied) on a
 // disk with less free than the larger of the two, so that volumes do not
@@ -283,9 +321,13 @@ func (s *Service) checkDisk() error {
 	free := st.Bavail * uint64(st.Bsize)
 	total := st.Blocks * uint64(st.Bsize)
 	floor := max(s.minFreeBytes, uint64(float64(total)*s.minFreeFraction))
+	if s.pool != nil {
+		// The pool holds volumes only: the node's own files are not in it.
+		floor = uint64(float64(total) * s.minFreeFraction)
+	}
 	if free < floor {
 		return errdefs.Errorf(errdefs.ErrInsufficientStorage,
-			"the node's disk has %d MiB free, and volumes are made only while %d MiB stay free: delete volumes or free the disk",
+			"the node's disk (or volume pool) has %d MiB free, and volumes are made only while %d MiB stay free: delete volumes or free the disk",
 			free>>20, floor>>20)
 	}
 	return nil
@@ -309,29 +351,23 @@ func (s *Service) checkTeamRoom(ctx context.Context, team string) error {
 	return nil
 }
 
-// create makes volume name of team over layers (none for a plain one).
-func (s *Service) create(ctx context.Context, team, name string, layers []string) (*store.Volume, error) {
+// create makes volume name of team over layers (none for a plain one),
+// or, in a pool, as a snapshot of subvolume from (when not "").
+func (s *Service) create(ctx context.Context, team, name string, layers []string, size int64, from string) (*store.Volume, error) {
 	v := &store.Volume{ID: IDPrefix + strings.ToLower(rand.Text()[:20]), Name: name, TeamID: team,
-		Token: TokenPrefix + rand.Text() + rand.Text(), NodeID: s.nodeID, CreatedAt: time.Now().UTC(), Layers: layers}
+		Token: TokenPrefix + rand.Text() + rand.Text(), NodeID: s.nodeID, CreatedAt: time.Now().UTC(), Layers: layers,
+		SizeBytes: size}
 	// The files first, marked pending: a record is never without them,
 	// and pending files without a record are removed at the next start.
 	if err := s.makePending(v.ID); err != nil {
 		return nil, fmt.Errorf("create volume %s: %w", name, err)
 	}
-	// The volume's top directory is open to every user of the
-	// sandboxes that mount it (images run as different users: E2B's
-	// templates as uid 1000); the directory above it keeps everyone else
-	// on the host out. A clone's is as its top layer's.
-	err := os.MkdirAll(s.dataDir(v.ID), 0o755)
-	if err == nil {
-		err = s.topLike(s.dataDir(v.ID), layers)
-	}
-	if err != nil {
-		os.RemoveAll(filepath.Join(s.dir, v.ID))
+	if err := s.makeData(v, layers, from); err != nil {
+		removeTree(filepath.Join(s.dir, v.ID))
 		return nil, fmt.Errorf("create volume %s: %w", name, err)
 	}
 	if err := s.records.CreateVolume(ctx, v); err != nil {
-		os.RemoveAll(filepath.Join(s.dir, v.ID))
+		removeTree(filepath.Join(s.dir, v.ID))
 		if errors.Is(err, store.ErrConflict) {
 			return nil, errdefs.Errorf(errdefs.ErrConflict, "team %s has a volume named %q already", team, name)
 		}
@@ -341,6 +377,39 @@ func (s *Service) create(ctx context.Context, team, name string, layers []string
 		s.logger.WarnContext(ctx, "volume made; its pending mark stays until the next start", "volume", v.ID, "err", err)
 	}
 	return v, nil
+}
+
+// makeData makes v's own files: a directory, or a subvolume of the pool
+// (a snapshot of from, if given) bounded to v's size.
+func (s *Service) makeData(v *store.Volume, layers []string, from string) error {
+	data := s.dataDir(v.ID)
+	if s.pool == nil {
+		// The volume's top directory is open to every user of the
+		// sandboxes that mount it (images run as different users: E2B's
+		// templates as uid 1000); the directory above it keeps everyone
+		// else on the host out. A clone's is as its top layer's.
+		if err := os.MkdirAll(data, 0o755); err != nil {
+			return err
+		}
+		return s.topLike(data, layers)
+	}
+	if err := os.MkdirAll(filepath.Dir(data), 0o700); err != nil {
+		return err
+	}
+	if from != "" {
+		// A snapshot's top directory is its source's.
+		if err := snapshotSubvolume(from, data, false); err != nil {
+			return err
+		}
+	} else {
+		if err := createSubvolume(data); err != nil {
+			return err
+		}
+		if err := os.Chmod(data, 0o777); err != nil {
+			return err
+		}
+	}
+	return limitSubvolume(data, uint64(v.SizeBytes))
 }
 
 // Get finds volume idOrName as p's team sees it: by ID, or by name in
@@ -379,7 +448,7 @@ func (s *Service) Delete(ctx context.Context, v *store.Volume) error {
 		return err
 	}
 	s.unmount(ctx, v.ID)
-	if err := os.RemoveAll(filepath.Join(s.dir, v.ID)); err != nil {
+	if err := removeTree(filepath.Join(s.dir, v.ID)); err != nil {
 		s.logger.WarnContext(ctx, "volume deleted; its files are removed at the next start", "volume", v.ID, "err", err)
 	}
 	s.removeUnheldLayers(ctx, v.Layers)

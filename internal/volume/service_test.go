@@ -33,7 +33,7 @@ func newTestService(t *testing.T) (*Service, *sqlite.Store, string) {
 		}
 	}
 	dir := filepath.Join(t.TempDir(), "volumes")
-	s, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler))
+	s, err := NewService(ctx, db, dir, "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,13 +59,13 @@ func TestServiceCreateNames(t *testing.T) {
 		{"vol-looks-like-an-id", errdefs.ErrInvalidArgument},
 		{string(make([]byte, 64)), errdefs.ErrInvalidArgument},
 	} {
-		_, err := s.Create(ctx, "lab", tc.name)
+		_, err := s.Create(ctx, "lab", tc.name, 0)
 		if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
 			t.Errorf("create %q: %v, want %v", tc.name, err, tc.want)
 		}
 	}
 	// Another team may use a name this one has.
-	if _, err := s.Create(ctx, "other", "data"); err != nil {
+	if _, err := s.Create(ctx, "other", "data", 0); err != nil {
 		t.Errorf("the same name in another team: %v", err)
 	}
 }
@@ -73,7 +73,7 @@ func TestServiceCreateNames(t *testing.T) {
 func TestServiceScopingAndTokens(t *testing.T) {
 	s, _, dir := newTestService(t)
 	ctx := context.Background()
-	v, err := s.Create(ctx, "lab", "data")
+	v, err := s.Create(ctx, "lab", "data", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,11 +134,11 @@ func TestServiceScopingAndTokens(t *testing.T) {
 func TestServiceReconcile(t *testing.T) {
 	s, db, dir := newTestService(t)
 	ctx := context.Background()
-	kept, err := s.Create(ctx, "lab", "kept")
+	kept, err := s.Create(ctx, "lab", "kept", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost, err := s.Create(ctx, "lab", "lost")
+	lost, err := s.Create(ctx, "lab", "lost", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestServiceReconcile(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, lost.ID)); err != nil {
 		t.Fatal(err)
 	}
-	again, err := NewService(ctx, db, dir, "", slog.New(slog.DiscardHandler))
+	again, err := NewService(ctx, db, dir, "", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestServiceReconcile(t *testing.T) {
 // A node deletes only its own volumes: another's files are not here.
 func TestServiceDeleteElsewhere(t *testing.T) {
 	s, _, _ := newTestService(t)
-	v, err := s.Create(context.Background(), "lab", "data")
+	v, err := s.Create(context.Background(), "lab", "data", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,14 +220,14 @@ func TestServiceTeamVolumeBound(t *testing.T) {
 	s.maxPerTeam = 3 // MaxTeamVolumes, made small
 	ctx := context.Background()
 	for i := range s.maxPerTeam {
-		if _, err := s.Create(ctx, "lab", fmt.Sprintf("v%d", i)); err != nil {
+		if _, err := s.Create(ctx, "lab", fmt.Sprintf("v%d", i), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.Create(ctx, "lab", "one-more"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, err := s.Create(ctx, "lab", "one-more", 0); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("a volume past the team's bound: %v, want resource exhausted", err)
 	}
-	if _, err := s.Create(ctx, "other", "first"); err != nil {
+	if _, err := s.Create(ctx, "other", "first", 0); err != nil {
 		t.Fatalf("another team's first volume: %v", err)
 	}
 }
@@ -237,7 +237,7 @@ func TestServiceTeamVolumeBound(t *testing.T) {
 func TestServiceUsage(t *testing.T) {
 	s, _, dir := newTestService(t)
 	ctx := context.Background()
-	v, err := s.Create(ctx, "lab", "sized")
+	v, err := s.Create(ctx, "lab", "sized", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ func TestServiceRefusesOnAFullDisk(t *testing.T) {
 	s, db, _ := newTestService(t)
 	ctx := context.Background()
 	s.minFreeFraction = 1.01 // more than the whole disk: always "full"
-	_, err := s.Create(ctx, "lab", "big")
+	_, err := s.Create(ctx, "lab", "big", 0)
 	if !errors.Is(err, errdefs.ErrInsufficientStorage) {
 		t.Fatalf("create on a full disk: %v, want insufficient storage", err)
 	}
@@ -283,7 +283,7 @@ func TestServiceRefusesOnAFullDisk(t *testing.T) {
 	}
 	s.minFreeFraction = 0
 	s.minFreeBytes = 0
-	if _, err := s.Create(ctx, "lab", "big"); err != nil {
+	if _, err := s.Create(ctx, "lab", "big", 0); err != nil {
 		t.Fatalf("create with the floor off: %v", err)
 	}
 }

@@ -899,6 +899,9 @@ type NewTemplateBuild struct {
 type NewVolume struct {
 	// Name Unique within the team: letters, digits, '-', '_' and '.', at most 63.
 	Name string `json:"name"`
+
+	// SizeMB aenv's addition: the most the volume's files may take, in MiB (writes past it fail: EDQUOT inside a sandbox, 507 on the content API). Only a node with a volume pool (--volume-pool-gb) bounds volumes; elsewhere giving it is 400. Default: the node's --volume-size-mb.
+	SizeMB *int64 `json:"sizeMB,omitempty"`
 }
 
 // NodeCapacity What a node may hold; 0 means no bound.
@@ -1280,10 +1283,13 @@ type VolumeAndToken struct {
 	Domain *string `json:"domain,omitempty"`
 	Name   string  `json:"name"`
 
+	// SizeMB aenv's addition: the most the volume's files may take, in MiB; absent for a volume without a bound (kept without a volume pool).
+	SizeMB *int64 `json:"sizeMB,omitempty"`
+
 	// Token The bearer token of the volume's content API.
 	Token string `json:"token"`
 
-	// UsedBytes aenv's addition (GET /volumes/{id}): the disk the volume's own files take, measured every minute; absent until first measured. A copy-on-write copy's are what was written since the copy.
+	// UsedBytes aenv's addition (GET /volumes/{id}): the disk the volume's own files take, measured every minute; absent until first measured. A copy-on-write copy's are what was written since the copy; in a volume pool, every block its files refer to, shared with copies or not (what counts against its size).
 	UsedBytes *int64 `json:"usedBytes,omitempty"`
 	VolumeID  string `json:"volumeID"`
 }

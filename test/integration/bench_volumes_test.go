@@ -65,9 +65,38 @@ func BenchmarkVolumeCreate(b *testing.B) {
 // BenchmarkVolumeFork8: a fork of 8 of a parent mounting a 1 GB volume,
 // until every child answers an exec: shared, then with copies, next to
 // the same fork of a parent without a volume; and the disk the 8 copies
-// take before any write.
+// take before any write. Volumes as directories (copies are overlays),
+// then in a volume pool (copies are snapshots).
 func BenchmarkVolumeFork8(b *testing.B) {
-	s := newServer(b, "--warm-sandboxes", "0", "--prepared-sandboxes", "0")
+	b.Run("directory", func(b *testing.B) { benchVolumeFork8(b, false) })
+	b.Run("pool", func(b *testing.B) { benchVolumeFork8(b, true) })
+}
+
+// poolFlags are the flags of a server keeping volumes in a pool of gb
+// GiB, or none.
+func poolFlags(pool bool, gb int) []string {
+	if !pool {
+		return nil
+	}
+	return []string{"--volume-pool-gb", strconv.Itoa(gb)}
+}
+
+// poolUsed is the disk the volume pool of s uses, synced.
+func poolUsed(b *testing.B, s *server) int64 {
+	b.Helper()
+	dir := filepath.Join(s.dataDir, "volumes")
+	if out, err := exec.Command("sync", "-f", dir).CombinedOutput(); err != nil {
+		b.Fatalf("sync: %v %s", err, out)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		b.Fatal(err)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize
+}
+
+func benchVolumeFork8(b *testing.B, pool bool) {
+	s := newServer(b, append([]string{"--warm-sandboxes", "0", "--prepared-sandboxes", "0"}, poolFlags(pool, 3)...)...)
 	s.start()
 	_, dir := benchVolume(b, s, "gigabyte")
 	// 1 GB of data in 16 files, written on the host.
@@ -109,12 +138,24 @@ func BenchmarkVolumeFork8(b *testing.B) {
 		for _, k := range kids2 {
 			s.api.DeleteSandbox(b.Context(), k)
 		}
+		var before int64
+		if pool {
+			before = poolUsed(b, s)
+		}
 		b.StartTimer()
 		kids3, took := fork(parent, map[string]any{"count": 8, "volumes": map[string]string{"/data": "copy"}})
 		copied = append(copied, took)
 		b.StopTimer()
 		copyBytes = 0
+		if pool {
+			// Snapshots share every block: what they cost is what the
+			// pool took beside them (a copy's files would count whole).
+			copyBytes = max(0, poolUsed(b, s)-before)
+		}
 		for _, k := range kids3 {
+			if pool {
+				break
+			}
 			var info client.Sandbox
 			s.expect(s.do("GET", "/sandboxes/"+k, nil), 200, "get").json(b, &info)
 			copyBytes += diskUsed(b, s, info.VolumeMounts[0].Name)
@@ -169,9 +210,15 @@ func diskUsed(b *testing.B, s *server, name string) int64 {
 
 // BenchmarkVolumeThroughput: inside one sandbox, write then read 100 MB
 // (synced) and make then read 10,000 small files, on a volume and on the
-// sandbox's own root file system (its memory overlay).
+// sandbox's own root file system (its memory overlay); the volume a
+// directory, then in a volume pool.
 func BenchmarkVolumeThroughput(b *testing.B) {
-	s := newServer(b)
+	b.Run("directory", func(b *testing.B) { benchVolumeThroughput(b, false) })
+	b.Run("pool", func(b *testing.B) { benchVolumeThroughput(b, true) })
+}
+
+func benchVolumeThroughput(b *testing.B, pool bool) {
+	s := newServer(b, poolFlags(pool, 1)...)
 	s.start()
 	benchVolume(b, s, "speed")
 	id := s.create(map[string]any{"templateID": "base",

@@ -487,7 +487,8 @@ func (s *server) exec(id string, req client.ExecuteRequest) client.ExecuteResult
 }
 
 // checkNoLeaks verifies that a stopped server left nothing behind: no
-// runsc process, mount, network namespace, veth or firewall table of its.
+// runsc process, mount, loop device, network namespace, veth or firewall
+// table of its.
 func (s *server) checkNoLeaks() {
 	t := s.t
 	if out, _ := exec.Command("pgrep", "-af", s.dataDir).Output(); len(bytes.TrimSpace(out)) > 0 {
@@ -497,6 +498,13 @@ func (s *server) checkNoLeaks() {
 	for _, line := range strings.Split(string(mounts), "\n") {
 		if strings.Contains(line, s.dataDir) {
 			t.Errorf("mount left behind: %s", line)
+		}
+	}
+	// The volume pool's loop device (it detaches once unmounted).
+	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range backing {
+		if b, _ := os.ReadFile(p); strings.Contains(string(b), s.dataDir) {
+			t.Errorf("loop device left behind: %s for %s", filepath.Base(filepath.Dir(filepath.Dir(p))), strings.TrimSpace(string(b)))
 		}
 	}
 	netns, _ := os.ReadDir("/var/run/netns")

@@ -12,7 +12,7 @@ import (
 
 var _ store.VolumeStore = (*Store)(nil)
 
-const volumeColumns = `id, name, team_id, token, node_id, created_at, layers`
+const volumeColumns = `id, name, team_id, token, node_id, created_at, layers, size_bytes`
 
 // CreateVolume records v as this node's.
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
@@ -24,8 +24,8 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		if err := requireTeam(ctx, tx, v.TeamID); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, '')::jsonb)`,
-			v.ID, v.Name, v.TeamID, v.Token, s.node, v.CreatedAt.UnixNano(), layers)
+		_, err := tx.Exec(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, '')::jsonb, $8)`,
+			v.ID, v.Name, v.TeamID, v.Token, s.node, v.CreatedAt.UnixNano(), layers, v.SizeBytes)
 		if err != nil {
 			if isUniqueViolation(err) {
 				return store.ErrConflict
@@ -184,7 +184,7 @@ func scanVolume(r pgx.Row) (*store.Volume, error) {
 	var v store.Volume
 	var created int64
 	var layers []byte
-	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created, &layers); err != nil {
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created, &layers, &v.SizeBytes); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = time.Unix(0, created).UTC()

@@ -12,7 +12,7 @@ import (
 
 var _ store.VolumeStore = (*Store)(nil)
 
-const volumeColumns = `id, name, team_id, token, created_at, layers_json`
+const volumeColumns = `id, name, team_id, token, created_at, layers_json, size_bytes`
 
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 	layers, err := store.MarshalLayers(v.Layers)
@@ -23,8 +23,8 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		if err := requireTeam(ctx, tx, v.TeamID); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?)`,
-			v.ID, v.Name, v.TeamID, v.Token, v.CreatedAt.UnixNano(), layers); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			v.ID, v.Name, v.TeamID, v.Token, v.CreatedAt.UnixNano(), layers, v.SizeBytes); err != nil {
 			if isUniqueViolation(err) {
 				return store.ErrConflict
 			}
@@ -182,7 +182,7 @@ func scanVolume(r scanner) (*store.Volume, error) {
 	var v store.Volume
 	var created int64
 	var layers string
-	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &created, &layers); err != nil {
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &created, &layers, &v.SizeBytes); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = time.Unix(0, created).UTC()

@@ -19,7 +19,7 @@ func RunVolumes(t *testing.T, newStore func(t *testing.T) store.VolumeStore) {
 	now := time.Unix(1700000000, 7).UTC()
 	a := &store.Volume{ID: "vol-a", Name: "data", TeamID: "lab-a", Token: "tok-a", CreatedAt: now}
 	b := &store.Volume{ID: "vol-b", Name: "data", TeamID: "lab-b", Token: "tok-b", CreatedAt: now.Add(time.Second)}
-	c := &store.Volume{ID: "vol-c", Name: "cache", TeamID: "lab-a", Token: "tok-c", CreatedAt: now}
+	c := &store.Volume{ID: "vol-c", Name: "cache", TeamID: "lab-a", Token: "tok-c", CreatedAt: now, SizeBytes: 5 << 30}
 	for _, v := range []*store.Volume{a, b, c} {
 		if err := s.CreateVolume(ctx, v); err != nil {
 			t.Fatalf("create %s: %v", v.ID, err)
@@ -55,6 +55,9 @@ func RunVolumes(t *testing.T, newStore func(t *testing.T) store.VolumeStore) {
 	got, err := s.GetVolume(ctx, "lab-a", "vol-a")
 	if err != nil || got.Name != "data" || got.TeamID != "lab-a" || got.Token != "tok-a" || !got.CreatedAt.Equal(now) {
 		t.Fatalf("round trip: %+v %v", got, err)
+	}
+	if got, err := s.GetVolume(ctx, "lab-a", "vol-c"); err != nil || got.SizeBytes != 5<<30 {
+		t.Fatalf("round trip of a size: %+v %v", got, err)
 	}
 
 	list := func(team string) []string {

@@ -106,6 +106,10 @@ class ClientBehaviour:
         seen = self.peer.seen[3]
         self.assertEqual(seen.headers["authorization"], "Bearer vtok_x")
         self.assertNotIn("x-api-key", seen.headers)
+        self.peer.route("POST", "/volumes", lambda s: Reply.json(
+            {"volumeID": "vol-2", "name": "big", "token": "vtok_y", "sizeMB": 2048}, 201))
+        self.assertEqual(c.create_volume("big", size_mb=2048), aenv.Volume("vol-2", "big", "vtok_y", 2048))
+        self.assertEqual(self.peer.seen[-1].json(), {"name": "big", "sizeMB": 2048})
 
     def test_error_mapping(self):
         cases = [

@@ -393,12 +393,15 @@ class Volume:
     volume_id: str
     name: str
     token: str
+    # The most its files may take, in MiB (0: no bound; only a server with
+    # a volume pool bounds volumes).
+    size_mb: int = 0
 
 
 def _volume(resp: Response) -> Volume:
     data = _json(resp)
     try:
-        return Volume(data["volumeID"], data["name"], data["token"])
+        return Volume(data["volumeID"], data["name"], data["token"], int(data.get("sizeMB") or 0))
     except (KeyError, TypeError):
         raise SandboxError(resp.status, f"not a volume: {resp.body[:200]!r}") from None
 
@@ -409,8 +412,11 @@ def _volume_path(id_or_name: str) -> str:
     return "/volumes/" + urllib.parse.quote(id_or_name, safe="")
 
 
-def create_volume(name: str) -> Call:
-    return Call("POST", "/volumes", json_body={"name": name}, decode=_volume)
+def create_volume(name: str, size_mb: Optional[int] = None) -> Call:
+    body: Dict[str, Any] = {"name": name}
+    if size_mb is not None:
+        body["sizeMB"] = size_mb
+    return Call("POST", "/volumes", json_body=body, decode=_volume)
 
 
 def get_volume(id_or_name: str) -> Call:

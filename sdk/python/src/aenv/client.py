@@ -319,9 +319,11 @@ class AsyncClient:
 
     # --- volumes ---
 
-    async def create_volume(self, name: str) -> Volume:
-        """Makes a persistent volume (a name unique in the team). Never retried."""
-        return await self._run(_calls.create_volume(name))
+    async def create_volume(self, name: str, size_mb: Optional[int] = None) -> Volume:
+        """Makes a persistent volume (a name unique in the team), of size_mb
+        MiB at most (default: the server's; only a server with a volume pool
+        bounds volumes, and one without refuses size_mb). Never retried."""
+        return await self._run(_calls.create_volume(name, size_mb))
 
     async def get_volume(self, id_or_name: str) -> Volume:
         return await self._run(_calls.get_volume(id_or_name))

@@ -214,8 +214,8 @@ class Client:
     def delete_secret(self, id_or_name: str) -> None:
         self._run(_calls.delete_secret(id_or_name))
 
-    def create_volume(self, name: str) -> Volume:
-        return self._run(_calls.create_volume(name))
+    def create_volume(self, name: str, size_mb: Optional[int] = None) -> Volume:
+        return self._run(_calls.create_volume(name, size_mb))
 
     def get_volume(self, id_or_name: str) -> Volume:
         return self._run(_calls.get_volume(id_or_name))

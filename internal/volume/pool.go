@@ -1,0 +1,278 @@
+package volume
+
+// The volume pool: one btrfs file system, in an image file on the node's
+// disk, mounted where the volumes are kept. Each volume is a subvolume of
+// it with a quota group bounding its size (a write past it fails with
+// EDQUOT), and a copy is a snapshot (constant time, sharing every block
+// until written). The kernels aenv runs on lack project quotas for ext4
+// and XFS, so a directory of the host's own file system cannot be
+// bounded; a btrfs image can, wherever the kernel has btrfs.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// PoolConfig asks for a volume pool.
+type PoolConfig struct {
+	// Image is the file holding the pool's file system; it is made, at
+	// Bytes, if missing.
+	Image string
+	Bytes uint64
+	// DefaultVolumeBytes bounds a volume whose create gives no size.
+	DefaultVolumeBytes uint64
+}
+
+// minPoolBytes is the smallest pool mkfs.btrfs makes with room to spare.
+const minPoolBytes = 256 << 20
+
+// openPool mounts the pool's file system at dir, making its image first
+// if there is none. A pool already mounted there (a previous process's,
+// kept for the sandboxes that may still use it) is used as it is.
+func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logger) error {
+	if cfg.Bytes < minPoolBytes {
+		return fmt.Errorf("volume pool: %d MiB is too small (at least %d MiB)", cfg.Bytes>>20, minPoolBytes>>20)
+	}
+	if source, ok, err := mountedSource(dir); err != nil {
+		return fmt.Errorf("volume pool: %w", err)
+	} else if ok {
+		backing := loopBacking(source)
+		if !sameFile(backing, cfg.Image) {
+			return fmt.Errorf("volume pool: %s has a file system mounted on it already (from %s, backing file %q), not the pool %s",
+				dir, source, backing, cfg.Image)
+		}
+		return enableQuota(dir)
+	}
+	if entries, err := os.ReadDir(dir); err != nil {
+		return fmt.Errorf("volume pool: %w", err)
+	} else if len(entries) > 0 {
+		return fmt.Errorf("volume pool: %s holds volumes kept without a pool (%d entries): a pool is mounted only over an empty directory; "+
+			"start without --volume-pool-gb, or move those volumes' files out first", dir, len(entries))
+	}
+	if _, err := os.Stat(cfg.Image); errors.Is(err, fs.ErrNotExist) {
+		if err := makePoolImage(ctx, cfg.Image, cfg.Bytes); err != nil {
+			return fmt.Errorf("volume pool: %w", err)
+		}
+		logger.InfoContext(ctx, "made the volume pool", "image", cfg.Image, "mib", cfg.Bytes>>20)
+	} else if err != nil {
+		return fmt.Errorf("volume pool: %w", err)
+	} else if info, _ := os.Stat(cfg.Image); info != nil && uint64(info.Size()) != cfg.Bytes {
+		logger.WarnContext(ctx, "the volume pool keeps the size it was made with", "image", cfg.Image,
+			"mib", info.Size()>>20, "asked_mib", cfg.Bytes>>20)
+	}
+	loop, err := attachLoop(cfg.Image)
+	if err != nil {
+		return fmt.Errorf("volume pool: %w", err)
+	}
+	// The device detaches itself once the last holder lets go: this
+	// open one until the mount holds it.
+	// nodiscard: btrfs would otherwise discard freed blocks, which a loop
+	// device turns into holes in the image, and a sparse image loses
+	// writes when the host's disk fills (see makePoolImage).
+	err = unix.Mount(loop.Name(), dir, "btrfs", unix.MS_NOSUID|unix.MS_NODEV, "nodiscard")
+	loop.Close()
+	if err != nil {
+		return fmt.Errorf("volume pool: mount %s (%s) on %s: %w", cfg.Image, loop.Name(), dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("volume pool: %w", err)
+	}
+	return enableQuota(dir)
+}
+
+// makePoolImage makes image, a btrfs file system of size bytes, all of
+// them allocated: a sparse image on a disk that fills up would lose the
+// volumes' writes without an error to the writer.
+func makePoolImage(ctx context.Context, image string, size uint64) error {
+	mkfs, err := exec.LookPath("mkfs.btrfs")
+	if err != nil {
+		return fmt.Errorf("making the pool needs mkfs.btrfs (Debian's btrfs-progs): %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(image), 0o700); err != nil {
+		return err
+	}
+	part := image + ".part"
+	f, err := os.OpenFile(part, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = unix.Fallocate(int(f.Fd()), 0, 0, int64(size))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(part)
+		return fmt.Errorf("allocate %d MiB for %s: %w", size>>20, image, err)
+	}
+	// -K: no discard of the new file system, which would punch the
+	// allocation out again.
+	out, err := exec.CommandContext(ctx, mkfs, "-q", "-K", "-L", "aenv-volumes", part).CombinedOutput()
+	if err != nil {
+		os.Remove(part)
+		return fmt.Errorf("mkfs.btrfs %s: %w: %s", part, err, strings.TrimSpace(string(out)))
+	}
+	return os.Rename(part, image)
+}
+
+// attachLoop gives image a loop device, reusing one it has already (an
+// image attached twice would be mounted twice), and answers it open. The
+// device detaches itself once nothing holds it: neither the open file
+// nor a mount.
+func attachLoop(image string) (*os.File, error) {
+	if dev := loopOf(image); dev != "" {
+		return os.OpenFile(dev, os.O_RDWR, 0)
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("loop devices: %w", err)
+	}
+	defer ctl.Close()
+	img, err := os.OpenFile(image, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer img.Close()
+	for attempt := 0; ; attempt++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return nil, fmt.Errorf("a free loop device: %w", err)
+		}
+		dev := fmt.Sprintf("/dev/loop%d", n)
+		if _, err := os.Stat(dev); errors.Is(err, fs.ErrNotExist) {
+			// A container's /dev may lack the node the kernel just made.
+			if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, fs.ErrExist) {
+				return nil, fmt.Errorf("make %s: %w", dev, err)
+			}
+		}
+		loop, err := os.OpenFile(dev, os.O_RDWR, 0)
+		if err != nil {
+			return nil, err
+		}
+		cfg := unix.LoopConfig{Fd: uint32(img.Fd())}
+		cfg.Info.Flags = unix.LO_FLAGS_AUTOCLEAR | unix.LO_FLAGS_DIRECT_IO
+		copy(cfg.Info.File_name[:], image)
+		err = unix.IoctlLoopConfigure(int(loop.Fd()), &cfg)
+		if err == nil {
+			return loop, nil
+		}
+		loop.Close()
+		// Another process took the device between the two calls.
+		if !errors.Is(err, unix.EBUSY) || attempt >= 10 {
+			return nil, fmt.Errorf("attach %s to %s: %w", image, dev, err)
+		}
+	}
+}
+
+// loopOf is the loop device image is attached to, or "".
+func loopOf(image string) string {
+	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range devs {
+		b, err := os.ReadFile(p)
+		if err == nil && sameFile(strings.TrimSpace(string(b)), image) {
+			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
+		}
+	}
+	return ""
+}
+
+// loopBacking is the backing file of loop device dev (/dev/loopN), or ""
+// when it is not one.
+func loopBacking(dev string) string {
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func sameFile(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	ai, err1 := os.Stat(a)
+	bi, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(ai, bi)
+}
+
+// mountedSource reports the source (a device) of the file system
+// mounted at dir, if one is.
+func mountedSource(dir string) (string, bool, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", false, err
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", false, err
+	}
+	defer f.Close()
+	source, found := "", false
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// ID parent major:minor root point options [optional...] - type source options
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 || unescapeMountPath(fields[4]) != abs {
+			continue
+		}
+		source, found = "", true // the last mount there is the one seen
+		for i, f := range fields {
+			if f == "-" && i+2 < len(fields) {
+				source = unescapeMountPath(fields[i+2])
+				break
+			}
+		}
+	}
+	return source, found, sc.Err()
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// closePool unmounts the pool at dir; its loop device detaches itself.
+// A pool something still uses is detached lazily.
+func closePool(ctx context.Context, dir string, logger *slog.Logger) {
+	for {
+		if _, ok, _ := mountedSource(dir); !ok {
+			return
+		}
+		if err := unix.Unmount(dir, 0); err != nil {
+			logger.WarnContext(ctx, "unmount the volume pool: detached lazily", "dir", dir, "err", err)
+			unix.Unmount(dir, unix.MNT_DETACH)
+			return
+		}
+	}
+}
