@@ -188,7 +188,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.MaxJSONBodyMB, "max-json-body-mb", "largest JSON request body")
 	num(&c.MaxFileUploadMB, "max-file-upload-mb", "largest raw file upload")
 	num(&c.MaxImageUnpackedMB, "max-image-unpacked-mb", "largest root filesystem an image may unpack to (its files, plus 512 bytes per entry); each layer may also expand to at most 100 times its compressed size or 64 MiB, whichever is more; a larger image is refused (413)")
-	num(&c.VolumePoolGB, "volume-pool-gb", "keep volumes in a btrfs file system of this size (an image file, <data-dir>/volumes.img, allocated whole, made with Debian's btrfs-progs), which bounds each volume's size and makes fork copies block by block; 0: volumes are directories of the data dir's own file system, with no size of their own")
+	num(&c.VolumePoolGB, "volume-pool-gb", "keep volumes in a btrfs file system of this size (an image file, <data-dir>/volumes.img, allocated whole, made with Debian's btrfs-progs), which bounds each volume's size and makes fork copies block by block; a larger size at a later start grows it, a smaller one does not shrink it; 0: volumes are directories of the data dir's own file system, with no size of their own")
 	num(&c.VolumeSizeMB, "volume-size-mb", "size of a volume whose create gives none, in a volume pool (at most the pool's)")
 	str(&c.TemplateCacheDir, "template-cache-dir", "where built template root filesystems are cached (default: <data-dir>/cache)")
 	str(&c.DebianMirror, "debian-mirror", "Debian mirror for building the base template")

@@ -66,6 +66,7 @@ const (
 )
 
 var (
+	btrfsIocResize       = ioc(iocWrite, 3, unsafe.Sizeof(btrfsVolArgs{}))
 	btrfsIocSubvolCreate = ioc(iocWrite, 14, unsafe.Sizeof(btrfsVolArgs{}))
 	btrfsIocSnapDestroy  = ioc(iocWrite, 15, unsafe.Sizeof(btrfsVolArgs{}))
 	btrfsIocSnapCreateV2 = ioc(iocWrite, 23, unsafe.Sizeof(btrfsVolArgsV2{}))
@@ -147,6 +148,19 @@ func destroySubvolume(path string) error {
 	}
 	if err := ioctlOn(filepath.Dir(path), btrfsIocSnapDestroy, unsafe.Pointer(&args)); err != nil {
 		return &os.PathError{Op: "destroy subvolume", Path: path, Err: err}
+	}
+	return nil
+}
+
+// resizeToDevice grows the (single-device) btrfs file system mounted at
+// mnt to the whole of its device.
+func resizeToDevice(mnt string) error {
+	var args btrfsVolArgs
+	if err := setName(args.name[:], "max"); err != nil {
+		return err
+	}
+	if err := ioctlOn(mnt, btrfsIocResize, unsafe.Pointer(&args)); err != nil {
+		return &os.PathError{Op: "resize", Path: mnt, Err: err}
 	}
 	return nil
 }

@@ -52,7 +52,10 @@ func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logg
 			return fmt.Errorf("volume pool: %s has a file system mounted on it already (from %s, backing file %q), not the pool %s",
 				dir, source, backing, cfg.Image)
 		}
-		return enableQuota(dir)
+		if err := enableQuota(dir); err != nil {
+			return err
+		}
+		return growPool(ctx, cfg, dir, source, logger)
 	}
 	if entries, err := os.ReadDir(dir); err != nil {
 		return fmt.Errorf("volume pool: %w", err)
@@ -67,9 +70,6 @@ func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logg
 		logger.InfoContext(ctx, "made the volume pool", "image", cfg.Image, "mib", cfg.Bytes>>20)
 	} else if err != nil {
 		return fmt.Errorf("volume pool: %w", err)
-	} else if info, _ := os.Stat(cfg.Image); info != nil && uint64(info.Size()) != cfg.Bytes {
-		logger.WarnContext(ctx, "the volume pool keeps the size it was made with", "image", cfg.Image,
-			"mib", info.Size()>>20, "asked_mib", cfg.Bytes>>20)
 	}
 	loop, err := attachLoop(cfg.Image)
 	if err != nil {
@@ -88,7 +88,53 @@ func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logg
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return fmt.Errorf("volume pool: %w", err)
 	}
-	return enableQuota(dir)
+	if err := enableQuota(dir); err != nil {
+		return err
+	}
+	return growPool(ctx, cfg, dir, loop.Name(), logger)
+}
+
+// growPool grows the pool mounted at dir from loop device dev to
+// cfg.Bytes when its image is smaller, online: the image is allocated
+// further, the device told its new size, and btrfs resized to fill it.
+// A pool is never shrunk (its volumes' blocks may be anywhere in it).
+func growPool(ctx context.Context, cfg PoolConfig, dir, dev string, logger *slog.Logger) error {
+	info, err := os.Stat(cfg.Image)
+	if err != nil {
+		return fmt.Errorf("volume pool: %w", err)
+	}
+	size := uint64(info.Size())
+	switch {
+	case size == cfg.Bytes:
+		return nil
+	case size > cfg.Bytes:
+		logger.WarnContext(ctx, "the volume pool is larger than asked, and is not shrunk", "image", cfg.Image,
+			"mib", size>>20, "asked_mib", cfg.Bytes>>20)
+		return nil
+	}
+	f, err := os.OpenFile(cfg.Image, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("volume pool: grow: %w", err)
+	}
+	err = unix.Fallocate(int(f.Fd()), 0, 0, int64(cfg.Bytes))
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("volume pool: grow %s to %d MiB: %w", cfg.Image, cfg.Bytes>>20, err)
+	}
+	loop, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("volume pool: grow: %w", err)
+	}
+	_, err = unix.IoctlRetInt(int(loop.Fd()), unix.LOOP_SET_CAPACITY)
+	loop.Close()
+	if err != nil {
+		return fmt.Errorf("volume pool: grow: the new size of %s: %w", dev, err)
+	}
+	if err := resizeToDevice(dir); err != nil {
+		return fmt.Errorf("volume pool: grow: %w", err)
+	}
+	logger.InfoContext(ctx, "grew the volume pool", "image", cfg.Image, "from_mib", size>>20, "to_mib", cfg.Bytes>>20)
+	return nil
 }
 
 // makePoolImage makes image, a btrfs file system of size bytes, all of

@@ -313,3 +313,59 @@ func TestPoolImageStaysAllocated(t *testing.T) {
 		t.Fatalf("no mount at %s", dir)
 	}
 }
+
+// A larger --volume-pool-gb grows the pool at the next start, mounted or
+// not, with its volumes in place; a smaller one does not shrink it.
+func TestPoolGrows(t *testing.T) {
+	s, db, cfg, dir := newPoolService(t)
+	ctx := context.Background()
+	v, err := s.Create(ctx, "lab", "kept", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(s.dataDir(v.ID), "file"), []byte("kept"), 0o644)
+	total := func() uint64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * uint64(st.Bsize)
+	}
+	before := total()
+	for _, step := range []struct {
+		mib     uint64
+		unmount bool
+		grows   bool
+	}{
+		{768, false, true},
+		{1024, true, true},
+		{512, false, false},
+	} {
+		s.Close()
+		if step.unmount {
+			closePool(ctx, dir, slog.New(slog.DiscardHandler))
+		}
+		asked := cfg
+		asked.Bytes = step.mib << 20
+		s, err = NewService(ctx, db, dir, "", &asked, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatalf("%d MiB: %v", step.mib, err)
+		}
+		after := total()
+		if step.grows && after < before+(200<<20) {
+			t.Errorf("asked %d MiB: the pool went from %d to %d MiB", step.mib, before>>20, after>>20)
+		}
+		if !step.grows && after < before {
+			t.Errorf("asked %d MiB: the pool shrank from %d to %d MiB", step.mib, before>>20, after>>20)
+		}
+		before = after
+		if b, err := os.ReadFile(filepath.Join(s.dataDir(v.ID), "file")); err != nil || string(b) != "kept" {
+			t.Fatalf("asked %d MiB: the volume's file: %q %v", step.mib, b, err)
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(cfg.Image, &st); err != nil || st.Blocks*512 < 1<<30 {
+		t.Errorf("the grown image has %d MiB allocated, want 1024 (%v)", st.Blocks*512>>20, err)
+	}
+	t.Cleanup(s.Close)
+}
