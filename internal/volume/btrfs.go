@@ -5,6 +5,7 @@ package volume
 // these calls without cgo, and each is one fixed-size struct.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -65,7 +66,39 @@ const (
 	iocRead  = 2
 )
 
+// btrfsSearchKey is struct btrfs_ioctl_search_key.
+type btrfsSearchKey struct {
+	treeID                   uint64
+	minObjectID, maxObjectID uint64
+	minOffset, maxOffset     uint64
+	minTransid, maxTransid   uint64
+	minType, maxType         uint32
+	nrItems                  uint32
+	_                        uint32
+	_                        [4]uint64
+}
+
+// btrfsSearchArgs is struct btrfs_ioctl_search_args.
+type btrfsSearchArgs struct {
+	key btrfsSearchKey
+	buf [4096 - 104]byte
+}
+
+// btrfsInoLookupArgs is struct btrfs_ioctl_ino_lookup_args.
+type btrfsInoLookupArgs struct {
+	treeID   uint64
+	objectID uint64
+	name     [4080]byte
+}
+
+const (
+	btrfsQuotaTreeObjectID = 8
+	btrfsQgroupInfoKey     = 242
+)
+
 var (
+	btrfsIocTreeSearch   = ioc(iocWrite|iocRead, 17, unsafe.Sizeof(btrfsSearchArgs{}))
+	btrfsIocInoLookup    = ioc(iocWrite|iocRead, 18, unsafe.Sizeof(btrfsInoLookupArgs{}))
 	btrfsIocResize       = ioc(iocWrite, 3, unsafe.Sizeof(btrfsVolArgs{}))
 	btrfsIocSubvolCreate = ioc(iocWrite, 14, unsafe.Sizeof(btrfsVolArgs{}))
 	btrfsIocSnapDestroy  = ioc(iocWrite, 15, unsafe.Sizeof(btrfsVolArgs{}))
@@ -150,6 +183,45 @@ func destroySubvolume(path string) error {
 		return &os.PathError{Op: "destroy subvolume", Path: path, Err: err}
 	}
 	return nil
+}
+
+// subvolumeID is the ID of the subvolume path is the top of (its quota
+// group's number).
+func subvolumeID(path string) (uint64, error) {
+	args := btrfsInoLookupArgs{objectID: btrfsFirstFreeObjectID}
+	if err := ioctlOn(path, btrfsIocInoLookup, unsafe.Pointer(&args)); err != nil {
+		return 0, &os.PathError{Op: "subvolume ID", Path: path, Err: err}
+	}
+	return args.treeID, nil
+}
+
+// referencedBytes is what subvolume path refers to, as its quota group
+// last counted (at the file system's last commit, some seconds behind):
+// every block its files use, shared with snapshots or not. One look-up
+// in the quota tree, whatever the subvolume holds.
+func referencedBytes(path string) (int64, error) {
+	id, err := subvolumeID(path)
+	if err != nil {
+		return 0, err
+	}
+	var args btrfsSearchArgs
+	args.key = btrfsSearchKey{treeID: btrfsQuotaTreeObjectID, minOffset: id, maxOffset: id,
+		maxTransid: ^uint64(0), minType: btrfsQgroupInfoKey, maxType: btrfsQgroupInfoKey, nrItems: 1}
+	if err := ioctlOn(path, btrfsIocTreeSearch, unsafe.Pointer(&args)); err != nil {
+		return 0, &os.PathError{Op: "quota group of", Path: path, Err: err}
+	}
+	// A search header (transid, objectid, offset: u64; type, len: u32),
+	// then the item: generation, rfer, ... (little-endian u64s).
+	const header = 32
+	if args.key.nrItems != 1 {
+		return 0, fmt.Errorf("quota group 0/%d of %s: not found (quotas off?)", id, path)
+	}
+	offset := binary.LittleEndian.Uint64(args.buf[16:24])
+	length := binary.LittleEndian.Uint32(args.buf[28:32])
+	if offset != id || length < 16 {
+		return 0, fmt.Errorf("quota group 0/%d of %s: unexpected item (offset %d, %d bytes)", id, path, offset, length)
+	}
+	return int64(binary.LittleEndian.Uint64(args.buf[header+8 : header+16])), nil
 }
 
 // resizeToDevice grows the (single-device) btrfs file system mounted at

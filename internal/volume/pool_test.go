@@ -369,3 +369,46 @@ func TestPoolGrows(t *testing.T) {
 	}
 	t.Cleanup(s.Close)
 }
+
+// In a pool a volume's usage is its quota group's count, read in one
+// look-up: every block its files refer to, a copy's shared ones too.
+func TestPoolUsage(t *testing.T) {
+	s, _, _, dir := newPoolService(t)
+	ctx := context.Background()
+	v, err := s.Create(ctx, "lab", "measured", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeN(filepath.Join(s.dataDir(v.ID), "f"), 20<<20); err != nil {
+		t.Fatal(err)
+	}
+	fv, err := s.Freeze(ctx, v.ID, "sbx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Clone(ctx, fv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Release(ctx, fv)
+	// The quota groups count at the file system's commit.
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = unix.Syncfs(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.measureAll(ctx)
+	for _, id := range []string{v.ID, c.ID} {
+		u, ok := s.UsageOf(id)
+		if !ok || u.Bytes < 20<<20 || u.Bytes > 21<<20 {
+			t.Errorf("usage of %s: %+v %v, want about 20 MiB", id, u, ok)
+		}
+	}
+	if _, err := referencedBytes(filepath.Join(dir, "no-such")); err == nil {
+		t.Error("the usage of a missing subvolume: no error")
+	}
+}

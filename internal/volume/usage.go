@@ -8,7 +8,8 @@ import (
 )
 
 // UsageInterval is how often the disk each volume takes is measured: a
-// walk of its files, too dear to make on every read.
+// walk of its files, too dear to make on every read (in a volume pool, a
+// look-up of its quota group, whose figures btrfs updates as it commits).
 const UsageInterval = time.Minute
 
 // Usage is what a volume's own files take on disk, as last measured. A
@@ -16,12 +17,18 @@ const UsageInterval = time.Minute
 // layers it shares are counted apart.
 type Usage struct {
 	Bytes int64 // allocated blocks
-	Files int64
+	Files int64 // not counted in a volume pool
 	At    time.Time
 }
 
-// measure walks the files of volume id's own directory.
+// measure walks the files of volume id's own directory; in a volume
+// pool, it reads what the volume's quota group counts instead (what its
+// size bounds: every block its files refer to, shared or not).
 func (s *Service) measure(id string) (Usage, error) {
+	if s.pool != nil {
+		n, err := referencedBytes(s.dataDir(id))
+		return Usage{Bytes: n, At: time.Now()}, err
+	}
 	d, err := Open(s.dataDir(id))
 	if err != nil {
 		return Usage{}, err
@@ -76,9 +83,12 @@ func (s *Service) measureAll(ctx context.Context) {
 		seen[v.ID] = measured{u, v.Name, v.TeamID}
 	}
 	var layers int64
-	if d, err := Open(s.layersDir()); err == nil {
-		layers, _, _ = d.Usage()
-		d.Close()
+	// A pool's layers are a fork's passing snapshots: not walked.
+	if s.pool == nil {
+		if d, err := Open(s.layersDir()); err == nil {
+			layers, _, _ = d.Usage()
+			d.Close()
+		}
 	}
 	s.usageMu.Lock()
 	s.usage, s.layerBytes = seen, layers
@@ -126,7 +136,7 @@ type usageCollector struct{ s *Service }
 var (
 	volumesDesc = prometheus.NewDesc("aenv_volumes", "Volumes this node keeps (as last measured).", nil, nil)
 	volumeBytes = prometheus.NewDesc("aenv_volume_used_bytes",
-		"Disk a volume's own files take, as last measured (a copy's: what was written since the copy).",
+		"Disk a volume's own files take, as last measured (a copy's: what was written since the copy; in a volume pool, every block its files refer to, shared with copies or not).",
 		[]string{"volume", "name", "team"}, nil)
 	layerBytesDesc = prometheus.NewDesc("aenv_volume_layers_bytes",
 		"Disk the frozen layers of copy-on-write volumes take, shared by their copies.", nil, nil)
