@@ -75,3 +75,12 @@ func checkSandboxPath(p string) error {
 	}
 	return nil
 }
+
+// DecodeOptionalJSON is decodeJSON for a body that may be missing (v is
+// then left as it is), for the gateway's own routes.
+func DecodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	if err := decodeJSON(w, r, limit, v); err != nil && !errors.Is(err, errEmptyBody) {
+		return err
+	}
+	return nil
+}

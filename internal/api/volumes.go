@@ -25,6 +25,10 @@ func (s *Server) routeVolumes() {
 	s.route("POST /volumes", s.createVolume)
 	s.route("GET /volumes/{volumeID}", s.getVolume)
 	s.route("DELETE /volumes/{volumeID}", s.deleteVolume)
+	// A move between nodes: the gateway's calls (the cluster secret).
+	s.route("GET /volumes/{volumeID}/export", s.operatorOnly(s.exportVolume))
+	s.route("PUT /volumes/{volumeID}/import", s.operatorOnly(s.importVolume))
+	s.route("DELETE /volumes/{volumeID}/files", s.operatorOnly(s.dropMovedVolume))
 	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request, *volume.Dir) error{
 		"GET /volumecontent/{volumeID}/file":    s.readVolumeFile,
 		"PUT /volumecontent/{volumeID}/file":    s.writeVolumeFile,
@@ -40,6 +44,9 @@ func (s *Server) routeVolumes() {
 
 func toVolumeAndToken(v *store.Volume) wire.VolumeAndToken {
 	out := wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token}
+	if v.NodeID != "" {
+		out.NodeID = &v.NodeID
+	}
 	if v.SizeBytes > 0 {
 		mb := v.SizeBytes >> 20
 		out.SizeMB = &mb
@@ -56,7 +63,11 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]wire.Volume, 0, len(vs))
 	for _, v := range vs {
-		out = append(out, wire.Volume{VolumeID: v.ID, Name: v.Name})
+		item := wire.Volume{VolumeID: v.ID, Name: v.Name}
+		if v.NodeID != "" {
+			item.NodeID = &v.NodeID
+		}
+		out = append(out, item)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -314,6 +325,63 @@ func (s *Server) updateVolumePath(w http.ResponseWriter, r *http.Request, d *vol
 
 func (s *Server) removeVolumePath(w http.ResponseWriter, r *http.Request, d *volume.Dir) error {
 	if err := d.Remove(r.URL.Query().Get("path")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// operatorOnly lets through only calls made with the node's own key (on
+// a node of a cluster, the cluster secret its gateways call with): not
+// an admin's API key.
+func (s *Server) operatorOnly(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if !s.isOperatorKey(RequestKey(r)) {
+			return errdefs.Errorf(errdefs.ErrPermissionDenied, "only the cluster's gateways move volumes")
+		}
+		return h(w, r)
+	}
+}
+
+// exportVolume streams a volume being moved from this node as a tar. A
+// failure once bytes are sent aborts the answer, so that the receiver
+// never takes a cut stream for a whole one.
+func (s *Server) exportVolume(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Content-Type", "application/x-tar")
+	sw := &startedWriter{w: w}
+	err := s.cfg.Volumes.Export(r.Context(), r.PathValue("volumeID"), sw)
+	if err != nil && sw.started {
+		s.logger.WarnContext(r.Context(), "volume export cut", "volume", r.PathValue("volumeID"), "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	return err
+}
+
+// startedWriter tells whether anything was written through it.
+type startedWriter struct {
+	w       io.Writer
+	started bool
+}
+
+func (s *startedWriter) Write(b []byte) (int, error) {
+	s.started = true
+	return s.w.Write(b)
+}
+
+// importVolume takes a volume moving to this node from the tar in the
+// body (another node's export), and answers it as now kept here.
+func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.cfg.Volumes.Import(r.Context(), r.PathValue("volumeID"), r.Body)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, toVolumeAndToken(v))
+	return nil
+}
+
+// dropMovedVolume removes this node's files of a volume moved away.
+func (s *Server) dropMovedVolume(w http.ResponseWriter, r *http.Request) error {
+	if err := s.cfg.Volumes.DropMoved(r.Context(), r.PathValue("volumeID")); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)

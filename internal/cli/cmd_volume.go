@@ -28,7 +28,7 @@ ID --volume-copy /path'.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(a.volumeCreateCommand(), a.volumeLsCommand(), a.volumeInspectCommand(), a.volumeRmCommand(),
-		a.volumeCpCommand())
+		a.volumeCpCommand(), a.volumeMoveCommand())
 	return cmd
 }
 
@@ -103,9 +103,9 @@ func (a *app) volumeLsCommand() *cobra.Command {
 			if asJSON {
 				return writeJSON(a.stdout, raws(vs, func(v client.Volume) json.RawMessage { return v.Raw }))
 			}
-			t := newTable(a.stdout, "VOLUME ID", "NAME")
+			t := newTable(a.stdout, "VOLUME ID", "NAME", "NODE")
 			for _, v := range vs {
-				t.row(v.VolumeID, v.Name)
+				t.row(v.VolumeID, v.Name, v.NodeID)
 			}
 			return t.flush()
 		},
@@ -177,5 +177,45 @@ func (a *app) volumeRmCommand() *cobra.Command {
 		},
 	}
 	addServerFlags(cmd, &f)
+	return cmd
+}
+
+func (a *app) volumeMoveCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	var node string
+	cmd := &cobra.Command{
+		Use:   "move ID|NAME",
+		Short: "Move a volume to another node of a cluster",
+		Long: `Move a volume, by ID or name, to another node of a cluster (through a
+gateway): its files are copied there, then removed from the node that kept
+them. Nothing may mount the volume meanwhile: kill the sandboxes and delete the
+snapshots that mount it first (409 names them). It prints the node the volume
+is on now; -o json prints the volume.`,
+		Example: "  aenv volume move datasets\n  aenv volume move datasets --node node-7",
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			v, err := c.MoveVolume(cmd.Context(), argv[0], node)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(a.stdout, v.Raw)
+			}
+			fmt.Fprintln(a.stdout, v.NodeID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&node, "node", "", "the node to move it to (default: the readiest other node)")
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
 	return cmd
 }

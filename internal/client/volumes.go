@@ -19,7 +19,9 @@ type Volume struct {
 	Token    string `json:"token,omitempty"`
 	// SizeMB bounds the volume's files (0: no bound; only a node with a
 	// volume pool bounds volumes).
-	SizeMB int64           `json:"sizeMB,omitempty"`
+	SizeMB int64 `json:"sizeMB,omitempty"`
+	// NodeID is the node keeping the volume, in a cluster.
+	NodeID string          `json:"nodeID,omitempty"`
 	Raw    json.RawMessage `json:"-"`
 }
 
@@ -60,6 +62,20 @@ func (c *Client) GetVolume(ctx context.Context, idOrName string) (Volume, error)
 func (c *Client) DeleteVolume(ctx context.Context, idOrName string) error {
 	_, err := c.DoJSON(ctx, http.MethodDelete, "/volumes/"+url.PathEscape(idOrName), nil, nil, nil)
 	return err
+}
+
+// MoveVolume moves a volume nothing mounts to node (""; the readiest
+// other node) of a cluster, through a gateway.
+func (c *Client) MoveVolume(ctx context.Context, idOrName, node string) (Volume, error) {
+	body := map[string]string{}
+	if node != "" {
+		body["nodeID"] = node
+	}
+	var raw json.RawMessage
+	if _, err := c.DoJSON(ctx, http.MethodPost, "/volumes/"+url.PathEscape(idOrName)+"/move", nil, body, &raw); err != nil {
+		return Volume{}, err
+	}
+	return decodeRaw[Volume](raw, func(v *Volume, raw json.RawMessage) { v.Raw = raw })
 }
 
 // VolumeEntry describes a file, directory or link in a volume (E2B's

@@ -20,10 +20,20 @@ import "fmt"
 //     Aenv-Team header names (protocol 1 nodes ignore it).
 //  3. Volumes: a node serves /volumes and /volumecontent (older nodes
 //     answer them 404).
+//  4. Volume moves: a node serves /volumes/{id}/export, import and files
+//     (older nodes answer them 404), and takes a volume's reference only
+//     while the volume is its own and not moving.
 const (
-	Protocol    = 3
+	Protocol    = 4
 	MinProtocol = 1
 )
+
+// VolumeMovesProtocol is the first protocol whose nodes move volumes: a
+// gateway moves volumes only between such nodes.
+const VolumeMovesProtocol = 4
+
+// MovesVolumes reports whether a node of protocol p moves volumes.
+func MovesVolumes(p int) bool { return p >= VolumeMovesProtocol }
 
 // VolumesProtocol is the first protocol whose nodes keep volumes: a
 // gateway makes volumes only on such nodes.

@@ -263,7 +263,7 @@ func (c *Server) Validate() error {
 		{"--max-json-body-mb", c.MaxJSONBodyMB > 0},
 		{"--max-file-upload-mb", c.MaxFileUploadMB > 0},
 		{"--max-image-unpacked-mb", c.MaxImageUnpackedMB > 0},
-		{"--volume-pool-gb", c.VolumePoolGB >= 0},
+		{"--volume-pool-gb", c.VolumePoolGB >= 0 && c.VolumePoolGB <= 1<<20},
 		{"--volume-size-mb", c.VolumeSizeMB >= 1},
 		{"--pause-to-disk-after-secs", c.PauseToDiskAfterSecs >= 0},
 		{"--max-fork-count", c.MaxForkCount >= 1},

@@ -282,6 +282,7 @@ func (g *Gateway) routeMux() {
 	g.handle("POST /volumes", http.HandlerFunc(g.createVolume))
 	g.handle("GET /volumes/{volumeID}", http.HandlerFunc(g.byVolume))
 	g.handle("DELETE /volumes/{volumeID}", http.HandlerFunc(g.byVolume))
+	g.handle("POST /volumes/{volumeID}/move", http.HandlerFunc(g.moveVolume))
 
 	// Everything else reads records: the catalog serves it (and answers
 	// unknown paths with the API's 404).

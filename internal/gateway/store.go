@@ -21,6 +21,7 @@ type Store interface {
 	GetVolume(ctx context.Context, team, idOrName string) (*store.Volume, error)
 	ListVolumes(ctx context.Context, team string) ([]*store.Volume, error)
 	DeleteVolume(ctx context.Context, id string) ([]store.Ref, error)
+	store.VolumeMover
 	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 	ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	TemplateCopies(ctx context.Context, idOrName string) ([]*store.Template, error)

@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/volume"
+	"github.com/aenv-dev/aenv/internal/wire"
 )
 
 // A volume is a directory on the node that made it: the gateway lists
@@ -112,4 +116,193 @@ func (g *Gateway) volumeContent(w http.ResponseWriter, r *http.Request) {
 	default:
 		g.forwardNode(w, r, v.NodeID, "", false)
 	}
+}
+
+// moveVolume moves a volume nothing mounts to another node: the one the
+// body names ({"nodeID": ...}), else the readiest. The move is begun in
+// the database (no sandbox may mount the volume meanwhile), the volume's
+// files are streamed from its node's export into the other's import,
+// which ends the move in the database, and the node left then drops its
+// copy. Any failure before the end leaves the volume where it was.
+func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
+	p := callerOf(r)
+	id := r.PathValue("volumeID")
+	var req wire.MoveVolume
+	if err := api.DecodeOptionalJSON(w, r, 1<<20, &req); err != nil {
+		api.WriteError(w, r, g.logger, err)
+		return
+	}
+	v, err := g.db.GetVolume(r.Context(), p.TeamID, id)
+	switch {
+	case errors.Is(err, store.ErrNotFound) || (err == nil && !p.Sees(v.TeamID)):
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("volume %q not found", id))
+		return
+	case err != nil:
+		g.databaseDown(w, r, err)
+		return
+	}
+	view := g.nodes.current()
+	from, ok := view.get(v.NodeID)
+	if !ok || !from.reachable {
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("volume %s is on node %s, which is unreachable: its files cannot be moved", v.Name, v.NodeID))
+		return
+	}
+	if !cluster.MovesVolumes(from.Protocol) {
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("node %s is of an older release, which does not move volumes (cluster protocol %d or later)",
+			from.ID, cluster.VolumeMovesProtocol))
+		return
+	}
+	var to *nodeState
+	if req.NodeID != nil && *req.NodeID != "" {
+		n, ok := view.get(*req.NodeID)
+		switch {
+		case !ok:
+			g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("node %q is not part of the cluster", *req.NodeID))
+			return
+		case n.ID == from.ID:
+			g.refuse(w, r, errdefs.ErrInvalidArgument, fmt.Sprintf("volume %s is on node %s already", v.Name, n.ID))
+			return
+		case !n.ready() || !cluster.MovesVolumes(n.Protocol):
+			g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("node %s cannot take volumes now (%s)", n.ID, n.state()))
+			return
+		}
+		to = n
+	} else {
+		var ready []*nodeState
+		for _, n := range view.list {
+			if n.ID != from.ID && n.ready() && cluster.MovesVolumes(n.Protocol) {
+				ready = append(ready, n)
+			}
+		}
+		if order := g.nodes.place(ready, 0); len(order) > 0 {
+			to = order[0]
+		}
+		if to == nil {
+			g.refuse(w, r, errdefs.ErrUnavailable, "no other ready node can take the volume now")
+			return
+		}
+	}
+	holders, err := g.db.BeginVolumeMove(r.Context(), v.ID, from.ID, to.ID, volume.StaleMove)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("volume %q not found", id))
+		return
+	case errors.Is(err, store.ErrConflict) && len(holders) > 0:
+		api.WriteError(w, r, g.logger, errdefs.Errorf(errdefs.ErrConflict,
+			"volume %s is mounted by %s: a volume moves only while nothing mounts it", v.Name, volume.HolderList(holders)))
+		return
+	case errors.Is(err, store.ErrConflict):
+		g.refuse(w, r, errdefs.ErrConflict, fmt.Sprintf("volume %s is being moved already, or has moved: try again", v.Name))
+		return
+	case err != nil:
+		g.databaseDown(w, r, err)
+		return
+	}
+	g.logger.InfoContext(r.Context(), "moving a volume", "volume", v.ID, "from", from.ID, "to", to.ID)
+	resp, err := g.transferVolume(r, v.ID, from, to)
+	if err != nil {
+		// Ended here unless the import ended it (then the abort finds
+		// the move gone and changes nothing).
+		if aerr := g.db.AbortVolumeMove(context.WithoutCancel(r.Context()), v.ID, to.ID); aerr != nil {
+			g.logger.WarnContext(r.Context(), "end a failed volume move: ended at the source's next start, or taken over after a while",
+				"volume", v.ID, "err", aerr)
+		}
+		var answered *nodeAnswer
+		if errors.As(err, &answered) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(answered.status)
+			w.Write(answered.body)
+			return
+		}
+		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("moving volume %s from node %s to %s: %v", v.Name, from.ID, to.ID, err))
+		return
+	}
+	// The volume is the other node's now: the old copy goes (or goes at
+	// that node's next start).
+	if err := g.nodeCall(r, from, http.MethodDelete, "/volumes/"+v.ID+"/files", nil, http.StatusNoContent); err != nil {
+		g.logger.WarnContext(r.Context(), "a moved volume's old files stay until their node's next start", "volume", v.ID, "node", from.ID, "err", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(resp)
+}
+
+// nodeAnswer is a node's refusal of a step of a move, relayed as it is.
+type nodeAnswer struct {
+	status int
+	body   []byte
+}
+
+func (a *nodeAnswer) Error() string {
+	return fmt.Sprintf("%d %s", a.status, bytes.TrimSpace(a.body))
+}
+
+// transferVolume streams volume id's files from node from's export to
+// node to's import, and returns the import's answer (the volume).
+func (g *Gateway) transferVolume(r *http.Request, id string, from, to *nodeState) ([]byte, error) {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	exp, err := g.nodeRequest(ctx, r, from, http.MethodGet, "/volumes/"+id+"/export", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := g.client.Do(exp)
+	if err != nil {
+		return nil, fmt.Errorf("export from node %s: %w", from.ID, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return nil, &nodeAnswer{resp.StatusCode, body}
+	}
+	imp, err := g.nodeRequest(ctx, r, to, http.MethodPut, "/volumes/"+id+"/import", resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	imp.Header.Set("Content-Type", "application/x-tar")
+	iresp, err := g.client.Do(imp)
+	if err != nil {
+		return nil, fmt.Errorf("import on node %s: %w", to.ID, err)
+	}
+	defer iresp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(iresp.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("import on node %s: %w", to.ID, err)
+	}
+	if iresp.StatusCode != http.StatusOK {
+		return nil, &nodeAnswer{iresp.StatusCode, body}
+	}
+	return body, nil
+}
+
+// nodeRequest is a call of the gateway's own to node n (the cluster
+// secret, acting as r's caller).
+func (g *Gateway) nodeRequest(ctx context.Context, r *http.Request, n *nodeState, method, path string, body io.Reader) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(ctx, method, "http://"+n.Address+path, body)
+	if err != nil {
+		return nil, err
+	}
+	out.Header.Set("X-API-Key", g.cfg.ClusterSecret)
+	g.actAs(r, out.Header)
+	g.cfg.Tracer.Inject(ctx, out.Header)
+	return out, nil
+}
+
+// nodeCall makes a call of the gateway's own to node n and checks its
+// status.
+func (g *Gateway) nodeCall(r *http.Request, n *nodeState, method, path string, body io.Reader, want int) error {
+	req, err := g.nodeRequest(r.Context(), r, n, method, path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := g.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != want {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return &nodeAnswer{resp.StatusCode, b}
+	}
+	return nil
 }

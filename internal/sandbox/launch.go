@@ -447,6 +447,9 @@ func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *sto
 		return fmt.Errorf("%w: template %q, or a volume the sandbox mounts, was deleted", node.ErrNotFound, tpl.Name)
 	case local && errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("%w: template %q was deleted", node.ErrNotFound, tpl.Name)
+	case errors.Is(err, store.ErrConflict) && len(sb.VolumeMounts) > 0:
+		// A volume it mounts moved away, or is moving (see VolumeMover).
+		return fmt.Errorf("%w: a volume the sandbox mounts is moving to another node, or has moved: try again (%v)", node.ErrUnavailable, err)
 	}
 	return storeError("record sandbox", err)
 }

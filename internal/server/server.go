@@ -198,6 +198,10 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	volumeRecords, _ := st.(store.VolumeStore)
 	if volumeRecords != nil {
 		var pool *volume.PoolConfig
+		if _, err := os.Stat(filepath.Join(cfg.DataDir, "volumes.img")); cfg.VolumePoolGB == 0 && err == nil {
+			return fmt.Errorf("volumes: %s holds a volume pool: start with --volume-pool-gb (without it its volumes would be empty directories)",
+				filepath.Join(cfg.DataDir, "volumes.img"))
+		}
 		if cfg.VolumePoolGB > 0 {
 			pool = &volume.PoolConfig{Image: filepath.Join(cfg.DataDir, "volumes.img"), Bytes: uint64(cfg.VolumePoolGB) << 30,
 				DefaultVolumeBytes: uint64(cfg.VolumeSizeMB) << 20}

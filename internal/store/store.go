@@ -95,6 +95,26 @@ type Volume struct {
 	// SizeBytes bounds the volume's files (a write past it fails); 0 for
 	// a volume kept where sizes cannot be bounded (no volume pool).
 	SizeBytes int64
+	// MovingTo is the node a move is taking the volume to ("" when none
+	// is: always on a single server). No sandbox may mount it meanwhile.
+	MovingTo string
+}
+
+// VolumeMover moves volumes' records between the nodes of a cluster
+// (the cluster's database; a single server has no other node).
+type VolumeMover interface {
+	// BeginVolumeMove marks volume id, kept by node from, as moving to
+	// node to: ErrConflict when something holds it (the holders are
+	// returned), it is not from's, or another move began less than
+	// stale ago; ErrNotFound when it is gone.
+	BeginVolumeMove(ctx context.Context, id, from, to string, stale time.Duration) ([]Ref, error)
+	// FinishVolumeMove makes node to the keeper of volume id, moving
+	// there from from, with size bytes at most (0: none) and no layers:
+	// ErrConflict when the move is no longer the one begun.
+	FinishVolumeMove(ctx context.Context, id, from, to string, size int64) error
+	// AbortVolumeMove ends volume id's move to node to, if it is the
+	// one begun; the volume stays where it was.
+	AbortVolumeMove(ctx context.Context, id, to string) error
 }
 
 // MaxVolumeLayers bounds a volume's layers (each copy-on-write fork of a

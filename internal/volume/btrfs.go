@@ -96,7 +96,15 @@ const (
 	btrfsQgroupInfoKey     = 242
 )
 
+// btrfsQuotaRescanArgs is struct btrfs_ioctl_quota_rescan_args.
+type btrfsQuotaRescanArgs struct {
+	flags    uint64
+	progress uint64
+	_        [6]uint64
+}
+
 var (
+	btrfsIocQuotaRescan  = ioc(iocWrite, 44, unsafe.Sizeof(btrfsQuotaRescanArgs{}))
 	btrfsIocTreeSearch   = ioc(iocWrite|iocRead, 17, unsafe.Sizeof(btrfsSearchArgs{}))
 	btrfsIocInoLookup    = ioc(iocWrite|iocRead, 18, unsafe.Sizeof(btrfsInoLookupArgs{}))
 	btrfsIocResize       = ioc(iocWrite, 3, unsafe.Sizeof(btrfsVolArgs{}))
@@ -222,6 +230,17 @@ func referencedBytes(path string) (int64, error) {
 		return 0, fmt.Errorf("quota group 0/%d of %s: unexpected item (offset %d, %d bytes)", id, path, offset, length)
 	}
 	return int64(binary.LittleEndian.Uint64(args.buf[header+8 : header+16])), nil
+}
+
+// rescanQuota starts counting the quota groups of the file system at mnt
+// again from scratch, in the background (EINPROGRESS: one runs already).
+func rescanQuota(mnt string) error {
+	var args btrfsQuotaRescanArgs
+	err := ioctlOn(mnt, btrfsIocQuotaRescan, unsafe.Pointer(&args))
+	if err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		return &os.PathError{Op: "rescan quota", Path: mnt, Err: err}
+	}
+	return nil
 }
 
 // resizeToDevice grows the (single-device) btrfs file system mounted at

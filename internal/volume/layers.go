@@ -205,7 +205,7 @@ func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume,
 		os.Remove(marker)
 		return nil, errdefs.Errorf(errdefs.ErrConflict,
 			"volume %s is mounted by other sandboxes (%s) as well: a copy is made of a volume only its fork's parent mounts",
-			v.Name, holderList(holders))
+			v.Name, HolderList(holders))
 	case errors.Is(err, store.ErrNotFound):
 		os.Remove(marker)
 		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
@@ -241,7 +241,13 @@ func (s *Service) freezeInPool(ctx context.Context, id string) (*store.Volume, e
 		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
 	}
 	layer := "frozen-" + strings.ToLower(rand.Text()[:20])
-	if err := snapshotSubvolume(s.dataDir(id), s.layerDir(layer), true); err != nil {
+	// Content calls end first: a snapshot in an upload's midst would give
+	// the copies its temporary file.
+	lock := s.freezeLock(id)
+	lock.Lock()
+	err = snapshotSubvolume(s.dataDir(id), s.layerDir(layer), true)
+	lock.Unlock()
+	if err != nil {
 		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
 	}
 	frozen := *v

@@ -55,6 +55,7 @@ func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logg
 		if err := enableQuota(dir); err != nil {
 			return err
 		}
+		keepQuotaExact(ctx, source, logger)
 		return growPool(ctx, cfg, dir, source, logger)
 	}
 	if entries, err := os.ReadDir(dir); err != nil {
@@ -91,6 +92,7 @@ func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logg
 	if err := enableQuota(dir); err != nil {
 		return err
 	}
+	keepQuotaExact(ctx, loop.Name(), logger)
 	return growPool(ctx, cfg, dir, loop.Name(), logger)
 }
 
@@ -177,6 +179,15 @@ func makePoolImage(ctx context.Context, image string, size uint64) error {
 // nor a mount.
 func attachLoop(image string) (*os.File, error) {
 	if dev := loopOf(image); dev != "" {
+		// Attached already (a previous process's, cut before it mounted):
+		// used only as this code attaches, to detach once unmounted.
+		sys := filepath.Join("/sys/block", filepath.Base(dev), "loop")
+		for file, want := range map[string]string{"autoclear": "1", "offset": "0", filepath.Join("..", "ro"): "0"} {
+			if b, err := os.ReadFile(filepath.Join(sys, file)); err != nil || strings.TrimSpace(string(b)) != want {
+				return nil, fmt.Errorf("%s is attached to %s already, not as aenv attaches it (%s is not %s): detach it (losetup -d %s)",
+					image, dev, filepath.Base(file), want, dev)
+			}
+		}
 		return os.OpenFile(dev, os.O_RDWR, 0)
 	}
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
@@ -197,7 +208,15 @@ func attachLoop(image string) (*os.File, error) {
 		dev := fmt.Sprintf("/dev/loop%d", n)
 		if _, err := os.Stat(dev); errors.Is(err, fs.ErrNotExist) {
 			// A container's /dev may lack the node the kernel just made.
-			if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(7, uint32(n)))); err != nil && !errors.Is(err, fs.ErrExist) {
+			var major, minor uint32
+			b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/dev", n))
+			if err == nil {
+				_, err = fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("the device number of %s: %w", dev, err)
+			}
+			if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, fs.ErrExist) {
 				return nil, fmt.Errorf("make %s: %w", dev, err)
 			}
 		}
@@ -321,4 +340,42 @@ func closePool(ctx context.Context, dir string, logger *slog.Logger) {
 			return
 		}
 	}
+}
+
+// poolSysfs is the sysfs directory of the btrfs file system on loop
+// device dev (/dev/loopN): /sys/fs/btrfs/<fsid>, found by its device.
+func poolSysfs(dev string) string {
+	matches, _ := filepath.Glob(filepath.Join("/sys/fs/btrfs", "*", "devices", filepath.Base(dev)))
+	if len(matches) != 1 {
+		return ""
+	}
+	return filepath.Dir(filepath.Dir(matches[0]))
+}
+
+// keepQuotaExact asks btrfs to keep counting quota groups exactly when a
+// subvolume whose tree is deep is destroyed (a fork's frozen snapshot, a
+// deleted volume): past the threshold (3 by default) it marks the counts
+// inconsistent instead, and limits are not enforced until a rescan. 8 is
+// the deepest a tree gets. Failure is logged: the rescan in measureAll
+// is the other guard.
+func keepQuotaExact(ctx context.Context, dev string, logger *slog.Logger) {
+	dir := poolSysfs(dev)
+	if dir == "" {
+		logger.WarnContext(ctx, "volume pool: its sysfs directory was not found; quota counts may need rescans", "device", dev)
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, "qgroups", "drop_subtree_threshold"), []byte("8"), 0); err != nil {
+		logger.WarnContext(ctx, "volume pool: keep quota counts exact on deletes", "err", err)
+	}
+}
+
+// quotaInconsistent reports whether btrfs says the quota counts of the
+// pool on dev are inconsistent (limits are then not enforced).
+func quotaInconsistent(dev string) bool {
+	dir := poolSysfs(dev)
+	if dir == "" {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "qgroups", "inconsistent"))
+	return err == nil && strings.TrimSpace(string(b)) == "1"
 }

@@ -272,7 +272,7 @@ func TestPoolOverPlainVolumes(t *testing.T) {
 	s.Close()
 	cfg := PoolConfig{Image: filepath.Join(t.TempDir(), "volumes.img"), Bytes: 512 << 20, DefaultVolumeBytes: 64 << 20}
 	_, err := NewService(context.Background(), db, dir, "", &cfg, slog.New(slog.DiscardHandler))
-	if err == nil || !strings.Contains(err.Error(), "empty directory") {
+	if err == nil || !strings.Contains(err.Error(), "start without --volume-pool-gb") {
 		t.Fatalf("a pool over plain volumes: %v, want a refusal", err)
 	}
 	if _, err := os.Stat(cfg.Image); !errors.Is(err, os.ErrNotExist) {
@@ -410,5 +410,32 @@ func TestPoolUsage(t *testing.T) {
 	}
 	if _, err := referencedBytes(filepath.Join(dir, "no-such")); err == nil {
 		t.Error("the usage of a missing subvolume: no error")
+	}
+}
+
+// A pool's volumes are not opened without it: its mount point is then an
+// empty directory, where each would come back empty. The quota counts
+// are kept exact on deletes of deep trees.
+func TestPoolKindMismatch(t *testing.T) {
+	s, db, _, dir := newPoolService(t)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, "lab", "pooled", 0); err != nil {
+		t.Fatal(err)
+	}
+	source, ok, err := mountedSource(dir)
+	if err != nil || !ok {
+		t.Fatalf("pool not mounted: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(poolSysfs(source), "qgroups", "drop_subtree_threshold")); err != nil || strings.TrimSpace(string(b)) != "8" {
+		t.Errorf("drop_subtree_threshold %q %v, want 8", b, err)
+	}
+	s.Close()
+	closePool(ctx, dir, slog.New(slog.DiscardHandler))
+	_, err = NewService(ctx, db, dir, "", nil, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "start with --volume-pool-gb") {
+		t.Fatalf("a pool's volumes opened without it: %v, want a refusal", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("the refused start made %d entries in the pool's mount point", len(entries))
 	}
 }

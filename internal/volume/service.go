@@ -99,6 +99,17 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 		return nil, fmt.Errorf("volumes: %w", err)
 	}
 	if pool != nil {
+		if _, err := os.Stat(pool.Image); errors.Is(err, fs.ErrNotExist) {
+			// A new pool is empty: records of volumes here would come
+			// back empty from it (an image deleted, or volumes kept
+			// without a pool before).
+			if all, err := records.ListNodeVolumes(ctx, nodeID); err != nil {
+				return nil, fmt.Errorf("volumes: %w", err)
+			} else if len(all) > 0 {
+				return nil, fmt.Errorf("volume pool: its image %s is missing, and %d volumes of this node have records (%s...): "+
+					"restore the image, or start without --volume-pool-gb if they were kept without a pool", pool.Image, len(all), all[0].ID)
+			}
+		}
 		if err := openPool(ctx, *pool, dir, logger); err != nil {
 			return nil, err
 		}
@@ -117,6 +128,24 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 	return s, nil
 }
 
+// checkKind refuses to open volumes kept the other way: a pool's (sized)
+// without the pool, whose mount point is then an empty directory where
+// every volume would come back empty; or plain and layered ones in a
+// pool, which would be unbounded, or lack their layers.
+func (s *Service) checkKind(kept map[string]*store.Volume) error {
+	for _, v := range kept {
+		switch {
+		case s.pool == nil && v.SizeBytes > 0:
+			return fmt.Errorf("volumes: volume %s (%s) was kept in a volume pool: start with --volume-pool-gb (its files are in the pool's image, not in %s)",
+				v.ID, v.Name, s.dir)
+		case s.pool != nil && (v.SizeBytes == 0 || len(v.Layers) > 0):
+			return fmt.Errorf("volumes: volume %s (%s) was kept without a volume pool: start without --volume-pool-gb, "+
+				"or copy its files out (aenv volume cp) and delete it first", v.ID, v.Name)
+		}
+	}
+	return nil
+}
+
 func (s *Service) reconcile(ctx context.Context) error {
 	all, err := s.records.ListNodeVolumes(ctx, s.nodeID)
 	if err != nil {
@@ -128,6 +157,10 @@ func (s *Service) reconcile(ctx context.Context) error {
 			kept[v.ID] = v
 		}
 	}
+	if err := s.checkKind(kept); err != nil {
+		return err
+	}
+	s.reconcileMoves(ctx, kept)
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return fmt.Errorf("volumes: %w", err)
@@ -227,12 +260,12 @@ func (s *Service) HostPath(ctx context.Context, id string) (string, bool, error)
 func MountedError(v *store.Volume, holders []store.Ref) error {
 	return errdefs.Errorf(errdefs.ErrConflict,
 		"volume %s is mounted by %s: kill the sandboxes (or wait for them to end) and delete the snapshots first",
-		v.Name, holderList(holders))
+		v.Name, HolderList(holders))
 }
 
-// holderList names holders, the first ten of them: "sandbox ID" or
+// HolderList names holders, the first ten of them: "sandbox ID" or
 // "snapshot ID".
-func holderList(holders []store.Ref) string {
+func HolderList(holders []store.Ref) string {
 	ids := make([]string, 0, len(holders))
 	for _, h := range holders {
 		kind := "sandbox"
@@ -291,11 +324,22 @@ func (s *Service) sizeOf(size int64) (int64, error) {
 		return 0, nil
 	}
 	if size == 0 {
-		size = int64(min(s.pool.DefaultVolumeBytes, s.pool.Bytes))
+		size = int64(s.pool.DefaultVolumeBytes)
+		var st unix.Statfs_t
+		if err := unix.Statfs(s.dir, &st); err == nil {
+			size = min(size, int64(st.Blocks*uint64(st.Bsize)))
+		}
 	}
-	if size < MinVolumeBytes || uint64(size) > s.pool.Bytes {
+	// The pool as it is (a pool never shrinks, so it may be larger than
+	// asked).
+	capacity := s.pool.Bytes
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.dir, &st); err == nil {
+		capacity = st.Blocks * uint64(st.Bsize)
+	}
+	if size < MinVolumeBytes || uint64(size) > capacity {
 		return 0, errdefs.Errorf(errdefs.ErrInvalidArgument,
-			"volume size %d MiB: from 1 MiB to the node's volume pool, %d MiB", size>>20, s.pool.Bytes>>20)
+			"volume size %d MiB: from 1 MiB to the node's volume pool, %d MiB", size>>20, capacity>>20)
 	}
 	return size, nil
 }

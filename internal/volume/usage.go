@@ -68,6 +68,15 @@ func (s *Service) measureAll(ctx context.Context) {
 		}
 		return
 	}
+	if s.pool != nil {
+		// Limits hold only while btrfs counts exactly (see keepQuotaExact).
+		if dev, ok, _ := mountedSource(s.dir); ok && quotaInconsistent(dev) {
+			s.logger.WarnContext(ctx, "volume pool: quota counts are inconsistent, and sizes unenforced until a rescan ends: rescanning")
+			if err := rescanQuota(s.dir); err != nil {
+				s.logger.WarnContext(ctx, "volume pool: rescan quotas", "err", err)
+			}
+		}
+	}
 	seen := map[string]measured{}
 	for _, v := range all {
 		if ctx.Err() != nil {

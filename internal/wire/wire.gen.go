@@ -755,6 +755,12 @@ type ListedSandbox struct {
 // LogLevel defines model for LogLevel.
 type LogLevel string
 
+// MoveVolume defines model for MoveVolume.
+type MoveVolume struct {
+	// NodeID The node to move the volume to; default: the readiest other node.
+	NodeID *string `json:"nodeID,omitempty"`
+}
+
 // NetworkConfig E2B's network object, the parts aenv implements.
 type NetworkConfig struct {
 	// AllowOut Addresses, CIDRs, host names and wildcards (*.example.com: the names under example.com) the sandbox may reach; they win over denyOut.
@@ -1273,8 +1279,11 @@ type UploadState string
 
 // Volume defines model for Volume.
 type Volume struct {
-	Name     string `json:"name"`
-	VolumeID string `json:"volumeID"`
+	Name string `json:"name"`
+
+	// NodeID aenv's addition: the node keeping the volume's files, in a cluster (a sandbox mounting it is placed there).
+	NodeID   *string `json:"nodeID,omitempty"`
+	VolumeID string  `json:"volumeID"`
 }
 
 // VolumeAndToken defines model for VolumeAndToken.
@@ -1282,6 +1291,9 @@ type VolumeAndToken struct {
 	// Domain Where the content API is, when not the API's own host.
 	Domain *string `json:"domain,omitempty"`
 	Name   string  `json:"name"`
+
+	// NodeID aenv's addition: the node keeping the volume's files, in a cluster.
+	NodeID *string `json:"nodeID,omitempty"`
 
 	// SizeMB aenv's addition: the most the volume's files may take, in MiB; absent for a volume without a bound (kept without a volume pool).
 	SizeMB *int64 `json:"sizeMB,omitempty"`
@@ -1671,3 +1683,6 @@ type UpdateVolumePathJSONRequestBody = VolumeMetadata
 
 // CreateVolumeJSONRequestBody defines body for CreateVolume for application/json ContentType.
 type CreateVolumeJSONRequestBody = NewVolume
+
+// MoveVolumeJSONRequestBody defines body for MoveVolume for application/json ContentType.
+type MoveVolumeJSONRequestBody = MoveVolume

@@ -362,3 +362,95 @@ func TestUnheldLayers(t *testing.T) {
 		t.Fatalf("unheld %v, %v; want l-free only", unheld, err)
 	}
 }
+
+// A volume moves between nodes only while nothing holds it; while it
+// moves no sandbox mounts it, and a node mounts only the volumes it
+// keeps. A move abandoned for long is taken over.
+func TestVolumeMoves(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewDatabase(t)
+	a, b := openNode(t, dsn, "a"), openNode(t, dsn, "b")
+	if err := a.CreateTeam(ctx, &auth.Team{ID: "t", CreatedAt: time.Unix(0, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1700000000, 0).UTC()
+	if err := a.CreateVolume(ctx, &store.Volume{ID: "vol-m", Name: "m", TeamID: "t", Token: "x", CreatedAt: now,
+		Layers: []string{"layer-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	mounting := func(id string) *store.Sandbox {
+		return &store.Sandbox{ID: id, TemplateID: "tpl", State: store.StateRunning, TeamID: "t", StartedAt: now,
+			EndAt: now.Add(time.Hour), UpdatedAt: now, VolumeMounts: []store.VolumeMount{{VolumeID: "vol-m", Name: "m", Path: "/m"}}}
+	}
+	// Mounted: no move.
+	if err := a.CreateSandbox(ctx, mounting("sb-a")); err != nil {
+		t.Fatal(err)
+	}
+	if holders, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b", time.Hour); !errors.Is(err, store.ErrConflict) || len(holders) != 1 {
+		t.Fatalf("move of a mounted volume: %v %v, want ErrConflict naming its sandbox", holders, err)
+	}
+	if err := a.DeleteSandbox(ctx, "sb-a"); err != nil {
+		t.Fatal(err)
+	}
+	// Node b does not keep it: no sandbox of b's mounts it.
+	if err := b.CreateSandbox(ctx, mounting("sb-b")); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("node b mounting node a's volume: %v, want ErrConflict", err)
+	}
+	if _, err := a.BeginVolumeMove(ctx, "vol-m", "b", "a", time.Hour); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a move from a node that does not keep it: %v", err)
+	}
+	if _, err := a.BeginVolumeMove(ctx, "vol-gone", "a", "b", time.Hour); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a move of no volume: %v", err)
+	}
+	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := a.GetVolume(ctx, "", "vol-m"); err != nil || v.MovingTo != "b" || v.NodeID != "a" {
+		t.Fatalf("moving: %+v %v", v, err)
+	}
+	// Moving: not even its own node mounts it, and no second move begins.
+	if err := a.CreateSandbox(ctx, mounting("sb-a2")); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("mounting a moving volume: %v, want ErrConflict", err)
+	}
+	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "c", time.Hour); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a second move: %v, want ErrConflict", err)
+	}
+	// Aborted: back where it was; an abort of another move changes nothing.
+	if err := a.AbortVolumeMove(ctx, "vol-m", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := a.GetVolume(ctx, "", "vol-m"); v.MovingTo != "b" {
+		t.Fatalf("an abort of another move ended this one: %+v", v)
+	}
+	if err := a.AbortVolumeMove(ctx, "vol-m", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.FinishVolumeMove(ctx, "vol-m", "a", "b", 0); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("finishing an aborted move: %v, want ErrConflict", err)
+	}
+	// A stale move is taken over.
+	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "c", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b", time.Nanosecond); err != nil {
+		t.Fatalf("taking over a stale move: %v", err)
+	}
+	if err := b.FinishVolumeMove(ctx, "vol-m", "a", "b", 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	v, err := b.GetVolume(ctx, "", "vol-m")
+	if err != nil || v.NodeID != "b" || v.MovingTo != "" || len(v.Layers) != 0 || v.SizeBytes != 5<<20 {
+		t.Fatalf("moved: %+v %v", v, err)
+	}
+	// Its layers stayed behind, held no more.
+	if unheld, err := a.UnheldLayers(ctx, []string{"layer-1"}); err != nil || len(unheld) != 1 {
+		t.Fatalf("the moved volume's layer: unheld %v %v", unheld, err)
+	}
+	// Its new node mounts it; the old one does not.
+	if err := b.CreateSandbox(ctx, mounting("sb-b2")); err != nil {
+		t.Fatalf("node b mounting its volume: %v", err)
+	}
+	if err := a.CreateSandbox(ctx, mounting("sb-a3")); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("node a mounting a volume moved away: %v, want ErrConflict", err)
+	}
+}

@@ -52,12 +52,17 @@ func holdVolumes(ctx context.Context, tx pgx.Tx, node string, kind store.RefKind
 		if err := lockVolume(ctx, tx, id); err != nil {
 			return err
 		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM volumes WHERE id = $1)`, id).Scan(&exists); err != nil {
+		var keeper, moving string
+		err := tx.QueryRow(ctx, `SELECT node_id, moving_to FROM volumes WHERE id = $1`, id).Scan(&keeper, &moving)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("volume %s: %w", id, store.ErrNotFound)
+		}
+		if err != nil {
 			return err
 		}
-		if !exists {
-			return fmt.Errorf("volume %s: %w", id, store.ErrNotFound)
+		// Its files are on its node only, and a moving one's are going.
+		if keeper != node || moving != "" {
+			return fmt.Errorf("volume %s is kept by node %s (moving to %q), not %s: %w", id, keeper, moving, node, store.ErrConflict)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO refs (node_id, holder_kind, holder_id, target_kind, target_id)
 			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,

@@ -12,7 +12,10 @@ import (
 
 var _ store.VolumeStore = (*Store)(nil)
 
-const volumeColumns = `id, name, team_id, token, node_id, created_at, layers, size_bytes`
+// volumeInsertColumns are those a new volume is given.
+const volumeInsertColumns = `id, name, team_id, token, node_id, created_at, layers, size_bytes`
+
+const volumeColumns = `id, name, team_id, token, node_id, created_at, layers, size_bytes, moving_to`
 
 // CreateVolume records v as this node's.
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
@@ -24,7 +27,7 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		if err := requireTeam(ctx, tx, v.TeamID); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, '')::jsonb, $8)`,
+		_, err := tx.Exec(ctx, `INSERT INTO volumes (`+volumeInsertColumns+`) VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, '')::jsonb, $8)`,
 			v.ID, v.Name, v.TeamID, v.Token, s.node, v.CreatedAt.UnixNano(), layers, v.SizeBytes)
 		if err != nil {
 			if isUniqueViolation(err) {
@@ -184,7 +187,7 @@ func scanVolume(r pgx.Row) (*store.Volume, error) {
 	var v store.Volume
 	var created int64
 	var layers []byte
-	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created, &layers, &v.SizeBytes); err != nil {
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created, &layers, &v.SizeBytes, &v.MovingTo); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = time.Unix(0, created).UTC()
@@ -193,4 +196,63 @@ func scanVolume(r pgx.Row) (*store.Volume, error) {
 		return nil, err
 	}
 	return &v, nil
+}
+
+var _ store.VolumeMover = (*Store)(nil)
+
+func (s *Store) BeginVolumeMove(ctx context.Context, id, from, to string, stale time.Duration) ([]store.Ref, error) {
+	var holders []store.Ref
+	err := s.inTx(ctx, "begin the move of volume "+id, func(tx pgx.Tx) error {
+		var err error
+		if holders, err = volumeHolders(ctx, tx, id); err != nil {
+			return err
+		}
+		if len(holders) > 0 {
+			return store.ErrConflict
+		}
+		var node, moving string
+		var since int64
+		err = tx.QueryRow(ctx, `SELECT node_id, moving_to, moving_since FROM volumes WHERE id = $1`, id).Scan(&node, &moving, &since)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		if node != from || (moving != "" && now.Sub(time.Unix(0, since)) < stale) {
+			return store.ErrConflict
+		}
+		_, err = tx.Exec(ctx, `UPDATE volumes SET moving_to = $2, moving_since = $3 WHERE id = $1`, id, to, now.UnixNano())
+		return err
+	})
+	return holders, err
+}
+
+func (s *Store) FinishVolumeMove(ctx context.Context, id, from, to string, size int64) error {
+	return s.inTx(ctx, "finish the move of volume "+id, func(tx pgx.Tx) error {
+		if err := lockVolume(ctx, tx, id); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE volumes SET node_id = $3, moving_to = '', moving_since = 0, layers = NULL, size_bytes = $4
+			WHERE id = $1 AND node_id = $2 AND moving_to = $3`, id, from, to, size)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return store.ErrConflict
+		}
+		// The layers it was made over stay on the node it left.
+		_, err = tx.Exec(ctx, `DELETE FROM refs WHERE holder_kind = $1 AND holder_id = $2 AND target_kind = $3`,
+			string(store.RefVolume), id, string(store.RefLayer))
+		return err
+	})
+}
+
+func (s *Store) AbortVolumeMove(ctx context.Context, id, to string) error {
+	_, err := s.pool.Exec(ctx, `UPDATE volumes SET moving_to = '', moving_since = 0 WHERE id = $1 AND moving_to = $2`, id, to)
+	if err != nil {
+		return dbError("abort the move of volume %s: %w", id, err)
+	}
+	return nil
 }

@@ -1,0 +1,371 @@
+package volume
+
+// Moving a volume to another node of a cluster. A gateway begins the move
+// in the cluster's database (the volume is then mounted nowhere, and no
+// sandbox may mount it), streams the volume's files as a tar from the
+// node that keeps it (Export) to the node it goes to (Import), which
+// makes them its own and finishes the move in the database: the commit
+// point. The node left then removes its copy (DropMoved), or its next
+// start does.
+//
+// Crash safety: the source marks the volume's directory exporting; a start
+// that finds the mark removes the files if the record has gone elsewhere
+// (or is gone), and otherwise ends the move it was part of. The target
+// makes the files pending, as a create does, until the record is its.
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/store"
+)
+
+// exportingMarker, in a volume's directory, says its files are being
+// sent to another node.
+const exportingMarker = "exporting"
+
+// StaleMove is how long a move may go without ending before another may
+// take it over (its gateway died midway).
+const StaleMove = 10 * time.Minute
+
+// mover is the records' side of a move, nil on a single server.
+func (s *Service) mover() (store.VolumeMover, error) {
+	m, ok := s.records.(store.VolumeMover)
+	if !ok || s.nodeID == "" {
+		return nil, errdefs.Errorf(errdefs.ErrNotImplemented, "volumes move between the nodes of a cluster only")
+	}
+	return m, nil
+}
+
+// Export writes volume id's files to w as a tar (directories, regular
+// files and symbolic links, with their modes, owners and times; other
+// kinds are skipped), for the move the records say it is in. Content
+// calls wait meanwhile, and the volume stays here until the move ends.
+func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
+	if _, err := s.mover(); err != nil {
+		return err
+	}
+	v, err := s.records.GetVolume(ctx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return errdefs.Errorf(errdefs.ErrNotFound, "volume %s not found", id)
+	}
+	if err != nil {
+		return err
+	}
+	if !s.Local(v) || v.MovingTo == "" {
+		return errdefs.Errorf(errdefs.ErrConflict, "volume %s is not being moved from this node (kept by %s, moving to %q)",
+			id, v.NodeID, v.MovingTo)
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, id, exportingMarker), []byte(v.MovingTo), 0o600); err != nil {
+		return fmt.Errorf("export volume %s: %w", id, err)
+	}
+	lock := s.freezeLock(id)
+	lock.Lock()
+	defer lock.Unlock()
+	files, _, err := s.files(v)
+	if err != nil {
+		return fmt.Errorf("export volume %s: %w", id, err)
+	}
+	tw := tar.NewWriter(w)
+	root, err := os.OpenRoot(files)
+	if err != nil {
+		return fmt.Errorf("export volume %s: %w", id, err)
+	}
+	defer root.Close()
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if info.Mode()&fs.ModeSymlink != 0 {
+			if link, err = root.Readlink(p); err != nil {
+				return err
+			}
+		} else if !info.Mode().IsRegular() && !info.IsDir() {
+			return nil // a FIFO, socket or device: not a volume's content
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = p
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uname, hdr.Gname = "", ""
+		hdr.Format = tar.FormatPAX // times to the nanosecond, not rounded to seconds
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		f, err := root.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("export volume %s: %w", id, err)
+	}
+	return nil
+}
+
+// Import makes volume id, moving to this node, from the tar r (Export's),
+// then finishes the move in the records: from then on the volume is this
+// node's. On failure nothing of it is left here.
+func (s *Service) Import(ctx context.Context, id string, r io.Reader) (*store.Volume, error) {
+	m, err := s.mover()
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.records.GetVolume(ctx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s not found", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if v.MovingTo != s.nodeID || s.Local(v) {
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is not moving to this node (kept by %s, moving to %q)",
+			id, v.NodeID, v.MovingTo)
+	}
+	if _, err := os.Stat(filepath.Join(s.dir, id)); err == nil {
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s has files on this node already", id)
+	}
+	moved := *v
+	moved.NodeID, moved.MovingTo, moved.Layers = s.nodeID, "", nil
+	if s.pool == nil {
+		moved.SizeBytes = 0
+	} else if moved.SizeBytes, err = s.sizeOf(moved.SizeBytes); err != nil {
+		return nil, err
+	}
+	if err := s.checkDisk(); err != nil {
+		return nil, err
+	}
+	if err := s.makePending(id); err != nil {
+		return nil, fmt.Errorf("import volume %s: %w", id, err)
+	}
+	err = s.makeData(&moved, nil, "")
+	if err == nil {
+		err = untar(ctx, s.dataDir(id), r)
+	}
+	if err == nil {
+		err = m.FinishVolumeMove(ctx, id, v.NodeID, s.nodeID, moved.SizeBytes)
+		if errors.Is(err, store.ErrConflict) {
+			err = errdefs.Errorf(errdefs.ErrConflict, "the move of volume %s ended meanwhile", id)
+		}
+	}
+	if err != nil {
+		if rerr := removeTree(filepath.Join(s.dir, id)); rerr != nil {
+			s.logger.WarnContext(ctx, "a failed import's files are removed at the next start", "volume", id, "err", rerr)
+		}
+		return nil, fmt.Errorf("import volume %s: %w", id, err)
+	}
+	if err := os.Remove(filepath.Join(s.dir, id, pendingMarker)); err != nil {
+		s.logger.WarnContext(ctx, "volume moved here; its pending mark stays until the next start", "volume", id, "err", err)
+	}
+	return &moved, nil
+}
+
+// untar writes the tar r under dir, through os.Root: no entry reaches
+// outside it, whatever its name or its links say.
+func untar(ctx context.Context, dir string, r io.Reader) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	tr := tar.NewReader(r)
+	type dirTimes struct {
+		name string
+		at   time.Time
+	}
+	var dirs []dirTimes // times are set last: writes inside change them
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read the volume's files: %w", err)
+		}
+		name := path.Clean(strings.TrimSuffix(hdr.Name, "/"))
+		if name == "." {
+			// The top: its mode and owner are the volume's own.
+			if err := root.Chmod(".", fs.FileMode(hdr.Mode)&fs.ModePerm|modeBits(hdr.Mode)); err != nil {
+				return err
+			}
+			if err := root.Lchown(".", hdr.Uid, hdr.Gid); err != nil {
+				return err
+			}
+			dirs = append(dirs, dirTimes{".", hdr.ModTime})
+			continue
+		}
+		if !fs.ValidPath(name) {
+			return fmt.Errorf("entry %q: not a path inside the volume", hdr.Name)
+		}
+		mode := fs.FileMode(hdr.Mode)&fs.ModePerm | modeBits(hdr.Mode)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+			dirs = append(dirs, dirTimes{name, hdr.ModTime})
+		case tar.TypeReg:
+			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		case tar.TypeSymlink:
+			if err := root.Symlink(hdr.Linkname, name); err != nil {
+				return err
+			}
+			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+				return err
+			}
+			continue // a link has no mode or times of its own to set here
+		default:
+			continue
+		}
+		if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
+			return err
+		}
+		if err := root.Chmod(name, mode); err != nil {
+			return err
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			if err := root.Chtimes(name, hdr.ModTime, hdr.ModTime); err != nil {
+				return err
+			}
+		}
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := root.Chtimes(dirs[i].name, dirs[i].at, dirs[i].at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// modeBits are the setuid, setgid and sticky bits of a tar mode.
+func modeBits(mode int64) fs.FileMode {
+	var m fs.FileMode
+	if mode&syscall.S_ISUID != 0 {
+		m |= fs.ModeSetuid
+	}
+	if mode&syscall.S_ISGID != 0 {
+		m |= fs.ModeSetgid
+	}
+	if mode&syscall.S_ISVTX != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}
+
+// DropMoved removes this node's files of volume id once its record says
+// it is kept elsewhere (or is gone), with the layers no volume holds any
+// more.
+func (s *Service) DropMoved(ctx context.Context, id string) error {
+	if !ValidID(id) {
+		return errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", id)
+	}
+	v, err := s.records.GetVolume(ctx, "", id)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if err == nil && s.Local(v) {
+		return errdefs.Errorf(errdefs.ErrConflict, "volume %s is still this node's", id)
+	}
+	s.dropFiles(ctx, id)
+	return nil
+}
+
+// dropFiles removes volume id's files here, and the layers no volume
+// holds any more.
+func (s *Service) dropFiles(ctx context.Context, id string) {
+	lock := s.freezeLock(id)
+	lock.Lock()
+	s.unmount(ctx, id)
+	err := removeTree(filepath.Join(s.dir, id))
+	lock.Unlock()
+	if err != nil {
+		s.logger.WarnContext(ctx, "remove a moved volume's files", "volume", id, "err", err)
+	}
+	s.forgetUsage(id)
+	if entries, err := os.ReadDir(s.layersDir()); err == nil {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		s.removeUnheldLayers(ctx, names)
+	}
+}
+
+// reconcileMoves, at start, deals with the moves a crash cut: files sent
+// elsewhere whose record left are removed; a move from here that did not
+// end is ended (its stream died with the previous process).
+func (s *Service) reconcileMoves(ctx context.Context, kept map[string]*store.Volume) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		id := e.Name()
+		if !ValidID(id) {
+			continue
+		}
+		marker := filepath.Join(s.dir, id, exportingMarker)
+		to, err := os.ReadFile(marker)
+		if err != nil {
+			continue
+		}
+		v := kept[id]
+		if v == nil {
+			s.dropFiles(ctx, id)
+			s.logger.InfoContext(ctx, "removed a volume's files that moved to another node", "volume", id)
+			continue
+		}
+		if m, err := s.mover(); err == nil && v.MovingTo == string(to) {
+			if err := m.AbortVolumeMove(ctx, id, v.MovingTo); err != nil {
+				s.logger.WarnContext(ctx, "end a move cut short", "volume", id, "err", err)
+				continue
+			}
+		}
+		os.Remove(marker)
+	}
+}

@@ -1,0 +1,256 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/roottest"
+	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/store/postgres"
+	"github.com/aenv-dev/aenv/internal/store/postgres/pgtest"
+)
+
+// twoNodes are the volume services of nodes a and b of one cluster
+// (a throwaway PostgreSQL), each over a directory of its own.
+func twoNodes(t *testing.T) (a, b *Service, dbA, dbB *postgres.Store) {
+	t.Helper()
+	roottest.Require(t) // owners are kept across a move
+	ctx := context.Background()
+	dsn := pgtest.New(t).NewDatabase(t)
+	open := func(node string) (*Service, *postgres.Store) {
+		db, err := postgres.OpenNode(ctx, dsn, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		s, err := NewService(ctx, db, filepath.Join(t.TempDir(), "volumes"), node, nil, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s, db
+	}
+	a, dbA = open("a")
+	b, dbB = open("b")
+	if err := dbA.CreateTeam(ctx, &auth.Team{ID: "lab", CreatedAt: time.Unix(0, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, dbA, dbB
+}
+
+// move runs the nodes' side of a move of id from a to b, begun in the
+// records, as a gateway does.
+func move(ctx context.Context, t *testing.T, a, b *Service, db *postgres.Store, id string) (*store.Volume, error) {
+	t.Helper()
+	if _, err := db.BeginVolumeMove(ctx, id, a.nodeID, b.nodeID, StaleMove); err != nil {
+		t.Fatal(err)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(a.Export(ctx, id, pw)) }()
+	v, err := b.Import(ctx, id, pr)
+	pr.CloseWithError(errors.New("import ended"))
+	return v, err
+}
+
+type entryFacts struct {
+	mode     fs.FileMode
+	uid, gid uint32
+	mtime    time.Time
+	content  string // a file's bytes, a link's target
+}
+
+// facts describes the tree under dir.
+func facts(t *testing.T, dir string) map[string]entryFacts {
+	t.Helper()
+	out := map[string]entryFacts{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		f := entryFacts{mode: info.Mode(), uid: st.Uid, gid: st.Gid}
+		rel, _ := filepath.Rel(dir, p)
+		switch {
+		case info.Mode()&fs.ModeSymlink != 0:
+			f.content, _ = os.Readlink(p)
+		case info.Mode().IsRegular():
+			b, _ := os.ReadFile(p)
+			f.content, f.mtime = string(b), info.ModTime()
+		case rel != ".":
+			f.mtime = info.ModTime()
+		}
+		out[rel] = f
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestMoveBetweenNodes(t *testing.T) {
+	a, b, dbA, _ := twoNodes(t)
+	ctx := context.Background()
+	v, err := a.Create(ctx, "lab", "repo", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A tree with owners, modes, times, a link, a setgid directory and a
+	// FIFO (not a volume's content: left behind).
+	src := a.dataDir(v.ID)
+	old := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(src, "src/pkg"), 0o755))
+	must(os.WriteFile(filepath.Join(src, "src/pkg/main.go"), []byte("package main\n"), 0o640))
+	must(os.Chown(filepath.Join(src, "src/pkg/main.go"), 1000, 1001))
+	must(os.Chtimes(filepath.Join(src, "src/pkg/main.go"), old, old))
+	must(os.Symlink("pkg/main.go", filepath.Join(src, "src/link")))
+	must(os.Mkdir(filepath.Join(src, "shared"), 0o770))
+	must(os.Chmod(filepath.Join(src, "shared"), 0o770|fs.ModeSetgid))
+	must(os.WriteFile(filepath.Join(src, "empty"), nil, 0o600))
+	must(syscall.Mkfifo(filepath.Join(src, "fifo"), 0o600))
+	must(os.Chtimes(filepath.Join(src, "src"), old, old))
+	want := facts(t, src)
+	delete(want, "fifo")
+
+	moved, err := move(ctx, t, a, b, dbA, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved.NodeID != "b" || moved.Token != v.Token {
+		t.Fatalf("moved: %+v", moved)
+	}
+	got := facts(t, b.dataDir(v.ID))
+	for name, w := range want {
+		if g, ok := got[name]; !ok || g.mode != w.mode || g.uid != w.uid || g.gid != w.gid || g.content != w.content ||
+			!g.mtime.Equal(w.mtime) {
+			t.Errorf("%s: moved %+v (found %v), want %+v", name, g, ok, w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("moved %d entries, want %d: %v", len(got), len(want), got)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, v.ID, pendingMarker)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the moved volume is still pending: %v", err)
+	}
+	// Node b serves it; node a no longer does, and drops its files.
+	if _, _, err := b.HostPath(ctx, v.ID); err != nil {
+		t.Errorf("node b's path: %v", err)
+	}
+	if _, _, err := a.HostPath(ctx, v.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("node a's path of a volume moved away: %v", err)
+	}
+	if err := b.DropMoved(ctx, v.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("node b dropping its own volume: %v, want ErrConflict", err)
+	}
+	must(a.DropMoved(ctx, v.ID))
+	if _, err := os.Stat(filepath.Join(a.dir, v.ID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("node a kept the files: %v", err)
+	}
+}
+
+// A move cut midway leaves the volume where it was, whole, and nothing on
+// the other node; a node that was exporting when it died removes its
+// files at start if the volume left, and ends the move if it did not.
+func TestMoveCut(t *testing.T) {
+	a, b, dbA, dbB := twoNodes(t)
+	ctx := context.Background()
+	v, err := a.Create(ctx, "lab", "data", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(a.dataDir(v.ID), "big"), []byte(strings.Repeat("x", 1<<20)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Not moving to b: refused.
+	if _, err := b.Import(ctx, v.ID, strings.NewReader("")); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("an import of a volume not moving here: %v", err)
+	}
+	if _, err := dbA.BeginVolumeMove(ctx, v.ID, "a", "b", StaleMove); err != nil {
+		t.Fatal(err)
+	}
+	// The stream is cut after 100 KiB.
+	pr, pw := io.Pipe()
+	go func() {
+		w := &cutWriter{w: pw, left: 100 << 10}
+		a.Export(ctx, v.ID, w)
+		pw.CloseWithError(io.ErrUnexpectedEOF)
+	}()
+	if _, err := b.Import(ctx, v.ID, pr); err == nil {
+		t.Fatal("an import of a cut stream succeeded")
+	}
+	pr.Close()
+	if _, err := os.Stat(filepath.Join(b.dir, v.ID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a cut import left files on node b: %v", err)
+	}
+	if got, err := dbB.GetVolume(ctx, "", v.ID); err != nil || got.NodeID != "a" {
+		t.Fatalf("after a cut move: %+v %v", got, err)
+	}
+	// Node a restarts (its stream died): the move ends, the files stay.
+	a.Close()
+	a2, err := NewService(ctx, dbA, a.dir, "a", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a2.Close()
+	if got, _ := dbA.GetVolume(ctx, "", v.ID); got.MovingTo != "" {
+		t.Errorf("a move its source restarted out of still stands: %+v", got)
+	}
+	if b, err := os.ReadFile(filepath.Join(a2.dataDir(v.ID), "big")); err != nil || len(b) != 1<<20 {
+		t.Fatalf("the volume after a cut move: %d bytes, %v", len(b), err)
+	}
+	if _, err := os.Stat(filepath.Join(a2.dir, v.ID, exportingMarker)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the exporting mark stays: %v", err)
+	}
+
+	// Moved whole, but node a died before dropping its files: its next
+	// start does.
+	if _, err := move(ctx, t, a2, b, dbA, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	a2.Close()
+	a3, err := NewService(ctx, dbA, a.dir, "a", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a3.Close()
+	if _, err := os.Stat(filepath.Join(a3.dir, v.ID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("node a kept a moved volume's files across a restart: %v", err)
+	}
+}
+
+// cutWriter fails once left bytes are written.
+type cutWriter struct {
+	w    io.Writer
+	left int
+}
+
+func (c *cutWriter) Write(b []byte) (int, error) {
+	if len(b) > c.left {
+		n, _ := c.w.Write(b[:c.left])
+		c.left = 0
+		return n, io.ErrShortWrite
+	}
+	c.left -= len(b)
+	return c.w.Write(b)
+}
