@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
 	"github.com/aenv-dev/aenv/internal/cluster"
@@ -291,7 +292,10 @@ func (g *Gateway) nodeRequest(ctx context.Context, r *http.Request, n *nodeState
 // nodeCall makes a call of the gateway's own to node n and checks its
 // status.
 func (g *Gateway) nodeCall(r *http.Request, n *nodeState, method, path string, body io.Reader, want int) error {
-	req, err := g.nodeRequest(r.Context(), r, n, method, path, body)
+	// Made whether or not the client waits for the answer.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+	defer cancel()
+	req, err := g.nodeRequest(ctx, r, n, method, path, body)
 	if err != nil {
 		return err
 	}

@@ -70,6 +70,12 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 	if err := os.WriteFile(filepath.Join(s.dir, id, exportingMarker), []byte(v.MovingTo), 0o600); err != nil {
 		return fmt.Errorf("export volume %s: %w", id, err)
 	}
+	// Content calls that get in after the export (one that read the
+	// record before the move began waits for the lock below) must not
+	// write what the other node would never see.
+	s.exportingMu.Lock()
+	s.exporting[id] = true
+	s.exportingMu.Unlock()
 	lock := s.freezeLock(id)
 	lock.Lock()
 	defer lock.Unlock()
@@ -133,6 +139,30 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 		return fmt.Errorf("export volume %s: %w", id, err)
 	}
 	return nil
+}
+
+// checkNotExported refuses a content call on volume id once an export
+// of it has begun here, unless its record says the move ended without it
+// (aborted): then the mark goes.
+func (s *Service) checkNotExported(ctx context.Context, id string) error {
+	s.exportingMu.Lock()
+	exported := s.exporting[id]
+	s.exportingMu.Unlock()
+	if !exported {
+		return nil
+	}
+	v, err := s.records.GetVolume(ctx, "", id)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if err == nil && s.Local(v) && v.MovingTo == "" {
+		s.exportingMu.Lock()
+		delete(s.exporting, id)
+		s.exportingMu.Unlock()
+		os.Remove(filepath.Join(s.dir, id, exportingMarker))
+		return nil
+	}
+	return errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is moving to another node: try again in a moment", id)
 }
 
 // Import makes volume id, moving to this node, from the tar r (Export's),
@@ -327,6 +357,9 @@ func (s *Service) dropFiles(ctx context.Context, id string) {
 		s.logger.WarnContext(ctx, "remove a moved volume's files", "volume", id, "err", err)
 	}
 	s.forgetUsage(id)
+	s.exportingMu.Lock()
+	delete(s.exporting, id)
+	s.exportingMu.Unlock()
 	if entries, err := os.ReadDir(s.layersDir()); err == nil {
 		var names []string
 		for _, e := range entries {

@@ -186,6 +186,32 @@ func TestMoveCut(t *testing.T) {
 	if _, err := b.Import(ctx, v.ID, strings.NewReader("")); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("an import of a volume not moving here: %v", err)
 	}
+	// Once exported, the volume takes no content call here (its writes
+	// would not move), until the move is known to have ended without it.
+	if _, err := dbA.BeginVolumeMove(ctx, v.ID, "a", "b", StaleMove); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Export(ctx, v.ID, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := dbA.GetVolume(ctx, "", v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := a.Open(rec); !errors.Is(err, errdefs.ErrUnavailable) {
+		if d != nil {
+			d.Close()
+		}
+		t.Fatalf("a content call after the export: %v, want ErrUnavailable", err)
+	}
+	if err := dbA.AbortVolumeMove(ctx, v.ID, "b"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := a.Open(rec)
+	if err != nil {
+		t.Fatalf("a content call after the move was aborted: %v", err)
+	}
+	d.Close()
 	if _, err := dbA.BeginVolumeMove(ctx, v.ID, "a", "b", StaleMove); err != nil {
 		t.Fatal(err)
 	}

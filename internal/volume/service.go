@@ -81,6 +81,10 @@ type Service struct {
 	usage      map[string]measured
 	layerBytes int64
 	measureMu  sync.Mutex // one measureAll at a time
+	// exporting marks the volumes whose files an export has sent from
+	// here (see checkNotExported).
+	exportingMu sync.Mutex
+	exporting   map[string]bool
 	// maxPerTeam bounds a team's volumes: MaxTeamVolumes.
 	maxPerTeam int
 	// minFreeBytes and minFreeFraction are the disk a new volume leaves
@@ -118,6 +122,7 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop, maxPerTeam: MaxTeamVolumes,
 		minFreeBytes: MinFreeBytes, minFreeFraction: MinFreeFraction, pool: pool}
 	s.freezing = map[string]*sync.RWMutex{}
+	s.exporting = map[string]bool{}
 	if pool == nil {
 		s.overlayErr = s.probeOverlay()
 	}
@@ -547,6 +552,10 @@ func (s *Service) Open(v *store.Volume) (*Dir, error) {
 	}
 	lock := s.freezeLock(v.ID)
 	lock.RLock()
+	if err := s.checkNotExported(context.Background(), v.ID); err != nil {
+		lock.RUnlock()
+		return nil, err
+	}
 	files, _, err := s.files(v)
 	if err != nil {
 		lock.RUnlock()
