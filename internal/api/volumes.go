@@ -371,7 +371,11 @@ func (s *startedWriter) Write(b []byte) (int, error) {
 // importVolume takes a volume moving to this node from the tar in the
 // body (another node's export), and answers it as now kept here.
 func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
-	v, err := s.cfg.Volumes.Import(r.Context(), r.PathValue("volumeID"), r.Body)
+	token, err := strconv.ParseInt(r.URL.Query().Get("move"), 10, 64)
+	if err != nil {
+		return badRequest("query parameter move (the move's token) is required")
+	}
+	v, err := s.cfg.Volumes.Import(r.Context(), r.PathValue("volumeID"), token, r.Body)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -154,6 +155,11 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var to *nodeState
+	if req.NodeID != nil && *req.NodeID != "" && !p.Admin {
+		// Where volumes go is the operator's to say.
+		g.refuse(w, r, errdefs.ErrPermissionDenied, "only an admin key chooses the node a volume moves to; leave nodeID out for the readiest")
+		return
+	}
 	if req.NodeID != nil && *req.NodeID != "" {
 		n, ok := view.get(*req.NodeID)
 		switch {
@@ -183,7 +189,7 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	holders, err := g.db.BeginVolumeMove(r.Context(), v.ID, from.ID, to.ID, volume.StaleMove)
+	token, holders, err := g.db.BeginVolumeMove(r.Context(), v.ID, from.ID, to.ID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("volume %q not found", id))
@@ -200,11 +206,20 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.logger.InfoContext(r.Context(), "moving a volume", "volume", v.ID, "from", from.ID, "to", to.ID)
-	resp, err := g.transferVolume(r, v.ID, from, to)
+	resp, err := g.transferVolume(r, v.ID, token, from, to)
+	if err != nil {
+		// The import may have finished the move with its answer lost:
+		// then the volume is the other node's, and this is a success.
+		ctx := context.WithoutCancel(r.Context())
+		if now, gerr := g.db.GetVolume(ctx, "", v.ID); gerr == nil && now.NodeID == to.ID {
+			g.logger.WarnContext(r.Context(), "a volume move's answer was lost; the record says it ended", "volume", v.ID, "err", err)
+			resp, err = json.Marshal(wire.VolumeAndToken{VolumeID: now.ID, Name: now.Name, Token: now.Token, NodeID: &now.NodeID})
+		}
+	}
 	if err != nil {
 		// Ended here unless the import ended it (then the abort finds
 		// the move gone and changes nothing).
-		if aerr := g.db.AbortVolumeMove(context.WithoutCancel(r.Context()), v.ID, to.ID); aerr != nil {
+		if aerr := g.db.AbortVolumeMove(context.WithoutCancel(r.Context()), v.ID, token); aerr != nil {
 			g.logger.WarnContext(r.Context(), "end a failed volume move: ended at the source's next start, or taken over after a while",
 				"volume", v.ID, "err", aerr)
 		}
@@ -240,7 +255,7 @@ func (a *nodeAnswer) Error() string {
 
 // transferVolume streams volume id's files from node from's export to
 // node to's import, and returns the import's answer (the volume).
-func (g *Gateway) transferVolume(r *http.Request, id string, from, to *nodeState) ([]byte, error) {
+func (g *Gateway) transferVolume(r *http.Request, id string, token int64, from, to *nodeState) ([]byte, error) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	exp, err := g.nodeRequest(ctx, r, from, http.MethodGet, "/volumes/"+id+"/export", nil)
@@ -256,7 +271,7 @@ func (g *Gateway) transferVolume(r *http.Request, id string, from, to *nodeState
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return nil, &nodeAnswer{resp.StatusCode, body}
 	}
-	imp, err := g.nodeRequest(ctx, r, to, http.MethodPut, "/volumes/"+id+"/import", resp.Body)
+	imp, err := g.nodeRequest(ctx, r, to, http.MethodPut, fmt.Sprintf("/volumes/%s/import?move=%d", id, token), resp.Body)
 	if err != nil {
 		return nil, err
 	}

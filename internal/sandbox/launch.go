@@ -447,9 +447,10 @@ func (m *Manager) recordSandbox(ctx context.Context, sb *store.Sandbox, tpl *sto
 		return fmt.Errorf("%w: template %q, or a volume the sandbox mounts, was deleted", node.ErrNotFound, tpl.Name)
 	case local && errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("%w: template %q was deleted", node.ErrNotFound, tpl.Name)
-	case errors.Is(err, store.ErrConflict) && len(sb.VolumeMounts) > 0:
-		// A volume it mounts moved away, or is moving (see VolumeMover).
-		return fmt.Errorf("%w: a volume the sandbox mounts is moving to another node, or has moved: try again (%v)", node.ErrUnavailable, err)
+	case errors.Is(err, store.ErrVolumeMoving):
+		return fmt.Errorf("%w: a volume the sandbox mounts is moving to another node: try again in a moment (%v)", node.ErrUnavailable, err)
+	case errors.Is(err, store.ErrVolumeElsewhere):
+		return fmt.Errorf("%w: a volume the sandbox mounts is kept by another node (%v)", node.ErrConflict, err)
 	}
 	return storeError("record sandbox", err)
 }

@@ -50,6 +50,19 @@ var ErrTeamInUse = errdefs.New(errdefs.ErrConflict, "in use")
 // ErrConflict is returned when a record with the same key or name exists.
 var ErrConflict = errdefs.New(errdefs.ErrConflict, "already exists")
 
+// ErrVolumeMoving: a volume a record would hold is moving to another
+// node (VolumeMover); a moment later it can be mounted where it went.
+var ErrVolumeMoving = errdefs.New(errdefs.ErrUnavailable, "volume is moving to another node")
+
+// ErrVolumeElsewhere: a volume a record would hold is kept by another
+// node, where its files are.
+var ErrVolumeElsewhere = errdefs.New(errdefs.ErrConflict, "volume is kept by another node")
+
+// StaleVolumeMove is how long a volume move may go without ending before
+// it is taken for dead (its gateway gone): a mount or another move then
+// ends it, and its import can no longer finish.
+const StaleVolumeMove = time.Hour
+
 // ErrUnavailable is returned when the database cannot be reached (refused or
 // broken connections, timeouts): the call may succeed later, and clients are
 // told to retry rather than that the server failed.
@@ -98,23 +111,28 @@ type Volume struct {
 	// MovingTo is the node a move is taking the volume to ("" when none
 	// is: always on a single server). No sandbox may mount it meanwhile.
 	MovingTo string
+	// MoveToken names the move under way (VolumeMover), 0 when none is.
+	MoveToken int64
 }
 
 // VolumeMover moves volumes' records between the nodes of a cluster
 // (the cluster's database; a single server has no other node).
 type VolumeMover interface {
 	// BeginVolumeMove marks volume id, kept by node from, as moving to
-	// node to: ErrConflict when something holds it (the holders are
-	// returned), it is not from's, or another move began less than
-	// stale ago; ErrNotFound when it is gone.
-	BeginVolumeMove(ctx context.Context, id, from, to string, stale time.Duration) ([]Ref, error)
+	// node to, and returns the move's token: ErrConflict when something
+	// holds it (the holders are returned), it is not from's, or another
+	// move began less than StaleVolumeMove ago; ErrNotFound when it is
+	// gone.
+	BeginVolumeMove(ctx context.Context, id, from, to string) (int64, []Ref, error)
 	// FinishVolumeMove makes node to the keeper of volume id, moving
-	// there from from, with size bytes at most (0: none) and no layers:
-	// ErrConflict when the move is no longer the one begun.
-	FinishVolumeMove(ctx context.Context, id, from, to string, size int64) error
-	// AbortVolumeMove ends volume id's move to node to, if it is the
-	// one begun; the volume stays where it was.
-	AbortVolumeMove(ctx context.Context, id, to string) error
+	// there from from by the move of token, with size bytes at most (0:
+	// none) and no layers: ErrConflict when that move is no longer the
+	// one under way (aborted, taken over, stale) or something holds the
+	// volume.
+	FinishVolumeMove(ctx context.Context, id, from, to string, token, size int64) error
+	// AbortVolumeMove ends the move of token of volume id, if it is the
+	// one under way; the volume stays where it was.
+	AbortVolumeMove(ctx context.Context, id string, token int64) error
 }
 
 // MaxVolumeLayers bounds a volume's layers (each copy-on-write fork of a

@@ -35,10 +35,6 @@ import (
 // sent to another node.
 const exportingMarker = "exporting"
 
-// StaleMove is how long a move may go without ending before another may
-// take it over (its gateway died midway).
-const StaleMove = 10 * time.Minute
-
 // mover is the records' side of a move, nil on a single server.
 func (s *Service) mover() (store.VolumeMover, error) {
 	m, ok := s.records.(store.VolumeMover)
@@ -136,6 +132,8 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 		err = tw.Close()
 	}
 	if err != nil {
+		// The move cannot end with these files: no start need look.
+		os.Remove(filepath.Join(s.dir, id, exportingMarker))
 		return fmt.Errorf("export volume %s: %w", id, err)
 	}
 	return nil
@@ -165,10 +163,13 @@ func (s *Service) checkNotExported(ctx context.Context, id string) error {
 	return errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is moving to another node: try again in a moment", id)
 }
 
-// Import makes volume id, moving to this node, from the tar r (Export's),
-// then finishes the move in the records: from then on the volume is this
-// node's. On failure nothing of it is left here.
-func (s *Service) Import(ctx context.Context, id string, r io.Reader) (*store.Volume, error) {
+// Import makes volume id, moving to this node by the move of token, from
+// the tar r (Export's), then finishes the move in the records: from then
+// on the volume is this node's. On failure nothing of it is left here,
+// unless the records cannot tell whether the move finished: then its
+// files stay, pending, for the next start to keep (the record is this
+// node's) or remove.
+func (s *Service) Import(ctx context.Context, id string, token int64, r io.Reader) (*store.Volume, error) {
 	m, err := s.mover()
 	if err != nil {
 		return nil, err
@@ -180,12 +181,9 @@ func (s *Service) Import(ctx context.Context, id string, r io.Reader) (*store.Vo
 	if err != nil {
 		return nil, err
 	}
-	if v.MovingTo != s.nodeID || s.Local(v) {
-		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is not moving to this node (kept by %s, moving to %q)",
+	if v.MovingTo != s.nodeID || s.Local(v) || v.MoveToken != token {
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is not moving to this node by this move (kept by %s, moving to %q)",
 			id, v.NodeID, v.MovingTo)
-	}
-	if _, err := os.Stat(filepath.Join(s.dir, id)); err == nil {
-		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s has files on this node already", id)
 	}
 	moved := *v
 	moved.NodeID, moved.MovingTo, moved.Layers = s.nodeID, "", nil
@@ -197,7 +195,14 @@ func (s *Service) Import(ctx context.Context, id string, r io.Reader) (*store.Vo
 	if err := s.checkDisk(); err != nil {
 		return nil, err
 	}
+	// Made here and now, or not at all: two imports never share files.
+	if err := os.Mkdir(filepath.Join(s.dir, id), 0o700); errors.Is(err, fs.ErrExist) {
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s has files on this node already", id)
+	} else if err != nil {
+		return nil, fmt.Errorf("import volume %s: %w", id, err)
+	}
 	if err := s.makePending(id); err != nil {
+		os.RemoveAll(filepath.Join(s.dir, id))
 		return nil, fmt.Errorf("import volume %s: %w", id, err)
 	}
 	err = s.makeData(&moved, nil, "")
@@ -205,9 +210,24 @@ func (s *Service) Import(ctx context.Context, id string, r io.Reader) (*store.Vo
 		err = untar(ctx, s.dataDir(id), r)
 	}
 	if err == nil {
-		err = m.FinishVolumeMove(ctx, id, v.NodeID, s.nodeID, moved.SizeBytes)
-		if errors.Is(err, store.ErrConflict) {
-			err = errdefs.Errorf(errdefs.ErrConflict, "the move of volume %s ended meanwhile", id)
+		// The commit: made whether or not the caller still waits.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		err = m.FinishVolumeMove(fctx, id, v.NodeID, s.nodeID, token, moved.SizeBytes)
+		cancel()
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			err = errdefs.Errorf(errdefs.ErrConflict, "the move of volume %s ended meanwhile (aborted, taken over, or the volume was mounted)", id)
+		case err != nil:
+			// Committed or not? The record says; unread, the files stay
+			// pending for the next start to judge.
+			got, gerr := s.records.GetVolume(context.WithoutCancel(ctx), "", id)
+			if gerr != nil || s.Local(got) {
+				if gerr == nil {
+					os.Remove(filepath.Join(s.dir, id, pendingMarker))
+					return got, nil
+				}
+				return nil, fmt.Errorf("import volume %s: finished or not, its files stay here until the next start tells: %w", id, err)
+			}
 		}
 	}
 	if err != nil {
@@ -363,7 +383,12 @@ func (s *Service) dropFiles(ctx context.Context, id string) {
 	if entries, err := os.ReadDir(s.layersDir()); err == nil {
 		var names []string
 		for _, e := range entries {
-			names = append(names, e.Name())
+			// Layers of copy-on-write volumes only: a pool's frozen
+			// snapshots belong to forks under way, and no record holds
+			// them.
+			if strings.HasPrefix(e.Name(), "layer-") {
+				names = append(names, e.Name())
+			}
 		}
 		s.removeUnheldLayers(ctx, names)
 	}
@@ -383,18 +408,22 @@ func (s *Service) reconcileMoves(ctx context.Context, kept map[string]*store.Vol
 			continue
 		}
 		marker := filepath.Join(s.dir, id, exportingMarker)
-		to, err := os.ReadFile(marker)
-		if err != nil {
+		if _, err := os.Stat(marker); err != nil {
 			continue
 		}
 		v := kept[id]
 		if v == nil {
-			s.dropFiles(ctx, id)
-			s.logger.InfoContext(ctx, "removed a volume's files that moved to another node", "volume", id)
+			// Removed only when its record says where it went: files of
+			// a volume with no record here are kept (see reconcile).
+			if other, err := s.records.GetVolume(ctx, "", id); err == nil && other.NodeID != s.nodeID && other.NodeID != "" {
+				s.dropFiles(ctx, id)
+				s.logger.InfoContext(ctx, "removed a volume's files that moved to another node", "volume", id, "node", other.NodeID)
+			}
 			continue
 		}
-		if m, err := s.mover(); err == nil && v.MovingTo == string(to) {
-			if err := m.AbortVolumeMove(ctx, id, v.MovingTo); err != nil {
+		// Its stream died with the previous process: the move cannot end.
+		if m, err := s.mover(); err == nil && v.MovingTo != "" {
+			if err := m.AbortVolumeMove(ctx, id, v.MoveToken); err != nil {
 				s.logger.WarnContext(ctx, "end a move cut short", "volume", id, "err", err)
 				continue
 			}

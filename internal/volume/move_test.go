@@ -53,12 +53,13 @@ func twoNodes(t *testing.T) (a, b *Service, dbA, dbB *postgres.Store) {
 // records, as a gateway does.
 func move(ctx context.Context, t *testing.T, a, b *Service, db *postgres.Store, id string) (*store.Volume, error) {
 	t.Helper()
-	if _, err := db.BeginVolumeMove(ctx, id, a.nodeID, b.nodeID, StaleMove); err != nil {
+	token, _, err := db.BeginVolumeMove(ctx, id, a.nodeID, b.nodeID)
+	if err != nil {
 		t.Fatal(err)
 	}
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(a.Export(ctx, id, pw)) }()
-	v, err := b.Import(ctx, id, pr)
+	v, err := b.Import(ctx, id, token, pr)
 	pr.CloseWithError(errors.New("import ended"))
 	return v, err
 }
@@ -183,12 +184,13 @@ func TestMoveCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Not moving to b: refused.
-	if _, err := b.Import(ctx, v.ID, strings.NewReader("")); !errors.Is(err, errdefs.ErrConflict) {
+	if _, err := b.Import(ctx, v.ID, 1, strings.NewReader("")); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("an import of a volume not moving here: %v", err)
 	}
 	// Once exported, the volume takes no content call here (its writes
 	// would not move), until the move is known to have ended without it.
-	if _, err := dbA.BeginVolumeMove(ctx, v.ID, "a", "b", StaleMove); err != nil {
+	token, _, err := dbA.BeginVolumeMove(ctx, v.ID, "a", "b")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Export(ctx, v.ID, io.Discard); err != nil {
@@ -204,7 +206,7 @@ func TestMoveCut(t *testing.T) {
 		}
 		t.Fatalf("a content call after the export: %v, want ErrUnavailable", err)
 	}
-	if err := dbA.AbortVolumeMove(ctx, v.ID, "b"); err != nil {
+	if err := dbA.AbortVolumeMove(ctx, v.ID, token); err != nil {
 		t.Fatal(err)
 	}
 	d, err := a.Open(rec)
@@ -212,7 +214,7 @@ func TestMoveCut(t *testing.T) {
 		t.Fatalf("a content call after the move was aborted: %v", err)
 	}
 	d.Close()
-	if _, err := dbA.BeginVolumeMove(ctx, v.ID, "a", "b", StaleMove); err != nil {
+	if token, _, err = dbA.BeginVolumeMove(ctx, v.ID, "a", "b"); err != nil {
 		t.Fatal(err)
 	}
 	// The stream is cut after 100 KiB.
@@ -222,7 +224,7 @@ func TestMoveCut(t *testing.T) {
 		a.Export(ctx, v.ID, w)
 		pw.CloseWithError(io.ErrUnexpectedEOF)
 	}()
-	if _, err := b.Import(ctx, v.ID, pr); err == nil {
+	if _, err := b.Import(ctx, v.ID, token, pr); err == nil {
 		t.Fatal("an import of a cut stream succeeded")
 	}
 	pr.Close()
@@ -232,7 +234,15 @@ func TestMoveCut(t *testing.T) {
 	if got, err := dbB.GetVolume(ctx, "", v.ID); err != nil || got.NodeID != "a" {
 		t.Fatalf("after a cut move: %+v %v", got, err)
 	}
-	// Node a restarts (its stream died): the move ends, the files stay.
+	// An export that failed leaves no mark (its gateway ends the move);
+	// one cut by the node's death does: the next start ends the move, and
+	// the files stay.
+	if _, err := os.Stat(filepath.Join(a.dir, v.ID, exportingMarker)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a failed export left its mark: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(a.dir, v.ID, exportingMarker), []byte("b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	a.Close()
 	a2, err := NewService(ctx, dbA, a.dir, "a", nil, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -262,6 +272,24 @@ func TestMoveCut(t *testing.T) {
 	defer a3.Close()
 	if _, err := os.Stat(filepath.Join(a3.dir, v.ID)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("node a kept a moved volume's files across a restart: %v", err)
+	}
+	// Files with the mark but no record at all (another database's?) are
+	// kept, as any files without a record.
+	stray := filepath.Join(a3.dir, "vol-strayfilesstrayfiles")
+	if err := os.MkdirAll(filepath.Join(stray, "data"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(stray, exportingMarker), []byte("b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a3.Close()
+	a4, err := NewService(ctx, dbA, a.dir, "a", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a4.Close()
+	if _, err := os.Stat(filepath.Join(stray, "data")); err != nil {
+		t.Errorf("files with no record were removed: %v", err)
 	}
 }
 

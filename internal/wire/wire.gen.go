@@ -1612,6 +1612,12 @@ type UpdateVolumePathParams struct {
 	Path string `form:"path" json:"path"`
 }
 
+// ImportVolumeParams defines parameters for ImportVolume.
+type ImportVolumeParams struct {
+	// Move The move's token (BeginVolumeMove's).
+	Move int64 `form:"move" json:"move"`
+}
+
 // CreateAPIKeyJSONRequestBody defines body for CreateAPIKey for application/json ContentType.
 type CreateAPIKeyJSONRequestBody = NewAPIKey
 

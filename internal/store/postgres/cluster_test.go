@@ -365,7 +365,8 @@ func TestUnheldLayers(t *testing.T) {
 
 // A volume moves between nodes only while nothing holds it; while it
 // moves no sandbox mounts it, and a node mounts only the volumes it
-// keeps. A move abandoned for long is taken over.
+// keeps. A move is named by its token; a stale one is taken over, or
+// ended by a mount.
 func TestVolumeMoves(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.New(t).NewDatabase(t)
@@ -382,60 +383,96 @@ func TestVolumeMoves(t *testing.T) {
 		return &store.Sandbox{ID: id, TemplateID: "tpl", State: store.StateRunning, TeamID: "t", StartedAt: now,
 			EndAt: now.Add(time.Hour), UpdatedAt: now, VolumeMounts: []store.VolumeMount{{VolumeID: "vol-m", Name: "m", Path: "/m"}}}
 	}
+	stale := func() {
+		t.Helper()
+		if _, err := a.pool.Exec(ctx, `UPDATE volumes SET moving_since = moving_since - $1 WHERE id = 'vol-m'`,
+			2*store.StaleVolumeMove.Nanoseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Mounted: no move.
 	if err := a.CreateSandbox(ctx, mounting("sb-a")); err != nil {
 		t.Fatal(err)
 	}
-	if holders, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b", time.Hour); !errors.Is(err, store.ErrConflict) || len(holders) != 1 {
+	if _, holders, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b"); !errors.Is(err, store.ErrConflict) || len(holders) != 1 {
 		t.Fatalf("move of a mounted volume: %v %v, want ErrConflict naming its sandbox", holders, err)
 	}
 	if err := a.DeleteSandbox(ctx, "sb-a"); err != nil {
 		t.Fatal(err)
 	}
-	// Node b does not keep it: no sandbox of b's mounts it.
-	if err := b.CreateSandbox(ctx, mounting("sb-b")); !errors.Is(err, store.ErrConflict) {
-		t.Fatalf("node b mounting node a's volume: %v, want ErrConflict", err)
+	// Node b does not keep it: no sandbox of b's mounts it, b deletes it not.
+	if err := b.CreateSandbox(ctx, mounting("sb-b")); !errors.Is(err, store.ErrVolumeElsewhere) {
+		t.Fatalf("node b mounting node a's volume: %v, want ErrVolumeElsewhere", err)
 	}
-	if _, err := a.BeginVolumeMove(ctx, "vol-m", "b", "a", time.Hour); !errors.Is(err, store.ErrConflict) {
+	if _, err := b.DeleteVolume(ctx, "vol-m"); err == nil {
+		t.Fatal("node b deleted node a's volume")
+	}
+	if _, _, err := a.BeginVolumeMove(ctx, "vol-m", "b", "a"); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("a move from a node that does not keep it: %v", err)
 	}
-	if _, err := a.BeginVolumeMove(ctx, "vol-gone", "a", "b", time.Hour); !errors.Is(err, store.ErrNotFound) {
+	if _, _, err := a.BeginVolumeMove(ctx, "vol-gone", "a", "b"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a move of no volume: %v", err)
 	}
-	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b", time.Hour); err != nil {
+	first, _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if v, err := a.GetVolume(ctx, "", "vol-m"); err != nil || v.MovingTo != "b" || v.NodeID != "a" {
+	if v, err := a.GetVolume(ctx, "", "vol-m"); err != nil || v.MovingTo != "b" || v.NodeID != "a" || v.MoveToken != first {
 		t.Fatalf("moving: %+v %v", v, err)
 	}
-	// Moving: not even its own node mounts it, and no second move begins.
-	if err := a.CreateSandbox(ctx, mounting("sb-a2")); !errors.Is(err, store.ErrConflict) {
-		t.Fatalf("mounting a moving volume: %v, want ErrConflict", err)
+	// Moving: not even its own node mounts it or deletes it, and no
+	// second move begins.
+	if err := a.CreateSandbox(ctx, mounting("sb-a2")); !errors.Is(err, store.ErrVolumeMoving) {
+		t.Fatalf("mounting a moving volume: %v, want ErrVolumeMoving", err)
 	}
-	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "c", time.Hour); !errors.Is(err, store.ErrConflict) {
+	if _, err := a.DeleteVolume(ctx, "vol-m"); !errors.Is(err, store.ErrVolumeMoving) {
+		t.Fatalf("deleting a moving volume: %v", err)
+	}
+	if _, _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "c"); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("a second move: %v, want ErrConflict", err)
 	}
-	// Aborted: back where it was; an abort of another move changes nothing.
-	if err := a.AbortVolumeMove(ctx, "vol-m", "c"); err != nil {
+	// Aborted by its token only.
+	if err := a.AbortVolumeMove(ctx, "vol-m", first+1); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ := a.GetVolume(ctx, "", "vol-m"); v.MovingTo != "b" {
 		t.Fatalf("an abort of another move ended this one: %+v", v)
 	}
-	if err := a.AbortVolumeMove(ctx, "vol-m", "b"); err != nil {
+	if err := a.AbortVolumeMove(ctx, "vol-m", first); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.FinishVolumeMove(ctx, "vol-m", "a", "b", 0); !errors.Is(err, store.ErrConflict) {
+	if err := b.FinishVolumeMove(ctx, "vol-m", "a", "b", first, 0); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("finishing an aborted move: %v, want ErrConflict", err)
 	}
-	// A stale move is taken over.
-	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "c", time.Hour); err != nil {
+	// A stale move is taken over, and the one taken over cannot finish.
+	old, _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "c")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b", time.Nanosecond); err != nil {
+	stale()
+	second, _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b")
+	if err != nil {
 		t.Fatalf("taking over a stale move: %v", err)
 	}
-	if err := b.FinishVolumeMove(ctx, "vol-m", "a", "b", 5<<20); err != nil {
+	if err := b.FinishVolumeMove(ctx, "vol-m", "a", "c", old, 0); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("the move taken over finished: %v", err)
+	}
+	// A stale move is ended by a mount, and cannot finish after it.
+	stale()
+	if err := a.CreateSandbox(ctx, mounting("sb-a3")); err != nil {
+		t.Fatalf("mounting a volume whose move went stale: %v", err)
+	}
+	if err := b.FinishVolumeMove(ctx, "vol-m", "a", "b", second, 0); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a stale move finished over a mount: %v", err)
+	}
+	if err := a.DeleteSandbox(ctx, "sb-a3"); err != nil {
+		t.Fatal(err)
+	}
+	third, _, err := a.BeginVolumeMove(ctx, "vol-m", "a", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.FinishVolumeMove(ctx, "vol-m", "a", "b", third, 5<<20); err != nil {
 		t.Fatal(err)
 	}
 	v, err := b.GetVolume(ctx, "", "vol-m")
@@ -450,7 +487,7 @@ func TestVolumeMoves(t *testing.T) {
 	if err := b.CreateSandbox(ctx, mounting("sb-b2")); err != nil {
 		t.Fatalf("node b mounting its volume: %v", err)
 	}
-	if err := a.CreateSandbox(ctx, mounting("sb-a3")); !errors.Is(err, store.ErrConflict) {
-		t.Fatalf("node a mounting a volume moved away: %v, want ErrConflict", err)
+	if err := a.CreateSandbox(ctx, mounting("sb-a4")); !errors.Is(err, store.ErrVolumeElsewhere) {
+		t.Fatalf("node a mounting a volume moved away: %v, want ErrVolumeElsewhere", err)
 	}
 }

@@ -52,6 +52,12 @@ func holdVolumes(ctx context.Context, tx pgx.Tx, node string, kind store.RefKind
 		if err := lockVolume(ctx, tx, id); err != nil {
 			return err
 		}
+		// A move gone stale (its gateway died) ends here: its import can
+		// no longer finish.
+		if _, err := tx.Exec(ctx, `UPDATE volumes SET moving_to = '', moving_since = 0
+			WHERE id = $1 AND moving_to != '' AND moving_since < `+dbNow+` - $2`, id, store.StaleVolumeMove.Nanoseconds()); err != nil {
+			return err
+		}
 		var keeper, moving string
 		err := tx.QueryRow(ctx, `SELECT node_id, moving_to FROM volumes WHERE id = $1`, id).Scan(&keeper, &moving)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -61,8 +67,11 @@ func holdVolumes(ctx context.Context, tx pgx.Tx, node string, kind store.RefKind
 			return err
 		}
 		// Its files are on its node only, and a moving one's are going.
-		if keeper != node || moving != "" {
-			return fmt.Errorf("volume %s is kept by node %s (moving to %q), not %s: %w", id, keeper, moving, node, store.ErrConflict)
+		if moving != "" {
+			return fmt.Errorf("volume %s: %w", id, store.ErrVolumeMoving)
+		}
+		if keeper != node {
+			return fmt.Errorf("volume %s is kept by node %s, not %s: %w", id, keeper, node, store.ErrVolumeElsewhere)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO refs (node_id, holder_kind, holder_id, target_kind, target_id)
 			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +16,7 @@ var _ store.VolumeStore = (*Store)(nil)
 // volumeInsertColumns are those a new volume is given.
 const volumeInsertColumns = `id, name, team_id, token, node_id, created_at, layers, size_bytes`
 
-const volumeColumns = `id, name, team_id, token, node_id, created_at, layers, size_bytes, moving_to`
+const volumeColumns = `id, name, team_id, token, node_id, created_at, layers, size_bytes, moving_to, moving_since`
 
 // CreateVolume records v as this node's.
 func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
@@ -129,6 +130,19 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) ([]store.Ref, error
 		if len(holders) > 0 {
 			return store.ErrConflict
 		}
+		var node, moving string
+		err = tx.QueryRow(ctx, `SELECT node_id, moving_to FROM volumes WHERE id = $1`, id).Scan(&node, &moving)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		// A node deletes only what it keeps (a gateway, of no node, any
+		// record), and nothing moving: its files are on their way.
+		if moving != "" || (s.node != "" && node != s.node) {
+			return fmt.Errorf("volume %s is kept by node %s (moving to %q): %w", id, node, moving, store.ErrVolumeMoving)
+		}
 		tag, err := tx.Exec(ctx, `DELETE FROM volumes WHERE id = $1`, id)
 		if err != nil {
 			return err
@@ -187,7 +201,7 @@ func scanVolume(r pgx.Row) (*store.Volume, error) {
 	var v store.Volume
 	var created int64
 	var layers []byte
-	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created, &layers, &v.SizeBytes, &v.MovingTo); err != nil {
+	if err := r.Scan(&v.ID, &v.Name, &v.TeamID, &v.Token, &v.NodeID, &created, &layers, &v.SizeBytes, &v.MovingTo, &v.MoveToken); err != nil {
 		return nil, err
 	}
 	v.CreatedAt = time.Unix(0, created).UTC()
@@ -200,8 +214,9 @@ func scanVolume(r pgx.Row) (*store.Volume, error) {
 
 var _ store.VolumeMover = (*Store)(nil)
 
-func (s *Store) BeginVolumeMove(ctx context.Context, id, from, to string, stale time.Duration) ([]store.Ref, error) {
+func (s *Store) BeginVolumeMove(ctx context.Context, id, from, to string) (int64, []store.Ref, error) {
 	var holders []store.Ref
+	var token int64
 	err := s.inTx(ctx, "begin the move of volume "+id, func(tx pgx.Tx) error {
 		var err error
 		if holders, err = volumeHolders(ctx, tx, id); err != nil {
@@ -210,32 +225,36 @@ func (s *Store) BeginVolumeMove(ctx context.Context, id, from, to string, stale 
 		if len(holders) > 0 {
 			return store.ErrConflict
 		}
-		var node, moving string
-		var since int64
-		err = tx.QueryRow(ctx, `SELECT node_id, moving_to, moving_since FROM volumes WHERE id = $1`, id).Scan(&node, &moving, &since)
+		err = tx.QueryRow(ctx, `UPDATE volumes SET moving_to = $3, moving_since = `+dbNow+`
+			WHERE id = $1 AND node_id = $2 AND (moving_to = '' OR moving_since < `+dbNow+` - $4)
+			RETURNING moving_since`, id, from, to, store.StaleVolumeMove.Nanoseconds()).Scan(&token)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return store.ErrNotFound
+			var exists bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM volumes WHERE id = $1)`, id).Scan(&exists); err != nil {
+				return err
+			}
+			if !exists {
+				return store.ErrNotFound
+			}
+			return store.ErrConflict
 		}
+		return err
+	})
+	return token, holders, err
+}
+
+func (s *Store) FinishVolumeMove(ctx context.Context, id, from, to string, token, size int64) error {
+	return s.inTx(ctx, "finish the move of volume "+id, func(tx pgx.Tx) error {
+		holders, err := volumeHolders(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		now := time.Now()
-		if node != from || (moving != "" && now.Sub(time.Unix(0, since)) < stale) {
-			return store.ErrConflict
+		if len(holders) > 0 {
+			return store.ErrConflict // a stale move ended by a mount
 		}
-		_, err = tx.Exec(ctx, `UPDATE volumes SET moving_to = $2, moving_since = $3 WHERE id = $1`, id, to, now.UnixNano())
-		return err
-	})
-	return holders, err
-}
-
-func (s *Store) FinishVolumeMove(ctx context.Context, id, from, to string, size int64) error {
-	return s.inTx(ctx, "finish the move of volume "+id, func(tx pgx.Tx) error {
-		if err := lockVolume(ctx, tx, id); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `UPDATE volumes SET node_id = $3, moving_to = '', moving_since = 0, layers = NULL, size_bytes = $4
-			WHERE id = $1 AND node_id = $2 AND moving_to = $3`, id, from, to, size)
+		tag, err := tx.Exec(ctx, `UPDATE volumes SET node_id = $3, moving_to = '', moving_since = 0, layers = NULL, size_bytes = $5
+			WHERE id = $1 AND node_id = $2 AND moving_to = $3 AND moving_since = $4 AND moving_since >= `+dbNow+` - $6`,
+			id, from, to, token, size, store.StaleVolumeMove.Nanoseconds())
 		if err != nil {
 			return err
 		}
@@ -249,8 +268,8 @@ func (s *Store) FinishVolumeMove(ctx context.Context, id, from, to string, size 
 	})
 }
 
-func (s *Store) AbortVolumeMove(ctx context.Context, id, to string) error {
-	_, err := s.pool.Exec(ctx, `UPDATE volumes SET moving_to = '', moving_since = 0 WHERE id = $1 AND moving_to = $2`, id, to)
+func (s *Store) AbortVolumeMove(ctx context.Context, id string, token int64) error {
+	_, err := s.pool.Exec(ctx, `UPDATE volumes SET moving_to = '', moving_since = 0 WHERE id = $1 AND moving_since = $2 AND moving_to != ''`, id, token)
 	if err != nil {
 		return dbError("abort the move of volume %s: %w", id, err)
 	}
