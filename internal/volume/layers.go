@@ -163,15 +163,9 @@ func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume,
 	lock := s.freezeLock(id)
 	lock.Lock()
 	defer lock.Unlock()
-	v, err := s.records.GetVolume(ctx, "", id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
-	}
+	v, err := s.localRecord(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if !s.Local(v) {
-		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is on node %s, not this one", id, v.NodeID)
 	}
 	if len(v.Layers) >= store.MaxVolumeLayers {
 		return nil, errdefs.Errorf(errdefs.ErrConflict,
@@ -227,15 +221,9 @@ func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume,
 // .layers (a crash leaves it to the next start, which removes layers no
 // record holds), and answers v as if that were its only layer, for Clone.
 func (s *Service) freezeInPool(ctx context.Context, id string) (*store.Volume, error) {
-	v, err := s.records.GetVolume(ctx, "", id)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
-	}
+	v, err := s.localRecord(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if !s.Local(v) {
-		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is on node %s, not this one", id, v.NodeID)
 	}
 	if err := os.MkdirAll(s.layersDir(), 0o700); err != nil {
 		return nil, fmt.Errorf("freeze volume %s: %w", id, err)
@@ -253,6 +241,21 @@ func (s *Service) freezeInPool(ctx context.Context, id string) (*store.Volume, e
 	frozen := *v
 	frozen.Layers = []string{layer}
 	return &frozen, nil
+}
+
+// localRecord is volume id's record, which must be this node's.
+func (s *Service) localRecord(ctx context.Context, id string) (*store.Volume, error) {
+	v, err := s.records.GetVolume(ctx, "", id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !s.Local(v) {
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is on node %s, not this one", id, v.NodeID)
+	}
+	return v, nil
 }
 
 // Release lets go of what Freeze made for the clones of frozen (in a

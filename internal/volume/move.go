@@ -24,7 +24,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -268,9 +267,14 @@ func untar(ctx context.Context, dir string, r io.Reader) error {
 			return fmt.Errorf("read the volume's files: %w", err)
 		}
 		name := path.Clean(strings.TrimSuffix(hdr.Name, "/"))
+		bits := uint32(hdr.Mode & 0o7777)
+		mode, err := fileMode(&bits, 0)
+		if err != nil {
+			return err
+		}
 		if name == "." {
 			// The top: its mode and owner are the volume's own.
-			if err := root.Chmod(".", fs.FileMode(hdr.Mode)&fs.ModePerm|modeBits(hdr.Mode)); err != nil {
+			if err := root.Chmod(".", mode); err != nil {
 				return err
 			}
 			if err := root.Lchown(".", hdr.Uid, hdr.Gid); err != nil {
@@ -282,7 +286,6 @@ func untar(ctx context.Context, dir string, r io.Reader) error {
 		if !fs.ValidPath(name) {
 			return fmt.Errorf("entry %q: not a path inside the volume", hdr.Name)
 		}
-		mode := fs.FileMode(hdr.Mode)&fs.ModePerm | modeBits(hdr.Mode)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -330,21 +333,6 @@ func untar(ctx context.Context, dir string, r io.Reader) error {
 		}
 	}
 	return nil
-}
-
-// modeBits are the setuid, setgid and sticky bits of a tar mode.
-func modeBits(mode int64) fs.FileMode {
-	var m fs.FileMode
-	if mode&syscall.S_ISUID != 0 {
-		m |= fs.ModeSetuid
-	}
-	if mode&syscall.S_ISGID != 0 {
-		m |= fs.ModeSetgid
-	}
-	if mode&syscall.S_ISVTX != 0 {
-		m |= fs.ModeSticky
-	}
-	return m
 }
 
 // DropMoved removes this node's files of volume id once its record says
