@@ -195,8 +195,7 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("volume %q not found", id))
 		return
 	case errors.Is(err, store.ErrConflict) && len(holders) > 0:
-		api.WriteError(w, r, g.logger, errdefs.Errorf(errdefs.ErrConflict,
-			"volume %s is mounted by %s: a volume moves only while nothing mounts it", v.Name, volume.HolderList(holders)))
+		api.WriteError(w, r, g.logger, volume.MountedError(v, holders))
 		return
 	case errors.Is(err, store.ErrConflict):
 		g.refuse(w, r, errdefs.ErrConflict, fmt.Sprintf("volume %s is being moved already, or has moved: try again", v.Name))

@@ -199,7 +199,7 @@ func (s *Service) Freeze(ctx context.Context, id, holder string) (*store.Volume,
 		os.Remove(marker)
 		return nil, errdefs.Errorf(errdefs.ErrConflict,
 			"volume %s is mounted by other sandboxes (%s) as well: a copy is made of a volume only its fork's parent mounts",
-			v.Name, HolderList(holders))
+			v.Name, holderList(holders))
 	case errors.Is(err, store.ErrNotFound):
 		os.Remove(marker)
 		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %s was deleted", id)

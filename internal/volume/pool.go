@@ -9,7 +9,6 @@ package volume
 // bounded; a btrfs image can, wherever the kernel has btrfs.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -18,9 +17,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 
+	"github.com/aenv-dev/aenv/internal/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -274,7 +273,8 @@ func sameFile(a, b string) bool {
 }
 
 // mountedSource reports the source (a device) of the file system
-// mounted at dir, if one is.
+// mounted at dir, if one is: the last mounted there, which is the one
+// seen.
 func mountedSource(dir string) (string, bool, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -283,48 +283,16 @@ func mountedSource(dir string) (string, bool, error) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		return "", false, err
 	}
-	defer f.Close()
-	source, found := "", false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// ID parent major:minor root point options [optional...] - type source options
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || unescapeMountPath(fields[4]) != abs {
-			continue
-		}
-		source, found = "", true // the last mount there is the one seen
-		for i, f := range fields {
-			if f == "-" && i+2 < len(fields) {
-				source = unescapeMountPath(fields[i+2])
-				break
-			}
+	for i := len(mounts) - 1; i >= 0; i-- {
+		if mounts[i].Point == abs {
+			return mounts[i].Source, true, nil
 		}
 	}
-	return source, found, sc.Err()
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return "", false, nil
 }
 
 // closePool unmounts the pool at dir; its loop device detaches itself.

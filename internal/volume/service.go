@@ -265,12 +265,12 @@ func (s *Service) HostPath(ctx context.Context, id string) (string, bool, error)
 func MountedError(v *store.Volume, holders []store.Ref) error {
 	return errdefs.Errorf(errdefs.ErrConflict,
 		"volume %s is mounted by %s: kill the sandboxes (or wait for them to end) and delete the snapshots first",
-		v.Name, HolderList(holders))
+		v.Name, holderList(holders))
 }
 
-// HolderList names holders, the first ten of them: "sandbox ID" or
+// holderList names holders, the first ten of them: "sandbox ID" or
 // "snapshot ID".
-func HolderList(holders []store.Ref) string {
+func holderList(holders []store.Ref) string {
 	ids := make([]string, 0, len(holders))
 	for _, h := range holders {
 		kind := "sandbox"
@@ -328,19 +328,15 @@ func (s *Service) sizeOf(size int64) (int64, error) {
 		}
 		return 0, nil
 	}
-	if size == 0 {
-		size = int64(s.pool.DefaultVolumeBytes)
-		var st unix.Statfs_t
-		if err := unix.Statfs(s.dir, &st); err == nil {
-			size = min(size, int64(st.Blocks*uint64(st.Bsize)))
-		}
-	}
 	// The pool as it is (a pool never shrinks, so it may be larger than
 	// asked).
 	capacity := s.pool.Bytes
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.dir, &st); err == nil {
 		capacity = st.Blocks * uint64(st.Bsize)
+	}
+	if size == 0 {
+		size = int64(min(s.pool.DefaultVolumeBytes, capacity))
 	}
 	if size < MinVolumeBytes || uint64(size) > capacity {
 		return 0, errdefs.Errorf(errdefs.ErrInvalidArgument,

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/mountinfo"
 	"github.com/aenv-dev/aenv/internal/runtime"
 )
 
@@ -33,22 +34,22 @@ type cgroupHierarchies struct {
 // findCgroupHierarchies reads the cgroup mounts from /proc/self/mountinfo.
 func findCgroupHierarchies() (cgroupHierarchies, error) {
 	h := cgroupHierarchies{v1: map[string]string{}}
-	mounts, err := readMountinfo()
+	mounts, err := mountinfo.Read()
 	if err != nil {
 		return h, err
 	}
 	for _, m := range mounts {
-		switch m.fstype {
+		switch m.FSType {
 		case "cgroup2":
-			h.unified = m.point
+			h.unified = m.Point
 		case "cgroup":
-			for _, opt := range strings.Split(m.superOptions, ",") {
-				h.v1[opt] = m.point
+			for _, opt := range strings.Split(m.SuperOptions, ",") {
+				h.v1[opt] = m.Point
 			}
 		default:
 			continue
 		}
-		h.all = append(h.all, m.point)
+		h.all = append(h.all, m.Point)
 	}
 	if len(h.all) == 0 {
 		return h, errors.New("find cgroup hierarchies: no cgroup mounted")

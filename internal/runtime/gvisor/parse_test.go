@@ -5,34 +5,6 @@ import (
 	"testing"
 )
 
-func TestParseMountinfoLine(t *testing.T) {
-	tests := []struct {
-		line string
-		want mountEntry
-		ok   bool
-	}{
-		{
-			"36 25 0:31 / /sys/fs/cgroup/memory rw,relatime shared:15 - cgroup cgroup rw,memory",
-			mountEntry{point: "/sys/fs/cgroup/memory", fstype: "cgroup", superOptions: "rw,memory"}, true,
-		},
-		{
-			"99 30 0:4 net:[4026532253] /var/lib/aenv/runsc/null-netns rw - nsfs nsfs rw",
-			mountEntry{point: "/var/lib/aenv/runsc/null-netns", fstype: "nsfs", superOptions: "rw"}, true,
-		},
-		{
-			`40 25 0:40 / /mnt/with\040space rw - tmpfs tmpfs rw`,
-			mountEntry{point: "/mnt/with space", fstype: "tmpfs", superOptions: "rw"}, true,
-		},
-		{"garbage", mountEntry{}, false},
-	}
-	for _, tt := range tests {
-		got, ok := parseMountinfoLine(tt.line)
-		if ok != tt.ok || got != tt.want {
-			t.Errorf("parseMountinfoLine(%q) = %+v, %v; want %+v, %v", tt.line, got, ok, tt.want, tt.ok)
-		}
-	}
-}
-
 func TestParseProcStat(t *testing.T) {
 	tests := []struct {
 		line      string

@@ -52,19 +52,23 @@ func holdVolumes(ctx context.Context, tx pgx.Tx, node string, kind store.RefKind
 		if err := lockVolume(ctx, tx, id); err != nil {
 			return err
 		}
-		// A move gone stale (its gateway died) ends here: its import can
-		// no longer finish.
-		if _, err := tx.Exec(ctx, `UPDATE volumes SET moving_to = '', moving_since = 0
-			WHERE id = $1 AND moving_to != '' AND moving_since < `+dbNow+` - $2`, id, store.StaleVolumeMove.Nanoseconds()); err != nil {
-			return err
-		}
 		var keeper, moving string
-		err := tx.QueryRow(ctx, `SELECT node_id, moving_to FROM volumes WHERE id = $1`, id).Scan(&keeper, &moving)
+		var stale bool
+		err := tx.QueryRow(ctx, `SELECT node_id, moving_to, moving_to != '' AND moving_since < `+dbNow+` - $2
+			FROM volumes WHERE id = $1`, id, store.StaleVolumeMove.Nanoseconds()).Scan(&keeper, &moving, &stale)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("volume %s: %w", id, store.ErrNotFound)
 		}
 		if err != nil {
 			return err
+		}
+		if stale {
+			// A move gone stale (its gateway died) ends here: its import
+			// can no longer finish.
+			if _, err := tx.Exec(ctx, `UPDATE volumes SET moving_to = '', moving_since = 0 WHERE id = $1`, id); err != nil {
+				return err
+			}
+			moving = ""
 		}
 		// Its files are on its node only, and a moving one's are going.
 		if moving != "" {
