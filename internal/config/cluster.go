@@ -98,6 +98,9 @@ type Gateway struct {
 	NodeTimeoutMS   int
 	MaxJSONBodyMB   int
 	IdleTimeoutSecs int
+	// MoveVolumes lets a create move the volumes it names, when nothing
+	// mounts them, to a node that can take the sandbox.
+	MoveVolumes bool
 	// TLS is the HTTPS listener beside Listen (off unless TLS.Listen).
 	TLS TLS
 	// Tracing sends traces to an OTLP collector (off by default).
@@ -109,8 +112,8 @@ type Gateway struct {
 // DefaultGateway returns the embedded defaults of a gateway.
 func DefaultGateway() Gateway {
 	return Gateway{Listen: ":8000", Domain: "localhost", LogLevel: "info", LogFormat: "text",
-		NodeTimeoutMS: 5000, MaxJSONBodyMB: 128, IdleTimeoutSecs: 90, Tracing: DefaultTracing(),
-		Audit: DefaultAudit()}
+		NodeTimeoutMS: 5000, MaxJSONBodyMB: 128, IdleTimeoutSecs: 90, MoveVolumes: true,
+		Tracing: DefaultTracing(), Audit: DefaultAudit()}
 }
 
 // Warnings are what the gateway's log should say about its configuration.
@@ -137,6 +140,8 @@ func (c *Gateway) RegisterFlags(fs *pflag.FlagSet) {
 	num(&c.NodeTimeoutMS, "node-timeout-ms", "a node whose last heartbeat is older than this is unreachable")
 	num(&c.MaxJSONBodyMB, "max-json-body-mb", "largest JSON request body")
 	num(&c.IdleTimeoutSecs, "idle-timeout-secs", "close keep-alive connections idle this long")
+	fs.BoolVar(&c.MoveVolumes, "move-volumes", envBool("move-volumes", c.MoveVolumes),
+		"let a create that names volumes nothing mounts move them to a node that can take the sandbox, when their own node cannot or they are on several"+envHint("move-volumes"))
 	c.TLS.register(fs, false)
 	c.Tracing.register(fs)
 	c.Audit.register(fs)

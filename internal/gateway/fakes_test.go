@@ -42,6 +42,10 @@ type fakeStore struct {
 	teamUse   map[string]auth.Usage
 	volumes   map[string]*store.Volume
 	reads     int // volume reads
+	// holders hold volumes by ID (a move is refused); aborted lists the
+	// volumes whose moves were aborted.
+	holders map[string][]store.Ref
+	aborted []string
 }
 
 type fakeIdem struct {
@@ -80,6 +84,41 @@ func (f *fakeStore) GetVolume(_ context.Context, team, idOrName string) (*store.
 		}
 	}
 	return nil, store.ErrNotFound
+}
+
+func (f *fakeStore) BeginVolumeMove(_ context.Context, id, from, to string) (int64, []store.Ref, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.volumes[id]
+	switch {
+	case !ok:
+		return 0, nil, store.ErrNotFound
+	case len(f.holders[id]) > 0:
+		return 0, f.holders[id], store.ErrConflict
+	case v.NodeID != from || v.MovingTo != "":
+		return 0, nil, store.ErrConflict
+	}
+	v.MovingTo, v.MoveToken = to, v.MoveToken+1
+	return v.MoveToken, nil, nil
+}
+
+// finishMove is what a node's import does at its end.
+func (f *fakeStore) finishMove(id, to string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if v := f.volumes[id]; v != nil && v.MovingTo == to {
+		v.NodeID, v.MovingTo = to, ""
+	}
+}
+
+func (f *fakeStore) AbortVolumeMove(_ context.Context, id string, token int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if v := f.volumes[id]; v != nil && v.MoveToken == token && v.MovingTo != "" {
+		v.MovingTo = ""
+		f.aborted = append(f.aborted, id)
+	}
+	return nil
 }
 
 func (f *fakeStore) DeleteVolume(_ context.Context, id string) ([]store.Ref, error) {

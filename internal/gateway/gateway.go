@@ -68,6 +68,13 @@ type Config struct {
 	// Audit records the changes asked through the gateway and serves GET
 	// /audit; nil: no audit log.
 	Audit *audit.Log
+	// MoveVolumes lets a create move the volumes it names, when nothing
+	// mounts them, to the node that takes the sandbox: when their own node
+	// cannot take it, or when they are kept by several nodes.
+	MoveVolumes bool
+	// MoveIdle ends a volume move whose nodes make no progress for this
+	// long (0: two minutes).
+	MoveIdle time.Duration
 	// Secrets keeps the users' secrets (/secrets) in the cluster's
 	// database; nil: no such routes.
 	Secrets *secret.Service

@@ -122,7 +122,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(req.VolumeMounts) > 0 {
 		// Volumes are their node's directories: the sandbox goes there.
-		keeper, err := g.volumesNode(r, req.VolumeMounts)
+		keeper, err := g.volumesNode(r, req.VolumeMounts, order)
 		if err != nil {
 			g.forget(r, run)
 			api.WriteError(w, r, g.logger, err)
@@ -912,12 +912,20 @@ func (c *ttlCache[V]) forget(k string) {
 
 var _ node.Catalog = (*catalog)(nil)
 
-// volumesNode is the node that keeps the volumes mounts name (by name in
-// the caller's team, or by ID): all must be on one node, since a sandbox
-// mounts only what its node keeps.
-func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount) (string, error) {
+// volumesNode is the node a sandbox mounting mounts goes to: the node
+// that keeps the volumes (by name in the caller's team, or by ID), since
+// a sandbox mounts only what its node keeps. order is the nodes that can
+// take the sandbox, best first.
+//
+// With MoveVolumes, volumes that nothing mounts move to where the
+// sandbox can go: all to the first node of order that keeps some of
+// them, else to the first of order, when their own node cannot take the
+// sandbox (drained, full, without the template) or they are on several
+// nodes. A volume another sandbox mounts stays where it is.
+func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount, order []*nodeState) (string, error) {
 	p := callerOf(r)
-	keeper := ""
+	var vols []*store.Volume
+	keepers := map[string]bool{}
 	for _, m := range mounts {
 		v, err := g.db.GetVolume(r.Context(), p.TeamID, m.Name)
 		if errors.Is(err, store.ErrNotFound) || (err == nil && !p.Sees(v.TeamID)) {
@@ -926,13 +934,67 @@ func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount)
 		if err != nil {
 			return "", errdefs.Errorf(errdefs.ErrUnavailable, "the cluster database: %v", err)
 		}
-		switch {
-		case keeper == "":
-			keeper = v.NodeID
-		case keeper != v.NodeID:
-			return "", errdefs.Errorf(errdefs.ErrConflict,
-				"volumes %q and others are kept by different nodes (%s, %s): one sandbox mounts volumes of one node", m.Name, keeper, v.NodeID)
+		if !slices.ContainsFunc(vols, func(o *store.Volume) bool { return o.ID == v.ID }) {
+			vols = append(vols, v)
 		}
+		keepers[v.NodeID] = true
 	}
-	return keeper, nil
+	if len(keepers) == 1 && (len(order) == 0 || !g.cfg.MoveVolumes ||
+		slices.ContainsFunc(order, func(n *nodeState) bool { return keepers[n.ID] })) {
+		return vols[0].NodeID, nil
+	}
+	if !g.cfg.MoveVolumes || len(order) == 0 {
+		other := vols[slices.IndexFunc(vols, func(v *store.Volume) bool { return v.NodeID != vols[0].NodeID })]
+		return "", errdefs.Errorf(errdefs.ErrConflict,
+			"volumes %s and %s are kept by different nodes (%s, %s): one sandbox mounts volumes of one node",
+			vols[0].Name, other.Name, vols[0].NodeID, other.NodeID)
+	}
+	// Where the sandbox goes: the best node that already keeps some, else
+	// the best; one that takes moved volumes.
+	movable := slices.DeleteFunc(slices.Clone(order), func(n *nodeState) bool { return !cluster.MovesVolumes(n.Protocol) })
+	if len(movable) == 0 {
+		return "", errdefs.Errorf(errdefs.ErrUnavailable,
+			"the nodes that can take the sandbox now are of a release that does not move volumes (cluster protocol %d or later), and its volumes are elsewhere",
+			cluster.VolumeMovesProtocol)
+	}
+	to := movable[0]
+	if i := slices.IndexFunc(movable, func(n *nodeState) bool { return keepers[n.ID] }); i >= 0 {
+		to = movable[i]
+	}
+	view := g.nodes.current()
+	for _, v := range vols {
+		if v.NodeID == to.ID {
+			continue
+		}
+		from, ok := view.get(v.NodeID)
+		switch {
+		case !ok || !from.reachable:
+			return "", errdefs.Errorf(errdefs.ErrUnavailable,
+				"volume %s is on node %s, which is unreachable: its files cannot be moved to a node that can take the sandbox", v.Name, v.NodeID)
+		case !cluster.MovesVolumes(from.Protocol):
+			return "", errdefs.Errorf(errdefs.ErrUnavailable,
+				"volume %s is on node %s, which cannot take the sandbox now and is of a release that does not move volumes", v.Name, v.NodeID)
+		}
+		if _, err := g.relocate(r, v, from, to); err != nil {
+			var answered *nodeAnswer
+			if errors.As(err, &answered) {
+				err = errdefs.Errorf(errdefs.FromHTTPStatus(answered.status), "%v", answered)
+			}
+			msg := fmt.Sprintf("volume %s is on node %s, which cannot take the sandbox now, and cannot move to node %s, which can: %v", v.Name, v.NodeID, to.ID, err)
+			if len(keepers) > 1 {
+				msg = fmt.Sprintf("the volumes are kept by different nodes and volume %s cannot move from node %s to node %s: %v", v.Name, v.NodeID, to.ID, err)
+			} else if errors.Is(err, errdefs.ErrConflict) {
+				// Mounted, or moving for another create: its node may take
+				// the sandbox later, or the volume be free to move.
+				return "", errdefs.Errorf(errdefs.ErrUnavailable, "%s; try again later", msg)
+			}
+			kind := errdefs.Kind(err)
+			if kind == nil {
+				kind = errdefs.ErrUnavailable
+			}
+			return "", errdefs.Errorf(kind, "%s", msg)
+		}
+		g.logger.InfoContext(r.Context(), "moved a volume for a create", "volume", v.ID, "from", v.NodeID, "to", to.ID)
+	}
+	return to.ID, nil
 }

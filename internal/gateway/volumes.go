@@ -189,20 +189,43 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	resp, err := g.relocate(r, v, from, to)
+	var answered *nodeAnswer
+	switch {
+	case errors.As(err, &answered):
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(answered.status)
+		w.Write(answered.body)
+		return
+	case err != nil:
+		api.WriteError(w, r, g.logger, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(resp)
+}
+
+// relocate moves volume v, which nothing may mount, from node from to
+// node to, and answers the volume as its new node gives it. The move is
+// begun in the database (no sandbox may mount the volume meanwhile), the
+// volume's files are streamed from its node's export into the other's
+// import, which ends the move in the database, and the node left then
+// drops its copy. Any failure before the end leaves the volume where it
+// was. A node's refusal of a step is a *nodeAnswer; other errors carry
+// their errdefs kind.
+func (g *Gateway) relocate(r *http.Request, v *store.Volume, from, to *nodeState) ([]byte, error) {
 	token, holders, err := g.db.BeginVolumeMove(r.Context(), v.ID, from.ID, to.ID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("volume %q not found", id))
-		return
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", v.Name)
 	case errors.Is(err, store.ErrConflict) && len(holders) > 0:
-		api.WriteError(w, r, g.logger, volume.MountedError(v, holders))
-		return
+		return nil, volume.MountedError(v, holders)
 	case errors.Is(err, store.ErrConflict):
-		g.refuse(w, r, errdefs.ErrConflict, fmt.Sprintf("volume %s is being moved already, or has moved: try again", v.Name))
-		return
+		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is being moved already, or has moved: try again", v.Name)
 	case err != nil:
-		g.databaseDown(w, r, err)
-		return
+		g.logger.WarnContext(r.Context(), "cluster database unavailable", "err", err)
+		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "the cluster's database is unavailable; try again")
 	}
 	g.logger.InfoContext(r.Context(), "moving a volume", "volume", v.ID, "from", from.ID, "to", to.ID)
 	resp, err := g.transferVolume(r, v.ID, token, from, to)
@@ -222,24 +245,17 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 			g.logger.WarnContext(r.Context(), "end a failed volume move: ended at the source's next start, or taken over after a while",
 				"volume", v.ID, "err", aerr)
 		}
-		var answered *nodeAnswer
-		if errors.As(err, &answered) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(answered.status)
-			w.Write(answered.body)
-			return
+		if answered := (*nodeAnswer)(nil); errors.As(err, &answered) {
+			return nil, err
 		}
-		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf("moving volume %s from node %s to %s: %v", v.Name, from.ID, to.ID, err))
-		return
+		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "moving volume %s from node %s to %s: %v", v.Name, from.ID, to.ID, err)
 	}
 	// The volume is the other node's now: the old copy goes (or goes at
 	// that node's next start).
 	if err := g.nodeCall(r, from, http.MethodDelete, "/volumes/"+v.ID+"/files", nil, http.StatusNoContent); err != nil {
 		g.logger.WarnContext(r.Context(), "a moved volume's old files stay until their node's next start", "volume", v.ID, "node", from.ID, "err", err)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	w.Write(resp)
+	return resp, nil
 }
 
 // nodeAnswer is a node's refusal of a step of a move, relayed as it is.
@@ -255,39 +271,81 @@ func (a *nodeAnswer) Error() string {
 // transferVolume streams volume id's files from node from's export to
 // node to's import, and returns the import's answer (the volume).
 func (g *Gateway) transferVolume(r *http.Request, id string, token int64, from, to *nodeState) ([]byte, error) {
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	// A node that hangs (sends nothing, takes nothing, or never answers
+	// once all is sent) ends the move after a while instead of holding
+	// the volume.
+	idle := time.AfterFunc(g.moveIdle(), func() {
+		cancel(fmt.Errorf("no progress for %v", g.moveIdle()))
+	})
+	defer idle.Stop()
 	exp, err := g.nodeRequest(ctx, r, from, http.MethodGet, "/volumes/"+id+"/export", nil)
 	if err != nil {
 		return nil, err
 	}
 	resp, err := g.client.Do(exp)
 	if err != nil {
-		return nil, fmt.Errorf("export from node %s: %w", from.ID, err)
+		return nil, fmt.Errorf("export from node %s: %w", from.ID, causeOf(ctx, err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return nil, &nodeAnswer{resp.StatusCode, body}
 	}
-	imp, err := g.nodeRequest(ctx, r, to, http.MethodPut, fmt.Sprintf("/volumes/%s/import?move=%d", id, token), resp.Body)
+	imp, err := g.nodeRequest(ctx, r, to, http.MethodPut, fmt.Sprintf("/volumes/%s/import?move=%d", id, token),
+		&progressReader{r: resp.Body, progress: func() { idle.Reset(g.moveIdle()) }})
 	if err != nil {
 		return nil, err
 	}
 	imp.Header.Set("Content-Type", "application/x-tar")
 	iresp, err := g.client.Do(imp)
 	if err != nil {
-		return nil, fmt.Errorf("import on node %s: %w", to.ID, err)
+		return nil, fmt.Errorf("import on node %s: %w", to.ID, causeOf(ctx, err))
 	}
 	defer iresp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(iresp.Body, 1<<20))
 	if err != nil {
-		return nil, fmt.Errorf("import on node %s: %w", to.ID, err)
+		return nil, fmt.Errorf("import on node %s: %w", to.ID, causeOf(ctx, err))
 	}
 	if iresp.StatusCode != http.StatusOK {
 		return nil, &nodeAnswer{iresp.StatusCode, body}
 	}
 	return body, nil
+}
+
+// moveIdleDefault is how long a move waits on a node that makes no
+// progress.
+const moveIdleDefault = 2 * time.Minute
+
+func (g *Gateway) moveIdle() time.Duration {
+	if g.cfg.MoveIdle > 0 {
+		return g.cfg.MoveIdle
+	}
+	return moveIdleDefault
+}
+
+// causeOf names why ctx ended, when it did, in place of err (a transport's
+// "context canceled").
+func causeOf(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// progressReader calls progress each time bytes pass, and at their end.
+type progressReader struct {
+	r        io.Reader
+	progress func()
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 || err == io.EOF {
+		p.progress()
+	}
+	return n, err
 }
 
 // nodeRequest is a call of the gateway's own to node n (the cluster

@@ -4,10 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/auth"
 	"github.com/aenv-dev/aenv/internal/cluster"
@@ -184,5 +191,109 @@ func TestCreateWithVolumesPlacedOnTheirNode(t *testing.T) {
 	}
 	if n := keeper.count("POST /sandboxes") + roomy.count("POST /sandboxes"); n != 1 {
 		t.Errorf("refused creates reached the nodes: %d creates in all, want 1", n)
+	}
+}
+
+// With MoveVolumes, a create whose volumes' node cannot take it moves the
+// volumes nothing mounts to a node that can (the one keeping its other
+// volumes first), and is placed there; a mounted volume stays and the
+// create is refused (503) without reaching any node; a move stuck on a
+// node that sends nothing ends after the idle bound, and the volume
+// stays where it was.
+func TestCreateMovesVolumes(t *testing.T) {
+	db := newFakeStore()
+	full := newFakeNode(t, "full", func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method + " " + r.URL.Path {
+		case "GET /volumes/vol-data/export":
+			w.Write([]byte("the volume's files"))
+		case "GET /volumes/vol-hang/export":
+			w.Write([]byte("the first bytes"))
+			http.NewResponseController(w).Flush()
+			<-r.Context().Done()
+		case "DELETE /volumes/vol-data/files":
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			w.WriteHeader(http.StatusTeapot)
+		}
+	})
+	var (
+		mu       sync.Mutex
+		imported []string
+	)
+	roomy := newFakeNode(t, "roomy", func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/import"):
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				return // cut: no commit
+			}
+			id := strings.Split(r.URL.Path, "/")[2]
+			mu.Lock()
+			imported = append(imported, id+": "+string(body))
+			mu.Unlock()
+			db.finishMove(id, "roomy")
+			writeJSON(w, http.StatusOK, map[string]string{"volumeID": id})
+		case r.Method == http.MethodPost && r.URL.Path == "/sandboxes":
+			writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": "sb"})
+		default:
+			w.WriteHeader(http.StatusTeapot)
+		}
+	})
+	db.nodes = []postgres.Node{nodeRecord(full, 10, 10, false), nodeRecord(roomy, 100, 0, false)}
+	db.templates = []*store.Template{
+		{ID: "tpl-f", Name: "base", NodeID: "full", Upload: store.UploadUploaded},
+		{ID: "tpl-r", Name: "base", NodeID: "roomy", Upload: store.UploadUploaded},
+	}
+	db.volumes = map[string]*store.Volume{
+		"vol-data":  {ID: "vol-data", Name: "data", TeamID: auth.DefaultTeam, NodeID: "full"},
+		"vol-other": {ID: "vol-other", Name: "other", TeamID: auth.DefaultTeam, NodeID: "roomy"},
+		"vol-busy":  {ID: "vol-busy", Name: "busy", TeamID: auth.DefaultTeam, NodeID: "full"},
+		"vol-hang":  {ID: "vol-hang", Name: "hang", TeamID: auth.DefaultTeam, NodeID: "full"},
+	}
+	db.holders = map[string][]store.Ref{"vol-busy": {{HolderKind: store.RefSandbox, HolderID: "sb-busy"}}}
+	g, err := New(t.Context(), Config{NodeTimeout: time.Minute, MaxJSONBytes: 1 << 20, ClusterSecret: "secret",
+		APIKey: testKey, MoveVolumes: true, MoveIdle: 200 * time.Millisecond}, db, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	create := func(names ...string) *httptest.ResponseRecorder {
+		var mounts []map[string]string
+		for i, n := range names {
+			mounts = append(mounts, map[string]string{"name": n, "path": fmt.Sprintf("/mnt/%d", i)})
+		}
+		return call(t, g, t.Context(), http.MethodPost, "/sandboxes", "", map[string]any{"templateID": "base", "volumeMounts": mounts})
+	}
+
+	if w := create("data", "other"); w.Code != 201 || roomy.count("POST /sandboxes") != 1 {
+		t.Fatalf("create mounting data and other: %d %s; roomy asked %d times", w.Code, w.Body, roomy.count("POST /sandboxes"))
+	}
+	if v := db.volumes["vol-data"]; v.NodeID != "roomy" || v.MovingTo != "" {
+		t.Errorf("data after the create: on %q, moving to %q; want on roomy", v.NodeID, v.MovingTo)
+	}
+	mu.Lock()
+	got := slices.Clone(imported)
+	mu.Unlock()
+	if len(got) != 1 || got[0] != "vol-data: the volume's files" || full.count("DELETE /volumes/vol-data/files") != 1 {
+		t.Errorf("imported %q; old files dropped %d times", got, full.count("DELETE /volumes/vol-data/files"))
+	}
+
+	w := create("busy")
+	if w.Code != 503 || !strings.Contains(errorMessage(w), "sb-busy") {
+		t.Errorf("create mounting a volume mounted on a full node: %d %s, want 503 naming its sandbox", w.Code, w.Body)
+	}
+	if full.count("GET /volumes/vol-busy/export") != 0 {
+		t.Error("a mounted volume was exported")
+	}
+
+	w = create("hang")
+	if w.Code != 503 || !strings.Contains(errorMessage(w), "no progress") {
+		t.Errorf("create mounting a volume whose export hangs: %d %s, want 503 saying why", w.Code, w.Body)
+	}
+	if v := db.volumes["vol-hang"]; v.NodeID != "full" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-hang") {
+		t.Errorf("hang after the cut move: on %q moving to %q, aborted %v", v.NodeID, v.MovingTo, db.aborted)
+	}
+	if n := roomy.count("POST /sandboxes") + full.count("POST /sandboxes"); n != 1 {
+		t.Errorf("%d creates reached the nodes, want 1", n)
 	}
 }

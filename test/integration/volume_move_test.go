@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/client"
 	"github.com/aenv-dev/aenv/internal/wire/wiretest"
@@ -14,6 +15,8 @@ import (
 // TestClusterVolumeMove: through a gateway, a volume nothing mounts moves
 // to another node (its files, size and token with it; its old files
 // removed), and its sandboxes then go there; a mounted one does not move.
+// A create moves the volumes it names to one node, and away from a
+// drained one.
 // The nodes keep their volumes in pools.
 func TestClusterVolumeMove(t *testing.T) {
 	c := newCluster(t)
@@ -88,5 +91,52 @@ func TestClusterVolumeMove(t *testing.T) {
 		t.Errorf("inside a sandbox after the move: %+v %v", res, err)
 	}
 	gw.expect(gw.do("DELETE", "/sandboxes/"+mounted.SandboxID, nil), 204, "kill")
+
+	ctx := t.Context()
+	// Volumes of two nodes: one moves to the other's.
+	var cache volumeInfo
+	gw.expect(gw.do("POST", "/volumes", map[string]any{"name": "cache"}), 201, "create cache").json(t, &cache)
+	if cache.NodeID != from {
+		gw.expect(gw.do("POST", "/volumes/cache/move", map[string]any{"nodeID": from}), 200, "move cache").json(t, &cache)
+	}
+	gw.expect(gw.do("POST", "/sandboxes", map[string]any{"templateID": "base", "volumeMounts": []map[string]any{
+		{"name": "repo", "path": "/repo"}, {"name": "cache", "path": "/cache"}}}), 201, "create mounting volumes of two nodes").json(t, &mounted)
+	node, _ := g.sandboxNode(t, mounted.SandboxID)
+	for _, name := range []string{"repo", "cache"} {
+		var got volumeInfo
+		if gw.expect(gw.do("GET", "/volumes/"+name, nil), 200, "get").json(t, &got); got.NodeID != node {
+			t.Errorf("volume %s is on %s, its sandbox on %s", name, got.NodeID, node)
+		}
+	}
+	res, err = g.api.Execute(ctx, mounted.SandboxID, client.ExecuteRequest{Command: "cat /repo/src/main.txt && touch /cache/x"})
+	if err != nil || res.Stdout != "moved with it\nmore\n" {
+		t.Errorf("inside a sandbox mounting volumes brought together: %+v %v", res, err)
+	}
+	gw.expect(gw.do("DELETE", "/sandboxes/"+mounted.SandboxID, nil), 204, "kill")
+
+	// Their node drained: a create that mounts them moves them to a node
+	// that can take the sandbox (the gateway's --move-volumes, on by
+	// default).
+	other := map[string]string{"node-a": "node-b", "node-b": "node-a"}[node]
+	if err := g.api.DrainNode(ctx, node, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, node+" drained", func() bool { return g.nodeStates(t)[node].State == "draining" })
+	gw.expect(gw.do("POST", "/sandboxes", map[string]any{"templateID": "base",
+		"volumeMounts": []map[string]any{{"name": "repo", "path": "/repo"}, {"name": "cache", "path": "/cache"}}}), 201, "create on a drained volumes' node").json(t, &mounted)
+	if got, _ := g.sandboxNode(t, mounted.SandboxID); got != other {
+		t.Fatalf("with its volume's node drained a sandbox was placed on %s, want %s", got, other)
+	}
+	gw.expect(gw.do("GET", "/volumes/repo", nil), 200, "get").json(t, &moved)
+	if moved.NodeID != other {
+		t.Errorf("the volume after the create: on %s, want %s", moved.NodeID, other)
+	}
+	res, err = g.api.Execute(ctx, mounted.SandboxID, client.ExecuteRequest{Command: "cat /repo/src/main.txt && ls /cache"})
+	if err != nil || res.Stdout != "moved with it\nmore\nx\n" {
+		t.Errorf("inside a sandbox after the move on create: %+v %v", res, err)
+	}
+	gw.expect(gw.do("DELETE", "/sandboxes/"+mounted.SandboxID, nil), 204, "kill")
+
+	gw.expect(gw.do("DELETE", "/volumes/cache", nil), 204, "delete cache")
 	gw.expect(gw.do("DELETE", "/volumes/repo", nil), 204, "delete")
 }
