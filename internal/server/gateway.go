@@ -75,8 +75,7 @@ func RunGateway(ctx context.Context, cfg config.Gateway, logger *slog.Logger) er
 	g, err := gateway.New(ctx, gateway.Config{
 		Domain: cfg.Domain, NodeTimeout: time.Duration(cfg.NodeTimeoutMS) * time.Millisecond,
 		MaxJSONBytes: int64(cfg.MaxJSONBodyMB) << 20, ClusterSecret: clusterSecret, APIKey: cfg.APIKey,
-		MoveVolumes: cfg.MoveVolumes,
-		Version: cfg.Version, Tracer: tracer, Audit: auditLog, Secrets: secrets,
+		Version: cfg.Version, Tracer: tracer, Audit: auditLog, Secrets: secrets, MoveVolumes: cfg.MoveVolumes,
 	}, db, logger.With("component", "gateway"), reg)
 	if err != nil {
 		return err
