@@ -68,6 +68,11 @@ type Team struct {
 	// the templates made of its sandboxes, cluster-wide; 0: no limit. It
 	// is checked when one is recorded, not with sandboxes (Limited).
 	MaxSnapshots int
+	// MaxVolumes bounds the volumes the team keeps (fork copies
+	// included), and MaxVolumeMB their sizes summed (MiB), cluster-wide;
+	// 0: no limit. They are checked when a volume is recorded.
+	MaxVolumes  int
+	MaxVolumeMB int
 	// Bucket is the state of that bucket, kept by the stores with each
 	// create; not a limit, and not changed by SetTeamLimits.
 	Bucket Bucket
@@ -97,6 +102,23 @@ func (t *Team) SnapshotRoom(held int) error {
 	if t.MaxSnapshots > 0 && held+1 > t.MaxSnapshots {
 		return fmt.Errorf("team %s is at its limit of %d snapshots and templates of sandboxes (delete some to make room)",
 			t.ID, t.MaxSnapshots)
+	}
+	return nil
+}
+
+// VolumeRoom says whether t may keep one more volume of sizeBytes (0: a
+// volume without a size) with held volumes of heldBytes kept already: nil
+// when it fits (or t has no such limit).
+func (t *Team) VolumeRoom(held int, heldBytes, sizeBytes int64) error {
+	switch {
+	case t.MaxVolumes > 0 && held+1 > t.MaxVolumes:
+		return fmt.Errorf("team %s is at its limit of %d volumes (delete some to make room)", t.ID, t.MaxVolumes)
+	case t.MaxVolumeMB > 0 && sizeBytes == 0:
+		return fmt.Errorf("team %s has a limit of %d MiB of volumes, and a volume here would have no size "+
+			"(sizes need a node with a volume pool: --volume-pool-gb)", t.ID, t.MaxVolumeMB)
+	case t.MaxVolumeMB > 0 && heldBytes+sizeBytes > int64(t.MaxVolumeMB)<<20:
+		return fmt.Errorf("team %s would pass its limit of %d MiB of volumes (%d held, %d asked)",
+			t.ID, t.MaxVolumeMB, heldBytes>>20, (sizeBytes+1<<20-1)>>20)
 	}
 	return nil
 }
@@ -154,12 +176,14 @@ func (t Team) Room(used Usage, memoryMB, vcpus int, now time.Time) error {
 // is.
 type LimitsPatch struct {
 	MaxSandboxes, MaxMemoryMB, MaxVCPUs, MaxStarting, CreatesPerSecond, MaxSnapshots *int
+	MaxVolumes, MaxVolumeMB                                                          *int
 }
 
 // AllLimits is the patch that sets every limit to t's.
 func AllLimits(t *Team) LimitsPatch {
 	return LimitsPatch{MaxSandboxes: &t.MaxSandboxes, MaxMemoryMB: &t.MaxMemoryMB, MaxVCPUs: &t.MaxVCPUs,
-		MaxStarting: &t.MaxStarting, CreatesPerSecond: &t.CreatesPerSecond, MaxSnapshots: &t.MaxSnapshots}
+		MaxStarting: &t.MaxStarting, CreatesPerSecond: &t.CreatesPerSecond, MaxSnapshots: &t.MaxSnapshots,
+		MaxVolumes: &t.MaxVolumes, MaxVolumeMB: &t.MaxVolumeMB}
 }
 
 // Apply sets the limits p names on t.
@@ -167,7 +191,7 @@ func (p LimitsPatch) Apply(t *Team) {
 	for _, l := range []struct{ to, from *int }{
 		{&t.MaxSandboxes, p.MaxSandboxes}, {&t.MaxMemoryMB, p.MaxMemoryMB}, {&t.MaxVCPUs, p.MaxVCPUs},
 		{&t.MaxStarting, p.MaxStarting}, {&t.CreatesPerSecond, p.CreatesPerSecond},
-		{&t.MaxSnapshots, p.MaxSnapshots},
+		{&t.MaxSnapshots, p.MaxSnapshots}, {&t.MaxVolumes, p.MaxVolumes}, {&t.MaxVolumeMB, p.MaxVolumeMB},
 	} {
 		if l.from != nil {
 			*l.to = *l.from
@@ -303,11 +327,13 @@ func ValidTeamID(id string) error {
 
 // The largest limits a team may be given, so that an absurd value is
 // refused rather than stored: a million sandboxes (or starting, or
-// created per second), a petabyte of memory (in MiB), a million vCPUs.
+// created per second, or snapshots, or volumes), a petabyte of memory or
+// of volumes (in MiB), a million vCPUs.
 const (
 	MaxTeamSandboxes = 1_000_000
 	MaxTeamMemoryMB  = 1 << 30
 	MaxTeamVCPUs     = 1_000_000
+	MaxTeamVolumeMB  = 1 << 30
 )
 
 // ValidLimits says why t's limits cannot be stored, or nil.
@@ -322,6 +348,8 @@ func ValidLimits(t *Team) error {
 		{"maxStarting", t.MaxStarting, MaxTeamSandboxes},
 		{"createsPerSecond", t.CreatesPerSecond, MaxTeamSandboxes},
 		{"maxSnapshots", t.MaxSnapshots, MaxTeamSandboxes},
+		{"maxVolumes", t.MaxVolumes, MaxTeamSandboxes},
+		{"maxVolumeMB", t.MaxVolumeMB, MaxTeamVolumeMB},
 	} {
 		if l.value < 0 || l.value > l.max {
 			return errdefs.Errorf(errdefs.ErrInvalidArgument,

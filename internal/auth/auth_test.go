@@ -151,6 +151,9 @@ func TestValidLimits(t *testing.T) {
 		{Team{MaxMemoryMB: MaxTeamMemoryMB + 1}, false},
 		{Team{MaxStarting: -1}, false},
 		{Team{CreatesPerSecond: MaxTeamSandboxes + 1}, false},
+		{Team{MaxVolumes: MaxTeamSandboxes, MaxVolumeMB: MaxTeamVolumeMB}, true},
+		{Team{MaxVolumes: -1}, false},
+		{Team{MaxVolumeMB: MaxTeamVolumeMB + 1}, false},
 	} {
 		if err := ValidLimits(&tc.team); (err == nil) != tc.ok {
 			t.Errorf("ValidLimits(%+v) = %v, want ok %v", tc.team, err, tc.ok)
@@ -211,5 +214,26 @@ func TestTeamCreateRate(t *testing.T) {
 	err := team.Admit(Usage{}, 0, 0, later)
 	if err == nil || !strings.Contains(err.Error(), "limit of 4 creates per second") {
 		t.Fatalf("refusal: %v", err)
+	}
+}
+
+func TestVolumeRoom(t *testing.T) {
+	for _, tc := range []struct {
+		team                 Team
+		held                 int
+		heldBytes, sizeBytes int64
+		want                 string // in the refusal; "" for room
+	}{
+		{Team{ID: "lab"}, 1000, 1 << 40, 0, ""},
+		{Team{ID: "lab", MaxVolumes: 2}, 1, 0, 0, ""},
+		{Team{ID: "lab", MaxVolumes: 2}, 2, 0, 0, "limit of 2 volumes"},
+		{Team{ID: "lab", MaxVolumeMB: 100}, 0, 0, 0, "no size"},
+		{Team{ID: "lab", MaxVolumeMB: 100}, 1, 60 << 20, 40 << 20, ""},
+		{Team{ID: "lab", MaxVolumeMB: 100}, 1, 60 << 20, 40<<20 + 1, "limit of 100 MiB of volumes (60 held, 41 asked)"},
+	} {
+		err := tc.team.VolumeRoom(tc.held, tc.heldBytes, tc.sizeBytes)
+		if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%+v.VolumeRoom(%d, %d, %d) = %v, want %q", tc.team, tc.held, tc.heldBytes, tc.sizeBytes, err, tc.want)
+		}
 	}
 }

@@ -76,11 +76,13 @@ passes them), on every node of a cluster together; a create or fork past one is 
 --max-sandboxes bounds how many; --max-memory (MiB) and --max-vcpus bound the memory and vCPUs
 they were given, summed; --max-starting bounds those starting at once; --creates-per-second bounds
 creates and fork children, with bursts of as many. --max-snapshots bounds the snapshots and templates
-made of its sandboxes it keeps (a snapshot past it is refused with 429). 0 is no limit.`
+made of its sandboxes it keeps (a snapshot past it is refused with 429). --max-volumes bounds the
+volumes it keeps (fork copies too) and --max-volume-mb their sizes summed (with it, volumes need a
+size: a node with a volume pool); a volume past them is refused with 429. 0 is no limit.`
 
 // teamLimitFlags are the limit flags of team create and set.
 type teamLimitFlags struct {
-	sandboxes, memoryMB, vcpus, starting, rate, snapshots int
+	sandboxes, memoryMB, vcpus, starting, rate, snapshots, volumes, volumeMB int
 }
 
 func (l *teamLimitFlags) add(cmd *cobra.Command) {
@@ -90,6 +92,8 @@ func (l *teamLimitFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.starting, "max-starting", 0, "sandboxes it may have starting at once (0: no limit)")
 	cmd.Flags().IntVar(&l.rate, "creates-per-second", 0, "creates and fork children per second, in bursts of as many (0: no limit)")
 	cmd.Flags().IntVar(&l.snapshots, "max-snapshots", 0, "snapshots and templates of its sandboxes it may keep (0: no limit)")
+	cmd.Flags().IntVar(&l.volumes, "max-volumes", 0, "volumes it may keep (0: no limit)")
+	cmd.Flags().IntVar(&l.volumeMB, "max-volume-mb", 0, "MiB its volumes' sizes may add up to (0: no limit)")
 }
 
 // given returns the limits set on the command line; the others are nil.
@@ -106,6 +110,8 @@ func (l *teamLimitFlags) given(cmd *cobra.Command) (client.TeamLimits, error) {
 		{"max-starting", &l.starting, &out.MaxStarting},
 		{"creates-per-second", &l.rate, &out.CreatesPerSecond},
 		{"max-snapshots", &l.snapshots, &out.MaxSnapshots},
+		{"max-volumes", &l.volumes, &out.MaxVolumes},
+		{"max-volume-mb", &l.volumeMB, &out.MaxVolumeMB},
 	} {
 		if !cmd.Flags().Changed(f.name) {
 			continue
@@ -122,7 +128,7 @@ func (a *app) teamSetCommand() *cobra.Command {
 	var f serverFlags
 	var limits teamLimitFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N] [--max-starting N] [--creates-per-second N] [--max-snapshots N]",
+		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N] [--max-starting N] [--creates-per-second N] [--max-snapshots N] [--max-volumes N] [--max-volume-mb MIB]",
 		Short: "Change a team's limits",
 		Long: `Change the limits given of a team; the others keep their values. A lower limit refuses creates
 from then on; sandboxes already over it are not killed.
@@ -135,7 +141,7 @@ from then on; sandboxes already over it are not killed.
 				return err
 			}
 			if given == (client.TeamLimits{}) {
-				return usageError{errors.New("give one or more of --max-sandboxes, --max-memory, --max-vcpus, --max-starting, --creates-per-second, --max-snapshots")}
+				return usageError{errors.New("give one or more of --max-sandboxes, --max-memory, --max-vcpus, --max-starting, --creates-per-second, --max-snapshots, --max-volumes, --max-volume-mb")}
 			}
 			c, err := a.client(f)
 			if err != nil {
@@ -145,9 +151,10 @@ from then on; sandboxes already over it are not killed.
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\tmax starting %s\tcreates per second %s\tmax snapshots %s\n",
-				t.TeamID, limitOrNone(t.MaxSandboxes), memoryLimit(t.MaxMemoryMB), limitOrNone(t.MaxVCPUs),
-				limitOrNone(t.MaxStarting), limitOrNone(t.CreatesPerSecond), limitOrNone(t.MaxSnapshots))
+			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\tmax starting %s\tcreates per second %s\tmax snapshots %s\tmax volumes %s\tmax volume size %s\n",
+				t.TeamID, limitOrNone(t.MaxSandboxes), mibLimit(t.MaxMemoryMB), limitOrNone(t.MaxVCPUs),
+				limitOrNone(t.MaxStarting), limitOrNone(t.CreatesPerSecond), limitOrNone(t.MaxSnapshots),
+				limitOrNone(t.MaxVolumes), mibLimit(t.MaxVolumeMB))
 			return nil
 		},
 	}
@@ -156,8 +163,8 @@ from then on; sandboxes already over it are not killed.
 	return cmd
 }
 
-// memoryLimit shows a memory limit in MiB, "none" for 0.
-func memoryLimit(mb int) string {
+// mibLimit shows a limit in MiB (of memory, of volumes), "none" for 0.
+func mibLimit(mb int) string {
 	if mb == 0 {
 		return "none"
 	}
@@ -199,11 +206,12 @@ func (a *app) teamLsCommand() *cobra.Command {
 			}
 			now := a.now()
 			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX STARTING", "CREATES/S",
-				"MAX SNAPSHOTS", "CREATED")
+				"MAX SNAPSHOTS", "MAX VOLUMES", "MAX VOLUME SIZE", "CREATED")
 			for _, team := range teams {
-				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), memoryLimit(team.MaxMemoryMB),
+				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), mibLimit(team.MaxMemoryMB),
 					limitOrNone(team.MaxVCPUs), limitOrNone(team.MaxStarting), limitOrNone(team.CreatesPerSecond),
-					limitOrNone(team.MaxSnapshots), timeAgo(now, team.CreatedAt))
+					limitOrNone(team.MaxSnapshots), limitOrNone(team.MaxVolumes), mibLimit(team.MaxVolumeMB),
+					timeAgo(now, team.CreatedAt))
 			}
 			return t.flush()
 		},

@@ -378,8 +378,9 @@ go_memstats_alloc_bytes 1.5e+06
 func TestTeamLimitsRefusedByAnOlderServer(t *testing.T) {
 	const older = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5}`
 	const beforeSnapshots = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0}`
-	const current = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0}`
-	mem, snaps := 4096, 10
+	const beforeVolumes = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0}`
+	const current = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0,"maxVolumes":0,"maxVolumeMB":0}`
+	mem, snaps, vols := 4096, 10, 3
 	for _, tc := range []struct {
 		name   string
 		team   string // the team as the server answers it
@@ -390,7 +391,10 @@ func TestTeamLimitsRefusedByAnOlderServer(t *testing.T) {
 		{"current", beforeSnapshots, client.TeamLimits{MaxMemoryMB: &mem}, true},
 		{"snapshots, older", beforeSnapshots, client.TeamLimits{MaxSnapshots: &snaps}, false},
 		{"snapshots and memory, older", beforeSnapshots, client.TeamLimits{MaxSnapshots: &snaps, MaxMemoryMB: &mem}, false},
-		{"snapshots, current", current, client.TeamLimits{MaxSnapshots: &snaps}, true},
+		{"snapshots, current", beforeVolumes, client.TeamLimits{MaxSnapshots: &snaps}, true},
+		{"volumes, older", beforeVolumes, client.TeamLimits{MaxVolumes: &vols}, false},
+		{"volume MiB, older", beforeVolumes, client.TeamLimits{MaxVolumeMB: &mem, MaxSnapshots: &snaps}, false},
+		{"volumes, current", current, client.TeamLimits{MaxVolumes: &vols, MaxVolumeMB: &mem}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			patched := false

@@ -21,8 +21,12 @@ type Team struct {
 	CreatesPerSecond int `json:"createsPerSecond"`
 	// MaxSnapshots bounds the snapshots and templates of sandboxes it
 	// keeps; 0: no limit.
-	MaxSnapshots int             `json:"maxSnapshots"`
-	Raw          json.RawMessage `json:"-"`
+	MaxSnapshots int `json:"maxSnapshots"`
+	// MaxVolumes bounds the volumes it keeps, and MaxVolumeMB their sizes
+	// summed; 0: no limit.
+	MaxVolumes  int             `json:"maxVolumes"`
+	MaxVolumeMB int             `json:"maxVolumeMB"`
+	Raw         json.RawMessage `json:"-"`
 }
 
 // TeamLimits are limits to give a team; 0 is none. A nil one is left
@@ -36,6 +40,9 @@ type TeamLimits struct {
 	CreatesPerSecond *int `json:"createsPerSecond,omitempty"`
 	// MaxSnapshots bounds the snapshots and templates of sandboxes kept.
 	MaxSnapshots *int `json:"maxSnapshots,omitempty"`
+	// MaxVolumes bounds the volumes kept, MaxVolumeMB their sizes summed.
+	MaxVolumes  *int `json:"maxVolumes,omitempty"`
+	MaxVolumeMB *int `json:"maxVolumeMB,omitempty"`
 }
 
 // APIKey is an API key's record; Key holds the key itself only in the
@@ -71,9 +78,12 @@ type DeletedTeam struct {
 
 // newerField is the field of a team that tells whether a server knows
 // every limit l sets, "" when any server does: servers before a limit
-// ignore it (they know only maxSandboxes, then up to createsPerSecond).
+// ignore it (they know only maxSandboxes, then up to createsPerSecond,
+// then maxSnapshots).
 func (l TeamLimits) newerField() string {
 	switch {
+	case l.MaxVolumes != nil || l.MaxVolumeMB != nil:
+		return "maxVolumes"
 	case l.MaxSnapshots != nil:
 		return "maxSnapshots"
 	case l.MaxMemoryMB != nil || l.MaxVCPUs != nil || l.MaxStarting != nil || l.CreatesPerSecond != nil:

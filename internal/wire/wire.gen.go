@@ -878,6 +878,8 @@ type NewTeam struct {
 	MaxSnapshots     int `json:"maxSnapshots,omitempty"`
 	MaxStarting      int `json:"maxStarting,omitempty"`
 	MaxVCPUs         int `json:"maxVCPUs,omitempty"`
+	MaxVolumeMB      int `json:"maxVolumeMB,omitempty"`
+	MaxVolumes       int `json:"maxVolumes,omitempty"`
 
 	// TeamID 1 to 63 lower-case letters, digits and dashes, starting with a letter or digit.
 	TeamID string `json:"teamID"`
@@ -1109,8 +1111,14 @@ type Team struct {
 	MaxStarting int `json:"maxStarting"`
 
 	// MaxVCPUs vCPUs its sandboxes that are not killed may be given in all, cluster-wide; 0: no limit.
-	MaxVCPUs int    `json:"maxVCPUs"`
-	TeamID   string `json:"teamID"`
+	MaxVCPUs int `json:"maxVCPUs"`
+
+	// MaxVolumeMB MiB its volumes' sizes may add up to, cluster-wide (with a limit, a volume must have a size: a node with a volume pool); 0: no limit.
+	MaxVolumeMB int `json:"maxVolumeMB"`
+
+	// MaxVolumes Volumes the team may keep (fork copies included), cluster-wide; 0: no limit.
+	MaxVolumes int    `json:"maxVolumes"`
+	TeamID     string `json:"teamID"`
 }
 
 // TeamLimits The limits to change; those left out keep their values.
@@ -1132,6 +1140,12 @@ type TeamLimits struct {
 
 	// MaxVCPUs 0: no limit.
 	MaxVCPUs *int `json:"maxVCPUs,omitempty"`
+
+	// MaxVolumeMB 0: no limit.
+	MaxVolumeMB *int `json:"maxVolumeMB,omitempty"`
+
+	// MaxVolumes 0: no limit.
+	MaxVolumes *int `json:"maxVolumes,omitempty"`
 }
 
 // TeamUsage defines model for TeamUsage.

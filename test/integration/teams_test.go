@@ -232,6 +232,7 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 		t.Errorf("team A lists snapshots %v, want %s", got, snapA.SnapshotID)
 	}
 	checkSnapshotLimit(t, e, keyA, keyB, sbA.SandboxID, sbB.SandboxID)
+	checkVolumeLimit(t, e, keyA, keyB)
 	templatesB := ids(t, e.want(200, keyB, "GET", "/templates", nil), "templateID")
 	if slices.Contains(templatesB, snapA.SnapshotID) {
 		t.Errorf("team B lists A's snapshot among templates: %v", templatesB)
@@ -328,6 +329,31 @@ func checkSnapshotLimit(t *testing.T, e endpoint, keyA, keyB, sbA, sbB string) {
 	e.want(201, keyB, "POST", "/sandboxes/"+sbB+"/snapshots", map[string]any{}).json(t, &snapB)
 	e.want(204, keyB, "DELETE", "/templates/"+snapB.SnapshotID, nil)
 	e.want(200, apiKey, "PATCH", "/teams/team-a", map[string]any{"maxSnapshots": 0})
+}
+
+// checkVolumeLimit: with a limit of one volume more than team A keeps, a
+// second new one is refused with 429 and the limit named, while team B
+// makes volumes freely; a delete makes room.
+func checkVolumeLimit(t *testing.T, e endpoint, keyA, keyB string) {
+	held := len(ids(t, e.want(200, keyA, "GET", "/volumes", nil), "volumeID"))
+	var team struct {
+		MaxVolumes int `json:"maxVolumes"`
+	}
+	e.want(200, apiKey, "PATCH", "/teams/team-a", map[string]any{"maxVolumes": held + 1}).json(t, &team)
+	if team.MaxVolumes != held+1 {
+		t.Errorf("team A after the patch: maxVolumes %d, want %d", team.MaxVolumes, held+1)
+	}
+	e.want(201, keyA, "POST", "/volumes", map[string]any{"name": "limited-1"})
+	r := e.want(429, keyA, "POST", "/volumes", map[string]any{"name": "limited-2"})
+	if !strings.Contains(string(r.body), fmt.Sprintf("limit of %d volumes", held+1)) || r.header.Get(api.HeaderLimit) != "team" {
+		t.Errorf("a volume past the limit: %s, %s %q", r.body, api.HeaderLimit, r.header.Get(api.HeaderLimit))
+	}
+	e.want(201, keyB, "POST", "/volumes", map[string]any{"name": "unlimited"})
+	e.want(204, keyB, "DELETE", "/volumes/unlimited", nil)
+	e.want(204, keyA, "DELETE", "/volumes/limited-1", nil)
+	e.want(201, keyA, "POST", "/volumes", map[string]any{"name": "limited-2"})
+	e.want(204, keyA, "DELETE", "/volumes/limited-2", nil)
+	e.want(200, apiKey, "PATCH", "/teams/team-a", map[string]any{"maxVolumes": 0})
 }
 
 func TestTeamsSingleServer(t *testing.T) {

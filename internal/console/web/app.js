@@ -900,7 +900,8 @@ async function pageUsage(main) {
 }
 
 const limitFields = [['maxSandboxes', 'sandboxes'], ['maxMemoryMB', 'memory MiB'], ['maxVCPUs', 'vCPUs'],
-  ['maxStarting', 'starting'], ['createsPerSecond', 'creates/s'], ['maxSnapshots', 'snapshots']];
+  ['maxStarting', 'starting'], ['createsPerSecond', 'creates/s'], ['maxSnapshots', 'snapshots'],
+  ['maxVolumes', 'volumes'], ['maxVolumeMB', 'volume MiB']];
 
 async function pageTeams(main) {
   const body = el('div', {});

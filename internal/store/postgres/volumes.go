@@ -28,6 +28,9 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		if err := requireTeam(ctx, tx, v.TeamID); err != nil {
 			return err
 		}
+		if err := volumeRoom(ctx, tx, v.TeamID, v.SizeBytes); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO volumes (`+volumeInsertColumns+`) VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, '')::jsonb, $8)`,
 			v.ID, v.Name, v.TeamID, v.Token, s.node, v.CreatedAt.UnixNano(), layers, v.SizeBytes)
 		if err != nil {
@@ -47,6 +50,37 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		return err
 	}
 	v.NodeID = s.node
+	return nil
+}
+
+// volumeRoom refuses, with ErrLimit, a volume of sizeBytes that would
+// take team past its MaxVolumes or MaxVolumeMB, cluster-wide. The row of
+// a team with these limits is locked until tx ends, so that two nodes'
+// volumes never pass the count together (the team's advisory lock, which
+// requireTeam took first, is shared). A team without them costs one read.
+func volumeRoom(ctx context.Context, tx pgx.Tx, team string, sizeBytes int64) error {
+	if team == "" {
+		return nil
+	}
+	lim, err := scanTeam(tx.QueryRow(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = $1`, team))
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && lim.MaxVolumes == 0 && lim.MaxVolumeMB == 0) {
+		return nil
+	}
+	if err == nil {
+		lim, err = scanTeam(tx.QueryRow(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = $1 FOR UPDATE`, team))
+	}
+	if err != nil {
+		return err
+	}
+	var held int
+	var heldBytes int64
+	if err := tx.QueryRow(ctx, `SELECT count(*), coalesce(sum(size_bytes), 0)::bigint FROM volumes WHERE team_id = $1`,
+		team).Scan(&held, &heldBytes); err != nil {
+		return err
+	}
+	if err := lim.VolumeRoom(held, heldBytes, sizeBytes); err != nil {
+		return fmt.Errorf("%v: %w", err, store.ErrLimit)
+	}
 	return nil
 }
 

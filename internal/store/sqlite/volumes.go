@@ -23,6 +23,9 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		if err := requireTeam(ctx, tx, v.TeamID); err != nil {
 			return err
 		}
+		if err := volumeRoom(ctx, tx, v.TeamID, v.SizeBytes); err != nil {
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO volumes (`+volumeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 			v.ID, v.Name, v.TeamID, v.Token, v.CreatedAt.UnixNano(), layers, v.SizeBytes); err != nil {
 			if isUniqueViolation(err) {
@@ -38,6 +41,33 @@ func (s *Store) CreateVolume(ctx context.Context, v *store.Volume) error {
 		return nil
 	})
 	return err
+}
+
+// volumeRoom refuses, with ErrLimit, a volume of sizeBytes that would
+// take team past its MaxVolumes or MaxVolumeMB. Transactions run one at a
+// time (one connection), so two volumes never pass the count together. A
+// team without these limits costs one read.
+func volumeRoom(ctx context.Context, tx *sql.Tx, team string, sizeBytes int64) error {
+	if team == "" {
+		return nil
+	}
+	lim, err := scanTeam(tx.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, team))
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && lim.MaxVolumes == 0 && lim.MaxVolumeMB == 0) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var held int
+	var heldBytes int64
+	if err := tx.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(size_bytes), 0) FROM volumes WHERE team_id = ?`,
+		team).Scan(&held, &heldBytes); err != nil {
+		return err
+	}
+	if err := lim.VolumeRoom(held, heldBytes, sizeBytes); err != nil {
+		return fmt.Errorf("%v: %w", err, store.ErrLimit)
+	}
+	return nil
 }
 
 // holdLayer takes volume id's reference to layer.

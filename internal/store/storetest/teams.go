@@ -28,6 +28,7 @@ func RunTeams(t *testing.T, newStore func(t *testing.T) TeamStore) {
 	t.Run("LimitRace", func(t *testing.T) { testTeamLimitRace(t, newStore(t)) })
 	t.Run("ResourceLimits", func(t *testing.T) { testTeamResourceLimits(t, newStore(t)) })
 	t.Run("SnapshotLimit", func(t *testing.T) { testTeamSnapshotLimit(t, newStore(t)) })
+	t.Run("VolumeLimits", func(t *testing.T) { testTeamVolumeLimits(t, newStore(t)) })
 	t.Run("DeleteInUse", func(t *testing.T) { testTeamDeleteInUse(t, newStore(t)) })
 	t.Run("DeleteRace", func(t *testing.T) { testTeamDeleteRace(t, newStore(t)) })
 }
@@ -632,6 +633,82 @@ func testTeamSnapshotLimit(t *testing.T, s TeamStore) {
 	}
 	if err := s.PutTemplate(ctx, image("s6", "lim", store.KindSnapshot)); err != nil {
 		t.Fatalf("a snapshot once the limit is lifted: %v", err)
+	}
+}
+
+// A team's MaxVolumes counts its volumes, and MaxVolumeMB their sizes:
+// not another team's; a volume without a size is refused under a size
+// limit; a delete makes room; concurrent creates never pass the count.
+func testTeamVolumeLimits(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	vols := volumesOf(t, s)
+	now := time.Unix(1700000000, 0).UTC()
+	for _, id := range []string{"lim", "free"} {
+		if err := s.CreateTeam(ctx, &auth.Team{ID: id, CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxVolumes: ptr(4)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTeam(ctx, "lim"); err != nil || got.MaxVolumes != 4 || got.MaxVolumeMB != 0 {
+		t.Fatalf("team after the patch: %+v %v", got, err)
+	}
+	volume := func(id, team string, mb int64) *store.Volume {
+		return &store.Volume{ID: id, Name: id, TeamID: team, Token: "t", CreatedAt: now, SizeBytes: mb << 20}
+	}
+	if err := vols.CreateVolume(ctx, volume("other", "free", 0)); err != nil {
+		t.Fatal(err)
+	}
+	// A burst of 12 against a limit of 4: exactly 4.
+	var wg sync.WaitGroup
+	errs := make([]error, 12)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = vols.CreateVolume(ctx, volume(fmt.Sprintf("v%d", i), "lim", 0))
+		}()
+	}
+	wg.Wait()
+	made := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			made++
+		case !errors.Is(err, store.ErrLimit) || !strings.Contains(err.Error(), "limit of 4 volumes"):
+			t.Fatalf("a create past the limit: %v, want ErrLimit naming it", err)
+		}
+	}
+	if n, err := vols.CountVolumes(ctx, "lim"); made != 4 || err != nil || n != 4 {
+		t.Fatalf("a burst of 12 against a limit of 4 made %d (%d counted, %v)", made, n, err)
+	}
+	// Sizes: 4 unsized volumes held, room for 100 MiB more with 5 allowed.
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxVolumes: ptr(0), MaxVolumeMB: ptr(100)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := vols.CreateVolume(ctx, volume("unsized", "lim", 0)); !errors.Is(err, store.ErrLimit) || !strings.Contains(err.Error(), "no size") {
+		t.Fatalf("an unsized volume under a size limit: %v, want ErrLimit saying why", err)
+	}
+	if err := vols.CreateVolume(ctx, volume("big", "lim", 64)); err != nil {
+		t.Fatalf("64 of 100 MiB: %v", err)
+	}
+	err := vols.CreateVolume(ctx, volume("bigger", "lim", 64))
+	if !errors.Is(err, store.ErrLimit) || !strings.Contains(err.Error(), "limit of 100 MiB of volumes (64 held, 64 asked)") {
+		t.Fatalf("64 more MiB over a limit of 100: %v, want ErrLimit naming it", err)
+	}
+	if err := vols.CreateVolume(ctx, volume("fits", "lim", 36)); err != nil {
+		t.Fatalf("36 MiB more, to the limit: %v", err)
+	}
+	if err := vols.CreateVolume(ctx, volume("big-free", "free", 1<<20)); err != nil {
+		t.Fatalf("another team's volume: %v", err)
+	}
+	// A delete makes room.
+	if _, err := vols.DeleteVolume(ctx, "big"); err != nil {
+		t.Fatal(err)
+	}
+	if err := vols.CreateVolume(ctx, volume("bigger", "lim", 64)); err != nil {
+		t.Fatalf("after a delete made room: %v", err)
 	}
 }
 
