@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/treetar"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/klauspost/compress/zstd"
@@ -321,7 +322,7 @@ func (s *Store) PutImage(ctx context.Context, key, dir string, parents []Parent)
 		parentKeys = append(parentKeys, par.Key)
 	}
 	var skeleton bytes.Buffer
-	st, walkErr := walkTar(dir, &skeleton, p.file)
+	st, walkErr := treetar.Write(ctx, dir, &skeleton, treetar.Options{Special: true, Body: p.file})
 	if walkErr == nil {
 		walkErr = p.flush()
 	}
@@ -526,6 +527,13 @@ type pageSum struct {
 	zero bool
 }
 
+var zeroPage [pageSize]byte
+
+// isZero says whether b (a page or less) is all zeros.
+func isZero(b []byte) bool {
+	return bytes.Equal(b, zeroPage[:len(b)])
+}
+
 // hashPages hashes the pages of data (the last may be short), spread over
 // the CPUs: hashing is most of the packer's work.
 func (p *imagePacker) hashPages(data []byte) []pageSum {
@@ -591,7 +599,7 @@ func (p *imagePacker) page(data []byte, sum pageSum) error {
 	p.cur = append(p.cur, data...)
 	// A short page (a file's last) fills its slot with zeros: every page
 	// starts at a slot, so runs of pages encode as one entry.
-	p.cur = append(p.cur, zeroBlock[:pageSize-len(data)]...)
+	p.cur = append(p.cur, zeroPage[:pageSize-len(data)]...)
 	p.curSums = append(p.curSums, h[:]...)
 	p.known[h] = pageLoc{parent: -1, pack: int(p.curAt) - 1, off: ref.off}
 	p.pages = append(p.pages, ref)
@@ -767,7 +775,7 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string)
 			})
 		}
 	}()
-	unpacked, err := r.unpack(dir)
+	unpacked, err := r.unpack(ctx, dir)
 	if err != nil {
 		stop() // the downloads left are of no use
 	}
@@ -795,13 +803,13 @@ type arrival struct {
 }
 
 // unpack writes the image's files into dir and returns the pages it used.
-func (r *packReader) unpack(dir string) (int, error) {
+func (r *packReader) unpack(ctx context.Context, dir string) (int, error) {
 	var err error
 	if r.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(packTarget+pageSize)); err != nil {
 		return 0, err
 	}
 	defer r.dec.Close()
-	if _, err := unpackTar(bytes.NewReader(r.ix.skeleton), dir, r.fill); err != nil {
+	if _, err := treetar.Read(ctx, bytes.NewReader(r.ix.skeleton), dir, treetar.Options{Special: true, Fill: r.fill, Sync: true}); err != nil {
 		return r.next, err
 	}
 	return r.next, nil

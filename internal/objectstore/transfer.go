@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
+	"github.com/aenv-dev/aenv/internal/treetar"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -55,12 +56,12 @@ func (s *Store) Put(ctx context.Context, key, dir string) (Manifest, error) {
 	pr, pw := io.Pipe()
 	sum := &digestWriter{h: sha256.New()}
 	type packed struct {
-		st  archiveStats
+		st  treetar.Stats
 		err error
 	}
 	done := make(chan packed, 1)
 	go func() {
-		st, err := packTree(dir, io.MultiWriter(sum, pw))
+		st, err := packTree(ctx, dir, io.MultiWriter(sum, pw))
 		pw.CloseWithError(err)
 		done <- packed{st, err}
 	}()
@@ -113,14 +114,14 @@ func (s *Store) Put(ctx context.Context, key, dir string) (Manifest, error) {
 	return m, nil
 }
 
-func packTree(dir string, w io.Writer) (archiveStats, error) {
+func packTree(ctx context.Context, dir string, w io.Writer) (treetar.Stats, error) {
 	// The fastest level: images are mostly page data, where zero pages
 	// dominate the gain, and the upload must keep pace with the network.
 	enc, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest))
 	if err != nil {
-		return archiveStats{}, err
+		return treetar.Stats{}, err
 	}
-	st, err := writeTar(dir, enc)
+	st, err := treetar.Write(ctx, dir, enc, treetar.Options{Special: true})
 	if err != nil {
 		enc.Close()
 		return st, err
@@ -343,7 +344,7 @@ func (s *Store) fetch(ctx context.Context, m Manifest, digest, dir string) error
 	if err != nil {
 		return err
 	}
-	_, unpackErr := readTar(dec, dir)
+	_, unpackErr := treetar.Read(ctx, dec, dir, treetar.Options{Special: true, Sync: true})
 	if unpackErr == nil {
 		// The rest of the zstd stream (end of frame, checksum) and of the
 		// object must be read for the digest to cover every byte.

@@ -14,20 +14,20 @@ package volume
 // makes the files pending, as a create does, until the record is its.
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/treetar"
+	"golang.org/x/sys/unix"
 )
 
 // exportingMarker, in a volume's directory, says its files are being
@@ -43,9 +43,9 @@ func (s *Service) mover() (store.VolumeMover, error) {
 	return m, nil
 }
 
-// Export writes volume id's files to w as a tar (directories, regular
-// files and symbolic links, with their modes, owners and times; other
-// kinds are skipped), for the move the records say it is in. Content
+// Export writes volume id's files to w as a tar (internal/treetar: a
+// volume's content, without FIFOs, sockets or devices), for the move the
+// records say it is in. Content
 // calls wait meanwhile, and the volume stays here until the move ends.
 func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 	if _, err := s.mover(); err != nil {
@@ -78,58 +78,7 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("export volume %s: %w", id, err)
 	}
-	tw := tar.NewWriter(w)
-	root, err := os.OpenRoot(files)
-	if err != nil {
-		return fmt.Errorf("export volume %s: %w", id, err)
-	}
-	defer root.Close()
-	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = root.Readlink(p); err != nil {
-				return err
-			}
-		} else if !info.Mode().IsRegular() && !info.IsDir() {
-			return nil // a FIFO, socket or device: not a volume's content
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = p
-		if info.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.Format = tar.FormatPAX // times to the nanosecond, not rounded to seconds
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if !info.Mode().IsRegular() {
-			return nil
-		}
-		f, err := root.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err == nil {
-		err = tw.Close()
-	}
+	_, err = treetar.Write(ctx, files, w, treetar.Options{})
 	if err != nil {
 		// The move cannot end with these files: no start need look.
 		os.Remove(filepath.Join(s.dir, id, exportingMarker))
@@ -206,7 +155,11 @@ func (s *Service) Import(ctx context.Context, id string, token int64, r io.Reade
 	}
 	err = s.makeData(&moved, nil, "")
 	if err == nil {
-		err = untar(ctx, s.dataDir(id), r)
+		_, err = treetar.Read(ctx, r, s.dataDir(id), treetar.Options{})
+	}
+	if err == nil {
+		// Durable before the commit: the other node drops its copy then.
+		err = syncFS(s.dataDir(id))
 	}
 	if err == nil {
 		// The commit: made whether or not the caller still waits.
@@ -241,96 +194,15 @@ func (s *Service) Import(ctx context.Context, id string, token int64, r io.Reade
 	return &moved, nil
 }
 
-// untar writes the tar r under dir, through os.Root: no entry reaches
-// outside it, whatever its name or its links say.
-func untar(ctx context.Context, dir string, r io.Reader) error {
-	root, err := os.OpenRoot(dir)
+// syncFS makes the writes to the file system holding dir durable.
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
-	defer root.Close()
-	tr := tar.NewReader(r)
-	type dirTimes struct {
-		name string
-		at   time.Time
-	}
-	var dirs []dirTimes // times are set last: writes inside change them
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read the volume's files: %w", err)
-		}
-		name := path.Clean(strings.TrimSuffix(hdr.Name, "/"))
-		bits := uint32(hdr.Mode & 0o7777)
-		mode, err := fileMode(&bits, 0)
-		if err != nil {
-			return err
-		}
-		if name == "." {
-			// The top: its mode and owner are the volume's own.
-			if err := root.Chmod(".", mode); err != nil {
-				return err
-			}
-			if err := root.Lchown(".", hdr.Uid, hdr.Gid); err != nil {
-				return err
-			}
-			dirs = append(dirs, dirTimes{".", hdr.ModTime})
-			continue
-		}
-		if !fs.ValidPath(name) {
-			return fmt.Errorf("entry %q: not a path inside the volume", hdr.Name)
-		}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-				return err
-			}
-			dirs = append(dirs, dirTimes{name, hdr.ModTime})
-		case tar.TypeReg:
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return err
-			}
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-				return err
-			}
-			continue // a link has no mode or times of its own to set here
-		default:
-			continue
-		}
-		if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-			return err
-		}
-		if err := root.Chmod(name, mode); err != nil {
-			return err
-		}
-		if hdr.Typeflag == tar.TypeReg {
-			if err := root.Chtimes(name, hdr.ModTime, hdr.ModTime); err != nil {
-				return err
-			}
-		}
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := root.Chtimes(dirs[i].name, dirs[i].at, dirs[i].at); err != nil {
-			return err
-		}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
 }

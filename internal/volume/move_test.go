@@ -111,8 +111,9 @@ func TestMoveBetweenNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A tree with owners, modes, times, a link, a setgid directory and a
-	// FIFO (not a volume's content: left behind).
+	// A tree with owners, modes, times, a link, a hard link, a sparse
+	// file, a setgid directory and a FIFO (not a volume's content: left
+	// behind).
 	src := a.dataDir(v.ID)
 	old := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
 	must := func(err error) {
@@ -130,6 +131,13 @@ func TestMoveBetweenNodes(t *testing.T) {
 	must(os.Chmod(filepath.Join(src, "shared"), 0o770|fs.ModeSetgid))
 	must(os.WriteFile(filepath.Join(src, "empty"), nil, 0o600))
 	must(syscall.Mkfifo(filepath.Join(src, "fifo"), 0o600))
+	must(os.Link(filepath.Join(src, "src/pkg/main.go"), filepath.Join(src, "hardlink")))
+	sparse, err := os.Create(filepath.Join(src, "sparse.img"))
+	must(err)
+	must(sparse.Truncate(64 << 20))
+	_, err = sparse.WriteAt([]byte("tail"), 64<<20-4)
+	must(err)
+	must(sparse.Close())
 	must(os.Chtimes(filepath.Join(src, "src"), old, old))
 	want := facts(t, src)
 	delete(want, "fifo")
@@ -150,6 +158,16 @@ func TestMoveBetweenNodes(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("moved %d entries, want %d: %v", len(got), len(want), got)
+	}
+	var file, link, img syscall.Stat_t
+	must(syscall.Stat(filepath.Join(b.dataDir(v.ID), "src/pkg/main.go"), &file))
+	must(syscall.Stat(filepath.Join(b.dataDir(v.ID), "hardlink"), &link))
+	must(syscall.Stat(filepath.Join(b.dataDir(v.ID), "sparse.img"), &img))
+	if file.Ino != link.Ino {
+		t.Error("a hard link became a copy")
+	}
+	if img.Size != 64<<20 || img.Blocks*512 > 1<<20 {
+		t.Errorf("a sparse file: %d bytes, %d allocated; want its hole kept", img.Size, img.Blocks*512)
 	}
 	if _, err := os.Stat(filepath.Join(b.dir, v.ID, pendingMarker)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the moved volume is still pending: %v", err)

@@ -1,8 +1,20 @@
-package objectstore
+// Package treetar writes a directory tree as a tar stream and reads one
+// back into a directory it cannot leave. It is the one format of the trees
+// aenv sends between machines: snapshot and template images in the object
+// store, and volumes moved between the nodes of a cluster.
+//
+// A tree keeps directories, regular files (holes come back as holes),
+// symbolic links and hard links, with modes (setuid, setgid and sticky
+// included), owners and modification times to the nanosecond (PAX). FIFOs
+// and device nodes are kept when asked (a root file system has them; a
+// volume's content does not). Sockets are always left out: a socket file
+// means nothing once copied. Extended attributes are not kept.
+package treetar
 
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,55 +30,80 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// archiveStats describes a packed or unpacked tree.
-type archiveStats struct {
-	Files int64 // entries of every type
-	Bytes int64 // regular file contents, holes included
+// Stats describe a tree written or read.
+type Stats struct {
+	Files int64 // entries of every type, the top directory not counted
+	Bytes int64 // regular files' contents, holes included
 }
 
-// writeTar packs the tree under root into w: regular files, directories,
-// symlinks, hard links, fifos and device nodes, with modes, owners and
-// modification times. Names are relative to root and use slashes; entries come
-// in lexical walk order so that a directory precedes its contents.
-func writeTar(root string, w io.Writer) (archiveStats, error) {
-	return walkTar(root, w, func(tw *tar.Writer, hdr *tar.Header, f *os.File) (int64, error) {
-		if err := tw.WriteHeader(hdr); err != nil {
-			return 0, err
+// FileBody writes a regular file's entry: its header (hdr, whose Size is
+// the file's) and what stands for its contents. It returns the content
+// bytes it read from f.
+type FileBody func(tw *tar.Writer, hdr *tar.Header, f *os.File) (int64, error)
+
+// FileFill writes the contents of the regular file hdr names into f, a
+// new empty file: from the archive (tr) or from elsewhere. It returns the
+// bytes of data written (holes excluded).
+type FileFill func(f *os.File, hdr *tar.Header, tr io.Reader, buf []byte) (int64, error)
+
+// Options say what a tree holds and how its files are written.
+type Options struct {
+	// Special keeps FIFOs and device nodes. Without it they are left out
+	// of a tree written and skipped in one read.
+	Special bool
+	// Body writes each regular file's entry (nil: its header and its
+	// contents). Fill writes each regular file read back (nil: its
+	// contents from the archive, runs of zeros as holes).
+	Body FileBody
+	Fill FileFill
+	// Sync makes each regular file read durable (fsync) before the next.
+	Sync bool
+}
+
+// Write packs the tree under root into w. Names are relative to root and
+// use slashes; the top directory is the entry "./", and entries come in
+// lexical walk order, so that a directory precedes its contents. The tree
+// is read through an os.Root: a file swapped for a symbolic link while it
+// is walked is not followed out of root.
+func Write(ctx context.Context, root string, w io.Writer, o Options) (Stats, error) {
+	var st Stats
+	body := o.Body
+	if body == nil {
+		body = func(tw *tar.Writer, hdr *tar.Header, f *os.File) (int64, error) {
+			if err := tw.WriteHeader(hdr); err != nil {
+				return 0, err
+			}
+			return io.Copy(tw, f)
 		}
-		return io.Copy(tw, f)
-	})
-}
-
-// fileBody writes a regular file's entry: its header (hdr, whose Size is the
-// file's) and what stands for its contents. It returns the content bytes it
-// read from f.
-type fileBody func(tw *tar.Writer, hdr *tar.Header, f *os.File) (int64, error)
-
-// walkTar is writeTar with the regular files' entries left to body: the
-// chunked format writes their headers only and keeps the contents apart.
-func walkTar(root string, w io.Writer, body fileBody) (archiveStats, error) {
-	var st archiveStats
+	}
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return st, fmt.Errorf("pack %s: %w", root, err)
+	}
+	defer r.Close()
 	tw := tar.NewWriter(w)
 	type inode struct{ dev, ino uint64 }
 	links := map[inode]string{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	err = fs.WalkDir(r.FS(), ".", func(name string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		// The top directory is an entry too ("./"): its mode, owner and
-		// time matter (a root filesystem's "/" must be traversable).
-		name := filepath.ToSlash(rel)
 		info, err := d.Info()
 		if err != nil {
 			return err
 		}
+		mode := info.Mode()
 		target := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if target, err = os.Readlink(p); err != nil {
+		switch {
+		case mode&fs.ModeSocket != 0:
+			return nil
+		case mode&(fs.ModeNamedPipe|fs.ModeDevice|fs.ModeCharDevice) != 0 && !o.Special:
+			return nil
+		case mode&fs.ModeSymlink != 0:
+			if target, err = r.Readlink(name); err != nil {
 				return err
 			}
 		}
@@ -76,14 +113,18 @@ func walkTar(root string, w io.Writer, body fileBody) (archiveStats, error) {
 		}
 		hdr.Name = name
 		if info.IsDir() {
+			// The top directory is an entry too ("./"): its mode, owner
+			// and time matter (a root file system's "/" must be
+			// traversable).
 			hdr.Name += "/"
 		}
-		// PAX keeps nanosecond times and large ids; user and group names are
-		// left out so that a restore does not depend on the node's passwd.
+		// PAX keeps nanosecond times and large IDs; user and group names
+		// are left out so that a tree read does not depend on the
+		// machine's passwd.
 		hdr.Format = tar.FormatPAX
 		hdr.Uname, hdr.Gname = "", ""
 		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok && info.Mode().IsRegular() && sys.Nlink > 1 {
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok && mode.IsRegular() && sys.Nlink > 1 {
 			id := inode{uint64(sys.Dev), sys.Ino}
 			if first, seen := links[id]; seen {
 				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
@@ -95,13 +136,13 @@ func walkTar(root string, w io.Writer, body fileBody) (archiveStats, error) {
 			if err := tw.WriteHeader(hdr); err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
-			if rel != "." {
-				st.Files++ // the top is counted as the tree, not as one of its files
+			if name != "." {
+				st.Files++
 			}
 			return nil
 		}
 		st.Files++
-		f, err := os.Open(p)
+		f, err := r.Open(name)
 		if err != nil {
 			return err
 		}
@@ -125,24 +166,18 @@ func walkTar(root string, w io.Writer, body fileBody) (archiveStats, error) {
 	return st, nil
 }
 
-// readTar unpacks r into dir, which must exist and be empty. Every path is
-// resolved inside dir (an os.Root), so a hostile archive cannot write outside
-// it through "..", absolute names or symlinks it planted earlier. Runs of
-// zeros in regular files become holes, which keeps memory images sparse.
-func readTar(r io.Reader, dir string) (archiveStats, error) {
-	return unpackTar(r, dir, func(f *os.File, hdr *tar.Header, tr io.Reader, buf []byte) (int64, error) {
-		return writeSparse(f, tr, hdr.Size, buf)
-	})
-}
-
-// fileFill writes the contents of the regular file hdr names into f, a new
-// empty file: from the archive (tr) or, in the chunked format, from chunks.
-// It returns the bytes of data written (holes excluded).
-type fileFill func(f *os.File, hdr *tar.Header, tr io.Reader, buf []byte) (int64, error)
-
-// unpackTar is readTar with the regular files' contents left to fill.
-func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
-	var st archiveStats
+// Read unpacks the tar r into dir, which must exist and be empty. Every
+// path is resolved inside dir (an os.Root), so a hostile archive cannot
+// write outside it through "..", absolute names or symbolic links it
+// planted earlier. Owners are set when run as root.
+func Read(ctx context.Context, r io.Reader, dir string, o Options) (Stats, error) {
+	var st Stats
+	fill := o.Fill
+	if fill == nil {
+		fill = func(f *os.File, hdr *tar.Header, tr io.Reader, buf []byte) (int64, error) {
+			return writeSparse(f, tr, hdr.Size, buf)
+		}
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return st, err
@@ -158,6 +193,9 @@ func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 	tr := tar.NewReader(r)
 	buf := make([]byte, 256<<10)
 	for {
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
@@ -165,6 +203,7 @@ func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 		if err != nil {
 			return st, fmt.Errorf("read archive: %w", err)
 		}
+		mode := fs.FileMode(hdr.Mode).Perm() | modeBits(hdr.Mode)
 		if hdr.Typeflag == tar.TypeDir && path.Clean(hdr.Name) == "." {
 			// The top directory itself (dir): its mode and time are set
 			// with the other directories', at the end.
@@ -173,7 +212,6 @@ func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 					return st, err
 				}
 			}
-			mode := fs.FileMode(hdr.Mode).Perm() | modeBits(hdr.Mode)
 			dirs = append(dirs, dirTime{".", mode, hdr.ModTime})
 			continue
 		}
@@ -181,7 +219,6 @@ func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 		if err != nil {
 			return st, err
 		}
-		mode := fs.FileMode(hdr.Mode).Perm() | modeBits(hdr.Mode)
 		switch hdr.Typeflag {
 		case tar.TypeDir:
 			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -189,7 +226,7 @@ func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 			}
 			dirs = append(dirs, dirTime{name, mode, hdr.ModTime})
 		case tar.TypeReg:
-			n, err := fillFile(root, name, hdr, tr, buf, fill)
+			n, err := fillFile(root, name, hdr, tr, buf, fill, o.Sync)
 			if err != nil {
 				return st, fmt.Errorf("unpack %s: %w", name, err)
 			}
@@ -209,6 +246,9 @@ func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 			st.Files++
 			continue // the first name carries owner, mode and times
 		case tar.TypeFifo, tar.TypeChar, tar.TypeBlock:
+			if !o.Special {
+				continue
+			}
 			if err := mknodIn(root, name, hdr); err != nil {
 				return st, fmt.Errorf("unpack %s: %w", name, err)
 			}
@@ -252,12 +292,12 @@ func unpackTar(r io.Reader, dir string, fill fileFill) (archiveStats, error) {
 	return st, nil
 }
 
-// cleanName turns an archive name into a local relative path and refuses names
-// that leave the tree.
+// cleanName turns an archive name into a local relative path and refuses
+// names that leave the tree.
 func cleanName(name string) (string, error) {
 	c := path.Clean(strings.TrimSuffix(name, "/"))
 	if c == "." || c == "" || path.IsAbs(c) || c == ".." || strings.HasPrefix(c, "../") {
-		return "", fmt.Errorf("archive entry %q leaves the image directory", name)
+		return "", fmt.Errorf("archive entry %q leaves the tree", name)
 	}
 	return filepath.FromSlash(c), nil
 }
@@ -277,9 +317,9 @@ func modeBits(m int64) fs.FileMode {
 	return b
 }
 
-// fillFile creates name inside root, has fill write its contents, and syncs
-// it.
-func fillFile(root *os.Root, name string, hdr *tar.Header, tr io.Reader, buf []byte, fill fileFill) (int64, error) {
+// fillFile creates name inside root, has fill write its contents, and
+// syncs it when asked.
+func fillFile(root *os.Root, name string, hdr *tar.Header, tr io.Reader, buf []byte, fill FileFill, sync bool) (int64, error) {
 	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return 0, err
@@ -289,14 +329,16 @@ func fillFile(root *os.Root, name string, hdr *tar.Header, tr io.Reader, buf []b
 	if err != nil {
 		return n, err
 	}
-	if err := f.Sync(); err != nil {
-		return n, err
+	if sync {
+		if err := f.Sync(); err != nil {
+			return n, err
+		}
 	}
 	return n, f.Close()
 }
 
-// writeSparse copies size bytes from r into f, seeking over blocks of zeros
-// instead of writing them.
+// writeSparse copies size bytes from r into f, seeking over blocks of
+// zeros instead of writing them.
 func writeSparse(f *os.File, r io.Reader, size int64, buf []byte) (int64, error) {
 	const block = 4096
 	var off int64
@@ -338,8 +380,9 @@ func isZero(b []byte) bool {
 	return bytes.Equal(b, zeroBlock[:len(b)])
 }
 
-// mknodIn creates a fifo or device node inside root: os.Root has no mknod, so
-// the parent is opened through the root and the node made relative to it.
+// mknodIn creates a FIFO or device node inside root: os.Root has no
+// mknod, so the parent is opened through the root and the node made
+// relative to it.
 func mknodIn(root *os.Root, name string, hdr *tar.Header) error {
 	parent, err := root.Open(filepath.Dir(name))
 	if err != nil {
@@ -359,7 +402,8 @@ func mknodIn(root *os.Root, name string, hdr *tar.Header) error {
 	return unix.Mknodat(int(parent.Fd()), filepath.Base(name), mode, int(dev))
 }
 
-// lutimesIn sets a symlink's own times (os.Root.Chtimes follows links).
+// lutimesIn sets a symbolic link's own times (os.Root.Chtimes follows
+// links).
 func lutimesIn(root *os.Root, name string, t time.Time) error {
 	parent, err := root.Open(filepath.Dir(name))
 	if err != nil {
