@@ -108,13 +108,17 @@ func (t *Team) SnapshotRoom(held int) error {
 
 // VolumeRoom says whether t may keep one more volume of sizeBytes (0: a
 // volume without a size) with held volumes of heldBytes kept already: nil
-// when it fits (or t has no such limit).
+// when it fits (or t has no such limit). A volume without a size under a
+// size limit is an ErrConflict, which no wait lifts; the others are plain
+// errors (the store makes them limits).
 func (t *Team) VolumeRoom(held int, heldBytes, sizeBytes int64) error {
 	switch {
 	case t.MaxVolumes > 0 && held+1 > t.MaxVolumes:
 		return fmt.Errorf("team %s is at its limit of %d volumes (delete some to make room)", t.ID, t.MaxVolumes)
 	case t.MaxVolumeMB > 0 && sizeBytes == 0:
-		return fmt.Errorf("team %s has a limit of %d MiB of volumes, and a volume here would have no size "+
+		// Not a limit reached, which time or a delete would lift: a
+		// conflict of the team's limit with where the volume is made.
+		return errdefs.Errorf(errdefs.ErrConflict, "team %s has a limit of %d MiB of volumes, and a volume here would have no size "+
 			"(sizes need a node with a volume pool: --volume-pool-gb)", t.ID, t.MaxVolumeMB)
 	case t.MaxVolumeMB > 0 && heldBytes+sizeBytes > int64(t.MaxVolumeMB)<<20:
 		return fmt.Errorf("team %s would pass its limit of %d MiB of volumes (%d held, %d asked)",

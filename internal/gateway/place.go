@@ -23,6 +23,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/template"
 	"github.com/aenv-dev/aenv/internal/tracing"
+	"github.com/aenv-dev/aenv/internal/volume"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
 
@@ -122,7 +123,10 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(req.VolumeMounts) > 0 {
 		// Volumes are their node's directories: the sandbox goes there.
-		keeper, err := g.volumesNode(r, req.VolumeMounts, order)
+		// Volumes move only for a create the node will take: a template
+		// the caller may use (the mounts' paths are checked there).
+		usable := builtIn || (len(copies) > 0 && callerOf(r).Uses(copies[0].TeamID))
+		keeper, err := g.volumesNode(r, req.VolumeMounts, order, usable)
 		if err != nil {
 			g.forget(r, run)
 			api.WriteError(w, r, g.logger, err)
@@ -913,22 +917,28 @@ func (c *ttlCache[V]) forget(k string) {
 var _ node.Catalog = (*catalog)(nil)
 
 // volumesNode is the node a sandbox mounting mounts goes to: the node
-// that keeps the volumes (by name in the caller's team, or by ID), since
-// a sandbox mounts only what its node keeps. order is the nodes that can
+// that keeps the volumes (the caller's team's, by name or ID), since a
+// sandbox mounts only what its node keeps. order is the nodes that can
 // take the sandbox, best first.
 //
-// With MoveVolumes, volumes that nothing mounts move to where the
-// sandbox can go: all to the first node of order that keeps some of
-// them, else to the first of order, when their own node cannot take the
-// sandbox (drained, full, without the template) or they are on several
-// nodes. A volume another sandbox mounts stays where it is.
-func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount, order []*nodeState) (string, error) {
+// With MoveVolumes (and mayMove: a create the node will take), volumes
+// that nothing mounts move to where the sandbox can go when their own
+// node cannot take it (drained, full, without the template) or they are
+// on several nodes: to the node of order that keeps the most of them
+// (then the most bytes, then by ID), else to the first of order. A
+// volume another sandbox mounts stays where it is; its node is then
+// tried as the target instead.
+func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount, order []*nodeState, mayMove bool) (string, error) {
 	p := callerOf(r)
 	var vols []*store.Volume
 	keepers := map[string]bool{}
-	for _, m := range mounts {
+	paths := make([]string, len(mounts))
+	for i, m := range mounts {
+		paths[i] = m.Path
+		// Even an admin's sandbox mounts only its own team's volumes (as
+		// the node decides).
 		v, err := g.db.GetVolume(r.Context(), p.TeamID, m.Name)
-		if errors.Is(err, store.ErrNotFound) || (err == nil && !p.Sees(v.TeamID)) {
+		if errors.Is(err, store.ErrNotFound) || (err == nil && v.TeamID != p.TeamID) {
 			return "", errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", m.Name)
 		}
 		if err != nil {
@@ -939,29 +949,111 @@ func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount,
 		}
 		keepers[v.NodeID] = true
 	}
-	if len(keepers) == 1 && (len(order) == 0 || !g.cfg.MoveVolumes ||
-		slices.ContainsFunc(order, func(n *nodeState) bool { return keepers[n.ID] })) {
+	if _, err := volume.CheckMountPaths(paths); err != nil {
+		return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "volumeMounts: %v", err)
+	}
+	moves := g.cfg.MoveVolumes && mayMove && len(order) > 0
+	if len(keepers) == 1 && (!moves || slices.ContainsFunc(order, func(n *nodeState) bool { return keepers[n.ID] })) {
 		return vols[0].NodeID, nil
 	}
-	if !g.cfg.MoveVolumes || len(order) == 0 {
+	if !moves {
 		other := vols[slices.IndexFunc(vols, func(v *store.Volume) bool { return v.NodeID != vols[0].NodeID })]
 		return "", errdefs.Errorf(errdefs.ErrConflict,
 			"volumes %s and %s are kept by different nodes (%s, %s): one sandbox mounts volumes of one node",
 			vols[0].Name, other.Name, vols[0].NodeID, other.NodeID)
 	}
-	// Where the sandbox goes: the best node that already keeps some, else
-	// the best; one that takes moved volumes.
 	movable := slices.DeleteFunc(slices.Clone(order), func(n *nodeState) bool { return !cluster.MovesVolumes(n.Protocol) })
 	if len(movable) == 0 {
 		return "", errdefs.Errorf(errdefs.ErrUnavailable,
 			"the nodes that can take the sandbox now are of a release that does not move volumes (cluster protocol %d or later), and its volumes are elsewhere",
 			cluster.VolumeMovesProtocol)
 	}
-	to := movable[0]
-	if i := slices.IndexFunc(movable, func(n *nodeState) bool { return keepers[n.ID] }); i >= 0 {
-		to = movable[i]
+	to := targetOf(vols, movable)
+	for attempt := 0; ; attempt++ {
+		moved, err := g.gather(r, vols, to)
+		if err == nil {
+			break
+		}
+		// A mounted volume cannot move: its node is the one to go to, if
+		// it can take the sandbox and nothing was moved yet.
+		var held *heldVolumeError
+		if errors.As(err, &held) && moved == 0 && attempt == 0 {
+			if i := slices.IndexFunc(movable, func(n *nodeState) bool { return n.ID == held.v.NodeID }); i >= 0 {
+				to = movable[i]
+				continue
+			}
+		}
+		return "", err
 	}
+	// Another create may have moved some meanwhile: they must all be on
+	// to now, or the node would refuse the sandbox.
+	for _, v := range vols {
+		now, err := g.db.GetVolume(r.Context(), "", v.ID)
+		if err != nil || now.NodeID != to.ID || now.MovingTo != "" {
+			return "", errdefs.Errorf(errdefs.ErrUnavailable,
+				"volume %s moved while this create gathered its volumes on node %s; try again", v.Name, to.ID)
+		}
+	}
+	return to.ID, nil
+}
+
+// targetOf is where volumes vols gather: the node of candidates (best
+// first) that keeps the most of them, then the most of their bytes, then
+// the first by ID; candidates[0] when none keeps any. The same volumes
+// gather on the same node whatever the order of equally good nodes, so
+// that two creates naming them do not move them past each other.
+func targetOf(vols []*store.Volume, candidates []*nodeState) *nodeState {
+	type kept struct {
+		count int
+		bytes int64
+	}
+	by := map[string]kept{}
+	for _, v := range vols {
+		k := by[v.NodeID]
+		k.count++
+		k.bytes += v.SizeBytes
+		by[v.NodeID] = k
+	}
+	var best *nodeState
+	for _, n := range candidates {
+		k, ok := by[n.ID]
+		if !ok {
+			continue
+		}
+		if best == nil {
+			best = n
+			continue
+		}
+		b := by[best.ID]
+		if k.count > b.count || (k.count == b.count && (k.bytes > b.bytes || (k.bytes == b.bytes && n.ID < best.ID))) {
+			best = n
+		}
+	}
+	if best == nil {
+		return candidates[0]
+	}
+	return best
+}
+
+// heldVolumeError is a volume that cannot move because something mounts
+// it.
+type heldVolumeError struct {
+	v   *store.Volume
+	err error
+}
+
+func (e *heldVolumeError) Error() string { return e.err.Error() }
+func (e *heldVolumeError) Unwrap() error { return e.err }
+
+// gather moves those of vols not on node to there, and says how many it
+// moved. Its errors are the create's answer: 503 when a later try may
+// pass (a node refused or failed, a volume mounted or moving meanwhile),
+// 409 for a mounted volume among volumes of several nodes
+// (*heldVolumeError).
+func (g *Gateway) gather(r *http.Request, vols []*store.Volume, to *nodeState) (int, error) {
+	severalNodes := slices.ContainsFunc(vols, func(v *store.Volume) bool { return v.NodeID != vols[0].NodeID })
 	view := g.nodes.current()
+	moved := 0
 	for _, v := range vols {
 		if v.NodeID == to.ID {
 			continue
@@ -969,32 +1061,41 @@ func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount,
 		from, ok := view.get(v.NodeID)
 		switch {
 		case !ok || !from.reachable:
-			return "", errdefs.Errorf(errdefs.ErrUnavailable,
+			return moved, errdefs.Errorf(errdefs.ErrUnavailable,
 				"volume %s is on node %s, which is unreachable: its files cannot be moved to a node that can take the sandbox", v.Name, v.NodeID)
 		case !cluster.MovesVolumes(from.Protocol):
-			return "", errdefs.Errorf(errdefs.ErrUnavailable,
+			return moved, errdefs.Errorf(errdefs.ErrUnavailable,
 				"volume %s is on node %s, which cannot take the sandbox now and is of a release that does not move volumes", v.Name, v.NodeID)
 		}
-		if _, err := g.relocate(r, v, from, to); err != nil {
-			var answered *nodeAnswer
-			if errors.As(err, &answered) {
-				err = errdefs.Errorf(errdefs.FromHTTPStatus(answered.status), "%v", answered)
-			}
-			msg := fmt.Sprintf("volume %s is on node %s, which cannot take the sandbox now, and cannot move to node %s, which can: %v", v.Name, v.NodeID, to.ID, err)
-			if len(keepers) > 1 {
-				msg = fmt.Sprintf("the volumes are kept by different nodes and volume %s cannot move from node %s to node %s: %v", v.Name, v.NodeID, to.ID, err)
-			} else if errors.Is(err, errdefs.ErrConflict) {
-				// Mounted, or moving for another create: its node may take
-				// the sandbox later, or the volume be free to move.
-				return "", errdefs.Errorf(errdefs.ErrUnavailable, "%s; try again later", msg)
-			}
-			kind := errdefs.Kind(err)
-			if kind == nil {
-				kind = errdefs.ErrUnavailable
-			}
-			return "", errdefs.Errorf(kind, "%s", msg)
+		_, err := g.relocate(r, v, from, to)
+		if err == nil {
+			moved++
+			g.logger.InfoContext(r.Context(), "moved a volume for a create", "volume", v.ID, "from", v.NodeID, "to", to.ID)
+			continue
 		}
-		g.logger.InfoContext(r.Context(), "moved a volume for a create", "volume", v.ID, "from", v.NodeID, "to", to.ID)
+		why := err.Error()
+		var answered *nodeAnswer
+		if errors.As(err, &answered) {
+			why = answered.message()
+		}
+		msg := fmt.Sprintf("volume %s is on node %s, which cannot take the sandbox now, and cannot move to node %s, which can: %s", v.Name, v.NodeID, to.ID, why)
+		if severalNodes {
+			msg = fmt.Sprintf("the volumes are kept by different nodes, and volume %s cannot move from node %s to node %s: %s", v.Name, v.NodeID, to.ID, why)
+		}
+		var mounted *mountedError
+		switch {
+		case errors.As(err, &mounted) && severalNodes:
+			return moved, &heldVolumeError{v: v, err: errdefs.Errorf(errdefs.ErrConflict, "%s", msg)}
+		case errors.As(err, &mounted):
+			// Its node may take the sandbox later, or the volume be free.
+			return moved, &heldVolumeError{v: v, err: errdefs.Errorf(errdefs.ErrUnavailable, "%s; try again later", msg)}
+		case errors.Is(err, errdefs.ErrInsufficientStorage) || (answered != nil && answered.status == http.StatusInsufficientStorage):
+			return moved, errdefs.Errorf(errdefs.ErrInsufficientStorage, "%s", msg)
+		default:
+			// A node's refusal or failure, or a move under way: another
+			// try may find the nodes otherwise.
+			return moved, errdefs.Errorf(errdefs.ErrUnavailable, "%s; try again later", msg)
+		}
 	}
-	return to.ID, nil
+	return moved, nil
 }

@@ -220,9 +220,11 @@ func (g *Gateway) relocate(r *http.Request, v *store.Volume, from, to *nodeState
 	case errors.Is(err, store.ErrNotFound):
 		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", v.Name)
 	case errors.Is(err, store.ErrConflict) && len(holders) > 0:
-		return nil, volume.MountedError(v, holders)
+		return nil, &mountedError{volume.MountedError(v, holders)}
 	case errors.Is(err, store.ErrConflict):
 		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is being moved already, or has moved: try again", v.Name)
+	case err != nil && r.Context().Err() != nil:
+		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "request canceled: %v", r.Context().Err())
 	case err != nil:
 		g.logger.WarnContext(r.Context(), "cluster database unavailable", "err", err)
 		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "the cluster's database is unavailable; try again")
@@ -230,21 +232,21 @@ func (g *Gateway) relocate(r *http.Request, v *store.Volume, from, to *nodeState
 	g.logger.InfoContext(r.Context(), "moving a volume", "volume", v.ID, "from", from.ID, "to", to.ID)
 	resp, err := g.transferVolume(r, v.ID, token, from, to)
 	if err != nil {
-		// The import may have finished the move with its answer lost:
-		// then the volume is the other node's, and this is a success.
+		// Ended here, unless the import ended it first (the node commits
+		// whether or not its answer arrives): then the abort changes
+		// nothing, and the record, read after it, says the volume is the
+		// other node's: a success whose answer was lost. Read before the
+		// abort, the record could miss a commit made between the two.
 		ctx := context.WithoutCancel(r.Context())
-		if now, gerr := g.db.GetVolume(ctx, "", v.ID); gerr == nil && now.NodeID == to.ID {
+		if aerr := g.db.AbortVolumeMove(ctx, v.ID, token); aerr != nil {
+			g.logger.WarnContext(r.Context(), "end a failed volume move: ended at the source's next start, or taken over after a while",
+				"volume", v.ID, "err", aerr)
+		} else if now, gerr := g.db.GetVolume(ctx, "", v.ID); gerr == nil && now.NodeID == to.ID {
 			g.logger.WarnContext(r.Context(), "a volume move's answer was lost; the record says it ended", "volume", v.ID, "err", err)
 			resp, err = json.Marshal(wire.VolumeAndToken{VolumeID: now.ID, Name: now.Name, Token: now.Token, NodeID: &now.NodeID})
 		}
 	}
 	if err != nil {
-		// Ended here unless the import ended it (then the abort finds
-		// the move gone and changes nothing).
-		if aerr := g.db.AbortVolumeMove(context.WithoutCancel(r.Context()), v.ID, token); aerr != nil {
-			g.logger.WarnContext(r.Context(), "end a failed volume move: ended at the source's next start, or taken over after a while",
-				"volume", v.ID, "err", aerr)
-		}
 		if answered := (*nodeAnswer)(nil); errors.As(err, &answered) {
 			return nil, err
 		}
@@ -267,6 +269,22 @@ type nodeAnswer struct {
 func (a *nodeAnswer) Error() string {
 	return fmt.Sprintf("%d %s", a.status, bytes.TrimSpace(a.body))
 }
+
+// message is what the node said: its error's message, else its body.
+func (a *nodeAnswer) message() string {
+	var e wire.Error
+	if json.Unmarshal(a.body, &e) == nil && e.Message != "" {
+		return e.Message
+	}
+	return string(bytes.TrimSpace(a.body))
+}
+
+// mountedError is a move refused because something mounts the volume
+// (a conflict, naming the holders).
+type mountedError struct{ err error }
+
+func (e *mountedError) Error() string { return e.err.Error() }
+func (e *mountedError) Unwrap() error { return e.err }
 
 // transferVolume streams volume id's files from node from's export to
 // node to's import, and returns the import's answer (the volume).

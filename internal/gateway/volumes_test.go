@@ -195,88 +195,123 @@ func TestCreateWithVolumesPlacedOnTheirNode(t *testing.T) {
 }
 
 // With MoveVolumes, a create whose volumes' node cannot take it moves the
-// volumes nothing mounts to a node that can (the one keeping its other
-// volumes first), and is placed there; a mounted volume stays and the
-// create is refused (503) without reaching any node; a move stuck on a
-// node that sends nothing ends after the idle bound, and the volume
-// stays where it was.
+// volumes nothing mounts to a node that can (the one keeping most of
+// them, whatever the order of equally roomy nodes), and is placed there.
+// A mounted volume stays: on a full node the create is refused (503)
+// without reaching any node; among volumes of two nodes its node becomes
+// the target. A move stuck on a node that sends nothing ends after the
+// idle bound, the volume where it was; a node's refusal of an import is
+// a 503 in plain words; a create the node would refuse moves nothing.
 func TestCreateMovesVolumes(t *testing.T) {
 	db := newFakeStore()
-	full := newFakeNode(t, "full", func(w http.ResponseWriter, r *http.Request) {
-		switch r.Method + " " + r.URL.Path {
-		case "GET /volumes/vol-data/export":
-			w.Write([]byte("the volume's files"))
-		case "GET /volumes/vol-hang/export":
-			w.Write([]byte("the first bytes"))
-			http.NewResponseController(w).Flush()
-			<-r.Context().Done()
-		case "DELETE /volumes/vol-data/files":
-			w.WriteHeader(http.StatusNoContent)
-		default:
-			w.WriteHeader(http.StatusTeapot)
-		}
-	})
 	var (
 		mu       sync.Mutex
 		imported []string
 	)
-	roomy := newFakeNode(t, "roomy", func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/import"):
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				return // cut: no commit
+	node := func(name string) *fakeNode {
+		return newFakeNode(t, name, func(w http.ResponseWriter, r *http.Request) {
+			parts := strings.Split(r.URL.Path, "/") // "", "volumes", id, what
+			switch {
+			case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/export") && parts[2] == "vol-hang":
+				w.Write([]byte("the first bytes"))
+				http.NewResponseController(w).Flush()
+				<-r.Context().Done()
+			case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/export"):
+				w.Write([]byte("files of " + parts[2]))
+			case r.Method == http.MethodDelete && strings.HasSuffix(r.URL.Path, "/files"):
+				w.WriteHeader(http.StatusNoContent)
+			case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/import") && parts[2] == "vol-toobig":
+				io.Copy(io.Discard, r.Body)
+				writeJSON(w, http.StatusBadRequest, map[string]any{"code": 400, "message": "64 GiB is more than this node's volume pool"})
+			case r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/import"):
+				body, err := io.ReadAll(r.Body)
+				if err != nil {
+					return // cut: no commit
+				}
+				mu.Lock()
+				imported = append(imported, parts[2]+" to "+name+": "+string(body))
+				mu.Unlock()
+				db.finishMove(parts[2], name)
+				writeJSON(w, http.StatusOK, map[string]string{"volumeID": parts[2]})
+			case r.Method == http.MethodPost && r.URL.Path == "/sandboxes":
+				writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": "sb-on-" + name})
+			default:
+				w.WriteHeader(http.StatusTeapot)
 			}
-			id := strings.Split(r.URL.Path, "/")[2]
-			mu.Lock()
-			imported = append(imported, id+": "+string(body))
-			mu.Unlock()
-			db.finishMove(id, "roomy")
-			writeJSON(w, http.StatusOK, map[string]string{"volumeID": id})
-		case r.Method == http.MethodPost && r.URL.Path == "/sandboxes":
-			writeJSON(w, http.StatusCreated, map[string]string{"sandboxID": "sb"})
-		default:
-			w.WriteHeader(http.StatusTeapot)
-		}
-	})
-	db.nodes = []postgres.Node{nodeRecord(full, 10, 10, false), nodeRecord(roomy, 100, 0, false)}
+		})
+	}
+	full, roomy, roomy2 := node("full"), node("roomy"), node("roomy2")
+	db.nodes = []postgres.Node{nodeRecord(full, 10, 10, false), nodeRecord(roomy, 100, 0, false), nodeRecord(roomy2, 100, 0, false)}
 	db.templates = []*store.Template{
 		{ID: "tpl-f", Name: "base", NodeID: "full", Upload: store.UploadUploaded},
 		{ID: "tpl-r", Name: "base", NodeID: "roomy", Upload: store.UploadUploaded},
+		{ID: "tpl-r2", Name: "base", NodeID: "roomy2", Upload: store.UploadUploaded},
+		{ID: "tpl-theirs", Name: "theirs", TeamID: "another-team", NodeID: "roomy", Upload: store.UploadUploaded},
 	}
-	db.volumes = map[string]*store.Volume{
-		"vol-data":  {ID: "vol-data", Name: "data", TeamID: auth.DefaultTeam, NodeID: "full"},
-		"vol-other": {ID: "vol-other", Name: "other", TeamID: auth.DefaultTeam, NodeID: "roomy"},
-		"vol-busy":  {ID: "vol-busy", Name: "busy", TeamID: auth.DefaultTeam, NodeID: "full"},
-		"vol-hang":  {ID: "vol-hang", Name: "hang", TeamID: auth.DefaultTeam, NodeID: "full"},
+	vol := func(id, node string) *store.Volume {
+		return &store.Volume{ID: "vol-" + id, Name: id, TeamID: auth.DefaultTeam, NodeID: node}
 	}
-	db.holders = map[string][]store.Ref{"vol-busy": {{HolderKind: store.RefSandbox, HolderID: "sb-busy"}}}
+	db.volumes = map[string]*store.Volume{}
+	for _, v := range []*store.Volume{vol("data", "full"), vol("other", "roomy"), vol("busy", "full"), vol("hang", "full"),
+		vol("toobig", "full"), vol("busy2", "roomy2"), vol("free2", "roomy")} {
+		db.volumes[v.ID] = v
+	}
+	db.holders = map[string][]store.Ref{
+		"vol-busy":  {{HolderKind: store.RefSandbox, HolderID: "sb-busy"}},
+		"vol-busy2": {{HolderKind: store.RefSandbox, HolderID: "sb-busy2"}},
+	}
 	g, err := New(t.Context(), Config{NodeTimeout: time.Minute, MaxJSONBytes: 1 << 20, ClusterSecret: "secret",
 		APIKey: testKey, MoveVolumes: true, MoveIdle: 200 * time.Millisecond}, db, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(g.Close)
-	create := func(names ...string) *httptest.ResponseRecorder {
+	createOf := func(template string, paths []string, names ...string) *httptest.ResponseRecorder {
 		var mounts []map[string]string
 		for i, n := range names {
-			mounts = append(mounts, map[string]string{"name": n, "path": fmt.Sprintf("/mnt/%d", i)})
+			mounts = append(mounts, map[string]string{"name": n, "path": paths[i]})
 		}
-		return call(t, g, t.Context(), http.MethodPost, "/sandboxes", "", map[string]any{"templateID": "base", "volumeMounts": mounts})
+		return call(t, g, t.Context(), http.MethodPost, "/sandboxes", "", map[string]any{"templateID": template, "volumeMounts": mounts})
+	}
+	create := func(names ...string) *httptest.ResponseRecorder {
+		paths := make([]string, len(names))
+		for i := range names {
+			paths[i] = fmt.Sprintf("/mnt/%d", i)
+		}
+		return createOf("base", paths, names...)
+	}
+	creates := func() int {
+		return full.count("POST /sandboxes") + roomy.count("POST /sandboxes") + roomy2.count("POST /sandboxes")
 	}
 
-	if w := create("data", "other"); w.Code != 201 || roomy.count("POST /sandboxes") != 1 {
-		t.Fatalf("create mounting data and other: %d %s; roomy asked %d times", w.Code, w.Body, roomy.count("POST /sandboxes"))
+	// data (on the full node) joins other on roomy, however the two roomy
+	// nodes are ordered.
+	for i := range 6 {
+		db.mu.Lock()
+		db.volumes["vol-data"].NodeID = "full"
+		db.mu.Unlock()
+		if w := create("data", "other"); w.Code != 201 || !strings.Contains(w.Body.String(), "sb-on-roomy\"") {
+			t.Fatalf("create %d mounting data and other: %d %s", i, w.Code, w.Body)
+		}
 	}
 	if v := db.volumes["vol-data"]; v.NodeID != "roomy" || v.MovingTo != "" {
-		t.Errorf("data after the create: on %q, moving to %q; want on roomy", v.NodeID, v.MovingTo)
+		t.Errorf("data after the creates: on %q, moving to %q; want on roomy", v.NodeID, v.MovingTo)
 	}
 	mu.Lock()
 	got := slices.Clone(imported)
 	mu.Unlock()
-	if len(got) != 1 || got[0] != "vol-data: the volume's files" || full.count("DELETE /volumes/vol-data/files") != 1 {
+	if len(got) != 6 || got[0] != "vol-data to roomy: files of vol-data" || full.count("DELETE /volumes/vol-data/files") != 6 {
 		t.Errorf("imported %q; old files dropped %d times", got, full.count("DELETE /volumes/vol-data/files"))
 	}
+
+	// A mounted volume stays: its node, roomy2, is the target.
+	if w := create("busy2", "free2"); w.Code != 201 || !strings.Contains(w.Body.String(), "sb-on-roomy2") {
+		t.Errorf("create mounting busy2 (mounted, on roomy2) and free2 (on roomy): %d %s", w.Code, w.Body)
+	}
+	if v := db.volumes["vol-free2"]; v.NodeID != "roomy2" {
+		t.Errorf("free2 is on %s, want roomy2 beside the mounted busy2", v.NodeID)
+	}
+	before := creates()
 
 	w := create("busy")
 	if w.Code != 503 || !strings.Contains(errorMessage(w), "sb-busy") {
@@ -293,7 +328,33 @@ func TestCreateMovesVolumes(t *testing.T) {
 	if v := db.volumes["vol-hang"]; v.NodeID != "full" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-hang") {
 		t.Errorf("hang after the cut move: on %q moving to %q, aborted %v", v.NodeID, v.MovingTo, db.aborted)
 	}
-	if n := roomy.count("POST /sandboxes") + full.count("POST /sandboxes"); n != 1 {
-		t.Errorf("%d creates reached the nodes, want 1", n)
+
+	w = create("toobig")
+	if msg := errorMessage(w); w.Code != 503 || !strings.Contains(msg, "more than this node's volume pool") || strings.Contains(msg, `"code"`) {
+		t.Errorf("create whose volume's import is refused: %d %s, want 503 with the node's words", w.Code, w.Body)
+	}
+
+	// Creates their node would refuse move nothing: a bad mount path,
+	// another team's template.
+	exports := full.count("GET /volumes/vol-data/export") + roomy.count("GET /volumes/vol-data/export")
+	db.mu.Lock()
+	db.volumes["vol-data"].NodeID = "full"
+	db.mu.Unlock()
+	if w := createOf("base", []string{"relative"}, "data"); w.Code != 400 {
+		t.Errorf("create with a relative mount path: %d %s, want 400", w.Code, w.Body)
+	}
+	raw, _ := json.Marshal(map[string]any{"templateID": "theirs", "volumeMounts": []map[string]string{{"name": "data", "path": "/mnt/x"}}})
+	req := httptest.NewRequest(http.MethodPost, "/sandboxes", bytes.NewReader(raw))
+	req.Header.Set("X-API-Key", otherKey) // the default team's, not an admin
+	theirs := httptest.NewRecorder()
+	g.ServeHTTP(theirs, req)
+	if theirs.Code == 201 {
+		t.Errorf("create of another team's template: %d %s", theirs.Code, theirs.Body)
+	}
+	if n := full.count("GET /volumes/vol-data/export") + roomy.count("GET /volumes/vol-data/export"); n != exports {
+		t.Errorf("refused creates exported data %d times", n-exports)
+	}
+	if n := creates(); n != before {
+		t.Errorf("%d refused creates reached the nodes", n-before)
 	}
 }

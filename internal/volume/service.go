@@ -546,6 +546,12 @@ func (s *Service) Open(v *store.Volume) (*Dir, error) {
 	if !s.Local(v) {
 		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is on node %s, not this one", v.ID, v.NodeID)
 	}
+	// Refused at once while an export runs, rather than after waiting
+	// for it to end; checked again under the lock, for an export that
+	// began meanwhile.
+	if err := s.checkNotExported(context.Background(), v.ID); err != nil {
+		return nil, err
+	}
 	lock := s.freezeLock(v.ID)
 	lock.RLock()
 	if err := s.checkNotExported(context.Background(), v.ID); err != nil {

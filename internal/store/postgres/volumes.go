@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -78,7 +79,9 @@ func volumeRoom(ctx context.Context, tx pgx.Tx, team string, sizeBytes int64) er
 		team).Scan(&held, &heldBytes); err != nil {
 		return err
 	}
-	if err := lim.VolumeRoom(held, heldBytes, sizeBytes); err != nil {
+	if err := lim.VolumeRoom(held, heldBytes, sizeBytes); errdefs.Kind(err) != nil {
+		return err
+	} else if err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -64,7 +65,9 @@ func volumeRoom(ctx context.Context, tx *sql.Tx, team string, sizeBytes int64) e
 		team).Scan(&held, &heldBytes); err != nil {
 		return err
 	}
-	if err := lim.VolumeRoom(held, heldBytes, sizeBytes); err != nil {
+	if err := lim.VolumeRoom(held, heldBytes, sizeBytes); errdefs.Kind(err) != nil {
+		return err
+	} else if err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/auth"
+	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -660,9 +661,9 @@ func testTeamVolumeLimits(t *testing.T, s TeamStore) {
 	if err := vols.CreateVolume(ctx, volume("other", "free", 0)); err != nil {
 		t.Fatal(err)
 	}
-	// A burst of 12 against a limit of 4: exactly 4.
+	// A burst of 24 against a limit of 4: exactly 4.
 	var wg sync.WaitGroup
-	errs := make([]error, 12)
+	errs := make([]error, 24)
 	for i := range errs {
 		wg.Add(1)
 		go func() {
@@ -681,14 +682,15 @@ func testTeamVolumeLimits(t *testing.T, s TeamStore) {
 		}
 	}
 	if n, err := vols.CountVolumes(ctx, "lim"); made != 4 || err != nil || n != 4 {
-		t.Fatalf("a burst of 12 against a limit of 4 made %d (%d counted, %v)", made, n, err)
+		t.Fatalf("a burst of 24 against a limit of 4 made %d (%d counted, %v)", made, n, err)
 	}
 	// Sizes: 4 unsized volumes held, room for 100 MiB more with 5 allowed.
 	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxVolumes: ptr(0), MaxVolumeMB: ptr(100)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := vols.CreateVolume(ctx, volume("unsized", "lim", 0)); !errors.Is(err, store.ErrLimit) || !strings.Contains(err.Error(), "no size") {
-		t.Fatalf("an unsized volume under a size limit: %v, want ErrLimit saying why", err)
+	if err := vols.CreateVolume(ctx, volume("unsized", "lim", 0)); !errors.Is(err, errdefs.ErrConflict) || errors.Is(err, store.ErrLimit) ||
+		!strings.Contains(err.Error(), "no size") {
+		t.Fatalf("an unsized volume under a size limit: %v, want a conflict (not a limit) saying why", err)
 	}
 	if err := vols.CreateVolume(ctx, volume("big", "lim", 64)); err != nil {
 		t.Fatalf("64 of 100 MiB: %v", err)
