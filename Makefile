@@ -168,7 +168,7 @@ bench-go: build ## Go benchmarks of single operations, next to raw runsc and run
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared|TeamLimitBurst|Volume|Console' -benchtime 20x -timeout 30m ./test/integration/
 
 .PHONY: bench-volumes
-bench-volumes: build ## Volumes: create with and without one, fork of 8 sharing or copying a 1 GB volume, file throughput on a volume and on the root (minutes per run)
+bench-volumes: build ## Volumes: create with and without one, fork of 8 sharing or copying a 1 GB volume, file throughput on a volume and on the root, a 1 GiB move between nodes beside tar (minutes per run)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'Volume' -benchtime 3x -timeout 60m ./test/integration/
 
 .PHONY: bench-egress

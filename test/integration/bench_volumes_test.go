@@ -253,3 +253,77 @@ cat $d/small/* > /dev/null; g=$(date +%%s.%%N); rm -rf $d/big $d/small; echo $s 
 		b.ReportMetric(root[i], "rootfs-"+n)
 	}
 }
+
+// BenchmarkVolumeMove: a volume of 1 GiB in 16 files and 10,000 small
+// ones moved between two nodes with volume pools through a gateway (POST
+// /volumes/{id}/move, both ways in turn), next to the raw copy of the
+// same tree on this machine: tar into tar, from one node's pool into the
+// other's.
+func BenchmarkVolumeMove(b *testing.B) {
+	c := newCluster(b)
+	nodes := map[string]*server{
+		"node-a": c.addNode("node-a", "--volume-pool-gb", "4", "--warm-sandboxes", "0", "--prepared-sandboxes", "0"),
+		"node-b": c.addNode("node-b", "--volume-pool-gb", "4", "--warm-sandboxes", "0", "--prepared-sandboxes", "0"),
+	}
+	g := c.addGateway()
+	g.waitReady(b, "node-a", "node-b")
+	gw := &server{t: b, url: g.url, checked: client.NewHTTPClient(4)}
+	var v struct {
+		VolumeID, NodeID string
+	}
+	gw.expect(gw.do("POST", "/volumes", map[string]any{"name": "moving", "sizeMB": 2048}), 201, "create").json(b, &v)
+	dir := filepath.Join(nodes[v.NodeID].dataDir, "volumes", v.VolumeID, "data")
+	for i := range 16 {
+		out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(dir, fmt.Sprintf("part-%02d", i)),
+			"bs=1M", "count=64", "status=none").CombinedOutput()
+		if err != nil {
+			b.Fatalf("dd: %v %s", err, out)
+		}
+	}
+	small := make([]byte, 4096)
+	for i := range 10_000 {
+		sub := filepath.Join(dir, "small", strconv.Itoa(i/100))
+		if i%100 == 0 {
+			must(b, os.MkdirAll(sub, 0o755))
+		}
+		small[0] = byte(i)
+		must(b, os.WriteFile(filepath.Join(sub, strconv.Itoa(i)), small, 0o644))
+	}
+	const bytes = 16*64<<20 + 10_000*4096
+	other := map[string]string{"node-a": "node-b", "node-b": "node-a"}
+	raw := func(from string) time.Duration {
+		src := filepath.Join(nodes[from].dataDir, "volumes", v.VolumeID, "data")
+		dst := filepath.Join(nodes[other[from]].dataDir, "volumes", "raw-copy")
+		must(b, os.Mkdir(dst, 0o700))
+		defer os.RemoveAll(dst)
+		start := time.Now()
+		cmd := exec.Command("sh", "-c", `tar -C "$1" -cf - . | tar -C "$2" -xf - && sync -f "$2"`, "sh", src, dst)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("tar: %v %s", err, out)
+		}
+		return time.Since(start)
+	}
+	var moves, raws []time.Duration
+	at := v.NodeID
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		raws = append(raws, raw(at))
+		b.StartTimer()
+		start := time.Now()
+		gw.expect(gw.do("POST", "/volumes/moving/move", nil), 200, "move").json(b, &v)
+		moves = append(moves, time.Since(start))
+		if v.NodeID != other[at] {
+			b.Fatalf("moved to %s, want %s", v.NodeID, other[at])
+		}
+		at = v.NodeID
+	}
+	b.StopTimer()
+	reportNamed(b, "move", moves)
+	reportNamed(b, "raw-tar", raws)
+	m, _ := percentiles(moves)
+	r, _ := percentiles(raws)
+	b.ReportMetric(bytes/(1<<20)/(m/1000), "move-MB/s")
+	b.ReportMetric(bytes/(1<<20)/(r/1000), "raw-MB/s")
+	b.ReportMetric(m/r, "ratio-p50")
+}
