@@ -232,6 +232,43 @@ func TestMoveCut(t *testing.T) {
 		t.Fatalf("a content call after the move was aborted: %v", err)
 	}
 	d.Close()
+	// While an export runs (its reader stalled), a content call is
+	// refused at once, not after the export ends.
+	if token, _, err = dbA.BeginVolumeMove(ctx, v.ID, "a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	stalled, stall := io.Pipe()
+	exported := make(chan error, 1)
+	go func() { exported <- a.Export(ctx, v.ID, stall) }()
+	stalled.Read(make([]byte, 1)) // the export has begun: it holds the volume
+	refused := make(chan error, 1)
+	go func() {
+		d, err := a.Open(rec)
+		if d != nil {
+			d.Close()
+		}
+		refused <- err
+	}()
+	waited := false
+	select {
+	case err := <-refused:
+		if !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Errorf("a content call during an export: %v, want ErrUnavailable", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("a content call waited for the export to end")
+		waited = true
+	}
+	stalled.CloseWithError(errors.New("stalled reader gone"))
+	if err := <-exported; err == nil {
+		t.Error("an export into a closed pipe succeeded")
+	}
+	if waited {
+		<-refused
+	}
+	if err := dbA.AbortVolumeMove(ctx, v.ID, token); err != nil {
+		t.Fatal(err)
+	}
 	if token, _, err = dbA.BeginVolumeMove(ctx, v.ID, "a", "b"); err != nil {
 		t.Fatal(err)
 	}

@@ -14,9 +14,11 @@ import (
 )
 
 // BenchmarkConsole measures the web console in headless Chromium against
-// a server holding $AENV_BENCH_CONSOLE_SANDBOXES sandboxes (default 50:
-// the test harness gives a server a /24, which holds 64 sandboxes; the
-// list shows 100 a page):
+// a server holding $AENV_BENCH_CONSOLE_SANDBOXES sandboxes (default 50;
+// past 40, the others are paused to disk as they are made: the test
+// harness gives a server a /24, which holds 64 running sandboxes, and a
+// sandbox paused to disk holds no slot and no memory; the list shows 100
+// a page):
 //   - page load: from navigation to the sandbox list drawn, logged in
 //     (the shell, the bundle, who the key is, the first page of the list);
 //   - terminal echo: from a key reaching the page to its echo drawn in the
@@ -25,6 +27,7 @@ import (
 //
 // make bench-console runs it.
 func BenchmarkConsole(b *testing.B) {
+	const consoleRunning = 40
 	n := 50
 	if v := os.Getenv("AENV_BENCH_CONSOLE_SANDBOXES"); v != "" {
 		var err error
@@ -50,6 +53,9 @@ func BenchmarkConsole(b *testing.B) {
 			e.want(201, apiKey, "POST", "/sandboxes", map[string]any{"templateID": "base", "timeout": 3600,
 				"memoryMB": 256}).json(b, &sb)
 			ids[i] = sb.SandboxID
+			if i >= consoleRunning {
+				e.want(204, apiKey, "POST", "/sandboxes/"+sb.SandboxID+"/pause", map[string]any{"toDisk": true})
+			}
 		}()
 	}
 	wg.Wait()
