@@ -47,6 +47,9 @@ func toVolumeAndToken(v *store.Volume) wire.VolumeAndToken {
 	if v.NodeID != "" {
 		out.NodeID = &v.NodeID
 	}
+	if v.MovingTo != "" {
+		out.MovingTo = &v.MovingTo
+	}
 	if v.SizeBytes > 0 {
 		mb := v.SizeBytes >> 20
 		out.SizeMB = &mb
@@ -66,6 +69,9 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 		item := wire.Volume{VolumeID: v.ID, Name: v.Name}
 		if v.NodeID != "" {
 			item.NodeID = &v.NodeID
+		}
+		if v.MovingTo != "" {
+			item.MovingTo = &v.MovingTo
 		}
 		out = append(out, item)
 	}

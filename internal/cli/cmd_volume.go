@@ -144,8 +144,15 @@ the E2B SDK's Volume.connect reads).`,
 			if v.SizeMB > 0 {
 				size = fmt.Sprintf("%d MiB", v.SizeMB)
 			}
-			t := newTable(a.stdout, "VOLUME ID", "NAME", "SIZE", "TOKEN")
-			t.row(v.VolumeID, v.Name, size, v.Token)
+			node := v.NodeID
+			switch {
+			case node == "":
+				node = "-" // a single server's
+			case v.MovingTo != "":
+				node += " (moving to " + v.MovingTo + ")"
+			}
+			t := newTable(a.stdout, "VOLUME ID", "NAME", "SIZE", "NODE", "TOKEN")
+			t.row(v.VolumeID, v.Name, size, node, v.Token)
 			return t.flush()
 		},
 	}
@@ -184,6 +191,7 @@ func (a *app) volumeMoveCommand() *cobra.Command {
 	var f serverFlags
 	var out outputFlag
 	var node string
+	var detach bool
 	cmd := &cobra.Command{
 		Use:   "move ID|NAME",
 		Short: "Move a volume to another node of a cluster",
@@ -191,8 +199,12 @@ func (a *app) volumeMoveCommand() *cobra.Command {
 gateway): its files are copied there, then removed from the node that kept
 them. Nothing may mount the volume meanwhile: kill the sandboxes and delete the
 snapshots that mount it first (409 names them). It prints the node the volume
-is on now; -o json prints the volume.`,
-		Example: "  aenv volume move datasets\n  aenv volume move datasets --node node-7",
+is on now; -o json prints the volume.
+
+The move goes on if the command is stopped; with --detach the command returns
+once the move has begun, and 'aenv volume inspect' shows where it is going
+until it ends (a move that fails leaves the volume where it was).`,
+		Example: "  aenv volume move datasets\n  aenv volume move datasets --node node-7 --detach",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			asJSON, err := out.json()
@@ -203,18 +215,23 @@ is on now; -o json prints the volume.`,
 			if err != nil {
 				return err
 			}
-			v, err := c.MoveVolume(cmd.Context(), argv[0], node)
+			v, err := c.MoveVolume(cmd.Context(), argv[0], node, !detach)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				return writeJSON(a.stdout, v.Raw)
 			}
+			if v.MovingTo != "" {
+				fmt.Fprintf(a.stdout, "moving to %s\n", v.MovingTo)
+				return nil
+			}
 			fmt.Fprintln(a.stdout, v.NodeID)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&node, "node", "", "the node to move it to (default: the readiest other node)")
+	cmd.Flags().BoolVar(&detach, "detach", false, "return once the move has begun")
 	addServerFlags(cmd, &f)
 	addOutputFlag(cmd, &out)
 	return cmd

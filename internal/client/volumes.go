@@ -20,9 +20,11 @@ type Volume struct {
 	// SizeMB bounds the volume's files (0: no bound; only a node with a
 	// volume pool bounds volumes).
 	SizeMB int64 `json:"sizeMB,omitempty"`
-	// NodeID is the node keeping the volume, in a cluster.
-	NodeID string          `json:"nodeID,omitempty"`
-	Raw    json.RawMessage `json:"-"`
+	// NodeID is the node keeping the volume, in a cluster; MovingTo the
+	// node a move is taking it to, while it moves.
+	NodeID   string          `json:"nodeID,omitempty"`
+	MovingTo string          `json:"movingTo,omitempty"`
+	Raw      json.RawMessage `json:"-"`
 }
 
 // CreateVolume makes an empty volume of the caller's team, of sizeMB MiB
@@ -65,11 +67,16 @@ func (c *Client) DeleteVolume(ctx context.Context, idOrName string) error {
 }
 
 // MoveVolume moves a volume nothing mounts to node (""; the readiest
-// other node) of a cluster, through a gateway.
-func (c *Client) MoveVolume(ctx context.Context, idOrName, node string) (Volume, error) {
-	body := map[string]string{}
+// other node) of a cluster, through a gateway. With wait, it answers once
+// the volume is there; without, once the move has begun (the volume's
+// MovingTo says where it goes until the move ends).
+func (c *Client) MoveVolume(ctx context.Context, idOrName, node string, wait bool) (Volume, error) {
+	body := map[string]any{}
 	if node != "" {
 		body["nodeID"] = node
+	}
+	if !wait {
+		body["wait"] = false
 	}
 	var raw json.RawMessage
 	if _, err := c.DoJSON(ctx, http.MethodPost, "/volumes/"+url.PathEscape(idOrName)+"/move", nil, body, &raw); err != nil {

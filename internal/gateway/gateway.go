@@ -117,8 +117,12 @@ type Gateway struct {
 	authFails *api.AuthLimiter
 	requests  *prometheus.CounterVec
 
-	stop func()
-	done sync.WaitGroup
+	// runCtx ends at Close: the refresh loop and the moves carried out
+	// after their answers (moves) stop then.
+	runCtx context.Context
+	stop   func()
+	done   sync.WaitGroup
+	moves  sync.WaitGroup
 }
 
 // New builds a gateway over the cluster's database and starts its node
@@ -167,10 +171,9 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 	g.routeMux()
 	g.traced = cfg.Tracer.Handler(g.mux)
 
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	g.stop = cancel
+	g.runCtx, g.stop = context.WithCancel(context.WithoutCancel(ctx))
 	g.done.Add(1)
-	go g.refreshLoop(runCtx)
+	go g.refreshLoop(g.runCtx)
 	return g, nil
 }
 
@@ -218,6 +221,7 @@ func (g *Gateway) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 func (g *Gateway) Close() {
 	g.stop()
 	g.done.Wait()
+	g.moves.Wait() // each aborted, unless it ended first
 }
 
 func (g *Gateway) refreshLoop(ctx context.Context) {

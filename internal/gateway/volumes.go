@@ -189,7 +189,14 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	resp, err := g.relocate(r, v, from, to)
+	if req.Wait != nil && !*req.Wait {
+		g.moveInBackground(w, r, v, from, to)
+		return
+	}
+	// Carried out whether or not the client waits for the answer: a proxy
+	// that cuts a long request does not cut the move (a node that stops
+	// making progress does).
+	resp, err := g.relocate(r.WithContext(context.WithoutCancel(r.Context())), v, from, to)
 	var answered *nodeAnswer
 	switch {
 	case errors.As(err, &answered):
@@ -206,6 +213,38 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 	w.Write(resp)
 }
 
+// moveInBackground begins the move of v from node from to node to, answers
+// 202 with the volume (movingTo says where), and carries the move out
+// after the answer. The gateway's Close cancels it (then it is aborted).
+func (g *Gateway) moveInBackground(w http.ResponseWriter, r *http.Request, v *store.Volume, from, to *nodeState) {
+	token, err := g.beginMove(r, v, from, to)
+	if err != nil {
+		api.WriteError(w, r, g.logger, err)
+		return
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	stop := context.AfterFunc(g.runCtx, cancel)
+	g.moves.Add(1)
+	go func() {
+		defer g.moves.Done()
+		defer stop()
+		defer cancel()
+		if _, err := g.carryMove(r.WithContext(ctx), v, token, from, to); err != nil {
+			g.logger.WarnContext(ctx, "a volume move failed; the volume stays where it was", "volume", v.ID, "from", from.ID, "to", to.ID, "err", err)
+			return
+		}
+		g.logger.InfoContext(ctx, "moved a volume", "volume", v.ID, "from", from.ID, "to", to.ID)
+	}()
+	out := wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token, NodeID: &from.ID, MovingTo: &to.ID}
+	if v.SizeBytes > 0 {
+		mb := v.SizeBytes >> 20
+		out.SizeMB = &mb
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusAccepted)
+	json.NewEncoder(w).Encode(out)
+}
+
 // relocate moves volume v, which nothing may mount, from node from to
 // node to, and answers the volume as its new node gives it. The move is
 // begun in the database (no sandbox may mount the volume meanwhile), the
@@ -215,21 +254,39 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 // was. A node's refusal of a step is a *nodeAnswer; other errors carry
 // their errdefs kind.
 func (g *Gateway) relocate(r *http.Request, v *store.Volume, from, to *nodeState) ([]byte, error) {
+	token, err := g.beginMove(r, v, from, to)
+	if err != nil {
+		return nil, err
+	}
+	return g.carryMove(r, v, token, from, to)
+}
+
+// beginMove marks volume v as moving from node from to node to in the
+// records (no sandbox may mount it from then on), and returns the move's
+// token.
+func (g *Gateway) beginMove(r *http.Request, v *store.Volume, from, to *nodeState) (int64, error) {
 	token, holders, err := g.db.BeginVolumeMove(r.Context(), v.ID, from.ID, to.ID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return nil, errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", v.Name)
+		return 0, errdefs.Errorf(errdefs.ErrNotFound, "volume %q not found", v.Name)
 	case errors.Is(err, store.ErrConflict) && len(holders) > 0:
-		return nil, &mountedError{volume.MountedError(v, holders)}
+		return 0, &mountedError{volume.MountedError(v, holders)}
 	case errors.Is(err, store.ErrConflict):
-		return nil, errdefs.Errorf(errdefs.ErrConflict, "volume %s is being moved already, or has moved: try again", v.Name)
+		return 0, errdefs.Errorf(errdefs.ErrConflict, "volume %s is being moved already, or has moved: try again", v.Name)
 	case err != nil && r.Context().Err() != nil:
-		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "request canceled: %v", r.Context().Err())
+		return 0, errdefs.Errorf(errdefs.ErrUnavailable, "request canceled: %v", r.Context().Err())
 	case err != nil:
 		g.logger.WarnContext(r.Context(), "cluster database unavailable", "err", err)
-		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "the cluster's database is unavailable; try again")
+		return 0, errdefs.Errorf(errdefs.ErrUnavailable, "the cluster's database is unavailable; try again")
 	}
 	g.logger.InfoContext(r.Context(), "moving a volume", "volume", v.ID, "from", from.ID, "to", to.ID)
+	return token, nil
+}
+
+// carryMove carries out the move of token that beginMove began: the
+// files are streamed, and the move ends (the import commits it, or it is
+// aborted); the node left drops its files.
+func (g *Gateway) carryMove(r *http.Request, v *store.Volume, token int64, from, to *nodeState) ([]byte, error) {
 	resp, err := g.transferVolume(r, v.ID, token, from, to)
 	if err != nil {
 		// Ended here, unless the import ended it first (the node commits

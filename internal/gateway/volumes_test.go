@@ -358,3 +358,47 @@ func TestCreateMovesVolumes(t *testing.T) {
 		t.Errorf("%d refused creates reached the nodes", n-before)
 	}
 }
+
+// A move asked not to wait answers 202 once begun (movingTo says where),
+// goes on after its answer, and is aborted when the gateway closes.
+func TestBackgroundMoveAbortedAtClose(t *testing.T) {
+	db := newFakeStore()
+	exporting := make(chan struct{})
+	from := newFakeNode(t, "from", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/volumes/vol-big/export" {
+			w.Write([]byte("the first bytes"))
+			http.NewResponseController(w).Flush()
+			close(exporting)
+			<-r.Context().Done()
+			return
+		}
+		w.WriteHeader(http.StatusTeapot)
+	})
+	to := newFakeNode(t, "to", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusBadGateway)
+	})
+	db.nodes = []postgres.Node{nodeRecord(from, 10, 0, false), nodeRecord(to, 10, 0, false)}
+	db.volumes = map[string]*store.Volume{"vol-big": {ID: "vol-big", Name: "big", TeamID: auth.DefaultTeam, NodeID: "from"}}
+	g, err := New(t.Context(), Config{NodeTimeout: time.Minute, MaxJSONBytes: 1 << 20, ClusterSecret: "secret",
+		APIKey: testKey, MoveIdle: time.Hour}, db, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := call(t, g, t.Context(), http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to", "wait": false})
+	var begun struct{ NodeID, MovingTo string }
+	if err := json.Unmarshal(w.Body.Bytes(), &begun); w.Code != 202 || err != nil || begun.NodeID != "from" || begun.MovingTo != "to" {
+		t.Fatalf("a move not waited for: %d %s", w.Code, w.Body)
+	}
+	select {
+	case <-exporting:
+	case <-time.After(time.Minute):
+		t.Fatal("the move did not go on after its answer")
+	}
+	g.Close()
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if v := db.volumes["vol-big"]; v.NodeID != "from" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-big") {
+		t.Errorf("after the gateway closed: on %q moving to %q, aborted %v; want aborted, on from", v.NodeID, v.MovingTo, db.aborted)
+	}
+}

@@ -759,6 +759,9 @@ type LogLevel string
 type MoveVolume struct {
 	// NodeID The node to move the volume to; default: the readiest other node.
 	NodeID *string `json:"nodeID,omitempty"`
+
+	// Wait false: answer 202 once the move has begun, and go on with it (GET /volumes/{id} shows movingTo until it ends, and nodeID the node that keeps it). Default true: answer when the volume is on the other node.
+	Wait *bool `json:"wait,omitempty"`
 }
 
 // NetworkConfig E2B's network object, the parts aenv implements.
@@ -1293,7 +1296,9 @@ type UploadState string
 
 // Volume defines model for Volume.
 type Volume struct {
-	Name string `json:"name"`
+	// MovingTo aenv's addition: the node a move is taking the volume to, while it moves (nothing may mount it meanwhile).
+	MovingTo *string `json:"movingTo,omitempty"`
+	Name     string  `json:"name"`
 
 	// NodeID aenv's addition: the node keeping the volume's files, in a cluster (a sandbox mounting it is placed there).
 	NodeID   *string `json:"nodeID,omitempty"`
@@ -1304,7 +1309,10 @@ type Volume struct {
 type VolumeAndToken struct {
 	// Domain Where the content API is, when not the API's own host.
 	Domain *string `json:"domain,omitempty"`
-	Name   string  `json:"name"`
+
+	// MovingTo aenv's addition: the node a move is taking the volume to, while it moves (nothing may mount it meanwhile).
+	MovingTo *string `json:"movingTo,omitempty"`
+	Name     string  `json:"name"`
 
 	// NodeID aenv's addition: the node keeping the volume's files, in a cluster.
 	NodeID *string `json:"nodeID,omitempty"`

@@ -137,6 +137,26 @@ func TestClusterVolumeMove(t *testing.T) {
 	}
 	gw.expect(gw.do("DELETE", "/sandboxes/"+mounted.SandboxID, nil), 204, "kill")
 
+	// A move that answers once begun (wait: false) goes on after its
+	// answer; the volume shows where it goes until it is there.
+	if err := g.api.DrainNode(ctx, node, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, node+" ready", func() bool { return g.nodeStates(t)[node].State == "ready" })
+	var begun struct {
+		NodeID, MovingTo string
+	}
+	gw.expect(gw.do("POST", "/volumes/repo/move", map[string]any{"wait": false}), 202, "move in the background").json(t, &begun)
+	if begun.NodeID != other || begun.MovingTo != node {
+		t.Fatalf("a move begun: %+v, want on %s moving to %s", begun, other, node)
+	}
+	waitFor(t, time.Minute, "the background move to end", func() bool {
+		var now struct{ NodeID, MovingTo string }
+		gw.expect(gw.do("GET", "/volumes/repo", nil), 200, "get").json(t, &now)
+		return now.NodeID == node && now.MovingTo == ""
+	})
+	gw.expect(gw.do("GET", "/volumecontent/"+v.VolumeID+"/file?path=/src/main.txt", nil, bearer...), 200, "read after the background move")
+
 	gw.expect(gw.do("DELETE", "/volumes/cache", nil), 204, "delete cache")
 	gw.expect(gw.do("DELETE", "/volumes/repo", nil), 204, "delete")
 }
