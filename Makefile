@@ -181,7 +181,7 @@ bench-code-interpreter: build ## The code interpreter: create until the first ru
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'CodeInterpreter' -benchtime 10x -timeout 30m ./test/integration/
 
 .PHONY: bench-console
-bench-console: build ## The web console in headless Chromium: page load with 50 sandboxes (AENV_BENCH_CONSOLE_SANDBOXES) and terminal echo
+bench-console: build ## The web console in headless Chromium: page load with 50 sandboxes (AENV_BENCH_CONSOLE_SANDBOXES=1000: past 40, paused to disk) and terminal echo
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench Console -benchtime 10x -timeout 30m ./test/integration/
 
 .PHONY: bench-team-burst
