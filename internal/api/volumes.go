@@ -355,7 +355,9 @@ func (s *Server) operatorOnly(h func(http.ResponseWriter, *http.Request) error) 
 func (s *Server) exportVolume(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "application/x-tar")
 	sw := &startedWriter{w: w}
-	err := s.cfg.Volumes.Export(r.Context(), r.PathValue("volumeID"), sw)
+	// Hard links as links only for an importer that reads them (the
+	// gateway knows its release).
+	err := s.cfg.Volumes.Export(r.Context(), r.PathValue("volumeID"), sw, r.URL.Query().Get("links") == "1")
 	if err != nil && sw.started {
 		s.logger.WarnContext(r.Context(), "volume export cut", "volume", r.PathValue("volumeID"), "err", err)
 		panic(http.ErrAbortHandler)

@@ -23,10 +23,20 @@ import "fmt"
 //  4. Volume moves: a node serves /volumes/{id}/export, import and files
 //     (older nodes answer them 404), and takes a volume's reference only
 //     while the volume is its own and not moving.
+//  5. Moves keep hard links: a node's export writes a hard link as a
+//     link only when asked (?links=1), which a gateway asks when the
+//     importing node reads links (protocol 4 importers drop them).
 const (
-	Protocol    = 4
+	Protocol    = 5
 	MinProtocol = 1
 )
+
+// HardLinksProtocol is the first protocol whose nodes read hard links in
+// a volume's import (and write them in an export when asked).
+const HardLinksProtocol = 5
+
+// MovesHardLinks reports whether a node of protocol p imports hard links.
+func MovesHardLinks(p int) bool { return p >= HardLinksProtocol }
 
 // VolumeMovesProtocol is the first protocol whose nodes move volumes: a
 // gateway moves volumes only between such nodes.

@@ -123,6 +123,9 @@ type Gateway struct {
 	stop   func()
 	done   sync.WaitGroup
 	moves  sync.WaitGroup
+	// closing, once Close began, refuses new moves (trackMove).
+	closeMu sync.Mutex
+	closing bool
 }
 
 // New builds a gateway over the cluster's database and starts its node
@@ -219,6 +222,9 @@ func (g *Gateway) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 
 // Close stops the node refresh.
 func (g *Gateway) Close() {
+	g.closeMu.Lock()
+	g.closing = true
+	g.closeMu.Unlock()
 	g.stop()
 	g.done.Wait()
 	g.moves.Wait() // each aborted, unless it ended first

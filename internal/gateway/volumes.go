@@ -217,19 +217,24 @@ func (g *Gateway) moveVolume(w http.ResponseWriter, r *http.Request) {
 // 202 with the volume (movingTo says where), and carries the move out
 // after the answer. The gateway's Close cancels it (then it is aborted).
 func (g *Gateway) moveInBackground(w http.ResponseWriter, r *http.Request, v *store.Volume, from, to *nodeState) {
+	if !g.trackMove() {
+		g.refuse(w, r, errdefs.ErrUnavailable, "the gateway is stopping: try another")
+		return
+	}
+	// From here the move is this gateway's to end, whoever leaves.
+	ctx, end := g.moveContext(context.WithoutCancel(r.Context()))
+	r = r.WithContext(ctx)
 	token, err := g.beginMove(r, v, from, to)
 	if err != nil {
+		end()
+		g.moves.Done()
 		api.WriteError(w, r, g.logger, err)
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	stop := context.AfterFunc(g.runCtx, cancel)
-	g.moves.Add(1)
 	go func() {
 		defer g.moves.Done()
-		defer stop()
-		defer cancel()
-		if _, err := g.carryMove(r.WithContext(ctx), v, token, from, to); err != nil {
+		defer end()
+		if _, err := g.carryMove(r, v, token, from, to); err != nil {
 			g.logger.WarnContext(ctx, "a volume move failed; the volume stays where it was", "volume", v.ID, "from", from.ID, "to", to.ID, "err", err)
 			return
 		}
@@ -253,12 +258,44 @@ func (g *Gateway) moveInBackground(w http.ResponseWriter, r *http.Request, v *st
 // drops its copy. Any failure before the end leaves the volume where it
 // was. A node's refusal of a step is a *nodeAnswer; other errors carry
 // their errdefs kind.
+//
+// The move ends with r's context, or when the gateway closes.
 func (g *Gateway) relocate(r *http.Request, v *store.Volume, from, to *nodeState) ([]byte, error) {
+	if !g.trackMove() {
+		return nil, errdefs.Errorf(errdefs.ErrUnavailable, "the gateway is stopping: try another")
+	}
+	defer g.moves.Done()
+	ctx, end := g.moveContext(r.Context())
+	defer end()
+	r = r.WithContext(ctx)
 	token, err := g.beginMove(r, v, from, to)
 	if err != nil {
 		return nil, err
 	}
 	return g.carryMove(r, v, token, from, to)
+}
+
+// trackMove counts a move the gateway carries out, which its Close waits
+// for (the caller calls g.moves.Done at its end): false once Close began.
+func (g *Gateway) trackMove() bool {
+	g.closeMu.Lock()
+	defer g.closeMu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.moves.Add(1)
+	return true
+}
+
+// moveContext is ctx, ended too when the gateway closes (the move is
+// then aborted).
+func (g *Gateway) moveContext(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(g.runCtx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // beginMove marks volume v as moving from node from to node to in the
@@ -294,13 +331,19 @@ func (g *Gateway) carryMove(r *http.Request, v *store.Volume, token int64, from,
 		// nothing, and the record, read after it, says the volume is the
 		// other node's: a success whose answer was lost. Read before the
 		// abort, the record could miss a commit made between the two.
-		ctx := context.WithoutCancel(r.Context())
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+		defer cancel()
 		if aerr := g.db.AbortVolumeMove(ctx, v.ID, token); aerr != nil {
 			g.logger.WarnContext(r.Context(), "end a failed volume move: ended at the source's next start, or taken over after a while",
 				"volume", v.ID, "err", aerr)
 		} else if now, gerr := g.db.GetVolume(ctx, "", v.ID); gerr == nil && now.NodeID == to.ID {
 			g.logger.WarnContext(r.Context(), "a volume move's answer was lost; the record says it ended", "volume", v.ID, "err", err)
-			resp, err = json.Marshal(wire.VolumeAndToken{VolumeID: now.ID, Name: now.Name, Token: now.Token, NodeID: &now.NodeID})
+			answer := wire.VolumeAndToken{VolumeID: now.ID, Name: now.Name, Token: now.Token, NodeID: &now.NodeID}
+			if now.SizeBytes > 0 {
+				mb := now.SizeBytes >> 20
+				answer.SizeMB = &mb
+			}
+			resp, err = json.Marshal(answer)
 		}
 	}
 	if err != nil {
@@ -355,7 +398,11 @@ func (g *Gateway) transferVolume(r *http.Request, id string, token int64, from, 
 		cancel(fmt.Errorf("no progress for %v", g.moveIdle()))
 	})
 	defer idle.Stop()
-	exp, err := g.nodeRequest(ctx, r, from, http.MethodGet, "/volumes/"+id+"/export", nil)
+	path := "/volumes/" + id + "/export"
+	if cluster.MovesHardLinks(to.Protocol) {
+		path += "?links=1" // else the importer would drop the links' names
+	}
+	exp, err := g.nodeRequest(ctx, r, from, http.MethodGet, path, nil)
 	if err != nil {
 		return nil, err
 	}

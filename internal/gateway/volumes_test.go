@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -207,6 +208,7 @@ func TestCreateMovesVolumes(t *testing.T) {
 	var (
 		mu       sync.Mutex
 		imported []string
+		queries  []string // of the exports
 	)
 	node := func(name string) *fakeNode {
 		return newFakeNode(t, name, func(w http.ResponseWriter, r *http.Request) {
@@ -217,6 +219,9 @@ func TestCreateMovesVolumes(t *testing.T) {
 				http.NewResponseController(w).Flush()
 				<-r.Context().Done()
 			case r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/export"):
+				mu.Lock()
+				queries = append(queries, r.URL.RawQuery)
+				mu.Unlock()
 				w.Write([]byte("files of " + parts[2]))
 			case r.Method == http.MethodDelete && strings.HasSuffix(r.URL.Path, "/files"):
 				w.WriteHeader(http.StatusNoContent)
@@ -252,10 +257,12 @@ func TestCreateMovesVolumes(t *testing.T) {
 		return &store.Volume{ID: "vol-" + id, Name: id, TeamID: auth.DefaultTeam, NodeID: node}
 	}
 	db.volumes = map[string]*store.Volume{}
-	for _, v := range []*store.Volume{vol("data", "full"), vol("other", "roomy"), vol("busy", "full"), vol("hang", "full"),
-		vol("toobig", "full"), vol("busy2", "roomy2"), vol("free2", "roomy")} {
+	for _, v := range []*store.Volume{vol("data", "full"), vol("other", "roomy"), vol("third", "roomy2"), vol("busy", "full"),
+		vol("hang", "full"), vol("toobig", "full"), vol("busy2", "roomy2"), vol("free2", "roomy")} {
 		db.volumes[v.ID] = v
 	}
+	db.volumes["vol-other"].SizeBytes = 64 << 20
+	db.volumes["vol-third"].SizeBytes = 32 << 20
 	db.holders = map[string][]store.Ref{
 		"vol-busy":  {{HolderKind: store.RefSandbox, HolderID: "sb-busy"}},
 		"vol-busy2": {{HolderKind: store.RefSandbox, HolderID: "sb-busy2"}},
@@ -284,24 +291,32 @@ func TestCreateMovesVolumes(t *testing.T) {
 		return full.count("POST /sandboxes") + roomy.count("POST /sandboxes") + roomy2.count("POST /sandboxes")
 	}
 
-	// data (on the full node) joins other on roomy, however the two roomy
-	// nodes are ordered.
+	// data (on the full node) and third (on roomy2) join other on roomy:
+	// one volume each on the two roomy nodes, other's the more bytes;
+	// whichever order place gives the two.
 	for i := range 6 {
 		db.mu.Lock()
 		db.volumes["vol-data"].NodeID = "full"
+		db.volumes["vol-third"].NodeID = "roomy2"
 		db.mu.Unlock()
-		if w := create("data", "other"); w.Code != 201 || !strings.Contains(w.Body.String(), "sb-on-roomy\"") {
-			t.Fatalf("create %d mounting data and other: %d %s", i, w.Code, w.Body)
+		if w := create("data", "other", "third"); w.Code != 201 || !strings.Contains(w.Body.String(), "sb-on-roomy\"") {
+			t.Fatalf("create %d mounting data, other and third: %d %s", i, w.Code, w.Body)
 		}
 	}
-	if v := db.volumes["vol-data"]; v.NodeID != "roomy" || v.MovingTo != "" {
-		t.Errorf("data after the creates: on %q, moving to %q; want on roomy", v.NodeID, v.MovingTo)
+	for _, id := range []string{"vol-data", "vol-third"} {
+		if v := db.volumes[id]; v.NodeID != "roomy" || v.MovingTo != "" {
+			t.Errorf("%s after the creates: on %q, moving to %q; want on roomy", id, v.NodeID, v.MovingTo)
+		}
 	}
 	mu.Lock()
-	got := slices.Clone(imported)
+	got, asked := slices.Clone(imported), slices.Clone(queries)
 	mu.Unlock()
-	if len(got) != 6 || got[0] != "vol-data to roomy: files of vol-data" || full.count("DELETE /volumes/vol-data/files") != 6 {
+	if len(got) != 12 || !slices.Contains(got, "vol-data to roomy: files of vol-data") || full.count("DELETE /volumes/vol-data/files") != 6 {
 		t.Errorf("imported %q; old files dropped %d times", got, full.count("DELETE /volumes/vol-data/files"))
+	}
+	// The importers (this release's protocol) read hard links.
+	if len(asked) == 0 || asked[0] != "links=1" {
+		t.Errorf("exports asked with %q, want links=1", asked)
 	}
 
 	// A mounted volume stays: its node, roomy2, is the target.
@@ -396,6 +411,61 @@ func TestBackgroundMoveAbortedAtClose(t *testing.T) {
 		t.Fatal("the move did not go on after its answer")
 	}
 	g.Close()
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if v := db.volumes["vol-big"]; v.NodeID != "from" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-big") {
+		t.Errorf("after the gateway closed: on %q moving to %q, aborted %v; want aborted, on from", v.NodeID, v.MovingTo, db.aborted)
+	}
+}
+
+// A move waited for goes on when its client leaves (a proxy's timeout
+// must not cut it), and ends (aborted) when the gateway closes.
+func TestMoveOutlivesItsClient(t *testing.T) {
+	db := newFakeStore()
+	exporting, exportEnded := make(chan struct{}), make(chan struct{})
+	from := newFakeNode(t, "from", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Path == "/volumes/vol-big/export" {
+			w.Write([]byte("the first bytes"))
+			http.NewResponseController(w).Flush()
+			close(exporting)
+			<-r.Context().Done()
+			close(exportEnded)
+			return
+		}
+		w.WriteHeader(http.StatusTeapot)
+	})
+	to := newFakeNode(t, "to", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusBadGateway)
+	})
+	db.nodes = []postgres.Node{nodeRecord(from, 10, 0, false), nodeRecord(to, 10, 0, false)}
+	db.volumes = map[string]*store.Volume{"vol-big": {ID: "vol-big", Name: "big", TeamID: auth.DefaultTeam, NodeID: "from"}}
+	g, err := New(t.Context(), Config{NodeTimeout: time.Minute, MaxJSONBytes: 1 << 20, ClusterSecret: "secret",
+		APIKey: testKey, MoveIdle: time.Hour}, db, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, leave := context.WithCancel(t.Context())
+	answered := make(chan int, 1)
+	go func() {
+		answered <- call(t, g, ctx, http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to"}).Code
+	}()
+	select {
+	case <-exporting:
+	case <-time.After(time.Minute):
+		t.Fatal("the move did not begin")
+	}
+	leave()
+	select {
+	case <-exportEnded:
+		t.Fatal("the move ended with its client")
+	case <-time.After(300 * time.Millisecond):
+	}
+	g.Close()
+	<-exportEnded
+	if code := <-answered; code != 503 {
+		t.Errorf("the move cut by the gateway's close answered %d, want 503", code)
+	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	if v := db.volumes["vol-big"]; v.NodeID != "from" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-big") {

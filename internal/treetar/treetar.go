@@ -51,6 +51,9 @@ type Options struct {
 	// Special keeps FIFOs and device nodes. Without it they are left out
 	// of a tree written and skipped in one read.
 	Special bool
+	// NoHardLinks writes each name of a hard-linked file as a file of its
+	// own, for a reader that would drop link entries.
+	NoHardLinks bool
 	// Body writes each regular file's entry (nil: its header and its
 	// contents). Fill writes each regular file read back (nil: its
 	// contents from the archive, runs of zeros as holes).
@@ -84,17 +87,7 @@ func Write(ctx context.Context, root string, w io.Writer, o Options) (Stats, err
 	tw := tar.NewWriter(w)
 	type inode struct{ dev, ino uint64 }
 	links := map[inode]string{}
-	err = fs.WalkDir(r.FS(), ".", func(name string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
+	err = walk(ctx, r, ".", func(name string, info fs.FileInfo) error {
 		mode := info.Mode()
 		target := ""
 		switch {
@@ -124,7 +117,7 @@ func Write(ctx context.Context, root string, w io.Writer, o Options) (Stats, err
 		hdr.Format = tar.FormatPAX
 		hdr.Uname, hdr.Gname = "", ""
 		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok && mode.IsRegular() && sys.Nlink > 1 {
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok && mode.IsRegular() && sys.Nlink > 1 && !o.NoHardLinks {
 			id := inode{uint64(sys.Dev), sys.Ino}
 			if first, seen := links[id]; seen {
 				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
@@ -164,6 +157,43 @@ func Write(ctx context.Context, root string, w io.Writer, o Options) (Stats, err
 		return st, fmt.Errorf("pack %s: %w", root, err)
 	}
 	return st, nil
+}
+
+// walk calls visit for name in r and, for a directory, for everything
+// under it, in lexical order (a directory before its entries; names with
+// slashes, the top "."). Unlike fs.WalkDir over r.FS(), it takes names
+// that are not UTF-8, which file systems hold.
+func walk(ctx context.Context, r *os.Root, name string, visit func(name string, info fs.FileInfo) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	info, err := r.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if err := visit(name, info); err != nil || !info.IsDir() {
+		return err
+	}
+	d, err := r.Open(name)
+	if err != nil {
+		return err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		child := n
+		if name != "." {
+			child = name + "/" + n
+		}
+		if err := walk(ctx, r, child, visit); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Read unpacks the tar r into dir, which must exist and be empty. Every

@@ -159,8 +159,7 @@ func TestContentRoundTrip(t *testing.T) {
 		t.Errorf("sparse file: size %d, %d bytes allocated; want its holes kept", sp.Size, sp.Blocks*512)
 	}
 
-	// Read with Special skips nothing, and a device node in the stream is
-	// skipped without it.
+	// A device node in the stream is skipped without Special.
 	var dev bytes.Buffer
 	tw := tar.NewWriter(&dev)
 	must(tw.WriteHeader(&tar.Header{Name: "null", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3}))
@@ -191,5 +190,57 @@ func TestCanceled(t *testing.T) {
 	}
 	if _, err := Read(ctx, &buf, t.TempDir(), Options{}); !errors.Is(err, context.Canceled) {
 		t.Errorf("read: %v, want canceled", err)
+	}
+}
+
+// Names need not be UTF-8 (file systems take any bytes but "/" and NUL):
+// a directory and a file so named come back.
+func TestNamesNotUTF8(t *testing.T) {
+	src := t.TempDir()
+	dir := filepath.Join(src, "dir\xff")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f\xfe"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := Write(t.Context(), src, &buf, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if _, err := Read(t.Context(), &buf, dst, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "dir\xff", "f\xfe")); err != nil || string(b) != "x" {
+		t.Errorf("a file under a name that is not UTF-8: %q %v", b, err)
+	}
+}
+
+// NoHardLinks writes every name of a hard-linked file as a file.
+func TestNoHardLinks(t *testing.T) {
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "a"), []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(src, "a"), filepath.Join(src, "b")); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := Write(t.Context(), src, &buf, Options{NoHardLinks: true}); err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(&buf)
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hdr.Name == "b" && (hdr.Typeflag != tar.TypeReg || hdr.Size != 4) {
+			t.Errorf("the second name: type %q, %d bytes; want a file of 4", hdr.Typeflag, hdr.Size)
+		}
 	}
 }

@@ -44,10 +44,11 @@ func (s *Service) mover() (store.VolumeMover, error) {
 }
 
 // Export writes volume id's files to w as a tar (internal/treetar: a
-// volume's content, without FIFOs, sockets or devices), for the move the
-// records say it is in. Content
+// volume's content, without FIFOs, sockets or devices; hard links as
+// links when links, else as files of their own, for an importer that
+// does not read links), for the move the records say it is in. Content
 // calls wait meanwhile, and the volume stays here until the move ends.
-func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
+func (s *Service) Export(ctx context.Context, id string, w io.Writer, links bool) error {
 	if _, err := s.mover(); err != nil {
 		return err
 	}
@@ -62,15 +63,20 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 		return errdefs.Errorf(errdefs.ErrConflict, "volume %s is not being moved from this node (kept by %s, moving to %q)",
 			id, v.NodeID, v.MovingTo)
 	}
-	if err := os.WriteFile(filepath.Join(s.dir, id, exportingMarker), []byte(v.MovingTo), 0o600); err != nil {
-		return fmt.Errorf("export volume %s: %w", id, err)
-	}
 	// Content calls that get in after the export (one that read the
 	// record before the move began waits for the lock below) must not
-	// write what the other node would never see.
+	// write what the other node would never see. The mark names this
+	// move, so that a call that saw an earlier move end clears only that
+	// one's.
 	s.exportingMu.Lock()
-	s.exporting[id] = true
+	err = os.WriteFile(filepath.Join(s.dir, id, exportingMarker), []byte(v.MovingTo), 0o600)
+	if err == nil {
+		s.exporting[id] = v.MoveToken
+	}
 	s.exportingMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("export volume %s: %w", id, err)
+	}
 	lock := s.freezeLock(id)
 	lock.Lock()
 	defer lock.Unlock()
@@ -78,10 +84,14 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("export volume %s: %w", id, err)
 	}
-	_, err = treetar.Write(ctx, files, w, treetar.Options{})
+	_, err = treetar.Write(ctx, files, w, treetar.Options{NoHardLinks: !links})
 	if err != nil {
 		// The move cannot end with these files: no start need look.
-		os.Remove(filepath.Join(s.dir, id, exportingMarker))
+		s.exportingMu.Lock()
+		if s.exporting[id] == v.MoveToken {
+			os.Remove(filepath.Join(s.dir, id, exportingMarker))
+		}
+		s.exportingMu.Unlock()
 		return fmt.Errorf("export volume %s: %w", id, err)
 	}
 	return nil
@@ -89,10 +99,11 @@ func (s *Service) Export(ctx context.Context, id string, w io.Writer) error {
 
 // checkNotExported refuses a content call on volume id once an export
 // of it has begun here, unless its record says the move ended without it
-// (aborted): then the mark goes.
-func (s *Service) checkNotExported(ctx context.Context, id string) error {
+// (aborted): then, with clear, the mark goes (unless a later export has
+// marked it since).
+func (s *Service) checkNotExported(ctx context.Context, id string, clear bool) error {
 	s.exportingMu.Lock()
-	exported := s.exporting[id]
+	token, exported := s.exporting[id]
 	s.exportingMu.Unlock()
 	if !exported {
 		return nil
@@ -102,10 +113,14 @@ func (s *Service) checkNotExported(ctx context.Context, id string) error {
 		return err
 	}
 	if err == nil && s.Local(v) && v.MovingTo == "" {
-		s.exportingMu.Lock()
-		delete(s.exporting, id)
-		s.exportingMu.Unlock()
-		os.Remove(filepath.Join(s.dir, id, exportingMarker))
+		if clear {
+			s.exportingMu.Lock()
+			if now, ok := s.exporting[id]; ok && now == token {
+				delete(s.exporting, id)
+				os.Remove(filepath.Join(s.dir, id, exportingMarker))
+			}
+			s.exportingMu.Unlock()
+		}
 		return nil
 	}
 	return errdefs.Errorf(errdefs.ErrUnavailable, "volume %s is moving to another node: try again in a moment", id)

@@ -58,7 +58,7 @@ func move(ctx context.Context, t *testing.T, a, b *Service, db *postgres.Store, 
 		t.Fatal(err)
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(a.Export(ctx, id, pw)) }()
+	go func() { pw.CloseWithError(a.Export(ctx, id, pw, true)) }()
 	v, err := b.Import(ctx, id, token, pr)
 	pr.CloseWithError(errors.New("import ended"))
 	return v, err
@@ -211,7 +211,7 @@ func TestMoveCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Export(ctx, v.ID, io.Discard); err != nil {
+	if err := a.Export(ctx, v.ID, io.Discard, true); err != nil {
 		t.Fatal(err)
 	}
 	rec, err := dbA.GetVolume(ctx, "", v.ID)
@@ -239,7 +239,7 @@ func TestMoveCut(t *testing.T) {
 	}
 	stalled, stall := io.Pipe()
 	exported := make(chan error, 1)
-	go func() { exported <- a.Export(ctx, v.ID, stall) }()
+	go func() { exported <- a.Export(ctx, v.ID, stall, true) }()
 	stalled.Read(make([]byte, 1)) // the export has begun: it holds the volume
 	refused := make(chan error, 1)
 	go func() {
@@ -276,7 +276,7 @@ func TestMoveCut(t *testing.T) {
 	pr, pw := io.Pipe()
 	go func() {
 		w := &cutWriter{w: pw, left: 100 << 10}
-		a.Export(ctx, v.ID, w)
+		a.Export(ctx, v.ID, w, true)
 		pw.CloseWithError(io.ErrUnexpectedEOF)
 	}()
 	if _, err := b.Import(ctx, v.ID, token, pr); err == nil {

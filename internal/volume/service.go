@@ -84,7 +84,7 @@ type Service struct {
 	// exporting marks the volumes whose files an export has sent from
 	// here (see checkNotExported).
 	exportingMu sync.Mutex
-	exporting   map[string]bool
+	exporting   map[string]int64 // by the move's token
 	// maxPerTeam bounds a team's volumes: MaxTeamVolumes.
 	maxPerTeam int
 	// minFreeBytes and minFreeFraction are the disk a new volume leaves
@@ -122,7 +122,7 @@ func NewService(ctx context.Context, records store.VolumeStore, dir, nodeID stri
 	s := &Service{records: records, dir: dir, nodeID: nodeID, logger: logger, stop: stop, maxPerTeam: MaxTeamVolumes,
 		minFreeBytes: MinFreeBytes, minFreeFraction: MinFreeFraction, pool: pool}
 	s.freezing = map[string]*sync.RWMutex{}
-	s.exporting = map[string]bool{}
+	s.exporting = map[string]int64{}
 	if pool == nil {
 		s.overlayErr = s.probeOverlay()
 	}
@@ -548,13 +548,13 @@ func (s *Service) Open(v *store.Volume) (*Dir, error) {
 	}
 	// Refused at once while an export runs, rather than after waiting
 	// for it to end; checked again under the lock, for an export that
-	// began meanwhile.
-	if err := s.checkNotExported(context.Background(), v.ID); err != nil {
+	// began meanwhile (and only there is an ended export's mark cleared).
+	if err := s.checkNotExported(context.Background(), v.ID, false); err != nil {
 		return nil, err
 	}
 	lock := s.freezeLock(v.ID)
 	lock.RLock()
-	if err := s.checkNotExported(context.Background(), v.ID); err != nil {
+	if err := s.checkNotExported(context.Background(), v.ID, true); err != nil {
 		lock.RUnlock()
 		return nil, err
 	}

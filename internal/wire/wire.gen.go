@@ -1634,6 +1634,12 @@ type UpdateVolumePathParams struct {
 	Path string `form:"path" json:"path"`
 }
 
+// ExportVolumeParams defines parameters for ExportVolume.
+type ExportVolumeParams struct {
+	// Links 1: write hard links as links (the importing node reads them); else each name as a file of its own.
+	Links *string `form:"links,omitempty" json:"links,omitempty"`
+}
+
 // ImportVolumeParams defines parameters for ImportVolume.
 type ImportVolumeParams struct {
 	// Move The move's token (BeginVolumeMove's).

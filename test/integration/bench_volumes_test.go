@@ -323,7 +323,7 @@ func BenchmarkVolumeMove(b *testing.B) {
 	reportNamed(b, "raw-tar", raws)
 	m, _ := percentiles(moves)
 	r, _ := percentiles(raws)
-	b.ReportMetric(bytes/(1<<20)/(m/1000), "move-MB/s")
-	b.ReportMetric(bytes/(1<<20)/(r/1000), "raw-MB/s")
+	b.ReportMetric(bytes/(1<<20)/(m/1000), "move-MiB/s")
+	b.ReportMetric(bytes/(1<<20)/(r/1000), "raw-MiB/s")
 	b.ReportMetric(m/r, "ratio-p50")
 }
