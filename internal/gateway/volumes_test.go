@@ -374,55 +374,12 @@ func TestCreateMovesVolumes(t *testing.T) {
 	}
 }
 
-// A move asked not to wait answers 202 once begun (movingTo says where),
-// goes on after its answer, and is aborted when the gateway closes.
-func TestBackgroundMoveAbortedAtClose(t *testing.T) {
-	db := newFakeStore()
-	exporting := make(chan struct{})
-	from := newFakeNode(t, "from", func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && r.URL.Path == "/volumes/vol-big/export" {
-			w.Write([]byte("the first bytes"))
-			http.NewResponseController(w).Flush()
-			close(exporting)
-			<-r.Context().Done()
-			return
-		}
-		w.WriteHeader(http.StatusTeapot)
-	})
-	to := newFakeNode(t, "to", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusBadGateway)
-	})
-	db.nodes = []postgres.Node{nodeRecord(from, 10, 0, false), nodeRecord(to, 10, 0, false)}
-	db.volumes = map[string]*store.Volume{"vol-big": {ID: "vol-big", Name: "big", TeamID: auth.DefaultTeam, NodeID: "from"}}
-	g, err := New(t.Context(), Config{NodeTimeout: time.Minute, MaxJSONBytes: 1 << 20, ClusterSecret: "secret",
-		APIKey: testKey, MoveIdle: time.Hour}, db, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := call(t, g, t.Context(), http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to", "wait": false})
-	var begun struct{ NodeID, MovingTo string }
-	if err := json.Unmarshal(w.Body.Bytes(), &begun); w.Code != 202 || err != nil || begun.NodeID != "from" || begun.MovingTo != "to" {
-		t.Fatalf("a move not waited for: %d %s", w.Code, w.Body)
-	}
-	select {
-	case <-exporting:
-	case <-time.After(time.Minute):
-		t.Fatal("the move did not go on after its answer")
-	}
-	g.Close()
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if v := db.volumes["vol-big"]; v.NodeID != "from" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-big") {
-		t.Errorf("after the gateway closed: on %q moving to %q, aborted %v; want aborted, on from", v.NodeID, v.MovingTo, db.aborted)
-	}
-}
-
-// A move waited for goes on when its client leaves (a proxy's timeout
-// must not cut it), and ends (aborted) when the gateway closes.
-func TestMoveOutlivesItsClient(t *testing.T) {
-	db := newFakeStore()
-	exporting, exportEnded := make(chan struct{}), make(chan struct{})
+// stalledMove is a gateway over nodes "from" and "to", and volume "big"
+// on from, whose export sends some bytes and then nothing: exporting is
+// closed when the export has begun, exportEnded when its request ended.
+func stalledMove(t *testing.T) (g *Gateway, db *fakeStore, exporting, exportEnded chan struct{}) {
+	db = newFakeStore()
+	exporting, exportEnded = make(chan struct{}), make(chan struct{})
 	from := newFakeNode(t, "from", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodGet && r.URL.Path == "/volumes/vol-big/export" {
 			w.Write([]byte("the first bytes"))
@@ -445,11 +402,49 @@ func TestMoveOutlivesItsClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return g, db, exporting, exportEnded
+}
+
+// checkAborted checks that db's move of volume big was aborted, the
+// volume left on from.
+func checkAborted(t *testing.T, db *fakeStore) {
+	t.Helper()
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if v := db.volumes["vol-big"]; v.NodeID != "from" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-big") {
+		t.Errorf("after the gateway closed: on %q moving to %q, aborted %v; want aborted, on from", v.NodeID, v.MovingTo, db.aborted)
+	}
+}
+
+// A move asked not to wait answers 202 once begun (movingTo says where),
+// goes on after its answer, and is aborted when the gateway closes.
+func TestBackgroundMoveAbortedAtClose(t *testing.T) {
+	g, db, exporting, _ := stalledMove(t)
+	w := call(t, g, t.Context(), http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to", "wait": false})
+	var begun struct{ NodeID, MovingTo string }
+	if err := json.Unmarshal(w.Body.Bytes(), &begun); w.Code != 202 || err != nil || begun.NodeID != "from" || begun.MovingTo != "to" {
+		t.Fatalf("a move not waited for: %d %s", w.Code, w.Body)
+	}
+	select {
+	case <-exporting:
+	case <-time.After(time.Minute):
+		t.Fatal("the move did not go on after its answer")
+	}
+	g.Close()
+	checkAborted(t, db)
+	// A move asked of a closed gateway is refused.
+	if w := call(t, g, t.Context(), http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to", "wait": false}); w.Code != 503 {
+		t.Errorf("a move asked after Close: %d %s, want 503", w.Code, w.Body)
+	}
+}
+
+// A move waited for goes on when its client leaves (a proxy's timeout
+// must not cut it), and ends (aborted) when the gateway closes.
+func TestMoveOutlivesItsClient(t *testing.T) {
+	g, db, exporting, exportEnded := stalledMove(t)
 	ctx, leave := context.WithCancel(t.Context())
 	answered := make(chan int, 1)
-	go func() {
-		answered <- call(t, g, ctx, http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to"}).Code
-	}()
+	go func() { answered <- call(t, g, ctx, http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to"}).Code }()
 	select {
 	case <-exporting:
 	case <-time.After(time.Minute):
@@ -466,9 +461,5 @@ func TestMoveOutlivesItsClient(t *testing.T) {
 	if code := <-answered; code != 503 {
 		t.Errorf("the move cut by the gateway's close answered %d, want 503", code)
 	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
-	if v := db.volumes["vol-big"]; v.NodeID != "from" || v.MovingTo != "" || !slices.Contains(db.aborted, "vol-big") {
-		t.Errorf("after the gateway closed: on %q moving to %q, aborted %v; want aborted, on from", v.NodeID, v.MovingTo, db.aborted)
-	}
+	checkAborted(t, db)
 }
