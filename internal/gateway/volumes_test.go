@@ -444,7 +444,9 @@ func TestMoveOutlivesItsClient(t *testing.T) {
 	g, db, exporting, exportEnded := stalledMove(t)
 	ctx, leave := context.WithCancel(t.Context())
 	answered := make(chan int, 1)
-	go func() { answered <- call(t, g, ctx, http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to"}).Code }()
+	go func() {
+		answered <- call(t, g, ctx, http.MethodPost, "/volumes/big/move", "", map[string]any{"nodeID": "to"}).Code
+	}()
 	select {
 	case <-exporting:
 	case <-time.After(time.Minute):
