@@ -42,7 +42,9 @@ func (s *Server) routeVolumes() {
 	}
 }
 
-func toVolumeAndToken(v *store.Volume) wire.VolumeAndToken {
+// VolumeAnswer is volume v as the API answers it (its record's fields;
+// no usage).
+func VolumeAnswer(v *store.Volume) wire.VolumeAndToken {
 	out := wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token}
 	if v.NodeID != "" {
 		out.NodeID = &v.NodeID
@@ -95,7 +97,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, toVolumeAndToken(v))
+	writeJSON(w, http.StatusCreated, VolumeAnswer(v))
 	return nil
 }
 
@@ -105,7 +107,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := toVolumeAndToken(v)
+	out := VolumeAnswer(v)
 	if u, ok := s.cfg.Volumes.UsageOf(v.ID); ok {
 		out.UsedBytes = &u.Bytes
 	}
@@ -387,7 +389,7 @@ func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, toVolumeAndToken(v))
+	writeJSON(w, http.StatusOK, VolumeAnswer(v))
 	return nil
 }
 

@@ -240,14 +240,11 @@ func (g *Gateway) moveInBackground(w http.ResponseWriter, r *http.Request, v *st
 		}
 		g.logger.InfoContext(ctx, "moved a volume", "volume", v.ID, "from", from.ID, "to", to.ID)
 	}()
-	out := wire.VolumeAndToken{VolumeID: v.ID, Name: v.Name, Token: v.Token, NodeID: &from.ID, MovingTo: &to.ID}
-	if v.SizeBytes > 0 {
-		mb := v.SizeBytes >> 20
-		out.SizeMB = &mb
-	}
+	moving := *v
+	moving.NodeID, moving.MovingTo = from.ID, to.ID
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusAccepted)
-	json.NewEncoder(w).Encode(out)
+	json.NewEncoder(w).Encode(api.VolumeAnswer(&moving))
 }
 
 // relocate moves volume v, which nothing may mount, from node from to
@@ -338,12 +335,7 @@ func (g *Gateway) carryMove(r *http.Request, v *store.Volume, token int64, from,
 				"volume", v.ID, "err", aerr)
 		} else if now, gerr := g.db.GetVolume(ctx, "", v.ID); gerr == nil && now.NodeID == to.ID {
 			g.logger.WarnContext(r.Context(), "a volume move's answer was lost; the record says it ended", "volume", v.ID, "err", err)
-			answer := wire.VolumeAndToken{VolumeID: now.ID, Name: now.Name, Token: now.Token, NodeID: &now.NodeID}
-			if now.SizeBytes > 0 {
-				mb := now.SizeBytes >> 20
-				answer.SizeMB = &mb
-			}
-			resp, err = json.Marshal(answer)
+			resp, err = json.Marshal(api.VolumeAnswer(now))
 		}
 	}
 	if err != nil {

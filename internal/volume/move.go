@@ -47,7 +47,8 @@ func (s *Service) mover() (store.VolumeMover, error) {
 // volume's content, without FIFOs, sockets or devices; hard links as
 // links when links, else as files of their own, for an importer that
 // does not read links), for the move the records say it is in. Content
-// calls wait meanwhile, and the volume stays here until the move ends.
+// calls under way end first; the others are refused from then until the
+// move ends, and the volume stays here until then.
 func (s *Service) Export(ctx context.Context, id string, w io.Writer, links bool) error {
 	if _, err := s.mover(); err != nil {
 		return err
