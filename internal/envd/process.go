@@ -111,6 +111,7 @@ func (p *process) signal(sig syscall.Signal) error {
 func (p *process) readOutput(f *os.File, wrap func([]byte) *pb.ProcessEvent_DataEvent) {
 	buf := make([]byte, 32*1024)
 	for {
+		began := time.Now()
 		n, err := f.Read(buf)
 		if n > 0 {
 			data := make([]byte, n)
@@ -125,8 +126,11 @@ func (p *process) readOutput(f *os.File, wrap func([]byte) *pb.ProcessEvent_Data
 		if err != nil {
 			// The deadline may pass before this goroutine ran at all (a busy
 			// sandbox); output written before the exit is still in the pipe
-			// then, and must not be lost.
-			if errors.Is(err, os.ErrDeadlineExceeded) && pendingBytes(f) > 0 {
+			// then, and must not be lost. A terminal's output reaches its
+			// master asynchronously (the kernel's flip buffer), where
+			// pending bytes do not show yet: the stream ends only once this
+			// reader itself has waited drainIdle for more.
+			if errors.Is(err, os.ErrDeadlineExceeded) && (pendingBytes(f) > 0 || time.Since(began) < drainIdle) {
 				_ = f.SetReadDeadline(time.Now().Add(drainIdle))
 				continue
 			}

@@ -146,6 +146,12 @@ func streamEvents(ctx context.Context, sub *subscriber, keepalive time.Duration,
 	for {
 		select {
 		case ev := <-sub.events:
+			if err := callEnded(ctx); err != nil {
+				// The deadline passed as the event came (for Start, the
+				// deadline's kill ends the process): the deadline answers,
+				// never an end event after it.
+				return err
+			}
 			if err := send(ev); err != nil {
 				return err
 			}
@@ -157,12 +163,21 @@ func streamEvents(ctx context.Context, sub *subscriber, keepalive time.Duration,
 				return err
 			}
 		case <-ctx.Done():
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the call's deadline passed"))
-			}
-			return ctx.Err()
+			return callEnded(ctx)
 		}
 	}
+}
+
+// callEnded is a stream's error once its call has ended, nil before:
+// Connect's deadline_exceeded once its deadline has passed, read from the
+// clock (the context's own timer may not have fired yet on a busy
+// machine, while the deadline's kill has ended the process).
+func callEnded(ctx context.Context) error {
+	deadline, ok := ctx.Deadline()
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || (ok && !time.Now().Before(deadline)) {
+		return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the call's deadline passed"))
+	}
+	return ctx.Err()
 }
 
 func keepaliveInterval(header string) time.Duration {
