@@ -52,6 +52,10 @@ type Config struct {
 	Usage *usage.History
 	// Builds runs E2B template builds; nil leaves their routes out.
 	Builds *build.Service
+	// Building reports the template builds under way: this node's, or a
+	// gateway's nodes' as their heartbeats publish them; GET /templates
+	// lists a template whose first build runs. nil: none.
+	Building func() []store.BuildProgress
 	// NodeID is this node's ID in a cluster ("" on a single server):
 	// sandbox records carry it, and build upload links name it so that a
 	// gateway routes the upload here.

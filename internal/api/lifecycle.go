@@ -185,11 +185,22 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]wire.Template, 0, len(all))
 	p := principal(r)
-	var builds map[string]string
+	builds := map[string]string{}
 	if s.cfg.Builds != nil {
 		builds = s.cfg.Builds.BuildStatuses()
 	}
+	var building []store.BuildProgress
+	if s.cfg.Building != nil {
+		building = s.cfg.Building()
+	}
+	for _, b := range building {
+		if builds[b.Template] == "" {
+			builds[b.Template] = b.Status // a gateway's: its nodes run the builds
+		}
+	}
+	named := make(map[string]bool, len(all))
 	for _, t := range all {
+		named[t.Name] = true
 		if !p.Uses(t.TeamID) {
 			continue
 		}
@@ -198,6 +209,16 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 			j.BuildStatus = wire.TemplateBuildStatus(builds[t.Name])
 		}
 		out = append(out, j)
+	}
+	// A template whose first build runs has no record yet: it is listed
+	// with its build's status, as E2B lists it from its create on.
+	for _, b := range building {
+		if named[b.Template] || !p.Uses(b.TeamID) {
+			continue
+		}
+		named[b.Template] = true // one entry, if two nodes report it
+		out = append(out, wire.Template{TemplateID: b.Template, Name: b.Template, Aliases: []string{b.Template},
+			Kind: wire.TemplateKind(store.KindRootfs), CpuCount: b.VCPU, MemoryMB: b.MemoryMB, CreatedAt: b.Created, BuildStatus: wire.TemplateBuildStatus(b.Status)})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

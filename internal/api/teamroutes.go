@@ -33,7 +33,7 @@ func (s *Server) routeTeams() {
 func toTeamJSON(t *auth.Team) wire.Team {
 	return wire.Team{TeamID: t.ID, CreatedAt: t.CreatedAt, MaxSandboxes: t.MaxSandboxes,
 		MaxMemoryMB: t.MaxMemoryMB, MaxVCPUs: t.MaxVCPUs, MaxStarting: t.MaxStarting, CreatesPerSecond: t.CreatesPerSecond,
-		MaxSnapshots: t.MaxSnapshots, MaxVolumes: t.MaxVolumes, MaxVolumeMB: t.MaxVolumeMB}
+		MaxSnapshots: t.MaxSnapshots, MaxVolumes: t.MaxVolumes, MaxVolumeMB: t.MaxVolumeMB, MaxSnapshotMB: t.MaxSnapshotMB}
 }
 
 func toKeyJSON(k *auth.Key) wire.APIKey {
@@ -65,7 +65,7 @@ func (s *Server) createTeam(w http.ResponseWriter, r *http.Request) error {
 	t := &auth.Team{ID: req.TeamID, CreatedAt: time.Now().UTC(), MaxSandboxes: req.MaxSandboxes,
 		MaxMemoryMB: req.MaxMemoryMB, MaxVCPUs: req.MaxVCPUs, MaxStarting: req.MaxStarting,
 		CreatesPerSecond: req.CreatesPerSecond, MaxSnapshots: req.MaxSnapshots, MaxVolumes: req.MaxVolumes,
-		MaxVolumeMB: req.MaxVolumeMB}
+		MaxVolumeMB: req.MaxVolumeMB, MaxSnapshotMB: req.MaxSnapshotMB}
 	if err := auth.ValidLimits(t); err != nil {
 		return err
 	}
@@ -187,7 +187,7 @@ func (s *Server) setTeamLimits(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("team")
 	patch := auth.LimitsPatch{MaxSandboxes: req.MaxSandboxes, MaxMemoryMB: req.MaxMemoryMB, MaxVCPUs: req.MaxVCPUs,
 		MaxStarting: req.MaxStarting, CreatesPerSecond: req.CreatesPerSecond, MaxSnapshots: req.MaxSnapshots,
-		MaxVolumes: req.MaxVolumes, MaxVolumeMB: req.MaxVolumeMB}
+		MaxVolumes: req.MaxVolumes, MaxVolumeMB: req.MaxVolumeMB, MaxSnapshotMB: req.MaxSnapshotMB}
 	// The limits are independent: the values given are checked alone
 	// (those not given keep theirs, valid when written).
 	var given auth.Team

@@ -57,10 +57,12 @@ func (s *Server) teamUsage(w http.ResponseWriter, r *http.Request) error {
 	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 	w.Header().Set("Content-Disposition", `attachment; filename="aenv-usage.csv"`)
 	cw := csv.NewWriter(w)
-	cw.Write([]string{"day", "team", "sandbox_seconds", "memory_mb_seconds", "vcpu_seconds", "cpu_seconds"})
+	cw.Write([]string{"day", "team", "sandbox_seconds", "memory_mb_seconds", "vcpu_seconds", "cpu_seconds",
+		"stored_mb_seconds"})
 	num := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 	for _, d := range days {
-		cw.Write([]string{d.Day, d.TeamID, num(d.SandboxSeconds), num(d.MemoryMBSeconds), num(d.VCPUSeconds), num(d.CPUSeconds)})
+		cw.Write([]string{d.Day, d.TeamID, num(d.SandboxSeconds), num(d.MemoryMBSeconds), num(d.VCPUSeconds), num(d.CPUSeconds),
+			num(d.StoredMBSeconds)})
 	}
 	cw.Flush()
 	return cw.Error()

@@ -68,6 +68,10 @@ type Team struct {
 	// the templates made of its sandboxes, cluster-wide; 0: no limit. It
 	// is checked when one is recorded, not with sandboxes (Limited).
 	MaxSnapshots int
+	// MaxSnapshotMB bounds the bytes those images take (MiB, summed over
+	// their files' sizes), cluster-wide; 0: no limit. It is checked when
+	// one is recorded, its size known.
+	MaxSnapshotMB int
 	// MaxVolumes bounds the volumes the team keeps (fork copies
 	// included), and MaxVolumeMB their sizes summed (MiB), cluster-wide;
 	// 0: no limit. They are checked when a volume is recorded.
@@ -96,15 +100,26 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// SnapshotRoom says whether t may keep one more snapshot with held kept
-// already: nil when it fits (or t has no such limit).
-func (t *Team) SnapshotRoom(held int) error {
-	if t.MaxSnapshots > 0 && held+1 > t.MaxSnapshots {
+// SnapshotRoom says whether t may keep one more snapshot of bytes (0:
+// not known yet, before its checkpoint) with held snapshots of heldBytes
+// kept already: nil when it fits (or t has no such limit).
+func (t *Team) SnapshotRoom(held int, heldBytes, bytes int64) error {
+	switch {
+	case t.MaxSnapshots > 0 && held+1 > t.MaxSnapshots:
 		return fmt.Errorf("team %s is at its limit of %d snapshots and templates of sandboxes (delete some to make room)",
 			t.ID, t.MaxSnapshots)
+	case t.MaxSnapshotMB > 0 && bytes == 0 && heldBytes >= int64(t.MaxSnapshotMB)<<20:
+		return fmt.Errorf("team %s is at its limit of %d MiB of snapshots and templates of sandboxes (delete some to make room)",
+			t.ID, t.MaxSnapshotMB)
+	case t.MaxSnapshotMB > 0 && heldBytes+bytes > int64(t.MaxSnapshotMB)<<20:
+		return fmt.Errorf("team %s would pass its limit of %d MiB of snapshots and templates of sandboxes (%d held, %d more)",
+			t.ID, t.MaxSnapshotMB, heldBytes>>20, (bytes+1<<20-1)>>20)
 	}
 	return nil
 }
+
+// SnapshotLimited says whether t has a limit on the snapshots it keeps.
+func (t *Team) SnapshotLimited() bool { return t.MaxSnapshots > 0 || t.MaxSnapshotMB > 0 }
 
 // VolumeRoom says whether t may keep one more volume of sizeBytes (0: a
 // volume without a size) with held volumes of heldBytes kept already: nil
@@ -180,14 +195,14 @@ func (t Team) Room(used Usage, memoryMB, vcpus int, now time.Time) error {
 // is.
 type LimitsPatch struct {
 	MaxSandboxes, MaxMemoryMB, MaxVCPUs, MaxStarting, CreatesPerSecond, MaxSnapshots *int
-	MaxVolumes, MaxVolumeMB                                                          *int
+	MaxVolumes, MaxVolumeMB, MaxSnapshotMB                                           *int
 }
 
 // AllLimits is the patch that sets every limit to t's.
 func AllLimits(t *Team) LimitsPatch {
 	return LimitsPatch{MaxSandboxes: &t.MaxSandboxes, MaxMemoryMB: &t.MaxMemoryMB, MaxVCPUs: &t.MaxVCPUs,
 		MaxStarting: &t.MaxStarting, CreatesPerSecond: &t.CreatesPerSecond, MaxSnapshots: &t.MaxSnapshots,
-		MaxVolumes: &t.MaxVolumes, MaxVolumeMB: &t.MaxVolumeMB}
+		MaxVolumes: &t.MaxVolumes, MaxVolumeMB: &t.MaxVolumeMB, MaxSnapshotMB: &t.MaxSnapshotMB}
 }
 
 // Apply sets the limits p names on t.
@@ -196,6 +211,7 @@ func (p LimitsPatch) Apply(t *Team) {
 		{&t.MaxSandboxes, p.MaxSandboxes}, {&t.MaxMemoryMB, p.MaxMemoryMB}, {&t.MaxVCPUs, p.MaxVCPUs},
 		{&t.MaxStarting, p.MaxStarting}, {&t.CreatesPerSecond, p.CreatesPerSecond},
 		{&t.MaxSnapshots, p.MaxSnapshots}, {&t.MaxVolumes, p.MaxVolumes}, {&t.MaxVolumeMB, p.MaxVolumeMB},
+		{&t.MaxSnapshotMB, p.MaxSnapshotMB},
 	} {
 		if l.from != nil {
 			*l.to = *l.from
@@ -331,8 +347,8 @@ func ValidTeamID(id string) error {
 
 // The largest limits a team may be given, so that an absurd value is
 // refused rather than stored: a million sandboxes (or starting, or
-// created per second, or snapshots, or volumes), a petabyte of memory or
-// of volumes (in MiB), a million vCPUs.
+// created per second, or snapshots, or volumes), a petabyte of memory,
+// of volumes or of snapshots (in MiB), a million vCPUs.
 const (
 	MaxTeamSandboxes = 1_000_000
 	MaxTeamMemoryMB  = 1 << 30
@@ -354,6 +370,7 @@ func ValidLimits(t *Team) error {
 		{"maxSnapshots", t.MaxSnapshots, MaxTeamSandboxes},
 		{"maxVolumes", t.MaxVolumes, MaxTeamSandboxes},
 		{"maxVolumeMB", t.MaxVolumeMB, MaxTeamVolumeMB},
+		{"maxSnapshotMB", t.MaxSnapshotMB, MaxTeamVolumeMB},
 	} {
 		if l.value < 0 || l.value > l.max {
 			return errdefs.Errorf(errdefs.ErrInvalidArgument,

@@ -154,6 +154,9 @@ func TestValidLimits(t *testing.T) {
 		{Team{MaxVolumes: MaxTeamSandboxes, MaxVolumeMB: MaxTeamVolumeMB}, true},
 		{Team{MaxVolumes: -1}, false},
 		{Team{MaxVolumeMB: MaxTeamVolumeMB + 1}, false},
+		{Team{MaxSnapshotMB: MaxTeamVolumeMB}, true},
+		{Team{MaxSnapshotMB: -1}, false},
+		{Team{MaxSnapshotMB: MaxTeamVolumeMB + 1}, false},
 	} {
 		if err := ValidLimits(&tc.team); (err == nil) != tc.ok {
 			t.Errorf("ValidLimits(%+v) = %v, want ok %v", tc.team, err, tc.ok)
@@ -234,6 +237,31 @@ func TestVolumeRoom(t *testing.T) {
 		err := tc.team.VolumeRoom(tc.held, tc.heldBytes, tc.sizeBytes)
 		if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%+v.VolumeRoom(%d, %d, %d) = %v, want %q", tc.team, tc.held, tc.heldBytes, tc.sizeBytes, err, tc.want)
+		}
+	}
+}
+
+func TestSnapshotRoom(t *testing.T) {
+	for _, tc := range []struct {
+		team             Team
+		held             int
+		heldBytes, bytes int64
+		want             string // in the refusal; "" for room
+	}{
+		{Team{ID: "lab"}, 1000, 1 << 40, 1 << 30, ""},
+		{Team{ID: "lab", MaxSnapshots: 2}, 1, 0, 0, ""},
+		{Team{ID: "lab", MaxSnapshots: 2}, 2, 0, 0, "limit of 2 snapshots"},
+		// Before the checkpoint (size unknown): room while any is left.
+		{Team{ID: "lab", MaxSnapshotMB: 100}, 3, 100<<20 - 1, 0, ""},
+		{Team{ID: "lab", MaxSnapshotMB: 100}, 3, 100 << 20, 0, "at its limit of 100 MiB"},
+		// Recording it, its size known.
+		{Team{ID: "lab", MaxSnapshotMB: 100}, 1, 60 << 20, 40 << 20, ""},
+		{Team{ID: "lab", MaxSnapshotMB: 100}, 1, 60 << 20, 40<<20 + 1, "limit of 100 MiB of snapshots and templates of sandboxes (60 held, 41 more)"},
+		{Team{ID: "lab", MaxSnapshots: 5, MaxSnapshotMB: 100}, 5, 0, 1, "limit of 5 snapshots"},
+	} {
+		err := tc.team.SnapshotRoom(tc.held, tc.heldBytes, tc.bytes)
+		if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%+v.SnapshotRoom(%d, %d, %d) = %v, want %q", tc.team, tc.held, tc.heldBytes, tc.bytes, err, tc.want)
 		}
 	}
 }

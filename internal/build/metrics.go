@@ -2,6 +2,8 @@ package build
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
 // metrics are the build service's figures in /metrics.
@@ -29,6 +31,33 @@ func newMetrics() *metrics {
 // Collectors are the build service's metrics, for a registry.
 func (s *Service) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.metrics.finished, s.metrics.duration, s.metrics.running}
+}
+
+// maxInProgress bounds the builds InProgress reports: what a heartbeat
+// carries stays small whatever is queued.
+const maxInProgress = 100
+
+// InProgress reports the newest build of each template that is waiting or
+// building, newest first, at most maxInProgress.
+func (s *Service) InProgress() []store.BuildProgress {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []store.BuildProgress
+	seen := map[string]bool{}
+	for i := len(s.order) - 1; i >= 0 && len(out) < maxInProgress; i-- {
+		b := s.builds[s.order[i]]
+		if b == nil || seen[b.templateID] {
+			continue
+		}
+		seen[b.templateID] = true
+		b.mu.Lock()
+		if b.status == StatusWaiting || b.status == StatusBuilding {
+			out = append(out, store.BuildProgress{Template: b.templateID, BuildID: b.id, Status: b.status,
+				TeamID: b.team, VCPU: b.vcpu, MemoryMB: b.memoryMB, Created: b.created})
+		}
+		b.mu.Unlock()
+	}
+	return out
 }
 
 // BuildStatuses reports, by template name, the status of the newest build

@@ -121,6 +121,38 @@ func TestBuildStatus(t *testing.T) {
 	}
 }
 
+// InProgress reports the newest build of each template while it waits or
+// builds, with who asked and its shape; ended builds are not reported.
+func TestInProgress(t *testing.T) {
+	uploads, _ := NewUploads(t.TempDir(), 1<<20)
+	s, err := New(Config{}, nil, uploads, t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := s.InProgress(); len(got) != 0 {
+		t.Fatalf("no build yet: %+v", got)
+	}
+	app, _ := s.Request("app", "lab", false, 2, 512)
+	failed, _ := s.Request("failed", "lab", false, 0, 0)
+	b, _ := s.get("failed", failed)
+	b.setStatus(StatusError, &Reason{Message: "failed"})
+	got := s.InProgress()
+	if len(got) != 1 || got[0].Template != "app" || got[0].BuildID != app || got[0].Status != StatusWaiting ||
+		got[0].TeamID != "lab" || got[0].VCPU != 2 || got[0].MemoryMB != 512 || got[0].Created.IsZero() {
+		t.Fatalf("one waiting build: %+v", got)
+	}
+	b, _ = s.get("app", app)
+	b.setStatus(StatusBuilding, nil)
+	if got := s.InProgress(); len(got) != 1 || got[0].Status != StatusBuilding {
+		t.Fatalf("building: %+v", got)
+	}
+	b.setStatus(StatusReady, nil)
+	if got := s.InProgress(); len(got) != 0 {
+		t.Fatalf("after the build ended: %+v", got)
+	}
+}
+
 func TestBuildsOfATemplate(t *testing.T) {
 	uploads, _ := NewUploads(t.TempDir(), 1<<20)
 	s, err := New(Config{}, nil, uploads, t.TempDir(), slog.New(slog.DiscardHandler))

@@ -78,11 +78,13 @@ they were given, summed; --max-starting bounds those starting at once; --creates
 creates and fork children, with bursts of as many. --max-snapshots bounds the snapshots and templates
 made of its sandboxes it keeps (a snapshot past it is refused with 429). --max-volumes bounds the
 volumes it keeps (fork copies too) and --max-volume-mb their sizes summed (with it, volumes need a
-size: a node with a volume pool); a volume past them is refused with 429. 0 is no limit.`
+size: a node with a volume pool); a volume past them is refused with 429. --max-snapshot-mb bounds the
+MiB its snapshots and templates of sandboxes take (their images' sizes summed; a snapshot past it is
+refused with 429). 0 is no limit.`
 
 // teamLimitFlags are the limit flags of team create and set.
 type teamLimitFlags struct {
-	sandboxes, memoryMB, vcpus, starting, rate, snapshots, volumes, volumeMB int
+	sandboxes, memoryMB, vcpus, starting, rate, snapshots, volumes, volumeMB, snapshotMB int
 }
 
 func (l *teamLimitFlags) add(cmd *cobra.Command) {
@@ -94,6 +96,7 @@ func (l *teamLimitFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.snapshots, "max-snapshots", 0, "snapshots and templates of its sandboxes it may keep (0: no limit)")
 	cmd.Flags().IntVar(&l.volumes, "max-volumes", 0, "volumes it may keep (0: no limit)")
 	cmd.Flags().IntVar(&l.volumeMB, "max-volume-mb", 0, "MiB its volumes' sizes may add up to (0: no limit)")
+	cmd.Flags().IntVar(&l.snapshotMB, "max-snapshot-mb", 0, "MiB its snapshots and templates of sandboxes may take (0: no limit)")
 }
 
 // given returns the limits set on the command line; the others are nil.
@@ -112,6 +115,7 @@ func (l *teamLimitFlags) given(cmd *cobra.Command) (client.TeamLimits, error) {
 		{"max-snapshots", &l.snapshots, &out.MaxSnapshots},
 		{"max-volumes", &l.volumes, &out.MaxVolumes},
 		{"max-volume-mb", &l.volumeMB, &out.MaxVolumeMB},
+		{"max-snapshot-mb", &l.snapshotMB, &out.MaxSnapshotMB},
 	} {
 		if !cmd.Flags().Changed(f.name) {
 			continue
@@ -128,7 +132,7 @@ func (a *app) teamSetCommand() *cobra.Command {
 	var f serverFlags
 	var limits teamLimitFlags
 	cmd := &cobra.Command{
-		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N] [--max-starting N] [--creates-per-second N] [--max-snapshots N] [--max-volumes N] [--max-volume-mb MIB]",
+		Use:   "set NAME [--max-sandboxes N] [--max-memory MIB] [--max-vcpus N] [--max-starting N] [--creates-per-second N] [--max-snapshots N] [--max-volumes N] [--max-volume-mb MIB] [--max-snapshot-mb MIB]",
 		Short: "Change a team's limits",
 		Long: `Change the limits given of a team; the others keep their values. A lower limit refuses creates
 from then on; sandboxes already over it are not killed.
@@ -141,7 +145,7 @@ from then on; sandboxes already over it are not killed.
 				return err
 			}
 			if given == (client.TeamLimits{}) {
-				return usageError{errors.New("give one or more of --max-sandboxes, --max-memory, --max-vcpus, --max-starting, --creates-per-second, --max-snapshots, --max-volumes, --max-volume-mb")}
+				return usageError{errors.New("give one or more of --max-sandboxes, --max-memory, --max-vcpus, --max-starting, --creates-per-second, --max-snapshots, --max-volumes, --max-volume-mb, --max-snapshot-mb")}
 			}
 			c, err := a.client(f)
 			if err != nil {
@@ -151,10 +155,10 @@ from then on; sandboxes already over it are not killed.
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\tmax starting %s\tcreates per second %s\tmax snapshots %s\tmax volumes %s\tmax volume size %s\n",
+			fmt.Fprintf(a.stdout, "%s\tmax sandboxes %s\tmax memory %s\tmax vcpus %s\tmax starting %s\tcreates per second %s\tmax snapshots %s\tmax volumes %s\tmax volume size %s\tmax snapshot size %s\n",
 				t.TeamID, limitOrNone(t.MaxSandboxes), mibLimit(t.MaxMemoryMB), limitOrNone(t.MaxVCPUs),
 				limitOrNone(t.MaxStarting), limitOrNone(t.CreatesPerSecond), limitOrNone(t.MaxSnapshots),
-				limitOrNone(t.MaxVolumes), mibLimit(t.MaxVolumeMB))
+				limitOrNone(t.MaxVolumes), mibLimit(t.MaxVolumeMB), mibLimit(t.MaxSnapshotMB))
 			return nil
 		},
 	}
@@ -206,11 +210,12 @@ func (a *app) teamLsCommand() *cobra.Command {
 			}
 			now := a.now()
 			t := newTable(a.stdout, "TEAM", "MAX SANDBOXES", "MAX MEMORY", "MAX VCPUS", "MAX STARTING", "CREATES/S",
-				"MAX SNAPSHOTS", "MAX VOLUMES", "MAX VOLUME SIZE", "CREATED")
+				"MAX SNAPSHOTS", "MAX SNAPSHOT SIZE", "MAX VOLUMES", "MAX VOLUME SIZE", "CREATED")
 			for _, team := range teams {
 				t.row(team.TeamID, limitOrNone(team.MaxSandboxes), mibLimit(team.MaxMemoryMB),
 					limitOrNone(team.MaxVCPUs), limitOrNone(team.MaxStarting), limitOrNone(team.CreatesPerSecond),
-					limitOrNone(team.MaxSnapshots), limitOrNone(team.MaxVolumes), mibLimit(team.MaxVolumeMB),
+					limitOrNone(team.MaxSnapshots), mibLimit(team.MaxSnapshotMB), limitOrNone(team.MaxVolumes),
+					mibLimit(team.MaxVolumeMB),
 					timeAgo(now, team.CreatedAt))
 			}
 			return t.flush()

@@ -19,8 +19,9 @@ func (a *app) usageCommand() *cobra.Command {
 		Use:   "usage",
 		Short: "Show each team's use by day",
 		Long: `Show what each team's sandboxes used, by day (UTC): the hours they ran (paused ones do not),
-weighed by the memory (GiB-hours) and vCPUs (vCPU-hours) each was given, and the CPU hours they used.
-Every node adds its sandboxes' use every few seconds. An admin key sees every team (or --team);
+weighed by the memory (GiB-hours) and vCPUs (vCPU-hours) each was given, and the CPU hours they used;
+and what the team kept stored, its snapshots' images and its volumes' files, weighed by the time
+kept (GiB-hours; 24 of them are a GiB kept all day). Every node adds its own every few seconds. An admin key sees every team (or --team);
 a team's key its own team.`,
 		Example: "  aenv usage --from 2026-12-01\n  aenv usage --team lab-a --csv > lab-a.csv",
 		Args:    args(cobra.NoArgs),
@@ -42,18 +43,20 @@ a team's key its own team.`,
 				return writeJSON(a.stdout, raws(days, func(u client.TeamUsage) json.RawMessage { return u.Raw }))
 			case asCSV:
 				w := csv.NewWriter(a.stdout)
-				w.Write([]string{"day", "team", "sandbox_seconds", "memory_mb_seconds", "vcpu_seconds", "cpu_seconds"})
+				w.Write([]string{"day", "team", "sandbox_seconds", "memory_mb_seconds", "vcpu_seconds", "cpu_seconds",
+					"stored_mb_seconds"})
 				for _, d := range days {
 					w.Write([]string{d.Day, d.TeamID, fixed(d.SandboxSeconds, 3), fixed(d.MemoryMBSeconds, 3),
-						fixed(d.VCPUSeconds, 3), fixed(d.CPUSeconds, 3)})
+						fixed(d.VCPUSeconds, 3), fixed(d.CPUSeconds, 3), fixed(d.StoredMBSeconds, 3)})
 				}
 				w.Flush()
 				return w.Error()
 			}
-			t := newTable(a.stdout, "DAY", "TEAM", "SANDBOX HOURS", "GIB HOURS", "VCPU HOURS", "CPU HOURS")
+			t := newTable(a.stdout, "DAY", "TEAM", "SANDBOX HOURS", "GIB HOURS", "VCPU HOURS", "CPU HOURS",
+				"STORED GIB HOURS")
 			for _, d := range days {
 				t.row(d.Day, d.TeamID, fixed(d.SandboxSeconds/3600, 2), fixed(d.MemoryMBSeconds/1024/3600, 2),
-					fixed(d.VCPUSeconds/3600, 2), fixed(d.CPUSeconds/3600, 2))
+					fixed(d.VCPUSeconds/3600, 2), fixed(d.CPUSeconds/3600, 2), fixed(d.StoredMBSeconds/1024/3600, 2))
 			}
 			return t.flush()
 		},

@@ -379,7 +379,8 @@ func TestTeamLimitsRefusedByAnOlderServer(t *testing.T) {
 	const older = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5}`
 	const beforeSnapshots = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0}`
 	const beforeVolumes = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0}`
-	const current = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0,"maxVolumes":0,"maxVolumeMB":0}`
+	const beforeSnapshotMB = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0,"maxVolumes":0,"maxVolumeMB":0}`
+	const current = `{"teamID":"lab","createdAt":"2026-12-01T00:00:00Z","maxSandboxes":5,"maxMemoryMB":0,"maxVCPUs":0,"maxStarting":0,"createsPerSecond":0,"maxSnapshots":0,"maxVolumes":0,"maxVolumeMB":0,"maxSnapshotMB":0}`
 	mem, snaps, vols := 4096, 10, 3
 	for _, tc := range []struct {
 		name   string
@@ -394,7 +395,9 @@ func TestTeamLimitsRefusedByAnOlderServer(t *testing.T) {
 		{"snapshots, current", beforeVolumes, client.TeamLimits{MaxSnapshots: &snaps}, true},
 		{"volumes, older", beforeVolumes, client.TeamLimits{MaxVolumes: &vols}, false},
 		{"volume MiB, older", beforeVolumes, client.TeamLimits{MaxVolumeMB: &mem, MaxSnapshots: &snaps}, false},
-		{"volumes, current", current, client.TeamLimits{MaxVolumes: &vols, MaxVolumeMB: &mem}, true},
+		{"volumes, current", beforeSnapshotMB, client.TeamLimits{MaxVolumes: &vols, MaxVolumeMB: &mem}, true},
+		{"snapshot MiB, older", beforeSnapshotMB, client.TeamLimits{MaxSnapshotMB: &mem, MaxVolumes: &vols}, false},
+		{"snapshot MiB, current", current, client.TeamLimits{MaxSnapshotMB: &mem}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			patched := false

@@ -24,9 +24,12 @@ type Team struct {
 	MaxSnapshots int `json:"maxSnapshots"`
 	// MaxVolumes bounds the volumes it keeps, and MaxVolumeMB their sizes
 	// summed; 0: no limit.
-	MaxVolumes  int             `json:"maxVolumes"`
-	MaxVolumeMB int             `json:"maxVolumeMB"`
-	Raw         json.RawMessage `json:"-"`
+	MaxVolumes  int `json:"maxVolumes"`
+	MaxVolumeMB int `json:"maxVolumeMB"`
+	// MaxSnapshotMB bounds the MiB its snapshots and templates of
+	// sandboxes take; 0: no limit.
+	MaxSnapshotMB int             `json:"maxSnapshotMB"`
+	Raw           json.RawMessage `json:"-"`
 }
 
 // TeamLimits are limits to give a team; 0 is none. A nil one is left
@@ -43,6 +46,9 @@ type TeamLimits struct {
 	// MaxVolumes bounds the volumes kept, MaxVolumeMB their sizes summed.
 	MaxVolumes  *int `json:"maxVolumes,omitempty"`
 	MaxVolumeMB *int `json:"maxVolumeMB,omitempty"`
+	// MaxSnapshotMB bounds the MiB of snapshots and templates of
+	// sandboxes kept.
+	MaxSnapshotMB *int `json:"maxSnapshotMB,omitempty"`
 }
 
 // APIKey is an API key's record; Key holds the key itself only in the
@@ -79,9 +85,11 @@ type DeletedTeam struct {
 // newerField is the field of a team that tells whether a server knows
 // every limit l sets, "" when any server does: servers before a limit
 // ignore it (they know only maxSandboxes, then up to createsPerSecond,
-// then maxSnapshots).
+// then maxSnapshots, then maxVolumes).
 func (l TeamLimits) newerField() string {
 	switch {
+	case l.MaxSnapshotMB != nil:
+		return "maxSnapshotMB"
 	case l.MaxVolumes != nil || l.MaxVolumeMB != nil:
 		return "maxVolumes"
 	case l.MaxSnapshots != nil:

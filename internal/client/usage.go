@@ -9,12 +9,15 @@ import (
 
 // TeamUsage is one team's use on one day (GET /usage).
 type TeamUsage struct {
-	TeamID          string          `json:"teamID"`
-	Day             string          `json:"day"`
-	SandboxSeconds  float64         `json:"sandboxSeconds"`
-	MemoryMBSeconds float64         `json:"memoryMBSeconds"`
-	VCPUSeconds     float64         `json:"vcpuSeconds"`
-	CPUSeconds      float64         `json:"cpuSeconds"`
+	TeamID          string  `json:"teamID"`
+	Day             string  `json:"day"`
+	SandboxSeconds  float64 `json:"sandboxSeconds"`
+	MemoryMBSeconds float64 `json:"memoryMBSeconds"`
+	VCPUSeconds     float64 `json:"vcpuSeconds"`
+	CPUSeconds      float64 `json:"cpuSeconds"`
+	// StoredMBSeconds is what the team kept stored (snapshots' images,
+	// volumes' files; MiB) weighed by the time kept.
+	StoredMBSeconds float64         `json:"storedMBSeconds"`
 	Raw             json.RawMessage `json:"-"`
 }
 

@@ -26,6 +26,17 @@ type Member struct {
 	done chan struct{}
 	mu   sync.Mutex
 	err  error // last heartbeat failure, nil when the last one worked
+	// builds reports the node's template builds under way, carried by
+	// each heartbeat; nil: none. Guarded by mu.
+	builds func() []store.BuildProgress
+}
+
+// PublishBuilds has every heartbeat from now on carry the builds under way
+// that inProgress reports.
+func (m *Member) PublishBuilds(inProgress func() []store.BuildProgress) {
+	m.mu.Lock()
+	m.builds = inProgress
+	m.mu.Unlock()
 }
 
 // Join registers self and starts heartbeating every interval until Leave
@@ -53,7 +64,14 @@ func Join(ctx context.Context, db *postgres.Store, self postgres.Node, admission
 
 func (m *Member) use() postgres.NodeUse {
 	u := m.admission.holder.Use()
-	return postgres.NodeUse{Sandboxes: u.Sandboxes, Starting: u.Starting, MemoryUsedMB: u.MemoryMB}
+	m.mu.Lock()
+	builds := m.builds
+	m.mu.Unlock()
+	use := postgres.NodeUse{Sandboxes: u.Sandboxes, Starting: u.Starting, MemoryUsedMB: u.MemoryMB}
+	if builds != nil {
+		use.Builds = builds()
+	}
+	return use
 }
 
 func (m *Member) run(ctx context.Context) {

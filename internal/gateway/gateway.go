@@ -170,6 +170,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		Ledger:        ledger,
 		VolumeRecords: db,
 		Secrets:       cfg.Secrets,
+		Building:      g.nodes.building,
 	}, &catalog{g: g}, logger, reg)
 	g.routeMux()
 	g.traced = cfg.Tracer.Handler(g.mux)

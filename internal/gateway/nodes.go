@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/cluster"
+	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -127,6 +128,18 @@ func (n *nodes) warnIncompatible(v *nodeView) {
 }
 
 func (n *nodes) current() *nodeView { return n.view.Load() }
+
+// building is the template builds under way on the reachable nodes, as
+// their last heartbeats published them.
+func (n *nodes) building() []store.BuildProgress {
+	var out []store.BuildProgress
+	for _, s := range n.current().list {
+		if s.reachable {
+			out = append(out, s.Use.Builds...)
+		}
+	}
+	return out
+}
 
 // recheckAge is how old a view may be before a refusal it would cause (a
 // node unknown or unreachable) is checked against the database again: a

@@ -46,3 +46,25 @@ func linkTree(ctx context.Context, src, dst string) error {
 		}
 	})
 }
+
+// treeBytes is the size of the regular files under dir, summed: an image's
+// logical size, as its upload counts it (the bytes a team's snapshot limit
+// and its storage use count).
+func treeBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		n += info.Size()
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("size of %s: %w", dir, err)
+	}
+	return n, nil
+}

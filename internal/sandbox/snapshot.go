@@ -60,6 +60,13 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	if err := m.imageOf(opCtx, e, dir); err != nil {
 		return nil, err
 	}
+	// Its size is what the team's limit counts, known before the record
+	// is written; an upload records the same figure again.
+	size, err := treeBytes(dir)
+	if err != nil {
+		m.removeImage(ctx, dir)
+		return nil, fmt.Errorf("snapshot %s: %w", req.SandboxID, err)
+	}
 	name := req.Name
 	if name == "" {
 		name = id
@@ -73,6 +80,7 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		// Not the volumes' files, which stay theirs: the mounts, which
 		// the sandboxes made from it mount again.
 		VolumeMounts: slices.Clone(v.sb.VolumeMounts),
+		ImageStats:   store.ImageStats{Bytes: size},
 	}
 	// One with volumes is not shared with other nodes: they are this
 	// node's, and so are the sandboxes made from it.

@@ -18,6 +18,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/meminfo"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/sandbox"
+	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -85,6 +86,16 @@ func (c *clusterMember) nodeID() string {
 		return ""
 	}
 	return c.id
+}
+
+// publishBuilds has the node's heartbeats carry its builds under way, as
+// inProgress reports them, so that gateways list a template while its
+// first build runs here.
+func (c *clusterMember) publishBuilds(inProgress func() []store.BuildProgress) {
+	if c == nil || c.member == nil {
+		return
+	}
+	c.member.PublishBuilds(inProgress)
 }
 
 // stop ends the heartbeat (the node stays registered).

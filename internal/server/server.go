@@ -359,7 +359,8 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	ledger, _ := st.(usage.Ledger)
 	// Sampled until the API has stopped (not when ctx ends): requests in
 	// their grace period still use sandboxes, and that is counted.
-	usageHistory := usage.Start(context.WithoutCancel(ctx), sandboxes, usage.Config{Ledger: ledger}, logger.With("component", "usage"))
+	usageHistory := usage.Start(context.WithoutCancel(ctx), sandboxes,
+		usage.Config{Ledger: ledger, Storage: storedBytes{st, volumes}}, logger.With("component", "usage"))
 	builds, err := newBuilds(cfg, served, logger)
 	if err != nil {
 		usageHistory.Stop()
@@ -369,6 +370,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return err
 	}
 	defer builds.Close()
+	member.publishBuilds(builds.InProgress)
 	reg.MustRegister(builds.Collectors()...)
 	if auditLog != nil {
 		reg.MustRegister(auditLog.Collector())
@@ -386,6 +388,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		Domain:             cfg.Domain,
 		Usage:              usageHistory,
 		Builds:             builds,
+		Building:           builds.InProgress,
 		NodeID:             member.nodeID(),
 		NodeInfo:           info,
 		Tracer:             tracer,

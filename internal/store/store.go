@@ -455,6 +455,20 @@ type UploadDigests struct {
 	Stats  ImageStats
 }
 
+// BuildProgress is a template build under way (waiting for its turn or
+// building), as a node's build service reports it. A cluster node's
+// heartbeat publishes its own, so that a gateway lists a template while
+// its first build runs, before any record of it exists.
+type BuildProgress struct {
+	Template string    `json:"template"` // the template's name (E2B's templateID)
+	BuildID  string    `json:"buildID"`
+	Status   string    `json:"status"`
+	TeamID   string    `json:"teamID,omitempty"` // the team that asked for it
+	VCPU     int       `json:"vcpu,omitempty"`
+	MemoryMB int       `json:"memoryMB,omitempty"`
+	Created  time.Time `json:"created"`
+}
+
 // ImageStats describe a checkpoint image as uploaded in chunks: Bytes its
 // files' logical size, NewBytes what its upload stored that the store did
 // not have (new packs and the index), Parent the template it shares pages
@@ -589,6 +603,10 @@ type Store interface {
 	// before the checkpoint. PutTemplate and ReplaceTemplate check again
 	// with the write, and that check holds.
 	SnapshotRoom(ctx context.Context, team string) error
+	// TeamImageBytes sums, by team, the image bytes (ImageStats.Bytes) of
+	// the snapshots and templates of sandboxes this node keeps: what the
+	// teams' storage use counts of them.
+	TeamImageBytes(ctx context.Context) (map[string]int64, error)
 	// ListSnapshots pages through snapshots in SQL (see SnapshotFilter).
 	ListSnapshots(ctx context.Context, f SnapshotFilter) ([]*Template, error)
 	DeleteTemplate(ctx context.Context, id string) error

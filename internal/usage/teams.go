@@ -21,6 +21,10 @@ type TeamDay struct {
 	MemoryMBSeconds float64 `json:"memoryMBSeconds"`
 	VCPUSeconds     float64 `json:"vcpuSeconds"`
 	CPUSeconds      float64 `json:"cpuSeconds"`
+	// StoredMBSeconds is what the team kept stored (its snapshots' images
+	// and its volumes' files, in MiB) weighed by the time kept: divided
+	// by the day's 86,400 seconds, the MiB it kept on average.
+	StoredMBSeconds float64 `json:"storedMBSeconds"`
 }
 
 // DayLayout is how TeamDay.Day is written.
@@ -68,12 +72,7 @@ func (h *History) account(team string, memoryMB, vcpu int, at time.Time, counted
 	if h.cfg.Ledger == nil {
 		return
 	}
-	k := teamDay{team, at.UTC().Format(DayLayout)}
-	d := h.pending[k]
-	if d == nil {
-		d = &TeamDay{TeamID: team, Day: k.day}
-		h.pending[k] = d
-	}
+	d := h.pendingDay(teamDay{team, at.UTC().Format(DayLayout)})
 	secs := counted.Seconds()
 	d.add(TeamDay{SandboxSeconds: secs, MemoryMBSeconds: secs * float64(memoryMB),
 		VCPUSeconds: secs * float64(vcpu), CPUSeconds: cpu.Seconds()})
@@ -85,6 +84,58 @@ func (d *TeamDay) add(o TeamDay) {
 	d.MemoryMBSeconds += o.MemoryMBSeconds
 	d.VCPUSeconds += o.VCPUSeconds
 	d.CPUSeconds += o.CPUSeconds
+	d.StoredMBSeconds += o.StoredMBSeconds
+}
+
+// StorageSource tells what a node keeps stored for each team: bytes by
+// team ID, the node's own (an image cached from another node's upload is
+// that node's to count).
+type StorageSource interface {
+	StoredBytes(ctx context.Context) (map[string]int64, error)
+}
+
+// accountStorage adds what each team keeps stored now, weighed by the
+// time since the last account, to the totals not yet written. After a gap
+// (a slow or failed read, a restart) it counts one FlushEvery.
+func (h *History) accountStorage(ctx context.Context, now time.Time) {
+	if h.cfg.Ledger == nil || h.cfg.Storage == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
+	defer cancel()
+	stored, err := h.cfg.Storage.StoredBytes(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			h.logger.WarnContext(ctx, "usage: what teams keep stored", "err", err)
+		}
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	counted := now.Sub(h.storedAt)
+	if h.storedAt.IsZero() || counted <= 0 || counted > 2*h.cfg.FlushEvery {
+		counted = h.cfg.FlushEvery
+	}
+	h.storedAt = now
+	day := now.UTC().Format(DayLayout)
+	for team, bytes := range stored {
+		if bytes <= 0 {
+			continue
+		}
+		d := h.pendingDay(teamDay{team, day})
+		d.StoredMBSeconds += float64(bytes) / (1 << 20) * counted.Seconds()
+	}
+}
+
+// pendingDay is the totals not yet written of k, made if need be; h.mu
+// held.
+func (h *History) pendingDay(k teamDay) *TeamDay {
+	d := h.pending[k]
+	if d == nil {
+		d = &TeamDay{TeamID: k.team, Day: k.day}
+		h.pending[k] = d
+	}
+	return d
 }
 
 // maxPending bounds the team-days kept while the ledger cannot be written.

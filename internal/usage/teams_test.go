@@ -109,3 +109,48 @@ func TestTeamUsage(t *testing.T) {
 		t.Errorf("the same sandbox running was not accounted: %v", h.pending)
 	}
 }
+
+// storageFunc is a StorageSource of a function.
+type storageFunc func() (map[string]int64, error)
+
+func (f storageFunc) StoredBytes(ctx context.Context) (map[string]int64, error) { return f() }
+
+// What a team keeps stored is weighed by the time since the last account:
+// the first account, and one after a gap, stand for one FlushEvery; a
+// failed read adds nothing; teams storing nothing get no row.
+func TestTeamStorage(t *testing.T) {
+	ledger := &memLedger{days: map[teamDay]TeamDay{}}
+	stored := map[string]int64{"lab-a": 2 << 20, "lab-b": 0}
+	var fail error
+	h := newHistory(&fakeSource{}, 10)
+	h.cfg.Ledger, h.pending, h.cfg.FlushEvery = ledger, map[teamDay]*TeamDay{}, 10*time.Second
+	h.cfg.Storage = storageFunc(func() (map[string]int64, error) { return stored, fail })
+	ctx := context.Background()
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	near := func(got, want float64) bool { return math.Abs(got-want) < 1e-9 }
+
+	h.accountStorage(ctx, t0)                     // the first: 10 s
+	h.accountStorage(ctx, t0.Add(15*time.Second)) // 15 s since
+	h.accountStorage(ctx, t0.Add(5*time.Minute))  // a gap: 10 s
+	fail = errors.New("database away")
+	h.accountStorage(ctx, t0.Add(5*time.Minute+5*time.Second)) // nothing
+	if err := h.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := ledger.get("lab-a", t0); !near(got.StoredMBSeconds, 2*35) || got.SandboxSeconds != 0 {
+		t.Errorf("lab-a: %+v, want 70 MiB·s stored and nothing else", got)
+	}
+	if got := ledger.get("lab-b", t0); got != (TeamDay{}) {
+		t.Errorf("lab-b, storing nothing: %+v, want no row", got)
+	}
+	// The next day's account goes to the next day.
+	fail = nil
+	next := time.Date(2026, 12, 2, 0, 0, 5, 0, time.UTC)
+	h.accountStorage(ctx, next) // a gap again: 10 s
+	if err := h.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := ledger.get("lab-a", next); !near(got.StoredMBSeconds, 20) {
+		t.Errorf("lab-a on the next day: %+v, want 20 MiB·s", got)
+	}
+}

@@ -44,6 +44,9 @@ type Config struct {
 	// accounted.
 	Ledger     Ledger
 	FlushEvery time.Duration
+	// Storage tells what the teams keep stored, read before each flush
+	// and weighed by the time since the last read; nil: not accounted.
+	Storage StorageSource
 }
 
 // DefaultFlushEvery is how often the teams' use is written by default.
@@ -71,6 +74,8 @@ type History struct {
 	mu      sync.Mutex
 	series  map[string]*series
 	pending map[teamDay]*TeamDay // accounted, not yet written
+	// storedAt is when storage was last accounted (zero: never).
+	storedAt time.Time
 	// flushMu makes flushes one at a time, so that a failed one puts
 	// its days back before the next takes them.
 	flushMu sync.Mutex
@@ -135,6 +140,7 @@ func (h *History) run(ctx context.Context) {
 		}
 		if time.Since(lastFlush) >= h.cfg.FlushEvery {
 			lastFlush = time.Now()
+			h.accountStorage(ctx, lastFlush)
 			h.flushLogged(ctx)
 		}
 		select {

@@ -128,6 +128,20 @@ func (s *Service) UsageOf(id string) (Usage, bool) {
 	return m.Usage, ok
 }
 
+// TeamBytes sums, by team, the bytes of this node's volumes as last
+// measured (a volume not measured yet counts nothing): what the teams'
+// storage use counts of them.
+func (s *Service) TeamBytes() map[string]int64 {
+	s.usageMu.Lock()
+	usage := s.usage
+	s.usageMu.Unlock()
+	out := map[string]int64{}
+	for _, m := range usage {
+		out[m.team] += m.Bytes
+	}
+	return out
+}
+
 // measured is a volume's usage and what names it in metrics.
 type measured struct {
 	Usage

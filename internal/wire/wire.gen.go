@@ -878,6 +878,7 @@ type NewTeam struct {
 	CreatesPerSecond int `json:"createsPerSecond,omitempty"`
 	MaxMemoryMB      int `json:"maxMemoryMB,omitempty"`
 	MaxSandboxes     int `json:"maxSandboxes,omitempty"`
+	MaxSnapshotMB    int `json:"maxSnapshotMB,omitempty"`
 	MaxSnapshots     int `json:"maxSnapshots,omitempty"`
 	MaxStarting      int `json:"maxStarting,omitempty"`
 	MaxVCPUs         int `json:"maxVCPUs,omitempty"`
@@ -1076,7 +1077,7 @@ type SecretUpdate struct {
 
 // Snapshot defines model for Snapshot.
 type Snapshot struct {
-	// Bytes Logical size of the checkpoint image (memory and state files), once uploaded to an object store (aenv).
+	// Bytes Logical size of the checkpoint image (memory and state files), what a team's maxSnapshotMB counts (aenv).
 	Bytes     int64     `json:"bytes,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	Names     []string  `json:"names"`
@@ -1107,6 +1108,9 @@ type Team struct {
 	// MaxSandboxes Sandboxes of the team that may exist at once (not killed), cluster-wide; 0: no limit.
 	MaxSandboxes int `json:"maxSandboxes"`
 
+	// MaxSnapshotMB MiB its snapshots and templates of sandboxes may take (their images' logical sizes summed), cluster-wide; 0: no limit.
+	MaxSnapshotMB int `json:"maxSnapshotMB"`
+
 	// MaxSnapshots Snapshots and templates made of its sandboxes the team may keep, cluster-wide; 0: no limit.
 	MaxSnapshots int `json:"maxSnapshots"`
 
@@ -1134,6 +1138,9 @@ type TeamLimits struct {
 
 	// MaxSandboxes 0: no limit.
 	MaxSandboxes *int `json:"maxSandboxes,omitempty"`
+
+	// MaxSnapshotMB 0: no limit.
+	MaxSnapshotMB *int `json:"maxSnapshotMB,omitempty"`
 
 	// MaxSnapshots 0: no limit.
 	MaxSnapshots *int `json:"maxSnapshots,omitempty"`
@@ -1164,7 +1171,10 @@ type TeamUsage struct {
 
 	// SandboxSeconds Time the team's sandboxes ran (paused ones do not).
 	SandboxSeconds float64 `json:"sandboxSeconds"`
-	TeamID         string  `json:"teamID"`
+
+	// StoredMBSeconds What the team kept stored (its snapshots' images and its volumes' files, MiB) weighed by the time kept; divided by 86400, the MiB kept on average that day.
+	StoredMBSeconds float64 `json:"storedMBSeconds"`
+	TeamID          string  `json:"teamID"`
 
 	// VcpuSeconds That time weighed by the vCPUs each was given.
 	VcpuSeconds float64 `json:"vcpuSeconds"`

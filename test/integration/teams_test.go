@@ -179,6 +179,23 @@ func checkTeamIsolation(t *testing.T, e endpoint) (keyA, keyB, keyBID string) {
 	if len(buildsA) != 1 || buildsA[0].BuildID != buildA.BuildID || buildsA[0].Status != "waiting" {
 		t.Errorf("team A's builds of app-a: %+v, want %s waiting", buildsA, buildA.BuildID)
 	}
+	// While its first build waits, app-a has no record, yet A lists it
+	// with the build's status (through a gateway once the node's
+	// heartbeat carries it), and B does not.
+	type listed struct {
+		TemplateID  string `json:"templateID"`
+		BuildStatus string `json:"buildStatus"`
+	}
+	waitFor(t, 30*time.Second, "team A's waiting build listed among its templates", func() bool {
+		var all []listed
+		e.want(200, keyA, "GET", "/templates", nil).json(t, &all)
+		return slices.Contains(all, listed{"app-a", "waiting"})
+	})
+	var ofB []listed
+	e.want(200, keyB, "GET", "/templates", nil).json(t, &ofB)
+	if slices.ContainsFunc(ofB, func(l listed) bool { return l.TemplateID == "app-a" }) {
+		t.Errorf("team B lists A's template under build: %+v", ofB)
+	}
 	e.want(404, keyB, "GET", "/templates/app-a/builds", nil)
 	e.want(404, keyB, "GET", "/templates/app-a/files/"+strings.Repeat("ab", 32), nil)
 	e.want(409, keyB, "POST", "/v3/templates", map[string]any{"name": "app-a"})
@@ -329,6 +346,48 @@ func checkSnapshotLimit(t *testing.T, e endpoint, keyA, keyB, sbA, sbB string) {
 	e.want(201, keyB, "POST", "/sandboxes/"+sbB+"/snapshots", map[string]any{}).json(t, &snapB)
 	e.want(204, keyB, "DELETE", "/templates/"+snapB.SnapshotID, nil)
 	e.want(200, apiKey, "PATCH", "/teams/team-a", map[string]any{"maxSnapshots": 0})
+	checkSnapshotBytesLimit(t, e, keyA, keyB, sbA, sbB)
+}
+
+// checkSnapshotBytesLimit: a limit of 1 MiB of snapshots, below one
+// image's size. Team A, keeping images past it, is refused before any
+// checkpoint; team B, keeping none, is refused once its image's size is
+// known, and the image is not kept. Lifted, B's snapshot answers its size.
+func checkSnapshotBytesLimit(t *testing.T, e endpoint, keyA, keyB, sbA, sbB string) {
+	for _, team := range []string{"team-a", "team-b"} {
+		var got struct {
+			MaxSnapshotMB int `json:"maxSnapshotMB"`
+		}
+		e.want(200, apiKey, "PATCH", "/teams/"+team, map[string]any{"maxSnapshotMB": 1}).json(t, &got)
+		if got.MaxSnapshotMB != 1 {
+			t.Errorf("%s after the patch: maxSnapshotMB %d, want 1", team, got.MaxSnapshotMB)
+		}
+	}
+	for _, c := range []struct{ key, sb, want string }{
+		{keyA, sbA, "is at its limit of 1 MiB of snapshots"},
+		{keyB, sbB, "would pass its limit of 1 MiB of snapshots"},
+	} {
+		r := e.want(429, c.key, "POST", "/sandboxes/"+c.sb+"/snapshots", map[string]any{})
+		if !strings.Contains(string(r.body), c.want) || r.header.Get(api.HeaderLimit) != "team" {
+			t.Errorf("snapshot of %s past 1 MiB: %s, %s %q; want %q", c.sb, r.body, api.HeaderLimit,
+				r.header.Get(api.HeaderLimit), c.want)
+		}
+	}
+	if got := ids(t, e.want(200, keyB, "GET", "/snapshots", nil), "snapshotID"); len(got) != 0 {
+		t.Errorf("team B keeps snapshots %v after its refusal, want none", got)
+	}
+	for _, team := range []string{"team-a", "team-b"} {
+		e.want(200, apiKey, "PATCH", "/teams/"+team, map[string]any{"maxSnapshotMB": 0})
+	}
+	var snap struct {
+		SnapshotID string `json:"snapshotID"`
+		Bytes      int64  `json:"bytes"`
+	}
+	e.want(201, keyB, "POST", "/sandboxes/"+sbB+"/snapshots", map[string]any{}).json(t, &snap)
+	if snap.Bytes <= 1<<20 {
+		t.Errorf("team B's snapshot answers %d bytes, want its image's size (over 1 MiB)", snap.Bytes)
+	}
+	e.want(204, keyB, "DELETE", "/templates/"+snap.SnapshotID, nil)
 }
 
 // checkVolumeLimit: with a limit of one volume more than team A keeps, a

@@ -11,8 +11,9 @@ import (
 
 // checkUsage runs a team's sandbox and reads its use back, through read:
 // the team's day grows while it runs, weighed by what it was given; a
-// team's key sees its own team only; CSV for spreadsheets; bad days are
-// refused.
+// team's key sees its own team only; a snapshot it keeps is counted as
+// storage, by its size and the time kept; CSV for spreadsheets; bad days
+// are refused.
 func checkUsage(t *testing.T, by, read endpoint) {
 	t.Helper()
 	by.want(201, apiKey, "POST", "/teams", map[string]any{"teamID": "metered"})
@@ -37,6 +38,26 @@ func checkUsage(t *testing.T, by, read endpoint) {
 		d.VCPUSeconds < d.SandboxSeconds*float64(sb.CPUCount)*0.99 || d.CPUSeconds < 0 {
 		t.Fatalf("the team's day %+v, for a sandbox of %d MiB and %d vCPUs", d, sb.MemoryMB, sb.CPUCount)
 	}
+	// A snapshot kept is storage: at least its size for the seconds
+	// between the first account that saw it and the last read.
+	var snap struct {
+		SnapshotID string `json:"snapshotID"`
+		Bytes      int64  `json:"bytes"`
+	}
+	by.want(201, k.Key, "POST", "/sandboxes/"+sb.SandboxID+"/snapshots", map[string]any{}).json(t, &snap)
+	defer by.call(k.Key, "DELETE", "/templates/"+snap.SnapshotID, nil)
+	if snap.Bytes <= 0 {
+		t.Fatalf("snapshot %s answers %d bytes", snap.SnapshotID, snap.Bytes)
+	}
+	waitFor(t, 60*time.Second, "the team's stored snapshot counted", func() bool {
+		read.want(200, apiKey, "GET", "/usage?team=metered&from="+today, nil).json(t, &days)
+		return len(days) == 1 && days[0].StoredMBSeconds > 0
+	})
+	// One account counts at least one flush interval (10 s) of it; the
+	// snapshot is the team's only stored thing.
+	if got, least := days[0].StoredMBSeconds, float64(snap.Bytes)/(1<<20)*5; got < least {
+		t.Errorf("stored MiB·s %.1f, want at least %.1f (%d bytes for 5 s)", got, least, snap.Bytes)
+	}
 	// The team's key sees its own team, whatever it asks.
 	var own []client.TeamUsage
 	read.want(200, k.Key, "GET", "/usage?team=default", nil).json(t, &own)
@@ -47,7 +68,8 @@ func checkUsage(t *testing.T, by, read endpoint) {
 	}
 	r := read.want(200, apiKey, "GET", "/usage?team=metered&format=csv", nil)
 	rows, err := csv.NewReader(strings.NewReader(string(r.body))).ReadAll()
-	if err != nil || len(rows) != 2 || rows[0][0] != "day" || rows[1][1] != "metered" ||
+	if err != nil || len(rows) != 2 || rows[0][0] != "day" || rows[1][1] != "metered" || len(rows[0]) != 7 ||
+		rows[0][6] != "stored_mb_seconds" ||
 		!strings.HasPrefix(r.header.Get("Content-Type"), "text/csv") {
 		t.Fatalf("CSV: %q (%v), content type %q", r.body, err, r.header.Get("Content-Type"))
 	}

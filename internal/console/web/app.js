@@ -896,11 +896,13 @@ async function pageUsage(main) {
       ['Memory GiB-hours', (u) => (u.memoryMBSeconds / 1024 / 3600).toFixed(2)],
       ['vCPU-hours', (u) => (u.vcpuSeconds / 3600).toFixed(2)],
       ['CPU-hours used', (u) => (u.cpuSeconds !== undefined ? (u.cpuSeconds / 3600).toFixed(2) : '')],
+      ['Stored GiB-hours', (u) => (u.storedMBSeconds !== undefined ? (u.storedMBSeconds / 1024 / 3600).toFixed(2) : '')],
     ], rows || []));
 }
 
 const limitFields = [['maxSandboxes', 'sandboxes'], ['maxMemoryMB', 'memory MiB'], ['maxVCPUs', 'vCPUs'],
   ['maxStarting', 'starting'], ['createsPerSecond', 'creates/s'], ['maxSnapshots', 'snapshots'],
+  ['maxSnapshotMB', 'snapshot MiB'],
   ['maxVolumes', 'volumes'], ['maxVolumeMB', 'volume MiB']];
 
 async function pageTeams(main) {

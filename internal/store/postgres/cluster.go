@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -51,6 +52,18 @@ type NodeUse struct {
 	Sandboxes    int // running or paused in memory
 	Starting     int // creates and restores in progress
 	MemoryUsedMB int // memory given to its live sandboxes
+	// Builds are its template builds under way (a few, bounded by the
+	// build service), so that gateways list a template while its first
+	// build runs.
+	Builds []store.BuildProgress
+}
+
+// buildsJSON is builds as the nodes row keeps them.
+func buildsJSON(builds []store.BuildProgress) ([]byte, error) {
+	if builds == nil {
+		builds = []store.BuildProgress{}
+	}
+	return json.Marshal(builds)
 }
 
 // dbNow is the database's clock in unix nanoseconds.
@@ -59,17 +72,21 @@ const dbNow = `(extract(epoch from clock_timestamp()) * 1000000000)::bigint`
 // RegisterNode writes n's row (a node starting, or starting again). A
 // drained node stays drained across restarts.
 func (s *Store) RegisterNode(ctx context.Context, n Node) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO nodes (id, address, version, started_at, heartbeat_at,
-		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images, protocol)
-		VALUES ($1, $2, $3, $4, `+dbNow+`, $5, $6, $7, $8, $9, $10, $11, $12)
+	builds, err := buildsJSON(n.Use.Builds)
+	if err != nil {
+		return fmt.Errorf("register node %s: %w", n.ID, err)
+	}
+	_, err = s.pool.Exec(ctx, `INSERT INTO nodes (id, address, version, started_at, heartbeat_at,
+		max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images, protocol, builds)
+		VALUES ($1, $2, $3, $4, `+dbNow+`, $5, $6, $7, $8, $9, $10, $11, $12, $13::jsonb)
 		ON CONFLICT (id) DO UPDATE SET address = excluded.address, version = excluded.version,
 		protocol = excluded.protocol,
 		started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
 		max_sandboxes = excluded.max_sandboxes, memory_mb = excluded.memory_mb, vcpus = excluded.vcpus,
 		sandboxes = excluded.sandboxes, starting = excluded.starting, memory_used_mb = excluded.memory_used_mb,
-		shared_images = excluded.shared_images`,
+		shared_images = excluded.shared_images, builds = excluded.builds`,
 		n.ID, n.Address, n.Version, n.StartedAt.UnixNano(), n.Capacity.MaxSandboxes, n.Capacity.MemoryMB,
-		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB, n.SharedImages, n.Protocol)
+		n.Capacity.VCPUs, n.Use.Sandboxes, n.Use.Starting, n.Use.MemoryUsedMB, n.SharedImages, n.Protocol, builds)
 	if err != nil {
 		return dbError("register node %s: %w", n.ID, err)
 	}
@@ -80,9 +97,13 @@ func (s *Store) RegisterNode(ctx context.Context, n Node) error {
 // whether the node is drained. ErrNotFound: the row is gone (removed by an
 // operator); the node registers again.
 func (s *Store) Heartbeat(ctx context.Context, id string, use NodeUse) (draining bool, err error) {
+	builds, err := buildsJSON(use.Builds)
+	if err != nil {
+		return false, fmt.Errorf("heartbeat of node %s: %w", id, err)
+	}
 	err = s.pool.QueryRow(ctx, `UPDATE nodes SET heartbeat_at = `+dbNow+`, sandboxes = $2, starting = $3,
-		memory_used_mb = $4 WHERE id = $1 RETURNING draining`,
-		id, use.Sandboxes, use.Starting, use.MemoryUsedMB).Scan(&draining)
+		memory_used_mb = $4, builds = $5::jsonb WHERE id = $1 RETURNING draining`,
+		id, use.Sandboxes, use.Starting, use.MemoryUsedMB, builds).Scan(&draining)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, dbError("heartbeat of node %s: %w", id, store.ErrNotFound)
 	}
@@ -93,7 +114,7 @@ func (s *Store) Heartbeat(ctx context.Context, id string, use NodeUse) (draining
 }
 
 const nodeColumns = `id, address, draining, version, started_at, ` + dbNow + ` - heartbeat_at,
-	max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images, protocol`
+	max_sandboxes, memory_mb, vcpus, sandboxes, starting, memory_used_mb, shared_images, protocol, builds`
 
 // ListNodes returns every node, by ID.
 func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
@@ -106,11 +127,15 @@ func (s *Store) ListNodes(ctx context.Context) ([]Node, error) {
 	for rows.Next() {
 		var n Node
 		var started, age int64
+		var builds []byte
 		if err := rows.Scan(&n.ID, &n.Address, &n.Draining, &n.Version, &started, &age,
 			&n.Capacity.MaxSandboxes, &n.Capacity.MemoryMB, &n.Capacity.VCPUs,
-			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB, &n.SharedImages, &n.Protocol); err != nil {
+			&n.Use.Sandboxes, &n.Use.Starting, &n.Use.MemoryUsedMB, &n.SharedImages, &n.Protocol, &builds); err != nil {
 			return nil, dbError("list nodes: %w", err)
 		}
+		// A row a newer node wrote in a shape this one does not read
+		// lists no builds; the rest of it still counts.
+		_ = json.Unmarshal(builds, &n.Use.Builds)
 		n.StartedAt = time.Unix(0, started).UTC()
 		n.HeartbeatAge = time.Duration(age)
 		out = append(out, n)

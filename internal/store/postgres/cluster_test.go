@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -183,7 +184,10 @@ func TestNodesAndHeartbeats(t *testing.T) {
 	if _, err := s.Heartbeat(ctx, "nope", NodeUse{}); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("heartbeat of an unknown node: %v", err)
 	}
-	if draining, err := s.Heartbeat(ctx, "n1", NodeUse{Sandboxes: 3, Starting: 1, MemoryUsedMB: 300}); err != nil || draining {
+	building := store.BuildProgress{Template: "app", BuildID: "b1", Status: "building", TeamID: "lab", VCPU: 2,
+		MemoryMB: 512, Created: time.Unix(1700000000, 0).UTC()}
+	use := NodeUse{Sandboxes: 3, Starting: 1, MemoryUsedMB: 300, Builds: []store.BuildProgress{building}}
+	if draining, err := s.Heartbeat(ctx, "n1", use); err != nil || draining {
 		t.Fatalf("heartbeat: %v %v", draining, err)
 	}
 	nodes, err := s.ListNodes(ctx)
@@ -191,7 +195,10 @@ func TestNodesAndHeartbeats(t *testing.T) {
 		t.Fatalf("nodes: %v %v", nodes, err)
 	}
 	got := nodes[0]
-	if got.Address != n.Address || got.Protocol != 7 || got.Capacity != n.Capacity || got.Use != (NodeUse{3, 1, 300}) || !got.SharedImages ||
+	if !reflect.DeepEqual(got.Use, use) {
+		t.Errorf("use read back: %+v, want %+v", got.Use, use)
+	}
+	if got.Address != n.Address || got.Protocol != 7 || got.Capacity != n.Capacity || !got.SharedImages ||
 		got.HeartbeatAge < 0 || got.HeartbeatAge > time.Minute {
 		t.Errorf("node read back: %+v", got)
 	}
@@ -200,6 +207,9 @@ func TestNodesAndHeartbeats(t *testing.T) {
 	}
 	if draining, _ := s.Heartbeat(ctx, "n1", NodeUse{}); !draining {
 		t.Error("the heartbeat does not carry the drain")
+	}
+	if nodes, _ := s.ListNodes(ctx); len(nodes[0].Use.Builds) != 0 {
+		t.Errorf("builds after a heartbeat of none: %+v", nodes[0].Use.Builds)
 	}
 	// Drained stays drained across a restart's registration.
 	if err := s.RegisterNode(ctx, n); err != nil {

@@ -227,23 +227,25 @@ func readTeamLocked(ctx context.Context, tx pgx.Tx, team, query string, scan fun
 }
 
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
-// a sandbox that would take its team past its MaxSnapshots, cluster-wide.
-// An update of a record already kept is not a new one, nor is the record
-// replacing this node's one named replaces ("" for none), which takes its
-// place. The row of a team with the limit is locked until tx ends, so
-// that two nodes' records never pass the count together; callers take it
-// before any other lock, as creates do.
+// a sandbox that would take its team past its MaxSnapshots or
+// MaxSnapshotMB, cluster-wide. An update of a record already kept is not
+// a new one, nor is the record replacing this node's one named replaces
+// ("" for none), which takes its place (if it is no larger). The row of a
+// team with a limit is locked until tx ends, so that two nodes' records
+// never pass the count together; callers take it before any other lock,
+// as creates do.
 func (s *Store) checkSnapshotLimit(ctx context.Context, tx pgx.Tx, t *store.Template, kind store.TemplateKind,
 	replaces string) error {
 	if t.TeamID == "" || !store.CountsAsSnapshot(kind) {
 		return nil
 	}
-	return snapshotRoom(ctx, tx, t.TeamID, roomCheck{lock: true, id: t.ID, replaces: replaces, node: s.node})
+	return snapshotRoom(ctx, tx, t.TeamID, roomCheck{lock: true, id: t.ID, replaces: replaces, node: s.node,
+		bytes: t.ImageStats.Bytes})
 }
 
-// SnapshotRoom says, with ErrLimit, that team keeps as many snapshots as
-// its MaxSnapshots allows, cluster-wide: an early refusal, made before a
-// checkpoint.
+// SnapshotRoom says, with ErrLimit, that team keeps as many snapshots (or
+// bytes of them) as its limits allow, cluster-wide: an early refusal,
+// made before a checkpoint.
 func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
 	if team == "" {
 		return nil
@@ -257,24 +259,26 @@ func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
 
 // roomCheck is what snapshotRoom is asked: whether to lock the team's row
 // (in a transaction), the record to make room for ("" for one not named
-// yet; none is needed if it exists), and node's record named replaces
-// ("" for none): a replacement of the team's own needs no room.
+// yet; none is needed if it exists) and its bytes (0: not known yet), and
+// node's record named replaces ("" for none): a replacement of the team's
+// own, no larger, needs no room.
 type roomCheck struct {
 	lock               bool
 	id, replaces, node string
+	bytes              int64
 }
 
-// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q. A
-// team without the limit costs one read.
+// snapshotRoom judges team's MaxSnapshots and MaxSnapshotMB by what it
+// keeps, read in q. A team without the limits costs one read.
 func snapshotRoom(ctx context.Context, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, team string, c roomCheck) error {
 	const read = `SELECT ` + teamColumns + ` FROM teams WHERE id = $1`
 	lim, err := scanTeam(q.QueryRow(ctx, read, team))
-	if err == nil && lim.MaxSnapshots > 0 && c.lock {
+	if err == nil && lim.SnapshotLimited() && c.lock {
 		lim, err = scanTeam(q.QueryRow(ctx, read+` FOR UPDATE`, team))
 	}
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && lim.MaxSnapshots == 0) {
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && !lim.SnapshotLimited()) {
 		return nil
 	}
 	if err != nil {
@@ -287,15 +291,21 @@ func snapshotRoom(ctx context.Context, q interface {
 		}
 	}
 	var held, replaced int
-	if err := q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE name = $4 AND node_id = $5)
+	var heldBytes, replacedBytes int64
+	if err := q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE name = $4 AND node_id = $5),
+		coalesce(sum(image_bytes), 0)::bigint,
+		coalesce(sum(image_bytes) FILTER (WHERE name = $4 AND node_id = $5), 0)::bigint
 		FROM templates WHERE team_id = $1 AND kind IN ($2, $3)`, team, string(store.KindSnapshot),
-		string(store.KindSandboxTemplate), c.replaces, c.node).Scan(&held, &replaced); err != nil {
+		string(store.KindSandboxTemplate), c.replaces, c.node).Scan(&held, &replaced, &heldBytes, &replacedBytes); err != nil {
 		return err
 	}
 	if c.replaces != "" && replaced > 0 {
-		return nil // one for one: the team keeps no more than before
+		if c.bytes <= replacedBytes {
+			return nil // one for one, no larger: the team keeps no more than before
+		}
+		held, heldBytes = held-1, heldBytes-replacedBytes
 	}
-	if err := lim.SnapshotRoom(held); err != nil {
+	if err := lim.SnapshotRoom(held, heldBytes, c.bytes); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
 	}
 	return nil

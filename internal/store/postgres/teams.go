@@ -17,9 +17,9 @@ import (
 var _ auth.Store = (*Store)(nil)
 
 func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+	_, err := s.pool.Exec(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
 		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond,
-		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At), t.MaxSnapshots, t.MaxVolumes, t.MaxVolumeMB)
+		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At), t.MaxSnapshots, t.MaxVolumes, t.MaxVolumeMB, t.MaxSnapshotMB)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return dbError("create team %s: %w", t.ID, store.ErrConflict)
@@ -85,9 +85,9 @@ func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch
 		max_memory_mb = COALESCE($3, max_memory_mb), max_vcpus = COALESCE($4, max_vcpus),
 		max_starting = COALESCE($5, max_starting), creates_per_second = COALESCE($6, creates_per_second),
 		max_snapshots = COALESCE($7, max_snapshots), max_volumes = COALESCE($8, max_volumes),
-		max_volume_mb = COALESCE($9, max_volume_mb) WHERE id = $1`,
+		max_volume_mb = COALESCE($9, max_volume_mb), max_snapshot_mb = COALESCE($10, max_snapshot_mb) WHERE id = $1`,
 		id, p.MaxSandboxes, p.MaxMemoryMB, p.MaxVCPUs, p.MaxStarting, p.CreatesPerSecond, p.MaxSnapshots, p.MaxVolumes,
-		p.MaxVolumeMB)
+		p.MaxVolumeMB, p.MaxSnapshotMB)
 	if err != nil {
 		return dbError("set limits of team %s: %w", id, err)
 	}
@@ -138,7 +138,7 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 
 // teamColumns are scanned by scanTeam.
 const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus, max_starting, creates_per_second,
-	bucket_tokens, bucket_at, max_snapshots, max_volumes, max_volume_mb`
+	bucket_tokens, bucket_at, max_snapshots, max_volumes, max_volume_mb, max_snapshot_mb`
 
 const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
 
@@ -227,7 +227,7 @@ func scanTeam(r pgx.Row) (*auth.Team, error) {
 	var t auth.Team
 	var created, bucketAt int64
 	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs, &t.MaxStarting, &t.CreatesPerSecond,
-		&t.Bucket.Tokens, &bucketAt, &t.MaxSnapshots, &t.MaxVolumes, &t.MaxVolumeMB); err != nil {
+		&t.Bucket.Tokens, &bucketAt, &t.MaxSnapshots, &t.MaxVolumes, &t.MaxVolumeMB, &t.MaxSnapshotMB); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = store.FromUnixNanos(created)

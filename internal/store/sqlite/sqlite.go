@@ -594,40 +594,42 @@ func putTemplateHolding(ctx context.Context, tx *sql.Tx, t *store.Template, kind
 }
 
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
-// a sandbox that would take its team past its MaxSnapshots. An update of
-// a record already kept is not a new one, nor is the record replacing the
-// one named replaces ("" for none), which takes its place. Transactions
-// run one at a time (one connection), so two records never pass the count
-// together.
+// a sandbox that would take its team past its MaxSnapshots or
+// MaxSnapshotMB. An update of a record already kept is not a new one, nor
+// is the record replacing the one named replaces ("" for none), which
+// takes its place (if it is no larger). Transactions run one at a time
+// (one connection), so two records never pass the count together.
 func checkSnapshotLimit(ctx context.Context, tx *sql.Tx, t *store.Template, kind store.TemplateKind, replaces string) error {
 	if t.TeamID == "" || !store.CountsAsSnapshot(kind) {
 		return nil
 	}
-	return snapshotRoom(ctx, tx, t.TeamID, t.ID, replaces)
+	return snapshotRoom(ctx, tx, t.TeamID, t.ID, replaces, t.ImageStats.Bytes)
 }
 
-// SnapshotRoom says, with ErrLimit, that team keeps as many snapshots as
-// its MaxSnapshots allows: an early refusal, made before a checkpoint.
+// SnapshotRoom says, with ErrLimit, that team keeps as many snapshots (or
+// bytes of them) as its limits allow: an early refusal, made before a
+// checkpoint.
 func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
 	if team == "" {
 		return nil
 	}
-	err := snapshotRoom(ctx, s.db, team, "", "")
+	err := snapshotRoom(ctx, s.db, team, "", "", 0)
 	if err != nil && !errors.Is(err, store.ErrLimit) {
 		err = fmt.Errorf("snapshots of team %s: %w", team, classify(err))
 	}
 	return err
 }
 
-// snapshotRoom judges team's MaxSnapshots by what it keeps, read in q:
-// room for the record id ("" for one not named yet) unless it exists, or
-// replaces the team's record named replaces ("" for none), one for one. A
-// team without the limit costs one read.
+// snapshotRoom judges team's MaxSnapshots and MaxSnapshotMB by what it
+// keeps, read in q: room for the record id ("" for one not named yet) of
+// bytes (0: not known yet) unless it exists, or replaces the team's record
+// named replaces ("" for none), one for one and no larger. A team without
+// the limits costs one read.
 func snapshotRoom(ctx context.Context, q interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}, team, id, replaces string) error {
+}, team, id, replaces string, bytes int64) error {
 	lim, err := scanTeam(q.QueryRowContext(ctx, `SELECT `+teamColumns+` FROM teams WHERE id = ?`, team))
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && lim.MaxSnapshots == 0) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !lim.SnapshotLimited()) {
 		return nil
 	}
 	if err != nil {
@@ -640,15 +642,20 @@ func snapshotRoom(ctx context.Context, q interface {
 		}
 	}
 	var held, replaced int
-	if err := q.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(name = ?), 0) FROM templates
-		WHERE team_id = ? AND kind IN (?, ?)`, replaces, team, string(store.KindSnapshot),
-		string(store.KindSandboxTemplate)).Scan(&held, &replaced); err != nil {
+	var heldBytes, replacedBytes int64
+	if err := q.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(name = ?), 0), coalesce(sum(image_bytes), 0),
+		coalesce(sum(CASE WHEN name = ? THEN image_bytes ELSE 0 END), 0) FROM templates
+		WHERE team_id = ? AND kind IN (?, ?)`, replaces, replaces, team, string(store.KindSnapshot),
+		string(store.KindSandboxTemplate)).Scan(&held, &replaced, &heldBytes, &replacedBytes); err != nil {
 		return err
 	}
 	if replaces != "" && replaced > 0 {
-		return nil // one for one: the team keeps no more than before
+		if bytes <= replacedBytes {
+			return nil // one for one, no larger: the team keeps no more than before
+		}
+		held, heldBytes = held-1, heldBytes-replacedBytes
 	}
-	if err := lim.SnapshotRoom(held); err != nil {
+	if err := lim.SnapshotRoom(held, heldBytes, bytes); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
 	}
 	return nil

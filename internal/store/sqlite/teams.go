@@ -15,9 +15,9 @@ import (
 var _ auth.Store = (*Store)(nil)
 
 func (s *Store) CreateTeam(ctx context.Context, t *auth.Team) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO teams (`+teamColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		t.ID, t.CreatedAt.UnixNano(), t.MaxSandboxes, t.MaxMemoryMB, t.MaxVCPUs, t.MaxStarting, t.CreatesPerSecond,
-		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At), t.MaxSnapshots, t.MaxVolumes, t.MaxVolumeMB)
+		t.Bucket.Tokens, store.UnixNanos(t.Bucket.At), t.MaxSnapshots, t.MaxVolumes, t.MaxVolumeMB, t.MaxSnapshotMB)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("create team %s: %w", t.ID, store.ErrConflict)
@@ -80,9 +80,9 @@ func (s *Store) SetTeamLimits(ctx context.Context, id string, p auth.LimitsPatch
 		max_memory_mb = COALESCE(?, max_memory_mb), max_vcpus = COALESCE(?, max_vcpus),
 		max_starting = COALESCE(?, max_starting), creates_per_second = COALESCE(?, creates_per_second),
 		max_snapshots = COALESCE(?, max_snapshots), max_volumes = COALESCE(?, max_volumes),
-		max_volume_mb = COALESCE(?, max_volume_mb) WHERE id = ?`,
+		max_volume_mb = COALESCE(?, max_volume_mb), max_snapshot_mb = COALESCE(?, max_snapshot_mb) WHERE id = ?`,
 		p.MaxSandboxes, p.MaxMemoryMB, p.MaxVCPUs, p.MaxStarting, p.CreatesPerSecond, p.MaxSnapshots, p.MaxVolumes,
-		p.MaxVolumeMB, id)
+		p.MaxVolumeMB, p.MaxSnapshotMB, id)
 	if err != nil {
 		return fmt.Errorf("set limits of team %s: %w", id, classify(err))
 	}
@@ -130,7 +130,7 @@ func (s *Store) DeleteTeam(ctx context.Context, id string) error {
 
 // teamColumns are scanned by scanTeam.
 const teamColumns = `id, created_at, max_sandboxes, max_memory_mb, max_vcpus, max_starting, creates_per_second,
-	bucket_tokens, bucket_at, max_snapshots, max_volumes, max_volume_mb`
+	bucket_tokens, bucket_at, max_snapshots, max_volumes, max_volume_mb, max_snapshot_mb`
 
 const keyColumns = `id, team_id, name, prefix, key_sha256, admin, created_at, expires_at, last_used_at, revoked_at`
 
@@ -216,7 +216,7 @@ func scanTeam(r scanner) (*auth.Team, error) {
 	var t auth.Team
 	var created, bucketAt int64
 	if err := r.Scan(&t.ID, &created, &t.MaxSandboxes, &t.MaxMemoryMB, &t.MaxVCPUs, &t.MaxStarting, &t.CreatesPerSecond,
-		&t.Bucket.Tokens, &bucketAt, &t.MaxSnapshots, &t.MaxVolumes, &t.MaxVolumeMB); err != nil {
+		&t.Bucket.Tokens, &bucketAt, &t.MaxSnapshots, &t.MaxVolumes, &t.MaxVolumeMB, &t.MaxSnapshotMB); err != nil {
 		return nil, err
 	}
 	t.CreatedAt = store.FromUnixNanos(created)

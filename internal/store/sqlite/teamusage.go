@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/usage"
 )
 
@@ -16,13 +17,16 @@ func (s *Store) AddTeamUsage(ctx context.Context, days []usage.TeamDay) error {
 	return s.inTx(ctx, "add team usage", func(tx *sql.Tx) error {
 		for _, d := range days {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO team_usage
-				(team_id, day, sandbox_seconds, memory_mb_seconds, vcpu_seconds, cpu_seconds) VALUES (?, ?, ?, ?, ?, ?)
+				(team_id, day, sandbox_seconds, memory_mb_seconds, vcpu_seconds, cpu_seconds, stored_mb_seconds)
+				VALUES (?, ?, ?, ?, ?, ?, ?)
 				ON CONFLICT (team_id, day) DO UPDATE SET
 				sandbox_seconds = sandbox_seconds + excluded.sandbox_seconds,
 				memory_mb_seconds = memory_mb_seconds + excluded.memory_mb_seconds,
 				vcpu_seconds = vcpu_seconds + excluded.vcpu_seconds,
-				cpu_seconds = cpu_seconds + excluded.cpu_seconds`,
-				d.TeamID, d.Day, d.SandboxSeconds, d.MemoryMBSeconds, d.VCPUSeconds, d.CPUSeconds); err != nil {
+				cpu_seconds = cpu_seconds + excluded.cpu_seconds,
+				stored_mb_seconds = stored_mb_seconds + excluded.stored_mb_seconds`,
+				d.TeamID, d.Day, d.SandboxSeconds, d.MemoryMBSeconds, d.VCPUSeconds, d.CPUSeconds,
+				d.StoredMBSeconds); err != nil {
 				return err
 			}
 		}
@@ -42,7 +46,8 @@ func (s *Store) ListTeamUsage(ctx context.Context, f usage.LedgerFilter) ([]usag
 			args = append(args, c.v)
 		}
 	}
-	q := `SELECT team_id, day, sandbox_seconds, memory_mb_seconds, vcpu_seconds, cpu_seconds FROM team_usage`
+	q := `SELECT team_id, day, sandbox_seconds, memory_mb_seconds, vcpu_seconds, cpu_seconds, stored_mb_seconds
+		FROM team_usage`
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, " AND ")
 	}
@@ -59,10 +64,32 @@ func (s *Store) ListTeamUsage(ctx context.Context, f usage.LedgerFilter) ([]usag
 	out := []usage.TeamDay{}
 	for rows.Next() {
 		var d usage.TeamDay
-		if err := rows.Scan(&d.TeamID, &d.Day, &d.SandboxSeconds, &d.MemoryMBSeconds, &d.VCPUSeconds, &d.CPUSeconds); err != nil {
+		if err := rows.Scan(&d.TeamID, &d.Day, &d.SandboxSeconds, &d.MemoryMBSeconds, &d.VCPUSeconds, &d.CPUSeconds,
+			&d.StoredMBSeconds); err != nil {
 			return nil, fmt.Errorf("list team usage: %w", err)
 		}
 		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// TeamImageBytes sums, by team, the image bytes of the snapshots and
+// templates of sandboxes kept: what a team's storage use counts of them.
+func (s *Store) TeamImageBytes(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT team_id, sum(image_bytes) FROM templates
+		WHERE kind IN (?, ?) GROUP BY team_id`, string(store.KindSnapshot), string(store.KindSandboxTemplate))
+	if err != nil {
+		return nil, fmt.Errorf("image bytes by team: %w", classify(err))
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var team string
+		var n int64
+		if err := rows.Scan(&team, &n); err != nil {
+			return nil, fmt.Errorf("image bytes by team: %w", err)
+		}
+		out[team] = n
 	}
 	return out, rows.Err()
 }

@@ -29,6 +29,7 @@ func RunTeams(t *testing.T, newStore func(t *testing.T) TeamStore) {
 	t.Run("LimitRace", func(t *testing.T) { testTeamLimitRace(t, newStore(t)) })
 	t.Run("ResourceLimits", func(t *testing.T) { testTeamResourceLimits(t, newStore(t)) })
 	t.Run("SnapshotLimit", func(t *testing.T) { testTeamSnapshotLimit(t, newStore(t)) })
+	t.Run("SnapshotBytes", func(t *testing.T) { testTeamSnapshotBytes(t, newStore(t)) })
 	t.Run("VolumeLimits", func(t *testing.T) { testTeamVolumeLimits(t, newStore(t)) })
 	t.Run("DeleteInUse", func(t *testing.T) { testTeamDeleteInUse(t, newStore(t)) })
 	t.Run("DeleteRace", func(t *testing.T) { testTeamDeleteRace(t, newStore(t)) })
@@ -634,6 +635,88 @@ func testTeamSnapshotLimit(t *testing.T, s TeamStore) {
 	}
 	if err := s.PutTemplate(ctx, image("s6", "lim", store.KindSnapshot)); err != nil {
 		t.Fatalf("a snapshot once the limit is lifted: %v", err)
+	}
+}
+
+// A team's MaxSnapshotMB sums its snapshots' image bytes: a record past it
+// is refused, the early check refuses once nothing is left, a replacement
+// no larger than what it replaces passes even over a lowered limit, and a
+// larger one counts only its growth.
+func testTeamSnapshotBytes(t *testing.T, s TeamStore) {
+	ctx := context.Background()
+	now := time.Unix(1700000000, 0).UTC()
+	if err := s.CreateTeam(ctx, &auth.Team{ID: "lim", CreatedAt: now, MaxSnapshotMB: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetTeam(ctx, "lim"); err != nil || got.MaxSnapshotMB != 100 {
+		t.Fatalf("team as created: %+v %v", got, err)
+	}
+	if err := s.PutTemplate(ctx, &store.Template{ID: "base", Name: "base", RootfsPath: "/r/base", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	image := func(id string, mb int64) *store.Template {
+		return &store.Template{ID: id, Name: id, RootfsPath: "/r/base", Kind: store.KindSnapshot, TeamID: "lim",
+			CreatedAt: now, ImageDir: "/img/" + id, ImageStats: store.ImageStats{Bytes: mb << 20}}
+	}
+	for _, tpl := range []*store.Template{image("s1", 40), image("s2", 50)} {
+		if err := s.PutTemplate(ctx, tpl); err != nil {
+			t.Fatalf("%s: %v", tpl.ID, err)
+		}
+	}
+	err := s.PutTemplate(ctx, image("s3", 11))
+	if !errors.Is(err, store.ErrLimit) || !strings.Contains(err.Error(), "limit of 100 MiB") {
+		t.Fatalf("11 MiB more over 90 of 100: %v, want ErrLimit naming the limit", err)
+	}
+	if err := s.SnapshotRoom(ctx, "lim"); err != nil {
+		t.Fatalf("early check with 10 MiB left: %v", err)
+	}
+	if err := s.PutTemplate(ctx, image("s3", 10)); err != nil {
+		t.Fatalf("10 MiB more over 90 of 100: %v", err)
+	}
+	if err := s.SnapshotRoom(ctx, "lim"); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("early check with nothing left: %v, want ErrLimit", err)
+	}
+	// A replacement no larger passes at the limit; a larger one would
+	// pass it.
+	bigger := image("s4", 41)
+	bigger.Name = "s1"
+	if _, err := s.ReplaceTemplate(ctx, bigger); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("a replacement 1 MiB larger at the limit: %v, want ErrLimit", err)
+	}
+	same := image("s5", 40)
+	same.Name = "s1"
+	if _, err := s.ReplaceTemplate(ctx, same); err != nil {
+		t.Fatalf("a replacement as large at the limit: %v", err)
+	}
+	// The upload's update of a kept record's size is not refused.
+	same.ImageStats.Bytes = 45 << 20
+	if err := s.PutTemplate(ctx, same); err != nil {
+		t.Fatalf("update of a kept snapshot's size: %v", err)
+	}
+	// Lowered: nothing new; a smaller replacement still passes.
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxSnapshotMB: ptr(50)}); err != nil {
+		t.Fatal(err)
+	}
+	smaller := image("s6", 30)
+	smaller.Name = "s2"
+	if _, err := s.ReplaceTemplate(ctx, smaller); err != nil {
+		t.Fatalf("a smaller replacement over a lowered limit: %v", err)
+	}
+	if err := s.PutTemplate(ctx, image("s7", 1)); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("a new snapshot over a lowered limit: %v, want ErrLimit", err)
+	}
+	// Deletes make room: 30 + 10 of 50 held once s5 goes.
+	if err := s.DeleteTemplate(ctx, "s5"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTemplate(ctx, image("s8", 10)); err != nil {
+		t.Fatalf("a snapshot after a delete made room: %v", err)
+	}
+	// What the team's storage use counts: s6, s3 and s8 (the base
+	// template, of no team and no image, adds nothing).
+	got, err := s.TeamImageBytes(ctx)
+	if err != nil || len(got) != 1 || got["lim"] != 50<<20 {
+		t.Fatalf("image bytes by team: %v %v, want lim: 50 MiB", got, err)
 	}
 }
 

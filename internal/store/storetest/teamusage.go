@@ -16,7 +16,7 @@ func RunLedger(t *testing.T, newStore func(t *testing.T) usage.Ledger) {
 	s := newStore(t)
 	day := func(team, d string, secs float64) usage.TeamDay {
 		return usage.TeamDay{TeamID: team, Day: d, SandboxSeconds: secs, MemoryMBSeconds: secs * 512,
-			VCPUSeconds: secs * 2, CPUSeconds: secs / 2}
+			VCPUSeconds: secs * 2, CPUSeconds: secs / 2, StoredMBSeconds: secs * 1000}
 	}
 	if err := s.AddTeamUsage(ctx, []usage.TeamDay{
 		day("lab-b", "2026-11-30", 10), day("lab-a", "2026-11-30", 5), day("lab-a", "2026-12-01", 7),

@@ -1,0 +1,3 @@
+-- What each team kept stored (snapshots' images, volumes' files), in MiB
+-- weighed by the seconds kept (internal/usage.TeamDay.StoredMBSeconds).
+ALTER TABLE team_usage ADD COLUMN stored_mb_seconds REAL NOT NULL DEFAULT 0;
