@@ -21,7 +21,9 @@ type templatesCatalog struct {
 	templates []*store.Template
 }
 
-func (c templatesCatalog) ListTemplates(context.Context) ([]*store.Template, error) { return c.templates, nil }
+func (c templatesCatalog) ListTemplates(context.Context) ([]*store.Template, error) {
+	return c.templates, nil
+}
 
 // GET /templates lists a template whose first build runs (no record yet)
 // with its build's status and shape, once if two nodes report it; a
