@@ -21,7 +21,58 @@ NAME" starts new sandboxes from it, continuing where the sandbox was.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(a.snapshotCreateCommand(), a.snapshotLsCommand(), a.snapshotInspectCommand(), a.snapshotRmCommand())
+	cmd.AddCommand(a.snapshotCreateCommand(), a.snapshotLsCommand(), a.snapshotInspectCommand(), a.snapshotRmCommand(),
+		a.snapshotForkCommand())
+	return cmd
+}
+
+func (a *app) snapshotForkCommand() *cobra.Command {
+	var f serverFlags
+	var out outputFlag
+	var count int
+	var copies []string
+	cmd := &cobra.Command{
+		Use:   "fork SNAPSHOT",
+		Short: "Start sandboxes from a snapshot, each continuing from its memory",
+		Long: `Make -n sandboxes from a snapshot (by ID or name): each continues from the
+snapshot's memory and files. Through a gateway, the children of an uploaded
+snapshot are spread over the nodes. Prints the child IDs, one a line. Children
+that could not be made are reported on stderr, and the exit code is then
+non-zero.
+
+The children mount the volumes the snapshot recorded, unless --volume-copy names
+the mount path of one: then each child gets its own copy-on-write copy of it, as
+it is now (without a volume pool, no sandbox may mount it meanwhile).`,
+		Example: "  aenv snapshot fork step-12 -n 8\n  aenv snapshot fork step-12 -n 8 --volume-copy /workspace",
+		Args:    args(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			asJSON, err := out.json()
+			if err != nil {
+				return err
+			}
+			if count < 1 {
+				return usageError{errors.New("-n must be at least 1")}
+			}
+			c, err := a.client(f)
+			if err != nil {
+				return err
+			}
+			results, err := c.ForkSnapshot(cmd.Context(), argv[0], count, copies...)
+			if err != nil {
+				return fmt.Errorf("snapshot %s: %w", argv[0], err)
+			}
+			if asJSON {
+				if err := writeJSON(a.stdout, raws(results, func(r client.ForkResult) json.RawMessage { return r.Raw })); err != nil {
+					return err
+				}
+			}
+			return a.reportFork(results, !asJSON)
+		},
+	}
+	addServerFlags(cmd, &f)
+	addOutputFlag(cmd, &out)
+	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of sandboxes")
+	cmd.Flags().StringArrayVar(&copies, "volume-copy", nil, "give each child its own copy of the volume mounted at PATH (repeatable)")
 	return cmd
 }
 

@@ -45,7 +45,7 @@ func TestEveryCommandIsDocumented(t *testing.T) {
 
 func TestListAndCreateCommandsTakeJSONOutput(t *testing.T) {
 	want := []string{"aenv audit", "aenv build", "aenv cluster status", "aenv egress", "aenv fork", "aenv key create", "aenv key ls", "aenv logs", "aenv ls", "aenv pull", "aenv run-code",
-		"aenv secret create", "aenv secret inspect", "aenv secret ls", "aenv secret update", "aenv snapshot create", "aenv snapshot inspect", "aenv snapshot ls", "aenv start", "aenv team create", "aenv team ls", "aenv template ls", "aenv usage", "aenv volume create", "aenv volume inspect", "aenv volume ls", "aenv volume move"}
+		"aenv secret create", "aenv secret inspect", "aenv secret ls", "aenv secret update", "aenv snapshot create", "aenv snapshot fork", "aenv snapshot inspect", "aenv snapshot ls", "aenv start", "aenv team create", "aenv team ls", "aenv template ls", "aenv usage", "aenv volume create", "aenv volume inspect", "aenv volume ls", "aenv volume move"}
 	var got []string
 	walk(testRoot(), func(cmd *cobra.Command) {
 		if cmd.Annotations[annotationOutput] == "" {

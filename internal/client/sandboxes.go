@@ -171,6 +171,20 @@ type ForkResult struct {
 // Each child gets its own copy-on-write copy of the volumes mounted at
 // copyVolumes, and shares the others.
 func (c *Client) Fork(ctx context.Context, id string, count int, copyVolumes ...string) ([]ForkResult, error) {
+	return c.fork(ctx, sandboxPath(id, "fork"), forkBody(count, copyVolumes))
+}
+
+// ForkSnapshot makes count sandboxes from a snapshot or template (by ID
+// or name), each continuing from its memory. Each gets its own
+// copy-on-write copy of the volumes the snapshot mounts at copyVolumes, as
+// they are now, and shares the others.
+func (c *Client) ForkSnapshot(ctx context.Context, ref string, count int, copyVolumes ...string) ([]ForkResult, error) {
+	return c.fork(ctx, "/snapshots/"+url.PathEscape(ref)+"/fork", forkBody(count, copyVolumes))
+}
+
+// forkBody is a fork's request: count children, copies of the volumes
+// mounted at copyVolumes.
+func forkBody(count int, copyVolumes []string) map[string]any {
 	body := map[string]any{"count": count}
 	if len(copyVolumes) > 0 {
 		modes := map[string]string{}
@@ -179,13 +193,7 @@ func (c *Client) Fork(ctx context.Context, id string, count int, copyVolumes ...
 		}
 		body["volumes"] = modes
 	}
-	return c.fork(ctx, sandboxPath(id, "fork"), body)
-}
-
-// ForkSnapshot makes count sandboxes from a snapshot or template (by ID
-// or name), each continuing from its memory.
-func (c *Client) ForkSnapshot(ctx context.Context, ref string, count int) ([]ForkResult, error) {
-	return c.fork(ctx, "/snapshots/"+url.PathEscape(ref)+"/fork", map[string]any{"count": count})
+	return body
 }
 
 func (c *Client) fork(ctx context.Context, path string, body map[string]any) ([]ForkResult, error) {

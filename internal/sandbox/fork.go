@@ -43,12 +43,10 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 	if req.Timeout < 0 || req.Timeout > m.cfg.MaxTimeout {
 		return nil, fmt.Errorf("%w: timeout must be between 1 and %d seconds", node.ErrInvalid, int(m.cfg.MaxTimeout.Seconds()))
 	}
-	if len(req.CopyVolumes) > 0 && req.SandboxID == "" {
-		return nil, fmt.Errorf("%w: copies of volumes are made in forks of sandboxes; a snapshot's children mount its volumes", node.ErrInvalid)
-	}
 	if len(req.CopyVolumes) > 0 {
-		// Before the parent is stopped and its volumes frozen: the slots
-		// (the memory is checked once the image is taken).
+		// Before the parent is stopped and its volumes frozen (or a
+		// snapshot's): the slots (the memory is checked once the image is
+		// taken).
 		if err := m.checkCapacity(req.Count, 0); err != nil {
 			return nil, err
 		}
@@ -213,13 +211,22 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (_ *fork
 		if err := snapshotVolumesUsable(tpl, req.TeamID); err != nil {
 			return nil, err
 		}
+		frozen, err := m.freezeSnapshotCopies(ctx, tpl, req.CopyVolumes)
+		if err != nil {
+			return nil, err
+		}
 		img, release, err := m.holdTemplateImage(ctx, tpl)
 		if err != nil {
+			m.releaseFrozen(context.WithoutCancel(ctx), frozen)
 			return nil, err
 		}
 		return &forkSource{name: tpl.ID, tpl: tpl, img: img, vcpu: tpl.VCPU, memoryMB: tpl.MemoryMB,
 			envVars: tpl.EnvVars, memoryBytes: imageBytes(img.dir), timeout: m.cfg.DefaultTimeout,
-			team: req.TeamID, volumeMounts: tpl.VolumeMounts, release: release}, nil
+			team: req.TeamID, volumeMounts: tpl.VolumeMounts, frozen: frozen,
+			release: func() {
+				release()
+				m.releaseFrozen(context.WithoutCancel(ctx), frozen)
+			}}, nil
 	}
 	e, err := m.lock(ctx, req.SandboxID, opFork)
 	if err != nil {
@@ -410,6 +417,53 @@ func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (m
 		frozen[p] = fv
 	}
 	return frozen, resume, nil
+}
+
+// freezeSnapshotCopies readies the copies of the volumes snapshot tpl
+// mounts at paths, for a fork of it: each is frozen as it is now (a
+// snapshot records its mounts, not their files). No sandbox may mount a
+// copied volume, unless volumes are in a pool: a running sandbox would go
+// on writing into the frozen layer.
+func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template, paths []string) (map[string]*store.Volume, error) {
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	if m.cfg.Volumes == nil {
+		return nil, fmt.Errorf("%w: this node keeps no volumes", node.ErrInvalid)
+	}
+	mounted := map[string]store.VolumeMount{}
+	for _, mt := range tpl.VolumeMounts {
+		mounted[mt.Path] = mt
+	}
+	for _, p := range paths {
+		if _, ok := mounted[p]; !ok {
+			return nil, fmt.Errorf("%w: snapshot %s mounts no volume at %s to copy", node.ErrInvalid, tpl.ID, p)
+		}
+	}
+	if !m.cfg.Volumes.Pooled() {
+		// Refused with the sandbox named; the freeze checks again.
+		for _, other := range m.entries() {
+			for _, mt := range other.view().sb.VolumeMounts {
+				for _, p := range paths {
+					if mt.VolumeID == mounted[p].VolumeID {
+						return nil, fmt.Errorf("%w: volume %s is mounted by sandbox %s: a fork of a snapshot copies a volume "+
+							"no sandbox mounts (kill or fork that sandbox instead), unless volumes are in a pool (--volume-pool-gb)",
+							node.ErrConflict, mounted[p].Name, other.id)
+					}
+				}
+			}
+		}
+	}
+	frozen := map[string]*store.Volume{}
+	for _, p := range paths {
+		fv, err := m.cfg.Volumes.Freeze(ctx, mounted[p].VolumeID, "")
+		if err != nil {
+			m.releaseFrozen(context.WithoutCancel(ctx), frozen)
+			return nil, err
+		}
+		frozen[p] = fv
+	}
+	return frozen, nil
 }
 
 // cloneVolumes gives child, about to be launched, its copies of the

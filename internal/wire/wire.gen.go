@@ -695,7 +695,7 @@ type ForkRequest struct {
 	Count   *int `json:"count,omitempty"`
 	Timeout *int `json:"timeout,omitempty"`
 
-	// Volumes Per mount path of the parent: shared (the children mount the parent's volume; the default) or copy (each child gets its own copy-on-write clone; not served yet).
+	// Volumes Per mount path of the parent: shared (the children mount the parent's volume; the default) or copy (each child gets its own copy-on-write clone of the volume as it is at the fork).
 	Volumes map[string]ForkRequestVolumes `json:"volumes,omitempty"`
 }
 

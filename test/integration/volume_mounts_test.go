@@ -256,6 +256,17 @@ func TestVolumeCopyFork(t *testing.T) {
 	}
 	s.expect(s.do("DELETE", "/sandboxes/"+other.SandboxID, nil), 204, "kill")
 
+	// A snapshot of the parent records its mount; a fork of it copies the
+	// volume only once no sandbox mounts it (without a pool).
+	s.expect(s.do("POST", "/sandboxes/"+p+"/snapshots", map[string]any{"name": "prep"}), 201, "snapshot the parent")
+	r := s.expect(s.do("POST", "/snapshots/prep/fork", map[string]any{"count": 1, "volumes": map[string]string{"/repo": "copy"}}),
+		409, "a snapshot's copy of a volume its sandbox mounts")
+	if !strings.Contains(string(r.body), p) {
+		t.Errorf("the refusal does not name the sandbox that mounts the volume: %s", r.body)
+	}
+	s.expect(s.do("POST", "/snapshots/prep/fork", map[string]any{"count": 1, "volumes": map[string]string{"/nowhere": "copy"}}),
+		400, "a snapshot's copy of a path it does not mount")
+
 	// The copies' mounts outlive a SIGKILL of the server.
 	s.stop(syscall.SIGKILL)
 	s.start()
@@ -268,6 +279,37 @@ func TestVolumeCopyFork(t *testing.T) {
 	for _, id := range append(kids, p) {
 		s.expect(s.do("DELETE", "/sandboxes/"+id, nil), 204, "kill")
 	}
+	// With no sandbox mounting it, the snapshot's children each get a copy
+	// of the volume as it is now (the parent's last write), and diverge.
+	var snapKids []string
+	for _, id := range strings.Fields(s.cliOK("snapshot", "fork", "prep", "-n", "2", "--volume-copy", "/repo")) {
+		snapKids = append(snapKids, id)
+		var info client.Sandbox
+		s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get a snapshot's child").json(t, &info)
+		if len(info.VolumeMounts) != 1 || !strings.HasPrefix(info.VolumeMounts[0].Name, "repo-copy-") {
+			t.Fatalf("snapshot child %s mounts %+v, want its own copy of repo", id, info.VolumeMounts)
+		}
+		if res := s.exec(id, client.ExecuteRequest{Command: "cat /tmp/state /repo/src/main.txt && echo " + id + " > /repo/src/main.txt"}); res.Stdout != "parent-state\nparent\n" {
+			t.Errorf("snapshot child %s sees %q, want the snapshot's memory and the volume's files now", id, res.Stdout)
+		}
+		copies[id] = info.VolumeMounts[0].Name
+	}
+	if len(snapKids) != 2 {
+		t.Fatalf("snapshot fork made %v, want 2 children", snapKids)
+	}
+	for _, id := range snapKids {
+		if res := s.exec(id, client.ExecuteRequest{Command: "cat /repo/src/main.txt"}); res.Stdout != id+"\n" {
+			t.Errorf("snapshot child %s reads %q after the other wrote, want its own", id, res.Stdout)
+		}
+	}
+	if got := s.expect(s.do("GET", "/volumecontent/"+v.VolumeID+"/file?path=/src/main.txt", nil, bearer...), 200, "read repo"); string(got.body) != "parent\n" {
+		t.Errorf("repo reads %q after the snapshot's children wrote, want the parent's", got.body)
+	}
+	for _, id := range snapKids {
+		s.expect(s.do("DELETE", "/sandboxes/"+id, nil), 204, "kill")
+		s.cliOK("volume", "rm", copies[id])
+	}
+	s.expect(s.do("DELETE", "/templates/prep", nil), 204, "delete the snapshot")
 	// The original goes; its copies keep the layer they share.
 	s.cliOK("volume", "rm", "repo")
 	for _, kid := range kids {

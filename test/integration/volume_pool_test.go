@@ -109,6 +109,36 @@ func TestVolumePool(t *testing.T) {
 		t.Errorf("frozen snapshots left after the fork: %d", len(entries))
 	}
 
+	// A snapshot's fork copies the volume as it is now, in a pool even
+	// while sandboxes mount it.
+	s.expect(s.do("POST", "/sandboxes/"+parent.SandboxID+"/snapshots", map[string]any{"name": "prep"}), 201, "snapshot the parent")
+	items = nil
+	s.expect(s.do("POST", "/snapshots/prep/fork", map[string]any{"count": 2, "volumes": map[string]string{"/repo": "copy"}}), 201,
+		"a snapshot's fork with copies of a mounted volume").json(t, &items)
+	for _, it := range items {
+		if it.Error != nil || it.Sandbox == nil {
+			t.Fatalf("snapshot fork child failed: %+v", it.Error)
+		}
+		id := it.Sandbox.SandboxID
+		var info client.Sandbox
+		s.expect(s.do("GET", "/sandboxes/"+id, nil), 200, "get a snapshot's child").json(t, &info)
+		if len(info.VolumeMounts) != 1 || !strings.HasPrefix(info.VolumeMounts[0].Name, "repo-copy-") {
+			t.Fatalf("snapshot child %s mounts %+v, want its own copy of repo", id, info.VolumeMounts)
+		}
+		if res := s.exec(id, client.ExecuteRequest{Command: "cat /tmp/state /repo/src/main.txt && echo mine > /repo/src/main.txt"}); res.Stdout != "parent-state\nreader\n" {
+			t.Errorf("snapshot child %s sees %q, want the snapshot's memory and the volume's files now", id, res.Stdout)
+		}
+		s.expect(s.do("DELETE", "/sandboxes/"+id, nil), 204, "kill")
+		s.cliOK("volume", "rm", info.VolumeMounts[0].Name)
+	}
+	if res := s.exec(parent.SandboxID, client.ExecuteRequest{Command: "cat /repo/src/main.txt"}); res.Stdout != "reader\n" {
+		t.Errorf("the parent sees %q after the snapshot's children wrote their copies", res.Stdout)
+	}
+	s.expect(s.do("DELETE", "/templates/prep", nil), 204, "delete the snapshot")
+	if entries, _ := os.ReadDir(filepath.Join(s.dataDir, "volumes", ".layers")); len(entries) != 0 {
+		t.Errorf("frozen snapshots left after the snapshot's fork: %d", len(entries))
+	}
+
 	// Across a SIGKILL: the pool stays mounted for the running sandboxes.
 	s.stop(syscall.SIGKILL)
 	s.start()
