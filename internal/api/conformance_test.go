@@ -227,6 +227,10 @@ func TestAnswersMatchOpenAPI(t *testing.T) {
 		{"POST", "/v2/sandboxes/sbx2/connect", `{}`, 201, ""},
 		{"POST", "/sandboxes/sbx1/fork", `{"count":2}`, 201, ""},
 		{"POST", "/snapshots/snap1/fork", ``, 201, ""},
+		// A gateway's copy sources: only in a fork of a snapshot, only for
+		// paths it copies.
+		{"POST", "/sandboxes/sbx1/fork", `{"count":1,"volumes":{"/w":"copy"},"copySources":{"/w":"v1"}}`, 400, ""},
+		{"POST", "/snapshots/snap1/fork", `{"count":1,"copySources":{"/w":"v1"}}`, 400, ""},
 		{"POST", "/sandboxes/sbx1/snapshots", `{"name":"mine"}`, 201, ""},
 		{"GET", "/snapshots?limit=10", ``, 200, ""},
 		{"GET", "/templates", ``, 200, ""},

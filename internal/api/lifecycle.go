@@ -298,10 +298,16 @@ func (s *Server) forkSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkRequest) error {
-	var body wire.ForkRequest
+	var body struct {
+		wire.ForkRequest
+		// CopySources are a gateway's (see node.ForkRequest), not in the
+		// API's document.
+		CopySources map[string]string `json:"copySources"`
+	}
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &body); err != nil {
 		return err
 	}
+
 	req.Count = 1
 	if body.Count != nil {
 		req.Count = *body.Count
@@ -320,6 +326,19 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkReque
 		}
 	}
 	slices.Sort(req.CopyVolumes)
+	if len(body.CopySources) > 0 {
+		if !s.isOperatorKey(RequestKey(r)) || req.SnapshotID == "" {
+			return badRequest("copySources: only a gateway's fork of a snapshot names them")
+		}
+		req.CopySources = map[string]string{}
+		for p, id := range body.CopySources {
+			clean, err := volume.CheckMountPath(p)
+			if err != nil || !slices.Contains(req.CopyVolumes, clean) {
+				return badRequest(fmt.Sprintf("copySources: %s is not a path the fork copies", p))
+			}
+			req.CopySources[clean] = id
+		}
+	}
 	if body.Timeout != nil {
 		if *body.Timeout <= 0 {
 			return badRequest("timeout must be a positive number of seconds")

@@ -29,6 +29,8 @@ func (s *Server) routeVolumes() {
 	s.route("GET /volumes/{volumeID}/export", s.operatorOnly(s.exportVolume))
 	s.route("PUT /volumes/{volumeID}/import", s.operatorOnly(s.importVolume))
 	s.route("DELETE /volumes/{volumeID}/files", s.operatorOnly(s.dropMovedVolume))
+	// A copy to move to another node, for a fork's children there.
+	s.route("POST /volumes/{volumeID}/copy", s.operatorOnly(s.copyVolume))
 	for pattern, h := range map[string]func(http.ResponseWriter, *http.Request, *volume.Dir) error{
 		"GET /volumecontent/{volumeID}/file":    s.readVolumeFile,
 		"PUT /volumecontent/{volumeID}/file":    s.writeVolumeFile,
@@ -390,6 +392,17 @@ func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, VolumeAnswer(v))
+	return nil
+}
+
+// copyVolume makes a copy-on-write copy of a volume, as it is now, and
+// answers it (201).
+func (s *Server) copyVolume(w http.ResponseWriter, r *http.Request) error {
+	v, err := s.cfg.Volumes.Copy(r.Context(), r.PathValue("volumeID"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, VolumeAnswer(v))
 	return nil
 }
 

@@ -26,10 +26,24 @@ import "fmt"
 //  5. Moves keep hard links: a node's export writes a hard link as a
 //     link only when asked (?links=1), which a gateway asks when the
 //     importing node reads links (protocol 4 importers drop them).
+//  6. Copies for forks across nodes: a node serves POST
+//     /volumes/{id}/copy, forks another node's snapshot with copySources
+//     (older nodes refuse both), and uploads snapshots with volumes
+//     (which a gateway starts only on their own node, unless every
+//     volume is copied).
 const (
-	Protocol    = 5
+	Protocol    = 6
 	MinProtocol = 1
 )
+
+// ForkCopiesProtocol is the first protocol whose nodes copy volumes for
+// a fork's children on other nodes: a gateway spreads such a fork only
+// over such nodes.
+const ForkCopiesProtocol = 6
+
+// CopiesForForks reports whether a node of protocol p takes a share of a
+// fork with copies brought from another node (and makes such copies).
+func CopiesForForks(p int) bool { return p >= ForkCopiesProtocol }
 
 // HardLinksProtocol is the first protocol whose nodes read hard links in
 // a volume's import (and write them in an export when asked).

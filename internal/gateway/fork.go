@@ -2,15 +2,19 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
 
 	"github.com/aenv-dev/aenv/internal/api"
+	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
+	"github.com/aenv-dev/aenv/internal/volume"
 	"github.com/aenv-dev/aenv/internal/wire"
 )
 
@@ -71,12 +75,31 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 	for _, t := range copies {
 		uploaded = uploaded || t.Upload == store.UploadUploaded
 	}
+	if _, ok := req["copySources"]; ok {
+		g.refuse(w, r, errdefs.ErrInvalidArgument, "copySources: only a gateway's fork of a snapshot names them")
+		return
+	}
+	// A snapshot with volumes is forked on their node, unless each child
+	// gets copies of them all: then other nodes take shares, each given
+	// copies brought from there.
+	var carry *copyPlan
+	if len(copies) > 0 && len(copies[0].VolumeMounts) > 0 {
+		if carry = copiesOf(req, copies[0]); carry == nil {
+			g.byTemplate(w, r)
+			return
+		}
+	}
 	if !uploaded || count <= 1 {
 		g.byTemplate(w, r)
 		return
 	}
 	g.count("template")
-	candidates, why := g.holders(r, copies)
+	candidates, why := g.holders(r, copies, true)
+	if carry != nil {
+		candidates = slices.DeleteFunc(candidates, func(n *nodeState) bool {
+			return n.ID != carry.origin && !cluster.CopiesForForks(n.Protocol)
+		})
+	}
 	out := make([]json.RawMessage, 0, count)
 	left := count
 	// A node that refuses its share (full, drained since the gateway last
@@ -98,7 +121,7 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = g.forkOn(r, req, sh)
+				results[i] = g.forkShare(r, req, sh, carry)
 			}()
 		}
 		wg.Wait()
@@ -133,17 +156,7 @@ type forkResult struct {
 // forkOn asks one node for its share of a fork; a node that fails answers
 // an error for each child of its share.
 func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh forkShare) forkResult {
-	fail := func(status int, msg string) forkResult {
-		msg = fmt.Sprintf("node %s: %s", sh.node.ID, msg)
-		res := forkResult{items: make([]json.RawMessage, sh.count)}
-		for i := range res.items {
-			res.items[i] = forkError(status, msg)
-		}
-		if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
-			res.retry = msg
-		}
-		return res
-	}
+	fail := func(status int, msg string) forkResult { return shareFailed(sh, status, msg) }
 	share := make(map[string]json.RawMessage, len(req)+1)
 	for k, v := range req {
 		share[k] = v
@@ -190,6 +203,112 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 		}
 	}
 	return forkResult{items: items}
+}
+
+// copyPlan is what a fork whose every volume is copied needs to spread
+// over nodes: the snapshot's node, and the volumes it mounts.
+type copyPlan struct {
+	origin string
+	mounts []store.VolumeMount
+}
+
+// copiesOf is the plan of a fork of snapshot tpl (which mounts volumes)
+// asking req, or nil unless req copies every volume it mounts.
+func copiesOf(req map[string]json.RawMessage, tpl *store.Template) *copyPlan {
+	var modes map[string]string
+	if raw, ok := req["volumes"]; !ok || json.Unmarshal(raw, &modes) != nil {
+		return nil
+	}
+	copied := map[string]bool{}
+	for p, mode := range modes {
+		if clean, err := volume.CheckMountPath(p); err == nil && mode == "copy" {
+			copied[clean] = true
+		}
+	}
+	for _, mt := range tpl.VolumeMounts {
+		if !copied[mt.Path] {
+			return nil
+		}
+	}
+	return &copyPlan{origin: tpl.NodeID, mounts: tpl.VolumeMounts}
+}
+
+// forkShare asks sh's node for its share of a fork; for a fork with
+// copies (carry) on a node other than the snapshot's, each volume's copy
+// is brought there first (one per node, whatever its share's count), and
+// removed once the node made its children's own copies of it.
+func (g *Gateway) forkShare(r *http.Request, req map[string]json.RawMessage, sh forkShare, carry *copyPlan) forkResult {
+	if carry == nil || sh.node.ID == carry.origin {
+		return g.forkOn(r, req, sh)
+	}
+	sources := map[string]string{}
+	defer func() {
+		for _, id := range sources {
+			if err := g.nodeCall(r, sh.node, http.MethodDelete, "/volumes/"+id, nil, http.StatusNoContent); err != nil {
+				g.logger.WarnContext(r.Context(), "a volume copy brought for a fork stays: delete it", "volume", id,
+					"node", sh.node.ID, "err", err)
+			}
+		}
+	}()
+	origin, ok := g.nodes.current().get(carry.origin)
+	if !ok || !origin.ready() {
+		return shareFailed(sh, http.StatusServiceUnavailable,
+			fmt.Sprintf("the snapshot's node %s, which keeps its volumes, is not ready", carry.origin))
+	}
+	for _, mt := range carry.mounts {
+		id, err := g.bringCopy(r, mt.VolumeID, origin, sh.node)
+		if err != nil {
+			status, msg := http.StatusServiceUnavailable, err.Error()
+			if answered := (*nodeAnswer)(nil); errors.As(err, &answered) {
+				status, msg = answered.status, answered.message()
+			}
+			return shareFailed(sh, status, fmt.Sprintf("a copy of volume %s: %s", mt.Name, msg))
+		}
+		sources[mt.Path] = id
+	}
+	share := maps.Clone(req)
+	raw, err := json.Marshal(sources)
+	if err != nil {
+		return shareFailed(sh, http.StatusInternalServerError, err.Error())
+	}
+	share["copySources"] = raw
+	return g.forkOn(r, share, sh)
+}
+
+// bringCopy makes a copy of volume id on node from, as it is now, and
+// moves it to node to: the copy's ID. A copy that cannot be moved is
+// deleted.
+func (g *Gateway) bringCopy(r *http.Request, id string, from, to *nodeState) (string, error) {
+	var made wire.Volume
+	if err := g.nodeJSON(r, from, http.MethodPost, "/volumes/"+id+"/copy", http.StatusCreated, &made); err != nil {
+		return "", err
+	}
+	c, err := g.db.GetVolume(r.Context(), "", made.VolumeID)
+	if err == nil {
+		_, err = g.relocate(r, c, from, to)
+	}
+	if err != nil {
+		if derr := g.nodeCall(r, from, http.MethodDelete, "/volumes/"+made.VolumeID, nil, http.StatusNoContent); derr != nil {
+			g.logger.WarnContext(r.Context(), "a volume copy made for a fork stays: delete it", "volume", made.VolumeID,
+				"node", from.ID, "err", derr)
+		}
+		return "", err
+	}
+	return made.VolumeID, nil
+}
+
+// shareFailed is a share's result when none of its children was made:
+// retried on another node for a 503 or 429.
+func shareFailed(sh forkShare, status int, msg string) forkResult {
+	msg = fmt.Sprintf("node %s: %s", sh.node.ID, msg)
+	res := forkResult{items: make([]json.RawMessage, sh.count)}
+	for i := range res.items {
+		res.items[i] = forkError(status, msg)
+	}
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
+		res.retry = msg
+	}
+	return res
 }
 
 // forkError is a fork answer's item for a child that was not made.

@@ -105,7 +105,8 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.forget(r, run)
 		return
 	}
-	candidates, why := g.holders(r, copies)
+	// A snapshot with volumes starts where they are.
+	candidates, why := g.holders(r, copies, len(copies) == 0 || len(copies[0].VolumeMounts) == 0)
 	memory := req.MemoryMB
 	switch {
 	case memory > 0:
@@ -375,10 +376,10 @@ func copyHeader(dst, src http.Header) {
 }
 
 // holders returns the ready nodes among those holding copies (every node
-// with the object store, once a copy is uploaded there) that can take a
-// sandbox of r's caller, and why the others cannot (for the answer when
-// none can).
-func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeState, string) {
+// with the object store, once a copy is uploaded there, if anywhere) that
+// can take a sandbox of r's caller, and why the others cannot (for the
+// answer when none can).
+func (g *Gateway) holders(r *http.Request, copies []*store.Template, anywhere bool) ([]*nodeState, string) {
 	view := g.nodes.current()
 	var out []*nodeState
 	var drained, unreachable, incompatible, teamless []string
@@ -391,7 +392,7 @@ func (g *Gateway) holders(r *http.Request, copies []*store.Template) ([]*nodeSta
 		}
 		uploaded = uploaded || t.Upload == store.UploadUploaded
 	}
-	if uploaded {
+	if uploaded && anywhere {
 		// In the object store: every node that has it can fetch it.
 		for _, n := range view.list {
 			if n.SharedImages {

@@ -475,6 +475,33 @@ func (g *Gateway) nodeRequest(ctx context.Context, r *http.Request, n *nodeState
 	return out, nil
 }
 
+// nodeJSON makes a call of the gateway's own to node n, without a body,
+// checks its status and decodes its answer into out.
+func (g *Gateway) nodeJSON(r *http.Request, n *nodeState, method, path string, want int, out any) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
+	defer cancel()
+	req, err := g.nodeRequest(ctx, r, n, method, path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := g.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != want {
+		return &nodeAnswer{resp.StatusCode, b}
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("node %s: %s %s: decode its answer: %w", n.ID, method, path, err)
+	}
+	return nil
+}
+
 // nodeCall makes a call of the gateway's own to node n and checks its
 // status.
 func (g *Gateway) nodeCall(r *http.Request, n *nodeState, method, path string, body io.Reader, want int) error {

@@ -176,6 +176,11 @@ type ForkRequest struct {
 	// CopyVolumes are mount paths of the sandbox whose volumes each child
 	// gets a copy-on-write copy of; its other volumes are shared.
 	CopyVolumes []string
+	// CopySources names, by mount path of CopyVolumes, a volume of this
+	// node to copy instead of the one the snapshot mounts there: a copy a
+	// gateway brought from the snapshot's node, for a share of its fork
+	// here. Only the cluster's gateways may name them.
+	CopySources map[string]string
 }
 
 // ForkResult is one child: a sandbox or why it could not be made.

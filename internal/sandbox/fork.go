@@ -211,7 +211,7 @@ func (m *Manager) forkSource(ctx context.Context, req node.ForkRequest) (_ *fork
 		if err := snapshotVolumesUsable(tpl, req.TeamID); err != nil {
 			return nil, err
 		}
-		frozen, err := m.freezeSnapshotCopies(ctx, tpl, req.CopyVolumes)
+		frozen, err := m.freezeSnapshotCopies(ctx, tpl, req.CopyVolumes, req.CopySources)
 		if err != nil {
 			return nil, err
 		}
@@ -421,10 +421,22 @@ func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (m
 
 // freezeSnapshotCopies readies the copies of the volumes snapshot tpl
 // mounts at paths, for a fork of it: each is frozen as it is now (a
-// snapshot records its mounts, not their files). No sandbox may mount a
-// copied volume, unless volumes are in a pool: a running sandbox would go
-// on writing into the frozen layer.
-func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template, paths []string) (map[string]*store.Volume, error) {
+// snapshot records its mounts, not their files), or, for a path sources
+// names, that volume of this node instead (a copy brought from the
+// snapshot's node). No sandbox may mount a copied volume, unless volumes
+// are in a pool: a running sandbox would go on writing into the frozen
+// layer. Another node's snapshot is forked here only with every volume a
+// copy brought here.
+func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template, paths []string,
+	sources map[string]string) (map[string]*store.Volume, error) {
+	if m.cfg.Shared != nil && m.cfg.Shared.Remote(tpl) && len(tpl.VolumeMounts) > 0 {
+		for _, mt := range tpl.VolumeMounts {
+			if sources[mt.Path] == "" {
+				return nil, fmt.Errorf("%w: snapshot %s mounts volumes of node %s: fork it there, or with every volume copied "+
+					"through a gateway", node.ErrConflict, tpl.Name, tpl.NodeID)
+			}
+		}
+	}
 	if len(paths) == 0 {
 		return nil, nil
 	}
@@ -433,6 +445,9 @@ func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template,
 	}
 	mounted := map[string]store.VolumeMount{}
 	for _, mt := range tpl.VolumeMounts {
+		if src := sources[mt.Path]; src != "" {
+			mt.VolumeID = src
+		}
 		mounted[mt.Path] = mt
 	}
 	for _, p := range paths {
@@ -457,10 +472,17 @@ func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template,
 	frozen := map[string]*store.Volume{}
 	for _, p := range paths {
 		fv, err := m.cfg.Volumes.Freeze(ctx, mounted[p].VolumeID, "")
+		if err == nil && fv.TeamID != tpl.TeamID {
+			m.cfg.Volumes.Release(context.WithoutCancel(ctx), fv)
+			err = fmt.Errorf("%w: volume %s is not of snapshot %s's team", node.ErrInvalid, fv.Name, tpl.Name)
+		}
 		if err != nil {
 			m.releaseFrozen(context.WithoutCancel(ctx), frozen)
 			return nil, err
 		}
+		// Its children's copies are named after the volume the
+		// snapshot mounts, not the copy brought here.
+		fv.Name = mounted[p].Name
 		frozen[p] = fv
 	}
 	return frozen, nil

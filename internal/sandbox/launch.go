@@ -79,6 +79,10 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 		if err := snapshotVolumesUsable(tpl, req.TeamID); err != nil {
 			return nil, err
 		}
+		if len(tpl.VolumeMounts) > 0 && m.cfg.Shared != nil && m.cfg.Shared.Remote(tpl) {
+			return nil, fmt.Errorf("%w: snapshot %s mounts volumes of node %s: it starts there (a gateway sends it there)",
+				node.ErrConflict, tpl.Name, tpl.NodeID)
+		}
 		req.VolumeMounts = tpl.VolumeMounts
 	}
 	pol, err := ParseNetwork(req.Network)

@@ -82,9 +82,10 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		VolumeMounts: slices.Clone(v.sb.VolumeMounts),
 		ImageStats:   store.ImageStats{Bytes: size},
 	}
-	// One with volumes is not shared with other nodes: they are this
-	// node's, and so are the sandboxes made from it.
-	shared := m.cfg.Shared != nil && len(tpl.VolumeMounts) == 0 && !req.Local
+	// One with volumes is shared too, for forks that copy every volume
+	// (a gateway brings each node its copies); other sandboxes made from
+	// it are this node's, where its volumes are.
+	shared := m.cfg.Shared != nil && !req.Local
 	if shared {
 		if err := m.cfg.Shared.Share(tpl); err != nil {
 			m.removeImage(ctx, dir)

@@ -368,6 +368,19 @@ func (s *Service) Clone(ctx context.Context, v *store.Volume) (*store.Volume, er
 	return s.create(ctx, v.TeamID, name, v.Layers, 0, "")
 }
 
+// Copy makes a copy-on-write copy of volume id as it is now: a volume of
+// its own, of the same team, named <name>-copy-<suffix>. A gateway moves
+// such a copy to another node for a fork's children there. Without a
+// volume pool no sandbox may mount the volume meanwhile (see Freeze).
+func (s *Service) Copy(ctx context.Context, id string) (*store.Volume, error) {
+	fv, err := s.Freeze(ctx, id, "")
+	if err != nil {
+		return nil, err
+	}
+	defer s.Release(context.WithoutCancel(ctx), fv)
+	return s.Clone(ctx, fv)
+}
+
 // removeUnheldLayers removes the files of those of layers no volume holds
 // (by reference, or by naming them in its record).
 func (s *Service) removeUnheldLayers(ctx context.Context, layers []string) {
