@@ -211,14 +211,15 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 		out = append(out, j)
 	}
 	// A template whose first build runs has no record yet: it is listed
-	// with its build's status, as E2B lists it from its create on.
+	// with its build's status, as E2B lists it from its create on (by
+	// its name: the ID of its record is made when the build ends).
 	for _, b := range building {
 		if named[b.Template] || !p.Uses(b.TeamID) {
 			continue
 		}
 		named[b.Template] = true // one entry, if two nodes report it
 		out = append(out, wire.Template{TemplateID: b.Template, Name: b.Template, Aliases: []string{b.Template},
-			Kind: wire.TemplateKind(store.KindRootfs), CpuCount: b.VCPU, MemoryMB: b.MemoryMB, CreatedAt: b.Created, BuildStatus: wire.TemplateBuildStatus(b.Status)})
+			Kind: wire.TemplateKind(store.KindSandboxTemplate), CpuCount: b.VCPU, MemoryMB: b.MemoryMB, CreatedAt: b.Created, BuildStatus: wire.TemplateBuildStatus(b.Status)})
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -326,6 +327,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkReque
 		}
 	}
 	slices.Sort(req.CopyVolumes)
+	req.CopyVolumes = slices.Compact(req.CopyVolumes) // "/w" and "/w/" are one
 	if len(body.CopySources) > 0 {
 		if !s.isOperatorKey(RequestKey(r)) || req.SnapshotID == "" {
 			return badRequest("copySources: only a gateway's fork of a snapshot names them")

@@ -398,7 +398,14 @@ func (s *Server) importVolume(w http.ResponseWriter, r *http.Request) error {
 // copyVolume makes a copy-on-write copy of a volume, as it is now, and
 // answers it (201).
 func (s *Server) copyVolume(w http.ResponseWriter, r *http.Request) error {
-	v, err := s.cfg.Volumes.Copy(r.Context(), r.PathValue("volumeID"))
+	// Only for the team the gateway acts for: another team's volume is
+	// not found.
+	p := principal(r)
+	src, err := s.cfg.Volumes.Get(r.Context(), p.TeamID, false, r.PathValue("volumeID"))
+	if err != nil {
+		return err
+	}
+	v, err := s.cfg.Volumes.Copy(r.Context(), src.ID)
 	if err != nil {
 		return err
 	}

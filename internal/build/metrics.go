@@ -1,6 +1,8 @@
 package build
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/aenv-dev/aenv/internal/store"
@@ -33,17 +35,27 @@ func (s *Service) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.metrics.finished, s.metrics.duration, s.metrics.running}
 }
 
-// maxInProgress bounds the builds InProgress reports: what a heartbeat
-// carries stays small whatever is queued.
-const maxInProgress = 100
+// maxInProgress bounds the builds InProgress reports, and
+// maxInProgressPerTeam those of one team: what a heartbeat carries stays
+// small whatever is queued, and one team's requests do not hide another's.
+const (
+	maxInProgress        = 100
+	maxInProgressPerTeam = 20
+)
 
-// InProgress reports the newest build of each template that is waiting or
-// building, newest first, at most maxInProgress.
+// unstartedFor is how long a build requested but never started (its
+// files not sent, or its client gone) is reported as waiting.
+const unstartedFor = 30 * time.Minute
+
+// InProgress reports the newest build of each template that is waiting
+// (started, or requested less than unstartedFor ago) or building, newest
+// first, at most maxInProgress, and maxInProgressPerTeam of a team.
 func (s *Service) InProgress() []store.BuildProgress {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []store.BuildProgress
 	seen := map[string]bool{}
+	perTeam := map[string]int{}
 	for i := len(s.order) - 1; i >= 0 && len(out) < maxInProgress; i-- {
 		b := s.builds[s.order[i]]
 		if b == nil || seen[b.templateID] {
@@ -51,7 +63,9 @@ func (s *Service) InProgress() []store.BuildProgress {
 		}
 		seen[b.templateID] = true
 		b.mu.Lock()
-		if b.status == StatusWaiting || b.status == StatusBuilding {
+		stale := b.status == StatusWaiting && !b.started && time.Since(b.created) > unstartedFor
+		if (b.status == StatusWaiting || b.status == StatusBuilding) && !stale && perTeam[b.team] < maxInProgressPerTeam {
+			perTeam[b.team]++
 			out = append(out, store.BuildProgress{Template: b.templateID, BuildID: b.id, Status: b.status,
 				TeamID: b.team, VCPU: b.vcpu, MemoryMB: b.memoryMB, Created: b.created})
 		}

@@ -2,10 +2,12 @@ package build
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // A build whose marker a stopped server left behind is reported failed by
@@ -150,6 +152,31 @@ func TestInProgress(t *testing.T) {
 	b.setStatus(StatusReady, nil)
 	if got := s.InProgress(); len(got) != 0 {
 		t.Fatalf("after the build ended: %+v", got)
+	}
+	// A request never started is reported for a while, not for ever.
+	old, _ := s.Request("abandoned", "lab", false, 0, 0)
+	b, _ = s.get("abandoned", old)
+	b.mu.Lock()
+	b.created = time.Now().Add(-unstartedFor - time.Minute)
+	b.mu.Unlock()
+	if got := s.InProgress(); len(got) != 0 {
+		t.Fatalf("a request never started, long ago: %+v", got)
+	}
+	// One team's requests do not crowd out another's.
+	for i := range maxInProgressPerTeam + 5 {
+		if _, err := s.Request(fmt.Sprintf("flood-%d", i), "noisy", false, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Request("quiet", "calm", false, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	teams := map[string]int{}
+	for _, p := range s.InProgress() {
+		teams[p.TeamID]++
+	}
+	if teams["noisy"] != maxInProgressPerTeam || teams["calm"] != 1 {
+		t.Fatalf("builds reported by team: %v", teams)
 	}
 }
 

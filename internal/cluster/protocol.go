@@ -30,11 +30,17 @@ import "fmt"
 //     /volumes/{id}/copy, forks another node's snapshot with copySources
 //     (older nodes refuse both), and uploads snapshots with volumes
 //     (which a gateway starts only on their own node, unless every
-//     volume is copied).
+//     volume is copied). Nodes publish their builds under way with
+//     their heartbeats.
 const (
 	Protocol    = 6
 	MinProtocol = 1
 )
+
+// PublishesBuilds reports whether a node of protocol p publishes its
+// builds under way with its heartbeats (a node of an older release,
+// downgraded, would leave the last ones it wrote).
+func PublishesBuilds(p int) bool { return p >= ForkCopiesProtocol }
 
 // ForkCopiesProtocol is the first protocol whose nodes copy volumes for
 // a fork's children on other nodes: a gateway spreads such a fork only

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/aenv-dev/aenv/internal/api"
@@ -75,16 +76,21 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 	for _, t := range copies {
 		uploaded = uploaded || t.Upload == store.UploadUploaded
 	}
-	if _, ok := req["copySources"]; ok {
-		g.refuse(w, r, errdefs.ErrInvalidArgument, "copySources: only a gateway's fork of a snapshot names them")
-		return
+	for k := range req {
+		// JSON field names match whatever their case: any spelling.
+		if strings.EqualFold(k, "copySources") {
+			g.refuse(w, r, errdefs.ErrInvalidArgument, "copySources: only a gateway's fork of a snapshot names them")
+			return
+		}
 	}
 	// A snapshot with volumes is forked on their node, unless each child
-	// gets copies of them all: then other nodes take shares, each given
-	// copies brought from there.
+	// gets copies of them all (and the caller is the snapshot's team, the
+	// only one that may start it): then other nodes take shares, each
+	// given copies brought from there.
 	var carry *copyPlan
 	if len(copies) > 0 && len(copies[0].VolumeMounts) > 0 {
-		if carry = copiesOf(req, copies[0]); carry == nil {
+		carry = copiesOf(req, copies[0])
+		if carry == nil || callerOf(r).TeamID != copies[0].TeamID || !uploaded || count <= 1 {
 			g.byTemplate(w, r)
 			return
 		}
@@ -94,6 +100,16 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.count("template")
+	if carry != nil {
+		// One copy of each volume, made before any share: every child,
+		// on whatever node, starts from the same files. Unmade, the fork
+		// goes to the volumes' node, which answers for itself.
+		defer g.dropCopies(r, carry)
+		if !g.firstCopies(r, carry) {
+			g.byTemplate(w, r)
+			return
+		}
+	}
 	candidates, why := g.holders(r, copies, true)
 	if carry != nil {
 		candidates = slices.DeleteFunc(candidates, func(n *nodeState) bool {
@@ -206,10 +222,49 @@ func (g *Gateway) forkOn(r *http.Request, req map[string]json.RawMessage, sh for
 }
 
 // copyPlan is what a fork whose every volume is copied needs to spread
-// over nodes: the snapshot's node, and the volumes it mounts.
+// over nodes: the snapshot's node, the volumes it mounts, and the first
+// copy of each (by mount path), made on the snapshot's node, that every
+// node's children are copies of.
 type copyPlan struct {
-	origin string
-	mounts []store.VolumeMount
+	origin  string
+	mounts  []store.VolumeMount
+	sources map[string]string
+}
+
+// firstCopies makes the first copy of each of carry's volumes on the
+// snapshot's node: false if one cannot be made (those made are dropped
+// by dropCopies).
+func (g *Gateway) firstCopies(r *http.Request, carry *copyPlan) bool {
+	origin, ok := g.nodes.current().get(carry.origin)
+	if !ok || !origin.reachable || origin.incompatible != "" || !cluster.CopiesForForks(origin.Protocol) {
+		return false
+	}
+	carry.sources = map[string]string{}
+	for _, mt := range carry.mounts {
+		var made wire.Volume
+		if err := g.nodeJSON(r, origin, http.MethodPost, "/volumes/"+mt.VolumeID+"/copy", http.StatusCreated, &made); err != nil {
+			g.logger.InfoContext(r.Context(), "a fork's copies made on the volumes' node alone", "volume", mt.VolumeID, "err", err)
+			return false
+		}
+		carry.sources[mt.Path] = made.VolumeID
+	}
+	return true
+}
+
+// dropCopies deletes the first copies of a fork, once its children made
+// their own.
+func (g *Gateway) dropCopies(r *http.Request, carry *copyPlan) {
+	origin, ok := g.nodes.current().get(carry.origin)
+	for _, id := range carry.sources {
+		var err error
+		if ok {
+			err = g.nodeCall(r, origin, http.MethodDelete, "/volumes/"+id, nil, http.StatusNoContent)
+		}
+		if !ok || err != nil {
+			g.logger.WarnContext(r.Context(), "a volume copy made for a fork stays: delete it", "volume", id,
+				"node", carry.origin, "err", err)
+		}
+	}
 }
 
 // copiesOf is the plan of a fork of snapshot tpl (which mounts volumes)
@@ -225,21 +280,41 @@ func copiesOf(req map[string]json.RawMessage, tpl *store.Template) *copyPlan {
 			copied[clean] = true
 		}
 	}
+	mounted := map[string]bool{}
 	for _, mt := range tpl.VolumeMounts {
 		if !copied[mt.Path] {
 			return nil
+		}
+		mounted[mt.Path] = true
+	}
+	for p := range copied {
+		if !mounted[p] {
+			return nil // refused by the node, before anything is copied
 		}
 	}
 	return &copyPlan{origin: tpl.NodeID, mounts: tpl.VolumeMounts}
 }
 
 // forkShare asks sh's node for its share of a fork; for a fork with
-// copies (carry) on a node other than the snapshot's, each volume's copy
-// is brought there first (one per node, whatever its share's count), and
-// removed once the node made its children's own copies of it.
+// copies (carry), its children copy carry's first copies: on the
+// snapshot's node those, elsewhere copies of them brought there first (one
+// per node, whatever its share's count), removed once the node made its
+// children's own.
 func (g *Gateway) forkShare(r *http.Request, req map[string]json.RawMessage, sh forkShare, carry *copyPlan) forkResult {
-	if carry == nil || sh.node.ID == carry.origin {
+	if carry == nil {
 		return g.forkOn(r, req, sh)
+	}
+	withSources := func(sources map[string]string) forkResult {
+		share := maps.Clone(req)
+		raw, err := json.Marshal(sources)
+		if err != nil {
+			return shareFailed(sh, http.StatusInternalServerError, err.Error())
+		}
+		share["copySources"] = raw
+		return g.forkOn(r, share, sh)
+	}
+	if sh.node.ID == carry.origin {
+		return withSources(carry.sources)
 	}
 	sources := map[string]string{}
 	defer func() {
@@ -250,29 +325,28 @@ func (g *Gateway) forkShare(r *http.Request, req map[string]json.RawMessage, sh 
 			}
 		}
 	}()
+	// Copies are made on a draining node too: it takes no sandboxes.
 	origin, ok := g.nodes.current().get(carry.origin)
-	if !ok || !origin.ready() {
+	if !ok || !origin.reachable || origin.incompatible != "" {
 		return shareFailed(sh, http.StatusServiceUnavailable,
-			fmt.Sprintf("the snapshot's node %s, which keeps its volumes, is not ready", carry.origin))
+			fmt.Sprintf("the snapshot's node %s, which keeps its volumes, is not reachable", carry.origin))
 	}
 	for _, mt := range carry.mounts {
-		id, err := g.bringCopy(r, mt.VolumeID, origin, sh.node)
+		id, err := g.bringCopy(r, carry.sources[mt.Path], origin, sh.node)
 		if err != nil {
 			status, msg := http.StatusServiceUnavailable, err.Error()
 			if answered := (*nodeAnswer)(nil); errors.As(err, &answered) {
 				status, msg = answered.status, answered.message()
 			}
-			return shareFailed(sh, status, fmt.Sprintf("a copy of volume %s: %s", mt.Name, msg))
+			res := shareFailed(sh, status, fmt.Sprintf("a copy of volume %s: %s", mt.Name, msg))
+			if status == http.StatusTooManyRequests {
+				res.retry = "" // the team's limit: every node would make the same copy
+			}
+			return res
 		}
 		sources[mt.Path] = id
 	}
-	share := maps.Clone(req)
-	raw, err := json.Marshal(sources)
-	if err != nil {
-		return shareFailed(sh, http.StatusInternalServerError, err.Error())
-	}
-	share["copySources"] = raw
-	return g.forkOn(r, share, sh)
+	return withSources(sources)
 }
 
 // bringCopy makes a copy of volume id on node from, as it is now, and

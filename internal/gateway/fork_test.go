@@ -21,7 +21,7 @@ func TestCopiesOf(t *testing.T) {
 		{`{"count":4,"volumes":{"/ws":"copy","/data":"shared"}}`, false},
 		{`{"count":4,"volumes":{"/ws":"copy","/data":"copy"}}`, true},
 		{`{"count":4,"volumes":{"/ws/":"copy","//data":"copy"}}`, true},
-		{`{"count":4,"volumes":{"/ws":"copy","/data":"copy","/other":"copy"}}`, true},
+		{`{"count":4,"volumes":{"/ws":"copy","/data":"copy","/other":"copy"}}`, false}, // the node refuses it
 		{`{"count":4,"volumes":"copy"}`, false},
 	} {
 		var req map[string]json.RawMessage

@@ -134,7 +134,7 @@ func (n *nodes) current() *nodeView { return n.view.Load() }
 func (n *nodes) building() []store.BuildProgress {
 	var out []store.BuildProgress
 	for _, s := range n.current().list {
-		if s.reachable {
+		if s.reachable && cluster.PublishesBuilds(s.Protocol) {
 			out = append(out, s.Use.Builds...)
 		}
 	}

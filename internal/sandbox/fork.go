@@ -432,8 +432,10 @@ func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template,
 	if m.cfg.Shared != nil && m.cfg.Shared.Remote(tpl) && len(tpl.VolumeMounts) > 0 {
 		for _, mt := range tpl.VolumeMounts {
 			if sources[mt.Path] == "" {
+				// Unavailable, not a conflict: a gateway then offers it to
+				// the next node, which may be the volumes'.
 				return nil, fmt.Errorf("%w: snapshot %s mounts volumes of node %s: fork it there, or with every volume copied "+
-					"through a gateway", node.ErrConflict, tpl.Name, tpl.NodeID)
+					"through a gateway", node.ErrUnavailable, tpl.Name, tpl.NodeID)
 			}
 		}
 	}
@@ -469,13 +471,16 @@ func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template,
 			}
 		}
 	}
+	// A source named by a gateway must be of the snapshot's team, checked
+	// before it is frozen.
+	for p, id := range sources {
+		if _, err := m.cfg.Volumes.Get(ctx, tpl.TeamID, false, id); err != nil {
+			return nil, fmt.Errorf("%w: copy source %s for %s: %v", node.ErrInvalid, id, p, err)
+		}
+	}
 	frozen := map[string]*store.Volume{}
 	for _, p := range paths {
 		fv, err := m.cfg.Volumes.Freeze(ctx, mounted[p].VolumeID, "")
-		if err == nil && fv.TeamID != tpl.TeamID {
-			m.cfg.Volumes.Release(context.WithoutCancel(ctx), fv)
-			err = fmt.Errorf("%w: volume %s is not of snapshot %s's team", node.ErrInvalid, fv.Name, tpl.Name)
-		}
 		if err != nil {
 			m.releaseFrozen(context.WithoutCancel(ctx), frozen)
 			return nil, err

@@ -80,8 +80,10 @@ func (m *Manager) create(ctx context.Context, req node.CreateRequest) (*store.Sa
 			return nil, err
 		}
 		if len(tpl.VolumeMounts) > 0 && m.cfg.Shared != nil && m.cfg.Shared.Remote(tpl) {
+			// Unavailable, not a conflict: a gateway then offers the create
+			// to the next node, which may be the volumes'.
 			return nil, fmt.Errorf("%w: snapshot %s mounts volumes of node %s: it starts there (a gateway sends it there)",
-				node.ErrConflict, tpl.Name, tpl.NodeID)
+				node.ErrUnavailable, tpl.Name, tpl.NodeID)
 		}
 		req.VolumeMounts = tpl.VolumeMounts
 	}

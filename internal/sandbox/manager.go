@@ -141,6 +141,9 @@ type VolumePaths interface {
 	Release(ctx context.Context, v *store.Volume)
 	// Delete deletes v and its files.
 	Delete(ctx context.Context, v *store.Volume) error
+	// Get is team's volume by ID or name (not found: another team's, or
+	// none), any team's for admin.
+	Get(ctx context.Context, team string, admin bool, idOrName string) (*store.Volume, error)
 }
 
 // SharedImages is what the manager needs of the object store.

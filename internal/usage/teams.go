@@ -119,8 +119,8 @@ func (h *History) accountStorage(ctx context.Context, now time.Time) {
 	h.storedAt = now
 	day := now.UTC().Format(DayLayout)
 	for team, bytes := range stored {
-		if bytes <= 0 {
-			continue
+		if bytes <= 0 || team == "" {
+			continue // "": the public templates', no team's
 		}
 		d := h.pendingDay(teamDay{team, day})
 		d.StoredMBSeconds += float64(bytes) / (1 << 20) * counted.Seconds()

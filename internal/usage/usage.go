@@ -146,7 +146,8 @@ func (h *History) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			// What was accounted since the last flush is written on the
-			// way out.
+			// way out, with what was kept stored since.
+			h.accountStorage(context.WithoutCancel(ctx), time.Now())
 			h.flushLogged(context.WithoutCancel(ctx))
 			return
 		case <-ticker.C:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -167,5 +168,33 @@ func TestServiceFreezeRefusedAndCutShort(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, v.ID, freezingMarker)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the freezing mark stays: %v", err)
+	}
+}
+
+// What a team keeps counts a copy-fork's frozen layer once, to the team of
+// the volumes that hold it, beside each volume's own files.
+func TestTeamBytesCountsLayersOnce(t *testing.T) {
+	roottest.Require(t) // overlay mounts
+	s, _, _ := newTestService(t)
+	t.Cleanup(func() { s.UnmountAll(context.Background()) })
+	ctx := context.Background()
+	v, err := s.Create(ctx, "lab", "repo", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeVia(t, s, v, "big", strings.Repeat("x", 1<<20))
+	if _, err := s.Copy(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Copy(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.measureAll(ctx)
+	got := s.TeamBytes()
+	if n := got["lab"]; n < 1<<20 || n >= 2<<20 {
+		t.Fatalf("lab keeps %d bytes with a 1 MiB layer shared by a volume and two copies, want it counted once", n)
+	}
+	if len(got) != 1 {
+		t.Errorf("teams: %v, want lab only", got)
 	}
 }

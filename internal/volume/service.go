@@ -76,11 +76,13 @@ type Service struct {
 	// mountMu serialises the overlay mounts of layered volumes.
 	mountMu sync.Mutex
 	// usage is each local volume's usage, as last measured
-	// (sampleUsage), and layerBytes the frozen layers'.
-	usageMu    sync.Mutex
-	usage      map[string]measured
-	layerBytes int64
-	measureMu  sync.Mutex // one measureAll at a time
+	// (sampleUsage), layerBytes the frozen layers', and layerTeamBytes
+	// those by the team of the volumes holding them.
+	usageMu        sync.Mutex
+	usage          map[string]measured
+	layerBytes     int64
+	layerTeamBytes map[string]int64
+	measureMu      sync.Mutex // one measureAll at a time
 	// exporting marks the volumes whose files an export has sent from
 	// here (see checkNotExported).
 	exportingMu sync.Mutex

@@ -91,16 +91,33 @@ func (s *Service) measureAll(ctx context.Context) {
 		}
 		seen[v.ID] = measured{u, v.Name, v.TeamID}
 	}
+	// Each layer once, counted to the team of the volumes that hold it
+	// (a volume and its copies are one team's). A pool's layers are a
+	// fork's passing snapshots: not walked.
 	var layers int64
-	// A pool's layers are a fork's passing snapshots: not walked.
+	layerTeams := map[string]int64{}
 	if s.pool == nil {
-		if d, err := Open(s.layersDir()); err == nil {
-			layers, _, _ = d.Usage()
+		held := map[string]string{}
+		for _, v := range all {
+			if s.Local(v) {
+				for _, l := range v.Layers {
+					held[l] = v.TeamID
+				}
+			}
+		}
+		for l, team := range held {
+			d, err := Open(s.layerDir(l))
+			if err != nil {
+				continue // removed meanwhile
+			}
+			n, _, _ := d.Usage()
 			d.Close()
+			layers += n
+			layerTeams[team] += n
 		}
 	}
 	s.usageMu.Lock()
-	s.usage, s.layerBytes = seen, layers
+	s.usage, s.layerBytes, s.layerTeamBytes = seen, layers, layerTeams
 	s.usageMu.Unlock()
 }
 
@@ -129,15 +146,20 @@ func (s *Service) UsageOf(id string) (Usage, bool) {
 }
 
 // TeamBytes sums, by team, the bytes of this node's volumes as last
-// measured (a volume not measured yet counts nothing): what the teams'
-// storage use counts of them.
+// measured (a volume not measured yet counts nothing), with the layers
+// their copies share, each once: what the teams' storage use counts of
+// them. In a volume pool a copy counts every block it refers to, shared
+// with its source or not (what its size bounds).
 func (s *Service) TeamBytes() map[string]int64 {
 	s.usageMu.Lock()
-	usage := s.usage
+	usage, layers := s.usage, s.layerTeamBytes
 	s.usageMu.Unlock()
 	out := map[string]int64{}
 	for _, m := range usage {
 		out[m.team] += m.Bytes
+	}
+	for team, n := range layers {
+		out[team] += n
 	}
 	return out
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
 )
 
 // Benchmarks of volumes (make bench-volumes): a create with a volume next
@@ -326,4 +327,82 @@ func BenchmarkVolumeMove(b *testing.B) {
 	b.ReportMetric(bytes/(1<<20)/(m/1000), "move-MiB/s")
 	b.ReportMetric(bytes/(1<<20)/(r/1000), "raw-MiB/s")
 	b.ReportMetric(m/r, "ratio-p50")
+}
+
+// BenchmarkVolumeForkAcrossNodes: through a gateway, a fork of 8 from an
+// uploaded snapshot whose 1 GiB volume (16 files of 64 MiB) each child
+// copies, spread over two nodes with volume pools (the gateway moves one
+// copy to the node without the volume), next to the same fork of a
+// snapshot without a volume in the same run.
+func BenchmarkVolumeForkAcrossNodes(b *testing.B) {
+	srv := s3test.Start(b)
+	c := newCluster(b)
+	nodes := map[string]*server{}
+	for _, id := range []string{"node-a", "node-b"} {
+		nodes[id] = c.sharedNode(id, srv, "--volume-pool-gb", "4", "--warm-sandboxes", "0", "--prepared-sandboxes", "0")
+	}
+	g := c.addGateway()
+	g.waitReady(b, "node-a", "node-b")
+	gw := &server{t: b, url: g.url, checked: client.NewHTTPClient(4)}
+	var v struct{ VolumeID, NodeID string }
+	gw.expect(gw.do("POST", "/volumes", map[string]any{"name": "dataset", "sizeMB": 2048}), 201, "create").json(b, &v)
+	dir := filepath.Join(nodes[v.NodeID].dataDir, "volumes", v.VolumeID, "data")
+	for i := range 16 {
+		out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(dir, fmt.Sprintf("part-%02d", i)),
+			"bs=1M", "count=64", "status=none").CombinedOutput()
+		if err != nil {
+			b.Fatalf("dd: %v %s", err, out)
+		}
+	}
+	snapshot := func(name string, mounts []map[string]any) {
+		var sb client.Sandbox
+		gw.expect(gw.do("POST", "/sandboxes", map[string]any{"templateID": "base", "volumeMounts": mounts}), 201, "create").json(b, &sb)
+		snap, err := g.api.CreateSnapshot(b.Context(), sb.SandboxID, name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		gw.expect(gw.do("DELETE", "/sandboxes/"+sb.SandboxID, nil), 204, "kill")
+		waitFor(b, 3*time.Minute, name+" uploaded", func() bool {
+			state, _ := templateUpload(b, g, snap.SnapshotID)
+			return state == "uploaded"
+		})
+	}
+	snapshot("with-volume", []map[string]any{{"name": "dataset", "path": "/data"}})
+	snapshot("without", nil)
+	fork := func(name string, body map[string]any) time.Duration {
+		var items []client.ForkResult
+		start := time.Now()
+		gw.expect(gw.do("POST", "/snapshots/"+name+"/fork", body), 201, "fork").json(b, &items)
+		took := time.Since(start)
+		nodesUsed := map[string]bool{}
+		for _, it := range items {
+			if it.Error != nil || it.Sandbox == nil {
+				b.Fatalf("fork child: %+v", it.Error)
+			}
+			node, _ := g.sandboxNode(b, it.Sandbox.SandboxID)
+			nodesUsed[node] = true
+			var info client.Sandbox
+			gw.expect(gw.do("GET", "/sandboxes/"+it.Sandbox.SandboxID, nil), 200, "get").json(b, &info)
+			gw.expect(gw.do("DELETE", "/sandboxes/"+it.Sandbox.SandboxID, nil), 204, "kill")
+			for _, m := range info.VolumeMounts {
+				gw.expect(gw.do("DELETE", "/volumes/"+m.Name, nil), 204, "delete a copy")
+			}
+		}
+		if len(nodesUsed) != 2 {
+			b.Fatalf("fork of %s on nodes %v, want both", name, nodesUsed)
+		}
+		return took
+	}
+	var copies, plain []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		copies = append(copies, fork("with-volume", map[string]any{"count": 8, "volumes": map[string]string{"/data": "copy"}}))
+		plain = append(plain, fork("without", map[string]any{"count": 8}))
+	}
+	b.StopTimer()
+	reportNamed(b, "fork8-copies", copies)
+	reportNamed(b, "fork8-plain", plain)
+	cp, _ := percentiles(copies)
+	pl, _ := percentiles(plain)
+	b.ReportMetric(cp/pl, "ratio-p50")
 }

@@ -129,14 +129,28 @@ func TestClusterSnapshotForkCopies(t *testing.T) {
 		{"/snapshots/" + snap.SnapshotID + "/fork", map[string]any{"count": 1}},
 		{"/snapshots/" + snap.SnapshotID + "/fork", map[string]any{"count": 1, "volumes": map[string]string{"/ws": "copy"}}},
 	} {
-		r := other.expect(other.do("POST", call.path, call.body), 409, "another node's snapshot with volumes, on its own")
+		r := other.expect(other.do("POST", call.path, call.body), 503, "another node's snapshot with volumes, on its own")
 		if !strings.Contains(string(r.body), "mounts volumes of node "+v.NodeID) {
 			t.Errorf("POST %s on the other node: %s", call.path, r.body)
 		}
 	}
-	// A gateway's own field is not the caller's.
-	gw.expect(gw.do("POST", "/snapshots/prep/fork", map[string]any{"count": 2, "volumes": map[string]string{"/ws": "copy"},
-		"copySources": map[string]string{"/ws": v.VolumeID}}), 400, "a fork naming copy sources")
+	// A gateway's own field is not the caller's, however spelt.
+	for _, field := range []string{"copySources", "copysources", "CopySources"} {
+		gw.expect(gw.do("POST", "/snapshots/prep/fork", map[string]any{"count": 2, "volumes": map[string]string{"/ws": "copy"},
+			field: map[string]string{"/ws": v.VolumeID}}), 400, "a fork naming copy sources")
+	}
+	// Another team cannot fork it, and nothing of the team's is copied
+	// for its try.
+	gw.expect(gw.do("POST", "/teams", map[string]any{"teamID": "intruder"}), 201, "create a team")
+	var k struct{ Key string }
+	gw.expect(gw.do("POST", "/api-keys", map[string]any{"teamID": "intruder"}), 201, "a key of the team").json(t, &k)
+	gw.expect(gw.do("POST", "/snapshots/"+snap.SnapshotID+"/fork", map[string]any{"count": 4, "volumes": map[string]string{"/ws": "copy"}},
+		"X-API-Key", k.Key), 404, "another team's fork of the snapshot")
+	var after []struct{ Name string }
+	gw.expect(gw.do("GET", "/volumes", nil), 200, "list").json(t, &after)
+	if len(after) != len(listed) {
+		t.Errorf("volumes after another team's fork: %+v, want the %d before", after, len(listed))
+	}
 
 	for _, id := range kids {
 		gw.expect(gw.do("DELETE", "/sandboxes/"+id, nil), 204, "kill")

@@ -303,7 +303,8 @@ func snapshotRoom(ctx context.Context, q interface {
 		if c.bytes <= replacedBytes {
 			return nil // one for one, no larger: the team keeps no more than before
 		}
-		held, heldBytes = held-1, heldBytes-replacedBytes
+		// One for one in count: only the bytes it adds are judged.
+		lim.MaxSnapshots, held, heldBytes = 0, held-1, heldBytes-replacedBytes
 	}
 	if err := lim.SnapshotRoom(held, heldBytes, c.bytes); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
@@ -614,8 +615,11 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 
 func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
 	digests store.UploadDigests) error {
+	// The image's size, recorded when it was taken, stays until an upload
+	// finds it (a pending or failed one knows none).
 	tag, err := s.pool.Exec(ctx, `UPDATE templates SET upload_state = $2, upload_error = $3, image_digest = $5,
-		rootfs_digest = $6, image_bytes = $7, image_new_bytes = $8, image_parent = $9
+		rootfs_digest = $6, image_bytes = CASE WHEN $7::bigint > 0 THEN $7::bigint ELSE image_bytes END,
+		image_new_bytes = $8, image_parent = $9
 		WHERE id = $1 AND ($4 = '' OR node_id = $4)`,
 		id, string(state), msg, s.node, digests.Image, digests.Rootfs, digests.Stats.Bytes, digests.Stats.NewBytes,
 		digests.Stats.Parent)

@@ -653,7 +653,8 @@ func snapshotRoom(ctx context.Context, q interface {
 		if bytes <= replacedBytes {
 			return nil // one for one, no larger: the team keeps no more than before
 		}
-		held, heldBytes = held-1, heldBytes-replacedBytes
+		// One for one in count: only the bytes it adds are judged.
+		lim.MaxSnapshots, held, heldBytes = 0, held-1, heldBytes-replacedBytes
 	}
 	if err := lim.SnapshotRoom(held, heldBytes, bytes); err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
@@ -732,9 +733,12 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 
 func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,
 	digests store.UploadDigests) error {
+	// The image's size, recorded when it was taken, stays until an upload
+	// finds it (a pending or failed one knows none).
 	res, err := s.db.ExecContext(ctx, `UPDATE templates SET upload_state = ?, upload_error = ?, image_digest = ?,
-		rootfs_digest = ?, image_bytes = ?, image_new_bytes = ?, image_parent = ? WHERE id = ?`,
-		string(state), msg, digests.Image, digests.Rootfs, digests.Stats.Bytes, digests.Stats.NewBytes,
+		rootfs_digest = ?, image_bytes = CASE WHEN ? > 0 THEN ? ELSE image_bytes END, image_new_bytes = ?,
+		image_parent = ? WHERE id = ?`,
+		string(state), msg, digests.Image, digests.Rootfs, digests.Stats.Bytes, digests.Stats.Bytes, digests.Stats.NewBytes,
 		digests.Stats.Parent, id)
 	if err != nil {
 		return fmt.Errorf("record upload of template %s: %w", id, classify(err))

@@ -713,10 +713,24 @@ func testTeamSnapshotBytes(t *testing.T, s TeamStore) {
 		t.Fatalf("a snapshot after a delete made room: %v", err)
 	}
 	// What the team's storage use counts: s6, s3 and s8 (the base
-	// template, of no team and no image, adds nothing).
+	// template, of no team and no image, adds nothing). An upload's
+	// pending state, which knows no size, keeps the one recorded.
+	if err := s.SetTemplateUpload(ctx, "s8", store.UploadPending, "", store.UploadDigests{}); err != nil {
+		t.Fatal(err)
+	}
 	got, err := s.TeamImageBytes(ctx)
 	if err != nil || len(got) != 1 || got["lim"] != 50<<20 {
 		t.Fatalf("image bytes by team: %v %v, want lim: 50 MiB", got, err)
+	}
+	// A count limit lowered below what the team keeps refuses no
+	// replacement, even a larger one within the bytes.
+	if err := s.SetTeamLimits(ctx, "lim", auth.LimitsPatch{MaxSnapshots: ptr(1), MaxSnapshotMB: ptr(100)}); err != nil {
+		t.Fatal(err)
+	}
+	larger := image("s9", 20)
+	larger.Name = "s8"
+	if _, err := s.ReplaceTemplate(ctx, larger); err != nil {
+		t.Fatalf("a larger replacement over a lowered count limit: %v", err)
 	}
 }
 
