@@ -185,27 +185,10 @@ is written to disk and restored for that, about a second).`,
 		Example: "  aenv fork 3f2a9c -n 8\n  aenv fork 3f2a9c -n 8 --volume-copy /workspace",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			asJSON, err := out.json()
-			if err != nil {
-				return err
-			}
-			if count < 1 {
-				return usageError{errors.New("-n must be at least 1")}
-			}
-			c, err := a.client(f)
-			if err != nil {
-				return err
-			}
-			results, err := c.Fork(cmd.Context(), argv[0], count, copies...)
-			if err != nil {
-				return sandboxContext(argv[0], err)
-			}
-			if asJSON {
-				if err := writeJSON(a.stdout, raws(results, func(r client.ForkResult) json.RawMessage { return r.Raw })); err != nil {
-					return err
-				}
-			}
-			return a.reportFork(results, !asJSON)
+			return a.runFork(f, out, count, func(c *client.Client) ([]client.ForkResult, error) {
+				results, err := c.Fork(cmd.Context(), argv[0], count, copies...)
+				return results, sandboxContext(argv[0], err)
+			})
 		},
 		ValidArgsFunction: a.completeSandboxIDs(&f),
 	}
@@ -214,6 +197,33 @@ is written to disk and restored for that, about a second).`,
 	cmd.Flags().IntVarP(&count, "count", "n", 1, "number of copies")
 	cmd.Flags().StringArrayVar(&copies, "volume-copy", nil, "give each child its own copy of the volume mounted at PATH (repeatable)")
 	return cmd
+}
+
+// runFork runs a fork command: -n checked, the fork made by fork, its
+// children printed (or the answer, with -o json) and its failures
+// reported.
+func (a *app) runFork(f serverFlags, out outputFlag, count int, fork func(*client.Client) ([]client.ForkResult, error)) error {
+	asJSON, err := out.json()
+	if err != nil {
+		return err
+	}
+	if count < 1 {
+		return usageError{errors.New("-n must be at least 1")}
+	}
+	c, err := a.client(f)
+	if err != nil {
+		return err
+	}
+	results, err := fork(c)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := writeJSON(a.stdout, raws(results, func(r client.ForkResult) json.RawMessage { return r.Raw })); err != nil {
+			return err
+		}
+	}
+	return a.reportFork(results, !asJSON)
 }
 
 func (a *app) reportFork(results []client.ForkResult, printIDs bool) error {

@@ -46,27 +46,13 @@ it is now (without a volume pool, no sandbox may mount it meanwhile).`,
 		Example: "  aenv snapshot fork step-12 -n 8\n  aenv snapshot fork step-12 -n 8 --volume-copy /workspace",
 		Args:    args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			asJSON, err := out.json()
-			if err != nil {
-				return err
-			}
-			if count < 1 {
-				return usageError{errors.New("-n must be at least 1")}
-			}
-			c, err := a.client(f)
-			if err != nil {
-				return err
-			}
-			results, err := c.ForkSnapshot(cmd.Context(), argv[0], count, copies...)
-			if err != nil {
-				return fmt.Errorf("snapshot %s: %w", argv[0], err)
-			}
-			if asJSON {
-				if err := writeJSON(a.stdout, raws(results, func(r client.ForkResult) json.RawMessage { return r.Raw })); err != nil {
-					return err
+			return a.runFork(f, out, count, func(c *client.Client) ([]client.ForkResult, error) {
+				results, err := c.ForkSnapshot(cmd.Context(), argv[0], count, copies...)
+				if err != nil {
+					return nil, fmt.Errorf("snapshot %s: %w", argv[0], err)
 				}
-			}
-			return a.reportFork(results, !asJSON)
+				return results, nil
+			})
 		},
 	}
 	addServerFlags(cmd, &f)

@@ -478,23 +478,9 @@ func (g *Gateway) nodeRequest(ctx context.Context, r *http.Request, n *nodeState
 // nodeJSON makes a call of the gateway's own to node n, without a body,
 // checks its status and decodes its answer into out.
 func (g *Gateway) nodeJSON(r *http.Request, n *nodeState, method, path string, want int, out any) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
-	defer cancel()
-	req, err := g.nodeRequest(ctx, r, n, method, path, nil)
+	b, err := g.nodeDo(r, n, method, path, nil, want)
 	if err != nil {
 		return err
-	}
-	resp, err := g.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != want {
-		return &nodeAnswer{resp.StatusCode, b}
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return fmt.Errorf("node %s: %s %s: decode its answer: %w", n.ID, method, path, err)
@@ -505,21 +491,28 @@ func (g *Gateway) nodeJSON(r *http.Request, n *nodeState, method, path string, w
 // nodeCall makes a call of the gateway's own to node n and checks its
 // status.
 func (g *Gateway) nodeCall(r *http.Request, n *nodeState, method, path string, body io.Reader, want int) error {
-	// Made whether or not the client waits for the answer.
+	_, err := g.nodeDo(r, n, method, path, body, want)
+	return err
+}
+
+// nodeDo makes a call of the gateway's own to node n, whether or not the
+// client waits for its answer, and returns the answer's body (a
+// *nodeAnswer unless its status is want).
+func (g *Gateway) nodeDo(r *http.Request, n *nodeState, method, path string, body io.Reader, want int) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), time.Minute)
 	defer cancel()
 	req, err := g.nodeRequest(ctx, r, n, method, path, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != want {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return &nodeAnswer{resp.StatusCode, b}
+		return nil, &nodeAnswer{resp.StatusCode, b}
 	}
-	return nil
+	return b, err
 }

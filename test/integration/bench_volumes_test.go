@@ -101,13 +101,7 @@ func benchVolumeFork8(b *testing.B, pool bool) {
 	s.start()
 	_, dir := benchVolume(b, s, "gigabyte")
 	// 1 GB of data in 16 files, written on the host.
-	for i := range 16 {
-		out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(dir, fmt.Sprintf("part-%02d", i)),
-			"bs=1M", "count=64", "status=none").CombinedOutput()
-		if err != nil {
-			b.Fatalf("dd: %v %s", err, out)
-		}
-	}
+	fillRandom(b, dir, 16, 64)
 	bare := s.create(map[string]any{"templateID": "base"}).SandboxID
 	parent := s.create(map[string]any{"templateID": "base",
 		"volumeMounts": []map[string]any{{"name": "gigabyte", "path": "/data"}}}).SandboxID
@@ -274,13 +268,7 @@ func BenchmarkVolumeMove(b *testing.B) {
 	}
 	gw.expect(gw.do("POST", "/volumes", map[string]any{"name": "moving", "sizeMB": 2048}), 201, "create").json(b, &v)
 	dir := filepath.Join(nodes[v.NodeID].dataDir, "volumes", v.VolumeID, "data")
-	for i := range 16 {
-		out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(dir, fmt.Sprintf("part-%02d", i)),
-			"bs=1M", "count=64", "status=none").CombinedOutput()
-		if err != nil {
-			b.Fatalf("dd: %v %s", err, out)
-		}
-	}
+	fillRandom(b, dir, 16, 64)
 	small := make([]byte, 4096)
 	for i := range 10_000 {
 		sub := filepath.Join(dir, "small", strconv.Itoa(i/100))
@@ -347,13 +335,7 @@ func BenchmarkVolumeForkAcrossNodes(b *testing.B) {
 	var v struct{ VolumeID, NodeID string }
 	gw.expect(gw.do("POST", "/volumes", map[string]any{"name": "dataset", "sizeMB": 2048}), 201, "create").json(b, &v)
 	dir := filepath.Join(nodes[v.NodeID].dataDir, "volumes", v.VolumeID, "data")
-	for i := range 16 {
-		out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(dir, fmt.Sprintf("part-%02d", i)),
-			"bs=1M", "count=64", "status=none").CombinedOutput()
-		if err != nil {
-			b.Fatalf("dd: %v %s", err, out)
-		}
-	}
+	fillRandom(b, dir, 16, 64)
 	snapshot := func(name string, mounts []map[string]any) {
 		var sb client.Sandbox
 		gw.expect(gw.do("POST", "/sandboxes", map[string]any{"templateID": "base", "volumeMounts": mounts}), 201, "create").json(b, &sb)
@@ -405,4 +387,16 @@ func BenchmarkVolumeForkAcrossNodes(b *testing.B) {
 	cp, _ := percentiles(copies)
 	pl, _ := percentiles(plain)
 	b.ReportMetric(cp/pl, "ratio-p50")
+}
+
+// fillRandom writes files files of random bytes, of mb MiB each, into dir.
+func fillRandom(b *testing.B, dir string, files, mb int) {
+	b.Helper()
+	for i := range files {
+		out, err := exec.Command("dd", "if=/dev/urandom", "of="+filepath.Join(dir, fmt.Sprintf("part-%02d", i)),
+			"bs=1M", "count="+strconv.Itoa(mb), "status=none").CombinedOutput()
+		if err != nil {
+			b.Fatalf("dd: %v %s", err, out)
+		}
+	}
 }
