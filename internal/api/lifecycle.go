@@ -308,7 +308,6 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, req node.ForkReque
 	if err := decodeOptionalJSON(w, r, s.cfg.MaxJSONBytes, &body); err != nil {
 		return err
 	}
-
 	req.Count = 1
 	if body.Count != nil {
 		req.Count = *body.Count

@@ -118,6 +118,18 @@ func (t *Team) SnapshotRoom(held int, heldBytes, bytes int64) error {
 	return nil
 }
 
+// SnapshotReplacementRoom says whether t may keep a snapshot of bytes in
+// place of one of replacedBytes, with heldBytes kept (the replaced one's
+// included): one for one in count, so only the bytes it adds are judged,
+// and one no larger always fits.
+func (t *Team) SnapshotReplacementRoom(heldBytes, replacedBytes, bytes int64) error {
+	if bytes <= replacedBytes {
+		return nil
+	}
+	byBytes := Team{ID: t.ID, MaxSnapshotMB: t.MaxSnapshotMB}
+	return byBytes.SnapshotRoom(0, heldBytes-replacedBytes, bytes)
+}
+
 // SnapshotLimited says whether t has a limit on the snapshots it keeps.
 func (t *Team) SnapshotLimited() bool { return t.MaxSnapshots > 0 || t.MaxSnapshotMB > 0 }
 

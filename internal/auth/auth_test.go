@@ -265,3 +265,24 @@ func TestSnapshotRoom(t *testing.T) {
 		}
 	}
 }
+
+// A replacement is one for one in count: only the bytes it adds are
+// judged, against the bytes limit alone.
+func TestSnapshotReplacementRoom(t *testing.T) {
+	for _, tc := range []struct {
+		team                           Team
+		heldBytes, replacedBytes, size int64
+		want                           string
+	}{
+		{Team{ID: "lab", MaxSnapshots: 1}, 10 << 20, 1 << 20, 5 << 20, ""},
+		{Team{ID: "lab", MaxSnapshotMB: 10}, 10 << 20, 4 << 20, 4 << 20, ""},
+		{Team{ID: "lab", MaxSnapshotMB: 10}, 20 << 20, 4 << 20, 3 << 20, ""},
+		{Team{ID: "lab", MaxSnapshotMB: 10}, 8 << 20, 4 << 20, 6 << 20, ""},
+		{Team{ID: "lab", MaxSnapshotMB: 10}, 8 << 20, 4 << 20, 6<<20 + 1, "limit of 10 MiB"},
+	} {
+		err := tc.team.SnapshotReplacementRoom(tc.heldBytes, tc.replacedBytes, tc.size)
+		if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%+v.SnapshotReplacementRoom(%d, %d, %d) = %v, want %q", tc.team, tc.heldBytes, tc.replacedBytes, tc.size, err, tc.want)
+		}
+	}
+}

@@ -37,10 +37,14 @@ const (
 	MinProtocol = 1
 )
 
+// PublishedBuildsProtocol is the first protocol whose nodes publish their
+// builds under way with their heartbeats.
+const PublishedBuildsProtocol = 6
+
 // PublishesBuilds reports whether a node of protocol p publishes its
 // builds under way with its heartbeats (a node of an older release,
 // downgraded, would leave the last ones it wrote).
-func PublishesBuilds(p int) bool { return p >= ForkCopiesProtocol }
+func PublishesBuilds(p int) bool { return p >= PublishedBuildsProtocol }
 
 // ForkCopiesProtocol is the first protocol whose nodes copy volumes for
 // a fork's children on other nodes: a gateway spreads such a fork only

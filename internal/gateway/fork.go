@@ -90,7 +90,7 @@ func (g *Gateway) forkSnapshot(w http.ResponseWriter, r *http.Request) {
 	var carry *copyPlan
 	if len(copies) > 0 && len(copies[0].VolumeMounts) > 0 {
 		carry = copiesOf(req, copies[0])
-		if carry == nil || callerOf(r).TeamID != copies[0].TeamID || !uploaded || count <= 1 {
+		if carry == nil || callerOf(r).TeamID != copies[0].TeamID {
 			g.byTemplate(w, r)
 			return
 		}

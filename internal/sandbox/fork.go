@@ -365,18 +365,10 @@ func (m *Manager) freezeCopies(ctx context.Context, e *entry, paths []string) (m
 	// Refused before the parent is stopped when another sandbox mounts a
 	// copied volume (they are all on this node); the freeze checks again.
 	// A pool's copies are snapshots, which other writers do not reach.
-	for _, other := range m.entries() {
-		if other == e || m.cfg.Volumes.Pooled() {
-			continue
-		}
-		ov := other.view()
-		for _, mt := range ov.sb.VolumeMounts {
-			for _, p := range paths {
-				if mt.VolumeID == mounted[p].VolumeID {
-					return nil, nil, fmt.Errorf("%w: volume %s is mounted by sandbox %s as well: a copy is made of a volume only its fork's parent mounts",
-						node.ErrConflict, mounted[p].Name, other.id)
-				}
-			}
+	if !m.cfg.Volumes.Pooled() {
+		if name, other := m.mountedBy(e, mounted, paths); other != "" {
+			return nil, nil, fmt.Errorf("%w: volume %s is mounted by sandbox %s as well: a copy is made of a volume only its fork's parent mounts",
+				node.ErrConflict, name, other)
 		}
 	}
 	opCtx, done := e.opContext(ctx)
@@ -459,16 +451,10 @@ func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template,
 	}
 	if !m.cfg.Volumes.Pooled() {
 		// Refused with the sandbox named; the freeze checks again.
-		for _, other := range m.entries() {
-			for _, mt := range other.view().sb.VolumeMounts {
-				for _, p := range paths {
-					if mt.VolumeID == mounted[p].VolumeID {
-						return nil, fmt.Errorf("%w: volume %s is mounted by sandbox %s: a fork of a snapshot copies a volume "+
-							"no sandbox mounts (kill or fork that sandbox instead), unless volumes are in a pool (--volume-pool-gb)",
-							node.ErrConflict, mounted[p].Name, other.id)
-					}
-				}
-			}
+		if name, other := m.mountedBy(nil, mounted, paths); other != "" {
+			return nil, fmt.Errorf("%w: volume %s is mounted by sandbox %s: a fork of a snapshot copies a volume "+
+				"no sandbox mounts (kill or fork that sandbox instead), unless volumes are in a pool (--volume-pool-gb)",
+				node.ErrConflict, name, other)
 		}
 	}
 	// A source named by a gateway must be of the snapshot's team, checked
@@ -491,6 +477,26 @@ func (m *Manager) freezeSnapshotCopies(ctx context.Context, tpl *store.Template,
 		frozen[p] = fv
 	}
 	return frozen, nil
+}
+
+// mountedBy names a sandbox other than except (nil: none) that mounts one
+// of the volumes mounted at paths, and that volume's name; "" for none.
+func (m *Manager) mountedBy(except *entry, mounted map[string]store.VolumeMount, paths []string) (volume, sandbox string) {
+	copied := make(map[string]string, len(paths))
+	for _, p := range paths {
+		copied[mounted[p].VolumeID] = mounted[p].Name
+	}
+	for _, other := range m.entries() {
+		if other == except {
+			continue
+		}
+		for _, mt := range other.view().sb.VolumeMounts {
+			if name, ok := copied[mt.VolumeID]; ok {
+				return name, other.id
+			}
+		}
+	}
+	return "", ""
 }
 
 // cloneVolumes gives child, about to be launched, its copies of the

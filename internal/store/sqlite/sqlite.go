@@ -650,13 +650,11 @@ func snapshotRoom(ctx context.Context, q interface {
 		return err
 	}
 	if replaces != "" && replaced > 0 {
-		if bytes <= replacedBytes {
-			return nil // one for one, no larger: the team keeps no more than before
-		}
-		// One for one in count: only the bytes it adds are judged.
-		lim.MaxSnapshots, held, heldBytes = 0, held-1, heldBytes-replacedBytes
+		err = lim.SnapshotReplacementRoom(heldBytes, replacedBytes, bytes)
+	} else {
+		err = lim.SnapshotRoom(held, heldBytes, bytes)
 	}
-	if err := lim.SnapshotRoom(held, heldBytes, bytes); err != nil {
+	if err != nil {
 		return fmt.Errorf("%v: %w", err, store.ErrLimit)
 	}
 	return nil
