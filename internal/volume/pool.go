@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/mountinfo"
 	"golang.org/x/sys/unix"
@@ -298,15 +299,43 @@ func mountedSource(dir string) (string, bool, error) {
 // closePool unmounts the pool at dir; its loop device detaches itself.
 // A pool something still uses is detached lazily.
 func closePool(ctx context.Context, dir string, logger *slog.Logger) {
+	dev := ""
 	for {
-		if _, ok, _ := mountedSource(dir); !ok {
-			return
+		src, ok, _ := mountedSource(dir)
+		if !ok {
+			break
 		}
+		dev = src
 		if err := unix.Unmount(dir, 0); err != nil {
 			logger.WarnContext(ctx, "unmount the volume pool: detached lazily", "dir", dir, "err", err)
 			unix.Unmount(dir, unix.MNT_DETACH)
 			return
 		}
+	}
+	waitLoopCleared(ctx, dev, logger)
+}
+
+// loopClearWait bounds the wait for a loop device to let go of its
+// backing file after the last unmount.
+const loopClearWait = 10 * time.Second
+
+// waitLoopCleared waits until loop device dev ("" or not a loop device:
+// nothing to wait for) has let go of its backing file. The kernel clears
+// an autoclear device asynchronously after its last unmount, so a process
+// starting again, or a test looking, right after could find it attached.
+func waitLoopCleared(ctx context.Context, dev string, logger *slog.Logger) {
+	backing := loopBacking(dev)
+	if backing == "" {
+		return
+	}
+	deadline := time.Now().Add(loopClearWait)
+	// Until it backs nothing, or another file (the device taken again).
+	for loopBacking(dev) == backing {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			logger.WarnContext(ctx, "volume pool: its loop device is still attached after the unmount", "device", dev)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
