@@ -91,11 +91,16 @@ func run() error {
 	return nil
 }
 
+// nodePackages are what the node image adds to a minbase Debian:
+// debootstrap and its keyring (the node builds its base template with
+// them), CA certificates, and btrfs-progs (mkfs.btrfs makes the volume
+// pool, --volume-pool-gb).
+const nodePackages = "ca-certificates,debootstrap,debian-archive-keyring,btrfs-progs"
+
 // nodeBase returns a Debian made by debootstrap for the node image, made
-// once per suite and mirror: minbase with debootstrap (the node builds
-// its base template with it), its keyring and CA certificates.
+// once per suite, mirror and package list.
 func nodeBase(ctx context.Context, cacheDir, suite, mirror string) (string, error) {
-	mirrorKey := sha256.Sum256([]byte(mirror))
+	mirrorKey := sha256.Sum256([]byte(mirror + "\n" + nodePackages))
 	dir := filepath.Join(cacheDir, fmt.Sprintf("node-base-%s-%x", suite, mirrorKey[:4]))
 	if _, err := os.Stat(filepath.Join(dir, "etc", "os-release")); err == nil {
 		return dir, nil
@@ -108,7 +113,7 @@ func nodeBase(ctx context.Context, cacheDir, suite, mirror string) (string, erro
 		return "", err
 	}
 	cmd := exec.CommandContext(ctx, "debootstrap", "--variant=minbase",
-		"--include=ca-certificates,debootstrap,debian-archive-keyring", suite, tmp, mirror)
+		"--include="+nodePackages, suite, tmp, mirror)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("debootstrap: %w", err)

@@ -86,6 +86,15 @@ func (n *catalogNode) GetTemplate(_ context.Context, idOrName string) (*store.Te
 	return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
 }
 
+func (n *catalogNode) TemplateNamed(_ context.Context, name string) (*store.Template, error) {
+	for _, t := range n.templates {
+		if t.Name == name {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, name)
+}
+
 func (n *catalogNode) ListTemplates(context.Context) ([]*store.Template, error) {
 	return n.templates, nil
 }

@@ -34,6 +34,9 @@ func (c downCatalog) List(context.Context, store.SandboxFilter) ([]*store.Sandbo
 func (c downCatalog) GetTemplate(context.Context, string) (*store.Template, error) {
 	return nil, c.err("get template")
 }
+func (c downCatalog) TemplateNamed(context.Context, string) (*store.Template, error) {
+	return nil, c.err("get template")
+}
 func (c downCatalog) ListTemplates(context.Context) ([]*store.Template, error) {
 	return nil, c.err("list templates")
 }

@@ -29,7 +29,14 @@ func (s *Server) buildImageTemplate(w http.ResponseWriter, r *http.Request, ref,
 	if err := template.CheckName(name); err != nil {
 		return badRequest(err.Error())
 	}
-	if _, err := s.sandboxes.GetTemplate(r.Context(), name); err == nil {
+	// A template this node finds by the name (or ID), or any node's
+	// record of a team's name, uploaded or not: a team's names are the
+	// cluster's.
+	_, err = s.sandboxes.GetTemplate(r.Context(), name)
+	if err != nil {
+		_, err = s.sandboxes.TemplateNamed(r.Context(), name)
+	}
+	if err == nil {
 		return &apiError{http.StatusConflict, fmt.Sprintf("a template named %q exists", name)}
 	}
 

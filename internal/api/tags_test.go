@@ -36,6 +36,15 @@ func (n templatesNode) GetTemplate(_ context.Context, idOrName string) (*store.T
 	return nil, fmt.Errorf("%w: template %s", node.ErrNotFound, idOrName)
 }
 
+func (n templatesNode) TemplateNamed(_ context.Context, name string) (*store.Template, error) {
+	for _, t := range n.templates {
+		if t.Name == name {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: template %s", node.ErrNotFound, name)
+}
+
 func tagServer(t *testing.T, n node.Node) *httptest.Server {
 	t.Helper()
 	dir := t.TempDir()

@@ -200,8 +200,9 @@ func (s *Server) usableTemplate(ctx context.Context, p auth.Principal, idOrName 
 }
 
 // nameFree refuses a name for a new template or snapshot when another
-// team's template or build has it: names are one namespace per node, and
-// a name must not let one team replace or learn of another's template.
+// team's template or build has it: a team's names are one namespace
+// across the cluster (public ones, as "base", are each node's), and a name
+// must not let one team replace or learn of another's template.
 // The build service's own names are no one else's (build.ReservedName).
 func (s *Server) nameFree(ctx context.Context, p auth.Principal, name string) error {
 	if name == "" {
@@ -221,7 +222,7 @@ func (s *Server) nameFree(ctx context.Context, p auth.Principal, name string) er
 			return errdefs.Errorf(errdefs.ErrConflict, "template name %q is taken", name)
 		}
 	}
-	t, err := s.catalog.GetTemplate(ctx, name)
+	t, err := s.catalog.TemplateNamed(ctx, name)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
 		return nil

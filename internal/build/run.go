@@ -128,6 +128,10 @@ func home(user string) string {
 
 // execute runs the build; its template is replaced only when all went well.
 func (s *Service) execute(ctx context.Context, b *build, spec Spec, base Base) error {
+	// A name the build could not take fails it now, not after its steps.
+	if _, err := s.replaced(ctx, b, stepBase); err != nil {
+		return err
+	}
 	baseName := base.Template
 	if base.Image != "" {
 		name, err := s.pullBase(ctx, b, base.Image, spec.Force)
@@ -477,15 +481,9 @@ func (s *Service) finalize(ctx context.Context, b *build, envd *envdclient.Clien
 // stays until the new checkpoint exists.
 func (s *Service) replace(ctx context.Context, b *build, sandboxID string, st *state) (*store.Template, error) {
 	b.log("info", stepFinalize, "Snapshotting the template")
-	old, err := s.node.GetTemplate(ctx, b.templateID)
-	if err != nil && !errors.Is(err, node.ErrNotFound) {
+	old, err := s.replaced(ctx, b, stepFinalize)
+	if err != nil {
 		return nil, err
-	}
-	if old != nil && !b.mayReplace(old.TeamID) {
-		return nil, failStep(stepFinalize, "template name %q is taken", b.templateID)
-	}
-	if old != nil && old.Kind != store.KindSandboxTemplate {
-		return nil, failStep(stepFinalize, "%q names a %s template that builds do not replace", b.templateID, old.Kind)
 	}
 	tpl, err := s.node.Snapshot(ctx, node.SnapshotRequest{SandboxID: sandboxID, Name: b.templateID,
 		Kind: store.KindSandboxTemplate, DefaultUser: st.user, DefaultWorkdir: st.workdir, Replace: old != nil})
@@ -493,6 +491,37 @@ func (s *Service) replace(ctx context.Context, b *build, sandboxID string, st *s
 		return nil, fmt.Errorf("snapshot: %w", err)
 	}
 	return tpl, nil
+}
+
+// replaced is the template b's build replaces (nil: the name is free),
+// or, as a failure of step, why the build may not take the name: another
+// team's, a template builds do not replace, or another node's not in the
+// object store yet (a team's names are the cluster's; that node's files
+// are its alone until uploaded).
+func (s *Service) replaced(ctx context.Context, b *build, step string) (*store.Template, error) {
+	old, err := s.node.TemplateNamed(ctx, b.templateID)
+	switch {
+	case errors.Is(err, node.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case !b.mayReplace(old.TeamID):
+		return nil, failStep(step, "template name %q is taken", b.templateID)
+	case old.TeamID != b.team:
+		return nil, failStep(step, "template %q is team %s's: a build replaces only its own team's templates "+
+			"(build it with a key of that team)", b.templateID, old.TeamID)
+	case old.Kind != store.KindSandboxTemplate:
+		return nil, failStep(step, "%q names a %s template that builds do not replace", b.templateID, old.Kind)
+	}
+	// This node's own, or one in the object store: what the node can
+	// find it by (GetTemplate) it can replace.
+	if _, err := s.node.GetTemplate(ctx, old.ID); errors.Is(err, node.ErrNotFound) {
+		return nil, failStep(step, "template %q is node %s's and not in the object store yet: "+
+			"rebuild it once it is uploaded", b.templateID, old.NodeID)
+	} else if err != nil {
+		return nil, err
+	}
+	return old, nil
 }
 
 func (s *Service) dropTemplate(ctx context.Context, id string) {

@@ -87,6 +87,18 @@ func (c *catalog) GetTemplate(ctx context.Context, idOrName string) (*store.Temp
 	return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
 }
 
+// TemplateNamed finds any node's team template named name (a team's
+// names are the cluster's; public ones are each node's, and a gateway
+// makes none).
+func (c *catalog) TemplateNamed(ctx context.Context, name string) (*store.Template, error) {
+	c.g.queries.Add(1)
+	t, err := c.g.db.TemplateNamed(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, name)
+	}
+	return t, err
+}
+
 // ListTemplates lists each name once (the oldest copy), leaving out
 // records of nodes no longer in the cluster (unless in the object store).
 func (c *catalog) ListTemplates(ctx context.Context) ([]*store.Template, error) {

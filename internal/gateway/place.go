@@ -96,12 +96,25 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.databaseDown(w, r, err)
 		return
 	}
+	// Another team's template is not there for the caller: answered here,
+	// not by a node, so that no refusal for room or reach tells of it. (A
+	// team's name has one record in the cluster; public ones one per
+	// node.) The cache may hold a name that has passed to the caller's
+	// team since: read again before refusing.
+	if usable := usableCopies(r, copies); len(usable) < len(copies) {
+		if copies, err = g.templateCopies(r.Context(), lookup, true); err != nil {
+			g.forget(r, run)
+			g.databaseDown(w, r, err)
+			return
+		}
+		copies = usableCopies(r, copies)
+	}
 	if len(copies) == 0 && !builtIn {
 		g.forget(r, run)
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", tpl))
 		return
 	}
-	if teamMB, vcpus := sizeOf(r, &req, copies); !g.teamRoom(w, r, teamMB, vcpus) {
+	if teamMB, vcpus := sizeOf(&req, copies); !g.teamRoom(w, r, teamMB, vcpus) {
 		g.forget(r, run)
 		return
 	}
@@ -124,10 +137,10 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(req.VolumeMounts) > 0 {
 		// Volumes are their node's directories: the sandbox goes there.
-		// Volumes move only for a create the node will take: a template
-		// the caller may use (the mounts' paths are checked there).
-		usable := builtIn || (len(copies) > 0 && callerOf(r).Uses(copies[0].TeamID))
-		keeper, err := g.volumesNode(r, req.VolumeMounts, order, usable)
+		// Volumes move only for a create the node will take: its
+		// template is the caller's to use (above; the mounts' paths are
+		// checked in volumesNode).
+		keeper, err := g.volumesNode(r, req.VolumeMounts, order)
 		if err != nil {
 			g.forget(r, run)
 			api.WriteError(w, r, g.logger, err)
@@ -162,22 +175,36 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.forget(r, run)
 		g.refuse(w, r, errdefs.ErrUnavailable, "no node could take the sandbox; last: "+last)
 	default:
+		if resp.StatusCode == http.StatusNotFound {
+			// The node lacks the template the cache said it has (deleted,
+			// or replaced from another node): the next create reads again.
+			g.templates.forget(lookup)
+		}
 		if !g.relay(w, r, resp, n.ID) {
 			g.unknownOutcome(r, run) // the answer was cut: ask the node again
 		}
 	}
 }
 
+// usableCopies are the copies of a template the caller of r may use, in
+// a slice of their own (copies may be the cache's).
+func usableCopies(r *http.Request, copies []*store.Template) []*store.Template {
+	p := callerOf(r)
+	out := make([]*store.Template, 0, len(copies))
+	for _, t := range copies {
+		if p.Uses(t.TeamID) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
 // sizeOf is the memory and vCPUs a node gives the sandbox req asks for,
-// as far as the gateway can tell (0: not known). A template the caller may
-// not use is not looked at: the node refuses it, and a refusal for the
-// team's limit must not tell its size.
-func sizeOf(r *http.Request, req *wire.NewSandbox, copies []*store.Template) (memoryMB, vcpus int) {
+// as far as the gateway can tell (0: not known), from copies of its
+// template the caller may use (usableCopies).
+func sizeOf(req *wire.NewSandbox, copies []*store.Template) (memoryMB, vcpus int) {
 	var tpl *store.Template
 	if len(copies) > 0 {
-		if !callerOf(r).Uses(copies[0].TeamID) {
-			return 0, 0
-		}
 		tpl = copies[0]
 	}
 	return tpl.SizeFor(req.MemoryMB, cmp.Or(req.Vcpu, req.CpuCount))
@@ -922,14 +949,13 @@ var _ node.Catalog = (*catalog)(nil)
 // sandbox mounts only what its node keeps. order is the nodes that can
 // take the sandbox, best first.
 //
-// With MoveVolumes (and mayMove: a create the node will take), volumes
-// that nothing mounts move to where the sandbox can go when their own
+// With MoveVolumes, volumes that nothing mounts move to where the sandbox can go when their own
 // node cannot take it (drained, full, without the template) or they are
 // on several nodes: to the node of order that keeps the most of them
 // (then the most bytes, then by ID), else to the first of order. A
 // volume another sandbox mounts stays where it is; its node is then
 // tried as the target instead.
-func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount, order []*nodeState, mayMove bool) (string, error) {
+func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount, order []*nodeState) (string, error) {
 	p := callerOf(r)
 	var vols []*store.Volume
 	keepers := map[string]bool{}
@@ -953,7 +979,7 @@ func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount,
 	if _, err := volume.CheckMountPaths(paths); err != nil {
 		return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "volumeMounts: %v", err)
 	}
-	moves := g.cfg.MoveVolumes && mayMove && len(order) > 0
+	moves := g.cfg.MoveVolumes && len(order) > 0
 	if len(keepers) == 1 && (!moves || slices.ContainsFunc(order, func(n *nodeState) bool { return keepers[n.ID] })) {
 		return vols[0].NodeID, nil
 	}

@@ -25,6 +25,8 @@ type Store interface {
 	GetSandbox(ctx context.Context, id string) (*store.Sandbox, error)
 	ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	TemplateCopies(ctx context.Context, idOrName string) ([]*store.Template, error)
+	// TemplateNamed finds any node's team template named name.
+	TemplateNamed(ctx context.Context, name string) (*store.Template, error)
 	ListTemplates(ctx context.Context) ([]*store.Template, error)
 	ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error)
 	DeleteTemplate(ctx context.Context, id string) error

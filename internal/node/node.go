@@ -62,6 +62,11 @@ type Catalog interface {
 	SandboxTeam(ctx context.Context, id string) (string, error)
 	List(ctx context.Context, f store.SandboxFilter) ([]*store.Sandbox, error)
 	GetTemplate(ctx context.Context, idOrName string) (*store.Template, error)
+	// TemplateNamed finds the template a new one named name would
+	// conflict with: the node's own of that name, or any node's team
+	// template (a team's names are one namespace across a cluster, shared
+	// or not; public ones, as "base", are each node's).
+	TemplateNamed(ctx context.Context, name string) (*store.Template, error)
 	ListTemplates(ctx context.Context) ([]*store.Template, error)
 	// ListSnapshots pages through snapshots, newest first.
 	ListSnapshots(ctx context.Context, f store.SnapshotFilter) ([]*store.Template, error)

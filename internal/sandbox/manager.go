@@ -45,6 +45,9 @@ type Config struct {
 	// (see PinEnvd); EnvdPath is one of them. "": envd is not pinned.
 	EnvdDir   string
 	ImagesDir string // checkpoint images (snapshots, paused-to-disk, fork)
+	// NodeID is this node's in a cluster ("" on a single server): records
+	// of other nodes are theirs to remove files of.
+	NodeID string
 	// PauseToDiskAfter is how long a sandbox stays paused in memory before
 	// it is checkpointed to disk and its memory released; 0 = never.
 	PauseToDiskAfter time.Duration

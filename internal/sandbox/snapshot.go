@@ -108,7 +108,17 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		}
 		return nil, storeError("record snapshot", err)
 	}
-	if old != nil {
+	switch {
+	case old != nil && old.NodeID != m.cfg.NodeID:
+		// Another node's, in the object store: the upload of this one (or
+		// the collector, for one kept here) removes its objects; that
+		// node's copy of its files goes with its next start.
+		if !shared && m.cfg.Shared != nil {
+			m.cfg.Shared.Delete(ctx, old)
+		}
+		m.logger.InfoContext(ctx, "template replaced", "template", old.ID, "name", old.Name, "by", tpl.ID,
+			"node", old.NodeID)
+	case old != nil:
 		if shared {
 			// Its objects stay until the new image is up: the new one
 			// shares their pages (the next step of a trajectory).
@@ -133,14 +143,32 @@ func (m *Manager) replaced(ctx context.Context, req node.SnapshotRequest) (*stor
 	if req.Name == "" {
 		return nil, nil
 	}
-	old, err := m.store.GetTemplate(ctx, req.Name)
+	old, err := m.store.TemplateNamed(ctx, req.Name)
 	if err != nil {
 		return nil, nil
 	}
-	if !req.Replace || old.ImageDir == "" {
-		return nil, fmt.Errorf("%w: a template named %q exists", node.ErrConflict, req.Name)
+	team, err := m.SandboxTeam(ctx, req.SandboxID)
+	if err != nil {
+		return nil, nil // the snapshot's own lookup of the sandbox says so
+	}
+	if err := ReplaceableBy(old, req.Replace, team, m.cfg.NodeID); err != nil {
+		return nil, err
 	}
 	return old, nil
+}
+
+// ReplaceableBy says, with ErrConflict, why a new template of team on
+// node may not take the name of old (a template that holds it): the
+// caller did not ask to replace it, or it is not store.Replaceable.
+func ReplaceableBy(old *store.Template, replace bool, team, nodeID string) error {
+	switch {
+	case !replace || old.ImageDir == "" || old.TeamID != team:
+		return fmt.Errorf("%w: a template named %q exists", node.ErrConflict, old.Name)
+	case !store.Replaceable(old, team, nodeID):
+		return fmt.Errorf("%w: the template named %q is node %s's and not in the object store yet; "+
+			"replace it there, or once it is uploaded", node.ErrConflict, old.Name, old.NodeID)
+	}
+	return nil
 }
 
 func firstSet(a, b string) string {
@@ -210,6 +238,17 @@ func (m *Manager) share(ctx context.Context, tpl *store.Template, origin string,
 	}
 	m.cfg.Shared.Upload(tpl, origin, replaces)
 	m.logger.InfoContext(ctx, "template queued for upload", "template", tpl.ID, "rootfs", tpl.RootfsID)
+}
+
+// TemplateNamed finds the template a new one of this node named name
+// would conflict with (store.Store.TemplateNamed): any node's team
+// template, uploaded or not.
+func (m *Manager) TemplateNamed(ctx context.Context, name string) (*store.Template, error) {
+	t, err := m.store.TemplateNamed(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, name)
+	}
+	return t, err
 }
 
 // ListTemplates returns every template, snapshots included.

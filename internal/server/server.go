@@ -285,6 +285,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		EnvdPath:         envdPath,
 		EnvdDir:          envdDir,
 		ImagesDir:        filepath.Join(cfg.DataDir, "images"),
+		NodeID:           member.nodeID(),
 		PauseToDiskAfter: config.Seconds(cfg.PauseToDiskAfterSecs),
 		MaxForkCount:     cfg.MaxForkCount,
 		ForkParallelism:  cfg.ForkParallelism,

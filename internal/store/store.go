@@ -502,6 +502,16 @@ func CountsAsSnapshot(kind TemplateKind) bool {
 // their ID as name).
 func (t *Template) Named() bool { return t.Name != t.ID }
 
+// Replaceable reports whether a new template of team, on node, may take
+// t's name (ReplaceTemplate): t is a checkpoint template (one that owns
+// its root filesystem is not) of the same team (a name that passed to
+// another team since the caller looked is not the caller's to replace),
+// and another node's only once in the object store, where every node
+// reaches its files (a record of files only that node has would be lost).
+func Replaceable(t *Template, team, node string) bool {
+	return t.ImageDir != "" && t.TeamID == team && (t.NodeID == node || t.Upload == UploadUploaded)
+}
+
 // RefKind is what holds, or is held by, a reference.
 type RefKind string
 
@@ -650,9 +660,16 @@ type Store interface {
 	// deletes the checkpoint template (snapshot kinds) holding t's name,
 	// if any, and returns it: the name passes from one to the other with
 	// no moment without either, and the root filesystem they share stays
-	// referenced. ErrConflict when the name is a template's that owns its
-	// root filesystem.
+	// referenced. The template replaced may be another node's (a team's
+	// names are the cluster's) when it is uploaded. ErrConflict when the
+	// name is a template's that is not Replaceable.
 	ReplaceTemplate(ctx context.Context, t *Template) (*Template, error)
+	// TemplateNamed finds the record a new one of this store's node
+	// named name would conflict with: this node's of that name, else any
+	// node's team template of it. A team's template names are one
+	// namespace across the cluster, as on a single server; public ones
+	// (as "base") are each node's own. ErrNotFound when the name is free.
+	TemplateNamed(ctx context.Context, name string) (*Template, error)
 
 	Close() error
 }

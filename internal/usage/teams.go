@@ -117,14 +117,39 @@ func (h *History) accountStorage(ctx context.Context, now time.Time) {
 		counted = h.cfg.FlushEvery
 	}
 	h.storedAt = now
-	day := now.UTC().Format(DayLayout)
+	days := daysOf(now.Add(-counted), now)
 	for team, bytes := range stored {
 		if bytes <= 0 || team == "" {
 			continue // "": the public templates', no team's
 		}
-		d := h.pendingDay(teamDay{team, day})
-		d.StoredMBSeconds += float64(bytes) / (1 << 20) * counted.Seconds()
+		for _, part := range days {
+			d := h.pendingDay(teamDay{team, part.day})
+			d.StoredMBSeconds += float64(bytes) / (1 << 20) * part.length.Seconds()
+		}
 	}
+}
+
+// dayPart is the part of an interval that falls on one day (UTC).
+type dayPart struct {
+	day    string
+	length time.Duration
+}
+
+// daysOf cuts the interval from start to end at each midnight (UTC), so
+// that an interval across one counts to both days.
+func daysOf(start, end time.Time) []dayPart {
+	start, end = start.UTC(), end.UTC()
+	var out []dayPart
+	for start.Before(end) {
+		y, m, d := start.Date()
+		next := time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC)
+		if next.After(end) {
+			next = end
+		}
+		out = append(out, dayPart{day: start.Format(DayLayout), length: next.Sub(start)})
+		start = next
+	}
+	return out
 }
 
 // pendingDay is the totals not yet written of k, made if need be; h.mu

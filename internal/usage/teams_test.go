@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -143,14 +144,40 @@ func TestTeamStorage(t *testing.T) {
 	if got := ledger.get("lab-b", t0); got != (TeamDay{}) {
 		t.Errorf("lab-b, storing nothing: %+v, want no row", got)
 	}
-	// The next day's account goes to the next day.
+	// An interval across midnight counts to each day its part.
 	fail = nil
 	next := time.Date(2026, 12, 2, 0, 0, 5, 0, time.UTC)
-	h.accountStorage(ctx, next) // a gap again: 10 s
+	h.accountStorage(ctx, next) // a gap again: 10 s, 5 of them on the first day
 	if err := h.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := ledger.get("lab-a", next); !near(got.StoredMBSeconds, 20) {
-		t.Errorf("lab-a on the next day: %+v, want 20 MiB·s", got)
+	if got := ledger.get("lab-a", next); !near(got.StoredMBSeconds, 10) {
+		t.Errorf("lab-a on the next day: %+v, want 10 MiB·s", got)
+	}
+	if got := ledger.get("lab-a", t0); !near(got.StoredMBSeconds, 80) {
+		t.Errorf("lab-a on the first day: %+v, want 80 MiB·s", got)
+	}
+}
+
+func TestDaysOf(t *testing.T) {
+	at := func(day, h, m, s int) time.Time { return time.Date(2026, 12, day, h, m, s, 0, time.UTC) }
+	for _, tc := range []struct {
+		name       string
+		start, end time.Time
+		want       []dayPart
+	}{
+		{"within a day", at(1, 10, 0, 0), at(1, 10, 0, 10), []dayPart{{"2026-12-01", 10 * time.Second}}},
+		{"across midnight", at(1, 23, 59, 55), at(2, 0, 0, 5),
+			[]dayPart{{"2026-12-01", 5 * time.Second}, {"2026-12-02", 5 * time.Second}}},
+		{"ending at midnight", at(1, 23, 59, 50), at(2, 0, 0, 0), []dayPart{{"2026-12-01", 10 * time.Second}}},
+		{"over a whole day", at(1, 23, 0, 0), at(3, 1, 0, 0),
+			[]dayPart{{"2026-12-01", time.Hour}, {"2026-12-02", 24 * time.Hour}, {"2026-12-03", time.Hour}}},
+		{"in another zone", at(1, 23, 59, 58).In(time.FixedZone("UTC+5", 5*3600)), at(2, 0, 0, 1),
+			[]dayPart{{"2026-12-01", 2 * time.Second}, {"2026-12-02", time.Second}}},
+		{"empty", at(1, 10, 0, 0), at(1, 10, 0, 0), nil},
+	} {
+		if got := daysOf(tc.start, tc.end); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

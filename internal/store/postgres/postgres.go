@@ -229,8 +229,8 @@ func readTeamLocked(ctx context.Context, tx pgx.Tx, team, query string, scan fun
 // checkSnapshotLimit refuses, with ErrLimit, a new snapshot or template of
 // a sandbox that would take its team past its MaxSnapshots or
 // MaxSnapshotMB, cluster-wide. An update of a record already kept is not
-// a new one, nor is the record replacing this node's one named replaces
-// ("" for none), which takes its place (if it is no larger). The row of a
+// a new one, nor is the record replacing the team's one named replaces
+// ("" for none; on any node), which takes its place (if it is no larger). The row of a
 // team with a limit is locked until tx ends, so that two nodes' records
 // never pass the count together; callers take it before any other lock,
 // as creates do.
@@ -239,7 +239,7 @@ func (s *Store) checkSnapshotLimit(ctx context.Context, tx pgx.Tx, t *store.Temp
 	if t.TeamID == "" || !store.CountsAsSnapshot(kind) {
 		return nil
 	}
-	return snapshotRoom(ctx, tx, t.TeamID, roomCheck{lock: true, id: t.ID, replaces: replaces, node: s.node,
+	return snapshotRoom(ctx, tx, t.TeamID, roomCheck{lock: true, id: t.ID, replaces: replaces,
 		bytes: t.ImageStats.Bytes})
 }
 
@@ -260,12 +260,12 @@ func (s *Store) SnapshotRoom(ctx context.Context, team string) error {
 // roomCheck is what snapshotRoom is asked: whether to lock the team's row
 // (in a transaction), the record to make room for ("" for one not named
 // yet; none is needed if it exists) and its bytes (0: not known yet), and
-// node's record named replaces ("" for none): a replacement of the team's
-// own, no larger, needs no room.
+// the team's record named replaces ("" for none): a replacement of the
+// team's own, no larger, needs no room.
 type roomCheck struct {
-	lock               bool
-	id, replaces, node string
-	bytes              int64
+	lock         bool
+	id, replaces string
+	bytes        int64
 }
 
 // snapshotRoom judges team's MaxSnapshots and MaxSnapshotMB by what it
@@ -292,11 +292,13 @@ func snapshotRoom(ctx context.Context, q interface {
 	}
 	var held, replaced int
 	var heldBytes, replacedBytes int64
-	if err := q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE name = $4 AND node_id = $5),
+	// A team's names are the cluster's: the record replaced may be
+	// another node's.
+	if err := q.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE name = $4),
 		coalesce(sum(image_bytes), 0)::bigint,
-		coalesce(sum(image_bytes) FILTER (WHERE name = $4 AND node_id = $5), 0)::bigint
+		coalesce(sum(image_bytes) FILTER (WHERE name = $4), 0)::bigint
 		FROM templates WHERE team_id = $1 AND kind IN ($2, $3)`, team, string(store.KindSnapshot),
-		string(store.KindSandboxTemplate), c.replaces, c.node).Scan(&held, &replaced, &heldBytes, &replacedBytes); err != nil {
+		string(store.KindSandboxTemplate), c.replaces).Scan(&held, &replaced, &heldBytes, &replacedBytes); err != nil {
 		return err
 	}
 	if c.replaces != "" && replaced > 0 {
@@ -575,21 +577,23 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 			return err
 		}
 		// Replaces of one name run one after the other, each seeing what
-		// the one before put.
+		// the one before put: a team's name across the cluster, a public
+		// one on this node.
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`,
-			"template name\n"+s.node+"\n"+t.Name); err != nil {
+			nameLock(s.node, t)); err != nil {
 			return err
 		}
 		if err := lockRootfs(ctx, tx, s.node, t.RootfsPath); err != nil {
 			return err
 		}
 		prev, err := scanTemplate(s.box, tx.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates
-			WHERE name = $1 AND id <> $2 AND node_id = $3`, t.Name, t.ID, s.node))
+			WHERE name = $1 AND id <> $2 AND (node_id = $3 OR ($4 AND team_id <> ''))
+			ORDER BY node_id = $3 DESC LIMIT 1`, t.Name, t.ID, s.node, t.TeamID != ""))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
 			return err
-		case prev.ImageDir == "":
+		case !store.Replaceable(prev, t.TeamID, s.node):
 			return store.ErrConflict
 		default:
 			if _, err := tx.Exec(ctx, `DELETE FROM templates WHERE id = $1`, prev.ID); err != nil {
@@ -609,6 +613,31 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 		return nil, err
 	}
 	return old, nil
+}
+
+// nameLock is the advisory lock that orders replacements of t's name: a
+// team's names are the cluster's, a public one (as "base") each node's.
+func nameLock(node string, t *store.Template) string {
+	if t.TeamID != "" {
+		return "template name\n" + t.Name
+	}
+	return "template name\n" + node + "\n" + t.Name
+}
+
+// TemplateNamed finds the record a new one of this node named name would
+// conflict with: this node's of that name, else any node's team template
+// of it (teams' names are the cluster's).
+func (s *Store) TemplateNamed(ctx context.Context, name string) (*store.Template, error) {
+	row := s.pool.QueryRow(ctx, `SELECT `+templateColumns+` FROM templates
+		WHERE name = $1 AND (node_id = $2 OR team_id <> '') ORDER BY node_id = $2 DESC LIMIT 1`, name, s.node)
+	t, err := scanTemplate(s.box, row)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, dbError("template named %s: %w", name, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, dbError("template named %s: %w", name, err)
+	}
+	return t, nil
 }
 
 func (s *Store) SetTemplateUpload(ctx context.Context, id string, state store.UploadState, msg string,

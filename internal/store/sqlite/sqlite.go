@@ -707,7 +707,7 @@ func (s *Store) ReplaceTemplate(ctx context.Context, t *store.Template) (*store.
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return err
-		case prev.ImageDir == "":
+		case !store.Replaceable(prev, t.TeamID, ""):
 			return store.ErrConflict
 		default:
 			if _, err := tx.ExecContext(ctx, `DELETE FROM templates WHERE id = ?`, prev.ID); err != nil {
@@ -753,6 +753,20 @@ func (s *Store) GetTemplate(ctx context.Context, idOrName string) (*store.Templa
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get template %s: %w", idOrName, err)
+	}
+	return t, nil
+}
+
+// TemplateNamed finds the template named name: a single server's names
+// are one namespace.
+func (s *Store) TemplateNamed(ctx context.Context, name string) (*store.Template, error) {
+	row := s.db.QueryRowContext(ctx, `SELECT `+templateColumns+` FROM templates WHERE name = ?`, name)
+	t, err := scanTemplate(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("template named %s: %w", name, store.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("template named %s: %w", name, err)
 	}
 	return t, nil
 }

@@ -371,6 +371,13 @@ func testTemplates(t *testing.T, s store.Store) {
 	if got, err := s.GetTemplate(ctx, "base"); err != nil || got.TeamID != "" {
 		t.Fatalf("a template of no team is public: %+v %v", got, err)
 	}
+	// A name's holder, found by its name only.
+	if got, err := s.TemplateNamed(ctx, "base"); err != nil || got.ID != "t1" {
+		t.Errorf("the template named base: %+v %v", got, err)
+	}
+	if got, err := s.TemplateNamed(ctx, "t1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("TemplateNamed by an ID: %+v %v, want ErrNotFound", got, err)
+	}
 	gotSnap, err := s.GetTemplate(ctx, "s1")
 	if err != nil {
 		t.Fatal(err)
