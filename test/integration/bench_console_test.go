@@ -23,7 +23,9 @@ import (
 //     (the shell, the bundle, who the key is, the first page of the list);
 //   - terminal echo: from a key reaching the page to its echo drawn in the
 //     terminal (the key goes to envd by SendInput, the echo comes back on
-//     the PTY's stream), p50 and p99 of 50 keys.
+//     the PTY's stream), p50 and p99 of 50 keys, and the p50 of its parts
+//     (to the SendInput call, the call, its answer to the echo drawn) by
+//     the browser's resource timing.
 //
 // make bench-console runs it.
 func BenchmarkConsole(b *testing.B) {
@@ -111,7 +113,7 @@ func BenchmarkConsole(b *testing.B) {
 				chromedp.WithPollingTimeout(time.Minute))(ctx, tg)
 			return err
 		})))
-	var echoes []time.Duration
+	var echoes, toCall, call, after []time.Duration
 	for i := range 50 {
 		key := string(rune('a' + i%26))
 		_, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`(() => {
@@ -121,7 +123,16 @@ func BenchmarkConsole(b *testing.B) {
 				let sent = 0;
 				document.addEventListener("keydown", () => { sent = performance.now(); }, {capture: true, once: true});
 				const obs = new MutationObserver(() => {
-					if ((rows.textContent.match(/%[1]s/g) || []).length > before) { obs.disconnect(); resolve(performance.now() - sent); }
+					if ((rows.textContent.match(/%[1]s/g) || []).length > before) {
+						obs.disconnect();
+						const drawn = performance.now();
+						// Where the time went: the key's SendInput call, as
+						// the browser's resource timing saw it.
+						const call = performance.getEntriesByType("resource").filter((e) => e.name.includes("SendInput")).pop();
+						resolve(call && call.startTime >= sent
+							? [drawn - sent, call.startTime - sent, call.responseEnd - call.startTime, drawn - call.responseEnd]
+							: [drawn - sent, -1, -1, -1]);
+					}
 				});
 				obs.observe(rows, {subtree: true, childList: true, characterData: true});
 			});
@@ -131,11 +142,19 @@ func BenchmarkConsole(b *testing.B) {
 			b.Fatal(err)
 		}
 		run("type", typeText(key))
-		ms, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`window.__echo`, chromedp.EvalAwaitPromise))
+		ms, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`window.__echo`, chromedp.EvalAwaitPromise))
 		if err != nil {
 			b.Fatal(err)
 		}
-		echoes = append(echoes, msDuration(ms))
+		echoes = append(echoes, msDuration(ms[0]))
+		if ms[1] >= 0 {
+			toCall, call, after = append(toCall, msDuration(ms[1])), append(call, msDuration(ms[2])), append(after, msDuration(ms[3]))
+		}
+	}
+	if len(call) > 0 {
+		p := func(d []time.Duration) float64 { p50, _ := percentiles(d); return p50 }
+		b.Logf("terminal echo, p50 of its parts (%d keys): keydown to the SendInput call %.1f ms, the call %.1f ms, "+
+			"its answer to the echo drawn %.1f ms", len(call), p(toCall), p(call), p(after))
 	}
 	loadP50, _ := percentiles(loads)
 	echoP50, echoP99 := percentiles(echoes)
