@@ -227,6 +227,10 @@ type Manager struct {
 	// orphans are records a failed create could not delete (disk full);
 	// they are hidden and retried.
 	orphans map[string]bool
+	// recordedImages are the checkpoint images this node's template
+	// records named, at the last sweep or since (sweepGoneImages), and
+	// when they were seen so.
+	recordedImages map[string]time.Time
 	// tally keeps Use, what the live entries hold, under its own lock.
 	tally tally
 

@@ -309,6 +309,7 @@ func (m *Manager) monitor(ctx context.Context) {
 	defer close(m.monitorDone)
 	ticker := time.NewTicker(m.cfg.MonitorInterval)
 	defer ticker.Stop()
+	var swept time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -317,7 +318,70 @@ func (m *Manager) monitor(ctx context.Context) {
 		}
 		m.checkLiveness(ctx)
 		m.pruneDead(ctx)
+		if m.cfg.NodeID != "" && time.Since(swept) >= goneImagesSweep {
+			m.sweepGoneImages(ctx)
+			swept = time.Now()
+		}
 	}
+}
+
+// goneImagesSweep is how often a cluster node looks for template records
+// of its own that went without it (sweepGoneImages).
+const goneImagesSweep = time.Minute
+
+// sweepGoneImages drops the checkpoint images of this node's templates
+// whose records went without this node removing them: another node's
+// snapshot or build that takes over a team's name (names are the
+// cluster's) deletes this node's record, and only this node has the
+// files. Only images a record named before the sweep's read are dropped
+// (seen by the last sweep, or recorded by this node since: noteRecorded),
+// so nothing on its way to a record is touched; an image a restore holds
+// goes when the restore lets it go.
+func (m *Manager) sweepGoneImages(ctx context.Context) {
+	read := time.Now()
+	templates, err := m.store.ListTemplates(ctx)
+	if err != nil {
+		m.logger.WarnContext(ctx, "sweep of replaced templates' images: list templates", "err", err)
+		return
+	}
+	recorded := make(map[string]bool, len(templates))
+	for _, t := range templates {
+		if t.ImageDir != "" {
+			recorded[t.ImageDir] = true
+		}
+	}
+	var gone []string
+	m.mu.Lock()
+	if m.recordedImages == nil {
+		m.recordedImages = map[string]time.Time{}
+	}
+	for dir, at := range m.recordedImages {
+		if !recorded[dir] && at.Before(read) {
+			gone = append(gone, dir)
+			delete(m.recordedImages, dir)
+		}
+	}
+	for dir := range recorded {
+		if _, ok := m.recordedImages[dir]; !ok {
+			m.recordedImages[dir] = read
+		}
+	}
+	m.mu.Unlock()
+	for _, dir := range gone {
+		m.logger.InfoContext(ctx, "removing the image of a template record deleted elsewhere", "dir", dir)
+		m.dropImageOf(ctx, dir)
+	}
+}
+
+// noteRecorded tells the sweep of gone records (sweepGoneImages) that a
+// record of this node names dir now.
+func (m *Manager) noteRecorded(dir string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.recordedImages == nil {
+		m.recordedImages = map[string]time.Time{}
+	}
+	m.recordedImages[dir] = time.Now()
 }
 
 func (m *Manager) checkLiveness(ctx context.Context) {

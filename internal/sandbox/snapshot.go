@@ -108,6 +108,7 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 		}
 		return nil, storeError("record snapshot", err)
 	}
+	m.noteRecorded(dir)
 	switch {
 	case old != nil && old.NodeID != m.cfg.NodeID:
 		// Another node's, in the object store: the upload of this one (or

@@ -3,6 +3,9 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/aenv-dev/aenv/internal/node"
@@ -51,5 +54,47 @@ func TestSnapshotDefaultsAndReplace(t *testing.T) {
 	req.Name = base.Name
 	if _, err := w.m.Snapshot(ctx, req); !errors.Is(err, node.ErrConflict) {
 		t.Fatalf("replace of %s: %v", base.Name, err)
+	}
+}
+
+// A cluster node drops the image of a template whose record another node
+// deleted (a team's name taken over from elsewhere), and nothing that no
+// record named before: an image on its way to a record stays.
+func TestSweepGoneImages(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	sb := w.create()
+	snap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: sb.ID, Name: "app", Kind: store.KindSnapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray := filepath.Join(w.cfg.ImagesDir, "being-taken")
+	if err := os.MkdirAll(stray, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	w.m.sweepGoneImages(ctx)
+	if imgs := w.images(); !slices.Contains(imgs, snap.ID) {
+		t.Fatalf("images %v: the recorded snapshot's went", imgs)
+	}
+	// Another node's replacement deletes this node's record, not its
+	// files: those of one recorded since the last sweep too.
+	later, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: sb.ID, Name: "later", Kind: store.KindSnapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.store.DeleteTemplate(ctx, later.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.store.DeleteTemplate(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	w.m.sweepGoneImages(ctx)
+	if imgs := w.images(); slices.Contains(imgs, snap.ID) || slices.Contains(imgs, later.ID) ||
+		!slices.Contains(imgs, "being-taken") {
+		t.Fatalf("images after the records went: %v, want being-taken only", imgs)
+	}
+	w.m.sweepGoneImages(ctx)
+	if imgs := w.images(); !slices.Contains(imgs, "being-taken") {
+		t.Fatalf("an image no record named was removed: %v", imgs)
 	}
 }

@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -80,6 +83,7 @@ func TestTeamNamesThroughGateways(t *testing.T) {
 			t.Fatalf("build of built (%s): status %s, reason %+v", step, st.Status, st.Reason)
 		}
 	}
+	var firstID string
 	records := func() (out []string) {
 		t.Helper()
 		db, err := postgres.OpenWith(context.Background(), c.dsn, "", postgres.Options{SecretsKey: c.key})
@@ -94,6 +98,9 @@ func TestTeamNamesThroughGateways(t *testing.T) {
 		for _, tpl := range all {
 			if tpl.Name == "built" {
 				out = append(out, tpl.NodeID+":"+string(tpl.Upload))
+				if tpl.NodeID == "node-a" {
+					firstID = tpl.ID
+				}
 			}
 		}
 		return out
@@ -103,6 +110,10 @@ func TestTeamNamesThroughGateways(t *testing.T) {
 		got := records()
 		return len(got) == 1 && got[0] == "node-a:uploaded"
 	})
+	firstImage := filepath.Join(a.dataDir, "images", firstID)
+	if _, err := os.Stat(firstImage); err != nil {
+		t.Fatalf("the first build's image on node-a: %v", err)
+	}
 	if err := g.api.DrainNode(context.Background(), "node-a", true); err != nil {
 		t.Fatal(err)
 	}
@@ -144,4 +155,10 @@ func TestTeamNamesThroughGateways(t *testing.T) {
 		}
 		e.want(204, keyA, "DELETE", "/sandboxes/"+sb.SandboxID, nil)
 	}
+	// node-a's copy of the replaced record's image goes with its next
+	// sweep (a minute apart).
+	waitFor(t, 3*time.Minute, "node-a to remove the replaced record's image", func() bool {
+		_, err := os.Stat(firstImage)
+		return errors.Is(err, os.ErrNotExist)
+	})
 }
