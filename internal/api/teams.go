@@ -225,6 +225,11 @@ func (s *Server) nameFree(ctx context.Context, p auth.Principal, name string) er
 	t, err := s.catalog.TemplateNamed(ctx, name)
 	switch {
 	case errors.Is(err, errdefs.ErrNotFound):
+		// A name that is another template's ID would never find the new
+		// one: lookups take an ID first.
+		if t, err := s.catalog.GetTemplate(ctx, name); err == nil && t.ID == name {
+			return errdefs.Errorf(errdefs.ErrConflict, "template name %q is taken", name)
+		}
 		return nil
 	case err != nil:
 		return err

@@ -507,19 +507,16 @@ func (s *Service) replaced(ctx context.Context, b *build, step string) (*store.T
 		return nil, err
 	case !b.mayReplace(old.TeamID):
 		return nil, failStep(step, "template name %q is taken", b.templateID)
+	case old.TeamID == "":
+		return nil, failStep(step, "%q is a public template's name", b.templateID)
 	case old.TeamID != b.team:
 		return nil, failStep(step, "template %q is team %s's: a build replaces only its own team's templates "+
 			"(build it with a key of that team)", b.templateID, old.TeamID)
 	case old.Kind != store.KindSandboxTemplate:
 		return nil, failStep(step, "%q names a %s template that builds do not replace", b.templateID, old.Kind)
-	}
-	// This node's own, or one in the object store: what the node can
-	// find it by (GetTemplate) it can replace.
-	if _, err := s.node.GetTemplate(ctx, old.ID); errors.Is(err, node.ErrNotFound) {
+	case !store.Replaceable(old, b.team, s.cfg.NodeID):
 		return nil, failStep(step, "template %q is node %s's and not in the object store yet: "+
 			"rebuild it once it is uploaded", b.templateID, old.NodeID)
-	} else if err != nil {
-		return nil, err
 	}
 	return old, nil
 }

@@ -72,6 +72,10 @@ type Config struct {
 	// StepCacheMin is how long a RUN or COPY step must take for its
 	// result to be kept as a snapshot that later builds start from.
 	StepCacheMin time.Duration
+	// NodeID is the node's in a cluster ("" on a single server): a build
+	// replaces another node's template only once it is in the object
+	// store (store.Replaceable).
+	NodeID string
 }
 
 // Service runs builds on a node and remembers their state in memory. A

@@ -90,11 +90,26 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 	if builtIn {
 		lookup = template.CodeInterpreterName // its records bear this name, never the alias
 	}
-	copies, err := g.templateCopies(r.Context(), lookup, false)
+	// A node that lacks the template the cache placed it by (deleted, or
+	// replaced from another node) made nothing: placed again once, by the
+	// records as they are.
+	if g.placeCreate(w, r, run, &req, body, tpl, lookup, builtIn, false) {
+		g.placeCreate(w, r, run, &req, body, tpl, lookup, builtIn, true)
+	}
+}
+
+// placeCreate places the create of req (body as read) on a node by the
+// copies of its template lookup (the cache's unless fresh) and relays the
+// node's answer. It answers nothing and reports true when a node refused
+// with 404 for a template the cache named (fresh unset): the caller places
+// again by fresh records.
+func (g *Gateway) placeCreate(w http.ResponseWriter, r *http.Request, run *sharedRun, req *wire.NewSandbox,
+	body []byte, tpl, lookup string, builtIn, fresh bool) (stale bool) {
+	copies, err := g.templateCopies(r.Context(), lookup, fresh)
 	if err != nil {
 		g.forget(r, run)
 		g.databaseDown(w, r, err)
-		return
+		return false
 	}
 	// Another team's template is not there for the caller: answered here,
 	// not by a node, so that no refusal for room or reach tells of it. (A
@@ -105,18 +120,18 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		if copies, err = g.templateCopies(r.Context(), lookup, true); err != nil {
 			g.forget(r, run)
 			g.databaseDown(w, r, err)
-			return
+			return false
 		}
 		copies = usableCopies(r, copies)
 	}
 	if len(copies) == 0 && !builtIn {
 		g.forget(r, run)
 		g.refuse(w, r, errdefs.ErrNotFound, fmt.Sprintf("template %q not found", tpl))
-		return
+		return false
 	}
-	if teamMB, vcpus := sizeOf(&req, copies); !g.teamRoom(w, r, teamMB, vcpus) {
+	if teamMB, vcpus := sizeOf(req, copies); !g.teamRoom(w, r, teamMB, vcpus) {
 		g.forget(r, run)
-		return
+		return false
 	}
 	// A snapshot with volumes starts where they are.
 	candidates, why := g.holders(r, copies, len(copies) == 0 || len(copies[0].VolumeMounts) == 0)
@@ -144,7 +159,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			g.forget(r, run)
 			api.WriteError(w, r, g.logger, err)
-			return
+			return false
 		}
 		order = slices.DeleteFunc(order, func(n *nodeState) bool { return n.ID != keeper })
 		why = fmt.Sprintf("its volumes are on node %s, which cannot take it now (%s)", keeper, why)
@@ -153,7 +168,7 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.forget(r, run)
 		g.refuse(w, r, errdefs.ErrUnavailable, fmt.Sprintf(
 			"no node can take a sandbox of template %q now (%s); try again later", tpl, why))
-		return
+		return false
 	}
 	var before func(*nodeState) error
 	if run != nil {
@@ -176,14 +191,17 @@ func (g *Gateway) create(w http.ResponseWriter, r *http.Request) {
 		g.refuse(w, r, errdefs.ErrUnavailable, "no node could take the sandbox; last: "+last)
 	default:
 		if resp.StatusCode == http.StatusNotFound {
-			// The node lacks the template the cache said it has (deleted,
-			// or replaced from another node): the next create reads again.
 			g.templates.forget(lookup)
+			if !fresh {
+				resp.Body.Close()
+				return true
+			}
 		}
 		if !g.relay(w, r, resp, n.ID) {
 			g.unknownOutcome(r, run) // the answer was cut: ask the node again
 		}
 	}
+	return false
 }
 
 // usableCopies are the copies of a template the caller of r may use, in

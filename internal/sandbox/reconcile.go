@@ -376,6 +376,9 @@ func (m *Manager) sweepGoneImages(ctx context.Context) {
 // noteRecorded tells the sweep of gone records (sweepGoneImages) that a
 // record of this node names dir now.
 func (m *Manager) noteRecorded(dir string) {
+	if m.cfg.NodeID == "" {
+		return // a single server sweeps nothing: its records go through it
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.recordedImages == nil {

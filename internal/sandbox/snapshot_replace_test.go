@@ -61,7 +61,7 @@ func TestSnapshotDefaultsAndReplace(t *testing.T) {
 // deleted (a team's name taken over from elsewhere), and nothing that no
 // record named before: an image on its way to a record stays.
 func TestSweepGoneImages(t *testing.T) {
-	w := newWorld(t)
+	w := newWorld(t, func(c *Config) { c.NodeID = "node-a" })
 	ctx := context.Background()
 	sb := w.create()
 	snap, err := w.m.Snapshot(ctx, node.SnapshotRequest{SandboxID: sb.ID, Name: "app", Kind: store.KindSnapshot})

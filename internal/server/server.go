@@ -362,7 +362,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	// their grace period still use sandboxes, and that is counted.
 	usageHistory := usage.Start(context.WithoutCancel(ctx), sandboxes,
 		usage.Config{Ledger: ledger, Storage: storedBytes{st, volumes}}, logger.With("component", "usage"))
-	builds, err := newBuilds(cfg, served, logger)
+	builds, err := newBuilds(cfg, served, member.nodeID(), logger)
 	if err != nil {
 		usageHistory.Stop()
 		member.stop()
@@ -565,12 +565,12 @@ func lockDataDir(dir string) (func(), error) {
 
 // newBuilds makes the template build service: COPY archives and the
 // markers of unfinished builds live under the data dir.
-func newBuilds(cfg config.Server, n node.Node, logger *slog.Logger) (*build.Service, error) {
+func newBuilds(cfg config.Server, n node.Node, nodeID string, logger *slog.Logger) (*build.Service, error) {
 	uploads, err := build.NewUploads(filepath.Join(cfg.DataDir, "build-files"), int64(cfg.MaxFileUploadMB)<<20)
 	if err != nil {
 		return nil, err
 	}
-	return build.New(build.Config{}, n, uploads, filepath.Join(cfg.DataDir, "builds"), logger.With("component", "build"))
+	return build.New(build.Config{NodeID: nodeID}, n, uploads, filepath.Join(cfg.DataDir, "builds"), logger.With("component", "build"))
 }
 
 // imageLimits are the default unpack limits with the operator's bound on

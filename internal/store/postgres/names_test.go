@@ -177,6 +177,11 @@ func TestTeamTemplateNamesMigration(t *testing.T) {
 		// ID stays its own.
 		{a, teamSnapshot("x1", "x1", "t1", 60, store.UploadNone)},
 		{b, teamSnapshot("y1", "x1", "t2", 50, store.UploadNone)},
+		// A record to be renamed to its ID, which another record is
+		// named already.
+		{a, teamSnapshot("z1", "dup", "t1", 70, store.UploadNone)},
+		{c, teamSnapshot("z2", "dup", "t1", 80, store.UploadNone)},
+		{c, teamSnapshot("z3", "z1", "t2", 90, store.UploadNone)},
 		{b, &store.Template{ID: "base-b", Name: "base", RootfsPath: "/rootfs/base", CreatedAt: time.Unix(1, 0)}},
 		{c, &store.Template{ID: "base-c", Name: "base", RootfsPath: "/rootfs/base", CreatedAt: time.Unix(2, 0)}},
 	} {
@@ -186,7 +191,8 @@ func TestTeamTemplateNamesMigration(t *testing.T) {
 	}
 	migrated := open(t, dsn)
 	want := map[string]string{"oldest": "oldest", "other-team": "other-team", "newest": "app", "solo": "solo",
-		"base-b": "base", "base-c": "base", "step-b": "app.step-0123456789abcdef0123", "x1": "x1", "y1": "y1"}
+		"base-b": "base", "base-c": "base", "step-b": "app.step-0123456789abcdef0123", "x1": "x1", "y1": "y1",
+		"z1": "renamed-z1", "z2": "dup", "z3": "z1"}
 	for id, name := range want {
 		got, err := migrated.GetTemplate(ctx, id)
 		if err != nil || got.Name != name {
@@ -205,8 +211,8 @@ func TestTeamTemplateNamesMigration(t *testing.T) {
 			t.Errorf("the deleted step's reference stayed: %+v", r)
 		}
 	}
-	rows, err := migrated.pool.Query(ctx, `SELECT template_id || ' ' || old_name || ' ' || team_id || ' ' || node_id
-		|| ' ' || deleted::text FROM template_renames ORDER BY template_id`)
+	rows, err := migrated.pool.Query(ctx, `SELECT template_id || ' ' || old_name || '>' || new_name || ' ' || team_id
+		|| ' ' || node_id || ' ' || deleted::text FROM template_renames ORDER BY template_id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,8 +227,8 @@ func TestTeamTemplateNamesMigration(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if fmt.Sprint(renames) != "[oldest app t1 a false other-team app t2 c false "+
-		"step-a app.step-0123456789abcdef0123 t1 a true y1 x1 t2 b false]" {
+	if fmt.Sprint(renames) != "[oldest app>oldest t1 a false other-team app>other-team t2 c false "+
+		"step-a app.step-0123456789abcdef0123> t1 a true y1 x1>y1 t2 b false z1 dup>renamed-z1 t1 a false]" {
 		t.Errorf("renames listed: %q", renames)
 	}
 	if err := c.PutTemplate(ctx, teamSnapshot("late", "app", "t2", 50, store.UploadNone)); !errors.Is(err, store.ErrConflict) {
