@@ -113,7 +113,7 @@ func (m *Manager) Snapshot(ctx context.Context, req node.SnapshotRequest) (*stor
 	case old != nil && old.NodeID != m.cfg.NodeID:
 		// Another node's, in the object store: the upload of this one (or
 		// the collector, for one kept here) removes its objects; that
-		// node's copy of its files goes with its next start.
+		// node's sweep removes its copy of the files (sweepGoneImages).
 		if !shared && m.cfg.Shared != nil {
 			m.cfg.Shared.Delete(ctx, old)
 		}
@@ -157,16 +157,16 @@ func (m *Manager) replaced(ctx context.Context, req node.SnapshotRequest) (*stor
 	if err != nil {
 		return nil, nil // the snapshot's own lookup of the sandbox says so
 	}
-	if err := ReplaceableBy(old, req.Replace, team, m.cfg.NodeID); err != nil {
+	if err := replaceableBy(old, req.Replace, team, m.cfg.NodeID); err != nil {
 		return nil, err
 	}
 	return old, nil
 }
 
-// ReplaceableBy says, with ErrConflict, why a new template of team on
+// replaceableBy says, with ErrConflict, why a new template of team on
 // node may not take the name of old (a template that holds it): the
 // caller did not ask to replace it, or it is not store.Replaceable.
-func ReplaceableBy(old *store.Template, replace bool, team, nodeID string) error {
+func replaceableBy(old *store.Template, replace bool, team, nodeID string) error {
 	switch {
 	case !replace || old.ImageDir == "" || old.TeamID != team:
 		return fmt.Errorf("%w: a template named %q exists", node.ErrConflict, old.Name)
