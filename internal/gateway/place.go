@@ -968,11 +968,11 @@ var _ node.Catalog = (*catalog)(nil)
 // take the sandbox, best first.
 //
 // With MoveVolumes, volumes that nothing mounts move to where the sandbox
-// can go when their own node cannot take it (drained, full, without the template) or they are
-// on several nodes: to the node of order that keeps the most of them
-// (then the most bytes, then by ID), else to the first of order. A
-// volume another sandbox mounts stays where it is; its node is then
-// tried as the target instead.
+// can go when their own node cannot take it (drained, full, without the
+// template) or they are on several nodes: to the node of order that keeps
+// the most of them (then the most bytes, then by ID), else to the first of
+// order. A volume another sandbox mounts stays where it is; its node is
+// then tried as the target instead.
 func (g *Gateway) volumesNode(r *http.Request, mounts []wire.SandboxVolumeMount, order []*nodeState) (string, error) {
 	p := callerOf(r)
 	var vols []*store.Volume
