@@ -294,12 +294,30 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 		d.saveStateBackup(ctx, id)
 		return nil
 	}
+	deadline := time.NewTimer(checkpointExitWait)
+	defer deadline.Stop()
 	if exited != nil {
 		select {
 		case <-exited:
 		case <-ctx.Done():
-		case <-time.After(checkpointExitWait):
+			return nil
+		case <-deadline.C:
 			d.log.Warn("sandbox process still there after its checkpoint; Kill removes it", "sandbox_id", id)
+			return nil
+		}
+	}
+	// Confirmed by the sandbox's state, within the same bound: a watch
+	// that could not start saw nothing, and the state is what callers read.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for d.instance(id).State == runtime.StateRunning {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return nil
+		case <-deadline.C:
+			d.log.Warn("sandbox still running after its checkpoint; Kill removes it", "sandbox_id", id)
+			return nil
 		}
 	}
 	return nil

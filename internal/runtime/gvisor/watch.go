@@ -51,8 +51,15 @@ func (d *Driver) Exited(ctx context.Context, id string) (<-chan struct{}, error)
 		defer stop()
 		err := rc.Read(func(fd uintptr) bool {
 			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			n, err := unix.Poll(fds, 0)
-			return err != nil || n > 0
+			for {
+				n, err := unix.Poll(fds, 0)
+				if err == unix.EINTR {
+					// A signal (the Go runtime's preemption among them)
+					// is no exit.
+					continue
+				}
+				return err != nil || n > 0
+			}
 		})
 		// A watch ended by ctx closed the pidfd under the read, which then
 		// fails (with poll's own "use of closed file", not os.ErrClosed):
