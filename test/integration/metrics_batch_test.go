@@ -68,8 +68,10 @@ func TestBatchMetricsSingleServer(t *testing.T) {
 // two sandboxes are put on one node each by draining the other.
 func TestBatchMetricsThroughGateway(t *testing.T) {
 	c := newCluster(t)
-	c.addNode("node-a")
-	c.addNode("node-b")
+	nodes := map[string]endpoint{}
+	for _, id := range []string{"node-a", "node-b"} {
+		nodes[id] = newEndpoint(t, c.addNode(id).url)
+	}
 	g := c.addGateway()
 	g.waitReady(t, "node-a", "node-b")
 	drain := func(node string, on bool) {
@@ -78,6 +80,15 @@ func TestBatchMetricsThroughGateway(t *testing.T) {
 		}
 		want := map[bool]string{true: "draining", false: "ready"}[on]
 		waitFor(t, 10*time.Second, node+" "+want, func() bool { return g.nodeStates(t)[node].State == want })
+		// The node learns of it with its next heartbeat, maybe after the
+		// gateway: a create sent before would be refused.
+		waitFor(t, 10*time.Second, node+" "+want+" by its own account", func() bool {
+			var info struct {
+				State string `json:"state"`
+			}
+			nodes[node].want(200, apiKey, "GET", "/node", nil).json(t, &info)
+			return info.State == want
+		})
 	}
 	ids := checkBatchMetrics(t, newEndpoint(t, g.url), func(i int) {
 		switch i {
