@@ -3,6 +3,7 @@ package api
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,13 +21,23 @@ import (
 
 	"github.com/aenv-dev/aenv/internal/build"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/store"
 )
 
-// noNode is a node with no sandboxes: the routes tested here must not
-// reach it (any call but Transport panics).
+// noNode is a node with no sandboxes nor templates: the routes tested
+// here must not reach it beyond a name's lookup (any other call but
+// Transport panics).
 type noNode struct{ node.Node }
 
 func (noNode) Transport() http.RoundTripper { return http.DefaultTransport }
+
+func (noNode) TemplateNamed(_ context.Context, name string) (*store.Template, error) {
+	return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, name)
+}
+
+func (noNode) GetTemplate(_ context.Context, idOrName string) (*store.Template, error) {
+	return nil, fmt.Errorf("%w: template %q", node.ErrNotFound, idOrName)
+}
 
 const testHash = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
 

@@ -271,7 +271,8 @@ func NewManager(cfg Config, st store.Store, driver runtime.Driver, slots SlotPoo
 		http: &http.Client{Transport: transport},
 		ctx:  ctx, cancel: cancel,
 		live: map[string]*entry{}, images: map[string]int{}, imagesToDrop: map[string]bool{},
-		orphans: map[string]bool{},
+		orphans:        map[string]bool{},
+		recordedImages: map[string]time.Time{},
 	}
 }
 

@@ -352,9 +352,6 @@ func (m *Manager) sweepGoneImages(ctx context.Context) {
 	}
 	var gone []string
 	m.mu.Lock()
-	if m.recordedImages == nil {
-		m.recordedImages = map[string]time.Time{}
-	}
 	for dir, at := range m.recordedImages {
 		if !recorded[dir] && at.Before(read) {
 			gone = append(gone, dir)
@@ -381,9 +378,6 @@ func (m *Manager) noteRecorded(dir string) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.recordedImages == nil {
-		m.recordedImages = map[string]time.Time{}
-	}
 	m.recordedImages[dir] = time.Now()
 }
 

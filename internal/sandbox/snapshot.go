@@ -146,11 +146,6 @@ func (m *Manager) replaced(ctx context.Context, req node.SnapshotRequest) (*stor
 	}
 	old, err := m.store.TemplateNamed(ctx, req.Name)
 	if err != nil {
-		// A name that is another template's ID would never find the new
-		// one: lookups take an ID first.
-		if t, err := m.store.GetTemplate(ctx, req.Name); err == nil && t.ID == req.Name {
-			return nil, fmt.Errorf("%w: %q is a template's ID", node.ErrConflict, req.Name)
-		}
 		return nil, nil
 	}
 	team, err := m.SandboxTeam(ctx, req.SandboxID)
