@@ -33,6 +33,10 @@ type Config struct {
 	Platform string
 	// Debug turns on runsc debug logs in each sandbox's directory.
 	Debug bool
+	// CheckpointGofer is a binary that runs ckptgofer.Main when started as
+	// ckptgofer.ProcessName (aenv itself). Restores of images holding a
+	// ckptgofer.OptionsFile read them through it; empty leaves runsc's own.
+	CheckpointGofer string
 }
 
 // withDefaults returns cfg with empty fields filled in.

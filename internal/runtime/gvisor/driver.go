@@ -38,6 +38,7 @@ import (
 	"path/filepath"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
 )
 
 // Driver is the gVisor runtime driver.
@@ -70,6 +71,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Driver, error) {
 			return nil, fmt.Errorf("new gvisor driver: %w", err)
 		}
 	}
+	if cfg.CheckpointGofer != "" {
+		if err := d.installGofer(); err != nil {
+			return nil, fmt.Errorf("new gvisor driver: %w", err)
+		}
+	}
 	cg, err := findCgroupHierarchies()
 	if err != nil {
 		return nil, fmt.Errorf("new gvisor driver: %w", err)
@@ -95,7 +101,32 @@ func (d *Driver) Capabilities() runtime.Capabilities {
 	return runtime.Capabilities{Pause: true, Checkpoint: true, Fork: true, FilesystemSnapshot: true}
 }
 
-func (d *Driver) runscRoot() string    { return filepath.Join(d.cfg.StateDir, "runsc") }
+func (d *Driver) runscRoot() string  { return filepath.Join(d.cfg.StateDir, "runsc") }
+func (d *Driver) sidecarDir() string { return filepath.Join(d.cfg.StateDir, "gvisor-bin") }
+
+// installGofer links the checkpoint gofer into the directory runsc's
+// restores take sidecars from (ckptgofer.SidecarDirEnv names it to them):
+// runsc starts it by path, and aenv's gofer is aenv under another name.
+func (d *Driver) installGofer() error {
+	target, err := filepath.Abs(d.cfg.CheckpointGofer)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(d.sidecarDir(), 0o700); err != nil {
+		return err
+	}
+	link := filepath.Join(d.sidecarDir(), ckptgofer.BinaryName)
+	tmp := link + ".new"
+	os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return fmt.Errorf("checkpoint gofer: %w", err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("checkpoint gofer: %w", err)
+	}
+	return nil
+}
 func (d *Driver) sandboxesDir() string { return filepath.Join(d.cfg.StateDir, "sandboxes") }
 
 // sandboxDir is the sandbox's bundle directory. id must be a safe name.

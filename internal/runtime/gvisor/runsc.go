@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
 	"github.com/aenv-dev/aenv/internal/tracing"
 )
 
@@ -106,6 +107,10 @@ func (d *Driver) runBounded(ctx context.Context, b bound, logID, id string, args
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, d.cfg.RunscPath, append(d.globalFlags(logID), args...)...)
 	setup(cmd)
+	if args[0] == "restore" && d.cfg.CheckpointGofer != "" {
+		// An image with a ckptgofer.OptionsFile is read through aenv's gofer.
+		cmd.Env = append(os.Environ(), ckptgofer.SidecarDirEnv+"="+d.sidecarDir())
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	// A helper that outlives runsc while holding its output pipe must not

@@ -68,3 +68,17 @@ func (f *Fixture) Leftovers(t testing.TB) []string {
 	t.Helper()
 	return leftovers(t, f.h.env)
 }
+
+// Alloc makes the sandbox's fakeenvd fill mb MiB of memory and returns
+// its checksum.
+func (s *Sandbox) Alloc(t testing.TB, mb int) string {
+	t.Helper()
+	return s.g.alloc(t, mb)
+}
+
+// AllocSum returns the checksum of the memory Alloc filled, recomputed in
+// the sandbox now.
+func (s *Sandbox) AllocSum(t testing.TB) string {
+	t.Helper()
+	return s.g.allocSum(t)
+}

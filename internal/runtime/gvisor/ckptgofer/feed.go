@@ -1,0 +1,304 @@
+// Package ckptgofer lets `runsc restore` start before a checkpoint image's
+// memory file has fully arrived.
+//
+// runsc reads a restore's files through a "checkpoint gofer" sidecar when
+// the image directory holds a gcs_opts.json: it starts the gofer (from
+// $GVISOR_SIDECAR_BINARIES_DIR/checkpointgofer) on a socket pair and reads
+// checkpoint.img, pages_meta.img and pages.img over gVisor's stateipc
+// protocol. With --background the sandbox runs while pages.img loads, and a
+// page the guest touches first is read ahead of the rest.
+//
+// This package is both sides of that:
+//   - Main is the gofer, run by runsc (aenv re-executes itself under the
+//     gofer's name). It serves the image's files, and holds each read of
+//     pages.img until the range is on disk.
+//   - Feed is the image's writer's side (the node fetching the image): it
+//     listens on a socket the gofer connects to, learns which ranges the
+//     gofer waits for (so that the writer can fetch those first), and
+//     answers each once the writer says its range is written.
+//
+// The protocol between them is this package's own: a request is a read's
+// range (id, offset, length), a reply its id; the feed closes the
+// connection when the image cannot be completed, which fails every read.
+package ckptgofer
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+const (
+	// OptionsFile is the file in an image directory that makes runsc read
+	// the image through the gofer (gVisor's name for it).
+	OptionsFile = "gcs_opts.json"
+	// PagesFile is the memory file whose reads wait for their ranges.
+	PagesFile = "pages.img"
+	// BinaryName is the gofer's file name in the sidecar directory, and
+	// ProcessName its argv[0] as runsc starts it.
+	BinaryName  = "checkpointgofer"
+	ProcessName = "runsc-checkpointgofer"
+	// SidecarDirEnv names the directory runsc takes sidecars from.
+	SidecarDirEnv = "GVISOR_SIDECAR_BINARIES_DIR"
+
+	pageSize     = 4096
+	requestSize  = 20 // id u32, offset u64, length u64
+	replySize    = 4  // id u32
+	maxReadBytes = 256 << 10
+)
+
+// Options is what the gofer reads from OptionsFile.
+type Options struct {
+	// Dir holds the image's files (the directory OptionsFile is in).
+	Dir string `json:"dir"`
+	// Feed is the socket of the Feed for pages.img; empty when the file is
+	// whole.
+	Feed string `json:"feed,omitempty"`
+}
+
+// WriteOptions makes runsc read the image in dir through the gofer, with
+// reads of pages.img waiting on the feed at socket (none if empty).
+func WriteOptions(dir, socket string) error {
+	b, err := json.Marshal(Options{Dir: dir, Feed: socket})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, OptionsFile), b, 0o600); err != nil {
+		return fmt.Errorf("checkpoint gofer options: %w", err)
+	}
+	return nil
+}
+
+// ErrFailed is what reads waiting on a failed feed see.
+var ErrFailed = errors.New("image feed failed")
+
+// Feed answers the gofer's waits on pages.img. Ready marks ranges written;
+// a wait is answered once every page of its range is.
+type Feed struct {
+	ln   *net.UnixListener
+	size int64
+	want func(off, n int64)
+
+	mu      sync.Mutex
+	ready   []uint64 // one bit a page
+	left    int      // pages not ready
+	waits   []*wait
+	conns   map[*feedConn]struct{}
+	failed  error
+	closed  bool
+	serving sync.WaitGroup
+}
+
+type wait struct {
+	c       *feedConn
+	id      uint32
+	off, n  int64
+	pending int // pages of the range not ready yet
+}
+
+type feedConn struct {
+	conn *net.UnixConn
+	wmu  sync.Mutex
+}
+
+// NewFeed listens at socket for the gofer of a pages file of size bytes.
+// want, if not nil, is told each range a read waits for that is not all
+// ready yet, in the order the reads come: the writer's cue to fetch it
+// next. It is called without the feed's lock held, and must not block long.
+func NewFeed(socket string, size int64, want func(off, n int64)) (*Feed, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("feed: negative size %d", size)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("feed: %w", err)
+	}
+	pages := int((size + pageSize - 1) / pageSize)
+	f := &Feed{ln: ln, size: size, want: want, ready: make([]uint64, (pages+63)/64),
+		left: pages, conns: map[*feedConn]struct{}{}}
+	f.serving.Add(1)
+	go f.accept()
+	return f, nil
+}
+
+func (f *Feed) accept() {
+	defer f.serving.Done()
+	for {
+		conn, err := f.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		c := &feedConn{conn: conn}
+		f.mu.Lock()
+		if f.closed || f.failed != nil {
+			f.mu.Unlock()
+			conn.Close()
+			continue
+		}
+		f.conns[c] = struct{}{}
+		f.serving.Add(1)
+		f.mu.Unlock()
+		go f.serve(c)
+	}
+}
+
+// serve reads c's requests until it closes.
+func (f *Feed) serve(c *feedConn) {
+	defer f.serving.Done()
+	defer f.drop(c)
+	var buf [requestSize]byte
+	for {
+		if _, err := io.ReadFull(c.conn, buf[:]); err != nil {
+			return
+		}
+		id := binary.LittleEndian.Uint32(buf[0:])
+		off := int64(binary.LittleEndian.Uint64(buf[4:]))
+		n := int64(binary.LittleEndian.Uint64(buf[12:]))
+		if off < 0 || n < 0 || off > f.size {
+			return // not our gofer: its reads stay within the file
+		}
+		n = min(n, f.size-off)
+		w := &wait{c: c, id: id, off: off, n: n}
+		f.mu.Lock()
+		w.pending = f.countUnready(off, n)
+		if w.pending > 0 {
+			f.waits = append(f.waits, w)
+		}
+		f.mu.Unlock()
+		if w.pending == 0 {
+			if c.reply(id) != nil {
+				return
+			}
+			continue
+		}
+		if f.want != nil {
+			f.want(off, n)
+		}
+	}
+}
+
+func (f *Feed) drop(c *feedConn) {
+	c.conn.Close()
+	f.mu.Lock()
+	delete(f.conns, c)
+	kept := f.waits[:0]
+	for _, w := range f.waits {
+		if w.c != c {
+			kept = append(kept, w)
+		}
+	}
+	clear(f.waits[len(kept):])
+	f.waits = kept
+	f.mu.Unlock()
+}
+
+func (c *feedConn) reply(id uint32) error {
+	var buf [replySize]byte
+	binary.LittleEndian.PutUint32(buf[:], id)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.conn.Write(buf[:])
+	return err
+}
+
+// pageRange returns the pages [first, end) that bytes [off, off+n) touch.
+func pageRange(off, n int64) (first, end int) {
+	return int(off / pageSize), int((off + n + pageSize - 1) / pageSize)
+}
+
+// countUnready counts the pages of [off, off+n) not ready. f.mu is held.
+func (f *Feed) countUnready(off, n int64) int {
+	first, end := pageRange(off, n)
+	count := 0
+	for p := first; p < end; p++ {
+		if f.ready[p/64]&(1<<(p%64)) == 0 {
+			count++
+		}
+	}
+	return count
+}
+
+// Ready marks bytes [off, off+n) of the pages file as written (and synced
+// as far as the reader needs: the gofer reads the same file on this host)
+// and answers the waits it completes. A range is rounded out to whole
+// pages: write pages whole before marking them.
+func (f *Feed) Ready(off, n int64) {
+	if n <= 0 || off < 0 || off >= f.size {
+		return
+	}
+	n = min(n, f.size-off)
+	first, end := pageRange(off, n)
+	var done []*wait
+	f.mu.Lock()
+	for p := first; p < end; p++ {
+		word, bit := p/64, uint64(1)<<(p%64)
+		if f.ready[word]&bit == 0 {
+			f.ready[word] |= bit
+			f.left--
+		}
+	}
+	for _, w := range f.waits {
+		if w.off < off+n && off < w.off+w.n {
+			w.pending = f.countUnready(w.off, w.n)
+		}
+	}
+	kept := f.waits[:0]
+	for _, w := range f.waits {
+		if w.pending == 0 {
+			done = append(done, w)
+		} else {
+			kept = append(kept, w)
+		}
+	}
+	clear(f.waits[len(kept):])
+	f.waits = kept
+	f.mu.Unlock()
+	for _, w := range done {
+		if err := w.c.reply(w.id); err != nil {
+			w.c.conn.Close() // its serve loop drops it
+		}
+	}
+}
+
+// Complete says whether every page is ready.
+func (f *Feed) Complete() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.left == 0
+}
+
+// Fail ends the feed with err: the gofer's connections are closed, so every
+// read it waits for, and every later one, fails (and with it the sandbox's
+// memory load).
+func (f *Feed) Fail(err error) {
+	f.mu.Lock()
+	if f.failed == nil {
+		f.failed = err
+	}
+	conns := f.conns
+	f.conns = map[*feedConn]struct{}{}
+	f.waits = nil
+	f.mu.Unlock()
+	for c := range conns {
+		c.conn.Close()
+	}
+}
+
+// Close stops listening, closes the gofer's connections and waits for the
+// feed's goroutines. A gofer still waiting then fails its reads: close the
+// feed once the file is complete, or after the sandbox is gone.
+func (f *Feed) Close() error {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	err := f.ln.Close()
+	f.Fail(ErrFailed)
+	f.serving.Wait()
+	return err
+}

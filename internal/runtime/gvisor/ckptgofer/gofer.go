@@ -1,0 +1,309 @@
+package ckptgofer
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/sentry/memmap"
+	"gvisor.dev/gvisor/pkg/sentry/state/stateio"
+	"gvisor.dev/gvisor/pkg/sentry/state/stateipc"
+	"gvisor.dev/gvisor/pkg/unet"
+	"gvisor.dev/gvisor/pkg/urpc"
+)
+
+// Main runs the gofer as runsc starts it: args are its command line after
+// argv[0] (runsc's configuration flags, then "checkpointgofer" and the
+// gofer's own flags). It serves one restore and returns its exit code once
+// runsc closes the connection.
+func Main(args []string, stderr io.Writer) int {
+	if err := run(args); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", ProcessName, err)
+		return 1
+	}
+	return 0
+}
+
+func run(args []string) error {
+	// runsc's own flags come first; the gofer's follow its name.
+	i := slices.Index(args, BinaryName)
+	if i < 0 {
+		return errors.New("not started by runsc (no checkpointgofer argument)")
+	}
+	fs := flag.NewFlagSet(BinaryName, flag.ContinueOnError)
+	sockFD := fs.Int("sock-fd", -1, "the socket runsc reads the image through")
+	optsFD := fs.Int("gcs-opts-fd", -1, "the image's options file")
+	reads := fs.Bool("allow-checkpoint-reads", false, "serve reads (a restore)")
+	if err := fs.Parse(args[i+1:]); err != nil {
+		return err
+	}
+	if *sockFD < 0 || *optsFD < 0 {
+		return errors.New("-sock-fd and -gcs-opts-fd are required")
+	}
+	if !*reads {
+		// A checkpoint through the gofer would write; aenv checkpoints
+		// into local files and never asks for it.
+		return errors.New("only restores are served (no -allow-checkpoint-reads)")
+	}
+	optsFile := os.NewFile(uintptr(*optsFD), OptionsFile)
+	var opts Options
+	err := json.NewDecoder(io.LimitReader(optsFile, 64<<10)).Decode(&opts)
+	optsFile.Close()
+	if err != nil {
+		return fmt.Errorf("read options: %w", err)
+	}
+	if !filepath.IsAbs(opts.Dir) {
+		return fmt.Errorf("options: image dir %q is not absolute", opts.Dir)
+	}
+	files := &imageFiles{opts: opts}
+	afs, err := stateipc.NewAsyncFileServer(files)
+	if err != nil {
+		return err
+	}
+	srv := urpc.NewServer()
+	srv.Register(afs)
+	sock, err := unet.NewSocket(*sockFD)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	// Handle returns when runsc's side closes: the restore has read all it
+	// will (or ended).
+	srv.Handle(sock)
+	srv.Stop(0)
+	return nil
+}
+
+// imageFiles opens the image's files for stateipc.AsyncFileServer.
+type imageFiles struct {
+	opts Options
+
+	mu   sync.Mutex
+	feed *feedClient
+}
+
+func (m *imageFiles) Destroy() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.feed != nil {
+		m.feed.close()
+	}
+}
+
+func (m *imageFiles) OpenRead(name string) (stateio.AsyncReader, error) {
+	if name != filepath.Base(name) || name == "." || name == ".." || name == OptionsFile {
+		return nil, fmt.Errorf("open %q: not a file of the image", name)
+	}
+	fd, err := unix.Open(filepath.Join(m.opts.Dir, name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	if name != PagesFile || m.opts.Feed == "" {
+		return stateio.NewPagesFileFDReaderDefault(int32(fd)), nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.feed == nil {
+		if m.feed, err = dialFeed(m.opts.Feed); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+	}
+	return newLazyReader(int32(fd), m.feed), nil
+}
+
+func (m *imageFiles) OpenWrite(name string) (stateio.AsyncWriter, error) {
+	return nil, fmt.Errorf("open %q for writing: this gofer serves restores only", name)
+}
+
+// feedClient asks the Feed for ranges: one connection, many waits.
+type feedClient struct {
+	conn *net.UnixConn
+	wmu  sync.Mutex
+
+	mu      sync.Mutex
+	nextID  uint32
+	pending map[uint32]chan error
+	err     error
+}
+
+func dialFeed(socket string) (*feedClient, error) {
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("feed: %w", err)
+	}
+	c := &feedClient{conn: conn, pending: map[uint32]chan error{}}
+	go c.readReplies()
+	return c, nil
+}
+
+func (c *feedClient) readReplies() {
+	var buf [replySize]byte
+	for {
+		if _, err := io.ReadFull(c.conn, buf[:]); err != nil {
+			c.fail(fmt.Errorf("%w: %v", ErrFailed, err))
+			return
+		}
+		id := binary.LittleEndian.Uint32(buf[:])
+		c.mu.Lock()
+		ch := c.pending[id]
+		delete(c.pending, id)
+		c.mu.Unlock()
+		if ch != nil {
+			ch <- nil
+		}
+	}
+}
+
+func (c *feedClient) fail(err error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = err
+	}
+	pending := c.pending
+	c.pending = map[uint32]chan error{}
+	c.mu.Unlock()
+	for _, ch := range pending {
+		ch <- err
+	}
+}
+
+func (c *feedClient) close() {
+	c.conn.Close()
+	c.fail(ErrFailed)
+}
+
+// await blocks until bytes [off, off+n) are on disk, or the feed fails.
+func (c *feedClient) await(off int64, n uint64) error {
+	ch := make(chan error, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return c.err
+	}
+	id := c.nextID
+	c.nextID++
+	c.pending[id] = ch
+	c.mu.Unlock()
+	var buf [requestSize]byte
+	binary.LittleEndian.PutUint32(buf[0:], id)
+	binary.LittleEndian.PutUint64(buf[4:], uint64(off))
+	binary.LittleEndian.PutUint64(buf[12:], n)
+	c.wmu.Lock()
+	_, err := c.conn.Write(buf[:])
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(fmt.Errorf("%w: %v", ErrFailed, err))
+	}
+	return <-ch
+}
+
+// lazyReader reads pages.img as stateio.FDReader would, each read once
+// the feed says its range is written. Reads run in their own goroutines,
+// so a read waiting for a range far ahead does not hold up one that is
+// ready.
+type lazyReader struct {
+	stateio.NoRegisterClientFD
+	fd   int32
+	feed *feedClient
+	done chan stateio.Completion
+	wg   sync.WaitGroup
+}
+
+const lazyParallel = 128
+
+func newLazyReader(fd int32, feed *feedClient) *lazyReader {
+	return &lazyReader{fd: fd, feed: feed, done: make(chan stateio.Completion, lazyParallel)}
+}
+
+func (r *lazyReader) MaxReadBytes() uint64 { return maxReadBytes }
+func (r *lazyReader) MaxRanges() int       { return maxReadBytes / pageSize }
+func (r *lazyReader) MaxParallel() int     { return lazyParallel }
+
+func (r *lazyReader) AddRead(id int, off int64, _ stateio.DestinationFile, _ memmap.FileRange, dst []byte) {
+	r.start(id, off, uint64(len(dst)), [][]byte{dst})
+}
+
+func (r *lazyReader) AddReadv(id int, off int64, total uint64, _ stateio.DestinationFile, _ []memmap.FileRange, dsts []unix.Iovec) {
+	bufs := make([][]byte, len(dsts))
+	for i, iov := range dsts {
+		// The server's mappings of the sandbox's memory, valid until this
+		// read's completion is returned.
+		bufs[i] = unsafe.Slice(iov.Base, iov.Len)
+	}
+	r.start(id, off, total, bufs)
+}
+
+func (r *lazyReader) start(id int, off int64, total uint64, bufs [][]byte) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		n, err := r.read(off, total, bufs)
+		r.done <- stateio.Completion{ID: id, N: n, Err: err}
+	}()
+}
+
+// read waits for the range, then reads it whole (as FDReader does: a short
+// read is continued, a read at the end of the file is io.EOF).
+func (r *lazyReader) read(off int64, total uint64, bufs [][]byte) (uint64, error) {
+	if err := r.feed.await(off, total); err != nil {
+		return 0, err
+	}
+	var done uint64
+	for done < total {
+		n, err := unix.Preadv(int(r.fd), bufs, off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if n == 0 {
+			return done, io.EOF
+		}
+		done += uint64(n)
+		bufs = dropFirst(bufs, n)
+	}
+	return done, nil
+}
+
+// dropFirst returns bufs without their first n bytes.
+func dropFirst(bufs [][]byte, n int) [][]byte {
+	for n > 0 && len(bufs) > 0 {
+		if n < len(bufs[0]) {
+			bufs[0] = bufs[0][n:]
+			return bufs
+		}
+		n -= len(bufs[0])
+		bufs = bufs[1:]
+	}
+	return bufs
+}
+
+func (r *lazyReader) Wait(cs []stateio.Completion, minCompletions int) ([]stateio.Completion, error) {
+	return stateio.CompletionChanWait(r.done, cs, minCompletions)
+}
+
+// Close fails the reads still waiting (the feed's connection is shared by
+// the gofer's files, so it is closed: only pages.img uses it) and waits for
+// them to end.
+func (r *lazyReader) Close() error {
+	r.feed.close()
+	go func() {
+		// Completions nobody will Wait for must not block their reads.
+		for range r.done {
+		}
+	}()
+	r.wg.Wait()
+	close(r.done)
+	return unix.Close(int(r.fd))
+}
