@@ -26,6 +26,36 @@ type Fetcher interface {
 	Get(ctx context.Context, key, digest, dst string) (Manifest, error)
 }
 
+// LazyFetcher is a Fetcher that can hand an image over before one of its
+// files is complete (Store.GetLazy).
+type LazyFetcher interface {
+	Fetcher
+	GetLazy(ctx context.Context, key, digest, dst string, lazy LazyFile) (Manifest, error)
+}
+
+// Streamer lets readers use a cache entry while its lazy file is still
+// being written: the cache's side of LazyFile.
+type Streamer interface {
+	// File is the image's file handed over before it is written.
+	File() string
+	// Start is called when an entry's image in dir is handed over (see
+	// LazyFile.Begin).
+	Start(dir string, size int64, prioritize func(off, n int64)) (Stream, error)
+}
+
+// Stream is one entry's lazy file being written.
+type Stream interface {
+	// Written says bytes [off, off+n) of the file are there.
+	Written(off, n int64)
+	// Finish ends the writing: err is nil once the file is complete
+	// (restores that start from then on must read it as any image; an
+	// error returned says they could not be made to, and the entry is
+	// dropped), else why it never will be (readers waiting fail).
+	Finish(err error) error
+	// Close releases the stream when its entry is removed.
+	Close()
+}
+
 // Cache keeps fetched images in a local directory within a byte budget.
 //
 // Layout: <dir>/<name>/image is an image tree and <dir>/<name>/entry.json its
@@ -47,6 +77,9 @@ type Cache struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	group  singleflight.Group
+	// streamer, if set, hands entries over before their lazy file is
+	// written (SetStreamer).
+	streamer Streamer
 
 	mu      sync.Mutex
 	entries map[string]*cacheEntry
@@ -62,6 +95,7 @@ type cacheEntry struct {
 	refs    int
 	removed bool // evicted or purged while in use: delete at last release
 	elem    *list.Element
+	stream  Stream // its lazy file's writing, if it was handed over early
 }
 
 type entryMeta struct {
@@ -163,6 +197,13 @@ func entryName(key string) string {
 	return hex.EncodeToString(h[:16])
 }
 
+// SetStreamer makes Acquire return an image as soon as it can be restored
+// from, before its lazy file is complete, when the fetcher can (a
+// LazyFetcher). Call it before the first Acquire.
+func (c *Cache) SetStreamer(s Streamer) {
+	c.streamer = s
+}
+
 // Close cancels downloads in progress. Entries stay on disk for the next run.
 func (c *Cache) Close() {
 	c.cancel()
@@ -245,6 +286,9 @@ func (c *Cache) download(key, digest string) error {
 	if ok {
 		return nil // fetched by a flight that ended just before ours began
 	}
+	if lf, ok := c.fetch.(LazyFetcher); ok && c.streamer != nil {
+		return c.downloadLazy(lf, key, digest)
+	}
 	tmp, err := os.MkdirTemp(c.dir, tmpPrefix)
 	if err != nil {
 		return err
@@ -286,6 +330,115 @@ func (c *Cache) download(key, digest string) error {
 	return nil
 }
 
+// downloadLazy fetches the image key into an entry directory of its own,
+// in place, and returns once the entry can be acquired: when the fetch
+// hands the image over (its lazy file then arrives while restores read it),
+// or when it is complete. The entry's metadata file is written only once
+// the image is complete, so a crash mid-fetch leaves debris that the next
+// open removes.
+func (c *Cache) downloadLazy(lf LazyFetcher, key, digest string) error {
+	e := &cacheEntry{key: key, digest: digest, name: fmt.Sprintf("%s-%d", entryName(key), time.Now().UnixNano())}
+	dir := filepath.Join(c.dir, e.name)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	image := filepath.Join(dir, entryImage)
+	handedOver := make(chan struct{})
+	fetched := make(chan error, 1)
+	go func() {
+		_, err := lf.GetLazy(c.ctx, key, digest, image, LazyFile{Name: c.streamer.File(),
+			Begin: func(size int64, prioritize func(off, n int64)) (func(off, n int64), error) {
+				st, err := c.streamer.Start(image, size, prioritize)
+				if err != nil {
+					return nil, err
+				}
+				c.mu.Lock()
+				// In use by the fetch until it ends.
+				e.stream, e.refs = st, 1
+				c.addLocked(e)
+				c.mu.Unlock()
+				close(handedOver)
+				return st.Written, nil
+			}})
+		if e.stream != nil {
+			// Before the entry is recorded complete: a complete entry is
+			// read as any image, by this run and the next.
+			if ferr := e.stream.Finish(err); err == nil {
+				err = ferr
+			}
+		}
+		var size int64
+		if err == nil {
+			size, err = c.finishEntry(dir, key, digest)
+		}
+		if e.stream != nil {
+			c.mu.Lock()
+			// Unless purged meanwhile (then removed at its last release).
+			if c.entries[key] == e {
+				if err != nil {
+					c.forgetLocked(e)
+				} else {
+					e.size = size
+					c.total += size
+				}
+			}
+			c.mu.Unlock()
+			c.release(e)
+		} else if err == nil {
+			e.size = size
+			c.mu.Lock()
+			c.addLocked(e)
+			c.total += size
+			c.evictLocked()
+			c.mu.Unlock()
+		} else {
+			os.RemoveAll(dir)
+		}
+		fetched <- err
+	}()
+	select {
+	case <-handedOver:
+		return nil
+	case err := <-fetched:
+		return err
+	}
+}
+
+// finishEntry writes the metadata of a complete entry in dir.
+func (c *Cache) finishEntry(dir, key, digest string) (int64, error) {
+	size, err := diskUsage(filepath.Join(dir, entryImage))
+	if err != nil {
+		return 0, err
+	}
+	b, err := json.Marshal(entryMeta{Key: key, Digest: digest, Size: size})
+	if err != nil {
+		return 0, err
+	}
+	if err := writeFileSync(filepath.Join(dir, entryMetaF), b); err != nil {
+		return 0, err
+	}
+	return size, syncDir(c.dir)
+}
+
+// addLocked puts e in the cache, most recently used.
+func (c *Cache) addLocked(e *cacheEntry) {
+	if old := c.entries[e.key]; old != nil {
+		// Downloads of a key are single-flight; keep the accounting right
+		// if another ever lands first.
+		c.forgetLocked(old)
+	}
+	e.elem = c.lru.PushFront(e)
+	c.entries[e.key] = e
+}
+
+// removeLocked deletes the directory of e, dropped and unused.
+func (c *Cache) removeLocked(e *cacheEntry) {
+	if e.stream != nil {
+		e.stream.Close()
+	}
+	os.RemoveAll(filepath.Join(c.dir, e.name))
+}
+
 // evictLocked removes least recently used entries not in use until the total
 // fits the limit. The entry just added is at the front and goes last.
 func (c *Cache) evictLocked() {
@@ -294,7 +447,7 @@ func (c *Cache) evictLocked() {
 		prev := el.Prev()
 		if e.refs == 0 {
 			c.dropLocked(e)
-			os.RemoveAll(filepath.Join(c.dir, e.name))
+			c.removeLocked(e)
 		}
 		el = prev
 	}
@@ -311,7 +464,7 @@ func (c *Cache) release(e *cacheEntry) {
 	defer c.mu.Unlock()
 	e.refs--
 	if e.refs == 0 && e.removed {
-		os.RemoveAll(filepath.Join(c.dir, e.name))
+		c.removeLocked(e)
 		return
 	}
 	c.evictLocked()
@@ -338,6 +491,9 @@ func (c *Cache) forgetLocked(e *cacheEntry) error {
 	if e.refs > 0 {
 		e.removed = true
 		return nil
+	}
+	if e.stream != nil {
+		e.stream.Close()
 	}
 	return os.RemoveAll(filepath.Join(c.dir, e.name))
 }

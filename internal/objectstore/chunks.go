@@ -14,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -710,12 +711,24 @@ func (s *Store) fetchIndex(ctx context.Context, m Manifest, digest string) (*chu
 }
 
 // fetchChunks unpacks the chunked image of m into dir: the packs it lacks
-// are downloaded first, in parallel, each checked against its digest.
-func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string) (FetchStats, error) {
+// are downloaded in parallel, each checked against its digest, in the order
+// the unpacking reads them, which starts as soon as the first is in. With
+// lazy (GetLazy), the file it names is written last, after lazy.Begin.
+func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string, lazy *LazyFile) (FetchStats, error) {
 	var st FetchStats
 	ix, err := s.fetchIndex(ctx, m, digest)
 	if err != nil {
 		return st, err
+	}
+	var fill *lazyFill
+	if lazy != nil {
+		first, count, size, ok, err := lazyPages(ix, lazy.Name)
+		if err != nil {
+			return st, err
+		}
+		if ok {
+			fill = &lazyFill{name: lazy.Name, first: first, count: count, size: size, done: map[uint32]bool{}}
+		}
 	}
 	packDir := s.cfg.ChunkDir
 	if packDir == "" {
@@ -727,72 +740,132 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string)
 		defer os.RemoveAll(packDir)
 	}
 	r := &packReader{ctx: ctx, s: s, dir: packDir, ix: ix, held: map[uint32][]byte{},
-		arriving: map[uint32]*arrival{}}
-	// The packs missing here are downloaded in the order the unpacking
-	// reads them, which starts as soon as the first is in: the download
-	// of the rest overlaps the writing of the image.
-	dctx, stop := context.WithCancel(ctx)
-	defer stop()
-	g, gctx := errgroup.WithContext(dctx)
-	g.SetLimit(2 * s.cfg.PartConcurrency)
-	r.ctx = gctx
-	var mu sync.Mutex
-	var order []uint32
+		arriving: map[uint32]*arrival{}, lazy: fill}
+	// The order packs are first used in: the lazy file's last.
+	var order, lazyOrder []uint32
 	seen := make([]bool, len(ix.packs))
-	for _, pg := range ix.pages {
-		if pg.pack != 0 && !seen[pg.pack-1] {
-			seen[pg.pack-1] = true
-			order = append(order, pg.pack)
-		}
-	}
-	for _, i := range order {
-		p := ix.packs[i-1]
-		if _, err := os.Stat(filepath.Join(packDir, p.name())); err == nil {
+	for p, pg := range ix.pages {
+		if pg.pack == 0 || seen[pg.pack-1] {
 			continue
 		}
-		a := &arrival{done: make(chan struct{})}
-		r.arriving[i] = a
-	}
-	launched := make(chan struct{})
-	go func() {
-		defer close(launched)
-		for _, i := range order {
-			a := r.arriving[i]
-			if a == nil {
-				continue
-			}
-			p := ix.packs[i-1]
-			g.Go(func() error {
-				defer close(a.done)
-				if a.err = s.downloadPack(gctx, packDir, p); a.err != nil {
-					return a.err
-				}
-				mu.Lock()
-				st.Packs++
-				st.Bytes += p.stored
-				mu.Unlock()
-				return nil
-			})
+		if fill != nil && p >= fill.first && p < fill.first+fill.count {
+			continue
 		}
-	}()
-	unpacked, err := r.unpack(ctx, dir)
-	if err != nil {
-		stop() // the downloads left are of no use
+		seen[pg.pack-1] = true
+		order = append(order, pg.pack)
 	}
-	<-launched
+	if fill != nil {
+		for _, pg := range ix.pages[fill.first : fill.first+fill.count] {
+			if pg.pack != 0 && !seen[pg.pack-1] {
+				seen[pg.pack-1] = true
+				order = append(order, pg.pack)
+			}
+		}
+		// The lazy file's own order names a pack the rest also uses.
+		used := make([]bool, len(ix.packs))
+		for _, pg := range ix.pages[fill.first : fill.first+fill.count] {
+			if pg.pack != 0 && !used[pg.pack-1] {
+				used[pg.pack-1] = true
+				lazyOrder = append(lazyOrder, pg.pack)
+			}
+		}
+	}
+	var missing []uint32
+	for _, i := range order {
+		if _, err := os.Stat(filepath.Join(packDir, ix.packs[i-1].name())); err == nil {
+			continue
+		}
+		r.arriving[i] = &arrival{done: make(chan struct{})}
+		missing = append(missing, i)
+	}
+	q := newPackQueue(missing)
+	dctx, stop := context.WithCancel(ctx)
+	defer stop()
+	r.ctx = dctx
+	var (
+		mu      sync.Mutex
+		dlErr   error
+		workers sync.WaitGroup
+	)
+	for range min(2*s.cfg.PartConcurrency, len(missing)) {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for {
+				i, ok := q.next()
+				if !ok {
+					return
+				}
+				p, a := ix.packs[i-1], r.arriving[i]
+				a.err = s.downloadPack(dctx, packDir, p)
+				close(a.done)
+				mu.Lock()
+				if a.err != nil {
+					if dlErr == nil {
+						dlErr = a.err
+					}
+				} else {
+					st.Packs++
+					st.Bytes += p.stored
+				}
+				mu.Unlock()
+				if a.err != nil {
+					stop() // the other downloads are of no use
+				}
+			}
+		}()
+	}
+	err = r.unpackAll(ctx, dir, lazy, q, lazyOrder)
+	if err != nil {
+		stop()
+	}
+	workers.Wait()
 	// A download's failure is the cause of an unpacking stopped by it;
 	// downloads stopped because the unpacking failed are not.
-	if werr := g.Wait(); werr != nil && (err == nil || !errors.Is(werr, context.Canceled)) {
-		err = werr
+	if dlErr != nil && (err == nil || !errors.Is(dlErr, context.Canceled)) {
+		err = dlErr
 	}
 	if err != nil {
 		return st, err
 	}
-	if unpacked != len(ix.pages) {
-		return st, fmt.Errorf("%w: the index has %d pages, its files %d", ErrCorrupt, len(ix.pages), unpacked)
-	}
 	s.trimChunks()
 	return st, nil
+}
+
+// unpackAll writes the image's files, the lazy file (if any) last.
+func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile, q *packQueue, lazyOrder []uint32) error {
+	var err error
+	if r.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(packTarget+pageSize)); err != nil {
+		return err
+	}
+	defer r.dec.Close()
+	unpacked, err := r.unpack(ctx, dir)
+	if err != nil {
+		return err
+	}
+	if unpacked != len(r.ix.pages) {
+		return fmt.Errorf("%w: the index has %d pages, its files %d", ErrCorrupt, len(r.ix.pages), unpacked)
+	}
+	if fill := r.lazy; fill != nil {
+		f, err := os.OpenFile(filepath.Join(dir, lazy.Name), os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		fill.r, fill.q = r, q
+		if fill.written, err = lazy.Begin(fill.size, fill.prioritize); err != nil {
+			return err
+		}
+		if err := fill.run(ctx, f, lazyOrder); err != nil {
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		// As the archive has it, as for every other file.
+		return os.Chtimes(f.Name(), fill.mtime, fill.mtime)
+	}
+	return nil
 }
 
 // arrival is a pack being downloaded: done closes when it is on disk
@@ -804,11 +877,6 @@ type arrival struct {
 
 // unpack writes the image's files into dir and returns the pages it used.
 func (r *packReader) unpack(ctx context.Context, dir string) (int, error) {
-	var err error
-	if r.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(packTarget+pageSize)); err != nil {
-		return 0, err
-	}
-	defer r.dec.Close()
 	if _, err := treetar.Read(ctx, bytes.NewReader(r.ix.skeleton), dir, treetar.Options{Special: true, Fill: r.fill, Sync: true}); err != nil {
 		return r.next, err
 	}
@@ -889,12 +957,21 @@ type packReader struct {
 	lru  []uint32
 	// arriving are the packs this Get downloads, by index (1-based).
 	arriving map[uint32]*arrival
+	// lazy, if not nil, is the file unpack leaves empty at its size, and
+	// whose pages it skips: written after the rest (GetLazy).
+	lazy *lazyFill
 }
 
 func (r *packReader) fill(f *os.File, hdr *tar.Header, _ io.Reader, buf []byte) (int64, error) {
 	size, err := strconv.ParseInt(hdr.PAXRecords[paxSize], 10, 64)
 	if err != nil || size < 0 {
 		return 0, fmt.Errorf("%w: %s has no size", ErrCorrupt, hdr.Name)
+	}
+	if l := r.lazy; l != nil && r.next == l.first && path.Clean(hdr.Name) == l.name {
+		// Written after the rest of the image; its pages skipped here.
+		r.next += l.count
+		l.mtime = hdr.ModTime
+		return size, f.Truncate(size)
 	}
 	var (
 		off     int64 // file offset of the next page

@@ -278,6 +278,47 @@ func (s *Store) uploadParts(ctx context.Context, name string, uploadID *string, 
 // can write the bucket can rewrite the manifest along with the data, so its
 // digest is never what the data is checked against.
 func (s *Store) Get(ctx context.Context, key, digest, dst string) (Manifest, error) {
+	m, err := s.statFor(ctx, key, digest, dst)
+	if err != nil {
+		return Manifest{}, err
+	}
+	return s.getWhole(ctx, m, key, digest, dst)
+}
+
+// getWhole is Get once m is known: into a temporary sibling of dst, renamed
+// to dst when complete and checked.
+func (s *Store) getWhole(ctx context.Context, m Manifest, key, digest, dst string) (Manifest, error) {
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".part-")
+	if err != nil {
+		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if m.Format == formatChunks {
+		m.Fetched, err = s.fetchChunks(ctx, m, digest, tmp, nil)
+	} else {
+		err = s.fetch(ctx, m, digest, tmp)
+	}
+	if err != nil {
+		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
+	}
+	keep = true
+	if err := syncDir(filepath.Dir(dst)); err != nil {
+		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
+	}
+	return m, nil
+}
+
+// statFor reads the manifest of key for a Get into dst, and refuses it
+// unless it is the upload that digest recorded and dst is free.
+func (s *Store) statFor(ctx context.Context, key, digest, dst string) (Manifest, error) {
 	if !validDigest(digest) {
 		return Manifest{}, fmt.Errorf("get %s: %w", key, ErrNoDigest)
 	}
@@ -292,31 +333,6 @@ func (s *Store) Get(ctx context.Context, key, digest, dst string) (Manifest, err
 	}
 	if _, err := os.Lstat(dst); err == nil {
 		return Manifest{}, fmt.Errorf("get %s: %s exists", key, dst)
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".part-")
-	if err != nil {
-		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			os.RemoveAll(tmp)
-		}
-	}()
-	if m.Format == formatChunks {
-		m.Fetched, err = s.fetchChunks(ctx, m, digest, tmp)
-	} else {
-		err = s.fetch(ctx, m, digest, tmp)
-	}
-	if err != nil {
-		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
-	}
-	keep = true
-	if err := syncDir(filepath.Dir(dst)); err != nil {
-		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
 	}
 	return m, nil
 }

@@ -214,10 +214,18 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		defer volumes.Close()
 	}
 
-	driver, err := gvisor.New(ctx, gvisor.Config{
+	gcfg := gvisor.Config{
 		RunscPath: runscPath, StateDir: filepath.Join(cfg.DataDir, "runtime"),
 		Platform: cfg.Platform, Debug: cfg.RunscDebug,
-	}, logger.With("component", "gvisor"))
+	}
+	if lazyRestores(cfg) {
+		// aenv is its own checkpoint gofer (cmd/aenv starts it under that
+		// name), for restores of images still arriving.
+		if gcfg.CheckpointGofer, err = os.Executable(); err != nil {
+			return fmt.Errorf("runtime: checkpoint gofer: %w", err)
+		}
+	}
+	driver, err := gvisor.New(ctx, gcfg, logger.With("component", "gvisor"))
 	if err != nil {
 		return fmt.Errorf("runtime: %w", err)
 	}

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/config"
 	"github.com/aenv-dev/aenv/internal/objectstore"
+	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
 	"github.com/aenv-dev/aenv/internal/shared"
 	"github.com/aenv-dev/aenv/internal/store"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
@@ -90,6 +93,9 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 		GCInterval: config.Seconds(cfg.ObjectStoreGCSecs), GCGrace: config.Seconds(cfg.ObjectStoreGCSecs),
 		Logger: logger,
 	}
+	if lazyRestores(cfg) {
+		scfg.Streamer = feedStreamer{}
+	}
 	if member != nil {
 		scfg.NodeID = member.id
 		scfg.Find = member.db.SharedTemplate
@@ -131,3 +137,62 @@ func (s *sharedImages) close() {
 	s.cancel()
 	s.done.Wait()
 }
+
+// lazyRestores says whether restores of fetched images start before their
+// memory has arrived: the driver's checkpoint gofer and the cache's
+// streamer go together.
+func lazyRestores(cfg config.Server) bool {
+	return cfg.LazyRestore && cfg.ObjectStore != ""
+}
+
+// feedStreamer hands a fetched checkpoint image to restores before its
+// memory file is written: runsc reads it through aenv's checkpoint gofer,
+// whose reads wait on a feed the fetch tells of each range written.
+type feedStreamer struct{}
+
+func (feedStreamer) File() string { return ckptgofer.PagesFile }
+
+func (feedStreamer) Start(dir string, size int64, prioritize func(off, n int64)) (objectstore.Stream, error) {
+	var b [12]byte
+	rand.Read(b[:])
+	// An abstract socket: no path to outgrow sun_path or to leave behind.
+	socket := "@aenv-feed-" + hex.EncodeToString(b[:])
+	feed, err := ckptgofer.NewFeed(socket, size, prioritize)
+	if err != nil {
+		return nil, err
+	}
+	if err := ckptgofer.WriteOptions(dir, socket); err != nil {
+		feed.Close()
+		return nil, err
+	}
+	return &feedStream{dir: dir, feed: feed}, nil
+}
+
+type feedStream struct {
+	dir  string
+	feed *ckptgofer.Feed
+}
+
+func (s *feedStream) Written(off, n int64) { s.feed.Ready(off, n) }
+
+// Finish: once complete, restores that start read the image as any other
+// (the options file goes, durably, before the cache records the entry); a
+// restore that read the options before keeps the feed, which answers at
+// once. On failure the sandboxes reading wait no more: their reads fail.
+func (s *feedStream) Finish(err error) error {
+	if err != nil {
+		s.feed.Fail(err)
+		return nil
+	}
+	if err := os.Remove(filepath.Join(s.dir, ckptgofer.OptionsFile)); err != nil {
+		return err
+	}
+	d, err := os.Open(s.dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func (s *feedStream) Close() { s.feed.Close() }

@@ -89,6 +89,9 @@ type Config struct {
 	// reading every manifest. Nil: this node always collects.
 	Collects func(ctx context.Context) (bool, error)
 	Uploads  objectstore.UploaderOptions
+	// Streamer, if set, hands a fetched image to its restore before its
+	// memory file is complete (objectstore.Cache.SetStreamer).
+	Streamer objectstore.Streamer
 	Logger   *slog.Logger
 }
 
@@ -148,6 +151,9 @@ func Open(cfg Config) (*Images, error) {
 	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store)
 	if err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
+	}
+	if cfg.Streamer != nil {
+		cache.SetStreamer(cfg.Streamer)
 	}
 	im.cache = cache
 	opts := cfg.Uploads

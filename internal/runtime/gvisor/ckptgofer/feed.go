@@ -167,11 +167,12 @@ func (f *Feed) serve(c *feedConn) {
 		w := &wait{c: c, id: id, off: off, n: n}
 		f.mu.Lock()
 		w.pending = f.countUnready(off, n)
-		if w.pending > 0 {
+		ready := w.pending == 0
+		if !ready {
 			f.waits = append(f.waits, w)
 		}
 		f.mu.Unlock()
-		if w.pending == 0 {
+		if ready {
 			if c.reply(id) != nil {
 				return
 			}
@@ -290,15 +291,19 @@ func (f *Feed) Fail(err error) {
 	}
 }
 
-// Close stops listening, closes the gofer's connections and waits for the
-// feed's goroutines. A gofer still waiting then fails its reads: close the
-// feed once the file is complete, or after the sandbox is gone.
+// Close stops listening. A feed not complete fails the reads waiting on
+// it (and every later one) and waits for its goroutines; a complete one
+// leaves its connections to end with their gofers, answering each read at
+// once, since a sandbox may still be loading what is all there.
 func (f *Feed) Close() error {
 	f.mu.Lock()
 	f.closed = true
+	complete := f.left == 0
 	f.mu.Unlock()
 	err := f.ln.Close()
-	f.Fail(ErrFailed)
-	f.serving.Wait()
+	if !complete {
+		f.Fail(ErrFailed)
+		f.serving.Wait()
+	}
 	return err
 }

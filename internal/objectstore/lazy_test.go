@@ -1,0 +1,162 @@
+package objectstore
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
+)
+
+// lazyRecorder is a LazyFile.Begin that checks the image at the handover
+// and records what is written after.
+type lazyRecorder struct {
+	t    *testing.T
+	dst  string
+	want map[string]treeEntry // the source tree
+
+	mu       sync.Mutex
+	begun    bool
+	size     int64
+	ranges   [][2]int64
+	pages    []bool
+	urgentAt int // ranges written before the prioritized range was
+	urgent   [2]int64
+}
+
+func (l *lazyRecorder) begin(size int64, prioritize func(off, n int64)) (func(off, n int64), error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.begun, l.size = true, size
+	l.pages = make([]bool, (size+pageSize-1)/pageSize)
+	// Every other file is complete; the memory file is there at its size.
+	for name, e := range snapshotTree(l.t, l.dst) {
+		if name == "pages.img" {
+			if e.size != size {
+				l.t.Errorf("pages.img at the handover: %d bytes, want %d", e.size, size)
+			}
+			continue
+		}
+		if e != l.want[name] {
+			l.t.Errorf("%s at the handover = %+v, want %+v", name, e, l.want[name])
+		}
+	}
+	// A read waits for a range near the end, as a guest's fault would.
+	l.urgent = [2]int64{size - 40*pageSize - 100, 3 * pageSize}
+	l.urgentAt = -1
+	prioritize(l.urgent[0], l.urgent[1])
+	return l.written, nil
+}
+
+func (l *lazyRecorder) written(off, n int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if off%pageSize != 0 || n <= 0 || off+n > l.size || (n%pageSize != 0 && off+n != l.size) {
+		l.t.Errorf("written(%d, %d): not whole pages of a %d-byte file", off, n, l.size)
+		return
+	}
+	// What is said written is there, as the source has it.
+	l.ranges = append(l.ranges, [2]int64{off, n})
+	for p := off / pageSize; p < (off+n+pageSize-1)/pageSize; p++ {
+		l.pages[p] = true
+	}
+	if l.urgentAt < 0 {
+		done := true
+		for p := l.urgent[0] / pageSize; p*pageSize < l.urgent[0]+l.urgent[1]; p++ {
+			done = done && l.pages[p]
+		}
+		if done {
+			l.urgentAt = len(l.ranges)
+		}
+	}
+}
+
+// A restore's Get hands the image over before its memory file is written:
+// every other file complete, the memory file at its size; then every page
+// of it arrives, each said once written, a prioritized range early; the
+// image ends as Get's would. A missing pack fails it with nothing left.
+func TestGetLazy(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "lazy")
+	tmp := t.TempDir()
+	cfg.ChunkDir = filepath.Join(tmp, "chunks")
+	store := openStore(t, cfg)
+	src := filepath.Join(tmp, "src")
+	memoryImage(t, src, randomPages(6000, 7))
+	if err := os.WriteFile(filepath.Join(src, "pages_meta.img"), []byte("metadata"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := store.PutImage(ctx, "snapshots/lazy", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Packs) < 3 {
+		t.Fatalf("image of %d packs; the test needs several", len(m.Packs))
+	}
+	fresh := func() *Store { // a node without the packs
+		c := cfg
+		c.ChunkDir = t.TempDir()
+		return openStore(t, c)
+	}
+
+	want := snapshotTree(t, src)
+	dst := filepath.Join(tmp, "dst")
+	rec := &lazyRecorder{t: t, dst: dst, want: want}
+	if _, err := fresh().GetLazy(ctx, "snapshots/lazy", m.Digest, dst, LazyFile{Name: "pages.img", Begin: rec.begin}); err != nil {
+		t.Fatalf("GetLazy: %v", err)
+	}
+	compareTrees(t, want, snapshotTree(t, dst))
+	equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(dst, "pages.img"))
+	if !rec.begun {
+		t.Fatal("Begin was not called")
+	}
+	for p, ok := range rec.pages {
+		if !ok {
+			t.Fatalf("page %d of pages.img was never said written", p)
+		}
+	}
+	// The prioritized range came in the first pack written after the zero
+	// runs (which are said written at once).
+	zeroRuns := 0
+	for _, r := range rec.ranges {
+		if r[0] >= int64(6000*pageSize) {
+			zeroRuns++
+		}
+	}
+	if rec.urgentAt < 0 || rec.urgentAt > zeroRuns+8 {
+		t.Errorf("the prioritized range was written after %d of %d ranges (zero runs: %d); want among the first", rec.urgentAt, len(rec.ranges), zeroRuns)
+	}
+
+	// An image without the file is fetched whole, Begin not called.
+	called := false
+	if _, err := fresh().GetLazy(ctx, "snapshots/lazy", m.Digest, filepath.Join(tmp, "other"), LazyFile{Name: "memory.img",
+		Begin: func(int64, func(int64, int64)) (func(int64, int64), error) { called = true; return nil, errors.New("no") }}); err != nil || called {
+		t.Fatalf("GetLazy of an image without the file = %v (Begin called: %v)", err, called)
+	}
+	compareTrees(t, want, snapshotTree(t, filepath.Join(tmp, "other")))
+
+	// A pack missing from the bucket: the Get fails (after the handover
+	// if the pack is the memory file's), and dst is gone.
+	if _, err := srv.Client().DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(store.packKey(m.Packs[len(m.Packs)-1]))}); err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(tmp, "broken")
+	_, err = fresh().GetLazy(context.Background(), "snapshots/lazy", m.Digest, broken, LazyFile{Name: "pages.img",
+		Begin: func(int64, func(int64, int64)) (func(int64, int64), error) {
+			return func(int64, int64) {}, nil
+		}})
+	if !errors.Is(err, ErrCorrupt) {
+		t.Errorf("GetLazy with a pack missing = %v, want ErrCorrupt", err)
+	}
+	if _, err := os.Lstat(broken); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed GetLazy left %s", broken)
+	}
+}
