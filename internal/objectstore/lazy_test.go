@@ -138,7 +138,10 @@ func TestGetLazy(t *testing.T) {
 	// An image without the file is fetched whole, Begin not called.
 	called := false
 	if _, err := fresh().GetLazy(ctx, "snapshots/lazy", m.Digest, filepath.Join(tmp, "other"), LazyFile{Name: "memory.img",
-		Begin: func(int64, func(int64, int64)) (func(int64, int64), error) { called = true; return nil, errors.New("no") }}); err != nil || called {
+		Begin: func(int64, func(int64, int64)) (func(int64, int64), error) {
+			called = true
+			return nil, errors.New("no")
+		}}); err != nil || called {
 		t.Fatalf("GetLazy of an image without the file = %v (Begin called: %v)", err, called)
 	}
 	compareTrees(t, want, snapshotTree(t, filepath.Join(tmp, "other")))
