@@ -1,6 +1,7 @@
 package objectstore
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -8,8 +9,11 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
 // putImages stores n images of size bytes of random data each, as
@@ -201,4 +205,187 @@ func TestCachePurgeWaitsForRelease(t *testing.T) {
 		t.Fatalf("purged entry survived its release: %v", err)
 	}
 	equalFiles(t, filepath.Join(srcs[0], "mem"), filepath.Join(h2.Path(), "mem"))
+}
+
+// testStreamer records what the cache does with a lazy entry; its first
+// Written blocks until gate closes, so the test sees the entry mid-fill.
+type testStreamer struct {
+	gate    chan struct{}
+	started chan struct{} // closed by Start, if set
+
+	mu       sync.Mutex
+	dir      string
+	written  int64
+	finished chan error
+	closed   bool
+}
+
+func (s *testStreamer) File() string { return "pages.img" }
+
+func (s *testStreamer) Start(dir string, size int64, prioritize func(off, n int64)) (Stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dir = dir
+	if s.started != nil {
+		close(s.started)
+	}
+	return s, nil
+}
+
+func (s *testStreamer) Written(off, n int64) {
+	<-s.gate
+	s.mu.Lock()
+	s.written += n
+	s.mu.Unlock()
+}
+
+func (s *testStreamer) Finish(err error) error {
+	s.finished <- err
+	return nil
+}
+
+func (s *testStreamer) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+}
+
+func (s *testStreamer) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// A lazy entry is acquired before its memory file is written, shared by a
+// second Acquire meanwhile, recorded only once complete (and so kept by
+// the next open), and dropped if the fetch fails after the handover.
+func TestCacheLazyEntries(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	cfg := testConfig(srv, "cache-lazy")
+	store := openStore(t, cfg)
+	ctx := testCtx(t)
+	src := filepath.Join(t.TempDir(), "src")
+	memoryImage(t, src, randomPages(4000, 11))
+	m, err := store.PutImage(ctx, "templates/lazy", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cache, err := OpenCache(dir, 1<<30, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &testStreamer{gate: make(chan struct{}), finished: make(chan error, 1)}
+	cache.SetStreamer(st)
+
+	h1, err := cache.Acquire(ctx, "templates/lazy", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Handed over: every other file there, the memory file at its size,
+	// nothing recorded yet.
+	equalFiles(t, filepath.Join(src, "checkpoint.img"), filepath.Join(h1.Path(), "checkpoint.img"))
+	if fi, err := os.Stat(filepath.Join(h1.Path(), "pages.img")); err != nil || fi.Size() != int64(4064*pageSize) {
+		t.Fatalf("pages.img at the handover: %v, %v", fi, err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(h1.Path()), entryMetaF)); err == nil {
+		t.Fatal("the entry was recorded before its memory file was complete")
+	}
+	h2, err := cache.Acquire(ctx, "templates/lazy", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2.Path() != h1.Path() {
+		t.Fatalf("a second Acquire mid-fill got %s, want the same entry %s", h2.Path(), h1.Path())
+	}
+	close(st.gate)
+	if err := <-st.finished; err != nil {
+		t.Fatalf("Finish(%v)", err)
+	}
+	h1.Release()
+	h2.Release()
+	equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(h1.Path(), "pages.img"))
+	waitUntil(t, "the entry recorded", func() bool { return cache.Size() > 0 })
+	if _, err := os.Stat(filepath.Join(filepath.Dir(h1.Path()), entryMetaF)); err != nil {
+		t.Fatalf("complete entry not recorded: %v", err)
+	}
+	cache.Close()
+	reopened, err := OpenCache(dir, 1<<30, store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reopened.Close()
+	if got := reopened.Keys(); !slices.Equal(got, []string{"templates/lazy"}) {
+		t.Fatalf("after reopening: %v", got)
+	}
+
+	// A pack of the memory file missing, found so only after the handover
+	// (its download held until then): the Acquire is handed the image, the
+	// fill fails, the entry goes once released.
+	m2, err := store.PutImage(ctx, "templates/broken", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := store.fetchIndex(ctx, m2, m2.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, count, _, _, err := lazyPages(ix, "pages.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pack of the memory file's last stored page, if no other file
+	// uses it.
+	last := ix.pages[first+count-65].pack
+	for p, pg := range ix.pages {
+		if (p < first || p >= first+count) && pg.pack == last {
+			t.Fatal("the memory file's last pack holds another file's page; the test needs another layout")
+		}
+	}
+	bst := &testStreamer{gate: make(chan struct{}), started: make(chan struct{}), finished: make(chan error, 1)}
+	close(bst.gate)
+	lastKey := store.packKey(ix.packs[last-1].name())
+	ocfg := cfg
+	ocfg.ChunkDir = t.TempDir() // no packs on its disk
+	ocfg.HTTPClient = &http.Client{Transport: &hookTransport{base: http.DefaultTransport, method: http.MethodGet, suffix: lastKey, hook: func() {
+		<-bst.started
+		if _, err := srv.Client().DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(lastKey)}); err != nil {
+			t.Error(err)
+		}
+	}}}
+	other := openStore(t, ocfg)
+	broken, err := OpenCache(t.TempDir(), 1<<30, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer broken.Close()
+	broken.SetStreamer(bst)
+	h, err := broken.Acquire(ctx, "templates/broken", m2.Digest)
+	if err != nil {
+		t.Fatalf("Acquire: %v (the missing pack is the memory file's: the image is handed over first)", err)
+	}
+	if err := <-bst.finished; !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Finish(%v), want ErrCorrupt", err)
+	}
+	waitUntil(t, "the failed entry dropped", func() bool { return len(broken.Keys()) == 0 })
+	h.Release()
+	if _, err := os.Stat(filepath.Dir(h.Path())); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the failed entry's directory stayed: %v", err)
+	}
+	if !bst.isClosed() {
+		t.Fatal("the failed entry's stream was not closed")
+	}
+}
+
+// waitUntil polls cond for up to a minute.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -727,7 +727,8 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string,
 			return st, err
 		}
 		if ok {
-			fill = &lazyFill{name: lazy.Name, first: first, count: count, size: size, done: map[uint32]bool{}}
+			fill = &lazyFill{name: lazy.Name, first: first, count: count, size: size, done: map[uint32]bool{},
+				arrived: map[uint32]bool{}, wake: make(chan struct{}, 1)}
 		}
 	}
 	packDir := s.cfg.ChunkDir
@@ -742,7 +743,7 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string,
 	r := &packReader{ctx: ctx, s: s, dir: packDir, ix: ix, held: map[uint32][]byte{},
 		arriving: map[uint32]*arrival{}, lazy: fill}
 	// The order packs are first used in: the lazy file's last.
-	var order, lazyOrder []uint32
+	var order []uint32
 	seen := make([]bool, len(ix.packs))
 	for p, pg := range ix.pages {
 		if pg.pack == 0 || seen[pg.pack-1] {
@@ -759,67 +760,93 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string,
 			if pg.pack != 0 && !seen[pg.pack-1] {
 				seen[pg.pack-1] = true
 				order = append(order, pg.pack)
-			}
-		}
-		// The lazy file's own order names a pack the rest also uses.
-		used := make([]bool, len(ix.packs))
-		for _, pg := range ix.pages[fill.first : fill.first+fill.count] {
-			if pg.pack != 0 && !used[pg.pack-1] {
-				used[pg.pack-1] = true
-				lazyOrder = append(lazyOrder, pg.pack)
+				fill.lazyOnly++
 			}
 		}
 	}
-	var missing []uint32
-	for _, i := range order {
+	// The packs missing here, in two rounds: those the other files use,
+	// then (with a lazy file, once the image is handed over, so that the
+	// handover is not slowed by them) the lazy file's.
+	var missing, lazyMissing []uint32
+	for n, i := range order {
 		if _, err := os.Stat(filepath.Join(packDir, ix.packs[i-1].name())); err == nil {
 			continue
 		}
 		r.arriving[i] = &arrival{done: make(chan struct{})}
-		missing = append(missing, i)
+		if fill != nil && n >= len(order)-fill.lazyOnly {
+			lazyMissing = append(lazyMissing, i)
+		} else {
+			missing = append(missing, i)
+		}
 	}
 	q := newPackQueue(missing)
+	if fill == nil || len(lazyMissing) == 0 {
+		q.close()
+	}
 	dctx, stop := context.WithCancel(ctx)
 	defer stop()
 	r.ctx = dctx
 	var (
-		mu      sync.Mutex
-		dlErr   error
-		workers sync.WaitGroup
+		mu        sync.Mutex
+		dlErr     error
+		downloads sync.WaitGroup
 	)
-	for range min(2*s.cfg.PartConcurrency, len(missing)) {
-		workers.Add(1)
+	download := func(i uint32) {
+		p, a := ix.packs[i-1], r.arriving[i]
+		a.err = s.downloadPack(dctx, packDir, p)
+		close(a.done)
+		mu.Lock()
+		if a.err != nil {
+			if dlErr == nil {
+				dlErr = a.err
+			}
+		} else {
+			st.Packs++
+			st.Bytes += p.stored
+		}
+		mu.Unlock()
+		if a.err != nil {
+			stop() // the other downloads are of no use
+			q.abort()
+		}
+		if fill != nil {
+			fill.arrive(i)
+		}
+	}
+	for range 2 * s.cfg.PartConcurrency {
+		downloads.Add(1)
 		go func() {
-			defer workers.Done()
+			defer downloads.Done()
 			for {
 				i, ok := q.next()
 				if !ok {
 					return
 				}
-				p, a := ix.packs[i-1], r.arriving[i]
-				a.err = s.downloadPack(dctx, packDir, p)
-				close(a.done)
-				mu.Lock()
-				if a.err != nil {
-					if dlErr == nil {
-						dlErr = a.err
-					}
-				} else {
-					st.Packs++
-					st.Bytes += p.stored
-				}
-				mu.Unlock()
-				if a.err != nil {
-					stop() // the other downloads are of no use
-				}
+				download(i)
 			}
 		}()
 	}
-	err = r.unpackAll(ctx, dir, lazy, q, lazyOrder)
+	if fill != nil {
+		fill.q = q
+		fill.later = lazyMissing
+		// A pack a read waits for is downloaded at once, beside the rest.
+		fill.download = func(i uint32) {
+			downloads.Add(1)
+			go func() {
+				defer downloads.Done()
+				download(i)
+			}()
+		}
+	}
+	err = r.unpackAll(dctx, dir, lazy)
 	if err != nil {
 		stop()
+		q.abort()
 	}
-	workers.Wait()
+	if fill != nil {
+		fill.stop()
+	}
+	downloads.Wait()
 	// A download's failure is the cause of an unpacking stopped by it;
 	// downloads stopped because the unpacking failed are not.
 	if dlErr != nil && (err == nil || !errors.Is(dlErr, context.Canceled)) {
@@ -833,7 +860,7 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string,
 }
 
 // unpackAll writes the image's files, the lazy file (if any) last.
-func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile, q *packQueue, lazyOrder []uint32) error {
+func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) error {
 	var err error
 	if r.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(packTarget+pageSize)); err != nil {
 		return err
@@ -852,11 +879,13 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile, 
 			return err
 		}
 		defer f.Close()
-		fill.r, fill.q = r, q
+		fill.r = r
 		if fill.written, err = lazy.Begin(fill.size, fill.prioritize); err != nil {
 			return err
 		}
-		if err := fill.run(ctx, f, lazyOrder); err != nil {
+		fill.q.add(fill.later...)
+		fill.q.close()
+		if err := fill.run(ctx, f); err != nil {
 			return err
 		}
 		if err := f.Close(); err != nil {

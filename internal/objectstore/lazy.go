@@ -22,8 +22,10 @@ type LazyFile struct {
 	// Name is a regular file at the image's top.
 	Name string
 	// Begin is called once every other file of the image is written, and
-	// Name exists at its size with none of its contents yet. prioritize
-	// moves a range of Name ahead of the rest still to come. Begin returns
+	// Name exists at its size with none of its contents yet. prioritize is
+	// to be told of each range of Name a reader reads, in the order it
+	// reads them, written yet or not: a range out of the readers' in-order
+	// progress is fetched ahead of the rest still to come. Begin returns
 	// written, which is told each range of Name once its bytes are there
 	// (whole pages; the last page of the file may be short). An error
 	// stops the Get.
@@ -90,95 +92,209 @@ func lazyPages(ix *chunkIndex, name string) (first, count int, size int64, ok bo
 	}
 }
 
-// packQueue hands out the packs a Get downloads: in order, except those
-// asked for first.
+// packQueue hands out the packs a Get downloads, in order, to its
+// download workers; packs may be added until it is closed, and a pack
+// claimed (downloaded elsewhere first) is skipped.
 type packQueue struct {
 	mu      sync.Mutex
+	more    *sync.Cond
 	order   []uint32
 	pos     int
-	urgent  []uint32
 	started map[uint32]bool
+	closed  bool
 }
 
 func newPackQueue(order []uint32) *packQueue {
-	return &packQueue{order: order, started: make(map[uint32]bool, len(order))}
+	q := &packQueue{order: order, started: make(map[uint32]bool, len(order))}
+	q.more = sync.NewCond(&q.mu)
+	return q
 }
 
-// next returns the next pack to download; false when none is left.
+// next returns the next pack to download; it waits for more unless the
+// queue is closed, and returns false once a closed queue is empty.
 func (q *packQueue) next() (uint32, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.urgent) > 0 {
-		i := q.urgent[len(q.urgent)-1]
-		q.urgent = q.urgent[:len(q.urgent)-1]
-		if !q.started[i] {
-			q.started[i] = true
-			return i, true
+	for {
+		for q.pos < len(q.order) {
+			i := q.order[q.pos]
+			q.pos++
+			if !q.started[i] {
+				q.started[i] = true
+				return i, true
+			}
 		}
-	}
-	for q.pos < len(q.order) {
-		i := q.order[q.pos]
-		q.pos++
-		if !q.started[i] {
-			q.started[i] = true
-			return i, true
+		if q.closed {
+			return 0, false
 		}
+		q.more.Wait()
 	}
-	return 0, false
 }
 
-// hurry puts packs first (the last given goes first).
-func (q *packQueue) hurry(packs ...uint32) {
+// add queues packs after those queued.
+func (q *packQueue) add(packs ...uint32) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, i := range packs {
-		if !q.started[i] {
-			q.urgent = append(q.urgent, i)
-		}
+	q.order = append(q.order, packs...)
+	q.more.Broadcast()
+}
+
+// close says no pack will be added.
+func (q *packQueue) close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	q.more.Broadcast()
+}
+
+// abort drops what is queued: the Get failed.
+func (q *packQueue) abort() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.order, q.pos, q.closed = nil, 0, true
+	q.more.Broadcast()
+}
+
+// claim marks pack i as downloading elsewhere; false if it already was.
+func (q *packQueue) claim(i uint32) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.started[i] {
+		return false
 	}
+	q.started[i] = true
+	return true
 }
 
 // lazyFill writes the lazy file's pages once the rest of the image is
-// written: pack by pack, a pack a read waits for first.
+// written: each pack as it arrives, a pack a read waits for first (its
+// download started at once).
 type lazyFill struct {
-	name    string
-	r       *packReader
-	q       *packQueue
-	first   int // the file's first page in the index
-	count   int
-	size    int64
-	mtime   time.Time
-	written func(off, n int64)
+	name     string
+	r        *packReader
+	q        *packQueue
+	first    int // the file's first page in the index
+	count    int
+	size     int64
+	mtime    time.Time
+	lazyOnly int      // packs only the lazy file uses
+	later    []uint32 // of those, the ones to download after the handover
+	download func(i uint32)
+	written  func(off, n int64)
 
-	mu     sync.Mutex
-	urgent []uint32 // packs to write next, the last first
-	done   map[uint32]bool
+	mu      sync.Mutex
+	urgent  []uint32 // packs reads wait for, the last asked for on top
+	arrived map[uint32]bool
+	ready   []uint32 // arrived, in order of arrival
+	done    map[uint32]bool
+	wake    chan struct{}
+	stopped bool // the Get is over: start no download
+	// inOrder is the end of the furthest range read in order so far.
+	inOrder int64
 }
 
-// prioritize is LazyFile.Begin's prioritize: the packs holding [off,
-// off+n) of the file are downloaded and written before the others.
+// inOrderSlack is how far past the in-order reads a read still counts as
+// one of them: the load skips ranges already loaded out of order.
+const inOrderSlack = packTarget
+
+// stop ends prioritize's downloads: after it, none starts.
+func (l *lazyFill) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+}
+
+// arrive is told of each pack downloaded (or failed: the Get then ends).
+func (l *lazyFill) arrive(i uint32) {
+	l.mu.Lock()
+	l.arrived[i] = true
+	l.ready = append(l.ready, i)
+	l.mu.Unlock()
+	l.nudge()
+}
+
+func (l *lazyFill) nudge() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// prioritize is LazyFile.Begin's prioritize. A restore's reads come in
+// two kinds: its background load asks for the file in order, a fixed number
+// of ranges at a time, and a page the guest (or the restore itself) needs
+// out of that order is asked for on its own. The first follow the packs'
+// download order anyway; the second block the sandbox, so their packs are
+// downloaded at once, beside the rest, and written first.
 func (l *lazyFill) prioritize(off, n int64) {
 	if off < 0 || n <= 0 || off >= l.size {
 		return
 	}
-	firstPage, end := int(off/pageSize), int(min(off+n, l.size)+pageSize-1)/pageSize
-	var packs []uint32
 	l.mu.Lock()
+	defer l.nudge()
+	defer l.mu.Unlock()
+	if off <= l.inOrder+inOrderSlack {
+		// The load in order (or a range it skipped to): on its way.
+		l.inOrder = max(l.inOrder, off+n)
+		return
+	}
+	if l.stopped {
+		return
+	}
+	firstPage, end := int(off/pageSize), int(min(off+n, l.size)+pageSize-1)/pageSize
 	// Backwards, so that the range's first pack ends on top of the stack.
+	last := uint32(0)
 	for p := end - 1; p >= firstPage; p-- {
 		i := l.r.ix.pages[l.first+p].pack
-		if i != 0 && !l.done[i] && (len(packs) == 0 || packs[len(packs)-1] != i) {
-			packs = append(packs, i)
-			l.urgent = append(l.urgent, i)
+		if i == 0 || i == last || l.done[i] {
+			continue
+		}
+		last = i
+		l.urgent = append(l.urgent, i)
+		if l.r.arriving[i] != nil && l.q.claim(i) {
+			l.download(i) // starts it, under l.mu so that stop sees it
 		}
 	}
-	l.mu.Unlock()
-	l.q.hurry(packs...)
 }
 
-// run writes every page of the file into f, in order of its packs' first
-// use, a prioritized pack first; zero pages need no write.
-func (l *lazyFill) run(ctx context.Context, f *os.File, order []uint32) error {
+// nextPack returns a pack of the file to write: the newest a read waits for
+// that is here, else the first arrived; it waits for one.
+func (l *lazyFill) nextPack(ctx context.Context, byPack map[uint32][]int32) (uint32, error) {
+	for {
+		l.mu.Lock()
+		for k := len(l.urgent) - 1; k >= 0; k-- {
+			i := l.urgent[k]
+			if l.done[i] {
+				l.urgent = append(l.urgent[:k], l.urgent[k+1:]...)
+				continue
+			}
+			if l.arrived[i] {
+				l.urgent = append(l.urgent[:k], l.urgent[k+1:]...)
+				l.done[i] = true
+				l.mu.Unlock()
+				return i, nil
+			}
+		}
+		for len(l.ready) > 0 {
+			i := l.ready[0]
+			l.ready = l.ready[1:]
+			if !l.done[i] && byPack[i] != nil {
+				l.done[i] = true
+				l.mu.Unlock()
+				return i, nil
+			}
+		}
+		l.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-l.wake:
+		}
+	}
+}
+
+// run writes every page of the file into f; zero pages need no write.
+func (l *lazyFill) run(ctx context.Context, f *os.File) error {
 	pages := l.r.ix.pages[l.first : l.first+l.count]
 	byPack := map[uint32][]int32{}
 	for p, pg := range pages {
@@ -187,6 +303,15 @@ func (l *lazyFill) run(ctx context.Context, f *os.File, order []uint32) error {
 		}
 		byPack[pg.pack] = append(byPack[pg.pack], int32(p))
 	}
+	// Packs already on disk are here from the start.
+	l.mu.Lock()
+	for i := range byPack {
+		if a := l.r.arriving[i]; a == nil && !l.arrived[i] {
+			l.arrived[i] = true
+			l.ready = append(l.ready, i)
+		}
+	}
+	l.mu.Unlock()
 	// Zero pages read as the file's holes: ready now, in runs.
 	for p := 0; p < len(pages); {
 		if pages[p].pack != 0 {
@@ -201,28 +326,11 @@ func (l *lazyFill) run(ctx context.Context, f *os.File, order []uint32) error {
 		l.written(off, min(int64(p)*pageSize, l.size)-off)
 	}
 	buf := make([]byte, 0, packTarget)
-	next := 0
 	for left := len(byPack); left > 0; left-- {
-		if err := ctx.Err(); err != nil {
+		i, err := l.nextPack(ctx, byPack)
+		if err != nil {
 			return err
 		}
-		l.mu.Lock()
-		i := uint32(0)
-		for len(l.urgent) > 0 && i == 0 {
-			u := l.urgent[len(l.urgent)-1]
-			l.urgent = l.urgent[:len(l.urgent)-1]
-			if !l.done[u] {
-				i = u
-			}
-		}
-		for i == 0 {
-			if !l.done[order[next]] {
-				i = order[next]
-			}
-			next++
-		}
-		l.done[i] = true
-		l.mu.Unlock()
 		data, err := l.r.pack(i)
 		if err != nil {
 			return err

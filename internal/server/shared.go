@@ -94,7 +94,7 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 		Logger: logger,
 	}
 	if lazyRestores(cfg) {
-		scfg.Streamer = feedStreamer{}
+		scfg.Streamer = feedStreamer{logger: logger}
 	}
 	if member != nil {
 		scfg.NodeID = member.id
@@ -148,11 +148,13 @@ func lazyRestores(cfg config.Server) bool {
 // feedStreamer hands a fetched checkpoint image to restores before its
 // memory file is written: runsc reads it through aenv's checkpoint gofer,
 // whose reads wait on a feed the fetch tells of each range written.
-type feedStreamer struct{}
+type feedStreamer struct {
+	logger *slog.Logger
+}
 
 func (feedStreamer) File() string { return ckptgofer.PagesFile }
 
-func (feedStreamer) Start(dir string, size int64, prioritize func(off, n int64)) (objectstore.Stream, error) {
+func (fs feedStreamer) Start(dir string, size int64, prioritize func(off, n int64)) (objectstore.Stream, error) {
 	var b [12]byte
 	rand.Read(b[:])
 	// An abstract socket: no path to outgrow sun_path or to leave behind.
@@ -165,12 +167,15 @@ func (feedStreamer) Start(dir string, size int64, prioritize func(off, n int64))
 		feed.Close()
 		return nil, err
 	}
-	return &feedStream{dir: dir, feed: feed}, nil
+	return &feedStream{dir: dir, feed: feed, size: size, started: time.Now(), logger: fs.logger}, nil
 }
 
 type feedStream struct {
-	dir  string
-	feed *ckptgofer.Feed
+	dir     string
+	feed    *ckptgofer.Feed
+	size    int64
+	started time.Time
+	logger  *slog.Logger
 }
 
 func (s *feedStream) Written(off, n int64) { s.feed.Ready(off, n) }
@@ -181,9 +186,13 @@ func (s *feedStream) Written(off, n int64) { s.feed.Ready(off, n) }
 // once. On failure the sandboxes reading wait no more: their reads fail.
 func (s *feedStream) Finish(err error) error {
 	if err != nil {
+		s.logger.Warn("shared images: the memory file of an image being restored from will not arrive; its sandboxes end",
+			"dir", s.dir, "err", err)
 		s.feed.Fail(err)
 		return nil
 	}
+	s.logger.Info("shared images: memory file arrived", "dir", s.dir, "bytes", s.size,
+		"took", time.Since(s.started).Round(time.Millisecond))
 	if err := os.Remove(filepath.Join(s.dir, ckptgofer.OptionsFile)); err != nil {
 		return err
 	}

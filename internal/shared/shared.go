@@ -741,7 +741,8 @@ func (im *Images) Image(ctx context.Context, tpl *store.Template) (dir string, r
 		return "", nil, fmt.Errorf("fetch image of %s: %w", tpl.Name, fetchError(err))
 	}
 	if took := time.Since(start); took > 100*time.Millisecond {
-		im.cfg.Logger.InfoContext(ctx, "shared images: image fetched", "template", tpl.ID,
+		// With a Streamer, the memory file may still be arriving.
+		im.cfg.Logger.InfoContext(ctx, "shared images: image ready to restore from", "template", tpl.ID,
 			"took", took.Round(time.Millisecond))
 	}
 	return h.Path(), h.Release, nil

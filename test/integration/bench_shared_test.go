@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,8 +19,10 @@ import (
 //     from the snapshot's answer until its record says uploaded (its root
 //     filesystem is in the store from the first iteration on);
 //   - cold / warm: create from it on another node until a command answers,
-//     the first fetching the image into that node's cache, the second
-//     reading the cache;
+//     the first fetching the image into that node's cache (its memory
+//     still arriving while it restores: --lazy-restore), the second served
+//     as a warm one is; cold-whole: the same cold create on a node that
+//     fetches the whole image first (the default);
 //   - fork-3-nodes / fork-1-node: a fork of 64 children from a small
 //     snapshot through the gateway, split over the three nodes, against
 //     the same fork on one node, until every child answers a command.
@@ -31,8 +34,8 @@ func BenchmarkClusterShared(b *testing.B) {
 	c := newCluster(b)
 	// /22s: a fork of 64 on one node needs more slots than a /24 has.
 	na := c.sharedNode("node-a", srv, "--sandbox-cidr", "10.236.0.0/22")
-	nb := c.sharedNode("node-b", srv, "--sandbox-cidr", "10.236.4.0/22")
-	c.sharedNode("node-c", srv, "--sandbox-cidr", "10.236.8.0/22")
+	nb := c.sharedNode("node-b", srv, "--sandbox-cidr", "10.236.4.0/22", "--lazy-restore")
+	nc := c.sharedNode("node-c", srv, "--sandbox-cidr", "10.236.8.0/22")
 	g := c.addGateway()
 	g.waitReady(b, "node-a", "node-b", "node-c")
 	ctx := context.Background()
@@ -59,7 +62,7 @@ time.sleep(1e9)
 		g.api.DeleteSandbox(ctx, id)
 	}
 
-	var upload, cold, warm, forkCluster, forkOne []time.Duration
+	var upload, cold, warm, coldWhole, forkCluster, forkOne []time.Duration
 	b.ResetTimer()
 	for range b.N {
 		snap, err := g.api.CreateSnapshot(ctx, big, "")
@@ -80,9 +83,16 @@ time.sleep(1e9)
 			}
 			nb.api.DeleteSandbox(ctx, id)
 		}
-		g.api.DeleteTemplate(ctx, snap.SnapshotID)
-
 		t0 := time.Now()
+		id := nc.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+		nc.exec(id, client.ExecuteRequest{Command: "true"})
+		coldWhole = append(coldWhole, time.Since(t0))
+		nc.api.DeleteSandbox(ctx, id)
+		g.api.DeleteTemplate(ctx, snap.SnapshotID)
+		b.Logf("create from 300 MB: cold %v, warm %v, cold fetching the whole image first %v",
+			cold[len(cold)-1].Round(time.Millisecond), warm[len(warm)-1].Round(time.Millisecond), coldWhole[len(coldWhole)-1].Round(time.Millisecond))
+
+		t0 = time.Now()
 		children := g.fork(b, smallSnap.SnapshotID, 64)
 		forkCluster = append(forkCluster, time.Since(t0))
 		deleteAll(g.api, children)
@@ -93,9 +103,24 @@ time.sleep(1e9)
 		deleteAll(na.api, children)
 	}
 	b.StopTimer()
+	// Where the cold creates' time went, as the nodes logged it.
+	for _, n := range []*server{nb, nc} {
+		for _, line := range strings.Split(n.logs.String(), "\n") {
+			if strings.Contains(line, "image ready to restore from") || strings.Contains(line, "memory file arrived") ||
+				strings.Contains(line, "root filesystem fetched") {
+				b.Logf("%s: %s", n.cluster.id, line)
+			}
+		}
+	}
 	reportNamed(b, "upload-300MB", upload)
 	reportNamed(b, "create-cold-300MB", cold)
 	reportNamed(b, "create-warm-300MB", warm)
+	reportNamed(b, "create-cold-whole-300MB", coldWhole)
+	pc, _ := percentiles(cold)
+	pw, _ := percentiles(warm)
+	pcw, _ := percentiles(coldWhole)
+	b.ReportMetric(pc/pw, "cold/warm")
+	b.ReportMetric(pcw/pw, "cold-whole/warm")
 	reportNamed(b, "fork64-3-nodes", forkCluster)
 	reportNamed(b, "fork64-1-node", forkOne)
 	p3, _ := percentiles(forkCluster)

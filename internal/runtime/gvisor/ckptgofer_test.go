@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
 	"github.com/aenv-dev/aenv/internal/runtime/runtimetest"
 )
@@ -25,11 +27,34 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// A sandbox is restored from an image whose memory file arrives while the
-// restore runs: in pieces, out of order, slowly, and the ranges the
-// sandbox's reads wait for first. Its memory comes back intact, the reads
-// went through the feed, and the gofer goes once the memory is loaded.
-func TestRestoreWhilePagesArrive(t *testing.T) {
+// lazyImage is a checkpoint of a sandbox holding allocMiB of data, copied
+// for a restore whose memory file arrives while it runs: every other file
+// whole, the memory file at its size with nothing in it yet, a feed for it.
+type lazyImage struct {
+	d      *Driver
+	fx     *runtimetest.Fixture
+	parent *runtimetest.Sandbox
+	sum    string // the parent's memory checksum
+	dir    string
+	src    *os.File // the memory file as checkpointed
+	dst    *os.File // its lazy copy
+	size   int64
+	feed   *ckptgofer.Feed
+
+	mu      sync.Mutex
+	wanted  []int // chunks read: out of order first, then in order of asking
+	inOrder int64 // the end of the furthest read in order
+	wants   int
+	nudge   chan struct{}
+}
+
+const (
+	allocMiB = 64
+	chunk    = 1 << 20
+)
+
+func newLazyImage(t *testing.T) *lazyImage {
+	t.Helper()
 	runtimetest.RequireRoot(t)
 	env := newTestEnv(t)
 	exe, err := os.Executable()
@@ -41,19 +66,15 @@ func TestRestoreWhilePagesArrive(t *testing.T) {
 	if err := d.installGofer(); err != nil {
 		t.Fatal(err)
 	}
-	fx := runtimetest.NewFixture(t, d, env)
-	parent := fx.Start(t)
-	const allocMiB = 64
-	sum := parent.Alloc(t, allocMiB)
+	l := &lazyImage{d: d, fx: runtimetest.NewFixture(t, d, env), nudge: make(chan struct{}, 1)}
+	l.parent = l.fx.Start(t)
+	l.sum = l.parent.Alloc(t, allocMiB)
 	image := filepath.Join(t.TempDir(), "image")
-	if err := d.Checkpoint(t.Context(), parent.Spec.ID, image, true); err != nil {
+	if err := d.Checkpoint(t.Context(), l.parent.Spec.ID, image, true); err != nil {
 		t.Fatal(err)
 	}
-
-	// The lazy copy: every file but the memory file whole, the memory file
-	// at its size with nothing in it yet.
-	lazy := filepath.Join(t.TempDir(), "lazy")
-	if err := os.Mkdir(lazy, 0o700); err != nil {
+	l.dir = filepath.Join(t.TempDir(), "lazy")
+	if err := os.Mkdir(l.dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	entries, err := os.ReadDir(image)
@@ -64,155 +85,165 @@ func TestRestoreWhilePagesArrive(t *testing.T) {
 		if !e.Type().IsRegular() {
 			t.Fatalf("image holds %s, not a regular file", e.Name())
 		}
-		if e.Name() == ckptgofer.PagesFile {
-			continue
+		if e.Name() != ckptgofer.PagesFile {
+			copyFile(t, filepath.Join(image, e.Name()), filepath.Join(l.dir, e.Name()))
 		}
-		copyFile(t, filepath.Join(image, e.Name()), filepath.Join(lazy, e.Name()))
 	}
-	src, err := os.Open(filepath.Join(image, ckptgofer.PagesFile))
+	if l.src, err = os.Open(filepath.Join(image, ckptgofer.PagesFile)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.src.Close() })
+	info, err := l.src.Stat()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer src.Close()
-	info, err := src.Stat()
-	if err != nil {
+	l.size = info.Size()
+	if l.size < allocMiB<<20 {
+		t.Fatalf("pages file of %d bytes holds less than the %d MiB allocated", l.size, allocMiB)
+	}
+	if l.dst, err = os.OpenFile(filepath.Join(l.dir, ckptgofer.PagesFile), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	size := info.Size()
-	dst, err := os.OpenFile(filepath.Join(lazy, ckptgofer.PagesFile), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	t.Cleanup(func() { l.dst.Close() })
+	if err := l.dst.Truncate(l.size); err != nil {
 		t.Fatal(err)
-	}
-	defer dst.Close()
-	if err := dst.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	if size < allocMiB<<20 {
-		t.Fatalf("pages file of %d bytes holds less than the %d MiB allocated", size, allocMiB)
-	}
-
-	// The writer: the newest range a read waits for first (a page the
-	// guest touched is read after the loader's queue), and, once the
-	// restore has returned, the rest in random order, a chunk every few
-	// milliseconds. So the restore can only have read through the feed.
-	const chunk = 1 << 20
-	chunks := int((size + chunk - 1) / chunk)
-	var (
-		mu     sync.Mutex
-		wanted []int
-		wants  int
-		filled = make([]bool, chunks)
-		nudge  = make(chan struct{}, 1)
-	)
-	want := func(off, n int64) {
-		mu.Lock()
-		for c := off / chunk; c <= (off+n-1)/chunk; c++ {
-			wanted = append(wanted, int(c))
-		}
-		wants++
-		mu.Unlock()
-		select {
-		case nudge <- struct{}{}:
-		default:
-		}
 	}
 	socket := filepath.Join(t.TempDir(), "feed.sock")
-	feed, err := ckptgofer.NewFeed(socket, size, want)
-	if err != nil {
+	if l.feed, err = ckptgofer.NewFeed(socket, l.size, l.want); err != nil {
 		t.Fatal(err)
 	}
-	defer feed.Close()
-	if err := ckptgofer.WriteOptions(lazy, socket); err != nil {
+	t.Cleanup(func() { l.feed.Close() })
+	if err := ckptgofer.WriteOptions(l.dir, socket); err != nil {
 		t.Fatal(err)
+	}
+	return l
+}
+
+func (l *lazyImage) chunks() int { return int((l.size + chunk - 1) / chunk) }
+
+// want is told of each read, as aenv's fetch is: a read past the reads in
+// order so far (by more than a chunk) is one the sandbox waits for out of
+// the background load's order, and goes first.
+func (l *lazyImage) want(off, n int64) {
+	l.mu.Lock()
+	var chunks []int
+	for c := off / chunk; c <= (off+n-1)/chunk; c++ {
+		chunks = append(chunks, int(c))
+	}
+	if off > l.inOrder+chunk {
+		l.wanted = append(chunks, l.wanted...)
+	} else {
+		l.wanted = append(l.wanted, chunks...)
+		l.inOrder = max(l.inOrder, off+n)
+	}
+	l.wants++
+	l.mu.Unlock()
+	select {
+	case l.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// copyChunk writes chunk c of the memory file and tells the feed.
+func (l *lazyImage) copyChunk(c int, buf []byte) error {
+	off := int64(c) * chunk
+	n, err := l.src.ReadAt(buf, off)
+	if err != nil && err != io.EOF {
+		return err
+	}
+	if _, err := l.dst.WriteAt(buf[:n], off); err != nil {
+		return err
+	}
+	l.feed.Ready(off, int64(n))
+	return nil
+}
+
+// fill writes the memory file: the chunks reads ask for first, in the
+// order they ask, and, once rest is closed, the others in random order, a
+// chunk every few milliseconds. A chunk keep refuses is never written. It ends when every
+// other chunk is, or ctx ends.
+func (l *lazyImage) fill(ctx context.Context, rest <-chan struct{}, keep func(c int) bool) error {
+	buf := make([]byte, chunk)
+	chunks := l.chunks()
+	filled := make([]bool, chunks)
+	left := 0
+	for c := range chunks {
+		if keep(c) {
+			left++
+		}
 	}
 	order := rand.Perm(chunks)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	fillDone := make(chan error, 1)
-	restoreReturned := make(chan struct{})
-	go func() {
-		buf := make([]byte, chunk)
-		next := 0
-		for left := chunks; left > 0; {
-			mu.Lock()
-			c := -1
-			for len(wanted) > 0 && c < 0 {
-				last := wanted[len(wanted)-1]
-				wanted = wanted[:len(wanted)-1]
-				if !filled[last] {
-					c = last
-				}
-			}
-			for c < 0 && next < chunks && isClosed(restoreReturned) {
-				if !filled[order[next]] {
-					c = order[next]
-				}
-				next++
-			}
-			if c < 0 {
-				mu.Unlock()
-				select {
-				case <-ctx.Done():
-					fillDone <- ctx.Err()
-					return
-				case <-nudge:
-				case <-restoreReturned:
-				}
-				continue
-			}
-			filled[c] = true
-			mu.Unlock()
-			off := int64(c) * chunk
-			n, err := src.ReadAt(buf, off)
-			if err != nil && err != io.EOF {
-				fillDone <- err
-				return
-			}
-			if _, err := dst.WriteAt(buf[:n], off); err != nil {
-				fillDone <- err
-				return
-			}
-			feed.Ready(off, int64(n))
-			left--
-			select {
-			case <-ctx.Done():
-				fillDone <- ctx.Err()
-				return
-			case <-nudge:
-			case <-time.After(5 * time.Millisecond):
+	next := 0
+	for left > 0 {
+		l.mu.Lock()
+		c := -1
+		for len(l.wanted) > 0 && c < 0 {
+			first := l.wanted[0]
+			l.wanted = l.wanted[1:]
+			if !filled[first] && keep(first) {
+				c = first
 			}
 		}
-		fillDone <- nil
-	}()
+		l.mu.Unlock()
+		for c < 0 && next < chunks && isClosed(rest) {
+			if !filled[order[next]] && keep(order[next]) {
+				c = order[next]
+			}
+			next++
+		}
+		if c < 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-l.nudge:
+			case <-rest:
+			}
+			continue
+		}
+		filled[c] = true
+		left--
+		if err := l.copyChunk(c, buf); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.nudge:
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
 
-	child := fx.NewSpec(t)
-	child.Spec.MemoryMB = parent.Spec.MemoryMB
+// A sandbox is restored from an image whose memory file arrives while the
+// restore runs: in pieces, out of order, slowly, and the ranges the
+// sandbox's reads wait for first. Its memory comes back intact, the reads
+// went through the feed, and the gofer goes once the memory is loaded.
+func TestRestoreWhilePagesArrive(t *testing.T) {
+	l := newLazyImage(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// Until the restore has returned, only what its reads wait for
+	// arrives: it can only have read through the feed.
+	restoreReturned := make(chan struct{})
+	fillDone := make(chan error, 1)
+	go func() { fillDone <- l.fill(ctx, restoreReturned, func(int) bool { return true }) }()
+
+	child := l.fx.NewSpec(t)
+	child.Spec.MemoryMB = l.parent.Spec.MemoryMB
 	start := time.Now()
-	if err := d.Restore(t.Context(), child.Spec, lazy); err != nil {
+	if err := l.d.Restore(t.Context(), child.Spec, l.dir); err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
 	restored := time.Since(start)
-	mu.Lock()
-	filledAtReturn := 0
-	for _, f := range filled {
-		if f {
-			filledAtReturn++
-		}
-	}
-	mu.Unlock()
 	close(restoreReturned)
 	child.WaitReady(t)
 	answered := time.Since(start)
-	mu.Lock()
-	filledAtAnswer, wantsAtAnswer := 0, wants
-	for _, f := range filled {
-		if f {
-			filledAtAnswer++
-		}
-	}
-	mu.Unlock()
-	if got := child.AllocSum(t); got != sum {
-		t.Errorf("memory restored through the gofer: checksum %s, want %s", got, sum)
+	l.mu.Lock()
+	wants := l.wants
+	l.mu.Unlock()
+	if got := child.AllocSum(t); got != l.sum {
+		t.Errorf("memory restored through the gofer: checksum %s, want %s", got, l.sum)
 	}
 	select {
 	case err := <-fillDone:
@@ -222,21 +253,92 @@ func TestRestoreWhilePagesArrive(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the memory file was not filled within 2 minutes")
 	}
-	t.Logf("pages file %d MiB in %d chunks: restore returned after %v with %d chunks there, envd answered after %v with %d chunks there, %d ranges waited for",
-		size>>20, chunks, restored.Round(time.Millisecond), filledAtReturn, answered.Round(time.Millisecond), filledAtAnswer, wantsAtAnswer)
-	if wantsAtAnswer == 0 {
+	t.Logf("pages file %d MiB in %d chunks: restore returned after %v, envd answered after %v, %d ranges waited for",
+		l.size>>20, l.chunks(), restored.Round(time.Millisecond), answered.Round(time.Millisecond), wants)
+	if wants == 0 {
 		t.Error("no read of the memory file waited on the feed: the gofer was not used")
 	}
 	// Loaded, the sandbox no longer reads the image: the gofer ends.
+	waitGone(t, l.d, child.Spec.ID)
+	if got := child.AllocSum(t); got != l.sum {
+		t.Errorf("memory after the load: checksum %s, want %s", got, l.sum)
+	}
+}
+
+// The memory file cannot be completed (its feed fails, as when the fetch
+// fails or the node's server dies): the sandbox never runs on with memory
+// missing. The restore fails, or the gofer ends the sandbox; either way
+// nothing of it is left after Kill.
+func TestRestoreWhosePagesNeverArrive(t *testing.T) {
+	l := newLazyImage(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The upper half of the file never arrives.
+	half := l.chunks() / 2
+	restoreDone := make(chan error, 1)
+	go l.fill(ctx, make(chan struct{}), func(c int) bool { return c < half })
+
+	child := l.fx.NewSpec(t)
+	child.Spec.MemoryMB = l.parent.Spec.MemoryMB
+	go func() { restoreDone <- l.d.Restore(t.Context(), child.Spec, l.dir) }()
+	var restoreErr error
+	returned := false
+	select {
+	case restoreErr = <-restoreDone:
+		returned = true
+	case <-time.After(10 * time.Second):
+		// Waiting for what never comes: the failure ends it below.
+	}
+	if l.feed.Complete() {
+		t.Fatal("the memory file is complete; the test withholds half of it")
+	}
+	l.feed.Fail(errors.New("the fetch failed"))
+	if !returned {
+		select {
+		case restoreErr = <-restoreDone:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("Restore did not return within 2 minutes of the feed failing")
+		}
+	}
+	if restoreErr == nil {
+		// Restored before the failure: the sandbox ends (its gofer kills
+		// it; with this guest the failed reads alone also end it).
+		waitFor := time.Now().Add(time.Minute)
+		for {
+			state, err := l.d.State(t.Context(), child.Spec.ID)
+			if err != nil || state != runtime.StateRunning {
+				t.Logf("restored, then ended once its memory feed failed: state %q, %v", state, err)
+				break
+			}
+			if time.Now().After(waitFor) {
+				t.Fatal("the sandbox still runs a minute after its memory feed failed")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	} else {
+		t.Logf("restore failed: %v", restoreErr)
+	}
+	if err := l.d.Kill(t.Context(), child.Spec.ID); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	waitGone(t, l.d, child.Spec.ID)
+	// The parent is still there; nothing of the child is.
+	for _, left := range l.fx.Leftovers(t) {
+		if strings.Contains(left, child.Spec.ID) {
+			t.Errorf("left after Kill: %s", left)
+		}
+	}
+}
+
+// waitGone waits until no checkpoint gofer runs for sandbox id.
+func waitGone(t *testing.T, d *Driver, id string) {
+	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	for goferIn(d, child.Spec.ID) {
+	for goferIn(d, id) {
 		if time.Now().After(deadline) {
-			t.Fatal("the checkpoint gofer still runs a minute after the memory file was complete")
+			t.Fatal("the checkpoint gofer still runs a minute on")
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-	if got := child.AllocSum(t); got != sum {
-		t.Errorf("memory after the load: checksum %s, want %s", got, sum)
 	}
 }
 
@@ -255,7 +357,7 @@ func goferIn(d *Driver, id string) bool {
 	return false
 }
 
-func isClosed(ch chan struct{}) bool {
+func isClosed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true

@@ -108,8 +108,10 @@ func (d *Driver) runBounded(ctx context.Context, b bound, logID, id string, args
 	cmd := exec.CommandContext(runCtx, d.cfg.RunscPath, append(d.globalFlags(logID), args...)...)
 	setup(cmd)
 	if args[0] == "restore" && d.cfg.CheckpointGofer != "" {
-		// An image with a ckptgofer.OptionsFile is read through aenv's gofer.
-		cmd.Env = append(os.Environ(), ckptgofer.SidecarDirEnv+"="+d.sidecarDir())
+		// An image with a ckptgofer.OptionsFile is read through aenv's
+		// gofer, which ends the sandbox if its memory cannot arrive.
+		cmd.Env = append(os.Environ(), ckptgofer.SidecarDirEnv+"="+d.sidecarDir(),
+			ckptgofer.SandboxCgroupsEnv+"="+strings.Join(d.cgroups.dirs(d.cgroupPath(id)), string(filepath.ListSeparator)))
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }

@@ -47,10 +47,18 @@ const (
 	// SidecarDirEnv names the directory runsc takes sidecars from.
 	SidecarDirEnv = "GVISOR_SIDECAR_BINARIES_DIR"
 
+	// SandboxCgroupsEnv lists (separated by ':') the cgroup directories of
+	// the sandbox a restore's gofer serves; the driver sets it on `runsc
+	// restore`, whose environment the gofer inherits.
+	SandboxCgroupsEnv = "AENV_SANDBOX_CGROUPS"
+
 	pageSize     = 4096
 	requestSize  = 20 // id u32, offset u64, length u64
 	replySize    = 4  // id u32
 	maxReadBytes = 256 << 10
+	// completeID is the reply that says every range is ready: the gofer
+	// asks no more, and the feed going away no longer matters to it.
+	completeID = ^uint32(0)
 )
 
 // Options is what the gofer reads from OptionsFile.
@@ -81,9 +89,9 @@ var ErrFailed = errors.New("image feed failed")
 // Feed answers the gofer's waits on pages.img. Ready marks ranges written;
 // a wait is answered once every page of its range is.
 type Feed struct {
-	ln   *net.UnixListener
-	size int64
-	want func(off, n int64)
+	ln    *net.UnixListener
+	size  int64
+	reads func(off, n int64)
 
 	mu      sync.Mutex
 	ready   []uint64 // one bit a page
@@ -108,10 +116,10 @@ type feedConn struct {
 }
 
 // NewFeed listens at socket for the gofer of a pages file of size bytes.
-// want, if not nil, is told each range a read waits for that is not all
-// ready yet, in the order the reads come: the writer's cue to fetch it
-// next. It is called without the feed's lock held, and must not block long.
-func NewFeed(socket string, size int64, want func(off, n int64)) (*Feed, error) {
+// reads, if not nil, is told of each range the gofer reads, in the order
+// it asks, whether written yet or not: the writer's cue to fetch what is
+// not. It is called without the feed's lock held, and must not block long.
+func NewFeed(socket string, size int64, reads func(off, n int64)) (*Feed, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("feed: negative size %d", size)
 	}
@@ -120,7 +128,7 @@ func NewFeed(socket string, size int64, want func(off, n int64)) (*Feed, error) 
 		return nil, fmt.Errorf("feed: %w", err)
 	}
 	pages := int((size + pageSize - 1) / pageSize)
-	f := &Feed{ln: ln, size: size, want: want, ready: make([]uint64, (pages+63)/64),
+	f := &Feed{ln: ln, size: size, reads: reads, ready: make([]uint64, (pages+63)/64),
 		left: pages, conns: map[*feedConn]struct{}{}}
 	f.serving.Add(1)
 	go f.accept()
@@ -152,6 +160,11 @@ func (f *Feed) accept() {
 func (f *Feed) serve(c *feedConn) {
 	defer f.serving.Done()
 	defer f.drop(c)
+	if f.Complete() {
+		if c.reply(completeID) != nil {
+			return
+		}
+	}
 	var buf [requestSize]byte
 	for {
 		if _, err := io.ReadFull(c.conn, buf[:]); err != nil {
@@ -164,6 +177,9 @@ func (f *Feed) serve(c *feedConn) {
 			return // not our gofer: its reads stay within the file
 		}
 		n = min(n, f.size-off)
+		if f.reads != nil {
+			f.reads(off, n)
+		}
 		w := &wait{c: c, id: id, off: off, n: n}
 		f.mu.Lock()
 		w.pending = f.countUnready(off, n)
@@ -177,9 +193,6 @@ func (f *Feed) serve(c *feedConn) {
 				return
 			}
 			continue
-		}
-		if f.want != nil {
-			f.want(off, n)
 		}
 	}
 }
@@ -259,10 +272,21 @@ func (f *Feed) Ready(off, n int64) {
 	}
 	clear(f.waits[len(kept):])
 	f.waits = kept
+	var conns []*feedConn
+	if f.left == 0 {
+		for c := range f.conns {
+			conns = append(conns, c)
+		}
+	}
 	f.mu.Unlock()
 	for _, w := range done {
 		if err := w.c.reply(w.id); err != nil {
 			w.c.conn.Close() // its serve loop drops it
+		}
+	}
+	for _, c := range conns {
+		if err := c.reply(completeID); err != nil {
+			c.conn.Close()
 		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -130,10 +132,12 @@ type feedClient struct {
 	conn *net.UnixConn
 	wmu  sync.Mutex
 
-	mu      sync.Mutex
-	nextID  uint32
-	pending map[uint32]chan error
-	err     error
+	mu       sync.Mutex
+	nextID   uint32
+	pending  map[uint32]chan error
+	err      error
+	complete bool // every range is ready: no more asking
+	closing  bool // the gofer's own close
 }
 
 func dialFeed(socket string) (*feedClient, error) {
@@ -150,11 +154,23 @@ func (c *feedClient) readReplies() {
 	var buf [replySize]byte
 	for {
 		if _, err := io.ReadFull(c.conn, buf[:]); err != nil {
+			c.mu.Lock()
+			quiet := c.complete || c.closing
+			c.mu.Unlock()
+			if quiet {
+				return
+			}
 			c.fail(fmt.Errorf("%w: %v", ErrFailed, err))
+			// The memory still missing will never arrive: the sandbox
+			// must not run on with it unreadable.
+			endSandbox()
 			return
 		}
 		id := binary.LittleEndian.Uint32(buf[:])
 		c.mu.Lock()
+		if id == completeID {
+			c.complete = true
+		}
 		ch := c.pending[id]
 		delete(c.pending, id)
 		c.mu.Unlock()
@@ -178,6 +194,9 @@ func (c *feedClient) fail(err error) {
 }
 
 func (c *feedClient) close() {
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
 	c.conn.Close()
 	c.fail(ErrFailed)
 }
@@ -186,12 +205,19 @@ func (c *feedClient) close() {
 func (c *feedClient) await(off int64, n uint64) error {
 	ch := make(chan error, 1)
 	c.mu.Lock()
+	if c.complete {
+		c.mu.Unlock()
+		return nil
+	}
 	if c.err != nil {
 		c.mu.Unlock()
 		return c.err
 	}
 	id := c.nextID
 	c.nextID++
+	if c.nextID == completeID {
+		c.nextID = 0
+	}
 	c.pending[id] = ch
 	c.mu.Unlock()
 	var buf [requestSize]byte
@@ -306,4 +332,57 @@ func (r *lazyReader) Close() error {
 	r.wg.Wait()
 	close(r.done)
 	return unix.Close(int(r.fd))
+}
+
+// endSandbox kills the processes of the sandbox this gofer serves (itself
+// among them): those of the cgroups SandboxCgroupsEnv names, if this
+// process is in one of them (never another's, should the variable be
+// wrong).
+func endSandbox() {
+	var dirs []string
+	for _, dir := range filepath.SplitList(os.Getenv(SandboxCgroupsEnv)) {
+		if filepath.IsAbs(dir) {
+			dirs = append(dirs, dir)
+		}
+	}
+	self := os.Getpid()
+	var mine []string // the directories this process is in
+	procs := map[int]bool{}
+	for _, dir := range dirs {
+		for _, pid := range cgroupProcs(dir) {
+			procs[pid] = true
+			if pid == self {
+				mine = append(mine, dir)
+			}
+		}
+	}
+	if len(mine) == 0 {
+		return
+	}
+	for _, dir := range mine {
+		// cgroup v2 kills all at once, new processes too.
+		if os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0) == nil {
+			return
+		}
+	}
+	for pid := range procs {
+		if pid != self {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	unix.Kill(self, unix.SIGKILL)
+}
+
+func cgroupProcs(dir string) []int {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
