@@ -286,7 +286,7 @@ func TestCacheLazyEntries(t *testing.T) {
 	// Handed over: every other file there, the memory file at its size,
 	// nothing recorded yet.
 	equalFiles(t, filepath.Join(src, "checkpoint.img"), filepath.Join(h1.Path(), "checkpoint.img"))
-	if fi, err := os.Stat(filepath.Join(h1.Path(), "pages.img")); err != nil || fi.Size() != int64(4064*pageSize) {
+	if fi, err := os.Stat(filepath.Join(h1.Path(), "pages.img"+PartialSuffix)); err != nil || fi.Size() != int64(4064*pageSize) {
 		t.Fatalf("pages.img at the handover: %v, %v", fi, err)
 	}
 	if _, err := os.Stat(filepath.Join(filepath.Dir(h1.Path()), entryMetaF)); err == nil {

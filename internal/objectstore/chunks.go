@@ -834,6 +834,7 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string,
 			downloads.Add(1)
 			go func() {
 				defer downloads.Done()
+				defer fill.fetched()
 				download(i)
 			}()
 		}
@@ -846,6 +847,7 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string,
 	if fill != nil {
 		fill.stop()
 	}
+	r.held, r.lru = nil, nil
 	downloads.Wait()
 	// A download's failure is the cause of an unpacking stopped by it;
 	// downloads stopped because the unpacking failed are not.
@@ -874,7 +876,11 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 		return fmt.Errorf("%w: the index has %d pages, its files %d", ErrCorrupt, len(r.ix.pages), unpacked)
 	}
 	if fill := r.lazy; fill != nil {
-		f, err := os.OpenFile(filepath.Join(dir, lazy.Name), os.O_WRONLY, 0)
+		name := filepath.Join(dir, lazy.Name)
+		if err := os.Rename(name, name+PartialSuffix); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(name+PartialSuffix, os.O_WRONLY, 0)
 		if err != nil {
 			return err
 		}
@@ -892,7 +898,10 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 			return err
 		}
 		// As the archive has it, as for every other file.
-		return os.Chtimes(f.Name(), fill.mtime, fill.mtime)
+		if err := os.Chtimes(f.Name(), fill.mtime, fill.mtime); err != nil {
+			return err
+		}
+		return os.Rename(name+PartialSuffix, name)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,7 +18,12 @@ import (
 
 // LazyFile names the file of an image that GetLazy hands over before it is
 // written: a restore reads the rest of the image first, and this file (its
-// memory) range by range as it arrives.
+// memory) range by range as it arrives. Until it is complete the file is
+// named Name+PartialSuffix, so that a reader that does not wait for its
+// ranges finds no file rather than one of zeros.
+// PartialSuffix marks a lazy file still being written.
+const PartialSuffix = ".partial"
+
 type LazyFile struct {
 	// Name is a regular file at the image's top.
 	Name string
@@ -85,6 +91,9 @@ func lazyPages(ix *chunkIndex, name string) (first, count int, size int64, ok bo
 			return 0, 0, 0, false, fmt.Errorf("%w: %s has no size", ErrCorrupt, hdr.Name)
 		}
 		pages := int((sz + pageSize - 1) / pageSize)
+		if next+pages > len(ix.pages) {
+			return 0, 0, 0, false, fmt.Errorf("%w: the index ends inside %s", ErrCorrupt, hdr.Name)
+		}
 		if path.Clean(hdr.Name) == name {
 			return next, pages, sz, true, nil
 		}
@@ -155,6 +164,17 @@ func (q *packQueue) abort() {
 	q.more.Broadcast()
 }
 
+// hurry moves pack i, if not started, to the front of what is queued.
+func (q *packQueue) hurry(i uint32) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.started[i] {
+		return
+	}
+	q.order = slices.Insert(q.order, q.pos, i)
+	q.more.Broadcast()
+}
+
 // claim marks pack i as downloading elsewhere; false if it already was.
 func (q *packQueue) claim(i uint32) bool {
 	q.mu.Lock()
@@ -191,22 +211,32 @@ type lazyFill struct {
 	stopped bool // the Get is over: start no download
 	// inOrder is the end of the furthest range read in order so far.
 	inOrder int64
+	// fetching counts the downloads prioritize started, still running.
+	fetching int
 }
 
 // inOrderSlack is how far past the in-order reads a read still counts as
 // one of them: the load skips ranges already loaded out of order.
 const inOrderSlack = packTarget
 
-// stop ends prioritize's downloads: after it, none starts.
+// stop ends prioritize's downloads: after it, none starts. It lets go of
+// the Get's state (decoded packs, the index), which readers of a cached
+// image would otherwise keep alive through prioritize.
 func (l *lazyFill) stop() {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.stopped = true
-	l.mu.Unlock()
+	l.r, l.q, l.download = nil, nil, nil
+	l.urgent, l.ready, l.arrived, l.done = nil, nil, nil, nil
 }
 
 // arrive is told of each pack downloaded (or failed: the Get then ends).
 func (l *lazyFill) arrive(i uint32) {
 	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return
+	}
 	l.arrived[i] = true
 	l.ready = append(l.ready, i)
 	l.mu.Unlock()
@@ -250,11 +280,30 @@ func (l *lazyFill) prioritize(off, n int64) {
 			continue
 		}
 		last = i
-		l.urgent = append(l.urgent, i)
-		if l.r.arriving[i] != nil && l.q.claim(i) {
+		if !slices.Contains(l.urgent, i) {
+			l.urgent = append(l.urgent, i)
+		}
+		if l.r.arriving[i] == nil {
+			continue // on disk
+		}
+		if l.fetching < maxUrgentDownloads && l.q.claim(i) {
+			l.fetching++
 			l.download(i) // starts it, under l.mu so that stop sees it
+		} else {
+			l.q.hurry(i)
 		}
 	}
+}
+
+// maxUrgentDownloads bounds the downloads prioritize starts beside the
+// Get's own; past it a pack goes to the front of the Get's queue.
+const maxUrgentDownloads = 4
+
+// fetched says a download prioritize started ended.
+func (l *lazyFill) fetched() {
+	l.mu.Lock()
+	l.fetching--
+	l.mu.Unlock()
 }
 
 // nextPack returns a pack of the file to write: the newest a read waits for
@@ -341,7 +390,7 @@ func (l *lazyFill) run(ctx context.Context, f *os.File) error {
 		for j := 0; j < len(ps); {
 			start := ps[j]
 			buf = buf[:0]
-			for ; j < len(ps) && ps[j] == start+int32(len(buf)/pageSize); j++ {
+			for ; j < len(ps) && ps[j] == start+int32(len(buf)/pageSize) && len(buf) < cap(buf); j++ {
 				pOff := int64(ps[j]) * pageSize
 				n := min(pageSize, l.size-pOff)
 				at := int64(pages[ps[j]].off)

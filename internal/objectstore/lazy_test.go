@@ -36,8 +36,12 @@ func (l *lazyRecorder) begin(size int64, prioritize func(off, n int64)) (func(of
 	l.begun, l.size = true, size
 	l.pages = make([]bool, (size+pageSize-1)/pageSize)
 	// Every other file is complete; the memory file is there at its size.
-	for name, e := range snapshotTree(l.t, l.dst) {
-		if name == "pages.img" {
+	tree := snapshotTree(l.t, l.dst)
+	if _, ok := tree["pages.img"]; ok {
+		l.t.Error("pages.img under its own name at the handover: a reader not waiting for its ranges would read zeros")
+	}
+	for name, e := range tree {
+		if name == "pages.img"+PartialSuffix {
 			if e.size != size {
 				l.t.Errorf("pages.img at the handover: %d bytes, want %d", e.size, size)
 			}

@@ -163,6 +163,10 @@ func (fs feedStreamer) Start(dir string, size int64, prioritize func(off, n int6
 	if err != nil {
 		return nil, err
 	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		feed.Close()
+		return nil, err
+	}
 	if err := ckptgofer.WriteOptions(dir, socket); err != nil {
 		feed.Close()
 		return nil, err
@@ -185,6 +189,11 @@ func (s *feedStream) Written(off, n int64) { s.feed.Ready(off, n) }
 // restore that read the options before keeps the feed, which answers at
 // once. On failure the sandboxes reading wait no more: their reads fail.
 func (s *feedStream) Finish(err error) error {
+	if err != nil && s.feed.Complete() {
+		// All of it is there already (the error came after): the
+		// sandboxes reading it may go on.
+		return nil
+	}
 	if err != nil {
 		s.logger.Warn("shared images: the memory file of an image being restored from will not arrive; its sandboxes end",
 			"dir", s.dir, "err", err)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/cluster"
+	"github.com/aenv-dev/aenv/internal/objectstore"
+	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
 	"github.com/aenv-dev/aenv/internal/store/postgres"
 )
 
@@ -40,5 +42,16 @@ func TestCollector(t *testing.T) {
 				t.Errorf("collector = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// The gofer looks for the memory file under the name the lazy fetch gives
+// it until it is complete.
+func TestLazyFileNames(t *testing.T) {
+	if ckptgofer.PartialSuffix != objectstore.PartialSuffix {
+		t.Fatalf("the gofer reads %q, the fetch writes %q", ckptgofer.PagesFile+ckptgofer.PartialSuffix, ckptgofer.PagesFile+objectstore.PartialSuffix)
+	}
+	if got := (feedStreamer{}).File(); got != ckptgofer.PagesFile {
+		t.Fatalf("the streamer hands over %q, the gofer waits on %q", got, ckptgofer.PagesFile)
 	}
 }

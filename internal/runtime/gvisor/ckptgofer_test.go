@@ -29,7 +29,8 @@ func TestMain(m *testing.M) {
 
 // lazyImage is a checkpoint of a sandbox holding allocMiB of data, copied
 // for a restore whose memory file arrives while it runs: every other file
-// whole, the memory file at its size with nothing in it yet, a feed for it.
+// whole, the memory file at its size with nothing in it yet (under its
+// partial name), a feed for it.
 type lazyImage struct {
 	d      *Driver
 	fx     *runtimetest.Fixture
@@ -101,7 +102,8 @@ func newLazyImage(t *testing.T) *lazyImage {
 	if l.size < allocMiB<<20 {
 		t.Fatalf("pages file of %d bytes holds less than the %d MiB allocated", l.size, allocMiB)
 	}
-	if l.dst, err = os.OpenFile(filepath.Join(l.dir, ckptgofer.PagesFile), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
+	// Named as aenv's fetch names it until it is complete.
+	if l.dst, err = os.OpenFile(filepath.Join(l.dir, ckptgofer.PagesFile+ckptgofer.PartialSuffix), os.O_RDWR|os.O_CREATE, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.dst.Close() })
@@ -252,6 +254,9 @@ func TestRestoreWhilePagesArrive(t *testing.T) {
 		}
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the memory file was not filled within 2 minutes")
+	}
+	if err := os.Rename(l.dst.Name(), filepath.Join(l.dir, ckptgofer.PagesFile)); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("pages file %d MiB in %d chunks: restore returned after %v, envd answered after %v, %d ranges waited for",
 		l.size>>20, l.chunks(), restored.Round(time.Millisecond), answered.Round(time.Millisecond), wants)

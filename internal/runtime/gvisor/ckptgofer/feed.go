@@ -32,14 +32,19 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 )
 
 const (
 	// OptionsFile is the file in an image directory that makes runsc read
 	// the image through the gofer (gVisor's name for it).
 	OptionsFile = "gcs_opts.json"
-	// PagesFile is the memory file whose reads wait for their ranges.
-	PagesFile = "pages.img"
+	// PagesFile is the memory file whose reads wait for their ranges;
+	// until it is complete it is named PagesFile+PartialSuffix (as
+	// objectstore.GetLazy writes it), so that a restore reading it any
+	// other way than through the gofer finds no file rather than zeros.
+	PagesFile     = "pages.img"
+	PartialSuffix = ".partial"
 	// BinaryName is the gofer's file name in the sidecar directory, and
 	// ProcessName its argv[0] as runsc starts it.
 	BinaryName  = "checkpointgofer"
@@ -137,11 +142,20 @@ func NewFeed(socket string, size int64, reads func(off, n int64)) (*Feed, error)
 
 func (f *Feed) accept() {
 	defer f.serving.Done()
+	backoff := time.Millisecond
 	for {
 		conn, err := f.ln.AcceptUnix()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return
 		}
+		if err != nil {
+			// Out of file descriptors, say: a gofer dialing meanwhile waits
+			// in the backlog.
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
 		c := &feedConn{conn: conn}
 		f.mu.Lock()
 		if f.closed || f.failed != nil {
@@ -177,8 +191,11 @@ func (f *Feed) serve(c *feedConn) {
 			return // not our gofer: its reads stay within the file
 		}
 		n = min(n, f.size-off)
-		if f.reads != nil {
-			f.reads(off, n)
+		f.mu.Lock()
+		reads := f.reads
+		f.mu.Unlock()
+		if reads != nil {
+			reads(off, n)
 		}
 		w := &wait{c: c, id: id, off: off, n: n}
 		f.mu.Lock()
@@ -258,7 +275,7 @@ func (f *Feed) Ready(off, n int64) {
 		}
 	}
 	for _, w := range f.waits {
-		if w.off < off+n && off < w.off+w.n {
+		if wFirst, wEnd := pageRange(w.off, w.n); wFirst < end && first < wEnd {
 			w.pending = f.countUnready(w.off, w.n)
 		}
 	}
@@ -274,6 +291,7 @@ func (f *Feed) Ready(off, n int64) {
 	f.waits = kept
 	var conns []*feedConn
 	if f.left == 0 {
+		f.reads = nil // its writer is done: let go of it
 		for c := range f.conns {
 			conns = append(conns, c)
 		}
@@ -309,6 +327,7 @@ func (f *Feed) Fail(err error) {
 	conns := f.conns
 	f.conns = map[*feedConn]struct{}{}
 	f.waits = nil
+	f.reads = nil
 	f.mu.Unlock()
 	for c := range conns {
 		c.conn.Close()

@@ -89,15 +89,15 @@ func run(args []string) error {
 type imageFiles struct {
 	opts Options
 
-	mu   sync.Mutex
-	feed *feedClient
+	mu    sync.Mutex
+	feeds []*feedClient // one per open of the memory file
 }
 
 func (m *imageFiles) Destroy() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.feed != nil {
-		m.feed.close()
+	for _, f := range m.feeds {
+		f.close()
 	}
 }
 
@@ -105,22 +105,31 @@ func (m *imageFiles) OpenRead(name string) (stateio.AsyncReader, error) {
 	if name != filepath.Base(name) || name == "." || name == ".." || name == OptionsFile {
 		return nil, fmt.Errorf("open %q: not a file of the image", name)
 	}
-	fd, err := unix.Open(filepath.Join(m.opts.Dir, name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if name != PagesFile || m.opts.Feed == "" {
+		fd, err := unix.Open(filepath.Join(m.opts.Dir, name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", name, err)
+		}
+		return stateio.NewPagesFileFDReaderDefault(int32(fd)), nil
+	}
+	// Being written, the memory file has another name; complete, its own
+	// (renamed before the feed says so, and before the options go).
+	fd, err := unix.Open(filepath.Join(m.opts.Dir, name+PartialSuffix), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err == unix.ENOENT {
+		fd, err = unix.Open(filepath.Join(m.opts.Dir, name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
-	if name != PagesFile || m.opts.Feed == "" {
-		return stateio.NewPagesFileFDReaderDefault(int32(fd)), nil
+	feed, err := dialFeed(m.opts.Feed)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.feed == nil {
-		if m.feed, err = dialFeed(m.opts.Feed); err != nil {
-			unix.Close(fd)
-			return nil, err
-		}
-	}
-	return newLazyReader(int32(fd), m.feed), nil
+	m.feeds = append(m.feeds, feed)
+	return newLazyReader(int32(fd), feed), nil
 }
 
 func (m *imageFiles) OpenWrite(name string) (stateio.AsyncWriter, error) {
@@ -168,13 +177,20 @@ func (c *feedClient) readReplies() {
 		}
 		id := binary.LittleEndian.Uint32(buf[:])
 		c.mu.Lock()
+		var answered []chan error
 		if id == completeID {
+			// Everything is on disk: every read waiting is answered.
 			c.complete = true
+			for _, ch := range c.pending {
+				answered = append(answered, ch)
+			}
+			clear(c.pending)
+		} else if ch := c.pending[id]; ch != nil {
+			answered = append(answered, ch)
+			delete(c.pending, id)
 		}
-		ch := c.pending[id]
-		delete(c.pending, id)
 		c.mu.Unlock()
-		if ch != nil {
+		for _, ch := range answered {
 			ch <- nil
 		}
 	}
@@ -347,17 +363,10 @@ func endSandbox() {
 	}
 	self := os.Getpid()
 	var mine []string // the directories this process is in
-	procs := map[int]bool{}
 	for _, dir := range dirs {
-		for _, pid := range cgroupProcs(dir) {
-			procs[pid] = true
-			if pid == self {
-				mine = append(mine, dir)
-			}
+		if slices.Contains(cgroupProcs(dir), self) {
+			mine = append(mine, dir)
 		}
-	}
-	if len(mine) == 0 {
-		return
 	}
 	for _, dir := range mine {
 		// cgroup v2 kills all at once, new processes too.
@@ -365,12 +374,16 @@ func endSandbox() {
 			return
 		}
 	}
-	for pid := range procs {
-		if pid != self {
-			unix.Kill(pid, unix.SIGKILL)
+	for _, dir := range mine {
+		for _, pid := range cgroupProcs(dir) {
+			if pid != self {
+				unix.Kill(pid, unix.SIGKILL)
+			}
 		}
 	}
-	unix.Kill(self, unix.SIGKILL)
+	if len(mine) > 0 {
+		unix.Kill(self, unix.SIGKILL)
+	}
 }
 
 func cgroupProcs(dir string) []int {
