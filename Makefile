@@ -138,14 +138,14 @@ test-prepare: build $(BIN)/weed $(BIN)/pebble $(BIN)/dnsstub $(RACE_BIN)/aenv
 # on any race it reports; the CLI's client commands run the static aenv.
 .PHONY: test
 test: test-prepare ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end, alone and through a gateway (root; nothing is skipped)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 60m ./...
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 80m ./...
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(RACE_BIN)/aenv sdk/python/run-tests.sh
 	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
 	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
 
 .PHONY: test-go
 test-go: test-prepare ## Run the Go tests only (root)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 60m ./...
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 80m ./...
 
 .PHONY: test-e2e
 test-e2e: test-prepare ## Run the E2B SDK end-to-end suite (root)
