@@ -432,11 +432,11 @@ func (c *Cache) addLocked(e *cacheEntry) {
 }
 
 // removeLocked deletes the directory of e, dropped and unused.
-func (c *Cache) removeLocked(e *cacheEntry) {
+func (c *Cache) removeLocked(e *cacheEntry) error {
 	if e.stream != nil {
 		e.stream.Close()
 	}
-	os.RemoveAll(filepath.Join(c.dir, e.name))
+	return os.RemoveAll(filepath.Join(c.dir, e.name))
 }
 
 // evictLocked removes least recently used entries not in use until the total
@@ -492,10 +492,7 @@ func (c *Cache) forgetLocked(e *cacheEntry) error {
 		e.removed = true
 		return nil
 	}
-	if e.stream != nil {
-		e.stream.Close()
-	}
-	return os.RemoveAll(filepath.Join(c.dir, e.name))
+	return c.removeLocked(e)
 }
 
 // Size returns the bytes the cached entries occupy.
