@@ -10,8 +10,9 @@ import (
 	"github.com/aenv-dev/aenv/internal/runtime"
 )
 
-// runningCommands are the driver's runsc commands still running, by the
-// sandbox whose directory gets their logs. A removal ends them before it
+// runningCommands are the driver's runsc commands and control calls still
+// running, by the sandbox whose directory gets their logs (commands) or
+// whose control server they talk to (calls). A removal ends them before it
 // deletes the sandbox's files, and refuses new ones until it is done: a
 // runsc started just before a Kill (a pause stuck behind a hung sandbox)
 // would otherwise create its log directory again after the removal and
@@ -28,12 +29,19 @@ type runningCommands struct {
 type sandboxCommands struct {
 	refs int // callers holding the record; it is dropped at zero
 
-	mu sync.Mutex
-	// running maps each started command to a channel closed once its
-	// process has been waited for.
-	running map[*exec.Cmd]chan struct{}
+	mu      sync.Mutex
+	running map[*runningOp]struct{}
 	// removing counts the removals of the sandbox in progress.
 	removing int
+}
+
+// runningOp is one command or call in progress.
+type runningOp struct {
+	// kill ends it: a command's process group is killed, a call's
+	// connection shut down.
+	kill func()
+	// done is closed once it has ended (a command's process waited for).
+	done chan struct{}
 }
 
 // hold returns id's record, made if needed, counted as held until
@@ -46,7 +54,7 @@ func (r *runningCommands) hold(id string) *sandboxCommands {
 		if r.bySandbox == nil {
 			r.bySandbox = map[string]*sandboxCommands{}
 		}
-		sc = &sandboxCommands{running: map[*exec.Cmd]chan struct{}{}}
+		sc = &sandboxCommands{running: map[*runningOp]struct{}{}}
 		r.bySandbox[id] = sc
 	}
 	sc.refs++
@@ -73,6 +81,20 @@ func (r *runningCommands) start(id string, cmd *exec.Cmd) (finished func() (remo
 	if id == "" {
 		return func() bool { return false }, cmd.Start()
 	}
+	// runBounded puts each command in a process group of its own.
+	kill := func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	return r.begin(id, cmd.Start, kill)
+}
+
+// call records an in-process call on sandbox id's control server, which
+// kill ends, unless the sandbox is being removed (errRemoved). The
+// returned func must be called once the call has returned, as start's.
+func (r *runningCommands) call(id string, kill func()) (finished func() (removed bool), err error) {
+	return r.begin(id, func() error { return nil }, kill)
+}
+
+// begin runs launch and records what it started, which kill ends.
+func (r *runningCommands) begin(id string, launch func() error, kill func()) (finished func() (removed bool), err error) {
 	sc := r.hold(id)
 	sc.mu.Lock()
 	if sc.removing > 0 {
@@ -82,18 +104,18 @@ func (r *runningCommands) start(id string, cmd *exec.Cmd) (finished func() (remo
 	}
 	// Started under the record's lock, so that a removal sees every
 	// command that may still write into the sandbox's directory.
-	if err := cmd.Start(); err != nil {
+	if err := launch(); err != nil {
 		sc.mu.Unlock()
 		r.release(id, sc)
 		return nil, err
 	}
-	done := make(chan struct{})
-	sc.running[cmd] = done
+	op := &runningOp{kill: kill, done: make(chan struct{})}
+	sc.running[op] = struct{}{}
 	sc.mu.Unlock()
 	return func() bool {
-		close(done)
+		close(op.done)
 		sc.mu.Lock()
-		delete(sc.running, cmd)
+		delete(sc.running, op)
 		removed := sc.removing > 0
 		sc.mu.Unlock()
 		r.release(id, sc)
@@ -101,8 +123,8 @@ func (r *runningCommands) start(id string, cmd *exec.Cmd) (finished func() (remo
 	}, nil
 }
 
-// stop refuses new commands of sandbox id, kills the process groups of
-// those running and waits until they have exited or until the deadline.
+// stop refuses new commands and calls of sandbox id, ends those running
+// and waits until they have or until the deadline.
 // The returned func allows commands again (the sandbox may be created
 // anew under the same ID).
 func (r *runningCommands) stop(id string, deadline time.Time) (allow func()) {
@@ -110,10 +132,9 @@ func (r *runningCommands) stop(id string, deadline time.Time) (allow func()) {
 	sc.mu.Lock()
 	sc.removing++
 	waits := make([]chan struct{}, 0, len(sc.running))
-	for cmd, done := range sc.running {
-		// runBounded puts each command in a process group of its own.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		waits = append(waits, done)
+	for op := range sc.running {
+		op.kill()
+		waits = append(waits, op.done)
 	}
 	sc.mu.Unlock()
 	allow = func() {

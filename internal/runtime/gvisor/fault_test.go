@@ -24,10 +24,10 @@ import (
 const promptly = 3 * time.Second
 
 // TestHungSandbox: a sandbox whose processes are stopped (SIGSTOP, as when
-// gVisor hangs), with runsc's lock of it held and a runsc command stuck on
-// it, does not delay answers about the others; a caller
-// that gives up on the stuck command gets control back within the
-// command's grace; Kill ends the sandbox and the stuck command within
+// gVisor hangs), with runsc's lock of it held and a pause stuck on it,
+// does not delay answers about the others; a caller that gives up on the
+// stuck pause gets control back within the pause's grace; Kill ends the
+// sandbox and a pause stuck in its call to the sandbox within
 // removeTimeout and leaves nothing of it; Cleanup ends within its bound.
 func TestHungSandbox(t *testing.T) {
 	runtimetest.RequireRoot(t)
@@ -37,7 +37,7 @@ func TestHungSandbox(t *testing.T) {
 	other := f.Start(t)
 	hung := f.Start(t)
 	hangSandbox(t, d, hung.Spec.ID)
-	holdLock(t, d, hung.Spec.ID, false)
+	releaseLock := holdLock(t, d, hung.Spec.ID, false)
 
 	// A pause whose caller gives up ends within the grace of pause.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -69,11 +69,11 @@ func TestHungSandbox(t *testing.T) {
 	case <-time.After(boundControl.grace + promptly):
 		t.Fatalf("pause still running %v after its caller gave up", boundControl.grace+promptly)
 	}
-	waitFor(t, promptly, "the canceled runsc pause to exit", func() bool {
-		return !slices.ContainsFunc(processesNaming(hung.Spec.ID), isRunscPause)
-	})
+	waitFor(t, promptly, "the canceled pause to end", func() bool { return running(d, hung.Spec.ID) == 0 })
 
-	// Kill ends the sandbox and a pause stuck on it, and leaves nothing.
+	// Kill ends the sandbox and a pause stuck on it (now in its call to
+	// the stopped sandbox, the lock free), and leaves nothing.
+	releaseLock()
 	stuck = stuckPause(t, d, context.Background(), hung.Spec.ID)
 	within(t, removeTimeout, "Kill(hung)", func() error { return d.Kill(context.Background(), hung.Spec.ID) })
 	select {
@@ -180,10 +180,11 @@ func hangSandbox(t *testing.T, d *Driver, id string) {
 }
 
 // holdLock has a process hold runsc's lock of sandbox id, as a runsc
-// command stuck halfway does. With inherited, the lock is held by a child
-// that names nothing of the sandbox (flock without --close), which the
-// driver cannot tell from any other process.
-func holdLock(t *testing.T, d *Driver, id string, inherited bool) {
+// command stuck halfway does, until release or the test's end. With
+// inherited, the lock is held by a child that names nothing of the
+// sandbox (flock without --close), which the driver cannot tell from any
+// other process.
+func holdLock(t *testing.T, d *Driver, id string, inherited bool) (release func()) {
 	t.Helper()
 	lock := filepath.Join(d.runscRoot(), id+"_sandbox:"+id+".lock")
 	args := []string{"--exclusive", "--close", lock, "sleep", "3600"}
@@ -197,21 +198,36 @@ func holdLock(t *testing.T, d *Driver, id string, inherited bool) {
 	}
 	exited := make(chan struct{})
 	go func() { _ = holder.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); <-exited })
+	release = func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); <-exited }
+	t.Cleanup(release)
 	waitFor(t, 10*time.Second, "holder of "+lock, func() bool { return lockHeld(lock) })
+	return release
 }
 
-// stuckPause starts a Pause of the hung sandbox id, waits until its runsc
-// runs (it then waits for the stopped sandbox forever) and returns the
-// channel Pause's result arrives on.
+// stuckPause starts a Pause of the hung sandbox id, waits until it is one
+// of the sandbox's running commands (it then waits for the lock or the
+// stopped sandbox forever) and returns the channel Pause's result arrives
+// on.
 func stuckPause(t *testing.T, d *Driver, ctx context.Context, id string) <-chan error {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- d.Pause(ctx, id) }()
-	waitFor(t, 10*time.Second, "runsc pause of "+id, func() bool {
-		return slices.ContainsFunc(processesNaming(id), isRunscPause)
-	})
+	waitFor(t, 10*time.Second, "pause of "+id, func() bool { return running(d, id) > 0 })
 	return done
+}
+
+// running counts the driver's commands and calls of sandbox id in
+// progress.
+func running(d *Driver, id string) int {
+	d.commands.mu.Lock()
+	defer d.commands.mu.Unlock()
+	sc := d.commands.bySandbox[id]
+	if sc == nil {
+		return 0
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return len(sc.running)
 }
 
 type namedCheck struct {
@@ -282,11 +298,6 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // processesNaming lists the live processes whose command line holds s.
 func processesNaming(s string) []int {
 	return processesMatching(func(cmdline []byte) bool { return bytes.Contains(cmdline, []byte(s)) })
-}
-
-func isRunscPause(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	return err == nil && slices.ContainsFunc(bytes.Split(b, []byte{0}), func(arg []byte) bool { return string(arg) == "pause" }) && processAlive(pid)
 }
 
 // lockHeld says whether someone holds the flock on path.

@@ -228,11 +228,12 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 }
 
 // Pause freezes every process in the sandbox. A pause that fails leaves
-// the sandbox running: a runsc killed (by its bound) after stopping the
-// kernel and before recording it would leave it stopped while recorded
-// running, or its state file cut short; both are mended here.
+// the sandbox running: a call given up (at its bound) after the kernel
+// stopped, or a failure to record it, leaves it stopped while recorded
+// running, and a runsc killed while writing the state file leaves that
+// cut short; both are mended here.
 func (d *Driver) Pause(ctx context.Context, id string) error {
-	if err := d.simpleCommand(ctx, boundControl, "pause", id, "pause", id); err != nil {
+	if err := d.controlTransition(ctx, boundControl, "pause", id, controlPause, []string{"created", "running"}, "paused"); err != nil {
 		if errors.Is(err, errRemoved) {
 			// Ended by a Kill, which removes what a mend would touch.
 			return err
@@ -247,17 +248,12 @@ func (d *Driver) Pause(ctx context.Context, id string) error {
 		}
 		return err
 	}
-	d.saveStateBackup(ctx, id)
 	return nil
 }
 
 // Resume continues a paused sandbox.
 func (d *Driver) Resume(ctx context.Context, id string) error {
-	if err := d.simpleCommand(ctx, boundControl, "resume", id, "resume", id); err != nil {
-		return err
-	}
-	d.saveStateBackup(ctx, id)
-	return nil
+	return d.controlTransition(ctx, boundControl, "resume", id, controlResume, []string{"paused"}, "running")
 }
 
 // Checkpoint saves the sandbox's memory and in-memory root filesystem to
@@ -266,16 +262,12 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	if err := os.MkdirAll(imageDir, 0o700); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	args := []string{"checkpoint", "--image-path", imageDir}
-	if leaveRunning {
-		args = append(args, "--leave-running")
-	}
 	// The bound grows with the memory to save; without figures, assume
 	// the memory is small.
 	stats, _ := d.cgroups.stats(d.cgroupPath(id))
 	var exited <-chan struct{}
 	if !leaveRunning {
-		// runsc returns before the sandbox's process has ended; the
+		// The call returns before the sandbox's process has ended; the
 		// caller is promised a stopped sandbox. Watched before, so that
 		// an exit during the checkpoint is not missed.
 		wctx, cancel := context.WithCancel(ctx)
@@ -287,7 +279,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	if err := d.keepEnvd(id, imageDir); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	if err := d.simpleCommand(ctx, boundImage(stats.MemoryBytes), "checkpoint", id, append(args, id)...); err != nil {
+	if err := d.checkpointCall(ctx, boundImage(stats.MemoryBytes), id, imageDir, leaveRunning); err != nil {
 		return err
 	}
 	if leaveRunning {

@@ -124,7 +124,7 @@ func (d *Driver) repairState(id string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", errNoRepair, err)
 	}
-	unlock, err := d.lockRunscState(id)
+	unlock, err := d.lockRunscState(context.Background(), id, stateLockWait)
 	if err != nil {
 		return err
 	}
@@ -139,11 +139,17 @@ func (d *Driver) repairState(id string) error {
 // setRunscStatus rewrites the status runsc recorded for sandbox id,
 // keeping every other field as runsc wrote it.
 func (d *Driver) setRunscStatus(id, status string) error {
-	unlock, err := d.lockRunscState(id)
+	unlock, err := d.lockRunscState(context.Background(), id, stateLockWait)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	return d.setRunscStatusLocked(id, status)
+}
+
+// setRunscStatusLocked is setRunscStatus for a caller holding runsc's lock
+// of the state (lockRunscState).
+func (d *Driver) setRunscStatusLocked(id, status string) error {
 	b, err := os.ReadFile(d.runscStatePath(id))
 	if err != nil {
 		return fmt.Errorf("set runsc status: %w", err)
@@ -164,17 +170,21 @@ func (d *Driver) setRunscStatus(id, status string) error {
 	return nil
 }
 
-// stateLockWait bounds the wait for runsc's lock of a sandbox's state.
+// stateLockWait bounds the repairs' wait for runsc's lock of a sandbox's
+// state.
 const stateLockWait = 5 * time.Second
 
 // lockRunscState takes runsc's lock of sandbox id's state, so that no
-// runsc command reads or writes it meanwhile.
-func (d *Driver) lockRunscState(id string) (unlock func(), err error) {
+// runsc command reads or writes it meanwhile. It waits at most wait, or
+// until ctx is done.
+func (d *Driver) lockRunscState(ctx context.Context, id string, wait time.Duration) (unlock func(), err error) {
 	f, err := os.OpenFile(d.runscLockPath(id), os.O_RDWR|os.O_CREATE, 0o640)
 	if err != nil {
 		return nil, fmt.Errorf("lock runsc state: %w", err)
 	}
-	deadline := time.Now().Add(stateLockWait)
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -184,6 +194,11 @@ func (d *Driver) lockRunscState(id string) (unlock func(), err error) {
 			f.Close()
 			return nil, fmt.Errorf("lock runsc state of %s: %w", id, err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock runsc state of %s: %w", id, ctx.Err())
+		}
 	}
 }
