@@ -297,15 +297,8 @@ func (c *Cache) download(key, digest string) error {
 	if _, err := c.fetch.Get(c.ctx, key, digest, filepath.Join(tmp, entryImage)); err != nil {
 		return err
 	}
-	size, err := diskUsage(filepath.Join(tmp, entryImage))
+	size, err := c.finishEntry(tmp, key, digest)
 	if err != nil {
-		return err
-	}
-	b, err := json.Marshal(entryMeta{Key: key, Digest: digest, Size: size})
-	if err != nil {
-		return err
-	}
-	if err := writeFileSync(filepath.Join(tmp, entryMetaF), b); err != nil {
 		return err
 	}
 	e = &cacheEntry{key: key, digest: digest, name: fmt.Sprintf("%s-%d", entryName(key), time.Now().UnixNano()), size: size}
@@ -317,14 +310,7 @@ func (c *Cache) download(key, digest string) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, dup := c.entries[key]; dup {
-		// Cannot happen while downloads of a key are single-flight; keep
-		// the accounting right if it ever does.
-		os.RemoveAll(filepath.Join(c.dir, e.name))
-		return nil
-	}
-	e.elem = c.lru.PushFront(e)
-	c.entries[key] = e
+	c.addLocked(e)
 	c.total += size
 	c.evictLocked()
 	return nil
