@@ -62,8 +62,8 @@ type saveOpts struct {
 // Like runsc, it holds runsc's lock of the state from reading it to
 // writing it, so that no runsc command acts on a status about to change.
 func (d *Driver) controlTransition(ctx context.Context, b bound, op, id, method string, from []string, to string) error {
-	err := d.controlOp(ctx, b, op, id, func(ctx context.Context) error {
-		unlock, err := d.lockRunscState(ctx, id, b.timeout)
+	return d.controlOp(ctx, b, op, id, func(ctx context.Context) error {
+		unlock, err := d.lockState(ctx, id, b)
 		if err != nil {
 			return err
 		}
@@ -75,21 +75,28 @@ func (d *Driver) controlTransition(ctx context.Context, b bound, op, id, method 
 		if err := callControl(ctx, socket, method, nil); err != nil {
 			return err
 		}
-		return d.setRunscStatusLocked(id, to)
+		if err := d.setRunscStatusLocked(id, to); err != nil {
+			return err
+		}
+		// Within the operation, which a removal waits for before it
+		// deletes the sandbox's directory.
+		d.saveStateBackup(ctx, id)
+		return nil
 	})
-	if err != nil {
-		return err
-	}
-	d.saveStateBackup(ctx, id)
-	return nil
 }
 
 // checkpointCall saves sandbox id into imageDir, uncompressed, leaving it
-// running if asked, as `runsc checkpoint` does: runsc takes no lock for
-// it, and records nothing after it (a sandbox not left running exits).
+// running if asked, as `runsc checkpoint` does: runsc reads the state
+// under its lock but makes the call without it, and records nothing after
+// it (a sandbox not left running exits).
 func (d *Driver) checkpointCall(ctx context.Context, b bound, id, imageDir string, leaveRunning bool) error {
 	return d.controlOp(ctx, b, "checkpoint", id, func(ctx context.Context) error {
+		unlock, err := d.lockState(ctx, id, b)
+		if err != nil {
+			return err
+		}
 		socket, err := d.controlSocket(id, []string{"created", "running", "paused"})
+		unlock()
 		if err != nil {
 			return err
 		}
@@ -112,6 +119,17 @@ func (d *Driver) checkpointCall(ctx context.Context, b bound, id, imageDir strin
 		}
 		return callControl(ctx, socket, controlCheckpoint, &opts)
 	})
+}
+
+// lockState takes runsc's lock of sandbox id's state for an operation
+// bound by b, once the state exists: the lock file is runsc's to create
+// (a sandbox without state gets none).
+func (d *Driver) lockState(ctx context.Context, id string, b bound) (unlock func(), err error) {
+	if _, err := os.Stat(d.runscStatePath(id)); errors.Is(err, fs.ErrNotExist) {
+		// Half made, or its runsc state removed: as runsc would say.
+		return nil, fmt.Errorf("%w: no runsc state", runtime.ErrNotFound)
+	}
+	return d.lockRunscState(ctx, id, b.timeout)
 }
 
 // controlOp runs work, the calls of op on sandbox id's control server,
@@ -180,10 +198,11 @@ func (d *Driver) controlSocket(id string, from []string) (string, error) {
 }
 
 // callControl calls method with arg, without a result, on the control
-// server listening at socketPath. When ctx ends first, the connection is
-// shut down and the call fails.
+// server listening at socketPath. When ctx ends first, the connection (or
+// the attempt to connect) is given up and the call fails. The server's
+// failure comes back as its text, read for error kinds (a full disk).
 func callControl(ctx context.Context, socketPath, method string, arg any) error {
-	sock, err := connectControl(socketPath)
+	sock, err := connectControl(ctx, socketPath)
 	if err != nil {
 		return fmt.Errorf("connect to the sandbox's control server: %w", err)
 	}
@@ -192,23 +211,65 @@ func callControl(ctx context.Context, socketPath, method string, arg any) error 
 	// Shutdown, unlike Close, is safe while the call waits for its answer.
 	stop := context.AfterFunc(ctx, func() { _ = sock.Shutdown() })
 	defer stop()
-	return client.Call(method, arg, nil)
+	if err := client.Call(method, arg, nil); err != nil {
+		return errorKinds(err, err.Error())
+	}
+	return nil
 }
 
 // unixPathMax is the size of sockaddr_un's sun_path.
 const unixPathMax = 108
 
-// connectControl connects to the unix socket at path. A path too long for
-// a socket address (a deep state directory) is reached through
+// connectRetry is how often a connect refused for a full backlog is tried
+// again.
+const connectRetry = 5 * time.Millisecond
+
+// connectControl connects to the unix socket at path until ctx ends. The
+// socket is non-blocking: a sentry that accepts nothing (hung, or stopped)
+// fills its listen backlog, and a blocking connect would then wait as
+// long as the sandbox lives, past every bound. A path too long for a
+// socket address (a deep state directory) is reached through
 // /proc/self/fd, as runsc does.
-func connectControl(path string) (*unet.Socket, error) {
-	if len(path) < unixPathMax {
-		return unet.Connect(path, false)
+func connectControl(ctx context.Context, path string) (*unet.Socket, error) {
+	if len(path) >= unixPathMax {
+		pathFD, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+		defer unix.Close(pathFD)
+		path = filepath.Join("/proc/self/fd", strconv.Itoa(pathFD))
 	}
-	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		return nil, err
 	}
-	defer unix.Close(fd)
-	return unet.Connect(filepath.Join("/proc/self/fd", strconv.Itoa(fd)), false)
+	var tick *time.Ticker
+	for {
+		err = unix.Connect(fd, &unix.SockaddrUnix{Name: path})
+		if err != unix.EAGAIN {
+			break
+		}
+		if tick == nil {
+			tick = time.NewTicker(connectRetry)
+			defer tick.Stop()
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			err = fmt.Errorf("its backlog is full: %w", ctx.Err())
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	sock, err := unet.NewSocket(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return sock, nil
 }

@@ -75,6 +75,8 @@ func TestHungSandbox(t *testing.T) {
 	// the stopped sandbox, the lock free), and leaves nothing.
 	releaseLock()
 	stuck = stuckPause(t, d, context.Background(), hung.Spec.ID)
+	// The pause holds runsc's lock while it waits for the sandbox's answer.
+	waitFor(t, 10*time.Second, "the pause to take runsc's lock", func() bool { return lockHeld(d.runscLockPath(hung.Spec.ID)) })
 	within(t, removeTimeout, "Kill(hung)", func() error { return d.Kill(context.Background(), hung.Spec.ID) })
 	select {
 	case err := <-stuck:

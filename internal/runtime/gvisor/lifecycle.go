@@ -233,7 +233,9 @@ func (d *Driver) remove(ctx context.Context, id string) error {
 // running, and a runsc killed while writing the state file leaves that
 // cut short; both are mended here.
 func (d *Driver) Pause(ctx context.Context, id string) error {
-	if err := d.controlTransition(ctx, boundControl, "pause", id, controlPause, []string{"created", "running"}, "paused"); err != nil {
+	// Only a running sandbox: runsc would pause a created (prepared) one,
+	// but cannot record it so, nor start it after.
+	if err := d.controlTransition(ctx, boundControl, "pause", id, controlPause, []string{"running"}, "paused"); err != nil {
 		if errors.Is(err, errRemoved) {
 			// Ended by a Kill, which removes what a mend would touch.
 			return err

@@ -211,19 +211,11 @@ func (b bound) context(ctx context.Context) (context.Context, context.CancelFunc
 	return runCtx, cancel
 }
 
-// runscError wraps a failed runsc run with what it printed. runsc reports
-// its causes only as text, so this is the one place that reads them, into
-// error kinds: "does not exist" for an unknown container becomes
-// runtime.ErrNotFound, and a full disk (its own or the gofer's writes)
-// syscall.ENOSPC, which the API answers 507.
+// runscError wraps a failed runsc run with what it printed, and the kinds
+// errorKinds reads in it.
 func runscError(sub string, err error, output string) error {
 	output = strings.TrimSpace(output)
-	if strings.Contains(output, "loading container: file does not exist") {
-		err = errors.Join(err, runtime.ErrNotFound)
-	}
-	if strings.Contains(output, "no space left on device") {
-		err = errors.Join(err, syscall.ENOSPC)
-	}
+	err = errorKinds(err, output)
 	if len(output) > maxErrorText {
 		output = output[len(output)-maxErrorText:]
 	}
@@ -231,6 +223,21 @@ func runscError(sub string, err error, output string) error {
 		return fmt.Errorf("runsc %s: %w", sub, err)
 	}
 	return fmt.Errorf("runsc %s: %w: %s", sub, err, output)
+}
+
+// errorKinds joins to err the kinds of error text names. runsc and the
+// sandbox's control server report their causes only as text, so this is
+// the one place that reads them: "does not exist" for an unknown container
+// becomes runtime.ErrNotFound, and a full disk (runsc's, the gofer's or the
+// sentry's writes) syscall.ENOSPC, which the API answers 507.
+func errorKinds(err error, text string) error {
+	if strings.Contains(text, "loading container: file does not exist") {
+		err = errors.Join(err, runtime.ErrNotFound)
+	}
+	if strings.Contains(text, "no space left on device") {
+		err = errors.Join(err, syscall.ENOSPC)
+	}
+	return err
 }
 
 // readFrom returns what the file at path holds past offset, at most
