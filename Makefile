@@ -15,6 +15,9 @@ RACE_BIN  := $(BIN)/race
 DATA_DIR  ?= /var/lib/aenv
 GOTEST    ?= $(GO) test
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.6.1
+# gotestsum runs the Go tier as go test does (same output) and keeps its
+# events, from which the slowest tests are listed after it, pass or fail.
+GOTESTSUM := gotest.tools/gotestsum@v1.13.0
 CONSOLE_WEB  := internal/console/web
 CONSOLE_DIST := internal/console/dist
 
@@ -136,16 +139,22 @@ test-prepare: build $(BIN)/weed $(BIN)/pebble $(BIN)/dnsstub $(RACE_BIN)/aenv
 
 # The tiers that start servers run the race-enabled one (RACE_BIN) and fail
 # on any race it reports; the CLI's client commands run the static aenv.
+GO_TEST_EVENTS ?= $(or $(TMPDIR),/tmp)/aenv-go-tests.json
+define GO_TIER
+AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv \
+	$(GO) run $(GOTESTSUM) --format standard-quiet --jsonfile $(GO_TEST_EVENTS) -- -race -count=1 -timeout 80m ./...; \
+	status=$$?; echo "Go tests over 60 s:"; $(GO) run $(GOTESTSUM) tool slowest --jsonfile $(GO_TEST_EVENTS) --threshold 60s; exit $$status
+endef
 .PHONY: test
 test: test-prepare ## Run every test: Go (unit, root-only, integration), Python client, E2B SDK end to end, alone and through a gateway (root; nothing is skipped)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 80m ./...
+	$(GO_TIER)
 	AENV_REQUIRE_ROOT_TESTS=1 AENV_LIFECYCLE=1 AENV_BIN=$(RACE_BIN)/aenv sdk/python/run-tests.sh
 	AENV_E2E_LIFECYCLE=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
 	AENV_E2E_CLUSTER=1 AENV_BIN_DIR=$(RACE_BIN) e2e/run.sh
 
 .PHONY: test-go
 test-go: test-prepare ## Run the Go tests only (root)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv $(GOTEST) -race -count=1 -timeout 80m ./...
+	$(GO_TIER)
 
 .PHONY: test-e2e
 test-e2e: test-prepare ## Run the E2B SDK end-to-end suite (root)
