@@ -196,20 +196,26 @@ func (p *envdProxy) servePort(w http.ResponseWriter, r *http.Request, id string,
 // reach resolves port of sandbox id; a paused sandbox created with E2B's
 // lifecycle.autoResume is resumed first, as E2B's proxy does. Concurrent
 // requests resume it once (the node serialises them; the later ones find it
-// running).
+// running). A record already running while the sandbox cannot be reached
+// is a resume (or pause) still in progress: the node records a resume
+// before it lets traffic in, so such a request, too, goes through Resume,
+// which waits for the operation and resumes what is still paused.
 func (p *envdProxy) reach(ctx context.Context, id string, port int) (*node.Target, error) {
 	target, err := p.sandboxes.Reach(ctx, id, port)
 	if err == nil || !errors.Is(err, node.ErrConflict) {
 		return target, err
 	}
 	sb, gerr := p.sandboxes.Get(ctx, id)
-	if gerr != nil || sb.State != store.StatePaused || !sb.AutoResume {
+	if gerr != nil || !sb.AutoResume || (sb.State != store.StatePaused && sb.State != store.StateRunning) {
 		return nil, err
 	}
-	if _, _, err := p.sandboxes.Resume(ctx, id, 0, false); err != nil {
-		return nil, fmt.Errorf("resume on traffic: %w", err)
+	_, resumed, rerr := p.sandboxes.Resume(ctx, id, 0, false)
+	if rerr != nil {
+		return nil, fmt.Errorf("resume on traffic: %w", rerr)
 	}
-	p.logger.InfoContext(ctx, "sandbox resumed by traffic", "sandbox", id)
+	if resumed {
+		p.logger.InfoContext(ctx, "sandbox resumed by traffic", "sandbox", id)
+	}
 	return p.sandboxes.Reach(ctx, id, port)
 }
 
