@@ -139,7 +139,7 @@ test-prepare: build $(BIN)/weed $(BIN)/pebble $(BIN)/dnsstub $(RACE_BIN)/aenv
 
 # The tiers that start servers run the race-enabled one (RACE_BIN) and fail
 # on any race it reports; the CLI's client commands run the static aenv.
-GO_TEST_EVENTS ?= $(or $(TMPDIR),/tmp)/aenv-go-tests.json
+GO_TEST_EVENTS ?= $(BIN)/go-tests.json
 define GO_TIER
 AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) AENV_SERVER_BIN=$(RACE_BIN)/aenv \
 	$(GO) run $(GOTESTSUM) --format standard-quiet --jsonfile $(GO_TEST_EVENTS) -- -race -count=1 -timeout 80m ./...; \

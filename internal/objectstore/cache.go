@@ -357,6 +357,9 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest string) error {
 		if err == nil {
 			size, err = c.finishEntry(dir, key, digest)
 		}
+		if err == nil {
+			err = syncDir(c.dir)
+		}
 		if e.stream != nil {
 			c.mu.Lock()
 			// Unless purged meanwhile (then removed at its last release).
@@ -390,7 +393,8 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest string) error {
 	}
 }
 
-// finishEntry writes the metadata of a complete entry in dir.
+// finishEntry writes the metadata of a complete entry in dir (synced;
+// the cache directory's entry for dir is the caller's to sync).
 func (c *Cache) finishEntry(dir, key, digest string) (int64, error) {
 	size, err := diskUsage(filepath.Join(dir, entryImage))
 	if err != nil {
@@ -403,7 +407,7 @@ func (c *Cache) finishEntry(dir, key, digest string) (int64, error) {
 	if err := writeFileSync(filepath.Join(dir, entryMetaF), b); err != nil {
 		return 0, err
 	}
-	return size, syncDir(c.dir)
+	return size, nil
 }
 
 // addLocked puts e in the cache, most recently used.

@@ -121,13 +121,16 @@ func (d *Driver) checkpointCall(ctx context.Context, b bound, id, imageDir strin
 	})
 }
 
+// errNoRunscState is what a call on a sandbox without runsc state (half
+// made, or its state removed) fails with, as runsc would say.
+var errNoRunscState = fmt.Errorf("%w: no runsc state", runtime.ErrNotFound)
+
 // lockState takes runsc's lock of sandbox id's state for an operation
 // bound by b, once the state exists: the lock file is runsc's to create
 // (a sandbox without state gets none).
 func (d *Driver) lockState(ctx context.Context, id string, b bound) (unlock func(), err error) {
 	if _, err := os.Stat(d.runscStatePath(id)); errors.Is(err, fs.ErrNotExist) {
-		// Half made, or its runsc state removed: as runsc would say.
-		return nil, fmt.Errorf("%w: no runsc state", runtime.ErrNotFound)
+		return nil, errNoRunscState
 	}
 	return d.lockRunscState(ctx, id, b.timeout)
 }
@@ -165,17 +168,7 @@ func (d *Driver) controlOp(ctx context.Context, b bound, op, id string, work fun
 	if err != nil {
 		return err
 	}
-	err = work(workCtx)
-	if removed := finished(); removed && err != nil {
-		return fmt.Errorf("%w: %w", errRemoved, err)
-	}
-	if err != nil && runCtx.Err() != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w (given up %v after the caller: %w)", err, b.grace, ctx.Err())
-		}
-		return fmt.Errorf("%w (not done within %v)", err, b.timeout)
-	}
-	return err
+	return boundedError(work(workCtx), finished(), ctx, runCtx, b)
 }
 
 // controlSocket returns the path of sandbox id's control server if runsc
@@ -183,8 +176,7 @@ func (d *Driver) controlOp(ctx context.Context, b bound, op, id string, work fun
 func (d *Driver) controlSocket(id string, from []string) (string, error) {
 	st, err := d.readRunscState(id)
 	if errors.Is(err, fs.ErrNotExist) {
-		// Half made, or its runsc state removed: as runsc would say.
-		return "", fmt.Errorf("%w: no runsc state", runtime.ErrNotFound)
+		return "", errNoRunscState
 	} else if err != nil {
 		return "", err
 	}
@@ -243,23 +235,17 @@ func connectControl(ctx context.Context, path string) (*unet.Socket, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tick *time.Ticker
+retry:
 	for {
 		err = unix.Connect(fd, &unix.SockaddrUnix{Name: path})
 		if err != unix.EAGAIN {
 			break
 		}
-		if tick == nil {
-			tick = time.NewTicker(connectRetry)
-			defer tick.Stop()
-		}
 		select {
-		case <-tick.C:
+		case <-time.After(connectRetry):
 		case <-ctx.Done():
 			err = fmt.Errorf("its backlog is full: %w", ctx.Err())
-		}
-		if ctx.Err() != nil {
-			break
+			break retry
 		}
 	}
 	if err != nil {

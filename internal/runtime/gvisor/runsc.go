@@ -123,19 +123,27 @@ func (d *Driver) runBounded(ctx context.Context, b bound, logID, id string, args
 	if err != nil {
 		return err
 	}
-	err = cmd.Wait()
-	if removed := finished(); removed && err != nil {
+	err = boundedError(cmd.Wait(), finished(), ctx, runCtx, b)
+	d.log.DebugContext(ctx, "runsc", "args", args, "duration", time.Since(start), "err", err)
+	return err
+}
+
+// boundedError says why a command or control call of a sandbox ended in
+// err: the sandbox's removal (errRemoved), or its bound b (runCtx, made
+// from ctx by b.context), past which it was ended; rather than just
+// "signal: killed" or "use of closed socket".
+func boundedError(err error, removed bool, ctx, runCtx context.Context, b bound) error {
+	if err == nil {
+		return nil
+	}
+	if removed {
 		err = fmt.Errorf("%w: %w", errRemoved, err)
 	}
-	took := time.Since(start)
-	d.log.DebugContext(ctx, "runsc", "args", args, "duration", took, "err", err)
-	if err != nil && runCtx.Err() != nil {
-		// Say why runsc was killed rather than just "signal: killed".
+	if runCtx.Err() != nil {
 		if ctx.Err() != nil {
-			err = fmt.Errorf("%w (killed %v after the caller gave up: %w)", err, b.grace, ctx.Err())
-		} else {
-			err = fmt.Errorf("%w (killed: no answer within %v)", err, b.timeout)
+			return fmt.Errorf("%w (ended %v after the caller gave up: %w)", err, b.grace, ctx.Err())
 		}
+		return fmt.Errorf("%w (ended: no answer within %v)", err, b.timeout)
 	}
 	return err
 }
