@@ -27,7 +27,7 @@ func TestImageTmpSymlink(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(reg.Close)
 	regHost := strings.TrimPrefix(reg.URL, "http://")
-	base := baseLayer(t)
+	base := smallBaseLayer(t)
 	// What is written to /tmp stays in the root filesystem's overlay, as
 	// for an image whose /tmp is a directory: no tmpfs over the link's
 	// target, so that pausing without memory keeps it.

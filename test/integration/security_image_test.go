@@ -5,6 +5,7 @@ import (
 
 	"archive/tar"
 	"bytes"
+	"debug/elf"
 	"encoding/json"
 	"io"
 	"io/fs"
@@ -46,7 +47,7 @@ func TestHostileImagesStayInRootfs(t *testing.T) {
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(reg.Close)
 	regHost := strings.TrimPrefix(reg.URL, "http://")
-	base := baseLayer(t)
+	base := smallBaseLayer(t)
 	// From the rootfs, enough ".." to reach / whatever the data dir's depth.
 	up := strings.Repeat("../", 64)
 	imagePasswd := "root:x:0:0:root:/root:/bin/bash\nimguser:x:4242:4242::/home/imguser:/bin/sh\n"
@@ -263,14 +264,100 @@ func hostileLayer(t *testing.T, entries []tarEntry) v1.Layer {
 	return l
 }
 
-// baseLayer is the Debian base rootfs as one layer.
-func baseLayer(t *testing.T) v1.Layer {
+// smallBaseLayer is a layer of the base rootfs's shell, the few tools the
+// image tests run in their sandboxes, the libraries those load, and the
+// accounts files: a few MB where the whole rootfs (baseLayer) is ~300 MB
+// pushed, pulled and unpacked once per image.
+func smallBaseLayer(t *testing.T) v1.Layer {
 	t.Helper()
-	layerTar := filepath.Join(t.TempDir(), "base.tar")
-	if err := tarDir(baseRootfs(t), layerTar); err != nil {
+	root := baseRootfs(t)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	added := map[string]bool{}
+	// add puts rel (a path in root) in the layer after its parents,
+	// following a symlink to what it names and an ELF file to the
+	// libraries and interpreter it needs.
+	var add func(rel string)
+	add = func(rel string) {
+		rel = strings.TrimPrefix(filepath.Clean("/"+rel), "/")
+		if rel == "" || added[rel] {
+			return
+		}
+		add(filepath.Dir(rel))
+		// A parent may itself be a link (bin -> usr/bin): the entry goes
+		// where the link leads.
+		if dir := filepath.Dir(rel); dir != "." {
+			if real, err := filepath.EvalSymlinks(filepath.Join(root, dir)); err == nil {
+				if r, err := filepath.Rel(root, real); err == nil && r != dir {
+					added[rel] = true
+					add(filepath.Join(r, filepath.Base(rel)))
+					return
+				}
+			}
+		}
+		added[rel] = true
+		p := filepath.Join(root, rel)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr.Name, hdr.Uname, hdr.Gname = rel, "", ""
+		if fi.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case link != "":
+			if !filepath.IsAbs(link) {
+				link = filepath.Join(filepath.Dir(rel), link)
+			}
+			add(link)
+		case fi.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tw.Write(b); err != nil {
+				t.Fatal(err)
+			}
+			f, err := elf.NewFile(bytes.NewReader(b))
+			if err != nil {
+				return // not a program
+			}
+			libs, _ := f.ImportedLibraries()
+			for _, lib := range libs {
+				add("usr/lib/x86_64-linux-gnu/" + lib)
+			}
+			for _, prog := range f.Progs {
+				if prog.Type == elf.PT_INTERP {
+					interp, _ := io.ReadAll(prog.Open())
+					add(strings.TrimRight(string(interp), "\x00"))
+				}
+			}
+		}
+	}
+	for _, rel := range []string{"bin", "lib", "lib64", "sbin", "etc/passwd", "etc/group", "root", "home/user",
+		"tmp", "var/tmp", "usr/bin/bash", "usr/bin/sh", "usr/bin/cat", "usr/bin/readlink", "usr/bin/awk", "usr/bin/id"} {
+		add(rel)
+	}
+	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l, err := tarball.LayerFromFile(layerTar, tarball.WithMediaType(types.OCIUncompressedLayer))
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
+		tarball.WithMediaType(types.OCIUncompressedLayer))
 	if err != nil {
 		t.Fatal(err)
 	}
