@@ -392,7 +392,7 @@ func (s *rawSystem) hostMemory(ctx context.Context, b *box, procs processIndex) 
 	if err := json.Unmarshal(out, &state); err != nil || state.Pid == 0 {
 		return 0, fmt.Errorf("runc state %s: no pid (%v)", b.id, err)
 	}
-	return pssBytes([]int{state.Pid})
+	return pssBytes(procs.withDescendants([]int{state.Pid}))
 }
 
 // teardown removes the runtime's work dir after its containers are gone;
