@@ -234,31 +234,42 @@ func TestEnvdInGVisor(t *testing.T) {
 		t.Fatal("the shared rootfs was written to")
 	}
 
-	// Code in the sandbox kills envd serve: the init brings it back, still
-	// demanding the token and with the sandbox's env vars.
-	res, err = c.Run(ctx, client.RunRequest{Command: "echo $PPID"})
-	if err != nil {
+	// Code in the sandbox, as root, kills every process it may: envd, the
+	// sandbox's init, is spared (as Linux spares init from kill(-1)), and
+	// serves on with the sandbox's token and env vars.
+	authed := client.New("http://"+net.sandboxIP+":49983", &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, "sbx-token")
+	if _, err := authed.Run(ctx, client.RunRequest{Command: "nohup sleep 1000 > /dev/null 2>&1 &"}); err != nil {
 		t.Fatal(err)
 	}
-	servePID := strings.TrimSpace(string(res.Stdout))
-	_, _ = c.Run(ctx, client.RunRequest{Command: "setsid kill -9 " + servePID + " < /dev/null > /dev/null 2>&1 &"})
-	fresh := client.New("http://"+net.sandboxIP+":49983", &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, "sbx-token")
+	_, _ = authed.Run(ctx, client.RunRequest{Command: "setsid sh -c 'kill -9 -1' < /dev/null > /dev/null 2>&1 &"})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		res, err = fresh.Run(ctx, client.RunRequest{Command: `echo "$PPID $SBX"`})
-		if err == nil && strings.Fields(string(res.Stdout))[0] != servePID {
+		res, err = authed.Run(ctx, client.RunRequest{Command: `pgrep -x sleep; echo "$PPID $SBX"`})
+		if err == nil && string(res.Stdout) == "1 yes\n" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no new envd serve after killing %s: %+v %v", servePID, res, err)
+			t.Fatalf("after kill -9 -1: %+v %v; want envd (PID 1) serving with the env vars, the sleep killed", res, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if !strings.HasSuffix(string(res.Stdout), " yes\n") {
-		t.Fatalf("restarted envd lost the env vars: %q", res.Stdout)
-	}
 	anon := client.New("http://"+net.sandboxIP+":49983", &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, "")
 	if _, err := anon.Run(ctx, client.RunRequest{Command: "true"}); err == nil {
-		t.Fatal("restarted envd runs commands without the token")
+		t.Fatal("envd runs commands without the token after kill -9 -1")
+	}
+
+	// Killing envd itself ends the sandbox: nothing is left to serve its
+	// port without the token.
+	_, _ = authed.Run(ctx, client.RunRequest{Command: "kill -9 1"})
+	for {
+		out, _ := exec.Command(runsc, runscArgs("state", id)...).Output()
+		var st struct{ Status string }
+		if json.Unmarshal(out, &st) == nil && st.Status == "stopped" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox still runs after its envd was killed: %s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

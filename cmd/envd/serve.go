@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/codeinterp"
@@ -20,24 +19,15 @@ import (
 // shutdownGrace bounds how long open streams may keep envd alive on SIGTERM.
 const shutdownGrace = 3 * time.Second
 
-// runServe serves the envd protocol until ctx is done.
-func runServe(ctx context.Context, opts options, log *slog.Logger) error {
+// runServe serves the envd protocol until ctx is done; the processes it
+// starts go through children.
+func runServe(ctx context.Context, opts options, children *envd.Reaper, log *slog.Logger) error {
 	cfg := envd.Config{
 		Logger:      log,
 		DefaultUser: opts.defaultUser,
 		PasswdPath:  opts.passwdPath,
 		GroupPath:   opts.groupPath,
-	}
-	if opts.stateFD > 0 {
-		// Under the init: take back what /init configured before a restart,
-		// or refuse to serve at all rather than serve without the token.
-		conn, state, err := openStateConn(opts.stateFD, stateReceiveTimeout)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		cfg.State = &state
-		cfg.HandOver = conn.send
+		Children:    children,
 	}
 	// The code interpreter is served where the template asks for it; its
 	// default kernel starts at /init, once the user and env vars are known.
@@ -59,8 +49,9 @@ func runServe(ctx context.Context, opts options, log *slog.Logger) error {
 			Prepare: func(cmd *exec.Cmd, cwd string) error {
 				return srv.PrepareKernel(cmd, cwd, nil)
 			},
-			Token: srv.AccessToken,
-			Env:   srv.Env,
+			Token:    srv.AccessToken,
+			Env:      srv.Env,
+			Children: children,
 		})
 		defer ci.Close()
 		ciAddr := net.JoinHostPort(opts.listenAddr, strconv.Itoa(codeinterp.Port))
@@ -78,9 +69,11 @@ func runServe(ctx context.Context, opts options, log *slog.Logger) error {
 		}()
 		log.Info("code interpreter serving", "addr", ciAddr)
 	}
-	ln, addr, err := serveListener(ctx, opts)
+	addr := net.JoinHostPort(opts.listenAddr, strconv.Itoa(opts.port))
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("listen %s: %w", addr, err)
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
@@ -98,26 +91,4 @@ func runServe(ctx context.Context, opts options, log *slog.Logger) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
-}
-
-// serveListener is the inherited listener when the init passed one, else a
-// new one on the configured address.
-func serveListener(ctx context.Context, opts options) (net.Listener, string, error) {
-	if opts.listenFD > 0 {
-		syscall.CloseOnExec(opts.listenFD)
-		f := os.NewFile(uintptr(opts.listenFD), "envd-listener")
-		defer f.Close() // FileListener holds its own duplicate
-		ln, err := net.FileListener(f)
-		if err != nil {
-			return nil, "", fmt.Errorf("inherited listener fd %d: %w", opts.listenFD, err)
-		}
-		return ln, ln.Addr().String(), nil
-	}
-	addr := net.JoinHostPort(opts.listenAddr, strconv.Itoa(opts.port))
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
-	if err != nil {
-		return nil, "", fmt.Errorf("listen %s: %w", addr, err)
-	}
-	return ln, addr, nil
 }

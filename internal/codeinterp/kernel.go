@@ -64,9 +64,9 @@ type kernel struct {
 }
 
 // startKernel starts a kernel running driver (the source of a Python
-// program); prepare sets its user, env and directory. It returns once the
-// kernel is ready to execute.
-func startKernel(ctx context.Context, python, driver string, prepare func(*exec.Cmd) error) (*kernel, error) {
+// program) through children; prepare sets its user, env and directory. It
+// returns once the kernel is ready to execute.
+func startKernel(ctx context.Context, children Children, python, driver string, prepare func(*exec.Cmd) error) (*kernel, error) {
 	cmd := exec.Command(python, "-c", driver)
 	if err := prepare(cmd); err != nil {
 		return nil, err
@@ -93,7 +93,7 @@ func startKernel(ctx context.Context, python, driver string, prepare func(*exec.
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
 	cmd.ExtraFiles = []*os.File{reqR, evW} // fd 3 and fd 4 of kernel.py
-	err = cmd.Start()
+	err = children.Start(cmd, cmd.Start)
 	// The child has its copies; ours must go so that reads see its end.
 	closeAll(reqR, evW, outW, errW)
 	if err != nil {
@@ -110,7 +110,7 @@ func startKernel(ctx context.Context, python, driver string, prepare func(*exec.
 		// Wait closes nothing of ours; the readers end at the pipes' EOF,
 		// which may come later than the exit when a child process of the
 		// kernel keeps them open. Exit is what matters.
-		err := cmd.Wait()
+		err := children.Wait(cmd)
 		k.mu.Lock()
 		k.waitErr = err
 		k.mu.Unlock()

@@ -58,7 +58,23 @@ type Config struct {
 	// InterruptGrace is how long an interrupted cell may take to stop
 	// before its kernel is killed (state lost). 0: the default.
 	InterruptGrace time.Duration
+	// Children starts kernels and waits for them: envd's, so that envd as
+	// the sandbox's init leaves their exit statuses to their Wait. nil:
+	// exec.Cmd's own Start and Wait.
+	Children Children
 }
+
+// Children starts processes and waits for them (envd.Reaper).
+type Children interface {
+	Start(cmd *exec.Cmd, start func() error) error
+	Wait(cmd *exec.Cmd) error
+}
+
+// plainChildren is exec.Cmd's own Start and Wait.
+type plainChildren struct{}
+
+func (plainChildren) Start(_ *exec.Cmd, start func() error) error { return start() }
+func (plainChildren) Wait(cmd *exec.Cmd) error                    { return cmd.Wait() }
 
 // Service serves the code interpreter. Its zero value is not usable; call
 // New.
@@ -99,6 +115,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.InterruptGrace <= 0 {
 		cfg.InterruptGrace = DefaultInterruptGrace
+	}
+	if cfg.Children == nil {
+		cfg.Children = plainChildren{}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{cfg: cfg, ctx: ctx, cancel: cancel, contexts: map[string]*codeContext{},
@@ -246,7 +265,7 @@ func (s *Service) kernelOf(ctx context.Context, c *codeContext) (*kernel, error)
 		source = bashDriver
 	}
 	seeded := s.reseeds.Load() // a kernel started now seeds itself afresh
-	k, err := startKernel(ctx, s.cfg.Python, source, func(cmd *exec.Cmd) error {
+	k, err := startKernel(ctx, s.cfg.Children, s.cfg.Python, source, func(cmd *exec.Cmd) error {
 		if err := s.cfg.Prepare(cmd, c.requestedCwd); err != nil {
 			return err
 		}

@@ -117,17 +117,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "invalid init body: "+err.Error())
 		return
 	}
-	next := s.settings.next(req)
-	if s.handOver != nil {
-		// Handed over first: an envd restarted after this /init returns
-		// must come back with it, never with less.
-		if err := s.handOver(next); err != nil {
-			s.log.Error("hand over settings", "err", err)
-			writeJSONError(w, http.StatusInternalServerError, "could not keep the settings")
-			return
-		}
-	}
-	s.settings.set(next)
+	s.settings.apply(req)
 	if req.KillProcesses {
 		n := killOtherProcesses()
 		s.log.Info("killed every process but envd", "count", n)
@@ -140,7 +130,7 @@ func (s *Server) handleInit(w http.ResponseWriter, r *http.Request) {
 			s.log.Warn("write resolv.conf", "err", err)
 		}
 	}
-	s.log.Info("initialized", "defaultUser", next.DefaultUser, "envVars", len(req.EnvVars), "tokenSet", req.AccessToken != nil)
+	s.log.Info("initialized", "defaultUser", s.settings.user(), "envVars", len(req.EnvVars), "tokenSet", req.AccessToken != nil)
 	if s.onInit != nil {
 		s.onInit(req.Reseed)
 	}

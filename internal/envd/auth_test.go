@@ -5,10 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
-	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -204,73 +202,6 @@ func TestInitWritesResolvConf(t *testing.T) {
 		if string(got) != tc.want {
 			t.Fatalf("%s: resolv.conf %q, want %q", tc.body, got, tc.want)
 		}
-	}
-}
-
-// TestInitHandsOverState: every /init hands the whole resulting State over
-// before it takes effect (a failed hand-over changes nothing), and a Server
-// built from a handed-over State serves with it: its token, env vars and
-// default user.
-func TestInitHandsOverState(t *testing.T) {
-	var handed []State
-	fail := false
-	srv := New(Config{Logger: slog.New(slog.DiscardHandler), DefaultUser: "boot", HandOver: func(st State) error {
-		if fail {
-			return errors.New("init gone")
-		}
-		handed = append(handed, st)
-		return nil
-	}})
-	initWith := func(body, token string) int {
-		req := httptest.NewRequest("POST", "/init", strings.NewReader(body))
-		if token != "" {
-			req.Header.Set("X-Access-Token", token)
-		}
-		rec := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(rec, req)
-		return rec.Code
-	}
-	steps := []struct {
-		body, token string
-		fail        bool
-		wantStatus  int
-		want        State // the last State handed over
-	}{
-		{`{"accessToken":"t1","envVars":{"A":"1"},"defaultUser":"user"}`, "", false, 204,
-			State{AccessToken: "t1", EnvVars: map[string]string{"A": "1"}, DefaultUser: "user"}},
-		{`{"envVars":{"B":"2"},"defaultWorkdir":"/w"}`, "t1", false, 204,
-			State{AccessToken: "t1", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
-		{`{"accessToken":"t2"}`, "t1", true, 500,
-			State{AccessToken: "t1", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
-		{`{"accessToken":"t2"}`, "t1", false, 204,
-			State{AccessToken: "t2", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
-		{`{"accessToken":"evil"}`, "", false, 401,
-			State{AccessToken: "t2", EnvVars: map[string]string{"A": "1", "B": "2"}, DefaultUser: "user", DefaultWorkdir: "/w"}},
-	}
-	for i, tt := range steps {
-		fail = tt.fail
-		if got := initWith(tt.body, tt.token); got != tt.wantStatus {
-			t.Fatalf("step %d: status %d, want %d", i, got, tt.wantStatus)
-		}
-		last := handed[len(handed)-1]
-		if last.AccessToken != tt.want.AccessToken || !maps.Equal(last.EnvVars, tt.want.EnvVars) ||
-			last.DefaultUser != tt.want.DefaultUser || last.DefaultWorkdir != tt.want.DefaultWorkdir {
-			t.Fatalf("step %d: handed over %+v, want %+v", i, last, tt.want)
-		}
-		// What the server uses is what was handed over, never more.
-		if srv.settings.token() != last.AccessToken {
-			t.Fatalf("step %d: token in use %q, handed over %q", i, srv.settings.token(), last.AccessToken)
-		}
-	}
-
-	restored := New(Config{Logger: slog.New(slog.DiscardHandler), DefaultUser: "boot", State: &handed[len(handed)-1]})
-	if restored.settings.token() != "t2" || restored.settings.user() != "user" ||
-		restored.settings.workdir() != "/w" || restored.settings.env()["B"] != "2" {
-		t.Fatalf("restored settings: token %q user %q workdir %q env %v", restored.settings.token(),
-			restored.settings.user(), restored.settings.workdir(), restored.settings.env())
-	}
-	if fresh := New(Config{Logger: slog.New(slog.DiscardHandler), DefaultUser: "boot", State: &State{}}); fresh.settings.user() != "boot" {
-		t.Fatalf("empty State: default user %q, want boot", fresh.settings.user())
 	}
 }
 

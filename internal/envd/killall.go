@@ -8,8 +8,9 @@ import (
 )
 
 // killOtherProcesses SIGKILLs every process in the sandbox except init
-// (PID 1, envd's supervisor) and this envd, and returns how many it killed.
-// Their exits end any streams attached to them.
+// (PID 1: this envd, or in a sandbox restored from an image of an older
+// envd build, its supervisor) and this envd, and returns how many it
+// killed. Their exits end any streams attached to them.
 func killOtherProcesses() int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {

@@ -114,7 +114,7 @@ func (ps *processService) track(p *process, ctx context.Context) {
 		}()
 	}
 	go func() {
-		waitErr := p.cmd.Wait()
+		waitErr := ps.srv.children.Wait(p.cmd)
 		if kill != nil {
 			kill.Stop()
 		}

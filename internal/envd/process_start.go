@@ -128,9 +128,9 @@ func (s *Server) spawn(req *pb.StartRequest, user account) (*process, error) {
 		subs:   map[*subscriber]struct{}{},
 	}
 	if req.GetPty() != nil {
-		err = startWithPTY(p, req.GetPty(), user)
+		err = startWithPTY(s.children, p, req.GetPty(), user)
 	} else {
-		err = startWithPipes(p, req.GetStdin(), user)
+		err = startWithPipes(s.children, p, req.GetStdin(), user)
 	}
 	if err != nil {
 		return nil, err
@@ -140,13 +140,17 @@ func (s *Server) spawn(req *pb.StartRequest, user account) (*process, error) {
 	return p, nil
 }
 
-func startWithPTY(p *process, size *pb.PTY, user account) error {
+func startWithPTY(children *Reaper, p *process, size *pb.PTY, user account) error {
 	attrs := &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: credentialFor(user)}
 	ws := &pty.Winsize{Cols: uint16(size.GetSize().GetCols()), Rows: uint16(size.GetSize().GetRows())}
 	if ws.Cols == 0 || ws.Rows == 0 {
 		ws = &pty.Winsize{Cols: 80, Rows: 24}
 	}
-	master, err := pty.StartWithAttrs(p.cmd, ws, attrs)
+	var master *os.File
+	err := children.Start(p.cmd, func() (err error) {
+		master, err = pty.StartWithAttrs(p.cmd, ws, attrs)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("start with pty: %w", err)
 	}
@@ -155,7 +159,7 @@ func startWithPTY(p *process, size *pb.PTY, user account) error {
 	return nil
 }
 
-func startWithPipes(p *process, wantStdin bool, user account) error {
+func startWithPipes(children *Reaper, p *process, wantStdin bool, user account) error {
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: credentialFor(user)}
 	if wantStdin {
 		w, err := p.cmd.StdinPipe()
@@ -175,7 +179,7 @@ func startWithPipes(p *process, wantStdin bool, user account) error {
 		return fmt.Errorf("stderr pipe: %w", err)
 	}
 	p.cmd.Stdout, p.cmd.Stderr = outW, errW
-	err = p.cmd.Start()
+	err = children.Start(p.cmd, p.cmd.Start)
 	// The child holds its own copies of the write ends; ours must go so
 	// that readers see EOF when the child's side closes.
 	outW.Close()

@@ -28,14 +28,10 @@ type Config struct {
 	// /etc/passwd and /etc/group.
 	PasswdPath string
 	GroupPath  string
-	// State is what a previous envd in this sandbox was configured with,
-	// handed over by the supervisor when it restarts envd; nil for a fresh
-	// envd. It wins over DefaultUser.
-	State *State
-	// HandOver, when set, receives the whole State every /init produces
-	// before the change takes effect; if it fails, /init fails and changes
-	// nothing. The supervisor keeps it for the next envd it starts.
-	HandOver func(State) error
+	// Children starts and waits for the processes envd runs. When envd is
+	// the sandbox's init it is the Reaper that reaps orphans; nil: one of
+	// envd's own that reaps nothing.
+	Children *Reaper
 	// OnInit, when set, is called after each successful /init: the code
 	// interpreter starts its default kernel once the sandbox's user and
 	// env vars are known. reseed is the request's Reseed.
@@ -51,10 +47,10 @@ type Server struct {
 	fs       *filesystemService
 	cpu      *cpuSampler
 	resolv   string // resolv.conf path /init rewrites
-	handOver func(State) error
+	children *Reaper
 	onInit   func(reseed bool)
-	// initMu orders /init calls: each checks the token, hands the new
-	// State over and applies it as one step.
+	// initMu orders /init calls: each checks the token and applies the
+	// new State as one step.
 	initMu sync.Mutex
 }
 
@@ -70,11 +66,14 @@ func New(cfg Config) *Server {
 	s := &Server{
 		log:      cfg.Logger,
 		users:    users,
-		settings: newSettings(cfg.DefaultUser, cfg.State),
+		settings: newSettings(cfg.DefaultUser),
 		cpu:      &cpuSampler{},
 		resolv:   cfg.ResolvConfPath,
-		handOver: cfg.HandOver,
+		children: cfg.Children,
 		onInit:   cfg.OnInit,
+	}
+	if s.children == nil {
+		s.children = NewReaper()
 	}
 	s.procs = newProcessService(s)
 	s.fs = newFilesystemService(s)

@@ -5,9 +5,8 @@ import (
 	"sync"
 )
 
-// State is what POST /init configured: everything an envd restarted inside
-// the same sandbox must come back with, or it would serve without the
-// sandbox's token, env vars and default user.
+// State is what POST /init configured: the sandbox's token, env vars,
+// default user and working directory.
 type State struct {
 	AccessToken    string            `json:"accessToken,omitempty"`
 	EnvVars        map[string]string `json:"envVars,omitempty"`
@@ -43,19 +42,10 @@ type initRequest struct {
 	Reseed bool `json:"reseed"`
 }
 
-// newSettings starts from restored (the State a previous envd handed over,
-// nil when there is none) and falls back to defaultUser, then root.
-func newSettings(defaultUser string, restored *State) *settings {
-	var st State
-	if restored != nil {
-		st = cloneState(*restored)
-	}
-	if st.EnvVars == nil {
-		st.EnvVars = map[string]string{}
-	}
-	if st.DefaultUser == "" {
-		st.DefaultUser = defaultUser
-	}
+// newSettings starts with no token or env vars, and defaultUser (else
+// root) as the default user.
+func newSettings(defaultUser string) *settings {
+	st := State{EnvVars: map[string]string{}, DefaultUser: defaultUser}
 	if st.DefaultUser == "" {
 		st.DefaultUser = "root"
 	}
@@ -68,7 +58,7 @@ func cloneState(st State) State {
 }
 
 // next returns the State that applying req would produce, leaving the
-// current one untouched: /init hands it over before it takes effect.
+// current one untouched.
 func (s *settings) next(req initRequest) State {
 	s.mu.RLock()
 	st := cloneState(s.state)
@@ -95,7 +85,7 @@ func (s *settings) set(st State) {
 	s.state = st
 }
 
-// apply applies req at once (no hand-over).
+// apply makes req's changes the current State (initMu orders callers).
 func (s *settings) apply(req initRequest) {
 	s.set(s.next(req))
 }

@@ -3,61 +3,22 @@ package integration
 import (
 	"github.com/aenv-dev/aenv/internal/client"
 
-	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
 
-// serveIdentity prints the default user, the sandbox env var and, last, the
-// PID of the `envd serve` that ran it (the shell's parent).
+// serveIdentity prints the default user, the sandbox env var and the PID
+// of what ran the command (envd, the sandbox's init: 1).
 const serveIdentity = `echo "$(id -un) $TENANT_SECRET $PPID"`
 
-// identity runs serveIdentity through the API (which holds the token).
-func identity(t *testing.T, s *server, id string) (user, secret string, servePID int, ok bool) {
-	t.Helper()
-	r := s.do("POST", "/sandboxes/"+id+"/execute", client.ExecuteRequest{Command: serveIdentity})
-	if r.status != 200 {
-		return "", "", 0, false // envd restarting
-	}
-	var res client.ExecuteResult
-	r.json(t, &res)
-	f := strings.Fields(res.Stdout)
-	if res.ExitCode != 0 || len(f) == 0 {
-		t.Fatalf("identity: %+v", res)
-	}
-	pid, _ := strconv.Atoi(f[len(f)-1])
-	if len(f) == 3 {
-		return f[0], f[1], pid, true
-	}
-	return f[0], "", pid, true // the env var is missing
-}
-
-// killServeAsTenant does what code in the sandbox can as root (which E2B's
+// killAllAsTenant does what code in the sandbox can as root (which E2B's
 // commands.run({user: 'root'}) gives anyone with the sandbox): SIGKILL
-// `envd serve` and at once try to take its port. It runs detached, as
-// envd's death breaks the call that started it; the outcome of the bind
-// lands in /tmp/bind-result.
-func killServeAsTenant(t *testing.T, s *server, id string, servePID int) {
+// every process it may, detached, as the kill ends the call that starts it.
+func killAllAsTenant(t *testing.T, s *server, id string) {
 	t.Helper()
-	attack := fmt.Sprintf(`kill -9 %d; python3 -c 'import socket; socket.socket().bind(("0.0.0.0", 49983)); print("bound")' > /tmp/bind-result 2>&1`, servePID)
-	cmd := fmt.Sprintf(`setsid sh -c %q < /dev/null > /dev/null 2>&1 &`, attack)
-	// Whether the answer beats the kill does not matter.
+	cmd := `setsid sh -c 'kill -9 -1' < /dev/null > /dev/null 2>&1 &`
 	_ = s.doNoFail("POST", "/sandboxes/"+id+"/execute", client.ExecuteRequest{Command: cmd, User: "root"})
-}
-
-// waitNewServe waits until a new `envd serve` answers the API and returns
-// what it reports.
-func waitNewServe(t *testing.T, s *server, id string, oldPID int) (user, secret string) {
-	t.Helper()
-	waitFor(t, 60*time.Second, "a new envd serve in "+id, func() bool {
-		var pid int
-		var ok bool
-		user, secret, pid, ok = identity(t, s, id)
-		return ok && pid != oldPID
-	})
-	return user, secret
 }
 
 // proxied sends an envd request the way the E2B SDK does, through the
@@ -71,13 +32,13 @@ func proxied(s *server, id, method, path, body, token string) response {
 	return s.do(method, path, b, "E2b-Sandbox-Id", id, "X-API-Key", "", "X-Access-Token", token)
 }
 
-// TestKilledEnvdKeepsAuth: code in a sandbox can kill `envd serve` (as
-// root; a crash would do the same). The envd that comes back must refuse calls without the
-// sandbox's token, refuse a re-/init by anyone else, keep the sandbox's env
-// vars and default user, and the port must never have been free for the
-// tenant to serve on. A fork, re-keyed by the server, keeps its own token
-// through the same attack.
-func TestKilledEnvdKeepsAuth(t *testing.T) {
+// TestTenantKillsEnvd: code in a sandbox, as root, kills every process it
+// can. envd, the sandbox's init, survives it with the sandbox's token, env
+// vars and default user: calls without the token and a re-/init by anyone
+// else are refused. A fork, re-keyed by the server, keeps its own token.
+// Killing envd itself (PID 1) ends the sandbox, which the server records:
+// nothing is left in it to serve envd's port without the token.
+func TestTenantKillsEnvd(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	sb := s.create(map[string]any{"templateID": "base", "envVars": map[string]string{"TENANT_SECRET": "s3cret"}})
@@ -85,20 +46,19 @@ func TestKilledEnvdKeepsAuth(t *testing.T) {
 	if sb.EnvdAccessToken == "" {
 		t.Fatal("sandbox has no envd access token")
 	}
-	user, secret, pid, ok := identity(t, s, id)
-	if !ok || user != "user" || secret != "s3cret" {
-		t.Fatalf("before the attack: user %q env %q ok %v", user, secret, ok)
-	}
-
-	killServeAsTenant(t, s, id, pid)
-	user, secret = waitNewServe(t, s, id, pid)
-	if user != "user" || secret != "s3cret" {
-		t.Fatalf("restarted envd runs as %q with TENANT_SECRET=%q, want user and s3cret", user, secret)
-	}
-	res := s.exec(id, client.ExecuteRequest{Command: "cat /tmp/bind-result"})
-	if !strings.Contains(res.Stdout, "Address already in use") {
-		t.Fatalf("tenant's bind of envd's port while envd was down: %q", res.Stdout)
-	}
+	s.exec(id, client.ExecuteRequest{Command: "nohup sleep 1000 > /dev/null 2>&1 &"})
+	killAllAsTenant(t, s, id)
+	// The sleep goes; envd stays, with what /init gave it.
+	want := "user s3cret 1\n"
+	waitFor(t, 60*time.Second, "the tenant's kill of every process in "+id, func() bool {
+		r := s.doNoFail("POST", "/sandboxes/"+id+"/execute", client.ExecuteRequest{Command: "pgrep -x sleep; " + serveIdentity})
+		var res client.ExecuteResult
+		if r.status != 200 {
+			t.Fatalf("execute after kill -9 -1: status %d %s", r.status, truncate(r.body))
+		}
+		r.json(t, &res)
+		return res.Stdout == want
+	})
 
 	tests := []struct {
 		name, method, path, body, token string
@@ -125,25 +85,37 @@ func TestKilledEnvdKeepsAuth(t *testing.T) {
 		t.Fatalf("envs %v", envs)
 	}
 
-	// A fork is re-keyed by the server with the image's token; killing its
-	// envd must bring back the fork's token, not the image's and not none.
+	// A fork is re-keyed by the server with a token of its own; the same
+	// attack leaves it that token, not the image's and not none.
 	var snap client.Snapshot
 	s.expect(s.do("POST", "/sandboxes/"+id+"/snapshots", nil), 201, "snapshot").json(t, &snap)
 	fork := s.create(map[string]any{"templateID": snap.SnapshotID})
 	if fork.EnvdAccessToken == "" || fork.EnvdAccessToken == sb.EnvdAccessToken {
 		t.Fatalf("fork token %q, source %q", fork.EnvdAccessToken, sb.EnvdAccessToken)
 	}
-	_, _, forkPID, ok := identity(t, s, fork.SandboxID)
-	if !ok {
-		t.Fatal("fork does not run commands")
-	}
-	killServeAsTenant(t, s, fork.SandboxID, forkPID)
-	if user, _ := waitNewServe(t, s, fork.SandboxID, forkPID); user != "user" {
-		t.Fatalf("fork's restarted envd runs as %q", user)
-	}
+	killAllAsTenant(t, s, fork.SandboxID)
+	waitFor(t, 60*time.Second, "the fork to answer after kill -9 -1", func() bool {
+		res := s.exec(fork.SandboxID, client.ExecuteRequest{Command: serveIdentity})
+		return res.Stdout == want
+	})
 	for token, want := range map[string]int{"": 401, sb.EnvdAccessToken: 401, fork.EnvdAccessToken: 200} {
 		if r := proxied(s, fork.SandboxID, "POST", "/process.Process/List", "{}", token); r.status != want {
-			t.Fatalf("fork after restart, token %q: %d %s, want %d", token, r.status, truncate(r.body), want)
+			t.Fatalf("fork, token %q: %d %s, want %d", token, r.status, truncate(r.body), want)
 		}
 	}
+
+	// Killing envd ends the sandbox, reported dead with why.
+	_ = s.doNoFail("POST", "/sandboxes/"+id+"/execute", client.ExecuteRequest{Command: "kill -9 1", User: "root"})
+	var info struct {
+		State       string `json:"state"`
+		EndedReason string `json:"endedReason"`
+	}
+	waitFor(t, 60*time.Second, "the sandbox reported dead with its envd", func() bool {
+		s.do("GET", "/sandboxes/"+id, nil).json(t, &info)
+		return info.State == "dead"
+	})
+	if !strings.Contains(info.EndedReason, "init process exited") {
+		t.Errorf("dead sandbox's reason %q", info.EndedReason)
+	}
+	waitFor(t, 30*time.Second, "the dead sandbox's processes gone", func() bool { return runscProcesses(id) == 0 })
 }
