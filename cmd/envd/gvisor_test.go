@@ -261,6 +261,7 @@ func TestEnvdInGVisor(t *testing.T) {
 	// Killing envd itself ends the sandbox: nothing is left to serve its
 	// port without the token.
 	_, _ = authed.Run(ctx, client.RunRequest{Command: "kill -9 1"})
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		out, _ := exec.Command(runsc, runscArgs("state", id)...).Output()
 		var st struct{ Status string }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -73,11 +74,8 @@ func waitHealthy(t *testing.T, c *client.Client, within time.Duration) {
 // test accounts instead of the host's.
 type initEnvd struct {
 	cmd    *exec.Cmd
-	http   *http.Client // no keep-alive: a killed child takes its connections along
+	http   *http.Client
 	url    string
-	port   int
-	me     envdtest.User
-	alt    envdtest.User // a second name for the test's UID, with its own home
 	exited chan struct{}
 }
 
@@ -85,8 +83,6 @@ func startInit(t *testing.T) *initEnvd {
 	t.Helper()
 	bin := buildEnvd(t)
 	accounts, me := envdtest.NewAccounts(t)
-	// Same UID and GID, so envd can run as it without root.
-	alt := accounts.Add(t, "aenvt-alt", me.UID, me.GID)
 	port := freePort(t)
 	cmd := exec.Command(bin, "--init", "--listen-addr", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--passwd", accounts.Passwd, "--group", accounts.Group, "--default-user", me.Name)
@@ -95,13 +91,13 @@ func startInit(t *testing.T) *initEnvd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e := &initEnvd{cmd: cmd, http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, url: "http://127.0.0.1:" + strconv.Itoa(port), port: port, me: me, alt: alt, exited: make(chan struct{})}
+	e := &initEnvd{cmd: cmd, http: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}, url: "http://127.0.0.1:" + strconv.Itoa(port), exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(e.exited)
 	}()
 	t.Cleanup(func() {
-		// SIGTERM ends the serve child too; SIGKILL only if that fails.
+		// SIGTERM ends envd; SIGKILL only if that fails.
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-e.exited:
@@ -148,18 +144,44 @@ func TestInitReapsOrphans(t *testing.T) {
 	if strings.TrimSpace(out) != strconv.Itoa(e.cmd.Process.Pid) {
 		t.Fatalf("commands' parent %q, want envd itself (%d)", out, e.cmd.Process.Pid)
 	}
-	// Orphans: each command leaves a background process that exits soon
-	// after, reparented to envd; its own exit code must still arrive.
+	// Orphans: each command leaves a background process, which envd
+	// (a subreaper under --init) inherits; the command's own exit code
+	// must still arrive.
+	envdPID := strconv.Itoa(e.cmd.Process.Pid)
+	var orphans []string
 	for i := range 5 {
 		c := client.New(e.url, e.http, "")
-		res, err := c.Run(ctx, client.RunRequest{Command: fmt.Sprintf("(sleep 0.1 &); exit %d", i)})
+		res, err := c.Run(ctx, client.RunRequest{Command: fmt.Sprintf("sleep 2 > /dev/null 2>&1 & echo $!; exit %d", i)})
 		if err != nil || res.ExitCode != i {
 			t.Fatalf("run %d: %+v %v; want exit code %d", i, res, err, i)
 		}
+		orphans = append(orphans, strings.TrimSpace(string(res.Stdout)))
 	}
-	// Once the orphans have exited, nothing is left under envd: no zombie.
+	// While it runs, the last orphan is envd's child.
+	stat, err := os.ReadFile("/proc/" + orphans[len(orphans)-1] + "/stat")
+	if err != nil {
+		t.Fatalf("the last orphan ended within two seconds of its start: %v", err)
+	}
+	if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) < 2 || f[1] != envdPID {
+		t.Fatalf("orphan %s: stat %q; want envd (%s) its parent", orphans[len(orphans)-1], stat, envdPID)
+	}
+	// Once they have exited, they are gone, and nothing is left under
+	// envd: no zombie.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
+		for len(orphans) > 0 {
+			if _, err := os.Stat("/proc/" + orphans[0]); err == nil {
+				break
+			}
+			orphans = orphans[1:]
+		}
+		if len(orphans) > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("orphans not reaped: %v", orphans)
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
 		left := childrenOf(t, e.cmd.Process.Pid)
 		if len(left) == 0 {
 			break

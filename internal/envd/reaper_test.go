@@ -90,6 +90,12 @@ func TestReaperLeavesOwnChildren(t *testing.T) {
 		if err := checkExit(cmd, r.Wait(cmd), code); err != nil {
 			t.Errorf("child %d: %v", code, err)
 		}
+		// Each Wait asks for another pass, which may now see past it.
+		select {
+		case <-r.kick:
+		default:
+			t.Errorf("child %d: Wait did not kick the reaper", code)
+		}
 	}
 	if n := r.reap(); n != 1 {
 		if _, gone := exited(t, orphan.Pid); !gone {
@@ -127,12 +133,24 @@ func TestReaperRunning(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cmd := startExit(t, r, i%7)
+			code := i % 7
+			cmd := exec.Command("/bin/sh", "-c", "exit $0", strconv.Itoa(code))
+			if err := r.Start(cmd, cmd.Start); err != nil {
+				errs <- err
+				return
+			}
 			if i%2 == 0 {
 				// Let it exit, and the reaper see it, before its Wait.
-				waitExited(t, cmd.Process.Pid)
+				for {
+					var info unix.Siginfo
+					err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+					if err != nil || (*childExit)(unsafe.Pointer(&info)).pid != 0 {
+						break // exited (or already taken: Wait says so)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
 			}
-			if err := checkExit(cmd, r.Wait(cmd), i%7); err != nil {
+			if err := checkExit(cmd, r.Wait(cmd), code); err != nil {
 				errs <- err
 			}
 		}()
