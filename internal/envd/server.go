@@ -49,8 +49,8 @@ type Server struct {
 	resolv   string // resolv.conf path /init rewrites
 	children *Reaper
 	onInit   func(reseed bool)
-	// initMu orders /init calls: each checks the token and applies the
-	// new State as one step.
+	// initMu orders /init calls: each checks the token and applies its
+	// changes as one step.
 	initMu sync.Mutex
 }
 

@@ -5,20 +5,15 @@ import (
 	"sync"
 )
 
-// State is what POST /init configured: the sandbox's token, env vars,
-// default user and working directory.
-type State struct {
-	AccessToken    string            `json:"accessToken,omitempty"`
-	EnvVars        map[string]string `json:"envVars,omitempty"`
-	DefaultUser    string            `json:"defaultUser,omitempty"`
-	DefaultWorkdir string            `json:"defaultWorkdir,omitempty"`
-}
-
-// settings holds the current State. The server calls /init on every create,
-// resume and fork, so all of it can change while envd runs.
+// settings holds what POST /init configured: the sandbox's token, env
+// vars, default user and working directory. The server calls /init on
+// every create, resume and fork, so all of it can change while envd runs.
 type settings struct {
-	mu    sync.RWMutex
-	state State
+	mu             sync.RWMutex
+	accessToken    string
+	envVars        map[string]string
+	defaultUser    string
+	defaultWorkdir string
 }
 
 // initRequest is the body of POST /init. Upstream fields we do not use
@@ -45,71 +40,48 @@ type initRequest struct {
 // newSettings starts with no token or env vars, and defaultUser (else
 // root) as the default user.
 func newSettings(defaultUser string) *settings {
-	st := State{EnvVars: map[string]string{}, DefaultUser: defaultUser}
-	if st.DefaultUser == "" {
-		st.DefaultUser = "root"
+	if defaultUser == "" {
+		defaultUser = "root"
 	}
-	return &settings{state: st}
+	return &settings{envVars: map[string]string{}, defaultUser: defaultUser}
 }
 
-func cloneState(st State) State {
-	st.EnvVars = maps.Clone(st.EnvVars)
-	return st
-}
-
-// next returns the State that applying req would produce, leaving the
-// current one untouched.
-func (s *settings) next(req initRequest) State {
-	s.mu.RLock()
-	st := cloneState(s.state)
-	s.mu.RUnlock()
-	if req.AccessToken != nil {
-		st.AccessToken = *req.AccessToken
-	}
-	if st.EnvVars == nil {
-		st.EnvVars = map[string]string{}
-	}
-	maps.Copy(st.EnvVars, req.EnvVars)
-	if req.DefaultUser != nil && *req.DefaultUser != "" {
-		st.DefaultUser = *req.DefaultUser
-	}
-	if req.DefaultWorkdir != nil {
-		st.DefaultWorkdir = *req.DefaultWorkdir
-	}
-	return st
-}
-
-func (s *settings) set(st State) {
+// apply makes req's changes at once (initMu orders /init's callers).
+func (s *settings) apply(req initRequest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.state = st
-}
-
-// apply makes req's changes the current State (initMu orders callers).
-func (s *settings) apply(req initRequest) {
-	s.set(s.next(req))
+	if req.AccessToken != nil {
+		s.accessToken = *req.AccessToken
+	}
+	maps.Copy(s.envVars, req.EnvVars)
+	if req.DefaultUser != nil && *req.DefaultUser != "" {
+		s.defaultUser = *req.DefaultUser
+	}
+	if req.DefaultWorkdir != nil {
+		s.defaultWorkdir = *req.DefaultWorkdir
+	}
 }
 
 func (s *settings) token() string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.state.AccessToken
+	return s.accessToken
 }
 
 func (s *settings) env() map[string]string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return maps.Clone(s.state.EnvVars)
+	return maps.Clone(s.envVars)
 }
 
 func (s *settings) user() string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.state.DefaultUser
+	return s.defaultUser
 }
 
 func (s *settings) workdir() string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.state.DefaultWorkdir
+	return s.defaultWorkdir
 }

@@ -255,13 +255,7 @@ func hostileLayer(t *testing.T, entries []tarEntry) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
-		tarball.WithMediaType(types.OCIUncompressedLayer))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return tarLayer(t, buf.Bytes())
 }
 
 // smallBaseLayer is a layer of the base rootfs's shell, the few tools the
@@ -355,7 +349,12 @@ func smallBaseLayer(t *testing.T) v1.Layer {
 	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	b := buf.Bytes()
+	return tarLayer(t, buf.Bytes())
+}
+
+// tarLayer is an uncompressed layer of the tar b.
+func tarLayer(t *testing.T, b []byte) v1.Layer {
+	t.Helper()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil },
 		tarball.WithMediaType(types.OCIUncompressedLayer))
 	if err != nil {
