@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/proxybody"
 	"github.com/aenv-dev/aenv/internal/store"
 )
 
@@ -82,6 +83,10 @@ func newEnvdProxy(sandboxes node.Node, isKey func(string) bool, logger *slog.Log
 		// Connect streams must reach the client frame by frame.
 		FlushInterval: -1,
 		ErrorHandler:  p.upstreamError,
+		ModifyResponse: func(resp *http.Response) error {
+			proxybody.EndsEarly(resp)
+			return nil
+		},
 	}
 	return p
 }
@@ -115,7 +120,7 @@ func StripCredentials(h http.Header, port int, isKey func(string) bool) {
 // upstreamError answers a request the sandbox did not take: E2B's "port is
 // not open" while the sandbox still runs, else its "sandbox not found".
 func (p *envdProxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	defer EndBody(w, r)
+	defer proxybody.EndBody(w, r)
 	t := targetOf(r.Context())
 	p.logger.DebugContext(r.Context(), "envd proxy error", "sandbox", t.sandboxID, "port", t.port, "err", err)
 	if errors.Is(context.Cause(r.Context()), node.ErrStopped) {
@@ -250,7 +255,7 @@ func (p *envdProxy) forward(w http.ResponseWriter, r *http.Request, target *node
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
 		p.logger.DebugContext(r.Context(), "full duplex unavailable", "err", err)
 	}
-	p.proxy.ServeHTTP(w, KeepBody(r.WithContext(contextWithTarget(target.Ctx, t))))
+	p.proxy.ServeHTTP(w, proxybody.KeepBody(r.WithContext(contextWithTarget(target.Ctx, t))))
 }
 
 // sandboxForSignature finds the sandbox whose envd access token produced a

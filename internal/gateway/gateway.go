@@ -35,6 +35,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/cluster"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/node"
+	"github.com/aenv-dev/aenv/internal/proxybody"
 	"github.com/aenv-dev/aenv/internal/requestid"
 	"github.com/aenv-dev/aenv/internal/secret"
 	"github.com/aenv-dev/aenv/internal/store"
@@ -205,6 +206,7 @@ func (g *Gateway) newProxy(transport http.RoundTripper) *httputil.ReverseProxy {
 		// another node while this route was cached) drops the route: the
 		// next call reads where it is now.
 		ModifyResponse: func(resp *http.Response) error {
+			proxybody.EndsEarly(resp)
 			// The answer already names the request's ID (the node echoes
 			// the same one): copied, it would be there twice.
 			if requestid.FromContext(resp.Request.Context()) != "" {
@@ -550,7 +552,7 @@ func (g *Gateway) forwardNode(w http.ResponseWriter, r *http.Request, nodeID, sa
 	ctx, span := tracing.ChildClient(r.Context(), "forward to node", tracing.NodeID.String(nodeID),
 		tracing.SandboxID.String(sandboxID))
 	defer span.End()
-	g.proxy.ServeHTTP(w, api.KeepBody(r.WithContext(context.WithValue(ctx, targetKey{}, t))))
+	g.proxy.ServeHTTP(w, proxybody.KeepBody(r.WithContext(context.WithValue(ctx, targetKey{}, t))))
 }
 
 func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
@@ -665,7 +667,7 @@ func callerOf(r *http.Request) auth.Principal {
 
 // upstreamError answers a forwarded request its node did not take.
 func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	defer api.EndBody(w, r)
+	defer proxybody.EndBody(w, r)
 	if r.Context().Err() != nil {
 		return // the client left
 	}

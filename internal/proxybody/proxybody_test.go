@@ -1,6 +1,8 @@
-package api
+package proxybody
 
 import (
+	"bufio"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -14,11 +16,16 @@ import (
 )
 
 // fullDuplexProxy is a proxy to upstream as the envd proxy and the gateway
-// are: full duplex, and an error handler that ends the body when ended.
+// are: full duplex, answers marked by EndsEarly, and an error handler that
+// ends the body when ended.
 func fullDuplexProxy(t *testing.T, upstream *url.URL, ended bool) *httptest.Server {
 	t.Helper()
 	proxy := httputil.NewSingleHostReverseProxy(upstream)
 	proxy.ErrorLog = log.New(io.Discard, "", 0)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		EndsEarly(resp)
+		return nil
+	}
 	proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, _ error) {
 		if ended {
 			defer EndBody(w, r)
@@ -125,5 +132,64 @@ func TestStreamAnswerEndsWithBodyOpen(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the answer did not end while the request body stayed open")
+	}
+}
+
+// An upstream that answers before it has read the body (a full volume, a
+// file too big) has its answer reach the client with "Connection: close",
+// and the client does not send its next call on a connection the server
+// closes after the answer. An answer to a body read whole keeps the
+// connection.
+func TestEarlyAnswerEndsConnection(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/early" {
+			io.CopyN(io.Discard, r.Body, 1<<10)
+			w.WriteHeader(http.StatusInsufficientStorage)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusOK)
+	}))
+	upstream.Config.ErrorLog = log.New(io.Discard, "", 0)
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	srv := fullDuplexProxy(t, u, true)
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(time.Minute))
+	in := bufio.NewReader(conn)
+	call := func(path string, size int, wait bool) *http.Response {
+		t.Helper()
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: upstream\r\nContent-Length: %d\r\n\r\n", path, size)
+		sent := make(chan struct{})
+		go func() {
+			defer close(sent)
+			conn.Write(make([]byte, size)) // fails once the proxy drops the connection
+		}()
+		if wait {
+			<-sent
+		}
+		resp, err := http.ReadResponse(in, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for range 2 {
+		if resp := call("/whole", 256<<10, true); resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("a body read whole: status %d, connection closed: %v", resp.StatusCode, resp.Close)
+		}
+	}
+	// Bigger than the socket buffers between the client and the upstream
+	// hold: most of it is never read.
+	resp := call("/early", 32<<20, false)
+	if resp.StatusCode != http.StatusInsufficientStorage || !resp.Close {
+		t.Fatalf("a body answered early: status %d, connection closed: %v (want 507 and Connection: close)", resp.StatusCode, resp.Close)
 	}
 }
