@@ -24,6 +24,7 @@ type bodyKey struct{}
 type proxiedBody struct {
 	io.ReadCloser
 	length int64 // Content-Length, or -1 (chunked)
+	http1  bool  // the client's connection is HTTP/1 (one call at a time)
 	read   atomic.Int64
 	ended  atomic.Bool
 }
@@ -52,7 +53,7 @@ func KeepBody(r *http.Request) *http.Request {
 	if r.Body == nil || r.Body == http.NoBody {
 		return r
 	}
-	b := &proxiedBody{ReadCloser: r.Body, length: r.ContentLength}
+	b := &proxiedBody{ReadCloser: r.Body, length: r.ContentLength, http1: r.ProtoMajor < 2}
 	r = r.WithContext(context.WithValue(r.Context(), bodyKey{}, b))
 	r.Body = b
 	return r
@@ -96,13 +97,15 @@ func EndBody(w http.ResponseWriter, r *http.Request) {
 // body on a failed write, it answers as if the connection stayed open. A
 // client that had already handed the server its whole body then keeps the
 // connection and sends its next call on it, which fails with a reset.
-// Said in the answer, the client drops the connection instead.
+// Said in the answer, the client drops the connection instead. (An HTTP/2
+// stream ends on its own; there the header would close every stream of the
+// connection.)
 func EndsEarly(resp *http.Response) {
 	if resp.Request == nil {
 		return
 	}
 	b, _ := resp.Request.Context().Value(bodyKey{}).(*proxiedBody)
-	if b != nil && !b.sent() {
+	if b != nil && b.http1 && !b.sent() {
 		resp.Header.Set("Connection", "close")
 	}
 }

@@ -2,6 +2,7 @@ package proxybody
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"log"
@@ -11,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -191,5 +193,50 @@ func TestEarlyAnswerEndsConnection(t *testing.T) {
 	resp := call("/early", 32<<20, false)
 	if resp.StatusCode != http.StatusInsufficientStorage || !resp.Close {
 		t.Fatalf("a body answered early: status %d, connection closed: %v (want 507 and Connection: close)", resp.StatusCode, resp.Close)
+	}
+}
+
+// Over HTTP/2 an early answer ends its stream alone: the answer says
+// nothing of the connection, whose other calls go on.
+func TestEarlyAnswerHTTP2KeepsConnection(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.CopyN(io.Discard, r.Body, 1<<10)
+		w.WriteHeader(http.StatusInsufficientStorage)
+	}))
+	upstream.Config.ErrorLog = log.New(io.Discard, "", 0)
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	proxy.ErrorLog = log.New(io.Discard, "", 0)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		EndsEarly(resp)
+		return nil
+	}
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		proxy.ServeHTTP(w, KeepBody(r))
+	}))
+	srv.EnableHTTP2 = true
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.StartTLS()
+	defer srv.Close()
+	for range 3 {
+		resp, err := srv.Client().Post(srv.URL, "application/octet-stream", bytes.NewReader(make([]byte, 8<<20)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusInsufficientStorage || resp.Close {
+			t.Fatalf("HTTP/%d, status %d, connection closed: %v (want HTTP/2, 507, open)", resp.ProtoMajor, resp.StatusCode, resp.Close)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections for three calls, want one", n)
 	}
 }
