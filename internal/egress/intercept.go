@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/network"
-	"github.com/aenv-dev/aenv/internal/proxybody"
 	"github.com/aenv-dev/aenv/internal/secret"
 )
 
@@ -151,11 +150,7 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 		},
 		Transport:     upstream,
 		FlushInterval: -1, // streamed responses (server-sent events) as they come
-		ModifyResponse: func(resp *http.Response) error {
-			proxybody.EndsEarly(resp)
-			return nil
-		},
-		ErrorLog: log.New(io.Discard, "", 0),
+		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			c.noteReason(err.Error())
 			http.Error(w, "aenv egress: "+err.Error(), http.StatusBadGateway)
@@ -220,7 +215,7 @@ func (c *conn) intercept(serverName string, rule *network.HostRule, dialUp func(
 			headers = append(headers, network.Header{Name: h.Name, Value: value})
 		}
 		c.slot.log.update(func() { c.ev.Requests++ })
-		forward.ServeHTTP(w, proxybody.KeepBody(r.WithContext(context.WithValue(r.Context(), ruleHeadersKey{}, headers))))
+		forward.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ruleHeadersKey{}, headers)))
 	})
 
 	l := &oneConnListener{conn: tlsConn, done: make(chan struct{})}

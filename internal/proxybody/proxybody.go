@@ -1,8 +1,8 @@
-// Package proxybody keeps the request bodies a reverse proxy forwards
-// (aenv's envd proxy, its gateway and its egress proxy) from costing the
-// client its connection: net/http's server and httputil.ReverseProxy each
-// handle a body the upstream did not read in a way that, together, can
-// leave a connection the client believes open closed under it.
+// Package proxybody keeps the request bodies a full-duplex reverse proxy
+// forwards (aenv's envd proxy and its gateway) from costing the client its
+// connection: net/http's server and httputil.ReverseProxy each handle a
+// body the upstream did not read in a way that, together, can leave a
+// connection the client believes open closed under it.
 package proxybody
 
 import (
@@ -92,16 +92,16 @@ func EndBody(w http.ResponseWriter, r *http.Request) {
 // proxy's ModifyResponse calls it.
 //
 // Why: the rest of such a body is never read, so the server closes the
-// connection after the answer. On its own it says so only when it reads
-// the body itself; with full duplex on, or when the transport closed the
-// body on a failed write, it answers as if the connection stayed open. A
-// client that had already handed the server its whole body then keeps the
-// connection and sends its next call on it, which fails with a reset.
-// Said in the answer, the client drops the connection instead. (An HTTP/2
-// stream ends on its own; there the header would close every stream of the
-// connection.)
+// connection after the answer. Without full duplex it says so itself when
+// the answer starts; with full duplex on it answers as if the connection
+// stayed open. A client that had already handed the server its whole body
+// then keeps the connection and sends its next call on it, which fails
+// with a reset. Said in the answer, the client drops the connection
+// instead. (An HTTP/2 stream ends on its own; there the header would close
+// every stream of the connection. An upgrade's answer keeps its
+// Connection: Upgrade.)
 func EndsEarly(resp *http.Response) {
-	if resp.Request == nil {
+	if resp.Request == nil || resp.StatusCode == http.StatusSwitchingProtocols {
 		return
 	}
 	b, _ := resp.Request.Context().Value(bodyKey{}).(*proxiedBody)

@@ -194,6 +194,11 @@ func TestEarlyAnswerEndsConnection(t *testing.T) {
 	if resp.StatusCode != http.StatusInsufficientStorage || !resp.Close {
 		t.Fatalf("a body answered early: status %d, connection closed: %v (want 507 and Connection: close)", resp.StatusCode, resp.Close)
 	}
+	// What the header says is so: the proxy closes the connection (a
+	// client that kept it would have its next call reset).
+	if n, err := in.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("after the early answer the connection still carries data (%d bytes)", n)
+	}
 }
 
 // Over HTTP/2 an early answer ends its stream alone: the answer says
@@ -238,5 +243,22 @@ func TestEarlyAnswerHTTP2KeepsConnection(t *testing.T) {
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("%d connections for three calls, want one", n)
+	}
+}
+
+// An upgrade answered while the request body is still unsent keeps its
+// Connection: Upgrade (the proxy would otherwise refuse it as a 502).
+func TestEarlyAnswerKeepsUpgrade(t *testing.T) {
+	resp := &http.Response{StatusCode: http.StatusSwitchingProtocols, Header: http.Header{"Connection": {"Upgrade"}}}
+	req := KeepBody(httptest.NewRequest(http.MethodPost, "/", strings.NewReader("unsent")))
+	resp.Request = req
+	EndsEarly(resp)
+	if got := resp.Header.Get("Connection"); got != "Upgrade" {
+		t.Fatalf("Connection: %q, want Upgrade", got)
+	}
+	resp.StatusCode = http.StatusOK
+	EndsEarly(resp)
+	if got := resp.Header.Get("Connection"); got != "close" {
+		t.Fatalf("Connection: %q, want close for an answer before the body", got)
 	}
 }
