@@ -635,7 +635,7 @@ func (p *imagePacker) flush() error {
 		select {
 		case buf = <-p.storedFree:
 		default:
-			buf = make([]byte, 0, p.enc.MaxEncodedSize(packTarget)+packTarget/pageSize*hashSize)
+			buf = make([]byte, 0, maxStoredBytes(p.enc))
 		}
 		defer func() {
 			select {
@@ -643,7 +643,7 @@ func (p *imagePacker) flush() error {
 			default:
 			}
 		}()
-		stored := append(p.enc.EncodeAll(raw, buf[:0]), sums...)
+		stored := append(encodeFrames(p.enc, raw, buf[:0]), sums...)
 		buf = stored
 		*ref = packRef{digest: sha256.Sum256(stored), raw: int64(len(raw)), stored: int64(len(stored)),
 			hashes: sha256.Sum256(sums)}
@@ -886,9 +886,14 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 		}
 		defer f.Close()
 		fill.r = r
+		fill.prepare(ctx, f)
+		// Before the file closes: a frame still being fetched is of no use
+		// once run has written every page.
+		defer fill.stopFrames()
 		if fill.written, err = lazy.Begin(fill.size, fill.prioritize); err != nil {
 			return err
 		}
+		close(fill.begun)
 		fill.q.add(fill.later...)
 		fill.q.close()
 		if err := fill.run(ctx, f); err != nil {

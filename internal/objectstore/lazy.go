@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // LazyFile names the file of an image that GetLazy hands over before it is
@@ -202,6 +204,20 @@ type lazyFill struct {
 	download func(i uint32)
 	written  func(off, n int64)
 
+	// f is the file being written, byPack its pages by pack (1-based),
+	// ascending: set before Begin.
+	f      *os.File
+	byPack map[uint32][]int32
+	// frames are the fetches of single frames prioritize started (see
+	// frames.go); ending them cancels those still running.
+	frames    sync.WaitGroup
+	endFrames context.CancelFunc
+	framesCtx context.Context
+	// frameSlots bounds the frame fetches running; begun closes when
+	// Begin has returned written.
+	frameSlots chan struct{}
+	begun      chan struct{}
+
 	mu      sync.Mutex
 	urgent  []uint32 // packs reads wait for, the last asked for on top
 	arrived map[uint32]bool
@@ -213,6 +229,14 @@ type lazyFill struct {
 	inOrder int64
 	// fetching counts the downloads prioritize started, still running.
 	fetching int
+	// tails are the framed packs' tails fetched; unframed the packs whose
+	// frames cannot be fetched alone (written before frames); asked the
+	// frames (pack<<32 | frame) fetched or being fetched.
+	tails    map[uint32]*packTail
+	unframed map[uint32]bool
+	asked    map[uint64]bool
+	// framesOver says stopFrames has run.
+	framesOver bool
 }
 
 // inOrderSlack is how far past the in-order reads a read still counts as
@@ -254,8 +278,10 @@ func (l *lazyFill) nudge() {
 // two kinds: its background load asks for the file in order, a fixed number
 // of ranges at a time, and a page the guest (or the restore itself) needs
 // out of that order is asked for on its own. The first follow the packs'
-// download order anyway; the second block the sandbox, so their packs are
-// downloaded at once, beside the rest, and written first.
+// download order anyway; the second block the sandbox: the frames holding
+// their pages are fetched at once by ranged GETs and written (a pack
+// without frames is downloaded whole at once), and their packs go to the
+// front of the download queue.
 func (l *lazyFill) prioritize(off, n int64) {
 	if off < 0 || n <= 0 || off >= l.size {
 		return
@@ -272,27 +298,191 @@ func (l *lazyFill) prioritize(off, n int64) {
 		return
 	}
 	firstPage, end := int(off/pageSize), int(min(off+n, l.size)+pageSize-1)/pageSize
+	// The frames the range's pages lie in, by pack.
+	frames := map[uint32][]int{}
 	// Backwards, so that the range's first pack ends on top of the stack.
-	last := uint32(0)
+	var order []uint32
 	for p := end - 1; p >= firstPage; p-- {
-		i := l.r.ix.pages[l.first+p].pack
-		if i == 0 || i == last || l.done[i] {
+		pg := l.r.ix.pages[l.first+p]
+		i := pg.pack
+		if i == 0 || l.done[i] {
 			continue
 		}
-		last = i
+		if _, seen := frames[i]; !seen {
+			order = append(order, i)
+			frames[i] = nil
+		}
+		if l.r.arriving[i] == nil || l.arrived[i] || l.unframed[i] {
+			continue // here already, or to be downloaded whole
+		}
+		frame := int(pg.off / pageSize / framePages)
+		if key := uint64(i)<<32 | uint64(frame); !l.asked[key] {
+			l.asked[key] = true
+			frames[i] = append(frames[i], frame)
+		}
+	}
+	for _, i := range order {
 		if !slices.Contains(l.urgent, i) {
 			l.urgent = append(l.urgent, i)
 		}
-		if l.r.arriving[i] == nil {
-			continue // on disk
+		if l.r.arriving[i] == nil || l.arrived[i] {
+			continue // on disk: written next
 		}
-		if l.fetching < maxUrgentDownloads && l.q.claim(i) {
-			l.fetching++
-			l.download(i) // starts it, under l.mu so that stop sees it
-		} else {
+		if len(frames[i]) > 0 {
+			slices.Sort(frames[i])
+			l.fetchFrames(i, slices.Compact(frames[i]))
 			l.q.hurry(i)
+			continue
+		}
+		if l.unframed[i] {
+			l.downloadNow(i)
 		}
 	}
+}
+
+// maxFrameFetches bounds the frame fetches running at once; more wait.
+const maxFrameFetches = 8
+
+// downloadNow downloads pack i at once, beside the Get's own downloads, or
+// moves it to the front of their queue if enough run already. l.mu is
+// held.
+func (l *lazyFill) downloadNow(i uint32) {
+	if l.fetching < maxUrgentDownloads && l.q.claim(i) {
+		l.fetching++
+		l.download(i) // starts it, under l.mu so that stop sees it
+	} else {
+		l.q.hurry(i)
+	}
+}
+
+// fetchFrames fetches frames of pack i in the background and writes the
+// file's pages in them. If the pack has no frames (written before them),
+// or its frames cannot be had, the whole pack is downloaded at once
+// instead: its download checks it whole, and fails the Get if it is
+// corrupt. l.mu is held.
+func (l *lazyFill) fetchFrames(i uint32, frames []int) {
+	if l.framesOver {
+		return // the file is written, or the Get failed
+	}
+	s, p, tail := l.r.s, l.r.ix.packs[i-1], l.tails[i]
+	pages, ix := l.byPack[i], l.r.ix.pages[l.first:l.first+l.count]
+	l.frames.Add(1)
+	go func() {
+		defer l.frames.Done()
+		select {
+		case l.frameSlots <- struct{}{}:
+			defer func() { <-l.frameSlots }()
+		case <-l.framesCtx.Done():
+			return
+		}
+		err := l.writeFrames(s, p, tail, i, frames, pages, ix)
+		if err == nil || l.framesCtx.Err() != nil {
+			return
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.stopped || l.done[i] || l.arrived[i] {
+			return
+		}
+		l.unframed[i] = true
+		l.downloadNow(i)
+	}()
+}
+
+// writeFrames fetches frames of pack p (i in the image) and writes the
+// file's pages (pages, their refs ix) that lie in them, each checked
+// against the pack's hash list.
+func (l *lazyFill) writeFrames(s *Store, p packRef, tail *packTail, i uint32, frames []int, pages []int32, ix []pageRef) error {
+	ctx := l.framesCtx
+	if tail == nil {
+		t, err := s.fetchTail(ctx, p)
+		if err != nil {
+			return err
+		}
+		tail = t
+		l.mu.Lock()
+		l.tails[i] = t
+		l.mu.Unlock()
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(framePages*pageSize+pageSize))
+	if err != nil {
+		return err
+	}
+	defer dec.Close()
+	got, err := s.fetchFrames(ctx, p, tail, frames, dec)
+	if err != nil {
+		return err
+	}
+	// A read may come while Begin runs, before written is set.
+	select {
+	case <-l.begun:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// The file's pages in those frames, written in runs of consecutive
+	// pages, each told once written.
+	var run []byte
+	runAt := int64(-1)
+	flush := func() error {
+		if len(run) == 0 {
+			return nil
+		}
+		if _, err := l.f.WriteAt(run, runAt); err != nil {
+			return err
+		}
+		l.written(runAt, int64(len(run)))
+		run = run[:0]
+		return nil
+	}
+	for _, fp := range pages {
+		slot := int(ix[fp].off / pageSize)
+		data, ok := got[slot/framePages]
+		if !ok {
+			continue
+		}
+		off := int64(fp) * pageSize
+		n := min(pageSize, l.size-off)
+		at := int64(slot%framePages) * pageSize
+		page := data[at : at+n]
+		if !tail.check(slot, page) {
+			return fmt.Errorf("%w: pack %s: a page of frame %d does not match its hash", ErrCorrupt, p.name(), slot/framePages)
+		}
+		if runAt+int64(len(run)) != off {
+			if err := flush(); err != nil {
+				return err
+			}
+			runAt = off
+		}
+		run = append(run, page...)
+	}
+	return flush()
+}
+
+// prepare readies l to be handed over: the file f and its pages by pack.
+func (l *lazyFill) prepare(ctx context.Context, f *os.File) {
+	l.f = f
+	l.byPack = map[uint32][]int32{}
+	for p, pg := range l.r.ix.pages[l.first : l.first+l.count] {
+		if pg.pack != 0 {
+			l.byPack[pg.pack] = append(l.byPack[pg.pack], int32(p))
+		}
+	}
+	l.tails, l.unframed, l.asked = map[uint32]*packTail{}, map[uint32]bool{}, map[uint64]bool{}
+	l.framesCtx, l.endFrames = context.WithCancel(ctx)
+	l.frameSlots, l.begun = make(chan struct{}, maxFrameFetches), make(chan struct{})
+}
+
+// stopFrames ends the frame fetches: the file is written, or the Get has
+// failed.
+func (l *lazyFill) stopFrames() {
+	if l.endFrames == nil {
+		return
+	}
+	l.mu.Lock()
+	l.framesOver = true // no fetch starts after: Wait is not raced by Add
+	l.mu.Unlock()
+	l.endFrames()
+	l.frames.Wait()
 }
 
 // maxUrgentDownloads bounds the downloads prioritize starts beside the
@@ -345,13 +535,7 @@ func (l *lazyFill) nextPack(ctx context.Context, byPack map[uint32][]int32) (uin
 // run writes every page of the file into f; zero pages need no write.
 func (l *lazyFill) run(ctx context.Context, f *os.File) error {
 	pages := l.r.ix.pages[l.first : l.first+l.count]
-	byPack := map[uint32][]int32{}
-	for p, pg := range pages {
-		if pg.pack == 0 {
-			continue
-		}
-		byPack[pg.pack] = append(byPack[pg.pack], int32(p))
-	}
+	byPack := l.byPack
 	// Packs already on disk are here from the start.
 	l.mu.Lock()
 	for i := range byPack {
