@@ -643,7 +643,13 @@ func (p *imagePacker) flush() error {
 			default:
 			}
 		}()
-		stored := append(encodeFrames(p.enc, raw, buf[:0]), sums...)
+		var stored []byte
+		if p.s.unframedPacks {
+			stored = p.enc.EncodeAll(raw, buf[:0])
+		} else {
+			stored = encodeFrames(p.enc, raw, buf[:0])
+		}
+		stored = append(stored, sums...)
 		buf = stored
 		*ref = packRef{digest: sha256.Sum256(stored), raw: int64(len(raw)), stored: int64(len(stored)),
 			hashes: sha256.Sum256(sums)}
@@ -887,8 +893,9 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 		defer f.Close()
 		fill.r = r
 		fill.prepare(ctx, f)
-		// Before the file closes: a frame still being fetched is of no use
-		// once run has written every page.
+		// Frame fetches end before the file closes (on failure too): once
+		// run has written every page they are of no use, and a write of
+		// theirs must not land after the file is closed and dated.
 		defer fill.stopFrames()
 		if fill.written, err = lazy.Begin(fill.size, fill.prioritize); err != nil {
 			return err
@@ -899,6 +906,7 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 		if err := fill.run(ctx, f); err != nil {
 			return err
 		}
+		fill.stopFrames()
 		if err := f.Close(); err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,8 +99,8 @@ func TestFramedPack(t *testing.T) {
 	}
 }
 
-// gatedTransport holds whole-object GETs of packs until opened, and counts
-// the ranged GETs of packs and their bytes.
+// gatedTransport holds whole-object GETs of packs while holding says so,
+// until gate closes, and counts the ranged GETs of packs and their bytes.
 type gatedTransport struct {
 	base    http.RoundTripper
 	gate    chan struct{}
@@ -111,6 +112,7 @@ type gatedTransport struct {
 	mu          sync.Mutex
 	ranged      int
 	rangedBytes int64
+	refused     int
 	heldWhole   int
 }
 
@@ -119,7 +121,13 @@ func (g *gatedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return g.base.RoundTrip(r)
 	}
 	if r.Header.Get("Range") != "" {
-		if g.refuseRanges {
+		g.mu.Lock()
+		refuse := g.refuseRanges
+		if refuse {
+			g.refused++
+		}
+		g.mu.Unlock()
+		if refuse {
 			return &http.Response{StatusCode: http.StatusNotImplemented, Status: "501 Not Implemented",
 				Header: http.Header{}, Body: http.NoBody, Request: r}, nil
 		}
@@ -145,114 +153,145 @@ func (g *gatedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return g.base.RoundTrip(r)
 }
 
-// A read of a lazy memory file waiting on pages of a pack not yet here is
-// served by ranged GETs of that pack's frames, while the pack's whole
-// download is held back: the range is written before any whole pack of the
-// file arrives, from a few hundred KiB rather than the pack's 8 MiB, and
-// the image ends whole and equal. A store refusing ranged GETs falls back
-// to downloading the pack at once.
+// Reads of a lazy memory file waiting on pages of a pack not yet here:
+//   - framed packs: the frames holding them come by ranged GETs while
+//     every whole download of the file's packs is held back, so the ranges
+//     are written before any whole pack arrives, from the pack's tail and
+//     two frames rather than its 8 MiB;
+//   - a store refusing ranged GETs, and packs from before frames: the
+//     pack is asked for its tail once (not once a fault), then fetched
+//     whole; the ranges still arrive.
+//
+// Every time the image ends whole and equal, each page said written.
 func TestGetLazyFetchesFrames(t *testing.T) {
 	t.Parallel()
 	srv := s3test.Start(t)
 	ctx := testCtx(t)
-	cfg := testConfig(srv, "frames")
 	tmp := t.TempDir()
-	store := openStore(t, cfg)
+	pages := randomPages(6000, 11)
 	src := filepath.Join(tmp, "src")
-	memoryImage(t, src, randomPages(6000, 11))
-	m, err := store.PutImage(ctx, "snapshots/frames", src, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	memoryImage(t, src, pages)
 
-	for _, refuse := range []bool{false, true} {
+	for _, tc := range []struct {
+		name     string
+		unframed bool // the image's packs written as before frames
+		refuse   bool // the store refuses ranged GETs
+	}{
+		{name: "frames"},
+		{name: "ranges-refused", refuse: true},
+		{name: "packs-before-frames", unframed: true},
+	} {
+		cfg := testConfig(srv, "frames-"+tc.name)
+		writer := openStore(t, cfg)
+		writer.unframedPacks = tc.unframed
+		m, err := writer.PutImage(ctx, "snapshots/frames", src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hold := !tc.refuse && !tc.unframed // only frames can serve the ranges then
 		gate := make(chan struct{})
-		var begun, opened sync.Once
-		var holding bool
+		var opened sync.Once
 		var mu sync.Mutex
-		g := &gatedTransport{base: http.DefaultTransport.(*http.Transport).Clone(), gate: gate, refuseRanges: refuse,
-			holding: func() bool { mu.Lock(); defer mu.Unlock(); return holding && !refuse }}
+		var begun bool
+		g := &gatedTransport{base: http.DefaultTransport.(*http.Transport).Clone(), gate: gate, refuseRanges: tc.refuse,
+			holding: func() bool { mu.Lock(); defer mu.Unlock(); return begun && hold }}
 		c := cfg
 		c.ChunkDir = t.TempDir()
 		c.HTTPClient = &http.Client{Transport: g}
 		fresh := openStore(t, c)
 
-		// A page in the middle pack: downloaded only after the handover.
-		urgentOff, urgentLen := int64(3000*pageSize+100), int64(2*pageSize)
+		// Two ranges in the middle pack (downloaded only after the
+		// handover), in different frames.
+		ranges := [][2]int64{{3000*pageSize + 100, 2 * pageSize}, {3100 * pageSize, pageSize}}
 		var (
-			wmu       sync.Mutex
-			pages     = map[int64]bool{}
-			urgentAt  = -1
-			writes    int
-			size      int64
-			timedOut  bool
-			timeoutCh = time.After(time.Minute)
+			wmu      sync.Mutex
+			said     = map[int64]bool{}
+			served   bool
+			size     int64
+			timedOut bool
 		)
+		servedAll := func() bool {
+			for _, r := range ranges {
+				for p := r[0] / pageSize; p*pageSize < r[0]+r[1]; p++ {
+					if !said[p] {
+						return false
+					}
+				}
+			}
+			return true
+		}
 		written := func(off, n int64) {
 			wmu.Lock()
 			defer wmu.Unlock()
-			writes++
 			for p := off / pageSize; p < (off+n+pageSize-1)/pageSize; p++ {
-				pages[p] = true
+				said[p] = true
 			}
-			if urgentAt < 0 && pages[urgentOff/pageSize] && pages[(urgentOff+urgentLen-1)/pageSize] {
-				urgentAt = writes
+			if !served && servedAll() {
+				served = true
 				opened.Do(func() { close(gate) })
 			}
 		}
 		go func() {
 			select {
 			case <-gate:
-			case <-timeoutCh:
+			case <-time.After(time.Minute):
 				wmu.Lock()
 				timedOut = true
 				wmu.Unlock()
 				opened.Do(func() { close(gate) })
 			}
 		}()
-		dst := filepath.Join(tmp, "dst-"+map[bool]string{false: "frames", true: "whole"}[refuse])
-		_, err := fresh.GetLazy(ctx, "snapshots/frames", m.Digest, dst, LazyFile{Name: "pages.img",
+		dst := filepath.Join(tmp, "dst-"+tc.name)
+		_, err = fresh.GetLazy(ctx, "snapshots/frames", m.Digest, dst, LazyFile{Name: "pages.img",
 			Begin: func(sz int64, prioritize func(off, n int64)) (func(off, n int64), error) {
-				begun.Do(func() {
-					mu.Lock()
-					holding = true
-					mu.Unlock()
-				})
+				mu.Lock()
+				begun = true
+				mu.Unlock()
 				size = sz
-				prioritize(urgentOff, urgentLen)
+				for _, r := range ranges {
+					prioritize(r[0], r[1])
+				}
 				return written, nil
 			}})
 		if err != nil {
-			t.Fatalf("GetLazy (ranges refused: %v): %v", refuse, err)
+			t.Fatalf("%s: GetLazy: %v", tc.name, err)
 		}
 		equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(dst, "pages.img"))
 		wmu.Lock()
 		for p := int64(0); p*pageSize < size; p++ {
-			if !pages[p] {
-				t.Fatalf("page %d never said written", p)
+			if !said[p] {
+				t.Fatalf("%s: page %d never said written", tc.name, p)
 			}
 		}
-		if timedOut || urgentAt < 0 {
-			t.Fatalf("ranges refused: %v: the waited-for range was not written while whole packs were held (timed out: %v)", refuse, timedOut)
+		if hold && (timedOut || !served) {
+			t.Fatalf("%s: the ranges read were not written while whole packs were held (timed out: %v)", tc.name, timedOut)
 		}
 		wmu.Unlock()
 		g.mu.Lock()
-		if !refuse {
-			if g.ranged < 2 || g.rangedBytes > 2*framePages*pageSize {
-				t.Errorf("%d ranged GETs of %d bytes for a 2-page range: want the tail and a frame, well under a pack", g.ranged, g.rangedBytes)
+		switch {
+		case hold:
+			if g.ranged != 3 || g.rangedBytes > 3*framePages*pageSize {
+				t.Errorf("%s: %d ranged GETs of %d bytes for two ranges in two frames: want the tail and two frames, well under a pack",
+					tc.name, g.ranged, g.rangedBytes)
 			}
 			if g.heldWhole == 0 {
-				t.Error("no whole pack download was held: the test did not test the frames")
+				t.Errorf("%s: no whole pack download was held: the test did not test the frames", tc.name)
 			}
-		} else if g.ranged != 0 {
-			t.Errorf("%d ranged GETs counted though refused", g.ranged)
+		case tc.refuse:
+			if g.refused != 1 || g.ranged != 0 {
+				t.Errorf("%s: %d ranged GETs refused, %d answered; want one refused (the tail, once for the pack)", tc.name, g.refused, g.ranged)
+			}
+		case tc.unframed:
+			if g.ranged != 1 {
+				t.Errorf("%s: %d ranged GETs; want one (the tail, found without a frame table)", tc.name, g.ranged)
+			}
 		}
 		g.mu.Unlock()
 	}
 }
 
-// Frame fetches end with the Get: a Get cancelled while its ranged GETs
-// wait leaves nothing running and nothing behind.
+// Frame fetches end with the Get: a Get cancelled while a ranged GET of a
+// frame waits ends, and leaves nothing behind.
 func TestGetLazyFramesCancelled(t *testing.T) {
 	t.Parallel()
 	srv := s3test.Start(t)
@@ -268,9 +307,12 @@ func TestGetLazyFramesCancelled(t *testing.T) {
 	c := cfg
 	c.ChunkDir = t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ranged atomic.Int32
 	c.HTTPClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/"+chunksDir+"/") {
-			cancel() // the first pack (or frame) asked for: the Get ends here
+		if r.Header.Get("Range") != "" {
+			ranged.Add(1)
+			cancel() // the first ranged GET (a pack's tail): the Get ends here
 			<-r.Context().Done()
 			return nil, r.Context().Err()
 		}
@@ -278,13 +320,15 @@ func TestGetLazyFramesCancelled(t *testing.T) {
 	})}
 	fresh := openStore(t, c)
 	dst := filepath.Join(tmp, "dst")
+	begun := false
 	_, err = fresh.GetLazy(ctx, "snapshots/frames", m.Digest, dst, LazyFile{Name: "pages.img",
 		Begin: func(sz int64, prioritize func(off, n int64)) (func(off, n int64), error) {
+			begun = true
 			prioritize(sz/2, pageSize)
 			return func(int64, int64) {}, nil
 		}})
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("GetLazy cancelled: %v", err)
+	if !errors.Is(err, context.Canceled) || !begun || ranged.Load() == 0 {
+		t.Fatalf("GetLazy cancelled at a ranged GET: %v (begun: %v, ranged GETs: %d)", err, begun, ranged.Load())
 	}
 	if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a cancelled GetLazy left %s", dst)

@@ -35,7 +35,8 @@ type LazyFile struct {
 	// reads them, written yet or not: a range out of the readers' in-order
 	// progress is fetched ahead of the rest still to come. Begin returns
 	// written, which is told each range of Name once its bytes are there
-	// (whole pages; the last page of the file may be short). An error
+	// (whole pages; the last page of the file may be short), from several
+	// goroutines at once, and a range perhaps more than once. An error
 	// stops the Get.
 	Begin func(size int64, prioritize func(off, n int64)) (written func(off, n int64), err error)
 }
@@ -232,7 +233,7 @@ type lazyFill struct {
 	// tails are the framed packs' tails fetched; unframed the packs whose
 	// frames cannot be fetched alone (written before frames); asked the
 	// frames (pack<<32 | frame) fetched or being fetched.
-	tails    map[uint32]*packTail
+	tails    map[uint32]*tailFetch
 	unframed map[uint32]bool
 	asked    map[uint64]bool
 	// framesOver says stopFrames has run.
@@ -252,6 +253,7 @@ func (l *lazyFill) stop() {
 	l.stopped = true
 	l.r, l.q, l.download = nil, nil, nil
 	l.urgent, l.ready, l.arrived, l.done = nil, nil, nil, nil
+	l.f, l.byPack, l.tails, l.unframed, l.asked = nil, nil, nil, nil, nil
 }
 
 // arrive is told of each pack downloaded (or failed: the Get then ends).
@@ -336,6 +338,8 @@ func (l *lazyFill) prioritize(off, n int64) {
 		}
 		if l.unframed[i] {
 			l.downloadNow(i)
+		} else {
+			l.q.hurry(i) // its frames are on their way
 		}
 	}
 }
@@ -364,19 +368,40 @@ func (l *lazyFill) fetchFrames(i uint32, frames []int) {
 	if l.framesOver {
 		return // the file is written, or the Get failed
 	}
-	s, p, tail := l.r.s, l.r.ix.packs[i-1], l.tails[i]
+	s, p := l.r.s, l.r.ix.packs[i-1]
 	pages, ix := l.byPack[i], l.r.ix.pages[l.first:l.first+l.count]
+	// The pack's tail is fetched once, by the first of its fetches.
+	tail, first := l.tails[i], false
+	if tail == nil {
+		tail, first = &tailFetch{done: make(chan struct{})}, true
+		l.tails[i] = tail
+	}
 	l.frames.Add(1)
 	go func() {
 		defer l.frames.Done()
+		ctx := l.framesCtx
+		if first {
+			tail.t, tail.err = s.fetchTail(ctx, p)
+			close(tail.done)
+		}
+		// The tail first, outside the bound: a fetch holding a slot never
+		// waits on one that waits for a slot.
+		select {
+		case <-tail.done:
+		case <-ctx.Done():
+			return
+		}
 		select {
 		case l.frameSlots <- struct{}{}:
 			defer func() { <-l.frameSlots }()
-		case <-l.framesCtx.Done():
+		case <-ctx.Done():
 			return
 		}
-		err := l.writeFrames(s, p, tail, i, frames, pages, ix)
-		if err == nil || l.framesCtx.Err() != nil {
+		err := tail.err
+		if err == nil {
+			err = l.writeFrames(s, p, tail.t, frames, pages, ix)
+		}
+		if err == nil || ctx.Err() != nil {
 			return
 		}
 		l.mu.Lock()
@@ -389,21 +414,18 @@ func (l *lazyFill) fetchFrames(i uint32, frames []int) {
 	}()
 }
 
-// writeFrames fetches frames of pack p (i in the image) and writes the
+// tailFetch is a pack's tail being fetched: t or err once done closes.
+type tailFetch struct {
+	done chan struct{}
+	t    *packTail
+	err  error
+}
+
+// writeFrames fetches frames of pack p, whose tail is tail, and writes the
 // file's pages (pages, their refs ix) that lie in them, each checked
 // against the pack's hash list.
-func (l *lazyFill) writeFrames(s *Store, p packRef, tail *packTail, i uint32, frames []int, pages []int32, ix []pageRef) error {
+func (l *lazyFill) writeFrames(s *Store, p packRef, tail *packTail, frames []int, pages []int32, ix []pageRef) error {
 	ctx := l.framesCtx
-	if tail == nil {
-		t, err := s.fetchTail(ctx, p)
-		if err != nil {
-			return err
-		}
-		tail = t
-		l.mu.Lock()
-		l.tails[i] = t
-		l.mu.Unlock()
-	}
 	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(framePages*pageSize+pageSize))
 	if err != nil {
 		return err
@@ -467,7 +489,7 @@ func (l *lazyFill) prepare(ctx context.Context, f *os.File) {
 			l.byPack[pg.pack] = append(l.byPack[pg.pack], int32(p))
 		}
 	}
-	l.tails, l.unframed, l.asked = map[uint32]*packTail{}, map[uint32]bool{}, map[uint64]bool{}
+	l.tails, l.unframed, l.asked = map[uint32]*tailFetch{}, map[uint32]bool{}, map[uint64]bool{}
 	l.framesCtx, l.endFrames = context.WithCancel(ctx)
 	l.frameSlots, l.begun = make(chan struct{}, maxFrameFetches), make(chan struct{})
 }

@@ -77,6 +77,10 @@ type Store struct {
 	client *s3.Client
 
 	trimMu sync.Mutex // one eviction pass over ChunkDir at a time
+
+	// unframedPacks writes packs as they were before frames (one zstd
+	// frame, no table): tests of reading them.
+	unframedPacks bool
 }
 
 // keyPattern: slash-separated segments of letters, digits, '.', '_' and '-',
