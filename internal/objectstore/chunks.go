@@ -454,26 +454,11 @@ func (s *Store) packHashes(ctx context.Context, pr packRef) ([]byte, error) {
 			}
 		}
 	}
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.packKey(pr.name())),
-		Range: aws.String(fmt.Sprintf("bytes=%d-%d", pr.stored-size, pr.stored-1))})
+	list, err := s.getRange(ctx, pr, pr.stored-size, pr.stored)
 	if err != nil {
-		return nil, fmt.Errorf("hashes of pack %s: %w", pr.name(), err)
+		return nil, fmt.Errorf("hashes: %w", err)
 	}
-	defer out.Body.Close()
-	want := size
-	if aws.ToString(out.ContentRange) == "" {
-		// A server that ignores Range answers the whole object.
-		want = pr.stored
-	}
-	list := make([]byte, want+1) // one more, to tell a longer answer
-	k, err := io.ReadFull(out.Body, list)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return nil, fmt.Errorf("hashes of pack %s: %w", pr.name(), err)
-	}
-	if list = list[:k]; int64(k) == want {
-		list = list[want-size:]
-	}
-	if int64(len(list)) != size || sha256.Sum256(list) != pr.hashes {
+	if sha256.Sum256(list) != pr.hashes {
 		return nil, fmt.Errorf("%w: hashes of pack %s do not match their digest", ErrCorrupt, pr.name())
 	}
 	return list, nil

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
@@ -338,3 +340,59 @@ func TestGetLazyFramesCancelled(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A store that ignores Range answers whole objects: a ranged read (a
+// pack's tail, a frame, a parent's hash list) is cut from the answer.
+func TestGetRangeWholeAnswer(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "range-ignored")
+	src := filepath.Join(t.TempDir(), "src")
+	memoryImage(t, src, randomPages(300, 13))
+	m, err := openStore(t, cfg).PutImage(ctx, "snapshots/whole", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg
+	// The whole object, as such a server answers (Range is signed: the
+	// request cannot just drop it).
+	c.HTTPClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Header.Get("Range") == "" {
+			return http.DefaultTransport.RoundTrip(r)
+		}
+		key := strings.TrimPrefix(r.URL.Path, "/"+cfg.Bucket+"/")
+		out, err := srv.Client().GetObject(r.Context(), &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(key)})
+		if err != nil {
+			return nil, err
+		}
+		return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Header: http.Header{},
+			ContentLength: aws.ToInt64(out.ContentLength), Body: out.Body, Request: r}, nil
+	})}
+	s := openStore(t, c)
+	ix, err := s.readIndex(ctx, "snapshots/whole", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ix.packs[0]
+	list, err := s.packHashes(ctx, p)
+	if err != nil || int64(len(list)) != p.hashBytes() {
+		t.Fatalf("hash list from a whole answer: %d bytes, %v", len(list), err)
+	}
+	tail, err := s.fetchTail(ctx, p)
+	if err != nil {
+		t.Fatalf("tail from a whole answer: %v", err)
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	frames, err := s.fetchFrames(ctx, p, tail, []int{1}, dec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := frames[1][:pageSize]; !tail.check(framePages, got) {
+		t.Fatal("frame 1 cut from a whole answer does not check against the hash list")
+	}
+}

@@ -532,6 +532,7 @@ func (l *lazyFill) nextPack(ctx context.Context, byPack map[uint32][]int32) (uin
 			if l.arrived[i] {
 				l.urgent = append(l.urgent[:k], l.urgent[k+1:]...)
 				l.done[i] = true
+				delete(l.tails, i) // its hash list is of no more use
 				l.mu.Unlock()
 				return i, nil
 			}
@@ -541,6 +542,7 @@ func (l *lazyFill) nextPack(ctx context.Context, byPack map[uint32][]int32) (uin
 			l.ready = l.ready[1:]
 			if !l.done[i] && byPack[i] != nil {
 				l.done[i] = true
+				delete(l.tails, i)
 				l.mu.Unlock()
 				return i, nil
 			}
