@@ -475,8 +475,16 @@ async function startTracer(port, logPath) {
 // intercepts (network rules): FakeHost's HTTPS (see TestCA).
 export function useServer({ before, after, tls = false, dnsHostsFile, egressUpstreamCAFile, volumePoolGB }) {
   const databaseUrl = process.env.AENV_E2E_DATABASE_URL
-  const opts = { tls: tls ? newTLS() : undefined, dnsHostsFile, egressUpstreamCAFile, volumePoolGB }
-  const server = databaseUrl ? new AenvCluster(databaseUrl, opts) : new AenvServer(opts)
+  let server
+  if (process.env.AENV_E2E_URL) {
+    if (tls || dnsHostsFile || egressUpstreamCAFile || volumePoolGB) {
+      throw new Error('this file needs a server of its own (TLS, DNS hosts, egress CA or a volume pool): not one for AENV_E2E_URL')
+    }
+    server = new AenvTarget(process.env.AENV_E2E_URL, process.env.AENV_E2E_API_KEY)
+  } else {
+    const opts = { tls: tls ? newTLS() : undefined, dnsHostsFile, egressUpstreamCAFile, volumePoolGB }
+    server = databaseUrl ? new AenvCluster(databaseUrl, opts) : new AenvServer(opts)
+  }
   before(async () => {
     await server.start()
   }, { timeout: 16 * 60_000 })
@@ -494,6 +502,39 @@ export function useServer({ before, after, tls = false, dnsHostsFile, egressUpst
     }
   }, { timeout: 120_000 })
   return server
+}
+
+// AenvTarget is a deployment the suite did not start (AENV_E2E_URL, with
+// AENV_E2E_API_KEY): the files that need nothing of a server's own (its
+// flags, logs or data) run against it unchanged, e.g. the compose
+// cluster's gateway (test/integration's TestComposeClusterInPodman). What
+// it leaves behind is its operator's to check.
+class AenvTarget {
+  constructor(url, apiKey) {
+    if (!apiKey) throw new Error('AENV_E2E_URL needs AENV_E2E_API_KEY')
+    this.url = url
+    this.apiKey = apiKey
+    this.cleanups = []
+  }
+
+  defer(fn) {
+    this.cleanups.push(fn)
+  }
+
+  async start() {
+    this.sdkUrl = this.url
+    process.env.E2B_API_URL = this.url
+    process.env.E2B_SANDBOX_URL = this.url
+    process.env.E2B_VOLUME_API_URL = this.url
+    process.env.E2B_API_KEY = this.apiKey
+    delete process.env.E2B_DEBUG
+    delete process.env.E2B_DOMAIN
+    return this
+  }
+
+  async stop() {
+    return []
+  }
 }
 
 // eventually retries fn until it returns without throwing or timeoutMs passes.

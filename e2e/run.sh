@@ -22,6 +22,11 @@
 # secrets key (AENV_SECRETS_KEY_FILE); with AENV_E2E_DATABASE_URL, give
 # the database's own key there, if it has one.
 #
+# AENV_E2E_URL (with AENV_E2E_API_KEY) runs the chosen files against a
+# deployment the suite did not start, e.g. a compose cluster's gateway;
+# only files that need nothing of a server's own (flags, logs, data dir)
+# hold there: sandbox, commands and files do.
+#
 # AENV_E2E_TRACE=1 logs all SDK traffic to <data dir>/traffic.log and
 # AENV_E2E_KEEP=1 keeps the data dirs (server.log) for inspection.
 set -euo pipefail
@@ -41,6 +46,11 @@ for bin in aenv envd runsc; do
 done
 
 npm ci --no-audit --no-fund --loglevel=error
+
+if [[ -n "${AENV_E2E_URL:-}" && $# -eq 0 ]]; then
+  echo "e2e: with AENV_E2E_URL, name the files to run (sandbox.test.mjs commands.test.mjs files.test.mjs hold)" >&2
+  exit 2
+fi
 
 if [[ $# -gt 0 ]]; then
   files=("$@")

@@ -96,6 +96,18 @@ func (p *podman) output(args ...string) string {
 // operator would, and returns its reference.
 func (p *podman) loadImage(name, nodeBase string) string {
 	p.t.Helper()
+	ref, ok := p.loadImages(nodeBase)[name]
+	if !ok {
+		p.t.Fatalf("no image %s was built", name)
+	}
+	return ref
+}
+
+// loadImages builds aenv's images as `make images` does (the node's only
+// with a nodeBase), loads each from its tarball as an operator would, and
+// returns their references by name (aenv-gateway, aenv-node).
+func (p *podman) loadImages(nodeBase string) map[string]string {
+	p.t.Helper()
 	in := release.Inputs{BinDir: binDir, NodeBase: nodeBase, CACerts: "/etc/ssl/certs/ca-certificates.crt",
 		Version: "podman-test", Repository: "localhost/aenv", Created: time.Now()}
 	images, err := release.BuildAll(in, p.t.TempDir())
@@ -106,18 +118,22 @@ func (p *podman) loadImage(name, nodeBase string) string {
 	if err := release.Write(out, images); err != nil {
 		p.t.Fatal(err)
 	}
+	refs := map[string]string{}
 	for _, b := range images {
-		if path.Base(b.Ref.RepositoryStr()) != name {
-			continue
-		}
-		image := b.Ref.String()
-		if loaded := p.output("load", "-q", "-i", filepath.Join(out, name+".tar")); !strings.Contains(loaded, image) {
-			p.t.Fatalf("podman load: %q, want %s", loaded, image)
-		}
-		return image
+		name := path.Base(b.Ref.RepositoryStr())
+		refs[name] = p.load(filepath.Join(out, name+".tar"), b.Ref.String())
 	}
-	p.t.Fatalf("no image %s was built", name)
-	return ""
+	return refs
+}
+
+// load loads an image's tarball, checks podman names it image, and
+// returns that name.
+func (p *podman) load(tarball, image string) string {
+	p.t.Helper()
+	if loaded := p.output("load", "-q", "-i", tarball); !strings.Contains(loaded, image) {
+		p.t.Fatalf("podman load: %q, want %s", loaded, image)
+	}
+	return image
 }
 
 // limits are the --ulimit flags of a container: podman's defaults raise
