@@ -477,8 +477,11 @@ export function useServer({ before, after, tls = false, dnsHostsFile, egressUpst
   const databaseUrl = process.env.AENV_E2E_DATABASE_URL
   let server
   if (process.env.AENV_E2E_URL) {
-    if (tls || dnsHostsFile || egressUpstreamCAFile || volumePoolGB) {
-      throw new Error('this file needs a server of its own (TLS, DNS hosts, egress CA or a volume pool): not one for AENV_E2E_URL')
+    if (tls || dnsHostsFile || egressUpstreamCAFile) {
+      throw new Error('this file needs a server of its own (TLS, DNS hosts or an egress CA): not one for AENV_E2E_URL')
+    }
+    if (volumePoolGB && process.env.AENV_E2E_VOLUME_POOL !== '1') {
+      throw new Error('this file needs volume pools: set AENV_E2E_VOLUME_POOL=1 if the nodes of AENV_E2E_URL keep them')
     }
     server = new AenvTarget(process.env.AENV_E2E_URL, process.env.AENV_E2E_API_KEY)
   } else {

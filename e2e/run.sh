@@ -22,10 +22,11 @@
 # secrets key (AENV_SECRETS_KEY_FILE); with AENV_E2E_DATABASE_URL, give
 # the database's own key there, if it has one.
 #
-# AENV_E2E_URL (with AENV_E2E_API_KEY) runs the chosen files against a
-# deployment the suite did not start, e.g. a compose cluster's gateway;
-# only files that need nothing of a server's own (flags, logs, data dir)
-# hold there: sandbox, commands and files do.
+# AENV_E2E_URL (with AENV_E2E_API_KEY, an admin key) runs the chosen files
+# against a deployment the suite did not start, e.g. a compose cluster's
+# gateway; only files that need nothing of a server's own (flags, logs,
+# data dir) hold there: sandbox, commands and files do, and volumes with
+# AENV_E2E_VOLUME_POOL=1 when the deployment's nodes keep volume pools.
 #
 # AENV_E2E_TRACE=1 logs all SDK traffic to <data dir>/traffic.log and
 # AENV_E2E_KEEP=1 keeps the data dirs (server.log) for inspection.

@@ -10,9 +10,10 @@ import { useServer, rejectsWith } from './harness.mjs'
 
 describe('volumes', () => {
   // The cluster run keeps its nodes' volumes in volume pools (btrfs,
-  // sized volumes, copies as snapshots); the single server's are
-  // directories (copies as overlays): the SDK drives both.
-  const pooled = Boolean(process.env.AENV_E2E_DATABASE_URL)
+  // sized volumes, copies as snapshots), as does a deployment with
+  // AENV_E2E_VOLUME_POOL=1; the single server's are directories (copies
+  // as overlays): the SDK drives both.
+  const pooled = Boolean(process.env.AENV_E2E_DATABASE_URL) || process.env.AENV_E2E_VOLUME_POOL === '1'
   const server = useServer({ before, after, volumePoolGB: pooled ? 1 : 0 })
 
   async function admin(method, path, body) {

@@ -54,7 +54,8 @@ import (
 func TestComposeClusterInPodman(t *testing.T) {
 	p := newPodman(t)
 	keepHostNetworkClean(t)
-	aenvImages := p.loadImages(nodeBase(t))
+	aenvImages := p.loadImages("")
+	aenvImages["aenv-node"] = p.loadNodeImageWithBtrfs(nodeBase(t))
 
 	// The project directory, as an operator makes it (the file's header).
 	dir := t.TempDir()
@@ -118,7 +119,7 @@ func TestComposeClusterInPodman(t *testing.T) {
 		for k, v := range map[string]string{
 			"AENV_LISTEN": addr, "AENV_ADVERTISE": addr, "AENV_NET_PREFIX": n.prefix, "AENV_SANDBOX_CIDR": n.cidr,
 			"AENV_TEMPLATE_CACHE_DIR": templateCache, "AENV_WARM_SLOTS": "2", "AENV_KILL_ON_EXIT": "true",
-			"AENV_LOG_LEVEL": "debug",
+			"AENV_LOG_LEVEL": "debug", "AENV_VOLUME_POOL_GB": "1",
 		} {
 			svc.Environment[k] = &v
 		}
@@ -219,7 +220,7 @@ func TestComposeClusterInPodman(t *testing.T) {
 	// cleanups to take the cluster down.
 	suiteCtx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
-	e2e := exec.CommandContext(suiteCtx, "./run.sh", "sandbox.test.mjs", "commands.test.mjs", "files.test.mjs")
+	e2e := exec.CommandContext(suiteCtx, "./run.sh", "sandbox.test.mjs", "commands.test.mjs", "files.test.mjs", "volumes.test.mjs")
 	e2e.Dir = filepath.Join("..", "..", "e2e")
 	e2e.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	e2e.Cancel = func() error { return syscall.Kill(-e2e.Process.Pid, syscall.SIGKILL) }
@@ -228,7 +229,7 @@ func TestComposeClusterInPodman(t *testing.T) {
 		return strings.HasPrefix(kv, "AENV_E2E_") // the suite's own modes: not here
 	})
 	e2e.Env = append(e2e.Env, "AENV_E2E_URL="+g.url, "AENV_E2E_API_KEY="+apiKey, "AENV_BIN_DIR="+binDir,
-		"AENV_E2E_REPORTER=spec")
+		"AENV_E2E_VOLUME_POOL=1", "AENV_E2E_REPORTER=spec")
 	out, err := e2e.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the E2B SDK suite through the compose cluster: %v\n%s", err, tail(string(out), 80))
@@ -247,6 +248,23 @@ func TestComposeClusterInPodman(t *testing.T) {
 	if len(left) > 0 {
 		t.Errorf("the E2B SDK suite left %d sandboxes: %+v", len(left), left)
 	}
+}
+
+// loadNodeImageWithBtrfs builds and loads the node image as `make images`
+// does, over nodeBase (the base template's Debian) with btrfs-progs'
+// mkfs.btrfs from this machine added, as `make images` installs that
+// package: a node in a container makes its volume pool with it.
+func (p *podman) loadNodeImageWithBtrfs(nodeBase string) string {
+	p.t.Helper()
+	mkfs, err := exec.LookPath("mkfs.btrfs")
+	if err != nil {
+		p.t.Fatalf("mkfs.btrfs: %v (run scripts/install-deps.sh)", err)
+	}
+	in := release.Inputs{BinDir: binDir, NodeBase: nodeBase, Version: "podman-test-btrfs", Repository: "localhost/aenv", Created: time.Now()}
+	spec := release.NodeSpec(in)
+	spec.Files = append(spec.Files, release.File{Src: mkfs, Dst: "/usr/sbin/mkfs.btrfs", Mode: 0o755})
+	ref := in.Repository + "/aenv-node:" + in.Version
+	return p.load(writeStandIn(p.t, ref, spec), ref)
 }
 
 // portOf is the port of a host:port address.
@@ -760,7 +778,7 @@ func readHead(file string, n int) ([]byte, error) {
 }
 
 // writeStandIn builds spec as the image ref and writes its tarball.
-func writeStandIn(t *testing.T, ref string, spec release.Spec) string {
+func writeStandIn(t testing.TB, ref string, spec release.Spec) string {
 	t.Helper()
 	tag, err := name.NewTag(ref)
 	if err != nil {
