@@ -217,12 +217,7 @@ export class AenvServer {
       sdkUrl = this.tracer.url
     }
     this.sdkUrl = sdkUrl
-    process.env.E2B_API_URL = sdkUrl
-    process.env.E2B_SANDBOX_URL = sdkUrl
-    process.env.E2B_VOLUME_API_URL = sdkUrl
-    process.env.E2B_API_KEY = this.apiKey
-    delete process.env.E2B_DEBUG
-    delete process.env.E2B_DOMAIN
+    pointSdkAt(sdkUrl, this.apiKey)
     return this
   }
 
@@ -370,12 +365,7 @@ export class AenvCluster {
     }
     if (this.tls) this.tls.caFile = exportCA(['--tls-ca-dir', caDir])
     this.sdkUrl = this.url
-    process.env.E2B_API_URL = this.url
-    process.env.E2B_SANDBOX_URL = this.url
-    process.env.E2B_VOLUME_API_URL = this.url
-    process.env.E2B_API_KEY = this.apiKey
-    delete process.env.E2B_DEBUG
-    delete process.env.E2B_DOMAIN
+    pointSdkAt(this.url, this.apiKey)
     return this
   }
 
@@ -507,6 +497,17 @@ export function useServer({ before, after, tls = false, dnsHostsFile, egressUpst
   return server
 }
 
+// pointSdkAt makes the E2B SDK's calls go to url with apiKey: its API,
+// sandboxes (envd, through the proxy) and volumes alike.
+function pointSdkAt(url, apiKey) {
+  process.env.E2B_API_URL = url
+  process.env.E2B_SANDBOX_URL = url
+  process.env.E2B_VOLUME_API_URL = url
+  process.env.E2B_API_KEY = apiKey
+  delete process.env.E2B_DEBUG
+  delete process.env.E2B_DOMAIN
+}
+
 // AenvTarget is a deployment the suite did not start (AENV_E2E_URL, with
 // AENV_E2E_API_KEY): the files that need nothing of a server's own (its
 // flags, logs or data) run against it unchanged, e.g. the compose
@@ -526,12 +527,7 @@ class AenvTarget {
 
   async start() {
     this.sdkUrl = this.url
-    process.env.E2B_API_URL = this.url
-    process.env.E2B_SANDBOX_URL = this.url
-    process.env.E2B_VOLUME_API_URL = this.url
-    process.env.E2B_API_KEY = this.apiKey
-    delete process.env.E2B_DEBUG
-    delete process.env.E2B_DOMAIN
+    pointSdkAt(this.url, this.apiKey)
     return this
   }
 

@@ -278,12 +278,16 @@ func portOf(t testing.TB, addr string) string {
 }
 
 // loadCompose reads deploy/compose/compose.yaml as `docker compose
-// --project-directory dir` would, with env as its .env.
+// --project-directory dir` would (dir "": the file's own), with env as its
+// .env.
 func loadCompose(t testing.TB, dir string, env map[string]string) *types.Project {
 	t.Helper()
 	file, err := filepath.Abs("../../deploy/compose/compose.yaml")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if dir == "" {
+		dir = filepath.Dir(file)
 	}
 	raw, err := os.ReadFile(file)
 	if err != nil {

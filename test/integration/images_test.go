@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
 
 	"github.com/aenv-dev/aenv/internal/client"
@@ -401,22 +400,7 @@ func nodeBase(t *testing.T) string {
 // over the file's AENV_* variables, and are not taken.
 func composeNodeFlags(t *testing.T, service, dataDir string) []string {
 	t.Helper()
-	file, err := filepath.Abs("../../deploy/compose/compose.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
-		WorkingDir:  filepath.Dir(file),
-		ConfigFiles: []types.ConfigFile{{Filename: file, Content: raw}},
-		Environment: map[string]string{"POSTGRES_PASSWORD": "unused", "AENV_API_KEY": "unused"},
-	}, func(o *loader.Options) { o.SetProjectName("aenv", true) })
-	if err != nil {
-		t.Fatalf("deploy/compose: %v", err)
-	}
+	p := loadCompose(t, "", map[string]string{"POSTGRES_PASSWORD": "unused", "AENV_API_KEY": "unused"})
 	svc, ok := p.Services[service]
 	if !ok {
 		t.Fatalf("deploy/compose has no service %s", service)
