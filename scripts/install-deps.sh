@@ -20,8 +20,8 @@ runtime=(debootstrap debian-archive-keyring ca-certificates btrfs-progs)
 # the SDK suite's fake HTTPS hosts (e2e/harness.mjs); python3-ipython and
 # python3-matplotlib run the code interpreter's kernel.py in its Go tests
 # (internal/codeinterp: cells, figures and their charts); podman runs the
-# node's and gateway's container images (test/integration/images_test.go),
-# and deploy/compose's cluster, whose published ports take CNI's bridge and
+# gateway's container image (test/integration/images_test.go) and
+# deploy/compose's cluster, whose published ports take CNI's bridge and
 # iptables (test/integration/compose_test.go).
 development=(iproute2 nftables procps runc git make postgresql gcc libc6-dev util-linux mount systemd systemd-container python3-ipython python3-matplotlib chromium openssl podman containernetworking-plugins iptables)
 

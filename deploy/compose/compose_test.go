@@ -86,7 +86,7 @@ func TestComposeFile(t *testing.T) {
 		s := p.Services[n]
 		checkVars(n, nodeVars)
 		// What keeps sandboxes alive across a restart of the container:
-		// TestNodeImageInPodman runs the node with these settings.
+		// TestComposeClusterInPodman runs the nodes with these settings.
 		if !s.Privileged || s.Cgroup != "host" || s.NetworkMode != "host" || s.Pid != "host" {
 			t.Errorf("%s: privileged %v, cgroup %q, network %q, pid %q: a node needs all four", n,
 				s.Privileged, s.Cgroup, s.NetworkMode, s.Pid)

@@ -47,10 +47,9 @@ func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logg
 	if source, ok, err := mountedSource(dir); err != nil {
 		return fmt.Errorf("volume pool: %w", err)
 	} else if ok {
-		backing := loopBacking(source)
-		if !sameFile(backing, cfg.Image) {
+		if !loopBacks(source, cfg.Image) {
 			return fmt.Errorf("volume pool: %s has a file system mounted on it already (from %s, backing file %q), not the pool %s",
-				dir, source, backing, cfg.Image)
+				dir, source, loopBacking(source), cfg.Image)
 		}
 		if err := enableQuota(dir); err != nil {
 			return err
@@ -241,14 +240,40 @@ func attachLoop(image string) (*os.File, error) {
 
 // loopOf is the loop device image is attached to, or "".
 func loopOf(image string) string {
-	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, p := range devs {
-		b, err := os.ReadFile(p)
-		if err == nil && sameFile(strings.TrimSpace(string(b)), image) {
-			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p)))
+	// A device's backing_file is there while it is attached.
+	attached, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, p := range attached {
+		if dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p))); loopBacks(dev, image) {
+			return dev
 		}
 	}
 	return ""
+}
+
+// loopBacks reports whether loop device dev (/dev/loopN) is attached to
+// file. It compares the backing file's device and inode, which the kernel
+// keeps, not its path (loopBacking): the kernel resolves that path in the
+// reader's mount namespace, so a pool attached by a node in a container,
+// through the container's bind mount of its data directory, shows a path
+// such as "/volumes.img" once that container is gone, which the node's
+// next container (an upgrade) cannot resolve. Opening the device does not
+// detach it on close: a device in use is held open by its mount, or by
+// the process that attached it.
+func loopBacks(dev, file string) bool {
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(file, &st); err != nil {
+		return false
+	}
+	loop, err := os.Open(dev)
+	if err != nil {
+		return false
+	}
+	defer loop.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(loop.Fd()))
+	return err == nil && info.Device == uint64(st.Dev) && info.Inode == st.Ino
 }
 
 // loopBacking is the backing file of loop device dev (/dev/loopN), or ""
@@ -262,15 +287,6 @@ func loopBacking(dev string) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-func sameFile(a, b string) bool {
-	if a == "" || b == "" {
-		return false
-	}
-	ai, err1 := os.Stat(a)
-	bi, err2 := os.Stat(b)
-	return err1 == nil && err2 == nil && os.SameFile(ai, bi)
 }
 
 // mountedSource reports the source (a device) of the file system

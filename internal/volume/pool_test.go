@@ -439,3 +439,52 @@ func TestPoolKindMismatch(t *testing.T) {
 		t.Errorf("the refused start made %d entries in the pool's mount point", len(entries))
 	}
 }
+
+// A pool's loop device is known by its backing file's identity, not the
+// path the kernel shows: attached through a bind mount that is gone since
+// (a node's container, replaced by the next one), the path shown is the
+// file's within that mount ("/volumes.img"), which resolves to nothing.
+func TestLoopBacksAcrossMounts(t *testing.T) {
+	roottest.Require(t)
+	real := t.TempDir()
+	image := filepath.Join(real, "volumes.img")
+	f, err := os.Create(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(16 << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	alias := t.TempDir()
+	if err := unix.Mount(real, alias, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	loop, err := attachLoop(filepath.Join(alias, "volumes.img"))
+	if err != nil {
+		unix.Unmount(alias, unix.MNT_DETACH)
+		t.Fatal(err)
+	}
+	// Closed last: the device detaches itself then (autoclear).
+	defer loop.Close()
+	if err := unix.Unmount(alias, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	dev := loop.Name()
+	if shown := loopBacking(dev); shown == image || shown == filepath.Join(alias, "volumes.img") {
+		t.Fatalf("the kernel still shows a path that resolves (%q): the case is not made", shown)
+	}
+	if !loopBacks(dev, image) {
+		t.Errorf("loopBacks(%s, %s) = false, shown backing file %q", dev, image, loopBacking(dev))
+	}
+	if got := loopOf(image); got != dev {
+		t.Errorf("loopOf(%s) = %q, want %s", image, got, dev)
+	}
+	other := filepath.Join(real, "other.img")
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if loopBacks(dev, other) {
+		t.Errorf("loopBacks(%s, %s) = true for another file", dev, other)
+	}
+}

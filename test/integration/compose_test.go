@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -54,8 +55,8 @@ import (
 func TestComposeClusterInPodman(t *testing.T) {
 	p := newPodman(t)
 	keepHostNetworkClean(t)
-	aenvImages := p.loadImages("")
-	aenvImages["aenv-node"] = p.loadNodeImageWithBtrfs(nodeBase(t))
+	gatewayImage := p.loadGatewayImage()
+	nodeImage := p.loadNodeImageWithBtrfs(nodeBase(t))
 
 	// The project directory, as an operator makes it (the file's header).
 	dir := t.TempDir()
@@ -88,8 +89,8 @@ func TestComposeClusterInPodman(t *testing.T) {
 	env := map[string]string{
 		"POSTGRES_PASSWORD":  hex.EncodeToString(password),
 		"AENV_API_KEY":       apiKey,
-		"AENV_NODE_IMAGE":    aenvImages["aenv-node"],
-		"AENV_GATEWAY_IMAGE": aenvImages["aenv-gateway"],
+		"AENV_NODE_IMAGE":    nodeImage,
+		"AENV_GATEWAY_IMAGE": gatewayImage,
 		"AENV_DATA_ROOT":     dataRoot,
 	}
 
@@ -108,9 +109,11 @@ func TestComposeClusterInPodman(t *testing.T) {
 	env["AENV_S3_PORT"] = portOf(t, freeAddr(t))
 	project := loadCompose(t, dir, env)
 
-	// What a test owns. The nodes kill their sandboxes when they stop
-	// (the harness's way: adoption across a new container is
-	// TestNodeImageInPodman's).
+	// What a test owns. node-b kills its sandboxes when it stops, the
+	// harness's way; node-a starts as the file has it, keeping them, to be
+	// replaced by a new container that adopts them (and kills them when it
+	// stops).
+	nodes := map[string]*server{}
 	for _, id := range []string{"node-a", "node-b"} {
 		svc := project.Services[id]
 		addr := freeAddr(t)
@@ -118,15 +121,17 @@ func TestComposeClusterInPodman(t *testing.T) {
 		n.listenOn(addr)
 		for k, v := range map[string]string{
 			"AENV_LISTEN": addr, "AENV_ADVERTISE": addr, "AENV_NET_PREFIX": n.prefix, "AENV_SANDBOX_CIDR": n.cidr,
-			"AENV_TEMPLATE_CACHE_DIR": templateCache, "AENV_WARM_SLOTS": "2", "AENV_KILL_ON_EXIT": "true",
+			"AENV_TEMPLATE_CACHE_DIR": templateCache, "AENV_WARM_SLOTS": "2",
 			"AENV_LOG_LEVEL": "debug", "AENV_VOLUME_POOL_GB": "1",
 		} {
 			svc.Environment[k] = &v
 		}
 		svc.Volumes = append(svc.Volumes, types.ServiceVolumeConfig{Type: types.VolumeTypeBind, Source: templateCache, Target: templateCache})
 		project.Services[id] = svc
+		nodes[id] = n
 		t.Cleanup(n.checkNoLeaks) // after the containers are stopped
 	}
+	killOnExit(project, "node-b")
 
 	run := &composeRunner{t: t, p: p, project: project}
 	g := &gateway{t: t, addr: gatewayAddr, url: "http://" + gatewayAddr}
@@ -142,6 +147,15 @@ func TestComposeClusterInPodman(t *testing.T) {
 			}
 		}
 		run.down()
+		// A failure may have left node-a's first container's sandboxes:
+		// a container that kills its sandboxes when it stops adopts and
+		// ends them.
+		if out, _ := exec.Command("pgrep", "-f", nodes["node-a"].dataDir).Output(); len(bytes.TrimSpace(out)) > 0 {
+			killOnExit(project, "node-a")
+			run.start(project.Services["node-a"])
+			run.waitHealthyURL("node-a", nodes["node-a"].url)
+			run.down()
+		}
 	})
 	run.up()
 	waitFor(t, 2*time.Minute, "the gateway healthy", func() bool {
@@ -208,10 +222,54 @@ func TestComposeClusterInPodman(t *testing.T) {
 	if err := g.api.DrainNode(ctx, firstNode, false); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, 30*time.Second, firstNode+" ready again", func() bool { return g.nodeStates(t)[firstNode].State == "ready" })
 	for _, id := range []string{first, sb.SandboxID} {
 		if err := g.api.DeleteSandbox(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+	}
+
+	// node-a's container replaced, as a new image or `compose up
+	// --force-recreate` does: a sandbox on it, with a file and a process,
+	// outlives the container, and the new container adopts it.
+	if err := g.api.DrainNode(ctx, "node-b", true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node-b draining", func() bool { return g.nodeStates(t)["node-b"].State == "draining" })
+	kept := g.create(t)
+	if err := g.api.DrainNode(ctx, "node-b", false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "node-b ready again", func() bool { return g.nodeStates(t)["node-b"].State == "ready" })
+	if node, _ := g.sandboxNode(t, kept); node != "node-a" {
+		t.Fatalf("sandbox on %q, want node-a", node)
+	}
+	state := client.ExecuteRequest{Command: "echo kept > /tmp/state; nohup sleep 1000 >/dev/null 2>&1 &"}
+	if _, err := g.api.Execute(ctx, kept, state); err != nil {
+		t.Fatal(err)
+	}
+	run.stop("node-a")
+	if runscProcesses(kept) == 0 {
+		t.Fatal("the sandbox ended with node-a's container")
+	}
+	killOnExit(project, "node-a") // the new container: the harness's way
+	run.start(project.Services["node-a"])
+	run.waitHealthyURL("node-a", nodes["node-a"].url)
+	waitForEvery(t, 2*time.Minute, time.Second, "node-a ready again", func() bool {
+		return g.nodeStates(t)["node-a"].State == "ready"
+	})
+	res, err = g.api.Execute(ctx, kept, client.ExecuteRequest{Command: "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stdout != "kept\nsleeper\n" {
+		t.Fatalf("the adopted sandbox lost its state: %+v", res)
+	}
+	if node, state := g.sandboxNode(t, kept); node != "node-a" || state != "running" {
+		t.Fatalf("sandbox on %q in state %q, want node-a, running", node, state)
+	}
+	if err := g.api.DeleteSandbox(ctx, kept); err != nil {
+		t.Fatal(err)
 	}
 
 	// The E2B SDK's suite, the files that ask nothing of a server's own,
@@ -220,7 +278,7 @@ func TestComposeClusterInPodman(t *testing.T) {
 	// cleanups to take the cluster down.
 	suiteCtx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
-	e2e := exec.CommandContext(suiteCtx, "./run.sh", "sandbox.test.mjs", "commands.test.mjs", "files.test.mjs", "volumes.test.mjs")
+	e2e := exec.CommandContext(suiteCtx, "./run.sh", "sandbox.test.mjs", "volumes.test.mjs")
 	e2e.Dir = filepath.Join("..", "..", "e2e")
 	e2e.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	e2e.Cancel = func() error { return syscall.Kill(-e2e.Process.Pid, syscall.SIGKILL) }
@@ -265,6 +323,15 @@ func (p *podman) loadNodeImageWithBtrfs(nodeBase string) string {
 	spec.Files = append(spec.Files, release.File{Src: mkfs, Dst: "/usr/sbin/mkfs.btrfs", Mode: 0o755})
 	ref := in.Repository + "/aenv-node:" + in.Version
 	return p.load(writeStandIn(p.t, ref, spec), ref)
+}
+
+// killOnExit makes a node service's next container kill its sandboxes
+// when it stops.
+func killOnExit(project *types.Project, name string) {
+	svc := project.Services[name]
+	yes := "true"
+	svc.Environment["AENV_KILL_ON_EXIT"] = &yes
+	project.Services[name] = svc
 }
 
 // portOf is the port of a host:port address.
@@ -419,6 +486,26 @@ func (r *composeRunner) waitHealthy(svc types.ServiceConfig) {
 	r.t.Fatalf("compose: %s not healthy after %d checks: %s\nits logs:\n%s", svc.Name, *hc.Retries, out, tail(string(logs), 40))
 }
 
+// waitHealthyURL waits until a service answers 200 on url's /health,
+// failing with its container's logs should it not within two minutes.
+func (r *composeRunner) waitHealthyURL(name, url string) {
+	r.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(url + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	state, _ := r.p.command("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", r.container(name)).CombinedOutput()
+	logs, _ := r.p.command("logs", r.container(name)).CombinedOutput()
+	r.t.Fatalf("compose: %s did not answer on %s/health within 2m (container: %s); its logs:\n%s",
+		name, url, bytes.TrimSpace(state), tail(string(logs), 40))
+}
+
 // start runs one service's container.
 func (r *composeRunner) start(svc types.ServiceConfig) {
 	r.t.Helper()
@@ -514,25 +601,31 @@ func (r *composeRunner) start(svc types.ServiceConfig) {
 // given its stop_grace_period, and removes their containers.
 func (r *composeRunner) down() {
 	for _, name := range slices.Backward(r.started) {
-		svc := r.project.Services[name]
-		grace := 10 * time.Second
-		if svc.StopGracePeriod != nil {
-			grace = time.Duration(*svc.StopGracePeriod)
-		}
-		c := r.container(name)
-		if out, err := r.p.command("stop", "--time", fmt.Sprint(int(grace.Seconds())), c).CombinedOutput(); err != nil {
-			r.t.Errorf("podman stop %s: %v: %s", c, err, out)
-		}
-		if r.t.Failed() {
-			logs, _ := r.p.command("logs", c).CombinedOutput()
-			r.t.Logf("%s's logs:\n%s", name, tail(string(logs), 60))
-		}
-		r.p.command("rm", "--force", "--time", "0", c).Run()
+		r.stop(name)
 	}
-	r.started = nil
 	if left := r.p.output("ps", "--all", "--quiet"); left != "" {
 		r.t.Errorf("containers left: %s", left)
 	}
+}
+
+// stop stops one service's container, given its stop_grace_period, and
+// removes it, as `compose down` does to each.
+func (r *composeRunner) stop(name string) {
+	svc := r.project.Services[name]
+	grace := 10 * time.Second
+	if svc.StopGracePeriod != nil {
+		grace = time.Duration(*svc.StopGracePeriod)
+	}
+	c := r.container(name)
+	if out, err := r.p.command("stop", "--time", fmt.Sprint(int(grace.Seconds())), c).CombinedOutput(); err != nil {
+		r.t.Errorf("podman stop %s: %v: %s", c, err, out)
+	}
+	if r.t.Failed() {
+		logs, _ := r.p.command("logs", c).CombinedOutput()
+		r.t.Logf("%s's logs:\n%s", name, tail(string(logs), 60))
+	}
+	r.p.command("rm", "--force", "--time", "0", c).Run()
+	r.started = slices.DeleteFunc(r.started, func(s string) bool { return s == name })
 }
 
 // keepHostNetworkClean removes, after the test, what podman's bridge

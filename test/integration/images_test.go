@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/compose-spec/compose-go/v2/types"
-
 	"github.com/aenv-dev/aenv/internal/client"
 	"github.com/aenv-dev/aenv/internal/release"
 	"github.com/aenv-dev/aenv/internal/roottest"
@@ -90,24 +88,12 @@ func (p *podman) output(args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// loadImage builds aenv's images as `make images` does (the node's only
-// with a nodeBase), loads the one named name from its tarball as an
-// operator would, and returns its reference.
-func (p *podman) loadImage(name, nodeBase string) string {
+// loadGatewayImage builds the gateway's image as `make images` does,
+// loads it from its tarball as an operator would, and returns its
+// reference.
+func (p *podman) loadGatewayImage() string {
 	p.t.Helper()
-	ref, ok := p.loadImages(nodeBase)[name]
-	if !ok {
-		p.t.Fatalf("no image %s was built", name)
-	}
-	return ref
-}
-
-// loadImages builds aenv's images as `make images` does (the node's only
-// with a nodeBase), loads each from its tarball as an operator would, and
-// returns their references by name (aenv-gateway, aenv-node).
-func (p *podman) loadImages(nodeBase string) map[string]string {
-	p.t.Helper()
-	in := release.Inputs{BinDir: binDir, NodeBase: nodeBase, CACerts: "/etc/ssl/certs/ca-certificates.crt",
+	in := release.Inputs{BinDir: binDir, CACerts: "/etc/ssl/certs/ca-certificates.crt",
 		Version: "podman-test", Repository: "localhost/aenv", Created: time.Now()}
 	images, err := release.BuildAll(in, p.t.TempDir())
 	if err != nil {
@@ -117,12 +103,13 @@ func (p *podman) loadImages(nodeBase string) map[string]string {
 	if err := release.Write(out, images); err != nil {
 		p.t.Fatal(err)
 	}
-	refs := map[string]string{}
 	for _, b := range images {
-		name := path.Base(b.Ref.RepositoryStr())
-		refs[name] = p.load(filepath.Join(out, name+".tar"), b.Ref.String())
+		if name := path.Base(b.Ref.RepositoryStr()); name == "aenv-gateway" {
+			return p.load(filepath.Join(out, name+".tar"), b.Ref.String())
+		}
 	}
-	return refs
+	p.t.Fatal("no gateway image was built")
+	return ""
 }
 
 // load loads an image's tarball, checks podman names it image, and
@@ -161,7 +148,7 @@ func limits(t testing.TB) []string {
 // node on the host. A sandbox is created and driven through it.
 func TestGatewayImageInPodman(t *testing.T) {
 	p := newPodman(t)
-	image := p.loadImage("aenv-gateway", "")
+	image := p.loadGatewayImage()
 
 	c := newCluster(t)
 	c.addNode("node-a")
@@ -255,115 +242,6 @@ func TestGatewayImageInPodman(t *testing.T) {
 	}
 }
 
-// TestNodeImageInPodman runs the node image `make images` builds in a real
-// container engine, with the settings deploy/compose gives a node
-// (composeNodeFlags): privileged, on the host's network, PIDs and cgroups,
-// its data directory and the named network namespaces shared with the
-// host. It joins a
-// cluster (PostgreSQL, a gateway on the host); a sandbox is created and
-// driven through the gateway; then the container is stopped and a new one
-// started from the image, as an upgrade or `compose restart` does, and
-// the sandbox, its files and its processes are still there, adopted.
-func TestNodeImageInPodman(t *testing.T) {
-	p := newPodman(t)
-	image := p.loadImage("aenv-node", nodeBase(t))
-
-	c := newCluster(t)
-	s := newServer(t, "--max-memory-percent", "1000", "--kill-on-exit=false")
-	s.cluster = &nodeOf{dsn: c.dsn, id: "node-a", key: c.key}
-	var socketDir string
-	for _, f := range strings.Fields(c.dsn) {
-		if dir, ok := strings.CutPrefix(f, "host="); ok {
-			socketDir = dir
-		}
-	}
-	// The data directory is shared with the container both ways (as
-	// mountPropagation: Bidirectional in Kubernetes): the mounts the node
-	// makes for its sandboxes outlive its container. Sharing needs a
-	// shared mount on the host's side.
-	for _, args := range [][]string{{"--bind", s.dataDir, s.dataDir}, {"--make-private", s.dataDir}, {"--make-shared", s.dataDir}} {
-		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
-			t.Fatalf("mount %v: %v: %s", args, err, out)
-		}
-	}
-	// Named network namespaces reach the host through /run/netns only if
-	// it is a shared mount, as `ip netns` and a server on the host make it.
-	sharedNetnsDir(t)
-	composeNode := composeNodeFlags(t, "node-a", s.dataDir)
-	name := fmt.Sprintf("aenv-node-%d", time.Now().UnixNano())
-	s.run = func(args []string) *exec.Cmd {
-		if args[0] != "node" {
-			t.Fatalf("the node image runs `aenv node`, not %q", args[0])
-		}
-		run := append([]string{"run", "--rm", "--name", name}, limits(t)...)
-		run = append(run, composeNode...)
-		run = append(run,
-			"-v", templateCache+":"+templateCache,
-			"-v", socketDir+":"+socketDir,
-			"-v", c.keyFile+":"+c.keyFile+":ro",
-			"-e", "AENV_SECRETS_KEY_FILE="+c.keyFile,
-			image)
-		return p.command(append(run, args[1:]...)...)
-	}
-	var id string
-	t.Cleanup(func() {
-		// The node first (its own cleanup checks for leaks after this),
-		// then the container should it be left, then the shared mount.
-		s.stop(syscall.SIGTERM)
-		p.command("rm", "--force", "--time", "0", name).Run()
-		if id != "" && runscProcesses(id) > 0 {
-			// A failure left the sandbox of a node that keeps them: a
-			// node that kills its sandboxes on exit adopts and ends it.
-			s.extra = []string{"--max-memory-percent", "1000"}
-			s.start()
-			s.stop(syscall.SIGTERM)
-			p.command("rm", "--force", "--time", "0", name).Run()
-		}
-		if out, err := exec.Command("umount", s.dataDir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", s.dataDir, err, out)
-		}
-	})
-	s.start()
-	g := c.addGateway()
-	g.waitReady(t, "node-a")
-
-	id = g.create(t)
-	g.echo(t, id, "in-the-node-container")
-	state := client.ExecuteRequest{Command: "echo kept > /tmp/state; nohup sleep 1000 >/dev/null 2>&1 &"}
-	if _, err := g.api.Execute(context.Background(), id, state); err != nil {
-		t.Fatal(err)
-	}
-
-	// SIGTERM to podman reaches the node, which ends leaving its
-	// sandboxes; the container is gone, the sandbox is not.
-	s.stop(syscall.SIGTERM)
-	if left := p.output("ps", "--all", "--quiet"); left != "" {
-		t.Fatalf("containers left after the node stopped: %s", left)
-	}
-	if runscProcesses(id) == 0 {
-		t.Fatal("the sandbox ended with the node's container")
-	}
-
-	// A new container of the image adopts it. This one kills its
-	// sandboxes when it stops (the test's cleanup).
-	s.extra = []string{"--max-memory-percent", "1000"}
-	s.start()
-	g.waitReady(t, "node-a")
-	res, err := g.api.Execute(context.Background(), id, client.ExecuteRequest{Command: "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Stdout != "kept\nsleeper\n" {
-		t.Fatalf("the adopted sandbox lost its state: %+v", res)
-	}
-	if node, state := g.sandboxNode(t, id); node != "node-a" || state != "running" {
-		t.Fatalf("sandbox on %q in state %q, want node-a, running", node, state)
-	}
-	if err := g.api.DeleteSandbox(context.Background(), id); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // nodeBase is a Debian for the node image: the base template's root
 // filesystem, a debootstrapped Debian, which the suite's first server
 // builds into the shared template cache (a server is started here to
@@ -391,44 +269,6 @@ func nodeBase(t *testing.T) string {
 		t.Fatalf("no base root filesystem in %s after a server started", templateCache)
 	}
 	return dir
-}
-
-// composeNodeFlags are the `podman run` flags of what deploy/compose's
-// service gives its container: privileges, namespaces and host
-// directories, with the node's data directory (AENV_DATA_DIR) at dataDir. The test's own
-// settings (its database, ports, ranges) are flags of aenv, which win
-// over the file's AENV_* variables, and are not taken.
-func composeNodeFlags(t *testing.T, service, dataDir string) []string {
-	t.Helper()
-	p := loadCompose(t, "", map[string]string{"POSTGRES_PASSWORD": "unused", "AENV_API_KEY": "unused"})
-	svc, ok := p.Services[service]
-	if !ok {
-		t.Fatalf("deploy/compose has no service %s", service)
-	}
-	var flags []string
-	if svc.Privileged {
-		flags = append(flags, "--privileged")
-	}
-	for flag, mode := range map[string]string{"--network": svc.NetworkMode, "--pid": svc.Pid, "--cgroupns": svc.Cgroup} {
-		if mode != "" {
-			flags = append(flags, flag, mode)
-		}
-	}
-	for _, v := range svc.Volumes {
-		if v.Type != types.VolumeTypeBind {
-			t.Fatalf("deploy/compose: %s: a %s volume at %s, not a host directory", service, v.Type, v.Target)
-		}
-		source, target := v.Source, v.Target
-		if data := svc.Environment["AENV_DATA_DIR"]; data != nil && target == *data {
-			source, target = dataDir, dataDir
-		}
-		spec := source + ":" + target
-		if v.Bind != nil && v.Bind.Propagation != "" {
-			spec += ":" + v.Bind.Propagation
-		}
-		flags = append(flags, "-v", spec)
-	}
-	return flags
 }
 
 // sharedNetnsDir makes /run/netns a shared mount, as `ip netns` does and
