@@ -205,19 +205,8 @@ func attachLoop(image string) (*os.File, error) {
 			return nil, fmt.Errorf("a free loop device: %w", err)
 		}
 		dev := fmt.Sprintf("/dev/loop%d", n)
-		if _, err := os.Stat(dev); errors.Is(err, fs.ErrNotExist) {
-			// A container's /dev may lack the node the kernel just made.
-			var major, minor uint32
-			b, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/dev", n))
-			if err == nil {
-				_, err = fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor)
-			}
-			if err != nil {
-				return nil, fmt.Errorf("the device number of %s: %w", dev, err)
-			}
-			if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, fs.ErrExist) {
-				return nil, fmt.Errorf("make %s: %w", dev, err)
-			}
+		if err := loopNode(dev); err != nil {
+			return nil, err
 		}
 		loop, err := os.OpenFile(dev, os.O_RDWR, 0)
 		if err != nil {
@@ -236,6 +225,27 @@ func attachLoop(image string) (*os.File, error) {
 			return nil, fmt.Errorf("attach %s to %s: %w", image, dev, err)
 		}
 	}
+}
+
+// loopNode makes the device node of loop device dev (/dev/loopN) should
+// there be none: a container's /dev holds the devices there were when it
+// started, not those the kernel made since.
+func loopNode(dev string) error {
+	if _, err := os.Stat(dev); !errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var major, minor uint32
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "dev"))
+	if err == nil {
+		_, err = fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor)
+	}
+	if err != nil {
+		return fmt.Errorf("the device number of %s: %w", dev, err)
+	}
+	if err := unix.Mknod(dev, unix.S_IFBLK|0o600, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("make %s: %w", dev, err)
+	}
+	return nil
 }
 
 // loopOf is the loop device image is attached to, or "".
@@ -265,6 +275,9 @@ func loopBacks(dev, file string) bool {
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(file, &st); err != nil {
+		return false
+	}
+	if err := loopNode(dev); err != nil {
 		return false
 	}
 	loop, err := os.Open(dev)

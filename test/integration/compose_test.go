@@ -146,15 +146,17 @@ func TestComposeClusterInPodman(t *testing.T) {
 				g.api.DeleteSandbox(ctx, sb.SandboxID)
 			}
 		}
-		run.down()
-		// A failure may have left node-a's first container's sandboxes:
-		// a container that kills its sandboxes when it stops adopts and
-		// ends them.
-		if out, _ := exec.Command("pgrep", "-f", nodes["node-a"].dataDir).Output(); len(bytes.TrimSpace(out)) > 0 {
+		defer run.down() // should what follows fail too
+		// A failure may have left sandboxes of node-a's first container,
+		// which keeps them: a container that kills its sandboxes when it
+		// stops adopts and ends them, while the database is still up.
+		if slices.Contains(run.started, "node-a") {
+			run.stop("node-a")
+		}
+		if leftBehind(nodes["node-a"].dataDir) {
 			killOnExit(project, "node-a")
 			run.start(project.Services["node-a"])
 			run.waitHealthyURL("node-a", nodes["node-a"].url)
-			run.down()
 		}
 	})
 	run.up()
@@ -236,7 +238,14 @@ func TestComposeClusterInPodman(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "node-b draining", func() bool { return g.nodeStates(t)["node-b"].State == "draining" })
-	kept := g.create(t)
+	// node-a learns it is no longer drained (step 3 may have drained it)
+	// at its next look at the database: until then it refuses.
+	var kept string
+	waitFor(t, 30*time.Second, "a sandbox placed on node-a", func() bool {
+		sb, err := g.api.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: "base"})
+		kept = sb.SandboxID
+		return err == nil
+	})
 	if err := g.api.DrainNode(ctx, "node-b", false); err != nil {
 		t.Fatal(err)
 	}
@@ -254,10 +263,8 @@ func TestComposeClusterInPodman(t *testing.T) {
 	}
 	killOnExit(project, "node-a") // the new container: the harness's way
 	run.start(project.Services["node-a"])
+	// A node answers /health once it has adopted what it found.
 	run.waitHealthyURL("node-a", nodes["node-a"].url)
-	waitForEvery(t, 2*time.Minute, time.Second, "node-a ready again", func() bool {
-		return g.nodeStates(t)["node-a"].State == "ready"
-	})
 	res, err = g.api.Execute(ctx, kept, client.ExecuteRequest{Command: "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"})
 	if err != nil {
 		t.Fatal(err)
@@ -323,6 +330,17 @@ func (p *podman) loadNodeImageWithBtrfs(nodeBase string) string {
 	spec.Files = append(spec.Files, release.File{Src: mkfs, Dst: "/usr/sbin/mkfs.btrfs", Mode: 0o755})
 	ref := in.Repository + "/aenv-node:" + in.Version
 	return p.load(writeStandIn(p.t, ref, spec), ref)
+}
+
+// leftBehind reports whether processes or mounts of a node's data
+// directory are on the host: what a node that keeps its sandboxes leaves
+// when it stops.
+func leftBehind(dataDir string) bool {
+	if out, _ := exec.Command("pgrep", "-f", dataDir).Output(); len(bytes.TrimSpace(out)) > 0 {
+		return true
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	return bytes.Contains(mounts, []byte(dataDir+"/"))
 }
 
 // killOnExit makes a node service's next container kill its sandboxes
@@ -490,19 +508,24 @@ func (r *composeRunner) waitHealthy(svc types.ServiceConfig) {
 // failing with its container's logs should it not within two minutes.
 func (r *composeRunner) waitHealthyURL(name, url string) {
 	r.t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second}
 	deadline := time.Now().Add(2 * time.Minute)
+	var state []byte
 	for time.Now().Before(deadline) {
-		if resp, err := http.Get(url + "/health"); err == nil {
+		if resp, err := hc.Get(url + "/health"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return
 			}
 		}
+		state, _ = r.p.command("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", r.container(name)).CombinedOutput()
+		if !bytes.HasPrefix(state, []byte("running")) {
+			break
+		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	state, _ := r.p.command("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", r.container(name)).CombinedOutput()
 	logs, _ := r.p.command("logs", r.container(name)).CombinedOutput()
-	r.t.Fatalf("compose: %s did not answer on %s/health within 2m (container: %s); its logs:\n%s",
+	r.t.Fatalf("compose: %s did not answer on %s/health (container: %s); its logs:\n%s",
 		name, url, bytes.TrimSpace(state), tail(string(logs), 40))
 }
 
@@ -600,7 +623,7 @@ func (r *composeRunner) start(svc types.ServiceConfig) {
 // down stops the services in the reverse order of their start, each
 // given its stop_grace_period, and removes their containers.
 func (r *composeRunner) down() {
-	for _, name := range slices.Backward(r.started) {
+	for _, name := range slices.Backward(slices.Clone(r.started)) {
 		r.stop(name)
 	}
 	if left := r.p.output("ps", "--all", "--quiet"); left != "" {
