@@ -37,20 +37,24 @@ import (
 // (PostgreSQL, the S3 store, two nodes, a gateway) in a real container
 // engine, from the file as it is, and drives it through the gateway: a
 // sandbox on one node, its snapshot uploaded to the store, and a sandbox
-// from that snapshot on the other node, with the first one's files.
+// from that snapshot on the other node, with the first one's files; a
+// node's container replaced, its sandbox adopted by the new one; the E2B
+// SDK's sandbox and volumes suites, on the nodes' volume pools.
 //
 // Neither docker compose nor a registry is here, so:
 //   - the file is read by compose-go (the Compose Specification's own
 //     loader, which docker compose uses), and each service is run with
 //     `podman run` by composeRunner, which does what compose does with the
-//     keys the file uses and refuses any other key;
+//     service keys the file uses and refuses any other;
 //   - the PostgreSQL and SeaweedFS images the file names are stand-ins
 //     built here, under those names, from this machine's PostgreSQL and
 //     weed with the same contract (the POSTGRES_* variables, pg_isready;
 //     weed's command line).
 //
 // What the test changes is what tests must own (ports, address ranges,
-// network prefixes, data directories) and the shared template cache; the
+// network prefixes, data directories), the shared template cache, the
+// nodes' volume pools (off in the file) and, so that nothing outlives the
+// test, the kill-on-exit of node-b and of node-a's second container; the
 // rest is the file's.
 func TestComposeClusterInPodman(t *testing.T) {
 	p := newPodman(t)
