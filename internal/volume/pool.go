@@ -47,7 +47,7 @@ func openPool(ctx context.Context, cfg PoolConfig, dir string, logger *slog.Logg
 	if source, ok, err := mountedSource(dir); err != nil {
 		return fmt.Errorf("volume pool: %w", err)
 	} else if ok {
-		if !loopBacks(source, cfg.Image) {
+		if !LoopBacks(source, cfg.Image) {
 			return fmt.Errorf("volume pool: %s has a file system mounted on it already (from %s, backing file %q), not the pool %s",
 				dir, source, loopBacking(source), cfg.Image)
 		}
@@ -253,14 +253,14 @@ func loopOf(image string) string {
 	// A device's backing_file is there while it is attached.
 	attached, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, p := range attached {
-		if dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p))); loopBacks(dev, image) {
+		if dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(p))); LoopBacks(dev, image) {
 			return dev
 		}
 	}
 	return ""
 }
 
-// loopBacks reports whether loop device dev (/dev/loopN) is attached to
+// LoopBacks reports whether loop device dev (/dev/loopN) is attached to
 // file. It compares the backing file's device and inode, which the kernel
 // keeps, not its path (loopBacking): the kernel resolves that path in the
 // reader's mount namespace, so a pool attached by a node in a container,
@@ -269,7 +269,7 @@ func loopOf(image string) string {
 // next container (an upgrade) cannot resolve. Opening the device does not
 // detach it on close: a device in use is held open by its mount, or by
 // the process that attached it.
-func loopBacks(dev, file string) bool {
+func LoopBacks(dev, file string) bool {
 	if !strings.HasPrefix(dev, "/dev/loop") {
 		return false
 	}

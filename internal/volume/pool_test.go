@@ -476,8 +476,8 @@ func TestLoopBacksAcrossMounts(t *testing.T) {
 	} else if _, err := os.Stat(shown); err == nil {
 		t.Fatalf("the kernel still shows a path that resolves (%q): the case is not made", shown)
 	}
-	if !loopBacks(dev, image) {
-		t.Errorf("loopBacks(%s, %s) = false, shown backing file %q", dev, image, loopBacking(dev))
+	if !LoopBacks(dev, image) {
+		t.Errorf("LoopBacks(%s, %s) = false, shown backing file %q", dev, image, loopBacking(dev))
 	}
 	if got := loopOf(image); got != dev {
 		t.Errorf("loopOf(%s) = %q, want %s", image, got, dev)
@@ -486,7 +486,7 @@ func TestLoopBacksAcrossMounts(t *testing.T) {
 	if err := os.WriteFile(other, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if loopBacks(dev, other) {
-		t.Errorf("loopBacks(%s, %s) = true for another file", dev, other)
+	if LoopBacks(dev, other) {
+		t.Errorf("LoopBacks(%s, %s) = true for another file", dev, other)
 	}
 }

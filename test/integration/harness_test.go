@@ -24,9 +24,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/volume"
 	"github.com/aenv-dev/aenv/internal/wire/wiretest"
 )
 
@@ -505,18 +504,12 @@ func (s *server) checkNoLeaks() {
 	// The volume pool's loop device (it detaches once unmounted), by the
 	// path it shows or, as a node in a container that is gone attached it
 	// through a mount of its own, by its backing file's inode.
-	var pool unix.Stat_t
-	hasPool := unix.Stat(filepath.Join(s.dataDir, "volumes.img"), &pool) == nil
+	pool := filepath.Join(s.dataDir, "volumes.img")
 	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, p := range backing {
 		dev := filepath.Base(filepath.Dir(filepath.Dir(p)))
 		b, _ := os.ReadFile(p)
-		leaked := strings.Contains(string(b), s.dataDir)
-		if f, err := os.Open("/dev/" + dev); err == nil && hasPool && !leaked {
-			info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
-			leaked = err == nil && info.Device == uint64(pool.Dev) && info.Inode == pool.Ino
-			f.Close()
-		}
+		leaked := strings.Contains(string(b), s.dataDir) || volume.LoopBacks("/dev/"+dev, pool)
 		if leaked {
 			t.Errorf("loop device left behind: %s for %s", dev, strings.TrimSpace(string(b)))
 		}
