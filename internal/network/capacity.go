@@ -1,5 +1,8 @@
 package network
 
+// Capacity is how many slots the pool's range holds in all.
+func (p *Pool) Capacity() int { return p.cfg.capacity() }
+
 // Free is how many more slots Acquire can hand out (warm ones included).
 func (p *Pool) Free() int {
 	p.mu.Lock()

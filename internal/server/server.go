@@ -273,6 +273,11 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
+	maxSandboxes := pool.Capacity()
+	if cl != nil && cl.MaxSandboxes > 0 {
+		maxSandboxes = min(maxSandboxes, cl.MaxSandboxes)
+	}
+	warnPIDMax(ctx, maxSandboxes, logger)
 
 	objects, err := openShared(ctx, cfg, st, member, logger.With("component", "objectstore"))
 	if err != nil {
