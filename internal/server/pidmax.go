@@ -7,17 +7,22 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/aenv-dev/aenv/internal/config"
 )
 
-// tasksPerSandbox is how many host tasks (threads; each takes a PID) an
-// idle sandbox holds: runsc's sentry (15 threads measured), its gofer (5)
-// and the systrap stub processes of the guest's address spaces (3), plus
-// one for a command's own stub.
+// tasksPerSandbox is how many host tasks (threads; each takes a PID) a
+// sandbox holds: 23 measured on an idle one (runsc's sentry 15 threads,
+// its gofer 5, and a systrap stub process for each of 3 guest address
+// spaces), plus one for the stub of a command it runs. A busy guest
+// (more processes, more address spaces) holds more, so the count of
+// sandboxes it gives is an upper bound.
 const tasksPerSandbox = 24
 
 // hostTaskReserve is what the host keeps of its PIDs for everything but
-// sandboxes: the server, the runsc commands it starts, the rest of the
-// machine.
+// sandboxes: the server's own threads, the runsc commands it starts (a
+// Go program each, ~10 threads), and the rest of the machine, which on a
+// quiet host is a few hundred tasks.
 const hostTaskReserve = 2048
 
 // pidMaxPath holds the kernel's highest PID; every thread on the host
@@ -30,18 +35,36 @@ func sandboxesByPIDs(pidMax int) int {
 	return max(0, (pidMax-hostTaskReserve)/tasksPerSandbox)
 }
 
-// pidMaxWarning says why the host's PIDs would end before the node's
-// other limits do, or "" when they would not. wanted is the most
-// sandboxes the node could be asked to hold: its --max-sandboxes, else
-// the network slots of its --sandbox-cidr.
+// sandboxLimit is the most sandboxes this server could be asked to hold
+// at once: its network slots and, for a cluster node (cl not nil), its
+// --max-sandboxes and the memory it may give (--max-memory-percent of
+// memTotalMB) in sandboxes of the smallest memory one may ask for. A
+// single server admits by slots alone: its sandboxes' memory is
+// overcommitted, as idle ones use a fraction of what they may.
+func sandboxLimit(slots int, cl *config.Cluster, memTotalMB, minMemoryMB int) int {
+	limit := slots
+	if cl == nil {
+		return limit
+	}
+	if cl.MaxSandboxes > 0 {
+		limit = min(limit, cl.MaxSandboxes)
+	}
+	if memTotalMB > 0 && minMemoryMB > 0 && cl.MaxMemoryPercent > 0 {
+		limit = min(limit, memTotalMB*cl.MaxMemoryPercent/100/minMemoryMB)
+	}
+	return limit
+}
+
+// pidMaxWarning says why the host's PIDs would end before the server's
+// other limits do, or "" when they would not. wanted is sandboxLimit.
 func pidMaxWarning(pidMax, wanted int) string {
 	fit := sandboxesByPIDs(pidMax)
 	if wanted <= fit {
 		return ""
 	}
 	return fmt.Sprintf("kernel.pid_max is %d: the host runs out of PIDs at about %d sandboxes (%d host tasks each), "+
-		"before the node's limit of %d; creates past it fail. Raise it: sysctl -w kernel.pid_max=4194304 "+
-		"(and in /etc/sysctl.d/ to keep it)", pidMax, fit, tasksPerSandbox, wanted)
+		"before this server's own limit of %d (network slots, --max-sandboxes, memory); creates past it fail. "+
+		"Raise it: sysctl -w kernel.pid_max=4194304 (and in /etc/sysctl.d/ to keep it)", pidMax, fit, tasksPerSandbox, wanted)
 }
 
 // warnPIDMax logs pidMaxWarning for this host. A host whose pid_max cannot
@@ -56,6 +79,6 @@ func warnPIDMax(ctx context.Context, wanted int, logger *slog.Logger) {
 		return
 	}
 	if msg := pidMaxWarning(pidMax, wanted); msg != "" {
-		logger.WarnContext(ctx, msg, "pid_max", pidMax, "sandboxes_by_pids", sandboxesByPIDs(pidMax), "node_limit", wanted)
+		logger.WarnContext(ctx, msg, "pid_max", pidMax, "sandboxes_by_pids", sandboxesByPIDs(pidMax), "server_limit", wanted)
 	}
 }

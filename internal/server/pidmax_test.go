@@ -3,6 +3,8 @@ package server
 import (
 	"strings"
 	"testing"
+
+	"github.com/aenv-dev/aenv/internal/config"
 )
 
 func TestPIDMaxWarning(t *testing.T) {
@@ -28,6 +30,34 @@ func TestPIDMaxWarning(t *testing.T) {
 			}
 			if tt.warn && !strings.Contains(got, tt.wantFitInText) {
 				t.Errorf("pidMaxWarning(%d, %d) = %q, want it to say %q", tt.pidMax, tt.wanted, got, tt.wantFitInText)
+			}
+		})
+	}
+}
+
+func TestSandboxLimit(t *testing.T) {
+	node := func(maxSandboxes, memPercent int) *config.Cluster {
+		return &config.Cluster{MaxSandboxes: maxSandboxes, MaxMemoryPercent: memPercent}
+	}
+	tests := []struct {
+		name        string
+		slots       int
+		cl          *config.Cluster
+		memTotalMB  int
+		minMemoryMB int
+		want        int
+	}{
+		{"a single server: its slots", 16384, nil, 24 << 10, 128, 16384},
+		{"a node: memory in the smallest sandboxes", 16384, node(0, 80), 24 << 10, 128, 153},
+		{"a node on a large host: its slots", 16384, node(0, 80), 4 << 20, 128, 16384},
+		{"a node's --max-sandboxes", 16384, node(100, 80), 24 << 10, 128, 100},
+		{"a node whose memory is not known", 16384, node(0, 80), 0, 128, 16384},
+		{"fewer slots than the rest", 1024, node(5000, 80), 4 << 20, 128, 1024},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := sandboxLimit(tt.slots, tt.cl, tt.memTotalMB, tt.minMemoryMB); got != tt.want {
+				t.Errorf("sandboxLimit(%d, %+v, %d, %d) = %d, want %d", tt.slots, tt.cl, tt.memTotalMB, tt.minMemoryMB, got, tt.want)
 			}
 		})
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/aenv-dev/aenv/internal/egress"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/image"
+	"github.com/aenv-dev/aenv/internal/meminfo"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
 	"github.com/aenv-dev/aenv/internal/runtime/gvisor"
@@ -273,11 +274,8 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 	if err != nil {
 		return fmt.Errorf("network: %w", err)
 	}
-	maxSandboxes := pool.Capacity()
-	if cl != nil && cl.MaxSandboxes > 0 {
-		maxSandboxes = min(maxSandboxes, cl.MaxSandboxes)
-	}
-	warnPIDMax(ctx, maxSandboxes, logger)
+	memTotal, _ := meminfo.Read("MemTotal")
+	warnPIDMax(ctx, sandboxLimit(pool.Capacity(), cl, int(memTotal>>20), cfg.MinMemoryMB), logger)
 
 	objects, err := openShared(ctx, cfg, st, member, logger.With("component", "objectstore"))
 	if err != nil {
