@@ -27,6 +27,12 @@ type Cluster struct {
 	Version string
 }
 
+// SandboxMemoryMB is the memory a node may give its sandboxes in all, on
+// a machine of totalMB (0: no limit, when MaxMemoryPercent is 0).
+func (c Cluster) SandboxMemoryMB(totalMB int) int {
+	return totalMB * c.MaxMemoryPercent / 100
+}
+
 // DefaultCluster returns the embedded defaults of a node.
 func DefaultCluster() Cluster {
 	return Cluster{MaxMemoryPercent: 80, MaxStarting: 8, HeartbeatIntervalMS: 1000}

@@ -56,7 +56,7 @@ func openCluster(ctx context.Context, srv config.Server, cfg config.Cluster, log
 func (c *clusterMember) join(ctx context.Context, srv config.Server, m *sandbox.Manager, sharedImages bool) (node.Node, error) {
 	memLimit := 0
 	if total, err := meminfo.Read("MemTotal"); err == nil {
-		memLimit = int(total>>20) * c.cfg.MaxMemoryPercent / 100
+		memLimit = c.cfg.SandboxMemoryMB(int(total >> 20))
 	}
 	admission := cluster.NewAdmission(m, cluster.Limits{
 		MaxSandboxes: c.cfg.MaxSandboxes, MemoryMB: memLimit, MaxStarting: c.cfg.MaxStarting,

@@ -28,7 +28,7 @@ func nodeInfo(cfg config.Server, member *clusterMember, sandboxes *sandbox.Manag
 		info.Cluster = true
 		info.Version = member.cfg.Version
 		info.Capacity.MaxSandboxes = member.cfg.MaxSandboxes
-		info.Capacity.MemoryMB = memMB * member.cfg.MaxMemoryPercent / 100
+		info.Capacity.MemoryMB = member.cfg.SandboxMemoryMB(memMB)
 		if addr, err := advertiseAddress(member.cfg.Advertise, cfg.Listen); err == nil {
 			info.Address = addr
 		}

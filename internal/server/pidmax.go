@@ -49,8 +49,8 @@ func sandboxLimit(slots int, cl *config.Cluster, memTotalMB, minMemoryMB int) in
 	if cl.MaxSandboxes > 0 {
 		limit = min(limit, cl.MaxSandboxes)
 	}
-	if memTotalMB > 0 && minMemoryMB > 0 && cl.MaxMemoryPercent > 0 {
-		limit = min(limit, memTotalMB*cl.MaxMemoryPercent/100/minMemoryMB)
+	if memMB := cl.SandboxMemoryMB(memTotalMB); memMB > 0 && minMemoryMB > 0 {
+		limit = min(limit, memMB/minMemoryMB)
 	}
 	return limit
 }
