@@ -7,8 +7,9 @@ set -euo pipefail
 # What aenv itself runs: debootstrap builds the base template (a Debian
 # bookworm, whose signatures debian-archive-keyring checks on an Ubuntu host
 # too); ca-certificates lets image pulls and the object store speak HTTPS;
-# btrfs-progs' mkfs.btrfs makes the volume pool (--volume-pool-gb).
-runtime=(debootstrap debian-archive-keyring ca-certificates btrfs-progs)
+# btrfs-progs' mkfs.btrfs makes the volume pool (--volume-pool-gb);
+# erofs-utils' mkfs.erofs makes the root file system images of --root-image.
+runtime=(debootstrap debian-archive-keyring ca-certificates btrfs-progs erofs-utils)
 # iproute2/nftables/procps are used by the tests to inspect what the server
 # made; runc is the benchmarks' baseline; postgresql gives the PostgreSQL
 # store's tests their throwaway servers; gcc and libc6-dev are cgo's, which

@@ -93,9 +93,10 @@ func run() error {
 
 // nodePackages are what the node image adds to a minbase Debian:
 // debootstrap and its keyring (the node builds its base template with
-// them), CA certificates, and btrfs-progs (mkfs.btrfs makes the volume
-// pool, --volume-pool-gb).
-const nodePackages = "ca-certificates,debootstrap,debian-archive-keyring,btrfs-progs"
+// them), CA certificates, btrfs-progs (mkfs.btrfs makes the volume pool,
+// --volume-pool-gb) and erofs-utils (mkfs.erofs makes the root images of
+// --root-image).
+const nodePackages = "ca-certificates,debootstrap,debian-archive-keyring,btrfs-progs,erofs-utils"
 
 // nodeBase returns a Debian made by debootstrap for the node image, made
 // once per suite, mirror and package list.

@@ -44,6 +44,8 @@ func TestValidate(t *testing.T) {
 		{"too few connections", func(c *Server) { c.MaxConnections = 3 }},
 		{"negative connections", func(c *Server) { c.MaxConnections = -1 }},
 		{"no idle timeout", func(c *Server) { c.IdleTimeoutSecs = 0 }},
+		{"relative root image dir", func(c *Server) { c.RootImageDir = "images" }},
+		{"root image without dir", func(c *Server) { c.RootImage, c.RootImageDir = true, "" }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,12 @@ import (
 
 // ErrNotFound is returned for a sandbox ID the driver does not know.
 var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")
+
+// ErrRootImageMismatch is returned for a restore whose checkpoint was taken
+// over a root file system image (Spec.RootImage) other than the one this
+// node has or makes of the template: the template's files or envd differ
+// from those of the node that took it.
+var ErrRootImageMismatch = errdefs.New(errdefs.ErrConflict, "checkpoint was taken over another root file system image")
 
 // Spec describes one sandbox to start or restore.
 type Spec struct {
@@ -52,6 +59,18 @@ type Spec struct {
 	// order. Writes to them reach the host directory, not the sandbox's
 	// memory, and a restore must be given the same destinations.
 	Mounts []Mount
+	// RootImage gives the sandbox its root file system as a read-only
+	// image of RootfsPath with envd inside it (for gVisor an EROFS image
+	// the sentry reads itself: no gofer process, and the image's pages
+	// are the host's page cache, shared by every sandbox of the template)
+	// instead of the directory served by a helper process. Writes still
+	// land in memory. A restore must be given the form its checkpoint was
+	// taken with (CheckpointRootImage).
+	RootImage bool
+	// RootImageDigest, for a RootImage restore, is the digest the image
+	// must have: the one its checkpoint was taken over. A restore over
+	// other files would run on memory that does not match them.
+	RootImageDigest string
 	// Background makes the sandbox for a pool filled ahead of demand: it
 	// gets host CPU only when nothing else wants it, from its creation
 	// until Preparer.Foreground, so that filling a pool takes idle time
@@ -78,6 +97,30 @@ const EnvdMountPath = "/.aenv/envd"
 // prefix and the file name of the envd binary the sandbox ran (a restore
 // must run the same build: its code pages are not in the image).
 const EnvdImagePrefix = "envd-"
+
+// RootImageRecord names the file of a checkpoint image that records the
+// root file system image (Spec.RootImage) the sandbox ran over: its
+// digest, "sha256:<hex>". A checkpoint without one was taken over the
+// directory.
+const RootImageRecord = "rootfs-image"
+
+// CheckpointRootImage returns the digest of the root file system image the
+// checkpoint in imageDir was taken over, "" for one taken over the
+// directory.
+func CheckpointRootImage(imageDir string) (string, error) {
+	raw, err := os.ReadFile(filepath.Join(imageDir, RootImageRecord))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("root image of checkpoint: %w", err)
+	}
+	digest := strings.TrimSpace(string(raw))
+	if !strings.HasPrefix(digest, "sha256:") || len(digest) != len("sha256:")+64 {
+		return "", fmt.Errorf("root image of checkpoint %s: malformed record %q", imageDir, digest)
+	}
+	return digest, nil
+}
 
 // PrepareRootfs adds to a template rootfs the mount point for envd (an
 // empty file at EnvdMountPath). Template builders call it once: drivers
@@ -328,6 +371,14 @@ type ConsoleTail struct {
 	Truncated bool
 	// Written is when the output was last written.
 	Written time.Time
+}
+
+// RootImager is implemented by drivers that run sandboxes over root images
+// (Spec.RootImage).
+type RootImager interface {
+	// RootImageDigest returns the digest of the root image a sandbox
+	// booted over rootfs gets, making the image first if it has none.
+	RootImageDigest(ctx context.Context, rootfs string) (string, error)
 }
 
 // Preparer is implemented by drivers that can make a sandbox ahead of a

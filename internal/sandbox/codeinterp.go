@@ -80,10 +80,13 @@ func (m *Manager) codeInterpreterFor(ctx context.Context, req node.CreateRequest
 // warmUsable tells whether tpl is a warm snapshot this node restores as it
 // is: the built-in one (no team's), its image whole, taken with this
 // node's envd. One taken with another build (before an upgrade) is made
-// again: its kernel is the code interpreter of that build.
+// again: its kernel is the code interpreter of that build. So is one
+// taken over another root file system than the node boots with
+// (--root-image switched): its restores would keep the old one.
 func (m *Manager) warmUsable(tpl *store.Template) bool {
 	return tpl.Name == template.CodeInterpreterName && tpl.TeamID == "" && tpl.ImageDir != "" &&
-		imageComplete(tpl.ImageDir) && m.envdOf(tpl.ImageDir) == ""
+		imageComplete(tpl.ImageDir) && m.envdOf(tpl.ImageDir) == "" &&
+		m.rootOf(m.ctx, tpl.ImageDir, tpl.RootfsPath) == rootFromNode
 }
 
 // codeInterpreterTemplate turns rootfs, the code interpreter's root

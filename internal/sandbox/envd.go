@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -117,4 +118,55 @@ func isDigest(s string) bool {
 	}
 	_, err := hex.DecodeString(s)
 	return err == nil
+}
+
+// rootForm is how a sandbox gets its root file system
+// (runtime.Spec.RootImage): as the node's setting says (a boot), as the
+// directory, or over the image with a digest (a restore of a checkpoint
+// taken over it).
+type rootForm string
+
+const (
+	rootFromNode  rootForm = ""
+	rootDirectory rootForm = "directory"
+)
+
+// rootOf returns the root form a restore of imageDir (a checkpoint of a
+// sandbox of rootfs) must have: the one the checkpoint was taken with.
+// Where that is what a boot on this node gets (the directory on a node
+// that boots over it, or the image a boot over rootfs gets here), it is
+// rootFromNode, so that its restores share the prepared sandboxes of
+// boots. An unreadable record gives the directory; the driver's restore
+// then says what is wrong with it.
+func (m *Manager) rootOf(ctx context.Context, imageDir, rootfs string) rootForm {
+	if imageDir == "" {
+		return rootFromNode
+	}
+	digest, err := runtime.CheckpointRootImage(imageDir)
+	switch {
+	case err != nil:
+		m.logger.Warn("root image record of a checkpoint not readable", "image", imageDir, "err", err)
+		return rootDirectory
+	case digest == "" && m.cfg.RootImage:
+		return rootDirectory
+	case digest == "":
+		return rootFromNode
+	}
+	if ri, ok := m.driver.(runtime.RootImager); ok && m.cfg.RootImage {
+		if current, err := ri.RootImageDigest(ctx, rootfs); err == nil && current == digest {
+			return rootFromNode
+		}
+	}
+	return rootForm(digest)
+}
+
+// apply sets spec's root file system to root.
+func (root rootForm) apply(spec *runtime.Spec, nodeRootImage bool) {
+	switch root {
+	case rootFromNode:
+		spec.RootImage = nodeRootImage
+	case rootDirectory:
+	default:
+		spec.RootImage, spec.RootImageDigest = true, string(root)
+	}
 }

@@ -175,8 +175,10 @@ type image struct {
 	// this sandbox's spec; only the boot or the restore is left.
 	prepared bool
 	// envd is the envd build dir was taken with (envdOf: "" for this
-	// node's), read once by whoever brings the image up.
+	// node's), and root the root file system it was taken over (rootOf),
+	// read once by whoever brings the image up.
 	envd string
+	root rootForm
 }
 
 // launch records sb as starting, brings its instance up in a fresh network
@@ -190,7 +192,7 @@ type image struct {
 // instance that fails is removed and the next choice tried, the last being
 // a new instance, whose failure is the launch's.
 func (m *Manager) launch(ctx context.Context, sb *store.Sandbox, tpl *store.Template, img image, pending bool) (*entry, error) {
-	img.envd = m.envdOf(img.dir)
+	img.envd, img.root = m.envdOf(img.dir), m.rootOf(ctx, img.dir, tpl.RootfsPath)
 	var asked source
 	for {
 		p := m.plan(ctx, sb, tpl, img, pending, asked)
@@ -300,7 +302,7 @@ func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Templa
 	}
 	if skip&fromRestored == 0 && img.dir != "" && !pending && m.prep != nil && m.prep.maxRestored > 0 {
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, image: img.dir, token: img.token,
-			unheld: !m.local(tpl), envd: img.envd}
+			unheld: !m.local(tpl), envd: img.envd, root: img.root}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
 		p.asked |= fromRestored
@@ -312,7 +314,7 @@ func (m *Manager) plan(ctx context.Context, sb *store.Sandbox, tpl *store.Templa
 	if skip&fromPrepared == 0 && img.rootfsUpper == "" && m.prep != nil {
 		// A restore into it needs the envd its image was taken with.
 		k := prepKey{rootfs: tpl.RootfsPath, vcpu: sb.VCPU, memoryMB: sb.MemoryMB, unheld: !m.local(tpl),
-			envd: img.envd}
+			envd: img.envd, root: img.root}
 		ps := m.prep.begin(k)
 		ends = append(ends, func() { m.prep.end(k) })
 		p.asked |= fromPrepared
@@ -472,7 +474,7 @@ func (m *Manager) local(tpl *store.Template) bool {
 // user. It returns the client, which now holds sb's token. On failure the
 // instance is gone.
 func (m *Manager) bringUp(ctx context.Context, sb *store.Sandbox, tpl *store.Template, slot *network.Slot, img image) (*envdclient.Client, error) {
-	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB, img.envd)
+	spec := m.spec(sb.ID, tpl, slot, sb.VCPU, sb.MemoryMB, img.envd, img.root)
 	spec.RootfsUpper = img.rootfsUpper
 	mounts, err := m.hostMounts(ctx, sb.VolumeMounts)
 	if err != nil {
@@ -602,17 +604,19 @@ func (m *Manager) hostMounts(ctx context.Context, volumes []store.VolumeMount) (
 }
 
 // spec is the runtime spec of sandbox id from tpl in slot, running envd
-// (a pinned build, see envdOf; "" for this node's).
-func (m *Manager) spec(id string, tpl *store.Template, slot *network.Slot, vcpu, memoryMB int, envd string) runtime.Spec {
+// (a pinned build, see envdOf; "" for this node's) over root.
+func (m *Manager) spec(id string, tpl *store.Template, slot *network.Slot, vcpu, memoryMB int, envd string, root rootForm) runtime.Spec {
 	if envd == "" {
 		envd = m.cfg.EnvdPath
 	}
-	return runtime.Spec{
+	spec := runtime.Spec{
 		ID: id, RootfsPath: tpl.RootfsPath, EnvdPath: envd,
 		EnvdArgs:  []string{"--port", strconv.Itoa(EnvdPort)},
 		NetnsPath: slot.NetnsPath, VCPU: vcpu, MemoryMB: memoryMB, PidsLimit: m.cfg.PidsLimit,
 		Hostname: "sandbox", Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 	}
+	root.apply(&spec, m.cfg.RootImage)
+	return spec
 }
 
 // finish turns a pending sandbox (a fork child) into a running one.

@@ -45,6 +45,10 @@ type Config struct {
 	// (see PinEnvd); EnvdPath is one of them. "": envd is not pinned.
 	EnvdDir   string
 	ImagesDir string // checkpoint images (snapshots, paused-to-disk, fork)
+	// RootImage boots sandboxes over a read-only image of their template's
+	// root file system with envd in it (runtime.Spec.RootImage); restores
+	// take the form their checkpoint was taken with (see rootOf).
+	RootImage bool
 	// NodeID is this node's in a cluster ("" on a single server): records
 	// of other nodes are theirs to remove files of.
 	NodeID string

@@ -58,12 +58,14 @@ type prepKey struct {
 	unheld bool
 	// envd is the envd build mounted ("": the node's own); see envdOf.
 	envd string
+	// root is the root file system's form; see rootOf.
+	root rootForm
 }
 
 // shape is the key of the plain prepared sandboxes a restored one of k is
 // made from.
 func (k prepKey) shape() prepKey {
-	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB, unheld: k.unheld, envd: k.envd}
+	return prepKey{rootfs: k.rootfs, vcpu: k.vcpu, memoryMB: k.memoryMB, unheld: k.unheld, envd: k.envd, root: k.root}
 }
 
 type preparedSandbox struct {
@@ -290,7 +292,7 @@ func (m *Manager) prepareOne(ctx context.Context, k prepKey) error {
 		m.releaseSlot(ctx, slot.Index, id)
 		return err
 	}
-	spec := m.spec(id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB, k.envd)
+	spec := m.spec(id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB, k.envd, k.root)
 	spec.Background = true
 	if err := p.driver.Prepare(ctx, spec); err != nil {
 		m.releaseSlot(ctx, slot.Index, id)
@@ -338,7 +340,7 @@ func (m *Manager) restoreOne(ctx context.Context, k prepKey) error {
 			m.releaseSlot(ctx, slot.Index, ps.id)
 			return herr
 		}
-		spec := m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB, k.envd)
+		spec := m.spec(ps.id, &store.Template{RootfsPath: k.rootfs}, slot, k.vcpu, k.memoryMB, k.envd, k.root)
 		spec.Background = true
 		err = m.driver.Restore(ctx, spec, k.image)
 	}

@@ -150,7 +150,7 @@ func (m *Manager) bootWarm(ctx context.Context, w *warmPool) (*warmSandbox, erro
 		return nil, fmt.Errorf("acquire network slot: %w", err)
 	}
 	id := NewID()
-	spec := m.spec(id, w.tpl, slot, w.key.vcpu, w.key.memoryMB, "")
+	spec := m.spec(id, w.tpl, slot, w.key.vcpu, w.key.memoryMB, "", rootFromNode)
 	spec.Background = true
 	if err := m.driver.Start(ctx, spec); err != nil {
 		m.releaseSlot(ctx, slot.Index, id)

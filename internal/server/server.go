@@ -217,7 +217,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 
 	gcfg := gvisor.Config{
 		RunscPath: runscPath, StateDir: filepath.Join(cfg.DataDir, "runtime"),
-		Platform: cfg.Platform, Debug: cfg.RunscDebug,
+		Platform: cfg.Platform, Debug: cfg.RunscDebug, RootImageDir: filepath.Clean(cfg.RootImageDir),
 	}
 	if lazyRestores(cfg) {
 		// aenv is its own checkpoint gofer (cmd/aenv starts it under that
@@ -296,6 +296,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		EnvdPath:         envdPath,
 		EnvdDir:          envdDir,
 		ImagesDir:        filepath.Join(cfg.DataDir, "images"),
+		RootImage:        cfg.RootImage,
 		NodeID:           member.nodeID(),
 		PauseToDiskAfter: config.Seconds(cfg.PauseToDiskAfterSecs),
 		MaxForkCount:     cfg.MaxForkCount,

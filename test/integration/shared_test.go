@@ -353,10 +353,34 @@ func TestClusterSharedUploadRetried(t *testing.T) {
 // it on another node, memory intact; the record and the route move with
 // it, and its stored image is removed once it runs again.
 func TestClusterSharedResumeElsewhere(t *testing.T) {
+	resumeElsewhere(t, nil)
+}
+
+// The same over root images (--root-image): node-b makes the image of the
+// template again (its directory emptied, as on another machine) and
+// restores over it, since the same files make the same image.
+func TestClusterRootImageResumeElsewhere(t *testing.T) {
+	images := t.TempDir()
+	resumeElsewhere(t, []string{"--root-image", "--root-image-dir", images}, func() {
+		entries, err := os.ReadDir(images)
+		if err != nil || len(entries) == 0 {
+			t.Fatalf("node-a made no root image: %v %v", entries, err)
+		}
+		for _, e := range entries {
+			if err := os.RemoveAll(filepath.Join(images, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// resumeElsewhere runs TestClusterSharedResumeElsewhere with nodes given
+// extra flags; the afterKill functions run once node-a is killed.
+func resumeElsewhere(t *testing.T, extra []string, afterKill ...func()) {
 	srv := s3test.Start(t)
 	c := newCluster(t)
-	a := c.sharedNode("node-a", srv)
-	b := c.sharedNode("node-b", srv)
+	a := c.sharedNode("node-a", srv, extra...)
+	b := c.sharedNode("node-b", srv, extra...)
 	g := c.addGateway()
 	g.waitReady(t, "node-a", "node-b")
 
@@ -376,6 +400,9 @@ func TestClusterSharedResumeElsewhere(t *testing.T) {
 	// Node a is gone for good: its process killed (its sandbox, paused
 	// to disk, has no process of its own).
 	a.stop(syscall.SIGKILL)
+	for _, f := range afterKill {
+		f()
+	}
 	waitFor(t, 3*nodeTimeout+5*time.Second, "node-a unreachable", func() bool {
 		return g.nodeStates(t)["node-a"].State == "unreachable"
 	})

@@ -37,6 +37,12 @@ type Config struct {
 	// ckptgofer.ProcessName (aenv itself). Restores of images holding a
 	// ckptgofer.OptionsFile read them through it; empty leaves runsc's own.
 	CheckpointGofer string
+	// RootImageDir holds the root file system images of sandboxes with
+	// runtime.Spec.RootImage (see rootimage.go). Restores need the image
+	// at the path the checkpoint named, so nodes that restore each other's
+	// checkpoints must use the same directory. Empty: such sandboxes are
+	// refused.
+	RootImageDir string
 }
 
 // withDefaults returns cfg with empty fields filled in.
@@ -64,6 +70,8 @@ func (cfg Config) validate() error {
 		return errors.New("runsc path is empty")
 	case !filepath.IsAbs(cfg.StateDir):
 		return fmt.Errorf("state dir %q is not an absolute path", cfg.StateDir)
+	case cfg.RootImageDir != "" && (!filepath.IsAbs(cfg.RootImageDir) || filepath.Clean(cfg.RootImageDir) != cfg.RootImageDir):
+		return fmt.Errorf("root image dir %q is not a clean absolute path", cfg.RootImageDir)
 	case !validCgroupParent(cfg.CgroupParent):
 		return fmt.Errorf("cgroup parent %q: want an absolute path below the cgroup root, like /aenv-x", cfg.CgroupParent)
 	}

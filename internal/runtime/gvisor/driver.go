@@ -36,6 +36,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
 	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
@@ -48,11 +49,14 @@ type Driver struct {
 	platform string
 	cgroups  cgroupHierarchies
 	commands runningCommands
+	// rootImages is nil without Config.RootImageDir.
+	rootImages *rootImages
 }
 
 var (
-	_ runtime.Driver   = (*Driver)(nil)
-	_ runtime.Preparer = (*Driver)(nil)
+	_ runtime.Driver     = (*Driver)(nil)
+	_ runtime.Preparer   = (*Driver)(nil)
+	_ runtime.RootImager = (*Driver)(nil)
 )
 
 // New checks cfg, prepares the state directory and, for Platform "auto",
@@ -66,6 +70,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Driver, error) {
 		return nil, fmt.Errorf("new gvisor driver: runsc: %w", err)
 	}
 	d := &Driver{cfg: cfg, log: log}
+	if cfg.RootImageDir != "" {
+		d.rootImages = newRootImages(cfg.RootImageDir)
+		if n, err := d.rootImages.collect(time.Now()); err != nil {
+			log.WarnContext(ctx, "root images: collect", "dir", cfg.RootImageDir, "err", err)
+		} else if n > 0 {
+			log.InfoContext(ctx, "root images: removed what no rootfs needs", "dir", cfg.RootImageDir, "removed", n)
+		}
+	}
 	for _, dir := range []string{d.runscRoot(), d.sandboxesDir()} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("new gvisor driver: %w", err)
@@ -175,4 +187,17 @@ func validateSpec(spec runtime.Spec) error {
 		}
 	}
 	return runtime.CheckRootfs(spec.RootfsPath)
+}
+
+// RootImageDigest returns the digest of the root image of rootfs, made now
+// if there is none.
+func (d *Driver) RootImageDigest(ctx context.Context, rootfs string) (string, error) {
+	if d.rootImages == nil {
+		return "", errors.New("root image asked for, and the driver has no root image directory")
+	}
+	p, err := d.rootImages.image(ctx, runtime.Spec{RootfsPath: rootfs, RootImage: true})
+	if err != nil {
+		return "", err
+	}
+	return d.rootImages.digestOfPath(p), nil
 }

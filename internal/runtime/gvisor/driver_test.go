@@ -52,6 +52,7 @@ func newTestDriver(t *testing.T, env runtimetest.TestEnv) *Driver {
 	d, err := New(t.Context(), Config{
 		RunscPath: runscForTest(t), StateDir: env.StateDir, CgroupParent: env.CgroupParent,
 		Platform: PlatformSystrap, Debug: os.Getenv("AENV_RUNSC_DEBUG") == "1",
+		RootImageDir: t.TempDir(),
 	}, logger)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -69,6 +70,16 @@ func newTestDriver(t *testing.T, env runtimetest.TestEnv) *Driver {
 func TestConformance(t *testing.T) {
 	runtimetest.RequireRoot(t)
 	env := newTestEnv(t)
+	runscForTest(t)
+	runtimetest.Run(t, func(t *testing.T) runtime.Driver { return newTestDriver(t, env) }, env)
+}
+
+// TestConformanceRootImage runs the suite with every sandbox over a root
+// image (runtime.Spec.RootImage).
+func TestConformanceRootImage(t *testing.T) {
+	runtimetest.RequireRoot(t)
+	env := newTestEnv(t)
+	env.RootImage = true
 	runscForTest(t)
 	runtimetest.Run(t, func(t *testing.T) runtime.Driver { return newTestDriver(t, env) }, env)
 }

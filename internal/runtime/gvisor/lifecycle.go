@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/atomicfile"
@@ -27,7 +28,7 @@ const processExitWait = 5 * time.Second
 
 // Start creates and starts a sandbox with `runsc run --detach`.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
-	if err := d.makeBundle(spec); err != nil {
+	if err := d.makeBundle(ctx, spec); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	err := d.runscDetached(ctx, boundStart, spec.ID, "run", "--detach", "--bundle", d.sandboxDir(spec.ID), spec.ID)
@@ -48,7 +49,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 // files open while it loads, so callers may unlink them once Restore
 // returns.
 func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string) error {
-	if err := d.makeBundle(spec); err != nil {
+	if err := d.makeBundle(ctx, spec); err != nil {
 		return fmt.Errorf("restore %s: %w", spec.ID, err)
 	}
 	err := d.runscDetached(ctx, boundStart, spec.ID, "create", "--bundle", d.sandboxDir(spec.ID), spec.ID)
@@ -73,7 +74,7 @@ func (d *Driver) Prepare(ctx context.Context, spec runtime.Spec) error {
 	if spec.RootfsUpper != "" {
 		return fmt.Errorf("prepare %s: a restore does not boot over a saved rootfs", spec.ID)
 	}
-	if err := d.makeBundle(spec); err != nil {
+	if err := d.makeBundle(ctx, spec); err != nil {
 		return fmt.Errorf("prepare %s: %w", spec.ID, err)
 	}
 	if err := d.runscDetached(ctx, boundStart, spec.ID, "create", "--bundle", d.sandboxDir(spec.ID), spec.ID); err != nil {
@@ -126,19 +127,67 @@ func (d *Driver) Foreground(ctx context.Context, id string) error {
 	return nil
 }
 
-// restoreInto runs `runsc restore` into the created sandbox id.
+// restoreInto runs `runsc restore` into the created sandbox id, once it
+// has checked that the sandbox has the root file system the checkpoint was
+// taken over (runsc checks the image's path, not what is in it; the
+// digests say both).
 func (d *Driver) restoreInto(ctx context.Context, id, imageDir string) error {
+	want, err := runtime.CheckpointRootImage(imageDir)
+	if err != nil {
+		return err
+	}
+	s, err := d.bundleSpec(id)
+	if err != nil {
+		return err
+	}
+	have, err := d.rootImageOf(s)
+	if err != nil {
+		return err
+	}
+	if have != want {
+		return fmt.Errorf("%w: the checkpoint was taken over the root %s, and the sandbox has the root %s",
+			runtime.ErrRootImageMismatch, rootName(want), rootName(have))
+	}
 	return d.runscDetached(ctx, boundImage(dirSize(imageDir)), id, "restore", "--detach", "--background",
 		"--bundle", d.sandboxDir(id), "--image-path", imageDir, id)
 }
 
+// rootName says which root file system a digest names.
+func rootName(digest string) string {
+	if digest == "" {
+		return "directory"
+	}
+	return "image " + digest
+}
+
+// envdFile, in a sandbox's bundle, names the envd binary it runs: with a
+// root image, no mount in its spec does.
+const envdFile = "envd-path"
+
 // makeBundle claims the sandbox directory for spec.ID and writes its OCI
-// spec. It fails if the directory exists: that sandbox is someone else's.
-func (d *Driver) makeBundle(spec runtime.Spec) error {
+// spec, and the root image it names first if it is still to be made. It
+// fails if the directory exists: that sandbox is someone else's.
+func (d *Driver) makeBundle(ctx context.Context, spec runtime.Spec) error {
 	if err := validateSpec(spec); err != nil {
 		return err
 	}
-	specJSON, err := marshalOCISpec(ociSpec(spec, d.cfg.CgroupParent))
+	var images *fsImages
+	if spec.RootImage {
+		if d.rootImages == nil {
+			return errors.New("root image asked for, and the driver has no root image directory")
+		}
+		images = &fsImages{}
+		var err error
+		if images.root, err = d.rootImages.image(ctx, spec); err != nil {
+			return err
+		}
+		if images.envd, err = d.rootImages.envdImage(ctx, spec.EnvdPath); err != nil {
+			return err
+		}
+	} else if spec.RootImageDigest != "" {
+		return errors.New("root image digest given without a root image")
+	}
+	specJSON, err := marshalOCISpec(ociSpec(spec, d.cfg.CgroupParent, images))
 	if err != nil {
 		return err
 	}
@@ -153,7 +202,41 @@ func (d *Driver) makeBundle(spec runtime.Spec) error {
 		_ = os.RemoveAll(dir)
 		return fmt.Errorf("make bundle: %w", err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, envdFile), []byte(spec.EnvdPath), 0o600); err != nil {
+		_ = os.RemoveAll(dir)
+		return fmt.Errorf("make bundle: %w", err)
+	}
 	return nil
+}
+
+// bundleSpec reads the OCI spec of sandbox id's bundle.
+func (d *Driver) bundleSpec(id string) (*specs.Spec, error) {
+	data, err := os.ReadFile(filepath.Join(d.sandboxDir(id), "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("config.json of %s: %w", id, err)
+	}
+	return &spec, nil
+}
+
+// rootImageOf is the digest of the root image sandbox spec s runs over, ""
+// for a directory root.
+func (d *Driver) rootImageOf(s *specs.Spec) (string, error) {
+	src, ok := s.Annotations[rootfsSourceAnnotation]
+	if !ok {
+		return "", nil
+	}
+	if d.rootImages == nil {
+		return "", fmt.Errorf("sandbox runs over root image %s, and the driver has no root image directory", src)
+	}
+	digest := d.rootImages.digestOfPath(src)
+	if digest == "" {
+		return "", fmt.Errorf("root image %s is not in %s", src, d.cfg.RootImageDir)
+	}
+	return digest, nil
 }
 
 // removeAfterFailure undoes a half-made sandbox, logging what it cannot.
@@ -278,7 +361,7 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	}
 	// Before the checkpoint, which may stop the sandbox: a failure here
 	// leaves it as it was.
-	if err := d.keepEnvd(id, imageDir); err != nil {
+	if err := d.keepRestoreInputs(id, imageDir); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
 	if err := d.checkpointCall(ctx, boundImage(stats.MemoryBytes), id, imageDir, leaveRunning); err != nil {
@@ -317,34 +400,54 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 	return nil
 }
 
-// keepEnvd puts into imageDir the envd binary sandbox id runs (a hard
-// link, or a copy across file systems), named runtime.EnvdImagePrefix and
-// its file name.
-func (d *Driver) keepEnvd(id, imageDir string) error {
-	data, err := os.ReadFile(filepath.Join(d.sandboxDir(id), "config.json"))
+// keepRestoreInputs puts into imageDir what a restore needs besides the
+// image runsc writes: the envd binary sandbox id runs (a hard link, or a
+// copy across file systems), named runtime.EnvdImagePrefix and its file
+// name, and the record of its root image (runtime.RootImageRecord), if it
+// has one.
+func (d *Driver) keepRestoreInputs(id, imageDir string) error {
+	spec, err := d.bundleSpec(id)
+	if err != nil {
+		return fmt.Errorf("restore inputs: %w", err)
+	}
+	digest, err := d.rootImageOf(spec)
+	if err != nil {
+		return fmt.Errorf("restore inputs: %w", err)
+	}
+	if digest != "" {
+		if err := atomicfile.Write(filepath.Join(imageDir, runtime.RootImageRecord), strings.NewReader(digest+"\n"), 0o644); err != nil {
+			return fmt.Errorf("restore inputs: %w", err)
+		}
+	}
+	envd, err := d.envdOf(id, spec)
 	if err != nil {
 		return fmt.Errorf("envd of the image: %w", err)
 	}
-	var spec specs.Spec
-	if err := json.Unmarshal(data, &spec); err != nil {
+	dst := filepath.Join(imageDir, runtime.EnvdImagePrefix+filepath.Base(envd))
+	if err := os.Link(envd, dst); err == nil || errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	src, err := os.Open(envd)
+	if err != nil {
 		return fmt.Errorf("envd of the image: %w", err)
 	}
-	for _, mnt := range spec.Mounts {
-		if mnt.Destination != runtime.EnvdMountPath {
-			continue
-		}
-		dst := filepath.Join(imageDir, runtime.EnvdImagePrefix+filepath.Base(mnt.Source))
-		if err := os.Link(mnt.Source, dst); err == nil || errors.Is(err, fs.ErrExist) {
-			return nil
-		}
-		src, err := os.Open(mnt.Source)
-		if err != nil {
-			return fmt.Errorf("envd of the image: %w", err)
-		}
-		defer src.Close()
-		return atomicfile.Write(dst, src, 0o555)
+	defer src.Close()
+	return atomicfile.Write(dst, src, 0o555)
+}
+
+// envdOf is the host path of the envd binary sandbox id (with spec s)
+// runs: recorded in its bundle, or for bundles made before that record,
+// the source of its mount.
+func (d *Driver) envdOf(id string, s *specs.Spec) (string, error) {
+	if raw, err := os.ReadFile(filepath.Join(d.sandboxDir(id), envdFile)); err == nil && len(raw) > 0 {
+		return string(raw), nil
 	}
-	return fmt.Errorf("envd of the image: no mount at %s in the bundle", runtime.EnvdMountPath)
+	for _, mnt := range s.Mounts {
+		if mnt.Destination == runtime.EnvdMountPath {
+			return mnt.Source, nil
+		}
+	}
+	return "", fmt.Errorf("no record of it in the bundle, and no mount at %s", runtime.EnvdMountPath)
 }
 
 // checkpointExitWait bounds the wait for a checkpointed sandbox's process

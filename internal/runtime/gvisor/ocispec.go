@@ -40,11 +40,24 @@ const rootfsUpperAnnotation = "dev.gvisor.tar.rootfs.upper"
 //
 // /tmp is deliberately not a separate tmpfs: it stays in the root overlay,
 // which lives in memory (--overlay2=root:memory), so checkpoints capture it.
-func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
+//
+// images, when not nil, gives runsc the root file system and envd as EROFS
+// images (see rootimage.go) instead of the directory and the binary.
+func ociSpec(spec runtime.Spec, cgroupParent string, images *fsImages) *specs.Spec {
 	caps := append([]string(nil), initCapabilities...)
-	var annotations map[string]string
+	annotations := map[string]string{}
 	if spec.RootfsUpper != "" {
-		annotations = map[string]string{rootfsUpperAnnotation: spec.RootfsUpper}
+		annotations[rootfsUpperAnnotation] = spec.RootfsUpper
+	}
+	envdMount := specs.Mount{Destination: runtime.EnvdMountPath, Type: "bind", Source: spec.EnvdPath, Options: []string{"rbind", "ro"}}
+	if images != nil {
+		annotations[rootfsSourceAnnotation] = images.root
+		annotations[rootfsTypeAnnotation] = "erofs"
+		annotations[rootfsOverlayAnnotation] = "memory"
+		envdMount = specs.Mount{Destination: path.Dir(runtime.EnvdMountPath), Type: "erofs", Source: images.envd, Options: []string{"ro"}}
+	}
+	if len(annotations) == 0 {
+		annotations = nil
 	}
 	return &specs.Spec{
 		Annotations: annotations,
@@ -61,7 +74,7 @@ func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
 		},
 		Root:     &specs.Root{Path: spec.RootfsPath, Readonly: false},
 		Hostname: spec.Hostname,
-		Mounts:   ociMounts(spec.EnvdPath, spec.Mounts),
+		Mounts:   ociMounts(envdMount, spec.Mounts),
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
@@ -76,18 +89,18 @@ func ociSpec(spec runtime.Spec, cgroupParent string) *specs.Spec {
 	}
 }
 
-// ociMounts are the sandbox's file systems: the usual ones, envd, and
+// ociMounts are the sandbox's file systems: the usual ones, envd's, and
 // the volumes. Volumes are bind mounts served by the gofer; the memory
 // overlay covers only the root (--overlay2=root:memory), so writes reach
 // the volume's directory.
-func ociMounts(envdPath string, volumes []runtime.Mount) []specs.Mount {
+func ociMounts(envd specs.Mount, volumes []runtime.Mount) []specs.Mount {
 	mounts := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-		{Destination: runtime.EnvdMountPath, Type: "bind", Source: envdPath, Options: []string{"rbind", "ro"}},
+		envd,
 	}
 	for _, v := range volumes {
 		// nosuid: a volume is shared, and with --allow-suid a setuid

@@ -14,19 +14,20 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 func TestOCISpecGolden(t *testing.T) {
 	tests := []struct {
-		name string
-		spec runtime.Spec
+		name   string
+		spec   runtime.Spec
+		images *fsImages
 	}{
 		{"full", runtime.Spec{
 			ID: "abcdefghij0123456789", RootfsPath: "/var/lib/aenv/templates/base/rootfs",
 			EnvdPath: "/usr/lib/aenv/envd", EnvdArgs: []string{"-port", "49983"},
 			NetnsPath: "/var/run/netns/aenv-slot-7", VCPU: 2, MemoryMB: 512, PidsLimit: 1024,
 			Hostname: "e2b.local", Env: []string{"PATH=/usr/bin:/bin", "HOME=/root"},
-		}},
+		}, nil},
 		{"no_limits", runtime.Spec{
 			ID: "zzzzzzzzzz0000000000", RootfsPath: "/rootfs", EnvdPath: "/envd",
 			NetnsPath: "/var/run/netns/n", Hostname: "h",
-		}},
+		}, nil},
 		{"volumes", runtime.Spec{
 			ID: "vvvvvvvvvv0000000000", RootfsPath: "/rootfs", EnvdPath: "/envd",
 			NetnsPath: "/var/run/netns/n", Hostname: "h",
@@ -35,11 +36,19 @@ func TestOCISpecGolden(t *testing.T) {
 				{Source: "/var/lib/aenv/volumes/vol-b/data", Destination: "/home/user/ref", ReadOnly: true},
 				{Source: "/var/lib/aenv/volumes/vol-c/mnt", Destination: "/work", Overlay: true},
 			},
+		}, nil},
+		// The root and envd are images: no mount needs a gofer.
+		{"root_image", runtime.Spec{
+			ID: "iiiiiiiiii0000000000", RootfsPath: "/rootfs", EnvdPath: "/envd",
+			NetnsPath: "/var/run/netns/n", Hostname: "h", RootImage: true,
+		}, &fsImages{
+			root: "/var/lib/aenv/rootfs-images/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.erofs",
+			envd: "/var/lib/aenv/rootfs-images/envd/fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210.erofs",
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := marshalOCISpec(ociSpec(tt.spec, "/aenv-test"))
+			got, err := marshalOCISpec(ociSpec(tt.spec, "/aenv-test", tt.images))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -64,7 +73,7 @@ func TestOCISpecGolden(t *testing.T) {
 // caller may reuse them for the next sandbox.
 func TestOCISpecDoesNotAlias(t *testing.T) {
 	env := []string{"A=1"}
-	s := ociSpec(runtime.Spec{ID: "abcdefghij0123456789", Env: env, EnvdArgs: []string{"x"}}, "/p")
+	s := ociSpec(runtime.Spec{ID: "abcdefghij0123456789", Env: env, EnvdArgs: []string{"x"}}, "/p", nil)
 	env[0] = "A=2"
 	if s.Process.Env[0] != "A=1" {
 		t.Errorf("spec env follows the caller's slice: %v", s.Process.Env)

@@ -28,6 +28,8 @@ type TestEnv struct {
 	// cgroup below CgroupParent.
 	StateDir     string
 	CgroupParent string
+	// RootImage runs every sandbox with runtime.Spec.RootImage.
+	RootImage bool
 }
 
 // harness is the state the subtests share.
@@ -78,7 +80,7 @@ func (h *harness) spec(t testing.TB, ns *Netns) runtime.Spec {
 	return runtime.Spec{
 		ID: id, RootfsPath: h.env.RootfsPath, EnvdPath: h.envdPath, NetnsPath: ns.Path,
 		VCPU: 1, MemoryMB: 256, PidsLimit: 256, Hostname: "sbx-" + id[:6],
-		Env: []string{"PATH=/usr/bin:/bin"},
+		Env: []string{"PATH=/usr/bin:/bin"}, RootImage: h.env.RootImage,
 	}
 }
 

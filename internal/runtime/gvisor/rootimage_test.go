@@ -1,0 +1,233 @@
+package gvisor
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/runtime"
+)
+
+// rootfsTree makes a small prepared rootfs: a directory, a file, a
+// symbolic link, and the envd mount point.
+func rootfsTree(t *testing.T, content string) string {
+	t.Helper()
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc", "hostname"), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("etc/hostname", filepath.Join(root, "name")); err != nil {
+		t.Fatal(err)
+	}
+	if err := runtime.PrepareRootfs(root); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func writeEnvd(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "envd")
+	if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The same tree makes the same bytes, in any directory and at any time
+// (a rootfs fetched on another node must give the image its checkpoints
+// name); another tree makes another image; an image is made once per
+// rootfs; a restore that names an image the node cannot make is refused
+// with ErrRootImageMismatch; nothing half made is left.
+func TestRootImages(t *testing.T) {
+	rootfs := rootfsTree(t, "one\n")
+	envd := writeEnvd(t, "envd build 1")
+	a, b := newRootImages(t.TempDir()), newRootImages(t.TempDir())
+	spec := runtime.Spec{RootfsPath: rootfs, EnvdPath: envd, RootImage: true}
+
+	imgA, err := a.image(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := a.digestOfPath(imgA)
+	if digest == "" {
+		t.Fatalf("image %s is not named by a digest under %s", imgA, a.dir)
+	}
+	if got, err := fileSHA256(imgA); err != nil || got != digest {
+		t.Fatalf("image %s has digest %s, %v; its name says %s", imgA, got, err, digest)
+	}
+	// The same files with other timestamps, copied elsewhere.
+	copied := rootfsTree(t, "one\n")
+	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(copied, "etc", "hostname"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	imgB, err := b.image(t.Context(), runtime.Spec{RootfsPath: copied, EnvdPath: envd, RootImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.digestOfPath(imgB) != digest {
+		t.Errorf("the same tree elsewhere made %s, want %s", b.digestOfPath(imgB), digest)
+	}
+
+	// Made once: a second driver on the same directory finds it by its
+	// index, without making it again.
+	info, err := os.Stat(imgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := newRootImages(a.dir).image(t.Context(), spec)
+	if err != nil || again != imgA {
+		t.Fatalf("second lookup: %s, %v; want %s", again, err, imgA)
+	}
+	if info2, _ := os.Stat(imgA); !os.SameFile(info, info2) {
+		t.Errorf("image made again instead of found")
+	}
+
+	other, err := a.image(t.Context(), runtime.Spec{RootfsPath: rootfsTree(t, "two\n"), EnvdPath: envd, RootImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if other == imgA {
+		t.Errorf("another tree made the same image %s", other)
+	}
+
+	// A restore names its image: found when present, else made and
+	// compared.
+	named := spec
+	named.RootImageDigest = digest
+	if got, err := newRootImages(t.TempDir()).image(t.Context(), named); err != nil || !strings.HasSuffix(got, strings.TrimPrefix(digest, "sha256:")+".erofs") {
+		t.Errorf("restore naming the image this rootfs makes: %s, %v", got, err)
+	}
+	named.RootImageDigest = "sha256:" + strings.Repeat("0", 64)
+	if _, err := a.image(t.Context(), named); !errors.Is(err, runtime.ErrRootImageMismatch) {
+		t.Errorf("restore naming another image: %v, want ErrRootImageMismatch", err)
+	}
+
+	// envd's image: one per build, the binary as its only file.
+	e1, err := a.envdImage(t.Context(), envd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2, err := a.envdImage(t.Context(), writeEnvd(t, "envd build 2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e1 == e2 || filepath.Dir(e1) != filepath.Join(a.dir, "envd") {
+		t.Errorf("envd images %s and %s: want two under %s/envd", e1, e2, a.dir)
+	}
+
+	for _, dir := range []string{a.dir, filepath.Join(a.dir, "envd")} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".") {
+				t.Errorf("left behind: %s", filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+}
+
+// A corrupt index entry is not trusted: the image is made again.
+func TestRootImageIndexMalformed(t *testing.T) {
+	ri := newRootImages(t.TempDir())
+	spec := runtime.Spec{RootfsPath: rootfsTree(t, "x\n"), EnvdPath: writeEnvd(t, "e"), RootImage: true}
+	want, err := ri.image(t.Context(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ri.key(spec.RootfsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ri.dir, "index", key), []byte("../../etc/passwd\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := newRootImages(ri.dir).image(t.Context(), spec)
+	if err != nil || got != want {
+		t.Errorf("after a corrupt index entry: %s, %v; want %s", got, err, want)
+	}
+}
+
+func TestDigestOfPath(t *testing.T) {
+	ri := newRootImages("/images")
+	hex := strings.Repeat("ab", 32)
+	tests := []struct {
+		path, want string
+	}{
+		{"/images/" + hex + ".erofs", "sha256:" + hex},
+		{"/other/" + hex + ".erofs", ""},
+		{"/images/envd/" + hex + ".erofs", ""},
+		{"/images/" + hex, ""},
+		{"/images/" + hex[:10] + ".erofs", ""},
+		{"/images/../images/" + hex + ".erofs", ""},
+	}
+	for _, tt := range tests {
+		if got := ri.digestOfPath(tt.path); got != tt.want {
+			t.Errorf("digestOfPath(%q) = %q, want %q", tt.path, got, tt.want)
+		}
+	}
+}
+
+// collect removes the images and index entries of root file systems that
+// are gone, and what a killed build left, once old enough; it keeps what a
+// rootfs still needs, envd's images, and anything young.
+func TestRootImageCollect(t *testing.T) {
+	ri := newRootImages(t.TempDir())
+	envd := writeEnvd(t, "e")
+	kept, gone := rootfsTree(t, "kept\n"), rootfsTree(t, "gone\n")
+	keptImg, err := ri.image(t.Context(), runtime.Spec{RootfsPath: kept, EnvdPath: envd, RootImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneImg, err := ri.image(t.Context(), runtime.Spec{RootfsPath: gone, EnvdPath: envd, RootImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	envdImg, err := ri.envdImage(t.Context(), envd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftover := filepath.Join(ri.dir, ".build-dead.erofs")
+	if err := os.WriteFile(leftover, []byte("half"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		t.Fatal(err)
+	}
+
+	// Young: only the index entry of the rootfs gone goes.
+	if n, err := ri.collect(time.Now()); err != nil || n != 1 {
+		t.Errorf("collect now: removed %d, %v; want the one index entry", n, err)
+	}
+	for _, p := range []string{keptImg, goneImg, envdImg, leftover} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("young %s removed: %v", p, err)
+		}
+	}
+	// Old enough: the unneeded image and the leftover go too.
+	if n, err := ri.collect(time.Now().Add(2 * collectAge)); err != nil || n != 2 {
+		t.Errorf("collect later: removed %d, %v; want the image and the leftover", n, err)
+	}
+	for _, p := range []string{goneImg, leftover} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s kept: %v", p, err)
+		}
+	}
+	for _, p := range []string{keptImg, envdImg} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s removed: %v", p, err)
+		}
+	}
+	if got, err := newRootImages(ri.dir).image(t.Context(), runtime.Spec{RootfsPath: kept, EnvdPath: envd, RootImage: true}); err != nil || got != keptImg {
+		t.Errorf("after collect, the kept rootfs's image: %s, %v", got, err)
+	}
+}
