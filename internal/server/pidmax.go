@@ -12,12 +12,18 @@ import (
 )
 
 // tasksPerSandbox is how many host tasks (threads; each takes a PID) a
-// sandbox holds: 23 measured on an idle one (runsc's sentry 15 threads,
-// its gofer 5, and a systrap stub process for each of 3 guest address
-// spaces), plus one for the stub of a command it runs. A busy guest
-// (more processes, more address spaces) holds more, so the count of
-// sandboxes it gives is an upper bound.
-const tasksPerSandbox = 24
+// sandbox holds: 23 measured on an idle one over the rootfs directory
+// (runsc's sentry 15 threads, its gofer 5, and a systrap stub process for
+// each of 3 guest address spaces), 18 over root images (no gofer), plus
+// one for the stub of a command it runs. A busy guest (more processes,
+// more address spaces) holds more, so the count of sandboxes it gives is
+// an upper bound.
+func tasksPerSandbox(rootImage bool) int {
+	if rootImage {
+		return 19
+	}
+	return 24
+}
 
 // hostTaskReserve is what the host keeps of its PIDs for everything but
 // sandboxes: the server's own threads, the runsc commands it starts (a
@@ -29,10 +35,10 @@ const hostTaskReserve = 2048
 // takes one.
 const pidMaxPath = "/proc/sys/kernel/pid_max"
 
-// sandboxesByPIDs is how many sandboxes a host whose kernel.pid_max is
-// pidMax can run at once.
-func sandboxesByPIDs(pidMax int) int {
-	return max(0, (pidMax-hostTaskReserve)/tasksPerSandbox)
+// sandboxesByPIDs is how many sandboxes of perSandbox host tasks a host
+// whose kernel.pid_max is pidMax can run at once.
+func sandboxesByPIDs(pidMax, perSandbox int) int {
+	return max(0, (pidMax-hostTaskReserve)/perSandbox)
 }
 
 // sandboxLimit is the most sandboxes this server could be asked to hold
@@ -56,20 +62,21 @@ func sandboxLimit(slots int, cl *config.Cluster, memTotalMB, minMemoryMB int) in
 }
 
 // pidMaxWarning says why the host's PIDs would end before the server's
-// other limits do, or "" when they would not. wanted is sandboxLimit.
-func pidMaxWarning(pidMax, wanted int) string {
-	fit := sandboxesByPIDs(pidMax)
+// other limits do, or "" when they would not. wanted is sandboxLimit;
+// sandboxes hold perSandbox host tasks each.
+func pidMaxWarning(pidMax, wanted, perSandbox int) string {
+	fit := sandboxesByPIDs(pidMax, perSandbox)
 	if wanted <= fit {
 		return ""
 	}
 	return fmt.Sprintf("kernel.pid_max is %d: the host runs out of PIDs at about %d sandboxes (%d host tasks each), "+
 		"before this server's own limit of %d (network slots, --max-sandboxes, memory); creates past it fail. "+
-		"Raise it: sysctl -w kernel.pid_max=4194304 (and in /etc/sysctl.d/ to keep it)", pidMax, fit, tasksPerSandbox, wanted)
+		"Raise it: sysctl -w kernel.pid_max=4194304 (and in /etc/sysctl.d/ to keep it)", pidMax, fit, perSandbox, wanted)
 }
 
 // warnPIDMax logs pidMaxWarning for this host. A host whose pid_max cannot
 // be read is left alone: this is advice, not a check the node depends on.
-func warnPIDMax(ctx context.Context, wanted int, logger *slog.Logger) {
+func warnPIDMax(ctx context.Context, wanted, perSandbox int, logger *slog.Logger) {
 	raw, err := os.ReadFile(pidMaxPath)
 	if err != nil {
 		return
@@ -78,7 +85,7 @@ func warnPIDMax(ctx context.Context, wanted int, logger *slog.Logger) {
 	if err != nil {
 		return
 	}
-	if msg := pidMaxWarning(pidMax, wanted); msg != "" {
-		logger.WarnContext(ctx, msg, "pid_max", pidMax, "sandboxes_by_pids", sandboxesByPIDs(pidMax), "server_limit", wanted)
+	if msg := pidMaxWarning(pidMax, wanted, perSandbox); msg != "" {
+		logger.WarnContext(ctx, msg, "pid_max", pidMax, "sandboxes_by_pids", sandboxesByPIDs(pidMax, perSandbox), "server_limit", wanted)
 	}
 }

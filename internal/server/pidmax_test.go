@@ -12,19 +12,22 @@ func TestPIDMaxWarning(t *testing.T) {
 		name          string
 		pidMax        int
 		wanted        int
+		rootImage     bool
 		warn          bool
 		wantFitInText string
 	}{
-		{"the kernel's default under a /16 of slots", 32768, 16384, true, "about 1280 sandboxes"},
-		{"the kernel's default under --max-sandboxes 1000", 32768, 1000, false, ""},
-		{"exactly what the PIDs allow", 32768, 1280, false, ""},
-		{"one past it", 32768, 1281, true, "about 1280 sandboxes"},
-		{"systemd's 4194304 under a /16", 4194304, 16384, false, ""},
-		{"a pid_max below the reserve", 1024, 1, true, "about 0 sandboxes"},
+		{"the kernel's default under a /16 of slots", 32768, 16384, false, true, "about 1280 sandboxes"},
+		{"the same over root images (no gofer)", 32768, 16384, true, true, "about 1616 sandboxes (19 host tasks each)"},
+		{"the kernel's default under --max-sandboxes 1000", 32768, 1000, false, false, ""},
+		{"exactly what the PIDs allow", 32768, 1280, false, false, ""},
+		{"one past it", 32768, 1281, false, true, "about 1280 sandboxes (24 host tasks each)"},
+		{"past it over the directory, within it over root images", 32768, 1500, true, false, ""},
+		{"systemd's 4194304 under a /16", 4194304, 16384, false, false, ""},
+		{"a pid_max below the reserve", 1024, 1, false, true, "about 0 sandboxes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := pidMaxWarning(tt.pidMax, tt.wanted)
+			got := pidMaxWarning(tt.pidMax, tt.wanted, tasksPerSandbox(tt.rootImage))
 			if (got != "") != tt.warn {
 				t.Fatalf("pidMaxWarning(%d, %d) = %q, want a warning: %v", tt.pidMax, tt.wanted, got, tt.warn)
 			}

@@ -275,7 +275,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return fmt.Errorf("network: %w", err)
 	}
 	memTotal, _ := meminfo.Read("MemTotal")
-	warnPIDMax(ctx, sandboxLimit(pool.Capacity(), cl, int(memTotal>>20), cfg.MinMemoryMB), logger)
+	warnPIDMax(ctx, sandboxLimit(pool.Capacity(), cl, int(memTotal>>20), cfg.MinMemoryMB), tasksPerSandbox(cfg.RootImage), logger)
 
 	objects, err := openShared(ctx, cfg, st, member, logger.With("component", "objectstore"))
 	if err != nil {
