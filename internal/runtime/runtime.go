@@ -9,6 +9,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -28,7 +29,7 @@ var ErrNotFound = errdefs.New(errdefs.ErrNotFound, "sandbox not found")
 
 // ErrRootImageMismatch is returned for a restore whose checkpoint was taken
 // over a root file system image (Spec.RootImage) other than the one this
-// node has or makes of the template: the template's files or envd differ
+// node has or makes of the template: the template's files (or the tools that made the image) differ
 // from those of the node that took it.
 var ErrRootImageMismatch = errdefs.New(errdefs.ErrConflict, "checkpoint was taken over another root file system image")
 
@@ -59,13 +60,13 @@ type Spec struct {
 	// order. Writes to them reach the host directory, not the sandbox's
 	// memory, and a restore must be given the same destinations.
 	Mounts []Mount
-	// RootImage gives the sandbox its root file system as a read-only
-	// image of RootfsPath with envd inside it (for gVisor an EROFS image
-	// the sentry reads itself: no gofer process, and the image's pages
-	// are the host's page cache, shared by every sandbox of the template)
-	// instead of the directory served by a helper process. Writes still
-	// land in memory. A restore must be given the form its checkpoint was
-	// taken with (CheckpointRootImage).
+	// RootImage gives the sandbox its root file system and envd as
+	// read-only images, of RootfsPath and of EnvdPath (for gVisor EROFS
+	// images the sentry reads itself: no gofer process, and the images'
+	// pages are the host's page cache, shared by every sandbox over them)
+	// instead of the directory and the binary served by a helper process.
+	// Writes still land in memory. A restore must be given the form its
+	// checkpoint was taken with (CheckpointRootImage).
 	RootImage bool
 	// RootImageDigest, for a RootImage restore, is the digest the image
 	// must have: the one its checkpoint was taken over. A restore over
@@ -116,7 +117,8 @@ func CheckpointRootImage(imageDir string) (string, error) {
 		return "", fmt.Errorf("root image of checkpoint: %w", err)
 	}
 	digest := strings.TrimSpace(string(raw))
-	if !strings.HasPrefix(digest, "sha256:") || len(digest) != len("sha256:")+64 {
+	hexDigest, ok := strings.CutPrefix(digest, "sha256:")
+	if _, err := hex.DecodeString(hexDigest); !ok || err != nil || len(hexDigest) != 64 {
 		return "", fmt.Errorf("root image of checkpoint %s: malformed record %q", imageDir, digest)
 	}
 	return digest, nil

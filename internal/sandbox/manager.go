@@ -46,7 +46,7 @@ type Config struct {
 	EnvdDir   string
 	ImagesDir string // checkpoint images (snapshots, paused-to-disk, fork)
 	// RootImage boots sandboxes over a read-only image of their template's
-	// root file system with envd in it (runtime.Spec.RootImage); restores
+	// root file system and of envd (runtime.Spec.RootImage); restores
 	// take the form their checkpoint was taken with (see rootOf).
 	RootImage bool
 	// NodeID is this node's in a cluster ("" on a single server): records

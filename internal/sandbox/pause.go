@@ -291,9 +291,10 @@ func (m *Manager) restoreFromDisk(ctx context.Context, undo *cleanup.Cleanup, up
 	if err := m.applyNetwork(ctx, updated, slot); err != nil {
 		return nil, nil, err
 	}
-	img := image{dir: updated.ImageDir, token: updated.AccessToken, envd: m.envdOf(updated.ImageDir), root: m.rootOf(ctx, updated.ImageDir, tpl.RootfsPath)}
-	if filesystemOnly(updated.ImageDir) {
-		img = image{rootfsUpper: filepath.Join(updated.ImageDir, rootfsUpperFile)}
+	img := image{rootfsUpper: filepath.Join(updated.ImageDir, rootfsUpperFile)}
+	if !filesystemOnly(updated.ImageDir) {
+		img = image{dir: updated.ImageDir, token: updated.AccessToken, envd: m.envdOf(updated.ImageDir),
+			root: m.rootOf(ctx, updated.ImageDir, tpl.RootfsPath)}
 	}
 	envd, err := m.bringUp(ctx, updated, tpl, slot, img)
 	if err != nil {

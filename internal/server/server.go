@@ -217,7 +217,17 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 
 	gcfg := gvisor.Config{
 		RunscPath: runscPath, StateDir: filepath.Join(cfg.DataDir, "runtime"),
-		Platform: cfg.Platform, Debug: cfg.RunscDebug, RootImageDir: filepath.Clean(cfg.RootImageDir),
+		Platform: cfg.Platform, Debug: cfg.RunscDebug,
+	}
+	if cfg.RootImageDir != "" {
+		gcfg.RootImageDir = filepath.Clean(cfg.RootImageDir)
+	}
+	rootImage := cfg.RootImage
+	if _, err := exec.LookPath("mkfs.erofs"); rootImage && err != nil {
+		// Restores of checkpoints taken over images still need it, and
+		// say so; boots need not.
+		logger.WarnContext(ctx, "mkfs.erofs not found (Debian's erofs-utils): sandboxes boot over the rootfs directory, with a gofer each, as with --root-image=false", "err", err)
+		rootImage = false
 	}
 	if lazyRestores(cfg) {
 		// aenv is its own checkpoint gofer (cmd/aenv starts it under that
@@ -275,7 +285,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		return fmt.Errorf("network: %w", err)
 	}
 	memTotal, _ := meminfo.Read("MemTotal")
-	warnPIDMax(ctx, sandboxLimit(pool.Capacity(), cl, int(memTotal>>20), cfg.MinMemoryMB), tasksPerSandbox(cfg.RootImage), logger)
+	warnPIDMax(ctx, sandboxLimit(pool.Capacity(), cl, int(memTotal>>20), cfg.MinMemoryMB), tasksPerSandbox(rootImage), logger)
 
 	objects, err := openShared(ctx, cfg, st, member, logger.With("component", "objectstore"))
 	if err != nil {
@@ -296,7 +306,7 @@ func run(ctx context.Context, cfg config.Server, cl *config.Cluster, logger *slo
 		EnvdPath:         envdPath,
 		EnvdDir:          envdDir,
 		ImagesDir:        filepath.Join(cfg.DataDir, "images"),
-		RootImage:        cfg.RootImage,
+		RootImage:        rootImage,
 		NodeID:           member.nodeID(),
 		PauseToDiskAfter: config.Seconds(cfg.PauseToDiskAfterSecs),
 		MaxForkCount:     cfg.MaxForkCount,

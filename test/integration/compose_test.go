@@ -60,7 +60,7 @@ func TestComposeClusterInPodman(t *testing.T) {
 	p := newPodman(t)
 	keepHostNetworkClean(t)
 	gatewayImage := p.loadGatewayImage()
-	nodeImage := p.loadNodeImageWithBtrfs(nodeBase(t))
+	nodeImage := p.loadNodeImageWithMkfs(nodeBase(t))
 
 	// The project directory, as an operator makes it (the file's header).
 	dir := t.TempDir()
@@ -319,19 +319,22 @@ func TestComposeClusterInPodman(t *testing.T) {
 	}
 }
 
-// loadNodeImageWithBtrfs builds and loads the node image as `make images`
+// loadNodeImageWithMkfs builds and loads the node image as `make images`
 // does, over nodeBase (the base template's Debian) with btrfs-progs'
-// mkfs.btrfs from this machine added, as `make images` installs that
-// package: a node in a container makes its volume pool with it.
-func (p *podman) loadNodeImageWithBtrfs(nodeBase string) string {
+// mkfs.btrfs and erofs-utils' mkfs.erofs from this machine added, as `make
+// images` installs those packages: a node in a container makes its volume
+// pool and its root images with them (their libraries are in the base).
+func (p *podman) loadNodeImageWithMkfs(nodeBase string) string {
 	p.t.Helper()
-	mkfs, err := exec.LookPath("mkfs.btrfs")
-	if err != nil {
-		p.t.Fatalf("mkfs.btrfs: %v (run scripts/install-deps.sh)", err)
-	}
-	in := release.Inputs{BinDir: binDir, NodeBase: nodeBase, Version: "podman-test-btrfs", Repository: "localhost/aenv", Created: time.Now()}
+	in := release.Inputs{BinDir: binDir, NodeBase: nodeBase, Version: "podman-test-mkfs", Repository: "localhost/aenv", Created: time.Now()}
 	spec := release.NodeSpec(in)
-	spec.Files = append(spec.Files, release.File{Src: mkfs, Dst: "/usr/sbin/mkfs.btrfs", Mode: 0o755})
+	for _, tool := range []string{"mkfs.btrfs", "mkfs.erofs"} {
+		path, err := exec.LookPath(tool)
+		if err != nil {
+			p.t.Fatalf("%s: %v (run scripts/install-deps.sh)", tool, err)
+		}
+		spec.Files = append(spec.Files, release.File{Src: path, Dst: "/usr/sbin/" + tool, Mode: 0o755})
+	}
 	ref := in.Repository + "/aenv-node:" + in.Version
 	return p.load(writeStandIn(p.t, ref, spec), ref)
 }

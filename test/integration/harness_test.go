@@ -43,6 +43,11 @@ var serverBin string
 // so the base template is built once per machine.
 const templateCache = "/var/cache/aenv-test"
 
+// rootImageCache holds the root images of the suite's servers, shared as
+// nodes of a cluster share theirs (the same path on every node) and kept
+// across runs with the templates they are made of.
+const rootImageCache = templateCache + "/rootfs-images"
+
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if msg := requirements(); msg != "" {
@@ -216,7 +221,7 @@ func (s *server) startOnce(retry bool) startResult {
 	args = append(append(args,
 		"--data-dir", s.dataDir, "--listen", s.addr,
 		"--net-prefix", s.prefix, "--sandbox-cidr", s.cidr, "--warm-slots", "2",
-		"--template-cache-dir", templateCache, "--kill-on-exit", "--log-level", "debug",
+		"--template-cache-dir", templateCache, "--root-image-dir", rootImageCache, "--kill-on-exit", "--log-level", "debug",
 		"--allow-private-registries", // tests serve images from registries on loopback
 	), s.extra...)
 	s.logs = &syncBuffer{}

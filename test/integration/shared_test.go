@@ -356,9 +356,11 @@ func TestClusterSharedResumeElsewhere(t *testing.T) {
 	resumeElsewhere(t, nil)
 }
 
-// The same over root images (--root-image): node-b makes the image of the
-// template again (its directory emptied, as on another machine) and
-// restores over it, since the same files make the same image.
+// The same over root images (--root-image): node-b makes the images again
+// (their directory emptied after node-a's end) and restores over them,
+// since the same files make the same image. (The suite's nodes share the
+// template cache, so node-b reads the same rootfs directory; that a rootfs
+// copied with its times makes the same image is TestRootImages'.)
 func TestClusterRootImageResumeElsewhere(t *testing.T) {
 	images := t.TempDir()
 	resumeElsewhere(t, []string{"--root-image", "--root-image-dir", images}, func() {

@@ -3,20 +3,25 @@
 // Each sandbox is one runsc container whose init is envd. Its root filesystem
 // is the template rootfs under an in-memory overlay (--overlay2=root:memory),
 // so the template is never written and checkpoints capture the sandbox's
-// files together with its memory. With --network=sandbox, runsc takes over
-// the veth of the network namespace it is given.
+// files together with its memory. The rootfs and envd are either EROFS
+// images the sentry reads itself (runtime.Spec.RootImage, see rootimage.go)
+// or the directory and the binary, which a gofer process serves. With
+// --network=sandbox, runsc takes over the veth of the network namespace it
+// is given.
 //
-// Everything the driver writes lives under Config.StateDir:
+// The root images live under Config.RootImageDir; everything else the
+// driver writes lives under Config.StateDir:
 //
 //	runsc/             runsc --root: per sandbox <id>_sandbox:<id>.state and
 //	                   .lock, runsc-<id>.sock; the shared null-netns mount
-//	sandboxes/<id>/    OCI bundle: config.json, runsc.log, console.log, debug/;
+//	sandboxes/<id>/    OCI bundle: config.json, envd-path (the envd binary it
+//	                   runs), runsc.log, console.log, debug/;
 //	                   runsc-state.json, the driver's copy of runsc's state
 //	                   file, to rebuild it from when a killed runsc cut it
 //	kvm-probe/         only while New probes the kvm platform (Platform "auto")
 //
 // and each sandbox has the cgroup <CgroupParent>/<id> in every hierarchy,
-// holding its sandbox and gofer processes.
+// holding its sandbox process and gofer, if it has one.
 //
 // The driver reads runsc's state files and the sandbox's processes itself
 // for State and List, and kills those processes itself in Kill, so that a

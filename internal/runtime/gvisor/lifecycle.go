@@ -65,8 +65,8 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 }
 
 // Prepare does the first half of a restore ahead of time: it makes the
-// bundle and runs `runsc create`, which boots the sandbox and gofer
-// processes (~200 ms of the ~350 ms a restore takes on 2 cores) but
+// bundle and runs `runsc create`, which boots the sandbox process (and a
+// gofer, over the rootfs directory or with volumes) (~200 ms of the ~350 ms a restore takes on 2 cores) but
 // starts nothing in them. RestorePrepared then only loads an image. A
 // prepared sandbox shows as stopped ("created") and is removed by Kill or
 // by Cleanup like any other. On failure it leaves nothing behind.

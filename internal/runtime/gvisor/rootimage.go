@@ -14,10 +14,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/sys/unix"
 
 	"github.com/aenv-dev/aenv/internal/atomicfile"
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -28,16 +28,16 @@ import (
 // (and none at all without volumes): an idle sandbox is one process fewer
 // and ~3.5 MiB less host memory, and the images' pages are the host's page
 // cache, shared by every sandbox over them. Both live under
-// Config.RootImageDir:
+// Config.RootImageDir (0700: they hold the templates' files):
 //
-//	<RootImageDir>/<hex sha256>.erofs       a template's rootfs, named by the
-//	                                        image's digest; never replaced
-//	<RootImageDir>/index/<hex key>          "sha256:<hex>": the image made of
-//	                                        a rootfs directory, so that it is
-//	                                        made once
-//	<RootImageDir>/envd/<hex sha256>.erofs  an envd build alone, named by the
-//	                                        binary's digest, mounted
-//	                                        read-only at /.aenv
+//	<RootImageDir>/<hex sha256>.erofs   a template's rootfs, named by the
+//	                                    image's digest; never replaced
+//	<RootImageDir>/index/<hex key>      the digest of the image made of a
+//	                                    rootfs directory, its path and
+//	                                    identity: the image is made once
+//	<RootImageDir>/envd/<format>-<hex sha256 of envd>.erofs
+//	                                    an envd build alone, mounted
+//	                                    read-only at /.aenv
 //
 // Writes to the root land in the memory overlay as with the directory;
 // envd stays read-only, as its bind mount was.
@@ -46,19 +46,26 @@ import (
 // checkpoint's (mount sources may differ, the root's may not): so the
 // directory is the same on every node (a setting nodes share, like runsc's
 // flags), and the name is the content's digest. mkfs.erofs makes the same
-// bytes from the same tree (fixed timestamps and UUID), so nodes that
-// fetched the same rootfs make the same image; a checkpoint records the
-// digest (runtime.RootImageRecord) and a restore over any other image is
-// refused, because the sentry would run on memory that does not match its
-// files.
+// bytes from the same tree (a fixed build time and UUID; the files keep
+// their own times), so nodes that fetched the same rootfs make the same
+// image if they run the same erofs-utils; a checkpoint records the digest
+// (runtime.RootImageRecord) and a restore over any other image is refused,
+// because the sentry would run on memory that does not match its files.
 
-// rootImageFormat is part of every index key: a change of how images are
-// made (mkfs options, the envd path inside) makes new ones.
-const rootImageFormat = "erofs-1"
+// rootImageFormat names how images are made (mkfs's version and options):
+// part of the index key and of envd images' names, so that a change makes
+// new ones and leaves the old ones to the checkpoints taken over them.
+const rootImageFormat = "erofs-2"
 
 // rootImageUUID is the file system UUID of every image: with a random one
 // (mkfs's default) the same tree would give different bytes.
 const rootImageUUID = "5f1d7e0c-3a6b-4c2e-9d8f-0a1b2c3d4e5f"
+
+// rootImageBuildTime is the build time every image records (mkfs reads it
+// from SOURCE_DATE_EPOCH), 2100-01-01: any fixed time makes the bytes
+// depend on the tree alone. The files keep their own modification times
+// (tools that compare them, such as Python's bytecode cache, need them).
+const rootImageBuildTime = "4102444800"
 
 // Annotations that give runsc the root file system as an image.
 const (
@@ -78,7 +85,7 @@ type fsImages struct{ root, envd string }
 // rootImages finds and makes the root file system images of one driver.
 type rootImages struct {
 	dir    string
-	builds singleflight.Group // by index key
+	builds singleflight.Group // by index key, or "envd " and envd's digest
 
 	mu    sync.Mutex
 	known map[string]string // index key → digest
@@ -107,48 +114,74 @@ func (ri *rootImages) digestOfPath(p string) string {
 // spec.RootImageDigest when it is given (a restore), else the one made of
 // spec's rootfs, made now if there is none.
 func (ri *rootImages) image(ctx context.Context, spec runtime.Spec) (string, error) {
-	if spec.RootImageDigest != "" {
-		if _, err := os.Stat(ri.path(spec.RootImageDigest)); err == nil {
-			return ri.path(spec.RootImageDigest), nil
+	if d := spec.RootImageDigest; d != "" {
+		if !strings.HasPrefix(d, "sha256:") || !isHexDigest(strings.TrimPrefix(d, "sha256:")) {
+			return "", fmt.Errorf("root image digest %q is malformed", d)
+		}
+		if _, err := os.Stat(ri.path(d)); err == nil {
+			return ri.path(d), nil
 		}
 	}
-	key, err := ri.key(spec.RootfsPath)
+	key, identity, err := ri.key(spec.RootfsPath)
 	if err != nil {
 		return "", fmt.Errorf("root image: %w", err)
 	}
 	digest, err := ri.lookup(key)
 	if err != nil {
-		v, berr, _ := ri.builds.Do(key, func() (any, error) {
-			return ri.build(context.WithoutCancel(ctx), key, spec.RootfsPath)
+		v, err := ri.await(ctx, key, func() (any, error) {
+			return ri.build(context.WithoutCancel(ctx), key, spec.RootfsPath, identity)
 		})
-		if berr != nil {
-			return "", fmt.Errorf("root image of %s: %w", spec.RootfsPath, berr)
+		if err != nil {
+			return "", fmt.Errorf("root image of %s: %w", spec.RootfsPath, err)
 		}
 		digest = v.(string)
 	}
 	if spec.RootImageDigest != "" && digest != spec.RootImageDigest {
 		return "", fmt.Errorf("%w: the checkpoint was taken over %s, and the image of %s is %s here "+
-			"(the template's files differ from those of the node that took it)",
+			"(the template's files, or the erofs-utils that made the image, differ from those of the node that took it)",
 			runtime.ErrRootImageMismatch, spec.RootImageDigest, spec.RootfsPath, digest)
 	}
 	return ri.path(digest), nil
 }
 
-// key names the image of rootfs: the directory's path and identity on
-// this host (a rootfs is never changed in place; a new one is a new
-// directory).
-func (ri *rootImages) key(rootfs string) (string, error) {
-	info, err := os.Stat(rootfs)
-	if err != nil {
-		return "", err
+// await runs build once for key however many ask at once (one build, in
+// the background, not cut short by any of them), and waits for it until
+// ctx ends.
+func (ri *rootImages) await(ctx context.Context, key string, build func() (any, error)) (any, error) {
+	select {
+	case r := <-ri.builds.DoChan(key, build):
+		return r.Val, r.Err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for the image to be made: %w", ctx.Err())
 	}
-	st, ok := info.Sys().(*syscall.Stat_t)
-	if !ok {
-		return "", fmt.Errorf("stat %s: no inode", rootfs)
+}
+
+// key names the image of rootfs: how images are made, the directory's
+// path, and its identity on this host, which a rootfs made anew at the
+// same path does not share (a rootfs is never changed in place).
+func (ri *rootImages) key(rootfs string) (key, identity string, err error) {
+	if identity, err = dirIdentity(rootfs); err != nil {
+		return "", "", err
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%d:%d", rootImageFormat, filepath.Clean(rootfs), st.Dev, st.Ino)
-	return hex.EncodeToString(h.Sum(nil)), nil
+	fmt.Fprintf(h, "%s\x00%s\x00%s", rootImageFormat, filepath.Clean(rootfs), identity)
+	return hex.EncodeToString(h.Sum(nil)), identity, nil
+}
+
+// dirIdentity tells one directory from another made later at the same
+// path: its device, inode and birth time (inode numbers are reused at
+// once; a file system without birth times gives the change time, which a
+// rootfs's top directory keeps while nothing is added to it).
+func dirIdentity(dir string) (string, error) {
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, 0, unix.STATX_INO|unix.STATX_BTIME|unix.STATX_CTIME, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", dir, err)
+	}
+	born := st.Ctime
+	if st.Mask&unix.STATX_BTIME != 0 {
+		born = st.Btime
+	}
+	return fmt.Sprintf("%d:%d:%d:%d.%d", st.Dev_major, st.Dev_minor, st.Ino, born.Sec, born.Nsec), nil
 }
 
 // envdImage returns the path of the image holding the envd binary at
@@ -158,14 +191,13 @@ func (ri *rootImages) envdImage(ctx context.Context, envd string) (string, error
 	if err != nil {
 		return "", fmt.Errorf("envd image: %w", err)
 	}
-	image := filepath.Join(ri.dir, "envd", digest+".erofs")
+	image := filepath.Join(ri.dir, "envd", rootImageFormat+"-"+digest+".erofs")
 	if _, err := os.Stat(image); err == nil {
 		return image, nil
 	}
-	_, err, _ = ri.builds.Do("envd "+digest, func() (any, error) {
+	if _, err := ri.await(ctx, "envd "+digest, func() (any, error) {
 		return nil, ri.buildEnvd(context.WithoutCancel(ctx), envd, image)
-	})
-	if err != nil {
+	}); err != nil {
 		return "", fmt.Errorf("envd image of %s: %w", envd, err)
 	}
 	return image, nil
@@ -173,7 +205,7 @@ func (ri *rootImages) envdImage(ctx context.Context, envd string) (string, error
 
 // buildEnvd makes image, of a directory holding envd alone.
 func (ri *rootImages) buildEnvd(ctx context.Context, envd, image string) error {
-	if err := os.MkdirAll(filepath.Dir(image), 0o755); err != nil {
+	if err := ri.makeDir(filepath.Dir(image)); err != nil {
 		return err
 	}
 	tree, err := os.MkdirTemp(filepath.Dir(image), ".tree-")
@@ -197,7 +229,21 @@ func (ri *rootImages) buildEnvd(ctx context.Context, envd, image string) error {
 		return err
 	}
 	defer os.Remove(staging)
-	return os.Rename(staging, image)
+	return renameDurable(staging, image)
+}
+
+// makeDir makes dir, and the image directory above it, readable by root
+// alone: the images hold the templates' files.
+func (ri *rootImages) makeDir(dir string) error {
+	for _, d := range []string{ri.dir, dir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // lookup returns the digest of the image indexed under key, if that image
@@ -207,10 +253,11 @@ func (ri *rootImages) lookup(key string) (string, error) {
 	digest, ok := ri.known[key]
 	ri.mu.Unlock()
 	if !ok {
-		var err error
-		if digest, _, err = ri.readIndex(key); err != nil {
+		entry, err := ri.readIndex(key)
+		if err != nil {
 			return "", err
 		}
+		digest = entry.digest
 	}
 	if _, err := os.Stat(ri.path(digest)); err != nil {
 		return "", err
@@ -221,18 +268,25 @@ func (ri *rootImages) lookup(key string) (string, error) {
 	return digest, nil
 }
 
-// readIndex reads the index entry key: the digest of the image and the
-// rootfs it was made of.
-func (ri *rootImages) readIndex(key string) (digest, rootfs string, err error) {
+// indexEntry is what the index keeps of one image: its digest, and the
+// rootfs (path and identity) it was made of.
+type indexEntry struct {
+	digest, rootfs, identity string
+}
+
+func (e indexEntry) String() string { return e.digest + "\n" + e.rootfs + "\n" + e.identity + "\n" }
+
+// readIndex reads the index entry key.
+func (ri *rootImages) readIndex(key string) (indexEntry, error) {
 	raw, err := os.ReadFile(filepath.Join(ri.dir, "index", key))
 	if err != nil {
-		return "", "", err
+		return indexEntry{}, err
 	}
-	digest, rootfs, _ = strings.Cut(strings.TrimSpace(string(raw)), "\n")
-	if !strings.HasPrefix(digest, "sha256:") || !isHexDigest(strings.TrimPrefix(digest, "sha256:")) {
-		return "", "", fmt.Errorf("index %s: malformed digest %q", key, digest)
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "sha256:") || !isHexDigest(strings.TrimPrefix(lines[0], "sha256:")) {
+		return indexEntry{}, fmt.Errorf("index %s: malformed entry %q", key, raw)
 	}
-	return digest, rootfs, nil
+	return indexEntry{digest: lines[0], rootfs: lines[1], identity: lines[2]}, nil
 }
 
 // collectAge is how old an unindexed image or a staging file must be
@@ -240,11 +294,13 @@ func (ri *rootImages) readIndex(key string) (digest, rootfs string, err error) {
 const collectAge = 10 * time.Minute
 
 // collect removes what no rootfs needs any more: index entries of root
-// file systems gone (or replaced: another inode at the path), root images
-// no entry names, and what a build killed midway left. A sandbox running
-// over a removed image keeps it open; its checkpoints restore over the
-// image made again of its rootfs, which exists while the sandbox does.
-// envd's images stay: one per build, ~10 MB each.
+// file systems gone (or made anew at their path), the root images no
+// remaining entry names, and what a build killed midway left. The images
+// of a rootfs that is still there stay, whatever format made them: the
+// checkpoints taken over them restore over them. A sandbox running over a
+// removed image keeps it open; its checkpoints restore over the image made
+// again of its rootfs, which exists while the sandbox does. envd's images
+// stay: one per build, ~10 MB each.
 func (ri *rootImages) collect(now time.Time) (removed int, err error) {
 	live := map[string]bool{}
 	entries, err := os.ReadDir(filepath.Join(ri.dir, "index"))
@@ -255,10 +311,10 @@ func (ri *rootImages) collect(now time.Time) (removed int, err error) {
 		if strings.HasPrefix(e.Name(), ".") {
 			continue // atomicfile's staging; swept below by age
 		}
-		digest, rootfs, err := ri.readIndex(e.Name())
-		if err == nil && rootfs != "" {
-			if key, kerr := ri.key(rootfs); kerr == nil && key == e.Name() {
-				live[digest] = true
+		entry, err := ri.readIndex(e.Name())
+		if err == nil {
+			if identity, err := dirIdentity(entry.rootfs); err == nil && identity == entry.identity {
+				live[entry.digest] = true
 				continue
 			}
 		}
@@ -292,8 +348,8 @@ func (ri *rootImages) collect(now time.Time) (removed int, err error) {
 // build makes the image of rootfs, names it by its digest and indexes it
 // under key. Servers that share the directory may build the same image at
 // once; each puts it in place whole (a rename), and the bytes are the same.
-func (ri *rootImages) build(ctx context.Context, key, rootfs string) (string, error) {
-	if err := os.MkdirAll(filepath.Join(ri.dir, "index"), 0o755); err != nil {
+func (ri *rootImages) build(ctx context.Context, key, rootfs, identity string) (string, error) {
+	if err := ri.makeDir(filepath.Join(ri.dir, "index")); err != nil {
 		return "", err
 	}
 	staging, err := ri.mkfs(ctx, rootfs, ri.dir)
@@ -307,11 +363,19 @@ func (ri *rootImages) build(ctx context.Context, key, rootfs string) (string, er
 	}
 	final := ri.path(digest)
 	if _, err := os.Stat(final); errors.Is(err, fs.ErrNotExist) {
-		if err := os.Rename(staging, final); err != nil {
+		if err := renameDurable(staging, final); err != nil {
+			return "", err
+		}
+	} else {
+		// Made before, and perhaps unindexed since: young again, so that
+		// another server's collect leaves it until the entry is written.
+		now := time.Now()
+		if err := os.Chtimes(final, now, now); err != nil {
 			return "", err
 		}
 	}
-	if err := atomicfile.Write(filepath.Join(ri.dir, "index", key), strings.NewReader(digest+"\n"+rootfs+"\n"), 0o644); err != nil {
+	entry := indexEntry{digest: digest, rootfs: filepath.Clean(rootfs), identity: identity}
+	if err := atomicfile.WriteDurable(filepath.Join(ri.dir, "index", key), strings.NewReader(entry.String()), 0o600); err != nil {
 		return "", err
 	}
 	ri.mu.Lock()
@@ -330,20 +394,46 @@ func (ri *rootImages) mkfs(ctx context.Context, tree, dir string) (string, error
 	ctx, cancel := context.WithTimeout(ctx, rootImageBuildTimeout)
 	defer cancel()
 	staging := filepath.Join(dir, fmt.Sprintf(".build-%x.erofs", rand.Uint64()))
-	// -E noinline_data: gVisor's EROFS reader cannot load executables
-	// whose tails are inlined (the default of erofs-utils 1.5): "bad
-	// address". -T 0 and the fixed UUID make the bytes depend on the tree
-	// alone.
-	cmd := exec.CommandContext(ctx, mkfs, "--quiet", "-E", "noinline_data", "-T", "0", "-U", rootImageUUID, staging, tree)
+	// -x -1: no extended attributes. gVisor's EROFS reader refuses every
+	// file that has one (ENOTSUP), and a rootfs fetched from another node
+	// has none (the tree's transfer leaves them out). -E noinline_data:
+	// it cannot load executables whose tails are inlined either (the
+	// default of erofs-utils 1.5): "bad address".
+	cmd := exec.CommandContext(ctx, mkfs, "--quiet", "-x", "-1", "-E", "noinline_data", "-U", rootImageUUID, staging, tree)
+	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+rootImageBuildTime)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(staging)
 		return "", fmt.Errorf("mkfs.erofs %s: %w: %s", tree, err, strings.TrimSpace(string(out)))
 	}
-	if err := os.Chmod(staging, 0o444); err != nil {
+	if err := os.Chmod(staging, 0o400); err != nil {
 		os.Remove(staging)
 		return "", err
 	}
 	return staging, nil
+}
+
+// renameDurable puts the file staging in place at final once its contents
+// are on disk, and the rename too: an image is trusted by its name from
+// then on, also after a power loss.
+func renameDurable(staging, final string) error {
+	f, err := os.Open(staging)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	f.Close()
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(staging, final); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(final))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // fileSHA256 is "sha256:<hex>" of the file at p.

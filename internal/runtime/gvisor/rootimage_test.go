@@ -3,10 +3,14 @@ package gvisor
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/erofs"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
 )
@@ -62,11 +66,12 @@ func TestRootImages(t *testing.T) {
 	if got, err := fileSHA256(imgA); err != nil || got != digest {
 		t.Fatalf("image %s has digest %s, %v; its name says %s", imgA, got, err, digest)
 	}
-	// The same files with other timestamps, copied elsewhere.
-	copied := rootfsTree(t, "one\n")
-	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
-	if err := os.Chtimes(filepath.Join(copied, "etc", "hostname"), old, old); err != nil {
-		t.Fatal(err)
+	// The same files copied elsewhere, times kept (as the object store's
+	// transfer keeps them) make the same bytes; a file's other time makes
+	// another image, since the files keep their times.
+	copied := filepath.Join(t.TempDir(), "rootfs")
+	if out, err := exec.Command("cp", "-a", rootfs, copied).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v: %s", err, out)
 	}
 	imgB, err := b.image(t.Context(), runtime.Spec{RootfsPath: copied, EnvdPath: envd, RootImage: true})
 	if err != nil {
@@ -74,6 +79,27 @@ func TestRootImages(t *testing.T) {
 	}
 	if b.digestOfPath(imgB) != digest {
 		t.Errorf("the same tree elsewhere made %s, want %s", b.digestOfPath(imgB), digest)
+	}
+	retimed := filepath.Join(t.TempDir(), "rootfs")
+	if out, err := exec.Command("cp", "-a", rootfs, retimed).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v: %s", err, out)
+	}
+	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(retimed, "etc", "hostname"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	imgC, err := b.image(t.Context(), runtime.Spec{RootfsPath: retimed, EnvdPath: envd, RootImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.digestOfPath(imgC) == digest {
+		t.Errorf("a file's other modification time made the same image")
+	}
+	if info, err := os.Stat(imgA); err != nil || info.Mode().Perm() != 0o400 {
+		t.Errorf("image mode %v, %v; want 0400 (it holds the template's files)", info.Mode(), err)
+	}
+	if info, err := os.Stat(a.dir); err != nil || info.Mode().Perm() != 0o700 {
+		t.Errorf("image directory mode %v, %v; want 0700", info.Mode(), err)
 	}
 
 	// Made once: a second driver on the same directory finds it by its
@@ -144,7 +170,7 @@ func TestRootImageIndexMalformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := ri.key(spec.RootfsPath)
+	key, _, err := ri.key(spec.RootfsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,5 +255,91 @@ func TestRootImageCollect(t *testing.T) {
 	}
 	if got, err := newRootImages(ri.dir).image(t.Context(), runtime.Spec{RootfsPath: kept, EnvdPath: envd, RootImage: true}); err != nil || got != keptImg {
 		t.Errorf("after collect, the kept rootfs's image: %s, %v", got, err)
+	}
+}
+
+// What gVisor's own EROFS reader sees of an image: a file that had an
+// extended attribute opens (the reader refuses any inode with one, so
+// images are made without them), and files keep their modification times.
+func TestRootImageReadByGVisor(t *testing.T) {
+	rootfs := rootfsTree(t, "x\n")
+	file := filepath.Join(rootfs, "etc", "hostname")
+	xattr := true
+	if err := unix.Setxattr(file, "user.aenv-test", []byte("1"), 0); err != nil {
+		// Some file systems keep no user attributes; the time is still checked.
+		t.Logf("this file system keeps no user extended attributes (%v): that half is not checked here", err)
+		xattr = false
+	}
+	when := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(file, when, when); err != nil {
+		t.Fatal(err)
+	}
+	ri := newRootImages(t.TempDir())
+	p, err := ri.image(t.Context(), runtime.Spec{RootfsPath: rootfs, RootImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := erofs.OpenImage(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	nid := img.RootNid()
+	for _, name := range []string{"etc", "hostname"} {
+		dir, err := img.Inode(nid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nid, err = dir.Lookup(name); err != nil {
+			t.Fatalf("lookup %s: %v", name, err)
+		}
+	}
+	inode, err := img.Inode(nid)
+	if err != nil {
+		t.Fatalf("gVisor's reader refuses /etc/hostname (extended attribute kept: %v): %v", xattr, err)
+	}
+	if got := int64(inode.Mtime()); got != when.Unix() {
+		t.Errorf("/etc/hostname's mtime in the image: %d, want %d", got, when.Unix())
+	}
+	if !inode.IsRegular() || inode.Size() != 2 {
+		t.Errorf("/etc/hostname in the image: regular %v, size %d", inode.IsRegular(), inode.Size())
+	}
+}
+
+// A rootfs made anew at the path of an old one (a template cache rebuilt)
+// gets its own image, not the old one's: the file system may give the new
+// directory the old one's inode number.
+func TestRootImageRootfsMadeAnew(t *testing.T) {
+	at := filepath.Join(t.TempDir(), "rootfs")
+	place := func(src string) {
+		t.Helper()
+		if err := os.RemoveAll(at); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("cp", "-a", src, at).CombinedOutput(); err != nil {
+			t.Fatalf("cp -a: %v: %s", err, out)
+		}
+	}
+	one, two := rootfsTree(t, "one\n"), rootfsTree(t, "two\n")
+	ri := newRootImages(t.TempDir())
+	place(one)
+	first, err := ri.image(t.Context(), runtime.Spec{RootfsPath: at, RootImage: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	place(two)
+	for _, r := range []*rootImages{ri, newRootImages(ri.dir)} {
+		second, err := r.image(t.Context(), runtime.Spec{RootfsPath: at, RootImage: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if second == first {
+			t.Errorf("the rootfs made anew at %s got the old one's image", at)
+		}
 	}
 }
