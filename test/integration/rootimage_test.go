@@ -137,12 +137,31 @@ func TestRootImage(t *testing.T) {
 	// A checkpoint that names an image this node makes otherwise (its
 	// template's files or envd differ) is refused, saying so.
 	record := filepath.Join(s.dataDir, "images", imageSnap, "rootfs-image")
+	imageDigest, err := os.ReadFile(record)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(record, []byte("sha256:"+strings.Repeat("0", 64)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	r := s.doNoFail("POST", "/sandboxes", map[string]any{"templateID": imageSnap})
 	if r.status != 409 || !strings.Contains(string(r.body), "checkpoint was taken over sha256:0000") {
 		t.Errorf("create from a snapshot over another image: %d %s", r.status, r.body)
+	}
+	// So is one whose envd image differs from the one this node makes
+	// of the same envd (another erofs-utils).
+	if err := os.WriteFile(record, []byte(imageDigest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(s.dataDir, "images", imageSnap, "envd-image")); err != nil {
+		t.Fatalf("the snapshot over images records no envd image: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(s.dataDir, "images", imageSnap, "envd-image"), []byte("sha256:"+strings.Repeat("1", 64)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = s.doNoFail("POST", "/sandboxes", map[string]any{"templateID": imageSnap})
+	if r.status != 409 || !strings.Contains(string(r.body), "envd image sha256:1111") {
+		t.Errorf("create from a snapshot over another envd image: %d %s", r.status, r.body)
 	}
 	s.expect(s.do("GET", "/health", nil), 200, "health")
 

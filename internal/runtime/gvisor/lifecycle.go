@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"time"
@@ -148,8 +149,54 @@ func (d *Driver) restoreInto(ctx context.Context, id, imageDir string) error {
 		return fmt.Errorf("%w: the checkpoint was taken over the root %s, and the sandbox has the root %s",
 			runtime.ErrRootImageMismatch, rootName(want), rootName(have))
 	}
+	if err := d.checkEnvdImage(s, imageDir); err != nil {
+		return err
+	}
 	return d.runscDetached(ctx, boundImage(dirSize(imageDir)), id, "restore", "--detach", "--background",
 		"--bundle", d.sandboxDir(id), "--image-path", imageDir, id)
+}
+
+// envdImageRecord names the file of a checkpoint image that records the
+// digest of the envd image (rootimage.go) the sandbox ran: envd's code
+// pages come back from it, so a restore over other bytes (made by another
+// erofs-utils) would fail inside the sentry.
+const envdImageRecord = "envd-image"
+
+// envdImageOf is the envd image sandbox spec s mounts, "" if it mounts
+// envd's binary.
+func envdImageOf(s *specs.Spec) string {
+	for _, m := range s.Mounts {
+		if m.Type == "erofs" && m.Destination == path.Dir(runtime.EnvdMountPath) {
+			return m.Source
+		}
+	}
+	return ""
+}
+
+// checkEnvdImage refuses a restore of imageDir into the sandbox of spec s
+// when the checkpoint ran another envd image than s mounts.
+func (d *Driver) checkEnvdImage(s *specs.Spec, imageDir string) error {
+	raw, err := os.ReadFile(filepath.Join(imageDir, envdImageRecord))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // taken over envd's binary, or before the record
+	}
+	if err != nil {
+		return err
+	}
+	want := strings.TrimSpace(string(raw))
+	image := envdImageOf(s)
+	if image == "" || d.rootImages == nil {
+		return fmt.Errorf("%w: the checkpoint ran envd image %s, and the sandbox mounts envd's binary", runtime.ErrRootImageMismatch, want)
+	}
+	have, err := d.rootImages.digestOf(image)
+	if err != nil {
+		return err
+	}
+	if have != want {
+		return fmt.Errorf("%w: the checkpoint ran envd image %s, and this node's of the same envd is %s "+
+			"(made by another erofs-utils?)", runtime.ErrRootImageMismatch, want, have)
+	}
+	return nil
 }
 
 // rootName says which root file system a digest names.
@@ -416,6 +463,15 @@ func (d *Driver) keepRestoreInputs(id, imageDir string) error {
 	}
 	if digest != "" {
 		if err := atomicfile.Write(filepath.Join(imageDir, runtime.RootImageRecord), strings.NewReader(digest+"\n"), 0o644); err != nil {
+			return fmt.Errorf("restore inputs: %w", err)
+		}
+	}
+	if image := envdImageOf(spec); image != "" && d.rootImages != nil {
+		digest, err := d.rootImages.digestOf(image)
+		if err != nil {
+			return fmt.Errorf("restore inputs: %w", err)
+		}
+		if err := atomicfile.Write(filepath.Join(imageDir, envdImageRecord), strings.NewReader(digest+"\n"), 0o644); err != nil {
 			return fmt.Errorf("restore inputs: %w", err)
 		}
 	}

@@ -65,7 +65,7 @@ const rootImageUUID = "5f1d7e0c-3a6b-4c2e-9d8f-0a1b2c3d4e5f"
 // from SOURCE_DATE_EPOCH), 2100-01-01: any fixed time makes the bytes
 // depend on the tree alone. The files keep their own modification times
 // (tools that compare them, such as Python's bytecode cache, need them).
-const rootImageBuildTime = "4102444800"
+const rootImageBuildTime = 4102444800
 
 // Annotations that give runsc the root file system as an image.
 const (
@@ -87,12 +87,31 @@ type rootImages struct {
 	dir    string
 	builds singleflight.Group // by index key, or "envd " and envd's digest
 
-	mu    sync.Mutex
-	known map[string]string // index key → digest
+	mu      sync.Mutex
+	known   map[string]string // index key → digest
+	digests map[string]string // image path → its digest (images never change)
 }
 
 func newRootImages(dir string) *rootImages {
-	return &rootImages{dir: dir, known: make(map[string]string)}
+	return &rootImages{dir: dir, known: make(map[string]string), digests: make(map[string]string)}
+}
+
+// digestOf is the digest of the image at p, read once per process.
+func (ri *rootImages) digestOf(p string) (string, error) {
+	ri.mu.Lock()
+	digest, ok := ri.digests[p]
+	ri.mu.Unlock()
+	if ok {
+		return digest, nil
+	}
+	digest, err := fileSHA256(p)
+	if err != nil {
+		return "", err
+	}
+	ri.mu.Lock()
+	ri.digests[p] = digest
+	ri.mu.Unlock()
+	return digest, nil
 }
 
 // path is where the image with digest ("sha256:<hex>") lives.
@@ -223,6 +242,15 @@ func (ri *rootImages) buildEnvd(ctx context.Context, envd, image string) error {
 	}
 	if err := os.Chmod(tree, 0o755); err != nil {
 		return err
+	}
+	// The tree is made now, on each node: fixed times make the image the
+	// same on every node, as a restore elsewhere needs (the sentry fails
+	// restoring over an envd image with other bytes).
+	fixed := time.Unix(rootImageBuildTime, 0)
+	for _, p := range []string{filepath.Join(tree, "envd"), tree} {
+		if err := os.Chtimes(p, fixed, fixed); err != nil {
+			return err
+		}
 	}
 	staging, err := ri.mkfs(ctx, tree, filepath.Dir(image))
 	if err != nil {
@@ -400,7 +428,7 @@ func (ri *rootImages) mkfs(ctx context.Context, tree, dir string) (string, error
 	// it cannot load executables whose tails are inlined either (the
 	// default of erofs-utils 1.5): "bad address".
 	cmd := exec.CommandContext(ctx, mkfs, "--quiet", "-x", "-1", "-E", "noinline_data", "-U", rootImageUUID, staging, tree)
-	cmd.Env = append(os.Environ(), "SOURCE_DATE_EPOCH="+rootImageBuildTime)
+	cmd.Env = append(os.Environ(), fmt.Sprintf("SOURCE_DATE_EPOCH=%d", rootImageBuildTime))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(staging)
 		return "", fmt.Errorf("mkfs.erofs %s: %w: %s", tree, err, strings.TrimSpace(string(out)))

@@ -148,6 +148,18 @@ func TestRootImages(t *testing.T) {
 	if e1 == e2 || filepath.Dir(e1) != filepath.Join(a.dir, "envd") {
 		t.Errorf("envd images %s and %s: want two under %s/envd", e1, e2, a.dir)
 	}
+	// Made on another node (another directory, another time): the same
+	// bytes, or a restore there fails inside the sentry.
+	time.Sleep(10 * time.Millisecond) // not a wait: a later tree, whose times would differ
+	e3, err := b.envdImage(t.Context(), envd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1, err1 := fileSHA256(e1)
+	d3, err3 := fileSHA256(e3)
+	if err1 != nil || err3 != nil || d1 != d3 {
+		t.Errorf("envd image made twice: %s and %s (%v, %v); want the same bytes", d1, d3, err1, err3)
+	}
 
 	for _, dir := range []string{a.dir, filepath.Join(a.dir, "envd")} {
 		entries, err := os.ReadDir(dir)
