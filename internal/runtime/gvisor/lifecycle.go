@@ -66,9 +66,9 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, imageDir string
 }
 
 // Prepare does the first half of a restore ahead of time: it makes the
-// bundle and runs `runsc create`, which boots the sandbox process (and a
-// gofer, over the rootfs directory or with volumes) (~200 ms of the ~350 ms a restore takes on 2 cores) but
-// starts nothing in them. RestorePrepared then only loads an image. A
+// bundle and runs `runsc create`, which boots the sandbox process, and a
+// gofer over the rootfs directory or with volumes (~200 ms of the ~350 ms
+// a restore takes on 2 cores), but starts nothing in them. RestorePrepared then only loads an image. A
 // prepared sandbox shows as stopped ("created") and is removed by Kill or
 // by Cleanup like any other. On failure it leaves nothing behind.
 func (d *Driver) Prepare(ctx context.Context, spec runtime.Spec) error {
@@ -450,8 +450,8 @@ func (d *Driver) Checkpoint(ctx context.Context, id, imageDir string, leaveRunni
 // keepRestoreInputs puts into imageDir what a restore needs besides the
 // image runsc writes: the envd binary sandbox id runs (a hard link, or a
 // copy across file systems), named runtime.EnvdImagePrefix and its file
-// name, and the record of its root image (runtime.RootImageRecord), if it
-// has one.
+// name, and the digests of its root and envd images
+// (runtime.RootImageRecord, envdImageRecord), if it runs over them.
 func (d *Driver) keepRestoreInputs(id, imageDir string) error {
 	spec, err := d.bundleSpec(id)
 	if err != nil {
