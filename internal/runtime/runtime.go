@@ -9,6 +9,7 @@ package runtime
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -117,11 +118,27 @@ func CheckpointRootImage(imageDir string) (string, error) {
 		return "", fmt.Errorf("root image of checkpoint: %w", err)
 	}
 	digest := strings.TrimSpace(string(raw))
-	hexDigest, ok := strings.CutPrefix(digest, "sha256:")
-	if _, err := hex.DecodeString(hexDigest); !ok || err != nil || len(hexDigest) != 64 {
+	if !IsImageDigest(digest) {
 		return "", fmt.Errorf("root image of checkpoint %s: malformed record %q", imageDir, digest)
 	}
 	return digest, nil
+}
+
+// IsHexSHA256 tells whether s is a SHA-256 digest in hex, as the names of
+// pinned envd builds and of root images are.
+func IsHexSHA256(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
+}
+
+// IsImageDigest tells whether d is "sha256:" and a hex SHA-256, the form of
+// root image digests.
+func IsImageDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	return ok && IsHexSHA256(h)
 }
 
 // PrepareRootfs adds to a template rootfs the mount point for envd (an

@@ -55,7 +55,7 @@ func (m *Manager) envdOf(imageDir string) string {
 	}
 	for _, e := range entries {
 		digest, ok := strings.CutPrefix(e.Name(), runtime.EnvdImagePrefix)
-		if !ok || !isDigest(digest) {
+		if !ok || !runtime.IsHexSHA256(digest) {
 			continue
 		}
 		pinned := filepath.Join(m.cfg.EnvdDir, digest)
@@ -110,14 +110,6 @@ func fileDigest(path string) (string, error) {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func isDigest(s string) bool {
-	if len(s) != 2*sha256.Size {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
 }
 
 // rootForm is how a sandbox gets its root file system

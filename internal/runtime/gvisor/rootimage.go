@@ -123,7 +123,7 @@ func (ri *rootImages) path(digest string) string {
 // is not an image's path.
 func (ri *rootImages) digestOfPath(p string) string {
 	hexDigest, ok := strings.CutSuffix(filepath.Base(p), ".erofs")
-	if !ok || filepath.Clean(p) != p || filepath.Dir(p) != ri.dir || !isHexDigest(hexDigest) {
+	if !ok || filepath.Clean(p) != p || filepath.Dir(p) != ri.dir || !runtime.IsHexSHA256(hexDigest) {
 		return ""
 	}
 	return "sha256:" + hexDigest
@@ -134,7 +134,7 @@ func (ri *rootImages) digestOfPath(p string) string {
 // spec's rootfs, made now if there is none.
 func (ri *rootImages) image(ctx context.Context, spec runtime.Spec) (string, error) {
 	if d := spec.RootImageDigest; d != "" {
-		if !strings.HasPrefix(d, "sha256:") || !isHexDigest(strings.TrimPrefix(d, "sha256:")) {
+		if !runtime.IsImageDigest(d) {
 			return "", fmt.Errorf("root image digest %q is malformed", d)
 		}
 		if _, err := os.Stat(ri.path(d)); err == nil {
@@ -311,7 +311,7 @@ func (ri *rootImages) readIndex(key string) (indexEntry, error) {
 		return indexEntry{}, err
 	}
 	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[0], "sha256:") || !isHexDigest(strings.TrimPrefix(lines[0], "sha256:")) {
+	if len(lines) != 3 || !runtime.IsImageDigest(lines[0]) {
 		return indexEntry{}, fmt.Errorf("index %s: malformed entry %q", key, raw)
 	}
 	return indexEntry{digest: lines[0], rootfs: lines[1], identity: lines[2]}, nil
@@ -478,18 +478,10 @@ func fileSHA256(p string) (string, error) {
 	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
-func isHexDigest(s string) bool {
-	if len(s) != 2*sha256.Size {
-		return false
-	}
-	_, err := hex.DecodeString(s)
-	return err == nil
-}
-
 // envdDigest is the hex SHA-256 of the envd binary at p: its file name
 // when it is a pinned copy (named by its digest), else its content's.
 func envdDigest(p string) (string, error) {
-	if name := filepath.Base(p); isHexDigest(name) {
+	if name := filepath.Base(p); runtime.IsHexSHA256(name) {
 		return name, nil
 	}
 	digest, err := fileSHA256(p)
