@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -97,14 +98,16 @@ func (idx processIndex) withDescendants(pids []int) []int {
 
 // pssBytes sums the proportional set size of pids: resident memory with
 // pages shared between processes divided among them, so summing over many
-// sandboxes does not count shared binaries many times.
+// sandboxes does not count shared binaries many times. A process that
+// shares its parent's address space is left out, as its pages are its
+// parent's (see onePerAddressSpace).
 func pssBytes(pids []int) (int64, error) {
 	if len(pids) == 0 {
 		return 0, fmt.Errorf("no process to measure")
 	}
 	var total int64
 	measured := 0
-	for _, pid := range pids {
+	for _, pid := range onePerAddressSpace(pids) {
 		kb, err := pssOf(pid)
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 			continue // ended since the index was made (a stub of an exec that returned)
@@ -119,6 +122,131 @@ func pssBytes(pids []int) (int64, error) {
 		return 0, fmt.Errorf("processes %v ended before they were measured", pids)
 	}
 	return total, nil
+}
+
+// onePerAddressSpace drops from pids each process that shares its parent's
+// address space without being one of its threads. gVisor's systrap
+// platform makes one such process per "sysmsg thread" of a stub (cloned
+// with CLONE_VM but not CLONE_THREAD): each has a PID and an smaps of its
+// own, and each smaps counts the whole shared address space, so summing
+// them counted a multi-threaded guest's memory once per sysmsg thread.
+// Threads proper are one PID already and need nothing.
+func onePerAddressSpace(pids []int) []int {
+	in := make(map[int]bool, len(pids))
+	for _, pid := range pids {
+		in[pid] = true
+	}
+	var kept []int
+	for _, pid := range pids {
+		ppid, ok := parentOf(pid)
+		if ok && in[ppid] && sameSizes(pid, ppid) && sharesAddressSpace(pid, ppid) {
+			continue
+		}
+		kept = append(kept, pid)
+	}
+	return kept
+}
+
+// sameSizes reports whether two processes have the same /proc/<pid>/statm
+// (sizes of their address space, resident set, text and data): true of
+// processes sharing one address space, and a cheap test before
+// sharesAddressSpace reads page tables.
+func sameSizes(a, b int) bool {
+	sa, errA := os.ReadFile(fmt.Sprintf("/proc/%d/statm", a))
+	sb, errB := os.ReadFile(fmt.Sprintf("/proc/%d/statm", b))
+	return errA == nil && errB == nil && bytes.Equal(sa, sb)
+}
+
+// Entries of /proc/<pid>/pagemap (Documentation/admin-guide/mm/pagemap.rst).
+const (
+	pagemapPresent = 1 << 63
+	pagemapPFNMask = 1<<55 - 1
+)
+
+// sharesAddressSpace reports whether processes a and b have one address
+// space. The kernel does not name address spaces, so this finds a page
+// that a maps and that one mapping alone maps in the whole host
+// (/proc/kpagecount 1): b shares a's address space exactly when it has
+// that very page at the same address, as two address spaces cannot both
+// map a page mapped once. Page frame numbers need CAP_SYS_ADMIN; without
+// it (or when a maps no such page) the answer is false, and both are
+// counted, as before.
+func sharesAddressSpace(a, b int) bool {
+	if a == b {
+		return true
+	}
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", a))
+	if err != nil {
+		return false
+	}
+	pagemapA, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", a))
+	if err != nil {
+		return false
+	}
+	defer pagemapA.Close()
+	pagemapB, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", b))
+	if err != nil {
+		return false
+	}
+	defer pagemapB.Close()
+	counts, err := os.Open("/proc/kpagecount")
+	if err != nil {
+		return false
+	}
+	defer counts.Close()
+	pageSize := uint64(os.Getpagesize())
+	buf := make([]byte, 8*512)
+	for _, line := range strings.Split(string(maps), "\n") {
+		start, end, ok := mapRange(line)
+		if !ok {
+			continue
+		}
+		for page := start / pageSize; page < end/pageSize; {
+			n := min(end/pageSize-page, 512)
+			got, _ := pagemapA.ReadAt(buf[:8*n], int64(page*8))
+			for i := 0; i+8 <= got; i += 8 {
+				entry := binary.LittleEndian.Uint64(buf[i:])
+				pfn := entry & pagemapPFNMask
+				if entry&pagemapPresent == 0 || pfn == 0 || mapCount(counts, pfn) != 1 {
+					continue
+				}
+				var other [8]byte
+				if _, err := pagemapB.ReadAt(other[:], int64((page+uint64(i/8))*8)); err != nil {
+					return false
+				}
+				otherEntry := binary.LittleEndian.Uint64(other[:])
+				return otherEntry&pagemapPresent != 0 && otherEntry&pagemapPFNMask == pfn
+			}
+			page += n
+		}
+	}
+	return false
+}
+
+// mapRange parses the address range that starts a line of
+// /proc/<pid>/maps, skipping [vsyscall], whose page table is not the
+// process's own.
+func mapRange(line string) (start, end uint64, ok bool) {
+	fields := strings.Fields(line)
+	if len(fields) == 0 || strings.HasSuffix(line, "[vsyscall]") {
+		return 0, 0, false
+	}
+	from, to, ok := strings.Cut(fields[0], "-")
+	if !ok {
+		return 0, 0, false
+	}
+	start, errStart := strconv.ParseUint(from, 16, 64)
+	end, errEnd := strconv.ParseUint(to, 16, 64)
+	return start, end, errStart == nil && errEnd == nil && start < end
+}
+
+// mapCount reads how many mappings map page frame pfn (/proc/kpagecount).
+func mapCount(counts *os.File, pfn uint64) uint64 {
+	var b [8]byte
+	if _, err := counts.ReadAt(b[:], int64(pfn*8)); err != nil {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // pssOf reads Pss (KiB) from /proc/<pid>/smaps_rollup.

@@ -1,13 +1,19 @@
 package bench
 
 import (
+	"context"
 	"os"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
 // TestProcessIndex: a process found by an argument comes with every
@@ -52,5 +58,98 @@ func TestProcessIndex(t *testing.T) {
 	}
 	if _, err := pssBytes([]int{1 << 30}); err == nil {
 		t.Error("pssBytes of a process that does not exist: no error")
+	}
+}
+
+// TestSharesAddressSpace: a thread of this process has its address space
+// (as a systrap sysmsg thread has its stub's), a child process, its own,
+// even while its pages are still the parent's copy-on-write.
+func TestSharesAddressSpace(t *testing.T) {
+	roottest.Require(t) // page frame numbers need CAP_SYS_ADMIN
+	// A locked thread that idles: its TID is a /proc entry of its own,
+	// with the process's page tables.
+	tids := make(chan int)
+	release := make(chan struct{})
+	defer close(release)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tids <- syscall.Gettid()
+		<-release
+	}()
+	tid := <-tids
+	if !sharesAddressSpace(tid, os.Getpid()) || !sharesAddressSpace(os.Getpid(), tid) {
+		t.Errorf("thread %d and process %d: not one address space", tid, os.Getpid())
+	}
+
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		child.Process.Kill()
+		child.Wait()
+	}()
+	if sharesAddressSpace(child.Process.Pid, os.Getpid()) || sharesAddressSpace(os.Getpid(), child.Process.Pid) {
+		t.Errorf("child %d and process %d: one address space", child.Process.Pid, os.Getpid())
+	}
+	if kept := onePerAddressSpace([]int{os.Getpid(), child.Process.Pid}); len(kept) != 2 {
+		t.Errorf("onePerAddressSpace(self, child) = %v; want both", kept)
+	}
+}
+
+// TestSandboxMemoryOncePerAddressSpace: a gVisor sandbox running envd (a
+// Go program of several threads) has systrap stubs with sysmsg threads,
+// processes that share their stub's address space; the sandbox's memory
+// counts each address space once.
+func TestSandboxMemoryOncePerAddressSpace(t *testing.T) {
+	binDir := requireRoot(t)
+	s := startServer(t, binDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{TemplateID: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.c.DeleteSandbox(context.Background(), sb.SandboxID)
+
+	var pids, kept []int
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pids = indexProcesses().withArg(sb.SandboxID)
+		kept = onePerAddressSpace(pids)
+		if len(kept) < len(pids) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s: processes %v, none sharing its parent's address space", sb.SandboxID, pids)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var everyProcess int64
+	for _, pid := range pids {
+		kb, err := pssOf(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		everyProcess += kb << 10
+	}
+	once, err := pssBytes(pids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sandbox %s: %d processes, %d address spaces; PSS %d KiB, %d KiB summed over every process",
+		sb.SandboxID, len(pids), len(kept), once>>10, everyProcess>>10)
+	if once <= 0 || once >= everyProcess {
+		t.Errorf("memory once per address space %d, over every process %d: want less, above 0", once, everyProcess)
+	}
+	for _, pid := range pids {
+		if slices.Contains(kept, pid) {
+			continue
+		}
+		parent, _ := parentOf(pid)
+		if !slices.Contains(kept, parent) {
+			t.Errorf("process %d left out, but its parent %d is not counted", pid, parent)
+		}
 	}
 }
