@@ -398,6 +398,10 @@ type RootImager interface {
 	// RootImageDigest returns the digest of the root image a sandbox
 	// booted over rootfs gets, making the image first if it has none.
 	RootImageDigest(ctx context.Context, rootfs string) (string, error)
+	// CollectRootImages removes the root images that no root file system
+	// needs any more (their template was deleted) and what a build cut
+	// short left, and says how many files went.
+	CollectRootImages(ctx context.Context) (removed int, err error)
 }
 
 // Preparer is implemented by drivers that can make a sandbox ahead of a

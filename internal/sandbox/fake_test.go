@@ -806,6 +806,9 @@ type world struct {
 	cfg    Config
 	base   *store.Template
 	dir    string
+	// wrap, when set, gives the manager another driver over driver (a
+	// test's added interfaces).
+	wrap func(*fakeDriver) runtime.Driver
 }
 
 var errInjected = errors.New("injected failure")
@@ -860,7 +863,11 @@ func (w *world) start() {
 	w.t.Helper()
 	tm := template.NewManager(w.store, template.BaseConfig{}, template.Dirs{
 		TemplatesDir: filepath.Join(w.dir, "templates")}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	w.m = NewManager(w.cfg, w.store, w.driver, w.slots, tm, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var driver runtime.Driver = w.driver
+	if w.wrap != nil {
+		driver = w.wrap(w.driver)
+	}
+	w.m = NewManager(w.cfg, w.store, driver, w.slots, tm, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := w.m.Start(context.Background()); err != nil {
 		w.t.Fatal(err)
 	}

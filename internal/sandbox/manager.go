@@ -93,6 +93,10 @@ type Config struct {
 	// AnswerTimeout bounds envd's answer to a health check of a sandbox
 	// with a call open longer than that (see answers.go). 0: 5 s.
 	AnswerTimeout time.Duration
+	// RootImageCollectInterval is how often a driver that runs sandboxes
+	// over root images removes the images no template needs any more. 0:
+	// every 10 minutes.
+	RootImageCollectInterval time.Duration
 	// DeadRetention is how long records of dead sandboxes are kept.
 	DeadRetention time.Duration
 	// Transport reaches sandboxes' ports; nil dials their addresses (tests

@@ -310,6 +310,7 @@ func (m *Manager) monitor(ctx context.Context) {
 	ticker := time.NewTicker(m.cfg.MonitorInterval)
 	defer ticker.Stop()
 	var swept time.Time
+	collected := time.Now() // the driver collected as it started
 	for {
 		select {
 		case <-ctx.Done():
@@ -322,6 +323,35 @@ func (m *Manager) monitor(ctx context.Context) {
 			m.sweepGoneImages(ctx)
 			swept = time.Now()
 		}
+		if time.Since(collected) >= m.rootImageCollectInterval() {
+			m.collectRootImages(ctx)
+			collected = time.Now()
+		}
+	}
+}
+
+// rootImageCollectInterval is Config.RootImageCollectInterval, or its
+// default.
+func (m *Manager) rootImageCollectInterval() time.Duration {
+	if m.cfg.RootImageCollectInterval > 0 {
+		return m.cfg.RootImageCollectInterval
+	}
+	return 10 * time.Minute
+}
+
+// collectRootImages has a driver that runs sandboxes over root images
+// remove those of deleted templates, which would otherwise stay on disk
+// until the next start (a template's image is as large as its rootfs).
+func (m *Manager) collectRootImages(ctx context.Context) {
+	ri, ok := m.driver.(runtime.RootImager)
+	if !ok {
+		return
+	}
+	removed, err := ri.CollectRootImages(ctx)
+	if err != nil {
+		m.logger.WarnContext(ctx, "root images: collect", "err", err)
+	} else if removed > 0 {
+		m.logger.InfoContext(ctx, "root images: removed what no template needs", "removed", removed)
 	}
 }
 

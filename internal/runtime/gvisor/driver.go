@@ -194,6 +194,15 @@ func validateSpec(spec runtime.Spec) error {
 	return runtime.CheckRootfs(spec.RootfsPath)
 }
 
+// CollectRootImages removes what no root file system needs any more from
+// the root image directory (rootImages.collect); without one, nothing.
+func (d *Driver) CollectRootImages(ctx context.Context) (int, error) {
+	if d.rootImages == nil {
+		return 0, nil
+	}
+	return d.rootImages.collect(time.Now())
+}
+
 // RootImageDigest returns the digest of the root image of rootfs, made now
 // if there is none.
 func (d *Driver) RootImageDigest(ctx context.Context, rootfs string) (string, error) {
