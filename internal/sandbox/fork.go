@@ -81,8 +81,11 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 
 	if len(src.volumeMounts) == 0 {
 		// Children with volumes take no pooled instance (see plan).
+		// The key of the prepared sandboxes the children's restores
+		// take (launch's plan): with the envd and root form of the image.
 		m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.vcpu, memoryMB: src.memoryMB,
-			unheld: !m.local(src.tpl)}, req.Count)
+			unheld: !m.local(src.tpl), envd: m.envdOf(src.img.dir),
+			root: m.rootOf(ctx, src.img.dir, src.tpl.RootfsPath)}, req.Count)
 	}
 	start := time.Now()
 	results := make([]node.ForkResult, req.Count)

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -37,15 +38,31 @@ func (w *world) waitPrepared(n int) []string {
 
 // TestForkChildrenUsePreparedSandboxes: a fork asks the pool for as many
 // sandboxes as it has children; the next fork's children are restored into
-// them, and each still gets its own token, slot and deadline.
+// them, and each still gets its own token, slot and deadline. On a node
+// that boots over root images, a checkpoint taken over the directory (the
+// fake driver records no root image) restores over the directory: the
+// fork asks for prepared sandboxes of that form, the one its children's
+// restores take.
 func TestForkChildrenUsePreparedSandboxes(t *testing.T) {
-	w := newWorld(t, withPrepared(8))
+	for _, rootImage := range []bool{false, true} {
+		t.Run(fmt.Sprintf("root image %v", rootImage), func(t *testing.T) {
+			forkChildrenUsePrepared(t, rootImage)
+		})
+	}
+}
+
+func forkChildrenUsePrepared(t *testing.T, rootImage bool) {
+	w := newWorld(t, withPrepared(8), func(c *Config) { c.RootImage = rootImage })
 	parent := w.create()
 	ctx := context.Background()
 	if _, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: parent.ID, Count: 4}); err != nil {
 		t.Fatal(err)
 	}
-	prepared := w.waitPrepared(4)
+	ready := 4
+	if rootImage {
+		ready += 2 // of the boots' form, which the parent's create used: a shape in use keeps two
+	}
+	prepared := w.waitPrepared(ready)
 	restores, intoPrepared := w.faults.count("restore"), w.faults.count("restorePrepared")
 	res, err := w.m.Fork(ctx, node.ForkRequest{SandboxID: parent.ID, Count: 4})
 	if err != nil {
