@@ -141,6 +141,21 @@ func IsImageDigest(d string) bool {
 	return ok && IsHexSHA256(h)
 }
 
+// FileSHA256 is the hex SHA-256 of the content of the file at p, the name
+// of a pinned envd build (without "sha256:") and of a root image.
+func FileSHA256(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("read %s: %w", p, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
 // PrepareRootfs adds to a template rootfs the mount point for envd (an
 // empty file at EnvdMountPath). Template builders call it once: drivers
 // never write to a template, and runsc would otherwise create the mount

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -200,5 +202,21 @@ func TestPrepareRootfsKeepsTmpInOverlay(t *testing.T) {
 				t.Fatalf("second prepare: %v", err)
 			}
 		})
+	}
+}
+
+func TestFileSHA256(t *testing.T) {
+	dir := t.TempDir()
+	abc := filepath.Join(dir, "abc")
+	if err := os.WriteFile(abc, []byte("abc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// FIPS 180-2's example digest of "abc".
+	const want = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+	if got, err := FileSHA256(abc); err != nil || got != want || !IsHexSHA256(got) || !IsImageDigest("sha256:"+got) {
+		t.Errorf("FileSHA256(abc) = %q, %v; want %s", got, err, want)
+	}
+	if _, err := FileSHA256(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("FileSHA256 of a missing file: %v; want ErrNotExist", err)
 	}
 }

@@ -30,7 +30,7 @@ import (
 // its content, if no such copy is there, and returns the copy's path.
 // Copies of earlier builds stay: images taken with them restore with them.
 func PinEnvd(src, dir string) (string, error) {
-	digest, err := fileDigest(src)
+	digest, err := runtime.FileSHA256(src)
 	if err != nil {
 		return "", fmt.Errorf("pin envd: %w", err)
 	}
@@ -97,19 +97,6 @@ func copyVerified(src, dst, digest string) error {
 		return fmt.Errorf("%s: content digest %s, not %s", src, got, digest)
 	}
 	return os.Rename(staging, dst)
-}
-
-func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("read %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // rootForm is how a sandbox gets its root file system

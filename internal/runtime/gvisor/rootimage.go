@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -466,16 +465,11 @@ func renameDurable(staging, final string) error {
 
 // fileSHA256 is "sha256:<hex>" of the file at p.
 func fileSHA256(p string) (string, error) {
-	f, err := os.Open(p)
+	digest, err := runtime.FileSHA256(p)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("read %s: %w", p, err)
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+	return "sha256:" + digest, nil
 }
 
 // envdDigest is the hex SHA-256 of the envd binary at p: its file name
@@ -484,6 +478,5 @@ func envdDigest(p string) (string, error) {
 	if name := filepath.Base(p); runtime.IsHexSHA256(name) {
 		return name, nil
 	}
-	digest, err := fileSHA256(p)
-	return strings.TrimPrefix(digest, "sha256:"), err
+	return runtime.FileSHA256(p)
 }
