@@ -35,7 +35,7 @@ func (b *bench) runDensity(ctx context.Context) error {
 		create:    b.rec.figure("density_create", "Density: create as the machine fills", GroupDensity, UnitMs),
 	}
 	b.rec.describe(figs.metrics, "memUsed of GET /sandboxes/{id}/metrics (the sandbox's cgroup), one sample per sandbox")
-	b.rec.describe(figs.host, "PSS of the sandbox's or container's host processes, one sample per sandbox")
+	b.rec.describe(figs.host, "PSS of the sandbox's or container's host processes, each address space once (systrap's sysmsg threads share their stub's), one sample per sandbox")
 	b.rec.describe(figs.available, "drop of the host's MemAvailable while they ran, divided by the count (includes the server's own share; noisy)")
 
 	_, okA := memKiB("MemAvailable")
