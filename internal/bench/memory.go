@@ -3,12 +3,14 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -139,7 +141,7 @@ func onePerAddressSpace(pids []int) []int {
 	var kept []int
 	for _, pid := range pids {
 		ppid, ok := parentOf(pid)
-		if ok && in[ppid] && sameSizes(pid, ppid) && sharesAddressSpace(pid, ppid) {
+		if ok && in[ppid] && sameSize(pid, ppid) && sharesAddressSpace(pid, ppid) {
 			continue
 		}
 		kept = append(kept, pid)
@@ -147,14 +149,18 @@ func onePerAddressSpace(pids []int) []int {
 	return kept
 }
 
-// sameSizes reports whether two processes have the same /proc/<pid>/statm
-// (sizes of their address space, resident set, text and data): true of
-// processes sharing one address space, and a cheap test before
-// sharesAddressSpace reads page tables.
-func sameSizes(a, b int) bool {
+// sameSize reports whether two processes have address spaces of the same
+// size (the first field of /proc/<pid>/statm): true of processes sharing
+// one, and a cheap test before sharesAddressSpace reads page tables. (The
+// resident size is not compared: the guest runs while it is read.)
+func sameSize(a, b int) bool {
 	sa, errA := os.ReadFile(fmt.Sprintf("/proc/%d/statm", a))
 	sb, errB := os.ReadFile(fmt.Sprintf("/proc/%d/statm", b))
-	return errA == nil && errB == nil && bytes.Equal(sa, sb)
+	if errA != nil || errB != nil {
+		return false
+	}
+	fa, fb := strings.Fields(string(sa)), strings.Fields(string(sb))
+	return len(fa) > 0 && len(fb) > 0 && fa[0] == fb[0]
 }
 
 // Entries of /proc/<pid>/pagemap (Documentation/admin-guide/mm/pagemap.rst).
@@ -170,7 +176,11 @@ const (
 // that very page at the same address, as two address spaces cannot both
 // map a page mapped once. Page frame numbers need CAP_SYS_ADMIN; without
 // it (or when a maps no such page) the answer is false, and both are
-// counted, as before.
+// counted, as before. Anonymous mappings (stacks, heaps: most of their
+// pages mapped once) are searched first, so that the search does not read
+// through the binaries' pages, which every sandbox maps. (A kernel that
+// counts mappings per folio on average, CONFIG_NO_PAGE_MAPCOUNT, would
+// need another test; Debian's counts them per page.)
 func sharesAddressSpace(a, b int) bool {
 	if a == b {
 		return true
@@ -196,7 +206,15 @@ func sharesAddressSpace(a, b int) bool {
 	defer counts.Close()
 	pageSize := uint64(os.Getpagesize())
 	buf := make([]byte, 8*512)
-	for _, line := range strings.Split(string(maps), "\n") {
+	lines := strings.Split(string(maps), "\n")
+	named := func(line string) int { // 1 for a mapping of a file or a [name], 0 for an anonymous one
+		if len(strings.Fields(line)) > 5 {
+			return 1
+		}
+		return 0
+	}
+	slices.SortStableFunc(lines, func(x, y string) int { return cmp.Compare(named(x), named(y)) })
+	for _, line := range lines {
 		start, end, ok := mapRange(line)
 		if !ok {
 			continue

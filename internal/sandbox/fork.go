@@ -79,10 +79,10 @@ func (m *Manager) fork(ctx context.Context, req node.ForkRequest) ([]node.ForkRe
 		return nil, err
 	}
 
-	if len(src.volumeMounts) == 0 {
-		// Children with volumes take no pooled instance (see plan).
-		// The key of the prepared sandboxes the children's restores
-		// take (launch's plan): with the envd and root form of the image.
+	if len(src.volumeMounts) == 0 && m.prep != nil {
+		// Children with volumes take no pooled instance (see plan). The
+		// key is the one the children's restores take (launch's plan):
+		// with the envd and root form of the image.
 		m.prep.demand(prepKey{rootfs: src.tpl.RootfsPath, vcpu: src.vcpu, memoryMB: src.memoryMB,
 			unheld: !m.local(src.tpl), envd: m.envdOf(src.img.dir),
 			root: m.rootOf(ctx, src.img.dir, src.tpl.RootfsPath)}, req.Count)

@@ -86,6 +86,11 @@ type rootImages struct {
 	dir    string
 	builds singleflight.Group // by index key, or "envd " and envd's digest
 
+	// placing is held by collect, and by a build while it puts its image
+	// in place and indexes it, so that this process's collect never
+	// removes an image between the two.
+	placing sync.Mutex
+
 	mu      sync.Mutex
 	known   map[string]string // index key → digest
 	digests map[string]string // image path → its digest (images never change)
@@ -226,11 +231,17 @@ func (ri *rootImages) buildEnvd(ctx context.Context, envd, image string) error {
 	if err := ri.makeDir(filepath.Dir(image)); err != nil {
 		return err
 	}
-	tree, err := os.MkdirTemp(filepath.Dir(image), ".tree-")
+	// The staging directory keeps its own time, by which collect removes
+	// it should the build be cut short; the tree inside has fixed ones.
+	staging, err := os.MkdirTemp(filepath.Dir(image), ".tree-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tree)
+	defer os.RemoveAll(staging)
+	tree := filepath.Join(staging, "root")
+	if err := os.Mkdir(tree, 0o700); err != nil {
+		return err
+	}
 	src, err := os.Open(envd)
 	if err != nil {
 		return err
@@ -251,12 +262,12 @@ func (ri *rootImages) buildEnvd(ctx context.Context, envd, image string) error {
 			return err
 		}
 	}
-	staging, err := ri.mkfs(ctx, tree, filepath.Dir(image))
+	made, err := ri.mkfs(ctx, tree, filepath.Dir(image))
 	if err != nil {
 		return err
 	}
-	defer os.Remove(staging)
-	return renameDurable(staging, image)
+	defer os.Remove(made)
+	return renameDurable(made, image)
 }
 
 // makeDir makes dir, and the image directory above it, readable by root
@@ -329,6 +340,8 @@ const collectAge = 10 * time.Minute
 // again of its rootfs, which exists while the sandbox does. envd's images
 // stay: one per build, ~10 MB each.
 func (ri *rootImages) collect(now time.Time) (removed int, err error) {
+	ri.placing.Lock()
+	defer ri.placing.Unlock()
 	live := map[string]bool{}
 	entries, err := os.ReadDir(filepath.Join(ri.dir, "index"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -389,6 +402,8 @@ func (ri *rootImages) build(ctx context.Context, key, rootfs, identity string) (
 		return "", err
 	}
 	final := ri.path(digest)
+	ri.placing.Lock()
+	defer ri.placing.Unlock()
 	if _, err := os.Stat(final); errors.Is(err, fs.ErrNotExist) {
 		if err := renameDurable(staging, final); err != nil {
 			return "", err
