@@ -94,11 +94,16 @@ func (m *Manager) warmUsable(tpl *store.Template) bool {
 // meanwhile). Should that fail, the create boots rootfs: slower, but it
 // works.
 func (m *Manager) codeInterpreterTemplate(ctx context.Context, rootfs *store.Template) *store.Template {
+	// warmUsable may make the root image of the snapshot's rootfs (seconds
+	// for the code interpreter's), so it is asked outside the lock, which
+	// every create of the code interpreter takes.
 	m.ciWarm.mu.Lock()
-	if t := m.ciWarm.tpl; t != nil && m.warmUsable(t) {
-		m.ciWarm.mu.Unlock()
+	t := m.ciWarm.tpl
+	m.ciWarm.mu.Unlock()
+	if t != nil && m.warmUsable(t) {
 		return t
 	}
+	m.ciWarm.mu.Lock()
 	if !m.ciWarm.failed.IsZero() && time.Since(m.ciWarm.failed) < warmRetryAfter {
 		m.ciWarm.mu.Unlock()
 		return rootfs
