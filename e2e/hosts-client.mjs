@@ -37,10 +37,14 @@ async function get(url, headers = {}) {
 
 // serveFile starts python's HTTP server on port in sbx, serving a file
 // whose content is body, and returns the URL of the file, once it answers
-// (through the sandbox's https host, with headers).
+// (through the sandbox's https host, with headers). The SDK's stream of
+// the server's output is let go (the server runs on): a stream cut by a
+// pause makes the SDK check envd's health, which is traffic that resumes
+// a sandbox with autoResume.
 async function serveFile(sbx, port, body, headers = {}) {
   await sbx.files.write(`/tmp/www${port}/index.html`, body)
-  await sbx.commands.run(`cd /tmp/www${port} && python3 -m http.server ${port}`, { background: true, timeoutMs: 0 })
+  const server = await sbx.commands.run(`cd /tmp/www${port} && python3 -m http.server ${port}`, { background: true, timeoutMs: 0 })
+  await server.disconnect()
   const url = `https://${sbx.getHost(port)}/index.html`
   await eventually(async () => {
     const r = await get(url, headers)
