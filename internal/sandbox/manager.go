@@ -273,6 +273,9 @@ func NewManager(cfg Config, st store.Store, driver runtime.Driver, slots SlotPoo
 	if cfg.AnswerTimeout <= 0 {
 		cfg.AnswerTimeout = defaultAnswerTimeout
 	}
+	if cfg.RootImageCollectInterval <= 0 {
+		cfg.RootImageCollectInterval = 10 * time.Minute
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		cfg: cfg, store: st, driver: driver, slots: slots, templates: templates, logger: logger,

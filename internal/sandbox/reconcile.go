@@ -323,20 +323,11 @@ func (m *Manager) monitor(ctx context.Context) {
 			m.sweepGoneImages(ctx)
 			swept = time.Now()
 		}
-		if time.Since(collected) >= m.rootImageCollectInterval() {
+		if time.Since(collected) >= m.cfg.RootImageCollectInterval {
 			m.collectRootImages(ctx)
 			collected = time.Now()
 		}
 	}
-}
-
-// rootImageCollectInterval is Config.RootImageCollectInterval, or its
-// default.
-func (m *Manager) rootImageCollectInterval() time.Duration {
-	if m.cfg.RootImageCollectInterval > 0 {
-		return m.cfg.RootImageCollectInterval
-	}
-	return 10 * time.Minute
 }
 
 // collectRootImages has a driver that runs sandboxes over root images

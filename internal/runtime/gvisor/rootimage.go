@@ -402,6 +402,11 @@ func (ri *rootImages) build(ctx context.Context, key, rootfs, identity string) (
 		return "", err
 	}
 	final := ri.path(digest)
+	// Its bytes reach the disk before the lock, which a collection (from
+	// the node's monitor) waits on: the rename under it is then quick.
+	if err := syncFile(staging); err != nil {
+		return "", err
+	}
 	ri.placing.Lock()
 	defer ri.placing.Unlock()
 	if _, err := os.Stat(final); errors.Is(err, fs.ErrNotExist) {
@@ -458,13 +463,7 @@ func (ri *rootImages) mkfs(ctx context.Context, tree, dir string) (string, error
 // are on disk, and the rename too: an image is trusted by its name from
 // then on, also after a power loss.
 func renameDurable(staging, final string) error {
-	f, err := os.Open(staging)
-	if err != nil {
-		return err
-	}
-	err = f.Sync()
-	f.Close()
-	if err != nil {
+	if err := syncFile(staging); err != nil {
 		return err
 	}
 	if err := os.Rename(staging, final); err != nil {
@@ -476,6 +475,16 @@ func renameDurable(staging, final string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// syncFile makes the bytes of the file at p durable.
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // fileSHA256 is "sha256:<hex>" of the file at p.
