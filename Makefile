@@ -174,7 +174,7 @@ bench: build ## The benchmark suite against the running server (AENV_URL, AENV_A
 
 .PHONY: bench-go
 bench-go: build ## Go benchmarks of single operations, next to raw runsc and runc (starts its own servers)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterShared|TeamLimitBurst|Volume|Console' -benchtime 20x -timeout 30m ./test/integration/
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench . -skip 'ClusterColdCreate|ClusterFork64|TeamLimitBurst|Volume|Console' -benchtime 20x -timeout 30m ./test/integration/
 
 .PHONY: bench-volumes
 bench-volumes: build ## Volumes: create with and without one, fork of 8 sharing or copying a 1 GB volume, file throughput on a volume and on the root, a 1 GiB move between nodes beside tar (minutes per run)
@@ -199,7 +199,7 @@ bench-team-burst: build ## 500 concurrent creates of one team through two gatewa
 
 .PHONY: bench-shared
 bench-shared: build $(BIN)/weed ## The object store in a cluster: 300 MB upload, cold and warm create, fork of 64 over three nodes and one, incremental snapshots of 1 GiB and of a trajectory (minutes per run)
-	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'ClusterShared|ClusterIncrementalSnapshot|RawRunscCheckpointRestore' -benchtime 2x -timeout 60m ./test/integration/
+	AENV_REQUIRE_ROOT_TESTS=1 AENV_BIN_DIR=$(BIN) $(GOTEST) -run '^$$' -bench 'ClusterColdCreate|ClusterFork64|ClusterIncrementalSnapshot|RawRunscCheckpointRestore' -benchtime 2x -timeout 60m ./test/integration/
 
 .PHONY: clean-test
 clean-test: ## Remove debris a failed test run left (sandboxes, mounts, namespaces, veths)

@@ -782,9 +782,17 @@ func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string,
 		dlErr     error
 		downloads sync.WaitGroup
 	)
+	lazyOnly := make(map[uint32]bool, len(lazyMissing))
+	for _, i := range lazyMissing {
+		lazyOnly[i] = true
+	}
 	download := func(i uint32) {
 		p, a := ix.packs[i-1], r.arriving[i]
-		a.err = s.downloadPack(dctx, packDir, p)
+		if lazyOnly[i] {
+			a.err = fill.streamPack(dctx, s, packDir, i, p)
+		} else {
+			a.err = s.downloadPack(dctx, packDir, p)
+		}
 		close(a.done)
 		mu.Lock()
 		if a.err != nil {

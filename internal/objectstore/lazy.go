@@ -3,7 +3,9 @@ package objectstore
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -238,6 +242,11 @@ type lazyFill struct {
 	asked    map[uint64]bool
 	// framesOver says stopFrames has run.
 	framesOver bool
+	// streamed are the packs streamPack wrote: run need not write them.
+	streamed map[uint32]bool
+	// noTails says a pack's tail could not be had (a store without ranged
+	// GETs): the streams that follow download their packs whole.
+	noTails bool
 }
 
 // inOrderSlack is how far past the in-order reads a read still counts as
@@ -253,7 +262,7 @@ func (l *lazyFill) stop() {
 	l.stopped = true
 	l.r, l.q, l.download = nil, nil, nil
 	l.urgent, l.ready, l.arrived, l.done = nil, nil, nil, nil
-	l.f, l.byPack, l.tails, l.unframed, l.asked = nil, nil, nil, nil, nil
+	l.f, l.byPack, l.tails, l.unframed, l.asked, l.streamed = nil, nil, nil, nil, nil, nil
 }
 
 // arrive is told of each pack downloaded (or failed: the Get then ends).
@@ -370,12 +379,7 @@ func (l *lazyFill) fetchFrames(i uint32, frames []int) {
 	}
 	s, p := l.r.s, l.r.ix.packs[i-1]
 	pages, ix := l.byPack[i], l.r.ix.pages[l.first:l.first+l.count]
-	// The pack's tail is fetched once, by the first of its fetches.
-	tail, first := l.tails[i], false
-	if tail == nil {
-		tail, first = &tailFetch{done: make(chan struct{})}, true
-		l.tails[i] = tail
-	}
+	tail, first := l.tailOf(i)
 	l.frames.Add(1)
 	go func() {
 		defer l.frames.Done()
@@ -414,6 +418,18 @@ func (l *lazyFill) fetchFrames(i uint32, frames []int) {
 	}()
 }
 
+// tailOf returns pack i's tail fetch: the one under way, or a new one
+// that the caller (first) is to run. The tail is fetched once per pack,
+// by the first of its frame fetches or its stream. l.mu is held.
+func (l *lazyFill) tailOf(i uint32) (tail *tailFetch, first bool) {
+	if tail = l.tails[i]; tail != nil {
+		return tail, false
+	}
+	tail = &tailFetch{done: make(chan struct{})}
+	l.tails[i] = tail
+	return tail, true
+}
+
 // tailFetch is a pack's tail being fetched: t or err once done closes.
 type tailFetch struct {
 	done chan struct{}
@@ -441,15 +457,21 @@ func (l *lazyFill) writeFrames(s *Store, p packRef, tail *packTail, frames []int
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	// The file's pages in those frames, written in runs of consecutive
-	// pages, each told once written.
+	return l.writePages(l.f, p, tail, got, pages, ix)
+}
+
+// writePages writes the file's pages (pages, their refs ix) that lie in
+// got, frames of pack p (by frame number) whose tail is tail, each page
+// checked against the pack's hash list, in runs of consecutive pages, each
+// told once written. Begin has returned.
+func (l *lazyFill) writePages(f *os.File, p packRef, tail *packTail, got map[int][]byte, pages []int32, ix []pageRef) error {
 	var run []byte
 	runAt := int64(-1)
 	flush := func() error {
 		if len(run) == 0 {
 			return nil
 		}
-		if _, err := l.f.WriteAt(run, runAt); err != nil {
+		if _, err := f.WriteAt(run, runAt); err != nil {
 			return err
 		}
 		l.written(runAt, int64(len(run)))
@@ -490,6 +512,7 @@ func (l *lazyFill) prepare(ctx context.Context, f *os.File) {
 		}
 	}
 	l.tails, l.unframed, l.asked = map[uint32]*tailFetch{}, map[uint32]bool{}, map[uint64]bool{}
+	l.streamed = map[uint32]bool{}
 	l.framesCtx, l.endFrames = context.WithCancel(ctx)
 	l.frameSlots, l.begun = make(chan struct{}, maxFrameFetches), make(chan struct{})
 }
@@ -560,10 +583,19 @@ func (l *lazyFill) nextPack(ctx context.Context, byPack map[uint32][]int32) (uin
 func (l *lazyFill) run(ctx context.Context, f *os.File) error {
 	pages := l.r.ix.pages[l.first : l.first+l.count]
 	byPack := l.byPack
-	// Packs already on disk are here from the start.
-	l.mu.Lock()
+	// Packs already on disk are here from the start, in the order of the
+	// file's pages: the order a restore's background load reads them in,
+	// which waits at the first page not written yet.
+	var onDisk []uint32
 	for i := range byPack {
-		if a := l.r.arriving[i]; a == nil && !l.arrived[i] {
+		if l.r.arriving[i] == nil {
+			onDisk = append(onDisk, i)
+		}
+	}
+	slices.SortFunc(onDisk, func(a, b uint32) int { return int(byPack[a][0]) - int(byPack[b][0]) })
+	l.mu.Lock()
+	for _, i := range onDisk {
+		if !l.arrived[i] {
 			l.arrived[i] = true
 			l.ready = append(l.ready, i)
 		}
@@ -587,6 +619,12 @@ func (l *lazyFill) run(ctx context.Context, f *os.File) error {
 		i, err := l.nextPack(ctx, byPack)
 		if err != nil {
 			return err
+		}
+		l.mu.Lock()
+		streamed := l.streamed[i]
+		l.mu.Unlock()
+		if streamed {
+			continue // its pages were written as they came
 		}
 		data, err := l.r.pack(i)
 		if err != nil {
@@ -615,4 +653,119 @@ func (l *lazyFill) run(ctx context.Context, f *os.File) error {
 		}
 	}
 	return f.Sync()
+}
+
+// streamPack downloads pack i, one only the lazy file uses, into dir as
+// Store.downloadPack does, and writes the file's pages in each of its
+// frames as soon as the frame's bytes are in, each page checked against
+// the pack's hash list, rather than once the whole pack is.
+//
+// Why: a restore's background load keeps every read it may have in
+// flight waiting at the front of the download, and a page the guest needs
+// out of order is asked for only once one of them ends. So the grain at
+// which the download lands is the grain of a fault's wait: a pack (8 MiB,
+// ~100 ms apart on two cores shared with the S3 server), or a frame
+// (256 KiB, a few ms).
+//
+// The pack is still checked whole against its digest before it is kept
+// and said arrived. One without frames (written before them), or whose
+// tail cannot be had, is downloaded as downloadPack does and written by
+// run once it has arrived.
+func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint32, p packRef) error {
+	l.mu.Lock()
+	if l.stopped || l.byPack == nil {
+		l.mu.Unlock()
+		return s.downloadPack(ctx, dir, p)
+	}
+	if l.noTails {
+		l.mu.Unlock()
+		return s.downloadPack(ctx, dir, p)
+	}
+	f := l.f
+	pages, ix := l.byPack[i], l.r.ix.pages[l.first:l.first+l.count]
+	tail, first := l.tailOf(i)
+	l.mu.Unlock()
+	if first {
+		tail.t, tail.err = s.fetchTail(ctx, p)
+		close(tail.done)
+	}
+	select {
+	case <-tail.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if tail.err != nil {
+		if !errors.Is(tail.err, errNotFramed) && !errors.Is(tail.err, ErrCorrupt) && ctx.Err() == nil {
+			l.mu.Lock()
+			l.noTails = true
+			l.mu.Unlock()
+		}
+		return s.downloadPack(ctx, dir, p)
+	}
+	select { // the frames are written once Begin has returned
+	case <-l.begun:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(framePages*pageSize+pageSize))
+	if err != nil {
+		return err
+	}
+	defer dec.Close()
+	name := p.name()
+	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.packKey(name))})
+	if err != nil {
+		if isNotFound(err) {
+			return fmt.Errorf("%w: pack %s missing", ErrCorrupt, name)
+		}
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	defer out.Body.Close()
+	t := tail.t
+	// The file's pages in this pack by their place in it, so that each
+	// frame's are a run of them.
+	bySlot := slices.Clone(pages)
+	slices.SortFunc(bySlot, func(a, b int32) int { return cmp.Compare(ix[a].off, ix[b].off) })
+	data := make([]byte, p.stored+1) // one byte more, to tell a longer object
+	var have int64
+	var frame []byte
+	for j := 0; j+1 < len(t.starts); j++ {
+		if _, err := io.ReadFull(out.Body, data[have:t.starts[j+1]]); err != nil {
+			return fmt.Errorf("pack %s: %w", name, err)
+		}
+		have = t.starts[j+1]
+		want := min(framePages*pageSize, p.raw-int64(j)*framePages*pageSize)
+		frame, err = dec.DecodeAll(data[t.starts[j]:have], frame[:0])
+		if err != nil || int64(len(frame)) != want {
+			return fmt.Errorf("%w: pack %s: frame %d does not decode to its size", ErrCorrupt, name, j)
+		}
+		k := 0
+		for k < len(bySlot) && int(ix[bySlot[k]].off/pageSize)/framePages == j {
+			k++
+		}
+		if err := l.writePages(f, p, t, map[int][]byte{j: frame}, bySlot[:k], ix); err != nil {
+			return err
+		}
+		bySlot = bySlot[k:]
+	}
+	if len(bySlot) > 0 {
+		return fmt.Errorf("%w: a page of the memory file lies past its pack", ErrCorrupt)
+	}
+	n, err := io.ReadFull(out.Body, data[have:])
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	data = data[:have+int64(n)]
+	if int64(len(data)) != p.stored || sha256.Sum256(data) != p.digest {
+		return fmt.Errorf("%w: pack %s does not match its digest", ErrCorrupt, name)
+	}
+	if err := writePackFile(dir, name, data); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if l.streamed != nil {
+		l.streamed[i] = true
+	}
+	l.mu.Unlock()
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -165,5 +166,51 @@ func TestGetLazy(t *testing.T) {
 	}
 	if _, err := os.Lstat(broken); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a failed GetLazy left %s", broken)
+	}
+}
+
+// A memory file whose packs are all on this node's disk already is written
+// in the order of its pages: the order a restore's background load reads
+// in, each read waiting at the first page not written yet.
+func TestGetLazyPacksOnDiskInOrder(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "lazy-order")
+	tmp := t.TempDir()
+	cfg.ChunkDir = filepath.Join(tmp, "chunks") // the packs stay here as they are put
+	store := openStore(t, cfg)
+	src := filepath.Join(tmp, "src")
+	const pages = 12000
+	memoryImage(t, src, randomPages(pages, 5))
+	m, err := store.PutImage(ctx, "snapshots/order", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Packs) < 5 {
+		t.Fatalf("image of %d packs; the test needs several", len(m.Packs))
+	}
+	var mu sync.Mutex
+	var offs []int64
+	dst := filepath.Join(tmp, "dst")
+	st, err := store.GetLazy(ctx, "snapshots/order", m.Digest, dst, LazyFile{Name: "pages.img",
+		Begin: func(int64, func(off, n int64)) (func(off, n int64), error) {
+			return func(off, n int64) {
+				mu.Lock()
+				defer mu.Unlock()
+				if off < pages*pageSize { // not the zero run at the end
+					offs = append(offs, off)
+				}
+			}, nil
+		}})
+	if err != nil {
+		t.Fatalf("GetLazy: %v", err)
+	}
+	if st.Fetched.Packs != 0 {
+		t.Fatalf("%d packs downloaded; the test needs them all on disk", st.Fetched.Packs)
+	}
+	equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(dst, "pages.img"))
+	if len(offs) < len(m.Packs)-1 || !slices.IsSorted(offs) {
+		t.Errorf("the file's pages were written at %v: want ascending, a run or more a pack", offs)
 	}
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -12,59 +13,75 @@ import (
 	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
 )
 
-// BenchmarkClusterShared measures the object store in a cluster of three
-// nodes on this machine with a real S3 server (weed), per iteration:
-//
-//   - upload: a snapshot of a sandbox holding 300 MB of random memory,
-//     from the snapshot's answer until its record says uploaded (its root
-//     filesystem is in the store from the first iteration on);
-//   - cold / warm: create from it on another node until a command answers,
-//     the first fetching the image into that node's cache (its memory
-//     still arriving while it restores: --lazy-restore), the second served
-//     as a warm one is; cold-whole: the same cold create on a node that
-//     fetches the whole image first (the default);
-//   - fork-3-nodes / fork-1-node: a fork of 64 children from a small
-//     snapshot through the gateway, split over the three nodes, against
-//     the same fork on one node, until every child answers a command.
-//
-// It is slow (minutes per iteration) and runs on its own:
-// `make bench-shared`, beside raw runsc's checkpoint and restore.
-func BenchmarkClusterShared(b *testing.B) {
+// The object store in a cluster of three nodes on this machine with a real
+// S3 server (weed). These are slow (minutes per iteration) and run on their
+// own: `make bench-shared`, beside raw runsc's checkpoint and restore.
+
+// sharedBenchCluster starts the S3 server, three nodes sharing it (node-b
+// restores lazily, the others fetch images whole first) and a gateway;
+// extra are more flags for every node.
+func sharedBenchCluster(b *testing.B, extra ...string) (na, nb, nc *server, g *gateway) {
 	srv := s3test.Start(b)
 	c := newCluster(b)
 	// /22s: a fork of 64 on one node needs more slots than a /24 has.
-	na := c.sharedNode("node-a", srv, "--sandbox-cidr", "10.236.0.0/22")
-	nb := c.sharedNode("node-b", srv, "--sandbox-cidr", "10.236.4.0/22", "--lazy-restore")
-	nc := c.sharedNode("node-c", srv, "--sandbox-cidr", "10.236.8.0/22")
-	g := c.addGateway()
+	na = c.sharedNode("node-a", srv, append([]string{"--sandbox-cidr", "10.236.0.0/22"}, extra...)...)
+	nb = c.sharedNode("node-b", srv, append([]string{"--sandbox-cidr", "10.236.4.0/22", "--lazy-restore"}, extra...)...)
+	nc = c.sharedNode("node-c", srv, append([]string{"--sandbox-cidr", "10.236.8.0/22"}, extra...)...)
+	g = c.addGateway()
 	g.waitReady(b, "node-a", "node-b", "node-c")
+	return na, nb, nc, g
+}
+
+// BenchmarkClusterColdCreate measures, per iteration:
+//
+//   - upload: a snapshot of a sandbox holding 300 MB of random memory,
+//     new each iteration, from the snapshot's answer until its record says
+//     uploaded (its root filesystem is in the store from the first
+//     iteration on);
+//   - cold / warm: create from it on another node until a command answers,
+//     the first fetching the image into that node's cache (its memory
+//     still arriving while it restores: --lazy-restore), the second, once
+//     the image is whole in the cache, restoring from it; cold-whole: the
+//     same cold create on a node that fetches the whole image first (the
+//     default).
+//
+// The nodes keep no warm snapshots: a create from the pool is a resume,
+// not a restore, and the pool's own restores would compete with the
+// creates measured.
+func BenchmarkClusterColdCreate(b *testing.B) {
+	na, nb, nc, g := sharedBenchCluster(b, "--warm-snapshots", "0")
 	ctx := context.Background()
+	arrived := func() int { return strings.Count(nb.logs.String(), "memory file arrived") }
 
 	big := na.create(map[string]any{"templateID": "base", "memoryMB": 1024, "timeout": 3600}).SandboxID
-	na.exec(big, client.ExecuteRequest{Command: `nohup python3 -c '
-import os, time
-buf = os.urandom(300 << 20)
-open("/tmp/ready", "w").write("ok")
-time.sleep(1e9)
+	// 300 MB of random memory, made anew each time /tmp/again is written
+	// to, so that every iteration's snapshot shares no page with the last
+	// (a cold create has none of its packs), and the upload is of 300 MB.
+	na.exec(big, client.ExecuteRequest{Command: `mkfifo /tmp/again && nohup python3 -c '
+import os
+n = 0
+while True:
+    buf = os.urandom(300 << 20)
+    open("/tmp/ready", "w").write(str(n))
+    open("/tmp/again").read()
+    n += 1
 ' >/dev/null 2>&1 &`})
-	waitFor(b, 2*time.Minute, "300 MB in memory", func() bool {
-		res, err := na.api.Execute(ctx, big, client.ExecuteRequest{Command: "cat /tmp/ready"})
-		return err == nil && res.Stdout == "ok"
-	})
-	small := na.create(map[string]any{"templateID": "base", "memoryMB": 256, "timeout": 3600}).SandboxID
-	smallSnap, err := g.api.CreateSnapshot(ctx, small, "")
-	if err != nil {
-		b.Fatal(err)
-	}
-	waitUploaded(b, g, smallSnap.SnapshotID)
-	// Every node's cache gets the small image before the forks are timed.
-	for _, id := range g.fork(b, smallSnap.SnapshotID, 3) {
-		g.api.DeleteSandbox(ctx, id)
+	fresh := func(n int) {
+		if n > 0 {
+			na.exec(big, client.ExecuteRequest{Command: "echo > /tmp/again"})
+		}
+		waitFor(b, 2*time.Minute, "300 MB in memory", func() bool {
+			res, err := na.api.Execute(ctx, big, client.ExecuteRequest{Command: "cat /tmp/ready"})
+			return err == nil && res.Stdout == strconv.Itoa(n)
+		})
 	}
 
-	var upload, cold, warm, coldWhole, forkCluster, forkOne []time.Duration
+	var upload, cold, warm, coldWhole []time.Duration
 	b.ResetTimer()
-	for range b.N {
+	for n := range b.N {
+		b.StopTimer()
+		fresh(n)
+		b.StartTimer()
 		snap, err := g.api.CreateSnapshot(ctx, big, "")
 		if err != nil {
 			b.Fatal(err)
@@ -72,7 +89,11 @@ time.sleep(1e9)
 		answered := time.Now()
 		waitUploaded(b, g, snap.SnapshotID)
 		upload = append(upload, time.Since(answered))
+		before := arrived()
 		for i := range 2 {
+			if i == 1 { // the warm create: the image whole in the cache
+				waitFor(b, time.Minute, "the memory file in node-b's cache", func() bool { return arrived() > before })
+			}
 			t0 := time.Now()
 			id := nb.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
 			nb.exec(id, client.ExecuteRequest{Command: "true"})
@@ -91,16 +112,6 @@ time.sleep(1e9)
 		g.api.DeleteTemplate(ctx, snap.SnapshotID)
 		b.Logf("create from 300 MB: cold %v, warm %v, cold fetching the whole image first %v",
 			cold[len(cold)-1].Round(time.Millisecond), warm[len(warm)-1].Round(time.Millisecond), coldWhole[len(coldWhole)-1].Round(time.Millisecond))
-
-		t0 = time.Now()
-		children := g.fork(b, smallSnap.SnapshotID, 64)
-		forkCluster = append(forkCluster, time.Since(t0))
-		deleteAll(g.api, children)
-		t0 = time.Now()
-		children = na.fork("/snapshots/"+smallSnap.SnapshotID+"/fork", 64)
-		execAll(b, na.api, children)
-		forkOne = append(forkOne, time.Since(t0))
-		deleteAll(na.api, children)
 	}
 	b.StopTimer()
 	// Where the cold creates' time went, as the nodes logged it.
@@ -121,6 +132,39 @@ time.sleep(1e9)
 	pcw, _ := percentiles(coldWhole)
 	b.ReportMetric(pc/pw, "cold/warm")
 	b.ReportMetric(pcw/pw, "cold-whole/warm")
+}
+
+// BenchmarkClusterFork64 measures a fork of 64 children from a small
+// snapshot through the gateway, split over the three nodes, against the
+// same fork on one node, until every child answers a command.
+func BenchmarkClusterFork64(b *testing.B) {
+	na, _, _, g := sharedBenchCluster(b)
+	ctx := context.Background()
+	small := na.create(map[string]any{"templateID": "base", "memoryMB": 256, "timeout": 3600}).SandboxID
+	smallSnap, err := g.api.CreateSnapshot(ctx, small, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	waitUploaded(b, g, smallSnap.SnapshotID)
+	// Every node's cache gets the small image before the forks are timed.
+	for _, id := range g.fork(b, smallSnap.SnapshotID, 3) {
+		g.api.DeleteSandbox(ctx, id)
+	}
+
+	var forkCluster, forkOne []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		children := g.fork(b, smallSnap.SnapshotID, 64)
+		forkCluster = append(forkCluster, time.Since(t0))
+		deleteAll(g.api, children)
+		t0 = time.Now()
+		children = na.fork("/snapshots/"+smallSnap.SnapshotID+"/fork", 64)
+		execAll(b, na.api, children)
+		forkOne = append(forkOne, time.Since(t0))
+		deleteAll(na.api, children)
+	}
+	b.StopTimer()
 	reportNamed(b, "fork64-3-nodes", forkCluster)
 	reportNamed(b, "fork64-1-node", forkOne)
 	p3, _ := percentiles(forkCluster)
