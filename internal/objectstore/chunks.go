@@ -888,7 +888,10 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 		fill.prepare(ctx, f)
 		// Frame fetches end before the file closes (on failure too): once
 		// run has written every page they are of no use, and a write of
-		// theirs must not land after the file is closed and dated.
+		// theirs must not land after the file is closed and dated. (No
+		// stream runs past a run that succeeded: run waits for every pack
+		// to arrive. After a failure a stream may still write, and finds
+		// the file closed.)
 		defer fill.stopFrames()
 		if fill.written, err = lazy.Begin(fill.size, fill.prioritize); err != nil {
 			return err

@@ -148,6 +148,7 @@ func (s *Store) getRange(ctx context.Context, p packRef, from, to int64) ([]byte
 	start, want := from, to-from
 	if aws.ToString(out.ContentRange) == "" {
 		start, want = 0, p.stored
+		s.rangesIgnored.Store(true)
 	}
 	data := make([]byte, want+1) // one byte more, to tell a longer answer
 	n, err := io.ReadFull(out.Body, data)

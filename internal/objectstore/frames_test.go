@@ -548,9 +548,34 @@ func TestGetLazyStreamsPacks(t *testing.T) {
 		}
 	}
 	mu.Unlock()
+}
 
-	// A byte of the last pack's second frame altered in the bucket.
-	key := aws.String(fresh(base).packKey(m.Packs[len(m.Packs)-1]))
+// A streamed pack whose frame decodes well but to a page other than the
+// one its hash list (pinned by the index) names: the Get fails, leaves
+// nothing, and that page of the file is never said written.
+func TestGetLazyStreamChecksPages(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "stream-check")
+	tmp := t.TempDir()
+	src := filepath.Join(tmp, "src")
+	memoryImage(t, src, randomPages(6000, 23))
+	store := openStore(t, cfg)
+	m, err := store.PutImage(ctx, "snapshots/check", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := store.readIndex(ctx, "snapshots/check", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last pack, its slot 69 (in frame 1) holding another page, framed
+	// again, its hash list as it was: of the same size, as random pages
+	// do not compress.
+	pack := uint32(len(ix.packs))
+	p := ix.packs[pack-1]
+	key := aws.String(store.packKey(p.name()))
 	out, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: key})
 	if err != nil {
 		t.Fatal(err)
@@ -560,18 +585,70 @@ func TestGetLazyStreamsPacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	at := int64(framePages*pageSize + 3*pageSize + 17) // inside frame 1 (random pages barely compress)
-	stored[at] ^= 0xff
-	if _, err := srv.Client().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(cfg.Bucket), Key: key, Body: bytes.NewReader(stored)}); err != nil {
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	if err != nil {
 		t.Fatal(err)
 	}
-	broken := filepath.Join(tmp, "broken")
-	_, err = fresh(base).GetLazy(ctx, "snapshots/streams", m.Digest, broken, LazyFile{Name: "pages.img",
-		Begin: func(int64, func(off, n int64)) (func(off, n int64), error) { return func(int64, int64) {}, nil }})
-	if !errors.Is(err, ErrCorrupt) {
-		t.Errorf("GetLazy with an altered pack = %v, want ErrCorrupt", err)
+	defer dec.Close()
+	raw, err := dec.DecodeAll(stored[:p.stored-p.hashBytes()], nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := os.Lstat(broken); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("a failed GetLazy left %s", broken)
+	const slot = framePages + 5
+	copy(raw[slot*pageSize:], randomPages(1, 99)[0])
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	altered := append(encodeFrames(enc, raw, nil), stored[p.stored-p.hashBytes():]...)
+	if int64(len(altered)) != p.stored {
+		t.Fatalf("the altered pack is %d bytes, not %d: the test needs its size kept", len(altered), p.stored)
+	}
+	if _, err := srv.Client().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(cfg.Bucket), Key: key, Body: bytes.NewReader(altered)}); err != nil {
+		t.Fatal(err)
+	}
+	first, _, _, _, err := lazyPages(ix, "pages.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := int64(-1) // the file's page in the altered slot
+	for fp, pg := range ix.pages[first:] {
+		if pg.pack == pack && int(pg.off)/pageSize == slot {
+			bad = int64(fp)
+		}
+	}
+	if bad < 0 {
+		t.Fatal("no page of the memory file in the altered slot")
+	}
+
+	c := cfg
+	c.ChunkDir = t.TempDir()
+	var mu sync.Mutex
+	saidBad, saidAny := false, false
+	dst := filepath.Join(tmp, "dst")
+	_, err = openStore(t, c).GetLazy(ctx, "snapshots/check", m.Digest, dst, LazyFile{Name: "pages.img",
+		Begin: func(int64, func(off, n int64)) (func(off, n int64), error) {
+			return func(off, n int64) {
+				mu.Lock()
+				defer mu.Unlock()
+				saidAny = true
+				if off <= bad*pageSize && bad*pageSize < off+n {
+					saidBad = true
+				}
+			}, nil
+		}})
+	if !errors.Is(err, ErrCorrupt) {
+		t.Errorf("GetLazy with a page altered = %v, want ErrCorrupt", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !saidAny {
+		t.Error("no page said written: the Get did not get as far as the file")
+	}
+	if saidBad {
+		t.Errorf("page %d of the file, altered in its pack, was said written", bad)
+	}
+	if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed GetLazy left %s", dst)
 	}
 }

@@ -242,10 +242,14 @@ type lazyFill struct {
 	asked    map[uint64]bool
 	// framesOver says stopFrames has run.
 	framesOver bool
-	// streamed are the packs streamPack wrote: run need not write them.
-	streamed map[uint32]bool
-	// noTails says a pack's tail could not be had (a store without ranged
-	// GETs): the streams that follow download their packs whole.
+	// streamed are the packs streamPack wrote: run need not write them;
+	// framesStreamed, of a pack being streamed, how many of its frames
+	// are written (a read in them needs no frame fetched).
+	streamed       map[uint32]bool
+	framesStreamed map[uint32]int
+	// noTails says a pack's tail could not be had (a store refusing ranged
+	// GETs, or one failing): the streams that follow download their packs
+	// whole, and run writes them.
 	noTails bool
 }
 
@@ -262,7 +266,7 @@ func (l *lazyFill) stop() {
 	l.stopped = true
 	l.r, l.q, l.download = nil, nil, nil
 	l.urgent, l.ready, l.arrived, l.done = nil, nil, nil, nil
-	l.f, l.byPack, l.tails, l.unframed, l.asked, l.streamed = nil, nil, nil, nil, nil, nil
+	l.f, l.byPack, l.tails, l.unframed, l.asked, l.streamed, l.framesStreamed = nil, nil, nil, nil, nil, nil, nil
 }
 
 // arrive is told of each pack downloaded (or failed: the Get then ends).
@@ -327,6 +331,9 @@ func (l *lazyFill) prioritize(off, n int64) {
 			continue // here already, or to be downloaded whole
 		}
 		frame := int(pg.off / pageSize / framePages)
+		if frame < l.framesStreamed[i] {
+			continue // written
+		}
 		if key := uint64(i)<<32 | uint64(frame); !l.asked[key] {
 			l.asked[key] = true
 			frames[i] = append(frames[i], frame)
@@ -465,17 +472,20 @@ func (l *lazyFill) writeFrames(s *Store, p packRef, tail *packTail, frames []int
 // checked against the pack's hash list, in runs of consecutive pages, each
 // told once written. Begin has returned.
 func (l *lazyFill) writePages(f *os.File, p packRef, tail *packTail, got map[int][]byte, pages []int32, ix []pageRef) error {
-	var run []byte
+	// A run is pages that follow each other both in the file and in one
+	// frame's bytes: it is written straight from the frame, uncopied.
+	var frame []byte
+	var from, to int64 // the run: frame[from:to]
 	runAt := int64(-1)
 	flush := func() error {
-		if len(run) == 0 {
+		if to == from {
 			return nil
 		}
-		if _, err := f.WriteAt(run, runAt); err != nil {
+		if _, err := f.WriteAt(frame[from:to], runAt); err != nil {
 			return err
 		}
-		l.written(runAt, int64(len(run)))
-		run = run[:0]
+		l.written(runAt, to-from)
+		from, to = 0, 0
 		return nil
 	}
 	for _, fp := range pages {
@@ -487,17 +497,20 @@ func (l *lazyFill) writePages(f *os.File, p packRef, tail *packTail, got map[int
 		off := int64(fp) * pageSize
 		n := min(pageSize, l.size-off)
 		at := int64(slot%framePages) * pageSize
-		page := data[at : at+n]
-		if !tail.check(slot, page) {
+		if at+n > int64(len(data)) {
+			return fmt.Errorf("%w: pack %s: a page of the memory file lies past its frame %d", ErrCorrupt, p.name(), slot/framePages)
+		}
+		if !tail.check(slot, data[at:at+n]) {
 			return fmt.Errorf("%w: pack %s: a page of frame %d does not match its hash", ErrCorrupt, p.name(), slot/framePages)
 		}
-		if runAt+int64(len(run)) != off {
-			if err := flush(); err != nil {
-				return err
-			}
-			runAt = off
+		if to > from && runAt+(to-from) == off && to == at && &frame[0] == &data[0] {
+			to += n
+			continue
 		}
-		run = append(run, page...)
+		if err := flush(); err != nil {
+			return err
+		}
+		frame, from, to, runAt = data, at, at+n, off
 	}
 	return flush()
 }
@@ -512,7 +525,7 @@ func (l *lazyFill) prepare(ctx context.Context, f *os.File) {
 		}
 	}
 	l.tails, l.unframed, l.asked = map[uint32]*tailFetch{}, map[uint32]bool{}, map[uint64]bool{}
-	l.streamed = map[uint32]bool{}
+	l.streamed, l.framesStreamed = map[uint32]bool{}, map[uint32]int{}
 	l.framesCtx, l.endFrames = context.WithCancel(ctx)
 	l.frameSlots, l.begun = make(chan struct{}, maxFrameFetches), make(chan struct{})
 }
@@ -677,7 +690,7 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 		l.mu.Unlock()
 		return s.downloadPack(ctx, dir, p)
 	}
-	if l.noTails {
+	if l.noTails || s.rangesIgnored.Load() {
 		l.mu.Unlock()
 		return s.downloadPack(ctx, dir, p)
 	}
@@ -747,6 +760,11 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 			return err
 		}
 		bySlot = bySlot[k:]
+		l.mu.Lock()
+		if l.framesStreamed != nil {
+			l.framesStreamed[i] = j + 1
+		}
+		l.mu.Unlock()
 	}
 	if len(bySlot) > 0 {
 		return fmt.Errorf("%w: a page of the memory file lies past its pack", ErrCorrupt)

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/errdefs"
@@ -77,6 +78,10 @@ type Store struct {
 	client *s3.Client
 
 	trimMu sync.Mutex // one eviction pass over ChunkDir at a time
+	// rangesIgnored says the store once answered a ranged GET with the
+	// whole object: a lazy Get then downloads each pack once, whole,
+	// rather than its tail first and then the pack streaming.
+	rangesIgnored atomic.Bool
 
 	// unframedPacks writes packs as they were before frames (one zstd
 	// frame, no table): tests of reading them.

@@ -200,8 +200,6 @@ func (s *feedStream) Finish(err error) error {
 		s.feed.Fail(err)
 		return nil
 	}
-	s.logger.Info("shared images: memory file arrived", "dir", s.dir, "bytes", s.size,
-		"took", time.Since(s.started).Round(time.Millisecond))
 	if err := os.Remove(filepath.Join(s.dir, ckptgofer.OptionsFile)); err != nil {
 		return err
 	}
@@ -210,7 +208,13 @@ func (s *feedStream) Finish(err error) error {
 		return err
 	}
 	defer d.Close()
-	return d.Sync()
+	if err := d.Sync(); err != nil {
+		return err
+	}
+	// Said once restores starting now read the image directly.
+	s.logger.Info("shared images: memory file arrived", "dir", s.dir, "bytes", s.size,
+		"took", time.Since(s.started).Round(time.Millisecond))
+	return nil
 }
 
 func (s *feedStream) Close() { s.feed.Close() }

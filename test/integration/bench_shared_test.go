@@ -55,8 +55,10 @@ func BenchmarkClusterColdCreate(b *testing.B) {
 
 	big := na.create(map[string]any{"templateID": "base", "memoryMB": 1024, "timeout": 3600}).SandboxID
 	// 300 MB of random memory, made anew each time /tmp/again is written
-	// to, so that every iteration's snapshot shares no page with the last
-	// (a cold create has none of its packs), and the upload is of 300 MB.
+	// to: every iteration's snapshot shares none of those pages with the
+	// last (a cold create has none of their packs; the rest of the
+	// sandbox's memory, a few MB, it may have), and its upload is of
+	// 300 MB.
 	na.exec(big, client.ExecuteRequest{Command: `mkfifo /tmp/again && nohup python3 -c '
 import os
 n = 0
