@@ -936,19 +936,28 @@ type FetchStats struct {
 	Bytes int64 // their stored bytes
 }
 
-func (s *Store) downloadPack(ctx context.Context, dir string, p packRef) error {
-	name := p.name()
+// getPack starts the download of the pack named name, whole.
+func (s *Store) getPack(ctx context.Context, name string) (io.ReadCloser, error) {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.packKey(name))})
 	if err != nil {
 		if isNotFound(err) {
-			return fmt.Errorf("%w: pack %s missing", ErrCorrupt, name)
+			return nil, fmt.Errorf("%w: pack %s missing", ErrCorrupt, name)
 		}
-		return fmt.Errorf("pack %s: %w", name, err)
+		return nil, fmt.Errorf("pack %s: %w", name, err)
 	}
-	defer out.Body.Close()
+	return out.Body, nil
+}
+
+func (s *Store) downloadPack(ctx context.Context, dir string, p packRef) error {
+	name := p.name()
+	body, err := s.getPack(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
 	// One byte more than recorded, to tell a longer object.
 	data := make([]byte, p.stored+1)
-	n, err := io.ReadFull(out.Body, data)
+	n, err := io.ReadFull(body, data)
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("pack %s: %w", name, err)
 	}

@@ -17,8 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -391,15 +389,9 @@ func (l *lazyFill) fetchFrames(i uint32, frames []int) {
 	go func() {
 		defer l.frames.Done()
 		ctx := l.framesCtx
-		if first {
-			tail.t, tail.err = s.fetchTail(ctx, p)
-			close(tail.done)
-		}
 		// The tail first, outside the bound: a fetch holding a slot never
 		// waits on one that waits for a slot.
-		select {
-		case <-tail.done:
-		case <-ctx.Done():
+		if !tail.get(ctx, s, p, first) {
 			return
 		}
 		select {
@@ -442,6 +434,21 @@ type tailFetch struct {
 	done chan struct{}
 	t    *packTail
 	err  error
+}
+
+// get fetches pack p's tail if first (tailOf said so), else waits for the
+// fetch under way; false if ctx ends first.
+func (tf *tailFetch) get(ctx context.Context, s *Store, p packRef, first bool) bool {
+	if first {
+		tf.t, tf.err = s.fetchTail(ctx, p)
+		close(tf.done)
+	}
+	select {
+	case <-tf.done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // writeFrames fetches frames of pack p, whose tail is tail, and writes the
@@ -698,13 +705,7 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 	pages, ix := l.byPack[i], l.r.ix.pages[l.first:l.first+l.count]
 	tail, first := l.tailOf(i)
 	l.mu.Unlock()
-	if first {
-		tail.t, tail.err = s.fetchTail(ctx, p)
-		close(tail.done)
-	}
-	select {
-	case <-tail.done:
-	case <-ctx.Done():
+	if !tail.get(ctx, s, p, first) {
 		return ctx.Err()
 	}
 	if tail.err != nil {
@@ -726,14 +727,11 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 	}
 	defer dec.Close()
 	name := p.name()
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.packKey(name))})
+	body, err := s.getPack(ctx, name)
 	if err != nil {
-		if isNotFound(err) {
-			return fmt.Errorf("%w: pack %s missing", ErrCorrupt, name)
-		}
-		return fmt.Errorf("pack %s: %w", name, err)
+		return err
 	}
-	defer out.Body.Close()
+	defer body.Close()
 	t := tail.t
 	// The file's pages in this pack by their place in it, so that each
 	// frame's are a run of them.
@@ -743,7 +741,7 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 	var have int64
 	var frame []byte
 	for j := 0; j+1 < len(t.starts); j++ {
-		if _, err := io.ReadFull(out.Body, data[have:t.starts[j+1]]); err != nil {
+		if _, err := io.ReadFull(body, data[have:t.starts[j+1]]); err != nil {
 			return fmt.Errorf("pack %s: %w", name, err)
 		}
 		have = t.starts[j+1]
@@ -769,7 +767,7 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 	if len(bySlot) > 0 {
 		return fmt.Errorf("%w: a page of the memory file lies past its pack", ErrCorrupt)
 	}
-	n, err := io.ReadFull(out.Body, data[have:])
+	n, err := io.ReadFull(body, data[have:])
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("pack %s: %w", name, err)
 	}
