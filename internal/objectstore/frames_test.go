@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -432,9 +434,41 @@ type stallingTransport struct {
 	cut      int64
 	gate     chan struct{}
 	stalling atomic.Bool
+
+	mu sync.Mutex
+	// ends are the last bytes of the ranged GETs of each pack.
+	ends map[string][]int64
+}
+
+// frameFetches counts the ranged GETs that were not of a pack's tail (the
+// range ending furthest in its pack).
+func (s *stallingTransport) frameFetches() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, ends := range s.ends {
+		last := slices.Max(ends)
+		for _, e := range ends {
+			if e < last {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func (s *stallingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if rg := r.Header.Get("Range"); rg != "" {
+		var from, to int64
+		if _, err := fmt.Sscanf(rg, "bytes=%d-%d", &from, &to); err == nil {
+			s.mu.Lock()
+			if s.ends == nil {
+				s.ends = map[string][]int64{}
+			}
+			s.ends[r.URL.Path] = append(s.ends[r.URL.Path], to)
+			s.mu.Unlock()
+		}
+	}
 	resp, err := s.base.RoundTrip(r)
 	if err != nil || !s.stalling.Load() || r.Method != http.MethodGet || r.Header.Get("Range") != "" ||
 		!strings.Contains(r.URL.Path, "/"+chunksDir+"/") {
@@ -467,8 +501,8 @@ func (b *stallingBody) Read(p []byte) (int, error) {
 
 // The memory file's packs are written frame by frame as their bytes come:
 // with every download after the handover stalled after its first two
-// frames, pages of the file are said written (no reader asked for them,
-// so no frame was fetched alone). A pack altered in the bucket fails the Get, which leaves
+// frames, pages of the file are said written. A read of a page a stream
+// has written fetches nothing (no frame is fetched alone). A pack altered in the bucket fails the Get, which leaves
 // nothing, and no page of the altered frame is said written.
 func TestGetLazyStreamsPacks(t *testing.T) {
 	t.Parallel()
@@ -492,11 +526,31 @@ func TestGetLazyStreamsPacks(t *testing.T) {
 		return openStore(t, c)
 	}
 	base := http.DefaultTransport.(*http.Transport).Clone()
+	// The packs only the memory file uses: those that are streamed.
+	ix, err := fresh(base).readIndex(ctx, "snapshots/streams", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, count, _, _, err := lazyPages(ix, "pages.img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed := map[uint32]bool{}
+	for _, pg := range ix.pages[first : first+count] {
+		streamed[pg.pack] = true
+	}
+	for p, pg := range ix.pages {
+		if p < first || p >= first+count {
+			delete(streamed, pg.pack)
+		}
+	}
 
 	gate := make(chan struct{})
 	var mu sync.Mutex
 	said := map[int64]bool{}
 	saidWhileStalled := 0
+	var prioritize func(off, n int64)
+	asked := false // a page a stream wrote, read
 	written := func(off, n int64) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -505,6 +559,12 @@ func TestGetLazyStreamsPacks(t *testing.T) {
 		}
 		if off >= 6000*pageSize {
 			return // the zero run at the end, said at once
+		}
+		// Past the slack within which a read counts as the load's in order
+		// (inOrderSlack), so that it is one a fault makes.
+		if !asked && off > inOrderSlack && streamed[ix.pages[first+int(off/pageSize)].pack] {
+			asked = true
+			prioritize(off, pageSize)
 		}
 		select {
 		case <-gate:
@@ -531,11 +591,17 @@ func TestGetLazyStreamsPacks(t *testing.T) {
 	st := &stallingTransport{base: base, cut: 2*framePages*pageSize + 8192, gate: gate}
 	dst := filepath.Join(tmp, "dst")
 	if _, err := fresh(st).GetLazy(ctx, "snapshots/streams", m.Digest, dst, LazyFile{Name: "pages.img",
-		Begin: func(int64, func(off, n int64)) (func(off, n int64), error) {
+		Begin: func(_ int64, prio func(off, n int64)) (func(off, n int64), error) {
+			mu.Lock()
+			prioritize = prio
+			mu.Unlock()
 			st.stalling.Store(true)
 			return written, nil
 		}}); err != nil {
 		t.Fatalf("GetLazy: %v", err)
+	}
+	if n := st.frameFetches(); !asked || n != 0 {
+		t.Errorf("a page a stream wrote read (%v): %d frames fetched, want none", asked, n)
 	}
 	equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(dst, "pages.img"))
 	mu.Lock()

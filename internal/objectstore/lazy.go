@@ -242,7 +242,8 @@ type lazyFill struct {
 	framesOver bool
 	// streamed are the packs streamPack wrote: run need not write them;
 	// framesStreamed, of a pack being streamed, how many of its frames
-	// are written (a read in them needs no frame fetched).
+	// are in hand, written or being written (a read in them needs no
+	// frame fetched).
 	streamed       map[uint32]bool
 	framesStreamed map[uint32]int
 	// noTails says a pack's tail could not be had (a store refusing ranged
@@ -750,6 +751,13 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 		if err != nil || int64(len(frame)) != want {
 			return fmt.Errorf("%w: pack %s: frame %d does not decode to its size", ErrCorrupt, name, j)
 		}
+		// From here a read in this frame waits for the write below rather
+		// than fetching the frame again.
+		l.mu.Lock()
+		if l.framesStreamed != nil {
+			l.framesStreamed[i] = j + 1
+		}
+		l.mu.Unlock()
 		k := 0
 		for k < len(bySlot) && int(ix[bySlot[k]].off/pageSize)/framePages == j {
 			k++
@@ -758,11 +766,6 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 			return err
 		}
 		bySlot = bySlot[k:]
-		l.mu.Lock()
-		if l.framesStreamed != nil {
-			l.framesStreamed[i] = j + 1
-		}
-		l.mu.Unlock()
 	}
 	if len(bySlot) > 0 {
 		return fmt.Errorf("%w: a page of the memory file lies past its pack", ErrCorrupt)
