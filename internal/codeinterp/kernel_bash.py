@@ -9,8 +9,11 @@
 # cell's exit status is the last command's; a non-zero one is reported as an
 # error whose value is that status, as Jupyter's bash kernel does. SIGINT
 # (the service's interrupt) is passed to bash's process group: the command
-# running stops and the rest of the cell is skipped. A cell that exits bash
-# gets its status reported and the next cell a new bash.
+# running stops and the rest of the cell is skipped. It is passed again
+# every INTERRUPT_AGAIN seconds until the cell ends: one that reached bash
+# as it was starting a command (between the fork and the wait) is held by
+# bash until that command ends, and the command never saw it. A cell that
+# exits bash gets its status reported and the next cell a new bash.
 import fcntl
 import io
 import json
@@ -27,6 +30,7 @@ import threading
 
 EVENTS_FD = 4
 REQUESTS_FD = 3
+INTERRUPT_AGAIN = 0.25
 
 emit_lock = threading.Lock()
 
@@ -111,6 +115,9 @@ class Bash:
         self.outputs = [Output(out_r, "stdout"), Output(err_r, "stderr")]
         self.status_file = os.fdopen(self.status, "rb", buffering=0)
         self.buffer = b""
+        # interrupted says the cell running was interrupted: read_status
+        # passes the interrupt again until the cell ends.
+        self.interrupted = False
         # bash reads its commands through a descriptor of its own (255):
         # the pipe's, which the commands of cells would inherit (and keep
         # open, or read), goes. The status pipe is closed for the cells
@@ -127,6 +134,7 @@ class Bash:
         """Passes the interrupt to bash and the command it runs: they are
         in this process's group (which the service kills whole), and this
         process ignores the copy it sends itself."""
+        self.interrupted = True
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             os.killpg(os.getpgid(0), signal.SIGINT)
@@ -136,6 +144,13 @@ class Bash:
     def read_status(self):
         """The cell's exit status, or None if bash is gone."""
         while b"\n" not in self.buffer:
+            # A finite wait: the interrupt comes as a signal, and a select
+            # it cuts short is resumed with the wait it was given.
+            ready, _, _ = select.select([self.status], [], [], INTERRUPT_AGAIN)
+            if not ready:
+                if self.interrupted:
+                    self.interrupt()
+                continue
             chunk = self.status_file.read(64)
             if not chunk:
                 return None
@@ -185,6 +200,7 @@ def execute(request):
     restore = "".join('unset %s; eval "$__aenv_saved_%s"; unset __aenv_saved_%s; ' % (k, k, k) for k in env)
     exports = ("export %s; " % quote_env(env)) if env else ""
     fd_status = bash.status_fd
+    bash.interrupted = False
     bash.send("%s%strap 'return 130' INT; source %s %d>&-; __aenv_rc=$?; trap : INT; %sprintf '%%d\\n' \"$__aenv_rc\" >&%d\n"
               % (save, exports, shlex.quote(path), fd_status, restore, fd_status))
     try:

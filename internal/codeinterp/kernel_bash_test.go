@@ -110,6 +110,32 @@ func TestKernelBash(t *testing.T) {
 		t.Errorf("after an interrupt: %q, want the shell's state kept", got)
 	}
 
+	// An interrupt that reaches bash as it starts a command is held by bash
+	// until the command ends, and the command never sees it: the kernel
+	// passes it again until the cell ends. Here the command stands in for
+	// that, by letting the first interrupt go by. Were it not passed again,
+	// the cell would run until the service's grace ended and killed the
+	// kernel, the shell's state with it.
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	res = post(t, ctx, srv+"/execute", map[string]any{"code": `python3 -c '
+import signal, sys, time
+signal.signal(signal.SIGINT, lambda *a: signal.signal(signal.SIGINT, signal.SIG_DFL))
+sys.stdout.write("sleeping\n")
+sys.stdout.flush()
+time.sleep(600)
+'; echo not reached`, "language": "bash"}, nil)
+	dec = json.NewDecoder(res.Body)
+	if err := dec.Decode(&first); err != nil || first.Text != "sleeping\n" {
+		cancel()
+		t.Fatalf("first line %+v, %v", first, err)
+	}
+	cancel()
+	res.Body.Close()
+	if got := texts(run("echo $y", nil), "stdout"); got != "7\n" {
+		t.Errorf("after an interrupt the command let go by: %q, want the shell's state kept", got)
+	}
+
 	// Contexts of bash are made as Python's are, and listed with their language.
 	res = post(t, context.Background(), srv+"/contexts", map[string]any{"language": "bash"}, nil)
 	var made struct {
