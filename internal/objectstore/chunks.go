@@ -955,13 +955,23 @@ func (s *Store) downloadPack(ctx context.Context, dir string, p packRef) error {
 		return err
 	}
 	defer body.Close()
-	// One byte more than recorded, to tell a longer object.
-	data := make([]byte, p.stored+1)
-	n, err := io.ReadFull(body, data)
+	return keepDownloaded(dir, p, body, newPackBuffer(p), 0)
+}
+
+// newPackBuffer holds a download of pack p: one byte more than recorded,
+// to tell a longer object.
+func newPackBuffer(p packRef) []byte { return make([]byte, p.stored+1) }
+
+// keepDownloaded reads the rest of pack p from body into data (from
+// newPackBuffer; its first have bytes are read already), checks the pack
+// whole against its digest and keeps it in dir.
+func keepDownloaded(dir string, p packRef, body io.Reader, data []byte, have int64) error {
+	name := p.name()
+	n, err := io.ReadFull(body, data[have:])
 	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("pack %s: %w", name, err)
 	}
-	data = data[:n]
+	data = data[:have+int64(n)]
 	if int64(len(data)) != p.stored || sha256.Sum256(data) != p.digest {
 		return fmt.Errorf("%w: pack %s does not match its digest", ErrCorrupt, name)
 	}

@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -694,11 +693,7 @@ func (l *lazyFill) run(ctx context.Context, f *os.File) error {
 // run once it has arrived.
 func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint32, p packRef) error {
 	l.mu.Lock()
-	if l.stopped || l.byPack == nil {
-		l.mu.Unlock()
-		return s.downloadPack(ctx, dir, p)
-	}
-	if l.noTails || s.rangesIgnored.Load() {
+	if l.stopped || l.byPack == nil || l.noTails || s.rangesIgnored.Load() {
 		l.mu.Unlock()
 		return s.downloadPack(ctx, dir, p)
 	}
@@ -738,7 +733,7 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 	// frame's are a run of them.
 	bySlot := slices.Clone(pages)
 	slices.SortFunc(bySlot, func(a, b int32) int { return cmp.Compare(ix[a].off, ix[b].off) })
-	data := make([]byte, p.stored+1) // one byte more, to tell a longer object
+	data := newPackBuffer(p)
 	var have int64
 	var frame []byte
 	for j := 0; j+1 < len(t.starts); j++ {
@@ -770,15 +765,7 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 	if len(bySlot) > 0 {
 		return fmt.Errorf("%w: a page of the memory file lies past its pack", ErrCorrupt)
 	}
-	n, err := io.ReadFull(body, data[have:])
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("pack %s: %w", name, err)
-	}
-	data = data[:have+int64(n)]
-	if int64(len(data)) != p.stored || sha256.Sum256(data) != p.digest {
-		return fmt.Errorf("%w: pack %s does not match its digest", ErrCorrupt, name)
-	}
-	if err := writePackFile(dir, name, data); err != nil {
+	if err := keepDownloaded(dir, p, body, data, have); err != nil {
 		return err
 	}
 	l.mu.Lock()
