@@ -149,6 +149,7 @@ func Default() Server {
 		WarmSnapshots:          2,
 		ImageCacheMB:           20480,
 		ObjectStoreGCSecs:      3600,
+		LazyRestore:            true,
 		Domain:                 "localhost",
 		Tracing:                DefaultTracing(),
 		Audit:                  DefaultAudit(),
@@ -221,7 +222,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.ObjectStoreEndpoint, "object-store-endpoint", "S3 endpoint URL of a self-hosted store, e.g. http://minio:9000 (default: AWS_ENDPOINT_URL, else AWS itself)")
 	str(&c.ObjectStoreRegion, "object-store-region", "S3 region (default: AWS_REGION, else us-east-1)")
 	num(&c.ImageCacheMB, "image-cache-mb", "disk the cache of images fetched from the object store may use, and as much again the packs of chunked images written or fetched here; least recently used ones are evicted")
-	boolean(&c.LazyRestore, "lazy-restore", "start a create from an image this node fetches from the object store once its kernel state is here, its memory following while the sandbox runs, the pages it touches first (off: the whole image is fetched first; see docs/object-storage.md for when it pays)")
+	boolean(&c.LazyRestore, "lazy-restore", "start a create from an image this node fetches from the object store once its kernel state is here, its memory following while the sandbox runs, the pages it touches first; a node restarted meanwhile resumes the fetch for the sandboxes it adopts (false: the whole image is fetched first; see docs/object-storage.md)")
 	num(&c.ObjectStoreGCSecs, "object-store-gc-secs", "how often objects no template refers to (and older than this) are removed from the object store (0: never)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 	c.TLS.register(fs, true)

@@ -39,8 +39,11 @@ type Streamer interface {
 	// File is the image's file handed over before it is written.
 	File() string
 	// Start is called when an entry's image in dir is handed over (see
-	// LazyFile.Begin).
-	Start(dir string, size int64, prioritize func(off, n int64)) (Stream, error)
+	// LazyFile.Begin). resumed, if not empty, is the image directory of a
+	// previous run's fetch that this one resumes (its lazy file is now
+	// dir's): its readers, still waiting for the rest, are to be served
+	// too.
+	Start(dir string, size int64, prioritize func(off, n int64), resumed string) (Stream, error)
 }
 
 // Stream is one entry's lazy file being written.
@@ -52,7 +55,9 @@ type Stream interface {
 	// error returned says they could not be made to, and the entry is
 	// dropped), else why it never will be (readers waiting fail).
 	Finish(err error) error
-	// Close releases the stream when its entry is removed.
+	// Close releases the stream when its entry is removed, or when the
+	// cache closes with the file incomplete: readers then wait for the
+	// next run to resume the fetch, and must not be failed.
 	Close()
 }
 
@@ -63,7 +68,10 @@ type Stream interface {
 // purged entry still in use keeps its directory while a new download of the
 // key takes another). An entry is assembled in
 // <dir>/.tmp-* and renamed into place whole, so at open anything else is
-// debris of a crash and is removed.
+// debris of a crash and is removed; except a lazy fetch (with a Streamer),
+// written in place and marked by <dir>/<name>/fetch.json: one handed over
+// and left unfinished by the previous run is resumed, since restored
+// sandboxes may still be reading it.
 //
 // Entries in use (acquired and not yet released) are never evicted; when they
 // alone exceed the budget the cache stays over it until they are released.
@@ -71,6 +79,8 @@ type Cache struct {
 	dir   string
 	limit int64
 	fetch Fetcher
+	// unfinished are the lazy fetches the previous run left, found at open.
+	unfinished []unfinishedFetch
 
 	// ctx bounds downloads: they are shared by every caller waiting for a
 	// key, so no single caller's context may cancel one.
@@ -78,8 +88,12 @@ type Cache struct {
 	cancel context.CancelFunc
 	group  singleflight.Group
 	// streamer, if set, hands entries over before their lazy file is
-	// written (SetStreamer).
+	// written.
 	streamer Streamer
+	// fetches are the lazy fetches running (they outlive Acquire); added
+	// to under mu unless closed.
+	fetches sync.WaitGroup
+	closed  bool
 
 	mu      sync.Mutex
 	entries map[string]*cacheEntry
@@ -104,16 +118,27 @@ type entryMeta struct {
 	Size   int64  `json:"size"`
 }
 
+// unfinishedFetch is a lazy fetch a previous run left in dir (a name).
+type unfinishedFetch struct {
+	name    string
+	meta    entryMeta
+	started time.Time
+}
+
 const (
-	entryImage = "image"
-	entryMetaF = "entry.json"
-	tmpPrefix  = ".tmp-"
+	entryImage  = "image"
+	entryMetaF  = "entry.json"
+	entryFetchF = "fetch.json" // a lazy fetch's key and digest, from its start
+	tmpPrefix   = ".tmp-"
 )
 
 // OpenCache opens (creating) the cache in dir with a budget of limit bytes.
 // Complete entries of a previous run are kept, their recency taken from the
-// last use recorded on disk.
-func OpenCache(dir string, limit int64, fetch Fetcher) (*Cache, error) {
+// last use recorded on disk. With streamer (nil for none) and a fetch that
+// is a LazyFetcher, Acquire returns an image as soon as it can be restored
+// from, before its lazy file is complete; and a lazy fetch the previous run
+// left unfinished after handing it over is resumed now, into the same file.
+func OpenCache(dir string, limit int64, fetch Fetcher, streamer Streamer) (*Cache, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("open cache %s: limit must be positive", dir)
 	}
@@ -123,6 +148,9 @@ func OpenCache(dir string, limit int64, fetch Fetcher) (*Cache, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Cache{dir: dir, limit: limit, fetch: fetch, ctx: ctx, cancel: cancel,
 		entries: map[string]*cacheEntry{}, lru: list.New()}
+	if _, ok := fetch.(LazyFetcher); ok {
+		c.streamer = streamer
+	}
 	if err := c.load(); err != nil {
 		cancel()
 		return nil, fmt.Errorf("open cache %s: %w", dir, err)
@@ -130,7 +158,56 @@ func OpenCache(dir string, limit int64, fetch Fetcher) (*Cache, error) {
 	c.mu.Lock()
 	c.evictLocked()
 	c.mu.Unlock()
+	if err := c.resumeFetches(); err != nil {
+		cancel()
+		return nil, fmt.Errorf("open cache %s: %w", dir, err)
+	}
 	return c, nil
+}
+
+// resumeFetches resumes the newest unfinished lazy fetch of each key whose
+// lazy file is there (readers may hold it), and removes the rest. A resumed
+// fetch is one flight of its key, as a download is: an Acquire meanwhile
+// shares it.
+func (c *Cache) resumeFetches() error {
+	newest := map[string]unfinishedFetch{}
+	var stale []string
+	for _, u := range c.unfinished {
+		partial := filepath.Join(c.dir, u.name, entryImage, c.streamerFile()+PartialSuffix)
+		if _, err := os.Stat(partial); c.streamer == nil || err != nil {
+			stale = append(stale, u.name)
+			continue
+		}
+		if old, ok := newest[u.meta.Key]; ok {
+			if old.started.After(u.started) {
+				stale = append(stale, u.name)
+				continue
+			}
+			stale = append(stale, old.name)
+		}
+		newest[u.meta.Key] = u
+	}
+	c.unfinished = nil
+	for _, name := range stale {
+		if err := os.RemoveAll(filepath.Join(c.dir, name)); err != nil {
+			return err
+		}
+	}
+	lf, _ := c.fetch.(LazyFetcher)
+	for _, u := range newest {
+		key, digest, from := u.meta.Key, u.meta.Digest, u.name
+		c.group.DoChan(key+"@"+digest, func() (any, error) {
+			return nil, c.downloadLazy(lf, key, digest, from)
+		})
+	}
+	return nil
+}
+
+func (c *Cache) streamerFile() string {
+	if c.streamer == nil {
+		return ""
+	}
+	return c.streamer.File()
 }
 
 func (c *Cache) load() error {
@@ -146,6 +223,12 @@ func (c *Cache) load() error {
 	for _, de := range des {
 		p := filepath.Join(c.dir, de.Name())
 		meta, used, err := readEntryMeta(p)
+		if err != nil && de.IsDir() {
+			if u, started, ok := readUnfinished(p); ok && strings.HasPrefix(de.Name(), entryName(u.Key)+"-") {
+				c.unfinished = append(c.unfinished, unfinishedFetch{name: de.Name(), meta: u, started: started})
+				continue
+			}
+		}
 		if strings.HasPrefix(de.Name(), tmpPrefix) || err != nil || !de.IsDir() || !strings.HasPrefix(de.Name(), entryName(meta.Key)+"-") {
 			if err := os.RemoveAll(p); err != nil {
 				return err
@@ -192,21 +275,36 @@ func readEntryMeta(dir string) (entryMeta, time.Time, error) {
 	return m, fi.ModTime(), nil
 }
 
+// readUnfinished reads the key and digest of a lazy fetch in dir that
+// never completed (no entry.json), and when it started.
+func readUnfinished(dir string) (entryMeta, time.Time, bool) {
+	p := filepath.Join(dir, entryFetchF)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return entryMeta{}, time.Time{}, false
+	}
+	var m entryMeta
+	fi, err := os.Stat(p)
+	if err != nil || json.Unmarshal(b, &m) != nil || ValidKey(m.Key) != nil {
+		return entryMeta{}, time.Time{}, false
+	}
+	return m, fi.ModTime(), true
+}
+
 func entryName(key string) string {
 	h := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(h[:16])
 }
 
-// SetStreamer makes Acquire return an image as soon as it can be restored
-// from, before its lazy file is complete, when the fetcher can (a
-// LazyFetcher). Call it before the first Acquire.
-func (c *Cache) SetStreamer(s Streamer) {
-	c.streamer = s
-}
-
-// Close cancels downloads in progress. Entries stay on disk for the next run.
+// Close cancels downloads in progress and waits for the lazy ones to stop.
+// Entries stay on disk for the next run, as do lazy fetches handed over
+// (their readers wait for the next run to resume them).
 func (c *Cache) Close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
 	c.cancel()
+	c.fetches.Wait()
 }
 
 // Handle is an acquired cache entry; the image stays on disk until Release.
@@ -287,7 +385,7 @@ func (c *Cache) download(key, digest string) error {
 		return nil // fetched by a flight that ended just before ours began
 	}
 	if lf, ok := c.fetch.(LazyFetcher); ok && c.streamer != nil {
-		return c.downloadLazy(lf, key, digest)
+		return c.downloadLazy(lf, key, digest, "")
 	}
 	tmp, err := os.MkdirTemp(c.dir, tmpPrefix)
 	if err != nil {
@@ -320,32 +418,79 @@ func (c *Cache) download(key, digest string) error {
 // in place, and returns once the entry can be acquired: when the fetch
 // hands the image over (its lazy file then arrives while restores read it),
 // or when it is complete. The entry's metadata file is written only once
-// the image is complete, so a crash mid-fetch leaves debris that the next
-// open removes.
-func (c *Cache) downloadLazy(lf LazyFetcher, key, digest string) error {
+// the image is complete. A fetch that fails before the handover leaves
+// nothing; one handed over and stopped by Close is left as it is, for the
+// next run to resume (from: the directory name of the fetch resumed, whose
+// lazy file this one takes over).
+func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("fetch %s: the cache is closed", key)
+	}
+	c.fetches.Add(1)
+	c.mu.Unlock()
+	started := false
+	defer func() {
+		if !started {
+			c.fetches.Done()
+		}
+	}()
 	e := &cacheEntry{key: key, digest: digest, name: fmt.Sprintf("%s-%d", entryName(key), time.Now().UnixNano())}
 	dir := filepath.Join(c.dir, e.name)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
+	b, err := json.Marshal(entryMeta{Key: key, Digest: digest})
+	if err == nil {
+		err = writeFileSync(filepath.Join(dir, entryFetchF), b)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
 	image := filepath.Join(dir, entryImage)
+	lazy := LazyFile{Name: c.streamer.File()}
+	var fromImage string
+	if from != "" {
+		fromImage = filepath.Join(c.dir, from, entryImage)
+		lazy.Resume = filepath.Join(fromImage, lazy.Name+PartialSuffix)
+	}
 	handedOver := make(chan struct{})
 	fetched := make(chan error, 1)
+	lazy.Begin = func(size int64, prioritize func(off, n int64)) (func(off, n int64), error) {
+		st, err := c.streamer.Start(image, size, prioritize, fromImage)
+		if err != nil {
+			return nil, err
+		}
+		if from != "" {
+			// Its file is this entry's now, and its readers this
+			// stream's.
+			os.RemoveAll(filepath.Join(c.dir, from))
+		}
+		c.mu.Lock()
+		// In use by the fetch until it ends.
+		e.stream, e.refs = st, 1
+		c.addLocked(e)
+		c.mu.Unlock()
+		close(handedOver)
+		return st.Written, nil
+	}
+	started = true
 	go func() {
-		_, err := lf.GetLazy(c.ctx, key, digest, image, LazyFile{Name: c.streamer.File(),
-			Begin: func(size int64, prioritize func(off, n int64)) (func(off, n int64), error) {
-				st, err := c.streamer.Start(image, size, prioritize)
-				if err != nil {
-					return nil, err
-				}
-				c.mu.Lock()
-				// In use by the fetch until it ends.
-				e.stream, e.refs = st, 1
-				c.addLocked(e)
-				c.mu.Unlock()
-				close(handedOver)
-				return st.Written, nil
-			}})
+		defer c.fetches.Done()
+		_, err := lf.GetLazy(c.ctx, key, digest, image, lazy)
+		if err != nil && c.ctx.Err() != nil {
+			// Closed (the node stops): left for the next run.
+			c.abandon(e)
+			fetched <- err
+			return
+		}
+		if from != "" && e.stream == nil {
+			// Its readers were never handed to a stream: they give up
+			// waiting in time.
+			os.RemoveAll(filepath.Join(c.dir, from))
+		}
 		if e.stream != nil {
 			// Before the entry is recorded complete: a complete entry is
 			// read as any image, by this run and the next.
@@ -391,6 +536,24 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest string) error {
 	case err := <-fetched:
 		return err
 	}
+}
+
+// abandon lets go of the lazy fetch of e, stopped by Close: its directory
+// stays as it is (the next open resumes it if it was handed over, else
+// removes it), and its stream is closed without failing its readers.
+func (c *Cache) abandon(e *cacheEntry) {
+	if e.stream == nil {
+		os.RemoveAll(filepath.Join(c.dir, e.name))
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries[e.key] == e {
+		c.dropLocked(e)
+	}
+	// Released later or not, the directory is not removed by this run.
+	e.removed = false
+	e.stream.Close()
 }
 
 // finishEntry writes the metadata of a complete entry in dir (synced;

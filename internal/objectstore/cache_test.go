@@ -1,13 +1,17 @@
 package objectstore
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,7 +50,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	srcs, digests := putImages(t, store, 5, size)
 	dir := t.TempDir()
 	// Room for two and a half images.
-	cache, err := OpenCache(dir, 5*size/2, store)
+	cache, err := OpenCache(dir, 5*size/2, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +93,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dir, tmpPrefix+"interrupted", entryImage), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cache2, err := OpenCache(dir, 5*size/2, store)
+	cache2, err := OpenCache(dir, 5*size/2, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +107,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	counter := newCountingTransport()
 	cfg := testConfig(srv, "cache-evict")
 	cfg.HTTPClient = &http.Client{Transport: counter}
-	cache3, err := OpenCache(dir, 5*size/2, openStore(t, cfg))
+	cache3, err := OpenCache(dir, 5*size/2, openStore(t, cfg), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +132,7 @@ func TestCacheConcurrentColdAcquireDownloadsOnce(t *testing.T) {
 	store := openStore(t, cfg)
 	srcs, digests := putImages(t, store, 1, 8<<20)
 	ctx := testCtx(t)
-	cache, err := OpenCache(t.TempDir(), 1<<30, store)
+	cache, err := OpenCache(t.TempDir(), 1<<30, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +175,7 @@ func TestCachePurgeWaitsForRelease(t *testing.T) {
 	store := openStore(t, cfg)
 	srcs, digests := putImages(t, store, 1, 1<<20)
 	ctx := testCtx(t)
-	cache, err := OpenCache(t.TempDir(), 1<<30, store)
+	cache, err := OpenCache(t.TempDir(), 1<<30, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,6 +219,7 @@ type testStreamer struct {
 
 	mu       sync.Mutex
 	dir      string
+	resumed  string
 	written  int64
 	finished chan error
 	closed   bool
@@ -222,10 +227,10 @@ type testStreamer struct {
 
 func (s *testStreamer) File() string { return "pages.img" }
 
-func (s *testStreamer) Start(dir string, size int64, prioritize func(off, n int64)) (Stream, error) {
+func (s *testStreamer) Start(dir string, size int64, prioritize func(off, n int64), resumed string) (Stream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.dir = dir
+	s.dir, s.resumed = dir, resumed
 	if s.started != nil {
 		close(s.started)
 	}
@@ -272,12 +277,11 @@ func TestCacheLazyEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	cache, err := OpenCache(dir, 1<<30, store)
+	st := &testStreamer{gate: make(chan struct{}), finished: make(chan error, 1)}
+	cache, err := OpenCache(dir, 1<<30, store, st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &testStreamer{gate: make(chan struct{}), finished: make(chan error, 1)}
-	cache.SetStreamer(st)
 
 	h1, err := cache.Acquire(ctx, "templates/lazy", m.Digest)
 	if err != nil {
@@ -311,7 +315,7 @@ func TestCacheLazyEntries(t *testing.T) {
 		t.Fatalf("complete entry not recorded: %v", err)
 	}
 	cache.Close()
-	reopened, err := OpenCache(dir, 1<<30, store)
+	reopened, err := OpenCache(dir, 1<<30, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,12 +359,11 @@ func TestCacheLazyEntries(t *testing.T) {
 		}
 	}}}
 	other := openStore(t, ocfg)
-	broken, err := OpenCache(t.TempDir(), 1<<30, other)
+	broken, err := OpenCache(t.TempDir(), 1<<30, other, bst)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer broken.Close()
-	broken.SetStreamer(bst)
 	h, err := broken.Acquire(ctx, "templates/broken", m2.Digest)
 	if err != nil {
 		t.Fatalf("Acquire: %v (the missing pack is the memory file's: the image is handed over first)", err)
@@ -388,4 +391,126 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// stallTransport holds every GET of a pack, once stall is set, until its
+// request is cancelled: a fetch stopped midway.
+type stallTransport struct {
+	base  http.RoundTripper
+	stall atomic.Bool
+}
+
+func (s *stallTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/chunks/") && s.stall.Load() {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return s.base.RoundTrip(r)
+}
+
+// A lazy fetch handed over and stopped by Close (a node stopping) is left
+// as it is, its readers not failed; the next open resumes it into the same
+// file (which a reader holds open), hands it to a stream told of the
+// fetch it resumes, and completes it. Debris of fetches never handed over
+// goes.
+func TestCacheResumesLazyFetch(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	cfg := testConfig(srv, "cache-resume")
+	ctx := testCtx(t)
+	src := filepath.Join(t.TempDir(), "src")
+	memoryImage(t, src, randomPages(4000, 17))
+	m, err := openStore(t, cfg).PutImage(ctx, "snapshots/resume", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalling := &stallTransport{base: http.DefaultTransport.(*http.Transport).Clone()}
+	scfg := cfg
+	scfg.ChunkDir = t.TempDir()
+	scfg.HTTPClient = &http.Client{Transport: stalling}
+	stalled := openStore(t, scfg)
+
+	dir := t.TempDir()
+	gate := make(chan struct{})
+	close(gate)
+	first := &testStreamer{gate: gate, started: make(chan struct{}), finished: make(chan error, 1)}
+	cache, err := OpenCache(dir, 1<<30, stalled, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		<-first.started
+		stalling.stall.Store(true) // the memory file's packs never come
+	}()
+	h, err := cache.Acquire(ctx, "snapshots/resume", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldImage := h.Path()
+	// A restored sandbox's gofer holds the memory file open.
+	held, err := os.Open(filepath.Join(oldImage, "pages.img"+PartialSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	h.Release()
+	// Debris: a fetch that never got as far as its lazy file.
+	debris := filepath.Join(dir, entryName("snapshots/other")+"-1")
+	if err := os.MkdirAll(filepath.Join(debris, entryImage), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(debris, entryFetchF), []byte(`{"key":"snapshots/other","digest":"x"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cache.Close()
+	if !first.isClosed() {
+		t.Fatal("the stopped fetch's stream was not closed")
+	}
+	if len(first.finished) != 0 {
+		t.Fatalf("the stopped fetch was finished (%v): its readers would fail", <-first.finished)
+	}
+	if _, err := os.Stat(filepath.Join(oldImage, "pages.img"+PartialSuffix)); err != nil {
+		t.Fatalf("the stopped fetch's directory went: %v", err)
+	}
+
+	second := &testStreamer{gate: gate, started: make(chan struct{}), finished: make(chan error, 1)}
+	resumed, err := OpenCache(dir, 1<<30, openStore(t, cfg), second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resumed.Close()
+	if err := <-second.finished; err != nil {
+		t.Fatalf("the resumed fetch: %v", err)
+	}
+	second.mu.Lock()
+	from := second.resumed
+	second.mu.Unlock()
+	if from != oldImage {
+		t.Fatalf("the resumed stream was told of %q, want %q", from, oldImage)
+	}
+	// The file the reader held has every page now.
+	want, err := os.ReadFile(filepath.Join(src, "pages.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the memory file a reader held is not the image's")
+	}
+	for _, gone := range []string{filepath.Dir(oldImage), debris} {
+		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s stayed: %v", gone, err)
+		}
+	}
+	waitUntil(t, "the resumed entry recorded", func() bool { return resumed.Size() > 0 })
+	h, err = resumed.Acquire(ctx, "snapshots/resume", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(h.Path(), "pages.img"))
+	equalFiles(t, filepath.Join(src, "checkpoint.img"), filepath.Join(h.Path(), "checkpoint.img"))
 }

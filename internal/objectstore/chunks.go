@@ -876,7 +876,15 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 	}
 	if fill := r.lazy; fill != nil {
 		name := filepath.Join(dir, lazy.Name)
-		if err := os.Rename(name, name+PartialSuffix); err != nil {
+		if lazy.Resume != "" {
+			// The file readers already hold: the one unpacked goes.
+			if err := os.Remove(name); err != nil {
+				return err
+			}
+			if err := os.Link(lazy.Resume, name+PartialSuffix); err != nil {
+				return fmt.Errorf("resume %s: %w", lazy.Resume, err)
+			}
+		} else if err := os.Rename(name, name+PartialSuffix); err != nil {
 			return err
 		}
 		f, err := os.OpenFile(name+PartialSuffix, os.O_WRONLY, 0)
@@ -884,6 +892,11 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 			return err
 		}
 		defer f.Close()
+		if fi, err := f.Stat(); err != nil {
+			return err
+		} else if fi.Size() != fill.size {
+			return fmt.Errorf("resume %s: %d bytes, the image's %s has %d", lazy.Resume, fi.Size(), lazy.Name, fill.size)
+		}
 		fill.r = r
 		fill.prepare(ctx, f)
 		// Frame fetches end before the file closes (on failure too): once

@@ -19,14 +19,14 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
+// PartialSuffix marks a lazy file still being written.
+const PartialSuffix = ".partial"
+
 // LazyFile names the file of an image that GetLazy hands over before it is
 // written: a restore reads the rest of the image first, and this file (its
 // memory) range by range as it arrives. Until it is complete the file is
 // named Name+PartialSuffix, so that a reader that does not wait for its
 // ranges finds no file rather than one of zeros.
-// PartialSuffix marks a lazy file still being written.
-const PartialSuffix = ".partial"
-
 type LazyFile struct {
 	// Name is a regular file at the image's top.
 	Name string
@@ -40,11 +40,19 @@ type LazyFile struct {
 	// goroutines at once, and a range perhaps more than once. An error
 	// stops the Get.
 	Begin func(size int64, prioritize func(off, n int64)) (written func(off, n int64), err error)
+	// Resume, if set, is the partial file of an earlier fetch of the same
+	// image that readers still hold open (a node restarted while its
+	// sandboxes' memory arrived): it becomes this fetch's file, linked in
+	// as Name+PartialSuffix before Begin, and every page of it is written
+	// again. It must be on dst's file system.
+	Resume string
 }
 
 // GetLazy is Get for an image a restore can start from before it has all
 // arrived. It writes dst in place (it must not exist; its parent must), and
-// returns once the image is complete or has failed (dst then removed).
+// returns once the image is complete or has failed. A failed fetch removes
+// dst, unless ctx ended after the handover: readers may still wait on the
+// lazy file then, and a later fetch can resume it (LazyFile.Resume).
 //
 // Only a chunked image holding lazy.Name can be handed over early: every
 // pack is checked against its digest before a page of it is written, and
@@ -62,12 +70,23 @@ func (s *Store) GetLazy(ctx context.Context, key, digest, dst string, lazy LazyF
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
 	}
+	handedOver := false
+	begin := lazy.Begin
+	lazy.Begin = func(size int64, prioritize func(off, n int64)) (func(off, n int64), error) {
+		written, err := begin(size, prioritize)
+		handedOver = err == nil
+		return written, err
+	}
 	m.Fetched, err = s.fetchChunks(ctx, m, digest, dst, &lazy)
 	if err == nil {
 		err = syncDir(filepath.Dir(dst))
 	}
 	if err != nil {
-		os.RemoveAll(dst)
+		if !handedOver || ctx.Err() == nil {
+			os.RemoveAll(dst)
+		}
+		// else readers may hold the partial file: dst stays for a later
+		// fetch to resume (LazyFile.Resume).
 		return Manifest{}, fmt.Errorf("get %s: %w", key, err)
 	}
 	return m, nil

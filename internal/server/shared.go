@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -154,11 +156,19 @@ type feedStreamer struct {
 
 func (feedStreamer) File() string { return ckptgofer.PagesFile }
 
-func (fs feedStreamer) Start(dir string, size int64, prioritize func(off, n int64)) (objectstore.Stream, error) {
-	var b [12]byte
-	rand.Read(b[:])
-	// An abstract socket: no path to outgrow sun_path or to leave behind.
-	socket := "@aenv-feed-" + hex.EncodeToString(b[:])
+func (fs feedStreamer) Start(dir string, size int64, prioritize func(off, n int64), resumed string) (objectstore.Stream, error) {
+	socket := resumedFeed(resumed)
+	if socket != "" {
+		// The gofers of the sandboxes restored from it by the previous
+		// run dial this socket again until a feed answers.
+		fs.logger.Info("shared images: resuming the memory file of an image sandboxes were restored from", "dir", dir)
+	} else {
+		var b [12]byte
+		rand.Read(b[:])
+		// An abstract socket: no path to outgrow sun_path or to leave
+		// behind.
+		socket = "@aenv-feed-" + hex.EncodeToString(b[:])
+	}
 	feed, err := ckptgofer.NewFeed(socket, size, prioritize)
 	if err != nil {
 		return nil, err
@@ -172,6 +182,23 @@ func (fs feedStreamer) Start(dir string, size int64, prioritize func(off, n int6
 		return nil, err
 	}
 	return &feedStream{dir: dir, feed: feed, size: size, started: time.Now(), logger: fs.logger}, nil
+}
+
+// resumedFeed is the feed socket the options file in the image directory
+// dir names ("" if none): where a previous run's gofers wait.
+func resumedFeed(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(dir, ckptgofer.OptionsFile))
+	if err != nil {
+		return ""
+	}
+	var opts ckptgofer.Options
+	if json.Unmarshal(b, &opts) != nil || !strings.HasPrefix(opts.Feed, "@aenv-feed-") {
+		return ""
+	}
+	return opts.Feed
 }
 
 type feedStream struct {

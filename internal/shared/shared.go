@@ -90,7 +90,8 @@ type Config struct {
 	Collects func(ctx context.Context) (bool, error)
 	Uploads  objectstore.UploaderOptions
 	// Streamer, if set, hands a fetched image to its restore before its
-	// memory file is complete (objectstore.Cache.SetStreamer).
+	// memory file is complete (objectstore.OpenCache), and resumes the
+	// fetches of such images the previous run left unfinished.
 	Streamer objectstore.Streamer
 	Logger   *slog.Logger
 }
@@ -148,12 +149,9 @@ func Open(cfg Config) (*Images, error) {
 	}
 	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{},
 		rootfsLocks: map[string]*sync.Mutex{}, rootfsPut: map[string]string{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
-	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store)
+	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store, cfg.Streamer)
 	if err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
-	}
-	if cfg.Streamer != nil {
-		cache.SetStreamer(cfg.Streamer)
 	}
 	im.cache = cache
 	opts := cfg.Uploads

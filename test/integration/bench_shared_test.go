@@ -18,15 +18,16 @@ import (
 // own: `make bench-shared`, beside raw runsc's checkpoint and restore.
 
 // sharedBenchCluster starts the S3 server, three nodes sharing it (node-b
-// restores lazily, the others fetch images whole first) and a gateway;
+// restores lazily, as nodes do by default, the others fetch images whole
+// first) and a gateway;
 // extra are more flags for every node.
 func sharedBenchCluster(b *testing.B, extra ...string) (na, nb, nc *server, g *gateway) {
 	srv := s3test.Start(b)
 	c := newCluster(b)
 	// /22s: a fork of 64 on one node needs more slots than a /24 has.
-	na = c.sharedNode("node-a", srv, append([]string{"--sandbox-cidr", "10.236.0.0/22"}, extra...)...)
+	na = c.sharedNode("node-a", srv, append([]string{"--sandbox-cidr", "10.236.0.0/22", "--lazy-restore=false"}, extra...)...)
 	nb = c.sharedNode("node-b", srv, append([]string{"--sandbox-cidr", "10.236.4.0/22", "--lazy-restore"}, extra...)...)
-	nc = c.sharedNode("node-c", srv, append([]string{"--sandbox-cidr", "10.236.8.0/22"}, extra...)...)
+	nc = c.sharedNode("node-c", srv, append([]string{"--sandbox-cidr", "10.236.8.0/22", "--lazy-restore=false"}, extra...)...)
 	g = c.addGateway()
 	g.waitReady(b, "node-a", "node-b", "node-c")
 	return na, nb, nc, g
@@ -42,8 +43,8 @@ func sharedBenchCluster(b *testing.B, extra ...string) (na, nb, nc *server, g *g
 //     the first fetching the image into that node's cache (its memory
 //     still arriving while it restores: --lazy-restore), the second, once
 //     the image is whole in the cache, restoring from it; cold-whole: the
-//     same cold create on a node that fetches the whole image first (the
-//     default).
+//     same cold create on a node that fetches the whole image first
+//     (--lazy-restore=false).
 //
 // The nodes keep no warm snapshots: a create from the pool is a resume,
 // not a restore, and the pool's own restores would compete with the

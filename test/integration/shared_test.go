@@ -148,10 +148,11 @@ func TestClusterSharedSnapshot(t *testing.T) {
 	srv := s3test.Start(t)
 	c := newCluster(t)
 	a := c.sharedNode("node-a", srv)
-	// node-b restores from images still arriving (--lazy-restore), node-c
-	// fetches them whole first: the memory digests below hold for both.
+	// node-b restores from images still arriving (--lazy-restore, the
+	// default), node-c fetches them whole first: the memory digests below
+	// hold for both.
 	b := c.sharedNode("node-b", srv, "--lazy-restore")
-	cn := c.sharedNode("node-c", srv)
+	cn := c.sharedNode("node-c", srv, "--lazy-restore=false")
 	g := c.addGateway()
 	g.waitReady(t, "node-a", "node-b", "node-c")
 

@@ -2,6 +2,9 @@ package gvisor
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,7 +33,7 @@ func TestMain(m *testing.M) {
 // lazyImage is a checkpoint of a sandbox holding allocMiB of data, copied
 // for a restore whose memory file arrives while it runs: every other file
 // whole, the memory file at its size with nothing in it yet (under its
-// partial name), a feed for it.
+// partial name), a feed for it at socket (abstract, as the server's).
 type lazyImage struct {
 	d      *Driver
 	fx     *runtimetest.Fixture
@@ -40,13 +43,15 @@ type lazyImage struct {
 	src    *os.File // the memory file as checkpointed
 	dst    *os.File // its lazy copy
 	size   int64
-	feed   *ckptgofer.Feed
+	socket string
 
-	mu      sync.Mutex
-	wanted  []int // chunks read: out of order first, then in order of asking
-	inOrder int64 // the end of the furthest read in order
-	wants   int
-	nudge   chan struct{}
+	mu       sync.Mutex
+	feed     *ckptgofer.Feed // replaced when a test restarts it
+	wanted   []int           // chunks read: out of order first, then in order of asking
+	inOrder  int64           // the end of the furthest read in order
+	askedEnd int64           // the end of the furthest read
+	wants    int
+	nudge    chan struct{}
 }
 
 const (
@@ -110,15 +115,23 @@ func newLazyImage(t *testing.T) *lazyImage {
 	if err := l.dst.Truncate(l.size); err != nil {
 		t.Fatal(err)
 	}
-	socket := filepath.Join(t.TempDir(), "feed.sock")
-	if l.feed, err = ckptgofer.NewFeed(socket, l.size, l.want); err != nil {
+	var b [8]byte
+	crand.Read(b[:])
+	l.socket = "@aenv-test-feed-" + hex.EncodeToString(b[:])
+	if l.feed, err = ckptgofer.NewFeed(l.socket, l.size, l.want); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.feed.Close() })
-	if err := ckptgofer.WriteOptions(l.dir, socket); err != nil {
+	t.Cleanup(func() { l.currentFeed().Close() })
+	if err := ckptgofer.WriteOptions(l.dir, l.socket); err != nil {
 		t.Fatal(err)
 	}
 	return l
+}
+
+func (l *lazyImage) currentFeed() *ckptgofer.Feed {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.feed
 }
 
 func (l *lazyImage) chunks() int { return int((l.size + chunk - 1) / chunk) }
@@ -138,6 +151,7 @@ func (l *lazyImage) want(off, n int64) {
 		l.wanted = append(l.wanted, chunks...)
 		l.inOrder = max(l.inOrder, off+n)
 	}
+	l.askedEnd = max(l.askedEnd, off+n)
 	l.wants++
 	l.mu.Unlock()
 	select {
@@ -156,7 +170,7 @@ func (l *lazyImage) copyChunk(c int, buf []byte) error {
 	if _, err := l.dst.WriteAt(buf[:n], off); err != nil {
 		return err
 	}
-	l.feed.Ready(off, int64(n))
+	l.currentFeed().Ready(off, int64(n))
 	return nil
 }
 
@@ -294,10 +308,10 @@ func TestRestoreWhosePagesNeverArrive(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		// Waiting for what never comes: the failure ends it below.
 	}
-	if l.feed.Complete() {
+	if l.currentFeed().Complete() {
 		t.Fatal("the memory file is complete; the test withholds half of it")
 	}
-	l.feed.Fail(errors.New("the fetch failed"))
+	l.currentFeed().Fail(errors.New("the fetch failed"))
 	if !returned {
 		select {
 		case restoreErr = <-restoreDone:
@@ -333,6 +347,155 @@ func TestRestoreWhosePagesNeverArrive(t *testing.T) {
 			t.Errorf("left after Kill: %s", left)
 		}
 	}
+}
+
+// The node's server exits while a sandbox's memory file is arriving: its
+// feed closes without a word. The restarted server resumes the fetch into
+// the same file with a new feed on the same socket. The sandbox's gofer
+// waits for it, asks it again for what it waited for, and the sandbox runs
+// on with its memory intact.
+func TestRestoreFeedRestarted(t *testing.T) {
+	l := newLazyImage(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// The first server writes the lower half of the file: what reads wait
+	// for first, then the rest of that half.
+	half := l.chunks() / 2
+	rest := make(chan struct{})
+	close(rest)
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- l.fill(ctx, rest, func(c int) bool { return c < half }) }()
+
+	child := l.fx.NewSpec(t)
+	child.Spec.MemoryMB = l.parent.Spec.MemoryMB
+	restoreDone := make(chan error, 1)
+	go func() { restoreDone <- l.d.Restore(t.Context(), child.Spec, l.dir) }()
+	select {
+	case err := <-firstDone:
+		if err != nil {
+			t.Fatalf("fill: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the lower half of the memory file was not filled within 2 minutes")
+	}
+	// Midway: the gofer waits for a range of the upper half.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		l.mu.Lock()
+		asked := l.askedEnd
+		l.mu.Unlock()
+		if asked > int64(half)*chunk {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no read of the upper half 2 minutes on (reads up to byte %d)", asked)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-restoreDone:
+		t.Logf("restore returned before the server exited: %v", err)
+		restoreDone <- err
+	default:
+		t.Log("restore still waits for memory as the server exits")
+	}
+
+	// The server exits; a while later (the gap is the restart's, not for
+	// correctness), the next one opens a feed on the socket the options
+	// name, tells it what is on disk, and fetches the rest. It knows only
+	// of the reads its own feed is asked for, and fetches nothing else
+	// until one is: the gofer's waits can only be answered once it asked
+	// again.
+	if err := l.currentFeed().Close(); err != nil {
+		t.Fatalf("close the first feed: %v", err)
+	}
+	time.Sleep(time.Second)
+	opts := readOptions(t, l.dir)
+	if opts.Feed != l.socket {
+		t.Fatalf("options name the feed %q, want %q", opts.Feed, l.socket)
+	}
+	l.mu.Lock()
+	l.wanted, l.inOrder = nil, 0
+	wantsBefore := l.wants
+	l.mu.Unlock()
+	successor, err := ckptgofer.NewFeed(opts.Feed, l.size, l.want)
+	if err != nil {
+		t.Fatalf("the successor's feed: %v", err)
+	}
+	successor.Ready(0, int64(half)*chunk)
+	l.mu.Lock()
+	l.feed = successor
+	l.mu.Unlock()
+	// A gofer that did not come back never asks.
+	fillCtx, cancelFill := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelFill()
+	asked := make(chan struct{})
+	go func() {
+		for fillCtx.Err() == nil {
+			l.mu.Lock()
+			wants := l.wants
+			l.mu.Unlock()
+			if wants > wantsBefore {
+				close(asked)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if err := l.fill(fillCtx, asked, func(c int) bool { return c >= half }); err != nil {
+		l.mu.Lock()
+		wants := l.wants - wantsBefore
+		l.mu.Unlock()
+		t.Fatalf("fill through the successor: %v (%d reads asked of it)", err, wants)
+	}
+	if !successor.Complete() {
+		t.Fatal("the memory file is filled, yet the successor's feed is not complete")
+	}
+
+	select {
+	case err := <-restoreDone:
+		if err != nil {
+			t.Fatalf("Restore: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Restore did not return within 2 minutes of the memory file's completion")
+	}
+	child.WaitReady(t)
+	if got := child.AllocSum(t); got != l.sum {
+		t.Errorf("memory restored across the feed's restart: checksum %s, want %s", got, l.sum)
+	}
+	l.mu.Lock()
+	wantsAfter := l.wants - wantsBefore
+	l.mu.Unlock()
+	if wantsAfter == 0 {
+		t.Error("no read of the memory file waited on the successor's feed")
+	}
+	t.Logf("pages file %d MiB: %d ranges asked of the first feed, %d of the successor", l.size>>20, wantsBefore, wantsAfter)
+	if err := os.Rename(l.dst.Name(), filepath.Join(l.dir, ckptgofer.PagesFile)); err != nil {
+		t.Fatal(err)
+	}
+	// Loaded, the sandbox no longer reads the image: the gofer ends, and
+	// the sandbox runs on.
+	waitGone(t, l.d, child.Spec.ID)
+	if state, err := l.d.State(t.Context(), child.Spec.ID); err != nil || state != runtime.StateRunning {
+		t.Fatalf("after the load: state %q, %v; want running", state, err)
+	}
+	if got := child.AllocSum(t); got != l.sum {
+		t.Errorf("memory after the load: checksum %s, want %s", got, l.sum)
+	}
+}
+
+func readOptions(t *testing.T, dir string) ckptgofer.Options {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, ckptgofer.OptionsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opts ckptgofer.Options
+	if err := json.Unmarshal(b, &opts); err != nil {
+		t.Fatal(err)
+	}
+	return opts
 }
 
 // waitGone waits until no checkpoint gofer runs for sandbox id.

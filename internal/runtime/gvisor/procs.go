@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
 )
 
 // processesUsing returns the PIDs whose command line mentions dir: runsc
@@ -115,7 +117,9 @@ const strayCommandWait = 30 * time.Second
 // stopped), or while rewriting a state file (an empty state file). So
 // they are let finish, within strayCommandWait, and only those past it
 // are killed (repairStates and Unfreeze then mend what they cut). The
-// sandboxes' own processes (runsc-sandbox, runsc-gofer) are kept. Only one
+// sandboxes' own processes (runsc-sandbox, runsc-gofer, and the checkpoint
+// gofer of a restore whose memory is still arriving, which waits for this
+// process's feed) are kept. Only one
 // driver uses a state dir at a time (the data dir is locked), so every
 // such command is stray.
 func (d *Driver) endStrayCommands(ctx context.Context, wait time.Duration) {
@@ -127,7 +131,7 @@ func (d *Driver) endStrayCommands(ctx context.Context, wait time.Duration) {
 			}
 			argv0, _, _ := bytes.Cut(cmdline, []byte{0})
 			name := filepath.Base(string(argv0))
-			return name != "runsc-sandbox" && name != "runsc-gofer"
+			return name != "runsc-sandbox" && name != "runsc-gofer" && name != ckptgofer.ProcessName
 		})
 	}
 	alive := func(pids []int) []int {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/runtime"
+	"github.com/aenv-dev/aenv/internal/runtime/gvisor/ckptgofer"
 )
 
 // newFileDriver returns a driver over a fresh state dir that only reads
@@ -158,7 +159,8 @@ func TestSetRunscStatus(t *testing.T) {
 // TestEndStrayCommands: runsc commands a killed server left running are
 // let finish (killed mid-write they would empty a state file or leave a
 // kernel paused behind runsc's back); only those past the bound are
-// killed, and the sandboxes' own processes are kept.
+// killed, and the sandboxes' own processes (and a restore's checkpoint
+// gofer) are kept.
 func TestEndStrayCommands(t *testing.T) {
 	d := newFileDriver(t)
 	const id = "aaaaaaaaaaaaaaaaaaaa"
@@ -167,6 +169,8 @@ func TestEndStrayCommands(t *testing.T) {
 	finishing := startStandIn(t, d, "runsc", id, "sleep 0.5; echo done > "+done)
 	stuck := startStandIn(t, d, "runsc", id, "sleep 3600; true")
 	sentry := startStandIn(t, d, "runsc-sandbox", id, "sleep 3600; true")
+	// A restore's checkpoint gofer, waiting for the next server's feed.
+	gofer := startStandIn(t, d, ckptgofer.ProcessName, id, "sleep 3600; true")
 	waited := make(chan struct{})
 	go func() { _ = finishing.Wait(); close(waited) }()
 
@@ -183,6 +187,9 @@ func TestEndStrayCommands(t *testing.T) {
 	}
 	if !processAlive(sentry.Process.Pid) {
 		t.Error("the sandbox process was killed")
+	}
+	if !processAlive(gofer.Process.Pid) {
+		t.Error("the checkpoint gofer was killed")
 	}
 	<-waited
 }

@@ -18,8 +18,13 @@
 //     answers each once the writer says its range is written.
 //
 // The protocol between them is this package's own: a request is a read's
-// range (id, offset, length), a reply its id; the feed closes the
-// connection when the image cannot be completed, which fails every read.
+// range (id, offset, length), a reply its id. Two ids are reserved for the
+// feed's word on the whole image: completeID (every range is ready) and
+// failedID (the image will never arrive: every read fails, and the gofer
+// ends the sandbox). A connection that ends without either is a feed gone
+// with its writer (the node's server exiting, say): the gofer keeps its
+// reads waiting and redials the same socket, where a restarted server
+// serves the same file with a new Feed, and asks the new one again.
 package ckptgofer
 
 import (
@@ -57,6 +62,11 @@ const (
 	// restore`, whose environment the gofer inherits.
 	SandboxCgroupsEnv = "AENV_SANDBOX_CGROUPS"
 
+	// DefaultReconnectGrace is how long a gofer whose feed went without a
+	// word waits for a successor before it fails its reads and ends the
+	// sandbox: long enough for the node's server to restart.
+	DefaultReconnectGrace = 5 * time.Minute
+
 	pageSize     = 4096
 	requestSize  = 20 // id u32, offset u64, length u64
 	replySize    = 4  // id u32
@@ -64,6 +74,12 @@ const (
 	// completeID is the reply that says every range is ready: the gofer
 	// asks no more, and the feed going away no longer matters to it.
 	completeID = ^uint32(0)
+	// failedID is the reply that says the image will never arrive: the
+	// gofer waits for no successor, and fails every read.
+	failedID = ^uint32(0) - 1
+	// failWriteTimeout bounds telling a gofer of the failure: one that
+	// stopped reading must not hold up Fail.
+	failWriteTimeout = time.Second
 )
 
 // Options is what the gofer reads from OptionsFile.
@@ -73,6 +89,9 @@ type Options struct {
 	// Feed is the socket of the Feed for pages.img; empty when the file is
 	// whole.
 	Feed string `json:"feed,omitempty"`
+	// ReconnectSeconds is how long the gofer waits for a successor on Feed
+	// once the feed is gone without a word (0: DefaultReconnectGrace).
+	ReconnectSeconds int `json:"reconnect_seconds,omitempty"`
 }
 
 // WriteOptions makes runsc read the image in dir through the gofer, with
@@ -88,7 +107,8 @@ func WriteOptions(dir, socket string) error {
 	return nil
 }
 
-// ErrFailed is what reads waiting on a failed feed see.
+// ErrFailed is what reads waiting on a failed feed see (or on one gone with
+// no successor within the grace).
 var ErrFailed = errors.New("image feed failed")
 
 // Feed answers the gofer's waits on pages.img. Ready marks ranges written;
@@ -158,7 +178,16 @@ func (f *Feed) accept() {
 		backoff = time.Millisecond
 		c := &feedConn{conn: conn}
 		f.mu.Lock()
-		if f.closed || f.failed != nil {
+		if f.failed != nil {
+			f.mu.Unlock()
+			// Told, the gofer waits for no successor on this socket.
+			c.fail()
+			continue
+		}
+		if f.closed && f.left > 0 {
+			// Accepted as Close stopped listening: as with the connections
+			// Close ends, the gofer redials, and the successor serves it. (A
+			// complete feed serves it: it answers everything at once.)
 			f.mu.Unlock()
 			conn.Close()
 			continue
@@ -227,6 +256,15 @@ func (f *Feed) drop(c *feedConn) {
 	clear(f.waits[len(kept):])
 	f.waits = kept
 	f.mu.Unlock()
+}
+
+// fail tells the gofer at c that the image will not arrive, and closes c.
+func (c *feedConn) fail() {
+	// Also ends a reply blocked on a gofer that stopped reading, and with
+	// it the wait for wmu.
+	c.conn.SetWriteDeadline(time.Now().Add(failWriteTimeout))
+	c.reply(failedID)
+	c.conn.Close()
 }
 
 func (c *feedConn) reply(id uint32) error {
@@ -316,36 +354,57 @@ func (f *Feed) Complete() bool {
 	return f.left == 0
 }
 
-// Fail ends the feed with err: the gofer's connections are closed, so every
-// read it waits for, and every later one, fails (and with it the sandbox's
-// memory load).
+// Fail ends the feed with err: each gofer connected is told the image will
+// not arrive (failedID) and its connection closed, and so is each gofer
+// that connects later (until Close), so that every read it waits for, and
+// every later one, fails, and its sandbox ends.
 func (f *Feed) Fail(err error) {
 	f.mu.Lock()
 	if f.failed == nil {
 		f.failed = err
 	}
-	conns := f.conns
-	f.conns = map[*feedConn]struct{}{}
-	f.waits = nil
-	f.reads = nil
+	conns := f.takeConns()
 	f.mu.Unlock()
-	for c := range conns {
-		c.conn.Close()
+	for _, c := range conns {
+		c.fail()
 	}
 }
 
-// Close stops listening. A feed not complete fails the reads waiting on
-// it (and every later one) and waits for its goroutines; a complete one
-// leaves its connections to end with their gofers, answering each read at
-// once, since a sandbox may still be loading what is all there.
+// takeConns forgets the feed's connections, their waits and its writer's
+// cue, and returns the connections to end. f.mu is held.
+func (f *Feed) takeConns() []*feedConn {
+	conns := make([]*feedConn, 0, len(f.conns))
+	for c := range f.conns {
+		conns = append(conns, c)
+	}
+	clear(f.conns)
+	f.waits = nil
+	f.reads = nil
+	return conns
+}
+
+// Close stops listening. A feed not complete (nor failed) closes its
+// connections without a word, as its writer's process exiting would, and
+// waits for its goroutines: the gofers keep their reads waiting for a
+// while and redial the socket, where a successor (a new Feed for the same
+// file, from the restarted server) answers them. To end the reads for
+// good, Fail first. A complete feed leaves its connections to end with
+// their gofers, answering each read at once, since a sandbox may still be
+// loading what is all there.
 func (f *Feed) Close() error {
 	f.mu.Lock()
 	f.closed = true
 	complete := f.left == 0
+	var conns []*feedConn
+	if !complete {
+		conns = f.takeConns()
+	}
 	f.mu.Unlock()
 	err := f.ln.Close()
+	for _, c := range conns {
+		c.conn.Close()
+	}
 	if !complete {
-		f.Fail(ErrFailed)
 		f.serving.Wait()
 	}
 	return err

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -121,7 +122,11 @@ func (m *imageFiles) OpenRead(name string) (stateio.AsyncReader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
-	feed, err := dialFeed(m.opts.Feed)
+	grace := DefaultReconnectGrace
+	if m.opts.ReconnectSeconds > 0 {
+		grace = time.Duration(m.opts.ReconnectSeconds) * time.Second
+	}
+	feed, err := dialFeed(m.opts.Feed, grace)
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -136,64 +141,198 @@ func (m *imageFiles) OpenWrite(name string) (stateio.AsyncWriter, error) {
 	return nil, fmt.Errorf("open %q for writing: this gofer serves restores only", name)
 }
 
-// feedClient asks the Feed for ranges: one connection, many waits.
+const (
+	// The backoff between dials of a feed gone: a server restarting takes
+	// a while, a sandbox waiting for its memory should not wait on after.
+	redialFirst = 50 * time.Millisecond
+	redialMax   = time.Second
+	// stableConn is how long a connection must have lasted for its end to
+	// start a new grace: a feed that takes connections only to close them
+	// (one that fails without a word, say) must not keep the gofer waiting
+	// for ever.
+	stableConn = time.Second
+)
+
+// feedClient asks the Feed for ranges: one connection at a time, many
+// waits. When the connection ends without the feed's word on the image
+// (completeID or failedID), the feed went with its writer: the waits stay,
+// and the client redials the socket for up to grace and asks the
+// successor again.
 type feedClient struct {
-	conn *net.UnixConn
-	wmu  sync.Mutex
+	socket string
+	grace  time.Duration
+	stop   chan struct{} // closed by close: no more redialing
+	wmu    sync.Mutex    // one request written at a time
 
 	mu       sync.Mutex
+	conn     *net.UnixConn // the connection requests go to
 	nextID   uint32
-	pending  map[uint32]chan error
+	pending  map[uint32]*request
 	err      error
 	complete bool // every range is ready: no more asking
 	closing  bool // the gofer's own close
 }
 
-func dialFeed(socket string) (*feedClient, error) {
+// request is a read waiting for its range.
+type request struct {
+	id   uint32
+	off  int64
+	n    uint64
+	done chan error
+}
+
+// dialFeed connects to the feed at socket; grace is how long the client
+// waits for a successor once that feed is gone without a word.
+func dialFeed(socket string, grace time.Duration) (*feedClient, error) {
 	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("feed: %w", err)
 	}
-	c := &feedClient{conn: conn, pending: map[uint32]chan error{}}
-	go c.readReplies()
+	c := &feedClient{socket: socket, grace: grace, stop: make(chan struct{}),
+		conn: conn, pending: map[uint32]*request{}}
+	go c.readReplies(conn)
 	return c, nil
 }
 
-func (c *feedClient) readReplies() {
-	var buf [replySize]byte
+// readReplies answers the waits from the feed's replies, over each
+// connection in turn, until the feed says every range is ready, or that
+// none will be, or is gone for longer than the grace.
+func (c *feedClient) readReplies(conn *net.UnixConn) {
+	var lost time.Time // when the grace started
 	for {
-		if _, err := io.ReadFull(c.conn, buf[:]); err != nil {
-			c.mu.Lock()
-			quiet := c.complete || c.closing
-			c.mu.Unlock()
-			if quiet {
-				return
-			}
-			c.fail(fmt.Errorf("%w: %v", ErrFailed, err))
-			// The memory still missing will never arrive: the sandbox
-			// must not run on with it unreadable.
-			endSandbox()
+		connected := time.Now()
+		failed := c.readFrom(conn)
+		conn.Close() // a request written to it meanwhile fails: it is re-sent
+		if c.quiet() {
 			return
 		}
+		var err error
+		if failed {
+			err = fmt.Errorf("%w: the feed says the image will not arrive", ErrFailed)
+		} else {
+			if lost.IsZero() || time.Since(connected) >= stableConn {
+				lost = time.Now()
+			}
+			conn, err = c.redial(lost.Add(c.grace))
+			if err == nil {
+				continue
+			}
+			if c.quiet() {
+				return
+			}
+			err = fmt.Errorf("%w: the feed went, and none came back at %s within %v: %v", ErrFailed, c.socket, c.grace, err)
+		}
+		c.fail(err)
+		// The memory still missing will never arrive: the sandbox must not
+		// run on with it unreadable.
+		endSandbox()
+		return
+	}
+}
+
+// quiet says whether the feed's end no longer matters: every range is
+// ready, or the gofer closed it.
+func (c *feedClient) quiet() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.complete || c.closing
+}
+
+// readFrom answers the waits from conn's replies until it ends; it says
+// whether it ended with failedID.
+func (c *feedClient) readFrom(conn *net.UnixConn) (failed bool) {
+	var buf [replySize]byte
+	for {
+		if _, err := io.ReadFull(conn, buf[:]); err != nil {
+			return false
+		}
 		id := binary.LittleEndian.Uint32(buf[:])
+		if id == failedID {
+			return true
+		}
 		c.mu.Lock()
-		var answered []chan error
+		var answered []*request
 		if id == completeID {
 			// Everything is on disk: every read waiting is answered.
 			c.complete = true
-			for _, ch := range c.pending {
-				answered = append(answered, ch)
+			for _, r := range c.pending {
+				answered = append(answered, r)
 			}
 			clear(c.pending)
-		} else if ch := c.pending[id]; ch != nil {
-			answered = append(answered, ch)
+		} else if r := c.pending[id]; r != nil {
+			answered = append(answered, r)
 			delete(c.pending, id)
 		}
+		// Any other id was answered already: a request re-sent to a
+		// successor may be answered twice.
 		c.mu.Unlock()
-		for _, ch := range answered {
-			ch <- nil
+		for _, r := range answered {
+			r.done <- nil
 		}
 	}
+}
+
+// redial connects to the feed's successor at the same socket, with a
+// backoff, until deadline, and sends it every request still pending; new
+// requests go to it from then on. It fails once the deadline passes, or
+// the gofer closes the client.
+func (c *feedClient) redial(deadline time.Time) (*net.UnixConn, error) {
+	backoff := redialFirst
+	for {
+		timer := time.NewTimer(max(0, min(backoff, time.Until(deadline))))
+		select {
+		case <-c.stop:
+			timer.Stop()
+			return nil, errors.New("closed")
+		case <-timer.C:
+		}
+		conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: c.socket, Net: "unix"})
+		if err == nil {
+			c.mu.Lock()
+			if c.closing {
+				c.mu.Unlock()
+				conn.Close()
+				return nil, errors.New("closed")
+			}
+			// Under the lock await registers a request under: one
+			// registered before is re-sent here (its await wrote to the
+			// old connection, closed, if at all); one after is sent by its
+			// await to this connection.
+			c.conn = conn
+			resend := make([]*request, 0, len(c.pending))
+			for _, r := range c.pending {
+				resend = append(resend, r)
+			}
+			c.mu.Unlock()
+			for _, r := range resend {
+				if c.send(conn, r) != nil {
+					break // the reader sees conn end, and redials
+				}
+			}
+			return conn, nil
+		}
+		if !time.Now().Before(deadline) {
+			return nil, err
+		}
+		backoff = min(2*backoff, redialMax)
+	}
+}
+
+// send writes r's request to conn. On an error conn is closed, so that the
+// reader, seeing it end, redials and re-sends what is pending (r among
+// them).
+func (c *feedClient) send(conn *net.UnixConn, r *request) error {
+	var buf [requestSize]byte
+	binary.LittleEndian.PutUint32(buf[0:], r.id)
+	binary.LittleEndian.PutUint64(buf[4:], uint64(r.off))
+	binary.LittleEndian.PutUint64(buf[12:], r.n)
+	c.wmu.Lock()
+	_, err := conn.Write(buf[:])
+	c.wmu.Unlock()
+	if err != nil {
+		conn.Close()
+	}
+	return err
 }
 
 func (c *feedClient) fail(err error) {
@@ -202,24 +341,28 @@ func (c *feedClient) fail(err error) {
 		c.err = err
 	}
 	pending := c.pending
-	c.pending = map[uint32]chan error{}
+	c.pending = map[uint32]*request{}
 	c.mu.Unlock()
-	for _, ch := range pending {
-		ch <- err
+	for _, r := range pending {
+		r.done <- err
 	}
 }
 
 func (c *feedClient) close() {
 	c.mu.Lock()
-	c.closing = true
+	if !c.closing {
+		c.closing = true
+		close(c.stop)
+	}
+	conn := c.conn
 	c.mu.Unlock()
-	c.conn.Close()
+	conn.Close()
 	c.fail(ErrFailed)
 }
 
 // await blocks until bytes [off, off+n) are on disk, or the feed fails.
 func (c *feedClient) await(off int64, n uint64) error {
-	ch := make(chan error, 1)
+	r := &request{off: off, n: n, done: make(chan error, 1)}
 	c.mu.Lock()
 	if c.complete {
 		c.mu.Unlock()
@@ -229,24 +372,18 @@ func (c *feedClient) await(off int64, n uint64) error {
 		c.mu.Unlock()
 		return c.err
 	}
-	id := c.nextID
+	r.id = c.nextID
 	c.nextID++
-	if c.nextID == completeID {
-		c.nextID = 0
+	if c.nextID >= failedID {
+		c.nextID = 0 // failedID and completeID are the feed's words
 	}
-	c.pending[id] = ch
+	c.pending[r.id] = r
+	conn := c.conn
 	c.mu.Unlock()
-	var buf [requestSize]byte
-	binary.LittleEndian.PutUint32(buf[0:], id)
-	binary.LittleEndian.PutUint64(buf[4:], uint64(off))
-	binary.LittleEndian.PutUint64(buf[12:], n)
-	c.wmu.Lock()
-	_, err := c.conn.Write(buf[:])
-	c.wmu.Unlock()
-	if err != nil {
-		c.fail(fmt.Errorf("%w: %v", ErrFailed, err))
-	}
-	return <-ch
+	// An error is not this read's end: the connection is gone, and the
+	// request, pending, goes to the successor.
+	c.send(conn, r)
+	return <-r.done
 }
 
 // lazyReader reads pages.img as stateio.FDReader would, each read once

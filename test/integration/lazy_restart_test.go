@@ -1,0 +1,146 @@
+package integration
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/client"
+	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
+)
+
+// packHold is a proxy in front of the S3 server that holds every whole
+// GET of a pack made after the first ranged one (a lazy restore's handover:
+// its ranged GETs are the packs' tails and the frames faults ask for),
+// until release is closed. A lazy restore's memory file then cannot
+// complete, while its sandbox runs on the frames it faults in.
+type packHold struct {
+	proxy   *httputil.ReverseProxy
+	release chan struct{}
+
+	mu     sync.Mutex
+	ranged bool
+	held   int
+}
+
+func startPackHold(t testing.TB, srv *s3test.Server) (*packHold, string) {
+	t.Helper()
+	target, err := url.Parse(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &packHold{proxy: httputil.NewSingleHostReverseProxy(target), release: make(chan struct{})}
+	// The Host header stays the proxy's: the requests are signed for it.
+	ts := httptest.NewServer(h)
+	t.Cleanup(func() {
+		h.open()
+		ts.Close()
+	})
+	return h, ts.URL
+}
+
+func (h *packHold) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/chunks/") {
+		h.mu.Lock()
+		hold := false
+		if r.Header.Get("Range") != "" {
+			h.ranged = true
+		} else if h.ranged {
+			h.held++
+			hold = true
+		}
+		h.mu.Unlock()
+		if hold {
+			select {
+			case <-h.release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}
+	h.proxy.ServeHTTP(w, r)
+}
+
+func (h *packHold) heldCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held
+}
+
+func (h *packHold) open() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.release:
+	default:
+		close(h.release)
+	}
+}
+
+// TestClusterLazyRestoreSurvivesRestart: a node stopped (without killing
+// its sandboxes) while the memory of a sandbox it restored from another
+// node's snapshot is still arriving; the sandbox waits, the restarted node
+// resumes the fetch into the same file, and the sandbox's memory is whole.
+func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
+	srv := s3test.Start(t)
+	hold, endpoint := startPackHold(t, srv)
+	c := newCluster(t)
+	a := c.sharedNode("node-a", srv)
+	// Lazy restores are the default. Its object store is behind the hold.
+	b := c.sharedNode("node-b", srv, "--object-store-endpoint", endpoint, "--kill-on-exit=false", "--warm-snapshots", "0")
+	g := c.addGateway()
+	g.waitReady(t, "node-a", "node-b")
+
+	src := a.create(map[string]any{"templateID": "base"}).SandboxID
+	want := startMemoryKeeper(t, a, src)
+	snap, err := a.api.CreateSnapshot(context.Background(), src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Minute, "snapshot uploaded", func() bool {
+		state, _ := templateUpload(t, g, snap.SnapshotID)
+		return state == "uploaded"
+	})
+
+	id := b.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+	if res := b.exec(id, client.ExecuteRequest{Command: "echo restored"}); res.Stdout != "restored\n" {
+		t.Fatalf("exec in the restored sandbox: %+v", res)
+	}
+	if hold.heldCount() == 0 {
+		t.Fatal("no download of the memory file was held: the test did not stop a fetch midway")
+	}
+	if strings.Contains(b.logs.String(), "memory file arrived") {
+		t.Fatal("the memory file arrived although its packs were held")
+	}
+
+	b.stop(syscall.SIGTERM)
+	if runscProcesses(id) == 0 {
+		t.Fatal("the node's stop ended the sandbox whose memory was arriving")
+	}
+	// The next stop (cleanup) kills everything.
+	b.extra = slices.DeleteFunc(b.extra, func(f string) bool { return f == "--kill-on-exit=false" })
+	b.start()
+	waitFor(t, time.Minute, "the fetch resumed", func() bool {
+		return strings.Contains(b.logs.String(), "resuming the memory file")
+	})
+	hold.open()
+	waitFor(t, 2*time.Minute, "the memory file arrived", func() bool {
+		return strings.Contains(b.logs.String(), "memory file arrived")
+	})
+	if got, wantFile := memoryDigest(t, b.api, id); got != want || wantFile != want {
+		t.Fatalf("after the restart: memory digest %q, file %q, want %q", got, wantFile, want)
+	}
+	// Restores from now on read the image whole from the cache.
+	again := b.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+	if got, wantFile := memoryDigest(t, b.api, again); got != want || wantFile != want {
+		t.Fatalf("a create from the resumed image: memory digest %q, file %q, want %q", got, wantFile, want)
+	}
+}
