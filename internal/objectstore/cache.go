@@ -88,8 +88,9 @@ type Cache struct {
 	cancel context.CancelFunc
 	group  singleflight.Group
 	// streamer, if set, hands entries over before their lazy file is
-	// written.
+	// written: new fetches if lazy, and fetches of a previous run resumed.
 	streamer Streamer
+	lazy     bool
 	// fetches are the lazy fetches running (they outlive Acquire); added
 	// to under mu unless closed.
 	fetches sync.WaitGroup
@@ -118,6 +119,16 @@ type entryMeta struct {
 	Size   int64  `json:"size"`
 }
 
+// CacheOptions are a Cache's optional parts.
+type CacheOptions struct {
+	// Streamer hands a lazy fetch's image over before its lazy file is
+	// complete (and resumes the fetches a previous run left unfinished:
+	// set it wherever a previous run may have fetched lazily).
+	Streamer Streamer
+	// Lazy makes Acquire fetch lazily (with a Streamer).
+	Lazy bool
+}
+
 // unfinishedFetch is a lazy fetch a previous run left in dir (a name).
 type unfinishedFetch struct {
 	name    string
@@ -129,16 +140,20 @@ const (
 	entryImage  = "image"
 	entryMetaF  = "entry.json"
 	entryFetchF = "fetch.json" // a lazy fetch's key and digest, from its start
-	tmpPrefix   = ".tmp-"
+	// entryHandedF marks a lazy fetch handed over: readers may hold its
+	// lazy file, and its stream told them where to wait.
+	entryHandedF = "handed-over"
+	tmpPrefix    = ".tmp-"
 )
 
 // OpenCache opens (creating) the cache in dir with a budget of limit bytes.
 // Complete entries of a previous run are kept, their recency taken from the
-// last use recorded on disk. With streamer (nil for none) and a fetch that
-// is a LazyFetcher, Acquire returns an image as soon as it can be restored
-// from, before its lazy file is complete; and a lazy fetch the previous run
-// left unfinished after handing it over is resumed now, into the same file.
-func OpenCache(dir string, limit int64, fetch Fetcher, streamer Streamer) (*Cache, error) {
+// last use recorded on disk. With a Streamer and a fetch that is a
+// LazyFetcher, a lazy fetch the previous run left unfinished after handing
+// it over is resumed now, into the same file; and with opts.Lazy as well,
+// Acquire returns an image as soon as it can be restored from, before its
+// lazy file is complete.
+func OpenCache(dir string, limit int64, fetch Fetcher, opts CacheOptions) (*Cache, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("open cache %s: limit must be positive", dir)
 	}
@@ -148,8 +163,8 @@ func OpenCache(dir string, limit int64, fetch Fetcher, streamer Streamer) (*Cach
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Cache{dir: dir, limit: limit, fetch: fetch, ctx: ctx, cancel: cancel,
 		entries: map[string]*cacheEntry{}, lru: list.New()}
-	if _, ok := fetch.(LazyFetcher); ok {
-		c.streamer = streamer
+	if _, ok := fetch.(LazyFetcher); ok && opts.Streamer != nil {
+		c.streamer, c.lazy = opts.Streamer, opts.Lazy
 	}
 	if err := c.load(); err != nil {
 		cancel()
@@ -165,27 +180,31 @@ func OpenCache(dir string, limit int64, fetch Fetcher, streamer Streamer) (*Cach
 	return c, nil
 }
 
-// resumeFetches resumes the newest unfinished lazy fetch of each key whose
-// lazy file is there (readers may hold it), and removes the rest. A resumed
-// fetch is one flight of its key, as a download is: an Acquire meanwhile
-// shares it.
+// resumeFetches resumes the newest unfinished lazy fetch of each image that
+// was handed over (readers may hold its lazy file), and removes the rest. A
+// resumed fetch is one flight of its key, as a download is: an Acquire
+// meanwhile shares it.
 func (c *Cache) resumeFetches() error {
 	newest := map[string]unfinishedFetch{}
 	var stale []string
 	for _, u := range c.unfinished {
-		partial := filepath.Join(c.dir, u.name, entryImage, c.streamerFile()+PartialSuffix)
-		if _, err := os.Stat(partial); c.streamer == nil || err != nil {
+		// Handed over: its lazy file, and a stream serving it, were there.
+		// (A resume that stopped before its own handover has the file
+		// linked in, but not the stream: the fetch it resumed is kept.)
+		_, err := os.Stat(filepath.Join(c.dir, u.name, entryHandedF))
+		if c.streamer == nil || err != nil {
 			stale = append(stale, u.name)
 			continue
 		}
-		if old, ok := newest[u.meta.Key]; ok {
+		flight := u.meta.Key + "@" + u.meta.Digest
+		if old, ok := newest[flight]; ok {
 			if old.started.After(u.started) {
 				stale = append(stale, u.name)
 				continue
 			}
 			stale = append(stale, old.name)
 		}
-		newest[u.meta.Key] = u
+		newest[flight] = u
 	}
 	c.unfinished = nil
 	for _, name := range stale {
@@ -201,13 +220,6 @@ func (c *Cache) resumeFetches() error {
 		})
 	}
 	return nil
-}
-
-func (c *Cache) streamerFile() string {
-	if c.streamer == nil {
-		return ""
-	}
-	return c.streamer.File()
 }
 
 func (c *Cache) load() error {
@@ -295,6 +307,11 @@ func entryName(key string) string {
 	h := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(h[:16])
 }
+
+// resumeRetryFor bounds the retries of a resumed fetch that fails before
+// its handover: within the readers' own wait for it
+// (ckptgofer.DefaultReconnectGrace, 5 minutes).
+const resumeRetryFor = 4 * time.Minute
 
 // Close cancels downloads in progress and waits for the lazy ones to stop.
 // Entries stay on disk for the next run, as do lazy fetches handed over
@@ -384,7 +401,7 @@ func (c *Cache) download(key, digest string) error {
 	if ok {
 		return nil // fetched by a flight that ended just before ours began
 	}
-	if lf, ok := c.fetch.(LazyFetcher); ok && c.streamer != nil {
+	if lf, ok := c.fetch.(LazyFetcher); ok && c.lazy {
 		return c.downloadLazy(lf, key, digest, "")
 	}
 	tmp, err := os.MkdirTemp(c.dir, tmpPrefix)
@@ -458,9 +475,15 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 	}
 	handedOver := make(chan struct{})
 	fetched := make(chan error, 1)
+	resumeStart := time.Now()
 	lazy.Begin = func(size int64, prioritize func(off, n int64)) (func(off, n int64), error) {
 		st, err := c.streamer.Start(image, size, prioritize, fromImage)
 		if err != nil {
+			return nil, err
+		}
+		if err := writeFileSync(filepath.Join(dir, entryHandedF), nil); err != nil {
+			st.Finish(err)
+			st.Close()
 			return nil, err
 		}
 		if from != "" {
@@ -480,6 +503,17 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 	go func() {
 		defer c.fetches.Done()
 		_, err := lf.GetLazy(c.ctx, key, digest, image, lazy)
+		// A resume that fails before its handover is tried again while
+		// its readers still wait (the store unreachable for a while after
+		// the node's restart, say).
+		for wait := time.Second; err != nil && from != "" && e.stream == nil && c.ctx.Err() == nil &&
+			time.Since(resumeStart) < resumeRetryFor; wait = min(2*wait, 30*time.Second) {
+			select {
+			case <-c.ctx.Done():
+			case <-time.After(wait):
+				_, err = lf.GetLazy(c.ctx, key, digest, image, lazy)
+			}
+		}
 		if err != nil && c.ctx.Err() != nil {
 			// Closed (the node stops): left for the next run.
 			c.abandon(e)
@@ -488,7 +522,7 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 		}
 		if from != "" && e.stream == nil {
 			// Its readers were never handed to a stream: they give up
-			// waiting in time.
+			// waiting in time, and end.
 			os.RemoveAll(filepath.Join(c.dir, from))
 		}
 		if e.stream != nil {

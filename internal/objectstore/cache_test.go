@@ -50,7 +50,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	srcs, digests := putImages(t, store, 5, size)
 	dir := t.TempDir()
 	// Room for two and a half images.
-	cache, err := OpenCache(dir, 5*size/2, store, nil)
+	cache, err := OpenCache(dir, 5*size/2, store, CacheOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dir, tmpPrefix+"interrupted", entryImage), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cache2, err := OpenCache(dir, 5*size/2, store, nil)
+	cache2, err := OpenCache(dir, 5*size/2, store, CacheOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestCacheEvictionSparesEntriesInUse(t *testing.T) {
 	counter := newCountingTransport()
 	cfg := testConfig(srv, "cache-evict")
 	cfg.HTTPClient = &http.Client{Transport: counter}
-	cache3, err := OpenCache(dir, 5*size/2, openStore(t, cfg), nil)
+	cache3, err := OpenCache(dir, 5*size/2, openStore(t, cfg), CacheOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestCacheConcurrentColdAcquireDownloadsOnce(t *testing.T) {
 	store := openStore(t, cfg)
 	srcs, digests := putImages(t, store, 1, 8<<20)
 	ctx := testCtx(t)
-	cache, err := OpenCache(t.TempDir(), 1<<30, store, nil)
+	cache, err := OpenCache(t.TempDir(), 1<<30, store, CacheOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestCachePurgeWaitsForRelease(t *testing.T) {
 	store := openStore(t, cfg)
 	srcs, digests := putImages(t, store, 1, 1<<20)
 	ctx := testCtx(t)
-	cache, err := OpenCache(t.TempDir(), 1<<30, store, nil)
+	cache, err := OpenCache(t.TempDir(), 1<<30, store, CacheOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,6 +216,7 @@ func TestCachePurgeWaitsForRelease(t *testing.T) {
 type testStreamer struct {
 	gate    chan struct{}
 	started chan struct{} // closed by Start, if set
+	onStart func()        // called by Start, if set
 
 	mu       sync.Mutex
 	dir      string
@@ -231,6 +232,9 @@ func (s *testStreamer) Start(dir string, size int64, prioritize func(off, n int6
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.dir, s.resumed = dir, resumed
+	if s.onStart != nil {
+		s.onStart()
+	}
 	if s.started != nil {
 		close(s.started)
 	}
@@ -278,7 +282,7 @@ func TestCacheLazyEntries(t *testing.T) {
 	}
 	dir := t.TempDir()
 	st := &testStreamer{gate: make(chan struct{}), finished: make(chan error, 1)}
-	cache, err := OpenCache(dir, 1<<30, store, st)
+	cache, err := OpenCache(dir, 1<<30, store, CacheOptions{Streamer: st, Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +319,7 @@ func TestCacheLazyEntries(t *testing.T) {
 		t.Fatalf("complete entry not recorded: %v", err)
 	}
 	cache.Close()
-	reopened, err := OpenCache(dir, 1<<30, store, nil)
+	reopened, err := OpenCache(dir, 1<<30, store, CacheOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +363,7 @@ func TestCacheLazyEntries(t *testing.T) {
 		}
 	}}}
 	other := openStore(t, ocfg)
-	broken, err := OpenCache(t.TempDir(), 1<<30, other, bst)
+	broken, err := OpenCache(t.TempDir(), 1<<30, other, CacheOptions{Streamer: bst, Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,8 +415,9 @@ func (s *stallTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // A lazy fetch handed over and stopped by Close (a node stopping) is left
 // as it is, its readers not failed; the next open resumes it into the same
 // file (which a reader holds open), hands it to a stream told of the
-// fetch it resumes, and completes it. Debris of fetches never handed over
-// goes.
+// fetch it resumes, and completes it, even where new fetches are no
+// longer lazy. Debris of fetches never handed over goes, and so does a
+// resume that crashed before its own handover.
 func TestCacheResumesLazyFetch(t *testing.T) {
 	t.Parallel()
 	srv := s3test.Start(t)
@@ -433,15 +438,12 @@ func TestCacheResumesLazyFetch(t *testing.T) {
 	dir := t.TempDir()
 	gate := make(chan struct{})
 	close(gate)
-	first := &testStreamer{gate: gate, started: make(chan struct{}), finished: make(chan error, 1)}
-	cache, err := OpenCache(dir, 1<<30, stalled, first)
+	first := &testStreamer{gate: gate, finished: make(chan error, 1),
+		onStart: func() { stalling.stall.Store(true) }} // the memory file's packs never come
+	cache, err := OpenCache(dir, 1<<30, stalled, CacheOptions{Streamer: first, Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		<-first.started
-		stalling.stall.Store(true) // the memory file's packs never come
-	}()
 	h, err := cache.Acquire(ctx, "snapshots/resume", m.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -472,15 +474,52 @@ func TestCacheResumesLazyFetch(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(oldImage, "pages.img"+PartialSuffix)); err != nil {
 		t.Fatalf("the stopped fetch's directory went: %v", err)
 	}
+	// A resume that crashed before its own handover: newer, its file
+	// linked in, but no stream told the readers of it. The fetch it
+	// resumed is the one to resume again.
+	crashed := filepath.Join(dir, entryName("snapshots/resume")+"-9")
+	if err := os.MkdirAll(filepath.Join(crashed, entryImage), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(oldImage, "pages.img"+PartialSuffix), filepath.Join(crashed, entryImage, "pages.img"+PartialSuffix)); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := os.ReadFile(filepath.Join(filepath.Dir(oldImage), entryFetchF))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(crashed, entryFetchF), meta, 0o600); err != nil {
+		t.Fatal(err)
+	}
 
+	// Resumed by a node that no longer restores lazily itself, whose
+	// store does not answer at first.
+	var failing atomic.Int32
+	rcfg := cfg
+	rcfg.HTTPClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if failing.Add(-1) >= 0 {
+			return nil, errors.New("the store is not reachable yet")
+		}
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	unreachable := openStore(t, rcfg)
+	failing.Store(4) // more than the SDK's own attempts of one request (three)
 	second := &testStreamer{gate: gate, started: make(chan struct{}), finished: make(chan error, 1)}
-	resumed, err := OpenCache(dir, 1<<30, openStore(t, cfg), second)
+	resumed, err := OpenCache(dir, 1<<30, unreachable, CacheOptions{Streamer: second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resumed.Close()
-	if err := <-second.finished; err != nil {
-		t.Fatalf("the resumed fetch: %v", err)
+	select {
+	case err := <-second.finished:
+		if err != nil {
+			t.Fatalf("the resumed fetch: %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the resumed fetch never finished (its first attempt failed: was it tried again?)")
+	}
+	if n := failing.Load(); n >= 0 {
+		t.Fatalf("%d of the store's failures left: the resume's first attempt did not fail", n+1)
 	}
 	second.mu.Lock()
 	from := second.resumed
@@ -500,7 +539,7 @@ func TestCacheResumesLazyFetch(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("the memory file a reader held is not the image's")
 	}
-	for _, gone := range []string{filepath.Dir(oldImage), debris} {
+	for _, gone := range []string{filepath.Dir(oldImage), debris, crashed} {
 		if _, err := os.Stat(gone); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("%s stayed: %v", gone, err)
 		}

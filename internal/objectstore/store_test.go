@@ -466,7 +466,7 @@ func TestRewrittenImageRefused(t *testing.T) {
 	}
 
 	// A cached copy is used only for the digest it was checked against.
-	cache, err := OpenCache(t.TempDir(), 1<<30, store, nil)
+	cache, err := OpenCache(t.TempDir(), 1<<30, store, CacheOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,9 +95,10 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 		GCInterval: config.Seconds(cfg.ObjectStoreGCSecs), GCGrace: config.Seconds(cfg.ObjectStoreGCSecs),
 		Logger: logger,
 	}
-	if lazyRestores(cfg) {
-		scfg.Streamer = feedStreamer{logger: logger}
-	}
+	// Whether this node restores lazily or not, its previous run may have:
+	// the sandboxes it adopts may wait for a fetch to resume.
+	scfg.Streamer = feedStreamer{logger: logger}
+	scfg.LazyRestores = lazyRestores(cfg)
 	if member != nil {
 		scfg.NodeID = member.id
 		scfg.Find = member.db.SharedTemplate

@@ -89,11 +89,13 @@ type Config struct {
 	// reading every manifest. Nil: this node always collects.
 	Collects func(ctx context.Context) (bool, error)
 	Uploads  objectstore.UploaderOptions
-	// Streamer, if set, hands a fetched image to its restore before its
-	// memory file is complete (objectstore.OpenCache), and resumes the
-	// fetches of such images the previous run left unfinished.
-	Streamer objectstore.Streamer
-	Logger   *slog.Logger
+	// Streamer, if set, resumes the fetches of images handed to their
+	// restores before their memory file was complete that the previous
+	// run left unfinished (objectstore.OpenCache); with LazyRestores, it
+	// hands new fetches over so too.
+	Streamer     objectstore.Streamer
+	LazyRestores bool
+	Logger       *slog.Logger
 }
 
 // Images is a node's view of the object store.
@@ -149,7 +151,8 @@ func Open(cfg Config) (*Images, error) {
 	}
 	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{},
 		rootfsLocks: map[string]*sync.Mutex{}, rootfsPut: map[string]string{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
-	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store, cfg.Streamer)
+	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store,
+		objectstore.CacheOptions{Streamer: cfg.Streamer, Lazy: cfg.LazyRestores})
 	if err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
 	}
