@@ -458,9 +458,13 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
+	// Neither this file nor entryHandedF is synced: they matter to a
+	// next run only while the sandboxes reading the fetch live, which a
+	// crash of the host ends (a torn fetch.json is then debris). Unsynced,
+	// they cost a lazy create nothing it waits for.
 	b, err := json.Marshal(entryMeta{Key: key, Digest: digest})
 	if err == nil {
-		err = writeFileSync(filepath.Join(dir, entryFetchF), b)
+		err = os.WriteFile(filepath.Join(dir, entryFetchF), b, 0o600)
 	}
 	if err != nil {
 		os.RemoveAll(dir)
@@ -481,7 +485,7 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 		if err != nil {
 			return nil, err
 		}
-		if err := writeFileSync(filepath.Join(dir, entryHandedF), nil); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, entryHandedF), nil, 0o600); err != nil {
 			st.Finish(err)
 			st.Close()
 			return nil, err

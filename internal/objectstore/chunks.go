@@ -878,6 +878,11 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 		name := filepath.Join(dir, lazy.Name)
 		if lazy.Resume != "" {
 			// The file readers already hold: the one unpacked goes.
+			if fi, err := os.Stat(lazy.Resume); err != nil {
+				return fmt.Errorf("resume: %w", err)
+			} else if fi.Size() != fill.size {
+				return fmt.Errorf("resume %s: %d bytes, the image's %s has %d", lazy.Resume, fi.Size(), lazy.Name, fill.size)
+			}
 			if err := os.Remove(name); err != nil {
 				return err
 			}
@@ -892,11 +897,6 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 			return err
 		}
 		defer f.Close()
-		if fi, err := f.Stat(); err != nil {
-			return err
-		} else if fi.Size() != fill.size {
-			return fmt.Errorf("resume %s: %d bytes, the image's %s has %d", lazy.Resume, fi.Size(), lazy.Name, fill.size)
-		}
 		fill.r = r
 		fill.prepare(ctx, f)
 		// Frame fetches end before the file closes (on failure too): once

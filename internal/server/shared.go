@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -168,7 +167,7 @@ func (fs feedStreamer) Start(dir string, size int64, prioritize func(off, n int6
 		rand.Read(b[:])
 		// An abstract socket: no path to outgrow sun_path or to leave
 		// behind.
-		socket = "@aenv-feed-" + hex.EncodeToString(b[:])
+		socket = feedPrefix + hex.EncodeToString(b[:])
 	}
 	feed, err := ckptgofer.NewFeed(socket, size, prioritize)
 	if err != nil {
@@ -185,18 +184,17 @@ func (fs feedStreamer) Start(dir string, size int64, prioritize func(off, n int6
 	return &feedStream{dir: dir, feed: feed, size: size, started: time.Now(), logger: fs.logger}, nil
 }
 
+// feedPrefix starts the name of every feed's (abstract) socket.
+const feedPrefix = "@aenv-feed-"
+
 // resumedFeed is the feed socket the options file in the image directory
 // dir names ("" if none): where a previous run's gofers wait.
 func resumedFeed(dir string) string {
 	if dir == "" {
 		return ""
 	}
-	b, err := os.ReadFile(filepath.Join(dir, ckptgofer.OptionsFile))
-	if err != nil {
-		return ""
-	}
-	var opts ckptgofer.Options
-	if json.Unmarshal(b, &opts) != nil || !strings.HasPrefix(opts.Feed, "@aenv-feed-") {
+	opts, err := ckptgofer.ReadOptions(dir)
+	if err != nil || !strings.HasPrefix(opts.Feed, feedPrefix) {
 		return ""
 	}
 	return opts.Feed

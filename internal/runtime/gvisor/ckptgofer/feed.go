@@ -38,6 +38,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -103,6 +105,46 @@ func WriteOptions(dir, socket string) error {
 	}
 	if err := os.WriteFile(filepath.Join(dir, OptionsFile), b, 0o600); err != nil {
 		return fmt.Errorf("checkpoint gofer options: %w", err)
+	}
+	return nil
+}
+
+// ReadOptions reads the options WriteOptions wrote in dir.
+func ReadOptions(dir string) (Options, error) {
+	var opts Options
+	b, err := os.ReadFile(filepath.Join(dir, OptionsFile))
+	if err != nil {
+		return opts, err
+	}
+	if err := json.Unmarshal(b, &opts); err != nil {
+		return opts, fmt.Errorf("checkpoint gofer options: %w", err)
+	}
+	return opts, nil
+}
+
+// samePeerUser fails unless the process at the other end of conn runs as
+// this one's user. An abstract socket has no file permissions: any process
+// of the host may bind a name the moment it is free (while the node's
+// server restarts) or connect to it. A gofer must take its pages' word
+// (complete, failed, ready) only from the node's server, and a feed serve
+// only its gofers: both run as root, as runsc does.
+func samePeerUser(conn *net.UnixConn) error {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if credErr != nil {
+		return fmt.Errorf("peer credentials: %w", credErr)
+	}
+	if int(cred.Uid) != os.Geteuid() {
+		return fmt.Errorf("peer (pid %d) runs as uid %d, not %d", cred.Pid, cred.Uid, os.Geteuid())
 	}
 	return nil
 }
@@ -176,6 +218,10 @@ func (f *Feed) accept() {
 			continue
 		}
 		backoff = time.Millisecond
+		if samePeerUser(conn) != nil {
+			conn.Close()
+			continue
+		}
 		c := &feedConn{conn: conn}
 		f.mu.Lock()
 		if f.failed != nil {

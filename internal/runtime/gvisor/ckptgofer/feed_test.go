@@ -7,8 +7,12 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/aenv-dev/aenv/internal/roottest"
 )
 
 // testWait bounds each wait on a condition: far longer than any should
@@ -300,5 +304,53 @@ func TestFeedClientIgnoresStrayReplies(t *testing.T) {
 	reply(idNext)
 	if err := waitDone(t, next); err != nil {
 		t.Fatalf("wait after the stray replies: %v", err)
+	}
+}
+
+// impostorFeed is a process of another user (nobody) that binds socket and
+// tells every gofer connecting that every range is ready: what a local
+// user could do while the node's server restarts. It runs until the test
+// ends.
+const impostorFeed = `
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind("\0" + sys.argv[1][1:])
+s.listen(8)
+print("ready", flush=True)
+conns = []
+while True:
+    c, _ = s.accept()
+    c.sendall(b"\xff\xff\xff\xff")
+    conns.append(c)
+`
+
+// A gofer whose feed went takes no word from a process of another user
+// that bound the socket meanwhile: its read waits, and fails after the
+// grace, rather than reading pages that never arrived.
+func TestFeedImpostorRefused(t *testing.T) {
+	roottest.Require(t)
+	socket := testSocket(t)
+	f, reads := newTestFeed(t, socket, 64*pageSize)
+	c := newTestClient(t, socket, 3*time.Second)
+	done := startAwait(c, 0, pageSize)
+	waitRead(t, reads, 0, pageSize)
+	f.Close()
+
+	cmd := exec.Command("/usr/bin/python3", "-c", impostorFeed, socket) // Debian's (python3-ipython), which any user may run
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "ready\n" {
+		t.Fatalf("impostor: %q, %v", line, err)
+	}
+	if err := waitDone(t, done); !errors.Is(err, ErrFailed) {
+		t.Fatalf("a read answered by another user's process: %v, want ErrFailed", err)
 	}
 }

@@ -184,7 +184,7 @@ type request struct {
 // dialFeed connects to the feed at socket; grace is how long the client
 // waits for a successor once that feed is gone without a word.
 func dialFeed(socket string, grace time.Duration) (*feedClient, error) {
-	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	conn, err := dialServer(socket)
 	if err != nil {
 		return nil, fmt.Errorf("feed: %w", err)
 	}
@@ -286,7 +286,7 @@ func (c *feedClient) redial(deadline time.Time) (*net.UnixConn, error) {
 			return nil, errors.New("closed")
 		case <-timer.C:
 		}
-		conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: c.socket, Net: "unix"})
+		conn, err := dialServer(c.socket)
 		if err == nil {
 			c.mu.Lock()
 			if c.closing {
@@ -316,6 +316,20 @@ func (c *feedClient) redial(deadline time.Time) (*net.UnixConn, error) {
 		}
 		backoff = min(2*backoff, redialMax)
 	}
+}
+
+// dialServer connects to the feed at socket, served by a process of this
+// one's user (samePeerUser): not one that bound the name while it was free.
+func dialServer(socket string) (*net.UnixConn, error) {
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: socket, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	if err := samePeerUser(conn); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%s: %w", socket, err)
+	}
+	return conn, nil
 }
 
 // send writes r's request to conn. On an error conn is closed, so that the
