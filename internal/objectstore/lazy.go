@@ -258,6 +258,9 @@ type lazyFill struct {
 	asked    map[uint64]bool
 	// framesOver says stopFrames has run.
 	framesOver bool
+	// progress counts the frames streamed and the packs arrived: a hedge
+	// waits on while it moves.
+	progress int64
 	// streamed are the packs streamPack wrote: run need not write them;
 	// framesStreamed, of a pack being streamed, how many of its frames
 	// are in hand, written or being written (a read in them needs no
@@ -295,6 +298,7 @@ func (l *lazyFill) arrive(i uint32) {
 	}
 	l.arrived[i] = true
 	l.ready = append(l.ready, i)
+	l.progress++
 	l.mu.Unlock()
 	l.nudge()
 }
@@ -314,6 +318,12 @@ func (l *lazyFill) nudge() {
 // their pages are fetched at once by ranged GETs and written (a pack
 // without frames is downloaded whole at once), and their packs go to the
 // front of the download queue.
+//
+// A read counted as the in-order load's is hedged: if its pages are still
+// to come once the downloads have gone hedgeAfter without moving (a store
+// stalling, a connection hung), their frames are fetched as an out-of-order
+// read's would be. A guest's fault near the load's front counts as the
+// load's too, and would otherwise wait for a download that does not come.
 func (l *lazyFill) prioritize(off, n int64) {
 	if off < 0 || n <= 0 || off >= l.size {
 		return
@@ -321,14 +331,66 @@ func (l *lazyFill) prioritize(off, n int64) {
 	l.mu.Lock()
 	defer l.nudge()
 	defer l.mu.Unlock()
-	if off <= l.inOrder+inOrderSlack {
-		// The load in order (or a range it skipped to): on its way.
-		l.inOrder = max(l.inOrder, off+n)
-		return
-	}
 	if l.stopped {
 		return
 	}
+	if off <= l.inOrder+inOrderSlack {
+		// The load in order (or a range it skipped to): on its way.
+		l.inOrder = max(l.inOrder, off+n)
+		progress := l.progress
+		time.AfterFunc(hedgeAfter, func() { l.hedge(off, n, progress) })
+		return
+	}
+	l.fetchRange(off, n)
+}
+
+// hedgeAfter is how long the downloads may go without a frame or a pack
+// arriving while a read counted as the in-order load's waits, before its
+// frames are fetched (see prioritize). While they flow the read waits on:
+// fetching its frames too would take the store's time from them.
+const hedgeAfter = 250 * time.Millisecond
+
+// hedge fetches what is still to come of a range read in order, if the
+// downloads have not moved since they were at progress; else it looks
+// again later.
+func (l *lazyFill) hedge(off, n int64, progress int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped || l.framesOver || !l.waiting(off, n) {
+		return
+	}
+	if l.progress != progress {
+		progress = l.progress
+		time.AfterFunc(hedgeAfter, func() { l.hedge(off, n, progress) })
+		return
+	}
+	l.fetchRange(off, n)
+	l.nudge()
+}
+
+// waiting says whether a page of the range is still to come: in a pack
+// neither on disk nor arrived, in a frame neither streamed nor asked for.
+// l.mu is held.
+func (l *lazyFill) waiting(off, n int64) bool {
+	firstPage, end := int(off/pageSize), int(min(off+n, l.size)+pageSize-1)/pageSize
+	for p := firstPage; p < end; p++ {
+		pg := l.r.ix.pages[l.first+p]
+		i := pg.pack
+		if i == 0 || l.done[i] || l.r.arriving[i] == nil || l.arrived[i] {
+			continue
+		}
+		frame := int(pg.off / pageSize / framePages)
+		if l.unframed[i] || (frame >= l.framesStreamed[i] && !l.asked[uint64(i)<<32|uint64(frame)]) {
+			return true
+		}
+	}
+	return false
+}
+
+// fetchRange fetches the frames holding the pages of a range read out of
+// order (those neither written nor on their way in a frame already asked
+// for or streamed) and moves their packs to the front. l.mu is held.
+func (l *lazyFill) fetchRange(off, n int64) {
 	firstPage, end := int(off/pageSize), int(min(off+n, l.size)+pageSize-1)/pageSize
 	// The frames the range's pages lie in, by pack.
 	frames := map[uint32][]int{}
@@ -770,6 +832,7 @@ func (l *lazyFill) streamPack(ctx context.Context, s *Store, dir string, i uint3
 		l.mu.Lock()
 		if l.framesStreamed != nil {
 			l.framesStreamed[i] = j + 1
+			l.progress++
 		}
 		l.mu.Unlock()
 		k := 0

@@ -19,15 +19,18 @@ import (
 
 // packHold is a proxy in front of the S3 server that holds every whole
 // GET of a pack made after the first ranged one (a lazy restore's handover:
-// its ranged GETs are the packs' tails and the frames faults ask for),
+// its ranged GETs are the packs' tails and the frames reads ask for),
 // until release is closed. A lazy restore's memory file then cannot
-// complete, while its sandbox runs on the frames it faults in.
+// complete, while its sandbox runs on the frames it reads: those out of
+// the restore's in-order load at once, the rest once the downloads stall.
+// After holdAll, ranged GETs are held too: reads then wait.
 type packHold struct {
 	proxy   *httputil.ReverseProxy
 	release chan struct{}
 
 	mu     sync.Mutex
 	ranged bool
+	all    bool
 	held   int
 }
 
@@ -51,7 +54,10 @@ func (h *packHold) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/chunks/") {
 		h.mu.Lock()
 		hold := false
-		if r.Header.Get("Range") != "" {
+		if h.all {
+			h.held++
+			hold = true
+		} else if r.Header.Get("Range") != "" {
 			h.ranged = true
 		} else if h.ranged {
 			h.held++
@@ -67,6 +73,13 @@ func (h *packHold) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.proxy.ServeHTTP(w, r)
+}
+
+// holdAll holds ranged GETs of packs too, from now until release.
+func (h *packHold) holdAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.all = true
 }
 
 func (h *packHold) heldCount() int {
@@ -114,6 +127,8 @@ func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
 	if res := b.exec(id, client.ExecuteRequest{Command: "echo restored"}); res.Stdout != "restored\n" {
 		t.Fatalf("exec in the restored sandbox: %+v", res)
 	}
+	// From here the sandbox's reads of pages still to come wait too.
+	hold.holdAll()
 	if hold.heldCount() == 0 {
 		t.Fatal("no download of the memory file was held: the test did not stop a fetch midway")
 	}
