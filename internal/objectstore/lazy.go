@@ -198,6 +198,13 @@ func (q *packQueue) hurry(i uint32) {
 	q.more.Broadcast()
 }
 
+// isStarted says whether pack i's download has begun.
+func (q *packQueue) isStarted(i uint32) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.started[i]
+}
+
 // claim marks pack i as downloading elsewhere; false if it already was.
 func (q *packQueue) claim(i uint32) bool {
 	q.mu.Lock()
@@ -337,20 +344,22 @@ func (l *lazyFill) prioritize(off, n int64) {
 	if off <= l.inOrder+inOrderSlack {
 		// The load in order (or a range it skipped to): on its way.
 		l.inOrder = max(l.inOrder, off+n)
-		progress := l.progress
-		time.AfterFunc(hedgeAfter, func() { l.hedge(off, n, progress) })
+		if l.waiting(off, n) {
+			progress := l.rangeProgress(off, n)
+			time.AfterFunc(hedgeAfter, func() { l.hedge(off, n, progress) })
+		}
 		return
 	}
 	l.fetchRange(off, n)
 }
 
-// hedgeAfter is how long the downloads may go without a frame or a pack
-// arriving while a read counted as the in-order load's waits, before its
-// frames are fetched (see prioritize). While they flow the read waits on:
-// fetching its frames too would take the store's time from them.
+// hedgeAfter is how long the downloads a read counted as the in-order
+// load's waits for may go without moving before its frames are fetched
+// (see prioritize). While they move the read waits on: fetching its frames
+// too would take the store's time from them.
 const hedgeAfter = 250 * time.Millisecond
 
-// hedge fetches what is still to come of a range read in order, if the
+// hedge fetches what is still to come of a range read in order, if its
 // downloads have not moved since they were at progress; else it looks
 // again later.
 func (l *lazyFill) hedge(off, n int64, progress int64) {
@@ -359,13 +368,43 @@ func (l *lazyFill) hedge(off, n int64, progress int64) {
 	if l.stopped || l.framesOver || !l.waiting(off, n) {
 		return
 	}
-	if l.progress != progress {
-		progress = l.progress
-		time.AfterFunc(hedgeAfter, func() { l.hedge(off, n, progress) })
+	if now := l.rangeProgress(off, n); now != progress {
+		time.AfterFunc(hedgeAfter, func() { l.hedge(off, n, now) })
 		return
 	}
 	l.fetchRange(off, n)
 	l.nudge()
+}
+
+// rangeProgress is a number that grows as the downloads of a range's packs
+// move: the frames streamed and packs arrived of those started, and, while
+// one is still queued, those of every pack (its turn comes as the others
+// end). A pack whose download hangs while the others flow stops it. l.mu
+// is held.
+func (l *lazyFill) rangeProgress(off, n int64) int64 {
+	firstPage, end := int(off/pageSize), int(min(off+n, l.size)+pageSize-1)/pageSize
+	var sum int64
+	queued := false
+	last := uint32(0)
+	for p := firstPage; p < end; p++ {
+		i := l.r.ix.pages[l.first+p].pack
+		if i == 0 || i == last {
+			continue
+		}
+		last = i
+		switch {
+		case l.arrived[i]:
+			sum += 1 << 20
+		case l.q.isStarted(i):
+			sum += int64(l.framesStreamed[i])
+		default:
+			queued = true
+		}
+	}
+	if queued {
+		sum += l.progress << 21
+	}
+	return sum
 }
 
 // waiting says whether a page of the range is still to come: in a pack
