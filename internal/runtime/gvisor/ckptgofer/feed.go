@@ -111,13 +111,20 @@ func WriteOptions(dir, socket string) error {
 
 // ReadOptions reads the options WriteOptions wrote in dir.
 func ReadOptions(dir string) (Options, error) {
-	var opts Options
-	b, err := os.ReadFile(filepath.Join(dir, OptionsFile))
+	f, err := os.Open(filepath.Join(dir, OptionsFile))
 	if err != nil {
-		return opts, err
+		return Options{}, err
 	}
-	if err := json.Unmarshal(b, &opts); err != nil {
-		return opts, fmt.Errorf("checkpoint gofer options: %w", err)
+	defer f.Close()
+	return decodeOptions(f)
+}
+
+// decodeOptions decodes an options file, read up to 64 KiB (WriteOptions
+// writes a few hundred bytes).
+func decodeOptions(r io.Reader) (Options, error) {
+	var opts Options
+	if err := json.NewDecoder(io.LimitReader(r, 64<<10)).Decode(&opts); err != nil {
+		return Options{}, fmt.Errorf("checkpoint gofer options: %w", err)
 	}
 	return opts, nil
 }

@@ -2,7 +2,6 @@ package ckptgofer
 
 import (
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -59,8 +58,7 @@ func run(args []string) error {
 		return errors.New("only restores are served (no -allow-checkpoint-reads)")
 	}
 	optsFile := os.NewFile(uintptr(*optsFD), OptionsFile)
-	var opts Options
-	err := json.NewDecoder(io.LimitReader(optsFile, 64<<10)).Decode(&opts)
+	opts, err := decodeOptions(optsFile)
 	optsFile.Close()
 	if err != nil {
 		return fmt.Errorf("read options: %w", err)
