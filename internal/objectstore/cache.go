@@ -510,7 +510,7 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 		// A resume that fails before its handover is tried again while
 		// its readers still wait (the store unreachable for a while after
 		// the node's restart, say).
-		for wait := time.Second; err != nil && from != "" && e.stream == nil && c.ctx.Err() == nil &&
+		for wait := time.Second; err != nil && !final(err) && from != "" && e.stream == nil && c.ctx.Err() == nil &&
 			time.Since(resumeStart) < resumeRetryFor; wait = min(2*wait, 30*time.Second) {
 			select {
 			case <-c.ctx.Done():
@@ -525,8 +525,11 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 			return
 		}
 		if from != "" && e.stream == nil {
-			// Its readers were never handed to a stream: they give up
-			// waiting in time, and end.
+			// Its readers were never handed to a stream: told now that
+			// the memory will not come, they end rather than wait.
+			if err != nil {
+				c.failReaders(image, fromImage, lazy.Resume, err)
+			}
 			os.RemoveAll(filepath.Join(c.dir, from))
 		}
 		if e.stream != nil {
@@ -574,6 +577,43 @@ func (c *Cache) downloadLazy(lf LazyFetcher, key, digest, from string) error {
 	case err := <-fetched:
 		return err
 	}
+}
+
+// final says whether a fetch that failed with err would fail again: the
+// image is gone from the store, or is not what was recorded.
+func final(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrCorrupt) || errors.Is(err, ErrUnsupportedFormat)
+}
+
+// failedFeedListens is how long the stream of a resume that failed stays
+// to tell the readers that dial it: longer than a reader's pause between
+// dials (a second).
+const failedFeedListens = 5 * time.Second
+
+// failReaders tells the readers of the lazy file partial (of the fetch
+// resumed from fromImage, whose resume failed with cause) that its pages
+// will not come: the sandboxes restored from it end now, rather than once
+// they give up waiting (minutes). dir is the failed resume's image
+// directory.
+func (c *Cache) failReaders(dir, fromImage, partial string, cause error) {
+	fi, err := os.Stat(partial)
+	if err != nil {
+		return
+	}
+	st, err := c.streamer.Start(dir, fi.Size(), nil, fromImage)
+	if err != nil {
+		return
+	}
+	st.Finish(cause)
+	c.fetches.Add(1) // within the caller's: Close waits for this too
+	go func() {
+		defer c.fetches.Done()
+		select {
+		case <-c.ctx.Done():
+		case <-time.After(failedFeedListens):
+		}
+		st.Close()
+	}()
 }
 
 // abandon lets go of the lazy fetch of e, stopped by Close: its directory

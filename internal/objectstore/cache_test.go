@@ -429,33 +429,9 @@ func TestCacheResumesLazyFetch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stalling := &stallTransport{base: http.DefaultTransport.(*http.Transport).Clone()}
-	scfg := cfg
-	scfg.ChunkDir = t.TempDir()
-	scfg.HTTPClient = &http.Client{Transport: stalling}
-	stalled := openStore(t, scfg)
-
-	dir := t.TempDir()
+	dir, oldImage, held := stoppedLazyFetch(t, cfg, "snapshots/resume", m.Digest)
 	gate := make(chan struct{})
 	close(gate)
-	first := &testStreamer{gate: gate, finished: make(chan error, 1),
-		onStart: func() { stalling.stall.Store(true) }} // the memory file's packs never come
-	cache, err := OpenCache(dir, 1<<30, stalled, CacheOptions{Streamer: first, Lazy: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := cache.Acquire(ctx, "snapshots/resume", m.Digest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	oldImage := h.Path()
-	// A restored sandbox's gofer holds the memory file open.
-	held, err := os.Open(filepath.Join(oldImage, "pages.img"+PartialSuffix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	h.Release()
 	// Debris: a fetch that never got as far as its lazy file.
 	debris := filepath.Join(dir, entryName("snapshots/other")+"-1")
 	if err := os.MkdirAll(filepath.Join(debris, entryImage), 0o700); err != nil {
@@ -463,16 +439,6 @@ func TestCacheResumesLazyFetch(t *testing.T) {
 	}
 	if err := os.WriteFile(filepath.Join(debris, entryFetchF), []byte(`{"key":"snapshots/other","digest":"x"}`), 0o600); err != nil {
 		t.Fatal(err)
-	}
-	cache.Close()
-	if !first.isClosed() {
-		t.Fatal("the stopped fetch's stream was not closed")
-	}
-	if len(first.finished) != 0 {
-		t.Fatalf("the stopped fetch was finished (%v): its readers would fail", <-first.finished)
-	}
-	if _, err := os.Stat(filepath.Join(oldImage, "pages.img"+PartialSuffix)); err != nil {
-		t.Fatalf("the stopped fetch's directory went: %v", err)
 	}
 	// A resume that crashed before its own handover: newer, its file
 	// linked in, but no stream told the readers of it. The fetch it
@@ -545,11 +511,111 @@ func TestCacheResumesLazyFetch(t *testing.T) {
 		}
 	}
 	waitUntil(t, "the resumed entry recorded", func() bool { return resumed.Size() > 0 })
-	h, err = resumed.Acquire(ctx, "snapshots/resume", m.Digest)
+	h, err := resumed.Acquire(ctx, "snapshots/resume", m.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer h.Release()
 	equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(h.Path(), "pages.img"))
 	equalFiles(t, filepath.Join(src, "checkpoint.img"), filepath.Join(h.Path(), "checkpoint.img"))
+}
+
+// stoppedLazyFetch acquires image key (digest) lazily, through a store
+// whose downloads stall from the handover on, has a reader (a restored
+// sandbox's gofer) hold its memory file open, and closes the cache: the
+// fetch is left for the next open to resume. It returns the cache's
+// directory, the stopped fetch's image and the reader's file.
+func stoppedLazyFetch(t *testing.T, cfg Config, key, digest string) (dir, image string, held *os.File) {
+	t.Helper()
+	stalling := &stallTransport{base: http.DefaultTransport.(*http.Transport).Clone()}
+	scfg := cfg
+	scfg.ChunkDir = t.TempDir()
+	scfg.HTTPClient = &http.Client{Transport: stalling}
+	stalled := openStore(t, scfg)
+
+	dir = t.TempDir()
+	gate := make(chan struct{})
+	close(gate)
+	first := &testStreamer{gate: gate, finished: make(chan error, 1),
+		onStart: func() { stalling.stall.Store(true) }} // the memory file's packs never come
+	cache, err := OpenCache(dir, 1<<30, stalled, CacheOptions{Streamer: first, Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := cache.Acquire(testCtx(t), key, digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	image = h.Path()
+	held, err = os.Open(filepath.Join(image, "pages.img"+PartialSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { held.Close() })
+	h.Release()
+	cache.Close()
+	if !first.isClosed() {
+		t.Fatal("the stopped fetch's stream was not closed")
+	}
+	if len(first.finished) != 0 {
+		t.Fatalf("the stopped fetch was finished (%v): its readers would fail", <-first.finished)
+	}
+	if _, err := os.Stat(filepath.Join(image, "pages.img"+PartialSuffix)); err != nil {
+		t.Fatalf("the stopped fetch's directory went: %v", err)
+	}
+	return dir, image, held
+}
+
+// TestCacheResumeOfDeletedImage: an image deleted from the store while a
+// node was stopped mid-fetch cannot be resumed; the next open fails the
+// readers of its memory file at once (their sandboxes end) rather than
+// retrying for minutes while they wait, and leaves nothing of it.
+func TestCacheResumeOfDeletedImage(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	cfg := testConfig(srv, "cache-resume-deleted")
+	ctx := testCtx(t)
+	src := filepath.Join(t.TempDir(), "src")
+	memoryImage(t, src, randomPages(4000, 18))
+	store := openStore(t, cfg)
+	m, err := store.PutImage(ctx, "snapshots/gone", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, oldImage, _ := stoppedLazyFetch(t, cfg, "snapshots/gone", m.Digest)
+	if err := store.Delete(ctx, "snapshots/gone"); err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	close(gate)
+	second := &testStreamer{gate: gate, finished: make(chan error, 1)}
+	start := time.Now()
+	resumed, err := OpenCache(dir, 1<<30, store, CacheOptions{Streamer: second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resumed.Close()
+	select {
+	case err := <-second.finished:
+		if !errors.Is(err, ErrNotFound) {
+			t.Fatalf("the readers were failed with %v, want ErrNotFound", err)
+		}
+	case <-time.After(time.Minute): // the retries of a store unreachable last 4 minutes
+		t.Fatal("the readers of a deleted image were not failed within a minute")
+	}
+	t.Logf("readers failed %v after the open", time.Since(start))
+	second.mu.Lock()
+	from := second.resumed
+	second.mu.Unlock()
+	if from != oldImage {
+		t.Fatalf("the failing stream was told of %q, want %q (whose readers wait)", from, oldImage)
+	}
+	waitUntil(t, "the stopped fetch removed", func() bool {
+		_, err := os.Stat(filepath.Dir(oldImage))
+		return errors.Is(err, os.ErrNotExist)
+	})
+	waitUntil(t, "the failing stream closed", second.isClosed)
+	if resumed.Size() != 0 {
+		t.Fatalf("the cache holds %d bytes of a failed resume", resumed.Size())
+	}
 }

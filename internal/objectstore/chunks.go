@@ -674,15 +674,15 @@ func (s *Store) readIndex(ctx context.Context, key, digest string) (*chunkIndex,
 }
 
 func (s *Store) fetchIndex(ctx context.Context, m Manifest, digest string) (*chunkIndex, error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.indexKey(m.Key))})
+	r, err := s.openObject(ctx, s.indexKey(m.Key), 0, -1, s.cfg.StallTimeout)
 	if err != nil {
 		if isNotFound(err) {
 			return nil, fmt.Errorf("%w: index missing", ErrCorrupt)
 		}
 		return nil, err
 	}
-	defer out.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(out.Body, min(m.Size, maxIndexBytes)+1))
+	defer r.Close()
+	body, err := io.ReadAll(io.LimitReader(r, min(m.Size, maxIndexBytes)+1))
 	if err != nil {
 		return nil, err
 	}
@@ -951,14 +951,14 @@ type FetchStats struct {
 
 // getPack starts the download of the pack named name, whole.
 func (s *Store) getPack(ctx context.Context, name string) (io.ReadCloser, error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.packKey(name))})
+	body, err := s.openObject(ctx, s.packKey(name), 0, -1, s.cfg.StallTimeout)
 	if err != nil {
 		if isNotFound(err) {
 			return nil, fmt.Errorf("%w: pack %s missing", ErrCorrupt, name)
 		}
 		return nil, fmt.Errorf("pack %s: %w", name, err)
 	}
-	return out.Body, nil
+	return body, nil
 }
 
 func (s *Store) downloadPack(ctx context.Context, dir string, p packRef) error {
@@ -1355,16 +1355,16 @@ func (s *Store) sweepChunks(ctx context.Context, remaining []*imageObjects, rele
 // readReleased reads the packs a released-packs object names; one gone
 // since the listing (expired, another collector) names none.
 func (s *Store) readReleased(ctx context.Context, name string) ([]string, error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(name)})
+	body, err := s.openObject(ctx, name, 0, -1, s.cfg.StallTimeout)
 	if err != nil {
 		if isNotFound(err) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	defer out.Body.Close()
+	defer body.Close()
 	var r releasedPacks
-	if err := json.NewDecoder(io.LimitReader(out.Body, maxIndexBytes)).Decode(&r); err != nil {
+	if err := json.NewDecoder(io.LimitReader(body, maxIndexBytes)).Decode(&r); err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	return r.Packs, nil

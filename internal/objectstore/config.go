@@ -36,6 +36,9 @@ type Config struct {
 	// (default 3). Memory held by one Put is about (PartConcurrency+1)*PartSize.
 	PartSize        int64
 	PartConcurrency int
+	// StallTimeout is how long a download may go without a byte before it
+	// is cut and asked again from where it stopped (default 30 s).
+	StallTimeout time.Duration
 	// ChunkDir, if set, keeps the packs of chunked images this node
 	// uploaded or fetched, so that a Get downloads only the packs it
 	// lacks; ChunkBytes bounds it (least recently used packs go first; 0
@@ -114,6 +117,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PartConcurrency <= 0 {
 		c.PartConcurrency = defaultPartConcurrency
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = defaultStallTimeout
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -128,37 +126,27 @@ func (t *packTail) check(slot int, page []byte) bool {
 	return bytes.Equal(h[:], t.hashes[slot*hashSize:(slot+1)*hashSize])
 }
 
-// getRange reads bytes [from, to) of pack p by a ranged GET. A server that
-// ignores Range answers the whole object: the range is cut from it. The
-// bytes are not checked here: callers check them against the hashes the
-// index pins.
+// getRange reads bytes [from, to) of pack p by a ranged GET (from a server
+// that ignores Range, cut from the whole object). The bytes are not
+// checked here: callers check them against the hashes the index pins.
 func (s *Store) getRange(ctx context.Context, p packRef, from, to int64) ([]byte, error) {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{
-		Bucket: &s.cfg.Bucket,
-		Key:    aws.String(s.packKey(p.name())),
-		Range:  aws.String(fmt.Sprintf("bytes=%d-%d", from, to-1)),
-	})
+	body, err := s.openObject(ctx, s.packKey(p.name()), from, to, min(s.cfg.StallTimeout, rangeStallTimeout))
 	if err != nil {
 		if isNotFound(err) {
 			return nil, fmt.Errorf("%w: pack %s missing", ErrCorrupt, p.name())
 		}
 		return nil, fmt.Errorf("pack %s: %w", p.name(), err)
 	}
-	defer out.Body.Close()
-	start, want := from, to-from
-	if aws.ToString(out.ContentRange) == "" {
-		start, want = 0, p.stored
-		s.rangesIgnored.Store(true)
+	defer body.Close()
+	data := make([]byte, to-from)
+	n, err := io.ReadFull(body, data)
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("%w: pack %s: bytes %d-%d: %d bytes came, not %d", ErrCorrupt, p.name(), from, to-1, n, to-from)
 	}
-	data := make([]byte, want+1) // one byte more, to tell a longer answer
-	n, err := io.ReadFull(out.Body, data)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+	if err != nil {
 		return nil, fmt.Errorf("pack %s: %w", p.name(), err)
 	}
-	if int64(n) != want {
-		return nil, fmt.Errorf("%w: pack %s: bytes %d-%d: %d bytes came, not %d", ErrCorrupt, p.name(), from, to-1, n, want)
-	}
-	return data[from-start : to-start], nil
+	return data, nil
 }
 
 // fetchTail reads pack p's frame table and hash list by a ranged GET.

@@ -209,18 +209,18 @@ func (s *Store) Stat(ctx context.Context, key string) (Manifest, error) {
 	if err := ValidKey(key); err != nil {
 		return Manifest{}, err
 	}
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.manifestKey(key))})
+	body, err := s.openObject(ctx, s.manifestKey(key), 0, -1, s.cfg.StallTimeout)
 	if err != nil {
 		if isNotFound(err) {
 			return Manifest{}, fmt.Errorf("stat %s: %w", key, ErrNotFound)
 		}
 		return Manifest{}, fmt.Errorf("stat %s: %w", key, err)
 	}
-	defer out.Body.Close()
+	defer body.Close()
 	var m Manifest
 	// Bounded: the bucket's content is not trusted to be small (a
 	// manifest names its packs: about 130 a GiB).
-	if err := json.NewDecoder(io.LimitReader(out.Body, maxManifestBytes)).Decode(&m); err != nil {
+	if err := json.NewDecoder(io.LimitReader(body, maxManifestBytes)).Decode(&m); err != nil {
 		return Manifest{}, fmt.Errorf("stat %s: %w: %v", key, errMalformed, err)
 	}
 	if m.Key == key && m.Format != "" && m.Format != formatTarZstd && m.Format != formatChunks {

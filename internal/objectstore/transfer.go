@@ -340,20 +340,20 @@ func (s *Store) statFor(ctx context.Context, key, digest, dst string) (Manifest,
 // fetch unpacks the data object of m into dir and checks its bytes against
 // digest. m.Size only bounds the read: it comes from the bucket.
 func (s *Store) fetch(ctx context.Context, m Manifest, digest, dir string) error {
-	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.cfg.Bucket, Key: aws.String(s.dataKey(m.Key))})
+	obj, err := s.openObject(ctx, s.dataKey(m.Key), 0, -1, s.cfg.StallTimeout)
 	if err != nil {
 		if isNotFound(err) {
 			return fmt.Errorf("%w: data object missing", ErrCorrupt)
 		}
 		return err
 	}
-	defer out.Body.Close()
-	if l := aws.ToInt64(out.ContentLength); l != 0 && l != m.Size {
+	defer obj.Close()
+	if l := obj.length; l != 0 && l != m.Size {
 		return fmt.Errorf("%w: object has %d bytes, manifest says %d", ErrCorrupt, l, m.Size)
 	}
 	// Read at most one byte past the recorded size: enough to tell that the
 	// object is longer, never an unbounded read.
-	body := &digestReader{r: io.LimitReader(out.Body, m.Size+1), h: sha256.New()}
+	body := &digestReader{r: io.LimitReader(obj, m.Size+1), h: sha256.New()}
 	// Our writer's window is a few MiB; a larger one is refused rather
 	// than allocated.
 	dec, err := zstd.NewReader(body, zstd.WithDecoderMaxWindow(64<<20))

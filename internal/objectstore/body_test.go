@@ -1,0 +1,217 @@
+package objectstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aenv-dev/aenv/internal/objectstore/s3test"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// faultyTransport spoils the answers to GETs of packs: the first spoil of
+// them (all, if spoil < 0) break or stall after bytes of their body, or
+// (fault "headers") never answer. It logs every GET of a pack.
+type faultyTransport struct {
+	base  http.RoundTripper
+	fault string // "break", "stall" or "headers"
+	after int64
+
+	mu    sync.Mutex
+	spoil int
+	gets  []packGet
+}
+
+// packGet is one GET of a pack: its key, its Range header, and whether
+// it was spoiled.
+type packGet struct {
+	key, rng string
+	spoiled  bool
+}
+
+func (f *faultyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/"+chunksDir+"/") {
+		return f.base.RoundTrip(r)
+	}
+	f.mu.Lock()
+	spoiled := f.spoil != 0
+	if f.spoil > 0 {
+		f.spoil--
+	}
+	f.gets = append(f.gets, packGet{key: r.URL.Path, rng: r.Header.Get("Range"), spoiled: spoiled})
+	f.mu.Unlock()
+	if spoiled && f.fault == "headers" {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	resp, err := f.base.RoundTrip(r)
+	if err != nil || !spoiled {
+		return resp, err
+	}
+	resp.Body = &spoiledBody{ReadCloser: resp.Body, ctx: r.Context(), left: f.after, stall: f.fault == "stall"}
+	return resp, nil
+}
+
+func (f *faultyTransport) log() []packGet {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]packGet(nil), f.gets...)
+}
+
+// spoiledBody passes left bytes, then fails or (stall) waits for its
+// request to be cut.
+type spoiledBody struct {
+	io.ReadCloser
+	ctx   context.Context
+	left  int64
+	stall bool
+}
+
+func (b *spoiledBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		if b.stall {
+			<-b.ctx.Done()
+			return 0, b.ctx.Err()
+		}
+		return 0, errors.New("connection reset (by the test)")
+	}
+	n, err := b.ReadCloser.Read(p[:min(int64(len(p)), b.left)])
+	b.left -= int64(n)
+	return n, err
+}
+
+// TestDownloadsResume: a node fetching an image whose pack downloads break
+// or stall midway, or whose GETs are never answered, gets the image whole:
+// each spoiled GET is asked again, from the byte it stopped at.
+func TestDownloadsResume(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "resume-downloads")
+	tmp := t.TempDir()
+	src := filepath.Join(tmp, "src")
+	memoryImage(t, src, randomPages(5000, 7)) // three packs
+	m, err := openStore(t, cfg).PutImage(ctx, "snapshots/r", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const after = 300 << 10
+	for _, fault := range []string{"break", "stall", "headers"} {
+		t.Run(fault, func(t *testing.T) {
+			ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: fault, after: after, spoil: 2}
+			c := cfg
+			c.HTTPClient = &http.Client{Transport: ft}
+			c.StallTimeout = 500 * time.Millisecond
+			c.ChunkDir = t.TempDir() // a node without the packs
+			dst := filepath.Join(tmp, "dst-"+fault)
+			if _, err := openStore(t, c).Get(ctx, "snapshots/r", m.Digest, dst); err != nil {
+				t.Fatalf("Get: %v", err)
+			}
+			equalFiles(t, filepath.Join(src, "pages.img"), filepath.Join(dst, "pages.img"))
+			gets := ft.log()
+			for i, g := range gets {
+				if !g.spoiled {
+					continue
+				}
+				// A later GET of the same pack asks for what is missing.
+				want := ""
+				if fault != "headers" {
+					want = fmt.Sprintf("bytes=%d-", after)
+				}
+				resumed := false
+				for _, h := range gets[i+1:] {
+					resumed = resumed || h.key == g.key && h.rng == want
+				}
+				if !resumed {
+					t.Errorf("the spoiled GET of %s was not asked again with Range %q: %+v", g.key, want, gets)
+				}
+			}
+			if len(gets) < len(m.Packs)+2 {
+				t.Errorf("%d GETs of packs, want the %d packs and the 2 spoiled asked again", len(gets), len(m.Packs))
+			}
+		})
+	}
+
+	// A range of a pack (a frame a lazy restore reads) broken midway.
+	t.Run("range", func(t *testing.T) {
+		ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: "break", after: 1000, spoil: 1}
+		c := cfg
+		c.HTTPClient = &http.Client{Transport: ft}
+		c.StallTimeout = 500 * time.Millisecond
+		s := openStore(t, c)
+		ix, err := s.readIndex(ctx, "snapshots/r", m.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := ix.packs[0]
+		got, err := s.getRange(ctx, p, 100, 300_000)
+		if err != nil {
+			t.Fatalf("getRange: %v", err)
+		}
+		out, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(s.packKey(p.name()))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := io.ReadAll(out.Body)
+		out.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, whole[100:300_000]) {
+			t.Fatal("getRange over a broken GET returned other bytes than the pack's")
+		}
+		if gets := ft.log(); len(gets) != 2 || gets[1].rng != "bytes=1100-299999" {
+			t.Fatalf("GETs %+v, want the range, then the rest of it from byte 1100", gets)
+		}
+	})
+}
+
+// TestDownloadFromDeadStore: a store that never answers fails the Get in
+// bounded time, saying it stalled, and leaves nothing.
+func TestDownloadFromDeadStore(t *testing.T) {
+	t.Parallel()
+	srv := s3test.Start(t)
+	ctx := testCtx(t)
+	cfg := testConfig(srv, "dead-store")
+	tmp := t.TempDir()
+	src := filepath.Join(tmp, "src")
+	memoryImage(t, src, randomPages(500, 8))
+	m, err := openStore(t, cfg).PutImage(ctx, "snapshots/d", src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fault := range []string{"stall", "headers"} {
+		ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: fault, spoil: -1}
+		c := cfg
+		c.HTTPClient = &http.Client{Transport: ft}
+		c.StallTimeout = 200 * time.Millisecond
+		c.ChunkDir = t.TempDir()
+		dst := filepath.Join(tmp, "dst-"+fault)
+		start := time.Now()
+		_, err := openStore(t, c).Get(ctx, "snapshots/d", m.Digest, dst)
+		if !errors.Is(err, errStalled) {
+			t.Fatalf("%s: Get from a store that stalls = %v, want errStalled", fault, err)
+		}
+		// maxResumes+1 stalls and the pauses between them; a minute
+		// allows a loaded machine.
+		if d := time.Since(start); d > time.Minute {
+			t.Errorf("%s: the Get took %v to fail", fault, d)
+		}
+		if n := len(ft.log()); n != maxResumes+1 {
+			t.Errorf("%s: %d GETs of the pack, want %d", fault, n, maxResumes+1)
+		}
+		if _, err := os.Lstat(dst); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: a failed Get left %s", fault, dst)
+		}
+	}
+}
