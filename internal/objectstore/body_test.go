@@ -142,38 +142,45 @@ func TestDownloadsResume(t *testing.T) {
 		})
 	}
 
-	// A range of a pack (a frame a lazy restore reads) broken midway.
-	t.Run("range", func(t *testing.T) {
-		ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: "break", after: 1000, spoil: 1}
-		c := cfg
-		c.HTTPClient = &http.Client{Transport: ft}
-		c.StallTimeout = 500 * time.Millisecond
-		s := openStore(t, c)
-		ix, err := s.readIndex(ctx, "snapshots/r", m.Digest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := ix.packs[0]
-		got, err := s.getRange(ctx, p, 100, 300_000)
-		if err != nil {
-			t.Fatalf("getRange: %v", err)
-		}
-		out, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(s.packKey(p.name()))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		whole, err := io.ReadAll(out.Body)
-		out.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, whole[100:300_000]) {
-			t.Fatal("getRange over a broken GET returned other bytes than the pack's")
-		}
-		if gets := ft.log(); len(gets) != 2 || gets[1].rng != "bytes=1100-299999" {
-			t.Fatalf("GETs %+v, want the range, then the rest of it from byte 1100", gets)
-		}
-	})
+	// A range of a pack (a frame a lazy restore reads) broken or stalled
+	// midway. A stalled range is cut after rangeStallTimeout, well before
+	// the store's stall timeout (the default, 30 s, here).
+	for _, fault := range []string{"break", "stall"} {
+		t.Run("range-"+fault, func(t *testing.T) {
+			ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: fault, after: 1000, spoil: 1}
+			c := cfg
+			c.HTTPClient = &http.Client{Transport: ft}
+			s := openStore(t, c)
+			ix, err := s.readIndex(ctx, "snapshots/r", m.Digest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := ix.packs[0]
+			start := time.Now()
+			got, err := s.getRange(ctx, p, 100, 300_000)
+			if err != nil {
+				t.Fatalf("getRange: %v", err)
+			}
+			if d := time.Since(start); fault == "stall" && d >= defaultStallTimeout {
+				t.Errorf("a stalled range was asked again after %v, not after the ranges' %v", d, rangeStallTimeout)
+			}
+			out, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(s.packKey(p.name()))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			whole, err := io.ReadAll(out.Body)
+			out.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, whole[100:300_000]) {
+				t.Fatal("getRange over a spoiled GET returned other bytes than the pack's")
+			}
+			if gets := ft.log(); len(gets) != 2 || gets[1].rng != "bytes=1100-299999" {
+				t.Fatalf("GETs %+v, want the range, then the rest of it from byte 1100", gets)
+			}
+		})
+	}
 }
 
 // TestDownloadFromDeadStore: a store that never answers fails the Get in
