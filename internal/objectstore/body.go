@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -19,8 +21,9 @@ import (
 // out a body that stops coming (a peer gone silent, a half-dead
 // connection): the read waits forever, and so does the create or the
 // sandbox behind it. objectBody reads an object through both: a GET that
-// yields no byte for the store's stall timeout is cut, and a GET cut or
-// broken is asked again by a ranged GET from the byte it stopped at.
+// yields no byte for a stall timeout is cut, and a GET cut or broken is
+// asked again by a ranged GET from the byte it stopped at, of the same
+// version of the object (If-Match its first answer's ETag).
 
 const (
 	// defaultStallTimeout is how long a GET may go without a byte (its
@@ -36,10 +39,23 @@ const (
 	// maxResumes bounds the GETs asked again in a row without a byte
 	// coming between them.
 	maxResumes = 3
+	// maxEmptyReads bounds the reads in a row that return nothing and no
+	// error (io.ErrNoProgress past it).
+	maxEmptyReads = 100
 )
 
-// errStalled is the cause of a GET cut for going without a byte.
-var errStalled = errors.New("no byte for the stall timeout")
+var (
+	// errStalled is the cause of a download cut for going without a byte.
+	errStalled = errors.New("download stalled: no byte for the stall timeout")
+	// errBroken is a download that broke more often than it is asked
+	// again. It wraps no transport error on purpose: a body cut short
+	// (io.ErrUnexpectedEOF) is not a short object, which callers take
+	// for a corrupt one.
+	errBroken = errors.New("download broken")
+	// errOtherRange is an answer to a resumed GET that is not the range
+	// asked for.
+	errOtherRange = errors.New("the store answered another range than asked")
+)
 
 // objectBody is bytes [from, to) of an object (to < 0: to its end), read
 // through as many GETs as it takes.
@@ -58,11 +74,17 @@ type objectBody struct {
 	// skip is how many bytes of body precede from: a server that ignores
 	// Range answers the whole object.
 	skip int64
+	// pending is an error the current GET's body returned with bytes,
+	// handled at the next read.
+	pending error
 	// tries counts the GETs asked again since a byte last came.
 	tries int
-	// length is the first answer's Content-Length.
-	length   int64
+	// The first answer's: its Content-Length, its ETag (resumes ask for
+	// that version), and the object's size if it was the whole object.
 	answered bool
+	length   int64
+	etag     string
+	size     int64
 }
 
 // openObject starts reading bytes [from, to) of the object key (to < 0:
@@ -70,7 +92,7 @@ type objectBody struct {
 // stallAfter without a byte. The first GET is made here, so that a
 // missing object is told at once (isNotFound).
 func (s *Store) openObject(ctx context.Context, key string, from, to int64, stallAfter time.Duration) (*objectBody, error) {
-	b := &objectBody{ctx: ctx, s: s, key: key, from: from, to: to, stallAfter: stallAfter}
+	b := &objectBody{ctx: ctx, s: s, key: key, from: from, to: to, stallAfter: stallAfter, size: -1}
 	for {
 		err := b.get()
 		if err == nil {
@@ -95,33 +117,63 @@ func (b *objectBody) get() error {
 		}
 		in.Range = aws.String(fmt.Sprintf("bytes=%d-%s", b.from, end))
 	}
+	if b.etag != "" {
+		in.IfMatch = aws.String(b.etag)
+	}
 	out, err := b.s.client.GetObject(ctx, in)
 	stall.Stop()
 	if err != nil {
 		cancel(nil)
-		if cause := context.Cause(ctx); errors.Is(cause, errStalled) && b.ctx.Err() == nil {
-			err = fmt.Errorf("%w: %w", cause, err)
+		if errors.Is(context.Cause(ctx), errStalled) && b.ctx.Err() == nil {
+			err = fmt.Errorf("%w (%v)", errStalled, err)
 		}
 		return err
 	}
-	b.body, b.actx, b.cancel, b.stall, b.skip = out.Body, ctx, cancel, stall, 0
-	if !b.answered {
-		b.length, b.answered = aws.ToInt64(out.ContentLength), true
+	skip := int64(0)
+	if ranged {
+		if cr := aws.ToString(out.ContentRange); cr == "" {
+			b.s.rangesIgnored.Store(true)
+			skip = b.from
+		} else if start, ok := rangeStart(cr); !ok || start != b.from {
+			out.Body.Close()
+			cancel(nil)
+			return fmt.Errorf("%w: %q for bytes from %d", errOtherRange, cr, b.from)
+		}
 	}
-	if ranged && aws.ToString(out.ContentRange) == "" {
-		b.s.rangesIgnored.Store(true)
-		b.skip = b.from
+	b.body, b.actx, b.cancel, b.stall, b.skip = out.Body, ctx, cancel, stall, skip
+	if !b.answered {
+		b.answered = true
+		b.length, b.etag = aws.ToInt64(out.ContentLength), aws.ToString(out.ETag)
+		if !ranged && out.ContentLength != nil {
+			b.size = b.length
+		}
 	}
 	return nil
 }
 
+// rangeStart is the first byte of a Content-Range ("bytes 10-99/100").
+func rangeStart(cr string) (int64, bool) {
+	rest, ok := strings.CutPrefix(cr, "bytes ")
+	if !ok {
+		return 0, false
+	}
+	first, _, ok := strings.Cut(rest, "-")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(first, 10, 64)
+	return n, err == nil
+}
+
 // again says whether a GET that failed with err is asked again, after a
 // pause, or err is final: the store's own answer (a missing object, a
-// refusal; the SDK has retried those worth it), the caller's context
-// done, or too many tries without a byte.
+// refusal, the object changed since the first answer; the SDK has retried
+// those worth it), another range than asked, the caller's context done,
+// or too many tries without a byte.
 func (b *objectBody) again(err error) bool {
 	var answered *smithyhttp.ResponseError
-	if b.ctx.Err() != nil || errors.As(err, &answered) && answered.HTTPStatusCode() > 0 || b.tries >= maxResumes {
+	if b.ctx.Err() != nil || errors.As(err, &answered) && answered.HTTPStatusCode() > 0 ||
+		errors.Is(err, errOtherRange) || b.tries >= maxResumes {
 		return false
 	}
 	b.tries++
@@ -134,8 +186,14 @@ func (b *objectBody) again(err error) bool {
 }
 
 func (b *objectBody) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	empty := 0
 	for {
-		if b.to >= 0 && b.from >= b.to {
+		if b.to >= 0 && b.from >= b.to || b.size >= 0 && b.from >= b.size {
+			// All asked for has come (a resume at the object's end would
+			// be refused).
 			return 0, io.EOF
 		}
 		if b.body == nil {
@@ -143,48 +201,70 @@ func (b *objectBody) Read(p []byte) (int, error) {
 				if b.again(err) {
 					continue
 				}
-				return 0, fmt.Errorf("read %s at byte %d: %w", b.key, b.from, err)
+				if errors.Is(err, errStalled) {
+					return 0, fmt.Errorf("read %s at byte %d: %w", b.key, b.from, err)
+				}
+				return 0, fmt.Errorf("read %s at byte %d: %w: %v", b.key, b.from, errBroken, err)
 			}
 		}
 		if b.to >= 0 && int64(len(p)) > b.to-b.from {
 			p = p[:b.to-b.from]
 		}
-		n, err := b.read(p)
+		n, err := 0, b.pending
+		b.pending = nil
+		if err == nil {
+			n, err = b.read(p)
+		}
 		if n > 0 {
 			b.tries = 0
-			return n, nil // err, if any, comes again at the next read
+			b.pending = err
+			return n, nil
 		}
 		if err == nil {
-			continue
+			if empty++; empty < maxEmptyReads {
+				continue
+			}
+			err = io.ErrNoProgress
 		}
-		if errors.Is(err, io.EOF) {
+		if err == io.EOF {
 			return 0, io.EOF
 		}
 		b.close()
 		if !b.again(err) {
-			return 0, fmt.Errorf("read %s at byte %d: %w", b.key, b.from, err)
+			if errors.Is(err, errStalled) {
+				return 0, fmt.Errorf("read %s at byte %d: %w", b.key, b.from, err)
+			}
+			return 0, fmt.Errorf("read %s at byte %d: %w: %v", b.key, b.from, errBroken, err)
 		}
 	}
 }
 
 // read reads the current GET's body into p, past the bytes it skips, with
-// the stall timer running.
+// the stall timer running while it waits.
 func (b *objectBody) read(p []byte) (int, error) {
-	b.stall.Reset(b.stallAfter)
-	defer b.stall.Stop()
-	for b.skip > 0 {
-		n, err := b.body.Read(p[:min(int64(len(p)), b.skip)])
-		b.skip -= int64(n)
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF // the object ends before from
+	if b.skip > 0 {
+		var scratch [32 << 10]byte
+		for b.skip > 0 {
+			b.stall.Reset(b.stallAfter)
+			n, err := b.body.Read(scratch[:min(int64(len(scratch)), b.skip)])
+			b.stall.Stop()
+			b.skip -= int64(n)
+			if n > 0 {
+				b.tries = 0 // coming, if not yet ours
 			}
-			return 0, b.cause(err)
+			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF // the object ends before from
+				}
+				return 0, b.cause(err)
+			}
 		}
 	}
+	b.stall.Reset(b.stallAfter)
 	n, err := b.body.Read(p)
+	b.stall.Stop()
 	b.from += int64(n)
-	if err != nil && !errors.Is(err, io.EOF) {
+	if err != nil && err != io.EOF {
 		err = b.cause(err)
 	}
 	return n, err
@@ -193,7 +273,7 @@ func (b *objectBody) read(p []byte) (int, error) {
 // cause names a stall as the reason a body read failed.
 func (b *objectBody) cause(err error) error {
 	if errors.Is(context.Cause(b.actx), errStalled) && b.ctx.Err() == nil {
-		return fmt.Errorf("%w: %w", errStalled, err)
+		return fmt.Errorf("%w (%v)", errStalled, err)
 	}
 	return err
 }
@@ -207,6 +287,7 @@ func (b *objectBody) close() {
 		b.cancel(nil)
 		b.cancel = nil
 	}
+	b.pending = nil
 }
 
 func (b *objectBody) Close() error {

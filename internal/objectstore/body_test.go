@@ -26,6 +26,9 @@ type faultyTransport struct {
 	base  http.RoundTripper
 	fault string // "break", "stall" or "headers"
 	after int64
+	// whole, if set, answers ranged GETs (wholeAnswers: the whole
+	// object, as a store without ranges would).
+	whole func(*http.Request) (*http.Response, error)
 
 	mu    sync.Mutex
 	spoil int
@@ -50,11 +53,16 @@ func (f *faultyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	f.gets = append(f.gets, packGet{key: r.URL.Path, rng: r.Header.Get("Range"), spoiled: spoiled})
 	f.mu.Unlock()
+
 	if spoiled && f.fault == "headers" {
 		<-r.Context().Done()
 		return nil, r.Context().Err()
 	}
-	resp, err := f.base.RoundTrip(r)
+	answer := f.base.RoundTrip
+	if f.whole != nil && r.Header.Get("Range") != "" {
+		answer = f.whole
+	}
+	resp, err := answer(r)
 	if err != nil || !spoiled {
 		return resp, err
 	}
@@ -145,9 +153,21 @@ func TestDownloadsResume(t *testing.T) {
 	// A range of a pack (a frame a lazy restore reads) broken or stalled
 	// midway. A stalled range is cut after rangeStallTimeout, well before
 	// the store's stall timeout (the default, 30 s, here).
-	for _, fault := range []string{"break", "stall"} {
-		t.Run("range-"+fault, func(t *testing.T) {
+	for _, tc := range []struct {
+		fault         string
+		rangesIgnored bool
+	}{{"break", false}, {"stall", false}, {"break", true}} {
+		fault := tc.fault
+		name := "range-" + fault
+		if tc.rangesIgnored {
+			name += "-ranges-ignored"
+		}
+		t.Run(name, func(t *testing.T) {
 			ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: fault, after: 1000, spoil: 1}
+			if tc.rangesIgnored {
+				// The first answer's 1000 bytes hold the range's first 900.
+				ft.whole, ft.after = wholeAnswers(srv, cfg.Bucket), 1000
+			}
 			c := cfg
 			c.HTTPClient = &http.Client{Transport: ft}
 			s := openStore(t, c)
@@ -176,8 +196,12 @@ func TestDownloadsResume(t *testing.T) {
 			if !bytes.Equal(got, whole[100:300_000]) {
 				t.Fatal("getRange over a spoiled GET returned other bytes than the pack's")
 			}
-			if gets := ft.log(); len(gets) != 2 || gets[1].rng != "bytes=1100-299999" {
-				t.Fatalf("GETs %+v, want the range, then the rest of it from byte 1100", gets)
+			resumeAt := int64(1100)
+			if tc.rangesIgnored {
+				resumeAt = 1000
+			}
+			if gets := ft.log(); len(gets) != 2 || gets[1].rng != fmt.Sprintf("bytes=%d-299999", resumeAt) {
+				t.Fatalf("GETs %+v, want the range, then the rest of it from byte %d", gets, resumeAt)
 			}
 		})
 	}
@@ -201,7 +225,7 @@ func TestDownloadFromDeadStore(t *testing.T) {
 		ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: fault, spoil: -1}
 		c := cfg
 		c.HTTPClient = &http.Client{Transport: ft}
-		c.StallTimeout = 200 * time.Millisecond
+		c.StallTimeout = time.Second
 		c.ChunkDir = t.TempDir()
 		dst := filepath.Join(tmp, "dst-"+fault)
 		start := time.Now()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,6 +80,7 @@ type Cache struct {
 	dir   string
 	limit int64
 	fetch Fetcher
+	log   *slog.Logger
 	// unfinished are the lazy fetches the previous run left, found at open.
 	unfinished []unfinishedFetch
 
@@ -127,6 +129,9 @@ type CacheOptions struct {
 	Streamer Streamer
 	// Lazy makes Acquire fetch lazily (with a Streamer).
 	Lazy bool
+	// Logger tells of what the cache does in the background and no
+	// caller hears of: resumed fetches that fail (default: discarded).
+	Logger *slog.Logger
 }
 
 // unfinishedFetch is a lazy fetch a previous run left in dir (a name).
@@ -163,6 +168,10 @@ func OpenCache(dir string, limit int64, fetch Fetcher, opts CacheOptions) (*Cach
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Cache{dir: dir, limit: limit, fetch: fetch, ctx: ctx, cancel: cancel,
 		entries: map[string]*cacheEntry{}, lru: list.New()}
+	c.log = opts.Logger
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
 	if _, ok := fetch.(LazyFetcher); ok && opts.Streamer != nil {
 		c.streamer, c.lazy = opts.Streamer, opts.Lazy
 	}
@@ -596,12 +605,19 @@ const failedFeedListens = 5 * time.Second
 // they give up waiting (minutes). dir is the failed resume's image
 // directory.
 func (c *Cache) failReaders(dir, fromImage, partial string, cause error) {
+	c.log.Warn("object store cache: a fetch that sandboxes wait on cannot be resumed; they are told it failed",
+		"image", fromImage, "err", cause)
 	fi, err := os.Stat(partial)
-	if err != nil {
-		return
+	if err == nil {
+		err = os.MkdirAll(dir, 0o700) // the failed fetch left nothing of it
 	}
-	st, err := c.streamer.Start(dir, fi.Size(), nil, fromImage)
+	var st Stream
+	if err == nil {
+		st, err = c.streamer.Start(dir, fi.Size(), nil, fromImage)
+	}
 	if err != nil {
+		c.log.Warn("object store cache: could not tell the readers of a failed fetch; they end once they give up waiting",
+			"image", fromImage, "err", err)
 		return
 	}
 	st.Finish(cause)

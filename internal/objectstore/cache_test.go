@@ -231,6 +231,9 @@ func (s *testStreamer) File() string { return "pages.img" }
 func (s *testStreamer) Start(dir string, size int64, prioritize func(off, n int64), resumed string) (Stream, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, err := os.Stat(dir); err != nil {
+		return nil, err // the real one writes its options there
+	}
 	s.dir, s.resumed = dir, resumed
 	if s.onStart != nil {
 		s.onStart()

@@ -377,6 +377,21 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
+// wholeAnswers answers a GET of an object of bucket in srv with the whole
+// object, as a server that ignores Range does (Range is signed: the
+// request cannot just drop it).
+func wholeAnswers(srv *s3test.Server, bucket string) func(r *http.Request) (*http.Response, error) {
+	return func(r *http.Request) (*http.Response, error) {
+		key := strings.TrimPrefix(r.URL.Path, "/"+bucket+"/")
+		out, err := srv.Client().GetObject(r.Context(), &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+		if err != nil {
+			return nil, err
+		}
+		return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Header: http.Header{},
+			ContentLength: aws.ToInt64(out.ContentLength), Body: out.Body, Request: r}, nil
+	}
+}
+
 // A store that ignores Range answers whole objects: a ranged read (a
 // pack's tail, a frame, a parent's hash list) is cut from the answer.
 func TestGetRangeWholeAnswer(t *testing.T) {
@@ -391,19 +406,12 @@ func TestGetRangeWholeAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := cfg
-	// The whole object, as such a server answers (Range is signed: the
-	// request cannot just drop it).
+	whole := wholeAnswers(srv, cfg.Bucket)
 	c.HTTPClient = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		if r.Header.Get("Range") == "" {
 			return http.DefaultTransport.RoundTrip(r)
 		}
-		key := strings.TrimPrefix(r.URL.Path, "/"+cfg.Bucket+"/")
-		out, err := srv.Client().GetObject(r.Context(), &s3.GetObjectInput{Bucket: aws.String(cfg.Bucket), Key: aws.String(key)})
-		if err != nil {
-			return nil, err
-		}
-		return &http.Response{StatusCode: http.StatusOK, Status: "200 OK", Header: http.Header{},
-			ContentLength: aws.ToInt64(out.ContentLength), Body: out.Body, Request: r}, nil
+		return whole(r)
 	})}
 	s := openStore(t, c)
 	ix, err := s.readIndex(ctx, "snapshots/whole", m.Digest)

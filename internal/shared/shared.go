@@ -152,7 +152,7 @@ func Open(cfg Config) (*Images, error) {
 	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{},
 		rootfsLocks: map[string]*sync.Mutex{}, rootfsPut: map[string]string{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
 	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store,
-		objectstore.CacheOptions{Streamer: cfg.Streamer, Lazy: cfg.LazyRestores})
+		objectstore.CacheOptions{Streamer: cfg.Streamer, Lazy: cfg.LazyRestores, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
 	}
