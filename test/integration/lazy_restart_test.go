@@ -103,11 +103,22 @@ func (h *packHold) open() {
 	}
 }
 
-// TestClusterLazyRestoreSurvivesRestart: a node stopped (without killing
-// its sandboxes) while the memory of a sandbox it restored from another
-// node's snapshot is still arriving; the sandbox waits, the restarted node
-// resumes the fetch into the same file, and the sandbox's memory is whole.
-func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
+// midFetch is a sandbox restored lazily on node b from a snapshot of node
+// a, b stopped (without killing its sandboxes) while the sandbox's memory
+// was still arriving.
+type midFetch struct {
+	srv  *s3test.Server
+	hold *packHold
+	g    *gateway
+	b    *server
+	id   string // the sandbox on b
+	snap string // the snapshot it was restored from
+	want string // the memory digest of the snapshot's source
+}
+
+// stopMidFetch makes a midFetch.
+func stopMidFetch(t *testing.T) midFetch {
+	t.Helper()
 	srv := s3test.Start(t)
 	hold, endpoint := startPackHold(t, srv)
 	c := newCluster(t)
@@ -153,11 +164,21 @@ func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
 	}
 	// The next stop (cleanup) kills everything.
 	b.extra = slices.DeleteFunc(b.extra, func(f string) bool { return f == "--kill-on-exit=false" })
+	return midFetch{srv: srv, hold: hold, g: g, b: b, id: id, snap: snap.SnapshotID, want: want}
+}
+
+// TestClusterLazyRestoreSurvivesRestart: a node stopped (without killing
+// its sandboxes) while the memory of a sandbox it restored from another
+// node's snapshot is still arriving; the sandbox waits, the restarted node
+// resumes the fetch into the same file, and the sandbox's memory is whole.
+func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
+	m := stopMidFetch(t)
+	b, id, want := m.b, m.id, m.want
 	b.start()
 	waitFor(t, time.Minute, "the fetch resumed", func() bool {
 		return strings.Contains(b.logs.String(), "resuming the memory file")
 	})
-	hold.open()
+	m.hold.open()
 	waitFor(t, 2*time.Minute, "the memory file arrived", func() bool {
 		return strings.Contains(b.logs.String(), "memory file arrived")
 	})
@@ -165,8 +186,29 @@ func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
 		t.Fatalf("after the restart: memory digest %q, file %q, want %q", got, wantFile, want)
 	}
 	// Restores from now on read the image whole from the cache.
-	again := b.create(map[string]any{"templateID": snap.SnapshotID}).SandboxID
+	again := b.create(map[string]any{"templateID": m.snap}).SandboxID
 	if got, wantFile := memoryDigest(t, b.api, again); got != want || wantFile != want {
 		t.Fatalf("a create from the resumed image: memory digest %q, file %q, want %q", got, wantFile, want)
+	}
+}
+
+// TestClusterLazyRestoreImageDeletedMeanwhile: the snapshot deleted while
+// the node was stopped mid-fetch; the restarted node cannot resume the
+// fetch, and tells the sandbox's gofer so at once: the sandbox ends within
+// a minute, not once its gofer gives up waiting (5 minutes).
+func TestClusterLazyRestoreImageDeletedMeanwhile(t *testing.T) {
+	m := stopMidFetch(t)
+	if err := m.g.api.DeleteTemplate(context.Background(), m.snap); err != nil {
+		t.Fatalf("delete the snapshot while node-b is stopped: %v", err)
+	}
+	m.hold.open()
+	m.b.start()
+	start := time.Now()
+	waitFor(t, time.Minute, "the sandbox whose memory cannot come ended", func() bool {
+		return runscProcesses(m.id) == 0
+	})
+	t.Logf("the sandbox ended %v after the node's start", time.Since(start))
+	if !strings.Contains(m.b.logs.String(), "cannot be resumed") {
+		t.Fatalf("the node did not say why the sandbox ended; its log:\n%s", m.b.logs.String())
 	}
 }
