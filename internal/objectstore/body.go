@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
@@ -75,8 +77,10 @@ type objectBody struct {
 	// Range answers the whole object.
 	skip int64
 	// pending is an error the current GET's body returned with bytes,
-	// handled at the next read.
+	// handled at the next read; err is the download's final error, said
+	// again at every read after it.
 	pending error
+	err     error
 	// tries counts the GETs asked again since a byte last came.
 	tries int
 	// The first answer's: its Content-Length, its ETag (resumes ask for
@@ -117,7 +121,8 @@ func (b *objectBody) get() error {
 		}
 		in.Range = aws.String(fmt.Sprintf("bytes=%d-%s", b.from, end))
 	}
-	if b.etag != "" {
+	if b.etag != "" && !strings.HasPrefix(b.etag, "W/") {
+		// A weak ETag (a proxy that re-encodes) would never match.
 		in.IfMatch = aws.String(b.etag)
 	}
 	out, err := b.s.client.GetObject(ctx, in)
@@ -131,10 +136,18 @@ func (b *objectBody) get() error {
 	}
 	skip := int64(0)
 	if ranged {
-		if cr := aws.ToString(out.ContentRange); cr == "" {
+		// The status, not Content-Range, says whether the range was
+		// honoured: a proxy may drop the header of a 206.
+		status := http.StatusPartialContent
+		if raw, ok := awsmiddleware.GetRawResponse(out.ResultMetadata).(*smithyhttp.Response); ok {
+			status = raw.StatusCode
+		}
+		cr := aws.ToString(out.ContentRange)
+		switch start, ok := rangeStart(cr); {
+		case status == http.StatusOK:
 			b.s.rangesIgnored.Store(true)
 			skip = b.from
-		} else if start, ok := rangeStart(cr); !ok || start != b.from {
+		case cr != "" && (!ok || start != b.from):
 			out.Body.Close()
 			cancel(nil)
 			return fmt.Errorf("%w: %q for bytes from %d", errOtherRange, cr, b.from)
@@ -186,6 +199,9 @@ func (b *objectBody) again(err error) bool {
 }
 
 func (b *objectBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
 	if len(p) == 0 {
 		return 0, nil
 	}
@@ -201,10 +217,7 @@ func (b *objectBody) Read(p []byte) (int, error) {
 				if b.again(err) {
 					continue
 				}
-				if errors.Is(err, errStalled) {
-					return 0, fmt.Errorf("read %s at byte %d: %w", b.key, b.from, err)
-				}
-				return 0, fmt.Errorf("read %s at byte %d: %w: %v", b.key, b.from, errBroken, err)
+				return 0, b.fail(err)
 			}
 		}
 		if b.to >= 0 && int64(len(p)) > b.to-b.from {
@@ -231,12 +244,24 @@ func (b *objectBody) Read(p []byte) (int, error) {
 		}
 		b.close()
 		if !b.again(err) {
-			if errors.Is(err, errStalled) {
-				return 0, fmt.Errorf("read %s at byte %d: %w", b.key, b.from, err)
-			}
-			return 0, fmt.Errorf("read %s at byte %d: %w: %v", b.key, b.from, errBroken, err)
+			return 0, b.fail(err)
 		}
 	}
+}
+
+// fail ends the download with err, said at every read from now on: the
+// caller's context's end as it is, a stall as one, anything else as a
+// broken download.
+func (b *objectBody) fail(err error) error {
+	switch {
+	case b.ctx.Err() != nil:
+		b.err = fmt.Errorf("read %s: %w", b.key, context.Cause(b.ctx))
+	case errors.Is(err, errStalled):
+		b.err = fmt.Errorf("read %s at byte %d: %w", b.key, b.from, err)
+	default:
+		b.err = fmt.Errorf("read %s at byte %d: %w: %v", b.key, b.from, errBroken, err)
+	}
+	return b.err
 }
 
 // read reads the current GET's body into p, past the bytes it skips, with
@@ -244,13 +269,18 @@ func (b *objectBody) Read(p []byte) (int, error) {
 func (b *objectBody) read(p []byte) (int, error) {
 	if b.skip > 0 {
 		var scratch [32 << 10]byte
-		for b.skip > 0 {
+		for empty := 0; b.skip > 0; {
 			b.stall.Reset(b.stallAfter)
 			n, err := b.body.Read(scratch[:min(int64(len(scratch)), b.skip)])
 			b.stall.Stop()
 			b.skip -= int64(n)
-			if n > 0 {
-				b.tries = 0 // coming, if not yet ours
+			if n == 0 && err == nil {
+				if empty++; empty >= maxEmptyReads {
+					err = io.ErrNoProgress
+				}
+			}
+			if err == io.EOF && b.skip == 0 {
+				return 0, io.EOF // the object ends at from
 			}
 			if err != nil {
 				if err == io.EOF {

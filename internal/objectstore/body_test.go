@@ -245,4 +245,50 @@ func TestDownloadFromDeadStore(t *testing.T) {
 			t.Errorf("%s: a failed Get left %s", fault, dst)
 		}
 	}
+
+	// The download's ends, read by the reader itself.
+	ix, err := openStore(t, cfg).readIndex(ctx, "snapshots/d", m.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ix.packs[0]
+	t.Run("ranges-ignored-breaking-before-the-range", func(t *testing.T) {
+		// Each whole answer breaks before the range starts: re-reading
+		// what precedes it is no progress, and the read ends.
+		ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: "break", after: 1000, spoil: -1,
+			whole: wholeAnswers(srv, cfg.Bucket)}
+		c := cfg
+		c.HTTPClient = &http.Client{Transport: ft}
+		_, err := openStore(t, c).getRange(ctx, p, 5000, 6000)
+		if !errors.Is(err, errBroken) {
+			t.Fatalf("getRange = %v, want errBroken", err)
+		}
+		if n := len(ft.log()); n != maxResumes+1 {
+			t.Fatalf("%d GETs, want %d", n, maxResumes+1)
+		}
+	})
+	t.Run("cancelled", func(t *testing.T) {
+		// A download cancelled midway says so (the Get's own failure
+		// then wins over its downloads'), and says it again after.
+		ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: "stall", after: 1000, spoil: -1}
+		c := cfg
+		c.HTTPClient = &http.Client{Transport: ft}
+		s := openStore(t, c)
+		cctx, cancel := context.WithCancel(ctx)
+		body, err := s.getPack(cctx, p.name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer body.Close()
+		time.AfterFunc(200*time.Millisecond, cancel)
+		if _, err := io.ReadAll(body); !errors.Is(err, context.Canceled) {
+			t.Fatalf("a cancelled download: %v, want context.Canceled", err)
+		}
+		if _, err := body.Read(make([]byte, 10)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("a read after the end: %v, want context.Canceled again", err)
+		}
+		if n := len(ft.log()); n != 1 {
+			t.Fatalf("%d GETs, want 1: nothing is asked after the end", n)
+		}
+	})
 }
