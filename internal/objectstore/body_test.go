@@ -76,22 +76,27 @@ func (f *faultyTransport) log() []packGet {
 	return append([]packGet(nil), f.gets...)
 }
 
-// spoiledBody passes left bytes, then fails or (stall) waits for its
-// request to be cut.
+// spoiledBody passes left bytes, then fails or (stall) waits: for its
+// request to be cut, or for gate (if set) to close, when it reads on.
 type spoiledBody struct {
 	io.ReadCloser
 	ctx   context.Context
 	left  int64
 	stall bool
+	gate  chan struct{}
 }
 
 func (b *spoiledBody) Read(p []byte) (int, error) {
 	if b.left <= 0 {
-		if b.stall {
-			<-b.ctx.Done()
+		if !b.stall {
+			return 0, errors.New("connection reset (by the test)")
+		}
+		select {
+		case <-b.gate: // a nil gate never opens
+		case <-b.ctx.Done():
 			return 0, b.ctx.Err()
 		}
-		return 0, errors.New("connection reset (by the test)")
+		return b.ReadCloser.Read(p)
 	}
 	n, err := b.ReadCloser.Read(p[:min(int64(len(p)), b.left)])
 	b.left -= int64(n)

@@ -489,29 +489,8 @@ func (s *stallingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		!strings.Contains(r.URL.Path, "/"+chunksDir+"/") {
 		return resp, err
 	}
-	resp.Body = &stallingBody{ReadCloser: resp.Body, left: s.cut, gate: s.gate, ctx: r.Context()}
+	resp.Body = &spoiledBody{ReadCloser: resp.Body, left: s.cut, stall: true, gate: s.gate, ctx: r.Context()}
 	return resp, nil
-}
-
-type stallingBody struct {
-	io.ReadCloser
-	left int64
-	gate chan struct{}
-	ctx  context.Context
-}
-
-func (b *stallingBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
-		select {
-		case <-b.gate:
-		case <-b.ctx.Done():
-			return 0, b.ctx.Err()
-		}
-		return b.ReadCloser.Read(p)
-	}
-	n, err := b.ReadCloser.Read(p[:min(int64(len(p)), b.left)])
-	b.left -= int64(n)
-	return n, err
 }
 
 // The memory file's packs are written frame by frame as their bytes come:
