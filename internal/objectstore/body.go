@@ -81,14 +81,15 @@ type objectBody struct {
 	// again at every read after it.
 	pending error
 	err     error
-	// tries counts the GETs asked again since a byte last came.
-	tries int
+	// tries counts the GETs asked again since a byte last came; empty
+	// the body's reads in a row that returned nothing.
+	tries, empty int
 	// The first answer's: its Content-Length, its ETag (resumes ask for
-	// that version), and the object's size if it was the whole object.
-	answered bool
-	length   int64
-	etag     string
-	size     int64
+	// that version), and the object's size if it was the whole object
+	// (-1 if not known).
+	length int64
+	etag   string
+	size   int64
 }
 
 // openObject starts reading bytes [from, to) of the object key (to < 0:
@@ -98,8 +99,12 @@ type objectBody struct {
 func (s *Store) openObject(ctx context.Context, key string, from, to int64, stallAfter time.Duration) (*objectBody, error) {
 	b := &objectBody{ctx: ctx, s: s, key: key, from: from, to: to, stallAfter: stallAfter, size: -1}
 	for {
-		err := b.get()
+		out, err := b.get()
 		if err == nil {
+			b.length, b.etag = aws.ToInt64(out.ContentLength), aws.ToString(out.ETag)
+			if from == 0 && to < 0 && out.ContentLength != nil {
+				b.size = b.length
+			}
 			return b, nil
 		}
 		if !b.again(err) {
@@ -108,8 +113,9 @@ func (s *Store) openObject(ctx context.Context, key string, from, to int64, stal
 	}
 }
 
-// get asks for the bytes from b.from on.
-func (b *objectBody) get() error {
+// get asks for the bytes from b.from on, and returns the answer, whose
+// body b now reads.
+func (b *objectBody) get() (*s3.GetObjectOutput, error) {
 	ctx, cancel := context.WithCancelCause(b.ctx)
 	stall := time.AfterFunc(b.stallAfter, func() { cancel(errStalled) })
 	in := &s3.GetObjectInput{Bucket: &b.s.cfg.Bucket, Key: aws.String(b.key)}
@@ -132,7 +138,7 @@ func (b *objectBody) get() error {
 		if errors.Is(context.Cause(ctx), errStalled) && b.ctx.Err() == nil {
 			err = fmt.Errorf("%w (%v)", errStalled, err)
 		}
-		return err
+		return nil, err
 	}
 	skip := int64(0)
 	if ranged {
@@ -150,18 +156,11 @@ func (b *objectBody) get() error {
 		case cr != "" && (!ok || start != b.from):
 			out.Body.Close()
 			cancel(nil)
-			return fmt.Errorf("%w: %q for bytes from %d", errOtherRange, cr, b.from)
+			return nil, fmt.Errorf("%w: %q for bytes from %d", errOtherRange, cr, b.from)
 		}
 	}
 	b.body, b.actx, b.cancel, b.stall, b.skip = out.Body, ctx, cancel, stall, skip
-	if !b.answered {
-		b.answered = true
-		b.length, b.etag = aws.ToInt64(out.ContentLength), aws.ToString(out.ETag)
-		if !ranged && out.ContentLength != nil {
-			b.size = b.length
-		}
-	}
-	return nil
+	return out, nil
 }
 
 // rangeStart is the first byte of a Content-Range ("bytes 10-99/100").
@@ -205,7 +204,6 @@ func (b *objectBody) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	empty := 0
 	for {
 		if b.to >= 0 && b.from >= b.to || b.size >= 0 && b.from >= b.size {
 			// All asked for has come (a resume at the object's end would
@@ -213,7 +211,7 @@ func (b *objectBody) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if b.body == nil {
-			if err := b.get(); err != nil {
+			if _, err := b.get(); err != nil {
 				if b.again(err) {
 					continue
 				}
@@ -234,10 +232,7 @@ func (b *objectBody) Read(p []byte) (int, error) {
 			return n, nil
 		}
 		if err == nil {
-			if empty++; empty < maxEmptyReads {
-				continue
-			}
-			err = io.ErrNoProgress
+			continue // bounded: timedRead says io.ErrNoProgress in time
 		}
 		if err == io.EOF {
 			return 0, io.EOF
@@ -269,16 +264,9 @@ func (b *objectBody) fail(err error) error {
 func (b *objectBody) read(p []byte) (int, error) {
 	if b.skip > 0 {
 		var scratch [32 << 10]byte
-		for empty := 0; b.skip > 0; {
-			b.stall.Reset(b.stallAfter)
-			n, err := b.body.Read(scratch[:min(int64(len(scratch)), b.skip)])
-			b.stall.Stop()
+		for b.skip > 0 {
+			n, err := b.timedRead(scratch[:min(int64(len(scratch)), b.skip)])
 			b.skip -= int64(n)
-			if n == 0 && err == nil {
-				if empty++; empty >= maxEmptyReads {
-					err = io.ErrNoProgress
-				}
-			}
 			if err == io.EOF && b.skip == 0 {
 				return 0, io.EOF // the object ends at from
 			}
@@ -290,12 +278,25 @@ func (b *objectBody) read(p []byte) (int, error) {
 			}
 		}
 	}
-	b.stall.Reset(b.stallAfter)
-	n, err := b.body.Read(p)
-	b.stall.Stop()
+	n, err := b.timedRead(p)
 	b.from += int64(n)
 	if err != nil && err != io.EOF {
 		err = b.cause(err)
+	}
+	return n, err
+}
+
+// timedRead is one read of the current GET's body, cut if it waits the
+// stall timeout; io.ErrNoProgress after maxEmptyReads in a row that
+// return nothing.
+func (b *objectBody) timedRead(p []byte) (int, error) {
+	b.stall.Reset(b.stallAfter)
+	n, err := b.body.Read(p)
+	b.stall.Stop()
+	if n > 0 || err != nil {
+		b.empty = 0
+	} else if b.empty++; b.empty >= maxEmptyReads {
+		err = io.ErrNoProgress
 	}
 	return n, err
 }
@@ -317,7 +318,7 @@ func (b *objectBody) close() {
 		b.cancel(nil)
 		b.cancel = nil
 	}
-	b.pending = nil
+	b.pending, b.empty = nil, 0
 }
 
 func (b *objectBody) Close() error {

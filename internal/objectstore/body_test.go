@@ -103,21 +103,30 @@ func (b *spoiledBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// storeWithImage starts an S3 server and puts in bucket, as key, a memory
+// image of pages random pages (seed); it returns the server, the store's
+// config, the image's source directory and its manifest.
+func storeWithImage(t *testing.T, bucket, key string, pages int, seed uint64) (*s3test.Server, Config, string, Manifest) {
+	t.Helper()
+	srv := s3test.Start(t)
+	cfg := testConfig(srv, bucket)
+	src := filepath.Join(t.TempDir(), "src")
+	memoryImage(t, src, randomPages(pages, seed))
+	m, err := openStore(t, cfg).PutImage(testCtx(t), key, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, cfg, src, m
+}
+
 // TestDownloadsResume: a node fetching an image whose pack downloads break
 // or stall midway, or whose GETs are never answered, gets the image whole:
 // each spoiled GET is asked again, from the byte it stopped at.
 func TestDownloadsResume(t *testing.T) {
 	t.Parallel()
-	srv := s3test.Start(t)
 	ctx := testCtx(t)
-	cfg := testConfig(srv, "resume-downloads")
+	srv, cfg, src, m := storeWithImage(t, "resume-downloads", "snapshots/r", 5000, 7) // three packs
 	tmp := t.TempDir()
-	src := filepath.Join(tmp, "src")
-	memoryImage(t, src, randomPages(5000, 7)) // three packs
-	m, err := openStore(t, cfg).PutImage(ctx, "snapshots/r", src, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const after = 300 << 10
 	for _, fault := range []string{"break", "stall", "headers"} {
 		t.Run(fault, func(t *testing.T) {
@@ -216,16 +225,9 @@ func TestDownloadsResume(t *testing.T) {
 // bounded time, saying it stalled, and leaves nothing.
 func TestDownloadFromDeadStore(t *testing.T) {
 	t.Parallel()
-	srv := s3test.Start(t)
 	ctx := testCtx(t)
-	cfg := testConfig(srv, "dead-store")
+	srv, cfg, _, m := storeWithImage(t, "dead-store", "snapshots/d", 500, 8) // one pack
 	tmp := t.TempDir()
-	src := filepath.Join(tmp, "src")
-	memoryImage(t, src, randomPages(500, 8))
-	m, err := openStore(t, cfg).PutImage(ctx, "snapshots/d", src, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, fault := range []string{"stall", "headers"} {
 		ft := &faultyTransport{base: http.DefaultTransport.(*http.Transport).Clone(), fault: fault, spoil: -1}
 		c := cfg
