@@ -94,6 +94,9 @@ type Server struct {
 	ObjectStoreRegion   string
 	ImageCacheMB        int
 	ObjectStoreGCSecs   int
+	// ObjectStoreStallSecs cuts a download from the object store that
+	// yields no byte this long; it is asked again from where it stopped.
+	ObjectStoreStallSecs int
 	// LazyRestore starts a restore from an image fetched from the object
 	// store before its memory has all arrived.
 	LazyRestore bool
@@ -149,6 +152,7 @@ func Default() Server {
 		WarmSnapshots:          2,
 		ImageCacheMB:           20480,
 		ObjectStoreGCSecs:      3600,
+		ObjectStoreStallSecs:   30,
 		LazyRestore:            true,
 		Domain:                 "localhost",
 		Tracing:                DefaultTracing(),
@@ -223,6 +227,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.ObjectStoreRegion, "object-store-region", "S3 region (default: AWS_REGION, else us-east-1)")
 	num(&c.ImageCacheMB, "image-cache-mb", "disk the cache of images fetched from the object store may use, and as much again the packs of chunked images written or fetched here; least recently used ones are evicted")
 	boolean(&c.LazyRestore, "lazy-restore", "start a create from an image this node fetches from the object store once its kernel state is here, its memory following while the sandbox runs, the pages it touches first; a node restarted meanwhile resumes the fetch for the sandboxes it adopts (false: the whole image is fetched first; see docs/object-storage.md)")
+	num(&c.ObjectStoreStallSecs, "object-store-stall-secs", "cut a download from the object store that yields no byte for this long and ask for the rest again, three times in a row at most before it fails (a create from the image then fails, and a lazily restored sandbox whose memory it was bringing ends); reads of a few frames a running sandbox waits on are cut after 5 s, or this if shorter")
 	num(&c.ObjectStoreGCSecs, "object-store-gc-secs", "how often objects no template refers to (and older than this) are removed from the object store (0: never)")
 	str(&c.Domain, "domain", "domain of exposed ports: <port>-<sandboxID>.<domain> reaches that port in the sandbox (empty: off)")
 	c.TLS.register(fs, true)
@@ -298,6 +303,7 @@ func (c *Server) Validate() error {
 		{"--idle-timeout-secs", c.IdleTimeoutSecs >= 1},
 		{"--image-cache-mb", c.ImageCacheMB >= 0},
 		{"--object-store-gc-secs", c.ObjectStoreGCSecs >= 0},
+		{"--object-store-stall-secs", c.ObjectStoreStallSecs >= 1},
 	}
 	for _, ch := range checks {
 		if !ch.ok {

@@ -46,6 +46,7 @@ func TestValidate(t *testing.T) {
 		{"no idle timeout", func(c *Server) { c.IdleTimeoutSecs = 0 }},
 		{"relative root image dir", func(c *Server) { c.RootImageDir = "images" }},
 		{"root image without dir", func(c *Server) { c.RootImage, c.RootImageDir = true, "" }},
+		{"no stall timeout", func(c *Server) { c.ObjectStoreStallSecs = 0 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

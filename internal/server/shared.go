@@ -81,6 +81,7 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 	// the pages it lacks.
 	storeCfg.ChunkDir = filepath.Join(cfg.DataDir, "shared", "chunks")
 	storeCfg.ChunkBytes = int64(cfg.ImageCacheMB) << 20
+	storeCfg.StallTimeout = config.Seconds(cfg.ObjectStoreStallSecs)
 	objects, err := objectstore.Open(openCtx, storeCfg)
 	if err != nil {
 		return nil, fmt.Errorf("object store %s: %w", cfg.ObjectStore, err)
