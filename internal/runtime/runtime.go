@@ -419,6 +419,14 @@ type RootImager interface {
 	CollectRootImages(ctx context.Context) (removed int, err error)
 }
 
+// EnvdUser is implemented by drivers that can say which envd binaries
+// their sandboxes run (Spec.EnvdPath), so that the builds none runs can go.
+type EnvdUser interface {
+	// EnvdInUse returns the envd paths of every sandbox the driver has,
+	// running, paused or prepared.
+	EnvdInUse(ctx context.Context) (map[string]bool, error)
+}
+
 // Preparer is implemented by drivers that can make a sandbox ahead of a
 // restore, so that the restore itself only loads the image.
 type Preparer interface {

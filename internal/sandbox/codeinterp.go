@@ -85,7 +85,7 @@ func (m *Manager) codeInterpreterFor(ctx context.Context, req node.CreateRequest
 // (--root-image switched): its restores would keep the old one.
 func (m *Manager) warmUsable(tpl *store.Template) bool {
 	return tpl.Name == template.CodeInterpreterName && tpl.TeamID == "" && tpl.ImageDir != "" &&
-		imageComplete(tpl.ImageDir) && m.envdOf(tpl.ImageDir) == "" &&
+		imageComplete(tpl.ImageDir) && m.otherEnvd(tpl.ImageDir) == "" &&
 		m.rootOf(m.ctx, tpl.ImageDir, tpl.RootfsPath) == rootFromNode
 }
 

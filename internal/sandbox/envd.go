@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/atomicfile"
 	"github.com/aenv-dev/aenv/internal/runtime"
@@ -46,31 +47,126 @@ func PinEnvd(src, dir string) (string, error) {
 // build), else the pinned copy the image was taken with, copied here from
 // the image first if this node has none.
 func (m *Manager) envdOf(imageDir string) string {
+	digest := m.otherEnvd(imageDir)
+	if digest == "" {
+		return ""
+	}
+	pinned := filepath.Join(m.cfg.EnvdDir, digest)
+	m.envdBuilds.Lock()
+	err := copyVerified(filepath.Join(imageDir, runtime.EnvdImagePrefix+digest), pinned, digest)
+	if err == nil {
+		markUsed(pinned)
+	}
+	m.envdBuilds.Unlock()
+	if err != nil {
+		m.logger.Warn("envd of an image not usable; restoring with this node's", "image", imageDir, "err", err)
+		return ""
+	}
+	m.logger.Debug("restore with the envd build the image was taken with", "image", imageDir, "envd", pinned)
+	return pinned
+}
+
+// otherEnvd is the digest of the envd build a restore of imageDir runs
+// when that is not this node's own, "" when it is; unlike envdOf, it pins
+// nothing.
+func (m *Manager) otherEnvd(imageDir string) string {
 	if imageDir == "" || m.cfg.EnvdDir == "" {
 		return ""
 	}
+	digest := imageEnvd(imageDir)
+	if digest == "" || filepath.Join(m.cfg.EnvdDir, digest) == m.cfg.EnvdPath {
+		return ""
+	}
+	return digest
+}
+
+// imageEnvd is the digest of the envd build the checkpoint image at
+// imageDir holds a copy of, "" if none.
+func imageEnvd(imageDir string) string {
 	entries, err := os.ReadDir(imageDir)
 	if err != nil {
 		return ""
 	}
 	for _, e := range entries {
-		digest, ok := strings.CutPrefix(e.Name(), runtime.EnvdImagePrefix)
-		if !ok || !runtime.IsHexSHA256(digest) {
-			continue
+		if digest, ok := strings.CutPrefix(e.Name(), runtime.EnvdImagePrefix); ok && runtime.IsHexSHA256(digest) {
+			return digest
 		}
-		pinned := filepath.Join(m.cfg.EnvdDir, digest)
-		if pinned == m.cfg.EnvdPath {
-			return ""
-		}
-		if err := copyVerified(filepath.Join(imageDir, e.Name()), pinned, digest); err != nil {
-			m.logger.Warn("envd of an image not usable; restoring with this node's", "image", imageDir, "err", err)
-			return ""
-		}
-		m.logger.Debug("restore with the envd build the image was taken with", "image", imageDir, "envd", pinned)
-		return pinned
 	}
 	return ""
 }
+
+// envdBuildIdle is how long a pinned envd other than this server's goes
+// unused (envdOf) before collectEnvdBuilds removes it, unless a sandbox
+// runs it: the images taken with it hold their own copy, so a restore of
+// one pins it again, and a day spares that to the builds still in use.
+const envdBuildIdle = 24 * time.Hour
+
+// markUsed sets the modification time of the file at p to now, once a
+// minute at most (restores come by the hundred).
+func markUsed(p string) {
+	now := time.Now()
+	if info, err := os.Stat(p); err == nil && now.Sub(info.ModTime()) > time.Minute {
+		_ = os.Chtimes(p, now, now)
+	}
+}
+
+// collectEnvdBuilds removes the pinned envd builds that are not this
+// server's, were not used for envdBuildIdle and that no sandbox of the
+// driver runs (one more is pinned at each upgrade, ~10 MB), and copies a
+// crash left half made; it says how many went. A driver that cannot say
+// which builds its sandboxes run keeps them all.
+func (m *Manager) collectEnvdBuilds(ctx context.Context) (removed int, err error) {
+	users, ok := m.driver.(runtime.EnvdUser)
+	if m.cfg.EnvdDir == "" || !ok {
+		return 0, nil
+	}
+	m.envdBuilds.Lock()
+	defer m.envdBuilds.Unlock()
+	entries, err := os.ReadDir(m.cfg.EnvdDir)
+	if err != nil {
+		return 0, fmt.Errorf("envd builds: %w", err)
+	}
+	now := time.Now()
+	var idle []string
+	for _, e := range entries {
+		p := filepath.Join(m.cfg.EnvdDir, e.Name())
+		info, err := e.Info()
+		if err != nil || p == m.cfg.EnvdPath {
+			continue
+		}
+		switch {
+		case strings.HasSuffix(e.Name(), ".copying") && now.Sub(info.ModTime()) >= copyingAge:
+			if os.Remove(p) == nil {
+				removed++
+			}
+		case runtime.IsHexSHA256(e.Name()) && now.Sub(info.ModTime()) >= envdBuildIdle:
+			idle = append(idle, p)
+		}
+	}
+	if len(idle) == 0 {
+		return removed, nil
+	}
+	inUse, err := users.EnvdInUse(ctx)
+	if err != nil {
+		return removed, fmt.Errorf("envd builds: %w", err)
+	}
+	// By digest, the file's name: a bundle of a run with another data
+	// directory names the same build at another path.
+	running := map[string]bool{}
+	for p := range inUse {
+		running[filepath.Base(p)] = true
+	}
+	for _, p := range idle {
+		if !running[filepath.Base(p)] && os.Remove(p) == nil {
+			removed++
+		}
+	}
+	return removed, nil
+}
+
+// copyingAge is how old a copy of envd being made must be before it is
+// taken for what a crash left: a copy takes well under a second.
+const copyingAge = 10 * time.Minute
 
 // copyVerified makes dst a copy of src, whose content must have digest,
 // unless dst exists (put in place whole, and only once checked: it is that

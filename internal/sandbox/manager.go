@@ -94,7 +94,8 @@ type Config struct {
 	// with a call open longer than that (see answers.go). 0: 5 s.
 	AnswerTimeout time.Duration
 	// RootImageCollectInterval is how often a driver that runs sandboxes
-	// over root images removes the images no template needs any more. 0:
+	// over root images removes the images no template needs any more, and
+	// the manager the pinned envd builds unused (collectEnvdBuilds). 0:
 	// every 10 minutes.
 	RootImageCollectInterval time.Duration
 	// DeadRetention is how long records of dead sandboxes are kept.
@@ -224,6 +225,11 @@ type Manager struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	owned  sync.WaitGroup
+
+	// envdBuilds is held while envdOf picks a pinned envd (and marks it
+	// used) and while collectEnvdBuilds removes those unused, so that a
+	// restore never gets a copy being removed.
+	envdBuilds sync.Mutex
 
 	mu     sync.Mutex        // guards the fields below; never held across a call
 	closed bool              // Shutdown began: no new owned goroutines

@@ -311,6 +311,7 @@ func (m *Manager) monitor(ctx context.Context) {
 	defer ticker.Stop()
 	var swept time.Time
 	collected := time.Now() // the driver collected as it started
+	var envdCollected time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -326,6 +327,16 @@ func (m *Manager) monitor(ctx context.Context) {
 		if time.Since(collected) >= m.cfg.RootImageCollectInterval {
 			m.collectRootImages(ctx)
 			collected = time.Now()
+		}
+		// The driver does not collect the pinned envd builds as it starts:
+		// the first tick does.
+		if envdCollected.IsZero() || time.Since(envdCollected) >= m.cfg.RootImageCollectInterval {
+			if n, err := m.collectEnvdBuilds(ctx); err != nil {
+				m.logger.WarnContext(ctx, "envd builds: collect", "err", err)
+			} else if n > 0 {
+				m.logger.InfoContext(ctx, "envd builds: removed those unused", "removed", n)
+			}
+			envdCollected = time.Now()
 		}
 	}
 }

@@ -1,13 +1,18 @@
 package integration
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/aenv-dev/aenv/internal/client"
 )
@@ -17,25 +22,23 @@ import (
 // its digest, and images keep the copy they were taken with, so that
 // replacing the binary in place (an installer's cp, a rebuild) and
 // restarting leaves a sandbox paused to disk and a snapshot restoring with
-// their own build, while new sandboxes run the new one.
+// their own build, while new sandboxes run the new one. The old build's
+// pinned copy, once unused for a day, is removed (one would stay at every
+// upgrade), and the restores of its images pin it again.
 func TestImagesKeepTheirEnvd(t *testing.T) {
 	dir := t.TempDir()
 	envd := filepath.Join(dir, "envd")
-	data, err := os.ReadFile(filepath.Join(binDir, "envd"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(envd, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// Another build of the same source: unoptimised, so its code is laid
-	// out otherwise throughout.
-	other := filepath.Join(dir, "envd-other")
-	build := exec.Command("go", "build", "-gcflags=all=-N -l", "-o", other, "./cmd/envd")
+	// The first build is another build of the same source, unoptimised:
+	// its code is laid out otherwise throughout.
+	build := exec.Command("go", "build", "-gcflags=all=-N -l", "-o", envd, "./cmd/envd")
 	build.Dir = filepath.Join("..", "..")
 	build.Env = append(build.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build another envd: %v\n%s", err, out)
+	}
+	oldDigest, err := fileDigest(envd)
+	if err != nil {
+		t.Fatal(err)
 	}
 
 	s := newServer(t, "--envd", envd, "--kill-on-exit=false")
@@ -60,15 +63,26 @@ func TestImagesKeepTheirEnvd(t *testing.T) {
 	s.stop(syscall.SIGTERM)
 
 	// The binary replaced in place (same file, new content), as cp does.
-	newBuild, err := os.ReadFile(other)
+	newBuild, err := os.ReadFile(filepath.Join(binDir, "envd"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(envd, newBuild, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// The old build unused for two days: its pinned copy goes as the
+	// server starts, as no sandbox runs it.
+	oldPinned := filepath.Join(s.dataDir, "envd", oldDigest)
+	twoDaysAgo := time.Now().Add(-48 * time.Hour)
+	if err := os.Chtimes(oldPinned, twoDaysAgo, twoDaysAgo); err != nil {
+		t.Fatal(err)
+	}
 	s.extra = []string{"--envd", envd} // the next stop (cleanup) kills everything
 	s.start()
+	waitFor(t, time.Minute, "the old envd build's pinned copy removed", func() bool {
+		_, err := os.Stat(oldPinned)
+		return errors.Is(err, fs.ErrNotExist)
+	})
 
 	s.expect(s.do("POST", "/sandboxes/"+sb.SandboxID+"/resume", map[string]any{}), 201, "resume")
 	check := "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"
@@ -115,8 +129,22 @@ func TestImagesKeepTheirEnvd(t *testing.T) {
 		t.Errorf("templates %+v: want one retired warm snapshot and one current", templates)
 	}
 
+	// The restores of the old build's images pinned it again.
 	pinned, err := os.ReadDir(filepath.Join(s.dataDir, "envd"))
 	if err != nil || len(pinned) != 2 {
 		t.Errorf("pinned envd builds: %v, %v; want the two", pinned, err)
 	}
+	if _, err := os.Stat(oldPinned); err != nil {
+		t.Errorf("the old build, pinned again: %v", err)
+	}
+}
+
+// fileDigest is the hex SHA-256 of the file at p.
+func fileDigest(p string) (string, error) {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:]), nil
 }

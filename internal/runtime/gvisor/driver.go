@@ -62,6 +62,7 @@ var (
 	_ runtime.Driver     = (*Driver)(nil)
 	_ runtime.Preparer   = (*Driver)(nil)
 	_ runtime.RootImager = (*Driver)(nil)
+	_ runtime.EnvdUser   = (*Driver)(nil)
 )
 
 // New checks cfg, prepares the state directory and, for Platform "auto",
@@ -201,6 +202,35 @@ func (d *Driver) CollectRootImages(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	return d.rootImages.collect(time.Now())
+}
+
+// EnvdInUse returns the envd binaries the sandboxes under the driver's
+// state run, as their bundles name them. A bundle still being made (no
+// spec yet) names none: the server marks the build it picks as used.
+func (d *Driver) EnvdInUse(ctx context.Context) (map[string]bool, error) {
+	ids, err := d.sandboxIDs(false)
+	if err != nil {
+		return nil, fmt.Errorf("envd in use: %w", err)
+	}
+	inUse := map[string]bool{}
+	for _, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("envd in use: %w", err)
+		}
+		spec, err := d.bundleSpec(id)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no bundle, or not yet its spec
+		}
+		if err != nil {
+			return nil, fmt.Errorf("envd in use: %w", err)
+		}
+		envd, err := d.envdOf(id, spec)
+		if err != nil {
+			return nil, fmt.Errorf("envd in use: sandbox %s: %w", id, err)
+		}
+		inUse[envd] = true
+	}
+	return inUse, nil
 }
 
 // RootImageDigest returns the digest of the root image of rootfs, made now

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -353,5 +354,43 @@ func TestRootImageRootfsMadeAnew(t *testing.T) {
 		if second == first {
 			t.Errorf("the rootfs made anew at %s got the old one's image", at)
 		}
+	}
+}
+
+// EnvdInUse names the envd of every bundle: recorded in it, or for a
+// bundle made before that record, its mount's source; a bundle with no
+// spec yet names none; one whose envd cannot be told fails the answer.
+func TestEnvdInUse(t *testing.T) {
+	d := &Driver{cfg: Config{StateDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
+	for _, dir := range []string{d.runscRoot(), d.sandboxesDir()} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rootfs := rootfsTree(t, "r\n")
+	a, b := writeEnvd(t, "a"), writeEnvd(t, "b")
+	for id, envd := range map[string]string{"sbaaaaaaaaaaaaaaaaaa": a, "sbbbbbbbbbbbbbbbbbbb": b} {
+		if err := d.makeBundle(t.Context(), runtime.Spec{ID: id, RootfsPath: rootfs, EnvdPath: envd, NetnsPath: "/run/netns/t", MemoryMB: 256, VCPU: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The second bundle is of a release before the record.
+	if err := os.Remove(filepath.Join(d.sandboxDir("sbbbbbbbbbbbbbbbbbbb"), envdFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(d.sandboxDir("sbhalfhalfhalfhalfha"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.EnvdInUse(t.Context())
+	if err != nil || len(got) != 2 || !got[a] || !got[b] {
+		t.Errorf("EnvdInUse: %v, %v; want %s and %s", got, err, a, b)
+	}
+	// A bundle that names no envd (a spec over root images, its record not
+	// yet written) fails the answer rather than leave its build out.
+	if err := os.WriteFile(filepath.Join(d.sandboxDir("sbhalfhalfhalfhalfha"), "config.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := d.EnvdInUse(t.Context()); err == nil {
+		t.Errorf("EnvdInUse with a bundle naming no envd: %v, no error", got)
 	}
 }
