@@ -175,9 +175,16 @@ func (d *Driver) endStrayCommands(ctx context.Context, wait time.Duration) {
 // the inode's superblock, which stat does not give on btrfs subvolumes or
 // some overlayfs setups. A same-numbered inode of another filesystem can
 // match too, so the caller must check what it finds.
+//
+// /proc/locks is read only when the file is locked (by flock, as runsc
+// does): reading it takes the kernel's lock table for writing, ~8 ms of
+// waiting on an idle host, a third of a sandbox's delete.
 func lockHolders(path string) []int {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
+		return nil
+	}
+	if !flocked(path) {
 		return nil
 	}
 	locks, err := os.ReadFile("/proc/locks")
@@ -185,6 +192,22 @@ func lockHolders(path string) []int {
 		return nil
 	}
 	return parseLockHolders(string(locks), st.Ino)
+}
+
+// flocked says whether a process holds a flock on the file at path (and
+// so whether any may wait for one), by trying to take it at once; true
+// when that cannot be told.
+func flocked(path string) bool {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return !errors.Is(err, unix.ENOENT)
+	}
+	defer unix.Close(fd)
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return true
+	}
+	_ = unix.Flock(fd, unix.LOCK_UN)
+	return false
 }
 
 // parseLockHolders returns the PIDs of the /proc/locks lines on inode ino.

@@ -49,6 +49,15 @@ func TestLockHolders(t *testing.T) {
 	if got := lockHolders(filepath.Join(dir, "missing")); len(got) != 0 {
 		t.Errorf("lockHolders(missing file) = %v; want none", got)
 	}
+	// Whether a file is locked is told without /proc/locks, and telling
+	// takes no lock that stays.
+	if !flocked(lock) || flocked(other) || flocked(filepath.Join(dir, "missing")) {
+		t.Errorf("flocked: %v for the held file, %v for the free one, %v for a missing one",
+			flocked(lock), flocked(other), flocked(filepath.Join(dir, "missing")))
+	}
+	if err := exec.Command("flock", "--exclusive", "--nonblock", other, "true").Run(); err != nil {
+		t.Errorf("the free file after flocked: %v", err)
+	}
 }
 
 // TestKillAndWait kills processes and returns once they have exited, a
