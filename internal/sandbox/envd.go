@@ -120,8 +120,6 @@ func (m *Manager) collectEnvdBuilds(ctx context.Context) (removed int, err error
 	if m.cfg.EnvdDir == "" || !ok {
 		return 0, nil
 	}
-	m.envdBuilds.Lock()
-	defer m.envdBuilds.Unlock()
 	entries, err := os.ReadDir(m.cfg.EnvdDir)
 	if err != nil {
 		return 0, fmt.Errorf("envd builds: %w", err)
@@ -156,8 +154,16 @@ func (m *Manager) collectEnvdBuilds(ctx context.Context) (removed int, err error
 	for p := range inUse {
 		running[filepath.Base(p)] = true
 	}
+	// The bundles are read without the lock (restores need not wait for
+	// them); a build a restore marked used since is young when looked at
+	// again under it.
+	m.envdBuilds.Lock()
+	defer m.envdBuilds.Unlock()
 	for _, p := range idle {
-		if !running[filepath.Base(p)] && os.Remove(p) == nil {
+		if running[filepath.Base(p)] {
+			continue
+		}
+		if info, err := os.Stat(p); err == nil && time.Since(info.ModTime()) >= envdBuildIdle && os.Remove(p) == nil {
 			removed++
 		}
 	}

@@ -42,8 +42,8 @@ func pinBuild(t *testing.T, dir, content string, age time.Duration) string {
 }
 
 // The pinned envd builds (one more at each upgrade) go once unused for a
-// day, unless a sandbox runs one (named at any path) or it is the server's own; half-made
-// copies go after ten minutes. A build removed is pinned again by a
+// day, unless a sandbox runs one (named at any path) or it is the
+// server's own; half-made copies go after ten minutes. A build removed is pinned again by a
 // restore of an image taken with it, and marked used. A driver that
 // cannot say which builds run, or fails to, keeps them all.
 func TestCollectEnvdBuilds(t *testing.T) {
