@@ -113,11 +113,13 @@ func (r *runningCommands) begin(id string, launch func() error, kill func()) (fi
 	sc.running[op] = struct{}{}
 	sc.mu.Unlock()
 	return func() bool {
-		close(op.done)
+		// Read before done is closed: a stop returns once it is, and its
+		// allow may then end the removal before this could tell of it.
 		sc.mu.Lock()
 		delete(sc.running, op)
 		removed := sc.removing > 0
 		sc.mu.Unlock()
+		close(op.done)
 		r.release(id, sc)
 		return removed
 	}, nil
