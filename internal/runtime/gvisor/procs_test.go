@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // startProcess starts a command in a process group of its own and kills
@@ -99,5 +101,80 @@ func TestKillAndWaitPastDeadline(t *testing.T) {
 	waitFor(t, 10*time.Second, "true to exit", func() bool { return !processAlive(cmd.Process.Pid) })
 	if alive := killAndWait([]int{cmd.Process.Pid}, time.Now().Add(-time.Second)); len(alive) != 0 {
 		t.Errorf("killAndWait(exited, past deadline) = %v alive; want none", alive)
+	}
+}
+
+// TestKillTakesPacketSockets: the killer copies a process's packet sockets
+// before it signals it, so that the process's exit does not wait on their
+// release, and closes the copies once the process is gone. A packet socket
+// needs CAP_NET_RAW.
+func TestKillTakesPacketSockets(t *testing.T) {
+	sock, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		if os.Getenv("AENV_REQUIRE_ROOT_TESTS") == "1" {
+			t.Fatalf("a packet socket: %v", err)
+		}
+		t.Skipf("a packet socket needs CAP_NET_RAW: %v", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(sock, &st); err != nil {
+		t.Fatal(err)
+	}
+	// The child holds the socket; this process closes its own.
+	file := os.NewFile(uintptr(sock), "packet")
+	cmd := exec.Command("sleep", "3600")
+	cmd.ExtraFiles = []*os.File{file}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	file.Close()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); <-exited })
+	if !packetSocketInodes(cmd.Process.Pid)[st.Ino] {
+		t.Fatalf("socket %d is not among the packet sockets of the child's namespace", st.Ino)
+	}
+
+	var k processKiller
+	k.kill(cmd.Process.Pid)
+	k.kill(cmd.Process.Pid) // given twice, taken and signalled once
+	if len(k.sockets) != 1 || !k.taken[st.Ino] {
+		t.Fatalf("copies taken: %v (inodes %v); want the child's one socket %d", k.sockets, k.taken, st.Ino)
+	}
+	var copied unix.Stat_t
+	if err := unix.Fstat(k.sockets[0], &copied); err != nil || copied.Ino != st.Ino {
+		t.Fatalf("the copy: %v, inode %d; want %d", err, copied.Ino, st.Ino)
+	}
+	copyFd := k.sockets[0]
+	if alive := k.wait(time.Now().Add(30 * time.Second)); len(alive) != 0 {
+		t.Fatalf("alive after the wait: %v", alive)
+	}
+	if k.sockets != nil {
+		t.Errorf("the killer still lists its copies after the wait: %v", k.sockets)
+	}
+	// The copy is closed in the background, off the wait.
+	waitFor(t, 10*time.Second, "the copy's close", func() bool {
+		var now unix.Stat_t
+		return unix.Fstat(copyFd, &now) != nil || now.Ino != st.Ino
+	})
+}
+
+// TestParsePacketInodes reads /proc/net/packet's Inode column.
+func TestParsePacketInodes(t *testing.T) {
+	table := "sk               RefCnt Type Proto  Iface R Rmem   User   Inode\n" +
+		"00000000e28a1211 3      3    0003   2     1 0      0      3209290\n" +
+		"00000000aa8a1211 3      3    0003   5     1 0      0      77\n"
+	got := parsePacketInodes(table)
+	if len(got) != 2 || !got[3209290] || !got[77] {
+		t.Errorf("parsePacketInodes = %v", got)
+	}
+	if got := parsePacketInodes("sk RefCnt\n"); len(got) != 0 {
+		t.Errorf("no Inode column: %v", got)
+	}
+	for link, want := range map[string]uint64{"socket:[42]": 42, "pipe:[42]": 0, "socket:[x]": 0, "socket:[7": 0} {
+		if ino, ok := socketInode(link); ino != want || ok != (want != 0) {
+			t.Errorf("socketInode(%q) = %d, %v", link, ino, ok)
+		}
 	}
 }

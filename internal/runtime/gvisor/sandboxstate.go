@@ -170,52 +170,62 @@ func (d *Driver) namesSandbox(cmdline []byte, id string) bool {
 	return hasRoot && hasID
 }
 
-// sandboxProcesses returns every host process of sandbox id: its sandbox
-// and gofer processes (from runsc's state), those in its cgroup, and those
-// holding or awaiting runsc's lock of it (a runsc command stuck halfway).
-// Its cost does not grow with the processes on the host, as a delete at a
-// thousand sandboxes needs. Only when runsc's state cannot be read (a
-// sandbox cut off while starting, a damaged state) does it also read every
-// process's command line for runsc commands naming it (see namesSandbox).
-func (d *Driver) sandboxProcesses(id string) []int {
-	pids := map[int]bool{}
+// sandboxProcesses calls found with every host process of sandbox id, as
+// it finds them: its sandbox and gofer processes (from runsc's state) first,
+// those in its cgroup, and those holding or awaiting runsc's lock of it (a
+// runsc command stuck halfway). A PID may be given more than once; never
+// this server's own. Its cost does not grow with the processes on the
+// host, as a delete at a thousand sandboxes needs. Only when runsc's state
+// cannot be read (a sandbox cut off while starting, a damaged state) does
+// it also read every process's command line for runsc commands naming it
+// (see namesSandbox).
+func (d *Driver) sandboxProcesses(id string, found func(pid int)) {
+	self := os.Getpid()
+	give := func(pid int) {
+		if pid != self {
+			found(pid)
+		}
+	}
 	st, err := d.readRunscState(id)
 	if err == nil {
 		for _, pid := range []int{st.sandboxPid(), st.GoferPid} {
 			if d.processOf(pid, id) {
-				pids[pid] = true
+				give(pid)
 			}
 		}
 	}
 	for _, pid := range d.cgroups.procs(d.cgroupPath(id)) {
-		pids[pid] = true
+		give(pid)
 	}
 	for _, pid := range lockHolders(d.runscLockPath(id)) {
 		// A runsc command names the sandbox; so does a process holding
 		// its lock file by name.
 		if d.processOf(pid, id) {
-			pids[pid] = true
+			give(pid)
 		}
 	}
 	if err != nil {
 		for _, pid := range processesMatching(func(cmdline []byte) bool { return d.namesSandbox(cmdline, id) }) {
-			pids[pid] = true
+			give(pid)
 		}
 	}
-	delete(pids, os.Getpid())
-	out := make([]int, 0, len(pids))
-	for pid := range pids {
-		out = append(out, pid)
-	}
-	return out
 }
 
 // killSandboxProcesses SIGKILLs every host process of sandbox id (a
 // stopped or hung process dies as well) and waits until they are gone or
-// until the deadline. It returns the PIDs still alive then.
+// until the deadline. It returns the PIDs still alive then. Each is killed
+// as soon as it is found: the sandbox process, whose exit is most of a
+// delete, goes first, and the others are looked for while it exits.
 func (d *Driver) killSandboxProcesses(id string, deadline time.Time) []int {
+	var k processKiller
+	// The sandbox process first, before its cgroup is killed whole (cgroup
+	// v2): the killer takes its packet sockets before it signals.
+	if st, err := d.readRunscState(id); err == nil && d.processOf(st.sandboxPid(), id) && st.sandboxPid() != os.Getpid() {
+		k.kill(st.sandboxPid())
+	}
 	d.cgroups.kill(d.cgroupPath(id))
-	return killAndWait(d.sandboxProcesses(id), deadline)
+	d.sandboxProcesses(id, k.kill)
+	return k.wait(deadline)
 }
 
 // processAlive says whether pid runs (a zombie has released everything
