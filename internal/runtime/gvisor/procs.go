@@ -264,8 +264,11 @@ func killAndWait(pids []int, deadline time.Time) []int {
 // a sandbox took to exit here. With a copy held the exit only drops a
 // reference; the copies are closed in the background once the processes
 // are gone, so that wait is no longer on the delete's path. Nobody reads
-// them meanwhile; an interface removed or reset in that time unhooks them
-// itself (the kernel's netdevice notifier).
+// them meanwhile. An interface removed in that time unhooks them itself
+// (the kernel's netdevice notifier); on a slot reset for reuse they stay
+// attached and receive copies of its frames until closed, which takes
+// nothing from the next sandbox: its network stack asks the kernel for a
+// fanout group of its own (PACKET_FANOUT_FLAG_UNIQUEID).
 //
 // Its zero value is ready; wait must be called once, to release the
 // pidfds and the sockets.
@@ -363,8 +366,10 @@ func (k *processKiller) wait(deadline time.Time) []int {
 }
 
 // takePacketSockets copies into this process the packet sockets that pid
-// (held by pidfd) has open, unless copied from another process already.
-// What cannot be read or copied is left to close with the process.
+// (held by pidfd) has open, each once, and none copied from another
+// process already. What cannot be read or copied is left to close with the
+// process. The descriptors are read unsorted and only until every socket
+// is found: a sandbox process may hold many.
 func (k *processKiller) takePacketSockets(pidfd, pid int) {
 	inodes := packetSocketInodes(pid)
 	for ino := range inodes {
@@ -376,38 +381,59 @@ func (k *processKiller) takePacketSockets(pidfd, pid int) {
 		return
 	}
 	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
-	entries, err := os.ReadDir(dir)
+	f, err := os.Open(dir)
 	if err != nil {
 		return
 	}
-	for _, e := range entries {
-		link, err := os.Readlink(dir + "/" + e.Name())
+	defer f.Close()
+	for len(inodes) > 0 {
+		names, err := f.Readdirnames(64)
+		for _, name := range names {
+			link, err := os.Readlink(dir + "/" + name)
+			if err != nil {
+				continue
+			}
+			ino, ok := socketInode(link)
+			if !ok || !inodes[ino] {
+				continue
+			}
+			if k.copySocket(pidfd, name, ino) {
+				delete(inodes, ino)
+			}
+		}
 		if err != nil {
-			continue
+			return
 		}
-		ino, ok := socketInode(link)
-		if !ok || !inodes[ino] {
-			continue
-		}
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		fd, err := unix.PidfdGetfd(pidfd, n, 0)
-		if err != nil {
-			continue
-		}
-		if k.taken == nil {
-			k.taken = map[uint64]bool{}
-		}
-		k.taken[ino] = true
-		k.sockets = append(k.sockets, fd)
 	}
 }
 
+// copySocket copies descriptor name of the process held by pidfd if it is
+// still the socket ino (the process may have reused the number since).
+func (k *processKiller) copySocket(pidfd int, name string, ino uint64) bool {
+	n, err := strconv.Atoi(name)
+	if err != nil {
+		return false
+	}
+	fd, err := unix.PidfdGetfd(pidfd, n, 0)
+	if err != nil {
+		return false
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Ino != ino {
+		unix.Close(fd)
+		return false
+	}
+	if k.taken == nil {
+		k.taken = map[uint64]bool{}
+	}
+	k.taken[ino] = true
+	k.sockets = append(k.sockets, fd)
+	return true
+}
+
 // packetSocketInodes returns the inodes of the packet sockets of pid's
-// network namespace (/proc/<pid>/net/packet; a sandbox's namespace holds
-// only its own).
+// network namespace (/proc/<pid>/net/packet): a sandbox's namespace holds
+// only its own, another's may hold other processes' too.
 func packetSocketInodes(pid int) map[uint64]bool {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/net/packet")
 	if err != nil {

@@ -139,6 +139,9 @@ func TestKillTakesPacketSockets(t *testing.T) {
 	var k processKiller
 	k.kill(cmd.Process.Pid)
 	k.kill(cmd.Process.Pid) // given twice, taken and signalled once
+	if len(k.held) != 1 || len(k.seen) != 1 {
+		t.Fatalf("the process given twice is held %d times, seen %d times; want once", len(k.held), len(k.seen))
+	}
 	if len(k.sockets) != 1 || !k.taken[st.Ino] {
 		t.Fatalf("copies taken: %v (inodes %v); want the child's one socket %d", k.sockets, k.taken, st.Ino)
 	}

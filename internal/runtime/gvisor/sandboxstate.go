@@ -171,23 +171,22 @@ func (d *Driver) namesSandbox(cmdline []byte, id string) bool {
 }
 
 // sandboxProcesses calls found with every host process of sandbox id, as
-// it finds them: its sandbox and gofer processes (from runsc's state) first,
-// those in its cgroup, and those holding or awaiting runsc's lock of it (a
-// runsc command stuck halfway). A PID may be given more than once; never
-// this server's own. Its cost does not grow with the processes on the
-// host, as a delete at a thousand sandboxes needs. Only when runsc's state
-// cannot be read (a sandbox cut off while starting, a damaged state) does
-// it also read every process's command line for runsc commands naming it
-// (see namesSandbox).
-func (d *Driver) sandboxProcesses(id string, found func(pid int)) {
+// it finds them: its sandbox and gofer processes (from runsc's state, st,
+// read by the caller; stErr if it could not be), those in its cgroup, and
+// those holding or awaiting runsc's lock of it (a runsc command stuck
+// halfway). A PID may be given more than once; never this server's own.
+// Its cost does not grow with the processes on the host, as a delete at a
+// thousand sandboxes needs. Only when runsc's state cannot be read (a
+// sandbox cut off while starting, a damaged state) does it also read every
+// process's command line for runsc commands naming it (see namesSandbox).
+func (d *Driver) sandboxProcesses(id string, st runscStateFile, stErr error, found func(pid int)) {
 	self := os.Getpid()
 	give := func(pid int) {
 		if pid != self {
 			found(pid)
 		}
 	}
-	st, err := d.readRunscState(id)
-	if err == nil {
+	if stErr == nil {
 		for _, pid := range []int{st.sandboxPid(), st.GoferPid} {
 			if d.processOf(pid, id) {
 				give(pid)
@@ -204,7 +203,7 @@ func (d *Driver) sandboxProcesses(id string, found func(pid int)) {
 			give(pid)
 		}
 	}
-	if err != nil {
+	if stErr != nil {
 		for _, pid := range processesMatching(func(cmdline []byte) bool { return d.namesSandbox(cmdline, id) }) {
 			give(pid)
 		}
@@ -218,13 +217,14 @@ func (d *Driver) sandboxProcesses(id string, found func(pid int)) {
 // delete, goes first, and the others are looked for while it exits.
 func (d *Driver) killSandboxProcesses(id string, deadline time.Time) []int {
 	var k processKiller
+	st, stErr := d.readRunscState(id)
 	// The sandbox process first, before its cgroup is killed whole (cgroup
 	// v2): the killer takes its packet sockets before it signals.
-	if st, err := d.readRunscState(id); err == nil && d.processOf(st.sandboxPid(), id) && st.sandboxPid() != os.Getpid() {
+	if stErr == nil && st.sandboxPid() != os.Getpid() && d.processOf(st.sandboxPid(), id) {
 		k.kill(st.sandboxPid())
 	}
 	d.cgroups.kill(d.cgroupPath(id))
-	d.sandboxProcesses(id, k.kill)
+	d.sandboxProcesses(id, st, stErr, k.kill)
 	return k.wait(deadline)
 }
 
