@@ -237,16 +237,6 @@ func parseLockHolders(locks string, ino uint64) []int {
 	return pids
 }
 
-// killAndWait SIGKILLs pids and waits until they have exited or the
-// deadline passes; it returns those alive then.
-func killAndWait(pids []int, deadline time.Time) []int {
-	var k processKiller
-	for _, pid := range pids {
-		k.kill(pid)
-	}
-	return k.wait(deadline)
-}
-
 // processKiller SIGKILLs processes the moment they are found, so that a
 // sandbox's processes start exiting while the rest are still looked for,
 // then waits for them all. Each process is held by a pidfd from before the
@@ -408,7 +398,8 @@ func (k *processKiller) takePacketSockets(pidfd, pid int) {
 }
 
 // copySocket copies descriptor name of the process held by pidfd if it is
-// still the socket ino (the process may have reused the number since).
+// still the socket ino (the process may have reused the number since): a
+// copy of anything else is closed at once, never kept.
 func (k *processKiller) copySocket(pidfd int, name string, ino uint64) bool {
 	n, err := strconv.Atoi(name)
 	if err != nil {
@@ -419,7 +410,7 @@ func (k *processKiller) copySocket(pidfd int, name string, ino uint64) bool {
 		return false
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Ino != ino {
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK || st.Ino != ino {
 		unix.Close(fd)
 		return false
 	}

@@ -181,3 +181,13 @@ func TestParsePacketInodes(t *testing.T) {
 		}
 	}
 }
+
+// killAndWait SIGKILLs pids and waits until they have exited or the
+// deadline passes; it returns those alive then.
+func killAndWait(pids []int, deadline time.Time) []int {
+	var k processKiller
+	for _, pid := range pids {
+		k.kill(pid)
+	}
+	return k.wait(deadline)
+}
