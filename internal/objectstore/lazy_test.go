@@ -214,3 +214,79 @@ func TestGetLazyPacksOnDiskInOrder(t *testing.T) {
 		t.Errorf("the file's pages were written at %v: want ascending, a run or more a pack", offs)
 	}
 }
+
+// TestEndFirst checks the order the lazy file's packs are downloaded in:
+// those holding its last hotEnd bytes first, the last of them first, then
+// the rest in the order given.
+func TestEndFirst(t *testing.T) {
+	const perPack = packTarget / pageSize
+	// pagesOf lays out a file: runs of pages, each in one pack (0: zeros).
+	pagesOf := func(runs ...[2]int) []pageRef {
+		var pages []pageRef
+		for _, r := range runs {
+			for k := range r[1] {
+				pages = append(pages, pageRef{pack: uint32(r[0]), off: uint32(k * pageSize)})
+			}
+		}
+		return pages
+	}
+	tests := []struct {
+		name   string
+		pages  []pageRef
+		first  int // the lazy file's first page in the index
+		queued []uint32
+		want   []uint32
+	}{{
+		name:   "the last 8 MiB span two packs",
+		pages:  pagesOf([2]int{1, perPack}, [2]int{2, perPack}, [2]int{3, perPack / 2}),
+		queued: []uint32{1, 2, 3},
+		want:   []uint32{3, 2, 1},
+	}, {
+		name:   "the last pack holds the last 8 MiB",
+		pages:  pagesOf([2]int{1, perPack}, [2]int{2, perPack}, [2]int{3, perPack}),
+		queued: []uint32{1, 2, 3},
+		want:   []uint32{3, 1, 2},
+	}, {
+		name:   "zero pages at the end are no pack's",
+		pages:  pagesOf([2]int{1, perPack}, [2]int{2, perPack}, [2]int{0, perPack}),
+		queued: []uint32{1, 2},
+		want:   []uint32{2, 1},
+	}, {
+		name:   "a pack on disk is not queued",
+		pages:  pagesOf([2]int{1, perPack}, [2]int{2, perPack / 2}, [2]int{3, perPack / 2}),
+		queued: []uint32{1, 2},
+		want:   []uint32{2, 1},
+	}, {
+		name:   "nothing of the end queued",
+		pages:  pagesOf([2]int{1, perPack}, [2]int{2, perPack}),
+		queued: []uint32{1},
+		want:   []uint32{1},
+	}, {
+		name:   "a pack at the end and the start is moved, once",
+		pages:  pagesOf([2]int{1, 10}, [2]int{2, perPack}, [2]int{1, 10}),
+		queued: []uint32{1, 2},
+		want:   []uint32{1, 2},
+	}, {
+		name: "the file after another: its own end counts",
+		// The index's first pages are another file's (pack 4).
+		pages:  pagesOf([2]int{4, 100}, [2]int{1, perPack}, [2]int{2, perPack}, [2]int{3, 1}),
+		first:  100,
+		queued: []uint32{1, 2, 3},
+		want:   []uint32{3, 2, 1},
+	}, {
+		name:   "a file smaller than hotEnd: all of it, from its end",
+		pages:  pagesOf([2]int{1, 10}, [2]int{2, 10}),
+		queued: []uint32{1, 2},
+		want:   []uint32{2, 1},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			count := len(tt.pages) - tt.first
+			l := &lazyFill{first: tt.first, count: count, size: int64(count)*pageSize - 100}
+			got := l.endFirst(&chunkIndex{pages: tt.pages}, slices.Clone(tt.queued))
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("endFirst(%v) = %v, want %v", tt.queued, got, tt.want)
+			}
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -395,6 +396,25 @@ func (d *digestReader) Read(p []byte) (int, error) {
 	d.h.Write(p[:n])
 	d.n += int64(n)
 	return n, err
+}
+
+// syncFiles makes every regular file below dir durable but skip (one
+// synced already).
+func syncFiles(dir, skip string) error {
+	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() || path == skip {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", path, err)
+		}
+		return nil
+	})
 }
 
 func syncDir(dir string) error {
