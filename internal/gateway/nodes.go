@@ -71,7 +71,17 @@ type nodes struct {
 	mu   sync.Mutex
 	sent map[string]int
 
-	rechecking sync.Mutex // held by the one recheck reading the database
+	// reading is the read of the nodes that rechecks wait for, nil when
+	// none is due; guarded by readingMu.
+	readingMu sync.Mutex
+	reading   *viewRead
+}
+
+// viewRead is a read of the nodes for recheck: done closes once it has
+// ended, whether the view changed or not.
+type viewRead struct {
+	at   time.Time // when it reads the database
+	done chan struct{}
 }
 
 func newNodes(db nodeStore, timeout time.Duration, queries *atomic.Int64) *nodes {
@@ -141,23 +151,59 @@ func (n *nodes) building() []store.BuildProgress {
 	return out
 }
 
-// recheckAge is how old a view may be before a refusal it would cause (a
-// node unknown or unreachable) is checked against the database again: a
-// node whose heartbeat resumed a moment after the last refresh is not
-// refused for the rest of the interval. It also bounds these extra reads
-// to a few a second while a node really is down.
+// recheckAge is the least time between two reads of the nodes made for
+// rechecks: while a node really is down, the requests refused for it cost
+// the database a few reads a second, however many they are.
 const recheckAge = 250 * time.Millisecond
 
-// recheck is the view, read again first if it is older than recheckAge;
-// one caller reads, the others use what is there.
+// recheckTimeout bounds one such read.
+const recheckTimeout = 5 * time.Second
+
+// recheck returns the nodes as read after it was called, for a refusal (a
+// node unknown or unreachable) to rest on what the database says now, not
+// on a view read a moment before the node's heartbeat resumed. Rechecks
+// share reads: one is due at a time, recheckAge after the last, so a
+// caller waits up to that long and the read's time. It returns the view as
+// it is if ctx ends first or the read fails.
 func (n *nodes) recheck(ctx context.Context) *nodeView {
-	if time.Since(n.current().readAt) > recheckAge && n.rechecking.TryLock() {
-		defer n.rechecking.Unlock()
-		if time.Since(n.current().readAt) > recheckAge {
-			n.refresh(ctx) // on failure the view stays as it was
+	asked := time.Now()
+	for {
+		n.readingMu.Lock()
+		r := n.reading
+		if r == nil {
+			at := n.current().readAt.Add(recheckAge)
+			if at.Before(asked) {
+				at = asked
+			}
+			r = &viewRead{at: at, done: make(chan struct{})}
+			n.reading = r
+			go n.reread(r)
 		}
+		n.readingMu.Unlock()
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return n.current()
+		}
+		if !r.at.Before(asked) {
+			return n.current()
+		}
+		// That read began before this call: the next one.
 	}
-	return n.current()
+}
+
+// reread reads the nodes at r.at for the rechecks waiting on r.
+func (n *nodes) reread(r *viewRead) {
+	if wait := time.Until(r.at); wait > 0 {
+		time.Sleep(wait) // at most recheckAge: the rate bound
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), recheckTimeout)
+	n.refresh(ctx) // on failure the view stays as it was
+	cancel()
+	n.readingMu.Lock()
+	n.reading = nil
+	n.readingMu.Unlock()
+	close(r.done)
 }
 
 // noteSent counts a sandbox placed on node id since the last refresh.

@@ -162,9 +162,21 @@ func (h *heartbeats) ListNodes(context.Context) ([]postgres.Node, error) {
 	return []postgres.Node{{ID: "node-a", HeartbeatAge: h.age}}, nil
 }
 
+func (h *heartbeats) set(age time.Duration) {
+	h.mu.Lock()
+	h.age = age
+	h.mu.Unlock()
+}
+
+func (h *heartbeats) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reads
+}
+
 // A node refused as unreachable by a view read just before its heartbeat
-// resumed is looked up again (a refusal costs a read, bounded in rate),
-// rather than refused until the next periodic refresh.
+// resumed is looked up again, in a read made after the refusal's request
+// came, rather than refused until the next periodic refresh.
 func TestRecheckBeforeRefusing(t *testing.T) {
 	ctx := context.Background()
 	db := &heartbeats{age: 5 * time.Second}
@@ -176,22 +188,91 @@ func TestRecheckBeforeRefusing(t *testing.T) {
 	if s, _ := n.current().get("node-a"); s.reachable {
 		t.Fatal("a node with a 5 s old heartbeat is reachable")
 	}
-	db.mu.Lock()
-	db.age = 100 * time.Millisecond // its heartbeat resumed
-	db.mu.Unlock()
+	db.set(100 * time.Millisecond) // its heartbeat resumed
 
-	// A view younger than recheckAge is trusted: no read.
-	if s, _ := n.recheck(ctx).get("node-a"); s.reachable || db.reads != 1 {
-		t.Fatalf("fresh view read again: reachable %v, %d reads", s.reachable, db.reads)
-	}
-	// An older one is read again, once.
-	old := *n.current()
-	old.readAt = time.Now().Add(-time.Second)
-	n.view.Store(&old)
+	// The view was read a moment ago: the recheck waits for the next read
+	// the rate allows, and sees the node back.
+	start := time.Now()
 	if s, _ := n.recheck(ctx).get("node-a"); !s.reachable {
 		t.Fatal("node still unreachable after its heartbeat resumed")
 	}
-	if db.reads != 2 {
-		t.Fatalf("%d reads, want 2", db.reads)
+	if took := time.Since(start); took < recheckAge/2 {
+		t.Errorf("recheck of a view just read took %v: the reads' rate bound is %v", took, recheckAge)
+	}
+	if got := db.count(); got != 2 {
+		t.Fatalf("%d reads, want 2", got)
+	}
+	// An older view is read again at once.
+	old := *n.current()
+	old.readAt = time.Now().Add(-time.Second)
+	n.view.Store(&old)
+	db.set(5 * time.Second) // gone again
+	if s, _ := n.recheck(ctx).get("node-a"); s.reachable {
+		t.Fatal("node reachable after its heartbeat stopped")
+	}
+	if got := db.count(); got != 3 {
+		t.Fatalf("%d reads, want 3", got)
+	}
+}
+
+// Rechecks at once share one read, each sees a view read after it asked,
+// and while a node stays down their reads stay within the rate bound.
+func TestRechecksShareReads(t *testing.T) {
+	ctx := context.Background()
+	db := &heartbeats{age: 5 * time.Second}
+	var queries atomic.Int64
+	n := newNodes(db, 1500*time.Millisecond, &queries)
+	if err := n.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	old := *n.current()
+	old.readAt = time.Now().Add(-time.Second)
+	n.view.Store(&old)
+
+	const callers = 50
+	var wg sync.WaitGroup
+	stale := make(chan time.Time, callers)
+	for range callers {
+		wg.Go(func() {
+			asked := time.Now()
+			if v := n.recheck(ctx); v.readAt.Before(asked) {
+				stale <- v.readAt
+			}
+		})
+	}
+	wg.Wait()
+	close(stale)
+	for at := range stale {
+		t.Errorf("a recheck returned a view read at %v, before it asked", at)
+	}
+	// One read for the callers that came before it began, at most one
+	// more for those that came while it ran.
+	if got := db.count(); got < 2 || got > 3 {
+		t.Errorf("%d callers at once made %d reads, want 1 or 2 (after the first refresh)", callers, got-1)
+	}
+
+	// A stream of refusals for a node that stays down.
+	before, start := db.count(), time.Now()
+	for time.Since(start) < 4*recheckAge {
+		n.recheck(ctx)
+	}
+	elapsed := time.Since(start)
+	if got, bound := db.count()-before, int(elapsed/recheckAge)+1; got > bound {
+		t.Errorf("%d reads in %v of rechecks, want at most %d (one per %v)", got, elapsed, bound, recheckAge)
+	}
+}
+
+// A recheck whose caller gives up returns at once, with the view as it is.
+func TestRecheckCallerGone(t *testing.T) {
+	db := &heartbeats{age: 5 * time.Second}
+	var queries atomic.Int64
+	n := newNodes(db, 1500*time.Millisecond, &queries)
+	if err := n.refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if v := n.recheck(ctx); v != n.current() {
+		t.Error("a recheck with its context ended did not return the current view")
 	}
 }
