@@ -224,8 +224,8 @@ EOF`, port, bootSandboxCIDR, bootNetPrefix, testCache, bootAPIKey))
 			parents = append(parents, filepath.Dir(f))
 		}
 	}
-	if len(parents) != len(controllers) {
-		t.Fatalf("the sandbox's cgroup is in %d of the %d cgroup v1 hierarchies: %v", len(parents), len(controllers), parents)
+	if len(controllers) > 0 && len(parents) == 0 {
+		t.Fatalf("the sandbox's cgroup is in none of the cgroup v1 hierarchies %v", controllers)
 	}
 	state := "echo kept > /tmp/state; nohup sleep 1000 >/dev/null 2>&1 &"
 	if _, err := api.Execute(ctx, sb.SandboxID, client.ExecuteRequest{Command: state}); err != nil {

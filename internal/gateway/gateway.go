@@ -177,6 +177,7 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 	g.traced = cfg.Tracer.Handler(g.mux)
 
 	g.runCtx, g.stop = context.WithCancel(context.WithoutCancel(ctx))
+	g.nodes.base = g.runCtx
 	g.done.Add(1)
 	go g.refreshLoop(g.runCtx)
 	return g, nil
@@ -230,6 +231,7 @@ func (g *Gateway) Close() {
 	g.closeMu.Unlock()
 	g.stop()
 	g.done.Wait()
+	g.nodes.close()
 	g.moves.Wait() // each aborted, unless it ended first
 }
 

@@ -44,7 +44,7 @@ func (n *nodeState) state() string {
 type nodeView struct {
 	byID   map[string]*nodeState
 	list   []*nodeState // by ID
-	readAt time.Time    // when the database was read
+	readAt time.Time    // when the read that gave it began
 }
 
 func (v *nodeView) get(id string) (*nodeState, bool) {
@@ -71,21 +71,31 @@ type nodes struct {
 	mu   sync.Mutex
 	sent map[string]int
 
+	// base ends when the gateway closes: the reads for rechecks stop.
+	// rereads counts those running; readTimeout bounds each.
+	base        context.Context
+	rereads     sync.WaitGroup
+	readTimeout time.Duration
 	// reading is the read of the nodes that rechecks wait for, nil when
-	// none is due; guarded by readingMu.
-	readingMu sync.Mutex
-	reading   *viewRead
+	// none is due; lastReread when the last one was due to begin; closed
+	// says no read starts any more. Guarded by readingMu.
+	readingMu  sync.Mutex
+	reading    *viewRead
+	lastReread time.Time
+	closed     bool
 }
 
 // viewRead is a read of the nodes for recheck: done closes once it has
-// ended, whether the view changed or not.
+// ended; failed then says whether it failed.
 type viewRead struct {
-	at   time.Time // when it reads the database
-	done chan struct{}
+	at     time.Time // when it reads the database
+	done   chan struct{}
+	failed bool
 }
 
 func newNodes(db nodeStore, timeout time.Duration, queries *atomic.Int64) *nodes {
-	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}, warned: map[string]int{}}
+	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}, warned: map[string]int{},
+		base: context.Background(), readTimeout: recheckTimeout}
 	n.view.Store(&nodeView{byID: map[string]*nodeState{}})
 	return n
 }
@@ -94,11 +104,12 @@ func newNodes(db nodeStore, timeout time.Duration, queries *atomic.Int64) *nodes
 // the database is away, nodes keep being reached where they were.
 func (n *nodes) refresh(ctx context.Context) error {
 	n.queries.Add(1)
+	began := time.Now()
 	list, err := n.db.ListNodes(ctx)
 	if err != nil {
 		return err
 	}
-	v := &nodeView{byID: make(map[string]*nodeState, len(list)), readAt: time.Now()}
+	v := &nodeView{byID: make(map[string]*nodeState, len(list)), readAt: began}
 	for _, rec := range list {
 		s := &nodeState{Node: rec, reachable: rec.HeartbeatAge <= n.timeout,
 			incompatible: cluster.IncompatibleReason(rec.Protocol, rec.Version, n.version)}
@@ -106,10 +117,15 @@ func (n *nodes) refresh(ctx context.Context) error {
 		v.list = append(v.list, s)
 	}
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	// Reads overlap (the periodic refresh, a recheck's): one begun later
+	// that ended first is the newer view.
+	if began.Before(n.current().readAt) {
+		return nil
+	}
 	n.view.Store(v)
 	clear(n.sent)
 	n.warnIncompatible(v)
-	n.mu.Unlock()
 	return nil
 }
 
@@ -152,31 +168,47 @@ func (n *nodes) building() []store.BuildProgress {
 }
 
 // recheckAge is the least time between two reads of the nodes made for
-// rechecks: while a node really is down, the requests refused for it cost
-// the database a few reads a second, however many they are.
+// rechecks, whether they succeed or not: while a node really is down, the
+// calls refused for it cost the database a few reads a second, however
+// many they are.
 const recheckAge = 250 * time.Millisecond
 
 // recheckTimeout bounds one such read.
-const recheckTimeout = 5 * time.Second
+const recheckTimeout = 2 * time.Second
 
 // recheck returns the nodes as read after it was called, for a refusal (a
 // node unknown or unreachable) to rest on what the database says now, not
 // on a view read a moment before the node's heartbeat resumed. Rechecks
-// share reads: one is due at a time, recheckAge after the last, so a
-// caller waits up to that long and the read's time. It returns the view as
-// it is if ctx ends first or the read fails.
+// share reads: one is due at a time, recheckAge after the last began. A
+// caller that came while a read was under way waits for it and the next,
+// so at most about 2*recheckAge and two reads' time. It returns the view
+// as it is if ctx ends first, if the read it waited for failed, or after
+// recheckAge plus the read's bound (a database that does not answer).
 func (n *nodes) recheck(ctx context.Context) *nodeView {
 	asked := time.Now()
+	if ctx.Err() != nil {
+		return n.current()
+	}
+	giveUp := time.NewTimer(2*recheckAge + n.readTimeout)
+	defer giveUp.Stop()
 	for {
+		if v := n.current(); !v.readAt.Before(asked) {
+			return v // a refresh begun since
+		}
 		n.readingMu.Lock()
+		if n.closed {
+			n.readingMu.Unlock()
+			return n.current()
+		}
 		r := n.reading
 		if r == nil {
-			at := n.current().readAt.Add(recheckAge)
-			if at.Before(asked) {
-				at = asked
+			at := time.Now()
+			if next := n.lastReread.Add(recheckAge); next.After(at) {
+				at = next
 			}
 			r = &viewRead{at: at, done: make(chan struct{})}
-			n.reading = r
+			n.reading, n.lastReread = r, at
+			n.rereads.Add(1)
 			go n.reread(r)
 		}
 		n.readingMu.Unlock()
@@ -184,8 +216,10 @@ func (n *nodes) recheck(ctx context.Context) *nodeView {
 		case <-r.done:
 		case <-ctx.Done():
 			return n.current()
+		case <-giveUp.C:
+			return n.current()
 		}
-		if !r.at.Before(asked) {
+		if r.failed || !r.at.Before(asked) {
 			return n.current()
 		}
 		// That read began before this call: the next one.
@@ -194,16 +228,29 @@ func (n *nodes) recheck(ctx context.Context) *nodeView {
 
 // reread reads the nodes at r.at for the rechecks waiting on r.
 func (n *nodes) reread(r *viewRead) {
-	if wait := time.Until(r.at); wait > 0 {
-		time.Sleep(wait) // at most recheckAge: the rate bound
+	defer n.rereads.Done()
+	wait := time.NewTimer(time.Until(r.at)) // at most recheckAge: the rate bound
+	select {
+	case <-wait.C:
+	case <-n.base.Done():
+		wait.Stop()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), recheckTimeout)
-	n.refresh(ctx) // on failure the view stays as it was
+	ctx, cancel := context.WithTimeout(n.base, n.readTimeout)
+	r.failed = n.refresh(ctx) != nil // on failure the view stays as it was
 	cancel()
 	n.readingMu.Lock()
 	n.reading = nil
 	n.readingMu.Unlock()
 	close(r.done)
+}
+
+// close stops the reads for rechecks (base has ended or is about to) and
+// waits for those running.
+func (n *nodes) close() {
+	n.readingMu.Lock()
+	n.closed = true
+	n.readingMu.Unlock()
+	n.rereads.Wait()
 }
 
 // noteSent counts a sandbox placed on node id since the last refresh.

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -148,18 +149,29 @@ func TestSplit(t *testing.T) {
 	}
 }
 
-// heartbeats is a nodeStore whose one node's heartbeat age the test sets.
+// heartbeats is a nodeStore whose one node's heartbeat age the test sets;
+// fail makes its reads fail, hang makes them wait for their context.
 type heartbeats struct {
 	mu    sync.Mutex
 	age   time.Duration
 	reads int
+	fail  bool
+	hang  bool
 }
 
-func (h *heartbeats) ListNodes(context.Context) ([]postgres.Node, error) {
+func (h *heartbeats) ListNodes(ctx context.Context) ([]postgres.Node, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	h.reads++
-	return []postgres.Node{{ID: "node-a", HeartbeatAge: h.age}}, nil
+	age, fail, hang := h.age, h.fail, h.hang
+	h.mu.Unlock()
+	switch {
+	case hang:
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case fail:
+		return nil, errors.New("database away")
+	}
+	return []postgres.Node{{ID: "node-a", HeartbeatAge: age}}, nil
 }
 
 func (h *heartbeats) set(age time.Duration) {
@@ -174,60 +186,56 @@ func (h *heartbeats) count() int {
 	return h.reads
 }
 
+// newTestNodes reads db once and closes the nodes (waiting for their
+// reads) when the test ends.
+func newTestNodes(t *testing.T, db nodeStore) *nodes {
+	t.Helper()
+	var queries atomic.Int64
+	n := newNodes(db, 1500*time.Millisecond, &queries)
+	if err := n.refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.close)
+	return n
+}
+
 // A node refused as unreachable by a view read just before its heartbeat
-// resumed is looked up again, in a read made after the refusal's request
+// resumed is looked up again, in a read begun after the refusal's request
 // came, rather than refused until the next periodic refresh.
 func TestRecheckBeforeRefusing(t *testing.T) {
 	ctx := context.Background()
 	db := &heartbeats{age: 5 * time.Second}
-	var queries atomic.Int64
-	n := newNodes(db, 1500*time.Millisecond, &queries)
-	if err := n.refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n := newTestNodes(t, db)
 	if s, _ := n.current().get("node-a"); s.reachable {
 		t.Fatal("a node with a 5 s old heartbeat is reachable")
 	}
 	db.set(100 * time.Millisecond) // its heartbeat resumed
-
-	// The view was read a moment ago: the recheck waits for the next read
-	// the rate allows, and sees the node back.
-	start := time.Now()
 	if s, _ := n.recheck(ctx).get("node-a"); !s.reachable {
 		t.Fatal("node still unreachable after its heartbeat resumed")
-	}
-	if took := time.Since(start); took < recheckAge/2 {
-		t.Errorf("recheck of a view just read took %v: the reads' rate bound is %v", took, recheckAge)
 	}
 	if got := db.count(); got != 2 {
 		t.Fatalf("%d reads, want 2", got)
 	}
-	// An older view is read again at once.
-	old := *n.current()
-	old.readAt = time.Now().Add(-time.Second)
-	n.view.Store(&old)
+	// The next recheck's read comes no sooner than recheckAge after.
 	db.set(5 * time.Second) // gone again
+	start := time.Now()
 	if s, _ := n.recheck(ctx).get("node-a"); s.reachable {
 		t.Fatal("node reachable after its heartbeat stopped")
+	}
+	if took := time.Since(start); took < recheckAge/2 {
+		t.Errorf("a recheck right after another took %v: the reads' rate bound is %v", took, recheckAge)
 	}
 	if got := db.count(); got != 3 {
 		t.Fatalf("%d reads, want 3", got)
 	}
 }
 
-// Rechecks at once share one read, each sees a view read after it asked,
+// Rechecks at once share a read, each sees a view read after it asked,
 // and while a node stays down their reads stay within the rate bound.
 func TestRechecksShareReads(t *testing.T) {
 	ctx := context.Background()
 	db := &heartbeats{age: 5 * time.Second}
-	var queries atomic.Int64
-	n := newNodes(db, 1500*time.Millisecond, &queries)
-	if err := n.refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
-	old := *n.current()
-	old.readAt = time.Now().Add(-time.Second)
-	n.view.Store(&old)
+	n := newTestNodes(t, db)
 
 	const callers = 50
 	var wg sync.WaitGroup
@@ -245,12 +253,11 @@ func TestRechecksShareReads(t *testing.T) {
 	for at := range stale {
 		t.Errorf("a recheck returned a view read at %v, before it asked", at)
 	}
-	// One read for the callers that came before it began, at most one
-	// more for those that came while it ran.
-	if got := db.count(); got < 2 || got > 3 {
-		t.Errorf("%d callers at once made %d reads, want 1 or 2 (after the first refresh)", callers, got-1)
+	// One read for the callers that came before it began, one more at
+	// most for those that came while it ran.
+	if got := db.count() - 1; got < 1 || got > 2 {
+		t.Errorf("%d callers at once made %d reads, want 1 or 2", callers, got)
 	}
-
 	// A stream of refusals for a node that stays down.
 	before, start := db.count(), time.Now()
 	for time.Since(start) < 4*recheckAge {
@@ -262,17 +269,98 @@ func TestRechecksShareReads(t *testing.T) {
 	}
 }
 
-// A recheck whose caller gives up returns at once, with the view as it is.
+// With the database away, rechecks return the view they have, and still
+// read at most once per recheckAge, however many callers loop.
+func TestRecheckDatabaseAway(t *testing.T) {
+	ctx := context.Background()
+	db := &heartbeats{age: 5 * time.Second}
+	n := newTestNodes(t, db)
+	db.mu.Lock()
+	db.fail = true
+	db.mu.Unlock()
+	before, start := db.count(), time.Now()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for time.Since(start) < 4*recheckAge {
+				if s, ok := n.recheck(ctx).get("node-a"); !ok || s.reachable {
+					t.Error("the view changed while the database was away")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if got, bound := db.count()-before, int(elapsed/recheckAge)+1; got > bound {
+		t.Errorf("%d failing reads in %v, want at most %d (one per %v)", got, elapsed, bound, recheckAge)
+	}
+
+	// A database that does not answer: a recheck gives up after its read's
+	// bound, with the view it has.
+	n.readTimeout = 100 * time.Millisecond
+	db.mu.Lock()
+	db.fail, db.hang = false, true
+	db.mu.Unlock()
+	start = time.Now()
+	if _, ok := n.recheck(ctx).get("node-a"); !ok {
+		t.Error("the view lost node-a while the database hung")
+	}
+	if took := time.Since(start); took > 2*recheckAge+n.readTimeout+5*time.Second {
+		t.Errorf("a recheck with the database hung took %v", took)
+	}
+}
+
+// A recheck whose caller has gone returns at once, with the view as it is,
+// and reads nothing.
 func TestRecheckCallerGone(t *testing.T) {
 	db := &heartbeats{age: 5 * time.Second}
+	n := newTestNodes(t, db)
+	before := n.current()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if v := n.recheck(ctx); v != before {
+		t.Error("a recheck with its context ended did not return the view as it was")
+	}
+	if got := db.count(); got != 1 {
+		t.Errorf("%d reads, want 1 (the first refresh)", got)
+	}
+}
+
+// gatedNodes answers its first read only once gate closes, with node-a
+// unreachable; later reads at once, with it reachable.
+type gatedNodes struct {
+	gate  chan struct{}
+	began chan struct{}
+	first atomic.Bool
+}
+
+func (g *gatedNodes) ListNodes(context.Context) ([]postgres.Node, error) {
+	if g.first.CompareAndSwap(false, true) {
+		close(g.began)
+		<-g.gate
+		return []postgres.Node{{ID: "node-a", HeartbeatAge: time.Hour}}, nil
+	}
+	return []postgres.Node{{ID: "node-a"}}, nil
+}
+
+// A read that began first but ended last does not replace the view of a
+// read begun after it.
+func TestRefreshKeepsTheNewerRead(t *testing.T) {
+	db := &gatedNodes{gate: make(chan struct{}), began: make(chan struct{})}
 	var queries atomic.Int64
 	n := newNodes(db, 1500*time.Millisecond, &queries)
+	older := make(chan error, 1)
+	go func() { older <- n.refresh(context.Background()) }()
+	<-db.began
 	if err := n.refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if v := n.recheck(ctx); v != n.current() {
-		t.Error("a recheck with its context ended did not return the current view")
+	close(db.gate)
+	if err := <-older; err != nil {
+		t.Fatal(err)
+	}
+	if s, ok := n.current().get("node-a"); !ok || !s.reachable {
+		t.Error("the older read's view (node-a unreachable) replaced the newer one")
 	}
 }

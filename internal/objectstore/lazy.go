@@ -291,16 +291,21 @@ type lazyFill struct {
 // benchmark's out-of-order reads all fell in the 300 MB file's last 4.5 MB.
 const hotEnd = packTarget
 
+// maxHotPacks bounds the packs endFirst moves ahead: an image whose last
+// pages are spread over many packs (a child's, over its parents') would
+// otherwise hold every download away from the load's front.
+const maxHotPacks = 2
+
 // endFirst returns packs, the lazy file's packs to download in the file's
 // order, with those holding its last hotEnd bytes of data (zero pages need
-// no download) moved to the front, the last first.
+// no download) moved to the front, the last first, maxHotPacks at most.
 func (l *lazyFill) endFirst(ix *chunkIndex, packs []uint32) []uint32 {
 	queued := make(map[uint32]bool, len(packs))
 	for _, i := range packs {
 		queued[i] = true
 	}
 	var hot []uint32
-	for p, data := l.count-1, int64(0); p >= 0 && data < hotEnd; p-- {
+	for p, data := l.count-1, int64(0); p >= 0 && data < hotEnd && len(hot) < maxHotPacks; p-- {
 		i := ix.pages[l.first+p].pack
 		if i == 0 {
 			continue

@@ -274,6 +274,12 @@ func TestEndFirst(t *testing.T) {
 		queued: []uint32{1, 2, 3},
 		want:   []uint32{3, 2, 1},
 	}, {
+		name: "the end spread over many packs: the last two",
+		pages: pagesOf([2]int{1, perPack}, [2]int{2, 100}, [2]int{3, 100}, [2]int{4, 100},
+			[2]int{5, 100}),
+		queued: []uint32{1, 2, 3, 4, 5},
+		want:   []uint32{5, 4, 1, 2, 3},
+	}, {
 		name:   "a file smaller than hotEnd: all of it, from its end",
 		pages:  pagesOf([2]int{1, 10}, [2]int{2, 10}),
 		queued: []uint32{1, 2},
