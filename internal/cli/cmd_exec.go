@@ -32,7 +32,8 @@ exit with the command's exit code.
 
 One COMMAND argument is a shell command line ("ls -la / | head"); several are
 a command and its arguments, quoted as given. Commands run under
-"bash -l -c". Flags go before SANDBOX_ID: everything after it is the command.
+"bash -l -c". Flags go before SANDBOX_ID: everything after it is the command
+(a "--" right after SANDBOX_ID is dropped, as in "aenv exec ID -- ls -la").
 
 -i forwards stdin to the command. -t gives it a pseudo-terminal; -it with no
 COMMAND opens an interactive login shell (Ctrl-C, colours and window resizes
@@ -44,7 +45,12 @@ remote command.`,
   echo hi | aenv exec -i 3f2a9c cat`,
 		Args: args(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			return a.runExec(cmd.Context(), f, argv[0], argv[1:])
+			command := argv[1:]
+			if len(command) > 0 && command[0] == "--" {
+				// kubectl's habit: `exec ID -- cmd`. No command is named "--".
+				command = command[1:]
+			}
+			return a.runExec(cmd.Context(), f, argv[0], command)
 		},
 		ValidArgsFunction: a.completeSandboxIDs(&f.server),
 	}

@@ -36,6 +36,7 @@ func TestExitCodesAndMessages(t *testing.T) {
 		{"bad output format", nil, []string{"ls", "-o", "yaml"}, ExitUsage, "unknown output format"},
 		{"bad seconds", nil, []string{"timeout", sb.ID, "soon"}, ExitUsage, "whole number"},
 		{"exec without command", nil, []string{"exec", sb.ID}, ExitUsage, "no COMMAND"},
+		{"exec with only --", nil, []string{"exec", sb.ID, "--"}, ExitUsage, "no COMMAND"},
 		{"cp between two local paths", nil, []string{"cp", "a", "b"}, ExitUsage, "exactly one"},
 		{"unknown sandbox", nil, []string{"pause", "nope"}, ExitNotFound, `sandbox "nope" not found`},
 		{"unknown template", nil, []string{"start", "nope", "-d"}, ExitNotFound, `template "nope" not found`},

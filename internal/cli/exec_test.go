@@ -29,6 +29,8 @@ func TestExec(t *testing.T) {
 		{name: "arguments quoted", argv: []string{"exec", sb.ID, "printf", "%s|", "a b", "$HOME", "it's"},
 			stdout: "a b|$HOME|it's|"},
 		{name: "flags after the ID belong to the command", argv: []string{"exec", sb.ID, "echo", "-n", "x"}, stdout: "x"},
+		{name: "a -- after the ID is dropped", argv: []string{"exec", sb.ID, "--", "echo", "-n", "x"}, stdout: "x"},
+		{name: "a -- later is the command's", argv: []string{"exec", sb.ID, "echo", "--", "x"}, stdout: "-- x\n"},
 		{name: "workdir and env", argv: []string{"exec", "-w", "/tmp", "-e", "A=b c", sb.ID, `echo "$A"; pwd`},
 			stdout: "b c\n/tmp\n"},
 		{name: "stdin with -i", stdin: "line1\nline2\n", argv: []string{"exec", "-i", sb.ID, "cat"}, stdout: "line1\nline2\n"},
