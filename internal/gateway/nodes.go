@@ -183,7 +183,7 @@ const recheckTimeout = 2 * time.Second
 // caller that came while a read was under way waits for it and the next,
 // so at most about 2*recheckAge and two reads' time. It returns the view
 // as it is if ctx ends first, if the read it waited for failed, or after
-// recheckAge plus the read's bound (a database that does not answer).
+// twice recheckAge plus the read's bound (a database that does not answer).
 func (n *nodes) recheck(ctx context.Context) *nodeView {
 	asked := time.Now()
 	if ctx.Err() != nil {

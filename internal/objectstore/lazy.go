@@ -287,8 +287,9 @@ type lazyFill struct {
 // file's last pages are the guest's oldest: its init (envd, the first
 // process a restored sandbox is asked to run something by), the platform
 // state its every system call goes through. A restore's first faults land
-// there, each waiting for a frame's ranged GET otherwise: the cold-create
-// benchmark's out-of-order reads all fell in the 300 MB file's last 4.5 MB.
+// there: the cold-create benchmark's out-of-order reads all fell in the
+// 300 MB file's last 4.5 MB, and in file order 16 of them in one create
+// waited for a frame's ranged GET.
 const hotEnd = packTarget
 
 // maxHotPacks bounds the packs endFirst moves ahead: an image whose last

@@ -216,8 +216,8 @@ func TestGetLazyPacksOnDiskInOrder(t *testing.T) {
 }
 
 // TestEndFirst checks the order the lazy file's packs are downloaded in:
-// those holding its last hotEnd bytes first, the last of them first, then
-// the rest in the order given.
+// those holding its last hotEnd bytes of data first (maxHotPacks at most),
+// the last of them first, then the rest in the order given.
 func TestEndFirst(t *testing.T) {
 	const perPack = packTarget / pageSize
 	// pagesOf lays out a file: runs of pages, each in one pack (0: zeros).
