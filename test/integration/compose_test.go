@@ -267,10 +267,9 @@ func TestComposeClusterInPodman(t *testing.T) {
 	}
 	killOnExit(project, "node-a") // the new container: the harness's way
 	run.start(project.Services["node-a"])
-	// A node answers /health once it has adopted what it found; the
-	// gateway routes to it once it has read its heartbeat again (its view
-	// of the nodes, read a moment before the node came back, is read
-	// again at most every 250 ms).
+	// A node answers /health once it has adopted what it found, which can
+	// be before its first heartbeat is in the database; the gateway routes
+	// to it once that heartbeat is there.
 	run.waitHealthyURL("node-a", nodes["node-a"].url)
 	g.waitReady(t, "node-a")
 	res, err = g.api.Execute(ctx, kept, client.ExecuteRequest{Command: "cat /tmp/state; pgrep -x sleep >/dev/null && echo sleeper"})
