@@ -215,11 +215,15 @@ type tokenSet struct {
 	db  tokenStore
 	gap time.Duration
 
-	mu      sync.Mutex
-	tokens  []postgres.SandboxToken
-	byID    map[string]string // tokens by sandbox
-	readAt  time.Time         // when the read that gave tokens began
-	reading chan struct{}     // closed when the read in flight ends; nil if none
+	mu     sync.Mutex
+	tokens []postgres.SandboxToken
+	byID   map[string]string // tokens by sandbox
+	readAt time.Time         // when the read that gave tokens began
+	// lastRead is when the last read began, whether it gave tokens or
+	// failed: the gap is kept from it, so that a database that fails is
+	// not asked again at once by each request waiting.
+	lastRead time.Time
+	reading  *tokenRead // the read in flight; nil if none
 	// misses are signatures no sandbox made, forgotten after invalidTTL.
 	misses *expirable.LRU[[sha256.Size]byte, struct{}]
 	// signers are the sandboxes that made signatures seen lately.
@@ -302,9 +306,18 @@ func (s *tokenSet) match(u signedRequest) string {
 	return ""
 }
 
+// tokenRead is one read of the tokens: done is closed when it ends, err
+// then says how.
+type tokenRead struct {
+	done chan struct{}
+	err  error
+}
+
 // readSince makes sure the tokens held were read by a read begun at or
 // after since: it waits for the read in flight, or makes one once the gap
-// since the last has passed.
+// since the last has passed. A read waited for that failed is the
+// caller's failure too; one that ended because the request that made it
+// went away is not, and the caller reads itself.
 func (s *tokenSet) readSince(ctx context.Context, since time.Time) (queried bool, err error) {
 	for {
 		s.mu.Lock()
@@ -312,26 +325,29 @@ func (s *tokenSet) readSince(ctx context.Context, since time.Time) (queried bool
 			s.mu.Unlock()
 			return queried, nil
 		}
-		if s.reading != nil {
-			done := s.reading
+		if rd := s.reading; rd != nil {
 			s.mu.Unlock()
 			select {
-			case <-done:
+			case <-rd.done:
+				if rd.err != nil && !isContextError(rd.err) {
+					return queried, rd.err
+				}
 				continue
 			case <-ctx.Done():
 				return queried, ctx.Err()
 			}
 		}
-		done := make(chan struct{})
-		s.reading = done
-		wait := s.gap - time.Since(s.readAt)
+		rd := &tokenRead{done: make(chan struct{})}
+		s.reading = rd
+		wait := s.gap - time.Since(s.lastRead)
 		s.mu.Unlock()
 
 		queried = true
 		err := s.read(ctx, wait)
 		s.mu.Lock()
 		s.reading = nil
-		close(done)
+		rd.err = err
+		close(rd.done)
 		s.mu.Unlock()
 		if err != nil {
 			return queried, err
@@ -339,6 +355,13 @@ func (s *tokenSet) readSince(ctx context.Context, since time.Time) (queried bool
 	}
 }
 
+// isContextError says whether err is a context's end, not the database's
+// answer.
+func isContextError(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// read waits for wait, then reads the tokens.
 func (s *tokenSet) read(ctx context.Context, wait time.Duration) error {
 	if wait > 0 {
 		t := time.NewTimer(wait)
@@ -350,6 +373,9 @@ func (s *tokenSet) read(ctx context.Context, wait time.Duration) error {
 		}
 	}
 	start := time.Now()
+	s.mu.Lock()
+	s.lastRead = start
+	s.mu.Unlock()
 	tokens, err := s.db.RunningTokens(ctx)
 	if err != nil {
 		return err

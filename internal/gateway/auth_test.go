@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/aenv-dev/aenv/internal/api"
@@ -35,6 +36,7 @@ type fakeDB struct {
 	mu          sync.Mutex
 	tokens      []postgres.SandboxToken
 	tokenReads  atomic.Int64
+	tokensDown  atomic.Bool   // token reads fail as in a database outage
 	blockTokens chan struct{} // when set, reads wait for it to close
 }
 
@@ -61,6 +63,9 @@ func (f *fakeDB) RunningTokens(ctx context.Context) ([]postgres.SandboxToken, er
 	f.mu.Unlock()
 	if block != nil {
 		<-block
+	}
+	if f.tokensDown.Load() {
+		return nil, errors.New("connection refused")
 	}
 	return tokens, nil
 }
@@ -494,6 +499,80 @@ func TestSignerRemembered(t *testing.T) {
 	if id, code := signerOf(g, "10.9.0.2", url); code != http.StatusUnauthorized {
 		t.Errorf("URL of an ended sandbox: %q %d, want 401", id, code)
 	}
+}
+
+// TestSignerDatabaseFailing: while token reads fail, requests that need
+// one keep to a read per gap between them all, and each is told of the
+// failure rather than waiting on; the database back, they are answered.
+func TestSignerDatabaseFailing(t *testing.T) {
+	db := &fakeDB{tokens: []postgres.SandboxToken{{ID: "sb1", Token: "t1"}}}
+	db.tokensDown.Store(true)
+	const gap = 50 * time.Millisecond
+	set := newTokenSet(db, gap)
+	start := time.Now()
+	var wg sync.WaitGroup
+	var calls, failed atomic.Int64
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Since(start) < 8*gap {
+				calls.Add(1)
+				if _, err := set.readSince(context.Background(), time.Now()); err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	allowed := 2 + int64(time.Since(start)/gap)
+	if n := db.tokenReads.Load(); n > allowed || n == 0 {
+		t.Errorf("%d calls while the database failed made %d reads in %v, want 1 to %d", calls.Load(), n, time.Since(start), allowed)
+	}
+	if failed.Load() != calls.Load() {
+		t.Errorf("%d of %d calls failed while every read did", failed.Load(), calls.Load())
+	}
+
+	db.tokensDown.Store(false)
+	if _, err := set.readSince(context.Background(), time.Now()); err != nil {
+		t.Fatalf("the database back: %v", err)
+	}
+	if id := set.match(readSignedRequest(httptest.NewRequest(http.MethodGet, signedURL("/a", "t1"), nil))); id != "sb1" {
+		t.Errorf("signer once the database is back: %q", id)
+	}
+}
+
+// TestSignerReaderGone: a read ended by its own request's going away does
+// not fail the requests waiting for it; one of them reads instead.
+func TestSignerReaderGone(t *testing.T) {
+	db := &fakeDB{tokens: []postgres.SandboxToken{{ID: "sb1", Token: "t1"}}}
+	// Made outside the bubble: its cache's cleaner runs for ever.
+	set := newTokenSet(db, time.Second)
+	synctest.Test(t, func(t *testing.T) {
+		set.lastRead = time.Now() // the next read waits a second
+		goneCtx, gone := context.WithCancel(context.Background())
+		first, second := make(chan error, 1), make(chan error, 1)
+		go func() {
+			_, err := set.readSince(goneCtx, time.Now())
+			first <- err
+		}()
+		synctest.Wait() // the first request's read waits for the gap
+		go func() {
+			_, err := set.readSince(context.Background(), time.Now())
+			second <- err
+		}()
+		synctest.Wait() // the second waits for the first's read
+		gone()
+		if err := <-first; !errors.Is(err, context.Canceled) {
+			t.Errorf("the request gone: %v, want its context's end", err)
+		}
+		if err := <-second; err != nil {
+			t.Errorf("the request waiting: %v, want the tokens read", err)
+		}
+		if n := db.tokenReads.Load(); n != 1 {
+			t.Errorf("%d reads, want the waiting request's one", n)
+		}
+	})
 }
 
 // BenchmarkSigner finds the signer of a signed URL among 100,000 running
