@@ -93,6 +93,9 @@ type Server struct {
 	ObjectStoreEndpoint string
 	ObjectStoreRegion   string
 	ImageCacheMB        int
+	// ImageCacheMinFreeMB is the free disk the image cache and the chunk
+	// cache leave: below it they evict beyond their budget.
+	ImageCacheMinFreeMB int
 	ObjectStoreGCSecs   int
 	// ObjectStoreStallSecs cuts a download from the object store that
 	// yields no byte this long; it is asked again from where it stopped.
@@ -151,6 +154,7 @@ func Default() Server {
 		PreparedMemoryMB:       1024,
 		WarmSnapshots:          2,
 		ImageCacheMB:           20480,
+		ImageCacheMinFreeMB:    5120,
 		ObjectStoreGCSecs:      3600,
 		ObjectStoreStallSecs:   30,
 		LazyRestore:            true,
@@ -226,6 +230,7 @@ func (c *Server) RegisterFlags(fs *pflag.FlagSet) {
 	str(&c.ObjectStoreEndpoint, "object-store-endpoint", "S3 endpoint URL of a self-hosted store, e.g. http://minio:9000 (default: AWS_ENDPOINT_URL, else AWS itself)")
 	str(&c.ObjectStoreRegion, "object-store-region", "S3 region (default: AWS_REGION, else us-east-1)")
 	num(&c.ImageCacheMB, "image-cache-mb", "disk the cache of images fetched from the object store may use, and as much again the packs of chunked images written or fetched here; least recently used ones are evicted")
+	num(&c.ImageCacheMinFreeMB, "image-cache-min-free-mb", "free disk the image and chunk caches leave on their file system (at most a tenth of it): while less is free they evict, least recently used first, beyond --image-cache-mb, all but what is in use (0: the budget alone)")
 	boolean(&c.LazyRestore, "lazy-restore", "start a create from an image this node fetches from the object store once its kernel state is here, its memory following while the sandbox runs, the pages it touches first; a node restarted meanwhile resumes the fetch for the sandboxes it adopts (false: the whole image is fetched first; see docs/object-storage.md)")
 	num(&c.ObjectStoreStallSecs, "object-store-stall-secs", "cut a download from the object store that yields no byte for this long and ask for the rest again, three times in a row at most before it fails (a create from the image then fails, and a lazily restored sandbox whose memory it was bringing ends); reads of a few frames a running sandbox waits on are cut after 5 s, or this if shorter")
 	num(&c.ObjectStoreGCSecs, "object-store-gc-secs", "how often objects no template refers to (and older than this) are removed from the object store (0: never)")
@@ -302,6 +307,7 @@ func (c *Server) Validate() error {
 		{"--max-connections", c.MaxConnections == 0 || c.MaxConnections >= 16},
 		{"--idle-timeout-secs", c.IdleTimeoutSecs >= 1},
 		{"--image-cache-mb", c.ImageCacheMB >= 0},
+		{"--image-cache-min-free-mb", c.ImageCacheMinFreeMB >= 0},
 		{"--object-store-gc-secs", c.ObjectStoreGCSecs >= 0},
 		{"--object-store-stall-secs", c.ObjectStoreStallSecs >= 1},
 	}

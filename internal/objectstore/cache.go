@@ -79,6 +79,10 @@ type Stream interface {
 type Cache struct {
 	dir   string
 	limit int64
+	// minFree is the free space to keep on dir's file system (see
+	// CacheOptions.MinFree), asked of free.
+	minFree int64
+	free    FreeSpace
 	fetch Fetcher
 	log   *slog.Logger
 	// unfinished are the lazy fetches the previous run left, found at open.
@@ -130,8 +134,16 @@ type CacheOptions struct {
 	// Lazy makes Acquire fetch lazily (with a Streamer).
 	Lazy bool
 	// Logger tells of what the cache does in the background and no
-	// caller hears of: resumed fetches that fail (default: discarded).
+	// caller hears of: resumed fetches that fail, entries evicted for free
+	// space (default: discarded).
 	Logger *slog.Logger
+	// MinFree is the free space the cache's file system is to keep
+	// (capped at a tenth of its size): below it, least recently used
+	// entries not in use are evicted beyond the budget too, save the one
+	// used last (0: the budget alone).
+	MinFree int64
+	// FreeSpace asks a file system for its free space (default statfs).
+	FreeSpace FreeSpace
 }
 
 // unfinishedFetch is a lazy fetch a previous run left in dir (a name).
@@ -171,6 +183,10 @@ func OpenCache(dir string, limit int64, fetch Fetcher, opts CacheOptions) (*Cach
 	c.log = opts.Logger
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
+	}
+	c.minFree, c.free = opts.MinFree, opts.FreeSpace
+	if c.free == nil {
+		c.free = statFreeSpace
 	}
 	if _, ok := fetch.(LazyFetcher); ok && opts.Streamer != nil {
 		c.streamer, c.lazy = opts.Streamer, opts.Lazy
@@ -405,6 +421,10 @@ func (c *Cache) download(key, digest string) error {
 	if ok && e.digest != digest {
 		c.forgetLocked(e)
 		ok = false
+	}
+	if !ok {
+		// Room for the fetch, before it writes.
+		c.evictLocked()
 	}
 	c.mu.Unlock()
 	if ok {
@@ -686,17 +706,30 @@ func (c *Cache) removeLocked(e *cacheEntry) error {
 	return os.RemoveAll(filepath.Join(c.dir, e.name))
 }
 
-// evictLocked removes least recently used entries not in use until the total
-// fits the limit. The entry just added is at the front and goes last.
+// evictLocked removes least recently used entries not in use until the
+// total fits the limit, and while the file system has less free than
+// minFree. The entry most recently used goes last, and never for the free
+// space alone: it is the one just fetched, or just asked for.
 func (c *Cache) evictLocked() {
-	for el := c.lru.Back(); el != nil && c.total > c.limit; {
+	short := spaceShort(c.free, c.dir, c.minFree)
+	var freed int64
+	for el := c.lru.Back(); el != nil && (c.total > c.limit || short > 0); {
 		e := el.Value.(*cacheEntry)
 		prev := el.Prev()
-		if e.refs == 0 {
+		over := c.total > c.limit
+		if e.refs == 0 && (over || el != c.lru.Front()) {
 			c.dropLocked(e)
 			c.removeLocked(e)
+			short -= e.size
+			if !over {
+				freed += e.size
+			}
 		}
 		el = prev
+	}
+	if freed > 0 {
+		c.log.Info("image cache: evicted for free space", "dir", c.dir, "freed_mb", freed>>20,
+			"still_short_mb", max(0, short)>>20)
 	}
 }
 

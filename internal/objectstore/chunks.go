@@ -706,6 +706,10 @@ func (s *Store) fetchIndex(ctx context.Context, m Manifest, digest string) (*chu
 // the unpacking reads them, which starts as soon as the first is in. With
 // lazy (GetLazy), the file it names is written last, after lazy.Begin.
 func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string, lazy *LazyFile) (FetchStats, error) {
+	if s.cfg.ChunkDir != "" && spaceShort(s.cfg.FreeSpace, s.cfg.ChunkDir, s.cfg.ChunkMinFree) > 0 {
+		// Room for what this fetch writes, before it writes.
+		s.trimChunks()
+	}
 	var st FetchStats
 	ix, err := s.fetchIndex(ctx, m, digest)
 	if err != nil {
@@ -1188,8 +1192,9 @@ func touch(path string) {
 const partDebrisAge = time.Hour
 
 // trimChunks evicts the least recently used packs beyond ChunkBytes, and
-// removes temporary files that writes cut short left. A Get that finds a
-// pack gone fetches it again.
+// while ChunkDir's file system has less free than ChunkMinFree; and removes
+// temporary files that writes cut short left. A Get that finds a pack gone
+// (evicted by another's trim) fetches it again.
 func (s *Store) trimChunks() {
 	if s.cfg.ChunkDir == "" {
 		return
@@ -1226,16 +1231,19 @@ func (s *Store) trimChunks() {
 		packs = append(packs, pack{e.Name(), info.Size(), info.ModTime()})
 		total += info.Size()
 	}
-	if s.cfg.ChunkBytes <= 0 || total <= s.cfg.ChunkBytes {
+	over := func() bool { return s.cfg.ChunkBytes > 0 && total > s.cfg.ChunkBytes }
+	short := spaceShort(s.cfg.FreeSpace, s.cfg.ChunkDir, s.cfg.ChunkMinFree)
+	if !over() && short <= 0 {
 		return
 	}
 	slices.SortFunc(packs, func(a, b pack) int { return a.used.Compare(b.used) })
 	for _, p := range packs {
-		if total <= s.cfg.ChunkBytes {
+		if !over() && short <= 0 {
 			break
 		}
 		if os.Remove(s.localPack(p.name)) == nil {
 			total -= p.size
+			short -= p.size
 		}
 	}
 }

@@ -136,6 +136,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.HTTPClient != nil {
 		opts.HTTPClient = cfg.HTTPClient
 	}
+	if cfg.FreeSpace == nil {
+		cfg.FreeSpace = statFreeSpace
+	}
 	s := &Store{cfg: cfg, client: s3.New(opts)}
 	if err := s.ensureBucket(ctx); err != nil {
 		return nil, err

@@ -81,6 +81,9 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 	// the pages it lacks.
 	storeCfg.ChunkDir = filepath.Join(cfg.DataDir, "shared", "chunks")
 	storeCfg.ChunkBytes = int64(cfg.ImageCacheMB) << 20
+	// Both caches give way to a disk running full: the node's own
+	// templates, snapshots and sandboxes need it more.
+	storeCfg.ChunkMinFree = int64(cfg.ImageCacheMinFreeMB) << 20
 	storeCfg.StallTimeout = config.Seconds(cfg.ObjectStoreStallSecs)
 	objects, err := objectstore.Open(openCtx, storeCfg)
 	if err != nil {
@@ -88,7 +91,8 @@ func openShared(ctx context.Context, cfg config.Server, st store.Store, member *
 	}
 	scfg := shared.Config{
 		Store: objects, Dir: filepath.Join(cfg.DataDir, "shared"), CacheBytes: int64(cfg.ImageCacheMB) << 20,
-		Records: st, AllTemplates: st.ListTemplates,
+		CacheMinFree: int64(cfg.ImageCacheMinFreeMB) << 20,
+		Records:      st, AllTemplates: st.ListTemplates,
 		AllSandboxes: func(ctx context.Context) ([]*store.Sandbox, error) {
 			return st.ListSandboxes(ctx, store.SandboxFilter{})
 		},

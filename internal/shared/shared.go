@@ -61,6 +61,9 @@ type Config struct {
 	// from the store (rootfs/).
 	Dir        string
 	CacheBytes int64
+	// CacheMinFree is the free space the cache leaves on its file system
+	// (objectstore.CacheOptions.MinFree).
+	CacheMinFree int64
 	// NodeID is this node's cluster ID ("" on a single server).
 	NodeID  string
 	Records Records
@@ -152,7 +155,8 @@ func Open(cfg Config) (*Images, error) {
 	im := &Images{cfg: cfg, jobs: map[string]job{}, forgotten: map[string]bool{},
 		rootfsLocks: map[string]*sync.Mutex{}, rootfsPut: map[string]string{}, localIDs: map[string]string{}, rootfsPaths: map[string]string{}}
 	cache, err := objectstore.OpenCache(filepath.Join(cfg.Dir, "cache"), cfg.CacheBytes, cfg.Store,
-		objectstore.CacheOptions{Streamer: cfg.Streamer, Lazy: cfg.LazyRestores, Logger: cfg.Logger})
+		objectstore.CacheOptions{Streamer: cfg.Streamer, Lazy: cfg.LazyRestores, Logger: cfg.Logger,
+			MinFree: cfg.CacheMinFree})
 	if err != nil {
 		return nil, fmt.Errorf("shared images: %w", err)
 	}
