@@ -83,8 +83,8 @@ type Cache struct {
 	// CacheOptions.MinFree), asked of free.
 	minFree int64
 	free    FreeSpace
-	fetch Fetcher
-	log   *slog.Logger
+	fetch   Fetcher
+	log     *slog.Logger
 	// unfinished are the lazy fetches the previous run left, found at open.
 	unfinished []unfinishedFetch
 

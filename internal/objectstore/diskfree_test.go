@@ -23,12 +23,12 @@ func TestSpaceShort(t *testing.T) {
 		want    int64
 	}{
 		{"no floor", disk(0, 100*mib), 0, 0},
-		{"enough free", disk(50*mib, 1000*mib), 20*mib, 0},
-		{"just enough", disk(20*mib, 1000*mib), 20*mib, 0},
-		{"short", disk(5*mib, 1000*mib), 20*mib, 15 * mib},
-		{"nothing free", disk(0, 1000*mib), 20*mib, 20 * mib},
-		{"a small disk caps the floor at a tenth", disk(5*mib, 100*mib), 20*mib, 5 * mib},
-		{"statfs fails: the budget alone", func(string) (int64, int64, error) { return 0, 0, errors.New("EIO") }, 20*mib, 0},
+		{"enough free", disk(50*mib, 1000*mib), 20 * mib, 0},
+		{"just enough", disk(20*mib, 1000*mib), 20 * mib, 0},
+		{"short", disk(5*mib, 1000*mib), 20 * mib, 15 * mib},
+		{"nothing free", disk(0, 1000*mib), 20 * mib, 20 * mib},
+		{"a small disk caps the floor at a tenth", disk(5*mib, 100*mib), 20 * mib, 5 * mib},
+		{"statfs fails: the budget alone", func(string) (int64, int64, error) { return 0, 0, errors.New("EIO") }, 20 * mib, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := spaceShort(tc.free, "/", tc.minFree); got != tc.want {
