@@ -311,6 +311,9 @@ func (s *tokenSet) match(u signedRequest) string {
 type tokenRead struct {
 	done chan struct{}
 	err  error
+	// gone says the request that made the read went away (its context
+	// ended): its failure is not the database's answer.
+	gone bool
 }
 
 // readSince makes sure the tokens held were read by a read begun at or
@@ -329,7 +332,7 @@ func (s *tokenSet) readSince(ctx context.Context, since time.Time) (queried bool
 			s.mu.Unlock()
 			select {
 			case <-rd.done:
-				if rd.err != nil && !isContextError(rd.err) {
+				if rd.err != nil && !rd.gone {
 					return queried, rd.err
 				}
 				continue
@@ -346,19 +349,13 @@ func (s *tokenSet) readSince(ctx context.Context, since time.Time) (queried bool
 		err := s.read(ctx, wait)
 		s.mu.Lock()
 		s.reading = nil
-		rd.err = err
+		rd.err, rd.gone = err, ctx.Err() != nil
 		close(rd.done)
 		s.mu.Unlock()
 		if err != nil {
 			return queried, err
 		}
 	}
-}
-
-// isContextError says whether err is a context's end, not the database's
-// answer.
-func isContextError(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // read waits for wait, then reads the tokens.

@@ -83,6 +83,7 @@ type Cache struct {
 	// CacheOptions.MinFree), asked of free.
 	minFree int64
 	free    FreeSpace
+	now     func() time.Time // the clock of freshFor
 	fetch   Fetcher
 	log     *slog.Logger
 	// unfinished are the lazy fetches the previous run left, found at open.
@@ -117,7 +118,17 @@ type cacheEntry struct {
 	removed bool // evicted or purged while in use: delete at last release
 	elem    *list.Element
 	stream  Stream // its lazy file's writing, if it was handed over early
+	// fetched is when the entry was downloaded: the free-space floor
+	// spares it for freshFor, or the callers that waited for the download
+	// could find it gone.
+	fetched time.Time
 }
+
+// freshFor is how long an entry just downloaded is spared by the free-space
+// floor: far longer than the callers that waited for it take to take it
+// (every one of them, which a first taker cannot know), short against a
+// disk filling.
+const freshFor = 10 * time.Second
 
 type entryMeta struct {
 	Key    string `json:"key"`
@@ -139,8 +150,9 @@ type CacheOptions struct {
 	Logger *slog.Logger
 	// MinFree is the free space the cache's file system is to keep
 	// (capped at a tenth of its size): below it, least recently used
-	// entries not in use are evicted beyond the budget too, save the one
-	// used last (0: the budget alone).
+	// entries not in use are evicted beyond the budget too, save those
+	// downloaded in the last seconds, for the callers that waited for them
+	// (0: the budget alone).
 	MinFree int64
 	// FreeSpace asks a file system for its free space (default statfs).
 	FreeSpace FreeSpace
@@ -184,7 +196,7 @@ func OpenCache(dir string, limit int64, fetch Fetcher, opts CacheOptions) (*Cach
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	c.minFree, c.free = opts.MinFree, opts.FreeSpace
+	c.minFree, c.free, c.now = opts.MinFree, opts.FreeSpace, time.Now
 	if c.free == nil {
 		c.free = statFreeSpace
 	}
@@ -687,8 +699,10 @@ func (c *Cache) finishEntry(dir, key, digest string) (int64, error) {
 	return size, nil
 }
 
-// addLocked puts e in the cache, most recently used.
+// addLocked puts e, just downloaded (or handed over), in the cache, most
+// recently used.
 func (c *Cache) addLocked(e *cacheEntry) {
+	e.fetched = c.now()
 	if old := c.entries[e.key]; old != nil {
 		// Downloads of a key are single-flight; keep the accounting right
 		// if another ever lands first.
@@ -708,8 +722,8 @@ func (c *Cache) removeLocked(e *cacheEntry) error {
 
 // evictLocked removes least recently used entries not in use until the
 // total fits the limit, and while the file system has less free than
-// minFree. The entry most recently used goes last, and never for the free
-// space alone: it is the one just fetched, or just asked for.
+// minFree: for the free space, it also spares an entry downloaded less
+// than freshFor ago.
 func (c *Cache) evictLocked() {
 	short := spaceShort(c.free, c.dir, c.minFree)
 	var freed int64
@@ -717,7 +731,7 @@ func (c *Cache) evictLocked() {
 		e := el.Value.(*cacheEntry)
 		prev := el.Prev()
 		over := c.total > c.limit
-		if e.refs == 0 && (over || el != c.lru.Front()) {
+		if e.refs == 0 && (over || c.now().Sub(e.fetched) >= freshFor) {
 			c.dropLocked(e)
 			c.removeLocked(e)
 			short -= e.size

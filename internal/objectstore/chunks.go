@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -706,14 +707,22 @@ func (s *Store) fetchIndex(ctx context.Context, m Manifest, digest string) (*chu
 // the unpacking reads them, which starts as soon as the first is in. With
 // lazy (GetLazy), the file it names is written last, after lazy.Begin.
 func (s *Store) fetchChunks(ctx context.Context, m Manifest, digest, dir string, lazy *LazyFile) (FetchStats, error) {
-	if s.cfg.ChunkDir != "" && spaceShort(s.cfg.FreeSpace, s.cfg.ChunkDir, s.cfg.ChunkMinFree) > 0 {
-		// Room for what this fetch writes, before it writes.
-		s.trimChunks()
-	}
 	var st FetchStats
 	ix, err := s.fetchIndex(ctx, m, digest)
 	if err != nil {
 		return st, err
+	}
+	if s.cfg.ChunkDir != "" {
+		names := make([]string, len(ix.packs))
+		for k, p := range ix.packs {
+			names[k] = p.name()
+		}
+		s.usePacks(names, 1)
+		defer s.usePacks(names, -1)
+		if spaceShort(s.cfg.FreeSpace, s.cfg.ChunkDir, s.cfg.ChunkMinFree) > 0 {
+			// Room for what this fetch writes, before it writes.
+			s.trimChunks()
+		}
 	}
 	var fill *lazyFill
 	if lazy != nil {
@@ -1191,8 +1200,24 @@ func touch(path string) {
 // before the cache's trim takes it for debris.
 const partDebrisAge = time.Hour
 
+// usePacks counts the packs names as used by one more fetch (delta 1) or
+// one fewer (-1).
+func (s *Store) usePacks(names []string, delta int) {
+	s.packsMu.Lock()
+	defer s.packsMu.Unlock()
+	if s.packsInUse == nil {
+		s.packsInUse = map[string]int{}
+	}
+	for _, n := range names {
+		if s.packsInUse[n] += delta; s.packsInUse[n] <= 0 {
+			delete(s.packsInUse, n)
+		}
+	}
+}
+
 // trimChunks evicts the least recently used packs beyond ChunkBytes, and
-// while ChunkDir's file system has less free than ChunkMinFree; and removes
+// while ChunkDir's file system has less free than ChunkMinFree those no
+// fetch running uses; and removes
 // temporary files that writes cut short left. A Get that finds a pack gone
 // (evicted by another's trim) fetches it again.
 func (s *Store) trimChunks() {
@@ -1237,9 +1262,15 @@ func (s *Store) trimChunks() {
 		return
 	}
 	slices.SortFunc(packs, func(a, b pack) int { return a.used.Compare(b.used) })
+	s.packsMu.Lock()
+	inUse := maps.Clone(s.packsInUse)
+	s.packsMu.Unlock()
 	for _, p := range packs {
 		if !over() && short <= 0 {
 			break
+		}
+		if !over() && inUse[p.name] > 0 {
+			continue // for the floor alone: a fetch running reads it
 		}
 		if os.Remove(s.localPack(p.name)) == nil {
 			total -= p.size

@@ -47,7 +47,8 @@ type Config struct {
 	ChunkBytes int64
 	// ChunkMinFree is the free space ChunkDir's file system is to keep
 	// (capped at a tenth of its size): below it, least recently used packs
-	// are evicted beyond ChunkBytes too (0: the budget alone).
+	// no fetch running uses are evicted beyond ChunkBytes too (0: the
+	// budget alone).
 	ChunkMinFree int64
 	// FreeSpace asks a file system for its free space (default statfs).
 	FreeSpace FreeSpace

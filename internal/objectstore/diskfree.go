@@ -16,7 +16,9 @@ func statFreeSpace(dir string) (avail, size int64, err error) {
 	if err := unix.Statfs(dir, &st); err != nil {
 		return 0, 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
-	return int64(st.Bavail) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
+	// Bsize's type differs between architectures.
+	bsize := uint64(st.Bsize)
+	return int64(st.Bavail * bsize), int64(st.Blocks * bsize), nil
 }
 
 // floorFraction caps a free-space floor at this part of the file system's

@@ -78,6 +78,10 @@ type Store struct {
 	client *s3.Client
 
 	trimMu sync.Mutex // one eviction pass over ChunkDir at a time
+	// packsInUse counts, by name, the fetches running that use a pack:
+	// the free-space floor leaves those packs to them.
+	packsMu    sync.Mutex
+	packsInUse map[string]int
 	// rangesIgnored says the store once answered a ranged GET with the
 	// whole object: a lazy Get then downloads each pack once, whole,
 	// rather than its tail first and then the pack streaming.
