@@ -1215,11 +1215,11 @@ func (s *Store) usePacks(names []string, delta int) {
 	}
 }
 
-// trimChunks evicts the least recently used packs beyond ChunkBytes, and
-// while ChunkDir's file system has less free than ChunkMinFree those no
-// fetch running uses; and removes
-// temporary files that writes cut short left. A Get that finds a pack gone
-// (evicted by another's trim) fetches it again.
+// trimChunks evicts the least recently used packs beyond ChunkBytes, and,
+// while ChunkDir's file system has less free than ChunkMinFree, those no
+// fetch running uses; it also removes temporary files that writes cut
+// short left. A Get that finds a pack gone (evicted by the budget during
+// its run) fetches it again.
 func (s *Store) trimChunks() {
 	if s.cfg.ChunkDir == "" {
 		return
