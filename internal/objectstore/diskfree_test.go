@@ -101,9 +101,10 @@ func putChunked(t *testing.T, store *Store, n int, size int64) (srcs, digests []
 
 // TestCachesGiveWayToAFullDisk: on a disk running full, the image cache and
 // the chunk cache evict beyond their budgets to leave the free space asked
-// for, no more than that, sparing images in use, images fetched for callers
-// yet to take them and the packs of fetches running; every image is still
-// served whole, each fetched once.
+// for, no more than that, sparing images in use, images fetched in the last
+// seconds (freshFor: the creates that waited for them take them) and the
+// packs of fetches running; every image is still served whole, each fetched
+// once.
 func TestCachesGiveWayToAFullDisk(t *testing.T) {
 	t.Parallel()
 	const (
@@ -183,8 +184,9 @@ func TestCachesGiveWayToAFullDisk(t *testing.T) {
 				if !slices.Contains(keys, "images/0") {
 					t.Fatalf("after %s the image held is gone: %v", key, keys)
 				}
-				// Below the floor, nothing evictable is left but the pack
-				// of the fetch that just ended (trimmed at the next).
+				// Below the floor, nothing is left but the image held, the
+				// one just fetched (fresh) and its pack (its fetch ran at
+				// the last trim; the next trims it).
 				if avail < minFree && (len(packs) > 1 || len(keys) > 2) {
 					t.Fatalf("after %s: %d KiB free, floor %d MiB, yet the caches hold %v and %d packs",
 						key, avail>>10, minFree/mib, keys, len(packs))
