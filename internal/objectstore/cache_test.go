@@ -2,6 +2,7 @@ package objectstore
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,12 @@ import (
 // putImages stores n images of size bytes of random data each, as
 // images/0..n-1, and returns their source directories and digests.
 func putImages(t *testing.T, store *Store, n int, size int64) (dirs, digests []string) {
+	return putRandom(t, n, size, store.Put)
+}
+
+// putRandom stores n images of size bytes of random data each with put, as
+// images/0..n-1, and returns their source directories and digests.
+func putRandom(t *testing.T, n int, size int64, put func(ctx context.Context, key, dir string) (Manifest, error)) (dirs, digests []string) {
 	t.Helper()
 	ctx := testCtx(t)
 	for i := range n {
@@ -31,7 +38,7 @@ func putImages(t *testing.T, store *Store, n int, size int64) (dirs, digests []s
 			t.Fatal(err)
 		}
 		writeRandom(t, filepath.Join(dir, "mem"), size, uint64(i+1))
-		m, err := store.Put(ctx, fmt.Sprintf("images/%d", i), dir)
+		m, err := put(ctx, fmt.Sprintf("images/%d", i), dir)
 		if err != nil {
 			t.Fatal(err)
 		}

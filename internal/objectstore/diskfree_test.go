@@ -1,6 +1,7 @@
 package objectstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -82,21 +83,9 @@ func usageOf(root string) int64 {
 // putChunked stores n chunked images of size bytes of random data each, as
 // images/0..n-1, and returns their source directories and digests.
 func putChunked(t *testing.T, store *Store, n int, size int64) (srcs, digests []string) {
-	t.Helper()
-	ctx := testCtx(t)
-	for i := range n {
-		dir := filepath.Join(t.TempDir(), fmt.Sprint(i))
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		writeRandom(t, filepath.Join(dir, "mem"), size, uint64(i+1))
-		m, err := store.PutImage(ctx, fmt.Sprintf("images/%d", i), dir, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srcs, digests = append(srcs, dir), append(digests, m.Digest)
-	}
-	return srcs, digests
+	return putRandom(t, n, size, func(ctx context.Context, key, dir string) (Manifest, error) {
+		return store.PutImage(ctx, key, dir, nil)
+	})
 }
 
 // TestCachesGiveWayToAFullDisk: on a disk running full, the image cache and
