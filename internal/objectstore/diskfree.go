@@ -1,10 +1,6 @@
 package objectstore
 
-import (
-	"fmt"
-
-	"golang.org/x/sys/unix"
-)
+import "github.com/aenv-dev/aenv/internal/diskspace"
 
 // FreeSpace reports the bytes of dir's file system that this process may
 // still write (avail) and the file system's size.
@@ -12,13 +8,8 @@ type FreeSpace func(dir string) (avail, size int64, err error)
 
 // statFreeSpace is FreeSpace from statfs(2).
 func statFreeSpace(dir string) (avail, size int64, err error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, 0, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	// Bsize's type differs between architectures.
-	bsize := uint64(st.Bsize)
-	return int64(st.Bavail * bsize), int64(st.Blocks * bsize), nil
+	a, sz, err := diskspace.Free(dir)
+	return int64(a), int64(sz), err
 }
 
 // floorFraction caps a free-space floor at this part of the file system's

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"gvisor.dev/gvisor/pkg/cleanup"
 
+	"github.com/aenv-dev/aenv/internal/diskspace"
 	envdclient "github.com/aenv-dev/aenv/internal/envd/client"
 	"github.com/aenv-dev/aenv/internal/network"
 	"github.com/aenv-dev/aenv/internal/node"
@@ -480,11 +480,8 @@ func (m *Manager) writeImage(id, dir, what string, write func(partial string) er
 // diskNearlyFull reports whether the filesystem holding dir has less than
 // a mebibyte left.
 func diskNearlyFull(dir string) bool {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return false
-	}
-	return uint64(st.Bavail)*uint64(st.Bsize) < 1<<20
+	avail, _, err := diskspace.Free(dir)
+	return err == nil && avail < 1<<20
 }
 
 func imageComplete(dir string) bool {

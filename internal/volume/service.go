@@ -15,9 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aenv-dev/aenv/internal/diskspace"
 	"github.com/aenv-dev/aenv/internal/errdefs"
 	"github.com/aenv-dev/aenv/internal/store"
-	"golang.org/x/sys/unix"
 )
 
 // IDPrefix starts every volume's ID; names may not, so that an ID and a
@@ -333,9 +333,8 @@ func (s *Service) sizeOf(size int64) (int64, error) {
 	// The pool as it is (a pool never shrinks, so it may be larger than
 	// asked).
 	capacity := s.pool.Bytes
-	var st unix.Statfs_t
-	if err := unix.Statfs(s.dir, &st); err == nil {
-		capacity = st.Blocks * uint64(st.Bsize)
+	if _, size, err := diskspace.Free(s.dir); err == nil {
+		capacity = size
 	}
 	if size == 0 {
 		size = int64(min(s.pool.DefaultVolumeBytes, capacity))
@@ -361,12 +360,10 @@ const (
 // checkDisk refuses a new volume when the disk under the volumes is
 // nearly full (507).
 func (s *Service) checkDisk() error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(s.dir, &st); err != nil {
+	free, total, err := diskspace.Free(s.dir)
+	if err != nil {
 		return fmt.Errorf("volumes: free disk: %w", err)
 	}
-	free := st.Bavail * uint64(st.Bsize)
-	total := st.Blocks * uint64(st.Bsize)
 	floor := max(s.minFreeBytes, uint64(float64(total)*s.minFreeFraction))
 	if s.pool != nil {
 		// The pool holds volumes only: the node's own files are not in it.
