@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -29,6 +30,8 @@ const (
 	knownSigs    = 16384           // signed URLs whose sandbox is remembered
 	invalidTTL   = 2 * time.Second // a key or sandbox added works this soon
 	tokenReadGap = 250 * time.Millisecond
+	// tokenReadTimeout bounds one read of every running sandbox's token.
+	tokenReadTimeout = 10 * time.Second
 	// keyConfirmTTL is how long a key confirmed valid is trusted before
 	// it is asked about again: a revoked key stops working this soon on
 	// every gateway.
@@ -203,37 +206,41 @@ func (g *Gateway) actAsChecked(w http.ResponseWriter, r *http.Request, p auth.Pr
 // tokenSet finds which running sandbox's envd token signed a file URL:
 // among the tokens read last, else among tokens read afresh (a sandbox
 // made a moment ago must be found). Reads are shared by the requests
-// waiting for them and at least tokenReadGap apart, and no lock is held
-// during one; a signature found by no sandbox is remembered (by digest,
-// bounded) for invalidTTL. So random signatures cost the database at most
-// one read per gap, whoever sends them.
+// waiting for them and at least tokenReadGap apart (sharedRead), and no
+// lock is held during one; a signature found by no sandbox is remembered
+// (by digest, bounded) for invalidTTL. So random signatures cost the
+// database at most one read per gap, whoever sends them.
 //
 // A signed URL names no sandbox, so a new one costs a hash per running
 // sandbox of the cluster; the sandbox found is remembered by the URL's
 // digest, so fetching the same URL again costs one hash.
 type tokenSet struct {
-	db  tokenStore
-	gap time.Duration
+	db tokenStore
+	// queries counts the reads, among the database round trips made for
+	// requests.
+	queries *atomic.Int64
+	reads   *sharedRead
 
 	mu     sync.Mutex
 	tokens []postgres.SandboxToken
 	byID   map[string]string // tokens by sandbox
 	readAt time.Time         // when the read that gave tokens began
-	// lastRead is when the last read began, whether it gave tokens or
-	// failed: the gap is kept from it, so that a database that fails is
-	// not asked again at once by each request waiting.
-	lastRead time.Time
-	reading  *tokenRead // the read in flight; nil if none
 	// misses are signatures no sandbox made, forgotten after invalidTTL.
 	misses *expirable.LRU[[sha256.Size]byte, struct{}]
 	// signers are the sandboxes that made signatures seen lately.
 	signers *lru.Cache[[sha256.Size]byte, string]
 }
 
-func newTokenSet(db tokenStore, gap time.Duration) *tokenSet {
+func newTokenSet(db tokenStore, gap time.Duration, queries *atomic.Int64) *tokenSet {
 	signers, _ := lru.New[[sha256.Size]byte, string](knownSigs) // fails only for a size < 1
-	return &tokenSet{db: db, gap: gap, signers: signers,
+	s := &tokenSet{db: db, queries: queries, signers: signers,
 		misses: expirable.NewLRU[[sha256.Size]byte, struct{}](invalidSigs, nil, invalidTTL)}
+	s.reads = newSharedRead(s.read, func() time.Time {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.readAt
+	}, gap, tokenReadTimeout)
+	return s
 }
 
 // signedRequest is a request of a signed file URL, read once: its signature, and a digest
@@ -258,18 +265,16 @@ func (s *tokenSet) missed(u signedRequest) bool {
 
 // signer returns the sandbox whose token signed u ("" for none), for a
 // request that arrived at arrived and whose signer is not among the
-// tokens held (see match): it looks among tokens read since. queried
-// tells whether this call read the database.
-func (s *tokenSet) signer(ctx context.Context, u signedRequest, arrived time.Time) (id string, queried bool, err error) {
-	queried, err = s.readSince(ctx, arrived)
-	if err != nil {
-		return "", queried, err
+// tokens held (see match): it looks among tokens read since.
+func (s *tokenSet) signer(ctx context.Context, u signedRequest, arrived time.Time) (string, error) {
+	if err := s.reads.since(ctx, arrived); err != nil {
+		return "", err
 	}
 	if id := s.match(u); id != "" {
-		return id, queried, nil
+		return id, nil
 	}
 	s.misses.Add(u.key, struct{}{})
-	return "", queried, nil
+	return "", nil
 }
 
 // known returns the sandbox remembered for u if it still runs with the
@@ -306,73 +311,10 @@ func (s *tokenSet) match(u signedRequest) string {
 	return ""
 }
 
-// tokenRead is one read of the tokens: done is closed when it ends, err
-// then says how.
-type tokenRead struct {
-	done chan struct{}
-	err  error
-	// gone says the request that made the read went away (its context
-	// ended): its failure is not the database's answer.
-	gone bool
-}
-
-// readSince makes sure the tokens held were read by a read begun at or
-// after since: it waits for the read in flight, or makes one once the gap
-// since the last has passed. A read waited for that failed is the
-// caller's failure too; one that ended because the request that made it
-// went away is not, and the caller reads itself.
-func (s *tokenSet) readSince(ctx context.Context, since time.Time) (queried bool, err error) {
-	for {
-		s.mu.Lock()
-		if !s.readAt.Before(since) {
-			s.mu.Unlock()
-			return queried, nil
-		}
-		if rd := s.reading; rd != nil {
-			s.mu.Unlock()
-			select {
-			case <-rd.done:
-				if rd.err != nil && !rd.gone {
-					return queried, rd.err
-				}
-				continue
-			case <-ctx.Done():
-				return queried, ctx.Err()
-			}
-		}
-		rd := &tokenRead{done: make(chan struct{})}
-		s.reading = rd
-		wait := s.gap - time.Since(s.lastRead)
-		s.mu.Unlock()
-
-		queried = true
-		err := s.read(ctx, wait)
-		s.mu.Lock()
-		s.reading = nil
-		rd.err, rd.gone = err, ctx.Err() != nil
-		close(rd.done)
-		s.mu.Unlock()
-		if err != nil {
-			return queried, err
-		}
-	}
-}
-
-// read waits for wait, then reads the tokens.
-func (s *tokenSet) read(ctx context.Context, wait time.Duration) error {
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		}
-	}
+// read reads the tokens (for reads).
+func (s *tokenSet) read(ctx context.Context) error {
 	start := time.Now()
-	s.mu.Lock()
-	s.lastRead = start
-	s.mu.Unlock()
+	s.queries.Add(1)
 	tokens, err := s.db.RunningTokens(ctx)
 	if err != nil {
 		return err

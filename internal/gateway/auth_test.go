@@ -72,7 +72,7 @@ func (f *fakeDB) RunningTokens(ctx context.Context) ([]postgres.SandboxToken, er
 
 func authGateway(db *fakeDB) *Gateway {
 	return &Gateway{logger: slog.New(slog.DiscardHandler), keys: newKeyCache(db, 30*time.Second),
-		tokens: newTokenSet(db, tokenReadGap), authFails: api.NewAuthLimiter()}
+		tokens: newTokenSet(db, tokenReadGap, new(atomic.Int64)), authFails: api.NewAuthLimiter()}
 }
 
 // authorizeFrom runs g.authorize on a request with key from addr.
@@ -493,7 +493,7 @@ func TestSignerRemembered(t *testing.T) {
 	db.mu.Lock()
 	db.tokens = db.tokens[:999]
 	db.mu.Unlock()
-	if _, err := g.tokens.readSince(context.Background(), time.Now()); err != nil {
+	if err := g.tokens.reads.since(context.Background(), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if id, code := signerOf(g, "10.9.0.2", url); code != http.StatusUnauthorized {
@@ -508,7 +508,7 @@ func TestSignerDatabaseFailing(t *testing.T) {
 	db := &fakeDB{tokens: []postgres.SandboxToken{{ID: "sb1", Token: "t1"}}}
 	db.tokensDown.Store(true)
 	const gap = 50 * time.Millisecond
-	set := newTokenSet(db, gap)
+	set := newTokenSet(db, gap, new(atomic.Int64))
 	start := time.Now()
 	var wg sync.WaitGroup
 	var calls, failed atomic.Int64
@@ -518,7 +518,7 @@ func TestSignerDatabaseFailing(t *testing.T) {
 			defer wg.Done()
 			for time.Since(start) < 8*gap {
 				calls.Add(1)
-				if _, err := set.readSince(context.Background(), time.Now()); err != nil {
+				if err := set.reads.since(context.Background(), time.Now()); err != nil {
 					failed.Add(1)
 				}
 			}
@@ -534,7 +534,7 @@ func TestSignerDatabaseFailing(t *testing.T) {
 	}
 
 	db.tokensDown.Store(false)
-	if _, err := set.readSince(context.Background(), time.Now()); err != nil {
+	if err := set.reads.since(context.Background(), time.Now()); err != nil {
 		t.Fatalf("the database back: %v", err)
 	}
 	if id := set.match(readSignedRequest(httptest.NewRequest(http.MethodGet, signedURL("/a", "t1"), nil))); id != "sb1" {
@@ -542,23 +542,24 @@ func TestSignerDatabaseFailing(t *testing.T) {
 	}
 }
 
-// TestSignerReaderGone: a read ended by its own request's going away does
-// not fail the requests waiting for it; one of them reads instead.
+// TestSignerReaderGone: a request that goes away while the read it asked
+// for waits does not end that read: the requests still waiting get its
+// tokens, and nothing is read twice.
 func TestSignerReaderGone(t *testing.T) {
 	db := &fakeDB{tokens: []postgres.SandboxToken{{ID: "sb1", Token: "t1"}}}
 	// Made outside the bubble: its cache's cleaner runs for ever.
-	set := newTokenSet(db, time.Second)
+	set := newTokenSet(db, time.Second, new(atomic.Int64))
 	synctest.Test(t, func(t *testing.T) {
-		set.lastRead = time.Now() // the next read waits a second
+		set.reads.last = time.Now() // the next read waits a second
 		goneCtx, gone := context.WithCancel(context.Background())
 		first, second := make(chan error, 1), make(chan error, 1)
 		go func() {
-			_, err := set.readSince(goneCtx, time.Now())
+			err := set.reads.since(goneCtx, time.Now())
 			first <- err
 		}()
 		synctest.Wait() // the first request's read waits for the gap
 		go func() {
-			_, err := set.readSince(context.Background(), time.Now())
+			err := set.reads.since(context.Background(), time.Now())
 			second <- err
 		}()
 		synctest.Wait() // the second waits for the first's read
@@ -583,7 +584,7 @@ func BenchmarkSigner(b *testing.B) {
 		db.tokens = append(db.tokens, postgres.SandboxToken{ID: fmt.Sprintf("sb%d", i), Token: fmt.Sprintf("t%d", i)})
 	}
 	g := authGateway(db)
-	if _, err := g.tokens.readSince(context.Background(), time.Now()); err != nil {
+	if err := g.tokens.reads.since(context.Background(), time.Now()); err != nil {
 		b.Fatal(err)
 	}
 	b.Run("known URL", func(b *testing.B) {
@@ -639,7 +640,7 @@ func TestSignedURLForwardedWithSandboxID(t *testing.T) {
 func TestSignerBlockedAddressStillPassesValidURLs(t *testing.T) {
 	db := &fakeDB{tokens: []postgres.SandboxToken{{ID: "sb1", Token: "t1"}}}
 	g := authGateway(db)
-	g.tokens = newTokenSet(db, time.Millisecond) // each bad URL reads the tokens: no need to wait
+	g.tokens = newTokenSet(db, time.Millisecond, new(atomic.Int64)) // each bad URL reads the tokens: no need to wait
 	if id, _ := signerOf(g, "10.11.0.2", signedURL("/first", "t1")); id != "sb1" {
 		t.Fatalf("signer before any failure: %q", id) // the tokens are now held
 	}

@@ -136,11 +136,12 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 		cfg.Refresh = max(cfg.NodeTimeout/5, 50*time.Millisecond)
 	}
 	g := &Gateway{cfg: cfg, db: db, logger: logger, routes: newRouteCache(1 << 20),
-		keys: newKeyCache(db, keyConfirmTTL), tokens: newTokenSet(db, tokenReadGap),
+		keys:      newKeyCache(db, keyConfirmTTL),
 		authFails: api.NewAuthLimiter(), templates: newTTLCache[[]*store.Template](10 * time.Second),
 		unlimited: newTTLCache[bool](time.Second),
 		builds:    newTTLCache[string](5 * time.Second)}
 	g.nodes = newNodes(db, cfg.NodeTimeout, &g.refreshes)
+	g.tokens = newTokenSet(db, tokenReadGap, &g.queries)
 	g.nodes.version, g.nodes.logger = cfg.Version, logger
 	g.idem = &sharedIdempotency{db: db, logger: logger, queries: &g.queries, lease: idempotencyLease}
 	transport := newTransport()
@@ -177,7 +178,8 @@ func New(ctx context.Context, cfg Config, db Store, logger *slog.Logger, reg pro
 	g.traced = cfg.Tracer.Handler(g.mux)
 
 	g.runCtx, g.stop = context.WithCancel(context.WithoutCancel(ctx))
-	g.nodes.base = g.runCtx
+	// The reads that requests share end when the gateway closes.
+	g.nodes.rereads.base, g.tokens.reads.base = g.runCtx, g.runCtx
 	g.done.Add(1)
 	go g.refreshLoop(g.runCtx)
 	return g, nil
@@ -232,6 +234,7 @@ func (g *Gateway) Close() {
 	g.stop()
 	g.done.Wait()
 	g.nodes.close()
+	g.tokens.reads.close()
 	g.moves.Wait() // each aborted, unless it ended first
 }
 
@@ -418,10 +421,7 @@ func (g *Gateway) signer(w http.ResponseWriter, r *http.Request) (string, bool) 
 		api.WriteTooManyAuthFailures(w, retry)
 		return "", false
 	}
-	id, queried, err := g.tokens.signer(r.Context(), u, arrived)
-	if queried {
-		g.queries.Add(1)
-	}
+	id, err := g.tokens.signer(r.Context(), u, arrived)
 	if err != nil {
 		g.databaseDown(w, r, err)
 		return "", false

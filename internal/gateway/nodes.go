@@ -71,32 +71,14 @@ type nodes struct {
 	mu   sync.Mutex
 	sent map[string]int
 
-	// base ends when the gateway closes: the reads for rechecks stop.
-	// rereads counts those running; readTimeout bounds each.
-	base        context.Context
-	rereads     sync.WaitGroup
-	readTimeout time.Duration
-	// reading is the read of the nodes that rechecks wait for, nil when
-	// none is due; lastReread when the last one was due to begin; closed
-	// says no read starts any more. Guarded by readingMu.
-	readingMu  sync.Mutex
-	reading    *viewRead
-	lastReread time.Time
-	closed     bool
-}
-
-// viewRead is a read of the nodes for recheck: done closes once it has
-// ended; failed then says whether it failed.
-type viewRead struct {
-	at     time.Time // when it reads the database
-	done   chan struct{}
-	failed bool
+	// rereads are the reads of the nodes that rechecks wait for.
+	rereads *sharedRead
 }
 
 func newNodes(db nodeStore, timeout time.Duration, queries *atomic.Int64) *nodes {
-	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}, warned: map[string]int{},
-		base: context.Background(), readTimeout: recheckTimeout}
+	n := &nodes{db: db, timeout: timeout, queries: queries, sent: map[string]int{}, warned: map[string]int{}}
 	n.view.Store(&nodeView{byID: map[string]*nodeState{}})
+	n.rereads = newSharedRead(n.refresh, func() time.Time { return n.current().readAt }, recheckAge, recheckTimeout)
 	return n
 }
 
@@ -179,79 +161,21 @@ const recheckTimeout = 2 * time.Second
 // recheck returns the nodes as read after it was called, for a refusal (a
 // node unknown or unreachable) to rest on what the database says now, not
 // on a view read a moment before the node's heartbeat resumed. Rechecks
-// share reads: one is due at a time, recheckAge after the last began. A
-// caller that came while a read was under way waits for it and the next,
-// so at most about 2*recheckAge and two reads' time. It returns the view
-// as it is if ctx ends first, if the read it waited for failed, or after
-// twice recheckAge plus the read's bound (a database that does not answer).
+// share reads (sharedRead), at most one per recheckAge. It returns the
+// view as it is if ctx ends first, if the read it waited for failed, or
+// after twice recheckAge plus the read's bound (a database that does not
+// answer).
 func (n *nodes) recheck(ctx context.Context) *nodeView {
 	asked := time.Now()
-	if ctx.Err() != nil {
-		return n.current()
-	}
-	giveUp := time.NewTimer(2*recheckAge + n.readTimeout)
-	defer giveUp.Stop()
-	for {
-		if v := n.current(); !v.readAt.Before(asked) {
-			return v // a refresh begun since
-		}
-		n.readingMu.Lock()
-		if n.closed {
-			n.readingMu.Unlock()
-			return n.current()
-		}
-		r := n.reading
-		if r == nil {
-			at := time.Now()
-			if next := n.lastReread.Add(recheckAge); next.After(at) {
-				at = next
-			}
-			r = &viewRead{at: at, done: make(chan struct{})}
-			n.reading, n.lastReread = r, at
-			n.rereads.Add(1)
-			go n.reread(r)
-		}
-		n.readingMu.Unlock()
-		select {
-		case <-r.done:
-		case <-ctx.Done():
-			return n.current()
-		case <-giveUp.C:
-			return n.current()
-		}
-		if r.failed || !r.at.Before(asked) {
-			return n.current()
-		}
-		// That read began before this call: the next one.
-	}
+	ctx, cancel := context.WithTimeout(ctx, 2*recheckAge+n.rereads.timeout)
+	defer cancel()
+	n.rereads.since(ctx, asked) // on failure the view stays as it was
+	return n.current()
 }
 
-// reread reads the nodes at r.at for the rechecks waiting on r.
-func (n *nodes) reread(r *viewRead) {
-	defer n.rereads.Done()
-	wait := time.NewTimer(time.Until(r.at)) // at most recheckAge: the rate bound
-	select {
-	case <-wait.C:
-	case <-n.base.Done():
-		wait.Stop()
-	}
-	ctx, cancel := context.WithTimeout(n.base, n.readTimeout)
-	r.failed = n.refresh(ctx) != nil // on failure the view stays as it was
-	cancel()
-	n.readingMu.Lock()
-	n.reading = nil
-	n.readingMu.Unlock()
-	close(r.done)
-}
-
-// close stops the reads for rechecks (base has ended or is about to) and
-// waits for those running.
-func (n *nodes) close() {
-	n.readingMu.Lock()
-	n.closed = true
-	n.readingMu.Unlock()
-	n.rereads.Wait()
-}
+// close stops the reads for rechecks (their base has ended or is about
+// to) and waits for those running.
+func (n *nodes) close() { n.rereads.close() }
 
 // noteSent counts a sandbox placed on node id since the last refresh.
 func (n *nodes) noteSent(id string, count int) {

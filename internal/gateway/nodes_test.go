@@ -298,7 +298,7 @@ func TestRecheckDatabaseAway(t *testing.T) {
 
 	// A database that does not answer: a recheck gives up after its read's
 	// bound, with the view it has.
-	n.readTimeout = 100 * time.Millisecond
+	n.rereads.timeout = 100 * time.Millisecond
 	db.mu.Lock()
 	db.fail, db.hang = false, true
 	db.mu.Unlock()
@@ -306,7 +306,7 @@ func TestRecheckDatabaseAway(t *testing.T) {
 	if _, ok := n.recheck(ctx).get("node-a"); !ok {
 		t.Error("the view lost node-a while the database hung")
 	}
-	if took := time.Since(start); took > 2*recheckAge+n.readTimeout+5*time.Second {
+	if took := time.Since(start); took > 2*recheckAge+n.rereads.timeout+5*time.Second {
 		t.Errorf("a recheck with the database hung took %v", took)
 	}
 }
