@@ -747,6 +747,16 @@ func (c *Cache) evictLocked() {
 	}
 }
 
+// Reclaim evicts what the budget and the free-space floor call for now.
+// Fetches and releases do so themselves; this is for a node whose disk
+// fills from elsewhere (its sandboxes, its templates) while it fetches
+// nothing, for it to be called on a clock.
+func (c *Cache) Reclaim() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.evictLocked()
+}
+
 func (c *Cache) dropLocked(e *cacheEntry) {
 	c.lru.Remove(e.elem)
 	delete(c.entries, e.key)

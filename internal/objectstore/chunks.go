@@ -1279,6 +1279,17 @@ func (s *Store) trimChunks() {
 	}
 }
 
+// ReclaimChunks evicts packs of the chunk cache if its file system has
+// less free than ChunkMinFree (see trimChunks): writes keep the budget
+// themselves; this is for a disk that fills from elsewhere, called on a
+// clock. It lists the chunk cache only when the file system is short.
+func (s *Store) ReclaimChunks() {
+	if s.cfg.ChunkDir == "" || spaceShort(s.cfg.FreeSpace, s.cfg.ChunkDir, s.cfg.ChunkMinFree) <= 0 {
+		return
+	}
+	s.trimChunks()
+}
+
 // releasedPrefix begins the names of the objects a chunked manifest leaves
 // when it is removed or replaced: the packs it named, which the collector
 // keeps for its grace from then on.

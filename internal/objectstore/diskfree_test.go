@@ -214,6 +214,32 @@ func TestCachesGiveWayToAFullDisk(t *testing.T) {
 		}
 	})
 
+	// Nothing fetched, uploaded or released while the disk fills from
+	// elsewhere: the look on a clock (Reclaim, ReclaimChunks) evicts, and
+	// leaves the caches alone while the disk has room.
+	t.Run("on a clock", func(t *testing.T) {
+		c := open(t, 0, true)
+		for i := range 3 {
+			acquire(t, c, i).Release()
+		}
+		c.clock.advance(freshFor)
+		packs, _ := os.ReadDir(c.chunkDir)
+		c.cache.Reclaim()
+		c.store.ReclaimChunks()
+		if after, _ := os.ReadDir(c.chunkDir); len(c.cache.Keys()) != 3 || len(after) != len(packs) {
+			t.Fatalf("with room on the disk a look evicted: %v cached, %d of %d packs", c.cache.Keys(), len(after), len(packs))
+		}
+		c.other.Store(disk) // the sandboxes fill the disk
+		c.cache.Reclaim()
+		c.store.ReclaimChunks()
+		if keys := c.cache.Keys(); len(keys) != 0 {
+			t.Errorf("on a full disk a look left %v cached", keys)
+		}
+		if after, _ := os.ReadDir(c.chunkDir); len(after) != 0 {
+			t.Errorf("on a full disk a look left %d packs", len(after))
+		}
+	})
+
 	// The floor leaves the packs of a fetch running to it.
 	t.Run("packs in use", func(t *testing.T) {
 		c := open(t, 0, true)

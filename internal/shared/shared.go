@@ -188,6 +188,7 @@ func (im *Images) Run(ctx context.Context) {
 		defer wg.Done()
 		im.uploader.Run(ctx)
 	}()
+	wg.Go(func() { im.reclaimLoop(ctx) })
 	if templates, err := im.cfg.Records.ListTemplates(ctx); err != nil {
 		im.cfg.Logger.WarnContext(ctx, "shared images: list templates to resume uploads", "err", err)
 	} else {
@@ -226,6 +227,27 @@ func (im *Images) Run(ctx context.Context) {
 		}
 	}
 	<-ctx.Done()
+}
+
+// reclaimEvery is how often the caches look at the free space of their
+// disk without a fetch, an upload or a release to make them.
+const reclaimEvery = 30 * time.Second
+
+// reclaimLoop has the caches give way to a disk filling from elsewhere (the
+// node's sandboxes, its templates) while the node fetches nothing: each
+// tick costs a statfs per cache while the disk has room.
+func (im *Images) reclaimLoop(ctx context.Context) {
+	tick := time.NewTicker(reclaimEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			im.cache.Reclaim()
+			im.cfg.Store.ReclaimChunks()
+		}
+	}
 }
 
 // Share marks tpl, about to be recorded, for upload: it names its root
