@@ -943,7 +943,12 @@ func (r *packReader) unpackAll(ctx context.Context, dir string, lazy *LazyFile) 
 		if err := os.Chtimes(f.Name(), fill.mtime, fill.mtime); err != nil {
 			return err
 		}
-		return os.Rename(name+PartialSuffix, name)
+		if err := os.Rename(name+PartialSuffix, name); err != nil {
+			return err
+		}
+		// The file's name, durable before the entry is marked complete
+		// (its metadata, written next, is what a restart believes).
+		return syncDir(dir)
 	}
 	return nil
 }
