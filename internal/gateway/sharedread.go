@@ -105,12 +105,16 @@ func (s *sharedRead) run(r *readRound) {
 	wait := time.NewTimer(time.Until(r.at)) // at most gap: the rate bound
 	select {
 	case <-wait.C:
+	case <-s.base.Done():
+		wait.Stop()
+	}
+	// Both may be ready at once: a gateway closing reads nothing more.
+	if s.base.Err() != nil {
+		r.err = errReadsClosed
+	} else {
 		ctx, cancel := context.WithTimeout(s.base, s.timeout)
 		r.err = s.read(ctx)
 		cancel()
-	case <-s.base.Done():
-		wait.Stop()
-		r.err = errReadsClosed
 	}
 	s.mu.Lock()
 	s.pending = nil
