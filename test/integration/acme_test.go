@@ -41,6 +41,7 @@ import (
 // pebble's root then reaches both names; a name outside the domain gets no
 // certificate.
 func TestACMECertificates(t *testing.T) {
+	t.Parallel()
 	pebbleBin := filepath.Join(binDir, "pebble")
 	if _, err := os.Stat(pebbleBin); err != nil {
 		roottest.SkipOrFail(t, fmt.Sprintf("pebble missing in %s (run `make test-prepare`)", binDir))

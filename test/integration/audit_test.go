@@ -19,6 +19,7 @@ import (
 // filters and pages, teams' keys cannot; --audit-file gets the same
 // events as JSON lines. It adds up each team's use by day too.
 func TestAuditLog(t *testing.T) {
+	t.Parallel()
 	file := filepath.Join(t.TempDir(), "audit.jsonl")
 	s := newServer(t, "--audit-file", file)
 	s.start()
@@ -89,6 +90,7 @@ func TestAuditLog(t *testing.T) {
 // (the nodes it forwards to record nothing), into the cluster's database:
 // another gateway reads it. The nodes add their sandboxes' use there too.
 func TestAuditLogThroughGateways(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.addNode("node-a")
 	g1, g2 := c.addGateway(), c.addGateway()

@@ -42,6 +42,7 @@ func aenvAdmin(t *testing.T, args ...string) (int, string) {
 // templates, the snapshot and the sandbox paused to disk come back, the
 // latter with its files and processes.
 func TestBackupRestore(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := newServer(t)
 	s.start()

@@ -20,6 +20,7 @@ import (
 // process running. Then a rebuild from the cache, a build FROM the
 // template by name whose step fails, and a Dockerfile the CLI refuses.
 func TestCLIBuildDockerfile(t *testing.T) {
+	t.Parallel()
 	host := pushTestImages(t)
 	s := newServer(t)
 	s.start()
@@ -139,6 +140,7 @@ echo "$APP_GREETING"; id -un; pwd; pgrep -x sleep >/dev/null && echo running`})
 // and an E2B build's RUN step alike); and a COPY through a symbolic link
 // that leads out of the context is refused before anything is uploaded.
 func TestCLIBuildDockerSemantics(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	dir := t.TempDir()

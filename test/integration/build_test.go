@@ -14,6 +14,7 @@ import (
 // steps in the image's working directory, and a second build from the same
 // image reuses the pulled template.
 func TestBuildFromImage(t *testing.T) {
+	t.Parallel()
 	host := pushTestImages(t)
 	s := newServer(t)
 	s.start()

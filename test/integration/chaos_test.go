@@ -25,6 +25,7 @@ import (
 // remain. AENV_CHAOS_ROUNDS sets the number of kills (default 10),
 // AENV_CHAOS_SEED the seed of the schedule (default: the time).
 func TestChaosKill9(t *testing.T) {
+	t.Parallel()
 	rounds := 10
 	if v := os.Getenv("AENV_CHAOS_ROUNDS"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -211,6 +211,7 @@ func writeTar(t *testing.T, out string, files map[string]string) {
 // loopback, start sandboxes from them, exec, cp, fork, snapshot, pause,
 // resume, delete, with table and JSON output and meaningful exit codes.
 func TestCLIAndImageTemplates(t *testing.T) {
+	t.Parallel()
 	host := pushTestImages(t)
 	s := newServer(t)
 	s.start()
@@ -319,6 +320,7 @@ func TestCLIAndImageTemplates(t *testing.T) {
 // pseudo-terminal: type commands, read their output, resize the window,
 // interrupt a command with Ctrl-C, and exit.
 func TestCLIInteractiveShell(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	cmd := exec.Command(filepath.Join(binDir, "aenv"), "start", "base", "--rm")

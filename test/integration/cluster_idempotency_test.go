@@ -119,6 +119,7 @@ func dropAnswers(t *testing.T, upstream string) (string, <-chan struct{}) {
 // creates with one key through both gateways make one sandbox, and the
 // same key with another body is refused.
 func TestClusterIdempotency(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.addNode("node-a")
 	c.addNode("node-b")

@@ -230,6 +230,7 @@ func (g *gateway) echo(t testing.TB, id, text string) {
 // Creates spread over the nodes by their room, a full node gets none, and
 // every call reaches the node holding its sandbox through either gateway.
 func TestClusterPlacementAndRouting(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.addNode("node-a")
 	c.addNode("node-b")
@@ -387,6 +388,7 @@ func TestClusterPlacementAndRouting(t *testing.T) {
 // sandboxes answer 503 and show so, creates go elsewhere; restarted, it
 // serves its sandboxes again.
 func TestClusterNodeFailure(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	a := c.addNode("node-a")
 	b := c.addNode("node-b")
@@ -464,6 +466,7 @@ func TestClusterNodeFailure(t *testing.T) {
 // database is reconnected to by gateways and nodes on their own, and
 // nothing acknowledged is lost.
 func TestClusterGatewayAndDatabaseFailure(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.addNode("node-a")
 	g1, g2 := c.addGateway(), c.addGateway()

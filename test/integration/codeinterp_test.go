@@ -15,6 +15,7 @@ import (
 // with, which the snapshot's kernel never had. The sandbox that made the
 // snapshot is gone; the root filesystem stays a template of its own.
 func TestCodeInterpreterWarmSnapshot(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	ctx := context.Background()
@@ -110,6 +111,7 @@ func TestCodeInterpreterWarmSnapshot(t *testing.T) {
 // fork: gVisor does not apply RLIMIT_NPROC), and the server and the other
 // sandboxes go on.
 func TestCodeInterpreterBounds(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--pids-limit", "256")
 	s.start()
 	sb := createCodeInterpreter(t, s)

@@ -57,6 +57,7 @@ import (
 // test, the kill-on-exit of node-b and of node-a's second container; the
 // rest is the file's.
 func TestComposeClusterInPodman(t *testing.T) {
+	t.Parallel() // TestGatewayImageInPodman, the other podman test, runs before every parallel one
 	p := newPodman(t)
 	keepHostNetworkClean(t)
 	gatewayImage := p.loadGatewayImage()
@@ -926,6 +927,7 @@ func writeStandIn(t testing.TB, ref string, spec release.Spec) string {
 }
 
 func TestIptablesRuleFields(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		line string
 		want []string

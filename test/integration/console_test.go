@@ -26,12 +26,14 @@ import (
 // aenv-test-artifacts).
 
 func TestConsoleSingleServer(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	driveConsole(t, newEndpoint(t, s.url), "single")
 }
 
 func TestConsoleThroughGateway(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.addNode("n1")
 	g := c.addGateway()

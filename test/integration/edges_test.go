@@ -14,6 +14,7 @@ import (
 // seen by /execute, a deadline set to now, and a sandbox created with
 // secure: false.
 func TestE2BEdges(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 

@@ -231,6 +231,7 @@ EOF`, addr, port, base64.StdEncoding.EncodeToString(data))
 // TestEgressByName: host names in allowOut, judged by the node's egress
 // gateway, and every way around them the issue lists, each refused.
 func TestEgressByName(t *testing.T) {
+	t.Parallel()
 	ca := newTestCA(t)
 	a := newNamedHost(t, ca, "a", "allowed.test", "x.wild.test", "wild.test")
 	b := newNamedHost(t, ca, "b", "other.test")
@@ -455,6 +456,7 @@ func (n socksNames) Resolve(ctx context.Context, name string) (context.Context, 
 // own), names included (the proxy resolves them); a proxy that cannot be
 // used is refused before anything is made.
 func TestEgressUpstreamProxy(t *testing.T) {
+	t.Parallel()
 	ca := newTestCA(t)
 	a := newNamedHost(t, ca, "a", "allowed.test")
 	b := newNamedHost(t, ca, "b", "other.test")
@@ -576,6 +578,7 @@ func TestEgressUpstreamProxy(t *testing.T) {
 // adopted sandbox's policy follow) and after a pause to disk and resume
 // (a new network slot).
 func TestEgressAfterRestart(t *testing.T) {
+	t.Parallel()
 	ca := newTestCA(t)
 	a := newNamedHost(t, ca, "a", "allowed.test")
 	b := newNamedHost(t, ca, "b", "other.test")
@@ -612,6 +615,7 @@ func TestEgressAfterRestart(t *testing.T) {
 // sandbox's system bundle and the usual variables); other hosts pass
 // untouched; the secret is nowhere inside the sandbox.
 func TestEgressTransforms(t *testing.T) {
+	t.Parallel()
 	ca := newTestCA(t)
 	a := newNamedHost(t, ca, "a", "api.test")
 	b := newNamedHost(t, ca, "b", "plain.test")

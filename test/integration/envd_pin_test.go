@@ -26,6 +26,7 @@ import (
 // pinned copy, once unused for a day, is removed (one would stay at every
 // upgrade), and the restores of its images pin it again.
 func TestImagesKeepTheirEnvd(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	envd := filepath.Join(dir, "envd")
 	// The first build is another build of the same source, unoptimised:

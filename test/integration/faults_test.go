@@ -16,6 +16,7 @@ import (
 // with 507, leaves no partial snapshot listed or on disk, and the source
 // keeps running.
 func TestSnapshotDiskFull(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	// The data dir's images/ lives on a small tmpfs.
 	imagesDir := filepath.Join(s.dataDir, "images")
@@ -63,6 +64,7 @@ func TestSnapshotDiskFull(t *testing.T) {
 // after a restart no half-made sandbox is listed, the parent still runs,
 // and fork images and partial files are reclaimed.
 func TestKillDuringFork(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--fork-parallelism", "1", "--warm-sandboxes", "0")
 	s.start()
 	parent := s.create(nil).SandboxID

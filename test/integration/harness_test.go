@@ -2,6 +2,13 @@
 // sandboxes through its HTTP API. It needs root; with
 // AENV_REQUIRE_ROOT_TESTS=1 (as `make test` and CI set) a missing
 // requirement fails the suite instead of skipping it.
+//
+// Tests run two at a time (t.Parallel, go test's -parallel: the number
+// of CPUs by default): a test mostly waits on its servers and sandboxes,
+// and each server owns its data directory, network prefix, address range
+// and ports, so tests share only the template cache (built under a lock).
+// One test runs alone, before the others: TestGatewayImageInPodman, so that
+// the two tests that run podman never overlap (see there).
 package integration
 
 import (
@@ -553,6 +560,7 @@ func runscProcesses(id string) int {
 // server's detector writes (synthetic reports here), so that a race fails
 // the test that ran into it.
 func TestRaceReports(t *testing.T) {
+	t.Parallel()
 	const report = "==================\nWARNING: DATA RACE\nWrite at 0x00c000 by goroutine 7:\n==================\n"
 	cases := []struct {
 		name  string

@@ -11,6 +11,7 @@ import (
 // setuid binaries (sudo as the image's unprivileged user), and E2B's alias
 // check (Template.exists) finds it by name until it is removed.
 func TestImageTemplateSudoAndAlias(t *testing.T) {
+	t.Parallel()
 	host := pushTestImages(t)
 	s := newServer(t)
 	s.start()

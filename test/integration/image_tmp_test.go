@@ -24,6 +24,7 @@ import (
 // that loops is refused, naming /tmp, and so is a sandbox of a template
 // made before aenv made the missing directory.
 func TestImageTmpSymlink(t *testing.T) {
+	t.Parallel()
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(reg.Close)
 	regHost := strings.TrimPrefix(reg.URL, "http://")

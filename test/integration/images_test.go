@@ -146,6 +146,11 @@ func limits(t testing.TB) []string {
 // a real container engine: loaded from its tarball as an operator would,
 // running as its unprivileged user over a real PostgreSQL, in front of a
 // node on the host. A sandbox is created and driven through it.
+//
+// It is the one test of the package not run in parallel: sequential tests
+// all run before the parallel ones, so it never overlaps the compose test,
+// whose podman would share (and might remove) the blob cache and cgroups
+// podman makes outside its own storage.
 func TestGatewayImageInPodman(t *testing.T) {
 	p := newPodman(t)
 	image := p.loadGatewayImage()

@@ -15,6 +15,7 @@ import (
 // A call in flight when its sandbox is killed or paused ends at once with
 // an answer that says which, never a timeout or a protocol error.
 func TestCallsEndWhenSandboxStops(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	for _, tc := range []struct {
@@ -66,6 +67,7 @@ func TestCallsEndWhenSandboxStops(t *testing.T) {
 // A pause to disk interrupted by a kill -9 of the server loses nothing:
 // after the restart the sandbox resumes with its processes and memory.
 func TestPauseToDiskKilledMidway(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--warm-sandboxes", "0")
 	s.start()
 	id := s.create(map[string]any{"templateID": "base", "memoryMB": 1024}).SandboxID

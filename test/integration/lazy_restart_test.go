@@ -172,6 +172,7 @@ func stopMidFetch(t *testing.T) midFetch {
 // node's snapshot is still arriving; the sandbox waits, the restarted node
 // resumes the fetch into the same file, and the sandbox's memory is whole.
 func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	m := stopMidFetch(t)
 	b, id, want := m.b, m.id, m.want
 	b.start()
@@ -197,6 +198,7 @@ func TestClusterLazyRestoreSurvivesRestart(t *testing.T) {
 // fetch, and tells the sandbox's gofer so at once: the sandbox ends within
 // a minute, not once its gofer gives up waiting (5 minutes).
 func TestClusterLazyRestoreImageDeletedMeanwhile(t *testing.T) {
+	t.Parallel()
 	m := stopMidFetch(t)
 	if err := m.g.api.DeleteTemplate(context.Background(), m.snap); err != nil {
 		t.Fatalf("delete the snapshot while node-b is stopped: %v", err)

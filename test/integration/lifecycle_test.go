@@ -17,6 +17,7 @@ import (
 // TestSandboxLifecycle walks one sandbox through the seed's API: create,
 // execute, files, info, list, timeout change, delete.
 func TestSandboxLifecycle(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 
@@ -189,6 +190,7 @@ func TestSandboxLifecycle(t *testing.T) {
 // TestBadInput checks that bad requests get clear JSON errors and change
 // nothing.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--max-json-body-mb", "1")
 	s.start()
 	sb := s.create(nil)
@@ -252,6 +254,7 @@ func TestBadInput(t *testing.T) {
 
 // TestDeadlineKills checks that a sandbox is killed at its deadline.
 func TestDeadlineKills(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	// The deadline counts from the create request, and a boot on a loaded
@@ -269,6 +272,7 @@ func TestDeadlineKills(t *testing.T) {
 
 // TestConcurrentSandboxes runs 20 sandboxes at once.
 func TestConcurrentSandboxes(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	const n = 20

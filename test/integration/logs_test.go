@@ -18,6 +18,7 @@ import (
 // arguments or environment; kept across a pause in memory; gone with the
 // sandbox.
 func TestSandboxLogs(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	sb := s.create(nil)

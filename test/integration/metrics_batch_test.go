@@ -59,6 +59,7 @@ func checkBatchMetrics(t *testing.T, e endpoint, place func(i int)) []string {
 }
 
 func TestBatchMetricsSingleServer(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	checkBatchMetrics(t, newEndpoint(t, s.url), nil)
@@ -67,6 +68,7 @@ func TestBatchMetricsSingleServer(t *testing.T) {
 // Through a gateway, over two nodes: the answer merges the nodes'. A's
 // two sandboxes are put on one node each by draining the other.
 func TestBatchMetricsThroughGateway(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	nodes := map[string]endpoint{}
 	for _, id := range []string{"node-a", "node-b"} {

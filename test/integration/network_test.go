@@ -127,6 +127,7 @@ func (s *server) reaches(id, addr string) bool {
 // fixed deny list, PUT /network on a live sandbox, fork inheritance,
 // byte counters, and DNS configuration.
 func TestEgressPolicy(t *testing.T) {
+	t.Parallel()
 	inet := newFakeInternet(t)
 	s := newServer(t)
 	s.start()
@@ -221,6 +222,7 @@ func TestEgressPolicy(t *testing.T) {
 // TestExposedPorts: <port>-<id>.<domain> reaches a server in the sandbox;
 // private sandboxes need the traffic token.
 func TestExposedPorts(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	public := s.create(nil).SandboxID

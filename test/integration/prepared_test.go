@@ -31,6 +31,7 @@ func (s *server) runtimeDirs() []string {
 // restart removes the prepared ones, which have no record, and nothing
 // leaks.
 func TestPreparedSandboxes(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--warm-sandboxes", "0", "--prepared-sandboxes", "4", "--max-fork-count", "4")
 	s.start()
 	parent := s.create(nil).SandboxID
@@ -93,6 +94,7 @@ func TestPreparedSandboxes(t *testing.T) {
 // that one. It has the snapshot's files and processes, its own address,
 // token and deadline, and deleting the snapshot removes what was kept.
 func TestWarmSnapshots(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--warm-sandboxes", "0", "--prepared-sandboxes", "4", "--warm-snapshots", "1")
 	s.start()
 	src := s.create(nil).SandboxID
@@ -228,6 +230,7 @@ func (s *server) cpuWeight(id string) (weight string, background, foreground boo
 // restored pools hold wait at background CPU weight; the ones handed to
 // creates and forks run at the default weight, and came from the pools.
 func TestPoolsRunInTheBackground(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--warm-sandboxes", "2", "--prepared-sandboxes", "4", "--max-fork-count", "2")
 	s.start()
 	warm := s.waitPooled(nil, 0, 2)

@@ -10,6 +10,7 @@ import (
 // refused at start, naming the first (its net prefix and range), instead
 // of reaching the first's sandboxes with its envd calls.
 func TestOverlappingRangeRefused(t *testing.T) {
+	t.Parallel()
 	first := newServer(t)
 	first.start()
 

@@ -17,6 +17,7 @@ import (
 // created next to a delete that succeeded, and a deleted template's files
 // are gone.
 func TestDeleteTemplateRacesCreate(t *testing.T) {
+	t.Parallel()
 	host := pushTestImages(t)
 	s := newServer(t)
 	s.start()

@@ -67,6 +67,7 @@ func (s *server) counterAdvances(id string) error {
 // sandbox is running with its processes, and runsc manages it again
 // (pause and resume work).
 func TestRestartWithEmptiedStateFile(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	id := s.create(nil).SandboxID
@@ -98,6 +99,7 @@ func TestRestartWithEmptiedStateFile(t *testing.T) {
 // the kernel paused by runsc itself, the record put back to "running".
 // After a restart exec works and the processes run.
 func TestRestartResumesKernelPausedBehindRunsc(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	id := s.create(nil).SandboxID
@@ -144,6 +146,7 @@ func setRunscStatus(t *testing.T, path, status string) {
 // the paused ones resumed, and each must run its counter and answer.
 // It runs for about 90 s (AENV_FAULT_LOOP_SECS for longer runs).
 func TestKill9DuringPausesLoop(t *testing.T) {
+	t.Parallel()
 	budget := 90 * time.Second
 	if v := os.Getenv("AENV_FAULT_LOOP_SECS"); v != "" {
 		secs, err := strconv.Atoi(v)
@@ -234,6 +237,7 @@ func sentryPid(t *testing.T, id string) int {
 // second, saying it died: the server watches the process rather than
 // polling every 2 s.
 func TestKilledSandboxAnsweredAtOnce(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	id := s.create(nil).SandboxID
@@ -274,6 +278,7 @@ func TestKilledSandboxAnsweredAtOnce(t *testing.T) {
 // answered 503 saying it is not answering, and once it runs again it
 // answers again.
 func TestHungSandboxAnswered(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	id := s.create(nil).SandboxID

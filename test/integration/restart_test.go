@@ -14,6 +14,7 @@ import (
 // the same data dir and checks that running sandboxes are adopted: exec
 // works, files and processes survive, deadlines still fire.
 func TestRestartAdoptsSandboxes(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	long := s.create(map[string]any{"templateID": "base", "timeout": 600})
@@ -48,6 +49,7 @@ func TestRestartAdoptsSandboxes(t *testing.T) {
 // TestGracefulStopLeavesSandboxes: SIGTERM without --kill-on-exit leaves
 // sandboxes running; the next start adopts them.
 func TestGracefulStopLeavesSandboxes(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--kill-on-exit=false")
 	s.start()
 	sb := s.create(nil)
@@ -65,6 +67,7 @@ func TestGracefulStopLeavesSandboxes(t *testing.T) {
 // TestDeadSandboxReported: a sandbox whose processes die on their own is
 // reported dead and its resources are released.
 func TestDeadSandboxReported(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	sb := s.create(nil)

@@ -39,6 +39,7 @@ func (s *server) goferOf(id string) bool {
 // the node cannot make again exactly is refused with the reason, not
 // restored over other files.
 func TestRootImage(t *testing.T) {
+	t.Parallel()
 	images := t.TempDir()
 	withImage := []string{"--root-image", "--root-image-dir", images}
 	// Paused sandboxes outlive the restarts: no kill on exit until the last.

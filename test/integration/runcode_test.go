@@ -24,6 +24,7 @@ import (
 // output streamed as the code runs, rich results, exceptions and their exit
 // code, contexts, and the errors of a sandbox without one.
 func TestRunCode(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	sb := createCodeInterpreter(t, s)

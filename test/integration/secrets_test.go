@@ -154,6 +154,7 @@ func noFileHolds(t *testing.T, dir, value string) {
 // Secrets on one server: the API and the CLI, sealed on disk with the
 // server's own key (kept 0600 beside the database), across a restart.
 func TestSecretsSingleServer(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	e := newEndpoint(t, s.url)

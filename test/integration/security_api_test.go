@@ -70,6 +70,7 @@ func decodeProxyError(t *testing.T, body []byte) proxyError {
 // same rule as the <port>-<id>.<domain> Host route, closed ports get E2B's
 // answer, and /metrics names no sandbox without the key.
 func TestSecurityPortRoutes(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	public := s.create(nil).SandboxID
@@ -160,6 +161,7 @@ func TestSecurityPortRoutes(t *testing.T) {
 // TestSecurityMetricsListener: --metrics-listen serves the metrics without
 // a key on an address of the operator's choosing, and nothing else.
 func TestSecurityMetricsListener(t *testing.T) {
+	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -240,6 +242,7 @@ func (s *server) streamed(t *testing.T, method, path string, body any) (status i
 // size (control bytes become \u00XX) cost the server a bounded amount of
 // memory, not gigabytes.
 func TestSecurityLargeAnswers(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	id := s.create(nil).SandboxID
@@ -283,6 +286,7 @@ func TestSecurityLargeAnswers(t *testing.T) {
 // anonymous client neither exhaust the server's descriptors nor keep
 // /health, the API and the envd proxy from answering.
 func TestSecurityIdleConnections(t *testing.T) {
+	t.Parallel()
 	// The server is left 1024 descriptors, so that a flood of a few
 	// thousand connections is enough to exhaust them; its connection limit
 	// is what it would derive from that (see autoMaxConns).
@@ -351,6 +355,7 @@ func TestSecurityIdleConnections(t *testing.T) {
 // TestSecurityRequestBounds: values that used to be taken silently (or
 // wrapped around, or ended in a 500) get a clear 4xx and change nothing.
 func TestSecurityRequestBounds(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	id := s.create(nil).SandboxID

@@ -39,6 +39,7 @@ func proxied(s *server, id, method, path, body, token string) response {
 // Killing envd itself (PID 1) ends the sandbox, which the server records:
 // nothing is left in it to serve envd's port without the token.
 func TestTenantKillsEnvd(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	sb := s.create(map[string]any{"templateID": "base", "envVars": map[string]string{"TENANT_SECRET": "s3cret"}})

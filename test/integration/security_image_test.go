@@ -34,6 +34,7 @@ const hostPasswd = "root:x:0:0:root:/host-root:/bin/bash\nhostuser:x:4242:4242::
 // from the host, and made no device node; a sandbox from such an image
 // still starts, and its user comes from the image.
 func TestHostileImagesStayInRootfs(t *testing.T) {
+	t.Parallel()
 	host := t.TempDir() // what the images aim at
 	for _, d := range []string{"abs-target", "rel-target"} {
 		if err := os.Mkdir(filepath.Join(host, d), 0o755); err != nil {
@@ -151,6 +152,7 @@ func TestHostileImagesStayInRootfs(t *testing.T) {
 // or a registry on loopback, by address or by name, and no reply body is
 // passed back.
 func TestImagePullRefusesPrivateRegistries(t *testing.T) {
+	t.Parallel()
 	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(reg.Close)
 	regHost := strings.TrimPrefix(reg.URL, "http://")

@@ -145,6 +145,7 @@ func objectSizes(t testing.TB, srv *s3test.Server, prefix string) ([]string, int
 }
 
 func TestClusterSharedSnapshot(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	c := newCluster(t)
 	a := c.sharedNode("node-a", srv)
@@ -310,6 +311,7 @@ func TestClusterSharedSnapshot(t *testing.T) {
 // at once, its record says the upload failed, and it is uploaded by itself
 // once the store is back.
 func TestClusterSharedUploadRetried(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	c := newCluster(t)
 	a := c.sharedNode("node-a", srv)
@@ -354,6 +356,7 @@ func TestClusterSharedUploadRetried(t *testing.T) {
 // it on another node, memory intact; the record and the route move with
 // it, and its stored image is removed once it runs again.
 func TestClusterSharedResumeElsewhere(t *testing.T) {
+	t.Parallel()
 	resumeElsewhere(t, nil)
 }
 
@@ -363,6 +366,7 @@ func TestClusterSharedResumeElsewhere(t *testing.T) {
 // template cache, so node-b reads the same rootfs directory; that a rootfs
 // copied with its times makes the same image is TestRootImages'.)
 func TestClusterRootImageResumeElsewhere(t *testing.T) {
+	t.Parallel()
 	images := t.TempDir()
 	resumeElsewhere(t, []string{"--root-image", "--root-image-dir", images}, func() {
 		entries, err := os.ReadDir(images)
@@ -474,6 +478,7 @@ func (s *server) sandboxUpload(t testing.TB, id string) string {
 // root filesystem from the store: files, owners and setuid bits intact
 // (sudo works as the image's unprivileged user).
 func TestClusterSharedImageTemplate(t *testing.T) {
+	t.Parallel()
 	host := pushTestImages(t)
 	srv := s3test.Start(t)
 	c := newCluster(t)
@@ -515,6 +520,7 @@ func TestClusterSharedImageTemplate(t *testing.T) {
 // first leaves the second whole, restored with its memory on a node that
 // has none of its pages.
 func TestClusterIncrementalSnapshots(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	c := newCluster(t)
 	a := c.sharedNode("node-a", srv)

@@ -68,6 +68,7 @@ func (s *server) state(id string) string {
 // TestPauseResume: a paused sandbox is frozen (no CPU, counter stopped,
 // envd unreachable) and continues where it stopped.
 func TestPauseResume(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	sb := s.create(nil)
@@ -108,6 +109,7 @@ func TestPauseResume(t *testing.T) {
 // TestPauseToDisk: a sandbox paused past the idle time is written to disk
 // (no process left), and resumes from disk with memory intact.
 func TestPauseToDisk(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--pause-to-disk-after-secs", "1")
 	s.start()
 	sb := s.create(nil)
@@ -139,6 +141,7 @@ func TestPauseToDisk(t *testing.T) {
 
 // TestAutoPause: autoPause makes the deadline pause instead of kill.
 func TestAutoPause(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	// Long enough to start the counter on a loaded machine before the
@@ -155,6 +158,7 @@ func TestAutoPause(t *testing.T) {
 // TestPausedSurviveRestart: sandboxes paused in memory and on disk are
 // still paused after a kill -9 of the server, and resume intact.
 func TestPausedSurviveRestart(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--pause-to-disk-after-secs", "2")
 	s.start()
 	inMemory := s.create(nil).SandboxID
@@ -183,6 +187,7 @@ func TestPausedSurviveRestart(t *testing.T) {
 // TestSnapshots: a snapshot captures memory and files at its instant; the
 // source keeps running; sandboxes start from it; it can be deleted.
 func TestSnapshots(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	src := s.create(nil).SandboxID
@@ -240,6 +245,7 @@ func TestSnapshots(t *testing.T) {
 
 // TestTemplateFromSandbox is the seed's POST /templates {sandboxID, name}.
 func TestTemplateFromSandbox(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	src := s.create(nil).SandboxID
@@ -279,6 +285,7 @@ func (s *server) fork(path string, count int) []string {
 // TestFork: children have the parent's memory and files, then diverge;
 // each has its own identity; the parent keeps running.
 func TestFork(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--max-fork-count", "10")
 	s.start()
 	parent := s.create(map[string]any{"templateID": "base", "envVars": map[string]string{"ROLE": "parent"}}).SandboxID
@@ -354,6 +361,7 @@ func TestFork(t *testing.T) {
 
 // TestForkLargeMemory forks 8 children of a sandbox holding 200 MB.
 func TestForkLargeMemory(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	parent := s.create(map[string]any{"templateID": "base", "memoryMB": 1024}).SandboxID
@@ -402,6 +410,7 @@ while True:
 // onResume:'reboot') keep the files and drop the processes; aenv's
 // {"toDisk": true} releases the memory but keeps everything.
 func TestPauseWithoutMemory(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	alive := func(id string) bool {

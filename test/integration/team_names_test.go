@@ -20,6 +20,7 @@ import (
 // record; and a template rebuilt on another node (its first node drained)
 // takes the name over from the first node's uploaded record, leaving one.
 func TestTeamNamesThroughGateways(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	c := newCluster(t)
 	a, b := c.sharedNode("node-a", srv), c.sharedNode("node-b", srv)

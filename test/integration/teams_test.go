@@ -416,6 +416,7 @@ func checkVolumeLimit(t *testing.T, e endpoint, keyA, keyB string) {
 }
 
 func TestTeamsSingleServer(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	e := newEndpoint(t, s.url)
@@ -576,6 +577,7 @@ func checkTeamCLI(t *testing.T, s *server) {
 // Teams through two gateways over a node: the same isolation, and a key
 // revoked through one gateway is refused by the other within a second.
 func TestTeamsThroughGateways(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.addNode("node-a")
 	g1, g2 := c.addGateway(), c.addGateway()
@@ -632,6 +634,7 @@ func TestTeamsThroughGateways(t *testing.T) {
 // the rest refused with 429 (E2B's RateLimitError) and Retry-After, never
 // offered to another node; a killed sandbox makes room.
 func TestTeamLimitThroughGateways(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	c.addNode("node-a")
 	c.addNode("node-b")

@@ -211,6 +211,7 @@ func checkTLSRoutes(t *testing.T, tlsAddr string, roots *x509.CertPool) string {
 // CA in its data dir; a client trusting `aenv ca export` reaches the API,
 // envd and a sandbox's port by their hosts; plain HTTP still works.
 func TestTLSLabCA(t *testing.T) {
+	t.Parallel()
 	tlsAddr := freeAddr(t)
 	s := newServer(t, "--domain", tlsDomain, "--tls-listen", tlsAddr)
 	s.start()
@@ -287,6 +288,7 @@ func servedSerial(t testing.TB, addr, host string, roots *x509.CertPool) string 
 // get the new one without a restart. A key that is not the certificate's
 // is refused at start.
 func TestTLSCertFilesReload(t *testing.T) {
+	t.Parallel()
 	ca, _, err := tlscert.LoadOrCreateCA(t.TempDir(), tlsDomain)
 	if err != nil {
 		t.Fatal(err)
@@ -335,6 +337,7 @@ func TestTLSCertFilesReload(t *testing.T) {
 // --tls-ca-dir serves the same hosts, reaching the node holding the
 // sandbox; without a CA dir or certificates it refuses to start.
 func TestTLSGateway(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command(serverBin, "gateway", "--database-url", "postgres://nowhere.invalid/x",
 		"--tls-listen", freeAddr(t)).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "--tls-ca-dir") {

@@ -14,6 +14,7 @@ import (
 // is refused (409, naming /tmp) and it keeps running, rather than being
 // paused into a state no resume can leave (a 500 at every connect).
 func TestPauseWithoutMemoryOfRelinkedTmp(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	for _, tc := range []struct{ name, link string }{

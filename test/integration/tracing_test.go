@@ -19,6 +19,7 @@ import (
 // manager's step a child of the node's request, and the runsc command
 // that made the sandbox is in the trace, naming it.
 func TestTracingAcrossCluster(t *testing.T) {
+	t.Parallel()
 	rcv := tracingtest.NewReceiver(t)
 	c := newCluster(t)
 	// No pools: the create boots a sandbox with runsc in the request.
@@ -145,6 +146,7 @@ func (tr *spanTrace) find(service, name, kind string) *tracingtest.Span {
 // A single server traces as aenv-server, and continues the trace of a
 // caller that sends one (traceparent).
 func TestTracingSingleServerContinuesCallersTrace(t *testing.T) {
+	t.Parallel()
 	rcv := tracingtest.NewReceiver(t)
 	s := newServer(t, "--otlp-endpoint", rcv.URL, "--warm-sandboxes", "0", "--prepared-sandboxes", "0")
 	s.start()
@@ -185,6 +187,7 @@ func TestTracingSingleServerContinuesCallersTrace(t *testing.T) {
 // making a sandbox (down to its runsc commands), a deadline pausing one
 // (down to runsc pause) and a deadline killing another.
 func TestTracingBackgroundWork(t *testing.T) {
+	t.Parallel()
 	rcv := tracingtest.NewReceiver(t)
 	s := newServer(t, "--otlp-endpoint", rcv.URL, "--warm-sandboxes", "1", "--prepared-sandboxes", "0")
 	s.start()

@@ -46,6 +46,7 @@ func buildRelease(t *testing.T, version string) string {
 // the two releases side by side, and new sandboxes land on the upgraded
 // node once it is undrained.
 func TestClusterRollingUpgrade(t *testing.T) {
+	t.Parallel()
 	next := buildRelease(t, "v-next")
 	c := newCluster(t)
 	// The node keeps its sandboxes when it stops: that is the upgrade.

@@ -20,6 +20,7 @@ import (
 // shares the volume, and a create, stay on the volume's node. The nodes
 // keep volumes without a pool, so the copy moved is a layered one.
 func TestClusterSnapshotForkCopies(t *testing.T) {
+	t.Parallel()
 	srv := s3test.Start(t)
 	c := newCluster(t)
 	nodes := map[string]*server{"node-a": c.sharedNode("node-a", srv), "node-b": c.sharedNode("node-b", srv)}

@@ -17,6 +17,7 @@ import (
 // disk, fork children mount the parent's volume, a mounted volume cannot
 // be deleted, and bad mounts are refused before anything is made.
 func TestVolumeMounts(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	var v struct{ VolumeID, Name, Token string }
@@ -177,6 +178,7 @@ func TestVolumeMounts(t *testing.T) {
 // a server restart (SIGKILL), and the shared layer goes with the last
 // volume that holds it.
 func TestVolumeCopyFork(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	var v struct{ VolumeID, Name, Token string }

@@ -19,6 +19,7 @@ import (
 // drained one.
 // The nodes keep their volumes in pools.
 func TestClusterVolumeMove(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	nodes := map[string]*server{
 		"node-a": c.addNode("node-a", "--volume-pool-gb", "1"),

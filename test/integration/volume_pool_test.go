@@ -16,6 +16,7 @@ import (
 // across a SIGKILL, and unmounts the pool when it stops with nothing
 // left (checkNoLeaks: no mount, no loop device).
 func TestVolumePool(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--volume-pool-gb", "1", "--volume-size-mb", "64")
 	s.start()
 

@@ -13,6 +13,7 @@ import (
 // content API, kept across a restart (a SIGKILL, even), refused bad paths
 // and oversized uploads, and removed with their files.
 func TestVolumesCLIAndRestart(t *testing.T) {
+	t.Parallel()
 	s := newServer(t, "--max-file-upload-mb", "1")
 	s.start()
 	var v struct {
@@ -83,6 +84,7 @@ func TestVolumesCLIAndRestart(t *testing.T) {
 // TestVolumeCp: aenv volume cp copies a tree up and down whole, keeps
 // modes, goes inside an existing directory as cp does, and skips links.
 func TestVolumeCp(t *testing.T) {
+	t.Parallel()
 	s := newServer(t)
 	s.start()
 	s.cliOK("volume", "create", "trees")
