@@ -202,31 +202,42 @@ func (im *Images) Run(ctx context.Context) {
 		}
 	}
 	if im.cfg.GCInterval > 0 && im.cfg.AllTemplates != nil && im.cfg.AllSandboxes != nil {
-		tick := time.NewTicker(im.cfg.GCInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				if im.cfg.Collects != nil {
-					if mine, err := im.cfg.Collects(ctx); err != nil || !mine {
-						if err != nil && ctx.Err() == nil {
-							im.cfg.Logger.WarnContext(ctx, "shared images: who collects garbage", "err", err)
-						}
-						continue
-					}
-				}
-				if st, err := im.CollectGarbage(ctx); err != nil {
-					im.cfg.Logger.WarnContext(ctx, "shared images: garbage collection", "err", err)
-				} else if st.Objects > 0 || st.Uploads > 0 || st.Packs > 0 {
-					im.cfg.Logger.InfoContext(ctx, "shared images: garbage collected", "images", st.Images,
-						"objects", st.Objects, "packs", st.Packs, "uploads", st.Uploads)
-				}
-			}
-		}
+		every(ctx, im.cfg.GCInterval, func() { im.collectIfMine(ctx) })
 	}
 	<-ctx.Done()
+}
+
+// collectIfMine collects garbage, unless another node of the cluster is the
+// one to.
+func (im *Images) collectIfMine(ctx context.Context) {
+	if im.cfg.Collects != nil {
+		if mine, err := im.cfg.Collects(ctx); err != nil || !mine {
+			if err != nil && ctx.Err() == nil {
+				im.cfg.Logger.WarnContext(ctx, "shared images: who collects garbage", "err", err)
+			}
+			return
+		}
+	}
+	if st, err := im.CollectGarbage(ctx); err != nil {
+		im.cfg.Logger.WarnContext(ctx, "shared images: garbage collection", "err", err)
+	} else if st.Objects > 0 || st.Uploads > 0 || st.Packs > 0 {
+		im.cfg.Logger.InfoContext(ctx, "shared images: garbage collected", "images", st.Images,
+			"objects", st.Objects, "packs", st.Packs, "uploads", st.Uploads)
+	}
+}
+
+// every calls f every d until ctx ends.
+func every(ctx context.Context, d time.Duration, f func()) {
+	tick := time.NewTicker(d)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			f()
+		}
+	}
 }
 
 // reclaimEvery is how often the caches look at the free space of their
@@ -237,17 +248,10 @@ const reclaimEvery = 30 * time.Second
 // node's sandboxes, its templates) while the node fetches nothing: each
 // tick costs a statfs per cache while the disk has room.
 func (im *Images) reclaimLoop(ctx context.Context) {
-	tick := time.NewTicker(reclaimEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			im.cache.Reclaim()
-			im.cfg.Store.ReclaimChunks()
-		}
-	}
+	every(ctx, reclaimEvery, func() {
+		im.cache.Reclaim()
+		im.cfg.Store.ReclaimChunks()
+	})
 }
 
 // Share marks tpl, about to be recorded, for upload: it names its root
