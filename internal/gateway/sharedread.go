@@ -30,8 +30,8 @@ type sharedRead struct {
 
 	gap     time.Duration
 	timeout time.Duration
-	// base ends when the gateway closes: reads waiting to begin do not,
-	// and one under way is cancelled.
+	// base ends when the gateway closes: a read waiting to begin then
+	// ends without reading, and one under way is cancelled.
 	base context.Context
 
 	mu      sync.Mutex
