@@ -333,8 +333,8 @@ func (s *Service) sizeOf(size int64) (int64, error) {
 	// The pool as it is (a pool never shrinks, so it may be larger than
 	// asked).
 	capacity := s.pool.Bytes
-	if _, size, err := diskspace.Free(s.dir); err == nil {
-		capacity = size
+	if _, poolSize, err := diskspace.Free(s.dir); err == nil {
+		capacity = poolSize
 	}
 	if size == 0 {
 		size = int64(min(s.pool.DefaultVolumeBytes, capacity))
